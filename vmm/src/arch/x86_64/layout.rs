@@ -1,0 +1,67 @@
+//! Guest-physical address map.
+//!
+//! ```text
+//! 0x0000_0500  GDT, then IDT             0x0000_7000  boot_params (zero page)
+//! 0x0000_8ff0  boot stack (grows down)   0x0000_9000  PML4, PDPT, PD (identity map of 1 GiB)
+//! 0x0002_0000  kernel command line       0x0009_fc00  EBDA start (end of low RAM)
+//! 0x000e_0000  ACPI tables (RSDP first)  0x0010_0000  kernel (protected-mode part)
+//! RAM up to 3 GiB, then the 32-bit device hole, then the rest of RAM from 4 GiB.
+//! ```
+
+pub const GDT_START: u64 = 0x500;
+pub const IDT_START: u64 = 0x520;
+pub const ZERO_PAGE_START: u64 = 0x7000;
+pub const BOOT_STACK_POINTER: u64 = 0x8ff0;
+pub const PML4_START: u64 = 0x9000;
+pub const PDPTE_START: u64 = 0xa000;
+pub const PDE_START: u64 = 0xb000;
+pub const CMDLINE_START: u64 = 0x2_0000;
+pub const CMDLINE_MAX_SIZE: usize = 0x1_0000;
+pub const EBDA_START: u64 = 0x9_fc00;
+/// The RSDP must lie in 0xe0000..0xfffff where Linux scans for it.
+pub const ACPI_START: u64 = 0xe_0000;
+pub const ACPI_END: u64 = 0x10_0000;
+pub const HIGH_RAM_START: u64 = 0x10_0000;
+
+/// Start and size of the hole below 4 GiB that holds no RAM: MMIO devices,
+/// the IOAPIC, the local APICs and KVM's TSS pages live here.
+pub const MEM_32BIT_GAP_START: u64 = 0xc000_0000;
+pub const MEM_32BIT_GAP_SIZE: u64 = 0x4000_0000;
+pub const RAM_64BIT_START: u64 = MEM_32BIT_GAP_START + MEM_32BIT_GAP_SIZE;
+
+pub const IOAPIC_START: u64 = 0xfec0_0000;
+pub const APIC_START: u64 = 0xfee0_0000;
+/// KVM needs three pages for the TSS on Intel hosts; placed at the top of the hole.
+pub const KVM_TSS_ADDRESS: u64 = 0xfffb_d000;
+
+/// Guest RAM ranges for `size` bytes: below the 32-bit hole first, the rest above 4 GiB.
+pub fn ram_ranges(size: u64) -> Vec<(u64, u64)> {
+    if size <= MEM_32BIT_GAP_START {
+        vec![(0, size)]
+    } else {
+        vec![(0, MEM_32BIT_GAP_START), (RAM_64BIT_START, size - MEM_32BIT_GAP_START)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ram_splits_around_the_hole() {
+        assert_eq!(ram_ranges(512 << 20), vec![(0, 512 << 20)]);
+        assert_eq!(ram_ranges(3 << 30), vec![(0, 3 << 30)]);
+        assert_eq!(ram_ranges(4 << 30), vec![(0, 3 << 30), (4 << 30, 1 << 30)]);
+    }
+
+    #[test]
+    fn fixed_structures_do_not_overlap() {
+        assert!(GDT_START + 4 * 8 <= IDT_START);
+        assert!(IDT_START + 8 <= ZERO_PAGE_START);
+        assert!(ZERO_PAGE_START + 4096 <= BOOT_STACK_POINTER);
+        assert!(BOOT_STACK_POINTER < PML4_START);
+        assert!(PDE_START + 4096 <= CMDLINE_START);
+        assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
+        assert!(ACPI_END <= HIGH_RAM_START);
+    }
+}

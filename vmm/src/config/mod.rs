@@ -1,0 +1,211 @@
+//! The VM configuration and its parsing from Cloud Hypervisor's command-line syntax.
+
+mod option_parser;
+
+use std::path::PathBuf;
+
+pub use option_parser::{parse_size, parse_toggle, OptionValues};
+use option_parser::parse_u32;
+
+/// Largest vCPU count: APIC ids are 8 bits in the MADT and 0xff is broadcast.
+pub const MAX_VCPUS: u32 = 254;
+/// Smallest guest RAM a Linux kernel plus initramfs can sensibly boot in.
+pub const MIN_MEMORY: u64 = 32 << 20;
+/// Largest guest RAM: keeps every guest-physical address below 1 TiB, well
+/// inside the physical address width of every x86-64 host.
+pub const MAX_MEMORY: u64 = 512 << 30;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("--{option}: unknown key \"{key}\" (accepted keys: {accepted})")]
+    UnknownKey { option: &'static str, key: String, accepted: String },
+    #[error("--{option}: \"{item}\" is not key=value (accepted keys: {accepted})")]
+    Malformed { option: &'static str, item: String, accepted: String },
+    #[error("--{option}: key \"{key}\" given twice")]
+    DuplicateKey { option: &'static str, key: String },
+    #[error("--{option}: {key}=\"{value}\" is invalid: expected {expected}")]
+    InvalidValue { option: &'static str, key: &'static str, value: String, expected: String },
+    #[error("--{option}: missing required key \"{key}\"")]
+    MissingKey { option: &'static str, key: &'static str },
+    #[error("--{option}: {message}")]
+    Unsupported { option: &'static str, message: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpusConfig {
+    pub boot_vcpus: u32,
+}
+
+impl Default for CpusConfig {
+    fn default() -> Self {
+        CpusConfig { boot_vcpus: 1 }
+    }
+}
+
+impl CpusConfig {
+    pub fn parse(input: &str) -> Result<Self, ConfigError> {
+        let o = OptionValues::parse("cpus", input, &["boot", "max"])?;
+        let boot = o.convert("boot", parse_u32)?.unwrap_or(1);
+        if boot == 0 || boot > MAX_VCPUS {
+            return Err(o.invalid("boot", &boot.to_string(), "1 to 254 vCPUs"));
+        }
+        // vCPU hot-plug does not exist here: `max` is accepted only when it
+        // changes nothing, so a config written for Cloud Hypervisor still works.
+        if let Some(max) = o.convert("max", parse_u32)? {
+            if max != boot {
+                return Err(ConfigError::Unsupported {
+                    option: "cpus",
+                    message: format!(
+                        "max={max} differs from boot={boot}, but vCPU hot-plug is not supported; \
+                         omit max or set it equal to boot"
+                    ),
+                });
+            }
+        }
+        Ok(CpusConfig { boot_vcpus: boot })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryConfig {
+    pub size: u64,
+    /// Back RAM with a memfd mapped `MAP_SHARED`, so a vhost-user backend can map it.
+    pub shared: bool,
+    /// Back RAM with huge pages (`MFD_HUGETLB`); implies a memfd.
+    pub hugepages: bool,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        // Cloud Hypervisor's default.
+        MemoryConfig { size: 512 << 20, shared: false, hugepages: false }
+    }
+}
+
+impl MemoryConfig {
+    pub fn parse(input: &str) -> Result<Self, ConfigError> {
+        let o = OptionValues::parse("memory", input, &["size", "shared", "hugepages"])?;
+        let mut cfg = MemoryConfig::default();
+        if let Some(size) = o.convert("size", parse_size)? {
+            if !(MIN_MEMORY..=MAX_MEMORY).contains(&size) {
+                return Err(o.invalid("size", o.get("size").unwrap_or(""), "between 32M and 512G"));
+            }
+            if size % 4096 != 0 {
+                return Err(o.invalid("size", o.get("size").unwrap_or(""), "a multiple of 4K"));
+            }
+            cfg.size = size;
+        }
+        cfg.shared = o.convert("shared", parse_toggle)?.unwrap_or(false);
+        cfg.hugepages = o.convert("hugepages", parse_toggle)?.unwrap_or(false);
+        if cfg.hugepages && cfg.size % (2 << 20) != 0 {
+            return Err(o.invalid("size", o.get("size").unwrap_or(""), "a multiple of 2M with hugepages=on"));
+        }
+        Ok(cfg)
+    }
+}
+
+/// Where the 16550 serial port's output goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SerialMode {
+    /// No serial device at all.
+    Off,
+    /// The device exists; its output is discarded.
+    Null,
+    /// Output to the VMM's stdout, input from its stdin.
+    Tty,
+    File(PathBuf),
+}
+
+impl SerialMode {
+    pub fn parse(input: &str) -> Result<Self, ConfigError> {
+        match input {
+            "off" => Ok(SerialMode::Off),
+            "null" => Ok(SerialMode::Null),
+            "tty" => Ok(SerialMode::Tty),
+            "pty" | "socket" => Err(ConfigError::Unsupported {
+                option: "serial",
+                message: format!("\"{input}\" is not supported; use tty, off, null or file=PATH"),
+            }),
+            _ => {
+                let o = OptionValues::parse("serial", input, &["file"])?;
+                match o.get("file") {
+                    Some("") | None => Err(ConfigError::MissingKey { option: "serial", key: "file" }),
+                    Some(path) => Ok(SerialMode::File(PathBuf::from(path))),
+                }
+            }
+        }
+    }
+}
+
+/// `--console`: Cloud Hypervisor's virtio-console. Only `off` exists here.
+pub fn parse_console(input: &str) -> Result<(), ConfigError> {
+    match input {
+        "off" => Ok(()),
+        other => Err(ConfigError::Unsupported {
+            option: "console",
+            message: format!(
+                "\"{other}\" needs a virtio-console, which this VMM does not have; \
+                 use --console off and --serial tty"
+            ),
+        }),
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PayloadConfig {
+    pub kernel: PathBuf,
+    pub initramfs: Option<PathBuf>,
+    pub cmdline: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VmConfig {
+    pub payload: PayloadConfig,
+    pub cpus: CpusConfig,
+    pub memory: MemoryConfig,
+    pub serial: SerialMode,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpus() {
+        assert_eq!(CpusConfig::parse("boot=2").unwrap().boot_vcpus, 2);
+        assert_eq!(CpusConfig::parse("boot=4,max=4").unwrap().boot_vcpus, 4);
+        assert_eq!(
+            CpusConfig::parse("boot=0").unwrap_err().to_string(),
+            "--cpus: boot=\"0\" is invalid: expected 1 to 254 vCPUs"
+        );
+        assert!(CpusConfig::parse("boot=255").is_err());
+        assert!(CpusConfig::parse("boot=two").unwrap_err().to_string().contains("unsigned integer"));
+        assert!(CpusConfig::parse("boot=2,max=4").unwrap_err().to_string().contains("hot-plug"));
+        assert!(CpusConfig::parse("topology=1:1:1:1").unwrap_err().to_string().contains("accepted keys: boot, max"));
+    }
+
+    #[test]
+    fn memory() {
+        let m = MemoryConfig::parse("size=1G,shared=on").unwrap();
+        assert_eq!(m, MemoryConfig { size: 1 << 30, shared: true, hugepages: false });
+        assert_eq!(MemoryConfig::parse("size=512M").unwrap().shared, false);
+        assert!(MemoryConfig::parse("size=1M").unwrap_err().to_string().contains("between 32M and 512G"));
+        assert!(MemoryConfig::parse("size=1T").is_err());
+        assert!(MemoryConfig::parse("size=33554433").unwrap_err().to_string().contains("multiple of 4K"));
+        assert!(MemoryConfig::parse("size=1G,shared=yes").unwrap_err().to_string().contains("on or off"));
+        assert!(MemoryConfig::parse("size=33M,hugepages=on").unwrap_err().to_string().contains("2M"));
+    }
+
+    #[test]
+    fn serial_and_console() {
+        assert_eq!(SerialMode::parse("tty").unwrap(), SerialMode::Tty);
+        assert_eq!(SerialMode::parse("off").unwrap(), SerialMode::Off);
+        assert_eq!(SerialMode::parse("null").unwrap(), SerialMode::Null);
+        assert_eq!(SerialMode::parse("file=/tmp/x").unwrap(), SerialMode::File("/tmp/x".into()));
+        assert!(SerialMode::parse("file=").is_err());
+        assert!(SerialMode::parse("pty").unwrap_err().to_string().contains("not supported"));
+        assert!(SerialMode::parse("bogus").unwrap_err().to_string().starts_with("--serial:"));
+        assert!(parse_console("off").is_ok());
+        assert!(parse_console("tty").unwrap_err().to_string().contains("virtio-console"));
+    }
+}

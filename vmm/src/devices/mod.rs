@@ -1,0 +1,9 @@
+//! Legacy platform devices and the buses vCPU exits are dispatched on.
+
+pub mod acpi_pm;
+pub mod bus;
+pub mod i8042;
+pub mod pvpanic;
+pub mod serial;
+
+pub use bus::{Bus, BusDevice};

@@ -1,0 +1,10 @@
+//! A KVM virtual machine monitor for x86-64 that boots a stock Linux bzImage.
+
+pub mod arch;
+pub mod config;
+pub mod devices;
+pub mod exit;
+pub mod memory;
+pub mod signals;
+pub mod vcpu;
+pub mod vm;

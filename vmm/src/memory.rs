@@ -1,0 +1,100 @@
+//! Guest RAM: anonymous private memory, or a memfd mapped `MAP_SHARED`
+//! (`shared=on`) that a vhost-user backend can map from the fd we send it.
+
+use std::fs::File;
+use std::os::fd::FromRawFd;
+
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::VmFd;
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+
+use crate::arch::x86_64::layout::ram_ranges;
+use crate::config::MemoryConfig;
+
+pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    #[error("--memory: creating the memfd for shared/huge-page RAM failed: {0}")]
+    Memfd(std::io::Error),
+    #[error("--memory: sizing the RAM memfd to {size} bytes failed: {source}")]
+    Truncate { size: u64, source: std::io::Error },
+    #[error("--memory: mapping {size} bytes of guest RAM failed: {source}")]
+    Map { size: u64, source: vm_memory::mmap::FromRangesError },
+    #[error("registering guest RAM slot {slot} with KVM failed: {source}")]
+    Register { slot: u32, source: kvm_ioctls::Error },
+}
+
+fn memfd(hugepages: bool) -> std::io::Result<File> {
+    let mut flags = libc::MFD_CLOEXEC;
+    if hugepages {
+        flags |= libc::MFD_HUGETLB;
+    }
+    // SAFETY: the name is a NUL-terminated literal and the flags are valid;
+    // the returned fd is checked before use.
+    let fd = unsafe { libc::memfd_create(c"guest-ram".as_ptr(), flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and is owned by nobody else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+pub fn create_guest_memory(cfg: &MemoryConfig) -> Result<GuestMemoryMmap, MemoryError> {
+    let ranges = ram_ranges(cfg.size);
+    let map_err = |source| MemoryError::Map { size: cfg.size, source };
+    if !cfg.shared && !cfg.hugepages {
+        let r: Vec<_> = ranges.iter().map(|&(a, s)| (GuestAddress(a), s as usize)).collect();
+        return GuestMemoryMmap::from_ranges(&r).map_err(map_err);
+    }
+    let file = memfd(cfg.hugepages).map_err(MemoryError::Memfd)?;
+    file.set_len(cfg.size).map_err(|source| MemoryError::Truncate { size: cfg.size, source })?;
+    let mut offset = 0;
+    let mut regions = Vec::new();
+    for (addr, size) in ranges {
+        let f = file.try_clone().map_err(MemoryError::Memfd)?;
+        regions.push((GuestAddress(addr), size as usize, Some(FileOffset::new(f, offset))));
+        offset += size;
+    }
+    GuestMemoryMmap::from_ranges_with_files(&regions).map_err(map_err)
+}
+
+pub fn register_with_kvm(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), MemoryError> {
+    for (slot, region) in mem.iter().enumerate() {
+        let slot = slot as u32;
+        let r = kvm_userspace_memory_region {
+            slot,
+            flags: 0,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: region.as_ptr() as u64,
+        };
+        // SAFETY: the region is a live mapping of `memory_size` bytes owned by
+        // `mem`, which outlives the VM (both live until the process exits).
+        unsafe { vm.set_user_memory_region(r) }.map_err(|source| MemoryError::Register { slot, source })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::Bytes;
+
+    #[test]
+    fn shared_memory_is_one_memfd_across_the_hole() {
+        let cfg = MemoryConfig { size: 64 << 20, shared: true, hugepages: false };
+        let mem = create_guest_memory(&cfg).unwrap();
+        assert_eq!(mem.num_regions(), 1);
+        let region = mem.iter().next().unwrap();
+        assert!(region.file_offset().is_some(), "shared RAM has an fd to hand to a backend");
+        mem.write_obj(0xdead_beefu32, GuestAddress(0x1000)).unwrap();
+        assert_eq!(mem.read_obj::<u32>(GuestAddress(0x1000)).unwrap(), 0xdead_beef);
+    }
+
+    #[test]
+    fn private_memory_has_no_fd() {
+        let mem = create_guest_memory(&MemoryConfig { size: 32 << 20, ..Default::default() }).unwrap();
+        assert!(mem.iter().next().unwrap().file_offset().is_none());
+    }
+}
