@@ -2,7 +2,7 @@
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, Mutex};
 
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
@@ -48,20 +48,36 @@ fn kvm_setup<T>(what: &'static str, r: Result<T, kvm_ioctls::Error>) -> Result<T
 }
 
 /// Restores the terminal from raw mode when the VM ends, however it ends.
-struct RawTerminal;
+///
+/// Works on a duplicate of fd 0 rather than `std::io::stdin()`: std's stdin
+/// lock is held across blocking reads, and the serial input thread blocks in
+/// one for the life of the VM.
+struct RawTerminal(std::fs::File);
 
 impl RawTerminal {
     fn enable() -> Option<Self> {
-        let stdin = std::io::stdin().lock();
-        // SAFETY: isatty only inspects the descriptor.
-        let is_tty = unsafe { libc::isatty(stdin.as_raw_fd()) } == 1;
-        (is_tty && stdin.set_raw_mode().is_ok()).then_some(RawTerminal)
+        use std::io::IsTerminal;
+        let tty = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned().ok()?);
+        if !tty.is_terminal() {
+            return None;
+        }
+        let raw = RawTerminal(tty);
+        raw.set_raw_mode().ok()?;
+        Some(raw)
+    }
+}
+
+// SAFETY: the fd is owned by the RawTerminal, open for its whole lifetime,
+// and only used for termios calls.
+unsafe impl Terminal for RawTerminal {
+    fn tty_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
     }
 }
 
 impl Drop for RawTerminal {
     fn drop(&mut self) {
-        let _ = std::io::stdin().lock().set_canon_mode();
+        let _ = self.set_canon_mode();
     }
 }
 
@@ -89,12 +105,14 @@ fn add_platform_devices(
 ) -> Result<(Option<Arc<Mutex<serial::SerialDevice>>>, Vec<u8>), VmError> {
     let dev = |e: crate::devices::bus::BusError| VmError::Device(e.to_string());
     let mut serial_dev = None;
+    let mut aml = Vec::new();
     if let Some(out) = serial_output(&config.serial)? {
         let irq = EventFd::new(libc::EFD_NONBLOCK)?;
         kvm_setup("registering the serial irqfd", vm.register_irqfd(&irq, serial::COM1_IRQ))?;
         let s = Arc::new(Mutex::new(serial::SerialDevice::new(irq, out)));
         pio.insert(s.clone(), serial::COM1_PORT, serial::PORT_COUNT).map_err(dev)?;
         serial_dev = Some(s);
+        serial::SerialDevice::append_aml(&mut aml);
     }
     pio.insert(Arc::new(Mutex::new(i8042::I8042::new(exit.clone()))), i8042::I8042_PORT, i8042::PORT_COUNT)
         .map_err(dev)?;
@@ -106,7 +124,6 @@ fn add_platform_devices(
     .map_err(dev)?;
     pio.insert(Arc::new(Mutex::new(pvpanic::PvPanic::new(exit.clone()))), u64::from(pvpanic::PVPANIC_PORT), 1)
         .map_err(dev)?;
-    let mut aml = Vec::new();
     pvpanic::PvPanic::append_aml(&mut aml);
     Ok((serial_dev, aml))
 }
@@ -171,8 +188,9 @@ pub fn run(config: &VmConfig, signals: &StopSignals) -> Result<VmExit, VmError> 
 
     let _raw_terminal = match (&config.serial, &serial_dev) {
         (SerialMode::Tty, Some(s)) => {
+            let raw = RawTerminal::enable();
             serial::spawn_stdin_reader(s.clone())?;
-            RawTerminal::enable()
+            raw
         }
         _ => None,
     };

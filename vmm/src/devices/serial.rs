@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+use acpi_tables::{aml, Aml};
 use vm_superio::{serial::NoEvents, Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -30,6 +31,30 @@ pub struct SerialDevice {
 impl SerialDevice {
     pub fn new(irq: EventFd, out: Box<dyn Write + Send>) -> Self {
         SerialDevice { serial: Serial::new(IrqFdTrigger(irq), out) }
+    }
+
+    /// Describes COM1 in the DSDT. A hardware-reduced ACPI platform has no
+    /// legacy PIC, so Linux maps no ISA IRQs by default: without this device
+    /// (and its interrupt) the 8250 driver cannot get IRQ 4 and user space
+    /// cannot open the console.
+    pub fn append_aml(sink: &mut Vec<u8>) {
+        let port = COM1_PORT as u16;
+        aml::Device::new(
+            "_SB_.COM1".into(),
+            vec![
+                &aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0501")),
+                &aml::Name::new("_UID".into(), &aml::ZERO),
+                &aml::Name::new("_DDN".into(), &"COM1"),
+                &aml::Name::new(
+                    "_CRS".into(),
+                    &aml::ResourceTemplate::new(vec![
+                        &aml::Interrupt::new(true, true, false, false, COM1_IRQ),
+                        &aml::IO::new(port, port, 1, PORT_COUNT as u8),
+                    ]),
+                ),
+            ],
+        )
+        .to_aml_bytes(sink);
     }
 
     /// Queues host input for the guest; returns how many bytes fit in the FIFO.
@@ -59,10 +84,12 @@ impl BusDevice for SerialDevice {
 /// full FIFO is retried shortly, as a real UART would drop nothing if the
 /// guest keeps reading.
 pub fn spawn_stdin_reader(serial: Arc<Mutex<SerialDevice>>) -> std::io::Result<()> {
+    use std::os::fd::AsFd;
+    // A duplicate of fd 0, read without std's stdin lock (see vm::RawTerminal).
+    let mut stdin = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
     std::thread::Builder::new().name("serial-input".into()).spawn(move || {
         use std::io::Read;
         let mut buf = [0u8; 64];
-        let mut stdin = std::io::stdin();
         while let Ok(n) = stdin.read(&mut buf) {
             if n == 0 {
                 break;
@@ -110,5 +137,14 @@ mod tests {
         let mut v = [0u8];
         dev.read(0, &mut v);
         assert_eq!(v[0], b'x');
+    }
+
+    #[test]
+    fn aml_describes_com1_with_its_interrupt() {
+        let mut aml = Vec::new();
+        SerialDevice::append_aml(&mut aml);
+        assert!(aml.windows(4).any(|w| w == b"COM1"));
+        // Extended interrupt descriptor (0x89), consumer|edge, one GSI = 4.
+        assert!(aml.windows(9).any(|w| w == [0x89, 0x06, 0x00, 0x03, 0x01, 0x04, 0x00, 0x00, 0x00]), "{aml:x?}");
     }
 }

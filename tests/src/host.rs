@@ -1,0 +1,104 @@
+//! Host helpers: the cache directory, running tools with useful errors, and
+//! checking that a binary can run inside an initramfs without libraries.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::RigError;
+
+/// `~/.cache/dax-vmm` (or `$XDG_CACHE_HOME/dax-vmm`); everything the rig
+/// downloads or builds once lives here, keyed by version.
+pub fn cache_dir() -> Result<PathBuf, RigError> {
+    let base = match std::env::var_os("XDG_CACHE_HOME") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => {
+            let home = std::env::var_os("HOME").ok_or_else(|| RigError::Setup("HOME is not set".into()))?;
+            PathBuf::from(home).join(".cache")
+        }
+    };
+    let dir = base.join("dax-vmm");
+    std::fs::create_dir_all(&dir).map_err(|e| RigError::io(&dir, e))?;
+    Ok(dir)
+}
+
+/// Runs a command to completion; a failure carries its stderr.
+pub fn run(cmd: &mut Command) -> Result<Vec<u8>, RigError> {
+    let what = format!("{cmd:?}");
+    let out = cmd.output().map_err(|e| RigError::Setup(format!("{what}: {e}")))?;
+    if !out.status.success() {
+        return Err(RigError::Setup(format!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(out.stdout)
+}
+
+/// True when the ELF file has no program interpreter (PT_INTERP), i.e. it is
+/// statically linked and runs in an initramfs that holds no libc.
+pub fn is_static_elf(path: &Path) -> Result<bool, RigError> {
+    let bytes = std::fs::read(path).map_err(|e| RigError::io(path, e))?;
+    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 {
+        return Err(RigError::Setup(format!("{} is not a 64-bit ELF file", path.display())));
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(bytes[0x20..0x28].try_into().unwrap()) as usize;
+    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
+    const PT_INTERP: u32 = 3;
+    for i in 0..phnum {
+        let off = phoff + i * phentsize;
+        let Some(p_type) = bytes.get(off..off + 4) else {
+            return Err(RigError::Setup(format!("{}: truncated program headers", path.display())));
+        };
+        if u32::from_le_bytes(p_type.try_into().unwrap()) == PT_INTERP {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The CPU flags line of /proc/cpuinfo has `vmx` (Intel) or `svm` (AMD).
+pub fn has_hardware_virtualization() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .map(|info| {
+            info.lines()
+                .filter(|l| l.starts_with("flags"))
+                .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"))
+        })
+        .unwrap_or(false)
+}
+
+/// The static busybox from Debian's `busybox-static`.
+pub fn static_busybox() -> Result<PathBuf, RigError> {
+    let path = PathBuf::from("/bin/busybox");
+    if !path.exists() {
+        return Err(RigError::Setup("/bin/busybox is missing: apt-get install busybox-static".into()));
+    }
+    if !is_static_elf(&path)? {
+        return Err(RigError::Setup(
+            "/bin/busybox is dynamically linked: apt-get install busybox-static (it replaces busybox)".into(),
+        ));
+    }
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamic_binaries_are_not_static() {
+        // /bin/sh on Debian is dash, dynamically linked.
+        assert!(!is_static_elf(Path::new("/bin/sh")).unwrap());
+    }
+
+    #[test]
+    fn non_elf_is_an_error() {
+        let path = std::env::temp_dir().join(format!("rig-not-elf-{}", std::process::id()));
+        std::fs::write(&path, b"#!/bin/sh\necho not an ELF file, but long enough to hold a header......\n").unwrap();
+        let result = is_static_elf(&path);
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(result, Err(RigError::Setup(m)) if m.contains("not a 64-bit ELF")));
+    }
+}

@@ -1,0 +1,59 @@
+//! Measurements from rig runs, written to `target/rig-results/<name>.md` so a
+//! CI log or a closing note can quote them. Nothing here asserts on time.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::rig::{target_dir, Run};
+use crate::RigError;
+
+pub struct Results {
+    name: String,
+    rows: Vec<(String, String)>,
+}
+
+fn secs(d: Option<Duration>) -> String {
+    d.map(|d| format!("{:.2} s", d.as_secs_f64())).unwrap_or_else(|| "n/a".into())
+}
+
+impl Results {
+    pub fn new(name: &str) -> Self {
+        Results { name: name.into(), rows: Vec::new() }
+    }
+
+    pub fn record(&mut self, what: &str, value: impl Into<String>) {
+        self.rows.push((what.into(), value.into()));
+    }
+
+    /// The standard timings of one run.
+    pub fn record_run(&mut self, label: &str, run: &Run) {
+        let mode = if run.nested { "emulated host (QEMU TCG) + nested KVM" } else { "host KVM" };
+        self.record(&format!("{label}: mode"), mode);
+        if run.nested {
+            self.record(&format!("{label}: L1 boot (QEMU start to its init)"), secs(run.l1_boot()));
+        }
+        self.record(&format!("{label}: guest boot-to-init (VMM start to guest init)"), secs(run.guest_boot_to_init()));
+        if let Some(uptime) = run.guest_values().get("init").and_then(|v| v.strip_prefix("uptime=")) {
+            self.record(&format!("{label}: guest uptime at init (guest clock)"), format!("{uptime} s"));
+        }
+        self.record(&format!("{label}: wall time (whole run)"), secs(Some(run.wall)));
+    }
+
+    pub fn path(&self) -> PathBuf {
+        target_dir().join("rig-results").join(format!("{}.md", self.name))
+    }
+
+    pub fn save(&self) -> Result<PathBuf, RigError> {
+        let mut text = format!("# rig results: {}\n\n| measurement | value |\n|---|---|\n", self.name);
+        for (k, v) in &self.rows {
+            let _ = writeln!(text, "| {k} | {v} |");
+        }
+        let path = self.path();
+        let dir = path.parent().expect("has a parent");
+        std::fs::create_dir_all(dir).map_err(|e| RigError::io(dir, e))?;
+        std::fs::write(&path, &text).map_err(|e| RigError::io(&path, e))?;
+        eprintln!("{text}");
+        Ok(path)
+    }
+}

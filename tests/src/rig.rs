@@ -1,0 +1,519 @@
+//! One guest run: build the images, start the VMM (directly or inside the
+//! emulated host), collect timestamped serial lines, enforce the time limit.
+//!
+//! Markers the scripts print, one per line:
+//! - `@@GUEST key=value` from the guest's test script,
+//! - `@@HOST key=value` from the host-side script around the VMM,
+//! - `@@RIG …` from the rig's own init and host script.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::cpio::CpioArchive;
+use crate::host::{self, has_hardware_virtualization, static_busybox};
+use crate::kernel::GuestKernel;
+use crate::RigError;
+
+/// Forces the emulated host even where the CPU has vmx/svm (`1`), or the
+/// direct mode where it has not (`0`, which fails on a paravirtual-only KVM).
+pub const NESTED_ENV: &str = "DAX_VMM_RIG_NESTED";
+/// Use this VMM binary instead of building a static one.
+pub const VMM_BIN_ENV: &str = "DAX_VMM_BIN";
+
+/// The console and panic behaviour every guest gets; a test adds its own words.
+const GUEST_BASE_CMDLINE: &str = "console=ttyS0 panic=-1 quiet";
+const EMULATED_HOST_MEMORY: &str = "3072";
+
+/// A file placed in an image: path inside it, permissions, contents.
+#[derive(Clone)]
+pub struct ImageFile {
+    pub path: String,
+    pub perm: u32,
+    pub data: Vec<u8>,
+}
+
+/// What to boot and what to run. Host-side scripts run in the VMM's host
+/// (the emulated host, or a scratch directory on the real one) with `$VMM`,
+/// `$KERNEL`, `$INITRAMFS` and `$WORK` set, working directory `$WORK`.
+#[derive(Clone)]
+pub struct Guest {
+    /// Names the logs and results files.
+    pub name: String,
+    pub cpus: u8,
+    pub memory: String,
+    /// Words added to the guest kernel command line.
+    pub cmdline: String,
+    /// The guest's test script (busybox sh), run by its init.
+    pub script: String,
+    /// Guest kernel modules to load before the script, with their dependencies.
+    pub guest_modules: Vec<String>,
+    pub guest_files: Vec<ImageFile>,
+    /// Files put in `$WORK` on the VMM's host.
+    pub host_files: Vec<ImageFile>,
+    pub host_before: String,
+    pub host_after: String,
+    /// Extra VMM arguments (after the kernel, cpus, memory and serial ones).
+    pub vmm_args: Vec<String>,
+    pub timeout: Duration,
+}
+
+impl Guest {
+    pub fn new(name: &str, script: &str) -> Self {
+        Guest {
+            name: name.into(),
+            cpus: 1,
+            memory: "512M".into(),
+            cmdline: String::new(),
+            script: script.into(),
+            guest_modules: Vec::new(),
+            guest_files: Vec::new(),
+            host_files: Vec::new(),
+            host_before: String::new(),
+            host_after: String::new(),
+            vmm_args: Vec::new(),
+            timeout: Duration::from_secs(600),
+        }
+    }
+
+    pub fn cmdline(&self) -> String {
+        format!("{GUEST_BASE_CMDLINE} {}", self.cmdline).trim().to_string()
+    }
+}
+
+/// A line of serial (or VMM) output and when the host saw it.
+#[derive(Clone, Debug)]
+pub struct Line {
+    pub at: Duration,
+    pub text: String,
+}
+
+#[derive(Debug)]
+pub struct Run {
+    pub name: String,
+    pub nested: bool,
+    pub lines: Vec<Line>,
+    /// The VMM's exit status, as its host script saw it.
+    pub vmm_exit: Option<i32>,
+    pub timed_out: bool,
+    pub wall: Duration,
+    pub log_path: PathBuf,
+}
+
+impl Run {
+    fn marker<'a>(&'a self, prefix: &str, key: &str) -> Option<(&'a Line, &'a str)> {
+        self.lines.iter().find_map(|l| {
+            // `key=value` (value to the end of the line) or a bare `key`,
+            // optionally followed by other words (`init uptime=0.7`).
+            let rest = l.text.split_once(prefix)?.1.strip_prefix(' ')?.strip_prefix(key)?;
+            if let Some(value) = rest.strip_prefix('=') {
+                Some((l, value))
+            } else if rest.is_empty() || rest.starts_with(' ') {
+                Some((l, rest.trim_start()))
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Value of the first `@@GUEST key=value` line.
+    pub fn guest(&self, key: &str) -> Option<&str> {
+        self.marker("@@GUEST", key).map(|(_, v)| v)
+    }
+
+    /// All `@@GUEST key=value` pairs, first occurrence wins.
+    pub fn guest_values(&self) -> HashMap<String, String> {
+        let mut out = HashMap::new();
+        for l in &self.lines {
+            let Some((_, rest)) = l.text.split_once("@@GUEST ") else { continue };
+            let (k, v) = match rest.split_once(' ') {
+                Some((word, tail)) if !word.contains('=') => (word, tail),
+                _ => rest.split_once('=').unwrap_or((rest, "")),
+            };
+            {
+                out.entry(k.to_string()).or_insert_with(|| v.to_string());
+            }
+        }
+        out
+    }
+
+    pub fn host(&self, key: &str) -> Option<&str> {
+        self.marker("@@HOST", key).map(|(_, v)| v)
+    }
+
+    /// When the rig's marker `key` was seen.
+    pub fn rig_at(&self, key: &str) -> Option<Duration> {
+        self.marker("@@RIG", key).map(|(l, _)| l.at)
+    }
+
+    pub fn guest_at(&self, key: &str) -> Option<Duration> {
+        self.marker("@@GUEST", key).map(|(l, _)| l.at)
+    }
+
+    /// Emulated host start to its init (nested runs only).
+    pub fn l1_boot(&self) -> Option<Duration> {
+        self.rig_at("l1_ready")
+    }
+
+    /// VMM start to the guest's init running.
+    pub fn guest_boot_to_init(&self) -> Option<Duration> {
+        Some(self.guest_at("init")?.checked_sub(self.rig_at("vmm_start")?)?)
+    }
+
+    /// The VMM's one-line reason for stopping (`dax-vmm: …`).
+    pub fn vmm_message(&self) -> Option<&str> {
+        self.lines.iter().rev().find_map(|l| l.text.strip_prefix("dax-vmm: "))
+    }
+
+    pub fn text(&self) -> String {
+        self.lines.iter().map(|l| l.text.as_str()).collect::<Vec<_>>().join("\n")
+    }
+
+    /// The end of the output, for assertion messages.
+    pub fn tail(&self, n: usize) -> String {
+        let start = self.lines.len().saturating_sub(n);
+        let lines: Vec<_> = self.lines[start..].iter().map(|l| format!("[{:7.3}] {}", l.at.as_secs_f64(), l.text)).collect();
+        format!("--- last {} lines of {} (full log: {}) ---\n{}", lines.len(), self.name, self.log_path.display(), lines.join("\n"))
+    }
+}
+
+/// Boots `guest` and returns its output once the VMM's host has stopped.
+pub fn run(guest: &Guest) -> Result<Run, RigError> {
+    let nested = match std::env::var(NESTED_ENV).as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => !has_hardware_virtualization(),
+    };
+    let kernel = GuestKernel::fetch()?;
+    let busybox = std::fs::read(static_busybox()?).map_err(|e| RigError::io(Path::new("/bin/busybox"), e))?;
+    let vmm = vmm_binary()?;
+    let guest_initramfs = guest_initramfs(guest, &kernel, &busybox)?;
+    let host_script = host_script(guest);
+    let work = scratch_dir(&guest.name)?;
+    let log_path = work.join("serial.log");
+
+    let start = Instant::now();
+    let mut child = if nested {
+        let image = emulated_host_initramfs(guest, &kernel, &busybox, &vmm, &guest_initramfs, &host_script)?;
+        let image_path = work.join("l1-initramfs.cpio");
+        std::fs::write(&image_path, image).map_err(|e| RigError::io(&image_path, e))?;
+        Command::new("qemu-system-x86_64")
+            .args(["-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", EMULATED_HOST_MEMORY])
+            .args(["-nodefaults", "-display", "none", "-serial", "stdio", "-no-reboot"])
+            .arg("-kernel")
+            .arg(&kernel.bzimage)
+            .arg("-initrd")
+            .arg(&image_path)
+            .args(["-append", "console=ttyS0 panic=-1 quiet loglevel=3"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| RigError::Setup(format!("starting qemu-system-x86_64 (apt-get install qemu-system-x86): {e}")))?
+    } else {
+        let files = work.join("host");
+        std::fs::create_dir_all(&files).map_err(|e| RigError::io(&files, e))?;
+        for f in &guest.host_files {
+            write_file(&files.join(&f.path), f)?;
+        }
+        let initramfs = work.join("guest-initramfs.cpio");
+        std::fs::write(&initramfs, &guest_initramfs).map_err(|e| RigError::io(&initramfs, e))?;
+        Command::new("sh")
+            .arg("-c")
+            .arg(&host_script)
+            .env("VMM", &vmm)
+            .env("KERNEL", &kernel.bzimage)
+            .env("INITRAMFS", &initramfs)
+            .env("WORK", &files)
+            .current_dir(&files)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| RigError::Setup(format!("starting the host script: {e}")))?
+    };
+
+    let (lines, timed_out) = collect_output(&mut child, start, guest.timeout);
+    let wall = start.elapsed();
+    let log: String = lines.iter().map(|l| format!("[{:8.3}] {}\n", l.at.as_secs_f64(), l.text)).collect();
+    std::fs::write(&log_path, log).map_err(|e| RigError::io(&log_path, e))?;
+    let mut run = Run { name: guest.name.clone(), nested, lines, vmm_exit: None, timed_out, wall, log_path };
+    run.vmm_exit = run.marker("@@RIG", "vmm_exit").and_then(|(_, v)| v.trim().parse().ok());
+    Ok(run)
+}
+
+/// Reads stdout and stderr line by line with arrival times; kills the child
+/// at the deadline.
+fn collect_output(child: &mut Child, start: Instant, timeout: Duration) -> (Vec<Line>, bool) {
+    let (tx, rx) = mpsc::channel::<Line>();
+    let readers: Vec<Box<dyn Read + Send>> = vec![
+        Box::new(child.stdout.take().expect("stdout is piped")),
+        Box::new(child.stderr.take().expect("stderr is piped")),
+    ];
+    for reader in readers {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(reader);
+            let mut buf = Vec::new();
+            while matches!(reader.read_until(b'\n', &mut buf), Ok(n) if n > 0) {
+                let text = String::from_utf8_lossy(&buf).trim_end_matches(['\r', '\n']).replace('\r', "");
+                if tx.send(Line { at: start.elapsed(), text }).is_err() {
+                    break;
+                }
+                buf.clear();
+            }
+        });
+    }
+    drop(tx);
+    let deadline = start + timeout;
+    let mut lines = Vec::new();
+    let mut timed_out = false;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.min(Duration::from_millis(200))) {
+            Ok(line) => {
+                if std::env::var_os("DAX_VMM_RIG_ECHO").is_some() {
+                    eprintln!("[{:7.3}] {}", line.at.as_secs_f64(), line.text);
+                }
+                lines.push(line);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() >= deadline => {
+                timed_out = true;
+                let _ = child.kill();
+                break;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+    }
+    let _ = child.wait();
+    // Lines that arrived between the kill and the pipes closing.
+    lines.extend(rx.try_iter());
+    lines.sort_by_key(|l| l.at);
+    (lines, timed_out)
+}
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn host_script(guest: &Guest) -> String {
+    let mut args = vec![
+        "--kernel".to_string(),
+        "$KERNEL".into(),
+        "--initramfs".into(),
+        "$INITRAMFS".into(),
+        "--cmdline".into(),
+        sh_quote(&guest.cmdline()),
+        "--cpus".into(),
+        format!("boot={}", guest.cpus),
+        "--memory".into(),
+        sh_quote(&format!("size={}", guest.memory)),
+        "--serial".into(),
+        "tty".into(),
+    ];
+    args.extend(guest.vmm_args.iter().map(|a| sh_quote(a)));
+    format!(
+        "cd \"$WORK\"\n{before}\necho '@@RIG vmm_start'\n\"$VMM\" {args} </dev/null\necho \"@@RIG vmm_exit=$?\"\n{after}\n",
+        before = guest.host_before,
+        args = args.join(" "),
+        after = guest.host_after,
+    )
+}
+
+/// The guest's initramfs: busybox, modules, an init that runs the script.
+fn guest_initramfs(guest: &Guest, kernel: &GuestKernel, busybox: &[u8]) -> Result<Vec<u8>, RigError> {
+    let names: Vec<&str> = guest.guest_modules.iter().map(String::as_str).collect();
+    let modules = kernel.modules_with_deps(&names)?;
+    let mut image = base_image(busybox);
+    let mut load = String::new();
+    for (name, data) in &modules {
+        image.file(&format!("lib/modules/{name}.ko"), 0o644, data);
+        load.push_str(&format!("insmod /lib/modules/{name}.ko || echo \"@@GUEST insmod_failed={name}\"\n"));
+    }
+    for f in &guest.guest_files {
+        image.file(&f.path, f.perm, &f.data);
+    }
+    image.file("test.sh", 0o755, guest.script.as_bytes());
+    let init = format!(
+        "#!/bin/busybox sh\n\
+         /bin/busybox --install -s /bin\n\
+         export PATH=/bin\n\
+         mount -t proc proc /proc\n\
+         mount -t sysfs sysfs /sys\n\
+         mount -t devtmpfs devtmpfs /dev\n\
+         echo \"@@GUEST init uptime=$(cut -d' ' -f1 /proc/uptime)\"\n\
+         {load}\
+         sh /test.sh\n\
+         echo \"@@GUEST script_exit=$?\"\n\
+         poweroff -f\n"
+    );
+    image.file("init", 0o755, init.as_bytes());
+    Ok(image.finish())
+}
+
+/// The emulated host's initramfs: busybox, KVM modules, the VMM, the guest's
+/// kernel and initramfs, the host files and the host script.
+fn emulated_host_initramfs(
+    guest: &Guest,
+    kernel: &GuestKernel,
+    busybox: &[u8],
+    vmm: &Path,
+    guest_initramfs: &[u8],
+    host_script: &str,
+) -> Result<Vec<u8>, RigError> {
+    let kvm = kernel.modules_with_deps(&["kvm_amd"])?;
+    let mut image = base_image(busybox);
+    let mut load = String::new();
+    for (name, data) in &kvm {
+        image.file(&format!("lib/modules/{name}.ko"), 0o644, data);
+        load.push_str(&format!("insmod /lib/modules/{name}.ko\n"));
+    }
+    let vmm_bytes = std::fs::read(vmm).map_err(|e| RigError::io(vmm, e))?;
+    image.file("bin/dax-vmm", 0o755, &vmm_bytes);
+    let bzimage = std::fs::read(&kernel.bzimage).map_err(|e| RigError::io(&kernel.bzimage, e))?;
+    image.file("guest/vmlinuz", 0o644, &bzimage);
+    image.file("guest/initramfs.cpio", 0o644, guest_initramfs);
+    image.dir("work");
+    for f in &guest.host_files {
+        image.file(&format!("work/{}", f.path), f.perm, &f.data);
+    }
+    image.file("rig/host.sh", 0o755, host_script.as_bytes());
+    let init = format!(
+        "#!/bin/busybox sh\n\
+         /bin/busybox --install -s /bin\n\
+         export PATH=/bin\n\
+         mount -t proc proc /proc\n\
+         mount -t sysfs sysfs /sys\n\
+         mount -t devtmpfs devtmpfs /dev\n\
+         mount -t tmpfs tmpfs /tmp\n\
+         {load}\
+         [ -c /dev/kvm ] || echo '@@RIG error=no /dev/kvm in the emulated host'\n\
+         echo \"@@RIG l1_ready uptime=$(cut -d' ' -f1 /proc/uptime)\"\n\
+         VMM=/bin/dax-vmm KERNEL=/guest/vmlinuz INITRAMFS=/guest/initramfs.cpio WORK=/work sh /rig/host.sh\n\
+         poweroff -f\n"
+    );
+    image.file("init", 0o755, init.as_bytes());
+    Ok(image.finish())
+}
+
+fn base_image(busybox: &[u8]) -> CpioArchive {
+    let mut image = CpioArchive::new();
+    for dir in ["proc", "sys", "dev", "tmp", "etc", "mnt", "root"] {
+        image.dir(dir);
+    }
+    image.char_device("dev/console", 0o600, 5, 1);
+    image.file("bin/busybox", 0o755, busybox);
+    image.symlink("bin/sh", "busybox");
+    image
+}
+
+fn write_file(path: &Path, f: &ImageFile) -> Result<(), RigError> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| RigError::io(parent, e))?;
+    }
+    std::fs::write(path, &f.data).map_err(|e| RigError::io(path, e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(f.perm)).map_err(|e| RigError::io(path, e))
+}
+
+/// The workspace's `target/` directory.
+pub fn target_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target")
+}
+
+/// `target/rig/runs/<name>`, emptied first.
+fn scratch_dir(name: &str) -> Result<PathBuf, RigError> {
+    let dir = target_dir().join("rig/runs").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| RigError::io(&dir, e))?;
+    Ok(dir)
+}
+
+/// A static release build of a workspace binary, built once per process so
+/// it runs in an initramfs without libraries.
+pub fn static_binary(package: &str, bin: &str) -> Result<PathBuf, RigError> {
+    let target = "x86_64-unknown-linux-gnu";
+    let target_dir = target_dir().join("rig/build");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--release", "--locked", "-p", package, "--bin", bin, "--target", target])
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .status()
+        .map_err(|e| RigError::Setup(format!("cargo build {bin}: {e}")))?;
+    if !status.success() {
+        return Err(RigError::Setup(format!("cargo build of {bin} failed ({status})")));
+    }
+    let path = target_dir.join(target).join("release").join(bin);
+    if !host::is_static_elf(&path)? {
+        return Err(RigError::Setup(format!("{} is not statically linked", path.display())));
+    }
+    Ok(path)
+}
+
+fn vmm_binary() -> Result<PathBuf, RigError> {
+    static VMM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    VMM.get_or_init(|| match std::env::var_os(VMM_BIN_ENV) {
+        Some(p) => Ok(PathBuf::from(p)),
+        None => static_binary("vmm", "dax-vmm").map_err(|e| e.to_string()),
+    })
+    .clone()
+    .map_err(RigError::Setup)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_with(lines: &[(u64, &str)]) -> Run {
+        Run {
+            name: "t".into(),
+            nested: true,
+            lines: lines.iter().map(|(ms, t)| Line { at: Duration::from_millis(*ms), text: t.to_string() }).collect(),
+            vmm_exit: None,
+            timed_out: false,
+            wall: Duration::ZERO,
+            log_path: PathBuf::new(),
+        }
+    }
+
+    #[test]
+    fn markers_parse_and_time() {
+        let r = run_with(&[
+            (100, "@@RIG l1_ready uptime=1.2"),
+            (200, "@@RIG vmm_start"),
+            (900, "[  0.5] noise @@GUEST init uptime=0.7"),
+            (950, "@@GUEST nproc=2"),
+            (960, "@@GUEST cmdline=console=ttyS0 a=b"),
+            (970, "@@GUEST nproc=3"),
+            (990, "dax-vmm: guest powered off"),
+        ]);
+        assert_eq!(r.l1_boot(), Some(Duration::from_millis(100)));
+        assert_eq!(r.guest_boot_to_init(), Some(Duration::from_millis(700)));
+        assert_eq!(r.guest("nproc"), Some("2"));
+        assert_eq!(r.guest("cmdline"), Some("console=ttyS0 a=b"));
+        assert_eq!(r.guest("missing"), None);
+        assert_eq!(r.guest_values()["nproc"], "2");
+        assert_eq!(r.guest("init"), Some("uptime=0.7"));
+        assert_eq!(r.guest_values()["init"], "uptime=0.7");
+        assert_eq!(r.guest("nproc2"), None);
+        assert_eq!(r.vmm_message(), Some("guest powered off"));
+    }
+
+    #[test]
+    fn host_script_quotes_arguments() {
+        let mut g = Guest::new("q", "true");
+        g.cmdline = "it's".into();
+        g.vmm_args = vec!["--pmem".into(), "file=a b".into()];
+        let s = host_script(&g);
+        assert!(s.contains(r"'console=ttyS0 panic=-1 quiet it'\''s'"), "{s}");
+        assert!(s.contains("'file=a b'"), "{s}");
+        assert!(s.contains("</dev/null"));
+    }
+}

@@ -1,0 +1,93 @@
+//! Guest tests for the VMM core: boot with 1 and 2 vCPUs, check what the
+//! guest sees against what was asked, and the VMM's exit status on power-off
+//! and on a guest panic. Each boot checks several things.
+//!
+//! Run with `cargo test -p guest-tests --test boot -- --ignored --test-threads=1`
+//! (scripts/test.sh does).
+
+use std::time::Duration;
+
+use guest_tests::rig::{self, Guest, Run};
+use guest_tests::results::Results;
+
+const MEMORY_MIB: u64 = 512;
+
+/// Reports what the guest found: CPUs, command line, memory, ACPI tables.
+const REPORT_SCRIPT: &str = r#"
+echo "@@GUEST nproc=$(nproc)"
+echo "@@GUEST cmdline=$(cat /proc/cmdline)"
+echo "@@GUEST memtotal_kib=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
+echo "@@GUEST online=$(cat /sys/devices/system/cpu/online)"
+echo "@@GUEST acpi_tables=$(ls /sys/firmware/acpi/tables 2>/dev/null | tr '\n' ',')"
+echo "@@GUEST serial=$(cat /sys/class/tty/ttyS0/type 2>/dev/null)"
+"#;
+
+fn boot_and_report(cpus: u8) -> Run {
+    let token = format!("rig_token={}", std::process::id());
+    let mut guest = Guest::new(&format!("boot-{cpus}cpu"), REPORT_SCRIPT);
+    guest.cpus = cpus;
+    guest.memory = format!("{MEMORY_MIB}M");
+    guest.cmdline = token.clone();
+    let run = rig::run(&guest).expect("rig run");
+    assert!(!run.timed_out, "timed out\n{}", run.tail(60));
+
+    let tail = run.tail(60);
+    assert_eq!(run.guest("nproc"), Some(cpus.to_string().as_str()), "{tail}");
+    let online = if cpus == 1 { "0".to_string() } else { format!("0-{}", cpus - 1) };
+    assert_eq!(run.guest("online"), Some(online.as_str()), "{tail}");
+    assert_eq!(run.guest("cmdline"), Some(guest.cmdline().as_str()), "{tail}");
+    // MemTotal is RAM less what the kernel reserved for itself; a guest that
+    // saw the wrong e820 map lands far outside this band.
+    let mem: u64 = run.guest("memtotal_kib").and_then(|v| v.parse().ok()).expect(&tail);
+    let asked = MEMORY_MIB * 1024;
+    assert!(mem <= asked && mem >= asked * 85 / 100, "MemTotal {mem} KiB for {asked} KiB\n{tail}");
+    let tables = run.guest("acpi_tables").unwrap_or_default();
+    for t in ["APIC", "DSDT", "FACP"] {
+        assert!(tables.split(',').any(|x| x == t), "ACPI table {t} missing from {tables}\n{tail}");
+    }
+    assert_eq!(run.guest("serial"), Some("4"), "ttyS0 should be a 16550A (type 4)\n{tail}");
+    assert_eq!(run.guest("script_exit"), Some("0"), "{tail}");
+    assert_eq!(run.vmm_exit, Some(0), "poweroff -f must end the VMM with 0\n{tail}");
+    assert_eq!(run.vmm_message(), Some("guest powered off"), "{tail}");
+    run
+}
+
+#[test]
+#[ignore = "boots real guests; run through scripts/test.sh"]
+fn boot_one_and_two_vcpus() {
+    let one = boot_and_report(1);
+    let two = boot_and_report(2);
+    let mut results = Results::new("boot");
+    results.record_run("1 vCPU", &one);
+    results.record_run("2 vCPUs", &two);
+    results.save().expect("write results");
+}
+
+#[test]
+#[ignore = "boots real guests; run through scripts/test.sh"]
+fn guest_panic_and_reset_end_the_vmm() {
+    // A kernel panic reaches the VMM through pvpanic: exit status 3, even though
+    // panic=-1 makes the guest reboot right after.
+    let mut panic = Guest::new(
+        "panic",
+        "echo '@@GUEST panicking=1'\necho 1 > /proc/sys/kernel/sysrq\necho c > /proc/sysrq-trigger\n",
+    );
+    panic.guest_modules = vec!["pvpanic_mmio".into()];
+    panic.timeout = Duration::from_secs(600);
+    let run = rig::run(&panic).expect("rig run");
+    let tail = run.tail(60);
+    assert!(!run.timed_out, "{tail}");
+    assert_eq!(run.guest("panicking"), Some("1"), "{tail}");
+    assert_eq!(run.guest("insmod_failed"), None, "{tail}");
+    assert_eq!(run.vmm_exit, Some(3), "{tail}");
+    assert_eq!(run.vmm_message(), Some("guest kernel panicked (pvpanic)"), "{tail}");
+
+    // `reboot -f` resets through the ACPI reset register: the VMM stops with 0
+    // and says why.
+    let reboot = Guest::new("reboot", "echo '@@GUEST rebooting=1'\nreboot -f\n");
+    let run = rig::run(&reboot).expect("rig run");
+    let tail = run.tail(60);
+    assert_eq!(run.guest("rebooting"), Some("1"), "{tail}");
+    assert_eq!(run.vmm_exit, Some(0), "{tail}");
+    assert!(run.vmm_message().is_some_and(|m| m.contains("reset")), "{tail}");
+}
