@@ -76,7 +76,7 @@ impl Guest {
             host_before: String::new(),
             host_after: String::new(),
             vmm_args: Vec::new(),
-            timeout: Duration::from_secs(600),
+            timeout: Duration::from_secs(300),
         }
     }
 
@@ -463,7 +463,8 @@ pub fn static_binary(package: &str, bin: &str) -> Result<PathBuf, RigError> {
     Ok(path)
 }
 
-fn vmm_binary() -> Result<PathBuf, RigError> {
+/// The VMM binary the rig runs (built once per process).
+pub fn vmm_binary() -> Result<PathBuf, RigError> {
     static VMM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     VMM.get_or_init(|| match std::env::var_os(VMM_BIN_ENV) {
         Some(p) => Ok(PathBuf::from(p)),

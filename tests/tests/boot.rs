@@ -60,6 +60,9 @@ fn boot_one_and_two_vcpus() {
     let mut results = Results::new("boot");
     results.record_run("1 vCPU", &one);
     results.record_run("2 vCPUs", &two);
+    let vmm = rig::vmm_binary().expect("vmm binary");
+    let size = std::fs::metadata(&vmm).expect("vmm binary").len();
+    results.record("dax-vmm binary (static, release)", format!("{size} bytes ({:.1} MiB)", size as f64 / 1048576.0));
     results.save().expect("write results");
 }
 
@@ -73,7 +76,7 @@ fn guest_panic_and_reset_end_the_vmm() {
         "echo '@@GUEST panicking=1'\necho 1 > /proc/sys/kernel/sysrq\necho c > /proc/sysrq-trigger\n",
     );
     panic.guest_modules = vec!["pvpanic_mmio".into()];
-    panic.timeout = Duration::from_secs(600);
+    panic.timeout = Duration::from_secs(300);
     let run = rig::run(&panic).expect("rig run");
     let tail = run.tail(60);
     assert!(!run.timed_out, "{tail}");
@@ -82,11 +85,14 @@ fn guest_panic_and_reset_end_the_vmm() {
     assert_eq!(run.vmm_exit, Some(3), "{tail}");
     assert_eq!(run.vmm_message(), Some("guest kernel panicked (pvpanic)"), "{tail}");
 
-    // `reboot -f` resets through the ACPI reset register: the VMM stops with 0
-    // and says why.
-    let reboot = Guest::new("reboot", "echo '@@GUEST rebooting=1'\nreboot -f\n");
+    // `reboot -f` through the ACPI reset register (`reboot=a`): the VMM stops
+    // with 0 and says why.
+    let mut reboot = Guest::new("reboot", "echo '@@GUEST rebooting=1'\nreboot -f\n");
+    reboot.cmdline = "reboot=a".into();
+    reboot.timeout = Duration::from_secs(300);
     let run = rig::run(&reboot).expect("rig run");
     let tail = run.tail(60);
+    assert!(!run.timed_out, "{tail}");
     assert_eq!(run.guest("rebooting"), Some("1"), "{tail}");
     assert_eq!(run.vmm_exit, Some(0), "{tail}");
     assert!(run.vmm_message().is_some_and(|m| m.contains("reset")), "{tail}");

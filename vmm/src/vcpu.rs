@@ -79,7 +79,9 @@ impl Vcpu {
                     }
                 }
                 Ok(VcpuExit::IoOut(port, data)) => {
-                    pio.write(u64::from(port), data);
+                    if !pio.write(u64::from(port), data) {
+                        log::trace!("vCPU {cpu}: write {data:x?} to unclaimed port {port:#x}");
+                    }
                 }
                 Ok(VcpuExit::MmioRead(addr, data)) => {
                     if !mmio.read(addr, data) {
