@@ -85,15 +85,17 @@ fn guest_panic_and_reset_end_the_vmm() {
     assert_eq!(run.vmm_exit, Some(3), "{tail}");
     assert_eq!(run.vmm_message(), Some("guest kernel panicked (pvpanic)"), "{tail}");
 
-    // `reboot -f` through the ACPI reset register (`reboot=a`): the VMM stops
-    // with 0 and says why.
-    let mut reboot = Guest::new("reboot", "echo '@@GUEST rebooting=1'\nreboot -f\n");
-    reboot.cmdline = "reboot=a".into();
-    reboot.timeout = Duration::from_secs(300);
-    let run = rig::run(&reboot).expect("rig run");
-    let tail = run.tail(60);
-    assert!(!run.timed_out, "{tail}");
-    assert_eq!(run.guest("rebooting"), Some("1"), "{tail}");
-    assert_eq!(run.vmm_exit, Some(0), "{tail}");
-    assert!(run.vmm_message().is_some_and(|m| m.contains("reset")), "{tail}");
+    // `reboot -f` ends the VMM with 0 and says why, whichever way the guest
+    // resets: Linux's default (here: through the reset vector, where the VMM's
+    // stub pulses the i8042 reset line) and the ACPI reset register.
+    for (name, words) in [("reboot-default", ""), ("reboot-acpi", "reboot=a")] {
+        let mut reboot = Guest::new(name, "echo '@@GUEST rebooting=1'\nreboot -f\n");
+        reboot.cmdline = words.into();
+        let run = rig::run(&reboot).expect("rig run");
+        let tail = run.tail(60);
+        assert!(!run.timed_out, "{tail}");
+        assert_eq!(run.guest("rebooting"), Some("1"), "{tail}");
+        assert_eq!(run.vmm_exit, Some(0), "{tail}");
+        assert!(run.vmm_message().is_some_and(|m| m.contains("reset")), "{tail}");
+    }
 }

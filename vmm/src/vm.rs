@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Cap, Kvm, VmFd};
-use vm_memory::GuestAddress;
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::terminal::Terminal;
 
@@ -156,6 +156,8 @@ fn load_payload(mem: &GuestMemoryMmap, config: &VmConfig, device_aml: &[u8]) -> 
         None => None,
     };
     let cmdline_size = boot::load_command_line(mem, &config.payload.cmdline)?;
+    mem.write_slice(&layout::RESET_STUB, GuestAddress(layout::RESET_VECTOR))
+        .map_err(|e| VmError::Device(format!("writing the reset stub: {e}")))?;
     let acpi = AcpiTables::build(config.cpus.boot_vcpus, device_aml)?;
     acpi.write(mem)?;
     let e820 = boot::e820_map(&layout::ram_ranges(config.memory.size));

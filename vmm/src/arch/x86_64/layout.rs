@@ -20,7 +20,16 @@ pub const CMDLINE_MAX_SIZE: usize = 0x1_0000;
 pub const EBDA_START: u64 = 0x9_fc00;
 /// The RSDP must lie in 0xe0000..0xfffff where Linux scans for it.
 pub const ACPI_START: u64 = 0xe_0000;
-pub const ACPI_END: u64 = 0x10_0000;
+/// ACPI tables end where the reset stub begins.
+pub const ACPI_END: u64 = RESET_VECTOR;
+/// The x86 reset vector (F000:FFF0). A guest that reboots "through the
+/// BIOS" (Linux's `reboot=b`, its fallback when nothing else worked) jumps
+/// here in real mode; with no firmware the VMM places a stub that pulses the
+/// i8042 reset line, so the reboot ends the VM instead of running off into
+/// zeroed memory.
+pub const RESET_VECTOR: u64 = 0xf_fff0;
+/// `mov al, 0xfe; out 0x64, al; hlt; jmp short -7` (16-bit code).
+pub const RESET_STUB: [u8; 7] = [0xb0, 0xfe, 0xe6, 0x64, 0xf4, 0xeb, 0xf9];
 pub const HIGH_RAM_START: u64 = 0x10_0000;
 
 /// Start and size of the hole below 4 GiB that holds no RAM: MMIO devices,
@@ -63,5 +72,8 @@ mod tests {
         assert!(PDE_START + 4096 <= CMDLINE_START);
         assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
         assert!(ACPI_END <= HIGH_RAM_START);
+        assert!(RESET_VECTOR + RESET_STUB.len() as u64 <= HIGH_RAM_START);
+        // The jmp's displacement lands on the first byte of the stub.
+        assert_eq!(RESET_STUB.len() as i64 + i64::from(RESET_STUB[6] as i8), 0);
     }
 }
