@@ -1,0 +1,124 @@
+//! The device model both transports serve.
+
+use std::sync::Arc;
+
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryAtomic;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::GuestMemoryMmap;
+
+/// Which interrupt a device raises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interrupt {
+    /// A used buffer in this queue.
+    Queue(u16),
+    /// The device configuration changed.
+    Config,
+}
+
+/// How a device notifies the driver; each transport provides its own (an
+/// IOAPIC line for MMIO, MSI-X vectors for PCI).
+pub trait VirtioInterrupt: Send + Sync {
+    fn trigger(&self, interrupt: Interrupt) -> std::io::Result<()>;
+    /// The eventfd that raises this interrupt when written, so a vhost-user
+    /// backend can signal the guest without going through the VMM.
+    fn notifier(&self, interrupt: Interrupt) -> Option<EventFd>;
+}
+
+/// A virtio shared memory region (virtio 1.2 §2.10): an id, where it sits in
+/// guest-physical memory, and the host mapping behind it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedMemoryRegion {
+    pub id: u8,
+    pub guest_addr: u64,
+    pub len: u64,
+    /// Host virtual address of the mapping that backs the region.
+    pub host_addr: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ActivateError {
+    #[error("the driver set up {got} queues; the device needs {needed}")]
+    QueueCount { got: usize, needed: usize },
+    #[error("activating the device: {0}")]
+    Device(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A queue handed to a device on activation: its index, its state as the
+/// driver configured it, and the eventfd the guest's notifications arrive on.
+pub struct ActivatedQueue {
+    pub index: u16,
+    pub queue: Queue,
+    pub kick: EventFd,
+}
+
+pub trait VirtioDevice: Send {
+    /// Virtio device id (e.g. 26 for fs, 27 for pmem).
+    fn device_type(&self) -> u32;
+
+    /// Maximum size of each queue; the number of entries is the number of queues.
+    fn queue_max_sizes(&self) -> &[u16];
+
+    /// Features the device offers (must include `VIRTIO_F_VERSION_1`).
+    fn features(&self) -> u64;
+
+    /// The features the driver accepted, a subset of [`Self::features`].
+    fn ack_features(&mut self, features: u64);
+
+    /// Reads device config space; bytes past its end read as zero.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+
+    /// Writes device config space; devices with a read-only config ignore it.
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        let _ = (offset, data);
+    }
+
+    /// Starts the device once the driver sets DRIVER_OK.
+    fn activate(
+        &mut self,
+        mem: GuestMemoryAtomic<GuestMemoryMmap>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+        queues: Vec<ActivatedQueue>,
+    ) -> Result<(), ActivateError>;
+
+    /// Stops the device when the driver resets it; afterwards it can be
+    /// activated again. Returns false if the device cannot be reset, in which
+    /// case the transport sets DEVICE_NEEDS_RESET and the device stays as it is.
+    fn reset(&mut self) -> bool;
+
+    /// Shared memory regions the device owns, by id.
+    fn shm_regions(&self) -> Vec<SharedMemoryRegion> {
+        Vec::new()
+    }
+}
+
+/// Copies `src[offset..]` into `data`, zero-filling past the end: the usual
+/// body of `read_config` for a device whose config is a byte array.
+pub fn read_config_bytes(src: &[u8], offset: u64, data: &mut [u8]) {
+    data.fill(0);
+    let Ok(offset) = usize::try_from(offset) else { return };
+    if let Some(tail) = src.get(offset..) {
+        let n = tail.len().min(data.len());
+        data[..n].copy_from_slice(&tail[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_reads_zero_fill_past_the_end() {
+        let cfg = [1u8, 2, 3, 4];
+        let mut d = [0xaa; 4];
+        read_config_bytes(&cfg, 2, &mut d);
+        assert_eq!(d, [3, 4, 0, 0]);
+        read_config_bytes(&cfg, 9, &mut d);
+        assert_eq!(d, [0; 4]);
+        read_config_bytes(&cfg, u64::MAX, &mut d);
+        assert_eq!(d, [0; 4]);
+    }
+}

@@ -1,0 +1,14 @@
+//! Virtio devices and the transports that carry them.
+//!
+//! A device implements [`VirtioDevice`]: its type, features, config space,
+//! queues and the shared memory regions it owns. A transport
+//! ([`transport::mmio::MmioTransport`]) presents any device to the guest
+//! without the device knowing which transport carries it.
+
+pub mod device;
+pub mod transport;
+
+pub use device::{ActivateError, Interrupt, SharedMemoryRegion, VirtioDevice, VirtioInterrupt};
+
+/// Guest memory as the VMM maps it (no dirty-page bitmap).
+pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
