@@ -6,6 +6,7 @@
 //! without the device knowing which transport carries it.
 
 pub mod device;
+pub mod pmem;
 pub mod transport;
 
 pub use device::{ActivateError, Interrupt, SharedMemoryRegion, VirtioDevice, VirtioInterrupt};
