@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use vmm::config::{parse_console, ConfigError, CpusConfig, MemoryConfig, PayloadConfig, SerialMode, VmConfig};
+use vmm::config::{parse_console, ConfigError, CpusConfig, MemoryConfig, PayloadConfig, PmemConfig, SerialMode, VmConfig};
 use vmm::signals::StopSignals;
 
 /// Exit status for a command line the VMM cannot run (as clap uses for usage errors).
@@ -36,6 +36,9 @@ struct Cli {
     /// virtio-console: only "off" (use --serial for the console).
     #[arg(long, value_name = "off", default_value = "off")]
     console: String,
+    /// virtio-pmem: file=<path>[,size=<size>][,discard_writes=on|off][,id=<id>][,transport=pci|mmio]
+    #[arg(long, value_name = "file=PATH,size=SIZE", num_args = 1..)]
+    pmem: Vec<String>,
     /// REST API socket: <path> or path=<path>.
     #[arg(long, value_name = "PATH")]
     api_socket: Option<String>,
@@ -62,6 +65,7 @@ impl Cli {
             cpus: CpusConfig::parse(&self.cpus)?,
             memory: MemoryConfig::parse(&self.memory)?,
             serial: SerialMode::parse(&self.serial)?,
+            pmem: self.pmem.iter().enumerate().map(|(i, p)| PmemConfig::parse(p, i)).collect::<Result<_, _>>()?,
         })
     }
 }

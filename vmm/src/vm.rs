@@ -7,12 +7,15 @@ use std::sync::{Arc, Mutex};
 
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Cap, Kvm, VmFd};
-use vm_memory::{Bytes, GuestAddress};
+use kvm_bindings::kvm_userspace_memory_region;
+use virtio_devices::pmem::{Pmem, PmemBacking};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::terminal::Terminal;
 
 use crate::arch::x86_64::{acpi::AcpiTables, boot, layout};
-use crate::config::{SerialMode, VmConfig};
+use crate::config::{SerialMode, Transport, VmConfig};
+use crate::devices::virtio_mmio::MmioDeviceManager;
 use crate::devices::{acpi_pm, i8042, pvpanic, serial, Bus};
 use crate::exit::{ExitHandle, VmExit};
 use crate::memory::{self, GuestMemoryMmap};
@@ -39,6 +42,14 @@ pub enum VmError {
     SerialFile { path: String, source: std::io::Error },
     #[error("device setup: {0}")]
     Device(String),
+    #[error(transparent)]
+    Pmem(#[from] virtio_devices::pmem::PmemError),
+    #[error(transparent)]
+    VirtioMmio(#[from] crate::devices::virtio_mmio::VirtioMmioError),
+    #[error("--pmem id={id}: registering its {size}-byte range at {addr:#x} with KVM: {source}")]
+    PmemSlot { id: String, addr: u64, size: u64, source: kvm_ioctls::Error },
+    #[error("--pmem id={0}: transport=pci is not available yet in this build; use transport=mmio")]
+    PciNotYet(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -148,6 +159,47 @@ fn create_vm(kvm: &Kvm) -> Result<VmFd, VmError> {
     Ok(vm)
 }
 
+/// First KVM memory slot for device memory (pmem ranges, shared memory
+/// regions); guest RAM uses the slots below.
+const DEVICE_MEMORY_SLOT_BASE: u32 = 100;
+
+/// Opens, maps and registers each `--pmem` backing file above RAM and puts a
+/// virtio-pmem device for it on its transport.
+fn add_pmem_devices(
+    vm: &VmFd,
+    config: &VmConfig,
+    mmio: &Bus,
+    mem: &GuestMemoryAtomic<GuestMemoryMmap>,
+    mmio_devices: &mut MmioDeviceManager,
+) -> Result<Vec<PmemBacking>, VmError> {
+    let mut backings = Vec::new();
+    let mut next_addr = layout::device_memory_start(config.memory.size);
+    for (i, p) in config.pmem.iter().enumerate() {
+        if p.transport == Transport::Pci {
+            return Err(VmError::PciNotYet(p.id.clone()));
+        }
+        let backing = PmemBacking::open(&p.file, p.size, p.discard_writes)?;
+        let (addr, size) = (next_addr, backing.size());
+        let region = kvm_userspace_memory_region {
+            slot: DEVICE_MEMORY_SLOT_BASE + i as u32,
+            flags: 0,
+            guest_phys_addr: addr,
+            memory_size: size,
+            userspace_addr: backing.host_addr(),
+        };
+        // SAFETY: the mapping is `size` bytes long and stays mapped while the
+        // VM runs (`backings` is kept until `run` returns).
+        unsafe { vm.set_user_memory_region(region) }
+            .map_err(|source| VmError::PmemSlot { id: p.id.clone(), addr, size, source })?;
+        let device = Pmem::new(p.id.clone(), &backing, addr)?;
+        mmio_devices.add(vm, mmio, mem, Box::new(device))?;
+        next_addr = (addr + size).next_multiple_of(layout::DEVICE_MEMORY_ALIGN);
+        log::info!("pmem {}: {} bytes of {} at {addr:#x}", p.id, size, p.file.display());
+        backings.push(backing);
+    }
+    Ok(backings)
+}
+
 /// Loads kernel, initramfs, command line, ACPI tables and the zero page.
 fn load_payload(mem: &GuestMemoryMmap, config: &VmConfig, device_aml: &[u8]) -> Result<GuestAddress, VmError> {
     let kernel = boot::load_kernel(mem, &config.payload.kernel)?;
@@ -175,7 +227,12 @@ pub fn run(config: &VmConfig, signals: &StopSignals) -> Result<VmExit, VmError> 
     let exit = Arc::new(ExitHandle::new()?);
     let pio = Arc::new(Bus::new());
     let mmio = Arc::new(Bus::new());
-    let (serial_dev, device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
+    let (serial_dev, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
+    let guest_mem = GuestMemoryAtomic::new(mem.clone());
+    let mut mmio_devices = MmioDeviceManager::new();
+    // The mappings must outlive the VM: kept until `run` returns.
+    let _pmem_backings = add_pmem_devices(&vm, config, &mmio, &guest_mem, &mut mmio_devices)?;
+    device_aml.extend_from_slice(mmio_devices.aml());
     let entry = load_payload(&mem, config, &device_aml)?;
 
     let base_cpuid = kvm_setup("KVM_GET_SUPPORTED_CPUID", kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES))?;

@@ -1,6 +1,9 @@
 //! The VM configuration and its parsing from Cloud Hypervisor's command-line syntax.
 
 mod option_parser;
+mod pmem;
+
+pub use pmem::{PmemConfig, Transport};
 
 use std::path::PathBuf;
 
@@ -164,6 +167,7 @@ pub struct VmConfig {
     pub cpus: CpusConfig,
     pub memory: MemoryConfig,
     pub serial: SerialMode,
+    pub pmem: Vec<PmemConfig>,
 }
 
 #[cfg(test)]

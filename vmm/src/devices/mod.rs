@@ -5,5 +5,6 @@ pub mod bus;
 pub mod i8042;
 pub mod pvpanic;
 pub mod serial;
+pub mod virtio_mmio;
 
 pub use bus::{Bus, BusDevice};

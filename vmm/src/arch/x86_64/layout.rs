@@ -39,6 +39,20 @@ pub const MEM_32BIT_GAP_SIZE: u64 = 0x4000_0000;
 pub const RAM_64BIT_START: u64 = MEM_32BIT_GAP_START + MEM_32BIT_GAP_SIZE;
 
 pub const IOAPIC_START: u64 = 0xfec0_0000;
+/// virtio-MMIO register pages, one 4 KiB page per device, in the 32-bit hole.
+pub const VIRTIO_MMIO_START: u64 = 0xd000_0000;
+pub const VIRTIO_MMIO_MAX_DEVICES: u64 = 16;
+/// IOAPIC pins of virtio-MMIO devices: 5, 6, … (4 is COM1).
+pub const VIRTIO_MMIO_IRQ_BASE: u32 = 5;
+/// Alignment of device memory (pmem ranges, shared memory regions) above RAM:
+/// 2 MiB so the guest can map it with PMD pages.
+pub const DEVICE_MEMORY_ALIGN: u64 = 2 << 20;
+
+/// First guest-physical address above RAM and above 4 GiB for device memory.
+pub fn device_memory_start(ram_size: u64) -> u64 {
+    let ram_end = ram_ranges(ram_size).iter().map(|&(a, s)| a + s).max().unwrap_or(0);
+    ram_end.max(1 << 32).next_multiple_of(DEVICE_MEMORY_ALIGN)
+}
 pub const APIC_START: u64 = 0xfee0_0000;
 /// KVM needs three pages for the TSS on Intel hosts; placed at the top of the hole.
 pub const KVM_TSS_ADDRESS: u64 = 0xfffb_d000;
@@ -72,6 +86,10 @@ mod tests {
         assert!(PDE_START + 4096 <= CMDLINE_START);
         assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
         assert!(ACPI_END <= HIGH_RAM_START);
+        assert!(VIRTIO_MMIO_START + VIRTIO_MMIO_MAX_DEVICES * 0x1000 <= IOAPIC_START);
+        assert!(VIRTIO_MMIO_IRQ_BASE + VIRTIO_MMIO_MAX_DEVICES as u32 <= 24, "IOAPIC has 24 pins");
+        assert_eq!(device_memory_start(512 << 20), 1 << 32);
+        assert_eq!(device_memory_start(4 << 30), (5 << 30));
         assert!(RESET_VECTOR + RESET_STUB.len() as u64 <= HIGH_RAM_START);
         // The jmp's displacement lands on the first byte of the stub.
         assert_eq!(RESET_STUB.len() as i64 + i64::from(RESET_STUB[6] as i8), 0);

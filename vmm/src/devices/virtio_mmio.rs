@@ -1,0 +1,127 @@
+//! Places virtio devices on the MMIO bus through the virtio-MMIO transport:
+//! a register page, an ioeventfd per queue, an irqfd on an IOAPIC pin, and a
+//! DSDT entry (`LNRO0005`) through which Linux's `virtio_mmio` finds it.
+
+use std::sync::{Arc, Mutex};
+
+use acpi_tables::{aml, Aml};
+use kvm_ioctls::{IoEventAddress, VmFd};
+use virtio_devices::transport::mmio::{MmioTransport, MMIO_REGION_SIZE};
+use virtio_devices::VirtioDevice;
+use vm_memory::GuestMemoryAtomic;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::{Bus, BusDevice};
+use crate::arch::x86_64::layout::{VIRTIO_MMIO_IRQ_BASE, VIRTIO_MMIO_MAX_DEVICES, VIRTIO_MMIO_START};
+use crate::memory::GuestMemoryMmap;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VirtioMmioError {
+    #[error("too many virtio-MMIO devices (at most {VIRTIO_MMIO_MAX_DEVICES})")]
+    TooMany,
+    #[error("virtio-MMIO device {index}: {what}: {source}")]
+    Kvm { index: u64, what: &'static str, source: kvm_ioctls::Error },
+    #[error("virtio-MMIO device {index}: {source}")]
+    Io { index: u64, source: std::io::Error },
+    #[error("virtio-MMIO device {index}: {message}")]
+    Bus { index: u64, message: String },
+}
+
+struct MmioBusDevice(MmioTransport);
+
+impl BusDevice for MmioBusDevice {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        self.0.read(offset, data);
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        self.0.write(offset, data);
+    }
+}
+
+/// Adds virtio-MMIO devices one after the other and collects their AML.
+pub struct MmioDeviceManager {
+    next_index: u64,
+    aml: Vec<u8>,
+}
+
+impl Default for MmioDeviceManager {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MmioDeviceManager {
+    pub fn new() -> Self {
+        MmioDeviceManager { next_index: 0, aml: Vec::new() }
+    }
+
+    pub fn add(
+        &mut self,
+        vm: &VmFd,
+        bus: &Bus,
+        mem: &GuestMemoryAtomic<GuestMemoryMmap>,
+        device: Box<dyn VirtioDevice>,
+    ) -> Result<(), VirtioMmioError> {
+        let index = self.next_index;
+        if index >= VIRTIO_MMIO_MAX_DEVICES {
+            return Err(VirtioMmioError::TooMany);
+        }
+        let base = VIRTIO_MMIO_START + index * MMIO_REGION_SIZE;
+        let gsi = VIRTIO_MMIO_IRQ_BASE + index as u32;
+        let io = |source| VirtioMmioError::Io { index, source };
+        let irqfd = EventFd::new(libc::EFD_NONBLOCK).map_err(io)?;
+        vm.register_irqfd(&irqfd, gsi).map_err(|source| VirtioMmioError::Kvm { index, what: "irqfd", source })?;
+        let transport = MmioTransport::new(device, mem.clone(), irqfd).map_err(io)?;
+        for (evt, offset, queue) in transport.queue_notifiers() {
+            vm.register_ioevent(evt, &IoEventAddress::Mmio(base + offset), queue)
+                .map_err(|source| VirtioMmioError::Kvm { index, what: "ioeventfd", source })?;
+        }
+        bus.insert(Arc::new(Mutex::new(MmioBusDevice(transport))), base, MMIO_REGION_SIZE)
+            .map_err(|e| VirtioMmioError::Bus { index, message: e.to_string() })?;
+        append_aml(&mut self.aml, index, base, gsi);
+        self.next_index += 1;
+        Ok(())
+    }
+
+    pub fn aml(&self) -> &[u8] {
+        &self.aml
+    }
+}
+
+fn append_aml(sink: &mut Vec<u8>, index: u64, base: u64, gsi: u32) {
+    aml::Device::new(
+        format!("_SB_.VM{index:02X}").as_str().into(),
+        vec![
+            &aml::Name::new("_HID".into(), &"LNRO0005"),
+            &aml::Name::new("_UID".into(), &(index as u32)),
+            &aml::Name::new(
+                "_CRS".into(),
+                &aml::ResourceTemplate::new(vec![
+                    &aml::Memory32Fixed::new(true, base as u32, MMIO_REGION_SIZE as u32),
+                    &aml::Interrupt::new(true, true, false, false, gsi),
+                ]),
+            ),
+        ],
+    )
+    .to_aml_bytes(sink);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aml_names_the_driver_page_and_pin() {
+        let mut aml = Vec::new();
+        append_aml(&mut aml, 1, VIRTIO_MMIO_START + 0x1000, VIRTIO_MMIO_IRQ_BASE + 1);
+        assert!(aml.windows(8).any(|w| w == b"LNRO0005"));
+        assert!(aml.windows(4).any(|w| w == b"VM01"));
+        // Memory32Fixed: tag 0x86, length 9, read-write, base, length.
+        let mut fixed = vec![0x86, 0x09, 0x00, 0x01];
+        fixed.extend_from_slice(&0xd000_1000u32.to_le_bytes());
+        fixed.extend_from_slice(&0x1000u32.to_le_bytes());
+        assert!(aml.windows(fixed.len()).any(|w| w == fixed), "{aml:x?}");
+        assert!(aml.windows(9).any(|w| w == [0x89, 0x06, 0x00, 0x03, 0x01, 0x06, 0x00, 0x00, 0x00]));
+    }
+}
