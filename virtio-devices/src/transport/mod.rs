@@ -1,1 +1,2 @@
 pub mod mmio;
+pub mod pci;
