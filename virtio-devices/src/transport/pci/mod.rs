@@ -1,1 +1,2 @@
 pub mod configuration;
+pub mod msix;
