@@ -9,14 +9,12 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use virtio_bindings::virtio_config::{
-    VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET, VIRTIO_F_VERSION_1,
-};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::device::{ActivatedQueue, Interrupt, VirtioDevice, VirtioInterrupt};
+use super::common::VirtioState;
+use crate::device::{Interrupt, VirtioDevice, VirtioInterrupt};
 use crate::GuestMemoryMmap;
 
 /// Size of the register page.
@@ -94,19 +92,15 @@ impl VirtioInterrupt for MmioInterrupt {
 }
 
 pub struct MmioTransport {
-    device: Box<dyn VirtioDevice>,
-    mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    state: VirtioState,
     interrupt: Arc<MmioInterrupt>,
-    queues: Vec<Queue>,
-    kicks: Vec<EventFd>,
-    status: u32,
+    /// The same interrupt, as the device sees it.
+    device_interrupt: Arc<dyn VirtioInterrupt>,
     device_features_sel: u32,
     driver_features_sel: u32,
-    driver_features: u64,
     queue_sel: u32,
     shm_sel: u32,
     config_generation: u32,
-    activated: bool,
 }
 
 impl MmioTransport {
@@ -115,55 +109,32 @@ impl MmioTransport {
         mem: GuestMemoryAtomic<GuestMemoryMmap>,
         irqfd: EventFd,
     ) -> std::io::Result<Self> {
-        let mut queues = Vec::new();
-        let mut kicks = Vec::new();
-        for &max in device.queue_max_sizes() {
-            let q = Queue::new(max).map_err(|e| std::io::Error::other(format!("queue of size {max}: {e:?}")))?;
-            queues.push(q);
-            kicks.push(EventFd::new(libc::EFD_NONBLOCK)?);
-        }
+        let interrupt = Arc::new(MmioInterrupt::new(irqfd));
         Ok(MmioTransport {
-            device,
-            mem,
-            interrupt: Arc::new(MmioInterrupt::new(irqfd)),
-            queues,
-            kicks,
-            status: 0,
+            state: VirtioState::new(device, mem)?,
+            device_interrupt: interrupt.clone(),
+            interrupt,
             device_features_sel: 0,
             driver_features_sel: 0,
-            driver_features: 0,
             queue_sel: 0,
             shm_sel: 0,
             config_generation: 0,
-            activated: false,
         })
     }
 
     /// (eventfd, offset of QueueNotify, queue index): the VMM registers each
     /// as an ioeventfd with datamatch so a notification never leaves KVM.
     pub fn queue_notifiers(&self) -> Vec<(&EventFd, u64, u32)> {
-        self.kicks.iter().enumerate().map(|(i, fd)| (fd, reg::QUEUE_NOTIFY, i as u32)).collect()
+        self.state.kicks().iter().enumerate().map(|(i, fd)| (fd, reg::QUEUE_NOTIFY, i as u32)).collect()
     }
 
     pub fn device(&self) -> &dyn VirtioDevice {
-        self.device.as_ref()
-    }
-
-    fn selected_queue(&mut self) -> Option<&mut Queue> {
-        self.queues.get_mut(self.queue_sel as usize)
-    }
-
-    /// Queue registers may change only before the queue is enabled.
-    fn configurable_queue(&mut self) -> Option<&mut Queue> {
-        if self.status & VIRTIO_CONFIG_S_DRIVER_OK != 0 {
-            return None;
-        }
-        self.selected_queue().filter(|q| !q.ready())
+        self.state.device()
     }
 
     pub fn read(&mut self, offset: u64, data: &mut [u8]) {
         if offset >= reg::CONFIG {
-            self.device.read_config(offset - reg::CONFIG, data);
+            self.state.device().read_config(offset - reg::CONFIG, data);
             return;
         }
         // Registers below the config space are 32 bits wide and aligned.
@@ -175,17 +146,17 @@ impl MmioTransport {
         let value = match offset {
             reg::MAGIC => MAGIC,
             reg::VERSION => VERSION,
-            reg::DEVICE_ID => self.device.device_type(),
+            reg::DEVICE_ID => self.state.device().device_type(),
             reg::VENDOR_ID => VENDOR_ID,
             reg::DEVICE_FEATURES => match self.device_features_sel {
-                0 => self.device.features() as u32,
-                1 => (self.device.features() >> 32) as u32,
+                0 => self.state.device().features() as u32,
+                1 => (self.state.device().features() >> 32) as u32,
                 _ => 0,
             },
-            reg::QUEUE_NUM_MAX => self.selected_queue().map_or(0, |q| u32::from(q.max_size())),
-            reg::QUEUE_READY => self.selected_queue().map_or(0, |q| u32::from(q.ready())),
+            reg::QUEUE_NUM_MAX => self.state.queue(self.queue_sel).map_or(0, |q| u32::from(q.max_size())),
+            reg::QUEUE_READY => self.state.queue(self.queue_sel).map_or(0, |q| u32::from(q.ready())),
             reg::INTERRUPT_STATUS => self.interrupt.status.load(Ordering::SeqCst),
-            reg::STATUS => self.status,
+            reg::STATUS => self.state.status(),
             reg::SHM_LEN_LOW | reg::SHM_LEN_HIGH | reg::SHM_BASE_LOW | reg::SHM_BASE_HIGH => self.read_shm(offset),
             reg::CONFIG_GENERATION => self.config_generation,
             _ => 0,
@@ -196,7 +167,7 @@ impl MmioTransport {
     /// The selected region's length and base; an id with no region reads
     /// length (and base) all ones.
     fn read_shm(&self, offset: u64) -> u32 {
-        let region = self.device.shm_regions().into_iter().find(|r| u32::from(r.id) == self.shm_sel);
+        let region = self.state.device().shm_regions().into_iter().find(|r| u32::from(r.id) == self.shm_sel);
         let (len, base) = region.map_or((u64::MAX, u64::MAX), |r| (r.len, r.guest_addr));
         match offset {
             reg::SHM_LEN_LOW => len as u32,
@@ -208,7 +179,7 @@ impl MmioTransport {
 
     pub fn write(&mut self, offset: u64, data: &[u8]) {
         if offset >= reg::CONFIG {
-            self.device.write_config(offset - reg::CONFIG, data);
+            self.state.device_mut().write_config(offset - reg::CONFIG, data);
             return;
         }
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
@@ -222,15 +193,15 @@ impl MmioTransport {
         match offset {
             reg::DEVICE_FEATURES_SEL => self.device_features_sel = v,
             reg::DRIVER_FEATURES_SEL => self.driver_features_sel = v,
-            reg::DRIVER_FEATURES => self.write_driver_features(v),
+            reg::DRIVER_FEATURES => self.state.write_driver_features(self.driver_features_sel, v),
             reg::QUEUE_SEL => self.queue_sel = v,
             reg::QUEUE_NUM => {
-                if let Some(q) = self.configurable_queue() {
+                if let Some(q) = self.state.configurable_queue(self.queue_sel) {
                     q.set_size(v as u16);
                 }
             }
             reg::QUEUE_READY => {
-                if let Some(q) = self.configurable_queue() {
+                if let Some(q) = self.state.configurable_queue(self.queue_sel) {
                     q.set_ready(v == 1);
                 }
             }
@@ -242,120 +213,35 @@ impl MmioTransport {
             reg::QUEUE_DEVICE_HIGH => self.set_queue_addr(|q| q.set_used_ring_address(None, Some(v))),
             reg::QUEUE_NOTIFY => {
                 // Reached only when no ioeventfd caught the write.
-                if let Some(kick) = self.kicks.get(v as usize) {
+                if let Some(kick) = self.state.kicks().get(v as usize) {
                     let _ = kick.write(1);
                 }
             }
             reg::INTERRUPT_ACK => {
                 self.interrupt.status.fetch_and(!v, Ordering::SeqCst);
             }
-            reg::STATUS => self.write_status(v),
+            reg::STATUS => {
+                self.state.write_status(v, &self.device_interrupt);
+                if v == 0 {
+                    self.reset_registers();
+                }
+            }
             reg::SHM_SEL => self.shm_sel = v,
             _ => log::debug!("virtio-mmio: write {v:#x} to read-only or unknown register {offset:#x}"),
         }
     }
 
     fn set_queue_addr(&mut self, f: impl FnOnce(&mut Queue)) {
-        if let Some(q) = self.configurable_queue() {
+        if let Some(q) = self.state.configurable_queue(self.queue_sel) {
             f(q);
         }
     }
 
-    fn write_driver_features(&mut self, v: u32) {
-        // Features are negotiated between DRIVER and FEATURES_OK only.
-        if self.status & VIRTIO_CONFIG_S_DRIVER == 0 || self.status & VIRTIO_CONFIG_S_FEATURES_OK != 0 {
-            return;
+    /// The transport's own registers after a device reset.
+    fn reset_registers(&mut self) {
+        if self.state.status() != 0 {
+            return; // the device refused the reset
         }
-        match self.driver_features_sel {
-            0 => self.driver_features = (self.driver_features & !0xffff_ffff) | u64::from(v),
-            1 => self.driver_features = (self.driver_features & 0xffff_ffff) | (u64::from(v) << 32),
-            _ => {}
-        }
-    }
-
-    fn write_status(&mut self, v: u32) {
-        if v == 0 {
-            self.reset();
-            return;
-        }
-        let new_bits = v & !self.status;
-        // The driver may only add bits, in order.
-        if v & self.status != self.status {
-            log::debug!("virtio-mmio: status {v:#x} clears bits of {:#x}; ignored", self.status);
-            return;
-        }
-        if new_bits & VIRTIO_CONFIG_S_FEATURES_OK != 0 {
-            let offered = self.device.features();
-            let valid = self.driver_features & !offered == 0 && self.driver_features & (1 << VIRTIO_F_VERSION_1) != 0;
-            if !valid {
-                // Leaving FEATURES_OK clear tells the driver the set was refused.
-                log::warn!(
-                    "virtio-mmio: driver features {:#x} refused (offered {offered:#x}, VERSION_1 required)",
-                    self.driver_features
-                );
-                self.status = v & !VIRTIO_CONFIG_S_FEATURES_OK;
-                return;
-            }
-            self.device.ack_features(self.driver_features);
-        }
-        self.status = v;
-        if new_bits & VIRTIO_CONFIG_S_DRIVER_OK != 0 && !self.activated {
-            self.activate();
-        }
-    }
-
-    fn activate(&mut self) {
-        if self.status & VIRTIO_CONFIG_S_FEATURES_OK == 0 {
-            self.fail("DRIVER_OK without FEATURES_OK");
-            return;
-        }
-        let mem = self.mem.memory();
-        let mut activated = Vec::new();
-        for (i, q) in self.queues.iter().enumerate() {
-            if !q.ready() {
-                continue;
-            }
-            if !q.is_valid(&*mem) {
-                self.fail(&format!("queue {i} is not valid (addresses, alignment or size)"));
-                return;
-            }
-            let kick = match self.kicks[i].try_clone() {
-                Ok(k) => k,
-                Err(e) => return self.fail(&format!("cloning queue {i}'s eventfd: {e}")),
-            };
-            // The device gets its own copy of the queue state; the transport
-            // keeps the registers the driver reads back.
-            let queue = match Queue::try_from(q.state()) {
-                Ok(queue) => queue,
-                Err(e) => return self.fail(&format!("queue {i}: {e:?}")),
-            };
-            activated.push(ActivatedQueue { index: i as u16, queue, kick });
-        }
-        match self.device.activate(self.mem.clone(), self.interrupt.clone(), activated) {
-            Ok(()) => self.activated = true,
-            Err(e) => self.fail(&e.to_string()),
-        }
-    }
-
-    /// Tells the driver the device is broken until it resets it.
-    fn fail(&mut self, why: &str) {
-        log::error!("virtio-mmio device type {}: {why}", self.device.device_type());
-        self.status |= VIRTIO_CONFIG_S_NEEDS_RESET;
-        let _ = self.interrupt.trigger(Interrupt::Config);
-    }
-
-    fn reset(&mut self) {
-        if self.activated && !self.device.reset() {
-            log::warn!("virtio-mmio device type {} cannot be reset", self.device.device_type());
-            self.status |= VIRTIO_CONFIG_S_NEEDS_RESET;
-            return;
-        }
-        self.activated = false;
-        for q in &mut self.queues {
-            q.reset();
-        }
-        self.status = 0;
-        self.driver_features = 0;
         self.device_features_sel = 0;
         self.driver_features_sel = 0;
         self.queue_sel = 0;
@@ -364,11 +250,11 @@ impl MmioTransport {
     }
 
     pub fn status(&self) -> u32 {
-        self.status
+        self.state.status()
     }
 
     pub fn is_activated(&self) -> bool {
-        self.activated
+        self.state.is_activated()
     }
 }
 

@@ -8,7 +8,7 @@ use vm_memory::{GuestAddress, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::*;
-use crate::device::{read_config_bytes, ActivateError, SharedMemoryRegion};
+use crate::device::{read_config_bytes, ActivateError, ActivatedQueue, SharedMemoryRegion};
 
 const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
 const DEVICE_FEATURE: u64 = 1 << 0;

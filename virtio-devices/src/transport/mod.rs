@@ -1,2 +1,3 @@
+pub mod common;
 pub mod mmio;
 pub mod pci;
