@@ -1,2 +1,3 @@
 pub mod configuration;
 pub mod msix;
+pub mod device;

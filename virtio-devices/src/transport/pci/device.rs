@@ -1,0 +1,483 @@
+//! A virtio device as a modern (1.x) PCI function: configuration space with
+//! the virtio capabilities, BAR 0 holding the common/ISR/device/notify
+//! structures and the MSI-X table and PBA, and BAR 2 (64-bit, prefetchable)
+//! holding the device's shared memory regions, one `cfg_type 8` capability each.
+
+use std::sync::atomic::{AtomicU16, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryAtomic;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::configuration::{BarKind, PciConfigError, PciConfiguration, PciIds};
+use super::msix::{Delivery, MsixConfig, MsixEntry, MsixUpdate, VIRTIO_MSI_NO_VECTOR};
+use crate::device::{Interrupt, VirtioDevice, VirtioInterrupt};
+use crate::transport::common::VirtioState;
+use crate::GuestMemoryMmap;
+
+pub const VIRTIO_PCI_VENDOR_ID: u16 = 0x1af4;
+/// Modern device ids are 0x1040 + the virtio device type.
+const VIRTIO_PCI_DEVICE_ID_BASE: u16 = 0x1040;
+
+// BAR 0 layout.
+pub const COMMON_CFG_OFFSET: u64 = 0x0000;
+const COMMON_CFG_SIZE: u64 = 0x38;
+pub const ISR_OFFSET: u64 = 0x1000;
+pub const DEVICE_CFG_OFFSET: u64 = 0x2000;
+const DEVICE_CFG_SIZE: u64 = 0x1000;
+pub const NOTIFY_OFFSET: u64 = 0x3000;
+/// Each queue notifies at NOTIFY_OFFSET + index * multiplier.
+pub const NOTIFY_OFF_MULTIPLIER: u32 = 4;
+pub const MSIX_TABLE_OFFSET: u64 = 0x4000;
+pub const MSIX_PBA_OFFSET: u64 = 0x6000;
+pub const BAR0_SIZE: u64 = 0x8000;
+pub const SHM_BAR: u8 = 2;
+/// Shared memory BARs are at least this aligned so the guest can use 2 MiB pages.
+pub const SHM_BAR_MIN_ALIGN: u64 = 2 << 20;
+
+// virtio_pci_cap cfg_type values.
+const CAP_COMMON: u8 = 1;
+const CAP_NOTIFY: u8 = 2;
+const CAP_ISR: u8 = 3;
+const CAP_DEVICE: u8 = 4;
+const CAP_PCI_CFG: u8 = 5;
+const CAP_SHARED_MEMORY: u8 = 8;
+const PCI_CAP_ID_VNDR: u8 = 0x09;
+const PCI_CAP_ID_MSIX: u8 = 0x11;
+
+const ISR_QUEUE: u8 = 1;
+const ISR_CONFIG: u8 = 2;
+
+/// Delivers an MSI message to the guest (KVM_SIGNAL_MSI, or an irqfd routed to it).
+pub trait MsiSender: Send + Sync {
+    fn send(&self, vector: u16, entry: MsixEntry) -> std::io::Result<()>;
+}
+
+/// The interrupt of a virtio-PCI function: the vector chosen for each queue
+/// and for config changes, and the MSI-X state deciding delivery.
+pub struct PciInterrupt {
+    msix: Arc<Mutex<MsixConfig>>,
+    isr: AtomicU8,
+    config_vector: AtomicU16,
+    queue_vectors: Vec<AtomicU16>,
+    sender: Arc<dyn MsiSender>,
+}
+
+impl PciInterrupt {
+    fn vector_for(&self, interrupt: Interrupt) -> u16 {
+        match interrupt {
+            Interrupt::Config => self.config_vector.load(Ordering::SeqCst),
+            Interrupt::Queue(i) => {
+                self.queue_vectors.get(usize::from(i)).map_or(VIRTIO_MSI_NO_VECTOR, |v| v.load(Ordering::SeqCst))
+            }
+        }
+    }
+}
+
+impl VirtioInterrupt for PciInterrupt {
+    fn trigger(&self, interrupt: Interrupt) -> std::io::Result<()> {
+        let bit = if interrupt == Interrupt::Config { ISR_CONFIG } else { ISR_QUEUE };
+        self.isr.fetch_or(bit, Ordering::SeqCst);
+        let vector = self.vector_for(interrupt);
+        if vector == VIRTIO_MSI_NO_VECTOR {
+            return Ok(()); // no INTx here: the driver must assign a vector
+        }
+        let delivery = self.msix.lock().unwrap_or_else(|e| e.into_inner()).trigger(vector);
+        match delivery {
+            Delivery::Deliver(entry) => self.sender.send(vector, entry),
+            Delivery::Pending | Delivery::Dropped => Ok(()),
+        }
+    }
+
+    /// None for now: a backend signalling an irqfd needs a KVM route per vector.
+    fn notifier(&self, _interrupt: Interrupt) -> Option<EventFd> {
+        None
+    }
+}
+
+pub struct VirtioPciDevice {
+    config: PciConfiguration,
+    state: VirtioState,
+    interrupt: Arc<PciInterrupt>,
+    device_interrupt: Arc<dyn VirtioInterrupt>,
+    msix_cap: usize,
+    pci_cfg_cap: usize,
+    device_feature_select: u32,
+    driver_feature_select: u32,
+    queue_select: u16,
+    config_generation: u8,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VirtioPciError {
+    #[error("PCI configuration: {0}")]
+    Config(#[from] PciConfigError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Writes a virtio_pci_cap body (after id and next): cap_len, cfg_type, bar,
+/// id, padding, offset, length, then `extra`.
+fn virtio_cap(cfg_type: u8, bar: u8, id: u8, offset: u32, length: u32, extra: &[u8]) -> Vec<u8> {
+    let mut body = vec![(16 + extra.len()) as u8, cfg_type, bar, id, 0, 0];
+    body.extend_from_slice(&offset.to_le_bytes());
+    body.extend_from_slice(&length.to_le_bytes());
+    body.extend_from_slice(extra);
+    body
+}
+
+impl VirtioPciDevice {
+    /// `bar0` must be aligned to BAR0_SIZE; `shm_bar` (address, size) to its
+    /// size and at least 2 MiB; the device's regions are laid out in it by id
+    /// order, each at its offset from the BAR base given by `shm_offsets`.
+    pub fn new(
+        device: Box<dyn VirtioDevice>,
+        mem: GuestMemoryAtomic<GuestMemoryMmap>,
+        bar0: u64,
+        shm_bar: Option<(u64, u64)>,
+        msix_vectors: u16,
+        sender: Arc<dyn MsiSender>,
+    ) -> Result<Self, VirtioPciError> {
+        let device_type = device.device_type();
+        let queues = device.queue_max_sizes().len();
+        let regions = device.shm_regions();
+        let mut config = PciConfiguration::new(PciIds {
+            vendor: VIRTIO_PCI_VENDOR_ID,
+            device: VIRTIO_PCI_DEVICE_ID_BASE + device_type as u16,
+            subsystem_vendor: VIRTIO_PCI_VENDOR_ID,
+            subsystem: 0x40,
+            class: 0xff, // unclassified; the driver matches on ids
+            subclass: 0,
+            prog_if: 0,
+            revision: 1, // modern-only device
+        });
+        config.add_bar(0, bar0, BAR0_SIZE, BarKind::Mem64 { prefetchable: false })?;
+        if let Some((addr, size)) = shm_bar {
+            config.add_bar(usize::from(SHM_BAR), addr, size.max(SHM_BAR_MIN_ALIGN), BarKind::Mem64 { prefetchable: true })?;
+        }
+        config.add_capability(PCI_CAP_ID_VNDR, &virtio_cap(CAP_COMMON, 0, 0, COMMON_CFG_OFFSET as u32, COMMON_CFG_SIZE as u32, &[]), &[])?;
+        config.add_capability(PCI_CAP_ID_VNDR, &virtio_cap(CAP_ISR, 0, 0, ISR_OFFSET as u32, 1, &[]), &[])?;
+        config.add_capability(PCI_CAP_ID_VNDR, &virtio_cap(CAP_DEVICE, 0, 0, DEVICE_CFG_OFFSET as u32, DEVICE_CFG_SIZE as u32, &[]), &[])?;
+        let notify_len = (queues as u32).max(1) * NOTIFY_OFF_MULTIPLIER;
+        config.add_capability(
+            PCI_CAP_ID_VNDR,
+            &virtio_cap(CAP_NOTIFY, 0, 0, NOTIFY_OFFSET as u32, notify_len, &NOTIFY_OFF_MULTIPLIER.to_le_bytes()),
+            &[],
+        )?;
+        if let Some((bar_addr, _)) = shm_bar {
+            for r in &regions {
+                let offset = r.guest_addr - bar_addr;
+                let mut extra = Vec::new();
+                extra.extend_from_slice(&((offset >> 32) as u32).to_le_bytes());
+                extra.extend_from_slice(&((r.len >> 32) as u32).to_le_bytes());
+                let body = virtio_cap(CAP_SHARED_MEMORY, SHM_BAR, r.id, offset as u32, r.len as u32, &extra);
+                config.add_capability(PCI_CAP_ID_VNDR, &body, &[])?;
+            }
+        }
+        // PCI configuration access: bar, offset and length are writable, then the data window.
+        let pci_cfg_writable = [0, 0, 0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff];
+        let pci_cfg_cap = config.add_capability(PCI_CAP_ID_VNDR, &virtio_cap(CAP_PCI_CFG, 0, 0, 0, 0, &[0; 4]), &pci_cfg_writable)?;
+        let msix = MsixConfig::new(msix_vectors);
+        let mut msix_body = Vec::new();
+        msix_body.extend_from_slice(&(msix_vectors - 1).to_le_bytes()); // table size - 1; enable/mask start clear
+        msix_body.extend_from_slice(&(MSIX_TABLE_OFFSET as u32).to_le_bytes()); // BIR 0
+        msix_body.extend_from_slice(&(MSIX_PBA_OFFSET as u32).to_le_bytes());
+        let msix_cap = config.add_capability(PCI_CAP_ID_MSIX, &msix_body, &[0, 0, 0, 0xc0])?;
+
+        let interrupt = Arc::new(PciInterrupt {
+            msix: Arc::new(Mutex::new(msix)),
+            isr: AtomicU8::new(0),
+            config_vector: AtomicU16::new(VIRTIO_MSI_NO_VECTOR),
+            queue_vectors: (0..queues).map(|_| AtomicU16::new(VIRTIO_MSI_NO_VECTOR)).collect(),
+            sender,
+        });
+        Ok(VirtioPciDevice {
+            config,
+            state: VirtioState::new(device, mem)?,
+            device_interrupt: interrupt.clone(),
+            interrupt,
+            msix_cap,
+            pci_cfg_cap,
+            device_feature_select: 0,
+            driver_feature_select: 0,
+            queue_select: 0,
+            config_generation: 0,
+        })
+    }
+
+    /// (eventfd, offset in BAR 0, queue index) to register as ioeventfds.
+    pub fn queue_notifiers(&self) -> Vec<(&EventFd, u64, u16)> {
+        self.state
+            .kicks()
+            .iter()
+            .enumerate()
+            .map(|(i, fd)| (fd, NOTIFY_OFFSET + i as u64 * u64::from(NOTIFY_OFF_MULTIPLIER), i as u16))
+            .collect()
+    }
+
+    pub fn bar_address(&self, index: usize) -> Option<u64> {
+        self.config.bar_address(index)
+    }
+
+    pub fn status(&self) -> u32 {
+        self.state.status()
+    }
+
+    pub fn is_activated(&self) -> bool {
+        self.state.is_activated()
+    }
+
+    // ---- configuration space ----
+
+    pub fn read_config(&self, offset: u64, data: &mut [u8]) {
+        let window = self.pci_cfg_cap as u64 + 16;
+        if offset >= window && offset < window + 4 {
+            return self.read_pci_cfg_window(data);
+        }
+        self.config.read(offset, data);
+    }
+
+    /// Returns the BAR index the driver moved, if any (the VMM moves what it
+    /// mapped there).
+    pub fn write_config(&mut self, offset: u64, data: &[u8]) -> Option<usize> {
+        let window = self.pci_cfg_cap as u64 + 16;
+        if offset >= window && offset < window + 4 {
+            self.write_pci_cfg_window(data);
+            return None;
+        }
+        let moved = self.config.write(offset, data);
+        let ctl_reg = self.msix_cap as u64 & !3;
+        if offset & !3 == ctl_reg {
+            let control = (self.config.read_reg(self.msix_cap / 4) >> 16) as u16;
+            let updates = self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner()).set_message_control(control);
+            self.apply(updates);
+        }
+        moved
+    }
+
+    /// The pci_cfg_data window: a BAR 0 access at the offset and length the
+    /// driver put in the capability.
+    fn pci_cfg_access(&self) -> Option<(u64, usize)> {
+        let reg = |o: usize| self.config.read_reg((self.pci_cfg_cap + o) / 4);
+        // Layout: id, next, cap_len, cfg_type, bar (byte 4), id, padding, offset (8), length (12), data (16).
+        let cap_bar = (reg(4) & 0xff) as u8;
+        let offset = u64::from(reg(8));
+        let length = reg(12) as usize;
+        (cap_bar == 0 && matches!(length, 1 | 2 | 4)).then_some((offset, length))
+    }
+
+    fn read_pci_cfg_window(&self, data: &mut [u8]) {
+        data.fill(0);
+        if let Some((offset, len)) = self.pci_cfg_access() {
+            let mut buf = [0u8; 4];
+            self.read_bar0_const(offset, &mut buf[..len]);
+            let n = len.min(data.len());
+            data[..n].copy_from_slice(&buf[..n]);
+        }
+    }
+
+    fn write_pci_cfg_window(&mut self, data: &[u8]) {
+        if let Some((offset, len)) = self.pci_cfg_access() {
+            if data.len() >= len {
+                self.write_bar0(offset, &data[..len]);
+            }
+        }
+    }
+
+    fn apply(&self, updates: Vec<MsixUpdate>) {
+        for u in updates {
+            if let MsixUpdate::DeliverPending(vector, entry) = u {
+                if let Err(e) = self.interrupt.sender.send(vector, entry) {
+                    log::warn!("virtio-pci: delivering pending vector {vector}: {e}");
+                }
+            }
+        }
+    }
+
+    // ---- BAR 0 ----
+
+    fn read_bar0_const(&self, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        match offset {
+            o if o >= DEVICE_CFG_OFFSET && o < DEVICE_CFG_OFFSET + DEVICE_CFG_SIZE => {
+                self.state.device().read_config(o - DEVICE_CFG_OFFSET, data)
+            }
+            o if (MSIX_TABLE_OFFSET..MSIX_PBA_OFFSET).contains(&o) => {
+                self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner()).read_table(o - MSIX_TABLE_OFFSET, data)
+            }
+            o if (MSIX_PBA_OFFSET..BAR0_SIZE).contains(&o) => {
+                self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner()).read_pba(o - MSIX_PBA_OFFSET, data)
+            }
+            o if o < COMMON_CFG_SIZE => self.read_common(o, data),
+            _ => {}
+        }
+    }
+
+    pub fn read_bar0(&mut self, offset: u64, data: &mut [u8]) {
+        if offset == ISR_OFFSET {
+            // Reading the ISR acknowledges it.
+            data.fill(0);
+            if let Some(b) = data.first_mut() {
+                *b = self.interrupt.isr.swap(0, Ordering::SeqCst);
+            }
+            return;
+        }
+        self.read_bar0_const(offset, data);
+    }
+
+    pub fn write_bar0(&mut self, offset: u64, data: &[u8]) {
+        match offset {
+            o if o >= DEVICE_CFG_OFFSET && o < DEVICE_CFG_OFFSET + DEVICE_CFG_SIZE => {
+                self.state.device_mut().write_config(o - DEVICE_CFG_OFFSET, data)
+            }
+            o if o >= NOTIFY_OFFSET && o < MSIX_TABLE_OFFSET => {
+                // Reached only when no ioeventfd caught the write.
+                let index = (o - NOTIFY_OFFSET) / u64::from(NOTIFY_OFF_MULTIPLIER);
+                if let Some(kick) = self.state.kicks().get(index as usize) {
+                    let _ = kick.write(1);
+                }
+            }
+            o if (MSIX_TABLE_OFFSET..MSIX_PBA_OFFSET).contains(&o) => {
+                let updates =
+                    self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner()).write_table(o - MSIX_TABLE_OFFSET, data);
+                self.apply(updates);
+            }
+            o if o < COMMON_CFG_SIZE => self.write_common(o, data),
+            _ => {}
+        }
+    }
+
+    // ---- common configuration (virtio 1.2 §4.1.4.3) ----
+
+    fn read_common(&self, offset: u64, data: &mut [u8]) {
+        let q = self.state.queue(u32::from(self.queue_select));
+        let value: u64 = match (offset, data.len()) {
+            (0x00, 4) => u64::from(self.device_feature_select),
+            (0x04, 4) => match self.device_feature_select {
+                0 => self.state.device().features() & 0xffff_ffff,
+                1 => self.state.device().features() >> 32,
+                _ => 0,
+            },
+            (0x08, 4) => u64::from(self.driver_feature_select),
+            (0x0c, 4) => match self.driver_feature_select {
+                0 => self.state.driver_features() & 0xffff_ffff,
+                1 => self.state.driver_features() >> 32,
+                _ => 0,
+            },
+            (0x10, 2) => u64::from(self.interrupt.config_vector.load(Ordering::SeqCst)),
+            (0x12, 2) => self.state.device().queue_max_sizes().len() as u64,
+            (0x14, 1) => u64::from(self.state.status() as u8),
+            (0x15, 1) => u64::from(self.config_generation),
+            (0x16, 2) => u64::from(self.queue_select),
+            (0x18, 2) => q.map_or(0, |q| u64::from(q.size())),
+            (0x1a, 2) => self
+                .interrupt
+                .queue_vectors
+                .get(usize::from(self.queue_select))
+                .map_or(u64::from(VIRTIO_MSI_NO_VECTOR), |v| u64::from(v.load(Ordering::SeqCst))),
+            (0x1c, 2) => q.map_or(0, |q| u64::from(q.ready())),
+            (0x1e, 2) => u64::from(self.queue_select), // queue_notify_off
+            (0x20 | 0x28 | 0x30, 8) | (0x20 | 0x24 | 0x28 | 0x2c | 0x30 | 0x34, 4) => {
+                let Some(q) = q else { return };
+                let full = match offset & !7 {
+                    0x20 => q.desc_table(),
+                    0x28 => q.avail_ring(),
+                    _ => q.used_ring(),
+                };
+                if data.len() == 4 && offset % 8 == 4 {
+                    full >> 32
+                } else {
+                    full & if data.len() == 4 { 0xffff_ffff } else { u64::MAX }
+                }
+            }
+            _ => 0,
+        };
+        data.copy_from_slice(&value.to_le_bytes()[..data.len()]);
+    }
+
+    fn write_common(&mut self, offset: u64, data: &[u8]) {
+        let mut buf = [0u8; 8];
+        if data.len() > 8 {
+            return;
+        }
+        buf[..data.len()].copy_from_slice(data);
+        let v = u64::from_le_bytes(buf);
+        let sel = u32::from(self.queue_select);
+        match (offset, data.len()) {
+            (0x00, 4) => self.device_feature_select = v as u32,
+            (0x08, 4) => self.driver_feature_select = v as u32,
+            (0x0c, 4) => self.state.write_driver_features(self.driver_feature_select, v as u32),
+            (0x10, 2) => self.interrupt.config_vector.store(self.checked_vector(v as u16), Ordering::SeqCst),
+            (0x14, 1) => {
+                self.state.write_status(v as u32, &self.device_interrupt);
+                if v == 0 && self.state.status() == 0 {
+                    self.reset_registers();
+                }
+            }
+            (0x16, 2) => self.queue_select = v as u16,
+            (0x18, 2) => {
+                if let Some(q) = self.state.configurable_queue(sel) {
+                    q.set_size(v as u16);
+                }
+            }
+            (0x1a, 2) => {
+                let vector = self.checked_vector(v as u16);
+                if let Some(slot) = self.interrupt.queue_vectors.get(usize::from(self.queue_select)) {
+                    slot.store(vector, Ordering::SeqCst);
+                }
+            }
+            (0x1c, 2) => {
+                if let Some(q) = self.state.configurable_queue(sel) {
+                    q.set_ready(v == 1);
+                }
+            }
+            (0x20 | 0x24 | 0x28 | 0x2c | 0x30 | 0x34, 4) | (0x20 | 0x28 | 0x30, 8) => {
+                let Some(q) = self.state.configurable_queue(sel) else { return };
+                let (lo, hi) = match (data.len(), offset % 8) {
+                    (8, _) => (Some(v as u32), Some((v >> 32) as u32)),
+                    (_, 0) => (Some(v as u32), None),
+                    _ => (None, Some(v as u32)),
+                };
+                set_queue_address(q, offset & !7, lo, hi);
+            }
+            _ => log::debug!("virtio-pci: {}-byte write {v:#x} to common config {offset:#x} ignored", data.len()),
+        }
+    }
+
+    /// A vector past the table reads back as NO_VECTOR, which tells the
+    /// driver the assignment failed.
+    fn checked_vector(&self, vector: u16) -> u16 {
+        let count = self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner()).vectors();
+        if vector < count {
+            vector
+        } else {
+            VIRTIO_MSI_NO_VECTOR
+        }
+    }
+
+    fn reset_registers(&mut self) {
+        self.device_feature_select = 0;
+        self.driver_feature_select = 0;
+        self.queue_select = 0;
+        self.interrupt.isr.store(0, Ordering::SeqCst);
+        self.interrupt.config_vector.store(VIRTIO_MSI_NO_VECTOR, Ordering::SeqCst);
+        for v in &self.interrupt.queue_vectors {
+            v.store(VIRTIO_MSI_NO_VECTOR, Ordering::SeqCst);
+        }
+        self.config_generation = self.config_generation.wrapping_add(1);
+    }
+}
+
+fn set_queue_address(q: &mut Queue, which: u64, lo: Option<u32>, hi: Option<u32>) {
+    match which {
+        0x20 => q.set_desc_table_address(lo, hi),
+        0x28 => q.set_avail_ring_address(lo, hi),
+        _ => q.set_used_ring_address(lo, hi),
+    }
+}
+
+
+#[cfg(test)]
+#[path = "device_tests.rs"]
+mod tests;
