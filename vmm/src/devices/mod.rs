@@ -3,6 +3,7 @@
 pub mod acpi_pm;
 pub mod bus;
 pub mod i8042;
+pub mod pci_root;
 pub mod pvpanic;
 pub mod serial;
 pub mod virtio_mmio;
