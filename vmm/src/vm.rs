@@ -16,6 +16,7 @@ use vmm_sys_util::terminal::Terminal;
 use crate::arch::x86_64::{acpi::AcpiTables, boot, layout};
 use crate::config::{SerialMode, Transport, VmConfig};
 use crate::devices::virtio_mmio::MmioDeviceManager;
+use crate::devices::virtio_pci::PciDeviceManager;
 use crate::devices::{acpi_pm, i8042, pvpanic, serial, Bus};
 use crate::exit::{ExitHandle, VmExit};
 use crate::memory::{self, GuestMemoryMmap};
@@ -48,8 +49,8 @@ pub enum VmError {
     VirtioMmio(#[from] crate::devices::virtio_mmio::VirtioMmioError),
     #[error("--pmem id={id}: registering its {size}-byte range at {addr:#x} with KVM: {source}")]
     PmemSlot { id: String, addr: u64, size: u64, source: kvm_ioctls::Error },
-    #[error("--pmem id={0}: transport=pci is not available yet in this build; use transport=mmio")]
-    PciNotYet(String),
+    #[error(transparent)]
+    VirtioPci(#[from] crate::devices::virtio_pci::VirtioPciSetupError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -166,20 +167,27 @@ const DEVICE_MEMORY_SLOT_BASE: u32 = 100;
 /// Opens, maps and registers each `--pmem` backing file above RAM and puts a
 /// virtio-pmem device for it on its transport.
 fn add_pmem_devices(
-    vm: &VmFd,
+    vm: &Arc<VmFd>,
     config: &VmConfig,
     mmio: &Bus,
     mem: &GuestMemoryAtomic<GuestMemoryMmap>,
     mmio_devices: &mut MmioDeviceManager,
+    pci_devices: &mut PciDeviceManager,
 ) -> Result<Vec<PmemBacking>, VmError> {
     let mut backings = Vec::new();
     let mut next_addr = layout::device_memory_start(config.memory.size);
     for (i, p) in config.pmem.iter().enumerate() {
-        if p.transport == Transport::Pci {
-            return Err(VmError::PciNotYet(p.id.clone()));
-        }
         let backing = PmemBacking::open(&p.file, p.size, p.discard_writes)?;
-        let (addr, size) = (next_addr, backing.size());
+        let size = backing.size();
+        // Over PCI the range is BAR 2: a power of two, aligned to its size.
+        let span = match p.transport {
+            Transport::Pci => size.next_power_of_two().max(layout::DEVICE_MEMORY_ALIGN),
+            Transport::Mmio => size,
+        };
+        let addr = match p.transport {
+            Transport::Pci => next_addr.next_multiple_of(span),
+            Transport::Mmio => next_addr,
+        };
         let region = kvm_userspace_memory_region {
             slot: DEVICE_MEMORY_SLOT_BASE + i as u32,
             flags: 0,
@@ -191,9 +199,12 @@ fn add_pmem_devices(
         // VM runs (`backings` is kept until `run` returns).
         unsafe { vm.set_user_memory_region(region) }
             .map_err(|source| VmError::PmemSlot { id: p.id.clone(), addr, size, source })?;
-        let device = Pmem::new(p.id.clone(), &backing, addr)?;
-        mmio_devices.add(vm, mmio, mem, Box::new(device))?;
-        next_addr = (addr + size).next_multiple_of(layout::DEVICE_MEMORY_ALIGN);
+        let device = Box::new(Pmem::new(p.id.clone(), &backing, addr)?);
+        match p.transport {
+            Transport::Mmio => mmio_devices.add(vm, mmio, mem, device)?,
+            Transport::Pci => pci_devices.add(vm, mmio, mem, device, Some((addr, span)))?,
+        }
+        next_addr = (addr + span).next_multiple_of(layout::DEVICE_MEMORY_ALIGN);
         log::info!("pmem {}: {} bytes of {} at {addr:#x}", p.id, size, p.file.display());
         backings.push(backing);
     }
@@ -220,7 +231,7 @@ fn load_payload(mem: &GuestMemoryMmap, config: &VmConfig, device_aml: &[u8]) -> 
 /// Boots the VM and blocks until it ends; the returned reason decides the exit status.
 pub fn run(config: &VmConfig, signals: &StopSignals) -> Result<VmExit, VmError> {
     let kvm = Kvm::new().map_err(VmError::Kvm)?;
-    let vm = create_vm(&kvm)?;
+    let vm = Arc::new(create_vm(&kvm)?);
     let mem = memory::create_guest_memory(&config.memory)?;
     memory::register_with_kvm(&vm, &mem)?;
 
@@ -230,9 +241,11 @@ pub fn run(config: &VmConfig, signals: &StopSignals) -> Result<VmExit, VmError> 
     let (serial_dev, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
     let guest_mem = GuestMemoryAtomic::new(mem.clone());
     let mut mmio_devices = MmioDeviceManager::new();
+    let mut pci_devices = PciDeviceManager::new(&pio, layout::device_memory_start(config.memory.size))?;
     // The mappings must outlive the VM: kept until `run` returns.
-    let _pmem_backings = add_pmem_devices(&vm, config, &mmio, &guest_mem, &mut mmio_devices)?;
+    let _pmem_backings = add_pmem_devices(&vm, config, &mmio, &guest_mem, &mut mmio_devices, &mut pci_devices)?;
     device_aml.extend_from_slice(mmio_devices.aml());
+    pci_devices.append_aml(&mut device_aml);
     let entry = load_payload(&mem, config, &device_aml)?;
 
     let base_cpuid = kvm_setup("KVM_GET_SUPPORTED_CPUID", kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES))?;

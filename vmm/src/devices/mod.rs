@@ -7,5 +7,6 @@ pub mod pci_root;
 pub mod pvpanic;
 pub mod serial;
 pub mod virtio_mmio;
+pub mod virtio_pci;
 
 pub use bus::{Bus, BusDevice};
