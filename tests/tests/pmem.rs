@@ -47,6 +47,7 @@ echo "@@GUEST queue_dax=$(cat /sys/block/${P1##*/}/queue/dax)"
 echo "@@GUEST dax_complaints=$(dmesg | grep -i 'dax' | grep -ci 'unsupported\|disabl\|not supported')"
 echo "@@GUEST hello=$(cat /mnt/hello.txt)"
 echo written-by-guest > /mnt/guest.txt && sync && umount /mnt && echo "@@GUEST umount=ok"
+echo "@@GUEST ecam=$(dmesg | grep -c 'ECAM \[mem 0xe0000000-0xe00fffff\].*reserved')"
 echo "@@GUEST msix_irqs=$(grep -c 'PCI-MSIX' /proc/interrupts)"
 "#;
 
@@ -128,6 +129,8 @@ fn pmem_test(transport: &str, other: &str) {
     assert_eq!(run.guest("dax_complaints"), Some("0"), "{tail}");
     assert_eq!(run.guest("hello"), Some("hello from the host"), "{tail}");
     assert_eq!(run.guest("umount"), Some("ok"), "{tail}");
+    // Linux takes ECAM from the MCFG table (the range is reserved in e820).
+    assert_eq!(run.guest("ecam"), Some("1"), "{tail}");
     // virtio-PCI devices interrupt through MSI-X (config + one queue each).
     let msix: u32 = run.guest("msix_irqs").and_then(|v| v.parse().ok()).expect(&tail);
     assert!(msix >= 2, "expected MSI-X vectors in /proc/interrupts, found {msix}\n{tail}");

@@ -139,6 +139,37 @@ impl BusDevice for PciConfigIo {
     }
 }
 
+/// ECAM: bus 0's configuration spaces mapped as memory, 4 KiB per function
+/// (offset = device << 15 | function << 12 | register).
+pub struct PciEcam {
+    root: Arc<Mutex<PciRoot>>,
+}
+
+impl PciEcam {
+    pub fn new(root: Arc<Mutex<PciRoot>>) -> Self {
+        PciEcam { root }
+    }
+
+    fn target(offset: u64) -> ((u8, u8, u8), u64) {
+        let bus = (offset >> 20) as u8;
+        let device = ((offset >> 15) & 0x1f) as u8;
+        let function = ((offset >> 12) & 0x7) as u8;
+        ((bus, device, function), offset & 0xfff)
+    }
+}
+
+impl BusDevice for PciEcam {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        let (bdf, reg) = Self::target(offset);
+        self.root.lock().unwrap_or_else(|e| e.into_inner()).read(bdf, reg, data);
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        let (bdf, reg) = Self::target(offset);
+        self.root.lock().unwrap_or_else(|e| e.into_inner()).write(bdf, reg, data);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +200,21 @@ mod tests {
         io.write(0, &0u32.to_le_bytes());
         io.read(4, &mut v);
         assert_eq!(v, [0xff; 4]);
+    }
+
+    #[test]
+    fn ecam_reaches_the_same_functions() {
+        let root = Arc::new(Mutex::new(PciRoot::new()));
+        let mut ecam = PciEcam::new(root);
+        let mut v = [0u8; 4];
+        ecam.read(0, &mut v);
+        assert_eq!(u32::from_le_bytes(v), 0x0d57_8086);
+        ecam.read(8, &mut v);
+        assert_eq!(v[3], 0x06, "class byte at 0x0b");
+        ecam.read(3 << 15, &mut v);
+        assert_eq!(v, [0xff; 4], "empty slot 3");
+        ecam.read(1 << 12, &mut v);
+        assert_eq!(v, [0xff; 4], "function 1 of the bridge does not exist");
     }
 
     struct Fake(u32);

@@ -15,7 +15,7 @@ use vm_memory::GuestMemoryAtomic;
 
 use super::pci_root::{PciFunction, PciRoot, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE};
 use super::{Bus, BusDevice};
-use crate::arch::x86_64::layout::{PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE};
+use crate::arch::x86_64::layout::{PCI_ECAM_SIZE, PCI_ECAM_START, PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE};
 use crate::memory::GuestMemoryMmap;
 
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +28,7 @@ pub enum VirtioPciSetupError {
     Device(#[from] VirtioPciError),
     #[error("virtio-PCI ioeventfd: {0}")]
     Kvm(kvm_ioctls::Error),
-    #[error("virtio-PCI BAR 0: {0}")]
+    #[error("PCI: {0}")]
     Bus(String),
 }
 
@@ -77,12 +77,14 @@ pub struct PciDeviceManager {
 }
 
 impl PciDeviceManager {
-    /// Puts the configuration ports on the PIO bus.
-    pub fn new(pio: &Bus, mmio64_start: u64) -> Result<Self, VirtioPciSetupError> {
+    /// Puts configuration access on the buses: ports 0xCF8/0xCFC and ECAM.
+    pub fn new(pio: &Bus, mmio: &Bus, mmio64_start: u64) -> Result<Self, VirtioPciSetupError> {
         let root = Arc::new(Mutex::new(PciRoot::new()));
         let io = super::pci_root::PciConfigIo::new(root.clone());
-        pio.insert(Arc::new(Mutex::new(io)), PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE)
-            .map_err(|e| VirtioPciSetupError::Bus(e.to_string()))?;
+        let bus_err = |e: super::bus::BusError| VirtioPciSetupError::Bus(e.to_string());
+        pio.insert(Arc::new(Mutex::new(io)), PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE).map_err(bus_err)?;
+        let ecam = super::pci_root::PciEcam::new(root.clone());
+        mmio.insert(Arc::new(Mutex::new(ecam)), PCI_ECAM_START, PCI_ECAM_SIZE).map_err(bus_err)?;
         Ok(PciDeviceManager { root, next_bar0: PCI_MMIO32_START, mmio64_start })
     }
 

@@ -5,10 +5,10 @@
 //! register (both handled by `devices::acpi_pm`). The DSDT carries `\_S5`
 //! and whatever device descriptions the VMM hands in.
 
-use acpi_tables::{aml, rsdp::Rsdp, sdt::{GenericAddress, Sdt}, Aml};
+use acpi_tables::{aml, mcfg::MCFG, rsdp::Rsdp, sdt::{GenericAddress, Sdt}, Aml};
 use vm_memory::{Bytes, GuestAddress};
 
-use super::layout::{ACPI_END, ACPI_START, APIC_START, IOAPIC_START};
+use super::layout::{ACPI_END, ACPI_START, APIC_START, IOAPIC_START, PCI_ECAM_START};
 use crate::devices::acpi_pm;
 use crate::memory::GuestMemoryMmap;
 
@@ -110,8 +110,13 @@ impl AcpiTables {
         let fadt = create_fadt(dsdt_addr);
         let madt_addr = align8(fadt_addr + fadt.len() as u64);
         let madt = create_madt(cpus);
-        let xsdt_addr = align8(madt_addr + madt.len() as u64);
-        let xsdt = create_xsdt(&[fadt_addr, madt_addr]);
+        let mcfg_addr = align8(madt_addr + madt.len() as u64);
+        let mut mcfg_table = MCFG::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+        mcfg_table.add_ecam(PCI_ECAM_START, 0, 0, 0);
+        let mut mcfg = Vec::new();
+        mcfg_table.to_aml_bytes(&mut mcfg);
+        let xsdt_addr = align8(mcfg_addr + mcfg.len() as u64);
+        let xsdt = create_xsdt(&[fadt_addr, madt_addr, mcfg_addr]);
         let end = xsdt_addr + xsdt.len() as u64;
         if end > ACPI_END {
             return Err(AcpiError::TooLarge { needed: end - ACPI_START, available: ACPI_END - ACPI_START });
@@ -125,6 +130,7 @@ impl AcpiTables {
                 (dsdt_addr, dsdt.as_slice().to_vec()),
                 (fadt_addr, fadt.as_slice().to_vec()),
                 (madt_addr, madt.as_slice().to_vec()),
+                (mcfg_addr, mcfg),
                 (xsdt_addr, xsdt.as_slice().to_vec()),
             ],
         })
@@ -181,7 +187,10 @@ mod tests {
         assert_eq!(&xsdt[0..4], b"XSDT");
         let entries: Vec<u64> = (36..xsdt.len()).step_by(8).map(|o| Reader::u64(xsdt, o)).collect();
         let sigs: Vec<&[u8]> = entries.iter().map(|a| &r.table(*a)[0..4]).collect();
-        assert_eq!(sigs, vec![b"FACP", b"APIC"]);
+        assert_eq!(sigs, vec![&b"FACP"[..], b"APIC", b"MCFG"]);
+        let mcfg = r.table(entries[2]);
+        assert_eq!(Reader::u64(mcfg, 44), PCI_ECAM_START, "ECAM base of segment 0");
+        assert_eq!((mcfg[54], mcfg[55]), (0, 0), "buses 0..=0");
 
         let fadt = r.table(entries[0]);
         assert_eq!(fadt.len(), 276);

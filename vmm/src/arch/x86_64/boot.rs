@@ -117,6 +117,9 @@ pub fn e820_map(ram: &[(u64, u64)]) -> Vec<(u64, u64, u32)> {
             map.push((start, end - start, E820_RAM));
         }
     }
+    // Linux uses ECAM only where firmware reserved it.
+    map.push((PCI_ECAM_START, PCI_ECAM_SIZE, E820_RESERVED));
+    map.sort_by_key(|e| e.0);
     map
 }
 
@@ -167,16 +170,24 @@ mod tests {
     #[test]
     fn e820_small_guest() {
         let map = e820_map(&ram_ranges(512 << 20));
-        assert_eq!(map, vec![(0, EBDA_START, E820_RAM), (HIGH_RAM_START, (512 << 20) - HIGH_RAM_START, E820_RAM)]);
+        assert_eq!(
+            map,
+            vec![
+                (0, EBDA_START, E820_RAM),
+                (HIGH_RAM_START, (512 << 20) - HIGH_RAM_START, E820_RAM),
+                (PCI_ECAM_START, PCI_ECAM_SIZE, E820_RESERVED)
+            ]
+        );
     }
 
     #[test]
     fn e820_large_guest_skips_the_hole() {
         let map = e820_map(&ram_ranges(6 << 30));
-        assert_eq!(map.len(), 3);
+        assert_eq!(map.len(), 4);
         assert_eq!(map[1], (HIGH_RAM_START, MEM_32BIT_GAP_START - HIGH_RAM_START, E820_RAM));
-        assert_eq!(map[2], (RAM_64BIT_START, 3 << 30, E820_RAM));
-        let total: u64 = map.iter().map(|e| e.1).sum();
+        assert_eq!(map[2], (PCI_ECAM_START, PCI_ECAM_SIZE, E820_RESERVED));
+        assert_eq!(map[3], (RAM_64BIT_START, 3 << 30, E820_RAM));
+        let total: u64 = map.iter().filter(|e| e.2 == E820_RAM).map(|e| e.1).sum();
         assert!(total < 6 << 30 && total > (6 << 30) - (1 << 20));
     }
 
@@ -190,7 +201,7 @@ mod tests {
         let bytes = vm_memory::ByteValued::as_slice(&p);
         assert_eq!(bytes.len(), 4096);
         assert_eq!(&bytes[0x070..0x078], &ACPI_START.to_le_bytes());
-        assert_eq!(bytes[0x1e8], 2, "e820_entries");
+        assert_eq!(bytes[0x1e8], 3, "e820_entries (two RAM, the ECAM reservation)");
         assert_eq!(&bytes[0x1fe..0x200], &0xaa55u16.to_le_bytes());
         assert_eq!(&bytes[0x202..0x206], b"HdrS");
         assert_eq!(bytes[0x210], 0xff, "type_of_loader");

@@ -44,6 +44,10 @@ pub const PCI_MMIO32_START: u64 = 0xc000_0000;
 pub const PCI_MMIO32_SIZE: u64 = 0x1000_0000;
 /// 64-bit PCI memory window: device memory above RAM, this many bytes.
 pub const PCI_MMIO64_SIZE: u64 = 1 << 40;
+/// PCI Express enhanced configuration (ECAM) for bus 0: 32 devices × 8
+/// functions × 4 KiB.
+pub const PCI_ECAM_START: u64 = 0xe000_0000;
+pub const PCI_ECAM_SIZE: u64 = 1 << 20;
 /// virtio-MMIO register pages, one 4 KiB page per device, in the 32-bit hole.
 pub const VIRTIO_MMIO_START: u64 = 0xd000_0000;
 pub const VIRTIO_MMIO_MAX_DEVICES: u64 = 16;
@@ -92,6 +96,8 @@ mod tests {
         assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
         assert!(ACPI_END <= HIGH_RAM_START);
         assert!(PCI_MMIO32_START + PCI_MMIO32_SIZE <= VIRTIO_MMIO_START);
+        assert!(VIRTIO_MMIO_START + VIRTIO_MMIO_MAX_DEVICES * 0x1000 <= PCI_ECAM_START);
+        assert!(PCI_ECAM_START + PCI_ECAM_SIZE <= IOAPIC_START);
         assert!(VIRTIO_MMIO_START + VIRTIO_MMIO_MAX_DEVICES * 0x1000 <= IOAPIC_START);
         assert!(VIRTIO_MMIO_IRQ_BASE + VIRTIO_MMIO_MAX_DEVICES as u32 <= 24, "IOAPIC has 24 pins");
         assert_eq!(device_memory_start(512 << 20), 1 << 32);
