@@ -241,7 +241,7 @@ pub fn run(config: &VmConfig, signals: &StopSignals) -> Result<VmExit, VmError> 
     let (serial_dev, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
     let guest_mem = GuestMemoryAtomic::new(mem.clone());
     let mut mmio_devices = MmioDeviceManager::new();
-    let mut pci_devices = PciDeviceManager::new(&pio, &mmio, layout::device_memory_start(config.memory.size))?;
+    let mut pci_devices = PciDeviceManager::new(&vm, &pio, &mmio, layout::device_memory_start(config.memory.size))?;
     // The mappings must outlive the VM: kept until `run` returns.
     let _pmem_backings = add_pmem_devices(&vm, config, &mmio, &guest_mem, &mut mmio_devices, &mut pci_devices)?;
     device_aml.extend_from_slice(mmio_devices.aml());

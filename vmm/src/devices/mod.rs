@@ -2,6 +2,7 @@
 
 pub mod acpi_pm;
 pub mod bus;
+pub mod gsi_routing;
 pub mod i8042;
 pub mod pci_root;
 pub mod pvpanic;

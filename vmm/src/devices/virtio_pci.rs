@@ -1,18 +1,17 @@
 //! Places virtio devices on PCI bus 0 through the virtio-PCI transport: BAR 0
 //! in the 32-bit window on the MMIO bus, an ioeventfd per queue notify
-//! address, MSI-X messages injected with KVM_SIGNAL_MSI, and the host bridge
+//! address, MSI-X vectors as irqfds on routed GSIs, and the host bridge
 //! described in the DSDT so Linux enumerates the bus.
 
 use std::sync::{Arc, Mutex};
 
 use acpi_tables::{aml, Aml};
-use kvm_bindings::kvm_msi;
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
-use virtio_devices::transport::pci::device::{MsiSender, VirtioPciDevice, VirtioPciError, BAR0_SIZE};
-use virtio_devices::transport::pci::msix::MsixEntry;
+use virtio_devices::transport::pci::device::{VirtioPciDevice, VirtioPciError, BAR0_SIZE};
 use virtio_devices::VirtioDevice;
 use vm_memory::GuestMemoryAtomic;
 
+use super::gsi_routing::{GsiError, GsiRouter, IrqfdMsi};
 use super::pci_root::{PciFunction, PciRoot, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE};
 use super::{Bus, BusDevice};
 use crate::arch::x86_64::layout::{PCI_ECAM_SIZE, PCI_ECAM_START, PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE};
@@ -30,16 +29,8 @@ pub enum VirtioPciSetupError {
     Kvm(kvm_ioctls::Error),
     #[error("PCI: {0}")]
     Bus(String),
-}
-
-/// Injects MSI messages directly (no GSI route needed).
-struct KvmMsi(Arc<VmFd>);
-
-impl MsiSender for KvmMsi {
-    fn send(&self, _vector: u16, entry: MsixEntry) -> std::io::Result<()> {
-        let msi = kvm_msi { address_lo: entry.addr_lo, address_hi: entry.addr_hi, data: entry.data, ..Default::default() };
-        self.0.signal_msi(msi).map(|_| ()).map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
-    }
+    #[error("MSI-X routing: {0}")]
+    Gsi(GsiError),
 }
 
 struct ConfigSpace(Arc<Mutex<VirtioPciDevice>>);
@@ -72,20 +63,22 @@ impl BusDevice for Bar0 {
 
 pub struct PciDeviceManager {
     root: Arc<Mutex<PciRoot>>,
+    router: Arc<GsiRouter>,
     next_bar0: u64,
     mmio64_start: u64,
 }
 
 impl PciDeviceManager {
     /// Puts configuration access on the buses: ports 0xCF8/0xCFC and ECAM.
-    pub fn new(pio: &Bus, mmio: &Bus, mmio64_start: u64) -> Result<Self, VirtioPciSetupError> {
+    pub fn new(vm: &Arc<VmFd>, pio: &Bus, mmio: &Bus, mmio64_start: u64) -> Result<Self, VirtioPciSetupError> {
+        let router = GsiRouter::new(vm.clone()).map_err(VirtioPciSetupError::Gsi)?;
         let root = Arc::new(Mutex::new(PciRoot::new()));
         let io = super::pci_root::PciConfigIo::new(root.clone());
         let bus_err = |e: super::bus::BusError| VirtioPciSetupError::Bus(e.to_string());
         pio.insert(Arc::new(Mutex::new(io)), PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE).map_err(bus_err)?;
         let ecam = super::pci_root::PciEcam::new(root.clone());
         mmio.insert(Arc::new(Mutex::new(ecam)), PCI_ECAM_START, PCI_ECAM_SIZE).map_err(bus_err)?;
-        Ok(PciDeviceManager { root, next_bar0: PCI_MMIO32_START, mmio64_start })
+        Ok(PciDeviceManager { root, router, next_bar0: PCI_MMIO32_START, mmio64_start })
     }
 
     /// Adds `device`; `shm_bar` is (guest address, size) of its shared memory
@@ -103,7 +96,8 @@ impl PciDeviceManager {
             return Err(VirtioPciSetupError::WindowFull);
         }
         let vectors = device.queue_max_sizes().len() as u16 + 1;
-        let dev = VirtioPciDevice::new(device, mem.clone(), bar0, shm_bar, vectors, Arc::new(KvmMsi(vm.clone())))?;
+        let msi = IrqfdMsi::new(self.router.clone(), vectors).map_err(VirtioPciSetupError::Gsi)?;
+        let dev = VirtioPciDevice::new(device, mem.clone(), bar0, shm_bar, vectors, Arc::new(msi))?;
         for (evt, offset, _queue) in dev.queue_notifiers() {
             vm.register_ioevent(evt, &IoEventAddress::Mmio(bar0 + offset), NoDatamatch)
                 .map_err(VirtioPciSetupError::Kvm)?;

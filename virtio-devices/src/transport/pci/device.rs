@@ -49,9 +49,15 @@ const PCI_CAP_ID_MSIX: u8 = 0x11;
 const ISR_QUEUE: u8 = 1;
 const ISR_CONFIG: u8 = 2;
 
-/// Delivers an MSI message to the guest (KVM_SIGNAL_MSI, or an irqfd routed to it).
+/// Delivers MSI messages to the guest (an irqfd routed to each vector, or
+/// KVM_SIGNAL_MSI).
 pub trait MsiSender: Send + Sync {
     fn send(&self, vector: u16, entry: MsixEntry) -> std::io::Result<()>;
+    /// The driver reprogrammed table entry `vector`: re-route it.
+    fn update(&self, vector: u16, entry: MsixEntry) -> std::io::Result<()> {
+        let _ = (vector, entry);
+        Ok(())
+    }
 }
 
 /// The interrupt of a virtio-PCI function: the vector chosen for each queue
@@ -287,10 +293,15 @@ impl VirtioPciDevice {
 
     fn apply(&self, updates: Vec<MsixUpdate>) {
         for u in updates {
-            if let MsixUpdate::DeliverPending(vector, entry) = u {
-                if let Err(e) = self.interrupt.sender.send(vector, entry) {
-                    log::warn!("virtio-pci: delivering pending vector {vector}: {e}");
+            let result = match u {
+                MsixUpdate::Entry(vector) => {
+                    let entry = self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner()).entry(vector);
+                    entry.map_or(Ok(()), |e| self.interrupt.sender.update(vector, e))
                 }
+                MsixUpdate::DeliverPending(vector, entry) => self.interrupt.sender.send(vector, entry),
+            };
+            if let Err(e) = result {
+                log::warn!("virtio-pci: MSI-X {u:?}: {e}");
             }
         }
     }

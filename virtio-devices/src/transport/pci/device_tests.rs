@@ -49,10 +49,14 @@ impl VirtioDevice for Dev {
 }
 
 #[derive(Default)]
-struct Sent(Mutex<Vec<(u16, u32)>>);
+struct Sent(Mutex<Vec<(u16, u32)>>, Mutex<Vec<(u16, u32)>>);
 impl MsiSender for Sent {
     fn send(&self, vector: u16, entry: MsixEntry) -> std::io::Result<()> {
         self.0.lock().unwrap().push((vector, entry.data));
+        Ok(())
+    }
+    fn update(&self, vector: u16, entry: MsixEntry) -> std::io::Result<()> {
+        self.1.lock().unwrap().push((vector, entry.data));
         Ok(())
     }
 }
@@ -221,6 +225,7 @@ fn msix_vectors_masking_and_isr() {
     // Program entry 1 and enable MSI-X with the entry still masked.
     bar_w(&mut d, MSIX_TABLE_OFFSET + 16, 0xfee0_0000, 4);
     bar_w(&mut d, MSIX_TABLE_OFFSET + 24, 0x51, 4);
+    assert_eq!(sent.1.lock().unwrap().last(), Some(&(1, 0x51)), "each table write re-routes its vector");
     d.write_config(msix + 2, &0x8000u16.to_le_bytes());
     d.device_interrupt.trigger(Interrupt::Queue(0)).unwrap();
     assert!(sent.0.lock().unwrap().is_empty(), "masked: held back");

@@ -68,6 +68,10 @@ impl MsixConfig {
         self.table.len() as u16
     }
 
+    pub fn entry(&self, vector: u16) -> Option<MsixEntry> {
+        self.table.get(usize::from(vector)).copied()
+    }
+
     pub fn table_size(&self) -> u64 {
         self.table.len() as u64 * MSIX_TABLE_ENTRY_SIZE
     }

@@ -1,0 +1,127 @@
+//! KVM's GSI routing table: the irqchip pins every VM has, plus one MSI route
+//! per MSI-X vector, so a vector can be raised by writing an irqfd — from a
+//! VMM thread, or later from a vhost-user backend without the VMM.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use kvm_bindings::{
+    kvm_irq_routing_entry, kvm_irq_routing_entry__bindgen_ty_1, kvm_irq_routing_irqchip, kvm_irq_routing_msi,
+    KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP,
+    KVM_IRQ_ROUTING_MSI,
+};
+use kvm_ioctls::VmFd;
+use virtio_devices::transport::pci::device::MsiSender;
+use virtio_devices::transport::pci::msix::MsixEntry;
+use vmm_sys_util::eventfd::EventFd;
+
+/// GSIs below this are IOAPIC pins.
+const FIRST_MSI_GSI: u32 = 24;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GsiError {
+    #[error("KVM_SET_GSI_ROUTING: {0}")]
+    SetRouting(kvm_ioctls::Error),
+    #[error("building the routing table: {0:?}")]
+    Table(vmm_sys_util::fam::Error),
+    #[error("irqfd for GSI {gsi}: {source}")]
+    Irqfd { gsi: u32, source: kvm_ioctls::Error },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn irqchip_route(gsi: u32, irqchip: u32, pin: u32) -> kvm_irq_routing_entry {
+    kvm_irq_routing_entry {
+        gsi,
+        type_: KVM_IRQ_ROUTING_IRQCHIP,
+        u: kvm_irq_routing_entry__bindgen_ty_1 { irqchip: kvm_irq_routing_irqchip { irqchip, pin } },
+        ..Default::default()
+    }
+}
+
+fn msi_route(gsi: u32, e: MsixEntry) -> kvm_irq_routing_entry {
+    kvm_irq_routing_entry {
+        gsi,
+        type_: KVM_IRQ_ROUTING_MSI,
+        u: kvm_irq_routing_entry__bindgen_ty_1 {
+            msi: kvm_irq_routing_msi { address_lo: e.addr_lo, address_hi: e.addr_hi, data: e.data, ..Default::default() },
+        },
+        ..Default::default()
+    }
+}
+
+pub struct GsiRouter {
+    vm: Arc<VmFd>,
+    state: Mutex<(BTreeMap<u32, Vec<kvm_irq_routing_entry>>, u32)>,
+}
+
+impl GsiRouter {
+    /// Installs the routes KVM has by default (PIC and IOAPIC pins), which
+    /// KVM_SET_GSI_ROUTING would otherwise drop.
+    pub fn new(vm: Arc<VmFd>) -> Result<Arc<Self>, GsiError> {
+        let mut routes: BTreeMap<u32, Vec<kvm_irq_routing_entry>> = BTreeMap::new();
+        for gsi in 0..FIRST_MSI_GSI {
+            let entry = routes.entry(gsi).or_default();
+            if gsi < 8 {
+                entry.push(irqchip_route(gsi, KVM_IRQCHIP_PIC_MASTER, gsi));
+            } else if gsi < 16 {
+                entry.push(irqchip_route(gsi, KVM_IRQCHIP_PIC_SLAVE, gsi - 8));
+            }
+            entry.push(irqchip_route(gsi, KVM_IRQCHIP_IOAPIC, gsi));
+        }
+        let router = Arc::new(GsiRouter { vm, state: Mutex::new((routes, FIRST_MSI_GSI)) });
+        router.commit(&router.state.lock().unwrap_or_else(|e| e.into_inner()).0)?;
+        Ok(router)
+    }
+
+    fn commit(&self, routes: &BTreeMap<u32, Vec<kvm_irq_routing_entry>>) -> Result<(), GsiError> {
+        let mut table = KvmIrqRouting::new(0).map_err(GsiError::Table)?;
+        for e in routes.values().flatten() {
+            table.push(*e).map_err(GsiError::Table)?;
+        }
+        self.vm.set_gsi_routing(&table).map_err(GsiError::SetRouting)
+    }
+
+    /// A new GSI with an irqfd on it; its route is set by `set_msi`.
+    pub fn allocate_msi(&self) -> Result<(u32, EventFd), GsiError> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let gsi = state.1;
+        state.1 += 1;
+        let evt = EventFd::new(libc::EFD_NONBLOCK)?;
+        self.vm.register_irqfd(&evt, gsi).map_err(|source| GsiError::Irqfd { gsi, source })?;
+        Ok((gsi, evt))
+    }
+
+    pub fn set_msi(&self, gsi: u32, entry: MsixEntry) -> Result<(), GsiError> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.0.insert(gsi, vec![msi_route(gsi, entry)]);
+        self.commit(&state.0)
+    }
+}
+
+/// MSI-X vectors of one device, each an irqfd on its own routed GSI.
+pub struct IrqfdMsi {
+    router: Arc<GsiRouter>,
+    vectors: Vec<(u32, EventFd)>,
+}
+
+impl IrqfdMsi {
+    pub fn new(router: Arc<GsiRouter>, count: u16) -> Result<Self, GsiError> {
+        let vectors = (0..count).map(|_| router.allocate_msi()).collect::<Result<_, _>>()?;
+        Ok(IrqfdMsi { router, vectors })
+    }
+}
+
+impl MsiSender for IrqfdMsi {
+    fn send(&self, vector: u16, _entry: MsixEntry) -> std::io::Result<()> {
+        match self.vectors.get(usize::from(vector)) {
+            Some((_, evt)) => evt.write(1),
+            None => Err(std::io::Error::other(format!("no MSI-X vector {vector}"))),
+        }
+    }
+
+    fn update(&self, vector: u16, entry: MsixEntry) -> std::io::Result<()> {
+        let Some((gsi, _)) = self.vectors.get(usize::from(vector)) else { return Ok(()) };
+        self.router.set_msi(*gsi, entry).map_err(|e| std::io::Error::other(e.to_string()))
+    }
+}
