@@ -114,7 +114,7 @@ impl CpioArchive {
     }
 
     fn pad4(&mut self) {
-        while self.buf.len() % 4 != 0 {
+        while !self.buf.len().is_multiple_of(4) {
             self.buf.push(0);
         }
     }

@@ -161,7 +161,7 @@ impl Run {
 
     /// VMM start to the guest's init running.
     pub fn guest_boot_to_init(&self) -> Option<Duration> {
-        Some(self.guest_at("init")?.checked_sub(self.rig_at("vmm_start")?)?)
+        self.guest_at("init")?.checked_sub(self.rig_at("vmm_start")?)
     }
 
     /// The VMM's one-line reason for stopping (`dax-vmm: …`). The guest may

@@ -108,13 +108,15 @@ fn serial_output(mode: &SerialMode) -> Result<Option<Box<dyn Write + Send>>, VmE
     })
 }
 
+type SharedSerial = Arc<Mutex<serial::SerialDevice>>;
+
 /// The legacy devices on the I/O port bus, plus their DSDT descriptions.
 fn add_platform_devices(
     vm: &VmFd,
     config: &VmConfig,
     pio: &Bus,
     exit: &Arc<ExitHandle>,
-) -> Result<(Option<Arc<Mutex<serial::SerialDevice>>>, Vec<u8>), VmError> {
+) -> Result<(Option<SharedSerial>, Vec<u8>), VmError> {
     let dev = |e: crate::devices::bus::BusError| VmError::Device(e.to_string());
     let mut serial_dev = None;
     let mut aml = Vec::new();

@@ -138,7 +138,7 @@ impl MmioTransport {
             return;
         }
         // Registers below the config space are 32 bits wide and aligned.
-        if data.len() != 4 || offset % 4 != 0 {
+        if data.len() != 4 || !offset.is_multiple_of(4) {
             log::debug!("virtio-mmio: {}-byte read at {offset:#x} ignored", data.len());
             data.fill(0);
             return;
@@ -186,7 +186,7 @@ impl MmioTransport {
             log::debug!("virtio-mmio: {}-byte write at {offset:#x} ignored", data.len());
             return;
         };
-        if offset % 4 != 0 {
+        if !offset.is_multiple_of(4) {
             return;
         }
         let v = u32::from_le_bytes(bytes);

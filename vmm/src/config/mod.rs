@@ -192,7 +192,7 @@ mod tests {
     fn memory() {
         let m = MemoryConfig::parse("size=1G,shared=on").unwrap();
         assert_eq!(m, MemoryConfig { size: 1 << 30, shared: true, hugepages: false });
-        assert_eq!(MemoryConfig::parse("size=512M").unwrap().shared, false);
+        assert!(!MemoryConfig::parse("size=512M").unwrap().shared);
         assert!(MemoryConfig::parse("size=1M").unwrap_err().to_string().contains("between 32M and 512G"));
         assert!(MemoryConfig::parse("size=1T").is_err());
         assert!(MemoryConfig::parse("size=33554433").unwrap_err().to_string().contains("multiple of 4K"));

@@ -82,7 +82,7 @@ impl PciConfiguration {
         if size < 16 || !size.is_power_of_two() {
             return Err(PciConfigError::BarSize { index, size });
         }
-        if addr % size != 0 {
+        if !addr.is_multiple_of(size) {
             return Err(PciConfigError::BarAlignment { index, addr, size });
         }
         let slots = if matches!(kind, BarKind::Mem64 { .. }) { 2 } else { 1 };
@@ -169,7 +169,7 @@ impl PciConfiguration {
     /// Reads `data.len()` (1, 2 or 4) bytes at `offset`; anything else reads all ones.
     pub fn read(&self, offset: u64, data: &mut [u8]) {
         let off = offset as usize;
-        if !matches!(data.len(), 1 | 2 | 4) || off % data.len() != 0 || off + data.len() > CONFIG_SPACE_SIZE {
+        if !matches!(data.len(), 1 | 2 | 4) || !off.is_multiple_of(data.len()) || off + data.len() > CONFIG_SPACE_SIZE {
             data.fill(0xff);
             return;
         }
@@ -182,7 +182,7 @@ impl PciConfiguration {
     /// changed, so the transport can move what it registered there.
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Option<usize> {
         let off = offset as usize;
-        if !matches!(data.len(), 1 | 2 | 4) || off % data.len() != 0 || off + data.len() > CONFIG_SPACE_SIZE {
+        if !matches!(data.len(), 1 | 2 | 4) || !off.is_multiple_of(data.len()) || off + data.len() > CONFIG_SPACE_SIZE {
             return None;
         }
         let reg = off / 4;

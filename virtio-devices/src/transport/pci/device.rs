@@ -311,7 +311,7 @@ impl VirtioPciDevice {
     fn read_bar0_const(&self, offset: u64, data: &mut [u8]) {
         data.fill(0);
         match offset {
-            o if o >= DEVICE_CFG_OFFSET && o < DEVICE_CFG_OFFSET + DEVICE_CFG_SIZE => {
+            o if (DEVICE_CFG_OFFSET..DEVICE_CFG_OFFSET + DEVICE_CFG_SIZE).contains(&o) => {
                 self.state.device().read_config(o - DEVICE_CFG_OFFSET, data)
             }
             o if (MSIX_TABLE_OFFSET..MSIX_PBA_OFFSET).contains(&o) => {
@@ -339,10 +339,10 @@ impl VirtioPciDevice {
 
     pub fn write_bar0(&mut self, offset: u64, data: &[u8]) {
         match offset {
-            o if o >= DEVICE_CFG_OFFSET && o < DEVICE_CFG_OFFSET + DEVICE_CFG_SIZE => {
+            o if (DEVICE_CFG_OFFSET..DEVICE_CFG_OFFSET + DEVICE_CFG_SIZE).contains(&o) => {
                 self.state.device_mut().write_config(o - DEVICE_CFG_OFFSET, data)
             }
-            o if o >= NOTIFY_OFFSET && o < MSIX_TABLE_OFFSET => {
+            o if (NOTIFY_OFFSET..MSIX_TABLE_OFFSET).contains(&o) => {
                 // Reached only when no ioeventfd caught the write.
                 let index = (o - NOTIFY_OFFSET) / u64::from(NOTIFY_OFF_MULTIPLIER);
                 if let Some(kick) = self.state.kicks().get(index as usize) {

@@ -93,7 +93,7 @@ impl MsixConfig {
 
     pub fn read_table(&self, offset: u64, data: &mut [u8]) {
         data.fill(0);
-        if data.len() != 4 && data.len() != 8 || offset % data.len() as u64 != 0 {
+        if data.len() != 4 && data.len() != 8 || !offset.is_multiple_of(data.len() as u64) {
             return;
         }
         for (i, chunk) in data.chunks_mut(4).enumerate() {
@@ -115,7 +115,7 @@ impl MsixConfig {
 
     pub fn write_table(&mut self, offset: u64, data: &[u8]) -> Vec<MsixUpdate> {
         let mut updates = Vec::new();
-        if data.len() != 4 && data.len() != 8 || offset % data.len() as u64 != 0 {
+        if data.len() != 4 && data.len() != 8 || !offset.is_multiple_of(data.len() as u64) {
             return updates;
         }
         for (i, chunk) in data.chunks(4).enumerate() {
@@ -139,7 +139,7 @@ impl MsixConfig {
 
     pub fn read_pba(&self, offset: u64, data: &mut [u8]) {
         data.fill(0);
-        if data.len() != 4 && data.len() != 8 || offset % data.len() as u64 != 0 {
+        if data.len() != 4 && data.len() != 8 || !offset.is_multiple_of(data.len() as u64) {
             return;
         }
         let Some(word) = usize::try_from(offset / 8).ok().and_then(|i| self.pba.get(i)) else { return };

@@ -33,11 +33,10 @@ pub fn patch_cpuid(entries: &mut [kvm_cpuid_entry2], index: u32, cpus: u32, tsc_
                 e.edx |= LEAF1_EDX_HTT;
             }
             // Intel deterministic cache parameters: cores per package in EAX[31:26].
-            4 => {
-                if e.eax & 0x1f != 0 {
+            4
+                if e.eax & 0x1f != 0 => {
                     e.eax = (e.eax & 0x03ff_ffff) | ((cpus - 1) << 26);
                 }
-            }
             // Extended topology: one thread per core, all cores in one package.
             0xb | 0x1f => {
                 let (eax, ebx, level) = match e.index {

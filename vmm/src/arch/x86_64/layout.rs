@@ -75,6 +75,24 @@ pub fn ram_ranges(size: u64) -> Vec<(u64, u64)> {
     }
 }
 
+// The fixed layout must not overlap; checked when the crate compiles.
+const _: () = {
+    assert!(GDT_START + 4 * 8 <= IDT_START);
+    assert!(IDT_START + 8 <= ZERO_PAGE_START);
+    assert!(ZERO_PAGE_START + 4096 <= BOOT_STACK_POINTER);
+    assert!(BOOT_STACK_POINTER < PML4_START);
+    assert!(PDE_START + 4096 <= CMDLINE_START);
+    assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
+    assert!(ACPI_END <= HIGH_RAM_START);
+    assert!(PCI_MMIO32_START + PCI_MMIO32_SIZE <= VIRTIO_MMIO_START);
+    assert!(VIRTIO_MMIO_START + VIRTIO_MMIO_MAX_DEVICES * 0x1000 <= PCI_ECAM_START);
+    assert!(PCI_ECAM_START + PCI_ECAM_SIZE <= IOAPIC_START);
+    assert!(VIRTIO_MMIO_IRQ_BASE + VIRTIO_MMIO_MAX_DEVICES as u32 <= 24, "the IOAPIC has 24 pins");
+    assert!(RESET_VECTOR + RESET_STUB.len() as u64 <= HIGH_RAM_START);
+    // The jmp's displacement lands on the first byte of the stub.
+    assert!(RESET_STUB.len() as i64 + (RESET_STUB[6] as i8) as i64 == 0);
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,23 +105,8 @@ mod tests {
     }
 
     #[test]
-    fn fixed_structures_do_not_overlap() {
-        assert!(GDT_START + 4 * 8 <= IDT_START);
-        assert!(IDT_START + 8 <= ZERO_PAGE_START);
-        assert!(ZERO_PAGE_START + 4096 <= BOOT_STACK_POINTER);
-        assert!(BOOT_STACK_POINTER < PML4_START);
-        assert!(PDE_START + 4096 <= CMDLINE_START);
-        assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
-        assert!(ACPI_END <= HIGH_RAM_START);
-        assert!(PCI_MMIO32_START + PCI_MMIO32_SIZE <= VIRTIO_MMIO_START);
-        assert!(VIRTIO_MMIO_START + VIRTIO_MMIO_MAX_DEVICES * 0x1000 <= PCI_ECAM_START);
-        assert!(PCI_ECAM_START + PCI_ECAM_SIZE <= IOAPIC_START);
-        assert!(VIRTIO_MMIO_START + VIRTIO_MMIO_MAX_DEVICES * 0x1000 <= IOAPIC_START);
-        assert!(VIRTIO_MMIO_IRQ_BASE + VIRTIO_MMIO_MAX_DEVICES as u32 <= 24, "IOAPIC has 24 pins");
+    fn device_memory_starts_above_ram_and_4g() {
         assert_eq!(device_memory_start(512 << 20), 1 << 32);
         assert_eq!(device_memory_start(4 << 30), (5 << 30));
-        assert!(RESET_VECTOR + RESET_STUB.len() as u64 <= HIGH_RAM_START);
-        // The jmp's displacement lands on the first byte of the stub.
-        assert_eq!(RESET_STUB.len() as i64 + i64::from(RESET_STUB[6] as i8), 0);
     }
 }
