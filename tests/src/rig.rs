@@ -336,22 +336,13 @@ fn guest_initramfs(guest: &Guest, kernel: &GuestKernel, busybox: &[u8]) -> Resul
     let names: Vec<&str> = guest.guest_modules.iter().map(String::as_str).collect();
     let modules = kernel.modules_with_deps(&names)?;
     let mut image = base_image(busybox);
-    let mut load = String::new();
-    for (name, data) in &modules {
-        image.file(&format!("lib/modules/{name}.ko"), 0o644, data);
-        load.push_str(&format!("insmod /lib/modules/{name}.ko || echo \"@@GUEST insmod_failed={name}\"\n"));
-    }
+    let load = add_modules(&mut image, &modules, |name| format!(" || echo \"@@GUEST insmod_failed={name}\""));
     for f in &guest.guest_files {
         image.file(&f.path, f.perm, &f.data);
     }
     image.file("test.sh", 0o755, guest.script.as_bytes());
     let init = format!(
-        "#!/bin/busybox sh\n\
-         /bin/busybox --install -s /bin\n\
-         export PATH=/bin\n\
-         mount -t proc proc /proc\n\
-         mount -t sysfs sysfs /sys\n\
-         mount -t devtmpfs devtmpfs /dev\n\
+        "{INIT_PREAMBLE}\
          echo \"@@GUEST init uptime=$(cut -d' ' -f1 /proc/uptime)\"\n\
          {load}\
          sh /test.sh\n\
@@ -374,11 +365,7 @@ fn emulated_host_initramfs(
 ) -> Result<Vec<u8>, RigError> {
     let kvm = kernel.modules_with_deps(&["kvm_amd"])?;
     let mut image = base_image(busybox);
-    let mut load = String::new();
-    for (name, data) in &kvm {
-        image.file(&format!("lib/modules/{name}.ko"), 0o644, data);
-        load.push_str(&format!("insmod /lib/modules/{name}.ko\n"));
-    }
+    let load = add_modules(&mut image, &kvm, |_| String::new());
     let vmm_bytes = std::fs::read(vmm).map_err(|e| RigError::io(vmm, e))?;
     image.file("bin/dax-vmm", 0o755, &vmm_bytes);
     let bzimage = std::fs::read(&kernel.bzimage).map_err(|e| RigError::io(&kernel.bzimage, e))?;
@@ -390,12 +377,7 @@ fn emulated_host_initramfs(
     }
     image.file("rig/host.sh", 0o755, host_script.as_bytes());
     let init = format!(
-        "#!/bin/busybox sh\n\
-         /bin/busybox --install -s /bin\n\
-         export PATH=/bin\n\
-         mount -t proc proc /proc\n\
-         mount -t sysfs sysfs /sys\n\
-         mount -t devtmpfs devtmpfs /dev\n\
+        "{INIT_PREAMBLE}\
          mount -t tmpfs tmpfs /tmp\n\
          {load}\
          [ -c /dev/kvm ] || echo '@@RIG error=no /dev/kvm in the emulated host'\n\
@@ -405,6 +387,25 @@ fn emulated_host_initramfs(
     );
     image.file("init", 0o755, init.as_bytes());
     Ok(image.finish())
+}
+
+/// How both inits start: busybox applets on PATH, proc, sysfs and devtmpfs.
+const INIT_PREAMBLE: &str = "#!/bin/busybox sh\n\
+    /bin/busybox --install -s /bin\n\
+    export PATH=/bin\n\
+    mount -t proc proc /proc\n\
+    mount -t sysfs sysfs /sys\n\
+    mount -t devtmpfs devtmpfs /dev\n";
+
+/// Puts decompressed modules in `/lib/modules` and returns the shell lines
+/// that load them in order; `on_failure` appends to each `insmod` line.
+fn add_modules(image: &mut CpioArchive, modules: &[(String, Vec<u8>)], on_failure: impl Fn(&str) -> String) -> String {
+    let mut load = String::new();
+    for (name, data) in modules {
+        image.file(&format!("lib/modules/{name}.ko"), 0o644, data);
+        load.push_str(&format!("insmod /lib/modules/{name}.ko{}\n", on_failure(name)));
+    }
+    load
 }
 
 fn base_image(busybox: &[u8]) -> CpioArchive {
