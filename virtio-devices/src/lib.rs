@@ -8,6 +8,7 @@
 pub mod device;
 pub mod pmem;
 pub mod transport;
+pub mod vhost_user_fs;
 
 pub use device::{ActivateError, Interrupt, SharedMemoryRegion, VirtioDevice, VirtioInterrupt};
 

@@ -1,0 +1,139 @@
+//! What the DAX window did, counted where it happens (the backend request
+//! handler) and read by whoever publishes it (logs now, the API later).
+//! Plain atomics: the request thread writes, readers take a snapshot.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Why a SHMEM_MAP/SHMEM_UNMAP was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureReason {
+    /// The shmid names no region of this device.
+    UnknownRegion,
+    ZeroLength,
+    /// offset + length overflows or ends past the window (or past off_t for the file).
+    OutOfBounds,
+    /// An offset or the length is not a multiple of the host page size.
+    Misaligned,
+    /// Flag bits other than WRITABLE.
+    BadFlags,
+    /// The fd is not a regular file or block device, or cannot be inspected.
+    BadFd,
+    /// mmap itself failed (e.g. a writable mapping of a read-only fd).
+    MapFailed,
+}
+
+impl FailureReason {
+    pub const ALL: [FailureReason; 7] = [
+        FailureReason::UnknownRegion,
+        FailureReason::ZeroLength,
+        FailureReason::OutOfBounds,
+        FailureReason::Misaligned,
+        FailureReason::BadFlags,
+        FailureReason::BadFd,
+        FailureReason::MapFailed,
+    ];
+
+    /// The label metrics publish it under.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::UnknownRegion => "unknown_region",
+            FailureReason::ZeroLength => "zero_length",
+            FailureReason::OutOfBounds => "out_of_bounds",
+            FailureReason::Misaligned => "misaligned",
+            FailureReason::BadFlags => "bad_flags",
+            FailureReason::BadFd => "bad_fd",
+            FailureReason::MapFailed => "map_failed",
+        }
+    }
+
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|r| *r == self).expect("listed in ALL")
+    }
+}
+
+/// Upper bounds (µs) of the map-latency histogram buckets; the last bucket is +Inf.
+pub const MAP_LATENCY_BUCKETS_US: [u64; 10] = [10, 25, 50, 100, 250, 500, 1_000, 2_500, 10_000, 100_000];
+
+#[derive(Default)]
+pub struct DaxMetrics {
+    pub maps: AtomicU64,
+    pub unmaps: AtomicU64,
+    /// Bytes of the window backed by a file mapping right now.
+    pub bytes_mapped: AtomicU64,
+    /// Unmaps that dropped every mapping at once (device reset, daemon gone).
+    pub resets: AtomicU64,
+    failures: [AtomicU64; 7],
+    latency_buckets: [AtomicU64; MAP_LATENCY_BUCKETS_US.len() + 1],
+    latency_sum_us: AtomicU64,
+}
+
+/// A copy of the counters at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DaxMetricsSnapshot {
+    pub maps: u64,
+    pub unmaps: u64,
+    pub bytes_mapped: u64,
+    pub resets: u64,
+    pub failures: Vec<(&'static str, u64)>,
+    /// Cumulative counts per bucket of [`MAP_LATENCY_BUCKETS_US`], then +Inf.
+    pub latency_buckets: Vec<u64>,
+    pub latency_sum_us: u64,
+}
+
+impl DaxMetrics {
+    pub fn record_failure(&self, reason: FailureReason) {
+        self.failures[reason.index()].fetch_add(1, Relaxed);
+    }
+
+    pub fn record_map(&self, took: Duration) {
+        self.maps.fetch_add(1, Relaxed);
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let bucket = MAP_LATENCY_BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(MAP_LATENCY_BUCKETS_US.len());
+        self.latency_buckets[bucket].fetch_add(1, Relaxed);
+        self.latency_sum_us.fetch_add(us, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> DaxMetricsSnapshot {
+        let mut cumulative = 0;
+        DaxMetricsSnapshot {
+            maps: self.maps.load(Relaxed),
+            unmaps: self.unmaps.load(Relaxed),
+            bytes_mapped: self.bytes_mapped.load(Relaxed),
+            resets: self.resets.load(Relaxed),
+            failures: FailureReason::ALL.iter().map(|r| (r.as_str(), self.failures[r.index()].load(Relaxed))).collect(),
+            latency_buckets: self
+                .latency_buckets
+                .iter()
+                .map(|b| {
+                    cumulative += b.load(Relaxed);
+                    cumulative
+                })
+                .collect(),
+            latency_sum_us: self.latency_sum_us.load(Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_histogram_is_cumulative_and_failures_are_by_reason() {
+        let m = DaxMetrics::default();
+        m.record_map(Duration::from_micros(5));
+        m.record_map(Duration::from_micros(30));
+        m.record_map(Duration::from_secs(1));
+        m.record_failure(FailureReason::Misaligned);
+        m.record_failure(FailureReason::Misaligned);
+        let s = m.snapshot();
+        assert_eq!(s.maps, 3);
+        assert_eq!(s.latency_buckets[0], 1);
+        assert_eq!(s.latency_buckets[2], 2);
+        assert_eq!(*s.latency_buckets.last().unwrap(), 3);
+        assert_eq!(s.latency_sum_us, 1_000_035);
+        assert!(s.failures.contains(&("misaligned", 2)));
+        assert!(s.failures.contains(&("bad_fd", 0)));
+    }
+}

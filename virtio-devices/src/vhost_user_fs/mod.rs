@@ -1,0 +1,335 @@
+//! vhost-user-fs: a virtio-fs device whose queues a separate daemon serves
+//! over a vhost-user socket, with the DAX cache window as shared memory
+//! region 0.
+//!
+//! The path of a DAX mapping through this module: the guest sends
+//! FUSE_SETUPMAPPING on a request queue → the daemon reads it and sends
+//! SHMEM_MAP on the backend request channel → [`worker`] receives it →
+//! [`backend_req::DaxRequestHandler`] → [`window::DaxWindow::map`] checks it
+//! and `mmap(MAP_FIXED)`s the file into the window, which KVM already
+//! translates as guest memory.
+
+pub mod backend_req;
+pub mod metrics;
+pub mod window;
+mod worker;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::{Frontend, FrontendReqHandler, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::device::{read_config_bytes, ActivateError, ActivatedQueue, SharedMemoryRegion, VirtioDevice, VirtioInterrupt};
+use crate::GuestMemoryMmap;
+use backend_req::DaxRequestHandler;
+use window::{DaxWindow, DAX_SHM_REGION_ID};
+
+pub const VIRTIO_ID_FS: u32 = 26;
+/// Bytes of the tag in config space.
+pub const TAG_LEN: usize = 36;
+
+/// Virtio features passed through from the daemon to the guest; the daemon
+/// serves the rings, so it decides which of these it supports.
+const PASSTHROUGH_FEATURES: u64 =
+    1 << VIRTIO_F_VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX | 1 << VIRTIO_RING_F_INDIRECT_DESC;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    #[error("fs {id}: connecting to the daemon at {socket}: {source}")]
+    Connect { id: String, socket: PathBuf, source: vhost::Error },
+    #[error("fs {id}: vhost-user {step}: {source}")]
+    Negotiate { id: String, step: &'static str, source: vhost::Error },
+    #[error("fs {id}: the daemon lacks {what}")]
+    Missing { id: String, what: String },
+    #[error(
+        "fs {id}: cache_size={ours} but the daemon declares a {theirs}-byte window (GET_SHMEM_CONFIG); \
+         give the same size to both, or omit cache_size to take the daemon's"
+    )]
+    WindowMismatch { id: String, ours: u64, theirs: u64 },
+    #[error("fs {id}: {source}")]
+    Window { id: String, source: window::WindowError },
+}
+
+/// What the VMM needs to create a vhost-user-fs device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsDeviceConfig {
+    pub id: String,
+    pub tag: String,
+    pub socket: PathBuf,
+    /// Request queues (the hiprio queue comes on top).
+    pub num_request_queues: u16,
+    pub queue_size: u16,
+    pub dax: bool,
+    /// Window size; None takes the size the daemon declares.
+    pub cache_size: Option<u64>,
+}
+
+struct Worker {
+    stop: EventFd,
+    thread: std::thread::JoinHandle<()>,
+}
+
+pub struct VhostUserFs {
+    id: String,
+    config_space: Vec<u8>,
+    queue_sizes: Vec<u16>,
+    frontend: Frontend,
+    backend_features: u64,
+    acked: u64,
+    window: Option<Arc<DaxWindow>>,
+    window_guest_addr: u64,
+    /// Serves SHMEM_MAP/UNMAP; shared with the worker while the device runs.
+    requests: Option<Arc<Mutex<FrontendReqHandler<DaxRequestHandler>>>>,
+    /// Set once the daemon is gone; the device then stays failed.
+    failed: Arc<AtomicBool>,
+    worker: Option<Worker>,
+    active_queues: usize,
+}
+
+fn step<T>(id: &str, step: &'static str, r: vhost::Result<T>) -> Result<T, FsError> {
+    r.map_err(|source| FsError::Negotiate { id: id.to_string(), step, source })
+}
+
+impl VhostUserFs {
+    /// Connects to the daemon, negotiates protocol features and, with DAX,
+    /// reserves the window; the window gets its guest address later
+    /// ([`Self::set_window_guest_addr`]).
+    pub fn connect(cfg: &FsDeviceConfig) -> Result<Self, FsError> {
+        let id = cfg.id.as_str();
+        let total_queues = usize::from(cfg.num_request_queues) + 1;
+        let mut frontend = Frontend::connect(&cfg.socket, total_queues as u64)
+            .map_err(|source| FsError::Connect { id: id.into(), socket: cfg.socket.clone(), source })?;
+        step(id, "SET_OWNER", frontend.set_owner())?;
+        let backend_features = step(id, "GET_FEATURES", frontend.get_features())?;
+        if backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0 {
+            return Err(FsError::Missing { id: id.into(), what: "VHOST_USER_F_PROTOCOL_FEATURES".into() });
+        }
+        let offered = step(id, "GET_PROTOCOL_FEATURES", frontend.get_protocol_features())?;
+        let mut wanted = VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        if cfg.dax {
+            wanted |= VhostUserProtocolFeatures::BACKEND_REQ
+                | VhostUserProtocolFeatures::BACKEND_SEND_FD
+                | VhostUserProtocolFeatures::SHMEM;
+            let missing = (wanted - VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS) - offered;
+            if !missing.is_empty() {
+                return Err(FsError::Missing {
+                    id: id.into(),
+                    what: format!(
+                        "protocol features {missing:?} needed for dax=on (SHMEM is bit 22, SHMEM_MAP/SHMEM_UNMAP); \
+                         use dax=off or a DAX-capable daemon"
+                    ),
+                });
+            }
+        }
+        let protocol = wanted & offered;
+        step(id, "SET_PROTOCOL_FEATURES", frontend.set_protocol_features(protocol))?;
+        if protocol.contains(VhostUserProtocolFeatures::MQ) {
+            let n = step(id, "GET_QUEUE_NUM", frontend.get_queue_num())?;
+            if n < total_queues as u64 {
+                return Err(FsError::Missing {
+                    id: id.into(),
+                    what: format!("{total_queues} queues (num_queues={} + hiprio); it serves {n}", cfg.num_request_queues),
+                });
+            }
+        }
+
+        let (window, requests) = if cfg.dax {
+            let declared = step(id, "GET_SHMEM_CONFIG", frontend.get_shmem_config())?;
+            let theirs = if declared.nregions >= 1 { declared.memory_sizes[usize::from(DAX_SHM_REGION_ID)] } else { 0 };
+            if theirs == 0 {
+                return Err(FsError::Missing { id: id.into(), what: "a DAX window in GET_SHMEM_CONFIG (region 0 has size 0)".into() });
+            }
+            let size = match cfg.cache_size {
+                Some(ours) if ours != theirs => return Err(FsError::WindowMismatch { id: id.into(), ours, theirs }),
+                _ => theirs,
+            };
+            let window = Arc::new(DaxWindow::new(size).map_err(|source| FsError::Window { id: id.into(), source })?);
+            let handler = DaxRequestHandler::new(id.to_string(), window.clone());
+            let mut requests = FrontendReqHandler::new(Arc::new(handler))
+                .map_err(|source| FsError::Negotiate { id: id.into(), step: "backend request channel", source: source.into() })?;
+            requests.set_reply_ack_flag(protocol.contains(VhostUserProtocolFeatures::REPLY_ACK));
+            step(id, "SET_BACKEND_REQ_FD", frontend.set_backend_request_fd(&requests.get_tx_raw_fd()))?;
+            (Some(window), Some(Arc::new(Mutex::new(requests))))
+        } else {
+            (None, None)
+        };
+
+        let mut config_space = vec![0u8; TAG_LEN + 4];
+        config_space[..cfg.tag.len()].copy_from_slice(cfg.tag.as_bytes());
+        config_space[TAG_LEN..].copy_from_slice(&u32::from(cfg.num_request_queues).to_le_bytes());
+        log::info!(
+            "fs {id}: daemon at {} (features {backend_features:#x}, protocol {protocol:?}){}",
+            cfg.socket.display(),
+            window.as_ref().map_or(String::new(), |w| format!(", DAX window {} MiB", w.size() >> 20))
+        );
+        Ok(VhostUserFs {
+            id: id.to_string(),
+            config_space,
+            queue_sizes: vec![cfg.queue_size; total_queues],
+            frontend,
+            backend_features,
+            acked: 0,
+            window,
+            window_guest_addr: 0,
+            requests,
+            failed: Arc::new(AtomicBool::new(false)),
+            worker: None,
+            active_queues: 0,
+        })
+    }
+
+    pub fn window(&self) -> Option<&Arc<DaxWindow>> {
+        self.window.as_ref()
+    }
+
+    /// Where the VMM placed the window in guest-physical memory.
+    pub fn set_window_guest_addr(&mut self, addr: u64) {
+        self.window_guest_addr = addr;
+    }
+
+    /// True once the daemon has gone away.
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    fn stop_worker(&mut self) {
+        if let Some(w) = self.worker.take() {
+            let _ = w.stop.write(1);
+            let _ = w.thread.join();
+        }
+    }
+
+    fn setup_rings(&mut self, mem: &GuestMemoryMmap, queues: &[ActivatedQueue]) -> Result<Vec<EventFd>, ActivateError> {
+        let id = self.id.clone();
+        let err = |what: &str, e: vhost::Error| ActivateError::Device(format!("fs {id}: {what}: {e}"));
+        let features = self.acked | (self.backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
+        self.frontend.set_features(features).map_err(|e| err("SET_FEATURES", e))?;
+        let regions = mem
+            .iter()
+            .map(VhostUserMemoryRegionInfo::from_guest_region)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| err("guest RAM has no fd to share (start the VM with --memory shared=on)", e))?;
+        self.frontend.set_mem_table(&regions).map_err(|e| err("SET_MEM_TABLE", e))?;
+        let hva = |addr: GuestAddress, what: &str| {
+            mem.get_host_address(addr)
+                .map(|p| p as u64)
+                .map_err(|e| ActivateError::Device(format!("fs {id}: queue {what} at {:#x}: {e}", addr.0)))
+        };
+        let mut calls = Vec::new();
+        for q in queues {
+            let i = usize::from(q.index);
+            let queue = &q.queue;
+            let ring = VringConfigData {
+                queue_max_size: queue.max_size(),
+                queue_size: queue.size(),
+                flags: 0,
+                desc_table_addr: hva(GuestAddress(queue.desc_table()), "descriptor table")?,
+                used_ring_addr: hva(GuestAddress(queue.used_ring()), "used ring")?,
+                avail_ring_addr: hva(GuestAddress(queue.avail_ring()), "available ring")?,
+                log_addr: None,
+            };
+            self.frontend.set_vring_num(i, queue.size()).map_err(|e| err("SET_VRING_NUM", e))?;
+            self.frontend.set_vring_addr(i, &ring).map_err(|e| err("SET_VRING_ADDR", e))?;
+            self.frontend.set_vring_base(i, queue.next_avail()).map_err(|e| err("SET_VRING_BASE", e))?;
+            let call = EventFd::new(libc::EFD_NONBLOCK)?;
+            self.frontend.set_vring_call(i, &call).map_err(|e| err("SET_VRING_CALL", e))?;
+            self.frontend.set_vring_kick(i, &q.kick).map_err(|e| err("SET_VRING_KICK", e))?;
+            calls.push(call);
+        }
+        for q in queues {
+            self.frontend.set_vring_enable(usize::from(q.index), true).map_err(|e| err("SET_VRING_ENABLE", e))?;
+        }
+        Ok(calls)
+    }
+}
+
+impl VirtioDevice for VhostUserFs {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_FS
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_sizes
+    }
+
+    fn features(&self) -> u64 {
+        self.backend_features & PASSTHROUGH_FEATURES
+    }
+
+    fn ack_features(&mut self, features: u64) {
+        self.acked = features & self.features();
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config_space, offset, data);
+    }
+
+    fn activate(
+        &mut self,
+        mem: GuestMemoryAtomic<GuestMemoryMmap>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+        queues: Vec<ActivatedQueue>,
+    ) -> Result<(), ActivateError> {
+        if self.failed() {
+            return Err(ActivateError::Device(format!("fs {}: the daemon has gone away", self.id)));
+        }
+        let calls = self.setup_rings(&mem.memory(), &queues)?;
+        self.active_queues = queues.len();
+        let (stop, thread) = worker::spawn(worker::WorkerContext {
+            id: self.id.clone(),
+            interrupt,
+            calls,
+            requests: self.requests.clone(),
+            window: self.window.clone(),
+            failed: self.failed.clone(),
+        })?;
+        self.worker = Some(Worker { stop, thread });
+        Ok(())
+    }
+
+    fn reset(&mut self) -> bool {
+        // GET_VRING_BASE stops each ring in the daemon before it is forgotten.
+        if !self.failed() {
+            for i in 0..self.active_queues {
+                if let Err(e) = self.frontend.get_vring_base(i) {
+                    log::warn!("fs {}: stopping queue {i}: {e}", self.id);
+                }
+            }
+        }
+        self.stop_worker();
+        if let Some(w) = &self.window {
+            w.clear();
+        }
+        self.active_queues = 0;
+        self.acked = 0;
+        true
+    }
+
+    fn shm_regions(&self) -> Vec<SharedMemoryRegion> {
+        self.window
+            .iter()
+            .map(|w| SharedMemoryRegion {
+                id: DAX_SHM_REGION_ID,
+                guest_addr: self.window_guest_addr,
+                len: w.size(),
+                host_addr: w.host_addr(),
+            })
+            .collect()
+    }
+}
+
+impl Drop for VhostUserFs {
+    fn drop(&mut self) {
+        self.stop_worker();
+    }
+}

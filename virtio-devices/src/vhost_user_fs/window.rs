@@ -1,0 +1,271 @@
+//! The DAX cache window: a range of host address space, reserved `PROT_NONE`
+//! when the device is created and registered with KVM as guest memory, into
+//! which the backend's SHMEM_MAP requests map file ranges with `MAP_FIXED`.
+//!
+//! The window is never `munmap`ed while the device lives: an unmap maps
+//! anonymous `PROT_NONE` memory back over the range, so the address range
+//! cannot be handed to another mapping in this process while KVM still
+//! translates guest addresses into it.
+//!
+//! Every request comes from the daemon, which is not trusted: it is checked
+//! (region id, zero length, overflow, bounds, page alignment, flags, fd type)
+//! before any mmap, and a refused request changes nothing.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
+
+use super::metrics::{DaxMetrics, FailureReason};
+
+/// Shared memory region id of the DAX window (`VIRTIO_FS_SHMCAP_ID_CACHE`).
+pub const DAX_SHM_REGION_ID: u8 = 0;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WindowError {
+    #[error("reserving {size} bytes of address space for the DAX window: {source}")]
+    Reserve { size: u64, source: std::io::Error },
+    #[error("the DAX window size must be a non-zero multiple of the host page size ({page} bytes), got {size}")]
+    Size { size: u64, page: u64 },
+}
+
+/// A refused or failed request, with what the backend is told.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct RequestError {
+    pub reason: FailureReason,
+    pub message: String,
+    pub errno: i32,
+}
+
+impl RequestError {
+    fn new(reason: FailureReason, errno: i32, message: String) -> Self {
+        RequestError { reason, message, errno }
+    }
+}
+
+/// The file ranges currently mapped, as disjoint `[start, end)` offsets.
+#[derive(Default, Debug)]
+struct MappedRanges(BTreeMap<u64, u64>);
+
+impl MappedRanges {
+    /// Removes `[start, end)`, splitting ranges that straddle its ends;
+    /// returns how many bytes were mapped there.
+    fn remove(&mut self, start: u64, end: u64) -> u64 {
+        let mut removed = 0;
+        let overlapping: Vec<(u64, u64)> = self
+            .0
+            .range(..end)
+            .rev()
+            .take_while(|(_, &e)| e > start)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in overlapping {
+            self.0.remove(&s);
+            if s < start {
+                self.0.insert(s, start);
+            }
+            if e > end {
+                self.0.insert(end, e);
+            }
+            removed += e.min(end) - s.max(start);
+        }
+        removed
+    }
+
+    fn insert(&mut self, start: u64, end: u64) -> u64 {
+        let replaced = self.remove(start, end);
+        self.0.insert(start, end);
+        replaced
+    }
+}
+
+pub struct DaxWindow {
+    host_addr: u64,
+    size: u64,
+    page_size: u64,
+    mapped: Mutex<MappedRanges>,
+    pub metrics: DaxMetrics,
+}
+
+fn host_page_size() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(page).unwrap_or(4096)
+}
+
+/// Maps anonymous `PROT_NONE` memory at `addr` (fixed when `fixed`).
+fn map_none(addr: u64, len: u64, fixed: bool) -> std::io::Result<u64> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | if fixed { libc::MAP_FIXED } else { 0 };
+    // SAFETY: with MAP_FIXED the range lies inside the window this process
+    // reserved and owns (checked by the callers); without it the kernel
+    // picks a fresh range. No Rust reference points into the window.
+    let p = unsafe { libc::mmap(addr as *mut libc::c_void, len as usize, libc::PROT_NONE, flags, -1, 0) };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(p as u64)
+}
+
+impl DaxWindow {
+    /// Reserves `size` bytes of address space; nothing is mapped yet.
+    pub fn new(size: u64) -> Result<Self, WindowError> {
+        let page_size = host_page_size();
+        if size == 0 || size % page_size != 0 || usize::try_from(size).is_err() {
+            return Err(WindowError::Size { size, page: page_size });
+        }
+        let host_addr = map_none(0, size, false).map_err(|source| WindowError::Reserve { size, source })?;
+        Ok(DaxWindow { host_addr, size, page_size, mapped: Mutex::new(MappedRanges::default()), metrics: DaxMetrics::default() })
+    }
+
+    pub fn host_addr(&self) -> u64 {
+        self.host_addr
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Checks a request's region, length, bounds, alignment and flags;
+    /// returns the end offset in the window.
+    fn check(&self, req: &VhostUserMMap) -> Result<u64, RequestError> {
+        let (shmid, fd_offset, shm_offset, len, flags) = (req.shmid, req.fd_offset, req.shm_offset, req.len, req.flags);
+        let einval = |reason, msg: String| RequestError::new(reason, libc::EINVAL, msg);
+        if shmid != DAX_SHM_REGION_ID {
+            return Err(einval(FailureReason::UnknownRegion, format!("shmid {shmid}: this device has only region 0")));
+        }
+        if len == 0 {
+            return Err(einval(FailureReason::ZeroLength, "len is 0".into()));
+        }
+        let end = shm_offset.checked_add(len).filter(|&e| e <= self.size).ok_or_else(|| {
+            einval(
+                FailureReason::OutOfBounds,
+                format!("shm_offset {shm_offset:#x} + len {len:#x} exceeds the {:#x}-byte window", self.size),
+            )
+        })?;
+        if fd_offset.checked_add(len).is_none_or(|e| i64::try_from(e).is_err()) {
+            return Err(einval(FailureReason::OutOfBounds, format!("fd_offset {fd_offset:#x} + len {len:#x} overflows off_t")));
+        }
+        for (name, v) in [("fd_offset", fd_offset), ("shm_offset", shm_offset), ("len", len)] {
+            if v % self.page_size != 0 {
+                return Err(einval(
+                    FailureReason::Misaligned,
+                    format!("{name} {v:#x} is not a multiple of the host page size {:#x}", self.page_size),
+                ));
+            }
+        }
+        if VhostUserMMapFlags::from_bits(flags).is_none() {
+            return Err(einval(FailureReason::BadFlags, format!("flags {flags:#x}: only WRITABLE (1) is defined")));
+        }
+        Ok(end)
+    }
+
+    fn check_fd(fd: RawFd) -> Result<(), RequestError> {
+        // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a valid, writable stat; an invalid fd just fails.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(RequestError::new(FailureReason::BadFd, libc::EBADF, format!("fstat on the passed fd: {e}")));
+        }
+        let kind = st.st_mode & libc::S_IFMT;
+        if kind != libc::S_IFREG && kind != libc::S_IFBLK {
+            return Err(RequestError::new(
+                FailureReason::BadFd,
+                libc::EBADF,
+                format!("the passed fd is not a regular file or block device (mode {:#o})", st.st_mode),
+            ));
+        }
+        Ok(())
+    }
+
+    /// SHMEM_MAP: maps `req.len` bytes of `fd` from `req.fd_offset` at
+    /// `req.shm_offset` in the window, shared, read-only or read-write.
+    pub fn map(&self, req: &VhostUserMMap, fd: &dyn AsRawFd) -> Result<(), RequestError> {
+        let started = Instant::now();
+        let result = self.map_checked(req, fd.as_raw_fd());
+        match &result {
+            Ok(()) => self.metrics.record_map(started.elapsed()),
+            Err(e) => self.metrics.record_failure(e.reason),
+        }
+        result
+    }
+
+    fn map_checked(&self, req: &VhostUserMMap, fd: RawFd) -> Result<(), RequestError> {
+        let end = self.check(req)?;
+        Self::check_fd(fd)?;
+        let (shm_offset, len, fd_offset) = (req.shm_offset, req.len, req.fd_offset);
+        let writable = VhostUserMMapFlags::from_bits_truncate(req.flags).contains(VhostUserMMapFlags::WRITABLE);
+        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+        // Held across the mmap so the range bookkeeping matches the mappings.
+        let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+        let addr = self.host_addr + shm_offset;
+        // SAFETY: [addr, addr + len) lies inside the reserved window (checked
+        // above), which this process owns and no Rust reference points into;
+        // MAP_FIXED replaces only pages of the window. fd_offset + len fits
+        // off_t (checked). A failing mmap leaves the old mapping in place.
+        let p = unsafe {
+            libc::mmap(addr as *mut libc::c_void, len as usize, prot, libc::MAP_SHARED | libc::MAP_FIXED, fd, fd_offset as libc::off_t)
+        };
+        if p == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            return Err(RequestError::new(
+                FailureReason::MapFailed,
+                e.raw_os_error().unwrap_or(libc::EIO),
+                format!("mmap of {len:#x} bytes at window offset {shm_offset:#x}: {e}"),
+            ));
+        }
+        let replaced = mapped.insert(shm_offset, end);
+        self.metrics.bytes_mapped.fetch_add(len - replaced, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// SHMEM_UNMAP: puts `PROT_NONE` anonymous memory back over the range.
+    pub fn unmap(&self, req: &VhostUserMMap) -> Result<(), RequestError> {
+        let result = self.check(req).and_then(|end| self.unmap_range(req.shm_offset, end));
+        match &result {
+            Ok(()) => {
+                self.metrics.unmaps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(e) => self.metrics.record_failure(e.reason),
+        }
+        result
+    }
+
+    fn unmap_range(&self, start: u64, end: u64) -> Result<(), RequestError> {
+        let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+        map_none(self.host_addr + start, end - start, true).map_err(|e| {
+            RequestError::new(
+                FailureReason::MapFailed,
+                e.raw_os_error().unwrap_or(libc::EIO),
+                format!("unmapping window offset {start:#x}..{end:#x}: {e}"),
+            )
+        })?;
+        let removed = mapped.remove(start, end);
+        self.metrics.bytes_mapped.fetch_sub(removed, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Drops every mapping (device reset, daemon gone).
+    pub fn clear(&self) {
+        if self.unmap_range(0, self.size).is_ok() {
+            self.metrics.resets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        } else {
+            log::error!("could not clear the DAX window; its mappings stay until the VMM exits");
+        }
+    }
+}
+
+impl Drop for DaxWindow {
+    fn drop(&mut self) {
+        // SAFETY: the window is this object's own reservation; KVM no longer
+        // uses it once the device (and so the VM) is gone.
+        unsafe { libc::munmap(self.host_addr as *mut libc::c_void, self.size as usize) };
+    }
+}
+
+#[cfg(test)]
+#[path = "window_tests.rs"]
+mod tests;

@@ -1,0 +1,145 @@
+use std::io::Write;
+
+use vmm_sys_util::tempfile::TempFile;
+
+use super::*;
+
+const PAGE: u64 = 4096;
+const WINDOW: u64 = 16 * PAGE;
+
+fn req(shmid: u8, fd_offset: u64, shm_offset: u64, len: u64, flags: u64) -> VhostUserMMap {
+    VhostUserMMap { shmid, fd_offset, shm_offset, len, flags, ..Default::default() }
+}
+
+fn file_with(pages: u64) -> TempFile {
+    let f = TempFile::new().unwrap();
+    let mut data = Vec::new();
+    for p in 0..pages {
+        data.extend(std::iter::repeat_n(b'a' + p as u8, PAGE as usize));
+    }
+    f.as_file().write_all(&data).unwrap();
+    f
+}
+
+/// Reads a byte of the window (only where a file is mapped).
+fn peek(w: &DaxWindow, offset: u64) -> u8 {
+    assert!(offset < w.size());
+    // SAFETY: the test maps the page at `offset` before reading it.
+    unsafe { std::ptr::read_volatile((w.host_addr() + offset) as *const u8) }
+}
+
+fn is_prot_none(w: &DaxWindow, offset: u64) -> bool {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let addr = w.host_addr() + offset;
+    maps.lines().any(|l| {
+        let (range, rest) = l.split_once(' ').unwrap();
+        let (s, e) = range.split_once('-').unwrap();
+        let (s, e) = (u64::from_str_radix(s, 16).unwrap(), u64::from_str_radix(e, 16).unwrap());
+        (s..e).contains(&addr) && rest.starts_with("---p")
+    })
+}
+
+#[test]
+fn refuses_bad_requests_without_mapping_anything() {
+    let w = DaxWindow::new(WINDOW).unwrap();
+    let f = file_with(4);
+    let cases = [
+        ("unknown region", req(1, 0, 0, PAGE, 0), FailureReason::UnknownRegion),
+        ("zero length", req(0, 0, 0, 0, 0), FailureReason::ZeroLength),
+        ("past the end", req(0, 0, WINDOW - PAGE, 2 * PAGE, 0), FailureReason::OutOfBounds),
+        ("offset past the end", req(0, 0, WINDOW, PAGE, 0), FailureReason::OutOfBounds),
+        ("shm overflow", req(0, 0, u64::MAX - PAGE + 1, PAGE, 0), FailureReason::OutOfBounds),
+        ("fd overflow", req(0, u64::MAX - PAGE + 1, 0, PAGE, 0), FailureReason::OutOfBounds),
+        ("fd past off_t", req(0, 1 << 63, 0, PAGE, 0), FailureReason::OutOfBounds),
+        ("misaligned shm_offset", req(0, 0, 512, PAGE, 0), FailureReason::Misaligned),
+        ("misaligned fd_offset", req(0, 1, 0, PAGE, 0), FailureReason::Misaligned),
+        ("misaligned len", req(0, 0, 0, PAGE + 1, 0), FailureReason::Misaligned),
+        ("unknown flags", req(0, 0, 0, PAGE, 2), FailureReason::BadFlags),
+    ];
+    for &(what, r, reason) in &cases {
+        let e = w.map(&r, f.as_file()).expect_err(what);
+        assert_eq!(e.reason, reason, "{what}: {e}");
+        assert_eq!(e.errno, libc::EINVAL, "{what}");
+        assert_eq!(w.unmap(&r).expect_err(what).reason, reason, "{what}: unmap refused too");
+    }
+    assert!(is_prot_none(&w, 0), "nothing was mapped");
+    let s = w.metrics.snapshot();
+    assert_eq!((s.maps, s.bytes_mapped), (0, 0));
+    assert_eq!(s.failures.iter().map(|f| f.1).sum::<u64>(), 2 * cases.len() as u64);
+}
+
+#[test]
+fn refuses_fds_that_are_not_files() {
+    let w = DaxWindow::new(WINDOW).unwrap();
+    let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let e = w.map(&req(0, 0, 0, PAGE, 0), &a).unwrap_err();
+    assert_eq!(e.reason, FailureReason::BadFd, "{e}");
+    let closed = TempFile::new().unwrap().into_file().as_raw_fd();
+    let e = w.map(&req(0, 0, 0, PAGE, 0), &closed).unwrap_err();
+    assert_eq!(e.reason, FailureReason::BadFd, "{e}");
+}
+
+#[test]
+fn writable_mapping_of_a_read_only_fd_fails_cleanly() {
+    let w = DaxWindow::new(WINDOW).unwrap();
+    let f = file_with(1);
+    let ro = std::fs::File::open(f.as_path()).unwrap();
+    let e = w.map(&req(0, 0, 0, PAGE, 1), &ro).unwrap_err();
+    assert_eq!((e.reason, e.errno), (FailureReason::MapFailed, libc::EACCES), "{e}");
+    assert!(is_prot_none(&w, 0));
+    w.map(&req(0, 0, 0, PAGE, 0), &ro).expect("read-only mapping of a read-only fd");
+    assert_eq!(peek(&w, 0), b'a');
+}
+
+#[test]
+fn maps_file_bytes_and_unmaps_back_to_prot_none() {
+    let w = DaxWindow::new(WINDOW).unwrap();
+    let f = file_with(4);
+    // File pages 1..3 at window pages 8..10.
+    w.map(&req(0, PAGE, 8 * PAGE, 2 * PAGE, 1), f.as_file()).unwrap();
+    assert_eq!(peek(&w, 8 * PAGE), b'b');
+    assert_eq!(peek(&w, 9 * PAGE + 17), b'c');
+    assert!(is_prot_none(&w, 7 * PAGE) && is_prot_none(&w, 10 * PAGE));
+    // A write through the window lands in the file (MAP_SHARED).
+    // SAFETY: window page 8 is mapped read-write above.
+    unsafe { std::ptr::write_volatile((w.host_addr() + 8 * PAGE) as *mut u8, b'X') };
+    let content = std::fs::read(f.as_path()).unwrap();
+    assert_eq!(content[PAGE as usize], b'X');
+    assert_eq!(w.metrics.snapshot().bytes_mapped, 2 * PAGE);
+
+    // Remapping an overlapping range counts only the new bytes.
+    w.map(&req(0, 0, 9 * PAGE, 2 * PAGE, 0), f.as_file()).unwrap();
+    assert_eq!(w.metrics.snapshot().bytes_mapped, 3 * PAGE);
+    assert_eq!(peek(&w, 10 * PAGE), b'X', "file page 1, written through the window above");
+
+    // Unmapping the middle splits the bookkeeping.
+    w.unmap(&req(0, 0, 9 * PAGE, PAGE, 0)).unwrap();
+    assert!(is_prot_none(&w, 9 * PAGE));
+    assert_eq!(peek(&w, 8 * PAGE), b'X');
+    assert_eq!(w.metrics.snapshot().bytes_mapped, 2 * PAGE);
+    // Unmapping what is not mapped is harmless.
+    w.unmap(&req(0, 0, 0, 4 * PAGE, 0)).unwrap();
+    assert_eq!(w.metrics.snapshot().bytes_mapped, 2 * PAGE);
+
+    w.clear();
+    let s = w.metrics.snapshot();
+    assert_eq!((s.maps, s.unmaps, s.bytes_mapped, s.resets), (2, 2, 0, 1));
+    assert!(is_prot_none(&w, 8 * PAGE) && is_prot_none(&w, 10 * PAGE));
+}
+
+#[test]
+fn window_size_must_be_whole_pages() {
+    assert!(DaxWindow::new(0).is_err());
+    assert!(DaxWindow::new(PAGE + 1).err().unwrap().to_string().contains("multiple of the host page size"));
+}
+
+#[test]
+fn mapped_ranges_split_and_merge() {
+    let mut m = MappedRanges::default();
+    assert_eq!(m.insert(0, 100), 0);
+    assert_eq!(m.insert(50, 150), 50);
+    assert_eq!(m.remove(25, 75), 50);
+    assert_eq!(m.0.iter().map(|(&s, &e)| (s, e)).collect::<Vec<_>>(), vec![(0, 25), (75, 150)]);
+    assert_eq!(m.remove(0, 1000), 100);
+    assert!(m.0.is_empty());
+}

@@ -1,0 +1,124 @@
+//! The thread that runs beside an active vhost-user-fs device: it relays the
+//! daemon's used-buffer notifications (vring call eventfds) to the
+//! transport's interrupt, serves the backend request channel, and notices
+//! when the daemon goes away.
+//!
+//! Calls are relayed rather than handed to the daemon as irqfds because the
+//! transports keep interrupt state the guest reads (the MMIO InterruptStatus
+//! register, the PCI ISR and MSI-X masking), which only `trigger` updates.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use vhost::vhost_user::FrontendReqHandler;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::backend_req::DaxRequestHandler;
+use super::window::DaxWindow;
+use crate::device::{Interrupt, VirtioInterrupt};
+
+pub struct WorkerContext {
+    pub id: String,
+    pub interrupt: Arc<dyn VirtioInterrupt>,
+    /// One per queue, in queue order.
+    pub calls: Vec<EventFd>,
+    pub requests: Option<Arc<Mutex<FrontendReqHandler<DaxRequestHandler>>>>,
+    pub window: Option<Arc<DaxWindow>>,
+    pub failed: Arc<AtomicBool>,
+}
+
+const STOP: u64 = u64::MAX;
+const REQUESTS: u64 = u64::MAX - 1;
+
+pub fn spawn(ctx: WorkerContext) -> std::io::Result<(EventFd, JoinHandle<()>)> {
+    let stop = EventFd::new(libc::EFD_NONBLOCK)?;
+    let epoll = Epoll::new()?;
+    let add = |fd: i32, data: u64| epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, data));
+    add(stop.as_raw_fd(), STOP)?;
+    for (i, call) in ctx.calls.iter().enumerate() {
+        add(call.as_raw_fd(), i as u64)?;
+    }
+    if let Some(r) = &ctx.requests {
+        add(r.lock().unwrap_or_else(|p| p.into_inner()).as_raw_fd(), REQUESTS)?;
+    }
+    let stop_clone = stop.try_clone()?;
+    let thread = std::thread::Builder::new().name(format!("fs-{}", ctx.id)).spawn(move || run(ctx, epoll))?;
+    drop(stop_clone);
+    Ok((stop, thread))
+}
+
+fn run(ctx: WorkerContext, epoll: Epoll) {
+    let mut events = vec![EpollEvent::default(); 16];
+    loop {
+        let n = match epoll.wait(-1, &mut events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                log::error!("fs {}: epoll: {e}", ctx.id);
+                return;
+            }
+        };
+        for ev in &events[..n] {
+            match ev.data() {
+                STOP => return,
+                REQUESTS => {
+                    if !serve_request(&ctx, &epoll, ev.event_set()) {
+                        daemon_gone(&ctx);
+                    }
+                }
+                queue => {
+                    let Some(call) = ctx.calls.get(queue as usize) else { continue };
+                    if call.read().is_ok() {
+                        if let Err(e) = ctx.interrupt.trigger(Interrupt::Queue(queue as u16)) {
+                            log::warn!("fs {}: interrupt for queue {queue}: {e}", ctx.id);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Serves one backend request; false when the channel is closed.
+fn serve_request(ctx: &WorkerContext, epoll: &Epoll, events: EventSet) -> bool {
+    let Some(requests) = &ctx.requests else { return true };
+    let mut requests = requests.lock().unwrap_or_else(|p| p.into_inner());
+    if events.contains(EventSet::IN) {
+        match requests.handle_request() {
+            Ok(_) | Err(vhost::vhost_user::Error::ReqHandlerError(_)) => return true,
+            Err(vhost::vhost_user::Error::InvalidMessage) => {
+                log::warn!("fs {}: malformed backend request ignored", ctx.id);
+                return true;
+            }
+            Err(e @ (vhost::vhost_user::Error::Disconnected
+            | vhost::vhost_user::Error::PartialMessage
+            | vhost::vhost_user::Error::SocketBroken(_)
+            | vhost::vhost_user::Error::SocketError(_))) => {
+                log::error!("fs {}: backend request channel: {e}", ctx.id);
+            }
+            Err(e) => {
+                log::warn!("fs {}: backend request failed: {e}", ctx.id);
+                return true;
+            }
+        }
+    }
+    // Hang-up, or a broken channel: stop watching it.
+    let _ = epoll.ctl(ControlOperation::Delete, requests.as_raw_fd(), EpollEvent::default());
+    false
+}
+
+fn daemon_gone(ctx: &WorkerContext) {
+    if !ctx.failed.swap(true, Ordering::SeqCst) {
+        log::error!(
+            "fs {}: the vhost-user daemon disconnected; the device is failed (guest I/O on it will not complete), \
+             the VM and its other devices keep running",
+            ctx.id
+        );
+        if let Some(w) = &ctx.window {
+            w.clear();
+        }
+    }
+}
