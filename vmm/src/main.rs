@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use vmm::config::{parse_console, ConfigError, CpusConfig, MemoryConfig, PayloadConfig, PmemConfig, SerialMode, VmConfig};
+use vmm::config::{parse_console, ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig, SerialMode, VmConfig};
 use vmm::signals::StopSignals;
 
 /// Exit status for a command line the VMM cannot run (as clap uses for usage errors).
@@ -39,6 +39,10 @@ struct Cli {
     /// virtio-pmem: file=<path>[,size=<size>][,discard_writes=on|off][,id=<id>][,transport=pci|mmio]
     #[arg(long, value_name = "file=PATH,size=SIZE", num_args = 1..)]
     pmem: Vec<String>,
+    /// virtio-fs over vhost-user: tag=<tag>,socket=<path>[,num_queues=<n>][,queue_size=<n>][,id=<id>]
+    /// [,dax=on|off][,cache_size=<size>][,transport=pci|mmio]. Needs --memory shared=on.
+    #[arg(long, value_name = "tag=TAG,socket=PATH", num_args = 1..)]
+    fs: Vec<String>,
     /// REST API socket: <path> or path=<path>.
     #[arg(long, value_name = "PATH")]
     api_socket: Option<String>,
@@ -60,13 +64,16 @@ impl Cli {
             option: "kernel",
             message: "a kernel is required to boot a VM".into(),
         })?;
-        Ok(VmConfig {
+        let config = VmConfig {
             payload: PayloadConfig { kernel, initramfs: self.initramfs.clone(), cmdline: self.cmdline.clone() },
             cpus: CpusConfig::parse(&self.cpus)?,
             memory: MemoryConfig::parse(&self.memory)?,
             serial: SerialMode::parse(&self.serial)?,
             pmem: self.pmem.iter().enumerate().map(|(i, p)| PmemConfig::parse(p, i)).collect::<Result<_, _>>()?,
-        })
+            fs: self.fs.iter().enumerate().map(|(i, f)| FsConfig::parse(f, i)).collect::<Result<_, _>>()?,
+        };
+        config.validate()?;
+        Ok(config)
     }
 }
 

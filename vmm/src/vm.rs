@@ -9,6 +9,8 @@ use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY}
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use kvm_bindings::kvm_userspace_memory_region;
 use virtio_devices::pmem::{Pmem, PmemBacking};
+use virtio_devices::vhost_user_fs::{FsDeviceConfig, VhostUserFs};
+use virtio_devices::VirtioDevice;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::terminal::Terminal;
@@ -47,8 +49,10 @@ pub enum VmError {
     Pmem(#[from] virtio_devices::pmem::PmemError),
     #[error(transparent)]
     VirtioMmio(#[from] crate::devices::virtio_mmio::VirtioMmioError),
-    #[error("--pmem id={id}: registering its {size}-byte range at {addr:#x} with KVM: {source}")]
-    PmemSlot { id: String, addr: u64, size: u64, source: kvm_ioctls::Error },
+    #[error("device {id}: registering its {size}-byte memory at {addr:#x} with KVM: {source}")]
+    DeviceMemorySlot { id: String, addr: u64, size: u64, source: kvm_ioctls::Error },
+    #[error(transparent)]
+    Fs(#[from] virtio_devices::vhost_user_fs::FsError),
     #[error(transparent)]
     VirtioPci(#[from] crate::devices::virtio_pci::VirtioPciSetupError),
     #[error("{0}")]
@@ -166,51 +170,119 @@ fn create_vm(kvm: &Kvm) -> Result<VmFd, VmError> {
 /// regions); guest RAM uses the slots below.
 const DEVICE_MEMORY_SLOT_BASE: u32 = 100;
 
-/// Opens, maps and registers each `--pmem` backing file above RAM and puts a
-/// virtio-pmem device for it on its transport.
-fn add_pmem_devices(
-    vm: &Arc<VmFd>,
-    config: &VmConfig,
-    mmio: &Bus,
-    mem: &GuestMemoryAtomic<GuestMemoryMmap>,
-    mmio_devices: &mut MmioDeviceManager,
-    pci_devices: &mut PciDeviceManager,
-) -> Result<Vec<PmemBacking>, VmError> {
-    let mut backings = Vec::new();
-    let mut next_addr = layout::device_memory_start(config.memory.size);
-    for (i, p) in config.pmem.iter().enumerate() {
-        let backing = PmemBacking::open(&p.file, p.size, p.discard_writes)?;
-        let size = backing.size();
-        // Over PCI the range is BAR 2: a power of two, aligned to its size.
-        let span = match p.transport {
-            Transport::Pci => size.next_power_of_two().max(layout::DEVICE_MEMORY_ALIGN),
-            Transport::Mmio => size,
+/// Hands out guest-physical ranges above RAM for device memory and
+/// registers each with KVM in a slot of its own.
+struct DeviceMemory {
+    next_addr: u64,
+    next_slot: u32,
+}
+
+impl DeviceMemory {
+    fn new(ram_size: u64) -> Self {
+        DeviceMemory { next_addr: layout::device_memory_start(ram_size), next_slot: DEVICE_MEMORY_SLOT_BASE }
+    }
+
+    /// Places `size` bytes for a device on `transport`; returns the guest
+    /// address and the span reserved (over PCI the range is BAR 2: a power of
+    /// two, aligned to its size).
+    fn place(&mut self, size: u64, transport: Transport) -> (u64, u64) {
+        let (addr, span) = match transport {
+            Transport::Pci => {
+                let span = size.next_power_of_two().max(layout::DEVICE_MEMORY_ALIGN);
+                (self.next_addr.next_multiple_of(span), span)
+            }
+            Transport::Mmio => (self.next_addr, size),
         };
-        let addr = match p.transport {
-            Transport::Pci => next_addr.next_multiple_of(span),
-            Transport::Mmio => next_addr,
-        };
+        self.next_addr = (addr + span).next_multiple_of(layout::DEVICE_MEMORY_ALIGN);
+        (addr, span)
+    }
+
+    /// Registers `size` bytes mapped at `host_addr` as guest memory at `addr`.
+    ///
+    /// # Safety
+    /// The mapping must stay valid (mapped, or reserved PROT_NONE) while the VM runs.
+    unsafe fn register(&mut self, vm: &VmFd, addr: u64, size: u64, host_addr: u64) -> Result<(), kvm_ioctls::Error> {
         let region = kvm_userspace_memory_region {
-            slot: DEVICE_MEMORY_SLOT_BASE + i as u32,
+            slot: self.next_slot,
             flags: 0,
             guest_phys_addr: addr,
             memory_size: size,
-            userspace_addr: backing.host_addr(),
+            userspace_addr: host_addr,
         };
-        // SAFETY: the mapping is `size` bytes long and stays mapped while the
-        // VM runs (`backings` is kept until `run` returns).
-        unsafe { vm.set_user_memory_region(region) }
-            .map_err(|source| VmError::PmemSlot { id: p.id.clone(), addr, size, source })?;
-        let device = Box::new(Pmem::new(p.id.clone(), &backing, addr)?);
-        match p.transport {
-            Transport::Mmio => mmio_devices.add(vm, mmio, mem, device)?,
-            Transport::Pci => pci_devices.add(vm, mmio, mem, device, Some((addr, span)))?,
-        }
-        next_addr = (addr + span).next_multiple_of(layout::DEVICE_MEMORY_ALIGN);
-        log::info!("pmem {}: {} bytes of {} at {addr:#x}", p.id, size, p.file.display());
-        backings.push(backing);
+        // SAFETY: the caller keeps the mapping alive for the life of the VM.
+        unsafe { vm.set_user_memory_region(region) }?;
+        self.next_slot += 1;
+        Ok(())
     }
-    Ok(backings)
+}
+
+/// Where the virtio devices go: the two transports and the device memory area.
+struct DeviceSetup<'a> {
+    vm: &'a Arc<VmFd>,
+    mmio: &'a Bus,
+    mem: &'a GuestMemoryAtomic<GuestMemoryMmap>,
+    mmio_devices: MmioDeviceManager,
+    pci_devices: PciDeviceManager,
+    device_memory: DeviceMemory,
+}
+
+impl DeviceSetup<'_> {
+    fn add(&mut self, device: Box<dyn VirtioDevice>, transport: Transport, shm: Option<(u64, u64)>) -> Result<(), VmError> {
+        match transport {
+            Transport::Mmio => self.mmio_devices.add(self.vm, self.mmio, self.mem, device)?,
+            Transport::Pci => self.pci_devices.add(self.vm, self.mmio, self.mem, device, shm)?,
+        }
+        Ok(())
+    }
+
+    /// Opens, maps and registers each `--pmem` backing file above RAM and
+    /// puts a virtio-pmem device for it on its transport.
+    fn add_pmem_devices(&mut self, config: &VmConfig) -> Result<Vec<PmemBacking>, VmError> {
+        let mut backings = Vec::new();
+        for p in &config.pmem {
+            let backing = PmemBacking::open(&p.file, p.size, p.discard_writes)?;
+            let size = backing.size();
+            let (addr, span) = self.device_memory.place(size, p.transport);
+            // SAFETY: `backings` keeps the mapping until `run` returns.
+            unsafe { self.device_memory.register(self.vm, addr, size, backing.host_addr()) }
+                .map_err(|source| VmError::DeviceMemorySlot { id: p.id.clone(), addr, size, source })?;
+            let device = Box::new(Pmem::new(p.id.clone(), &backing, addr)?);
+            self.add(device, p.transport, Some((addr, span)))?;
+            log::info!("pmem {}: {} bytes of {} at {addr:#x}", p.id, size, p.file.display());
+            backings.push(backing);
+        }
+        Ok(backings)
+    }
+
+    /// Connects each `--fs` device to its daemon and, with DAX, places its
+    /// window above RAM and registers it with KVM.
+    fn add_fs_devices(&mut self, config: &VmConfig) -> Result<(), VmError> {
+        for f in &config.fs {
+            let mut device = VhostUserFs::connect(&FsDeviceConfig {
+                id: f.id.clone(),
+                tag: f.tag.clone(),
+                socket: f.socket.clone(),
+                num_request_queues: f.num_queues,
+                queue_size: f.queue_size,
+                dax: f.dax,
+                cache_size: f.cache_size,
+            })?;
+            let mut shm = None;
+            if let Some(window) = device.window() {
+                let (size, host_addr) = (window.size(), window.host_addr());
+                let (addr, span) = self.device_memory.place(size, f.transport);
+                // SAFETY: the window is reserved for as long as the device
+                // exists, and the device lives in its transport until the VM ends.
+                unsafe { self.device_memory.register(self.vm, addr, size, host_addr) }
+                    .map_err(|source| VmError::DeviceMemorySlot { id: f.id.clone(), addr, size, source })?;
+                device.set_window_guest_addr(addr);
+                shm = Some((addr, span));
+                log::info!("fs {}: DAX window of {size} bytes at {addr:#x}", f.id);
+            }
+            self.add(Box::new(device), f.transport, shm)?;
+        }
+        Ok(())
+    }
 }
 
 /// Loads kernel, initramfs, command line, ACPI tables and the zero page.
@@ -242,12 +314,19 @@ pub fn run(config: &VmConfig, signals: &StopSignals) -> Result<VmExit, VmError> 
     let mmio = Arc::new(Bus::new());
     let (serial_dev, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
     let guest_mem = GuestMemoryAtomic::new(mem.clone());
-    let mut mmio_devices = MmioDeviceManager::new();
-    let mut pci_devices = PciDeviceManager::new(&vm, &pio, &mmio, layout::device_memory_start(config.memory.size))?;
+    let mut devices = DeviceSetup {
+        vm: &vm,
+        mmio: &mmio,
+        mem: &guest_mem,
+        mmio_devices: MmioDeviceManager::new(),
+        pci_devices: PciDeviceManager::new(&vm, &pio, &mmio, layout::device_memory_start(config.memory.size))?,
+        device_memory: DeviceMemory::new(config.memory.size),
+    };
     // The mappings must outlive the VM: kept until `run` returns.
-    let _pmem_backings = add_pmem_devices(&vm, config, &mmio, &guest_mem, &mut mmio_devices, &mut pci_devices)?;
-    device_aml.extend_from_slice(mmio_devices.aml());
-    pci_devices.append_aml(&mut device_aml);
+    let _pmem_backings = devices.add_pmem_devices(config)?;
+    devices.add_fs_devices(config)?;
+    device_aml.extend_from_slice(devices.mmio_devices.aml());
+    devices.pci_devices.append_aml(&mut device_aml);
     let entry = load_payload(&mem, config, &device_aml)?;
 
     let base_cpuid = kvm_setup("KVM_GET_SUPPORTED_CPUID", kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES))?;

@@ -1,8 +1,10 @@
 //! The VM configuration and its parsing from Cloud Hypervisor's command-line syntax.
 
+mod fs;
 mod option_parser;
 mod pmem;
 
+pub use fs::FsConfig;
 pub use pmem::{PmemConfig, Transport};
 
 use std::path::PathBuf;
@@ -168,6 +170,26 @@ pub struct VmConfig {
     pub memory: MemoryConfig,
     pub serial: SerialMode,
     pub pmem: Vec<PmemConfig>,
+    pub fs: Vec<FsConfig>,
+}
+
+impl VmConfig {
+    /// Checks what no single option can: ids are unique, vhost-user devices
+    /// have RAM they can map.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !self.fs.is_empty() && !self.memory.shared {
+            return Err(ConfigError::Unsupported {
+                option: "fs",
+                message: "a vhost-user daemon must map guest RAM: add shared=on to --memory".into(),
+            });
+        }
+        let mut ids: Vec<&str> = self.pmem.iter().map(|p| p.id.as_str()).chain(self.fs.iter().map(|f| f.id.as_str())).collect();
+        ids.sort_unstable();
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(ConfigError::Unsupported { option: "fs", message: format!("device id \"{}\" is used twice", w[0]) });
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,112 @@
+//! `--fs tag=<tag>,socket=<path>[,num_queues=<n>][,queue_size=<n>][,id=<id>][,dax=on|off][,cache_size=<size>][,transport=pci|mmio]`:
+//! Cloud Hypervisor's keys, with its old `dax`/`cache_size` back and our `transport`.
+
+use std::path::PathBuf;
+
+use super::option_parser::{parse_size, parse_toggle, parse_u32, OptionValues};
+use super::{ConfigError, Transport};
+
+/// The virtio-fs config space holds the tag in 36 bytes.
+pub const MAX_TAG_LEN: usize = 36;
+/// Request queues a device may have (the hiprio queue comes on top).
+pub const MAX_NUM_QUEUES: u32 = 64;
+/// Largest split virtqueue.
+pub const MAX_QUEUE_SIZE: u32 = 32768;
+/// Smallest useful window: the guest maps it in 2 MiB ranges.
+pub const MIN_CACHE_SIZE: u64 = 2 << 20;
+/// Largest window: it lives in the 1 TiB 64-bit device area.
+pub const MAX_CACHE_SIZE: u64 = 256 << 30;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsConfig {
+    pub tag: String,
+    pub socket: PathBuf,
+    pub num_queues: u16,
+    pub queue_size: u16,
+    pub id: String,
+    pub dax: bool,
+    /// None: take the size the daemon declares (GET_SHMEM_CONFIG).
+    pub cache_size: Option<u64>,
+    pub transport: Transport,
+}
+
+impl FsConfig {
+    pub fn parse(input: &str, index: usize) -> Result<Self, ConfigError> {
+        let o = OptionValues::parse(
+            "fs",
+            input,
+            &["tag", "socket", "num_queues", "queue_size", "id", "dax", "cache_size", "transport", "pci_segment"],
+        )?;
+        if o.get("pci_segment").is_some_and(|s| s != "0") {
+            return Err(ConfigError::Unsupported { option: "fs", message: "only pci_segment=0 exists".into() });
+        }
+        let tag = o.get("tag").ok_or(ConfigError::MissingKey { option: "fs", key: "tag" })?;
+        if tag.is_empty() || tag.len() > MAX_TAG_LEN {
+            return Err(o.invalid("tag", tag, "1 to 36 bytes (the virtio-fs config space)"));
+        }
+        let socket = o.get("socket").ok_or(ConfigError::MissingKey { option: "fs", key: "socket" })?;
+        let num_queues = o.convert("num_queues", parse_u32)?.unwrap_or(1);
+        if num_queues == 0 || num_queues > MAX_NUM_QUEUES {
+            return Err(o.invalid("num_queues", &num_queues.to_string(), "1 to 64 request queues"));
+        }
+        let queue_size = o.convert("queue_size", parse_u32)?.unwrap_or(1024);
+        if !queue_size.is_power_of_two() || queue_size > MAX_QUEUE_SIZE {
+            return Err(o.invalid("queue_size", &queue_size.to_string(), "a power of two up to 32768"));
+        }
+        let dax = o.convert("dax", parse_toggle)?.unwrap_or(true);
+        let cache_size = o.convert("cache_size", parse_size)?;
+        if let Some(size) = cache_size {
+            let shown = o.get("cache_size").unwrap_or("");
+            if !dax {
+                return Err(ConfigError::Unsupported { option: "fs", message: "cache_size= needs dax=on".into() });
+            }
+            if !(MIN_CACHE_SIZE..=MAX_CACHE_SIZE).contains(&size) || size % MIN_CACHE_SIZE != 0 {
+                return Err(o.invalid("cache_size", shown, "a multiple of 2M between 2M and 256G"));
+            }
+        }
+        Ok(FsConfig {
+            tag: tag.to_string(),
+            socket: PathBuf::from(socket),
+            num_queues: num_queues as u16,
+            queue_size: queue_size as u16,
+            id: o.get("id").map_or_else(|| format!("_fs{index}"), str::to_string),
+            dax,
+            cache_size,
+            transport: o.convert("transport", Transport::parse)?.unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cloud_hypervisor_keys_and_ours() {
+        let c = FsConfig::parse("tag=myfs,socket=/tmp/fs.sock,num_queues=2,queue_size=512,id=fs0,dax=on,cache_size=64M,transport=mmio", 0)
+            .unwrap();
+        assert_eq!(c.tag, "myfs");
+        assert_eq!(c.socket, PathBuf::from("/tmp/fs.sock"));
+        assert_eq!((c.num_queues, c.queue_size, c.id.as_str()), (2, 512, "fs0"));
+        assert_eq!((c.dax, c.cache_size, c.transport), (true, Some(64 << 20), Transport::Mmio));
+        let c = FsConfig::parse("tag=t,socket=s", 1).unwrap();
+        assert_eq!((c.num_queues, c.queue_size, c.id.as_str()), (1, 1024, "_fs1"));
+        assert_eq!((c.dax, c.cache_size, c.transport), (true, None, Transport::Pci));
+        assert!(!FsConfig::parse("tag=t,socket=s,dax=off", 0).unwrap().dax);
+    }
+
+    #[test]
+    fn errors_name_the_key_and_the_limit() {
+        let e = |s: &str| FsConfig::parse(s, 0).unwrap_err().to_string();
+        assert_eq!(e("socket=s"), "--fs: missing required key \"tag\"");
+        assert_eq!(e("tag=t"), "--fs: missing required key \"socket\"");
+        assert!(e(&format!("tag={},socket=s", "x".repeat(37))).contains("1 to 36 bytes"));
+        assert!(e("tag=t,socket=s,num_queues=0").contains("num_queues=\"0\""));
+        assert!(e("tag=t,socket=s,queue_size=1000").contains("power of two"));
+        assert!(e("tag=t,socket=s,cache_size=3M").contains("cache_size=\"3M\"") && e("tag=t,socket=s,cache_size=3M").contains("multiple of 2M"));
+        assert!(e("tag=t,socket=s,cache_size=1T").contains("256G"));
+        assert!(e("tag=t,socket=s,dax=off,cache_size=8M").contains("needs dax=on"));
+        assert!(e("tag=t,socket=s,transport=vsock").contains("pci or mmio"));
+        assert!(e("tag=t,socket=s,cache=always").contains("unknown key \"cache\""));
+    }
+}
