@@ -104,7 +104,7 @@ mod tests {
         assert!(e("tag=t,socket=s,num_queues=0").contains("num_queues=\"0\""));
         assert!(e("tag=t,socket=s,queue_size=1000").contains("power of two"));
         assert!(e("tag=t,socket=s,cache_size=3M").contains("cache_size=\"3M\"") && e("tag=t,socket=s,cache_size=3M").contains("multiple of 2M"));
-        assert!(e("tag=t,socket=s,cache_size=1T").contains("256G"));
+        assert!(e("tag=t,socket=s,cache_size=512G").contains("256G"));
         assert!(e("tag=t,socket=s,dax=off,cache_size=8M").contains("needs dax=on"));
         assert!(e("tag=t,socket=s,transport=vsock").contains("pci or mmio"));
         assert!(e("tag=t,socket=s,cache=always").contains("unknown key \"cache\""));
