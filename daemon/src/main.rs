@@ -1,1 +1,180 @@
-fn main() {}
+//! `dax-virtiofsd`: serves one host directory to a guest over vhost-user,
+//! with DAX. Flags follow virtiofsd's where they mean the same thing.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, ValueEnum};
+use vhost::vhost_user::Listener;
+use vhost_user_backend::VhostUserDaemon;
+use vm_memory::GuestMemoryAtomic;
+
+use daemon::backend::FsBackend;
+use daemon::dax::DaxMapper;
+use daemon::fuse::server::Server;
+use daemon::passthrough::{CachePolicy, PassthroughFs};
+use daemon::policy::DaxPolicy;
+use daemon::sandbox::{self, Sandbox};
+use daemon::GuestMemoryMmap;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum CacheArg {
+    Never,
+    Auto,
+    Always,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum SandboxArg {
+    Chroot,
+    None,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "dax-virtiofsd", version, about = "vhost-user virtio-fs daemon with DAX (SHMEM_MAP/SHMEM_UNMAP)")]
+struct Cli {
+    /// vhost-user socket to listen on (the VMM connects to it).
+    #[arg(long, value_name = "PATH")]
+    socket_path: PathBuf,
+    /// Directory to share with the guest.
+    #[arg(long, value_name = "DIR")]
+    shared_dir: PathBuf,
+    /// How long the guest may cache entries, attributes and file data.
+    #[arg(long, value_enum, default_value = "auto")]
+    cache: CacheArg,
+    /// Worker threads for requests; 0 serves each queue on its own thread.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    thread_pool_size: usize,
+    /// Confinement: chroot into the shared directory, or none.
+    #[arg(long, value_enum, default_value = "chroot")]
+    sandbox: SandboxArg,
+    #[arg(long, value_enum, default_value = "info")]
+    log_level: LogLevel,
+    /// Offer a DAX window (vhost-user SHMEM) to the VMM.
+    #[arg(long, value_enum, default_value = "on")]
+    dax: OnOff,
+    /// DAX policy document (JSON, or YAML by extension): window size, mapping
+    /// granularity, which files get DAX. Default: see docs/policies.md.
+    #[arg(long, value_name = "FILE")]
+    dax_policy: Option<PathBuf>,
+    /// Window size to declare, overriding the policy's cache_size (K/M/G suffixes).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    cache_size: Option<u64>,
+    /// Request queues served at most (the VMM's num_queues), plus the hiprio queue.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
+    max_request_queues: u16,
+    /// Largest queue size accepted.
+    #[arg(long, value_name = "N", default_value_t = 32768)]
+    max_queue_size: u16,
+}
+
+fn parse_size(v: &str) -> Result<u64, String> {
+    let json = serde_json_like(v);
+    policies::parse_size("--cache-size", &json).map_err(|e| e.to_string())
+}
+
+/// The policy crate parses sizes from document values; a flag is a string.
+fn serde_json_like(v: &str) -> policies::Value {
+    match v.parse::<u64>() {
+        Ok(n) => policies::Value::from(n),
+        Err(_) => policies::Value::from(v),
+    }
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    if cli.thread_pool_size != 0 {
+        return Err(format!(
+            "--thread-pool-size {}: requests are served on one thread per queue; use num_queues on the VMM for parallelism \
+             and leave --thread-pool-size at 0",
+            cli.thread_pool_size
+        ));
+    }
+    let mut policy = match &cli.dax_policy {
+        Some(p) => DaxPolicy::from_file(p).map_err(|e| e.to_string())?,
+        None => policies::Policy::default(),
+    };
+    if let Some(size) = cli.cache_size {
+        if size == 0 || size % (2 << 20) != 0 {
+            return Err(format!("--cache-size {size}: must be a non-zero multiple of 2M (the guest maps 2 MiB ranges)"));
+        }
+        policy.cache_size = size;
+    }
+    let window = policy.cache_size;
+    let cache = match cli.cache {
+        CacheArg::Never => CachePolicy::Never,
+        CacheArg::Auto => CachePolicy::Auto,
+        CacheArg::Always => CachePolicy::Always,
+    };
+    let sandbox_mode = match cli.sandbox {
+        SandboxArg::Chroot => Sandbox::Chroot,
+        SandboxArg::None => Sandbox::None,
+    };
+    // The socket is bound before the sandbox closes the host's paths off.
+    let mut listener = Listener::new(&cli.socket_path, true)
+        .map_err(|e| format!("--socket-path {}: {e}", cli.socket_path.display()))?;
+    let opened = sandbox::enter(&cli.shared_dir, sandbox_mode).map_err(|e| e.to_string())?;
+    let fs = PassthroughFs::new(opened.root, opened.proc_self_fd, cache, Arc::new(DaxPolicy::new(policy)))
+        .map_err(|e| format!("--shared-dir {}: {e}", cli.shared_dir.display()))?;
+    let server = Arc::new(Server::new(fs, DaxMapper::new(window)));
+    let backend = Arc::new(FsBackend::new(
+        server.clone(),
+        usize::from(cli.max_request_queues),
+        usize::from(cli.max_queue_size),
+        cli.dax == OnOff::On,
+    ));
+    let mut daemon = VhostUserDaemon::new("dax-virtiofsd".into(), backend, GuestMemoryAtomic::new(GuestMemoryMmap::new()))
+        .map_err(|e| format!("starting the vhost-user daemon: {e}"))?;
+    log::info!(
+        "serving {} on {} (window {} MiB, sandbox {:?}, cache {:?})",
+        cli.shared_dir.display(),
+        cli.socket_path.display(),
+        window >> 20,
+        cli.sandbox,
+        cli.cache
+    );
+    daemon.start(&mut listener).map_err(|e| format!("accepting the VMM's connection: {e}"))?;
+    let result = daemon.wait();
+    let s = &server.stats;
+    let d = &server.dax.stats;
+    use std::sync::atomic::Ordering::Relaxed;
+    log::info!(
+        "VMM disconnected after {} requests ({} errors); {} FUSE reads, {} FUSE writes; {} setupmappings, {} removemappings, {} DAX failures",
+        s.requests.load(Relaxed),
+        s.errors.load(Relaxed),
+        s.fuse_reads.load(Relaxed),
+        s.fuse_writes.load(Relaxed),
+        d.setupmappings.load(Relaxed),
+        d.removemappings.load(Relaxed),
+        d.failures.load(Relaxed)
+    );
+    result.map_err(|e| format!("vhost-user connection: {e}"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = format!("{:?}", cli.log_level).to_lowercase();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dax-virtiofsd: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

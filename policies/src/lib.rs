@@ -21,7 +21,9 @@ mod parse;
 
 pub use diff::{diff, Change, Effect, PolicyDiff};
 pub use eval::Evaluator;
-pub use parse::PolicyError;
+pub use parse::{parse_size, PolicyError};
+/// A parsed document value (what [`parse_size`] reads).
+pub use serde_json::Value;
 
 /// How the daemon answers FUSE_ATTR_DAX.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,142 @@
+//! The vhost-user side of the daemon: what it offers the VMM (features,
+//! queues, the DAX window size in GET_SHMEM_CONFIG) and the queue loop that
+//! feeds requests to the FUSE [`Server`].
+
+use std::io;
+use std::sync::{Arc, RwLock};
+
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures};
+use vhost::vhost_user::Backend;
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vmm_sys_util::epoll::EventSet;
+
+use crate::fuse::chain;
+use crate::fuse::server::Server;
+use crate::GuestMemoryMmap;
+
+type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
+
+pub struct FsBackend {
+    pub server: Arc<Server>,
+    num_queues: usize,
+    queue_size: usize,
+    dax: bool,
+    event_idx: std::sync::atomic::AtomicBool,
+    mem: RwLock<Option<Mem>>,
+}
+
+impl FsBackend {
+    /// `num_request_queues` request queues plus the hiprio queue.
+    pub fn new(server: Arc<Server>, num_request_queues: usize, queue_size: usize, dax: bool) -> Self {
+        FsBackend {
+            server,
+            num_queues: num_request_queues + 1,
+            queue_size,
+            dax,
+            event_idx: Default::default(),
+            mem: RwLock::new(None),
+        }
+    }
+
+    fn process_queue(&self, vring: &VringRwLock<Mem>) -> io::Result<bool> {
+        let Some(atomic) = self.mem.read().unwrap_or_else(|p| p.into_inner()).clone() else {
+            return Err(io::Error::other("queue kicked before the memory table arrived"));
+        };
+        let mem = atomic.memory();
+        let mut used_any = false;
+        loop {
+            let chain = vring.get_mut().get_queue_mut().pop_descriptor_chain(mem.clone());
+            let Some(chain) = chain else { break };
+            let head = chain.head_index();
+            let written = match chain::split(&mem, chain) {
+                Ok((r, w)) => self.server.handle(r, w),
+                Err(e) => {
+                    log::warn!("malformed descriptor chain {head}: {e}");
+                    0
+                }
+            };
+            let mut state = vring.get_mut();
+            state.add_used(head, written as u32).map_err(|e| io::Error::other(format!("add_used: {e}")))?;
+            used_any = true;
+            if state.needs_notification().unwrap_or(true) {
+                state.signal_used_queue()?;
+            }
+        }
+        Ok(used_any)
+    }
+}
+
+impl VhostUserBackend for FsBackend {
+    type Bitmap = ();
+    type Vring = VringRwLock<Mem>;
+
+    fn num_queues(&self) -> usize {
+        self.num_queues
+    }
+
+    fn max_queue_size(&self) -> usize {
+        self.queue_size
+    }
+
+    fn features(&self) -> u64 {
+        1 << VIRTIO_F_VERSION_1
+            | 1 << VIRTIO_RING_F_INDIRECT_DESC
+            | 1 << VIRTIO_RING_F_EVENT_IDX
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        let mut f = VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        if self.dax {
+            f |= VhostUserProtocolFeatures::BACKEND_REQ
+                | VhostUserProtocolFeatures::BACKEND_SEND_FD
+                | VhostUserProtocolFeatures::SHMEM;
+        }
+        f
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn update_memory(&self, mem: Mem) -> io::Result<()> {
+        *self.mem.write().unwrap_or_else(|p| p.into_inner()) = Some(mem);
+        Ok(())
+    }
+
+    fn set_backend_req_fd(&self, backend: Backend) {
+        self.server.dax.set_backend(backend);
+    }
+
+    fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
+        Ok(VhostUserShMemConfig::new(1, &[self.server.dax.window_size()]))
+    }
+
+    fn handle_event(&self, device_event: u16, evset: EventSet, vrings: &[Self::Vring], _thread: usize) -> io::Result<()> {
+        if evset != EventSet::IN {
+            return Err(io::Error::other(format!("unexpected events {evset:?} on queue {device_event}")));
+        }
+        let vring = vrings
+            .get(usize::from(device_event))
+            .ok_or_else(|| io::Error::other(format!("event for queue {device_event}, which does not exist")))?;
+        if self.event_idx.load(std::sync::atomic::Ordering::SeqCst) {
+            // Keep going until no request arrived while notifications were off.
+            loop {
+                vring.disable_notification().map_err(|e| io::Error::other(e.to_string()))?;
+                self.process_queue(vring)?;
+                if !vring.enable_notification().map_err(|e| io::Error::other(e.to_string()))? {
+                    break;
+                }
+            }
+        } else {
+            self.process_queue(vring)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,133 @@
+//! FUSE_SETUPMAPPING and FUSE_REMOVEMAPPING: the guest asks for a file
+//! range in its DAX window; the daemon opens the file and asks the VMM,
+//! over the vhost-user backend request channel, to map it (SHMEM_MAP with
+//! the fd) or to unmap it (SHMEM_UNMAP). The VMM checks and performs the
+//! mmap; this side checks what it can first so a bad guest request is
+//! refused without a round trip.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
+use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
+
+use crate::fuse::abi::{RemovemappingOne, SetupmappingIn, SETUPMAPPING_FLAG_READ, SETUPMAPPING_FLAG_WRITE};
+use crate::passthrough::{errno_error, PassthroughFs};
+
+/// The guest sends at most a page of entries per REMOVEMAPPING.
+pub const MAX_REMOVEMAPPING_ENTRIES: u32 = 4096 / 16;
+/// Shared memory region id of the DAX window.
+const WINDOW_SHMID: u8 = 0;
+
+#[derive(Default)]
+pub struct DaxStats {
+    pub setupmappings: AtomicU64,
+    pub removemappings: AtomicU64,
+    pub failures: AtomicU64,
+}
+
+pub struct DaxMapper {
+    /// Set when the VMM hands over the backend request channel.
+    backend: Mutex<Option<Backend>>,
+    window_size: u64,
+    pub stats: DaxStats,
+}
+
+impl DaxMapper {
+    pub fn new(window_size: u64) -> Self {
+        DaxMapper { backend: Mutex::new(None), window_size, stats: DaxStats::default() }
+    }
+
+    pub fn set_backend(&self, backend: Backend) {
+        *self.backend.lock().unwrap_or_else(|p| p.into_inner()) = Some(backend);
+    }
+
+    /// Whether a window can be used: the VMM gave us the request channel.
+    pub fn available(&self) -> bool {
+        self.backend.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    pub fn window_size(&self) -> u64 {
+        self.window_size
+    }
+
+    fn backend(&self) -> io::Result<Backend> {
+        self.backend.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or_else(|| errno_error(libc::ENOSYS))
+    }
+
+    fn check_range(&self, moffset: u64, len: u64, align: u64) -> io::Result<()> {
+        let end = moffset.checked_add(len).ok_or_else(|| errno_error(libc::EINVAL))?;
+        if len == 0 || end > self.window_size || moffset % align != 0 || len % align != 0 {
+            return Err(errno_error(libc::EINVAL));
+        }
+        Ok(())
+    }
+
+    pub fn setup_mapping(&self, fs: &PassthroughFs, nodeid: u64, a: &SetupmappingIn) -> io::Result<()> {
+        let r = self.try_setup(fs, nodeid, a);
+        if r.is_err() {
+            self.stats.failures.fetch_add(1, Relaxed);
+        }
+        r
+    }
+
+    fn try_setup(&self, fs: &PassthroughFs, nodeid: u64, a: &SetupmappingIn) -> io::Result<()> {
+        let align = 1u64 << fs.policy.current().map_alignment_log2();
+        self.check_range(a.moffset, a.len, align)?;
+        if a.foffset % align != 0 || a.foffset.checked_add(a.len).is_none_or(|e| i64::try_from(e).is_err()) {
+            return Err(errno_error(libc::EINVAL));
+        }
+        if a.flags & !(SETUPMAPPING_FLAG_READ | SETUPMAPPING_FLAG_WRITE) != 0 {
+            return Err(errno_error(libc::EINVAL));
+        }
+        let writable = a.flags & SETUPMAPPING_FLAG_WRITE != 0;
+        let file = fs.open_for_mapping(nodeid, writable)?;
+        let flags = if writable { VhostUserMMapFlags::WRITABLE } else { VhostUserMMapFlags::empty() };
+        let msg = VhostUserMMap {
+            shmid: WINDOW_SHMID,
+            fd_offset: a.foffset,
+            shm_offset: a.moffset,
+            len: a.len,
+            flags: flags.bits(),
+            ..Default::default()
+        };
+        self.backend()?.shmem_map(&msg, &file).map_err(|e| {
+            log::warn!("SHMEM_MAP of {:#x} bytes at window offset {:#x} refused: {e}", a.len, a.moffset);
+            errno_error(libc::EIO)
+        })?;
+        self.stats.setupmappings.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Unmaps every range (trying all of them); the first failure is the answer.
+    pub fn remove_mappings(&self, count: u32, ranges: &[RemovemappingOne]) -> io::Result<()> {
+        if count == 0 || count > MAX_REMOVEMAPPING_ENTRIES || ranges.len() != count as usize {
+            self.stats.failures.fetch_add(1, Relaxed);
+            return Err(errno_error(libc::EINVAL));
+        }
+        let backend = self.backend()?;
+        let mut result = Ok(());
+        for one in ranges {
+            let r = self.check_range(one.moffset, one.len, 4096).and_then(|()| {
+                let msg = VhostUserMMap { shmid: WINDOW_SHMID, shm_offset: one.moffset, len: one.len, ..Default::default() };
+                backend.shmem_unmap(&msg).map(|_| ()).map_err(|e| {
+                    log::warn!("SHMEM_UNMAP of {:#x} bytes at window offset {:#x} refused: {e}", one.len, one.moffset);
+                    errno_error(libc::EIO)
+                })
+            });
+            match r {
+                Ok(()) => {
+                    self.stats.removemappings.fetch_add(1, Relaxed);
+                }
+                Err(e) => {
+                    self.stats.failures.fetch_add(1, Relaxed);
+                    if result.is_ok() {
+                        result = Err(e);
+                    }
+                }
+            }
+        }
+        result
+    }
+}

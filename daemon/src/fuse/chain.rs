@@ -1,0 +1,257 @@
+//! A request's descriptor chain as two byte streams: what the guest wrote
+//! (the FUSE request) and where the reply goes. Small structs are copied;
+//! file data never is: [`Reader::iovecs`] and [`Writer::iovecs`] give host
+//! `iovec`s that point straight into guest memory for `preadv`/`pwritev`.
+//!
+//! Every address comes from the guest: a range outside the memory table
+//! (including one inside the DAX window, which the daemon cannot see) fails
+//! that request with EFAULT.
+
+use std::io;
+
+use virtio_queue::DescriptorChain;
+use vm_memory::{Bytes, ByteValued, GuestAddress, GuestMemoryBackend};
+
+use crate::GuestMemoryMmap;
+
+fn efault(what: &str) -> io::Error {
+    log::debug!("request refused with EFAULT: {what}");
+    io::Error::from_raw_os_error(libc::EFAULT)
+}
+
+/// A cursor over an ordered list of guest buffers.
+#[derive(Debug, Default)]
+struct Segments {
+    segs: Vec<(GuestAddress, usize)>,
+    /// Bytes consumed so far.
+    pos: usize,
+    total: usize,
+}
+
+impl Segments {
+    fn push(&mut self, addr: GuestAddress, len: usize) -> io::Result<()> {
+        self.total = self.total.checked_add(len).ok_or_else(|| efault("descriptor lengths overflow"))?;
+        if addr.0.checked_add(len as u64).is_none() {
+            return Err(efault("descriptor address + length overflows"));
+        }
+        self.segs.push((addr, len));
+        Ok(())
+    }
+
+    fn available(&self) -> usize {
+        self.total - self.pos
+    }
+
+    /// The guest ranges covering the next `len` bytes from `pos + skip`.
+    fn ranges(&self, skip: usize, len: usize) -> io::Result<Vec<(GuestAddress, usize)>> {
+        let start = self.pos.checked_add(skip).filter(|s| s.checked_add(len).is_some_and(|e| e <= self.total));
+        let Some(mut start) = start else { return Err(efault("request shorter than its header says")) };
+        let mut left = len;
+        let mut out = Vec::new();
+        for &(addr, seg_len) in &self.segs {
+            if left == 0 {
+                break;
+            }
+            if start >= seg_len {
+                start -= seg_len;
+                continue;
+            }
+            let n = (seg_len - start).min(left);
+            out.push((GuestAddress(addr.0 + start as u64), n));
+            left -= n;
+            start = 0;
+        }
+        Ok(out)
+    }
+
+    fn iovecs(&self, mem: &GuestMemoryMmap, skip: usize, len: usize) -> io::Result<Vec<libc::iovec>> {
+        let mut iovs = Vec::new();
+        for (addr, n) in self.ranges(skip, len)? {
+            for slice in mem.get_slices(addr, n) {
+                let slice = slice.map_err(|_| efault("buffer outside guest RAM (e.g. in the DAX window)"))?;
+                iovs.push(libc::iovec {
+                    iov_base: slice.ptr_guard_mut().as_ptr().cast(),
+                    iov_len: slice.len(),
+                });
+            }
+        }
+        Ok(iovs)
+    }
+}
+
+/// The device-readable part of a request.
+pub struct Reader<'a> {
+    mem: &'a GuestMemoryMmap,
+    segs: Segments,
+}
+
+/// The device-writable part: where the reply goes.
+pub struct Writer<'a> {
+    mem: &'a GuestMemoryMmap,
+    segs: Segments,
+}
+
+/// Splits a chain into its readable and writable buffers (readable first,
+/// as virtio requires; a readable buffer after a writable one is an error).
+pub fn split<'a, M>(mem: &'a GuestMemoryMmap, chain: DescriptorChain<M>) -> io::Result<(Reader<'a>, Writer<'a>)>
+where
+    M: std::ops::Deref,
+    M::Target: vm_memory::GuestMemory,
+{
+    let mut readable = Segments::default();
+    let mut writable = Segments::default();
+    for desc in chain {
+        let (addr, len) = (desc.addr(), desc.len() as usize);
+        if desc.is_write_only() {
+            writable.push(addr, len)?;
+        } else if writable.segs.is_empty() {
+            readable.push(addr, len)?;
+        } else {
+            return Err(efault("readable descriptor after a writable one"));
+        }
+    }
+    Ok((Reader { mem, segs: readable }, Writer { mem, segs: writable }))
+}
+
+impl<'a> Reader<'a> {
+    pub fn available(&self) -> usize {
+        self.segs.available()
+    }
+
+    pub fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        let mut done = 0;
+        for (addr, n) in self.segs.ranges(0, buf.len())? {
+            self.mem.read_slice(&mut buf[done..done + n], addr).map_err(|_| efault("request outside guest RAM"))?;
+            done += n;
+        }
+        self.segs.pos += buf.len();
+        Ok(())
+    }
+
+    pub fn read_obj<T: ByteValued + Default>(&mut self) -> io::Result<T> {
+        let mut v = T::default();
+        self.read_exact(v.as_mut_slice())?;
+        Ok(v)
+    }
+
+    pub fn read_bytes(&mut self, n: usize) -> io::Result<Vec<u8>> {
+        if n > self.available() {
+            return Err(efault("request shorter than its header says"));
+        }
+        let mut v = vec![0; n];
+        self.read_exact(&mut v)?;
+        Ok(v)
+    }
+
+    /// Host iovecs for the next `len` bytes (not consumed).
+    pub fn iovecs(&self, len: usize) -> io::Result<Vec<libc::iovec>> {
+        self.segs.iovecs(self.mem, 0, len)
+    }
+}
+
+impl<'a> Writer<'a> {
+    pub fn available(&self) -> usize {
+        self.segs.available()
+    }
+
+    pub fn bytes_written(&self) -> usize {
+        self.segs.pos
+    }
+
+    pub fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.write_at(0, buf)?;
+        self.segs.pos += buf.len();
+        Ok(())
+    }
+
+    /// Writes `buf` at `skip` bytes past the cursor without moving it.
+    pub fn write_at(&mut self, skip: usize, buf: &[u8]) -> io::Result<()> {
+        let mut done = 0;
+        for (addr, n) in self.segs.ranges(skip, buf.len())? {
+            self.mem.write_slice(&buf[done..done + n], addr).map_err(|_| efault("reply buffer outside guest RAM"))?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    pub fn write_obj<T: ByteValued>(&mut self, v: T) -> io::Result<()> {
+        self.write_all(v.as_slice())
+    }
+
+    /// Host iovecs for `len` bytes starting `skip` bytes past the cursor.
+    pub fn iovecs(&self, skip: usize, len: usize) -> io::Result<Vec<libc::iovec>> {
+        self.segs.iovecs(self.mem, skip, len)
+    }
+
+    /// Moves the cursor past bytes filled through [`Self::iovecs`].
+    pub fn advance(&mut self, n: usize) {
+        self.segs.pos = (self.segs.pos + n).min(self.segs.total);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+
+    /// Builds a chain of buffers at fixed addresses: (addr, len, writable).
+    pub fn chain_of<'a>(mem: &'a GuestMemoryMmap, bufs: &[(u64, u32, bool)]) -> DescriptorChain<&'a GuestMemoryMmap> {
+        let q = MockSplitQueue::new(mem, 16);
+        let descs: Vec<RawDescriptor> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, &(addr, len, w))| {
+                let mut flags = if w { VRING_DESC_F_WRITE as u16 } else { 0 };
+                if i + 1 < bufs.len() {
+                    flags |= VRING_DESC_F_NEXT as u16;
+                }
+                RawDescriptor::from(SplitDescriptor::new(addr, len, flags, i as u16 + 1))
+            })
+            .collect();
+        q.build_desc_chain(&descs).unwrap();
+        let mut queue: virtio_queue::Queue = q.create_queue().unwrap();
+        use virtio_queue::QueueOwnedT;
+        queue.iter(mem).unwrap().next().unwrap()
+    }
+
+    pub fn memory() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap()
+    }
+
+    #[test]
+    fn reads_across_buffers_and_maps_iovecs_into_guest_memory() {
+        let mem = memory();
+        mem.write_slice(b"hello ", GuestAddress(0x8000)).unwrap();
+        mem.write_slice(b"world", GuestAddress(0x9000)).unwrap();
+        let chain = chain_of(&mem, &[(0x8000, 6, false), (0x9000, 5, false), (0xa000, 8, true), (0xb000, 8, true)]);
+        let (mut r, mut w) = split(&mem, chain).unwrap();
+        assert_eq!(r.available(), 11);
+        assert_eq!(r.read_bytes(8).unwrap(), b"hello wo");
+        assert!(r.read_bytes(4).is_err(), "past the end");
+        let iov = r.iovecs(3).unwrap();
+        assert_eq!(iov.len(), 1);
+        // SAFETY: the iovec points at 3 readable bytes of `mem`.
+        assert_eq!(unsafe { std::slice::from_raw_parts(iov[0].iov_base as *const u8, 3) }, b"rld");
+
+        assert_eq!(w.available(), 16);
+        w.write_all(b"0123456789").unwrap();
+        assert_eq!(w.iovecs(0, 6).unwrap().len(), 1);
+        assert!(w.iovecs(0, 7).is_err());
+        w.write_at(1, b"Z").unwrap();
+        let mut out = [0u8; 8];
+        mem.read_slice(&mut out, GuestAddress(0xb000)).unwrap();
+        assert_eq!(&out[..4], b"89\0Z");
+    }
+
+    #[test]
+    fn buffers_outside_guest_ram_fail_the_request() {
+        let mem = memory();
+        let chain = chain_of(&mem, &[(0x8000, 16, false), (0x4000_0000, 4096, true)]);
+        let (_r, w) = split(&mem, chain).unwrap();
+        assert_eq!(w.iovecs(0, 4096).unwrap_err().raw_os_error(), Some(libc::EFAULT));
+        let chain = chain_of(&mem, &[(u64::MAX - 4, 16, false)]);
+        assert!(split(&mem, chain).is_err());
+    }
+}

@@ -1,0 +1,129 @@
+//! Open files: OPEN/CREATE, READ/WRITE straight between the host file and
+//! guest memory (`preadv`/`pwritev` on iovecs that point into the guest's
+//! buffers), FLUSH, FSYNC, FALLOCATE, LSEEK, and the filesystem-wide STATFS
+//! and SYNCFS.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::AsRawFd;
+
+use super::{cvt, errno_error, Caller, PassthroughFs};
+
+impl PassthroughFs {
+    pub fn open(&self, nodeid: u64, flags: u32) -> io::Result<u64> {
+        let inode = self.inode(nodeid)?;
+        if !inode.is_reg() {
+            return Err(errno_error(if inode.is_dir() { libc::EISDIR } else { libc::ELOOP }));
+        }
+        let file = self.reopen(&inode, flags as i32)?;
+        Ok(self.add_handle(file, nodeid))
+    }
+
+    /// CREATE: a new regular file in `parent`, opened; returns its lookup and handle.
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        flags: u32,
+        caller: Caller,
+    ) -> io::Result<((u64, libc::stat64), u64)> {
+        let dir = self.inode(parent)?;
+        let flags = (flags as i32 | libc::O_CREAT | libc::O_NOFOLLOW) & !(libc::O_NOCTTY | libc::O_DIRECT);
+        let fd = super::openat(dir.fd.as_raw_fd(), name, flags, mode & 0o7777)?;
+        if let Err(e) = self.chown_new_entry(dir.fd.as_raw_fd(), name, caller) {
+            log::warn!("giving a new file to uid {} gid {}: {e}", caller.uid, caller.gid);
+        }
+        let entry = self.lookup(parent, name)?;
+        let fh = self.add_handle(fd.into(), entry.0);
+        Ok((entry, fh))
+    }
+
+    /// Reads into guest memory; returns the bytes read.
+    pub fn read_into(&self, nodeid: u64, fh: u64, offset: u64, iovs: &[libc::iovec]) -> io::Result<usize> {
+        let h = self.handle(fh, nodeid)?;
+        let offset = i64::try_from(offset).map_err(|_| errno_error(libc::EINVAL))?;
+        // SAFETY: each iovec points into the guest memory mapping, which
+        // stays mapped for this request; the kernel writes at most iov_len
+        // bytes to each. No Rust reference aliases guest memory.
+        let n = cvt(unsafe { libc::preadv64(h.file.as_raw_fd(), iovs.as_ptr(), iovs.len() as i32, offset) })?;
+        Ok(n as usize)
+    }
+
+    /// Writes from guest memory; returns the bytes written.
+    pub fn write_from(&self, nodeid: u64, fh: u64, offset: u64, iovs: &[libc::iovec]) -> io::Result<usize> {
+        let h = self.handle(fh, nodeid)?;
+        let offset = i64::try_from(offset).map_err(|_| errno_error(libc::EINVAL))?;
+        // SAFETY: as in read_into; the kernel only reads the buffers.
+        let n = cvt(unsafe { libc::pwritev64(h.file.as_raw_fd(), iovs.as_ptr(), iovs.len() as i32, offset) })?;
+        Ok(n as usize)
+    }
+
+    /// FLUSH: what close() would do on the host (e.g. NFS writes back),
+    /// without giving up the handle.
+    pub fn flush(&self, nodeid: u64, fh: u64) -> io::Result<()> {
+        let h = self.handle(fh, nodeid)?;
+        // SAFETY: dup of an fd we own; the duplicate is closed at once.
+        let dup = cvt(unsafe { libc::dup(h.file.as_raw_fd()) })?;
+        // SAFETY: `dup` is ours.
+        cvt(unsafe { libc::close(dup) })?;
+        Ok(())
+    }
+
+    pub fn fsync(&self, nodeid: u64, fh: u64, datasync: bool) -> io::Result<()> {
+        let h = self.handle(fh, nodeid)?;
+        let fd = h.file.as_raw_fd();
+        // SAFETY: plain syscalls on an fd we own.
+        cvt(unsafe { if datasync { libc::fdatasync(fd) } else { libc::fsync(fd) } })?;
+        Ok(())
+    }
+
+    pub fn fallocate(&self, nodeid: u64, fh: u64, mode: u32, offset: u64, len: u64) -> io::Result<()> {
+        let h = self.handle(fh, nodeid)?;
+        let (offset, len) = (i64::try_from(offset), i64::try_from(len));
+        let (Ok(offset), Ok(len)) = (offset, len) else { return Err(errno_error(libc::EINVAL)) };
+        // SAFETY: plain syscall on an fd we own.
+        cvt(unsafe { libc::fallocate64(h.file.as_raw_fd(), mode as i32, offset, len) })?;
+        Ok(())
+    }
+
+    pub fn lseek(&self, nodeid: u64, fh: u64, offset: u64, whence: u32) -> io::Result<u64> {
+        let h = self.handle(fh, nodeid)?;
+        if whence != libc::SEEK_DATA as u32 && whence != libc::SEEK_HOLE as u32 {
+            // The guest keeps the file position itself; only data/hole
+            // queries need the host.
+            return Err(errno_error(libc::EINVAL));
+        }
+        let offset = i64::try_from(offset).map_err(|_| errno_error(libc::EINVAL))?;
+        // SAFETY: plain syscall; a shared file position is not relied upon
+        // (reads and writes use explicit offsets).
+        let r = cvt(unsafe { libc::lseek64(h.file.as_raw_fd(), offset, whence as i32) })?;
+        Ok(r as u64)
+    }
+
+    pub fn statfs(&self, nodeid: u64) -> io::Result<libc::statvfs64> {
+        let inode = self.inode(nodeid)?;
+        // SAFETY: all-zero is a valid statvfs64 for the call to overwrite.
+        let mut st: libc::statvfs64 = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is writable; fstatvfs works on O_PATH fds.
+        cvt(unsafe { libc::fstatvfs64(inode.fd.as_raw_fd(), &mut st) })?;
+        Ok(st)
+    }
+
+    pub fn syncfs(&self) -> io::Result<()> {
+        let root = self.inode(crate::fuse::abi::ROOT_ID)?;
+        let dir = self.reopen(&root, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        // SAFETY: plain syscall on an fd we own.
+        cvt(unsafe { libc::syncfs(dir.as_raw_fd()) })?;
+        Ok(())
+    }
+
+    /// Opens the file behind `nodeid` for a DAX mapping.
+    pub fn open_for_mapping(&self, nodeid: u64, writable: bool) -> io::Result<std::fs::File> {
+        let inode = self.inode(nodeid)?;
+        if !inode.is_reg() {
+            return Err(errno_error(libc::EINVAL));
+        }
+        self.reopen(&inode, if writable { libc::O_RDWR } else { libc::O_RDONLY })
+    }
+}
