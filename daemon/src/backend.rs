@@ -13,6 +13,7 @@ use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRE
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
 
 use crate::fuse::chain;
 use crate::fuse::server::Server;
@@ -112,6 +113,12 @@ impl VhostUserBackend for FsBackend {
 
     fn set_backend_req_fd(&self, backend: Backend) {
         self.server.dax.set_backend(backend);
+    }
+
+    /// Lets the framework stop each queue thread when the VMM goes away
+    /// (without it, dropping the daemon would wait on them forever).
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()
     }
 
     fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {

@@ -163,7 +163,11 @@ fn run(cli: Cli) -> Result<(), String> {
         d.removemappings.load(Relaxed),
         d.failures.load(Relaxed)
     );
-    result.map_err(|e| format!("vhost-user connection: {e}"))
+    match result {
+        // The VMM closing its end is how a VM ends.
+        Ok(()) | Err(vhost_user_backend::Error::HandleRequest(vhost::vhost_user::Error::Disconnected)) => Ok(()),
+        Err(e) => Err(format!("vhost-user connection: {e}")),
+    }
 }
 
 fn main() -> ExitCode {

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod window;
 mod worker;
 
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -292,6 +293,7 @@ impl VirtioDevice for VhostUserFs {
             requests: self.requests.clone(),
             window: self.window.clone(),
             failed: self.failed.clone(),
+            main_socket: self.frontend.as_raw_fd(),
         })?;
         self.worker = Some(Worker { stop, thread });
         Ok(())

@@ -7,7 +7,7 @@
 //! transports keep interrupt state the guest reads (the MMIO InterruptStatus
 //! register, the PCI ISR and MSI-X masking), which only `trigger` updates.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -28,10 +28,14 @@ pub struct WorkerContext {
     pub requests: Option<Arc<Mutex<FrontendReqHandler<DaxRequestHandler>>>>,
     pub window: Option<Arc<DaxWindow>>,
     pub failed: Arc<AtomicBool>,
+    /// The main vhost-user socket, watched for the daemon hanging up (the
+    /// backend request channel cannot tell: this side holds both its ends).
+    pub main_socket: RawFd,
 }
 
 const STOP: u64 = u64::MAX;
 const REQUESTS: u64 = u64::MAX - 1;
+const MAIN_SOCKET: u64 = u64::MAX - 2;
 
 pub fn spawn(ctx: WorkerContext) -> std::io::Result<(EventFd, JoinHandle<()>)> {
     let stop = EventFd::new(libc::EFD_NONBLOCK)?;
@@ -41,6 +45,7 @@ pub fn spawn(ctx: WorkerContext) -> std::io::Result<(EventFd, JoinHandle<()>)> {
     for (i, call) in ctx.calls.iter().enumerate() {
         add(call.as_raw_fd(), i as u64)?;
     }
+    epoll.ctl(ControlOperation::Add, ctx.main_socket, EpollEvent::new(EventSet::READ_HANG_UP, MAIN_SOCKET))?;
     if let Some(r) = &ctx.requests {
         add(r.lock().unwrap_or_else(|p| p.into_inner()).as_raw_fd(), REQUESTS)?;
     }
@@ -64,6 +69,10 @@ fn run(ctx: WorkerContext, epoll: Epoll) {
         for ev in &events[..n] {
             match ev.data() {
                 STOP => return,
+                MAIN_SOCKET => {
+                    let _ = epoll.ctl(ControlOperation::Delete, ctx.main_socket, EpollEvent::default());
+                    daemon_gone(&ctx);
+                }
                 REQUESTS => {
                     if !serve_request(&ctx, &epoll, ev.event_set()) {
                         daemon_gone(&ctx);

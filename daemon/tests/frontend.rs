@@ -1,0 +1,253 @@
+//! Host-only integration: the daemon binary and the VMM's vhost-user-fs
+//! frontend over a real unix socket, with guest memory in this process.
+//! The test plays the guest: it puts FUSE requests on the request queue,
+//! asks for a DAX mapping, reads the file's bytes through the window, and
+//! checks what happens when requests are bad and when the daemon dies.
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use daemon::fuse::abi::{self, init, opcode, InHeader, OutHeader, ROOT_ID};
+use virtio_devices::device::{ActivatedQueue, Interrupt, VirtioDevice, VirtioInterrupt};
+use virtio_devices::vhost_user_fs::{FsDeviceConfig, VhostUserFs};
+use virtio_devices::GuestMemoryMmap;
+use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::Queue;
+use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use vm_memory::{Address, ByteValued, Bytes, FileOffset, GuestAddress, GuestMemoryAtomic};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::tempdir::TempDir;
+use vmm_sys_util::tempfile::TempFile;
+
+const MIB: u64 = 1 << 20;
+const WINDOW: u64 = 8 * MIB;
+const QUEUE_SIZE: u16 = 64;
+const REQ_BASE: u64 = 0x10_0000;
+const REPLY_BASE: u64 = 0x20_0000;
+/// Bounds every wait, so a broken daemon fails the test instead of hanging it.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+struct Irq(Mutex<Sender<u16>>);
+
+impl VirtioInterrupt for Irq {
+    fn trigger(&self, interrupt: Interrupt) -> std::io::Result<()> {
+        if let Interrupt::Queue(q) = interrupt {
+            let _ = self.0.lock().unwrap().send(q);
+        }
+        Ok(())
+    }
+    fn notifier(&self, _: Interrupt) -> Option<EventFd> {
+        None
+    }
+}
+
+/// The guest's side of the request queue.
+struct Guest<'a> {
+    mem: &'a GuestMemoryMmap,
+    ring: MockSplitQueue<'a, GuestMemoryMmap>,
+    kick: EventFd,
+    irq: Receiver<u16>,
+    next: u16,
+    unique: u64,
+}
+
+impl Guest<'_> {
+    /// Sends a request; returns (errno, payload).
+    fn call(&mut self, op: u32, nodeid: u64, body: &[u8]) -> (i32, Vec<u8>) {
+        self.unique += 1;
+        let slot = u64::from(self.next % QUEUE_SIZE);
+        let (req_addr, reply_addr) = (REQ_BASE + slot * 0x1000, REPLY_BASE + slot * 0x1000);
+        let hdr = InHeader { len: (40 + body.len()) as u32, opcode: op, unique: self.unique, nodeid, ..Default::default() };
+        let req = [hdr.as_slice(), body].concat();
+        self.mem.write_slice(&req, GuestAddress(req_addr)).unwrap();
+        let first = (self.next * 2) % QUEUE_SIZE;
+        let descs = [
+            RawDescriptor::from(SplitDescriptor::new(req_addr, req.len() as u32, VRING_DESC_F_NEXT as u16, first + 1)),
+            RawDescriptor::from(SplitDescriptor::new(reply_addr, 0x1000, VRING_DESC_F_WRITE as u16, 0)),
+        ];
+        self.ring.add_desc_chains(&descs, first).unwrap();
+        self.kick.write(1).unwrap();
+        self.next += 1;
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let used: u16 = self.mem.read_obj(self.ring.used_addr().unchecked_add(2)).unwrap();
+            if used == self.next {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no reply to opcode {op}");
+            let _ = self.irq.recv_timeout(Duration::from_millis(100));
+        }
+        let out: OutHeader = self.mem.read_obj(GuestAddress(reply_addr)).unwrap();
+        assert_eq!(out.unique, self.unique);
+        let mut payload = vec![0u8; out.len as usize - 16];
+        self.mem.read_slice(&mut payload, GuestAddress(reply_addr + 16)).unwrap();
+        (-out.error, payload)
+    }
+}
+
+fn obj<T: ByteValued + Default>(b: &[u8]) -> T {
+    let mut v = T::default();
+    v.as_mut_slice().copy_from_slice(&b[..std::mem::size_of::<T>()]);
+    v
+}
+
+fn start_daemon(share: &Path, socket: &Path) -> Child {
+    let _ = std::fs::remove_file(socket);
+    let child = Command::new(env!("CARGO_BIN_EXE_dax-virtiofsd"))
+        .args(["--sandbox", "none", "--cache-size", "8M", "--log-level", "warn"])
+        .arg("--socket-path")
+        .arg(socket)
+        .arg("--shared-dir")
+        .arg(share)
+        .spawn()
+        .expect("spawning dax-virtiofsd");
+    let deadline = Instant::now() + PATIENCE;
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "the daemon never created its socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+fn window_byte(fs: &VhostUserFs, offset: u64) -> u8 {
+    let w = fs.window().unwrap();
+    assert!(offset < w.size());
+    // SAFETY: the test reads only offsets it has just had mapped.
+    unsafe { std::ptr::read_volatile((w.host_addr() + offset) as *const u8) }
+}
+
+fn window_is_prot_none(fs: &VhostUserFs, offset: u64) -> bool {
+    let addr = fs.window().unwrap().host_addr() + offset;
+    std::fs::read_to_string("/proc/self/maps").unwrap().lines().any(|l| {
+        let (range, rest) = l.split_once(' ').unwrap();
+        let (s, e) = range.split_once('-').unwrap();
+        (u64::from_str_radix(s, 16).unwrap()..u64::from_str_radix(e, 16).unwrap()).contains(&addr) && rest.starts_with("---p")
+    })
+}
+
+#[test]
+fn setupmapping_maps_the_file_into_the_window_and_a_dead_daemon_fails_only_the_device() {
+    let share = TempDir::new().unwrap();
+    let pattern: Vec<u8> = (0..4 * MIB).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(share.as_path().join("data.bin"), &pattern).unwrap();
+    let sockdir = TempDir::new().unwrap();
+    let socket = sockdir.as_path().join("fs.sock");
+    let cfg = FsDeviceConfig {
+        id: "fs0".into(),
+        tag: "share".into(),
+        socket: socket.clone(),
+        num_request_queues: 1,
+        queue_size: QUEUE_SIZE,
+        dax: true,
+        cache_size: None,
+    };
+
+    // A window size the daemon does not declare is refused, naming both.
+    let mut daemon = start_daemon(share.as_path(), &socket);
+    let e = VhostUserFs::connect(&FsDeviceConfig { cache_size: Some(16 * MIB), ..cfg.clone() }).err().expect("mismatch");
+    assert!(e.to_string().contains("cache_size=16777216") && e.to_string().contains("8388608"), "{e}");
+    assert!(daemon.wait().unwrap().success(), "the daemon exits when its VMM goes");
+    let mut daemon = start_daemon(share.as_path(), &socket);
+
+    // Shared guest RAM the daemon can map.
+    let ram = TempFile::new().unwrap().into_file();
+    ram.set_len(16 * MIB).unwrap();
+    let mem = GuestMemoryMmap::from_ranges_with_files(&[(GuestAddress(0), (16 * MIB) as usize, Some(FileOffset::new(ram, 0)))])
+        .unwrap();
+
+    let mut fs = VhostUserFs::connect(&cfg).expect("negotiation");
+    assert_eq!(fs.window().unwrap().size(), WINDOW, "window size taken from the daemon");
+
+    let mut cfgspace = [0u8; 40];
+    fs.read_config(0, &mut cfgspace);
+    assert_eq!(&cfgspace[..5], b"share");
+    assert_eq!(u32::from_le_bytes(cfgspace[36..].try_into().unwrap()), 1);
+
+    let hiprio = MockSplitQueue::create(&mem, GuestAddress(0x1000), QUEUE_SIZE);
+    let request = MockSplitQueue::create(&mem, GuestAddress(0x8000), QUEUE_SIZE);
+    let kicks = [EventFd::new(libc::EFD_NONBLOCK).unwrap(), EventFd::new(libc::EFD_NONBLOCK).unwrap()];
+    let queues = vec![
+        ActivatedQueue { index: 0, queue: hiprio.create_queue::<Queue>().unwrap(), kick: kicks[0].try_clone().unwrap() },
+        ActivatedQueue { index: 1, queue: request.create_queue::<Queue>().unwrap(), kick: kicks[1].try_clone().unwrap() },
+    ];
+    let (tx, rx) = channel();
+    fs.ack_features(fs.features());
+    fs.activate(GuestMemoryAtomic::new(mem.clone()), Arc::new(Irq(Mutex::new(tx))), queues).expect("activate");
+
+    let mut guest = Guest { mem: &mem, ring: request, kick: kicks[1].try_clone().unwrap(), irq: rx, next: 0, unique: 0 };
+    let init_in = abi::InitIn {
+        major: 7,
+        minor: 38,
+        flags: (init::INIT_EXT | init::MAP_ALIGNMENT) as u32,
+        flags2: (init::HAS_INODE_DAX >> 32) as u32,
+        ..Default::default()
+    };
+    let (e, p) = guest.call(opcode::INIT, 0, init_in.as_slice());
+    assert_eq!(e, 0);
+    let init_out: abi::InitOut = obj(&p);
+    assert_ne!(init_out.flags as u64 & init::MAP_ALIGNMENT, 0, "DAX offered once the backend channel exists");
+    assert_eq!(init_out.map_alignment, 12, "4 KiB granularity by default");
+    assert_eq!(init_out.flags2 as u64, init::HAS_INODE_DAX >> 32);
+
+    let (e, p) = guest.call(opcode::LOOKUP, ROOT_ID, b"data.bin\0");
+    assert_eq!(e, 0);
+    let entry: abi::EntryOut = obj(&p);
+    assert_eq!(entry.attr.size, 4 * MIB);
+    assert_eq!(entry.attr.flags, abi::ATTR_DAX, "a 4 MiB file gets DAX under the default policy");
+
+    // File range [2M, 4M) at window offset 4M, read-only, as the guest's dax.c does.
+    let map = abi::SetupmappingIn { fh: u64::MAX, foffset: 2 * MIB, len: 2 * MIB, flags: 2, moffset: 4 * MIB };
+    assert_eq!(guest.call(opcode::SETUPMAPPING, entry.nodeid, map.as_slice()).0, 0);
+    for off in [0, 1, 4095, 4096, MIB + 17, 2 * MIB - 1] {
+        assert_eq!(window_byte(&fs, 4 * MIB + off), pattern[(2 * MIB + off) as usize], "offset {off}");
+    }
+    let m = fs.window().unwrap().metrics.snapshot();
+    assert_eq!((m.maps, m.bytes_mapped), (1, 2 * MIB));
+
+    // A write mapping sees host writes (same page cache) and writes back.
+    let rw = abi::SetupmappingIn { foffset: 0, moffset: 0, flags: 3, ..map };
+    assert_eq!(guest.call(opcode::SETUPMAPPING, entry.nodeid, rw.as_slice()).0, 0);
+    let host = std::fs::OpenOptions::new().write(true).open(share.as_path().join("data.bin")).unwrap();
+    host.write_all_at(b"HOST", 100).unwrap();
+    assert_eq!(window_byte(&fs, 100), b'H');
+
+    // Bad requests fail with an errno; the mappings stay as they were.
+    let past_end = abi::SetupmappingIn { moffset: WINDOW - MIB, ..map };
+    let misaligned = abi::SetupmappingIn { moffset: 512, ..map };
+    let bad_flags = abi::SetupmappingIn { flags: 8, ..map };
+    for bad in [past_end, misaligned, bad_flags] {
+        assert_eq!(guest.call(opcode::SETUPMAPPING, entry.nodeid, bad.as_slice()).0, libc::EINVAL, "{bad:?}");
+    }
+    assert_eq!(guest.call(opcode::SETUPMAPPING, ROOT_ID, map.as_slice()).0, libc::EINVAL, "a directory cannot be mapped");
+    assert_eq!(window_byte(&fs, 4 * MIB), pattern[(2 * MIB) as usize]);
+
+    // REMOVEMAPPING of both ranges puts PROT_NONE back.
+    let rm = [
+        abi::RemovemappingIn { count: 2 }.as_slice().to_vec(),
+        abi::RemovemappingOne { moffset: 0, len: 2 * MIB }.as_slice().to_vec(),
+        abi::RemovemappingOne { moffset: 4 * MIB, len: 2 * MIB }.as_slice().to_vec(),
+    ]
+    .concat();
+    assert_eq!(guest.call(opcode::REMOVEMAPPING, ROOT_ID, &rm).0, 0);
+    assert!(window_is_prot_none(&fs, 0) && window_is_prot_none(&fs, 4 * MIB));
+    let m = fs.window().unwrap().metrics.snapshot();
+    assert_eq!((m.maps, m.unmaps, m.bytes_mapped), (2, 2, 0));
+
+    // The daemon dies: the device notices, drops its mappings, and is failed;
+    // this process (the VMM) carries on.
+    assert_eq!(guest.call(opcode::SETUPMAPPING, entry.nodeid, map.as_slice()).0, 0);
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while !fs.failed() {
+        assert!(Instant::now() < deadline, "the device never noticed the daemon's death");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(window_is_prot_none(&fs, 4 * MIB), "mappings dropped when the daemon went away");
+    assert!(fs.reset(), "reset works on a failed device");
+}
