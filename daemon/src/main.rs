@@ -79,6 +79,10 @@ struct Cli {
     /// Request queues served at most (the VMM's num_queues), plus the hiprio queue.
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
     max_request_queues: u16,
+    /// Open-file limit to set (every inode the guest holds is an fd);
+    /// default: as high as the system allows.
+    #[arg(long, value_name = "N")]
+    rlimit_nofile: Option<u64>,
     /// Largest queue size accepted.
     #[arg(long, value_name = "N", default_value_t = 32768)]
     max_queue_size: u16,
@@ -125,6 +129,8 @@ fn run(cli: Cli) -> Result<(), String> {
         SandboxArg::Chroot => Sandbox::Chroot,
         SandboxArg::None => Sandbox::None,
     };
+    let nofile = sandbox::raise_nofile_limit(cli.rlimit_nofile).map_err(|e| format!("--rlimit-nofile: {e}"))?;
+    log::debug!("open-file limit {nofile}");
     // The socket is bound before the sandbox closes the host's paths off.
     let mut listener = Listener::new(&cli.socket_path, true)
         .map_err(|e| format!("--socket-path {}: {e}", cli.socket_path.display()))?;

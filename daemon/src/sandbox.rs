@@ -54,3 +54,27 @@ pub fn enter(shared_dir: &Path, mode: Sandbox) -> Result<Opened, SandboxError> {
     unsafe { libc::umask(0) };
     Ok(Opened { root, proc_self_fd })
 }
+
+/// Raises the open-file limit: every inode the guest holds is an open fd.
+/// `wanted` None means as high as the system allows (`fs.nr_open`).
+/// Returns the soft limit now in force.
+pub fn raise_nofile_limit(wanted: Option<u64>) -> io::Result<u64> {
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(1 << 20);
+    let target = wanted.unwrap_or(nr_open).min(nr_open);
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid, writable rlimit.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+    let raised = libc::rlimit { rlim_cur: target, rlim_max: lim.rlim_max.max(target) };
+    // SAFETY: as above; raising the hard limit needs CAP_SYS_RESOURCE, so
+    // fall back to the current hard limit without it.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        let capped = libc::rlimit { rlim_cur: target.min(lim.rlim_max), rlim_max: lim.rlim_max };
+        // SAFETY: as above.
+        cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &capped) })?;
+        return Ok(capped.rlim_cur);
+    }
+    Ok(raised.rlim_cur)
+}

@@ -59,6 +59,10 @@ pub struct Guest {
     pub host_after: String,
     /// Extra VMM arguments (after the kernel, cpus, memory and serial ones).
     pub vmm_args: Vec<String>,
+    /// Binaries on the VMM host's PATH (e.g. the virtio-fs daemon).
+    pub host_tools: Vec<PathBuf>,
+    /// Binaries in the guest's /bin (e.g. `daxprobe`).
+    pub guest_tools: Vec<PathBuf>,
     pub timeout: Duration,
 }
 
@@ -76,6 +80,8 @@ impl Guest {
             host_before: String::new(),
             host_after: String::new(),
             vmm_args: Vec::new(),
+            host_tools: Vec::new(),
+            guest_tools: Vec::new(),
             timeout: Duration::from_secs(300),
         }
     }
@@ -226,6 +232,9 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
         for f in &guest.host_files {
             write_file(&files.join(&f.path), f)?;
         }
+        for tool in &guest.host_tools {
+            write_file(&files.join("bin").join(tool_name(tool)?), &ImageFile { path: String::new(), perm: 0o755, data: read_tool(tool)? })?;
+        }
         let initramfs = work.join("guest-initramfs.cpio");
         std::fs::write(&initramfs, &guest_initramfs).map_err(|e| RigError::io(&initramfs, e))?;
         Command::new("sh")
@@ -324,7 +333,7 @@ fn host_script(guest: &Guest) -> String {
     ];
     args.extend(guest.vmm_args.iter().map(|a| sh_quote(a)));
     format!(
-        "cd \"$WORK\"\n{before}\necho '@@RIG vmm_start'\n\"$VMM\" {args} </dev/null\necho \"@@RIG vmm_exit=$?\"\n{after}\n",
+        "cd \"$WORK\"\nexport PATH=\"$WORK/bin:$PATH\"\n{before}\necho '@@RIG vmm_start'\n\"$VMM\" {args} </dev/null\necho \"@@RIG vmm_exit=$?\"\n{after}\n",
         before = guest.host_before,
         args = args.join(" "),
         after = guest.host_after,
@@ -339,6 +348,9 @@ fn guest_initramfs(guest: &Guest, kernel: &GuestKernel, busybox: &[u8]) -> Resul
     let load = add_modules(&mut image, &modules, |name| format!(" || echo \"@@GUEST insmod_failed={name}\""));
     for f in &guest.guest_files {
         image.file(&f.path, f.perm, &f.data);
+    }
+    for tool in &guest.guest_tools {
+        image.file(&format!("bin/{}", tool_name(tool)?), 0o755, &read_tool(tool)?);
     }
     image.file("test.sh", 0o755, guest.script.as_bytes());
     let init = format!(
@@ -368,6 +380,9 @@ fn emulated_host_initramfs(
     let load = add_modules(&mut image, &kvm, |_| String::new());
     let vmm_bytes = std::fs::read(vmm).map_err(|e| RigError::io(vmm, e))?;
     image.file("bin/dax-vmm", 0o755, &vmm_bytes);
+    for tool in &guest.host_tools {
+        image.file(&format!("bin/{}", tool_name(tool)?), 0o755, &read_tool(tool)?);
+    }
     let bzimage = std::fs::read(&kernel.bzimage).map_err(|e| RigError::io(&kernel.bzimage, e))?;
     image.file("guest/vmlinuz", 0o644, &bzimage);
     image.file("guest/initramfs.cpio", 0o644, guest_initramfs);
@@ -462,6 +477,29 @@ pub fn static_binary(package: &str, bin: &str) -> Result<PathBuf, RigError> {
         return Err(RigError::Setup(format!("{} is not statically linked", path.display())));
     }
     Ok(path)
+}
+
+fn tool_name(path: &Path) -> Result<String, RigError> {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| RigError::Setup(format!("{} has no file name", path.display())))
+}
+
+fn read_tool(path: &Path) -> Result<Vec<u8>, RigError> {
+    std::fs::read(path).map_err(|e| RigError::io(path, e))
+}
+
+/// A static binary of this workspace for a guest or host image (built once
+/// per process and binary).
+pub fn tool(package: &str, bin: &str) -> Result<PathBuf, RigError> {
+    static BUILT: std::sync::Mutex<Vec<(String, Result<PathBuf, String>)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, r)) = built.iter().find(|(b, _)| b == bin) {
+        return r.clone().map_err(RigError::Setup);
+    }
+    let r = static_binary(package, bin).map_err(|e| e.to_string());
+    built.push((bin.to_string(), r.clone()));
+    r.map_err(RigError::Setup)
 }
 
 /// The VMM binary the rig runs (built once per process).

@@ -188,7 +188,16 @@ impl Server {
                 fs.reset();
                 Reply::Data(Vec::new())
             }
-            opcode::LOOKUP => data(self.entry(fs.lookup(n, &b.name()?)?)),
+            opcode::LOOKUP => match fs.lookup(n, &b.name()?) {
+                Ok(found) => data(self.entry(found)),
+                // A negative entry (nodeid 0) lets the guest cache "not there"
+                // for the entry timeout instead of asking again.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) && !self.fs.cache.timeout().is_zero() => {
+                    let t = self.fs.cache.timeout();
+                    data(abi::EntryOut { entry_valid: t.as_secs(), entry_valid_nsec: t.subsec_nanos(), ..Default::default() })
+                }
+                Err(e) => return Err(e),
+            },
             opcode::FORGET => {
                 fs.forget(n, b.obj::<abi::ForgetIn>()?.nlookup);
                 Reply::None

@@ -79,9 +79,14 @@ impl Rig {
         obj(&self.ok(opcode::INIT, 0, i.as_slice()))
     }
 
+    /// LOOKUP; a negative entry (nodeid 0) reads as ENOENT.
     fn lookup(&mut self, parent: u64, name: &str) -> Result<abi::EntryOut, i32> {
         let (e, p) = self.call(opcode::LOOKUP, parent, &cstr(name));
-        if e != 0 { Err(e) } else { Ok(obj(&p)) }
+        match e {
+            0 if obj::<abi::EntryOut>(&p).nodeid == 0 => Err(libc::ENOENT),
+            0 => Ok(obj(&p)),
+            e => Err(e),
+        }
     }
 }
 

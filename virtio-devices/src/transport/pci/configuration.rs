@@ -179,7 +179,9 @@ impl PciConfiguration {
     }
 
     /// Writes through the writable mask. Returns the BAR index whose address
-    /// changed, so the transport can move what it registered there.
+    /// changed while memory decoding is on, so the transport can move what it
+    /// registered there. (Drivers size BARs with decoding off, writing all
+    /// ones and then the old address back: that is not a move.)
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Option<usize> {
         let off = offset as usize;
         if !matches!(data.len(), 1 | 2 | 4) || !off.is_multiple_of(data.len()) || off + data.len() > CONFIG_SPACE_SIZE {
@@ -195,7 +197,7 @@ impl PciConfiguration {
         let before = self.bar_address_for_reg(reg);
         self.regs[reg] = (self.regs[reg] & !mask) | (value & mask);
         let index = self.bar_index_for_reg(reg)?;
-        (before != self.bar_address(index)).then_some(index)
+        (before != self.bar_address(index) && self.memory_enabled()).then_some(index)
     }
 
     fn bar_index_for_reg(&self, reg: usize) -> Option<usize> {
@@ -266,15 +268,18 @@ mod tests {
         assert_eq!(r32(&c, 0x10), 0xe000_0000);
         assert_eq!(r32(&c, 0x18), 0x0000_000c, "64-bit prefetchable, low address 0");
         assert_eq!(r32(&c, 0x1c), 1);
-        // Size it as a driver does: save, write all ones, read, restore.
+        // Size it as a driver does, decoding off: save, write all ones, read,
+        // restore. That is not a move.
         for (off, expect) in [(0x10, 0xffff_c000u32), (0x18, 0xffc0_000c), (0x1c, 0xffff_ffff)] {
             let saved = r32(&c, off);
-            c.write(off, &u32::MAX.to_le_bytes());
+            assert_eq!(c.write(off, &u32::MAX.to_le_bytes()), None);
             assert_eq!(r32(&c, off), expect, "BAR at {off:#x}");
-            c.write(off, &saved.to_le_bytes());
+            assert_eq!(c.write(off, &saved.to_le_bytes()), None);
         }
         assert_eq!(c.bar_address(2), Some(0x1_0000_0000));
-        // Moving a BAR reports which one moved.
+        // Moving a BAR with decoding on reports which one moved.
+        c.write(0x04, &2u16.to_le_bytes());
+        assert!(c.memory_enabled());
         assert_eq!(c.write(0x1c, &2u32.to_le_bytes()), Some(2));
         assert_eq!(c.bar_address(2), Some(0x2_0000_0000));
         assert_eq!(c.write(0x1c, &2u32.to_le_bytes()), None, "same address: nothing moved");

@@ -1,0 +1,156 @@
+//! `daxprobe`: the guest-side tool of the rig, built static and put in the
+//! guest's initramfs: what busybox cannot do on a DAX share.
+//!
+//! ```text
+//! daxprobe statx PATH...                 one line: PATH:1 (STATX_ATTR_DAX set) or PATH:0 each
+//! daxprobe mmap-copy SRC DST             copies SRC to DST reading SRC through a shared mmap
+//! daxprobe mmap-fill PATH OFFSET LEN BYTE  fills a range through a shared writable mmap, msyncs
+//! daxprobe bench PATH seq|rand|mmap BLOCK_KIB TOTAL_MIB   reads, prints MiB/s
+//! ```
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::time::Instant;
+
+/// `STATX_ATTR_DAX` from linux/stat.h.
+const STATX_ATTR_DAX: u64 = 0x0020_0000;
+
+fn fail(msg: String) -> ! {
+    eprintln!("daxprobe: {msg}");
+    std::process::exit(1)
+}
+
+fn num(s: &str) -> u64 {
+    s.parse().unwrap_or_else(|_| fail(format!("{s:?} is not a number")))
+}
+
+fn statx_dax(path: &str) -> bool {
+    let c = CString::new(std::path::Path::new(path).as_os_str().as_bytes()).unwrap_or_else(|_| fail("bad path".into()));
+    // SAFETY: all-zero is a valid statx for the call to overwrite.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: valid NUL-terminated path and a writable statx.
+    let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_BASIC_STATS, &mut st) };
+    if r != 0 {
+        fail(format!("statx {path}: {}", std::io::Error::last_os_error()));
+    }
+    st.stx_attributes & STATX_ATTR_DAX != 0
+}
+
+/// A shared mapping of a whole file, unmapped on drop.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(file: &File, len: usize, writable: bool) -> Mapping {
+        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+        // SAFETY: a fresh shared mapping of an open file; checked below.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+        if p == libc::MAP_FAILED {
+            fail(format!("mmap: {}", std::io::Error::last_os_error()));
+        }
+        Mapping { ptr: p.cast(), len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` bytes and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+fn open(path: &str, write: bool) -> File {
+    std::fs::OpenOptions::new().read(true).write(write).open(path).unwrap_or_else(|e| fail(format!("{path}: {e}")))
+}
+
+fn bench(path: &str, mode: &str, block_kib: u64, total_mib: u64) {
+    let file = open(path, false);
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let block = (block_kib * 1024) as usize;
+    let total = total_mib << 20;
+    if size < block as u64 {
+        fail(format!("{path} is smaller than one block"));
+    }
+    let blocks = size / block as u64;
+    let mut buf = vec![0u8; block];
+    let mut sum = 0u64;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let start = Instant::now();
+    let mut done = 0u64;
+    let map = (mode == "mmap").then(|| Mapping::new(&file, size as usize, false));
+    let mut i = 0u64;
+    while done < total {
+        let idx = match mode {
+            "rand" | "mmap" => {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed % blocks
+            }
+            _ => i % blocks,
+        };
+        let off = idx * block as u64;
+        match &map {
+            Some(m) => {
+                // Touch every 4 KiB page of the block.
+                let b = &m.bytes()[off as usize..off as usize + block];
+                sum = b.iter().step_by(4096).fold(sum, |a, &x| a.wrapping_add(u64::from(x)));
+            }
+            None => {
+                file.read_exact_at(&mut buf, off).unwrap_or_else(|e| fail(format!("pread: {e}")));
+                sum = sum.wrapping_add(u64::from(buf[0]));
+            }
+        }
+        done += block as u64;
+        i += 1;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!("mib_per_s={:.1} bytes={done} secs={secs:.3} sum={sum}", done as f64 / (1 << 20) as f64 / secs);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["statx", paths @ ..] => {
+            let out: Vec<String> = paths.iter().map(|p| format!("{p}:{}", u8::from(statx_dax(p)))).collect();
+            println!("{}", out.join(" "));
+        }
+        ["mmap-copy", src, dst] => {
+            let f = open(src, false);
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0) as usize;
+            let mut out = File::create(dst).unwrap_or_else(|e| fail(format!("{dst}: {e}")));
+            if len > 0 {
+                let m = Mapping::new(&f, len, false);
+                out.write_all(m.bytes()).unwrap_or_else(|e| fail(format!("{dst}: {e}")));
+            }
+        }
+        ["mmap-fill", path, off, len, byte] => {
+            let f = open(path, true);
+            let size = f.metadata().map(|m| m.len()).unwrap_or(0) as usize;
+            let (off, len, byte) = (num(off) as usize, num(len) as usize, num(byte) as u8);
+            if off + len > size {
+                fail(format!("{off}+{len} is past the end of {path} ({size} bytes)"));
+            }
+            let m = Mapping::new(&f, size, true);
+            // SAFETY: the range is inside the writable mapping (checked above).
+            unsafe { std::ptr::write_bytes(m.ptr.add(off), byte, len) };
+            // SAFETY: msync of our own mapping.
+            if unsafe { libc::msync(m.ptr.cast(), size, libc::MS_SYNC) } != 0 {
+                fail(format!("msync: {}", std::io::Error::last_os_error()));
+            }
+        }
+        ["bench", path, mode @ ("seq" | "rand" | "mmap"), block_kib, total_mib] => bench(path, mode, num(block_kib), num(total_mib)),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | bench)".into()),
+    }
+}

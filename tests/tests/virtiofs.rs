@@ -1,0 +1,171 @@
+//! virtio-fs with DAX in real guests, over virtio-MMIO and over virtio-PCI:
+//! our daemon serves a directory on the (emulated) host, the VMM gives the
+//! device a 32 MiB window, and one boot per transport checks:
+//! - `dax=inode`: `statx` shows STATX_ATTR_DAX exactly on the files the
+//!   policy selects (size ≥ 32 KiB, not under `nodax/`);
+//! - a 96 MiB DAX file reads back identically through read() and mmap,
+//!   through a window a third its size (the guest's reclaim path);
+//! - writes through DAX (dd conv=fsync, a shared writable mmap + msync) and
+//!   through FUSE WRITE reach the host file, as the host sees after power-off;
+//! - `cp -a`, `tar` and `find` over a tree of small files; rename, hard link,
+//!   symlink;
+//! - `dax=always`: every regular file is DAX.
+
+use guest_tests::results::Results;
+use guest_tests::rig::{self, Guest, ImageFile};
+
+const DIRS: u32 = 20;
+const FILES_PER_DIR: u32 = 100;
+
+const POLICY: &str = r#"{
+  "mode": "inode",
+  "rules": [
+    { "path": "nodax/**", "dax": false },
+    { "min_size": "32K", "dax": true }
+  ],
+  "default": false
+}"#;
+
+const HOST_BEFORE: &str = r#"
+mkdir -p share/nodax share/tree
+dd if=/dev/urandom of=share/big.bin bs=1M count=96 2>/dev/null
+dd if=/dev/zero of=share/target.bin bs=1M count=4 2>/dev/null
+dd if=/dev/urandom of=share/nodax/large.bin bs=1M count=1 2>/dev/null
+printf 'small file\n' > share/small.txt
+i=0; while [ $i -lt DIRS ]; do mkdir share/tree/d$i; j=0; while [ $j -lt FILES ]; do echo "file $i $j" > share/tree/d$i/f$j; j=$((j+1)); done; i=$((i+1)); done
+ln -s ../small.txt share/tree/link
+echo "@@HOST big_md5=$(md5sum < share/big.bin | cut -d' ' -f1)"
+echo "@@HOST large_md5=$(md5sum < share/nodax/large.bin | cut -d' ' -f1)"
+dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --dax-policy policy.json --log-level warn &
+DAEMON=$!
+i=0; while [ ! -S /tmp/fs.sock ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
+"#;
+
+const HOST_AFTER: &str = r#"
+wait $DAEMON; echo "@@HOST daemon_exit=$?"
+echo "@@HOST target_md5=$(md5sum < share/target.bin | cut -d' ' -f1)"
+echo "@@HOST written_md5=$(md5sum < share/written.bin | cut -d' ' -f1)"
+diff -r share/tree share/tree-copy >/dev/null && echo "@@HOST tree_copy=same"
+echo "@@HOST copy_link=$(readlink share/tree-copy/link)"
+"#;
+
+const GUEST_SCRIPT: &str = r#"
+up() { cut -d' ' -f1 /proc/uptime; }
+secs() { awk "BEGIN{print $2-$1}"; }
+mkdir -p /mnt
+mount -t virtiofs share /mnt -o dax=inode; echo "@@GUEST mount_inode_rc=$?"
+echo "@@GUEST mount_inode_opts=$(grep ' /mnt ' /proc/mounts | cut -d' ' -f4)"
+cd /mnt
+echo "@@GUEST statx_inode=$(daxprobe statx big.bin target.bin small.txt nodax/large.bin tree/d0/f0)"
+t0=$(up); echo "@@GUEST big_md5=$(md5sum < big.bin | cut -d' ' -f1)"; t1=$(up)
+daxprobe mmap-copy big.bin /tmp/big.copy && echo "@@GUEST big_mmap_md5=$(md5sum < /tmp/big.copy | cut -d' ' -f1)"; t2=$(up)
+rm -f /tmp/big.copy
+echo "@@GUEST big_read_s=$(secs $t0 $t1)"
+echo "@@GUEST big_mmap_s=$(secs $t1 $t2)"
+echo "@@GUEST large_md5=$(md5sum < nodax/large.bin | cut -d' ' -f1)"
+dd if=/dev/urandom of=/tmp/chunk bs=1M count=2 2>/dev/null
+dd if=/tmp/chunk of=target.bin bs=1M seek=1 conv=notrunc,fsync 2>/dev/null; echo "@@GUEST dd_rc=$?"
+daxprobe mmap-fill target.bin 4096 65536 90; echo "@@GUEST mmap_fill_rc=$?"
+echo "@@GUEST target_md5=$(md5sum < target.bin | cut -d' ' -f1)"
+dd if=/dev/urandom of=/tmp/w bs=1M count=8 2>/dev/null
+cp /tmp/w written.bin && sync
+echo "@@GUEST written_md5=$(md5sum < /tmp/w | cut -d' ' -f1)"
+echo "@@GUEST written_read_md5=$(md5sum < written.bin | cut -d' ' -f1)"
+t3=$(up); cp -a tree tree-copy; echo "@@GUEST cp_rc=$?"; t4=$(up)
+echo "@@GUEST cp_s=$(secs $t3 $t4)"
+echo "@@GUEST find_files=$(find tree-copy -type f | wc -l)"
+mkdir /tmp/x && tar cf - tree | tar xf - -C /tmp/x; echo "@@GUEST tar_files=$(find /tmp/x/tree -type f | wc -l)"
+echo "@@GUEST link=$(readlink tree-copy/link) $(cat tree-copy/link)"
+mv small.txt moved.txt && mv moved.txt small.txt && ln small.txt hard.txt && echo "@@GUEST nlink=$(stat -c %h small.txt)"
+rm hard.txt
+mkdir newdir && rmdir newdir && echo "@@GUEST mkdir_rmdir=ok"
+echo "@@GUEST df=$(df -k /mnt | tail -1 | awk '{print ($2 > 0)}')"
+cd /; umount /mnt; echo "@@GUEST umount_inode_rc=$?"
+mount -t virtiofs share /mnt -o dax=always; echo "@@GUEST mount_always_rc=$?"
+echo "@@GUEST statx_always=$(cd /mnt && daxprobe statx big.bin small.txt nodax/large.bin)"
+echo "@@GUEST small=$(cat /mnt/small.txt)"
+echo "@@GUEST large_md5_always=$(md5sum < /mnt/nodax/large.bin | cut -d' ' -f1)"
+umount /mnt; echo "@@GUEST umount_always_rc=$?"
+echo "@@GUEST fuse_errors=$(dmesg | grep -i 'fuse\|virtio.fs\|virtiofs' | grep -ci 'error\|fail\|bug\|warn')"
+"#;
+
+#[test]
+#[ignore = "boots real guests; run through scripts/test.sh"]
+fn virtiofs_dax_over_mmio() {
+    virtiofs_test("mmio");
+}
+
+#[test]
+#[ignore = "boots real guests; run through scripts/test.sh"]
+fn virtiofs_dax_over_pci() {
+    virtiofs_test("pci");
+}
+
+fn virtiofs_test(transport: &str) {
+    let mut guest = Guest::new(&format!("virtiofs-{transport}"), GUEST_SCRIPT);
+    guest.cpus = 2;
+    guest.memory = "512M,shared=on".into();
+    // virtiofs and fuse are built into the Debian cloud kernel.
+    guest.guest_modules = vec!["virtio_mmio".into()];
+    guest.guest_tools = vec![rig::tool("guest-tests", "daxprobe").expect("daxprobe")];
+    guest.host_tools = vec![rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd")];
+    guest.host_files = vec![ImageFile { path: "policy.json".into(), perm: 0o644, data: POLICY.as_bytes().to_vec() }];
+    guest.host_before = HOST_BEFORE.replace("DIRS", &DIRS.to_string()).replace("FILES", &FILES_PER_DIR.to_string());
+    guest.host_after = HOST_AFTER.into();
+    guest.vmm_args = vec![
+        "-v".into(),
+        "--fs".into(),
+        format!("tag=share,socket=/tmp/fs.sock,num_queues=1,queue_size=1024,cache_size=32M,transport={transport},id=fs0"),
+    ];
+    guest.timeout = std::time::Duration::from_secs(900);
+    let run = rig::run(&guest).expect("rig run");
+    let tail = run.tail(80);
+    assert!(!run.timed_out, "{tail}");
+    assert_eq!(run.guest("insmod_failed"), None, "{tail}");
+    assert_eq!(run.guest("mount_inode_rc"), Some("0"), "{tail}");
+    assert!(run.guest("mount_inode_opts").is_some_and(|o| o.contains("dax=inode")), "{tail}");
+    assert_eq!(
+        run.guest("statx_inode"),
+        Some("big.bin:1 target.bin:1 small.txt:0 nodax/large.bin:0 tree/d0/f0:0"),
+        "the policy picks the DAX files\n{tail}"
+    );
+    let big = run.host("big_md5").expect(&tail);
+    assert_eq!(run.guest("big_md5"), Some(big), "96 MiB through a 32 MiB window, read()\n{tail}");
+    assert_eq!(run.guest("big_mmap_md5"), Some(big), "the same through mmap\n{tail}");
+    assert_eq!(run.guest("large_md5"), run.host("large_md5"), "{tail}");
+    assert_eq!(run.guest("dd_rc"), Some("0"), "{tail}");
+    assert_eq!(run.guest("mmap_fill_rc"), Some("0"), "{tail}");
+    assert_eq!(run.host("target_md5"), run.guest("target_md5"), "DAX writes are in the host file\n{tail}");
+    assert_eq!(run.host("written_md5"), run.guest("written_md5"), "FUSE writes are in the host file\n{tail}");
+    assert_eq!(run.guest("written_read_md5"), run.guest("written_md5"), "{tail}");
+    let files = (DIRS * FILES_PER_DIR).to_string();
+    assert_eq!(run.guest("cp_rc"), Some("0"), "{tail}");
+    assert_eq!(run.guest("find_files"), Some(files.as_str()), "{tail}");
+    assert_eq!(run.guest("tar_files"), Some(files.as_str()), "{tail}");
+    assert_eq!(run.host("tree_copy"), Some("same"), "{tail}");
+    assert_eq!(run.host("copy_link"), Some("../small.txt"), "{tail}");
+    assert_eq!(run.guest("link"), Some("../small.txt small file"), "{tail}");
+    assert_eq!(run.guest("nlink"), Some("2"), "{tail}");
+    assert_eq!(run.guest("mkdir_rmdir"), Some("ok"), "{tail}");
+    assert_eq!(run.guest("df"), Some("1"), "{tail}");
+    assert_eq!(run.guest("umount_inode_rc"), Some("0"), "{tail}");
+    assert_eq!(run.guest("mount_always_rc"), Some("0"), "{tail}");
+    assert_eq!(run.guest("statx_always"), Some("big.bin:1 small.txt:1 nodax/large.bin:1"), "{tail}");
+    assert_eq!(run.guest("small"), Some("small file"), "{tail}");
+    assert_eq!(run.guest("large_md5_always"), run.host("large_md5"), "{tail}");
+    assert_eq!(run.guest("umount_always_rc"), Some("0"), "{tail}");
+    assert_eq!(run.guest("fuse_errors"), Some("0"), "{tail}");
+    assert_eq!(run.vmm_exit, Some(0), "{tail}");
+    assert_eq!(run.host("daemon_exit"), Some("0"), "the daemon ends cleanly with its VMM\n{tail}");
+
+    let mut results = Results::new(&format!("virtiofs-{transport}"));
+    results.record_run(&format!("virtio-fs DAX over virtio-{transport}"), &run);
+    for (k, what) in [
+        ("big_read_s", "md5sum of a 96 MiB DAX file through a 32 MiB window, s"),
+        ("big_mmap_s", "the same file copied through mmap, s"),
+        ("cp_s", "cp -a of 2000 small files (no DAX), s"),
+    ] {
+        results.record(&format!("virtio-{transport}: {what}, guest clock"), run.guest(k).unwrap_or("n/a"));
+    }
+    results.save().expect("write results");
+}
