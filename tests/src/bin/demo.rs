@@ -1,5 +1,6 @@
-//! The demo: boots a guest under dax-vmm through the rig and shows what the
-//! guest found. `cargo run -p guest-tests --bin demo -- --help`.
+//! The demo: boots a guest under dax-vmm through the rig with a virtio-fs
+//! DAX share served by dax-virtiofsd, and shows what the guest found and
+//! what the daemon mapped. `cargo run -p guest-tests --bin demo -- --help`.
 
 use std::time::Duration;
 
@@ -9,9 +10,33 @@ const DEMO_SCRIPT: &str = r#"
 echo "@@GUEST kernel=$(uname -r)"
 echo "@@GUEST nproc=$(nproc)"
 echo "@@GUEST memtotal=$(awk '/^MemTotal:/ {print $2 " " $3}' /proc/meminfo)"
-echo "@@GUEST cmdline=$(cat /proc/cmdline)"
 echo "@@GUEST acpi_tables=$(ls /sys/firmware/acpi/tables 2>/dev/null | tr '\n' ' ')"
-echo "@@GUEST filesystems=$(grep -E 'virtiofs|fuse' /proc/filesystems | awk '{print $NF}' | tr '\n' ' ')"
+mkdir -p /mnt && mount -t virtiofs share /mnt -o dax=inode
+echo "@@GUEST mount=$(grep ' /mnt ' /proc/mounts)"
+echo "@@GUEST files=$(cd /mnt && ls -l | awk 'NR>1 {print $5 "B:" $9}' | tr '\n' ' ')"
+echo "@@GUEST statx_dax=$(cd /mnt && daxprobe statx big.bin hello.txt)"
+echo "@@GUEST hello=$(cat /mnt/hello.txt)"
+t0=$(cut -d' ' -f1 /proc/uptime)
+echo "@@GUEST big_md5=$(md5sum < /mnt/big.bin | cut -d' ' -f1) (read through the DAX window)"
+echo "@@GUEST big_read_s=$(awk "BEGIN{print $(cut -d' ' -f1 /proc/uptime)-$t0}")"
+echo "written by the guest" > /mnt/from-guest.txt && sync
+umount /mnt
+"#;
+
+/// Host side: a share with a 64 MiB file (DAX under the default policy) and
+/// a small one (not), the daemon in the background, its report afterwards.
+const HOST_BEFORE: &str = r#"
+mkdir -p share && echo "hello from the host" > share/hello.txt
+dd if=/dev/urandom of=share/big.bin bs=1M count=64 2>/dev/null
+echo "@@HOST big_md5=$(md5sum < share/big.bin | cut -d' ' -f1)"
+dax-virtiofsd --socket-path /tmp/demo-fs.sock --shared-dir share --cache-size 32M --log-level info &
+DAEMON=$!
+i=0; while [ ! -S /tmp/demo-fs.sock ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
+"#;
+
+const HOST_AFTER: &str = r#"
+wait $DAEMON
+echo "@@HOST from_guest=$(cat share/from-guest.txt)"
 "#;
 
 fn usage() -> ! {
@@ -22,6 +47,18 @@ fn usage() -> ! {
 fn main() {
     let mut guest = Guest::new("demo", DEMO_SCRIPT);
     guest.cpus = 2;
+    guest.memory = "512M,shared=on".into();
+    let tool = |pkg, bin| {
+        rig::tool(pkg, bin).unwrap_or_else(|e| {
+            eprintln!("demo: {e}");
+            std::process::exit(1)
+        })
+    };
+    guest.host_tools = vec![tool("daemon", "dax-virtiofsd")];
+    guest.guest_tools = vec![tool("guest-tests", "daxprobe")];
+    guest.host_before = HOST_BEFORE.into();
+    guest.host_after = HOST_AFTER.into();
+    guest.vmm_args = vec!["-v".into(), "--fs".into(), "tag=share,socket=/tmp/demo-fs.sock,cache_size=32M".into()];
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| usage());
@@ -56,6 +93,14 @@ fn main() {
     found.sort();
     for (k, v) in found {
         println!("  {k:14} {v}");
+    }
+    println!("== the host ==");
+    for key in ["big_md5", "from_guest"] {
+        println!("  {key:14} {}", run.host(key).unwrap_or("-"));
+    }
+    println!("== the daemon ==");
+    for line in run.lines.iter().filter(|l| l.text.contains("dax_virtiofsd")) {
+        println!("  {}", line.text);
     }
     println!("== the VMM ==");
     println!("  exit status    {}", run.vmm_exit.map(|s| s.to_string()).unwrap_or_else(|| "none (did not finish)".into()));

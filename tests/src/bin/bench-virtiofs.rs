@@ -1,0 +1,138 @@
+//! The virtio-fs read benchmark (not a test): one file, read by `daxprobe
+//! bench` in the guest (sequential 1 MiB preads, random 4 KiB preads,
+//! random 4 KiB touches through mmap), over three servers in one rig run —
+//! our daemon without DAX, our daemon with DAX, and the Rust `virtiofsd` as
+//! users run it today (no DAX). Writes `target/rig-results/virtiofs-bench.md`.
+//!
+//! `./scripts/bench.sh` builds what it needs (a static virtiofsd with `cargo
+//! install`, cached in `~/.cache/dax-vmm/virtiofsd/`).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use guest_tests::results::Results;
+use guest_tests::rig::{self, Guest};
+
+const VIRTIOFSD_VERSION: &str = "1.14.0";
+const FILE_MIB: u32 = 64;
+
+const GUEST_SCRIPT: &str = r#"
+phase=$(grep -o 'bench=[a-z]*' /proc/cmdline | cut -d= -f2)
+opts=$(grep -o 'mountopts=[a-z=]*' /proc/cmdline | cut -d= -f2)
+mkdir -p /mnt
+mount -t virtiofs share /mnt -o $opts || echo "@@GUEST ${phase}_mount_failed=1"
+echo "@@GUEST ${phase}_statx=$(daxprobe statx /mnt/bench.bin)"
+for m in "seq 1024 FILE_MIB" "rand 4 16" "mmap 4 FILE_MIB"; do
+    set -- $m
+    echo 3 > /proc/sys/vm/drop_caches
+    echo "@@GUEST ${phase}_$1=$(daxprobe bench /mnt/bench.bin $m)"
+done
+umount /mnt
+"#;
+
+/// Starts a server in the background and waits for its socket.
+fn start(cmd: &str, sock: &str) -> String {
+    format!(
+        "rm -f {sock}; {cmd} &\nSERVER=$!\ni=0; while [ ! -S {sock} ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done\n"
+    )
+}
+
+/// One more VMM run in the same emulated host, for another server.
+fn another_run(guest: &Guest, base_cmdline: &str, phase: &str, mountopts: &str, fs: &str) -> String {
+    let cmdline = format!("{base_cmdline} bench={phase} mountopts={mountopts}");
+    format!(
+        "\"$VMM\" --kernel \"$KERNEL\" --initramfs \"$INITRAMFS\" --cmdline '{cmdline}' --cpus boot={cpus} \
+         --memory size={memory} --fs {fs} </dev/null\necho \"@@HOST {phase}_vmm_exit=$?\"\nwait $SERVER\n",
+        cpus = guest.cpus,
+        memory = guest.memory,
+    )
+}
+
+/// A static virtiofsd, built once with `cargo install` and cached.
+fn virtiofsd() -> Result<PathBuf, String> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .ok_or("no HOME or XDG_CACHE_HOME")?
+        .join("dax-vmm/virtiofsd")
+        .join(VIRTIOFSD_VERSION);
+    let bin = cache.join("bin/virtiofsd");
+    let is_static = || guest_tests::host::is_static_elf(&bin).unwrap_or(false);
+    if bin.exists() && is_static() {
+        return Ok(bin);
+    }
+    eprintln!("building virtiofsd {VIRTIOFSD_VERSION} (static) into {}", cache.display());
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["install", "virtiofsd", "--version", VIRTIOFSD_VERSION, "--locked", "--target", "x86_64-unknown-linux-gnu"])
+        .arg("--root")
+        .arg(&cache)
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        // Its seccomp and capng bindings link dynamically unless told otherwise.
+        .env("LIBSECCOMP_LINK_TYPE", "static")
+        .env("LIBSECCOMP_LIB_PATH", "/usr/lib/x86_64-linux-gnu")
+        .env("LIBCAPNG_LINK_TYPE", "static")
+        .env("LIBCAPNG_LIB_PATH", "/usr/lib/x86_64-linux-gnu")
+        .status()
+        .map_err(|e| format!("cargo install virtiofsd: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo install virtiofsd failed ({status}); it needs libseccomp-dev and libcap-ng-dev"));
+    }
+    if !is_static() {
+        return Err(format!("{} is not statically linked", bin.display()));
+    }
+    Ok(bin)
+}
+
+fn main() {
+    let fail = |e: String| -> ! {
+        eprintln!("bench-virtiofs: {e}");
+        std::process::exit(1)
+    };
+    let virtiofsd = virtiofsd().unwrap_or_else(|e| fail(e));
+    let tool = |pkg, bin| rig::tool(pkg, bin).unwrap_or_else(|e| fail(e.to_string()));
+    let mut guest = Guest::new("virtiofs-bench", &GUEST_SCRIPT.replace("FILE_MIB", &FILE_MIB.to_string()));
+    guest.cpus = 1;
+    guest.memory = "512M,shared=on".into();
+    guest.guest_modules = vec!["virtio_mmio".into()];
+    let base_cmdline = guest.cmdline();
+    guest.cmdline = "bench=ours mountopts=dax=never".into();
+    guest.guest_tools = vec![tool("guest-tests", "daxprobe")];
+    guest.host_tools = vec![tool("daemon", "dax-virtiofsd"), virtiofsd];
+    guest.timeout = std::time::Duration::from_secs(1200);
+    guest.host_before = format!(
+        "mkdir -p share && dd if=/dev/urandom of=share/bench.bin bs=1M count={FILE_MIB} 2>/dev/null\n{}",
+        start("dax-virtiofsd --socket-path /tmp/a.sock --shared-dir share --dax off --sandbox none --log-level warn", "/tmp/a.sock")
+    );
+    guest.vmm_args = vec!["--fs".into(), "tag=share,socket=/tmp/a.sock,dax=off".into()];
+    guest.host_after = [
+        "wait $SERVER\n".to_string(),
+        start("dax-virtiofsd --socket-path /tmp/b.sock --shared-dir share --cache-size 128M --sandbox none --log-level warn", "/tmp/b.sock"),
+        another_run(&guest, &base_cmdline, "dax", "dax=always", "tag=share,socket=/tmp/b.sock,cache_size=128M"),
+        start("virtiofsd --socket-path=/tmp/c.sock --shared-dir=share --sandbox=none --cache=auto --log-level=warn", "/tmp/c.sock"),
+        another_run(&guest, &base_cmdline, "virtiofsd", "dax=never", "tag=share,socket=/tmp/c.sock,dax=off"),
+    ]
+    .concat();
+    let run = rig::run(&guest).unwrap_or_else(|e| fail(e.to_string()));
+    if run.timed_out {
+        fail(format!("timed out\n{}", run.tail(60)));
+    }
+    let mut results = Results::new("virtiofs-bench");
+    results.record_run("virtio-fs read benchmark", &run);
+    let mut table = String::from("| server | DAX in the guest | seq 1 MiB pread | rand 4 KiB pread | rand 4 KiB mmap |\n|---|---|---|---|---|\n");
+    for (phase, label) in [("ours", "dax-virtiofsd --dax off"), ("dax", "dax-virtiofsd (DAX, 128 MiB window)"), ("virtiofsd", "virtiofsd 1.14 --cache=auto")] {
+        let mibs = |mode: &str| {
+            run.guest(&format!("{phase}_{mode}"))
+                .and_then(|v| v.split_whitespace().find_map(|w| w.strip_prefix("mib_per_s=")))
+                .map_or("failed".to_string(), |v| format!("{v} MiB/s"))
+        };
+        let statx = run.guest(&format!("{phase}_statx")).unwrap_or("-").rsplit(':').next().unwrap_or("-").to_string();
+        let row = [label.to_string(), if statx == "1" { "yes".into() } else { "no".into() }, mibs("seq"), mibs("rand"), mibs("mmap")];
+        table.push_str(&format!("| {} |\n", row.join(" | ")));
+        for mode in ["seq", "rand", "mmap"] {
+            results.record(&format!("{label}: {mode}"), mibs(mode));
+        }
+    }
+    let path = results.save().unwrap_or_else(|e| fail(e.to_string()));
+    println!("{FILE_MIB} MiB file, guest caches dropped before each pass, 1 vCPU, guest clock:\n\n{table}");
+    println!("results: {}  log: {}", path.display(), run.log_path.display());
+}
