@@ -115,6 +115,12 @@ impl VhostUserBackend for FsBackend {
         self.server.dax.set_backend(backend);
     }
 
+    /// One thread per queue: requests on different queues are served in
+    /// parallel (the server is shared and internally locked).
+    fn queues_per_thread(&self) -> Vec<u64> {
+        (0..self.num_queues).map(|q| 1u64 << q).collect()
+    }
+
     /// Lets the framework stop each queue thread when the VMM goes away
     /// (without it, dropping the daemon would wait on them forever).
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {

@@ -77,7 +77,7 @@ struct Cli {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     cache_size: Option<u64>,
     /// Request queues served at most (the VMM's num_queues), plus the hiprio queue.
-    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=63))]
     max_request_queues: u16,
     /// Open-file limit to set (every inode the guest holds is an fd);
     /// default: as high as the system allows.
