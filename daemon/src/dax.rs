@@ -58,7 +58,7 @@ impl DaxMapper {
 
     fn check_range(&self, moffset: u64, len: u64, align: u64) -> io::Result<()> {
         let end = moffset.checked_add(len).ok_or_else(|| errno_error(libc::EINVAL))?;
-        if len == 0 || end > self.window_size || moffset % align != 0 || len % align != 0 {
+        if len == 0 || end > self.window_size || !moffset.is_multiple_of(align) || !len.is_multiple_of(align) {
             return Err(errno_error(libc::EINVAL));
         }
         Ok(())
@@ -75,7 +75,7 @@ impl DaxMapper {
     fn try_setup(&self, fs: &PassthroughFs, nodeid: u64, a: &SetupmappingIn) -> io::Result<()> {
         let align = 1u64 << fs.policy.current().map_alignment_log2();
         self.check_range(a.moffset, a.len, align)?;
-        if a.foffset % align != 0 || a.foffset.checked_add(a.len).is_none_or(|e| i64::try_from(e).is_err()) {
+        if !a.foffset.is_multiple_of(align) || a.foffset.checked_add(a.len).is_none_or(|e| i64::try_from(e).is_err()) {
             return Err(errno_error(libc::EINVAL));
         }
         if a.flags & !(SETUPMAPPING_FLAG_READ | SETUPMAPPING_FLAG_WRITE) != 0 {

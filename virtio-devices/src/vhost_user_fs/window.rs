@@ -113,7 +113,7 @@ impl DaxWindow {
     /// Reserves `size` bytes of address space; nothing is mapped yet.
     pub fn new(size: u64) -> Result<Self, WindowError> {
         let page_size = host_page_size();
-        if size == 0 || size % page_size != 0 || usize::try_from(size).is_err() {
+        if size == 0 || !size.is_multiple_of(page_size) || usize::try_from(size).is_err() {
             return Err(WindowError::Size { size, page: page_size });
         }
         let host_addr = map_none(0, size, false).map_err(|source| WindowError::Reserve { size, source })?;
