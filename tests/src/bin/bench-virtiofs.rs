@@ -18,7 +18,7 @@ const FILE_MIB: u32 = 64;
 
 const GUEST_SCRIPT: &str = r#"
 phase=$(grep -o 'bench=[a-z]*' /proc/cmdline | cut -d= -f2)
-opts=$(grep -o 'mountopts=[a-z=]*' /proc/cmdline | cut -d= -f2)
+opts=$(grep -o 'mountopts=[a-z=]*' /proc/cmdline | cut -d= -f2-)
 mkdir -p /mnt
 mount -t virtiofs share /mnt -o $opts || echo "@@GUEST ${phase}_mount_failed=1"
 echo "@@GUEST ${phase}_statx=$(daxprobe statx /mnt/bench.bin)"
@@ -135,4 +135,7 @@ fn main() {
     let path = results.save().unwrap_or_else(|e| fail(e.to_string()));
     println!("{FILE_MIB} MiB file, guest caches dropped before each pass, 1 vCPU, guest clock:\n\n{table}");
     println!("results: {}  log: {}", path.display(), run.log_path.display());
+    if table.contains("failed") {
+        fail(format!("some measurements failed; see the log\n{}", run.tail(40)));
+    }
 }

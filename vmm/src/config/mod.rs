@@ -223,6 +223,23 @@ mod tests {
     }
 
     #[test]
+    fn fs_needs_shared_memory_and_ids_are_unique() {
+        let mut cfg = VmConfig {
+            payload: PayloadConfig { kernel: "k".into(), initramfs: None, cmdline: String::new() },
+            cpus: CpusConfig::default(),
+            memory: MemoryConfig::default(),
+            serial: SerialMode::Off,
+            pmem: vec![PmemConfig::parse("file=p,id=dev0", 0).unwrap()],
+            fs: vec![FsConfig::parse("tag=t,socket=s,id=dev1", 0).unwrap()],
+        };
+        assert!(cfg.validate().unwrap_err().to_string().contains("shared=on"));
+        cfg.memory.shared = true;
+        assert!(cfg.validate().is_ok());
+        cfg.fs[0].id = "dev0".into();
+        assert!(cfg.validate().unwrap_err().to_string().contains("\"dev0\" is used twice"));
+    }
+
+    #[test]
     fn serial_and_console() {
         assert_eq!(SerialMode::parse("tty").unwrap(), SerialMode::Tty);
         assert_eq!(SerialMode::parse("off").unwrap(), SerialMode::Off);
