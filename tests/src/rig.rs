@@ -333,7 +333,7 @@ fn host_script(guest: &Guest) -> String {
     ];
     args.extend(guest.vmm_args.iter().map(|a| sh_quote(a)));
     format!(
-        "cd \"$WORK\"\nexport PATH=\"$WORK/bin:$PATH\"\n{before}\necho '@@RIG vmm_start'\n\"$VMM\" {args} </dev/null\necho \"@@RIG vmm_exit=$?\"\n{after}\n",
+        "cd \"$WORK\"\nexport PATH=\"$WORK/bin:$PATH\" RUST_LOG_STYLE=never\n{before}\necho '@@RIG vmm_start'\n\"$VMM\" {args} </dev/null\necho \"@@RIG vmm_exit=$?\"\n{after}\n",
         before = guest.host_before,
         args = args.join(" "),
         after = guest.host_after,
