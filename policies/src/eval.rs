@@ -1,49 +1,76 @@
 //! Answers "DAX for this file?" for a policy, fast enough for every LOOKUP
-//! and GETATTR: path rules are compiled into one glob set, so a lookup
-//! matches all globs at once and then takes the first rule (in policy order)
-//! whose size bounds also hold.
+//! and GETATTR even with thousands of rules.
+//!
+//! Rules are indexed by the literal directory their path glob starts with
+//! (`logs/app/*.log` → `logs/app`; `**/*.tmp` and path-less rules → the
+//! root). A lookup of `a/b/c.txt` only tests the rules filed under the root,
+//! `a` and `a/b` — a glob that starts with a literal directory cannot match
+//! a path outside it — in policy order, and the first rule whose glob and
+//! size bounds hold decides. With rules spread over many directories, a
+//! lookup tests a handful of globs instead of all of them.
 
-use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use std::collections::HashMap;
+
+use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 
 use crate::{Mode, Policy, Rule};
+
+/// The path globs filed under one literal directory, compiled together (a
+/// glob set matches simple shapes — extensions, literals, prefixes — by
+/// hashing rather than one regex per glob).
+struct Bucket {
+    set: GlobSet,
+    /// Rule index of each glob in `set`.
+    rule_of: Vec<usize>,
+}
 
 pub struct Evaluator {
     mode: Mode,
     default: bool,
     rules: Vec<Rule>,
-    globs: GlobSet,
-    /// Rule index of each glob in `globs`.
-    glob_rule: Vec<usize>,
-    /// Indices of rules without a path, in order.
+    /// Literal directory prefix ("" for the root) → its globs.
+    by_prefix: HashMap<String, Bucket>,
+    /// Rules without a path condition, ascending.
     pathless: Vec<usize>,
 }
 
+/// The leading path components of a glob that contain no glob syntax, minus
+/// the last component (which names the file, or is itself a pattern).
+fn literal_dir_prefix(glob: &str) -> String {
+    let glob = glob.trim_start_matches('/');
+    let components: Vec<&str> = glob.split('/').collect();
+    let is_literal = |c: &&str| !c.contains(['*', '?', '[', ']', '{', '}', '\\']);
+    let literal: Vec<&str> = components[..components.len().saturating_sub(1)].iter().copied().take_while(is_literal).collect();
+    literal.join("/")
+}
+
+fn compile(pattern: &str) -> Option<Glob> {
+    // `*` stays within a path component; `**` crosses them.
+    GlobBuilder::new(pattern.trim_start_matches('/')).literal_separator(true).build().ok()
+}
+
 impl Evaluator {
-    /// Compiles a validated policy (globs were checked when it was parsed).
+    /// Compiles a validated policy (globs were checked when it was parsed;
+    /// one that still fails to compile matches nothing).
     pub fn new(policy: &Policy) -> Evaluator {
-        let mut builder = GlobSetBuilder::new();
-        let mut glob_rule = Vec::new();
+        let mut builders: HashMap<String, (GlobSetBuilder, Vec<usize>)> = HashMap::new();
         let mut pathless = Vec::new();
         for (i, r) in policy.rules.iter().enumerate() {
             match &r.path {
                 Some(p) => {
-                    // `*` stays within a path component; `**` crosses them.
-                    if let Ok(g) = GlobBuilder::new(p).literal_separator(true).build() {
-                        builder.add(g);
-                        glob_rule.push(i);
-                    }
+                    let Some(glob) = compile(p) else { continue };
+                    let (b, rule_of) = builders.entry(literal_dir_prefix(p)).or_insert_with(|| (GlobSetBuilder::new(), Vec::new()));
+                    b.add(glob);
+                    rule_of.push(i);
                 }
                 None => pathless.push(i),
             }
         }
-        Evaluator {
-            mode: policy.mode,
-            default: policy.default,
-            rules: policy.rules.clone(),
-            globs: builder.build().unwrap_or_else(|_| GlobSet::empty()),
-            glob_rule,
-            pathless,
-        }
+        let by_prefix = builders
+            .into_iter()
+            .map(|(prefix, (b, rule_of))| (prefix, Bucket { set: b.build().unwrap_or_else(|_| GlobSet::empty()), rule_of }))
+            .collect();
+        Evaluator { mode: policy.mode, default: policy.default, rules: policy.rules.clone(), by_prefix, pathless }
     }
 
     fn size_ok(rule: &Rule, size: u64) -> bool {
@@ -59,10 +86,22 @@ impl Evaluator {
             Mode::Inode => {}
         }
         let path = path.trim_start_matches('/');
-        let mut matched: Vec<usize> = self.globs.matches(path).into_iter().map(|g| self.glob_rule[g]).collect();
+        // Rules whose glob matches, from the root's bucket and each ancestor
+        // directory's: a glob starting with a literal directory cannot match
+        // outside it.
+        let mut matched = Vec::new();
+        let mut collect = |prefix: &str| {
+            if let Some(b) = self.by_prefix.get(prefix) {
+                matched.extend(b.set.matches(path).into_iter().map(|g| b.rule_of[g]));
+            }
+        };
+        collect("");
+        for (i, _) in path.match_indices('/') {
+            collect(&path[..i]);
+        }
         matched.sort_unstable();
-        // Merge the two ordered candidate lists; the first rule whose size
-        // bounds hold decides.
+        // Merge with the path-less rules; the first rule, in policy order,
+        // whose size bounds hold decides.
         let (mut a, mut b) = (matched.iter().peekable(), self.pathless.iter().peekable());
         loop {
             let next = match (a.peek(), b.peek()) {
@@ -114,6 +153,34 @@ mod tests {
         assert!(e.dax("x.bin", 5), "rule 3");
         assert!(e.dax("x.bin", 50), "no rule: default");
         assert!(e.dax("/x.bin", 5), "a leading slash is ignored");
+    }
+
+    #[test]
+    fn the_index_files_rules_under_their_literal_directory() {
+        assert_eq!(literal_dir_prefix("logs/app/*.log"), "logs/app");
+        assert_eq!(literal_dir_prefix("logs/**"), "logs");
+        assert_eq!(literal_dir_prefix("**/*.tmp"), "");
+        assert_eq!(literal_dir_prefix("*.bin"), "");
+        assert_eq!(literal_dir_prefix("a/b*/c"), "a");
+        assert_eq!(literal_dir_prefix("/abs/x"), "abs");
+        assert_eq!(literal_dir_prefix("exact.txt"), "");
+        // Rules in sibling, nested and root buckets keep policy order.
+        let e = policy(
+            r#"{"rules": [
+                {"path": "a/b/**", "min_size": 100, "dax": true},
+                {"path": "**/*.log", "dax": false},
+                {"path": "a/**", "dax": true},
+                {"path": "a/c/*", "dax": false},
+                {"path": "exact.txt", "dax": true}
+            ], "default": false}"#,
+        );
+        assert!(e.dax("a/b/x.log", 200), "rule 0 (nested bucket) before rule 1 (root)");
+        assert!(!e.dax("a/b/x.log", 50), "rule 0's size fails: rule 1");
+        assert!(e.dax("a/c/d", 1), "rule 2 before rule 3");
+        assert!(!e.dax("a/c.log", 1), "rule 1");
+        assert!(e.dax("exact.txt", 1));
+        assert!(!e.dax("sub/exact.txt", 1), "a literal name matches only at its own path");
+        assert!(!e.dax("b/x", 1), "default");
     }
 
     #[test]
