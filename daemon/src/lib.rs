@@ -6,6 +6,7 @@
 //! with its fd) → the VMM's `virtio_devices::vhost_user_fs::window`.
 
 pub mod backend;
+pub mod control;
 pub mod dax;
 pub mod fuse;
 pub mod passthrough;

@@ -73,6 +73,10 @@ struct Cli {
     /// granularity, which files get DAX. Default: see docs/policies.md.
     #[arg(long, value_name = "FILE")]
     dax_policy: Option<PathBuf>,
+    /// Control socket (HTTP/1.1 + JSON, mode 0600) for reading and replacing
+    /// the DAX policy while the guest runs; see docs/virtiofs.md.
+    #[arg(long, value_name = "PATH")]
+    control_socket: Option<PathBuf>,
     /// Window size to declare, overriding the policy's cache_size (K/M/G suffixes).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     cache_size: Option<u64>,
@@ -134,10 +138,14 @@ fn run(cli: Cli) -> Result<(), String> {
     // The socket is bound before the sandbox closes the host's paths off.
     let mut listener = Listener::new(&cli.socket_path, true)
         .map_err(|e| format!("--socket-path {}: {e}", cli.socket_path.display()))?;
+    let control = cli.control_socket.as_deref().map(daemon::control::bind).transpose().map_err(|e| e.to_string())?;
     let opened = sandbox::enter(&cli.shared_dir, sandbox_mode).map_err(|e| e.to_string())?;
     let fs = PassthroughFs::new(opened.root, opened.proc_self_fd, cache, Arc::new(DaxPolicy::new(policy)))
         .map_err(|e| format!("--shared-dir {}: {e}", cli.shared_dir.display()))?;
     let server = Arc::new(Server::new(fs, DaxMapper::new(window)));
+    if let Some(listener) = control {
+        daemon::control::serve(listener, server.clone()).map_err(|e| format!("--control-socket: {e}"))?;
+    }
     let backend = Arc::new(FsBackend::new(
         server.clone(),
         usize::from(cli.max_request_queues),

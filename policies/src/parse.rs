@@ -123,6 +123,38 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// The document form of a policy: what [`Policy::from_value`] reads back
+    /// to the same policy (sizes in bytes).
+    pub fn to_value(&self) -> Value {
+        let rules: Vec<Value> = self
+            .rules
+            .iter()
+            .map(|r| {
+                let mut o = Map::new();
+                if let Some(p) = &r.path {
+                    o.insert("path".into(), p.clone().into());
+                }
+                if let Some(v) = r.min_size {
+                    o.insert("min_size".into(), v.into());
+                }
+                if let Some(v) = r.max_size {
+                    o.insert("max_size".into(), v.into());
+                }
+                o.insert("dax".into(), r.dax.into());
+                Value::Object(o)
+            })
+            .collect();
+        serde_json::json!({
+            "cache_size": self.cache_size,
+            "window_granularity": self.window_granularity,
+            "mode": self.mode.as_str(),
+            "rules": rules,
+            "default": self.default,
+        })
+    }
+}
+
 fn parse_rule(i: usize, v: &Value) -> Result<Rule, PolicyError> {
     let field = format!("rules[{i}]");
     let obj = v.as_object().ok_or_else(|| field_err(&field, "must be an object"))?;
@@ -182,6 +214,16 @@ mod tests {
         assert_eq!(a.rules[1].max_size, Some(32 * KIB));
         assert!(!a.default);
         assert_eq!(Policy::parse_json("{}").unwrap(), Policy::default());
+    }
+
+    #[test]
+    fn documents_round_trip() {
+        let p = Policy::parse_json(
+            r#"{"cache_size": "2G", "mode": "inode", "rules": [{"path": "a/**", "min_size": "1M", "max_size": "2M", "dax": true}, {"dax": false}]}"#,
+        )
+        .unwrap();
+        assert_eq!(Policy::from_value(&p.to_value()).unwrap(), p);
+        assert_eq!(Policy::from_value(&Policy::default().to_value()).unwrap(), Policy::default());
     }
 
     #[test]

@@ -1,0 +1,159 @@
+//! The daemon's control socket (`--control-socket`): JSON over HTTP/1.1 on a
+//! unix socket (mode 0600), served by axum on a thread of its own, so the
+//! VMM's API (or an operator with curl) can read and replace the DAX policy
+//! while the guest runs.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /api/v1/policy` | `{"generation", "policy"}` |
+//! | `PUT /api/v1/policy[?dry_run=true]` (a policy document) | `{"generation", "applied", "changes": [{"field","from","to","effect"}]}`; 400 naming the field for an invalid one, which changes nothing |
+//! | `DELETE /api/v1/policy` | back to the default policy, answered like PUT |
+//! | `GET /api/v1/stats` | request and mapping counters |
+//!
+//! A new policy is swapped in whole; the next LOOKUP or GETATTR of any inode
+//! answers by it, and Linux re-instantiates an inode whose `FUSE_ATTR_DAX`
+//! flipped. `effect` says when a change takes hold: `live`, at the next
+//! `remount` (`window_granularity`), or only when the device is `recreate`d
+//! (`cache_size`: the window was sized when the VMM connected).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use policies::{Effect, Policy};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::fuse::server::Server;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("--control-socket {path}: {source}")]
+    Bind { path: String, source: std::io::Error },
+}
+
+#[derive(Deserialize)]
+struct PutParams {
+    #[serde(default)]
+    dry_run: bool,
+}
+
+fn effect_name(e: Effect) -> &'static str {
+    match e {
+        Effect::Live => "live",
+        Effect::Remount => "remount",
+        Effect::Recreate => "recreate",
+    }
+}
+
+fn error(status: StatusCode, message: String) -> Response {
+    (status, message + "\n").into_response()
+}
+
+fn policy_state(server: &Server) -> Value {
+    let cur = server.fs.policy.current();
+    json!({ "generation": cur.generation, "policy": cur.policy.to_value() })
+}
+
+/// Validates, diffs and (unless `dry_run`) swaps in `new`.
+fn apply(server: &Server, new: Policy, dry_run: bool) -> Value {
+    let cur = server.fs.policy.current();
+    let diff = policies::diff(&cur.policy, &new);
+    let changes: Vec<Value> = diff
+        .changes
+        .iter()
+        .map(|c| json!({"field": c.field, "from": c.from, "to": c.to, "effect": effect_name(c.effect)}))
+        .collect();
+    let generation = if dry_run || diff.is_empty() { cur.generation } else { server.fs.policy.replace(new) };
+    if !dry_run && !diff.is_empty() {
+        log::info!("DAX policy generation {generation}: {} change(s)", changes.len());
+    }
+    json!({ "generation": generation, "applied": !dry_run, "changes": changes })
+}
+
+async fn get_policy(State(server): State<Arc<Server>>) -> Json<Value> {
+    Json(policy_state(&server))
+}
+
+async fn put_policy(State(server): State<Arc<Server>>, Query(q): Query<PutParams>, body: String) -> Response {
+    match Policy::parse_json(&body) {
+        Ok(p) => Json(apply(&server, p, q.dry_run)).into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+    }
+}
+
+async fn delete_policy(State(server): State<Arc<Server>>) -> Json<Value> {
+    Json(apply(&server, Policy::default(), false))
+}
+
+async fn stats(State(server): State<Arc<Server>>) -> Json<Value> {
+    let (s, d) = (&server.stats, &server.dax.stats);
+    Json(json!({
+        "requests": s.requests.load(Relaxed),
+        "errors": s.errors.load(Relaxed),
+        "fuse_reads": s.fuse_reads.load(Relaxed),
+        "fuse_read_bytes": s.fuse_read_bytes.load(Relaxed),
+        "fuse_writes": s.fuse_writes.load(Relaxed),
+        "fuse_write_bytes": s.fuse_write_bytes.load(Relaxed),
+        "setupmappings": d.setupmappings.load(Relaxed),
+        "removemappings": d.removemappings.load(Relaxed),
+        "dax_failures": d.failures.load(Relaxed),
+        "inodes": server.fs.inode_count(),
+    }))
+}
+
+pub fn router(server: Arc<Server>) -> Router {
+    Router::new()
+        .route("/api/v1/policy", get(get_policy).put(put_policy).delete(delete_policy))
+        .route("/api/v1/stats", get(stats))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint (see docs/virtiofs.md)".into()) })
+        .with_state(server)
+}
+
+/// Binds the socket now (before any sandbox hides the path), readable and
+/// writable by the owner only; returns the listener to [`serve`].
+pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ControlError> {
+    let shown = path.display().to_string();
+    let err = |source| ControlError::Bind { path: shown.clone(), source };
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path).map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    listener.set_nonblocking(true).map_err(err)?;
+    Ok(listener)
+}
+
+/// Serves the control API on a thread of its own until the process exits.
+pub fn serve(listener: std::os::unix::net::UnixListener, server: Arc<Server>) -> std::io::Result<()> {
+    std::thread::Builder::new().name("control".into()).spawn(move || {
+        let runtime = match tokio::runtime::Builder::new_current_thread().enable_io().build() {
+            Ok(r) => r,
+            Err(e) => {
+                log::error!("control socket: starting its runtime: {e}");
+                return;
+            }
+        };
+        runtime.block_on(async move {
+            let listener = match tokio::net::UnixListener::from_std(listener) {
+                Ok(l) => l,
+                Err(e) => {
+                    log::error!("control socket: {e}");
+                    return;
+                }
+            };
+            if let Err(e) = axum::serve(listener, router(server)).await {
+                log::error!("control socket: {e}");
+            }
+        });
+    })?;
+    Ok(())
+}
