@@ -9,6 +9,8 @@
 //!   through FUSE WRITE reach the host file, as the host sees after power-off;
 //! - `cp -a`, `tar` and `find` over a tree of small files; rename, hard link,
 //!   symlink;
+//! - a policy replaced through the daemon's control socket while the guest
+//!   runs flips `STATX_ATTR_DAX` on files the guest already looked up;
 //! - `dax=always`: every regular file is DAX.
 
 use guest_tests::results::Results;
@@ -26,6 +28,9 @@ const POLICY: &str = r#"{
   "default": false
 }"#;
 
+/// Pushed while the guest runs: big.bin loses DAX, small.txt gains it.
+const FLIPPED_POLICY: &str = r#"{"mode": "inode", "rules": [{"path": "big.bin", "dax": false}, {"path": "small.txt", "dax": true}, {"path": "nodax/**", "dax": false}, {"min_size": "32K", "dax": true}], "default": false}"#;
+
 const HOST_BEFORE: &str = r#"
 mkdir -p share/nodax share/tree
 dd if=/dev/urandom of=share/big.bin bs=1M count=96 2>/dev/null
@@ -36,13 +41,20 @@ i=0; while [ $i -lt DIRS ]; do mkdir share/tree/d$i; j=0; while [ $j -lt FILES ]
 ln -s ../small.txt share/tree/link
 echo "@@HOST big_md5=$(md5sum < share/big.bin | cut -d' ' -f1)"
 echo "@@HOST large_md5=$(md5sum < share/nodax/large.bin | cut -d' ' -f1)"
-dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --dax-policy policy.json --log-level warn &
+dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --dax-policy policy.json \
+    --control-socket /tmp/fs-control.sock --log-level warn &
 DAEMON=$!
 i=0; while [ ! -S /tmp/fs.sock ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
+# When the guest asks (a file in the share), push the flipped policy.
+( i=0; while [ ! -e share/.flip-request ] && [ $i -lt 6000 ]; do sleep 0.1; i=$((i+1)); done
+  daxprobe http /tmp/fs-control.sock PUT /api/v1/policy "$(cat flipped.json)" > flip.out 2>&1
+  echo done > share/.flip-done ) &
+WATCHER=$!
 "#;
 
 const HOST_AFTER: &str = r#"
 wait $DAEMON; echo "@@HOST daemon_exit=$?"
+wait $WATCHER; echo "@@HOST flip=$(cat flip.out)"
 echo "@@HOST target_md5=$(md5sum < share/target.bin | cut -d' ' -f1)"
 echo "@@HOST written_md5=$(md5sum < share/written.bin | cut -d' ' -f1)"
 diff -r share/tree share/tree-copy >/dev/null && echo "@@HOST tree_copy=same"
@@ -60,6 +72,11 @@ echo "@@GUEST statx_inode=$(daxprobe statx big.bin target.bin small.txt nodax/la
 t0=$(up); echo "@@GUEST big_md5=$(md5sum < big.bin | cut -d' ' -f1)"; t1=$(up)
 daxprobe mmap-copy big.bin /tmp/big.copy && echo "@@GUEST big_mmap_md5=$(md5sum < /tmp/big.copy | cut -d' ' -f1)"; t2=$(up)
 rm -f /tmp/big.copy
+touch .flip-request
+i=0; while [ ! -e .flip-done ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+echo "@@GUEST statx_after_push=$(daxprobe statx big.bin small.txt)"
+echo "@@GUEST statx_flipped=$(daxprobe statx big.bin small.txt)"
+rm -f .flip-request .flip-done
 echo "@@GUEST big_read_s=$(secs $t0 $t1)"
 echo "@@GUEST big_mmap_s=$(secs $t1 $t2)"
 echo "@@GUEST large_md5=$(md5sum < nodax/large.bin | cut -d' ' -f1)"
@@ -108,8 +125,14 @@ fn virtiofs_test(transport: &str) {
     // virtiofs and fuse are built into the Debian cloud kernel.
     guest.guest_modules = vec!["virtio_mmio".into()];
     guest.guest_tools = vec![rig::tool("guest-tests", "daxprobe").expect("daxprobe")];
-    guest.host_tools = vec![rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd")];
-    guest.host_files = vec![ImageFile { path: "policy.json".into(), perm: 0o644, data: POLICY.as_bytes().to_vec() }];
+    guest.host_tools = vec![
+        rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd"),
+        rig::tool("guest-tests", "daxprobe").expect("daxprobe"),
+    ];
+    guest.host_files = vec![
+        ImageFile { path: "policy.json".into(), perm: 0o644, data: POLICY.as_bytes().to_vec() },
+        ImageFile { path: "flipped.json".into(), perm: 0o644, data: FLIPPED_POLICY.as_bytes().to_vec() },
+    ];
     guest.host_before = HOST_BEFORE.replace("DIRS", &DIRS.to_string()).replace("FILES", &FILES_PER_DIR.to_string());
     guest.host_after = HOST_AFTER.into();
     guest.vmm_args = vec![
@@ -129,6 +152,10 @@ fn virtiofs_test(transport: &str) {
         Some("big.bin:1 target.bin:1 small.txt:0 nodax/large.bin:0 tree/d0/f0:0"),
         "the policy picks the DAX files\n{tail}"
     );
+    // The daemon acknowledged generation 2; the next forced GETATTR saw the
+    // new flags and Linux re-instantiated the inodes with DAX flipped.
+    assert!(run.host("flip").is_some_and(|f| f.starts_with("status=200") && f.contains("\"generation\":2")), "{tail}");
+    assert_eq!(run.guest("statx_flipped"), Some("big.bin:0 small.txt:1"), "a live policy change\n{tail}");
     let big = run.host("big_md5").expect(&tail);
     assert_eq!(run.guest("big_md5"), Some(big), "96 MiB through a 32 MiB window, read()\n{tail}");
     assert_eq!(run.guest("big_mmap_md5"), Some(big), "the same through mmap\n{tail}");

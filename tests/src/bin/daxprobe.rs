@@ -6,7 +6,12 @@
 //! daxprobe mmap-copy SRC DST             copies SRC to DST reading SRC through a shared mmap
 //! daxprobe mmap-fill PATH OFFSET LEN BYTE  fills a range through a shared writable mmap, msyncs
 //! daxprobe bench PATH seq|rand|mmap BLOCK_KIB TOTAL_MIB   reads, prints MiB/s
+//! daxprobe http SOCKET METHOD PATH [BODY]  one HTTP/1.1 request on a unix socket; prints
+//!                                        "status=N body=..." on one line (exit 1 unless 2xx)
 //! ```
+//!
+//! `statx` forces a GETATTR (`AT_STATX_FORCE_SYNC`), so it sees what the
+//! server says now rather than what the guest cached.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -33,7 +38,7 @@ fn statx_dax(path: &str) -> bool {
     // SAFETY: all-zero is a valid statx for the call to overwrite.
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: valid NUL-terminated path and a writable statx.
-    let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_BASIC_STATS, &mut st) };
+    let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_STATX_FORCE_SYNC, libc::STATX_BASIC_STATS, &mut st) };
     if r != 0 {
         fail(format!("statx {path}: {}", std::io::Error::last_os_error()));
     }
@@ -119,6 +124,24 @@ fn bench(path: &str, mode: &str, block_kib: u64, total_mib: u64) {
     println!("mib_per_s={:.1} bytes={done} secs={secs:.3} sum={sum}", done as f64 / (1 << 20) as f64 / secs);
 }
 
+fn http(socket: &str, method: &str, path: &str, body: &str) {
+    use std::io::Read;
+    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap_or_else(|e| fail(format!("{socket}: {e}")));
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap_or_else(|e| fail(format!("{socket}: {e}")));
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap_or_else(|e| fail(format!("{socket}: {e}")));
+    let status: u16 = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let reply = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).replace('\n', " ");
+    println!("status={status} body={}", reply.trim());
+    if !(200..300).contains(&status) {
+        std::process::exit(1);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
@@ -151,6 +174,8 @@ fn main() {
             }
         }
         ["bench", path, mode @ ("seq" | "rand" | "mmap"), block_kib, total_mib] => bench(path, mode, num(block_kib), num(total_mib)),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | bench)".into()),
+        ["http", socket, method, path] => http(socket, method, path, ""),
+        ["http", socket, method, path, body] => http(socket, method, path, body),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | bench | http)".into()),
     }
 }
