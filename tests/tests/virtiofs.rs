@@ -120,7 +120,10 @@ fn virtiofs_dax_over_pci() {
 
 fn virtiofs_test(transport: &str) {
     let mut guest = Guest::new(&format!("virtiofs-{transport}"), GUEST_SCRIPT);
-    guest.cpus = 2;
+    // One vCPU: a 2-vCPU guest was once seen to stall before init under the
+    // emulated host while the machine was loaded (see docs/testing.md); the
+    // daemon's per-queue threads and the VMM's relay still run concurrently.
+    guest.cpus = 1;
     guest.memory = "512M,shared=on".into();
     // virtiofs and fuse are built into the Debian cloud kernel.
     guest.guest_modules = vec!["virtio_mmio".into()];
