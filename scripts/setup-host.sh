@@ -3,7 +3,8 @@
 # machine. Safe to run again: it installs only what is missing.
 set -euo pipefail
 
-packages=(qemu-system-x86 busybox-static cpio xz-utils e2fsprogs)
+# prometheus: its promtool checks the metrics the API serves.
+packages=(qemu-system-x86 busybox-static cpio xz-utils e2fsprogs prometheus)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -105,6 +105,9 @@ async fn stats(State(server): State<Arc<Server>>) -> Json<Value> {
         "removemappings": d.removemappings.load(Relaxed),
         "dax_failures": d.failures.load(Relaxed),
         "inodes": server.fs.inode_count(),
+        "policy_generation": server.fs.policy.current().generation,
+        "file_attrs_dax": server.fs.attrs_dax.load(Relaxed),
+        "file_attrs_nodax": server.fs.attrs_nodax.load(Relaxed),
     }))
 }
 

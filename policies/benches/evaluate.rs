@@ -15,7 +15,7 @@ fn big_policy() -> Policy {
             0 => (Some(format!("dir{}/**", i / 10)), None),
             1..=6 => (Some(format!("dir{}/sub{}/*.ext{}", i / 10, i % 7, i % 3)), None),
             7 => (Some(format!("dir{}/*.log", i / 10)), Some(4096)),
-            8 => (None, Some(1 << 20 + (i % 8))),
+            8 => (None, Some(1 << (20 + (i % 8)))),
             _ => (Some(format!("**/*.t{}", i % 50)), None),
         };
         rules.push(Rule { path, min_size, max_size: None, dax: i % 2 == 0 });

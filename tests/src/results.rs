@@ -40,6 +40,12 @@ impl Results {
         self.record(&format!("{label}: wall time (whole run)"), secs(Some(run.wall)));
     }
 
+    /// Runs that stalled and were booted again (see `rig::run_retrying_stall`).
+    pub fn record_stalls(&mut self, logs: &[PathBuf]) {
+        let logs: Vec<String> = logs.iter().map(|p| p.display().to_string()).collect();
+        self.record("stalled runs retried", if logs.is_empty() { "0".into() } else { format!("{} ({})", logs.len(), logs.join(", ")) });
+    }
+
     pub fn path(&self) -> PathBuf {
         target_dir().join("rig-results").join(format!("{}.md", self.name))
     }

@@ -50,9 +50,18 @@ i=0; while [ ! -S /tmp/fs.sock ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); do
   daxprobe http /tmp/fs-control.sock PUT /api/v1/policy "$(cat flipped.json)" > flip.out 2>&1
   echo done > share/.flip-done ) &
 WATCHER=$!
+# Progress for the log, and what every thread waits on if the guest stalls.
+( while sleep 120; do
+    echo "@@DIAG daemon_stats=$(daxprobe http /tmp/fs-control.sock GET /api/v1/stats 2>&1 | tr -d '\n')"
+    for p in $(pidof dax-virtiofsd dax-vmm); do
+      for t in /proc/$p/task/*; do echo "@@DIAG thread=$(cat $t/comm) state=$(cut -d' ' -f3 $t/stat) wchan=$(cat $t/wchan)"; done
+    done
+  done ) &
+DIAG=$!
 "#;
 
 const HOST_AFTER: &str = r#"
+kill $DIAG
 wait $DAEMON; echo "@@HOST daemon_exit=$?"
 wait $WATCHER; echo "@@HOST flip=$(cat flip.out)"
 echo "@@HOST target_md5=$(md5sum < share/target.bin | cut -d' ' -f1)"
@@ -88,7 +97,15 @@ dd if=/dev/urandom of=/tmp/w bs=1M count=8 2>/dev/null
 cp /tmp/w written.bin && sync
 echo "@@GUEST written_md5=$(md5sum < /tmp/w | cut -d' ' -f1)"
 echo "@@GUEST written_read_md5=$(md5sum < written.bin | cut -d' ' -f1)"
+# Progress every minute (from /, so the mount is not kept busy); if none, what the guest's tasks are blocked on.
+( cd /; last=-1; while sleep 60; do
+    n=$(ls /mnt/tree-copy/d* 2>/dev/null | wc -l); echo "@@DIAG up=$(up) copied=$n"
+    if [ "$n" = "$last" ]; then echo w > /proc/sysrq-trigger; dmesg | tail -60 | sed 's/^/@@DIAG /'; grep -i virtio /proc/interrupts | sed 's/^/@@DIAG /'; fi
+    last=$n
+  done ) &
+WATCH=$!
 t3=$(up); cp -a tree tree-copy; echo "@@GUEST cp_rc=$?"; t4=$(up)
+kill $WATCH
 echo "@@GUEST cp_s=$(secs $t3 $t4)"
 echo "@@GUEST find_files=$(find tree-copy -type f | wc -l)"
 mkdir /tmp/x && tar cf - tree | tar xf - -C /tmp/x; echo "@@GUEST tar_files=$(find /tmp/x/tree -type f | wc -l)"
@@ -144,7 +161,7 @@ fn virtiofs_test(transport: &str) {
         format!("tag=share,socket=/tmp/fs.sock,num_queues=1,queue_size=1024,cache_size=32M,transport={transport},id=fs0"),
     ];
     guest.timeout = std::time::Duration::from_secs(900);
-    let run = rig::run(&guest).expect("rig run");
+    let (run, stalls) = rig::run_retrying_stall(&guest).expect("rig run");
     let tail = run.tail(80);
     assert!(!run.timed_out, "{tail}");
     assert_eq!(run.guest("insmod_failed"), None, "{tail}");
@@ -190,6 +207,7 @@ fn virtiofs_test(transport: &str) {
 
     let mut results = Results::new(&format!("virtiofs-{transport}"));
     results.record_run(&format!("virtio-fs DAX over virtio-{transport}"), &run);
+    results.record_stalls(&stalls);
     for (k, what) in [
         ("big_read_s", "md5sum of a 96 MiB DAX file through a 32 MiB window, s"),
         ("big_mmap_s", "the same file copied through mmap, s"),

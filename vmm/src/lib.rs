@@ -2,6 +2,7 @@
 
 pub mod arch;
 pub mod config;
+pub mod control_loop;
 pub mod devices;
 pub mod exit;
 pub mod memory;

@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use vmm::config::{parse_console, ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig, SerialMode, VmConfig};
+use vmm::config::OptionValues;
+use vmm::control_loop::{ControlLoop, LoopExit};
 use vmm::signals::StopSignals;
 
 /// Exit status for a command line the VMM cannot run (as clap uses for usage errors).
@@ -52,12 +54,33 @@ struct Cli {
 }
 
 impl Cli {
-    fn vm_config(&self) -> Result<VmConfig, ConfigError> {
-        if self.api_socket.is_some() {
-            return Err(ConfigError::Unsupported {
-                option: "api-socket",
-                message: "the REST API is not available yet in this build; configure the VM on the command line".into(),
-            });
+    /// `--api-socket <path>` or `--api-socket path=<path>`.
+    fn api_socket(&self) -> Result<Option<PathBuf>, ConfigError> {
+        let Some(v) = &self.api_socket else { return Ok(None) };
+        let path = if v.contains('=') {
+            let o = OptionValues::parse("api-socket", v, &["path"])?;
+            o.get("path").ok_or(ConfigError::MissingKey { option: "api-socket", key: "path" })?.to_string()
+        } else {
+            v.clone()
+        };
+        if path.is_empty() {
+            return Err(ConfigError::MissingKey { option: "api-socket", key: "path" });
+        }
+        Ok(Some(PathBuf::from(path)))
+    }
+
+    /// The VM the command line describes; None when it gives no kernel and
+    /// the API will create the VM.
+    fn vm_config(&self, api: bool) -> Result<Option<VmConfig>, ConfigError> {
+        if api && self.kernel.is_none() {
+            let given = [("initramfs", self.initramfs.is_some()), ("pmem", !self.pmem.is_empty()), ("fs", !self.fs.is_empty())];
+            if let Some((option, _)) = given.iter().find(|(_, g)| *g) {
+                return Err(ConfigError::Unsupported {
+                    option,
+                    message: "describes a VM, which needs --kernel too (or create the whole VM through the API)".into(),
+                });
+            }
+            return Ok(None);
         }
         parse_console(&self.console)?;
         let kernel = self.kernel.clone().ok_or(ConfigError::Unsupported {
@@ -73,7 +96,7 @@ impl Cli {
             fs: self.fs.iter().enumerate().map(|(i, f)| FsConfig::parse(f, i)).collect::<Result<_, _>>()?,
         };
         config.validate()?;
-        Ok(config)
+        Ok(Some(config))
     }
 }
 
@@ -87,7 +110,7 @@ fn main() -> ExitCode {
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
 
-    let config = match cli.vm_config() {
+    let (api_socket, config) = match cli.api_socket().and_then(|a| Ok((a.clone(), cli.vm_config(a.is_some())?))) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("dax-vmm: error: {e}");
@@ -101,8 +124,54 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
+    if let Some(path) = api_socket {
+        return serve_api(&path, config, &signals);
+    }
+    let config = config.expect("without --api-socket the command line describes the VM");
     match vmm::vm::run(&config, &signals) {
         Ok(exit) => {
+            eprintln!("dax-vmm: {}", exit.message());
+            ExitCode::from(exit.status() as u8)
+        }
+        Err(e) => {
+            eprintln!("dax-vmm: error: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// Serves the REST API on `path`; boots `config` first if the command line gave one.
+fn serve_api(path: &std::path::Path, config: Option<VmConfig>, signals: &StopSignals) -> ExitCode {
+    let events = api::EventBus::default();
+    let (channel, requests) = match api::vmm_channel() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("dax-vmm: error: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let _server = match api::ApiServer::start(path, channel, events.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("dax-vmm: error: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    log::info!("REST API on {}", path.display());
+    let boot_now = config.is_some();
+    let mut control = ControlLoop::new(config, events);
+    if boot_now {
+        if let Err(e) = control.boot() {
+            eprintln!("dax-vmm: error: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    }
+    match control.run(&requests, signals) {
+        Ok(LoopExit::Requested) => {
+            eprintln!("dax-vmm: shut down through the API");
+            ExitCode::SUCCESS
+        }
+        Ok(LoopExit::Vm(exit)) => {
             eprintln!("dax-vmm: {}", exit.message());
             ExitCode::from(exit.status() as u8)
         }

@@ -32,14 +32,13 @@ impl StopSignals {
         Ok(StopSignals { fd: unsafe { File::from_raw_fd(fd) } })
     }
 
-    /// Waits until `other_fd` is readable or a stop signal arrives; returns the signal.
-    pub fn wait(&self, other_fd: i32) -> std::io::Result<Option<i32>> {
-        let mut fds = [
-            libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: other_fd, events: libc::POLLIN, revents: 0 },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfds for the duration of the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+    /// Waits until one of `other_fds` is readable or a stop signal arrives;
+    /// returns the signal.
+    pub fn wait(&self, other_fds: &[i32]) -> std::io::Result<Option<i32>> {
+        let mut fds = vec![libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        fds.extend(other_fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfds for the duration of the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
         if n < 0 {
             let e = std::io::Error::last_os_error();
             return if e.kind() == std::io::ErrorKind::Interrupted { Ok(None) } else { Err(e) };

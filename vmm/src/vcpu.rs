@@ -1,6 +1,9 @@
 //! vCPU creation, initial state and the run loop that dispatches exits.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Once};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use kvm_bindings::{CpuId, KVM_SYSTEM_EVENT_CRASH, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN};
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
@@ -56,69 +59,120 @@ impl Vcpu {
         Ok(Vcpu { index, fd })
     }
 
-    pub fn spawn(mut self, pio: Arc<Bus>, mmio: Arc<Bus>, exit: Arc<ExitHandle>) -> Result<(), VcpuError> {
+    pub fn spawn(mut self, pio: Arc<Bus>, mmio: Arc<Bus>, exit: Arc<ExitHandle>) -> Result<RunningVcpu, VcpuError> {
         let index = self.index;
-        std::thread::Builder::new()
+        install_kick_handler();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_flag = stop.clone();
+        let thread = std::thread::Builder::new()
             .name(format!("vcpu{index}"))
             .spawn(move || {
-                let reason = self.run(&pio, &mmio);
-                exit.request(reason);
+                if let Some(reason) = self.run(&pio, &mmio, &stop_flag) {
+                    exit.request(reason);
+                }
             })
             .map_err(|source| VcpuError::Spawn { index, source })?;
-        Ok(())
+        Ok(RunningVcpu { thread, stop })
     }
 
-    /// Runs the guest until an exit that ends the VM.
-    fn run(&mut self, pio: &Bus, mmio: &Bus) -> VmExit {
+    /// Runs the guest until an exit that ends the VM (Some) or until asked
+    /// to stop (None).
+    fn run(&mut self, pio: &Bus, mmio: &Bus, stop: &AtomicBool) -> Option<VmExit> {
         let cpu = self.index;
         loop {
-            match self.fd.run() {
+            if stop.load(Ordering::SeqCst) {
+                return None;
+            }
+            return Some(match self.fd.run() {
                 Ok(VcpuExit::IoIn(port, data)) => {
                     if !pio.read(u64::from(port), data) {
                         data.fill(0xff); // an empty ISA bus floats high
                     }
+                    continue;
                 }
                 Ok(VcpuExit::IoOut(port, data)) => {
                     if !pio.write(u64::from(port), data) {
                         log::trace!("vCPU {cpu}: write {data:x?} to unclaimed port {port:#x}");
                     }
+                    continue;
                 }
                 Ok(VcpuExit::MmioRead(addr, data)) => {
                     if !mmio.read(addr, data) {
                         data.fill(0xff);
                     }
+                    continue;
                 }
                 Ok(VcpuExit::MmioWrite(addr, data)) => {
                     mmio.write(addr, data);
+                    continue;
                 }
                 // With the in-kernel irqchip HLT is handled by KVM; these are benign.
-                Ok(VcpuExit::Hlt | VcpuExit::IrqWindowOpen | VcpuExit::Intr) => {}
-                Ok(VcpuExit::Shutdown) => return VmExit::TripleFault { cpu },
-                Ok(VcpuExit::SystemEvent(kind, _)) => {
-                    return match kind {
-                        KVM_SYSTEM_EVENT_SHUTDOWN => VmExit::PowerOff,
-                        KVM_SYSTEM_EVENT_RESET => VmExit::Reset,
-                        KVM_SYSTEM_EVENT_CRASH => VmExit::GuestPanic,
-                        other => VmExit::VcpuError { cpu, message: format!("unknown KVM system event {other}") },
-                    };
-                }
+                Ok(VcpuExit::Hlt | VcpuExit::IrqWindowOpen | VcpuExit::Intr) => continue,
+                Ok(VcpuExit::Shutdown) => VmExit::TripleFault { cpu },
+                Ok(VcpuExit::SystemEvent(kind, _)) => match kind {
+                    KVM_SYSTEM_EVENT_SHUTDOWN => VmExit::PowerOff,
+                    KVM_SYSTEM_EVENT_RESET => VmExit::Reset,
+                    KVM_SYSTEM_EVENT_CRASH => VmExit::GuestPanic,
+                    other => VmExit::VcpuError { cpu, message: format!("unknown KVM system event {other}") },
+                },
                 Ok(VcpuExit::FailEntry(reason, _)) => {
-                    return VmExit::VcpuError { cpu, message: format!("KVM_EXIT_FAIL_ENTRY, hardware reason {reason:#x}") };
+                    VmExit::VcpuError { cpu, message: format!("KVM_EXIT_FAIL_ENTRY, hardware reason {reason:#x}") }
                 }
                 Ok(VcpuExit::InternalError) => {
-                    return VmExit::VcpuError { cpu, message: format!("KVM_EXIT_INTERNAL_ERROR at {}", self.rip()) };
+                    VmExit::VcpuError { cpu, message: format!("KVM_EXIT_INTERNAL_ERROR at {}", self.rip()) }
                 }
                 Ok(other) => {
                     let message = format!("unhandled exit {other:?}");
-                    return VmExit::VcpuError { cpu, message: format!("{message} at {}", self.rip()) };
+                    VmExit::VcpuError { cpu, message: format!("{message} at {}", self.rip()) }
                 }
-                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
-                Err(e) => return VmExit::VcpuError { cpu, message: format!("KVM_RUN failed: {e}") },
-            }
+                // A kick (see RunningVcpu::stop) or a spurious signal.
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
+                Err(e) => VmExit::VcpuError { cpu, message: format!("KVM_RUN failed: {e}") },
+            });
         }
     }
 
     fn rip(&self) -> String {
         self.fd.get_regs().map_or_else(|e| format!("unknown rip ({e})"), |r| format!("rip {:#x}", r.rip))
+    }
+}
+
+/// The signal that kicks a vCPU thread out of KVM_RUN.
+fn kick_signal() -> libc::c_int {
+    vmm_sys_util::signal::SIGRTMIN()
+}
+
+extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+fn install_kick_handler() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // The handler does nothing: its only job is to make KVM_RUN return EINTR.
+        if let Err(e) = vmm_sys_util::signal::register_signal_handler(kick_signal(), on_kick) {
+            log::error!("installing the vCPU kick handler: {e}; stopping a VM will wait for its vCPUs to exit");
+        }
+    });
+}
+
+/// A vCPU thread and the flag that asks it to stop.
+pub struct RunningVcpu {
+    thread: JoinHandle<()>,
+    stop: Arc<AtomicBool>,
+}
+
+impl RunningVcpu {
+    /// Asks the vCPU to stop and waits for its thread. The signal is sent
+    /// until the thread is gone: one sent just before it entered KVM_RUN
+    /// would otherwise be lost while it sleeps in a halted guest.
+    pub fn stop(self) {
+        use vmm_sys_util::signal::Killable;
+        self.stop.store(true, Ordering::SeqCst);
+        while !self.thread.is_finished() {
+            if let Err(e) = self.thread.kill(kick_signal()) {
+                log::warn!("kicking a vCPU thread: {e}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.thread.join();
     }
 }

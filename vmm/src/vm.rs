@@ -3,12 +3,14 @@
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use kvm_bindings::kvm_userspace_memory_region;
 use virtio_devices::pmem::{Pmem, PmemBacking};
+use virtio_devices::vhost_user_fs::window::{DaxWindow, WindowObserver};
 use virtio_devices::vhost_user_fs::{FsDeviceConfig, VhostUserFs};
 use virtio_devices::VirtioDevice;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
@@ -23,7 +25,7 @@ use crate::devices::{acpi_pm, i8042, pvpanic, serial, Bus};
 use crate::exit::{ExitHandle, VmExit};
 use crate::memory::{self, GuestMemoryMmap};
 use crate::signals::StopSignals;
-use crate::vcpu::{Vcpu, VcpuSetup};
+use crate::vcpu::{RunningVcpu, Vcpu, VcpuSetup};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
@@ -256,7 +258,12 @@ impl DeviceSetup<'_> {
 
     /// Connects each `--fs` device to its daemon and, with DAX, places its
     /// window above RAM and registers it with KVM.
-    fn add_fs_devices(&mut self, config: &VmConfig) -> Result<(), VmError> {
+    fn add_fs_devices(
+        &mut self,
+        config: &VmConfig,
+        observe: Option<&ObserverFactory>,
+    ) -> Result<Vec<FsDeviceInfo>, VmError> {
+        let mut infos = Vec::new();
         for f in &config.fs {
             let mut device = VhostUserFs::connect(&FsDeviceConfig {
                 id: f.id.clone(),
@@ -268,7 +275,7 @@ impl DeviceSetup<'_> {
                 cache_size: f.cache_size,
             })?;
             let mut shm = None;
-            if let Some(window) = device.window() {
+            if let Some(window) = device.window().cloned() {
                 let (size, host_addr) = (window.size(), window.host_addr());
                 let (addr, span) = self.device_memory.place(size, f.transport);
                 // SAFETY: the window is reserved for as long as the device
@@ -278,10 +285,19 @@ impl DeviceSetup<'_> {
                 device.set_window_guest_addr(addr);
                 shm = Some((addr, span));
                 log::info!("fs {}: DAX window of {size} bytes at {addr:#x}", f.id);
+                if let Some(observe) = observe {
+                    window.set_observer(observe(&f.id));
+                }
             }
+            infos.push(FsDeviceInfo {
+                id: f.id.clone(),
+                window: device.window().cloned(),
+                failed: device.failed_flag(),
+                control_socket: f.control_socket.clone(),
+            });
             self.add(Box::new(device), f.transport, shm)?;
         }
-        Ok(())
+        Ok(infos)
     }
 }
 
@@ -302,61 +318,138 @@ fn load_payload(mem: &GuestMemoryMmap, config: &VmConfig, device_aml: &[u8]) -> 
     Ok(kernel.entry)
 }
 
-/// Boots the VM and blocks until it ends; the returned reason decides the exit status.
-pub fn run(config: &VmConfig, signals: &StopSignals) -> Result<VmExit, VmError> {
-    let kvm = Kvm::new().map_err(VmError::Kvm)?;
-    let vm = Arc::new(create_vm(&kvm)?);
-    let mem = memory::create_guest_memory(&config.memory)?;
-    memory::register_with_kvm(&vm, &mem)?;
+/// Makes the DAX window observer of the fs device with the given id.
+pub type ObserverFactory = dyn Fn(&str) -> Arc<dyn WindowObserver>;
 
-    let exit = Arc::new(ExitHandle::new()?);
-    let pio = Arc::new(Bus::new());
-    let mmio = Arc::new(Bus::new());
-    let (serial_dev, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
-    let guest_mem = GuestMemoryAtomic::new(mem.clone());
-    let mut devices = DeviceSetup {
-        vm: &vm,
-        mmio: &mmio,
-        mem: &guest_mem,
-        mmio_devices: MmioDeviceManager::new(),
-        pci_devices: PciDeviceManager::new(&vm, &pio, &mmio, layout::device_memory_start(config.memory.size))?,
-        device_memory: DeviceMemory::new(config.memory.size),
-    };
-    // The mappings must outlive the VM: kept until `run` returns.
-    let _pmem_backings = devices.add_pmem_devices(config)?;
-    devices.add_fs_devices(config)?;
-    device_aml.extend_from_slice(devices.mmio_devices.aml());
-    devices.pci_devices.append_aml(&mut device_aml);
-    let entry = load_payload(&mem, config, &device_aml)?;
+/// What the VMM keeps of one fs device while the VM runs: enough to report
+/// on it and to reach its daemon's control socket.
+#[derive(Clone)]
+pub struct FsDeviceInfo {
+    pub id: String,
+    pub window: Option<Arc<DaxWindow>>,
+    pub failed: Arc<AtomicBool>,
+    pub control_socket: Option<std::path::PathBuf>,
+}
 
-    let base_cpuid = kvm_setup("KVM_GET_SUPPORTED_CPUID", kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES))?;
-    let setup = VcpuSetup {
-        cpus: config.cpus.boot_vcpus,
-        base_cpuid: &base_cpuid,
-        tsc_deadline: kvm.check_extension(Cap::TscDeadlineTimer),
-        entry: entry.0,
-        mem: &mem,
-    };
-    let vcpus = (0..setup.cpus).map(|i| Vcpu::new(&vm, i, &setup)).collect::<Result<Vec<_>, _>>()?;
+/// A booted VM: its vCPU threads run until it ends or [`Vm::stop`] is called.
+/// Dropping it tears down its devices (fs daemons see their socket close).
+pub struct Vm {
+    exit: Arc<ExitHandle>,
+    vcpus: Vec<RunningVcpu>,
+    fs: Vec<FsDeviceInfo>,
+    // Kept for the life of the VM: device memory mappings, the buses (which
+    // own the devices), the terminal mode.
+    _pmem_backings: Vec<PmemBacking>,
+    _buses: (Arc<Bus>, Arc<Bus>),
+    _raw_terminal: Option<RawTerminal>,
+    _vm: Arc<VmFd>,
+}
 
-    let _raw_terminal = match (&config.serial, &serial_dev) {
-        (SerialMode::Tty, Some(s)) => {
-            let raw = RawTerminal::enable();
-            serial::spawn_stdin_reader(s.clone())?;
-            raw
+impl Vm {
+    /// Builds the VM from `config` and starts its vCPUs. `observe`, when
+    /// given, makes the observer of each fs device's DAX window from its id.
+    pub fn boot(config: &VmConfig, observe: Option<&ObserverFactory>) -> Result<Vm, VmError> {
+        let kvm = Kvm::new().map_err(VmError::Kvm)?;
+        let vm = Arc::new(create_vm(&kvm)?);
+        let mem = memory::create_guest_memory(&config.memory)?;
+        memory::register_with_kvm(&vm, &mem)?;
+
+        let exit = Arc::new(ExitHandle::new()?);
+        let pio = Arc::new(Bus::new());
+        let mmio = Arc::new(Bus::new());
+        let (serial_dev, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
+        let guest_mem = GuestMemoryAtomic::new(mem.clone());
+        let mut devices = DeviceSetup {
+            vm: &vm,
+            mmio: &mmio,
+            mem: &guest_mem,
+            mmio_devices: MmioDeviceManager::new(),
+            pci_devices: PciDeviceManager::new(&vm, &pio, &mmio, layout::device_memory_start(config.memory.size))?,
+            device_memory: DeviceMemory::new(config.memory.size),
+        };
+        let pmem_backings = devices.add_pmem_devices(config)?;
+        let fs = devices.add_fs_devices(config, observe)?;
+        device_aml.extend_from_slice(devices.mmio_devices.aml());
+        devices.pci_devices.append_aml(&mut device_aml);
+        let entry = load_payload(&mem, config, &device_aml)?;
+
+        let base_cpuid = kvm_setup("KVM_GET_SUPPORTED_CPUID", kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES))?;
+        let setup = VcpuSetup {
+            cpus: config.cpus.boot_vcpus,
+            base_cpuid: &base_cpuid,
+            tsc_deadline: kvm.check_extension(Cap::TscDeadlineTimer),
+            entry: entry.0,
+            mem: &mem,
+        };
+        let vcpus = (0..setup.cpus).map(|i| Vcpu::new(&vm, i, &setup)).collect::<Result<Vec<_>, _>>()?;
+
+        let raw_terminal = match (&config.serial, &serial_dev) {
+            (SerialMode::Tty, Some(s)) => {
+                let raw = RawTerminal::enable();
+                serial::spawn_stdin_reader(s.clone())?;
+                raw
+            }
+            _ => None,
+        };
+        log::info!("booting {} vCPU(s), {} MiB RAM", setup.cpus, config.memory.size >> 20);
+        let mut running = Vec::new();
+        for vcpu in vcpus {
+            match vcpu.spawn(pio.clone(), mmio.clone(), exit.clone()) {
+                Ok(v) => running.push(v),
+                Err(e) => {
+                    running.into_iter().for_each(RunningVcpu::stop);
+                    return Err(e.into());
+                }
+            }
         }
-        _ => None,
-    };
-    log::info!("booting {} vCPU(s), {} MiB RAM", setup.cpus, config.memory.size >> 20);
-    for vcpu in vcpus {
-        vcpu.spawn(pio.clone(), mmio.clone(), exit.clone())?;
+        Ok(Vm {
+            exit,
+            vcpus: running,
+            fs,
+            _pmem_backings: pmem_backings,
+            _buses: (pio, mmio),
+            _raw_terminal: raw_terminal,
+            _vm: vm,
+        })
     }
 
-    loop {
-        if let Some(sig) = signals.wait(exit.eventfd().as_raw_fd())? {
-            exit.request(VmExit::Signal(sig));
+    /// Readable once the VM has ended on its own (see [`Vm::exit_reason`]).
+    pub fn exit_eventfd(&self) -> &EventFd {
+        self.exit.eventfd()
+    }
+
+    pub fn exit_reason(&self) -> Option<VmExit> {
+        self.exit.reason()
+    }
+
+    pub fn fs_devices(&self) -> &[FsDeviceInfo] {
+        &self.fs
+    }
+
+    /// Stops every vCPU and tears the VM down.
+    pub fn stop(mut self) {
+        for v in self.vcpus.drain(..) {
+            v.stop();
         }
-        if let Some(reason) = exit.reason() {
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        for v in self.vcpus.drain(..) {
+            v.stop();
+        }
+    }
+}
+
+/// Boots the VM and blocks until it ends; the returned reason decides the exit status.
+pub fn run(config: &VmConfig, signals: &StopSignals) -> Result<VmExit, VmError> {
+    let vm = Vm::boot(config, None)?;
+    loop {
+        if let Some(sig) = signals.wait(&[vm.exit_eventfd().as_raw_fd()])? {
+            return Ok(VmExit::Signal(sig));
+        }
+        if let Some(reason) = vm.exit_reason() {
             return Ok(reason);
         }
     }

@@ -47,6 +47,10 @@ impl PassthroughFs {
     pub fn attr_of(&self, nodeid: u64, st: &libc::stat64) -> Attr {
         let is_reg = st.st_mode & libc::S_IFMT == libc::S_IFREG;
         let dax = is_reg && self.policy.current().dax(|| self.path_of(nodeid), st.st_size as u64);
+        if is_reg {
+            let counter = if dax { &self.attrs_dax } else { &self.attrs_nodax };
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         to_attr(st, if dax { ATTR_DAX } else { 0 })
     }
 

@@ -134,6 +134,9 @@ pub struct PassthroughFs {
     pub policy: Arc<DaxPolicy>,
     /// Running as root: new files are given the caller's uid/gid.
     chown_new: bool,
+    /// Regular-file attributes answered with and without `FUSE_ATTR_DAX`.
+    pub attrs_dax: AtomicU64,
+    pub attrs_nodax: AtomicU64,
 }
 
 /// The identity of the guest process making a request.
@@ -166,6 +169,8 @@ impl PassthroughFs {
             cache,
             policy,
             chown_new,
+            attrs_dax: AtomicU64::new(0),
+            attrs_nodax: AtomicU64::new(0),
         })
     }
 

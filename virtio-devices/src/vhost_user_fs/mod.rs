@@ -198,6 +198,11 @@ impl VhostUserFs {
         self.window_guest_addr = addr;
     }
 
+    /// The flag [`Self::failed`] reads, for whoever reports on the device.
+    pub fn failed_flag(&self) -> Arc<AtomicBool> {
+        self.failed.clone()
+    }
+
     /// True once the daemon has gone away.
     pub fn failed(&self) -> bool {
         self.failed.load(Ordering::SeqCst)

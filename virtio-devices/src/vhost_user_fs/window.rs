@@ -13,8 +13,8 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 
@@ -45,6 +45,24 @@ impl RequestError {
         RequestError { reason, message, errno }
     }
 }
+
+/// One thing the window did, for whoever watches it (the API's event stream).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WindowEvent {
+    Map { offset: u64, len: u64, fd_offset: u64, writable: bool, took: Duration },
+    Unmap { offset: u64, len: u64 },
+    /// Every mapping dropped at once (device reset, daemon gone).
+    Reset,
+    Refused { request: &'static str, reason: FailureReason, offset: u64, len: u64 },
+}
+
+/// Told of every [`WindowEvent`] on the thread that caused it; must not block.
+pub trait WindowObserver: Send + Sync {
+    fn event(&self, event: &WindowEvent);
+}
+
+/// The guest maps the window in ranges of this size (`FUSE_DAX_SZ`).
+pub const GUEST_RANGE_SIZE: u64 = 2 << 20;
 
 /// The file ranges currently mapped, as disjoint `[start, end)` offsets.
 #[derive(Default, Debug)]
@@ -80,6 +98,21 @@ impl MappedRanges {
         self.0.insert(start, end);
         replaced
     }
+
+    /// How many `granularity`-sized, aligned ranges hold at least one mapped byte.
+    fn ranges_touched(&self, granularity: u64) -> u64 {
+        let mut count = 0;
+        let mut last = None;
+        for (&s, &e) in &self.0 {
+            let (first, end) = (s / granularity, (e - 1) / granularity);
+            let first = if last == Some(first) { first + 1 } else { first };
+            if end >= first {
+                count += end - first + 1;
+            }
+            last = Some(end);
+        }
+        count
+    }
 }
 
 pub struct DaxWindow {
@@ -88,6 +121,7 @@ pub struct DaxWindow {
     page_size: u64,
     mapped: Mutex<MappedRanges>,
     pub metrics: DaxMetrics,
+    observer: OnceLock<Arc<dyn WindowObserver>>,
 }
 
 fn host_page_size() -> u64 {
@@ -117,7 +151,7 @@ impl DaxWindow {
             return Err(WindowError::Size { size, page: page_size });
         }
         let host_addr = map_none(0, size, false).map_err(|source| WindowError::Reserve { size, source })?;
-        Ok(DaxWindow { host_addr, size, page_size, mapped: Mutex::new(MappedRanges::default()), metrics: DaxMetrics::default() })
+        Ok(DaxWindow { host_addr, size, page_size, mapped: Mutex::new(MappedRanges::default()), metrics: DaxMetrics::default(), observer: OnceLock::new() })
     }
 
     pub fn host_addr(&self) -> u64 {
@@ -126,6 +160,48 @@ impl DaxWindow {
 
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Sets who hears of every map and unmap; only the first call counts.
+    pub fn set_observer(&self, observer: Arc<dyn WindowObserver>) {
+        let _ = self.observer.set(observer);
+    }
+
+    fn notify(&self, event: WindowEvent) {
+        if let Some(o) = self.observer.get() {
+            o.event(&event);
+        }
+    }
+
+    /// 2 MiB guest ranges with something mapped in them now.
+    pub fn mapped_guest_ranges(&self) -> u64 {
+        self.mapped.lock().unwrap_or_else(|p| p.into_inner()).ranges_touched(GUEST_RANGE_SIZE)
+    }
+
+    /// Bytes of the window resident in host memory now (`mincore`): file
+    /// pages the guest touched through its mappings.
+    pub fn resident_bytes(&self) -> std::io::Result<u64> {
+        // In chunks, so a large window needs no large vector.
+        const CHUNK: u64 = 1 << 30;
+        let mut resident = 0;
+        let mut vec = Vec::new();
+        let mut off = 0;
+        while off < self.size {
+            let len = CHUNK.min(self.size - off);
+            vec.resize(len.div_ceil(self.page_size) as usize, 0u8);
+            // Held so no map or unmap changes the range under mincore.
+            let _mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: [host_addr + off, + len) lies inside the window this
+            // process reserved (mapped or PROT_NONE, both valid for mincore);
+            // `vec` has one byte per page of it.
+            let r = unsafe { libc::mincore((self.host_addr + off) as *mut libc::c_void, len as usize, vec.as_mut_ptr()) };
+            if r != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            resident += vec.iter().filter(|&&b| b & 1 != 0).count() as u64 * self.page_size;
+            off += len;
+        }
+        Ok(resident)
     }
 
     /// Checks a request's region, length, bounds, alignment and flags;
@@ -186,9 +262,18 @@ impl DaxWindow {
     pub fn map(&self, req: &VhostUserMMap, fd: &dyn AsRawFd) -> Result<(), RequestError> {
         let started = Instant::now();
         let result = self.map_checked(req, fd.as_raw_fd());
+        let (offset, len) = (req.shm_offset, req.len);
         match &result {
-            Ok(()) => self.metrics.record_map(started.elapsed()),
-            Err(e) => self.metrics.record_failure(e.reason),
+            Ok(()) => {
+                let took = started.elapsed();
+                self.metrics.record_map(took);
+                let writable = VhostUserMMapFlags::from_bits_truncate(req.flags).contains(VhostUserMMapFlags::WRITABLE);
+                self.notify(WindowEvent::Map { offset, len, fd_offset: req.fd_offset, writable, took });
+            }
+            Err(e) => {
+                self.metrics.record_failure(e.reason);
+                self.notify(WindowEvent::Refused { request: "map", reason: e.reason, offset, len });
+            }
         }
         result
     }
@@ -225,11 +310,16 @@ impl DaxWindow {
     /// SHMEM_UNMAP: puts `PROT_NONE` anonymous memory back over the range.
     pub fn unmap(&self, req: &VhostUserMMap) -> Result<(), RequestError> {
         let result = self.check(req).and_then(|end| self.unmap_range(req.shm_offset, end));
+        let (offset, len) = (req.shm_offset, req.len);
         match &result {
             Ok(()) => {
                 self.metrics.unmaps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.notify(WindowEvent::Unmap { offset, len });
             }
-            Err(e) => self.metrics.record_failure(e.reason),
+            Err(e) => {
+                self.metrics.record_failure(e.reason);
+                self.notify(WindowEvent::Refused { request: "unmap", reason: e.reason, offset, len });
+            }
         }
         result
     }
@@ -252,6 +342,7 @@ impl DaxWindow {
     pub fn clear(&self) {
         if self.unmap_range(0, self.size).is_ok() {
             self.metrics.resets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.notify(WindowEvent::Reset);
         } else {
             log::error!("could not clear the DAX window; its mappings stay until the VMM exits");
         }

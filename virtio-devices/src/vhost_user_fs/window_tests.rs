@@ -143,3 +143,48 @@ fn mapped_ranges_split_and_merge() {
     assert_eq!(m.remove(0, 1000), 100);
     assert!(m.0.is_empty());
 }
+
+#[test]
+fn guest_ranges_count_each_2m_range_once() {
+    let mut m = MappedRanges::default();
+    assert_eq!(m.ranges_touched(GUEST_RANGE_SIZE), 0);
+    m.insert(0, 4096);
+    m.insert(8192, 12288);
+    assert_eq!(m.ranges_touched(GUEST_RANGE_SIZE), 1, "two mappings in the first range");
+    m.insert(GUEST_RANGE_SIZE - 4096, GUEST_RANGE_SIZE + 4096);
+    assert_eq!(m.ranges_touched(GUEST_RANGE_SIZE), 2, "a mapping straddling into the second");
+    m.insert(5 * GUEST_RANGE_SIZE, 7 * GUEST_RANGE_SIZE);
+    assert_eq!(m.ranges_touched(GUEST_RANGE_SIZE), 4);
+}
+
+#[derive(Default)]
+struct Recorder(std::sync::Mutex<Vec<WindowEvent>>);
+
+impl WindowObserver for Recorder {
+    fn event(&self, event: &WindowEvent) {
+        self.0.lock().unwrap().push(event.clone());
+    }
+}
+
+#[test]
+fn observer_hears_maps_unmaps_refusals_and_resets_and_mincore_sees_touched_pages() {
+    let w = DaxWindow::new(16 * PAGE).unwrap();
+    let rec = std::sync::Arc::new(Recorder::default());
+    w.set_observer(rec.clone());
+    let f = file_with(4);
+    assert_eq!(w.resident_bytes().unwrap(), 0);
+    w.map(&req(0, 0, 0, 2 * PAGE, 1), f.as_file()).unwrap();
+    assert_eq!(peek(&w, 0), b'a');
+    // The file's pages are in the host page cache (just written).
+    assert_eq!(w.resident_bytes().unwrap(), 2 * PAGE);
+    assert!(w.map(&req(0, 0, PAGE / 2, PAGE, 0), f.as_file()).is_err());
+    w.unmap(&req(0, 0, 0, 2 * PAGE, 0)).unwrap();
+    assert_eq!(w.resident_bytes().unwrap(), 0);
+    w.clear();
+    let events = rec.0.lock().unwrap().clone();
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert!(matches!(events[0], WindowEvent::Map { offset: 0, len, writable: true, .. } if len == 2 * PAGE));
+    assert!(matches!(events[1], WindowEvent::Refused { request: "map", reason: FailureReason::Misaligned, .. }));
+    assert!(matches!(events[2], WindowEvent::Unmap { offset: 0, .. }));
+    assert_eq!(events[3], WindowEvent::Reset);
+}

@@ -1,5 +1,6 @@
-//! `--fs tag=<tag>,socket=<path>[,num_queues=<n>][,queue_size=<n>][,id=<id>][,dax=on|off][,cache_size=<size>][,transport=pci|mmio]`:
-//! Cloud Hypervisor's keys, with its old `dax`/`cache_size` back and our `transport`.
+//! `--fs tag=<tag>,socket=<path>[,num_queues=<n>][,queue_size=<n>][,id=<id>][,dax=on|off][,cache_size=<size>][,transport=pci|mmio][,control_socket=<path>]`:
+//! Cloud Hypervisor's keys, with its old `dax`/`cache_size` back, our `transport`,
+//! and the daemon's `control_socket` for DAX policy pushes.
 
 use std::path::PathBuf;
 
@@ -28,15 +29,21 @@ pub struct FsConfig {
     /// None: take the size the daemon declares (GET_SHMEM_CONFIG).
     pub cache_size: Option<u64>,
     pub transport: Transport,
+    /// The daemon's control socket, through which the API pushes DAX policies.
+    pub control_socket: Option<PathBuf>,
 }
+
+/// Keys `--fs` accepts.
+pub const FS_KEYS: &[&str] =
+    &["tag", "socket", "num_queues", "queue_size", "id", "dax", "cache_size", "transport", "pci_segment", "control_socket"];
 
 impl FsConfig {
     pub fn parse(input: &str, index: usize) -> Result<Self, ConfigError> {
-        let o = OptionValues::parse(
-            "fs",
-            input,
-            &["tag", "socket", "num_queues", "queue_size", "id", "dax", "cache_size", "transport", "pci_segment"],
-        )?;
+        Self::from_values(&OptionValues::parse("fs", input, FS_KEYS)?, index)
+    }
+
+    /// Checks and converts the values of `--fs` (or of an API FsConfig).
+    pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         if o.get("pci_segment").is_some_and(|s| s != "0") {
             return Err(ConfigError::Unsupported { option: "fs", message: "only pci_segment=0 exists".into() });
         }
@@ -73,6 +80,7 @@ impl FsConfig {
             dax,
             cache_size,
             transport: o.convert("transport", Transport::parse)?.unwrap_or_default(),
+            control_socket: o.get("control_socket").map(PathBuf::from),
         })
     }
 }

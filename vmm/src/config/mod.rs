@@ -1,6 +1,7 @@
 //! The VM configuration and its parsing from Cloud Hypervisor's command-line syntax.
 
 mod fs;
+pub mod json;
 mod option_parser;
 mod pmem;
 

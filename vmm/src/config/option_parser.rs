@@ -45,6 +45,23 @@ impl OptionValues {
         Ok(OptionValues { option, values })
     }
 
+    /// The same checks for values that arrive as fields (an API body):
+    /// `pairs` are key and value as the command line would spell them.
+    pub fn from_pairs(
+        option: &'static str,
+        pairs: Vec<(&str, String)>,
+        accepted: &'static [&'static str],
+    ) -> Result<Self, ConfigError> {
+        let mut values = BTreeMap::new();
+        for (key, value) in pairs {
+            if !accepted.contains(&key) {
+                return Err(ConfigError::UnknownKey { option, key: key.to_string(), accepted: accepted.join(", ") });
+            }
+            values.insert(key.to_string(), value);
+        }
+        Ok(OptionValues { option, values })
+    }
+
     pub fn get(&self, key: &str) -> Option<&str> {
         self.values.get(key).map(String::as_str)
     }

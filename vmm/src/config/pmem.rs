@@ -36,15 +36,24 @@ pub struct PmemConfig {
 
 const TWO_MIB: u64 = 2 << 20;
 
+/// Keys `--pmem` accepts.
+pub const PMEM_KEYS: &[&str] = &["file", "size", "discard_writes", "id", "transport", "iommu", "pci_segment"];
+
 impl PmemConfig {
     /// `index` names devices given without `id=` (`_pmem0`, `_pmem1`, … as
     /// Cloud Hypervisor does).
     pub fn parse(input: &str, index: usize) -> Result<Self, ConfigError> {
-        let o = OptionValues::parse("pmem", input, &["file", "size", "discard_writes", "id", "transport", "iommu", "pci_segment"])?;
-        for key in ["iommu", "pci_segment"] {
-            if o.get(key).is_some() {
-                return Err(ConfigError::Unsupported { option: "pmem", message: format!("{key}= is not supported") });
-            }
+        Self::from_values(&OptionValues::parse("pmem", input, PMEM_KEYS)?, index)
+    }
+
+    /// Checks and converts the values of `--pmem` (or of an API PmemConfig).
+    pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
+        // Cloud Hypervisor's defaults are accepted, since ch-remote sends them.
+        if o.get("iommu").is_some_and(|v| v != "off" && v != "false") {
+            return Err(ConfigError::Unsupported { option: "pmem", message: "iommu=on is not supported".into() });
+        }
+        if o.get("pci_segment").is_some_and(|v| v != "0") {
+            return Err(ConfigError::Unsupported { option: "pmem", message: "only pci_segment=0 exists".into() });
         }
         let file = o.get("file").ok_or(ConfigError::MissingKey { option: "pmem", key: "file" })?;
         let size = o.convert("size", parse_size)?;

@@ -1,0 +1,166 @@
+//! DAX endpoints, per fs device id:
+//!
+//! - `GET /api/v1/vm.dax-policy?id=` — the policy last accepted here, and
+//!   what the device's daemon has in force (its generation and document);
+//! - `PUT …?id=[&dry_run=true]` — validate (JSON or YAML), push to the
+//!   daemon, answer what changed grouped by when it takes effect; a dry run
+//!   answers the same and changes nothing;
+//! - `DELETE …?id=` — back to the default policy;
+//! - `GET /api/v1/vm.dax-metrics` — Prometheus text.
+//!
+//! An invalid policy is refused here, before any daemon sees it; a daemon
+//! that refuses or cannot be reached leaves the accepted policy as it was.
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use policies::Policy;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::client;
+use crate::events::DaxEvent;
+use crate::metrics::{self, FsDaxStatus, PageFaults};
+use crate::routes::AppState;
+use crate::{control_socket_of, ApiError, VmmAction, VmmReply};
+
+/// The policy last accepted for a device, and the generation its daemon gave it.
+#[derive(Clone, Debug)]
+pub(crate) struct DesiredPolicy {
+    pub policy: Value,
+    pub generation: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PolicyQuery {
+    id: Option<String>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+impl PolicyQuery {
+    fn id(&self) -> Result<&str, ApiError> {
+        self.id.as_deref().ok_or_else(|| ApiError::bad_request("vm.dax-policy: the query needs id=<fs device id>"))
+    }
+}
+
+async fn dax_status(s: &AppState) -> Result<Vec<FsDaxStatus>, ApiError> {
+    match s.vmm.call(VmmAction::DaxStatus).await? {
+        VmmReply::Dax(d) => Ok(d),
+        other => Err(ApiError::internal(format!("unexpected answer from the VMM: {other:?}"))),
+    }
+}
+
+/// Sends one request to a daemon's control socket; the JSON answer, or a
+/// 502 that carries the daemon's own message.
+async fn daemon_json(socket: &std::path::Path, method: &str, uri: &str, body: Option<String>) -> Result<Value, ApiError> {
+    let answer = client::request(socket, method, uri, body).await.map_err(|e| ApiError::bad_gateway(e.to_string()))?;
+    if answer.status != 200 {
+        return Err(ApiError::bad_gateway(format!(
+            "the daemon at {} answered {}: {}",
+            socket.display(),
+            answer.status,
+            answer.body.trim()
+        )));
+    }
+    serde_json::from_str(&answer.body).map_err(|e| ApiError::bad_gateway(format!("the daemon at {} answered non-JSON: {e}", socket.display())))
+}
+
+fn parse_policy(body: &Bytes) -> Result<Policy, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|_| ApiError::bad_request("vm.dax-policy: the body is not UTF-8"))?;
+    let trimmed = text.trim_start();
+    if trimmed.is_empty() {
+        return Err(ApiError::bad_request("vm.dax-policy: a policy document (JSON or YAML) is required"));
+    }
+    let parsed = if trimmed.starts_with('{') { Policy::parse_json(text) } else { Policy::parse_yaml(text) };
+    parsed.map_err(|e| ApiError::bad_request(format!("vm.dax-policy: {e}")))
+}
+
+pub(crate) async fn get_policy(State(s): State<AppState>, Query(q): Query<PolicyQuery>) -> Result<Json<Value>, ApiError> {
+    let id = q.id()?;
+    let devices = dax_status(&s).await?;
+    if !devices.iter().any(|d| d.id == id) {
+        return Err(ApiError::not_found(format!("no fs device with id \"{id}\"")));
+    }
+    let desired = s.desired.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
+    let (acknowledged, daemon_error) = match control_socket_of(&devices, id) {
+        Ok(socket) => match daemon_json(&socket, "GET", "/api/v1/policy", None).await {
+            Ok(v) => (v, Value::Null),
+            Err(e) => (Value::Null, Value::String(e.message)),
+        },
+        Err(e) => (Value::Null, Value::String(e.message)),
+    };
+    Ok(Json(json!({
+        "id": id,
+        "desired": desired.as_ref().map(|d| d.policy.clone()),
+        "desired_generation": desired.as_ref().map(|d| d.generation),
+        "acknowledged": acknowledged,
+        "daemon_error": daemon_error,
+    })))
+}
+
+/// Pushes `policy` (None: the default) and answers what changed.
+async fn push(s: &AppState, id: &str, policy: Option<Policy>, dry_run: bool) -> Result<Json<Value>, ApiError> {
+    let devices = dax_status(s).await?;
+    let socket = control_socket_of(&devices, id)?;
+    let answer = match &policy {
+        Some(p) => {
+            let uri = if dry_run { "/api/v1/policy?dry_run=true" } else { "/api/v1/policy" };
+            daemon_json(&socket, "PUT", uri, Some(p.to_value().to_string())).await?
+        }
+        None if dry_run => {
+            let doc = Policy::default().to_value().to_string();
+            daemon_json(&socket, "PUT", "/api/v1/policy?dry_run=true", Some(doc)).await?
+        }
+        None => daemon_json(&socket, "DELETE", "/api/v1/policy", None).await?,
+    };
+    let generation = answer["generation"].as_u64().unwrap_or(0);
+    let changes = answer["changes"].as_array().cloned().unwrap_or_default();
+    let by_effect = |effect: &str| -> Vec<Value> { changes.iter().filter(|c| c["effect"] == effect).cloned().collect() };
+    if !dry_run {
+        let doc = policy.unwrap_or_default().to_value();
+        s.desired.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string(), DesiredPolicy { policy: doc, generation });
+        if !changes.is_empty() {
+            s.events.publish(DaxEvent::new("policy", id, json!({"generation": generation, "changes": changes})));
+        }
+    }
+    Ok(Json(json!({
+        "id": id,
+        "generation": generation,
+        "applied": !dry_run,
+        "changes": changes,
+        "live": by_effect("live"),
+        "remount": by_effect("remount"),
+        "recreate": by_effect("recreate"),
+    })))
+}
+
+pub(crate) async fn put_policy(State(s): State<AppState>, Query(q): Query<PolicyQuery>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let id = q.id()?;
+    let policy = parse_policy(&body)?;
+    push(&s, id, Some(policy), q.dry_run).await
+}
+
+pub(crate) async fn delete_policy(State(s): State<AppState>, Query(q): Query<PolicyQuery>) -> Result<Json<Value>, ApiError> {
+    push(&s, q.id()?, None, q.dry_run).await
+}
+
+pub(crate) async fn metrics(State(s): State<AppState>) -> Response {
+    let devices = match dax_status(&s).await {
+        Ok(d) => d,
+        Err(e) => return e.into_response(),
+    };
+    let mut stats = Vec::with_capacity(devices.len());
+    for d in &devices {
+        let st = match &d.control_socket {
+            Some(sock) => daemon_json(sock, "GET", "/api/v1/stats", None).await.ok(),
+            None => None,
+        };
+        stats.push(st);
+    }
+    let text = metrics::render(&devices, &stats, PageFaults::of_this_process());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}

@@ -1,0 +1,161 @@
+//! The VMM's REST API: HTTP/1.1 over a unix socket, served by axum on a
+//! thread of its own.
+//!
+//! - `routes`: Cloud Hypervisor's endpoints (`/api/v1/vmm.*`, `/api/v1/vm.*`),
+//!   so `ch-remote` works unchanged. Each becomes a [`VmmAction`] sent to the
+//!   VMM's control loop, which owns the VM and answers on a oneshot channel.
+//! - `dax`: per fs device DAX policy (pushed to the device's daemon over its
+//!   control socket), Prometheus metrics and the event stream.
+//!
+//! The crate knows nothing of the VMM's types: bodies travel as JSON values
+//! and the VMM checks them with the same code as its command line.
+
+pub mod client;
+mod dax;
+pub mod events;
+pub mod metrics;
+mod routes;
+pub mod server;
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::sync::oneshot;
+use vmm_sys_util::eventfd::EventFd;
+
+pub use events::{DaxEvent, EventBus};
+pub use metrics::{FsDaxStatus, WindowStats};
+pub use server::{ApiServer, ServerError};
+
+/// What the API asks of the VMM.
+#[derive(Debug)]
+pub enum VmmAction {
+    Ping,
+    ShutdownVmm,
+    /// A `vm.create` body (VmConfig JSON).
+    Create(Value),
+    /// Forgets the configuration (stopping the VM first if it runs).
+    Delete,
+    Boot,
+    Info,
+    ShutdownVm,
+    Reboot,
+    Pause,
+    Resume,
+    /// A `vm.add-fs` body (FsConfig JSON).
+    AddFs(Value),
+    /// A `vm.add-pmem` body (PmemConfig JSON).
+    AddPmem(Value),
+    RemoveDevice(String),
+    Counters,
+    /// The fs devices, configured or running, with their DAX windows.
+    DaxStatus,
+}
+
+/// The VMM's answer.
+#[derive(Debug)]
+pub enum VmmReply {
+    /// 204.
+    NoContent,
+    /// 200 with a JSON body.
+    Json(Value),
+    Dax(Vec<FsDaxStatus>),
+}
+
+/// A refused action: the status and a message saying what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError { status: 400, message: message.into() }
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError { status: 404, message: message.into() }
+    }
+    /// The request is valid but the VM is in the wrong state for it.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        ApiError { status: 409, message: message.into() }
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError { status: 500, message: message.into() }
+    }
+    /// A daemon behind the VMM failed or could not be reached.
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        ApiError { status: 502, message: message.into() }
+    }
+}
+
+pub type VmmResult = Result<VmmReply, ApiError>;
+
+/// One action on its way to the VMM, with where to answer.
+pub struct ApiRequest {
+    pub action: VmmAction,
+    pub reply: oneshot::Sender<VmmResult>,
+}
+
+impl ApiRequest {
+    /// Answers; a client that went away is no error.
+    pub fn respond(self, result: VmmResult) {
+        let _ = self.reply.send(result);
+    }
+}
+
+/// The API's end of the channel to the VMM: requests go in the queue and
+/// the eventfd wakes the control loop, which polls it with its other fds.
+#[derive(Clone)]
+pub struct VmmChannel {
+    tx: mpsc::Sender<ApiRequest>,
+    wake: Arc<EventFd>,
+}
+
+/// The VMM's end of the channel.
+pub struct VmmReceiver {
+    rx: mpsc::Receiver<ApiRequest>,
+    wake: Arc<EventFd>,
+}
+
+pub fn vmm_channel() -> std::io::Result<(VmmChannel, VmmReceiver)> {
+    let (tx, rx) = mpsc::channel();
+    let wake = Arc::new(EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?);
+    Ok((VmmChannel { tx, wake: wake.clone() }, VmmReceiver { rx, wake }))
+}
+
+impl VmmChannel {
+    /// Sends `action` to the VMM and waits for its answer.
+    pub async fn call(&self, action: VmmAction) -> VmmResult {
+        let (reply, answer) = oneshot::channel();
+        self.tx.send(ApiRequest { action, reply }).map_err(|_| ApiError::internal("the VMM is shutting down"))?;
+        // A full counter already means "wake up".
+        let _ = self.wake.write(1);
+        answer.await.map_err(|_| ApiError::internal("the VMM dropped the request"))?
+    }
+}
+
+impl VmmReceiver {
+    /// Polled by the control loop: readable when requests are queued.
+    pub fn eventfd(&self) -> &EventFd {
+        &self.wake
+    }
+
+    /// The queued requests, oldest first.
+    pub fn drain(&self) -> Vec<ApiRequest> {
+        let _ = self.wake.read();
+        self.rx.try_iter().collect()
+    }
+}
+
+/// Where the daemon of an fs device listens for policy pushes.
+pub fn control_socket_of(devices: &[FsDaxStatus], id: &str) -> Result<PathBuf, ApiError> {
+    let dev = devices.iter().find(|d| d.id == id).ok_or_else(|| ApiError::not_found(format!("no fs device with id \"{id}\"")))?;
+    dev.control_socket.clone().ok_or_else(|| {
+        ApiError::conflict(format!(
+            "fs device \"{id}\" has no control_socket: give the daemon --control-socket and the device control_socket=<path>"
+        ))
+    })
+}

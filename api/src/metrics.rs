@@ -1,0 +1,205 @@
+//! `GET /api/v1/vm.dax-metrics`: per fs device, in the Prometheus text
+//! exposition format (version 0.0.4). Window counters come from the VMM,
+//! file and FUSE counters from each daemon's control socket, page faults
+//! from this process.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+/// What the VMM knows of one fs device.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FsDaxStatus {
+    pub id: String,
+    pub control_socket: Option<PathBuf>,
+    /// None before boot, or without DAX.
+    pub window: Option<WindowStats>,
+    /// The daemon went away while the VM ran.
+    pub failed: bool,
+}
+
+/// A DAX window's counters at one moment.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WindowStats {
+    pub size: u64,
+    pub bytes_mapped: u64,
+    /// 2 MiB guest ranges with something mapped.
+    pub ranges_mapped: u64,
+    pub maps: u64,
+    pub unmaps: u64,
+    pub resets: u64,
+    pub failures: Vec<(String, u64)>,
+    /// (upper bound in µs, None for +Inf; cumulative count).
+    pub latency_buckets: Vec<(Option<u64>, u64)>,
+    pub latency_sum_us: u64,
+    /// Resident bytes of the window (mincore); None if it could not be read.
+    pub resident_bytes: Option<u64>,
+}
+
+/// Host page faults of this (the VMM's) process since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageFaults {
+    pub minor: u64,
+    pub major: u64,
+}
+
+impl PageFaults {
+    pub fn of_this_process() -> Self {
+        // SAFETY: getrusage fills the zeroed struct it is given.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `usage` is a valid rusage for the call to write.
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+            return PageFaults::default();
+        }
+        PageFaults { minor: usage.ru_minflt as u64, major: usage.ru_majflt as u64 }
+    }
+}
+
+/// Escapes a label value (backslash, quote, newline).
+fn label(v: &str) -> String {
+    v.replace('\\', r"\\").replace('"', "\\\"").replace('\n', r"\n")
+}
+
+struct Writer {
+    out: String,
+}
+
+impl Writer {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", label(v))).collect();
+        if labels.is_empty() {
+            let _ = writeln!(self.out, "{name} {value}");
+        } else {
+            let _ = writeln!(self.out, "{name}{{{}}} {value}", labels.join(","));
+        }
+    }
+}
+
+/// One metric family over all devices: `get` gives a device's value, if it has one.
+fn per_device(w: &mut Writer, devices: &[(&FsDaxStatus, Option<&Value>)], name: &str, kind: &str, help: &str, get: impl Fn(&FsDaxStatus, Option<&Value>) -> Option<u64>) {
+    let values: Vec<(&str, u64)> = devices.iter().filter_map(|(d, s)| get(d, *s).map(|v| (d.id.as_str(), v))).collect();
+    if values.is_empty() {
+        return;
+    }
+    w.family(name, kind, help);
+    for (id, v) in values {
+        w.sample(name, &[("device", id)], v);
+    }
+}
+
+/// Renders the metrics of `devices`; `daemon_stats[i]` is what device i's
+/// daemon reported (`GET /api/v1/stats`), if it could be asked.
+pub fn render(devices: &[FsDaxStatus], daemon_stats: &[Option<Value>], faults: PageFaults) -> String {
+    let mut w = Writer { out: String::new() };
+    let rows: Vec<(&FsDaxStatus, Option<&Value>)> = devices.iter().zip(daemon_stats.iter().map(Option::as_ref).chain(std::iter::repeat(None))).collect();
+    let win = |f: fn(&WindowStats) -> u64| move |d: &FsDaxStatus, _: Option<&Value>| d.window.as_ref().map(f);
+    let daemon = |key: &'static str| move |_: &FsDaxStatus, s: Option<&Value>| s.and_then(|s| s.get(key)).and_then(Value::as_u64);
+
+    w.family("daxvmm_fs_up", "gauge", "1 while the fs device's daemon is connected (or the VM not booted yet)");
+    for d in devices {
+        w.sample("daxvmm_fs_up", &[("device", &d.id)], u8::from(!d.failed));
+    }
+    per_device(&mut w, &rows, "daxvmm_dax_window_bytes", "gauge", "Size of the DAX cache window", win(|s| s.size));
+    per_device(&mut w, &rows, "daxvmm_dax_mapped_bytes", "gauge", "Bytes of the window backed by a file mapping now", win(|s| s.bytes_mapped));
+    per_device(&mut w, &rows, "daxvmm_dax_mapped_ranges", "gauge", "2 MiB guest ranges of the window with a file mapping now", win(|s| s.ranges_mapped));
+    per_device(&mut w, &rows, "daxvmm_dax_maps_total", "counter", "SHMEM_MAP requests served", win(|s| s.maps));
+    per_device(&mut w, &rows, "daxvmm_dax_unmaps_total", "counter", "SHMEM_UNMAP requests served (the guest's reclaim and inode eviction)", win(|s| s.unmaps));
+    per_device(&mut w, &rows, "daxvmm_dax_resets_total", "counter", "Times every mapping was dropped at once (device reset, daemon gone)", win(|s| s.resets));
+    let resident: Vec<(&str, u64)> = devices.iter().filter_map(|d| d.window.as_ref().and_then(|s| s.resident_bytes).map(|r| (d.id.as_str(), r))).collect();
+    if !resident.is_empty() {
+        w.family("daxvmm_dax_resident_bytes", "gauge", "Bytes of the window resident in host memory (mincore)");
+        for (id, r) in resident {
+            w.sample("daxvmm_dax_resident_bytes", &[("device", id)], r);
+        }
+    }
+    if devices.iter().any(|d| d.window.is_some()) {
+        w.family("daxvmm_dax_failures_total", "counter", "SHMEM_MAP/UNMAP requests refused, by reason");
+        for d in devices {
+            for (reason, n) in d.window.iter().flat_map(|s| &s.failures) {
+                w.sample("daxvmm_dax_failures_total", &[("device", &d.id), ("reason", reason)], n);
+            }
+        }
+        w.family("daxvmm_dax_map_latency_seconds", "histogram", "Time to serve a SHMEM_MAP (checks and mmap)");
+        for d in devices {
+            let Some(s) = &d.window else { continue };
+            for (le, n) in &s.latency_buckets {
+                let le = le.map_or_else(|| "+Inf".to_string(), |us| format!("{}", us as f64 / 1e6));
+                w.sample("daxvmm_dax_map_latency_seconds_bucket", &[("device", &d.id), ("le", &le)], n);
+            }
+            w.sample("daxvmm_dax_map_latency_seconds_sum", &[("device", &d.id)], s.latency_sum_us as f64 / 1e6);
+            w.sample("daxvmm_dax_map_latency_seconds_count", &[("device", &d.id)], s.maps);
+        }
+    }
+    per_device(&mut w, &rows, "daxvmm_fs_file_attrs_dax_total", "counter", "Regular-file attributes the daemon answered with FUSE_ATTR_DAX", daemon("file_attrs_dax"));
+    per_device(&mut w, &rows, "daxvmm_fs_file_attrs_nodax_total", "counter", "Regular-file attributes the daemon answered without FUSE_ATTR_DAX", daemon("file_attrs_nodax"));
+    per_device(&mut w, &rows, "daxvmm_fs_fuse_reads_total", "counter", "FUSE READ requests (data copied through the queue, not DAX)", daemon("fuse_reads"));
+    per_device(&mut w, &rows, "daxvmm_fs_fuse_read_bytes_total", "counter", "Bytes read through FUSE READ", daemon("fuse_read_bytes"));
+    per_device(&mut w, &rows, "daxvmm_fs_fuse_writes_total", "counter", "FUSE WRITE requests (data copied through the queue, not DAX)", daemon("fuse_writes"));
+    per_device(&mut w, &rows, "daxvmm_fs_fuse_write_bytes_total", "counter", "Bytes written through FUSE WRITE", daemon("fuse_write_bytes"));
+    per_device(&mut w, &rows, "daxvmm_fs_requests_total", "counter", "FUSE requests the daemon served", daemon("requests"));
+    per_device(&mut w, &rows, "daxvmm_fs_setupmappings_total", "counter", "FUSE_SETUPMAPPING requests the daemon served", daemon("setupmappings"));
+    per_device(&mut w, &rows, "daxvmm_fs_removemappings_total", "counter", "FUSE_REMOVEMAPPING requests the daemon served", daemon("removemappings"));
+    per_device(&mut w, &rows, "daxvmm_fs_policy_generation", "gauge", "Generation of the DAX policy the daemon has in force", daemon("policy_generation"));
+
+    w.family("daxvmm_process_page_faults_total", "counter", "Page faults taken by the VMM process (guest accesses to the window fault here)");
+    w.sample("daxvmm_process_page_faults_total", &[("kind", "minor")], faults.minor);
+    w.sample("daxvmm_process_page_faults_total", &[("kind", "major")], faults.major);
+    w.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn device(id: &str) -> FsDaxStatus {
+        FsDaxStatus {
+            id: id.into(),
+            control_socket: None,
+            window: Some(WindowStats {
+                size: 32 << 20,
+                bytes_mapped: 4 << 20,
+                ranges_mapped: 2,
+                maps: 3,
+                unmaps: 1,
+                resets: 0,
+                failures: vec![("misaligned".into(), 1), ("bad_fd".into(), 0)],
+                latency_buckets: vec![(Some(10), 1), (Some(100), 3), (None, 3)],
+                latency_sum_us: 150,
+                resident_bytes: Some(8192),
+            }),
+            failed: false,
+        }
+    }
+
+    #[test]
+    fn renders_families_once_with_device_labels() {
+        let stats = json!({"file_attrs_dax": 5, "file_attrs_nodax": 7, "fuse_reads": 2, "requests": 40});
+        let text = render(&[device("fs0"), device("fs\"1")], &[Some(stats), None], PageFaults { minor: 10, major: 1 });
+        assert_eq!(text.matches("# TYPE daxvmm_dax_maps_total counter").count(), 1);
+        assert!(text.contains("daxvmm_dax_maps_total{device=\"fs0\"} 3\n"));
+        assert!(text.contains("daxvmm_dax_mapped_ranges{device=\"fs\\\"1\"} 2\n"), "label escaped");
+        assert!(text.contains("daxvmm_dax_failures_total{device=\"fs0\",reason=\"misaligned\"} 1\n"));
+        assert!(text.contains("daxvmm_dax_map_latency_seconds_bucket{device=\"fs0\",le=\"0.00001\"} 1\n"));
+        assert!(text.contains("daxvmm_dax_map_latency_seconds_bucket{device=\"fs0\",le=\"+Inf\"} 3\n"));
+        assert!(text.contains("daxvmm_dax_map_latency_seconds_sum{device=\"fs0\"} 0.00015\n"));
+        assert!(text.contains("daxvmm_fs_file_attrs_dax_total{device=\"fs0\"} 5\n"));
+        assert!(!text.contains("daxvmm_fs_file_attrs_dax_total{device=\"fs\\\"1\"}"), "no daemon stats, no sample");
+        assert!(text.contains("daxvmm_process_page_faults_total{kind=\"major\"} 1\n"));
+        assert!(text.contains("daxvmm_dax_resident_bytes{device=\"fs0\"} 8192\n"));
+    }
+
+    #[test]
+    fn a_device_before_boot_has_only_its_up_gauge() {
+        let d = FsDaxStatus { id: "fs0".into(), ..Default::default() };
+        let text = render(&[d], &[], PageFaults::default());
+        assert!(text.contains("daxvmm_fs_up{device=\"fs0\"} 1\n"));
+        assert!(!text.contains("daxvmm_dax_maps_total"));
+        assert!(!text.contains("daxvmm_dax_map_latency_seconds"));
+    }
+}

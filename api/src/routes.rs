@@ -1,0 +1,118 @@
+//! Cloud Hypervisor's endpoints, with its bodies, status codes and error
+//! style (a text body saying what was wrong).
+//!
+//! Bodies are read as bytes whatever the Content-Type: ch-remote sends none,
+//! and a server insisting on `application/json` would answer it 415.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::dax::{self, DesiredPolicy};
+use crate::{ApiError, EventBus, VmmAction, VmmChannel, VmmReply, VmmResult};
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub vmm: VmmChannel,
+    pub events: EventBus,
+    /// The last policy accepted per fs device id.
+    pub desired: Arc<Mutex<HashMap<String, DesiredPolicy>>>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, self.message + "\n").into_response()
+    }
+}
+
+pub(crate) fn reply(result: VmmResult) -> Response {
+    match result {
+        Ok(VmmReply::NoContent) => StatusCode::NO_CONTENT.into_response(),
+        Ok(VmmReply::Json(v)) => Json(v).into_response(),
+        Ok(VmmReply::Dax(_)) => ApiError::internal("unexpected answer from the VMM").into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The JSON body of `endpoint`, which needs one.
+pub(crate) fn json_body(endpoint: &str, body: &Bytes) -> Result<Value, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(format!("{endpoint}: a JSON body is required")));
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("{endpoint}: the body is not valid JSON: {e}")))
+}
+
+async fn simple(state: &AppState, action: VmmAction) -> Response {
+    reply(state.vmm.call(action).await)
+}
+
+async fn with_body(state: &AppState, endpoint: &str, body: Bytes, action: fn(Value) -> VmmAction) -> Response {
+    match json_body(endpoint, &body) {
+        Ok(v) => reply(state.vmm.call(action(v)).await),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemoveDevice {
+    id: String,
+}
+
+async fn remove_device(State(s): State<AppState>, body: Bytes) -> Response {
+    let parsed = json_body("vm.remove-device", &body).and_then(|v| {
+        RemoveDevice::deserialize(&v).map_err(|e| ApiError::bad_request(format!("vm.remove-device: {e}")))
+    });
+    match parsed {
+        Ok(r) => reply(s.vmm.call(VmmAction::RemoveDevice(r.id)).await),
+        Err(e) => e.into_response(),
+    }
+}
+
+pub(crate) fn router(vmm: VmmChannel, events: EventBus) -> Router {
+    let state = AppState { vmm, events, desired: Arc::default() };
+    Router::new()
+        .route("/api/v1/vmm.ping", get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Ping).await }))
+        .route("/api/v1/vmm.shutdown", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::ShutdownVmm).await }))
+        .route(
+            "/api/v1/vm.create",
+            put(|State(s): State<AppState>, b: Bytes| async move { with_body(&s, "vm.create", b, VmmAction::Create).await }),
+        )
+        .route("/api/v1/vm.delete", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Delete).await }))
+        .route("/api/v1/vm.boot", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Boot).await }))
+        .route("/api/v1/vm.info", get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Info).await }))
+        .route("/api/v1/vm.shutdown", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::ShutdownVm).await }))
+        .route("/api/v1/vm.reboot", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Reboot).await }))
+        .route("/api/v1/vm.pause", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Pause).await }))
+        .route("/api/v1/vm.resume", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Resume).await }))
+        .route(
+            "/api/v1/vm.add-fs",
+            put(|State(s): State<AppState>, b: Bytes| async move { with_body(&s, "vm.add-fs", b, VmmAction::AddFs).await }),
+        )
+        .route(
+            "/api/v1/vm.add-pmem",
+            put(|State(s): State<AppState>, b: Bytes| async move { with_body(&s, "vm.add-pmem", b, VmmAction::AddPmem).await }),
+        )
+        .route("/api/v1/vm.remove-device", put(remove_device))
+        .route("/api/v1/vm.counters", get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Counters).await }))
+        .route("/api/v1/vm.dax-policy", get(dax::get_policy).put(dax::put_policy).delete(dax::delete_policy))
+        .route("/api/v1/vm.dax-metrics", get(dax::metrics))
+        .route("/api/v1/vm.dax-events", get(|State(s): State<AppState>| async move { s.events.sse() }))
+        .fallback(|uri: axum::http::Uri| async move {
+            ApiError::not_found(format!("no endpoint {} (see docs/api.md)", uri.path()))
+        })
+        .method_not_allowed_fallback(|method: axum::http::Method, uri: axum::http::Uri| async move {
+            ApiError { status: 405, message: format!("{} does not take {method} (see docs/api.md)", uri.path()) }
+        })
+        .with_state(state)
+}

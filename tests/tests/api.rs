@@ -1,0 +1,224 @@
+//! The REST API over a real unix socket, without booting a guest: the VMM
+//! started with only `--api-socket`, requests shaped as ch-remote sends them
+//! (no Content-Type), every malformed body answered 4xx naming the problem,
+//! DAX policies pushed to a real daemon, metrics checked by `promtool`, and
+//! the event stream delivering a policy change.
+//!
+//! The guest-side API flow (create, add a DAX share, boot, flip a policy,
+//! watch maps and reclaim) is in `virtiofs.rs`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use guest_tests::rig;
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One request as ch-remote sends it: Host, Accept, Content-Length, no Content-Type.
+fn http(sock: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = UnixStream::connect(sock).unwrap_or_else(|e| panic!("connect {}: {e}", sock.display()));
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("no status line in {out:?}"));
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+fn json(sock: &Path, method: &str, path: &str, body: &str) -> serde_json::Value {
+    let (status, text) = http(sock, method, path, body);
+    assert_eq!(status, 200, "{method} {path}: {text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: {e}: {text}"))
+}
+
+/// Asserts a 4xx whose message contains `needle`.
+fn refused(sock: &Path, method: &str, path: &str, body: &str, status: u16, needle: &str) {
+    let (got, text) = http(sock, method, path, body);
+    assert_eq!(got, status, "{method} {path} {body}: {text}");
+    assert!(text.contains(needle), "{method} {path} {body}: expected {needle:?} in {text:?}");
+}
+
+fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "{} did not appear", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn scratch() -> PathBuf {
+    let dir = rig::target_dir().join("api-test");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("share")).unwrap();
+    dir
+}
+
+#[test]
+fn rest_api_over_a_unix_socket() {
+    let vmm = rig::tool("vmm", "dax-vmm").expect("dax-vmm");
+    let daemon = rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd");
+    let dir = scratch();
+    let api = dir.join("api.sock");
+    let control = dir.join("fs-control.sock");
+    let _vmm = Proc(Command::new(&vmm).arg("--api-socket").arg(format!("path={}", api.display())).stderr(Stdio::null()).spawn().unwrap());
+    let _daemon = Proc(
+        Command::new(&daemon)
+            .args(["--sandbox", "none", "--log-level", "error", "--cache-size", "64M"])
+            .arg("--socket-path")
+            .arg(dir.join("fs.sock"))
+            .arg("--shared-dir")
+            .arg(dir.join("share"))
+            .arg("--control-socket")
+            .arg(&control)
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(&api);
+    wait_for(&control);
+    let mode = std::fs::metadata(&api).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "only the VMM's user may drive the VM");
+
+    // vmm.ping, and the state before any VM exists.
+    let ping = json(&api, "GET", "/api/v1/vmm.ping", "");
+    assert_eq!(ping["pid"].as_u64().map(|p| p > 0), Some(true), "{ping}");
+    refused(&api, "GET", "/api/v1/vm.info", "", 409, "no VM is created");
+    refused(&api, "PUT", "/api/v1/vm.boot", "", 409, "vm.create first");
+    refused(&api, "PUT", "/api/v1/vm.add-fs", r#"{"tag":"t","socket":"/s"}"#, 409, "vm.create first");
+    refused(&api, "GET", "/api/v1/vm.nonsense", "", 404, "no endpoint /api/v1/vm.nonsense");
+    refused(&api, "GET", "/api/v1/vm.boot", "", 405, "does not take GET");
+
+    // vm.create: malformed bodies change nothing.
+    refused(&api, "PUT", "/api/v1/vm.create", "", 400, "a JSON body is required");
+    refused(&api, "PUT", "/api/v1/vm.create", "{", 400, "not valid JSON");
+    refused(&api, "PUT", "/api/v1/vm.create", r#"{"payload":{"kernel":"/k"},"rng":{}}"#, 400, "unknown field `rng`");
+    refused(&api, "PUT", "/api/v1/vm.create", r#"{"payload":{"kernel":"/k"},"memory":{"size":4096}}"#, 400, "between 32M and 512G");
+    refused(&api, "GET", "/api/v1/vm.info", "", 409, "no VM is created");
+    let create = r#"{"payload":{"kernel":"/nonexistent/bzImage","cmdline":"console=ttyS0"},"cpus":{"boot_vcpus":1,"max_vcpus":1},"memory":{"size":268435456,"shared":true},"serial":{"mode":"Null"}}"#;
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.create", create).0, 204);
+    refused(&api, "PUT", "/api/v1/vm.create", create, 409, "already created");
+
+    // Devices before boot, with ch-remote's bodies.
+    let add_fs = format!(
+        r#"{{"pci_segment":0,"tag":"myfs","socket":"{}","num_queues":1,"queue_size":1024,"id":"fs0","cache_size":67108864,"control_socket":"{}"}}"#,
+        dir.join("fs.sock").display(),
+        control.display()
+    );
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.add-fs", &add_fs).0, 204);
+    refused(&api, "PUT", "/api/v1/vm.add-fs", &add_fs, 400, "\"fs0\" is used twice");
+    refused(&api, "PUT", "/api/v1/vm.add-fs", r#"{"tag":"t","socket":"/s","cache":"always"}"#, 400, "unknown field `cache`");
+    refused(&api, "PUT", "/api/v1/vm.add-fs", r#"{"socket":"/s"}"#, 400, "missing field `tag`");
+    refused(&api, "PUT", "/api/v1/vm.add-fs", r#"{"tag":"t","socket":"/s","cache_size":3145728}"#, 400, "multiple of 2M");
+    refused(&api, "PUT", "/api/v1/vm.add-fs", r#"{"tag":"t","socket":"/s","transport":"vsock"}"#, 400, "pci or mmio");
+    refused(&api, "PUT", "/api/v1/vm.add-pmem", r#"{"file":"/p","size":1000}"#, 400, "multiple of 2M");
+    let add_pmem = r#"{"pci_segment":0,"file":"/tmp/p.img","size":67108864,"discard_writes":false}"#;
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.add-pmem", add_pmem).0, 204);
+    let info = json(&api, "GET", "/api/v1/vm.info", "");
+    assert_eq!(info["state"], "Created");
+    assert_eq!(info["config"]["fs"][0]["cache_size"], 67108864);
+    assert_eq!(info["config"]["fs"][0]["tag"], "myfs");
+    assert_eq!(info["config"]["pmem"][0]["id"], "_pmem0");
+    refused(&api, "PUT", "/api/v1/vm.remove-device", r#"{"id":"nope"}"#, 404, "no device with id \"nope\"");
+    refused(&api, "PUT", "/api/v1/vm.remove-device", r#"{"name":"x"}"#, 400, "unknown field `name`");
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.remove-device", r#"{"id":"_pmem0"}"#).0, 204);
+    assert_eq!(json(&api, "GET", "/api/v1/vm.info", "")["config"]["pmem"].as_array().map(Vec::len), Some(0));
+    assert_eq!(json(&api, "GET", "/api/v1/vm.counters", ""), serde_json::json!({}));
+    refused(&api, "PUT", "/api/v1/vm.pause", "", 501, "not supported");
+    refused(&api, "PUT", "/api/v1/vm.shutdown", "", 409, "not running");
+
+    // DAX policy for a device added before boot: its daemon answers.
+    refused(&api, "GET", "/api/v1/vm.dax-policy", "", 400, "id=<fs device id>");
+    refused(&api, "GET", "/api/v1/vm.dax-policy?id=_pmem9", "", 404, "no fs device with id");
+    let p = json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "");
+    assert_eq!(p["acknowledged"]["generation"], 1, "{p}");
+    assert!(p["desired"].is_null(), "{p}");
+
+    // The event stream: subscribe, then change the policy.
+    let mut events = UnixStream::connect(&api).unwrap();
+    write!(events, "GET /api/v1/vm.dax-events HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    events.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut events = BufReader::new(events);
+    let mut line = String::new();
+    while !line.contains("event: subscribed") {
+        line.clear();
+        assert!(events.read_line(&mut line).unwrap() > 0, "event stream closed");
+    }
+
+    let bad = "rules:\n  - min_size: 32K\n    dax: true\n  - min_size: 12Q\n    dax: false\n";
+    refused(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0", bad, 400, "rules[1].min_size");
+    refused(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0", "", 400, "policy document");
+    let policy = r#"{"mode":"inode","cache_size":"64M","window_granularity":"64K","rules":[{"path":"db/**","dax":true},{"max_size":"32K","dax":false}],"default":true}"#;
+    let dry = json(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0&dry_run=true", policy);
+    assert_eq!((dry["applied"].as_bool(), dry["generation"].as_u64()), (Some(false), Some(1)), "{dry}");
+    assert!(dry["remount"].as_array().is_some_and(|c| c.iter().any(|c| c["field"] == "window_granularity")), "{dry}");
+    assert_eq!(json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "")["acknowledged"]["generation"], 1, "a dry run changes nothing");
+    let put = json(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0", policy);
+    assert_eq!((put["applied"].as_bool(), put["generation"].as_u64()), (Some(true), Some(2)), "{put}");
+    assert!(put["live"].as_array().is_some_and(|c| c.iter().any(|c| c["field"] == "rules")), "{put}");
+    let p = json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "");
+    assert_eq!((p["desired_generation"].as_u64(), p["acknowledged"]["generation"].as_u64()), (Some(2), Some(2)), "{p}");
+    assert_eq!(p["acknowledged"]["policy"]["window_granularity"], p["desired"]["window_granularity"], "{p}");
+    let mut seen = String::new();
+    while !seen.contains("event: policy") {
+        line.clear();
+        assert!(events.read_line(&mut line).unwrap() > 0, "event stream closed");
+        seen.push_str(&line);
+    }
+    line.clear();
+    events.read_line(&mut line).unwrap();
+    assert!(line.contains("\"generation\":2") && line.contains("\"device\":\"fs0\""), "{line}");
+
+    let reset = json(&api, "DELETE", "/api/v1/vm.dax-policy?id=fs0", "");
+    assert_eq!(reset["generation"], 3, "{reset}");
+
+    // Metrics: Prometheus text that promtool accepts.
+    let (status, metrics) = http(&api, "GET", "/api/v1/vm.dax-metrics", "");
+    assert_eq!(status, 200, "{metrics}");
+    assert!(metrics.contains("daxvmm_fs_up{device=\"fs0\"} 1"), "{metrics}");
+    assert!(metrics.contains("daxvmm_fs_policy_generation{device=\"fs0\"} 3"), "{metrics}");
+    assert!(metrics.contains("daxvmm_process_page_faults_total{kind=\"minor\"}"), "{metrics}");
+    let promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; scripts/setup-host.sh installs it)");
+    promtool.stdin.as_ref().unwrap().write_all(metrics.as_bytes()).unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{metrics}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A boot that cannot work fails that request; the VMM keeps serving.
+    refused(&api, "PUT", "/api/v1/vm.boot", "", 500, "/nonexistent/bzImage");
+    assert_eq!(json(&api, "GET", "/api/v1/vm.info", "")["state"], "Created");
+
+    // vm.delete, then vmm.shutdown: answered, and the socket goes away.
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.delete", "").0, 204);
+    refused(&api, "GET", "/api/v1/vm.info", "", 409, "no VM is created");
+    assert_eq!(http(&api, "PUT", "/api/v1/vmm.shutdown", "").0, 204);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while api.exists() {
+        assert!(Instant::now() < deadline, "the API socket outlived vmm.shutdown");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,284 @@
+//! The VM configuration as Cloud Hypervisor's REST API spells it (VmConfig,
+//! FsConfig, PmemConfig JSON), converted through the same checks as the
+//! command line so both give the same limits and messages.
+//!
+//! Unknown fields are refused with their name (serde's `deny_unknown_fields`),
+//! so a setting this VMM does not have is never silently dropped.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::fs::FS_KEYS;
+use super::option_parser::OptionValues;
+use super::pmem::PMEM_KEYS;
+use super::{ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig, SerialMode, Transport, VmConfig};
+
+/// A body that does not fit its schema; the text names the field.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonConfigError {
+    #[error("{what}: {source}")]
+    Shape { what: &'static str, source: serde_json::Error },
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+fn toggle(b: bool) -> String {
+    if b { "on" } else { "off" }.to_string()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsConfigJson {
+    tag: String,
+    socket: PathBuf,
+    num_queues: Option<u32>,
+    queue_size: Option<u32>,
+    id: Option<String>,
+    pci_segment: Option<u16>,
+    dax: Option<bool>,
+    cache_size: Option<u64>,
+    transport: Option<String>,
+    control_socket: Option<PathBuf>,
+}
+
+impl FsConfigJson {
+    fn into_config(self, index: usize) -> Result<FsConfig, ConfigError> {
+        let mut pairs = vec![("tag", self.tag), ("socket", self.socket.display().to_string())];
+        let mut opt = |k, v: Option<String>| {
+            if let Some(v) = v {
+                pairs.push((k, v));
+            }
+        };
+        opt("num_queues", self.num_queues.map(|v| v.to_string()));
+        opt("queue_size", self.queue_size.map(|v| v.to_string()));
+        opt("id", self.id);
+        opt("pci_segment", self.pci_segment.map(|v| v.to_string()));
+        opt("dax", self.dax.map(toggle));
+        opt("cache_size", self.cache_size.map(|v| v.to_string()));
+        opt("transport", self.transport);
+        opt("control_socket", self.control_socket.map(|p| p.display().to_string()));
+        FsConfig::from_values(&OptionValues::from_pairs("fs", pairs, FS_KEYS)?, index)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PmemConfigJson {
+    file: PathBuf,
+    size: Option<u64>,
+    iommu: Option<bool>,
+    discard_writes: Option<bool>,
+    id: Option<String>,
+    pci_segment: Option<u16>,
+    transport: Option<String>,
+}
+
+impl PmemConfigJson {
+    fn into_config(self, index: usize) -> Result<PmemConfig, ConfigError> {
+        let mut pairs = vec![("file", self.file.display().to_string())];
+        let mut opt = |k, v: Option<String>| {
+            if let Some(v) = v {
+                pairs.push((k, v));
+            }
+        };
+        opt("size", self.size.map(|v| v.to_string()));
+        opt("iommu", self.iommu.map(toggle));
+        opt("discard_writes", self.discard_writes.map(toggle));
+        opt("id", self.id);
+        opt("pci_segment", self.pci_segment.map(|v| v.to_string()));
+        opt("transport", self.transport);
+        PmemConfig::from_values(&OptionValues::from_pairs("pmem", pairs, PMEM_KEYS)?, index)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PayloadJson {
+    kernel: Option<PathBuf>,
+    initramfs: Option<PathBuf>,
+    cmdline: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CpusJson {
+    boot_vcpus: u32,
+    max_vcpus: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MemoryJson {
+    size: u64,
+    shared: Option<bool>,
+    hugepages: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConsoleJson {
+    mode: String,
+    file: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VmConfigJson {
+    payload: PayloadJson,
+    cpus: Option<CpusJson>,
+    memory: Option<MemoryJson>,
+    serial: Option<ConsoleJson>,
+    console: Option<ConsoleJson>,
+    fs: Option<Vec<FsConfigJson>>,
+    pmem: Option<Vec<PmemConfigJson>>,
+}
+
+fn serial_mode(c: &ConsoleJson, option: &'static str) -> Result<SerialMode, ConfigError> {
+    let mode = c.mode.to_ascii_lowercase();
+    match (mode.as_str(), &c.file) {
+        ("file", Some(f)) => Ok(SerialMode::File(f.clone())),
+        ("file", None) => Err(ConfigError::MissingKey { option, key: "file" }),
+        (m, _) if option == "serial" => SerialMode::parse(m),
+        ("off", _) => Ok(SerialMode::Off),
+        (other, _) => Err(ConfigError::Unsupported {
+            option,
+            message: format!("mode \"{other}\" needs a virtio-console, which this VMM does not have; use \"Off\""),
+        }),
+    }
+}
+
+/// Parses a `vm.create` body into a checked [`VmConfig`].
+pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
+    let j = VmConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape { what: "VmConfig", source })?;
+    let kernel = j.payload.kernel.ok_or(ConfigError::MissingKey { option: "kernel", key: "payload.kernel" })?;
+    let cpus = match j.cpus {
+        None => CpusConfig::default(),
+        Some(c) => {
+            let max = c.max_vcpus.map(|m| format!(",max={m}")).unwrap_or_default();
+            CpusConfig::parse(&format!("boot={}{max}", c.boot_vcpus))?
+        }
+    };
+    let memory = match j.memory {
+        None => MemoryConfig::default(),
+        Some(m) => MemoryConfig::parse(&format!(
+            "size={},shared={},hugepages={}",
+            m.size,
+            toggle(m.shared.unwrap_or(false)),
+            toggle(m.hugepages.unwrap_or(false))
+        ))?,
+    };
+    if let Some(c) = &j.console {
+        serial_mode(c, "console")?;
+    }
+    let config = VmConfig {
+        payload: PayloadConfig { kernel, initramfs: j.payload.initramfs, cmdline: j.payload.cmdline.unwrap_or_default() },
+        cpus,
+        memory,
+        serial: j.serial.as_ref().map(|s| serial_mode(s, "serial")).transpose()?.unwrap_or(SerialMode::Null),
+        pmem: j.pmem.unwrap_or_default().into_iter().enumerate().map(|(i, p)| p.into_config(i)).collect::<Result<_, _>>()?,
+        fs: j.fs.unwrap_or_default().into_iter().enumerate().map(|(i, f)| f.into_config(i)).collect::<Result<_, _>>()?,
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// Parses a `vm.add-fs` body; `index` names a device given without an id.
+pub fn fs_config_from_json(body: &Value, index: usize) -> Result<FsConfig, JsonConfigError> {
+    let j = FsConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape { what: "FsConfig", source })?;
+    Ok(j.into_config(index)?)
+}
+
+/// Parses a `vm.add-pmem` body; `index` names a device given without an id.
+pub fn pmem_config_from_json(body: &Value, index: usize) -> Result<PmemConfig, JsonConfigError> {
+    let j = PmemConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape { what: "PmemConfig", source })?;
+    Ok(j.into_config(index)?)
+}
+
+fn transport(t: Transport) -> &'static str {
+    match t {
+        Transport::Pci => "pci",
+        Transport::Mmio => "mmio",
+    }
+}
+
+/// The configuration as `vm.info` reports it, in the shape `vm.create` takes.
+pub fn vm_config_to_json(c: &VmConfig) -> Value {
+    let serial = match &c.serial {
+        SerialMode::Off => json!({"mode": "Off"}),
+        SerialMode::Null => json!({"mode": "Null"}),
+        SerialMode::Tty => json!({"mode": "Tty"}),
+        SerialMode::File(f) => json!({"mode": "File", "file": f}),
+    };
+    json!({
+        "payload": {"kernel": c.payload.kernel, "initramfs": c.payload.initramfs, "cmdline": c.payload.cmdline},
+        "cpus": {"boot_vcpus": c.cpus.boot_vcpus, "max_vcpus": c.cpus.boot_vcpus},
+        "memory": {"size": c.memory.size, "shared": c.memory.shared, "hugepages": c.memory.hugepages},
+        "serial": serial,
+        "console": {"mode": "Off"},
+        "fs": c.fs.iter().map(|f| json!({
+            "tag": f.tag, "socket": f.socket, "num_queues": f.num_queues, "queue_size": f.queue_size,
+            "id": f.id, "pci_segment": 0, "dax": f.dax, "cache_size": f.cache_size,
+            "transport": transport(f.transport), "control_socket": f.control_socket,
+        })).collect::<Vec<_>>(),
+        "pmem": c.pmem.iter().map(|p| json!({
+            "file": p.file, "size": p.size, "iommu": false, "discard_writes": p.discard_writes,
+            "id": p.id, "pci_segment": 0, "transport": transport(p.transport),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ch_remote_add_fs_body_is_accepted_with_our_fields() {
+        // What ch-remote puts on the wire for `add-fs tag=myfs,socket=/tmp/x.sock`.
+        let body = json!({"pci_segment":0,"tag":"myfs","socket":"/tmp/x.sock","num_queues":1,"queue_size":1024});
+        let f = fs_config_from_json(&body, 2).unwrap();
+        assert_eq!((f.tag.as_str(), f.id.as_str(), f.dax, f.cache_size), ("myfs", "_fs2", true, None));
+        let body = json!({"tag":"t","socket":"s","dax":true,"cache_size":67108864,"transport":"mmio","id":"fs0","control_socket":"/c"});
+        let f = fs_config_from_json(&body, 0).unwrap();
+        assert_eq!((f.cache_size, f.transport, f.control_socket), (Some(64 << 20), Transport::Mmio, Some("/c".into())));
+    }
+
+    #[test]
+    fn bad_bodies_name_the_field() {
+        let e = |v: Value| fs_config_from_json(&v, 0).unwrap_err().to_string();
+        assert!(e(json!({"tag":"t","socket":"s","cache":"always"})).contains("unknown field `cache`"));
+        assert!(e(json!({"socket":"s"})).contains("missing field `tag`"));
+        assert!(e(json!({"tag":"t","socket":"s","num_queues":"two"})).contains("num_queues") || e(json!({"tag":"t","socket":"s","num_queues":"two"})).contains("invalid type"));
+        assert!(e(json!({"tag":"t","socket":"s","cache_size":3145728})).contains("multiple of 2M"));
+        assert!(e(json!({"tag":"t","socket":"s","transport":"vsock"})).contains("pci or mmio"));
+        let p = |v: Value| pmem_config_from_json(&v, 0).unwrap_err().to_string();
+        assert!(p(json!({"file":"f","iommu":true})).contains("iommu"));
+        assert!(p(json!({"file":"f","size":1000})).contains("multiple of 2M"));
+        assert!(pmem_config_from_json(&json!({"pci_segment":0,"file":"/tmp/p.img","size":67108864,"discard_writes":false}), 0).is_ok());
+    }
+
+    #[test]
+    fn vm_config_round_trips_through_info() {
+        let body = json!({
+            "payload": {"kernel": "/k", "initramfs": "/i", "cmdline": "console=ttyS0"},
+            "cpus": {"boot_vcpus": 2, "max_vcpus": 2},
+            "memory": {"size": 536870912u64, "shared": true},
+            "serial": {"mode": "Tty"},
+            "fs": [{"tag": "t", "socket": "/s", "num_queues": 1, "queue_size": 1024, "id": "fs0", "cache_size": 33554432}],
+        });
+        let c = vm_config_from_json(&body).unwrap();
+        assert_eq!((c.cpus.boot_vcpus, c.memory.size, c.serial.clone()), (2, 512 << 20, SerialMode::Tty));
+        assert_eq!(vm_config_from_json(&vm_config_to_json(&c)).unwrap(), c);
+    }
+
+    #[test]
+    fn vm_config_errors() {
+        let e = |v: Value| vm_config_from_json(&v).unwrap_err().to_string();
+        assert!(e(json!({"payload": {"kernel": "/k"}, "rng": {"src": "/dev/urandom"}})).contains("unknown field `rng`"));
+        assert!(e(json!({"payload": {}})).contains("payload.kernel"));
+        assert!(e(json!({"payload": {"kernel": "/k"}, "memory": {"size": 1024}})).contains("between 32M and 512G"));
+        assert!(e(json!({"payload": {"kernel": "/k"}, "fs": [{"tag": "t", "socket": "s"}]})).contains("shared=on"));
+        assert!(e(json!({"payload": {"kernel": "/k"}, "console": {"mode": "Tty"}})).contains("virtio-console"));
+    }
+}

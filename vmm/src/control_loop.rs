@@ -1,0 +1,282 @@
+//! The VMM's control loop when it serves the REST API: it owns the VM
+//! configuration and the VM, and answers the API's actions one at a time,
+//! between stop signals and the VM ending on its own.
+//!
+//! States follow Cloud Hypervisor's: no VM, `Created` (a configuration),
+//! `Running`, `Shutdown` (stopped by `vm.shutdown`; `vm.boot` starts it
+//! again). When the guest itself powers off, resets or panics, the VMM
+//! exits with the same status as without the API.
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use api::{ApiError, DaxEvent, EventBus, FsDaxStatus, VmmAction, VmmReceiver, VmmReply, VmmResult, WindowStats};
+use serde_json::{json, Value};
+use virtio_devices::vhost_user_fs::metrics::MAP_LATENCY_BUCKETS_US;
+use virtio_devices::vhost_user_fs::window::{WindowEvent, WindowObserver};
+
+use crate::config::json::{fs_config_from_json, pmem_config_from_json, vm_config_from_json, vm_config_to_json};
+use crate::config::VmConfig;
+use crate::exit::VmExit;
+use crate::signals::StopSignals;
+use crate::vm::{FsDeviceInfo, Vm, VmError};
+
+/// Publishes one fs device's window events on the API's event stream.
+struct EventPublisher {
+    device: String,
+    bus: EventBus,
+}
+
+impl WindowObserver for EventPublisher {
+    fn event(&self, event: &WindowEvent) {
+        let (kind, fields) = match event {
+            WindowEvent::Map { offset, len, fd_offset, writable, took } => (
+                "map",
+                json!({"offset": offset, "len": len, "fd_offset": fd_offset, "writable": writable, "micros": took.as_micros() as u64}),
+            ),
+            WindowEvent::Unmap { offset, len } => ("unmap", json!({"offset": offset, "len": len})),
+            WindowEvent::Reset => ("reset", json!({})),
+            WindowEvent::Refused { request, reason, offset, len } => {
+                ("refused", json!({"request": request, "reason": reason.as_str(), "offset": offset, "len": len}))
+            }
+        };
+        self.bus.publish(DaxEvent::new(kind, &self.device, fields));
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Created,
+    Running,
+    Shutdown,
+}
+
+impl State {
+    fn as_str(self) -> &'static str {
+        match self {
+            State::Created => "Created",
+            State::Running => "Running",
+            State::Shutdown => "Shutdown",
+        }
+    }
+}
+
+/// How the loop ended.
+pub enum LoopExit {
+    /// `vmm.shutdown`.
+    Requested,
+    /// The VM ended on its own, or a stop signal arrived.
+    Vm(VmExit),
+}
+
+pub struct ControlLoop {
+    config: Option<VmConfig>,
+    vm: Option<Vm>,
+    state: State,
+    events: EventBus,
+}
+
+fn window_stats(info: &FsDeviceInfo) -> Option<WindowStats> {
+    let w = info.window.as_ref()?;
+    let m = w.metrics.snapshot();
+    let bounds = MAP_LATENCY_BUCKETS_US.iter().map(|&b| Some(b)).chain(std::iter::once(None));
+    Some(WindowStats {
+        size: w.size(),
+        bytes_mapped: m.bytes_mapped,
+        ranges_mapped: w.mapped_guest_ranges(),
+        maps: m.maps,
+        unmaps: m.unmaps,
+        resets: m.resets,
+        failures: m.failures.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
+        latency_buckets: bounds.zip(m.latency_buckets.iter().copied()).collect(),
+        latency_sum_us: m.latency_sum_us,
+        resident_bytes: w.resident_bytes().ok(),
+    })
+}
+
+impl ControlLoop {
+    pub fn new(config: Option<VmConfig>, events: EventBus) -> Self {
+        ControlLoop { config, vm: None, state: State::Created, events }
+    }
+
+    /// Boots the configured VM (used at start-up when the command line gave one).
+    pub fn boot(&mut self) -> Result<(), VmError> {
+        let config = self.config.as_ref().expect("boot needs a configuration");
+        let bus = self.events.clone();
+        let observe = move |id: &str| -> Arc<dyn WindowObserver> { Arc::new(EventPublisher { device: id.to_string(), bus: bus.clone() }) };
+        self.vm = Some(Vm::boot(config, Some(&observe))?);
+        self.state = State::Running;
+        Ok(())
+    }
+
+    fn stop_vm(&mut self) {
+        if let Some(vm) = self.vm.take() {
+            vm.stop();
+        }
+        self.state = State::Shutdown;
+    }
+
+    /// Serves `requests` until `vmm.shutdown`, a stop signal, or the VM ending.
+    pub fn run(mut self, requests: &VmmReceiver, signals: &StopSignals) -> std::io::Result<LoopExit> {
+        loop {
+            let mut fds = vec![requests.eventfd().as_raw_fd()];
+            if let Some(vm) = &self.vm {
+                fds.push(vm.exit_eventfd().as_raw_fd());
+            }
+            if let Some(sig) = signals.wait(&fds)? {
+                self.stop_vm();
+                return Ok(LoopExit::Vm(VmExit::Signal(sig)));
+            }
+            if let Some(reason) = self.vm.as_ref().and_then(Vm::exit_reason) {
+                self.stop_vm();
+                return Ok(LoopExit::Vm(reason));
+            }
+            for req in requests.drain() {
+                let api::ApiRequest { action, reply } = req;
+                if matches!(action, VmmAction::ShutdownVmm) {
+                    self.stop_vm();
+                    let _ = reply.send(Ok(VmmReply::NoContent));
+                    return Ok(LoopExit::Requested);
+                }
+                // A client that went away is no error.
+                let _ = reply.send(self.handle(action));
+            }
+        }
+    }
+
+    fn config_mut(&mut self, endpoint: &str) -> Result<&mut VmConfig, ApiError> {
+        if self.state == State::Running {
+            return Err(ApiError::conflict(format!(
+                "{endpoint}: the VM is running and device hot-plug is not supported; change devices before vm.boot \
+                 (or after vm.shutdown)"
+            )));
+        }
+        self.config.as_mut().ok_or_else(|| ApiError::conflict(format!("{endpoint}: no VM is created (vm.create first)")))
+    }
+
+    /// Applies `change` to a copy of the configuration and keeps it only if
+    /// the whole configuration still checks out: nothing is half-applied.
+    fn change_config(&mut self, endpoint: &str, change: impl FnOnce(&mut VmConfig) -> Result<(), ApiError>) -> VmmResult {
+        let config = self.config_mut(endpoint)?;
+        let mut next = config.clone();
+        change(&mut next)?;
+        next.validate().map_err(|e| ApiError::bad_request(format!("{endpoint}: {e}")))?;
+        *config = next;
+        Ok(VmmReply::NoContent)
+    }
+
+    fn handle(&mut self, action: VmmAction) -> VmmResult {
+        match action {
+            VmmAction::Ping => Ok(VmmReply::Json(json!({
+                "build_version": env!("CARGO_PKG_VERSION"),
+                "version": env!("CARGO_PKG_VERSION"),
+                "pid": std::process::id(),
+                "features": ["kvm", "virtio-fs-dax", "virtio-pmem", "virtio-mmio", "virtio-pci"],
+            }))),
+            VmmAction::ShutdownVmm => Ok(VmmReply::NoContent),
+            VmmAction::Create(body) => {
+                if self.config.is_some() {
+                    return Err(ApiError::conflict("vm.create: a VM is already created (vm.delete it first)"));
+                }
+                let config = vm_config_from_json(&body).map_err(|e| ApiError::bad_request(format!("vm.create: {e}")))?;
+                self.config = Some(config);
+                self.state = State::Created;
+                Ok(VmmReply::NoContent)
+            }
+            VmmAction::Delete => {
+                self.stop_vm();
+                self.config = None;
+                self.state = State::Created;
+                Ok(VmmReply::NoContent)
+            }
+            VmmAction::Boot => match (&self.config, self.state) {
+                (None, _) => Err(ApiError::conflict("vm.boot: no VM is created (vm.create first)")),
+                (Some(_), State::Running) => Err(ApiError::conflict("vm.boot: the VM is already running")),
+                (Some(_), _) => {
+                    self.boot().map_err(|e| ApiError::internal(format!("vm.boot: {e}")))?;
+                    Ok(VmmReply::NoContent)
+                }
+            },
+            VmmAction::Info => {
+                let config = self.config.as_ref().ok_or_else(|| ApiError::conflict("vm.info: no VM is created"))?;
+                Ok(VmmReply::Json(json!({
+                    "config": vm_config_to_json(config),
+                    "state": self.state.as_str(),
+                    "memory_actual_size": config.memory.size,
+                })))
+            }
+            VmmAction::ShutdownVm => {
+                if self.state != State::Running {
+                    return Err(ApiError::conflict(format!("vm.shutdown: the VM is not running (it is {})", self.state.as_str())));
+                }
+                self.stop_vm();
+                Ok(VmmReply::NoContent)
+            }
+            VmmAction::Reboot => {
+                if self.state != State::Running {
+                    return Err(ApiError::conflict(format!("vm.reboot: the VM is not running (it is {})", self.state.as_str())));
+                }
+                self.stop_vm();
+                self.boot().map_err(|e| ApiError::internal(format!("vm.reboot: the VM stopped but did not boot again: {e}")))?;
+                Ok(VmmReply::NoContent)
+            }
+            VmmAction::Pause | VmmAction::Resume => {
+                Err(ApiError { status: 501, message: "vm.pause and vm.resume are not supported by this VMM".into() })
+            }
+            VmmAction::AddFs(body) => self.change_config("vm.add-fs", |c| {
+                let fs = fs_config_from_json(&body, c.fs.len()).map_err(|e| ApiError::bad_request(format!("vm.add-fs: {e}")))?;
+                c.fs.push(fs);
+                Ok(())
+            }),
+            VmmAction::AddPmem(body) => self.change_config("vm.add-pmem", |c| {
+                let p = pmem_config_from_json(&body, c.pmem.len()).map_err(|e| ApiError::bad_request(format!("vm.add-pmem: {e}")))?;
+                c.pmem.push(p);
+                Ok(())
+            }),
+            VmmAction::RemoveDevice(id) => self.change_config("vm.remove-device", |c| {
+                let before = c.fs.len() + c.pmem.len();
+                c.fs.retain(|f| f.id != id);
+                c.pmem.retain(|p| p.id != id);
+                if c.fs.len() + c.pmem.len() == before {
+                    return Err(ApiError::not_found(format!("vm.remove-device: no device with id \"{id}\"")));
+                }
+                Ok(())
+            }),
+            VmmAction::Counters => Ok(VmmReply::Json(self.counters())),
+            VmmAction::DaxStatus => Ok(VmmReply::Dax(self.dax_status())),
+        }
+    }
+
+    fn counters(&self) -> Value {
+        let mut out = serde_json::Map::new();
+        for info in self.vm.iter().flat_map(|vm| vm.fs_devices()) {
+            let Some(s) = window_stats(info) else { continue };
+            let failures: u64 = s.failures.iter().map(|(_, n)| n).sum();
+            out.insert(
+                info.id.clone(),
+                json!({
+                    "dax_maps": s.maps, "dax_unmaps": s.unmaps, "dax_resets": s.resets,
+                    "dax_bytes_mapped": s.bytes_mapped, "dax_failures": failures,
+                }),
+            );
+        }
+        Value::Object(out)
+    }
+
+    fn dax_status(&self) -> Vec<FsDaxStatus> {
+        let running: &[FsDeviceInfo] = self.vm.as_ref().map_or(&[], |vm| vm.fs_devices());
+        self.config
+            .iter()
+            .flat_map(|c| &c.fs)
+            .map(|f| {
+                let info = running.iter().find(|i| i.id == f.id);
+                FsDaxStatus {
+                    id: f.id.clone(),
+                    control_socket: f.control_socket.clone(),
+                    window: info.and_then(window_stats),
+                    failed: info.is_some_and(|i| i.failed.load(std::sync::atomic::Ordering::SeqCst)),
+                }
+            })
+            .collect()
+    }
+}
