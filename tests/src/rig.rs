@@ -64,6 +64,10 @@ pub struct Guest {
     /// Binaries in the guest's /bin (e.g. `daxprobe`).
     pub guest_tools: Vec<PathBuf>,
     pub timeout: Duration,
+    /// API mode: the VMM starts with only `--api-socket /tmp/api.sock` (plus
+    /// `vmm_args`) and this host script creates and boots the VM through
+    /// the API while it runs; `$CMDLINE` holds the guest command line.
+    pub api_script: Option<String>,
 }
 
 impl Guest {
@@ -83,6 +87,7 @@ impl Guest {
             host_tools: Vec::new(),
             guest_tools: Vec::new(),
             timeout: Duration::from_secs(300),
+            api_script: None,
         }
     }
 
@@ -349,6 +354,20 @@ fn host_script(guest: &Guest) -> String {
         "tty".into(),
     ];
     args.extend(guest.vmm_args.iter().map(|a| sh_quote(a)));
+    if let Some(api) = &guest.api_script {
+        let mut api_args = vec!["--api-socket".to_string(), "/tmp/api.sock".into()];
+        api_args.extend(guest.vmm_args.iter().map(|a| sh_quote(a)));
+        return format!(
+            "cd \"$WORK\"\nexport PATH=\"$WORK/bin:$PATH\" RUST_LOG_STYLE=never CMDLINE={cmdline}\n{before}\n\
+             echo '@@RIG vmm_start'\n\"$VMM\" {api_args} </dev/null &\nVMM_PID=$!\n\
+             i=0; while [ ! -S /tmp/api.sock ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done\n\
+             {api}\nwait $VMM_PID\necho \"@@RIG vmm_exit=$?\"\n{after}\n",
+            cmdline = sh_quote(&guest.cmdline()),
+            before = guest.host_before,
+            api_args = api_args.join(" "),
+            after = guest.host_after,
+        );
+    }
     format!(
         "cd \"$WORK\"\nexport PATH=\"$WORK/bin:$PATH\" RUST_LOG_STYLE=never\n{before}\necho '@@RIG vmm_start'\n\"$VMM\" {args} </dev/null\necho \"@@RIG vmm_exit=$?\"\n{after}\n",
         before = guest.host_before,

@@ -47,7 +47,8 @@ DAEMON=$!
 i=0; while [ ! -S /tmp/fs.sock ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
 # When the guest asks (a file in the share), push the flipped policy.
 ( i=0; while [ ! -e share/.flip-request ] && [ $i -lt 6000 ]; do sleep 0.1; i=$((i+1)); done
-  daxprobe http /tmp/fs-control.sock PUT /api/v1/policy "$(cat flipped.json)" > flip.out 2>&1
+  METRICS_CMD
+  FLIP_CMD > flip.out 2>&1
   echo done > share/.flip-done ) &
 WATCHER=$!
 # Progress for the log, and what every thread waits on if the guest stalls.
@@ -60,8 +61,33 @@ WATCHER=$!
 DIAG=$!
 "#;
 
+/// Without the API the flip goes straight to the daemon's control socket.
+const CLI_FLIP: &str = r#"daxprobe http /tmp/fs-control.sock PUT /api/v1/policy "$(cat flipped.json)""#;
+
+/// With the API: metrics after the 96 MiB file went through the window,
+/// then the flip through `vm.dax-policy`.
+const API_METRICS: &str = r#"daxprobe http /tmp/api.sock GET /api/v1/vm.dax-metrics > metrics.out 2>&1
+  m() { sed -n "s/.* $1{device=\"fs0\"} \([0-9]*\).*/\1/p" metrics.out; }
+  echo "@@HOST metrics=maps:$(m daxvmm_dax_maps_total) unmaps:$(m daxvmm_dax_unmaps_total) ranges:$(m daxvmm_dax_mapped_ranges) attrs_dax:$(m daxvmm_fs_file_attrs_dax_total) window:$(m daxvmm_dax_window_bytes)""#;
+const API_FLIP: &str = r#"daxprobe http /tmp/api.sock PUT '/api/v1/vm.dax-policy?id=fs0' "$(cat flipped.json)""#;
+
+/// API mode: the VMM starts with only --api-socket; the VM is created, given
+/// its DAX share and booted through the API, as an orchestrator would.
+const API_SCRIPT: &str = r#"
+api() { daxprobe http /tmp/api.sock "$@"; }
+CREATE='{"payload":{"kernel":"'$KERNEL'","initramfs":"'$INITRAMFS'","cmdline":"'$CMDLINE'"},"cpus":{"boot_vcpus":1,"max_vcpus":1},"memory":{"size":536870912,"shared":true},"serial":{"mode":"Tty"}}'
+echo "@@HOST api_create=$(api PUT /api/v1/vm.create "$CREATE")"
+echo "@@HOST api_add_fs=$(api PUT /api/v1/vm.add-fs '{"tag":"share","socket":"/tmp/fs.sock","num_queues":1,"queue_size":1024,"id":"fs0","cache_size":33554432,"transport":"TRANSPORT","control_socket":"/tmp/fs-control.sock"}')"
+echo "@@HOST api_policy_before_boot=$(api GET '/api/v1/vm.dax-policy?id=fs0')"
+daxprobe sse /tmp/api.sock /api/v1/vm.dax-events > events.out 2>&1 &
+EVENTS=$!
+echo "@@HOST api_boot=$(api PUT /api/v1/vm.boot)"
+echo "@@HOST api_state=$(api GET /api/v1/vm.info | sed -n 's/.*"state":"\([A-Za-z]*\)".*//p')"
+"#;
+
 const HOST_AFTER: &str = r#"
 kill $DIAG
+[ -n "$EVENTS" ] && wait $EVENTS && echo "@@HOST events=$(cat events.out)"
 wait $DAEMON; echo "@@HOST daemon_exit=$?"
 wait $WATCHER; echo "@@HOST flip=$(cat flip.out)"
 echo "@@HOST target_md5=$(md5sum < share/target.bin | cut -d' ' -f1)"
@@ -123,19 +149,23 @@ umount /mnt; echo "@@GUEST umount_always_rc=$?"
 echo "@@GUEST fuse_errors=$(dmesg | grep -i 'fuse\|virtio.fs\|virtiofs' | grep -ci 'error\|fail\|bug\|warn')"
 "#;
 
+/// Over MMIO the VM is described on the command line.
 #[test]
 #[ignore = "boots real guests; run through scripts/test.sh"]
 fn virtiofs_dax_over_mmio() {
-    virtiofs_test("mmio");
+    virtiofs_test("mmio", false);
 }
 
+/// Over PCI the VM is created, given its share and booted through the REST
+/// API, the policy flipped through `vm.dax-policy`, and metrics and events
+/// read while the guest works.
 #[test]
 #[ignore = "boots real guests; run through scripts/test.sh"]
 fn virtiofs_dax_over_pci() {
-    virtiofs_test("pci");
+    virtiofs_test("pci", true);
 }
 
-fn virtiofs_test(transport: &str) {
+fn virtiofs_test(transport: &str, api: bool) {
     let mut guest = Guest::new(&format!("virtiofs-{transport}"), GUEST_SCRIPT);
     // One vCPU: a 2-vCPU guest was once seen to stall before init under the
     // emulated host while the machine was loaded (see docs/testing.md); the
@@ -153,13 +183,23 @@ fn virtiofs_test(transport: &str) {
         ImageFile { path: "policy.json".into(), perm: 0o644, data: POLICY.as_bytes().to_vec() },
         ImageFile { path: "flipped.json".into(), perm: 0o644, data: FLIPPED_POLICY.as_bytes().to_vec() },
     ];
-    guest.host_before = HOST_BEFORE.replace("DIRS", &DIRS.to_string()).replace("FILES", &FILES_PER_DIR.to_string());
+    let (metrics, flip) = if api { (API_METRICS, API_FLIP) } else { ("true", CLI_FLIP) };
+    guest.host_before = HOST_BEFORE
+        .replace("DIRS", &DIRS.to_string())
+        .replace("FILES", &FILES_PER_DIR.to_string())
+        .replace("METRICS_CMD", metrics)
+        .replace("FLIP_CMD", flip);
     guest.host_after = HOST_AFTER.into();
-    guest.vmm_args = vec![
-        "-v".into(),
-        "--fs".into(),
-        format!("tag=share,socket=/tmp/fs.sock,num_queues=1,queue_size=1024,cache_size=32M,transport={transport},id=fs0"),
-    ];
+    if api {
+        guest.vmm_args = vec!["-v".into()];
+        guest.api_script = Some(API_SCRIPT.replace("TRANSPORT", transport));
+    } else {
+        guest.vmm_args = vec![
+            "-v".into(),
+            "--fs".into(),
+            format!("tag=share,socket=/tmp/fs.sock,num_queues=1,queue_size=1024,cache_size=32M,transport={transport},id=fs0"),
+        ];
+    }
     guest.timeout = std::time::Duration::from_secs(900);
     let (run, stalls) = rig::run_retrying_stall(&guest).expect("rig run");
     let tail = run.tail(80);
@@ -204,6 +244,9 @@ fn virtiofs_test(transport: &str) {
     assert_eq!(run.guest("fuse_errors"), Some("0"), "{tail}");
     assert_eq!(run.vmm_exit, Some(0), "{tail}");
     assert_eq!(run.host("daemon_exit"), Some("0"), "the daemon ends cleanly with its VMM\n{tail}");
+    if api {
+        check_api_run(&run, &tail);
+    }
 
     let mut results = Results::new(&format!("virtiofs-{transport}"));
     results.record_run(&format!("virtio-fs DAX over virtio-{transport}"), &run);
@@ -215,5 +258,41 @@ fn virtiofs_test(transport: &str) {
     ] {
         results.record(&format!("virtio-{transport}: {what}, guest clock"), run.guest(k).unwrap_or("n/a"));
     }
+    if api {
+        results.record(&format!("virtio-{transport}: DAX metrics after the 96 MiB file (via vm.dax-metrics)"), run.host("metrics").unwrap_or("n/a"));
+        results.record(&format!("virtio-{transport}: vm.dax-events received during the run"), run.host("events").unwrap_or("n/a"));
+    }
     results.save().expect("write results");
+}
+
+/// What only the API run shows: the VM built through the API, the window's
+/// maps and reclaim in the metrics, events streamed while the guest worked.
+fn check_api_run(run: &rig::Run, tail: &str) {
+    for step in ["api_create", "api_add_fs", "api_boot"] {
+        assert!(run.host(step).is_some_and(|s| s.starts_with("status=204")), "{step}\n{tail}");
+    }
+    // A device added before boot has a policy: its daemon's.
+    assert!(run.host("api_policy_before_boot").is_some_and(|s| s.contains("\"generation\":1")), "{tail}");
+    assert_eq!(run.host("api_state"), Some("Running"), "{tail}");
+    let metrics = run.host("metrics").expect(tail);
+    let value = |key: &str| -> u64 {
+        metrics
+            .split(' ')
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix(':')?.parse().ok())
+            .unwrap_or_else(|| panic!("{key} missing from metrics: {metrics}\n{tail}"))
+    };
+    assert_eq!(value("window"), 32 << 20, "{metrics}");
+    // 96 MiB read twice (read() and mmap) through 2 MiB ranges of a 32 MiB window.
+    assert!(value("maps") >= 48, "{metrics}");
+    assert!(value("unmaps") > 0, "the guest reclaimed ranges of the full window: {metrics}");
+    assert!(value("ranges") <= 16, "{metrics}");
+    assert!(value("attrs_dax") > 0, "{metrics}");
+    let events = run.host("events").expect(tail);
+    let count = |kind: &str| -> u64 {
+        events.split(' ').find_map(|kv| kv.strip_prefix(kind)?.strip_prefix('=')?.parse().ok()).unwrap_or(0)
+    };
+    assert_eq!(count("subscribed"), 1, "{events}");
+    assert!(count("map") >= 48, "map events streamed: {events}");
+    assert!(count("unmap") > 0, "{events}");
+    assert_eq!(count("policy"), 1, "the flip: {events}");
 }

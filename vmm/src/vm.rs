@@ -342,6 +342,8 @@ pub struct Vm {
     _pmem_backings: Vec<PmemBacking>,
     _buses: (Arc<Bus>, Arc<Bus>),
     _raw_terminal: Option<RawTerminal>,
+    // Guest RAM: KVM translates guest addresses into this mapping.
+    _mem: GuestMemoryMmap,
     _vm: Arc<VmFd>,
 }
 
@@ -409,6 +411,7 @@ impl Vm {
             _pmem_backings: pmem_backings,
             _buses: (pio, mmio),
             _raw_terminal: raw_terminal,
+            _mem: mem,
             _vm: vm,
         })
     }

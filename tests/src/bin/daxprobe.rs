@@ -8,6 +8,8 @@
 //! daxprobe bench PATH seq|rand|mmap BLOCK_KIB TOTAL_MIB   reads, prints MiB/s
 //! daxprobe http SOCKET METHOD PATH [BODY]  one HTTP/1.1 request on a unix socket; prints
 //!                                        "status=N body=..." on one line (exit 1 unless 2xx)
+//! daxprobe sse SOCKET PATH                 subscribes to server-sent events; when the stream
+//!                                        ends prints the count of each kind ("map=N unmap=M")
 //! ```
 //!
 //! `statx` forces a GETATTR (`AT_STATX_FORCE_SYNC`), so it sees what the
@@ -142,6 +144,23 @@ fn http(socket: &str, method: &str, path: &str, body: &str) {
     }
 }
 
+/// Subscribes to a server-sent event stream and, when it ends, prints how
+/// many events of each kind arrived (`map=12 unmap=3 …`).
+fn sse_counts(socket: &str, path: &str) {
+    use std::io::BufRead;
+    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap_or_else(|e| fail(format!("{socket}: {e}")));
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap_or_else(|e| fail(format!("{socket}: {e}")));
+    let mut counts: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    for line in std::io::BufReader::new(s).lines() {
+        let Ok(line) = line else { break };
+        if let Some(kind) = line.strip_prefix("event: ") {
+            *counts.entry(kind.trim().to_string()).or_default() += 1;
+        }
+    }
+    let out: Vec<String> = counts.iter().map(|(k, n)| format!("{k}={n}")).collect();
+    println!("{}", out.join(" "));
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
@@ -176,6 +195,7 @@ fn main() {
         ["bench", path, mode @ ("seq" | "rand" | "mmap"), block_kib, total_mib] => bench(path, mode, num(block_kib), num(total_mib)),
         ["http", socket, method, path] => http(socket, method, path, ""),
         ["http", socket, method, path, body] => http(socket, method, path, body),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | bench | http)".into()),
+        ["sse", socket, path] => sse_counts(socket, path),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | bench | http | sse)".into()),
     }
 }
