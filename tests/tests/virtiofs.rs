@@ -82,7 +82,7 @@ echo "@@HOST api_policy_before_boot=$(api GET '/api/v1/vm.dax-policy?id=fs0')"
 daxprobe sse /tmp/api.sock /api/v1/vm.dax-events > events.out 2>&1 &
 EVENTS=$!
 echo "@@HOST api_boot=$(api PUT /api/v1/vm.boot)"
-echo "@@HOST api_state=$(api GET /api/v1/vm.info | sed -n 's/.*"state":"\([A-Za-z]*\)".*//p')"
+echo "@@HOST api_state=$(api GET /api/v1/vm.info | grep -o '"state":"[A-Za-z]*"' | cut -d'"' -f4)"
 "#;
 
 const HOST_AFTER: &str = r#"
