@@ -11,15 +11,18 @@ use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use virtio_queue::DescriptorChain;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
 
 use crate::fuse::chain;
 use crate::fuse::server::Server;
+use crate::workers::WorkerPool;
 use crate::GuestMemoryMmap;
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
+type MemGuard = GuestMemoryLoadGuard<GuestMemoryMmap>;
 
 pub struct FsBackend {
     pub server: Arc<Server>,
@@ -28,12 +31,22 @@ pub struct FsBackend {
     dax: bool,
     event_idx: std::sync::atomic::AtomicBool,
     mem: RwLock<Option<Mem>>,
+    /// `--thread-pool-size`: workers shared by all queues, or none.
+    pool: Option<WorkerPool>,
 }
 
 impl FsBackend {
-    /// `num_request_queues` request queues plus the hiprio queue.
-    pub fn new(server: Arc<Server>, num_request_queues: usize, queue_size: usize, dax: bool) -> Self {
+    /// `num_request_queues` request queues plus the hiprio queue; requests
+    /// are served by `pool` if given, else by each queue's thread.
+    pub fn new(
+        server: Arc<Server>,
+        num_request_queues: usize,
+        queue_size: usize,
+        dax: bool,
+        pool: Option<WorkerPool>,
+    ) -> Self {
         FsBackend {
+            pool,
             server,
             num_queues: num_request_queues + 1,
             queue_size,
@@ -43,32 +56,50 @@ impl FsBackend {
         }
     }
 
-    fn process_queue(&self, vring: &VringRwLock<Mem>) -> io::Result<bool> {
+    /// Serves every request on the queue: here, or on the worker pool when
+    /// there is one (the worker then completes the request itself).
+    fn process_queue(&self, vring: &VringRwLock<Mem>) -> io::Result<()> {
         let Some(atomic) = self.mem.read().unwrap_or_else(|p| p.into_inner()).clone() else {
             return Err(io::Error::other("queue kicked before the memory table arrived"));
         };
         let mem = atomic.memory();
-        let mut used_any = false;
         loop {
             let chain = vring.get_mut().get_queue_mut().pop_descriptor_chain(mem.clone());
             let Some(chain) = chain else { break };
-            let head = chain.head_index();
-            let written = match chain::split(&mem, chain) {
-                Ok((r, w)) => self.server.handle(r, w),
-                Err(e) => {
-                    log::warn!("malformed descriptor chain {head}: {e}");
-                    0
+            match &self.pool {
+                None => serve(&self.server, chain, vring)?,
+                Some(pool) => {
+                    let (server, vring) = (self.server.clone(), vring.clone());
+                    pool.submit(move || {
+                        if let Err(e) = serve(&server, chain, &vring) {
+                            log::error!("completing a request: {e}");
+                        }
+                    });
                 }
-            };
-            let mut state = vring.get_mut();
-            state.add_used(head, written as u32).map_err(|e| io::Error::other(format!("add_used: {e}")))?;
-            used_any = true;
-            if state.needs_notification().unwrap_or(true) {
-                state.signal_used_queue()?;
             }
         }
-        Ok(used_any)
+        Ok(())
     }
+}
+
+/// Serves one request and puts it on the used ring, interrupting the guest
+/// if it asked to be.
+fn serve(server: &Server, chain: DescriptorChain<MemGuard>, vring: &VringRwLock<Mem>) -> io::Result<()> {
+    let head = chain.head_index();
+    let mem = chain.memory();
+    let written = match chain::split(mem, chain.clone()) {
+        Ok((r, w)) => server.handle(r, w),
+        Err(e) => {
+            log::warn!("malformed descriptor chain {head}: {e}");
+            0
+        }
+    };
+    let mut state = vring.get_mut();
+    state.add_used(head, written as u32).map_err(|e| io::Error::other(format!("add_used: {e}")))?;
+    if state.needs_notification().unwrap_or(true) {
+        state.signal_used_queue()?;
+    }
+    Ok(())
 }
 
 impl VhostUserBackend for FsBackend {

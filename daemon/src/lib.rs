@@ -12,6 +12,7 @@ pub mod fuse;
 pub mod passthrough;
 pub mod policy;
 pub mod sandbox;
+pub mod workers;
 
 /// Guest memory as the daemon maps it from the VMM's memory table.
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;

@@ -16,6 +16,7 @@ use daemon::fuse::server::Server;
 use daemon::passthrough::{CachePolicy, PassthroughFs};
 use daemon::policy::DaxPolicy;
 use daemon::sandbox::{self, Sandbox};
+use daemon::workers::WorkerPool;
 use daemon::GuestMemoryMmap;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -54,13 +55,14 @@ struct Cli {
     socket_path: PathBuf,
     /// Directory to share with the guest.
     #[arg(long, value_name = "DIR")]
-    shared_dir: PathBuf,
+    shared_dir: Option<PathBuf>,
     /// How long the guest may cache entries, attributes and file data.
     #[arg(long, value_enum, default_value = "auto")]
     cache: CacheArg,
-    /// Worker threads for requests; 0 serves each queue on its own thread.
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    thread_pool_size: usize,
+    /// Worker threads shared by all queues; 0 serves each queue's requests
+    /// on that queue's own thread.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
+    thread_pool_size: u16,
     /// Confinement: chroot into the shared directory, or none.
     #[arg(long, value_enum, default_value = "chroot")]
     sandbox: SandboxArg,
@@ -87,6 +89,15 @@ struct Cli {
     /// default: as high as the system allows.
     #[arg(long, value_name = "N")]
     rlimit_nofile: Option<u64>,
+    /// Tell the guest which directories are other host mounts, so it gives
+    /// each its own superblock (their inode numbers cannot collide).
+    #[arg(long)]
+    announce_submounts: bool,
+    /// Options in the legacy virtiofsd form, comma-separated, as Kata and
+    /// older configurations pass them: source=DIR, cache=never|auto|always,
+    /// announce_submounts, xattr.
+    #[arg(short = 'o', value_name = "OPT[,OPT...]")]
+    compat_options: Vec<String>,
     /// Largest queue size accepted.
     #[arg(long, value_name = "N", default_value_t = 32768)]
     max_queue_size: u16,
@@ -105,14 +116,39 @@ fn serde_json_like(v: &str) -> policies::Value {
     }
 }
 
-fn run(cli: Cli) -> Result<(), String> {
-    if cli.thread_pool_size != 0 {
-        return Err(format!(
-            "--thread-pool-size {}: requests are served on one thread per queue; use num_queues on the VMM for parallelism \
-             and leave --thread-pool-size at 0",
-            cli.thread_pool_size
-        ));
+/// Folds `-o` options into the flags they stand for.
+fn apply_compat_options(cli: &mut Cli) -> Result<(), String> {
+    for opt in cli.compat_options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+        let (key, value) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        match (key, value) {
+            ("source", Some(dir)) => match &cli.shared_dir {
+                Some(given) if given != std::path::Path::new(dir) => {
+                    return Err(format!("-o source={dir}: the shared directory is already {}", given.display()))
+                }
+                _ => cli.shared_dir = Some(PathBuf::from(dir)),
+            },
+            ("cache", Some(v)) => {
+                cli.cache = CacheArg::from_str(v, true).map_err(|_| format!("-o cache={v}: expected never, auto or always"))?
+            }
+            ("announce_submounts", None) => cli.announce_submounts = true,
+            // Extended attributes are always served.
+            ("xattr", None) => {}
+            _ => {
+                return Err(format!(
+                    "-o {opt}: not a supported option (supported: source=DIR, cache=never|auto|always, announce_submounts, xattr)"
+                ))
+            }
+        }
     }
+    Ok(())
+}
+
+fn run(mut cli: Cli) -> Result<(), String> {
+    apply_compat_options(&mut cli)?;
+    let shared_dir = cli.shared_dir.clone().ok_or("--shared-dir (or -o source=DIR) is required")?;
     let mut policy = match &cli.dax_policy {
         Some(p) => DaxPolicy::from_file(p).map_err(|e| e.to_string())?,
         None => policies::Policy::default(),
@@ -139,28 +175,35 @@ fn run(cli: Cli) -> Result<(), String> {
     let mut listener = Listener::new(&cli.socket_path, true)
         .map_err(|e| format!("--socket-path {}: {e}", cli.socket_path.display()))?;
     let control = cli.control_socket.as_deref().map(daemon::control::bind).transpose().map_err(|e| e.to_string())?;
-    let opened = sandbox::enter(&cli.shared_dir, sandbox_mode).map_err(|e| e.to_string())?;
-    let fs = PassthroughFs::new(opened.root, opened.proc_self_fd, cache, Arc::new(DaxPolicy::new(policy)))
-        .map_err(|e| format!("--shared-dir {}: {e}", cli.shared_dir.display()))?;
+    let opened = sandbox::enter(&shared_dir, sandbox_mode).map_err(|e| e.to_string())?;
+    let mut fs = PassthroughFs::new(opened.root, opened.proc_self_fd, cache, Arc::new(DaxPolicy::new(policy)))
+        .map_err(|e| format!("--shared-dir {}: {e}", shared_dir.display()))?;
+    fs.announce_submounts = cli.announce_submounts;
     let server = Arc::new(Server::new(fs, DaxMapper::new(window)));
     if let Some(listener) = control {
         daemon::control::serve(listener, server.clone()).map_err(|e| format!("--control-socket: {e}"))?;
     }
+    let pool = match cli.thread_pool_size {
+        0 => None,
+        n => Some(WorkerPool::new(usize::from(n)).map_err(|e| format!("--thread-pool-size {n}: starting workers: {e}"))?),
+    };
     let backend = Arc::new(FsBackend::new(
         server.clone(),
         usize::from(cli.max_request_queues),
         usize::from(cli.max_queue_size),
         cli.dax == OnOff::On,
+        pool,
     ));
     let mut daemon = VhostUserDaemon::new("dax-virtiofsd".into(), backend, GuestMemoryAtomic::new(GuestMemoryMmap::new()))
         .map_err(|e| format!("starting the vhost-user daemon: {e}"))?;
     log::info!(
-        "serving {} on {} (window {} MiB, sandbox {:?}, cache {:?})",
-        cli.shared_dir.display(),
+        "serving {} on {} (window {} MiB, sandbox {:?}, cache {:?}, thread pool {})",
+        shared_dir.display(),
         cli.socket_path.display(),
         window >> 20,
         cli.sandbox,
-        cli.cache
+        cli.cache,
+        cli.thread_pool_size
     );
     daemon.start(&mut listener).map_err(|e| format!("accepting the VMM's connection: {e}"))?;
     let result = daemon.wait();
@@ -194,5 +237,42 @@ fn main() -> ExitCode {
             eprintln!("dax-virtiofsd: error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Result<Cli, String> {
+        let mut cli = Cli::try_parse_from([&["dax-virtiofsd", "--socket-path", "/run/fs.sock"], args].concat()).map_err(|e| e.to_string())?;
+        apply_compat_options(&mut cli)?;
+        Ok(cli)
+    }
+
+    #[test]
+    fn kata_style_arguments_are_understood() {
+        // What Kata's configuration passes, in both of its spellings.
+        let c = cli(&["--shared-dir", "/s", "--thread-pool-size=1", "-o", "announce_submounts"]).unwrap();
+        assert!(c.announce_submounts);
+        assert_eq!(c.thread_pool_size, 1);
+        let c = cli(&["--shared-dir", "/s", "--thread-pool-size=1", "--announce-submounts"]).unwrap();
+        assert!(c.announce_submounts);
+        let c = cli(&["-o", "source=/s,cache=always,xattr"]).unwrap();
+        assert_eq!(c.shared_dir.as_deref(), Some(std::path::Path::new("/s")));
+        assert!(matches!(c.cache, CacheArg::Always));
+        assert!(!c.announce_submounts);
+    }
+
+    #[test]
+    fn bad_legacy_options_are_refused_by_name() {
+        let e = cli(&["--shared-dir", "/s", "-o", "announce_submounts,no_posix_lock"]).err().unwrap();
+        assert!(e.starts_with("-o no_posix_lock: not a supported option"), "{e}");
+        let e = cli(&["-o", "cache=sometimes", "--shared-dir", "/s"]).err().unwrap();
+        assert_eq!(e, "-o cache=sometimes: expected never, auto or always");
+        let e = cli(&["--shared-dir", "/s", "-o", "source=/t"]).err().unwrap();
+        assert_eq!(e, "-o source=/t: the shared directory is already /s");
+        let e = cli(&["--shared-dir", "/s", "--thread-pool-size", "5000"]).err().unwrap();
+        assert!(e.contains("5000") && e.contains("0..=1024"), "{e}");
     }
 }

@@ -71,10 +71,14 @@ pub mod init {
     pub const MAX_PAGES: u64 = 1 << 22;
     pub const CACHE_SYMLINKS: u64 = 1 << 23;
     pub const MAP_ALIGNMENT: u64 = 1 << 26;
+    pub const SUBMOUNTS: u64 = 1 << 27;
     pub const INIT_EXT: u64 = 1 << 30;
     pub const HAS_INODE_DAX: u64 = 1 << 33;
 }
 
+/// `fuse_attr.flags`: the directory is the root of another host mount; the
+/// guest mounts it on its own superblock (with `FUSE_SUBMOUNTS`).
+pub const ATTR_SUBMOUNT: u32 = 1 << 0;
 /// `fuse_attr.flags`: the inode uses DAX (with `dax=inode`).
 pub const ATTR_DAX: u32 = 1 << 1;
 

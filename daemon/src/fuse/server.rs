@@ -143,6 +143,10 @@ impl Server {
 
     fn entry(&self, (nodeid, st): (u64, libc::stat64)) -> abi::EntryOut {
         let t = self.fs.cache.timeout();
+        let mut attr = self.fs.attr_of(nodeid, &st);
+        if self.fs.is_submount(nodeid, &st) {
+            attr.flags |= abi::ATTR_SUBMOUNT;
+        }
         abi::EntryOut {
             nodeid,
             generation: 0,
@@ -150,7 +154,7 @@ impl Server {
             attr_valid: t.as_secs(),
             entry_valid_nsec: t.subsec_nanos(),
             attr_valid_nsec: t.subsec_nanos(),
-            attr: self.fs.attr_of(nodeid, &st),
+            attr,
         }
     }
 
@@ -397,8 +401,12 @@ impl Server {
         if self.dax.available() {
             wanted |= init::MAP_ALIGNMENT | init::HAS_INODE_DAX;
         }
+        if self.fs.announce_submounts {
+            wanted |= init::SUBMOUNTS;
+        }
         let enabled = offered & wanted;
         self.fs.reset();
+        self.fs.set_submounts(enabled & init::SUBMOUNTS != 0);
         let minor = a.minor.min(abi::KERNEL_MINOR_VERSION);
         log::info!("FUSE INIT: guest 7.{}, serving 7.{minor}, flags {enabled:#x}", a.minor);
         let out = abi::InitOut {

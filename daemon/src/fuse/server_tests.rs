@@ -33,9 +33,16 @@ fn policy(json: &str) -> policies::Policy {
 impl Rig {
     fn new(policy: policies::Policy) -> Rig {
         let dir = TempDir::new().unwrap();
-        let root = openat(libc::AT_FDCWD, &CString::new(dir.as_path().to_str().unwrap()).unwrap(), libc::O_PATH, 0).unwrap();
+        let share = dir.as_path().to_path_buf();
+        Rig::sharing(&share, dir, policy, false)
+    }
+
+    /// Serves `share` (`dir` is only kept alive).
+    fn sharing(share: &std::path::Path, dir: TempDir, policy: policies::Policy, announce_submounts: bool) -> Rig {
+        let root = openat(libc::AT_FDCWD, &CString::new(share.to_str().unwrap()).unwrap(), libc::O_PATH, 0).unwrap();
         let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
-        let fs = PassthroughFs::new(root, proc_fd, CachePolicy::Auto, Arc::new(DaxPolicy::new(policy))).unwrap();
+        let mut fs = PassthroughFs::new(root, proc_fd, CachePolicy::Auto, Arc::new(DaxPolicy::new(policy))).unwrap();
+        fs.announce_submounts = announce_submounts;
         Rig { mem: memory(), server: Server::new(fs, DaxMapper::new(32 << 20)), dir, unique: 0 }
     }
 
@@ -68,11 +75,16 @@ impl Rig {
     }
 
     fn init(&mut self) -> abi::InitOut {
+        self.init_offering(0)
+    }
+
+    /// INIT as Linux sends it, offering `extra` flags (bits 0..32) too.
+    fn init_offering(&mut self, extra: u64) -> abi::InitOut {
         let i = abi::InitIn {
             major: 7,
             minor: 38,
             max_readahead: 1 << 17,
-            flags: (init::INIT_EXT | init::MAP_ALIGNMENT | init::DO_READDIRPLUS | init::ASYNC_READ) as u32,
+            flags: (init::INIT_EXT | init::MAP_ALIGNMENT | init::DO_READDIRPLUS | init::ASYNC_READ | extra) as u32,
             flags2: (init::HAS_INODE_DAX >> 32) as u32,
             ..Default::default()
         };
@@ -124,6 +136,37 @@ fn init_negotiates_versions_and_dax_flags() {
     assert_eq!(out.major, 7);
     // A truncated INIT is EINVAL, not a crash.
     assert_eq!(rig.call(opcode::INIT, 0, &[7, 0, 0]).0, libc::EINVAL);
+}
+
+#[test]
+fn submounts_are_announced_on_directories_of_other_host_filesystems_when_asked_and_accepted() {
+    use std::os::unix::fs::MetadataExt;
+    // "/" holds other filesystems (procfs at least); which of these names
+    // are mount points is read from the host, not assumed.
+    let root_dev = std::fs::metadata("/").unwrap().dev();
+    let names: Vec<(&str, bool)> = ["proc", "sys", "dev", "etc", "usr", "tmp", "run", "var"]
+        .into_iter()
+        .filter_map(|n| std::fs::symlink_metadata(format!("/{n}")).ok().filter(|m| m.is_dir()).map(|m| (n, m.dev() != root_dev)))
+        .collect();
+    assert!(names.iter().any(|&(_, other)| other), "no mount point under / among {names:?}");
+    assert!(names.iter().any(|&(_, other)| !other), "every directory under / is a mount point: {names:?}");
+    for (announce, guest_offers) in [(false, true), (true, false), (true, true)] {
+        let mut rig = Rig::sharing(std::path::Path::new("/"), TempDir::new().unwrap(), policies::Policy::default(), announce);
+        let out = rig.init_offering(init::SUBMOUNTS);
+        let out = if guest_offers { out } else { rig.init() };
+        let negotiated = announce && guest_offers;
+        assert_eq!(out.flags as u64 & init::SUBMOUNTS != 0, negotiated, "announce {announce}, guest offers {guest_offers}");
+        for &(name, other_fs) in &names {
+            let entry = rig.lookup(ROOT_ID, name).unwrap();
+            let flagged = entry.attr.flags & abi::ATTR_SUBMOUNT != 0;
+            assert_eq!(flagged, negotiated && other_fs, "/{name} (announce {announce}, guest offers {guest_offers})");
+        }
+    }
+    // Files are never submounts; the share's own root is not one either.
+    let mut rig = Rig::sharing(std::path::Path::new("/proc"), TempDir::new().unwrap(), policies::Policy::default(), true);
+    rig.init_offering(init::SUBMOUNTS);
+    assert_eq!(rig.lookup(ROOT_ID, "self").map(|e| e.attr.flags & abi::ATTR_SUBMOUNT), Ok(0), "/proc/self is a symlink");
+    assert_eq!(rig.lookup(ROOT_ID, "uptime").map(|e| e.attr.flags & abi::ATTR_SUBMOUNT), Ok(0));
 }
 
 #[test]

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -137,6 +137,10 @@ pub struct PassthroughFs {
     /// Regular-file attributes answered with and without `FUSE_ATTR_DAX`.
     pub attrs_dax: AtomicU64,
     pub attrs_nodax: AtomicU64,
+    /// `--announce-submounts`: offer FUSE_SUBMOUNTS at INIT.
+    pub announce_submounts: bool,
+    /// The guest accepted FUSE_SUBMOUNTS at its last INIT.
+    submounts_on: AtomicBool,
 }
 
 /// The identity of the guest process making a request.
@@ -171,6 +175,8 @@ impl PassthroughFs {
             chown_new,
             attrs_dax: AtomicU64::new(0),
             attrs_nodax: AtomicU64::new(0),
+            announce_submounts: false,
+            submounts_on: AtomicBool::new(false),
         })
     }
 
@@ -293,6 +299,27 @@ impl PassthroughFs {
         }
         parts.reverse();
         parts.join("/")
+    }
+
+    /// Records whether the guest's INIT took FUSE_SUBMOUNTS.
+    pub fn set_submounts(&self, on: bool) {
+        self.submounts_on.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether a lookup of `nodeid` (with stat `st`) should tell the guest
+    /// it is a submount: a directory on another host filesystem than the
+    /// directory it was found in. The guest then gives it its own
+    /// superblock, so inode numbers of the two filesystems cannot collide.
+    pub fn is_submount(&self, nodeid: u64, st: &libc::stat64) -> bool {
+        if !self.submounts_on.load(Ordering::SeqCst) || st.st_mode & libc::S_IFMT != libc::S_IFDIR || nodeid == ROOT_ID {
+            return false;
+        }
+        let map = self.inodes.read().unwrap_or_else(|p| p.into_inner());
+        let parent = map.by_id.get(&nodeid).and_then(|i| i.link.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|l| l.0));
+        match parent.and_then(|p| map.by_id.get(&p)) {
+            Some(parent) => parent.key.0 != st.st_dev,
+            None => false,
+        }
     }
 
     /// Number of inodes the guest holds (root included).
