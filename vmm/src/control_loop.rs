@@ -48,6 +48,7 @@ impl WindowObserver for EventPublisher {
 enum State {
     Created,
     Running,
+    Paused,
     Shutdown,
 }
 
@@ -56,6 +57,7 @@ impl State {
         match self {
             State::Created => "Created",
             State::Running => "Running",
+            State::Paused => "Paused",
             State::Shutdown => "Shutdown",
         }
     }
@@ -144,8 +146,17 @@ impl ControlLoop {
         }
     }
 
+    /// Booted: running or paused.
+    fn booted(&self) -> bool {
+        matches!(self.state, State::Running | State::Paused)
+    }
+
+    fn not_running(&self, endpoint: &str) -> ApiError {
+        ApiError::conflict(format!("{endpoint}: the VM is not running (it is {})", self.state.as_str()))
+    }
+
     fn config_mut(&mut self, endpoint: &str) -> Result<&mut VmConfig, ApiError> {
-        if self.state == State::Running {
+        if self.booted() {
             return Err(ApiError::conflict(format!(
                 "{endpoint}: the VM is running and device hot-plug is not supported; change devices before vm.boot \
                  (or after vm.shutdown)"
@@ -191,7 +202,10 @@ impl ControlLoop {
             }
             VmmAction::Boot => match (&self.config, self.state) {
                 (None, _) => Err(ApiError::conflict("vm.boot: no VM is created (vm.create first)")),
-                (Some(_), State::Running) => Err(ApiError::conflict("vm.boot: the VM is already running")),
+                (Some(_), State::Running | State::Paused) => Err(ApiError::conflict(format!(
+                    "vm.boot: the VM is already booted (it is {})",
+                    self.state.as_str()
+                ))),
                 (Some(_), _) => {
                     self.boot().map_err(|e| ApiError::internal(format!("vm.boot: {e}")))?;
                     Ok(VmmReply::NoContent)
@@ -206,23 +220,36 @@ impl ControlLoop {
                 })))
             }
             VmmAction::ShutdownVm => {
-                if self.state != State::Running {
-                    return Err(ApiError::conflict(format!("vm.shutdown: the VM is not running (it is {})", self.state.as_str())));
+                if !self.booted() {
+                    return Err(self.not_running("vm.shutdown"));
                 }
                 self.stop_vm();
                 Ok(VmmReply::NoContent)
             }
             VmmAction::Reboot => {
-                if self.state != State::Running {
-                    return Err(ApiError::conflict(format!("vm.reboot: the VM is not running (it is {})", self.state.as_str())));
+                if !self.booted() {
+                    return Err(self.not_running("vm.reboot"));
                 }
                 self.stop_vm();
                 self.boot().map_err(|e| ApiError::internal(format!("vm.reboot: the VM stopped but did not boot again: {e}")))?;
                 Ok(VmmReply::NoContent)
             }
-            VmmAction::Pause | VmmAction::Resume => {
-                Err(ApiError { status: 501, message: "vm.pause and vm.resume are not supported by this VMM".into() })
-            }
+            VmmAction::Pause => match (&mut self.vm, self.state) {
+                (Some(vm), State::Running) => {
+                    vm.pause();
+                    self.state = State::Paused;
+                    Ok(VmmReply::NoContent)
+                }
+                _ => Err(self.not_running("vm.pause")),
+            },
+            VmmAction::Resume => match (&mut self.vm, self.state) {
+                (Some(vm), State::Paused) => {
+                    vm.resume();
+                    self.state = State::Running;
+                    Ok(VmmReply::NoContent)
+                }
+                _ => Err(ApiError::conflict(format!("vm.resume: the VM is not paused (it is {})", self.state.as_str()))),
+            },
             VmmAction::AddFs(body) => self.change_config("vm.add-fs", |c| {
                 let fs = fs_config_from_json(&body, c.fs.len()).map_err(|e| ApiError::bad_request(format!("vm.add-fs: {e}")))?;
                 c.fs.push(fs);

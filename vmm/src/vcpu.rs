@@ -1,7 +1,7 @@
 //! vCPU creation, initial state and the run loop that dispatches exits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -59,29 +59,17 @@ impl Vcpu {
         Ok(Vcpu { index, fd })
     }
 
-    pub fn spawn(mut self, pio: Arc<Bus>, mmio: Arc<Bus>, exit: Arc<ExitHandle>) -> Result<RunningVcpu, VcpuError> {
-        let index = self.index;
-        install_kick_handler();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop_flag = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("vcpu{index}"))
-            .spawn(move || {
-                if let Some(reason) = self.run(&pio, &mmio, &stop_flag) {
-                    exit.request(reason);
-                }
-            })
-            .map_err(|source| VcpuError::Spawn { index, source })?;
-        Ok(RunningVcpu { thread, stop })
-    }
-
     /// Runs the guest until an exit that ends the VM (Some) or until asked
     /// to stop (None).
-    fn run(&mut self, pio: &Bus, mmio: &Bus, stop: &AtomicBool) -> Option<VmExit> {
+    fn run(&mut self, pio: &Bus, mmio: &Bus, control: &VcpuControl) -> Option<VmExit> {
         let cpu = self.index;
         loop {
-            if stop.load(Ordering::SeqCst) {
+            if control.stop.load(Ordering::SeqCst) {
                 return None;
+            }
+            if control.pause.load(Ordering::SeqCst) {
+                control.park_while_paused();
+                continue;
             }
             return Some(match self.fd.run() {
                 Ok(VcpuExit::IoIn(port, data)) => {
@@ -125,7 +113,7 @@ impl Vcpu {
                     let message = format!("unhandled exit {other:?}");
                     VmExit::VcpuError { cpu, message: format!("{message} at {}", self.rip()) }
                 }
-                // A kick (see RunningVcpu::stop) or a spurious signal.
+                // A kick (see RunningVcpus) or a spurious signal.
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
                 Err(e) => VmExit::VcpuError { cpu, message: format!("KVM_RUN failed: {e}") },
             });
@@ -154,25 +142,130 @@ fn install_kick_handler() {
     });
 }
 
-/// A vCPU thread and the flag that asks it to stop.
-pub struct RunningVcpu {
-    thread: JoinHandle<()>,
-    stop: Arc<AtomicBool>,
+/// What the VMM asks of the vCPU threads of one VM: to park until resumed,
+/// or to stop. A thread looks at it between two KVM_RUNs; a kick makes a
+/// running one return from KVM_RUN so it does.
+#[derive(Default)]
+struct VcpuControl {
+    stop: AtomicBool,
+    pause: AtomicBool,
+    /// Threads parked in [`VcpuControl::park_while_paused`]. Changes to
+    /// `pause` and `stop` are made under this lock, so a parking thread
+    /// cannot miss the wake-up.
+    parked: Mutex<usize>,
+    changed: Condvar,
 }
 
-impl RunningVcpu {
-    /// Asks the vCPU to stop and waits for its thread. The signal is sent
-    /// until the thread is gone: one sent just before it entered KVM_RUN
-    /// would otherwise be lost while it sleeps in a halted guest.
-    pub fn stop(self) {
+impl VcpuControl {
+    fn park_while_paused(&self) {
+        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        *parked += 1;
+        self.changed.notify_all();
+        while self.pause.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
+            parked = self.changed.wait(parked).unwrap_or_else(|p| p.into_inner());
+        }
+        *parked -= 1;
+    }
+
+    fn set(&self, flag: &AtomicBool, value: bool) {
+        let _parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        flag.store(value, Ordering::SeqCst);
+        self.changed.notify_all();
+    }
+
+    fn parked(&self) -> usize {
+        *self.parked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The vCPU threads of one VM.
+#[derive(Default)]
+pub struct RunningVcpus {
+    threads: Vec<JoinHandle<()>>,
+    control: Arc<VcpuControl>,
+}
+
+impl RunningVcpus {
+    /// Starts `vcpu` on a thread of its own.
+    pub fn spawn(&mut self, mut vcpu: Vcpu, pio: Arc<Bus>, mmio: Arc<Bus>, exit: Arc<ExitHandle>) -> Result<(), VcpuError> {
+        let index = vcpu.index;
+        install_kick_handler();
+        let control = self.control.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("vcpu{index}"))
+            .spawn(move || {
+                if let Some(reason) = vcpu.run(&pio, &mmio, &control) {
+                    exit.request(reason);
+                }
+            })
+            .map_err(|source| VcpuError::Spawn { index, source })?;
+        self.threads.push(thread);
+        Ok(())
+    }
+
+    /// Parks every vCPU and returns once none is running guest code.
+    pub fn pause(&self) {
+        self.control.set(&self.control.pause, true);
+        self.kick_until(|| self.control.parked() >= self.live());
+    }
+
+    pub fn resume(&self) {
+        self.control.set(&self.control.pause, false);
+    }
+
+    /// Asks every vCPU to stop and waits for the threads.
+    pub fn stop(&mut self) {
+        self.control.set(&self.control.stop, true);
+        self.kick_until(|| self.live() == 0);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+
+    fn live(&self) -> usize {
+        self.threads.iter().filter(|t| !t.is_finished()).count()
+    }
+
+    /// Kicks the threads still running until `done`. A kick is sent again
+    /// and again: one that lands just before a thread enters KVM_RUN is
+    /// lost, and a halted guest might not exit on its own for a long time.
+    fn kick_until(&self, done: impl Fn() -> bool) {
         use vmm_sys_util::signal::Killable;
-        self.stop.store(true, Ordering::SeqCst);
-        while !self.thread.is_finished() {
-            if let Err(e) = self.thread.kill(kick_signal()) {
-                log::warn!("kicking a vCPU thread: {e}");
+        while !done() {
+            for t in self.threads.iter().filter(|t| !t.is_finished()) {
+                if let Err(e) = t.kill(kick_signal()) {
+                    log::warn!("kicking a vCPU thread: {e}");
+                }
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        let _ = self.thread.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parked_thread_wakes_on_resume_and_on_stop() {
+        let control = Arc::new(VcpuControl::default());
+        control.set(&control.pause, true);
+        let c = control.clone();
+        let t = std::thread::spawn(move || c.park_while_paused());
+        while control.parked() == 0 {
+            std::thread::yield_now();
+        }
+        control.set(&control.pause, false);
+        t.join().unwrap();
+        assert_eq!(control.parked(), 0);
+
+        control.set(&control.pause, true);
+        let c = control.clone();
+        let t = std::thread::spawn(move || c.park_while_paused());
+        while control.parked() == 0 {
+            std::thread::yield_now();
+        }
+        control.set(&control.stop, true);
+        t.join().unwrap();
     }
 }

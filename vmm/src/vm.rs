@@ -25,7 +25,7 @@ use crate::devices::{acpi_pm, i8042, pvpanic, serial, Bus};
 use crate::exit::{ExitHandle, VmExit};
 use crate::memory::{self, GuestMemoryMmap};
 use crate::signals::StopSignals;
-use crate::vcpu::{RunningVcpu, Vcpu, VcpuSetup};
+use crate::vcpu::{RunningVcpus, Vcpu, VcpuSetup};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
@@ -335,13 +335,18 @@ pub struct FsDeviceInfo {
 /// Dropping it tears down its devices (fs daemons see their socket close).
 pub struct Vm {
     exit: Arc<ExitHandle>,
-    vcpus: Vec<RunningVcpu>,
+    vcpus: RunningVcpus,
     fs: Vec<FsDeviceInfo>,
+    /// The guest's clock when it was paused, given back at resume so the
+    /// guest does not see the time it spent paused.
+    paused_clock: Option<kvm_bindings::kvm_clock_data>,
     // Kept for the life of the VM: device memory mappings, the buses (which
     // own the devices), the terminal mode.
     _pmem_backings: Vec<PmemBacking>,
     _buses: (Arc<Bus>, Arc<Bus>),
     _raw_terminal: Option<RawTerminal>,
+    /// The VMM's stdin feeds this VM's serial port until the VM goes.
+    stdin: Option<(Arc<serial::InputRouter>, SharedSerial)>,
     // Guest RAM: KVM translates guest addresses into this mapping.
     _mem: GuestMemoryMmap,
     _vm: Arc<VmFd>,
@@ -385,32 +390,30 @@ impl Vm {
         };
         let vcpus = (0..setup.cpus).map(|i| Vcpu::new(&vm, i, &setup)).collect::<Result<Vec<_>, _>>()?;
 
-        let raw_terminal = match (&config.serial, &serial_dev) {
+        let (raw_terminal, stdin) = match (&config.serial, &serial_dev) {
             (SerialMode::Tty, Some(s)) => {
                 let raw = RawTerminal::enable();
-                serial::spawn_stdin_reader(s.clone())?;
-                raw
+                (raw, Some((serial::connect_stdin(s.clone())?, s.clone())))
             }
-            _ => None,
+            _ => (None, None),
         };
         log::info!("booting {} vCPU(s), {} MiB RAM", setup.cpus, config.memory.size >> 20);
-        let mut running = Vec::new();
+        let mut running = RunningVcpus::default();
         for vcpu in vcpus {
-            match vcpu.spawn(pio.clone(), mmio.clone(), exit.clone()) {
-                Ok(v) => running.push(v),
-                Err(e) => {
-                    running.into_iter().for_each(RunningVcpu::stop);
-                    return Err(e.into());
-                }
+            if let Err(e) = running.spawn(vcpu, pio.clone(), mmio.clone(), exit.clone()) {
+                running.stop();
+                return Err(e.into());
             }
         }
         Ok(Vm {
             exit,
             vcpus: running,
             fs,
+            paused_clock: None,
             _pmem_backings: pmem_backings,
             _buses: (pio, mmio),
             _raw_terminal: raw_terminal,
+            stdin,
             _mem: mem,
             _vm: vm,
         })
@@ -429,18 +432,39 @@ impl Vm {
         &self.fs
     }
 
+    /// Parks every vCPU (devices and daemons keep their state) and keeps
+    /// the guest's clock where it is.
+    pub fn pause(&mut self) {
+        self.vcpus.pause();
+        match self._vm.get_clock() {
+            Ok(clock) => self.paused_clock = Some(clock),
+            Err(e) => log::warn!("KVM_GET_CLOCK: {e}; the guest will see the time it spent paused"),
+        }
+    }
+
+    pub fn resume(&mut self) {
+        if let Some(mut clock) = self.paused_clock.take() {
+            // Without KVM_CLOCK_REALTIME, KVM sets the clock to exactly this
+            // value instead of advancing it by the time since.
+            clock.flags = 0;
+            if let Err(e) = self._vm.set_clock(&clock) {
+                log::warn!("KVM_SET_CLOCK: {e}; the guest will see the time it spent paused");
+            }
+        }
+        self.vcpus.resume();
+    }
+
     /// Stops every vCPU and tears the VM down.
     pub fn stop(mut self) {
-        for v in self.vcpus.drain(..) {
-            v.stop();
-        }
+        self.vcpus.stop();
     }
 }
 
 impl Drop for Vm {
     fn drop(&mut self) {
-        for v in self.vcpus.drain(..) {
-            v.stop();
+        self.vcpus.stop();
+        if let Some((router, port)) = self.stdin.take() {
+            router.disconnect(&port);
         }
     }
 }

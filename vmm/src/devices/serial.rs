@@ -80,31 +80,70 @@ impl BusDevice for SerialDevice {
     }
 }
 
-/// Feeds the VMM's stdin to the guest until EOF. The FIFO holds 64 bytes; a
-/// full FIFO is retried shortly, as a real UART would drop nothing if the
-/// guest keeps reading.
-pub fn spawn_stdin_reader(serial: Arc<Mutex<SerialDevice>>) -> std::io::Result<()> {
-    use std::os::fd::AsFd;
-    // A duplicate of fd 0, read without std's stdin lock (see vm::RawTerminal).
-    let mut stdin = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
-    std::thread::Builder::new().name("serial-input".into()).spawn(move || {
-        use std::io::Read;
-        let mut buf = [0u8; 64];
-        while let Ok(n) = stdin.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            let mut pending = &buf[..n];
-            while !pending.is_empty() {
-                let taken = serial.lock().unwrap_or_else(|e| e.into_inner()).enqueue_input(pending);
-                pending = &pending[taken..];
-                if taken == 0 {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
+type SharedSerial = Arc<Mutex<SerialDevice>>;
+
+/// Where host input goes: the serial port of the VM running now, if any.
+/// The VMM has one stdin but may boot several VMs in turn (vm.reboot,
+/// vm.shutdown then vm.boot), so one reader thread serves them all and each
+/// VM connects its port for its lifetime.
+#[derive(Default)]
+pub struct InputRouter {
+    target: Mutex<Option<SharedSerial>>,
+}
+
+impl InputRouter {
+    pub fn connect(&self, serial: SharedSerial) {
+        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Some(serial);
+    }
+
+    /// Disconnects `serial` if it is still the one connected.
+    pub fn disconnect(&self, serial: &SharedSerial) {
+        let mut target = self.target.lock().unwrap_or_else(|e| e.into_inner());
+        if target.as_ref().is_some_and(|t| Arc::ptr_eq(t, serial)) {
+            *target = None;
+        }
+    }
+
+    /// Hands `bytes` to the connected port. The FIFO holds 64 bytes; a full
+    /// FIFO is retried shortly, as a real UART would drop nothing if the
+    /// guest keeps reading. With no VM running the input is dropped.
+    pub fn feed(&self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let Some(serial) = self.target.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return };
+            let taken = serial.lock().unwrap_or_else(|e| e.into_inner()).enqueue_input(bytes);
+            bytes = &bytes[taken..];
+            if taken == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(5));
             }
         }
-    })?;
-    Ok(())
+    }
+}
+
+static STDIN_ROUTER: std::sync::OnceLock<Arc<InputRouter>> = std::sync::OnceLock::new();
+
+/// Connects `serial` to the VMM's stdin, starting the one reader thread on
+/// first use. Returns the router, to disconnect from when the VM ends.
+pub fn connect_stdin(serial: SharedSerial) -> std::io::Result<Arc<InputRouter>> {
+    use std::os::fd::AsFd;
+    let router = match STDIN_ROUTER.get() {
+        Some(r) => r.clone(),
+        None => {
+            // A duplicate of fd 0, read without std's stdin lock (see vm::RawTerminal).
+            let mut stdin = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
+            let router = STDIN_ROUTER.get_or_init(Default::default).clone();
+            let reader = router.clone();
+            std::thread::Builder::new().name("serial-input".into()).spawn(move || {
+                use std::io::Read;
+                let mut buf = [0u8; 64];
+                while let Ok(n @ 1..) = stdin.read(&mut buf) {
+                    reader.feed(&buf[..n]);
+                }
+            })?;
+            router
+        }
+    };
+    router.connect(serial);
+    Ok(router)
 }
 
 #[cfg(test)]
@@ -137,6 +176,31 @@ mod tests {
         let mut v = [0u8];
         dev.read(0, &mut v);
         assert_eq!(v[0], b'x');
+    }
+
+    #[test]
+    fn input_goes_to_the_port_connected_now_and_nowhere_after_it_disconnects() {
+        let port = || Arc::new(Mutex::new(SerialDevice::new(EventFd::new(libc::EFD_NONBLOCK).unwrap(), Box::new(std::io::sink()))));
+        let first_byte = |p: &SharedSerial| {
+            let mut v = [0u8];
+            p.lock().unwrap().read(0, &mut v);
+            v[0]
+        };
+        let router = InputRouter::default();
+        router.feed(b"lost"); // no VM yet: dropped, not blocked on
+        let (old, new) = (port(), port());
+        router.connect(old.clone());
+        router.feed(b"a");
+        assert_eq!(first_byte(&old), b'a');
+        // A reboot: the new VM connects before the old one's teardown runs.
+        router.connect(new.clone());
+        router.disconnect(&old);
+        router.feed(b"b");
+        assert_eq!(first_byte(&new), b'b');
+        assert_eq!(first_byte(&old), 0, "the old port got nothing more");
+        router.disconnect(&new);
+        router.feed(b"c");
+        assert_eq!(first_byte(&new), 0);
     }
 
     #[test]
