@@ -598,4 +598,23 @@ mod tests {
         assert!(s.contains("'file=a b'"), "{s}");
         assert!(s.contains("</dev/null"));
     }
+
+    #[test]
+    fn api_mode_starts_the_vmm_with_only_its_socket_and_runs_the_api_script() {
+        let mut g = Guest::new("a", "true");
+        g.vmm_args = vec!["-v".into()];
+        g.api_script = Some("api PUT /api/v1/vm.boot".into());
+        g.host_before = "BEFORE".into();
+        g.host_after = "AFTER".into();
+        let s = host_script(&g);
+        assert!(s.contains("\"$VMM\" --api-socket /tmp/api.sock '-v' </dev/null &"), "{s}");
+        assert!(!s.contains("--kernel"), "the VM is created by the API script: {s}");
+        // The kernel command line reaches the script, which puts it in vm.create.
+        assert!(s.contains("CMDLINE='console=ttyS0"), "{s}");
+        let order: Vec<usize> = ["BEFORE", "vmm_start", "-S /tmp/api.sock", "api PUT /api/v1/vm.boot", "wait $VMM_PID", "vmm_exit", "AFTER"]
+            .iter()
+            .map(|needle| s.find(needle).unwrap_or_else(|| panic!("{needle} missing: {s}")))
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "steps out of order: {s}");
+    }
 }

@@ -62,22 +62,22 @@ fn wait_for(path: &Path) {
     }
 }
 
-fn scratch() -> PathBuf {
-    let dir = rig::target_dir().join("api-test");
+fn scratch(name: &str) -> PathBuf {
+    let dir = rig::target_dir().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("share")).unwrap();
     dir
 }
 
-#[test]
-fn rest_api_over_a_unix_socket() {
+/// The VMM with only an API socket, and a daemon with a control socket,
+/// both in `dir`; returns them and (api socket, control socket).
+fn start(dir: &Path) -> (Proc, Proc, PathBuf, PathBuf) {
     let vmm = rig::tool("vmm", "dax-vmm").expect("dax-vmm");
     let daemon = rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd");
-    let dir = scratch();
     let api = dir.join("api.sock");
     let control = dir.join("fs-control.sock");
-    let _vmm = Proc(Command::new(&vmm).arg("--api-socket").arg(format!("path={}", api.display())).stderr(Stdio::null()).spawn().unwrap());
-    let _daemon = Proc(
+    let vmm = Proc(Command::new(&vmm).arg("--api-socket").arg(format!("path={}", api.display())).stderr(Stdio::null()).spawn().unwrap());
+    let daemon = Proc(
         Command::new(&daemon)
             .args(["--sandbox", "none", "--log-level", "error", "--cache-size", "64M"])
             .arg("--socket-path")
@@ -91,6 +91,13 @@ fn rest_api_over_a_unix_socket() {
     );
     wait_for(&api);
     wait_for(&control);
+    (vmm, daemon, api, control)
+}
+
+#[test]
+fn rest_api_over_a_unix_socket() {
+    let dir = scratch("api-test");
+    let (_vmm, _daemon, api, control) = start(&dir);
     let mode = std::fs::metadata(&api).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "only the VMM's user may drive the VM");
 
@@ -138,7 +145,8 @@ fn rest_api_over_a_unix_socket() {
     assert_eq!(http(&api, "PUT", "/api/v1/vm.remove-device", r#"{"id":"_pmem0"}"#).0, 204);
     assert_eq!(json(&api, "GET", "/api/v1/vm.info", "")["config"]["pmem"].as_array().map(Vec::len), Some(0));
     assert_eq!(json(&api, "GET", "/api/v1/vm.counters", ""), serde_json::json!({}));
-    refused(&api, "PUT", "/api/v1/vm.pause", "", 501, "not supported");
+    refused(&api, "PUT", "/api/v1/vm.pause", "", 409, "vm.pause: the VM is not running (it is Created)");
+    refused(&api, "PUT", "/api/v1/vm.resume", "", 409, "vm.resume: the VM is not paused (it is Created)");
     refused(&api, "PUT", "/api/v1/vm.shutdown", "", 409, "not running");
 
     // DAX policy for a device added before boot: its daemon answers.
@@ -253,4 +261,110 @@ fn check_openapi_document(api: &Path) {
     for route in routes.split("\"/api/v1").skip(1).filter_map(|r| r.split('"').next()) {
         assert!(documented.iter().any(|d| d == route), "{route} is served but not in docs/openapi.yaml");
     }
+}
+
+/// An SSE subscriber: the events it has read, by kind, and what it was told
+/// it missed.
+#[derive(Default, Debug)]
+struct Subscriber {
+    policy_events: u64,
+    dropped: u64,
+    lagged_events: u64,
+    last_generation: u64,
+}
+
+fn subscribe(api: &Path) -> BufReader<UnixStream> {
+    let mut s = UnixStream::connect(api).unwrap();
+    write!(s, "GET /api/v1/vm.dax-events HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    while !line.contains("event: subscribed") {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0, "event stream closed");
+    }
+    r
+}
+
+impl Subscriber {
+    /// Reads events until one carries policy generation `until`.
+    fn read_until(&mut self, r: &mut BufReader<UnixStream>, until: u64) {
+        let mut kind = String::new();
+        let mut line = String::new();
+        while self.last_generation < until {
+            line.clear();
+            assert!(r.read_line(&mut line).unwrap() > 0, "event stream closed after {self:?}");
+            if let Some(k) = line.strip_prefix("event: ") {
+                kind = k.trim().to_string();
+            } else if let Some(data) = line.strip_prefix("data: ") {
+                let v: serde_json::Value = serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {data}"));
+                match kind.as_str() {
+                    "policy" => {
+                        self.policy_events += 1;
+                        self.last_generation = v["fields"]["generation"].as_u64().unwrap();
+                    }
+                    "lagged" => {
+                        self.lagged_events += 1;
+                        self.dropped += v["dropped"].as_u64().unwrap();
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// One subscriber reads as events come, another stops reading while a burst
+/// of policy changes goes through: the burst is served in full, the slow
+/// reader is told how many events it lost and then carries on, and neither
+/// reader loses an event without being told.
+#[test]
+fn a_slow_event_subscriber_loses_events_and_is_told_while_the_vmm_keeps_serving() {
+    let dir = scratch("api-slow-subscriber");
+    let (_vmm, _daemon, api, control) = start(&dir);
+    let create = r#"{"payload":{"kernel":"/nonexistent/bzImage"},"memory":{"size":268435456,"shared":true},"serial":{"mode":"Null"}}"#;
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.create", create).0, 204);
+    let add_fs = format!(
+        r#"{{"tag":"t","socket":"{}","id":"fs0","cache_size":67108864,"control_socket":"{}"}}"#,
+        dir.join("fs.sock").display(),
+        control.display()
+    );
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.add-fs", &add_fs).0, 204);
+
+    let mut slow = subscribe(&api);
+    let fast_stream = subscribe(&api);
+    // More changes than the per-subscriber buffer plus what socket buffers
+    // can hold, so the reader that stops must fall behind.
+    const BURST: u64 = 3 * api::events::EVENT_BUFFER as u64;
+    let fast = std::thread::spawn(move || {
+        let mut r = fast_stream;
+        let mut s = Subscriber::default();
+        s.read_until(&mut r, BURST + 1);
+        s
+    });
+    let policies = [
+        r#"{"cache_size":"64M","rules":[{"min_size":"64K","dax":true}],"default":false}"#,
+        r#"{"cache_size":"64M","rules":[{"path":"db/**","dax":true},{"min_size":"64K","dax":true}],"default":false}"#,
+    ];
+    let mut generation = 1;
+    for i in 0..BURST {
+        let put = json(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0", policies[(i % 2) as usize]);
+        generation = put["generation"].as_u64().unwrap();
+    }
+    assert_eq!(generation, BURST + 1, "every change in the burst was applied");
+    assert_eq!(json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "")["acknowledged"]["generation"], BURST + 1);
+    assert!(json(&api, "GET", "/api/v1/vmm.ping", "")["pid"].as_u64().is_some(), "the VMM serves while a reader stalls");
+
+    let mut s = Subscriber::default();
+    s.read_until(&mut slow, generation);
+    assert!(s.lagged_events >= 1 && s.dropped > 0, "the stalled reader was told it lost events: {s:?}");
+    assert_eq!(s.policy_events + s.dropped, BURST, "nothing lost without being told: {s:?}");
+    let f = fast.join().unwrap();
+    assert_eq!(f.policy_events + f.dropped, BURST, "nothing lost without being told: {f:?}");
+    eprintln!("burst of {BURST} events: stalled reader {s:?}, live reader {f:?}");
+
+    // After the burst the slow reader is live again: the next change arrives.
+    json(&api, "DELETE", "/api/v1/vm.dax-policy?id=fs0", "");
+    s.read_until(&mut slow, generation + 1);
+    assert_eq!(s.last_generation, generation + 1, "{s:?}");
 }

@@ -12,6 +12,10 @@
 //! - a policy replaced through the daemon's control socket while the guest
 //!   runs flips `STATX_ATTR_DAX` on files the guest already looked up;
 //! - `dax=always`: every regular file is DAX.
+//!
+//! The PCI run also starts the daemon the way Kata does
+//! (`--thread-pool-size=2 -o announce_submounts`) with a tmpfs mounted
+//! inside the share, which the guest must see as a submount of its own.
 
 use guest_tests::results::Results;
 use guest_tests::rig::{self, Guest, ImageFile};
@@ -41,12 +45,14 @@ i=0; while [ $i -lt DIRS ]; do mkdir share/tree/d$i; j=0; while [ $j -lt FILES ]
 ln -s ../small.txt share/tree/link
 echo "@@HOST big_md5=$(md5sum < share/big.bin | cut -d' ' -f1)"
 echo "@@HOST large_md5=$(md5sum < share/nodax/large.bin | cut -d' ' -f1)"
+SUBMOUNT_CMD
 dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --dax-policy policy.json \
-    --control-socket /tmp/fs-control.sock --log-level warn &
+    --control-socket /tmp/fs-control.sock --log-level warn DAEMON_ARGS &
 DAEMON=$!
 i=0; while [ ! -S /tmp/fs.sock ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
 # When the guest asks (a file in the share), push the flipped policy.
 ( i=0; while [ ! -e share/.flip-request ] && [ $i -lt 6000 ]; do sleep 0.1; i=$((i+1)); done
+  echo "@@HOST daemon_workers=$(cat /proc/$DAEMON/task/*/comm | grep -c fs-worker)"
   METRICS_CMD
   FLIP_CMD > flip.out 2>&1
   echo done > share/.flip-done ) &
@@ -82,7 +88,18 @@ echo "@@HOST api_policy_before_boot=$(api GET '/api/v1/vm.dax-policy?id=fs0')"
 daxprobe sse /tmp/api.sock /api/v1/vm.dax-events > events.out 2>&1 &
 EVENTS=$!
 echo "@@HOST api_boot=$(api PUT /api/v1/vm.boot)"
-echo "@@HOST api_state=$(api GET /api/v1/vm.info | grep -o '"state":"[A-Za-z]*"' | cut -d'"' -f4)"
+# Pause while the guest reads a DAX file (its vCPU is busy): the vCPU
+# thread takes no CPU time until vm.resume, and the read completes after.
+i=0; while [ ! -e share/.reading ] && [ $i -lt 3000 ]; do sleep 0.1; i=$((i+1)); done
+state() { api GET /api/v1/vm.info | grep -o '"state":"[A-Za-z]*"' | cut -d'"' -f4; }
+vcpu_ticks() { for t in /proc/$VMM_PID/task/*; do [ "$(cat $t/comm)" = vcpu0 ] && awk '{print $14+$15}' $t/stat; done; }
+a=$(vcpu_ticks); sleep 1; b=$(vcpu_ticks)
+echo "@@HOST api_pause=$(api PUT /api/v1/vm.pause)"
+echo "@@HOST api_paused_state=$(state)"
+c=$(vcpu_ticks); sleep 2; d=$(vcpu_ticks)
+echo "@@HOST api_resume=$(api PUT /api/v1/vm.resume)"
+echo "@@HOST vcpu_ticks=running:$((b-a)) paused:$((d-c))"
+echo "@@HOST api_state=$(state)"
 "#;
 
 const HOST_AFTER: &str = r#"
@@ -104,6 +121,13 @@ mount -t virtiofs share /mnt -o dax=inode; echo "@@GUEST mount_inode_rc=$?"
 echo "@@GUEST mount_inode_opts=$(grep ' /mnt ' /proc/mounts | cut -d' ' -f4)"
 cd /mnt
 echo "@@GUEST statx_inode=$(daxprobe statx big.bin target.bin small.txt nodax/large.bin tree/d0/f0)"
+# A host mount inside the share (the Kata-style run announces submounts):
+# the guest mounts it on its own superblock when it is first walked into.
+if [ -d sub ]; then
+  same=$( [ "$(stat -c %d sub/inner.txt)" = "$(stat -c %d small.txt)" ] && echo same-dev || echo own-dev )
+  echo "@@GUEST submount=$(cat sub/inner.txt) $same mounts:$(grep -c ' /mnt/sub ' /proc/mounts)"
+fi
+touch .reading
 t0=$(up); echo "@@GUEST big_md5=$(md5sum < big.bin | cut -d' ' -f1)"; t1=$(up)
 daxprobe mmap-copy big.bin /tmp/big.copy && echo "@@GUEST big_mmap_md5=$(md5sum < /tmp/big.copy | cut -d' ' -f1)"; t2=$(up)
 rm -f /tmp/big.copy
@@ -140,7 +164,8 @@ mv small.txt moved.txt && mv moved.txt small.txt && ln small.txt hard.txt && ech
 rm hard.txt
 mkdir newdir && rmdir newdir && echo "@@GUEST mkdir_rmdir=ok"
 echo "@@GUEST df=$(df -k /mnt | tail -1 | awk '{print ($2 > 0)}')"
-cd /; umount /mnt; echo "@@GUEST umount_inode_rc=$?"
+cd /; if [ -d /mnt/sub ]; then umount /mnt/sub; echo "@@GUEST umount_sub_rc=$?"; fi
+umount /mnt; echo "@@GUEST umount_inode_rc=$?"
 mount -t virtiofs share /mnt -o dax=always; echo "@@GUEST mount_always_rc=$?"
 echo "@@GUEST statx_always=$(cd /mnt && daxprobe statx big.bin small.txt nodax/large.bin)"
 echo "@@GUEST small=$(cat /mnt/small.txt)"
@@ -157,8 +182,8 @@ fn virtiofs_dax_over_mmio() {
 }
 
 /// Over PCI the VM is created, given its share and booted through the REST
-/// API, the policy flipped through `vm.dax-policy`, and metrics and events
-/// read while the guest works.
+/// API, paused and resumed while it reads a DAX file, the policy flipped through
+/// `vm.dax-policy`, and metrics and events read while the guest works.
 #[test]
 #[ignore = "boots real guests; run through scripts/test.sh"]
 fn virtiofs_dax_over_pci() {
@@ -184,11 +209,21 @@ fn virtiofs_test(transport: &str, api: bool) {
         ImageFile { path: "flipped.json".into(), perm: 0o644, data: FLIPPED_POLICY.as_bytes().to_vec() },
     ];
     let (metrics, flip) = if api { (API_METRICS, API_FLIP) } else { ("true", CLI_FLIP) };
+    // The API run starts the daemon as Kata does (a worker pool, submounts
+    // announced) and puts a tmpfs inside the share; the other run keeps the
+    // defaults (a thread per queue).
+    let (submount, daemon_args) = if api {
+        ("mkdir share/sub && mount -t tmpfs -o size=4m tmpfs share/sub && echo inside > share/sub/inner.txt", "--thread-pool-size=2 -o announce_submounts")
+    } else {
+        ("true", "")
+    };
     guest.host_before = HOST_BEFORE
         .replace("DIRS", &DIRS.to_string())
         .replace("FILES", &FILES_PER_DIR.to_string())
         .replace("METRICS_CMD", metrics)
-        .replace("FLIP_CMD", flip);
+        .replace("FLIP_CMD", flip)
+        .replace("SUBMOUNT_CMD", submount)
+        .replace("DAEMON_ARGS", daemon_args);
     guest.host_after = HOST_AFTER.into();
     if api {
         guest.vmm_args = vec!["-v".into()];
@@ -236,6 +271,12 @@ fn virtiofs_test(transport: &str, api: bool) {
     assert_eq!(run.guest("mkdir_rmdir"), Some("ok"), "{tail}");
     assert_eq!(run.guest("df"), Some("1"), "{tail}");
     assert_eq!(run.guest("umount_inode_rc"), Some("0"), "{tail}");
+    let (workers, submount) = if api { ("2", Some("inside own-dev mounts:1")) } else { ("0", None) };
+    assert_eq!(run.host("daemon_workers"), Some(workers), "--thread-pool-size\n{tail}");
+    assert_eq!(run.guest("submount"), submount, "a host mount in the share is a guest submount\n{tail}");
+    if api {
+        assert_eq!(run.guest("umount_sub_rc"), Some("0"), "{tail}");
+    }
     assert_eq!(run.guest("mount_always_rc"), Some("0"), "{tail}");
     assert_eq!(run.guest("statx_always"), Some("big.bin:1 small.txt:1 nodax/large.bin:1"), "{tail}");
     assert_eq!(run.guest("small"), Some("small file"), "{tail}");
@@ -268,12 +309,16 @@ fn virtiofs_test(transport: &str, api: bool) {
 /// What only the API run shows: the VM built through the API, the window's
 /// maps and reclaim in the metrics, events streamed while the guest worked.
 fn check_api_run(run: &rig::Run, tail: &str) {
-    for step in ["api_create", "api_add_fs", "api_boot"] {
+    for step in ["api_create", "api_add_fs", "api_boot", "api_pause", "api_resume"] {
         assert!(run.host(step).is_some_and(|s| s.starts_with("status=204")), "{step}\n{tail}");
     }
     // A device added before boot has a policy: its daemon's.
     assert!(run.host("api_policy_before_boot").is_some_and(|s| s.contains("\"generation\":1")), "{tail}");
-    assert_eq!(run.host("api_state"), Some("Running"), "{tail}");
+    assert_eq!(run.host("api_paused_state"), Some("Paused"), "{tail}");
+    assert_eq!(run.host("api_state"), Some("Running"), "resumed\n{tail}");
+    let ticks = run.host("vcpu_ticks").expect(tail);
+    assert!(!ticks.starts_with("running:0 "), "the vCPU was busy booting before the pause: {ticks}\n{tail}");
+    assert!(ticks.ends_with(" paused:0"), "a paused vCPU runs no guest code: {ticks}\n{tail}");
     let metrics = run.host("metrics").expect(tail);
     let value = |key: &str| -> u64 {
         metrics
