@@ -32,17 +32,26 @@ const REPLY_BASE: u64 = 0x20_0000;
 /// Bounds every wait, so a broken daemon fails the test instead of hanging it.
 const PATIENCE: Duration = Duration::from_secs(20);
 
-struct Irq(Mutex<Sender<u16>>);
+/// The transport's interrupt: `trigger` (what the device's relay thread
+/// calls) reports on a channel; with `irqfd`, queue interrupts also have a
+/// notifier the daemon is given to write directly, as virtio-PCI's MSI-X has.
+struct Irq {
+    relayed: Mutex<Sender<u16>>,
+    irqfd: Option<EventFd>,
+}
 
 impl VirtioInterrupt for Irq {
     fn trigger(&self, interrupt: Interrupt) -> std::io::Result<()> {
         if let Interrupt::Queue(q) = interrupt {
-            let _ = self.0.lock().unwrap().send(q);
+            let _ = self.relayed.lock().unwrap().send(q);
         }
         Ok(())
     }
-    fn notifier(&self, _: Interrupt) -> Option<EventFd> {
-        None
+    fn notifier(&self, interrupt: Interrupt) -> Option<EventFd> {
+        match interrupt {
+            Interrupt::Queue(_) => self.irqfd.as_ref().map(|e| e.try_clone().unwrap()),
+            Interrupt::Config => None,
+        }
     }
 }
 
@@ -161,6 +170,12 @@ fn queue_of(ring: &MockSplitQueue<GuestMemoryMmap>, used_ring: GuestAddress) -> 
 
 /// Activates the device with a hiprio and one request queue, as a driver would.
 fn activate<'a>(fs: &mut VhostUserFs, mem: &'a GuestMemoryMmap) -> Guest<'a> {
+    activate_with(fs, mem, None)
+}
+
+/// Activates the device; with `irqfd`, the transport offers it as every
+/// queue's notifier.
+fn activate_with<'a>(fs: &mut VhostUserFs, mem: &'a GuestMemoryMmap, irqfd: Option<EventFd>) -> Guest<'a> {
     let hiprio = MockSplitQueue::create(mem, GuestAddress(0x1000), QUEUE_SIZE);
     let request = MockSplitQueue::create(mem, GuestAddress(0x8000), QUEUE_SIZE);
     // Each queue gets a page of its own past its available ring.
@@ -172,7 +187,8 @@ fn activate<'a>(fs: &mut VhostUserFs, mem: &'a GuestMemoryMmap) -> Guest<'a> {
     ];
     let (tx, rx) = channel();
     fs.ack_features(fs.features());
-    fs.activate(GuestMemoryAtomic::new(mem.clone()), Arc::new(Irq(Mutex::new(tx))), queues).expect("activate");
+    let irq = Irq { relayed: Mutex::new(tx), irqfd };
+    fs.activate(GuestMemoryAtomic::new(mem.clone()), Arc::new(irq), queues).expect("activate");
     Guest { mem, ring: request, kick: kicks[1].try_clone().unwrap(), irq: rx, used_ring: request_used, next: 0, unique: 0 }
 }
 
@@ -316,7 +332,10 @@ fn a_thread_pool_serves_a_batch_of_requests_out_of_order_and_each_reply_lands_in
     let mut daemon = start_daemon_with(share.as_path(), &socket, &["--thread-pool-size", "4"]);
     let mem = guest_memory();
     let mut fs = VhostUserFs::connect(&fs_config(&socket)).expect("negotiation");
-    let mut guest = activate(&mut fs, &mem);
+    // This time the transport has an irqfd for the queues: the daemon must
+    // write it itself, and the device relays nothing.
+    let irqfd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let mut guest = activate_with(&mut fs, &mem, Some(irqfd.try_clone().unwrap()));
     assert_eq!(guest.call(opcode::INIT, 0, init_in().as_slice()).0, 0);
     let (e, p) = guest.call(opcode::LOOKUP, ROOT_ID, b"data.bin\0");
     assert_eq!(e, 0);
@@ -342,6 +361,9 @@ fn a_thread_pool_serves_a_batch_of_requests_out_of_order_and_each_reply_lands_in
         assert_eq!((got_unique, e), (unique, 0), "slot {slot}");
         assert_eq!(payload, &pattern[offset as usize..(offset + LEN) as usize], "read at {offset}");
     }
+
+    assert!(irqfd.read().is_ok_and(|n| n > 0), "the daemon signalled the transport's irqfd");
+    assert!(guest.irq.try_recv().is_err(), "no interrupt went through the device's relay");
 
     // The requests were served by the pool's workers.
     let workers = std::fs::read_dir(format!("/proc/{}/task", daemon.id()))

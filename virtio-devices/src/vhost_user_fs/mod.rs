@@ -28,7 +28,9 @@ use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::device::{read_config_bytes, ActivateError, ActivatedQueue, SharedMemoryRegion, VirtioDevice, VirtioInterrupt};
+use crate::device::{
+    read_config_bytes, ActivateError, ActivatedQueue, Interrupt, SharedMemoryRegion, VirtioDevice, VirtioInterrupt,
+};
 use crate::GuestMemoryMmap;
 use backend_req::DaxRequestHandler;
 use window::{DaxWindow, DAX_SHM_REGION_ID};
@@ -215,7 +217,16 @@ impl VhostUserFs {
         }
     }
 
-    fn setup_rings(&mut self, mem: &GuestMemoryMmap, queues: &[ActivatedQueue]) -> Result<Vec<EventFd>, ActivateError> {
+    /// Hands the daemon guest RAM and the rings. Each queue's used-buffer
+    /// notifications go straight to the transport's irqfd when it has one
+    /// (virtio-PCI with MSI-X); otherwise to an eventfd the device's worker
+    /// relays through `trigger` — returned as (queue index, eventfd).
+    fn setup_rings(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        queues: &[ActivatedQueue],
+        interrupt: &dyn VirtioInterrupt,
+    ) -> Result<Vec<(u16, EventFd)>, ActivateError> {
         let id = self.id.clone();
         let err = |what: &str, e: vhost::Error| ActivateError::Device(format!("fs {id}: {what}: {e}"));
         let features = self.acked | (self.backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
@@ -231,7 +242,7 @@ impl VhostUserFs {
                 .map(|p| p as u64)
                 .map_err(|e| ActivateError::Device(format!("fs {id}: queue {what} at {:#x}: {e}", addr.0)))
         };
-        let mut calls = Vec::new();
+        let mut relayed = Vec::new();
         for q in queues {
             let i = usize::from(q.index);
             let queue = &q.queue;
@@ -247,15 +258,26 @@ impl VhostUserFs {
             self.frontend.set_vring_num(i, queue.size()).map_err(|e| err("SET_VRING_NUM", e))?;
             self.frontend.set_vring_addr(i, &ring).map_err(|e| err("SET_VRING_ADDR", e))?;
             self.frontend.set_vring_base(i, queue.next_avail()).map_err(|e| err("SET_VRING_BASE", e))?;
-            let call = EventFd::new(libc::EFD_NONBLOCK)?;
-            self.frontend.set_vring_call(i, &call).map_err(|e| err("SET_VRING_CALL", e))?;
+            match interrupt.notifier(Interrupt::Queue(q.index)) {
+                Some(irqfd) => self.frontend.set_vring_call(i, &irqfd).map_err(|e| err("SET_VRING_CALL", e))?,
+                None => {
+                    let call = EventFd::new(libc::EFD_NONBLOCK)?;
+                    self.frontend.set_vring_call(i, &call).map_err(|e| err("SET_VRING_CALL", e))?;
+                    relayed.push((q.index, call));
+                }
+            }
             self.frontend.set_vring_kick(i, &q.kick).map_err(|e| err("SET_VRING_KICK", e))?;
-            calls.push(call);
         }
         for q in queues {
             self.frontend.set_vring_enable(usize::from(q.index), true).map_err(|e| err("SET_VRING_ENABLE", e))?;
         }
-        Ok(calls)
+        log::info!(
+            "fs {}: queue interrupts: {} straight from the daemon (irqfd), {} relayed by the VMM",
+            self.id,
+            queues.len() - relayed.len(),
+            relayed.len()
+        );
+        Ok(relayed)
     }
 }
 
@@ -289,7 +311,7 @@ impl VirtioDevice for VhostUserFs {
         if self.failed() {
             return Err(ActivateError::Device(format!("fs {}: the daemon has gone away", self.id)));
         }
-        let calls = self.setup_rings(&mem.memory(), &queues)?;
+        let calls = self.setup_rings(&mem.memory(), &queues, interrupt.as_ref())?;
         self.active_queues = queues.len();
         let (stop, thread) = worker::spawn(worker::WorkerContext {
             id: self.id.clone(),

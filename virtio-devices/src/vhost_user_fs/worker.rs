@@ -3,9 +3,11 @@
 //! transport's interrupt, serves the backend request channel, and notices
 //! when the daemon goes away.
 //!
-//! Calls are relayed rather than handed to the daemon as irqfds because the
-//! transports keep interrupt state the guest reads (the MMIO InterruptStatus
-//! register, the PCI ISR and MSI-X masking), which only `trigger` updates.
+//! Calls are relayed only where the transport has no irqfd to hand the
+//! daemon: virtio-MMIO keeps an InterruptStatus register the driver reads to
+//! learn why it was interrupted, which only `trigger` sets. On virtio-PCI
+//! with MSI-X the daemon writes the vector's irqfd and this thread is not
+//! involved.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,8 +25,8 @@ use crate::device::{Interrupt, VirtioInterrupt};
 pub struct WorkerContext {
     pub id: String,
     pub interrupt: Arc<dyn VirtioInterrupt>,
-    /// One per queue, in queue order.
-    pub calls: Vec<EventFd>,
+    /// The queues whose calls this thread relays: (queue index, call eventfd).
+    pub calls: Vec<(u16, EventFd)>,
     pub requests: Option<Arc<Mutex<FrontendReqHandler<DaxRequestHandler>>>>,
     pub window: Option<Arc<DaxWindow>>,
     pub failed: Arc<AtomicBool>,
@@ -42,8 +44,8 @@ pub fn spawn(ctx: WorkerContext) -> std::io::Result<(EventFd, JoinHandle<()>)> {
     let epoll = Epoll::new()?;
     let add = |fd: i32, data: u64| epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, data));
     add(stop.as_raw_fd(), STOP)?;
-    for (i, call) in ctx.calls.iter().enumerate() {
-        add(call.as_raw_fd(), i as u64)?;
+    for (slot, (_, call)) in ctx.calls.iter().enumerate() {
+        add(call.as_raw_fd(), slot as u64)?;
     }
     epoll.ctl(ControlOperation::Add, ctx.main_socket, EpollEvent::new(EventSet::READ_HANG_UP, MAIN_SOCKET))?;
     if let Some(r) = &ctx.requests {
@@ -78,10 +80,10 @@ fn run(ctx: WorkerContext, epoll: Epoll) {
                         daemon_gone(&ctx);
                     }
                 }
-                queue => {
-                    let Some(call) = ctx.calls.get(queue as usize) else { continue };
+                slot => {
+                    let Some((queue, call)) = ctx.calls.get(slot as usize) else { continue };
                     if call.read().is_ok() {
-                        if let Err(e) = ctx.interrupt.trigger(Interrupt::Queue(queue as u16)) {
+                        if let Err(e) = ctx.interrupt.trigger(Interrupt::Queue(*queue)) {
                             log::warn!("fs {}: interrupt for queue {queue}: {e}", ctx.id);
                         }
                     }

@@ -1,6 +1,6 @@
 //! KVM's GSI routing table: the irqchip pins every VM has, plus one MSI route
 //! per MSI-X vector, so a vector can be raised by writing an irqfd — from a
-//! VMM thread, or later from a vhost-user backend without the VMM.
+//! VMM thread, or from a vhost-user backend without the VMM.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -82,14 +82,12 @@ impl GsiRouter {
         self.vm.set_gsi_routing(&table).map_err(GsiError::SetRouting)
     }
 
-    /// A new GSI with an irqfd on it; its route is set by `set_msi`.
-    pub fn allocate_msi(&self) -> Result<(u32, EventFd), GsiError> {
+    /// A new GSI for an MSI route, set by `set_msi`.
+    pub fn allocate_msi(&self) -> u32 {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let gsi = state.1;
         state.1 += 1;
-        let evt = EventFd::new(libc::EFD_NONBLOCK)?;
-        self.vm.register_irqfd(&evt, gsi).map_err(|source| GsiError::Irqfd { gsi, source })?;
-        Ok((gsi, evt))
+        gsi
     }
 
     pub fn set_msi(&self, gsi: u32, entry: MsixEntry) -> Result<(), GsiError> {
@@ -100,15 +98,26 @@ impl GsiRouter {
 }
 
 /// MSI-X vectors of one device, each an irqfd on its own routed GSI.
+///
+/// An irqfd is attached to KVM only while its vector is unmasked: KVM has no
+/// masked routes, and a vhost-user backend writes the irqfd without asking
+/// the VMM. A write while detached stays in the eventfd's counter, and KVM
+/// injects it when the irqfd is attached again (KVM_IRQFD polls the eventfd
+/// on assignment), which is the pending-bit behaviour MSI-X asks for.
 pub struct IrqfdMsi {
     router: Arc<GsiRouter>,
     vectors: Vec<(u32, EventFd)>,
+    /// Per vector: is its irqfd attached to KVM now.
+    attached: Mutex<Vec<bool>>,
 }
 
 impl IrqfdMsi {
+    /// `count` vectors, all masked (detached), as MSI-X starts.
     pub fn new(router: Arc<GsiRouter>, count: u16) -> Result<Self, GsiError> {
-        let vectors = (0..count).map(|_| router.allocate_msi()).collect::<Result<_, _>>()?;
-        Ok(IrqfdMsi { router, vectors })
+        let vectors = (0..count)
+            .map(|_| Ok((router.allocate_msi(), EventFd::new(libc::EFD_NONBLOCK)?)))
+            .collect::<Result<_, GsiError>>()?;
+        Ok(IrqfdMsi { router, vectors, attached: Mutex::new(vec![false; usize::from(count)]) })
     }
 }
 
@@ -123,5 +132,22 @@ impl MsiSender for IrqfdMsi {
     fn update(&self, vector: u16, entry: MsixEntry) -> std::io::Result<()> {
         let Some((gsi, _)) = self.vectors.get(usize::from(vector)) else { return Ok(()) };
         self.router.set_msi(*gsi, entry).map_err(|e| std::io::Error::other(e.to_string()))
+    }
+
+    fn notifier(&self, vector: u16) -> Option<EventFd> {
+        self.vectors.get(usize::from(vector)).and_then(|(_, evt)| evt.try_clone().ok())
+    }
+
+    fn set_masked(&self, vector: u16, masked: bool) -> std::io::Result<()> {
+        let Some((gsi, evt)) = self.vectors.get(usize::from(vector)) else { return Ok(()) };
+        let mut attached = self.attached.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = &mut attached[usize::from(vector)];
+        if *slot != masked {
+            return Ok(());
+        }
+        let result = if masked { self.router.vm.unregister_irqfd(evt, *gsi) } else { self.router.vm.register_irqfd(evt, *gsi) };
+        result.map_err(|source| std::io::Error::other(GsiError::Irqfd { gsi: *gsi, source }))?;
+        *slot = !masked;
+        Ok(())
     }
 }

@@ -58,6 +58,18 @@ pub trait MsiSender: Send + Sync {
         let _ = (vector, entry);
         Ok(())
     }
+    /// An eventfd that raises `vector` when written, with no VMM thread in
+    /// the way (a KVM irqfd), if this sender has one.
+    fn notifier(&self, vector: u16) -> Option<EventFd> {
+        let _ = vector;
+        None
+    }
+    /// Whether `vector` is masked. A notifier written while its vector is
+    /// masked must not reach the guest; it fires once the vector is unmasked.
+    fn set_masked(&self, vector: u16, masked: bool) -> std::io::Result<()> {
+        let _ = (vector, masked);
+        Ok(())
+    }
 }
 
 /// The interrupt of a virtio-PCI function: the vector chosen for each queue
@@ -96,9 +108,20 @@ impl VirtioInterrupt for PciInterrupt {
         }
     }
 
-    /// None for now: a backend signalling an irqfd needs a KVM route per vector.
-    fn notifier(&self, _interrupt: Interrupt) -> Option<EventFd> {
-        None
+    /// The irqfd of the vector the driver gave `interrupt`, so a vhost-user
+    /// backend can raise it straight through KVM. With MSI-X the driver never
+    /// reads the ISR for a queue interrupt, so bypassing `trigger` loses
+    /// nothing; masking is kept by the sender (see `MsiSender::set_masked`).
+    /// None without a vector: then only `trigger` can reach the guest.
+    ///
+    /// The vector is read now: a device asks at activation, after the driver
+    /// has assigned vectors (Linux assigns them before DRIVER_OK and never
+    /// changes them while the device runs).
+    fn notifier(&self, interrupt: Interrupt) -> Option<EventFd> {
+        match self.vector_for(interrupt) {
+            VIRTIO_MSI_NO_VECTOR => None,
+            vector => self.sender.notifier(vector),
+        }
     }
 }
 
@@ -291,17 +314,34 @@ impl VirtioPciDevice {
         }
     }
 
+    /// Applies what an MSI-X write changed: routes first, then each
+    /// vector's mask, then the interrupts that were pending on a vector just
+    /// unmasked (so they go out through a live route and an armed irqfd).
     fn apply(&self, updates: Vec<MsixUpdate>) {
-        for u in updates {
-            let result = match u {
-                MsixUpdate::Entry(vector) => {
-                    let entry = self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner()).entry(vector);
-                    entry.map_or(Ok(()), |e| self.interrupt.sender.update(vector, e))
+        let sender = &self.interrupt.sender;
+        let warn = |what: &dyn std::fmt::Debug, e: std::io::Error| log::warn!("virtio-pci: MSI-X {what:?}: {e}");
+        for u in &updates {
+            if let MsixUpdate::Entry(vector) = *u {
+                let entry = self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner()).entry(vector);
+                if let Some(Err(e)) = entry.map(|e| sender.update(vector, e)) {
+                    warn(u, e);
                 }
-                MsixUpdate::DeliverPending(vector, entry) => self.interrupt.sender.send(vector, entry),
-            };
-            if let Err(e) = result {
-                log::warn!("virtio-pci: MSI-X {u:?}: {e}");
+            }
+        }
+        {
+            // Under the lock, so no trigger sees a mask the sender has not.
+            let msix = self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner());
+            for vector in 0..msix.vectors() {
+                if let Err(e) = sender.set_masked(vector, msix.masked(vector)) {
+                    warn(&("mask", vector), e);
+                }
+            }
+        }
+        for u in &updates {
+            if let MsixUpdate::DeliverPending(vector, entry) = *u {
+                if let Err(e) = sender.send(vector, entry) {
+                    warn(u, e);
+                }
             }
         }
     }

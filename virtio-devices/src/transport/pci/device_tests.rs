@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use virtio_bindings::virtio_config::{
@@ -48,8 +49,10 @@ impl VirtioDevice for Dev {
     }
 }
 
+/// Records what the transport asks of its MSI sender: (sent, re-routed,
+/// mask state per vector, vectors whose notifier was asked for).
 #[derive(Default)]
-struct Sent(Mutex<Vec<(u16, u32)>>, Mutex<Vec<(u16, u32)>>);
+struct Sent(Mutex<Vec<(u16, u32)>>, Mutex<Vec<(u16, u32)>>, Mutex<BTreeMap<u16, bool>>, Mutex<Vec<u16>>);
 impl MsiSender for Sent {
     fn send(&self, vector: u16, entry: MsixEntry) -> std::io::Result<()> {
         self.0.lock().unwrap().push((vector, entry.data));
@@ -58,6 +61,21 @@ impl MsiSender for Sent {
     fn update(&self, vector: u16, entry: MsixEntry) -> std::io::Result<()> {
         self.1.lock().unwrap().push((vector, entry.data));
         Ok(())
+    }
+    fn notifier(&self, vector: u16) -> Option<EventFd> {
+        self.3.lock().unwrap().push(vector);
+        EventFd::new(0).ok()
+    }
+    fn set_masked(&self, vector: u16, masked: bool) -> std::io::Result<()> {
+        self.2.lock().unwrap().insert(vector, masked);
+        Ok(())
+    }
+}
+
+impl Sent {
+    /// The vectors the sender was last told are unmasked.
+    fn unmasked(&self) -> Vec<u16> {
+        self.2.lock().unwrap().iter().filter(|(_, m)| !**m).map(|(v, _)| *v).collect()
     }
 }
 
@@ -259,4 +277,35 @@ fn pci_cfg_capability_window_reaches_bar0() {
     d.write_config(ptr + 8, &0x16u32.to_le_bytes());
     d.write_config(ptr + 16, &1u16.to_le_bytes());
     assert_eq!(bar_r(&mut d, 0x16, 2), 1);
+}
+
+#[test]
+fn a_queue_with_a_vector_hands_out_its_irqfd_which_is_armed_only_while_unmasked() {
+    let (mut d, _, sent) = device();
+    let msix = walk(&d).2.unwrap();
+    let control = |d: &mut VirtioPciDevice, v: u16| d.write_config(msix + 2, &v.to_le_bytes());
+    assert!(d.device_interrupt.notifier(Interrupt::Queue(0)).is_none(), "no vector: only trigger reaches the guest");
+    bar_w(&mut d, 0x16, 0, 2);
+    bar_w(&mut d, 0x1a, 1, 2);
+    assert!(d.device_interrupt.notifier(Interrupt::Queue(0)).is_some());
+    assert!(d.device_interrupt.notifier(Interrupt::Queue(1)).is_none(), "queue 1 has no vector");
+    assert_eq!(*sent.3.lock().unwrap(), vec![1], "queue 0's notifier is vector 1's");
+
+    // Enabled with every entry masked (the reset state): nothing armed.
+    control(&mut d, 0x8000);
+    assert_eq!(sent.2.lock().unwrap().len(), 3, "every vector's state is given");
+    assert_eq!(sent.unmasked(), Vec::<u16>::new());
+    bar_w(&mut d, MSIX_TABLE_OFFSET + 16, 0xfee0_0000, 4);
+    bar_w(&mut d, MSIX_TABLE_OFFSET + 24, 0x51, 4);
+    bar_w(&mut d, MSIX_TABLE_OFFSET + 28, 0, 4);
+    assert_eq!(sent.unmasked(), vec![1], "entry 1 unmasked");
+    control(&mut d, 0xc000);
+    assert_eq!(sent.unmasked(), Vec::<u16>::new(), "function mask");
+    control(&mut d, 0x8000);
+    assert_eq!(sent.unmasked(), vec![1]);
+    bar_w(&mut d, MSIX_TABLE_OFFSET + 28, 1, 4);
+    assert_eq!(sent.unmasked(), Vec::<u16>::new(), "entry 1 masked again");
+    bar_w(&mut d, MSIX_TABLE_OFFSET + 28, 0, 4);
+    control(&mut d, 0);
+    assert_eq!(sent.unmasked(), Vec::<u16>::new(), "MSI-X disabled");
 }

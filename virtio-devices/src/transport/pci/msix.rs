@@ -148,6 +148,13 @@ impl MsixConfig {
         data.copy_from_slice(&bytes[start..start + data.len()]);
     }
 
+    /// Whether `vector` may not fire now: MSI-X off, the function masked, or
+    /// the entry masked (a vector past the table is always masked).
+    pub fn masked(&self, vector: u16) -> bool {
+        let entry_masked = self.table.get(usize::from(vector)).is_none_or(MsixEntry::masked);
+        !self.enabled || self.function_masked || entry_masked
+    }
+
     /// The device raises `vector`.
     pub fn trigger(&mut self, vector: u16) -> Delivery {
         let Some(entry) = self.table.get(usize::from(vector)).copied() else { return Delivery::Dropped };
