@@ -2,7 +2,9 @@
 //! bench` in the guest (sequential 1 MiB preads, random 4 KiB preads,
 //! random 4 KiB touches through mmap), over three servers in one rig run —
 //! our daemon without DAX, our daemon with DAX, and the Rust `virtiofsd` as
-//! users run it today (no DAX). Writes `target/rig-results/virtiofs-bench.md`.
+//! users run it today (no DAX). All three over virtio-PCI, where the daemons
+//! signal the guest through MSI-X irqfds. Writes
+//! `target/rig-results/virtiofs-bench.md`.
 //!
 //! `./scripts/bench.sh` builds what it needs (a static virtiofsd with `cargo
 //! install`, cached in `~/.cache/dax-vmm/virtiofsd/`).
@@ -93,7 +95,6 @@ fn main() {
     let mut guest = Guest::new("virtiofs-bench", &GUEST_SCRIPT.replace("FILE_MIB", &FILE_MIB.to_string()));
     guest.cpus = 1;
     guest.memory = "512M,shared=on".into();
-    guest.guest_modules = vec!["virtio_mmio".into()];
     let base_cmdline = guest.cmdline();
     guest.cmdline = "bench=ours mountopts=dax=never".into();
     guest.guest_tools = vec![tool("guest-tests", "daxprobe")];
@@ -103,13 +104,13 @@ fn main() {
         "mkdir -p share && dd if=/dev/urandom of=share/bench.bin bs=1M count={FILE_MIB} 2>/dev/null\n{}",
         start("dax-virtiofsd --socket-path /tmp/a.sock --shared-dir share --dax off --sandbox none --log-level warn", "/tmp/a.sock")
     );
-    guest.vmm_args = vec!["--fs".into(), "tag=share,socket=/tmp/a.sock,dax=off".into()];
+    guest.vmm_args = vec!["--fs".into(), "tag=share,socket=/tmp/a.sock,dax=off,transport=pci".into()];
     guest.host_after = [
         "wait $SERVER\n".to_string(),
         start("dax-virtiofsd --socket-path /tmp/b.sock --shared-dir share --cache-size 128M --sandbox none --log-level warn", "/tmp/b.sock"),
-        another_run(&guest, &base_cmdline, "dax", "dax=always", "tag=share,socket=/tmp/b.sock,cache_size=128M"),
+        another_run(&guest, &base_cmdline, "dax", "dax=always", "tag=share,socket=/tmp/b.sock,cache_size=128M,transport=pci"),
         start("virtiofsd --socket-path=/tmp/c.sock --shared-dir=share --sandbox=none --cache=auto --log-level=warn", "/tmp/c.sock"),
-        another_run(&guest, &base_cmdline, "virtiofsd", "dax=never", "tag=share,socket=/tmp/c.sock,dax=off"),
+        another_run(&guest, &base_cmdline, "virtiofsd", "dax=never", "tag=share,socket=/tmp/c.sock,dax=off,transport=pci"),
     ]
     .concat();
     let run = rig::run(&guest).unwrap_or_else(|e| fail(e.to_string()));
