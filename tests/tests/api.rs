@@ -157,15 +157,7 @@ fn rest_api_over_a_unix_socket() {
     assert!(p["desired"].is_null(), "{p}");
 
     // The event stream: subscribe, then change the policy.
-    let mut events = UnixStream::connect(&api).unwrap();
-    write!(events, "GET /api/v1/vm.dax-events HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
-    events.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut events = BufReader::new(events);
-    let mut line = String::new();
-    while !line.contains("event: subscribed") {
-        line.clear();
-        assert!(events.read_line(&mut line).unwrap() > 0, "event stream closed");
-    }
+    let mut events = subscribe(&api, Duration::from_secs(20));
 
     let bad = "rules:\n  - min_size: 32K\n    dax: true\n  - min_size: 12Q\n    dax: false\n";
     refused(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0", bad, 400, "rules[1].min_size");
@@ -181,7 +173,7 @@ fn rest_api_over_a_unix_socket() {
     let p = json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "");
     assert_eq!((p["desired_generation"].as_u64(), p["acknowledged"]["generation"].as_u64()), (Some(2), Some(2)), "{p}");
     assert_eq!(p["acknowledged"]["policy"]["window_granularity"], p["desired"]["window_granularity"], "{p}");
-    let mut seen = String::new();
+    let (mut seen, mut line) = (String::new(), String::new());
     while !seen.contains("event: policy") {
         line.clear();
         assert!(events.read_line(&mut line).unwrap() > 0, "event stream closed");
@@ -273,10 +265,12 @@ struct Subscriber {
     last_generation: u64,
 }
 
-fn subscribe(api: &Path) -> BufReader<UnixStream> {
+/// Opens the event stream and reads up to its `subscribed` event; a read
+/// that waits longer than `patience` fails the test instead of hanging it.
+fn subscribe(api: &Path, patience: Duration) -> BufReader<UnixStream> {
     let mut s = UnixStream::connect(api).unwrap();
     write!(s, "GET /api/v1/vm.dax-events HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.set_read_timeout(Some(patience)).unwrap();
     let mut r = BufReader::new(s);
     let mut line = String::new();
     while !line.contains("event: subscribed") {
@@ -331,8 +325,8 @@ fn a_slow_event_subscriber_loses_events_and_is_told_while_the_vmm_keeps_serving(
     );
     assert_eq!(http(&api, "PUT", "/api/v1/vm.add-fs", &add_fs).0, 204);
 
-    let mut slow = subscribe(&api);
-    let fast_stream = subscribe(&api);
+    let mut slow = subscribe(&api, Duration::from_secs(60));
+    let fast_stream = subscribe(&api, Duration::from_secs(60));
     // More changes than the per-subscriber buffer plus what socket buffers
     // can hold, so the reader that stops must fall behind.
     const BURST: u64 = 3 * api::events::EVENT_BUFFER as u64;

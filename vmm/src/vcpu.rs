@@ -246,25 +246,26 @@ impl RunningVcpus {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_parked_thread_wakes_on_resume_and_on_stop() {
-        let control = Arc::new(VcpuControl::default());
+    /// Pauses, and returns a thread once it is parked.
+    fn parked_thread(control: &Arc<VcpuControl>) -> JoinHandle<()> {
         control.set(&control.pause, true);
         let c = control.clone();
         let t = std::thread::spawn(move || c.park_while_paused());
         while control.parked() == 0 {
             std::thread::yield_now();
         }
+        t
+    }
+
+    #[test]
+    fn a_parked_thread_wakes_on_resume_and_on_stop() {
+        let control = Arc::new(VcpuControl::default());
+        let t = parked_thread(&control);
         control.set(&control.pause, false);
         t.join().unwrap();
         assert_eq!(control.parked(), 0);
 
-        control.set(&control.pause, true);
-        let c = control.clone();
-        let t = std::thread::spawn(move || c.park_while_paused());
-        while control.parked() == 0 {
-            std::thread::yield_now();
-        }
+        let t = parked_thread(&control);
         control.set(&control.stop, true);
         t.join().unwrap();
     }

@@ -349,7 +349,8 @@ pub struct Vm {
     stdin: Option<(Arc<serial::InputRouter>, SharedSerial)>,
     // Guest RAM: KVM translates guest addresses into this mapping.
     _mem: GuestMemoryMmap,
-    _vm: Arc<VmFd>,
+    /// The KVM VM: its clock is saved and restored across a pause.
+    vm: Arc<VmFd>,
 }
 
 impl Vm {
@@ -415,7 +416,7 @@ impl Vm {
             _raw_terminal: raw_terminal,
             stdin,
             _mem: mem,
-            _vm: vm,
+            vm,
         })
     }
 
@@ -436,7 +437,7 @@ impl Vm {
     /// the guest's clock where it is.
     pub fn pause(&mut self) {
         self.vcpus.pause();
-        match self._vm.get_clock() {
+        match self.vm.get_clock() {
             Ok(clock) => self.paused_clock = Some(clock),
             Err(e) => log::warn!("KVM_GET_CLOCK: {e}; the guest will see the time it spent paused"),
         }
@@ -447,7 +448,7 @@ impl Vm {
             // Without KVM_CLOCK_REALTIME, KVM sets the clock to exactly this
             // value instead of advancing it by the time since.
             clock.flags = 0;
-            if let Err(e) = self._vm.set_clock(&clock) {
+            if let Err(e) = self.vm.set_clock(&clock) {
                 log::warn!("KVM_SET_CLOCK: {e}; the guest will see the time it spent paused");
             }
         }
