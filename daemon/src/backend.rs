@@ -7,10 +7,10 @@ use std::sync::{Arc, RwLock};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures};
 use vhost::vhost_user::Backend;
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use virtio_queue::QueueT;
+use virtio_queue::QueueOwnedT;
 use virtio_queue::DescriptorChain;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard};
 use vmm_sys_util::epoll::EventSet;
@@ -18,11 +18,14 @@ use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventF
 
 use crate::fuse::chain;
 use crate::fuse::server::Server;
+use crate::limits::Cap;
+use crate::vring::FsVring;
 use crate::workers::WorkerPool;
 use crate::GuestMemoryMmap;
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 type MemGuard = GuestMemoryLoadGuard<GuestMemoryMmap>;
+pub type Vring = FsVring<Mem>;
 
 pub struct FsBackend {
     pub server: Arc<Server>,
@@ -33,6 +36,14 @@ pub struct FsBackend {
     mem: RwLock<Option<Mem>>,
     /// `--thread-pool-size`: workers shared by all queues, or none.
     pool: Option<WorkerPool>,
+}
+
+/// Marks `vring` broken (once): it is served no more until the VMM sets it
+/// up again, and the VMM hears of it through the queue's error eventfd.
+fn broken(vring: &Vring, queue: u16, why: &str) {
+    if vring.mark_broken() {
+        log::error!("queue {queue}: {why}; the queue is stopped and the VMM told (DEVICE_NEEDS_RESET)");
+    }
 }
 
 impl FsBackend {
@@ -57,34 +68,41 @@ impl FsBackend {
     }
 
     /// Serves every request on the queue: here, or on the worker pool when
-    /// there is one (the worker then completes the request itself).
-    fn process_queue(&self, vring: &VringRwLock<Mem>) -> io::Result<()> {
+    /// there is one (the worker then completes the request itself). A queue
+    /// that cannot be served is marked broken, never retried in a loop.
+    fn process_queue(&self, queue: u16, vring: &Vring) {
         let Some(atomic) = self.mem.read().unwrap_or_else(|p| p.into_inner()).clone() else {
-            return Err(io::Error::other("queue kicked before the memory table arrived"));
+            return broken(vring, queue, "kicked before the memory table arrived");
         };
         let mem = atomic.memory();
-        loop {
-            let chain = vring.get_mut().get_queue_mut().pop_descriptor_chain(mem.clone());
-            let Some(chain) = chain else { break };
-            match &self.pool {
-                None => serve(&self.server, chain, vring)?,
-                Some(pool) => {
-                    let (server, vring) = (self.server.clone(), vring.clone());
-                    pool.submit(move || {
-                        if let Err(e) = serve(&server, chain, &vring) {
-                            log::error!("completing a request: {e}");
-                        }
-                    });
-                }
+        while !vring.is_broken() {
+            let next = {
+                let mut state = vring.get_mut();
+                // `iter` checks the guest's avail index against the queue
+                // size; `pop_descriptor_chain` would hide that error as "empty".
+                state.get_queue_mut().iter(mem.clone()).map(|mut it| it.next())
+            };
+            let chain = match next {
+                Ok(Some(chain)) => chain,
+                Ok(None) => break,
+                Err(e) => return broken(vring, queue, &format!("the guest's available ring is invalid: {e}")),
+            };
+            let Some(pool) = &self.pool else {
+                serve(&self.server, chain, queue, vring);
+                continue;
+            };
+            let (server, worker_vring) = (self.server.clone(), vring.clone());
+            if let Err(job) = pool.submit(move || serve(&server, chain, queue, &worker_vring)) {
+                self.server.fs.caps.hit(Cap::WorkerQueue, pool.depth() as u64);
+                job();
             }
         }
-        Ok(())
     }
 }
 
 /// Serves one request and puts it on the used ring, interrupting the guest
 /// if it asked to be.
-fn serve(server: &Server, chain: DescriptorChain<MemGuard>, vring: &VringRwLock<Mem>) -> io::Result<()> {
+fn serve(server: &Server, chain: DescriptorChain<MemGuard>, queue: u16, vring: &Vring) {
     let head = chain.head_index();
     let mem = chain.memory();
     let written = match chain::split(mem, chain.clone()) {
@@ -95,16 +113,20 @@ fn serve(server: &Server, chain: DescriptorChain<MemGuard>, vring: &VringRwLock<
         }
     };
     let mut state = vring.get_mut();
-    state.add_used(head, written as u32).map_err(|e| io::Error::other(format!("add_used: {e}")))?;
-    if state.needs_notification().unwrap_or(true) {
-        state.signal_used_queue()?;
+    if let Err(e) = state.add_used(head, written as u32) {
+        drop(state);
+        return broken(vring, queue, &format!("putting descriptor {head} on the used ring: {e}"));
     }
-    Ok(())
+    if state.needs_notification().unwrap_or(true) {
+        if let Err(e) = state.signal_used_queue() {
+            log::warn!("queue {queue}: interrupting the guest: {e}");
+        }
+    }
 }
 
 impl VhostUserBackend for FsBackend {
     type Bitmap = ();
-    type Vring = VringRwLock<Mem>;
+    type Vring = Vring;
 
     fn num_queues(&self) -> usize {
         self.num_queues
@@ -170,17 +192,89 @@ impl VhostUserBackend for FsBackend {
             .get(usize::from(device_event))
             .ok_or_else(|| io::Error::other(format!("event for queue {device_event}, which does not exist")))?;
         if self.event_idx.load(std::sync::atomic::Ordering::SeqCst) {
-            // Keep going until no request arrived while notifications were off.
-            loop {
-                vring.disable_notification().map_err(|e| io::Error::other(e.to_string()))?;
-                self.process_queue(vring)?;
-                if !vring.enable_notification().map_err(|e| io::Error::other(e.to_string()))? {
+            // Keep going until no request arrived while notifications were
+            // off. Each round pops at least one request or ends: a queue
+            // whose ring is invalid is broken, which stops the loop.
+            while !vring.is_broken() {
+                if let Err(e) = vring.disable_notification() {
+                    broken(vring, device_event, &format!("disabling notifications: {e}"));
                     break;
+                }
+                self.process_queue(device_event, vring);
+                match vring.enable_notification() {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(e) => broken(vring, device_event, &format!("enabling notifications: {e}")),
                 }
             }
         } else {
-            self.process_queue(vring)?;
+            self.process_queue(device_event, vring);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{AsRawFd, FromRawFd};
+
+    use vm_memory::{Bytes, GuestAddress};
+    use vmm_sys_util::eventfd::EventFd;
+    use vmm_sys_util::tempdir::TempDir;
+
+    use super::*;
+    use crate::dax::DaxMapper;
+    use crate::passthrough::{openat, CachePolicy, PassthroughFs};
+    use crate::policy::DaxPolicy;
+
+    const DESC: u64 = 0x1000;
+    const AVAIL: u64 = 0x2000;
+    const USED: u64 = 0x3000;
+
+    /// Finding 5: a guest that publishes an available index more than a
+    /// queue ahead made the EVENT_IDX loop spin at 100 % CPU (and a failed
+    /// add_used ended the queue's thread silently). Now the queue is marked
+    /// broken, the VMM's error eventfd is written once, and the event
+    /// handler returns (an error would end the thread).
+    #[test]
+    fn an_impossible_avail_index_breaks_the_queue_once_and_tells_the_vmm_instead_of_spinning() {
+        let dir = TempDir::new().unwrap();
+        let root = openat(libc::AT_FDCWD, &std::ffi::CString::new(dir.as_path().to_str().unwrap()).unwrap(), libc::O_PATH, 0).unwrap();
+        let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
+        let fs = PassthroughFs::new(root, proc_fd, CachePolicy::Never, Arc::new(DaxPolicy::new(policies::Policy::default()))).unwrap();
+        let backend = Arc::new(FsBackend::new(Arc::new(Server::new(fs, DaxMapper::new(2 << 20))), 1, 64, false, None));
+        backend.set_event_idx(true);
+        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
+        backend.update_memory(mem.clone()).unwrap();
+        let vrings: Vec<Vring> = (0..2).map(|_| Vring::new(mem.clone(), 64).unwrap()).collect();
+        let err = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let q = &vrings[1];
+        q.set_queue_size(64);
+        q.set_queue_info(DESC, AVAIL, USED).unwrap();
+        q.set_queue_event_idx(true);
+        q.set_queue_ready(true);
+        q.set_enabled(true);
+        // SAFETY: a duplicate of the eventfd, owned by the File from here on.
+        q.set_err(Some(unsafe { std::fs::File::from_raw_fd(libc::dup(err.as_raw_fd())) }));
+        // avail.idx = 1000 with next_avail 0: 1000 requests in a 64-entry ring.
+        mem.memory().write_obj(1000u16, GuestAddress(AVAIL + 2)).unwrap();
+
+        let (done, finished) = std::sync::mpsc::channel();
+        let (b, v) = (backend.clone(), vrings.clone());
+        std::thread::spawn(move || {
+            let r = b.handle_event(1, EventSet::IN, &v, 0);
+            let _ = done.send(r.is_ok());
+        });
+        // A hang detector, not a speed assertion: the old code never returned.
+        let returned = finished.recv_timeout(std::time::Duration::from_secs(60));
+        assert_eq!(returned, Ok(true), "handle_event returned Ok (the queue thread lives on)");
+        assert!(q.is_broken());
+        assert_eq!(err.read().unwrap(), 1, "the VMM was told once");
+        // Further kicks are ignored, with no second report.
+        assert!(backend.handle_event(1, EventSet::IN, &vrings, 0).is_ok());
+        assert!(err.read().is_err(), "no second error signal");
+        // The VMM setting the queue up again makes it servable.
+        q.set_queue_info(DESC, AVAIL, USED).unwrap();
+        assert!(!q.is_broken());
     }
 }

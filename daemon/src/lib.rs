@@ -6,13 +6,64 @@
 //! with its fd) → the VMM's `virtio_devices::vhost_user_fs::window`.
 
 pub mod backend;
+pub mod caps;
 pub mod control;
 pub mod dax;
 pub mod fuse;
+pub mod limits;
 pub mod passthrough;
 pub mod policy;
 pub mod sandbox;
+pub mod seccomp_filter;
+pub mod vring;
 pub mod workers;
 
 /// Guest memory as the daemon maps it from the VMM's memory table.
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
+
+/// Test builds only: the largest heap allocation since [`alloc_probe::reset`],
+/// so a test can show that a guest-given size never becomes an allocation.
+#[cfg(test)]
+pub mod alloc_probe {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+    pub struct Probe;
+
+    // SAFETY: forwards every call to the system allocator unchanged; only
+    // records the size asked for.
+    unsafe impl GlobalAlloc for Probe {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+            // SAFETY: the caller's contract is passed on as is.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+            // SAFETY: as above.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: as above.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            LARGEST.fetch_max(new_size, Ordering::Relaxed);
+            // SAFETY: as above.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static PROBE: Probe = Probe;
+
+    pub fn reset() {
+        LARGEST.store(0, Ordering::Relaxed);
+    }
+
+    pub fn largest() -> usize {
+        LARGEST.load(Ordering::Relaxed)
+    }
+}

@@ -13,7 +13,8 @@ use vm_memory::GuestMemoryAtomic;
 use daemon::backend::FsBackend;
 use daemon::dax::DaxMapper;
 use daemon::fuse::server::Server;
-use daemon::passthrough::{CachePolicy, PassthroughFs};
+use daemon::limits::Limits;
+use daemon::passthrough::{CachePolicy, PassthroughFs, XattrMode};
 use daemon::policy::DaxPolicy;
 use daemon::sandbox::{self, Sandbox};
 use daemon::workers::WorkerPool;
@@ -28,7 +29,16 @@ enum CacheArg {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum SandboxArg {
+    Namespace,
     Chroot,
+    None,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum SeccompArg {
+    Kill,
+    Trap,
+    Log,
     None,
 }
 
@@ -63,9 +73,36 @@ struct Cli {
     /// on that queue's own thread.
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
     thread_pool_size: u16,
-    /// Confinement: chroot into the shared directory, or none.
-    #[arg(long, value_enum, default_value = "chroot")]
+    /// Confinement: own mount/pid/network namespaces with the share as the
+    /// root (namespace), a chroot into the share, or none. See docs/security.md.
+    #[arg(long, value_enum, default_value = "namespace")]
     sandbox: SandboxArg,
+    /// What a system call outside the daemon's allowlist does: kill (report
+    /// it and end the daemon), trap (SIGSYS), log (kernel audit log), none.
+    #[arg(long, value_enum, default_value = "kill")]
+    seccomp: SeccompArg,
+    /// Serve extended attributes (off by default, as in virtiofsd); the
+    /// guest's non-`user.` names are stored as `user.virtiofs.<name>`.
+    #[arg(long, overrides_with = "no_xattr")]
+    xattr: bool,
+    /// Do not serve extended attributes (the default).
+    #[arg(long)]
+    no_xattr: bool,
+    /// Inodes the guest may hold at once (each an open fd); default: 1Mi,
+    /// or less to fit the open-file limit.
+    #[arg(long, value_name = "N")]
+    max_inodes: Option<u64>,
+    /// File and directory handles the guest may hold open at once; default
+    /// 64Ki, or less to fit the open-file limit.
+    #[arg(long, value_name = "N")]
+    max_handles: Option<u64>,
+    /// Largest extended attribute value served or stored (at most 65536).
+    #[arg(long, value_name = "BYTES")]
+    max_xattr_size: Option<u32>,
+    /// Requests that may wait for a --thread-pool-size worker at once; past
+    /// it the queue's own thread serves the request (default 1024).
+    #[arg(long, value_name = "N")]
+    worker_queue_depth: Option<usize>,
     #[arg(long, value_enum, default_value = "info")]
     log_level: LogLevel,
     /// Offer a DAX window (vhost-user SHMEM) to the VMM.
@@ -134,11 +171,17 @@ fn apply_compat_options(cli: &mut Cli) -> Result<(), String> {
                 cli.cache = CacheArg::from_str(v, true).map_err(|_| format!("-o cache={v}: expected never, auto or always"))?
             }
             ("announce_submounts", None) => cli.announce_submounts = true,
-            // Extended attributes are always served.
-            ("xattr", None) => {}
+            ("xattr", None) => {
+                cli.xattr = true;
+                cli.no_xattr = false;
+            }
+            ("no_xattr", None) => {
+                cli.xattr = false;
+                cli.no_xattr = true;
+            }
             _ => {
                 return Err(format!(
-                    "-o {opt}: not a supported option (supported: source=DIR, cache=never|auto|always, announce_submounts, xattr)"
+                    "-o {opt}: not a supported option (supported: source=DIR, cache=never|auto|always, announce_submounts, xattr, no_xattr)"
                 ))
             }
         }
@@ -166,26 +209,43 @@ fn run(mut cli: Cli) -> Result<(), String> {
         CacheArg::Always => CachePolicy::Always,
     };
     let sandbox_mode = match cli.sandbox {
+        SandboxArg::Namespace => Sandbox::Namespace,
         SandboxArg::Chroot => Sandbox::Chroot,
         SandboxArg::None => Sandbox::None,
     };
+    let seccomp_mode = match cli.seccomp {
+        SeccompArg::Kill => seccomp::Mode::Kill,
+        SeccompArg::Trap => seccomp::Mode::Trap,
+        SeccompArg::Log => seccomp::Mode::Log,
+        SeccompArg::None => seccomp::Mode::None,
+    };
     let nofile = sandbox::raise_nofile_limit(cli.rlimit_nofile).map_err(|e| format!("--rlimit-nofile: {e}"))?;
     log::debug!("open-file limit {nofile}");
+    let limits = Limits::for_nofile(nofile, cli.max_inodes, cli.max_handles, cli.max_xattr_size, cli.worker_queue_depth)
+        .map_err(|e| e.to_string())?;
     // The socket is bound before the sandbox closes the host's paths off.
     let mut listener = Listener::new(&cli.socket_path, true)
         .map_err(|e| format!("--socket-path {}: {e}", cli.socket_path.display()))?;
     let control = cli.control_socket.as_deref().map(daemon::control::bind).transpose().map_err(|e| e.to_string())?;
     let opened = sandbox::enter(&shared_dir, sandbox_mode).map_err(|e| e.to_string())?;
+    // Before the first thread: every thread inherits the filter.
+    if seccomp_mode == seccomp::Mode::Kill {
+        seccomp::install_sigsys_report().map_err(|e| format!("--seccomp: SIGSYS handler: {e}"))?;
+    }
+    seccomp::apply("daemon", &daemon::seccomp_filter::serving(), seccomp_mode).map_err(|e| format!("--seccomp: {e}"))?;
+    let how = opened.how;
     let mut fs = PassthroughFs::new(opened.root, opened.proc_self_fd, cache, Arc::new(DaxPolicy::new(policy)))
         .map_err(|e| format!("--shared-dir {}: {e}", shared_dir.display()))?;
     fs.announce_submounts = cli.announce_submounts;
+    fs.xattr = if cli.xattr { XattrMode::Mapped } else { XattrMode::Off };
+    fs.limits = limits;
     let server = Arc::new(Server::new(fs, DaxMapper::new(window)));
     if let Some(listener) = control {
         daemon::control::serve(listener, server.clone()).map_err(|e| format!("--control-socket: {e}"))?;
     }
     let pool = match cli.thread_pool_size {
         0 => None,
-        n => Some(WorkerPool::new(usize::from(n)).map_err(|e| format!("--thread-pool-size {n}: starting workers: {e}"))?),
+        n => Some(WorkerPool::new(usize::from(n), limits.worker_queue_depth).map_err(|e| format!("--thread-pool-size {n}: starting workers: {e}"))?),
     };
     let backend = Arc::new(FsBackend::new(
         server.clone(),
@@ -197,11 +257,12 @@ fn run(mut cli: Cli) -> Result<(), String> {
     let mut daemon = VhostUserDaemon::new("dax-virtiofsd".into(), backend, GuestMemoryAtomic::new(GuestMemoryMmap::new()))
         .map_err(|e| format!("starting the vhost-user daemon: {e}"))?;
     log::info!(
-        "serving {} on {} (window {} MiB, sandbox {:?}, cache {:?}, thread pool {})",
+        "serving {} on {} (window {} MiB, sandbox {how}, seccomp {:?}, xattr {}, cache {:?}, thread pool {})",
         shared_dir.display(),
         cli.socket_path.display(),
         window >> 20,
-        cli.sandbox,
+        cli.seccomp,
+        if cli.xattr { "mapped" } else { "off" },
         cli.cache,
         cli.thread_pool_size
     );
@@ -261,6 +322,10 @@ mod tests {
         let c = cli(&["-o", "source=/s,cache=always,xattr"]).unwrap();
         assert_eq!(c.shared_dir.as_deref(), Some(std::path::Path::new("/s")));
         assert!(matches!(c.cache, CacheArg::Always));
+        assert!(c.xattr, "-o xattr turns extended attributes on");
+        assert!(!cli(&["--shared-dir", "/s"]).unwrap().xattr, "off by default");
+        assert!(matches!(cli(&["--shared-dir", "/s"]).unwrap().sandbox, SandboxArg::Namespace));
+        assert!(matches!(cli(&["--shared-dir", "/s"]).unwrap().seccomp, SeccompArg::Kill));
         assert!(!c.announce_submounts);
     }
 

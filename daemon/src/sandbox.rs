@@ -1,27 +1,49 @@
-//! What the daemon does to itself before it serves a guest: open the shared
-//! directory and `/proc/self/fd`, optionally `chroot` into the share, and
-//! make `/proc/self/fd` the working directory (the xattr calls name inodes
-//! by their fd number relative to it).
+//! What the daemon does to itself before it serves a guest (virtiofsd's
+//! `--sandbox`), in this order, before any thread exists:
+//!
+//! - `namespace` (default): new mount, pid and network namespaces
+//!   (`unshare`, then a fork: the child is pid 1 of the new pid namespace and
+//!   serves; the parent only waits for it); mounts stop propagating to the
+//!   host; a fresh `/proc` for the new pid namespace; the shared directory
+//!   bind-mounted onto itself and made the root with `pivot_root`, the old
+//!   root detached. Where the host's root is the initial ramfs, which
+//!   `pivot_root` refuses, the share's mount is moved over `/` and
+//!   `chroot`ed into instead (as `switch_root` does) — safe because
+//!   `CAP_SYS_CHROOT` is dropped next, so the chroot cannot be left.
+//! - `chroot`: only the chroot, into the share, for hosts without
+//!   namespaces; the working directory is the new root.
+//! - `none`: no confinement of the file system view.
+//!
+//! Then, for `namespace` and `chroot`: the capability bounding set, the
+//! ambient set and the permitted/effective sets cut to [`caps::KEPT`]. In
+//! every mode: `no_new_privs`, and the seccomp filter (installed by `main`
+//! once the sandbox is entered, before the first thread).
+//!
+//! `/proc/self/fd` is opened before the root changes and kept as an fd; the
+//! daemon only ever opens single-number names relative to it (an inode's own
+//! fd), never `..`, and no process directory is ever made the working one.
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use crate::caps;
 use crate::passthrough::{cvt, openat};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sandbox {
-    /// chroot into the shared directory (needs CAP_SYS_CHROOT).
+    Namespace,
     Chroot,
-    /// No confinement beyond the daemon's own path handling.
     None,
 }
 
 pub struct Opened {
     pub root: OwnedFd,
     pub proc_self_fd: OwnedFd,
+    /// How the root was changed, for the log.
+    pub how: &'static str,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -30,29 +52,160 @@ pub enum SandboxError {
     SharedDir { path: String, source: io::Error },
     #[error("opening /proc/self/fd: {0} (is /proc mounted?)")]
     Proc(io::Error),
-    #[error("--sandbox chroot: {0} (run as root, or use --sandbox none)")]
-    Chroot(io::Error),
+    #[error("--sandbox {mode}: {step}: {source} (run as root, or use --sandbox none)")]
+    Step { mode: &'static str, step: &'static str, source: io::Error },
 }
 
+fn step(mode: &'static str, step: &'static str) -> impl Fn(io::Error) -> SandboxError {
+    move |source| SandboxError::Step { mode, step, source }
+}
+
+fn c_path(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn mount(src: &std::ffi::CStr, target: &std::ffi::CStr, fstype: Option<&std::ffi::CStr>, flags: libc::c_ulong) -> io::Result<()> {
+    let fstype = fstype.map_or(std::ptr::null(), |f| f.as_ptr());
+    // SAFETY: NUL-terminated strings (or null for the type), no data argument.
+    cvt(unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype, flags, std::ptr::null()) })?;
+    Ok(())
+}
+
+/// Enters the sandbox; returns the share's root fd and `/proc/self/fd`. With
+/// `Namespace` this returns in the forked child only: the parent waits and
+/// exits with the child's status.
 pub fn enter(shared_dir: &Path, mode: Sandbox) -> Result<Opened, SandboxError> {
     let shown = shared_dir.display().to_string();
-    let c = CString::new(shared_dir.as_os_str().as_bytes())
-        .map_err(|_| SandboxError::SharedDir { path: shown.clone(), source: io::Error::from_raw_os_error(libc::EINVAL) })?;
-    let root = openat(libc::AT_FDCWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0)
-        .map_err(|source| SandboxError::SharedDir { path: shown, source })?;
-    let proc_self_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(SandboxError::Proc)?;
-    if mode == Sandbox::Chroot {
-        // SAFETY: plain syscalls with NUL-terminated paths / owned fds.
-        cvt(unsafe { libc::fchdir(root.as_raw_fd()) }).map_err(SandboxError::Chroot)?;
-        // SAFETY: as above.
-        cvt(unsafe { libc::chroot(c".".as_ptr()) }).map_err(SandboxError::Chroot)?;
+    let shared_err = |source| SandboxError::SharedDir { path: shown.clone(), source };
+    let c_shared = c_path(shared_dir).map_err(shared_err)?;
+    // Checked first, so a typo is reported as such and not as a mount error.
+    drop(openat(libc::AT_FDCWD, &c_shared, libc::O_PATH | libc::O_DIRECTORY, 0).map_err(shared_err)?);
+    let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(40);
+    let opened = match mode {
+        Sandbox::None => {
+            let root = openat(libc::AT_FDCWD, &c_shared, libc::O_PATH | libc::O_DIRECTORY, 0).map_err(shared_err)?;
+            let proc_self_fd = open_proc_self_fd()?;
+            Opened { root, proc_self_fd, how: "none" }
+        }
+        Sandbox::Chroot => {
+            let proc_self_fd = open_proc_self_fd()?;
+            let e = |s| step("chroot", s);
+            // SAFETY: NUL-terminated path.
+            cvt(unsafe { libc::chdir(c_shared.as_ptr()) }).map_err(e("chdir"))?;
+            // SAFETY: as above.
+            cvt(unsafe { libc::chroot(c".".as_ptr()) }).map_err(e("chroot"))?;
+            // SAFETY: as above.
+            cvt(unsafe { libc::chdir(c"/".as_ptr()) }).map_err(e("chdir /"))?;
+            let root = openat(libc::AT_FDCWD, c"/", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(e("opening /"))?;
+            Opened { root, proc_self_fd, how: "chroot" }
+        }
+        Sandbox::Namespace => enter_namespaces(&c_shared)?,
+    };
+    if mode != Sandbox::None {
+        drop_capabilities(last_cap).map_err(step(if mode == Sandbox::Chroot { "chroot" } else { "namespace" }, "dropping capabilities"))?;
     }
-    // SAFETY: as above.
-    cvt(unsafe { libc::fchdir(proc_self_fd.as_raw_fd()) }).map_err(SandboxError::Proc)?;
+    seccomp::set_no_new_privs().map_err(step("any", "no_new_privs"))?;
     // New files get exactly the mode the guest asked for (it applied its umask).
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
-    Ok(Opened { root, proc_self_fd })
+    Ok(opened)
+}
+
+fn open_proc_self_fd() -> Result<OwnedFd, SandboxError> {
+    openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(SandboxError::Proc)
+}
+
+fn enter_namespaces(shared: &std::ffi::CStr) -> Result<Opened, SandboxError> {
+    let e = |s| step("namespace", s);
+    // SAFETY: unshare with flags only; no thread has been started yet, as
+    // a new pid namespace requires for the children that follow.
+    cvt(unsafe { libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET) }).map_err(e("unshare"))?;
+    // SAFETY: the process is single-threaded here, so the child is a
+    // complete copy; it returns to serve, the parent never returns.
+    let child = cvt(unsafe { libc::fork() }).map_err(e("fork"))?;
+    if child > 0 {
+        wait_for_child(child);
+    }
+    // The child dies with its parent, so killing the daemon's pid (what an
+    // orchestrator knows) ends the whole daemon.
+    // SAFETY: prctl with integer arguments.
+    cvt(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) }).map_err(e("PR_SET_PDEATHSIG"))?;
+    mount(c"none", c"/", None, libc::MS_REC | libc::MS_SLAVE).map_err(e("making / a slave mount"))?;
+    mount(c"proc", c"/proc", Some(c"proc"), libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_NOSUID | libc::MS_RELATIME)
+        .map_err(e("mounting /proc for the new pid namespace"))?;
+    let proc_self_fd = open_proc_self_fd()?;
+    mount(shared, shared, None, libc::MS_BIND | libc::MS_REC).map_err(e("bind-mounting the share"))?;
+    // SAFETY: NUL-terminated path.
+    cvt(unsafe { libc::chdir(shared.as_ptr()) }).map_err(e("chdir into the share"))?;
+    // SAFETY: pivot_root(".", ".") stacks the old root on the new one; both
+    // paths are NUL-terminated.
+    let how = if unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) } == 0 {
+        // SAFETY: detaches the old root stacked on "."; NUL-terminated path.
+        cvt(unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) }).map_err(e("detaching the old root"))?;
+        "namespace (pivot_root)"
+    } else {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINVAL) {
+            return Err(e("pivot_root")(err));
+        }
+        // The root is the initial ramfs: move the share over it instead.
+        mount(c".", c"/", None, libc::MS_MOVE).map_err(e("moving the share over / (initramfs root)"))?;
+        // SAFETY: NUL-terminated path.
+        cvt(unsafe { libc::chroot(c".".as_ptr()) }).map_err(e("chroot (initramfs root)"))?;
+        "namespace (initramfs root: move + chroot)"
+    };
+    // SAFETY: NUL-terminated path.
+    cvt(unsafe { libc::chdir(c"/".as_ptr()) }).map_err(e("chdir /"))?;
+    let root = openat(libc::AT_FDCWD, c"/", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(e("opening the new root"))?;
+    Ok(Opened { root, proc_self_fd, how })
+}
+
+/// The parent's whole life after the fork: wait, then exit as the child did.
+fn wait_for_child(child: libc::pid_t) -> ! {
+    // The parent keeps nothing the guest can reach, but it is confined all
+    // the same: it may only wait and exit.
+    let _ = seccomp::set_no_new_privs();
+    let waiting = [libc::SYS_wait4, libc::SYS_exit_group, libc::SYS_exit, libc::SYS_rt_sigreturn, libc::SYS_write];
+    if let Err(e) = seccomp::apply("daemon parent", &seccomp::calls(&waiting), seccomp::Mode::Kill) {
+        eprintln!("dax-virtiofsd: {e}");
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: `status` is writable; waits for our own child.
+        let r = unsafe { libc::waitpid(child, &mut status, 0) };
+        if r == child {
+            break;
+        }
+        if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            std::process::exit(1);
+        }
+    }
+    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
+    // SAFETY: _exit ends the process without running the child's share of
+    // atexit work (there is none to run in the parent).
+    unsafe { libc::_exit(code) }
+}
+
+/// Cuts the bounding, ambient, permitted and effective sets to `caps::KEPT`.
+fn drop_capabilities(last_cap: u32) -> io::Result<()> {
+    let kept = caps::mask(&caps::KEPT);
+    for cap in 0..=last_cap {
+        if kept & (1 << cap) == 0 {
+            // SAFETY: prctl with integer arguments; needs CAP_SETPCAP, which
+            // is dropped last (it is not in KEPT).
+            let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+            if r != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    // SAFETY: as above.
+    cvt(unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0) })?;
+    let now = caps::get()?;
+    caps::set(caps::CapSets { effective: now.permitted & kept, permitted: now.permitted & kept, inheritable: 0 })
 }
 
 /// Raises the open-file limit: every inode the guest holds is an open fd.
@@ -77,4 +230,9 @@ pub fn raise_nofile_limit(wanted: Option<u64>) -> io::Result<u64> {
         return Ok(capped.rlim_cur);
     }
     Ok(raised.rlim_cur)
+}
+
+/// Whether the calling process holds `cap` in its effective set.
+pub fn has_capability(cap: u32) -> bool {
+    caps::get().is_ok_and(|s| s.effective & (1 << cap) != 0)
 }

@@ -72,6 +72,7 @@ pub mod init {
     pub const CACHE_SYMLINKS: u64 = 1 << 23;
     pub const MAP_ALIGNMENT: u64 = 1 << 26;
     pub const SUBMOUNTS: u64 = 1 << 27;
+    pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
     pub const INIT_EXT: u64 = 1 << 30;
     pub const HAS_INODE_DAX: u64 = 1 << 33;
 }
@@ -100,6 +101,12 @@ pub mod setattr {
     pub const CTIME: u32 = 1 << 10;
     pub const KILL_SUIDGID: u32 = 1 << 11;
 }
+
+/// `fuse_open_in.open_flags` / `fuse_create_in.open_flags`: an `O_TRUNC`
+/// must clear setuid/setgid as for an unprivileged caller.
+pub const OPEN_KILL_SUIDGID: u32 = 1 << 0;
+/// `fuse_write_in.write_flags`: the write must clear setuid/setgid/caps.
+pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
 
 /// SETUPMAPPING flags.
 pub const SETUPMAPPING_FLAG_WRITE: u64 = 1 << 0;

@@ -269,11 +269,13 @@ impl Server {
             }
             opcode::OPEN => {
                 let a = b.obj::<abi::OpenIn>()?;
-                data(abi::OpenOut { fh: fs.open(n, a.flags)?, open_flags: self.open_flags(), backing_id: 0 })
+                let kill = a.open_flags & abi::OPEN_KILL_SUIDGID != 0;
+                data(abi::OpenOut { fh: fs.open(n, a.flags, kill)?, open_flags: self.open_flags(), backing_id: 0 })
             }
             opcode::CREATE => {
                 let a = b.obj::<abi::CreateIn>()?;
-                let (entry, fh) = fs.create(n, &b.name()?, a.mode, a.flags, caller)?;
+                let kill = a.open_flags & abi::OPEN_KILL_SUIDGID != 0;
+                let (entry, fh) = fs.create(n, &b.name()?, a.mode, a.flags, kill, caller)?;
                 let mut out = self.entry(entry).as_slice().to_vec();
                 out.extend_from_slice(abi::OpenOut { fh, open_flags: self.open_flags(), backing_id: 0 }.as_slice());
                 Reply::Data(out)
@@ -391,6 +393,7 @@ impl Server {
             | init::READDIRPLUS_AUTO
             | init::PARALLEL_DIROPS
             | init::MAX_PAGES
+            | init::HANDLE_KILLPRIV_V2
             | init::INIT_EXT;
         match self.fs.cache {
             CachePolicy::Auto => wanted |= init::AUTO_INVAL_DATA,
@@ -407,6 +410,7 @@ impl Server {
         let enabled = offered & wanted;
         self.fs.reset();
         self.fs.set_submounts(enabled & init::SUBMOUNTS != 0);
+        self.fs.set_killpriv_v2(enabled & init::HANDLE_KILLPRIV_V2 != 0);
         let minor = a.minor.min(abi::KERNEL_MINOR_VERSION);
         log::info!("FUSE INIT: guest 7.{}, serving 7.{minor}, flags {enabled:#x}", a.minor);
         let out = abi::InitOut {
@@ -448,7 +452,8 @@ impl Server {
             return Err(errno_error(libc::EINVAL));
         }
         let iovs = r.iovecs(size)?;
-        let n = self.fs.write_from(h.nodeid, a.fh, a.offset, &iovs)?;
+        let kill = a.write_flags & abi::WRITE_KILL_SUIDGID != 0;
+        let n = self.fs.write_from(h.nodeid, a.fh, a.offset, &iovs, kill)?;
         self.stats.fuse_writes.fetch_add(1, Relaxed);
         self.stats.fuse_write_bytes.fetch_add(n as u64, Relaxed);
         Ok(data(abi::WriteOut { size: n as u32, padding: 0 }))
@@ -492,3 +497,7 @@ impl Server {
 #[cfg(test)]
 #[path = "server_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "security_tests.rs"]
+mod security_tests;

@@ -19,19 +19,19 @@ const REQ: u64 = 0x1000;
 const REPLY: u64 = 0x40000;
 const REPLY_LEN: u32 = 0x20000;
 
-struct Rig {
-    mem: GuestMemoryMmap,
-    server: Server,
-    dir: TempDir,
+pub(super) struct Rig {
+    pub mem: GuestMemoryMmap,
+    pub server: Server,
+    pub dir: TempDir,
     unique: u64,
 }
 
-fn policy(json: &str) -> policies::Policy {
+pub(super) fn policy(json: &str) -> policies::Policy {
     policies::Policy::parse_json(json).unwrap()
 }
 
 impl Rig {
-    fn new(policy: policies::Policy) -> Rig {
+    pub fn new(policy: policies::Policy) -> Rig {
         let dir = TempDir::new().unwrap();
         let share = dir.as_path().to_path_buf();
         Rig::sharing(&share, dir, policy, false)
@@ -47,7 +47,7 @@ impl Rig {
     }
 
     /// Sends `opcode` on `nodeid` with `body`; returns (errno, reply payload).
-    fn call(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> (i32, Vec<u8>) {
+    pub fn call(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> (i32, Vec<u8>) {
         self.unique += 1;
         let hdr = InHeader { len: (40 + body.len()) as u32, opcode, unique: self.unique, nodeid, uid: 0, gid: 0, ..Default::default() };
         let mut req = hdr.as_slice().to_vec();
@@ -68,18 +68,18 @@ impl Rig {
         (-out.error, payload)
     }
 
-    fn ok(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> Vec<u8> {
+    pub fn ok(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> Vec<u8> {
         let (e, p) = self.call(opcode, nodeid, body);
         assert_eq!(e, 0, "opcode {opcode} failed with errno {e}");
         p
     }
 
-    fn init(&mut self) -> abi::InitOut {
+    pub fn init(&mut self) -> abi::InitOut {
         self.init_offering(0)
     }
 
     /// INIT as Linux sends it, offering `extra` flags (bits 0..32) too.
-    fn init_offering(&mut self, extra: u64) -> abi::InitOut {
+    pub fn init_offering(&mut self, extra: u64) -> abi::InitOut {
         let i = abi::InitIn {
             major: 7,
             minor: 38,
@@ -92,7 +92,7 @@ impl Rig {
     }
 
     /// LOOKUP; a negative entry (nodeid 0) reads as ENOENT.
-    fn lookup(&mut self, parent: u64, name: &str) -> Result<abi::EntryOut, i32> {
+    pub fn lookup(&mut self, parent: u64, name: &str) -> Result<abi::EntryOut, i32> {
         let (e, p) = self.call(opcode::LOOKUP, parent, &cstr(name));
         match e {
             0 if obj::<abi::EntryOut>(&p).nodeid == 0 => Err(libc::ENOENT),
@@ -102,19 +102,19 @@ impl Rig {
     }
 }
 
-fn obj<T: ByteValued + Default>(b: &[u8]) -> T {
+pub(super) fn obj<T: ByteValued + Default>(b: &[u8]) -> T {
     let mut v = T::default();
     v.as_mut_slice().copy_from_slice(&b[..size_of::<T>()]);
     v
 }
 
-fn cstr(s: &str) -> Vec<u8> {
+pub(super) fn cstr(s: &str) -> Vec<u8> {
     let mut v = s.as_bytes().to_vec();
     v.push(0);
     v
 }
 
-fn cat(parts: &[&[u8]]) -> Vec<u8> {
+pub(super) fn cat(parts: &[&[u8]]) -> Vec<u8> {
     parts.concat()
 }
 

@@ -91,7 +91,14 @@ impl PassthroughFs {
                 }
             };
             // SAFETY: plain syscall on an fd we own.
-            cvt(unsafe { libc::ftruncate64(file.as_raw_fd(), size) })?;
+            let truncate = || cvt(unsafe { libc::ftruncate64(file.as_raw_fd(), size) });
+            // FATTR_KILL_SUIDGID: truncate as an unprivileged caller would, so
+            // the host clears setuid/setgid (FUSE_HANDLE_KILLPRIV_V2).
+            if req.valid & setattr::KILL_SUIDGID != 0 && self.killpriv_v2() {
+                crate::caps::without_fsetid(truncate)?;
+            } else {
+                truncate()?;
+            }
         }
         if req.valid & (setattr::ATIME | setattr::MTIME) != 0 {
             self.set_times(&inode, req)?;

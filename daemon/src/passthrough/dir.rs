@@ -81,10 +81,14 @@ impl PassthroughFs {
 
     pub fn link(&self, nodeid: u64, newparent: u64, newname: &CStr) -> io::Result<(u64, libc::stat64)> {
         let (inode, dir) = (self.inode(nodeid)?, self.inode(newparent)?);
-        // SAFETY: AT_EMPTY_PATH links the O_PATH fd's own inode (needs
-        // CAP_DAC_READ_SEARCH, which a root daemon has); no path is resolved.
+        // Through the fd's proc link, not AT_EMPTY_PATH: that would need
+        // CAP_DAC_READ_SEARCH, which the sandbox drops. Following a proc fd
+        // link yields the inode the fd holds (a symlink itself, not its
+        // target), so no path inside the share is resolved.
+        let proc_name = Self::proc_name(&inode);
+        // SAFETY: both names are NUL-terminated and relative to directory fds.
         cvt(unsafe {
-            libc::linkat(inode.fd.as_raw_fd(), c"".as_ptr(), dir.fd.as_raw_fd(), newname.as_ptr(), libc::AT_EMPTY_PATH)
+            libc::linkat(self.proc_self_fd(), proc_name.as_ptr(), dir.fd.as_raw_fd(), newname.as_ptr(), libc::AT_SYMLINK_FOLLOW)
         })?;
         self.lookup(newparent, newname)
     }
@@ -105,7 +109,7 @@ impl PassthroughFs {
             return Err(errno_error(libc::ENOTDIR));
         }
         let file = self.reopen(&inode, libc::O_RDONLY | libc::O_DIRECTORY)?;
-        Ok(self.add_handle(file, nodeid))
+        self.add_handle(file, nodeid)
     }
 
     /// Entries from `offset` on, as many as `fits` accepts (it sees each

@@ -10,33 +10,73 @@ use std::os::fd::AsRawFd;
 use super::{cvt, errno_error, Caller, PassthroughFs};
 
 impl PassthroughFs {
-    pub fn open(&self, nodeid: u64, flags: u32) -> io::Result<u64> {
+    /// OPEN: only regular files are ever opened (directories go through
+    /// OPENDIR); a device node, FIFO or socket is refused without being
+    /// opened, so the guest cannot reach a host device or block a thread.
+    /// `kill_priv`: the guest asked (FUSE_OPEN_KILL_SUIDGID) that an
+    /// `O_TRUNC` clear setuid/setgid as an unprivileged open would.
+    pub fn open(&self, nodeid: u64, flags: u32, kill_priv: bool) -> io::Result<u64> {
         let inode = self.inode(nodeid)?;
         if !inode.is_reg() {
             return Err(errno_error(if inode.is_dir() { libc::EISDIR } else { libc::ELOOP }));
         }
-        let file = self.reopen(&inode, flags as i32)?;
-        Ok(self.add_handle(file, nodeid))
+        let file = if kill_priv && self.killpriv_v2() && flags as i32 & libc::O_TRUNC != 0 {
+            crate::caps::without_fsetid(|| self.reopen(&inode, flags as i32))?
+        } else {
+            self.reopen(&inode, flags as i32)?
+        };
+        self.add_handle(file, nodeid)
     }
 
-    /// CREATE: a new regular file in `parent`, opened; returns its lookup and handle.
+    /// CREATE: a new regular file in `parent`, opened; returns its lookup
+    /// and handle. The file is created with `O_EXCL`, so nothing that
+    /// already exists is opened by this call. When the guest did not ask for
+    /// `O_EXCL` and the name exists, the existing entry is opened as OPEN
+    /// would (regular files only): `MKNOD` then `CREATE` of a device node
+    /// gets an error, never the device (virtiofsd's CVE-2020-35517 class).
     pub fn create(
         &self,
         parent: u64,
         name: &CStr,
         mode: u32,
         flags: u32,
+        kill_priv: bool,
         caller: Caller,
     ) -> io::Result<((u64, libc::stat64), u64)> {
         let dir = self.inode(parent)?;
-        let flags = (flags as i32 | libc::O_CREAT | libc::O_NOFOLLOW) & !(libc::O_NOCTTY | libc::O_DIRECT);
-        let fd = super::openat(dir.fd.as_raw_fd(), name, flags, mode & 0o7777)?;
-        if let Err(e) = self.chown_new_entry(dir.fd.as_raw_fd(), name, caller) {
-            log::warn!("giving a new file to uid {} gid {}: {e}", caller.uid, caller.gid);
+        let flags = flags as i32 & !(libc::O_NOCTTY | libc::O_DIRECT);
+        let created = super::openat(
+            dir.fd.as_raw_fd(),
+            name,
+            flags | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+            mode & 0o7777,
+        );
+        match created {
+            Ok(fd) => {
+                if let Err(e) = self.chown_new_entry(dir.fd.as_raw_fd(), name, caller) {
+                    log::warn!("giving a new file to uid {} gid {}: {e}", caller.uid, caller.gid);
+                }
+                let entry = self.lookup(parent, name)?;
+                match self.add_handle(fd.into(), entry.0) {
+                    Ok(fh) => Ok((entry, fh)),
+                    Err(e) => {
+                        self.forget(entry.0, 1);
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
+                let entry = self.lookup(parent, name)?;
+                match self.open(entry.0, (flags & !(libc::O_CREAT | libc::O_EXCL)) as u32, kill_priv) {
+                    Ok(fh) => Ok((entry, fh)),
+                    Err(e) => {
+                        self.forget(entry.0, 1);
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) => Err(e),
         }
-        let entry = self.lookup(parent, name)?;
-        let fh = self.add_handle(fd.into(), entry.0);
-        Ok((entry, fh))
     }
 
     /// Reads into guest memory; returns the bytes read.
@@ -50,12 +90,17 @@ impl PassthroughFs {
         Ok(n as usize)
     }
 
-    /// Writes from guest memory; returns the bytes written.
-    pub fn write_from(&self, nodeid: u64, fh: u64, offset: u64, iovs: &[libc::iovec]) -> io::Result<usize> {
+    /// Writes from guest memory; returns the bytes written. `kill_priv`:
+    /// the guest asked (FUSE_WRITE_KILL_SUIDGID) that the write clear
+    /// setuid/setgid and file capabilities as a local unprivileged write does.
+    pub fn write_from(&self, nodeid: u64, fh: u64, offset: u64, iovs: &[libc::iovec], kill_priv: bool) -> io::Result<usize> {
         let h = self.handle(fh, nodeid)?;
         let offset = i64::try_from(offset).map_err(|_| errno_error(libc::EINVAL))?;
-        // SAFETY: as in read_into; the kernel only reads the buffers.
-        let n = cvt(unsafe { libc::pwritev64(h.file.as_raw_fd(), iovs.as_ptr(), iovs.len() as i32, offset) })?;
+        let write = || {
+            // SAFETY: as in read_into; the kernel only reads the buffers.
+            cvt(unsafe { libc::pwritev64(h.file.as_raw_fd(), iovs.as_ptr(), iovs.len() as i32, offset) })
+        };
+        let n = if kill_priv && self.killpriv_v2() { crate::caps::without_fsetid(write)? } else { write()? };
         Ok(n as usize)
     }
 

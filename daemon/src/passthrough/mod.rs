@@ -24,10 +24,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use crate::fuse::abi::ROOT_ID;
+use crate::limits::{Cap, CapCounters, Limits};
 use crate::policy::DaxPolicy;
 
 pub use attr::SetattrRequest;
 pub use dir::{DirEntry, DirEntryPlus};
+pub use xattr::XattrMode;
 
 /// `--cache`: how long the guest may trust what it was told.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +143,14 @@ pub struct PassthroughFs {
     pub announce_submounts: bool,
     /// The guest accepted FUSE_SUBMOUNTS at its last INIT.
     submounts_on: AtomicBool,
+    /// `--xattr`: whether extended attributes are served at all.
+    pub xattr: XattrMode,
+    /// Caps on what the guest can make the daemon hold.
+    pub limits: Limits,
+    /// Requests refused by each cap.
+    pub caps: CapCounters,
+    /// The guest accepted FUSE_HANDLE_KILLPRIV_V2 at its last INIT.
+    killpriv_v2: AtomicBool,
 }
 
 /// The identity of the guest process making a request.
@@ -177,6 +187,10 @@ impl PassthroughFs {
             attrs_nodax: AtomicU64::new(0),
             announce_submounts: false,
             submounts_on: AtomicBool::new(false),
+            xattr: XattrMode::Off,
+            limits: Limits::default(),
+            caps: CapCounters::default(),
+            killpriv_v2: AtomicBool::new(false),
         })
     }
 
@@ -193,11 +207,23 @@ impl PassthroughFs {
         Ok(h)
     }
 
-    fn add_handle(&self, file: std::fs::File, nodeid: u64) -> u64 {
+    /// Registers an open file; past `--max-handles` the file is closed
+    /// and the guest gets ENFILE.
+    fn add_handle(&self, file: std::fs::File, nodeid: u64) -> io::Result<u64> {
+        let mut handles = self.handles.write().unwrap_or_else(|p| p.into_inner());
+        if handles.len() as u64 >= self.limits.max_handles {
+            drop(handles);
+            self.caps.hit(Cap::Handles, self.limits.max_handles);
+            return Err(errno_error(libc::ENFILE));
+        }
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        let h = Arc::new(Handle { file, nodeid, dir_lock: Mutex::new(()) });
-        self.handles.write().unwrap_or_else(|p| p.into_inner()).insert(fh, h);
-        fh
+        handles.insert(fh, Arc::new(Handle { file, nodeid, dir_lock: Mutex::new(()) }));
+        Ok(fh)
+    }
+
+    /// Open handles now.
+    pub fn handle_count(&self) -> usize {
+        self.handles.read().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     pub fn release(&self, fh: u64, nodeid: u64) -> io::Result<()> {
@@ -245,6 +271,11 @@ impl PassthroughFs {
                 *inode.link.lock().unwrap_or_else(|p| p.into_inner()) = Some((parent, name.to_owned()));
                 return Ok((id, st));
             }
+        }
+        if map.by_id.len() as u64 >= self.limits.max_inodes {
+            drop(map);
+            self.caps.hit(Cap::Inodes, self.limits.max_inodes);
+            return Err(errno_error(libc::ENFILE));
         }
         let id = map.next_id;
         map.next_id += 1;
@@ -299,6 +330,16 @@ impl PassthroughFs {
         }
         parts.reverse();
         parts.join("/")
+    }
+
+    /// Records whether the guest's INIT took FUSE_HANDLE_KILLPRIV_V2.
+    pub fn set_killpriv_v2(&self, on: bool) {
+        self.killpriv_v2.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether the guest's INIT took FUSE_HANDLE_KILLPRIV_V2.
+    pub fn killpriv_v2(&self) -> bool {
+        self.killpriv_v2.load(Ordering::SeqCst)
     }
 
     /// Records whether the guest's INIT took FUSE_SUBMOUNTS.

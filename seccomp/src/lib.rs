@@ -1,0 +1,251 @@
+//! Seccomp allowlists, shared by the VMM and the daemon: each binary names
+//! the system calls a kind of thread makes; this crate turns such a list
+//! into a filter (rust-vmm's `seccompiler`), installs it, and reports a
+//! blocked call.
+//!
+//! A filter is installed on the calling thread and inherited by the threads
+//! it starts afterwards, so a thread that starts others must allow what
+//! they need too (filters stack: a call passes only if every filter on the
+//! thread allows it). `no_new_privs` is set with the first filter.
+//!
+//! The default action on a call outside the list is `SIGSYS` (Trap): the
+//! handler [`install_sigsys_report`] sets writes the call's number to stderr
+//! and ends the process, so a missing entry is a one-line diagnosis rather
+//! than a silent death, and a compromised thread gets no further.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch};
+
+/// A system call a thread may make, with all arguments or only with one
+/// argument among given values (e.g. `ioctl` with `FIONBIO` only).
+#[derive(Clone, Copy, Debug)]
+pub enum Allow {
+    Call(i64),
+    /// (syscall, argument index, the values allowed for it)
+    Arg(i64, u8, &'static [u64]),
+}
+
+fn rules(allowed: &[Allow]) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
+    let mut map: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for a in allowed {
+        match *a {
+            Allow::Call(nr) => {
+                map.insert(nr, Vec::new());
+            }
+            Allow::Arg(nr, index, values) => {
+                let entry = map.entry(nr).or_default();
+                for &v in values {
+                    let cond = SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)?;
+                    entry.push(SeccompRule::new(vec![cond])?);
+                }
+            }
+        }
+    }
+    Ok(map)
+}
+
+/// Every call in `nrs`, with any arguments.
+pub fn calls(nrs: &[i64]) -> Vec<Allow> {
+    nrs.iter().map(|&nr| Allow::Call(nr)).collect()
+}
+
+/// What happens to a call outside the allowlist (virtiofsd's `--seccomp`,
+/// Cloud Hypervisor's `--seccomp true|false|log`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// SIGSYS: reported on stderr, then the process ends.
+    Kill,
+    /// SIGSYS, left to whatever handles it (a debugger).
+    Trap,
+    /// Allowed and logged by the kernel (audit log): for finding missing entries.
+    Log,
+    /// No filter at all.
+    None,
+}
+
+impl Mode {
+    /// Parses a flag value: kill|trap|log|none, with true/false as Cloud
+    /// Hypervisor spells kill/none.
+    pub fn parse(flag: &str, value: &str) -> Result<Mode, String> {
+        match value {
+            "kill" | "true" => Ok(Mode::Kill),
+            "trap" => Ok(Mode::Trap),
+            "log" => Ok(Mode::Log),
+            "none" | "false" => Ok(Mode::None),
+            _ => Err(format!("{flag} {value}: expected kill, trap, log or none (true = kill, false = none)")),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    #[error("building the {kind} seccomp filter: {source}")]
+    Build { kind: &'static str, source: seccompiler::BackendError },
+    #[error("installing the {kind} seccomp filter: {source}")]
+    Install { kind: &'static str, source: seccompiler::Error },
+}
+
+/// Builds the filter for a thread `kind` that may make `syscalls`.
+pub fn build(kind: &'static str, syscalls: &[Allow], mode: Mode) -> Result<Option<BpfProgram>, SeccompError> {
+    let mismatch = match mode {
+        Mode::None => return Ok(None),
+        Mode::Kill | Mode::Trap => SeccompAction::Trap,
+        Mode::Log => SeccompAction::Log,
+    };
+    let rules = rules(syscalls).map_err(|source| SeccompError::Build { kind, source })?;
+    let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, TargetArch::x86_64)
+        .map_err(|source| SeccompError::Build { kind, source })?;
+    let program: BpfProgram = filter.try_into().map_err(|source| SeccompError::Build { kind, source })?;
+    Ok(Some(program))
+}
+
+/// Builds and installs the filter on the calling thread (and so on every
+/// thread it starts later).
+pub fn apply(kind: &'static str, syscalls: &[Allow], mode: Mode) -> Result<(), SeccompError> {
+    if let Some(program) = build(kind, syscalls, mode)? {
+        seccompiler::apply_filter(&program).map_err(|source| SeccompError::Install { kind, source })?;
+    }
+    Ok(())
+}
+
+/// Sets `no_new_privs`: nothing this process executes can gain privileges
+/// (set-user-ID bits, file capabilities). Seccomp filters need it too.
+pub fn set_no_new_privs() -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Installs the SIGSYS handler for [`Mode::Kill`]: it writes
+/// "`<program>`: seccomp: blocked system call N on thread T" to stderr and
+/// ends the process with status 159 (128 + SIGSYS).
+pub fn install_sigsys_report() -> std::io::Result<()> {
+    // SAFETY: an all-zero sigaction is valid to fill in; the handler only
+    // makes async-signal-safe calls (write, _exit).
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    action.sa_sigaction = sigsys_handler as *const () as usize;
+    action.sa_flags = libc::SA_SIGINFO;
+    // SAFETY: `action` is a valid sigaction; the old action is not wanted.
+    if unsafe { libc::sigaction(libc::SIGSYS, &action, std::ptr::null_mut()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Formats `n` in decimal into `buf`, returning the digits.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+extern "C" fn sigsys_handler(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // For SIGSYS the kernel fills `si_syscall` (an int 24 bytes into
+    // siginfo_t on x86-64, after si_call_addr), which libc does not name.
+    // SAFETY: the kernel passes a valid siginfo_t of 128 bytes.
+    let nr = unsafe { (info as *const u8).add(24).cast::<i32>().read_unaligned() };
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    let (mut a, mut b) = ([0u8; 20], [0u8; 20]);
+    let parts: [&[u8]; 5] = [
+        b"seccomp: blocked system call ",
+        decimal(nr as u64, &mut a),
+        b" on thread ",
+        decimal(tid as u64, &mut b),
+        b"; ending the process\n",
+    ];
+    for p in parts {
+        // SAFETY: write(2) is async-signal-safe; the buffers are live.
+        unsafe { libc::write(2, p.as_ptr().cast(), p.len()) };
+    }
+    // SAFETY: _exit is async-signal-safe and ends the process at once.
+    unsafe { libc::_exit(128 + libc::SIGSYS) };
+}
+
+/// The calling thread's `Seccomp:` and `NoNewPrivs:` lines from
+/// `/proc/thread-self/status`, for tests and diagnostics.
+pub fn thread_status() -> std::io::Result<(u32, u32)> {
+    let status = std::fs::read_to_string("/proc/thread-self/status")?;
+    let field = |name: &str| {
+        status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok()).unwrap_or(u32::MAX)
+    };
+    Ok((field("Seccomp:"), field("NoNewPrivs:")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_in_both_spellings_and_refuse_others_by_name() {
+        assert_eq!(Mode::parse("--seccomp", "kill"), Ok(Mode::Kill));
+        assert_eq!(Mode::parse("--seccomp", "true"), Ok(Mode::Kill));
+        assert_eq!(Mode::parse("--seccomp", "false"), Ok(Mode::None));
+        assert_eq!(
+            Mode::parse("--seccomp", "maybe"),
+            Err("--seccomp maybe: expected kill, trap, log or none (true = kill, false = none)".into())
+        );
+    }
+
+    #[test]
+    fn a_filter_blocks_what_it_does_not_list_on_its_own_thread_only() {
+        let (before, _) = thread_status().unwrap();
+        let t = std::thread::spawn(|| {
+            // Errno rather than Trap, so the test process survives.
+            let map: BTreeMap<i64, Vec<SeccompRule>> = [libc::SYS_getppid].iter().map(|&n| (n, vec![])).collect();
+            let filter =
+                SeccompFilter::new(map, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), TargetArch::x86_64)
+                    .unwrap();
+            let program: BpfProgram = filter.try_into().unwrap();
+            seccompiler::apply_filter(&program).unwrap();
+            // SAFETY: getppid has no preconditions.
+            let r = unsafe { libc::syscall(libc::SYS_getppid) };
+            (r, std::io::Error::last_os_error().raw_os_error(), thread_status().unwrap())
+        });
+        let (r, errno, (seccomp, nnp)) = t.join().unwrap();
+        assert_eq!((r, errno), (-1, Some(libc::EPERM)));
+        assert_eq!((seccomp, nnp), (2, 1));
+        assert_eq!(thread_status().unwrap().0, before, "other threads keep their filters");
+    }
+
+    #[test]
+    fn an_argument_rule_allows_only_the_listed_values() {
+        let t = std::thread::spawn(|| {
+            let allowed = [Allow::Arg(libc::SYS_prctl, 0, &[libc::PR_GET_NAME as u64]), Allow::Call(libc::SYS_exit)];
+            let mut map = rules(&allowed).unwrap();
+            // Everything else this test thread needs to finish.
+            for nr in [libc::SYS_futex, libc::SYS_munmap, libc::SYS_madvise, libc::SYS_rt_sigprocmask, libc::SYS_sigaltstack] {
+                map.insert(nr, vec![]);
+            }
+            let filter =
+                SeccompFilter::new(map, SeccompAction::Errno(libc::EPERM as u32), SeccompAction::Allow, TargetArch::x86_64)
+                    .unwrap();
+            let program: BpfProgram = filter.try_into().unwrap();
+            seccompiler::apply_filter(&program).unwrap();
+            let mut name = [0u8; 16];
+            // SAFETY: PR_GET_NAME writes at most 16 bytes into `name`.
+            let get = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+            // SAFETY: PR_SET_DUMPABLE takes an integer.
+            let set = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1) };
+            (get, set)
+        });
+        assert_eq!(t.join().unwrap(), (0, -1));
+    }
+
+    #[test]
+    fn decimal_formats_without_allocating() {
+        let mut b = [0u8; 20];
+        assert_eq!(decimal(0, &mut b), b"0");
+        assert_eq!(decimal(4096, &mut b), b"4096");
+        assert_eq!(decimal(u64::MAX, &mut b), b"18446744073709551615");
+    }
+}
