@@ -144,6 +144,18 @@ pub fn render(devices: &[FsDaxStatus], daemon_stats: &[Option<Value>], faults: P
     per_device(&mut w, &rows, "daxvmm_fs_requests_total", "counter", "FUSE requests the daemon served", daemon("requests"));
     per_device(&mut w, &rows, "daxvmm_fs_setupmappings_total", "counter", "FUSE_SETUPMAPPING requests the daemon served", daemon("setupmappings"));
     per_device(&mut w, &rows, "daxvmm_fs_removemappings_total", "counter", "FUSE_REMOVEMAPPING requests the daemon served", daemon("removemappings"));
+    let refusals: Vec<(&str, &str, u64)> = rows
+        .iter()
+        .filter_map(|(d, s)| s.and_then(|s| s.get("cap_refusals")).and_then(Value::as_object).map(|m| (d.id.as_str(), m)))
+        .flat_map(|(id, m)| m.iter().filter_map(move |(cap, n)| n.as_u64().map(|n| (id, cap.as_str(), n))))
+        .collect();
+    if !refusals.is_empty() {
+        w.family("daxvmm_fs_cap_refusals_total", "counter", "Guest requests the daemon refused because a cap was reached, by cap");
+        for (id, cap, n) in refusals {
+            w.sample("daxvmm_fs_cap_refusals_total", &[("device", id), ("cap", cap)], n);
+        }
+    }
+    per_device(&mut w, &rows, "daxvmm_fs_handles", "gauge", "File and directory handles the guest holds open in the daemon", daemon("handles"));
     per_device(&mut w, &rows, "daxvmm_fs_policy_generation", "gauge", "Generation of the DAX policy the daemon has in force", daemon("policy_generation"));
 
     w.family("daxvmm_process_page_faults_total", "counter", "Page faults taken by the VMM process (guest accesses to the window fault here)");
@@ -179,7 +191,7 @@ mod tests {
 
     #[test]
     fn renders_families_once_with_device_labels() {
-        let stats = json!({"file_attrs_dax": 5, "file_attrs_nodax": 7, "fuse_reads": 2, "requests": 40});
+        let stats = json!({"file_attrs_dax": 5, "file_attrs_nodax": 7, "fuse_reads": 2, "requests": 40, "handles": 3, "cap_refusals": {"inodes": 4, "handles": 0}});
         let text = render(&[device("fs0"), device("fs\"1")], &[Some(stats), None], PageFaults { minor: 10, major: 1 });
         assert_eq!(text.matches("# TYPE daxvmm_dax_maps_total counter").count(), 1);
         assert!(text.contains("daxvmm_dax_maps_total{device=\"fs0\"} 3\n"));
@@ -192,6 +204,8 @@ mod tests {
         assert!(!text.contains("daxvmm_fs_file_attrs_dax_total{device=\"fs\\\"1\"}"), "no daemon stats, no sample");
         assert!(text.contains("daxvmm_process_page_faults_total{kind=\"major\"} 1\n"));
         assert!(text.contains("daxvmm_dax_resident_bytes{device=\"fs0\"} 8192\n"));
+        assert!(text.contains("daxvmm_fs_cap_refusals_total{device=\"fs0\",cap=\"inodes\"} 4\n"));
+        assert!(text.contains("daxvmm_fs_handles{device=\"fs0\"} 3\n"));
     }
 
     #[test]

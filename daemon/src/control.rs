@@ -31,6 +31,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::fuse::server::Server;
+use crate::limits::Cap;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -108,6 +109,8 @@ async fn stats(State(server): State<Arc<Server>>) -> Json<Value> {
         "policy_generation": server.fs.policy.current().generation,
         "file_attrs_dax": server.fs.attrs_dax.load(Relaxed),
         "file_attrs_nodax": server.fs.attrs_nodax.load(Relaxed),
+        "handles": server.fs.handle_count(),
+        "cap_refusals": Cap::ALL.iter().map(|&c| (c.name().to_string(), Value::from(server.fs.caps.get(c)))).collect::<serde_json::Map<String, Value>>(),
     }))
 }
 

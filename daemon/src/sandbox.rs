@@ -168,6 +168,9 @@ fn wait_for_child(child: libc::pid_t) -> ! {
     // The parent keeps nothing the guest can reach, but it is confined all
     // the same: it may only wait and exit.
     let _ = seccomp::set_no_new_privs();
+    if let Err(e) = caps::set(caps::CapSets::default()) {
+        eprintln!("dax-virtiofsd: dropping the waiting parent's capabilities: {e}");
+    }
     let waiting = [libc::SYS_wait4, libc::SYS_exit_group, libc::SYS_exit, libc::SYS_rt_sigreturn, libc::SYS_write];
     if let Err(e) = seccomp::apply("daemon parent", &seccomp::calls(&waiting), seccomp::Mode::Kill) {
         eprintln!("dax-virtiofsd: {e}");

@@ -89,6 +89,13 @@ pub trait VirtioDevice: Send {
     /// case the transport sets DEVICE_NEEDS_RESET and the device stays as it is.
     fn reset(&mut self) -> bool;
 
+    /// True when the device found itself broken while running (e.g. its
+    /// vhost-user backend reported a queue error): the transport then shows
+    /// DEVICE_NEEDS_RESET in the status the driver reads.
+    fn needs_reset(&self) -> bool {
+        false
+    }
+
     /// Shared memory regions the device owns, by id.
     fn shm_regions(&self) -> Vec<SharedMemoryRegion> {
         Vec::new()

@@ -46,6 +46,9 @@ impl VirtioState {
     }
 
     pub fn status(&self) -> u32 {
+        if self.activated && self.device.needs_reset() {
+            return self.status | VIRTIO_CONFIG_S_NEEDS_RESET;
+        }
         self.status
     }
 

@@ -21,10 +21,12 @@ pub enum FailureReason {
     BadFd,
     /// mmap itself failed (e.g. a writable mapping of a read-only fd).
     MapFailed,
+    /// The request would leave more separate mappings than the cap allows.
+    TooManyMappings,
 }
 
 impl FailureReason {
-    pub const ALL: [FailureReason; 7] = [
+    pub const ALL: [FailureReason; 8] = [
         FailureReason::UnknownRegion,
         FailureReason::ZeroLength,
         FailureReason::OutOfBounds,
@@ -32,6 +34,7 @@ impl FailureReason {
         FailureReason::BadFlags,
         FailureReason::BadFd,
         FailureReason::MapFailed,
+        FailureReason::TooManyMappings,
     ];
 
     /// The label metrics publish it under.
@@ -44,6 +47,7 @@ impl FailureReason {
             FailureReason::BadFlags => "bad_flags",
             FailureReason::BadFd => "bad_fd",
             FailureReason::MapFailed => "map_failed",
+            FailureReason::TooManyMappings => "too_many_mappings",
         }
     }
 
@@ -63,7 +67,7 @@ pub struct DaxMetrics {
     pub bytes_mapped: AtomicU64,
     /// Unmaps that dropped every mapping at once (device reset, daemon gone).
     pub resets: AtomicU64,
-    failures: [AtomicU64; 7],
+    failures: [AtomicU64; 8],
     latency_buckets: [AtomicU64; MAP_LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
 }

@@ -93,6 +93,9 @@ pub struct VhostUserFs {
     requests: Option<Arc<Mutex<FrontendReqHandler<DaxRequestHandler>>>>,
     /// Set once the daemon is gone; the device then stays failed.
     failed: Arc<AtomicBool>,
+    /// Set when the daemon reports a queue error (SET_VRING_ERR eventfd);
+    /// cleared by a reset.
+    queue_error: Arc<AtomicBool>,
     worker: Option<Worker>,
     active_queues: usize,
 }
@@ -186,6 +189,7 @@ impl VhostUserFs {
             window_guest_addr: 0,
             requests,
             failed: Arc::new(AtomicBool::new(false)),
+            queue_error: Arc::new(AtomicBool::new(false)),
             worker: None,
             active_queues: 0,
         })
@@ -220,13 +224,15 @@ impl VhostUserFs {
     /// Hands the daemon guest RAM and the rings. Each queue's used-buffer
     /// notifications go straight to the transport's irqfd when it has one
     /// (virtio-PCI with MSI-X); otherwise to an eventfd the device's worker
-    /// relays through `trigger` — returned as (queue index, eventfd).
+    /// relays through `trigger` — returned as (queue index, eventfd), with
+    /// every queue's error eventfd (SET_VRING_ERR), which the worker watches.
+    #[allow(clippy::type_complexity)]
     fn setup_rings(
         &mut self,
         mem: &GuestMemoryMmap,
         queues: &[ActivatedQueue],
         interrupt: &dyn VirtioInterrupt,
-    ) -> Result<Vec<(u16, EventFd)>, ActivateError> {
+    ) -> Result<(Vec<(u16, EventFd)>, Vec<(u16, EventFd)>), ActivateError> {
         let id = self.id.clone();
         let err = |what: &str, e: vhost::Error| ActivateError::Device(format!("fs {id}: {what}: {e}"));
         let features = self.acked | (self.backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
@@ -243,6 +249,7 @@ impl VhostUserFs {
                 .map_err(|e| ActivateError::Device(format!("fs {id}: queue {what} at {:#x}: {e}", addr.0)))
         };
         let mut relayed = Vec::new();
+        let mut errors = Vec::new();
         for q in queues {
             let i = usize::from(q.index);
             let queue = &q.queue;
@@ -267,6 +274,9 @@ impl VhostUserFs {
                 }
             }
             self.frontend.set_vring_kick(i, &q.kick).map_err(|e| err("SET_VRING_KICK", e))?;
+            let error = EventFd::new(libc::EFD_NONBLOCK)?;
+            self.frontend.set_vring_err(i, &error).map_err(|e| err("SET_VRING_ERR", e))?;
+            errors.push((q.index, error));
         }
         for q in queues {
             self.frontend.set_vring_enable(usize::from(q.index), true).map_err(|e| err("SET_VRING_ENABLE", e))?;
@@ -277,7 +287,7 @@ impl VhostUserFs {
             queues.len() - relayed.len(),
             relayed.len()
         );
-        Ok(relayed)
+        Ok((relayed, errors))
     }
 }
 
@@ -311,12 +321,15 @@ impl VirtioDevice for VhostUserFs {
         if self.failed() {
             return Err(ActivateError::Device(format!("fs {}: the daemon has gone away", self.id)));
         }
-        let calls = self.setup_rings(&mem.memory(), &queues, interrupt.as_ref())?;
+        let (calls, errors) = self.setup_rings(&mem.memory(), &queues, interrupt.as_ref())?;
+        self.queue_error.store(false, Ordering::SeqCst);
         self.active_queues = queues.len();
         let (stop, thread) = worker::spawn(worker::WorkerContext {
             id: self.id.clone(),
             interrupt,
             calls,
+            errors,
+            queue_error: self.queue_error.clone(),
             requests: self.requests.clone(),
             window: self.window.clone(),
             failed: self.failed.clone(),
@@ -341,7 +354,12 @@ impl VirtioDevice for VhostUserFs {
         }
         self.active_queues = 0;
         self.acked = 0;
+        self.queue_error.store(false, Ordering::SeqCst);
         true
+    }
+
+    fn needs_reset(&self) -> bool {
+        self.queue_error.load(Ordering::SeqCst)
     }
 
     fn shm_regions(&self) -> Vec<SharedMemoryRegion> {

@@ -29,6 +29,8 @@ pub enum WindowError {
     Reserve { size: u64, source: std::io::Error },
     #[error("the DAX window size must be a non-zero multiple of the host page size ({page} bytes), got {size}")]
     Size { size: u64, page: u64 },
+    #[error("the DAX window size {size} is over the limit of {MAX_WINDOW_SIZE} bytes (256 GiB)")]
+    TooLarge { size: u64 },
 }
 
 /// A refused or failed request, with what the backend is told.
@@ -64,6 +66,19 @@ pub trait WindowObserver: Send + Sync {
 /// The guest maps the window in ranges of this size (`FUSE_DAX_SZ`).
 pub const GUEST_RANGE_SIZE: u64 = 2 << 20;
 
+/// Largest window a device may have, whoever sizes it (`cache_size`, or the
+/// daemon's GET_SHMEM_CONFIG when that is omitted): address space and a KVM
+/// memory slot are reserved for all of it.
+pub const MAX_WINDOW_SIZE: u64 = 256 << 30;
+
+/// Default cap on separate mappings in one window. Each mapping is a VMA of
+/// this process, and a split range up to three; Linux refuses new mappings
+/// past `vm.max_map_count` (65530 by default), after which the VMM's own
+/// allocations and thread stacks would fail. 16384 ranges, at most ~32k
+/// VMAs, leaves the rest for the VMM; a guest using 2 MiB ranges needs one
+/// per 2 MiB of window (512 per GiB).
+pub const DEFAULT_MAX_MAPPINGS: usize = 16384;
+
 /// The file ranges currently mapped, as disjoint `[start, end)` offsets.
 #[derive(Default, Debug)]
 struct MappedRanges(BTreeMap<u64, u64>);
@@ -93,6 +108,16 @@ impl MappedRanges {
         removed
     }
 
+    /// How many ranges there would be after `[start, end)` is mapped
+    /// (`mapped`) or unmapped: overlapped ranges go, the pieces they leave
+    /// outside the request stay, and a mapping adds itself.
+    fn count_after(&self, start: u64, end: u64, mapped: bool) -> usize {
+        let overlapping: Vec<(u64, u64)> =
+            self.0.range(..end).rev().take_while(|(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect();
+        let pieces = overlapping.iter().filter(|&&(s, _)| s < start).count() + overlapping.iter().filter(|&&(_, e)| e > end).count();
+        self.0.len() - overlapping.len() + pieces + usize::from(mapped)
+    }
+
     fn insert(&mut self, start: u64, end: u64) -> u64 {
         let replaced = self.remove(start, end);
         self.0.insert(start, end);
@@ -119,6 +144,7 @@ pub struct DaxWindow {
     host_addr: u64,
     size: u64,
     page_size: u64,
+    max_mappings: usize,
     mapped: Mutex<MappedRanges>,
     pub metrics: DaxMetrics,
     observer: OnceLock<Arc<dyn WindowObserver>>,
@@ -150,12 +176,37 @@ impl DaxWindow {
         if size == 0 || !size.is_multiple_of(page_size) || usize::try_from(size).is_err() {
             return Err(WindowError::Size { size, page: page_size });
         }
+        if size > MAX_WINDOW_SIZE {
+            return Err(WindowError::TooLarge { size });
+        }
         let host_addr = map_none(0, size, false).map_err(|source| WindowError::Reserve { size, source })?;
-        Ok(DaxWindow { host_addr, size, page_size, mapped: Mutex::new(MappedRanges::default()), metrics: DaxMetrics::default(), observer: OnceLock::new() })
+        Ok(DaxWindow { host_addr, size, page_size, max_mappings: DEFAULT_MAX_MAPPINGS, mapped: Mutex::new(MappedRanges::default()), metrics: DaxMetrics::default(), observer: OnceLock::new() })
     }
 
     pub fn host_addr(&self) -> u64 {
         self.host_addr
+    }
+
+    /// Sets the cap on separate mappings (default [`DEFAULT_MAX_MAPPINGS`]).
+    pub fn set_max_mappings(&mut self, max: usize) {
+        self.max_mappings = max.max(1);
+    }
+
+    /// Refuses a request that would leave more than `max_mappings` ranges.
+    fn check_count(&self, mapped: &MappedRanges, start: u64, end: u64, map: bool) -> Result<(), RequestError> {
+        let after = mapped.count_after(start, end, map);
+        if after > self.max_mappings && after > mapped.0.len() {
+            return Err(RequestError::new(
+                FailureReason::TooManyMappings,
+                libc::ENOSPC,
+                format!(
+                    "{} of window offset {start:#x}..{end:#x} would leave {after} separate mappings, over the cap of {}",
+                    if map { "mapping" } else { "unmapping" },
+                    self.max_mappings
+                ),
+            ));
+        }
+        Ok(())
     }
 
     pub fn size(&self) -> u64 {
@@ -286,6 +337,7 @@ impl DaxWindow {
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
         // Held across the mmap so the range bookkeeping matches the mappings.
         let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+        self.check_count(&mapped, shm_offset, end, true)?;
         let addr = self.host_addr + shm_offset;
         // SAFETY: [addr, addr + len) lies inside the reserved window (checked
         // above), which this process owns and no Rust reference points into;
@@ -309,7 +361,7 @@ impl DaxWindow {
 
     /// SHMEM_UNMAP: puts `PROT_NONE` anonymous memory back over the range.
     pub fn unmap(&self, req: &VhostUserMMap) -> Result<(), RequestError> {
-        let result = self.check(req).and_then(|end| self.unmap_range(req.shm_offset, end));
+        let result = self.check(req).and_then(|end| self.unmap_range(req.shm_offset, end, true));
         let (offset, len) = (req.shm_offset, req.len);
         match &result {
             Ok(()) => {
@@ -324,8 +376,13 @@ impl DaxWindow {
         result
     }
 
-    fn unmap_range(&self, start: u64, end: u64) -> Result<(), RequestError> {
+    /// `capped`: refuse an unmap that would split ranges past the cap (a
+    /// reset, which unmaps everything, never is).
+    fn unmap_range(&self, start: u64, end: u64, capped: bool) -> Result<(), RequestError> {
         let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+        if capped {
+            self.check_count(&mapped, start, end, false)?;
+        }
         map_none(self.host_addr + start, end - start, true).map_err(|e| {
             RequestError::new(
                 FailureReason::MapFailed,
@@ -340,7 +397,7 @@ impl DaxWindow {
 
     /// Drops every mapping (device reset, daemon gone).
     pub fn clear(&self) {
-        if self.unmap_range(0, self.size).is_ok() {
+        if self.unmap_range(0, self.size, false).is_ok() {
             self.metrics.resets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.notify(WindowEvent::Reset);
         } else {

@@ -133,6 +133,46 @@ fn window_size_must_be_whole_pages() {
     assert!(DaxWindow::new(PAGE + 1).err().unwrap().to_string().contains("multiple of the host page size"));
 }
 
+/// Finding 4: every SHMEM_MAP was its own mapping with no bound, so a
+/// daemon (or a guest through it) could pass `vm.max_map_count` and make
+/// the VMM's next allocation abort it. Past the cap a map — and an unmap
+/// that would split a range — is refused with ENOSPC and counted; what is
+/// mapped stays mapped, and requests that do not add mappings still work.
+#[test]
+fn separate_mappings_are_capped_with_enospc_and_the_window_keeps_serving() {
+    let mut w = DaxWindow::new(WINDOW).unwrap();
+    w.set_max_mappings(3);
+    let f = file_with(16);
+    // Every other page: three separate mappings.
+    for i in 0..3 {
+        w.map(&req(0, 0, 2 * i * PAGE, PAGE, 0), f.as_file()).unwrap();
+    }
+    let e = w.map(&req(0, 0, 8 * PAGE, PAGE, 0), f.as_file()).unwrap_err();
+    assert_eq!((e.errno, e.reason), (libc::ENOSPC, FailureReason::TooManyMappings));
+    assert!(e.message.contains("over the cap of 3"), "{e}");
+    assert!(is_prot_none(&w, 8 * PAGE), "the refused range stays unmapped");
+    assert_eq!(peek(&w, 2 * PAGE), b'a', "earlier mappings stay");
+    // Replacing an existing range adds nothing: allowed.
+    w.map(&req(0, PAGE, 2 * PAGE, PAGE, 0), f.as_file()).unwrap();
+    assert_eq!(peek(&w, 2 * PAGE), b'b');
+    // A map that covers two ranges merges them in the count: allowed, and
+    // then there is room again.
+    w.map(&req(0, 0, 0, 3 * PAGE, 0), f.as_file()).unwrap();
+    w.map(&req(0, 0, 8 * PAGE, PAGE, 0), f.as_file()).unwrap();
+    // Splitting a range by unmapping its middle would make a fourth.
+    let e = w.unmap(&req(0, 0, PAGE, PAGE, 0)).unwrap_err();
+    assert_eq!(e.errno, libc::ENOSPC);
+    w.unmap(&req(0, 0, 0, 3 * PAGE, 0)).unwrap();
+    assert_eq!(w.metrics.snapshot().failures.iter().find(|(r, _)| *r == "too_many_mappings").map(|f| f.1), Some(2));
+    assert_eq!(DEFAULT_MAX_MAPPINGS, 16384);
+}
+
+#[test]
+fn window_size_is_bounded_whoever_declares_it() {
+    let e = DaxWindow::new(MAX_WINDOW_SIZE + (2 << 20)).err().unwrap();
+    assert!(e.to_string().contains("over the limit of 274877906944 bytes (256 GiB)"), "{e}");
+}
+
 #[test]
 fn mapped_ranges_split_and_merge() {
     let mut m = MappedRanges::default();

@@ -27,6 +27,11 @@ pub struct WorkerContext {
     pub interrupt: Arc<dyn VirtioInterrupt>,
     /// The queues whose calls this thread relays: (queue index, call eventfd).
     pub calls: Vec<(u16, EventFd)>,
+    /// Every queue's error eventfd (SET_VRING_ERR): the daemon writes it when
+    /// it stops serving the queue.
+    pub errors: Vec<(u16, EventFd)>,
+    /// Set when a queue error arrives: the transport shows DEVICE_NEEDS_RESET.
+    pub queue_error: Arc<AtomicBool>,
     pub requests: Option<Arc<Mutex<FrontendReqHandler<DaxRequestHandler>>>>,
     pub window: Option<Arc<DaxWindow>>,
     pub failed: Arc<AtomicBool>,
@@ -38,6 +43,8 @@ pub struct WorkerContext {
 const STOP: u64 = u64::MAX;
 const REQUESTS: u64 = u64::MAX - 1;
 const MAIN_SOCKET: u64 = u64::MAX - 2;
+/// Error eventfds are registered as ERROR_BASE + their index in `errors`.
+const ERROR_BASE: u64 = 1 << 32;
 
 pub fn spawn(ctx: WorkerContext) -> std::io::Result<(EventFd, JoinHandle<()>)> {
     let stop = EventFd::new(libc::EFD_NONBLOCK)?;
@@ -46,6 +53,9 @@ pub fn spawn(ctx: WorkerContext) -> std::io::Result<(EventFd, JoinHandle<()>)> {
     add(stop.as_raw_fd(), STOP)?;
     for (slot, (_, call)) in ctx.calls.iter().enumerate() {
         add(call.as_raw_fd(), slot as u64)?;
+    }
+    for (slot, (_, error)) in ctx.errors.iter().enumerate() {
+        add(error.as_raw_fd(), ERROR_BASE + slot as u64)?;
     }
     epoll.ctl(ControlOperation::Add, ctx.main_socket, EpollEvent::new(EventSet::READ_HANG_UP, MAIN_SOCKET))?;
     if let Some(r) = &ctx.requests {
@@ -78,6 +88,12 @@ fn run(ctx: WorkerContext, epoll: Epoll) {
                 REQUESTS => {
                     if !serve_request(&ctx, &epoll, ev.event_set()) {
                         daemon_gone(&ctx);
+                    }
+                }
+                slot if slot >= ERROR_BASE => {
+                    let Some((queue, error)) = ctx.errors.get((slot - ERROR_BASE) as usize) else { continue };
+                    if error.read().is_ok() {
+                        queue_error(&ctx, *queue);
                     }
                 }
                 slot => {
@@ -119,6 +135,21 @@ fn serve_request(ctx: &WorkerContext, epoll: &Epoll, events: EventSet) -> bool {
     // Hang-up, or a broken channel: stop watching it.
     let _ = epoll.ctl(ControlOperation::Delete, requests.as_raw_fd(), EpollEvent::default());
     false
+}
+
+/// The daemon stopped serving `queue`: the driver is told the device needs
+/// a reset (status bit and a configuration interrupt); logged once.
+fn queue_error(ctx: &WorkerContext, queue: u16) {
+    if !ctx.queue_error.swap(true, Ordering::SeqCst) {
+        log::error!(
+            "fs {}: the daemon stopped serving queue {queue} (see its log for why); DEVICE_NEEDS_RESET is set, \
+             the VM and its other devices keep running",
+            ctx.id
+        );
+    }
+    if let Err(e) = ctx.interrupt.trigger(Interrupt::Config) {
+        log::warn!("fs {}: configuration interrupt: {e}", ctx.id);
+    }
 }
 
 fn daemon_gone(ctx: &WorkerContext) {
