@@ -6,8 +6,11 @@ cd "$(dirname "$0")/.."
 
 scripts/setup-host.sh
 cargo test --workspace --locked
+# A short run of every fuzz target (scripts/fuzz.sh runs them for real).
+scripts/fuzz.sh "${DAX_VMM_FUZZ_SMOKE_RUNS:-20000}"
 # Guest tests share the machine's cores: one at a time.
 cargo test --locked -p guest-tests -- --ignored --test-threads=1
 echo
 echo "== rig measurements (target/rig-results) =="
 cat target/rig-results/*.md
+cat target/fuzz-results.md

@@ -17,6 +17,9 @@ pub mod metrics;
 mod routes;
 pub mod server;
 
+/// The seccomp thread kind of the API thread (see the VMM's `seccomp_filters`).
+pub const API_THREAD: &str = "api";
+
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -28,6 +31,9 @@ use vmm_sys_util::eventfd::EventFd;
 pub use events::{DaxEvent, EventBus};
 pub use metrics::{FsDaxStatus, WindowStats};
 pub use server::{ApiServer, ServerError};
+/// The router alone, for the fuzz target (`fuzz/fuzz_targets/api_router.rs`).
+#[doc(hidden)]
+pub use routes::router;
 
 /// What the API asks of the VMM.
 #[derive(Debug)]

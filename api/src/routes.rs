@@ -79,7 +79,7 @@ async fn remove_device(State(s): State<AppState>, body: Bytes) -> Response {
     }
 }
 
-pub(crate) fn router(vmm: VmmChannel, events: EventBus) -> Router {
+pub fn router(vmm: VmmChannel, events: EventBus) -> Router {
     let state = AppState { vmm, events, desired: Arc::default() };
     Router::new()
         .route("/api/v1/vmm.ping", get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Ping).await }))

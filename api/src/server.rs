@@ -66,6 +66,9 @@ impl ApiServer {
         let thread = std::thread::Builder::new()
             .name("api".into())
             .spawn(move || {
+                if let Err(e) = seccomp::enter_thread(crate::API_THREAD) {
+                    return log::error!("API: {e}; the API is not served");
+                }
                 runtime.block_on(async move {
                     let listener = match tokio::net::UnixListener::from_std(listener) {
                         Ok(l) => l,

@@ -84,6 +84,8 @@ pub enum SeccompError {
     Build { kind: &'static str, source: seccompiler::BackendError },
     #[error("installing the {kind} seccomp filter: {source}")]
     Install { kind: &'static str, source: seccompiler::Error },
+    #[error("installing the SIGSYS handler: {0}")]
+    Handler(String),
 }
 
 /// Builds the filter for a thread `kind` that may make `syscalls`.
@@ -107,6 +109,34 @@ pub fn apply(kind: &'static str, syscalls: &[Allow], mode: Mode) -> Result<(), S
         seccompiler::apply_filter(&program).map_err(|source| SeccompError::Install { kind, source })?;
     }
     Ok(())
+}
+
+/// The filters each kind of thread installs when it starts, set once by
+/// the binary ([`register`]); library code that starts a thread calls
+/// [`enter_thread`] first thing, which does nothing when no filter was
+/// registered (unit tests, `--seccomp false`).
+static REGISTRY: std::sync::OnceLock<BTreeMap<&'static str, BpfProgram>> = std::sync::OnceLock::new();
+
+/// Builds one filter per thread kind and keeps them for [`enter_thread`].
+pub fn register(kinds: &[(&'static str, Vec<Allow>)], mode: Mode) -> Result<(), SeccompError> {
+    let mut map = BTreeMap::new();
+    for (kind, allowed) in kinds {
+        if let Some(p) = build(kind, allowed, mode)? {
+            map.insert(*kind, p);
+        }
+    }
+    let _ = REGISTRY.set(map);
+    Ok(())
+}
+
+/// Installs the registered filter of `kind` on the calling thread. A
+/// thread whose filter cannot be installed must not go on (fail closed):
+/// callers end the thread on an error.
+pub fn enter_thread(kind: &'static str) -> Result<(), SeccompError> {
+    match REGISTRY.get().and_then(|m| m.get(kind)) {
+        Some(program) => seccompiler::apply_filter(program).map_err(|source| SeccompError::Install { kind, source }),
+        None => Ok(()),
+    }
 }
 
 /// Sets `no_new_privs`: nothing this process executes can gain privileges

@@ -52,7 +52,22 @@ DAEMON=$!
 i=0; while [ ! -S /tmp/fs.sock ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
 # When the guest asks (a file in the share), push the flipped policy.
 ( i=0; while [ ! -e share/.flip-request ] && [ $i -lt 6000 ]; do sleep 0.1; i=$((i+1)); done
-  echo "@@HOST daemon_workers=$(cat /proc/$DAEMON/task/*/comm | grep -c fs-worker)"
+  echo "@@HOST daemon_workers=$(for p in $(pidof dax-virtiofsd); do cat /proc/$p/task/*/comm; done | grep -c fs-worker)"
+  # Confinement, with every thread of both processes running (vCPUs, device
+  # workers, the API; the daemon's queue threads and workers).
+  tot=0; ok=0; bad=""
+  for p in $(pidof dax-virtiofsd dax-vmm); do for t in /proc/$p/task/*; do
+    tot=$((tot+1))
+    if grep -q '^Seccomp:[[:space:]]*2$' $t/status && grep -q '^NoNewPrivs:[[:space:]]*1$' $t/status; then ok=$((ok+1)); else bad="$bad,$(cat $t/comm)"; fi
+  done; done
+  echo "@@HOST confined_threads=$ok/$tot$bad"
+  caps=""; ns=""
+  for p in $(pidof dax-virtiofsd); do
+    caps="$caps $(awk '/^CapEff/{print $2}' /proc/$p/status)"
+    [ "$(readlink /proc/$p/ns/mnt)" = "$(readlink /proc/1/ns/mnt)" ] && ns="$ns host" || ns="$ns own"
+  done
+  echo "@@HOST daemon_capeff=${caps# }"
+  echo "@@HOST daemon_mntns=${ns# }"
   METRICS_CMD
   FLIP_CMD > flip.out 2>&1
   echo done > share/.flip-done ) &
@@ -273,6 +288,19 @@ fn virtiofs_test(transport: &str, api: bool) {
     assert_eq!(run.guest("umount_inode_rc"), Some("0"), "{tail}");
     let (workers, submount) = if api { ("2", Some("inside own-dev mounts:1")) } else { ("0", None) };
     assert_eq!(run.host("daemon_workers"), Some(workers), "--thread-pool-size\n{tail}");
+    // Both processes confined by default: every thread under a seccomp
+    // filter with no_new_privs; no daemon process keeps CAP_SYS_ADMIN; the
+    // one that serves is in a mount namespace of its own.
+    let confined = run.host("confined_threads").expect(&tail);
+    let (ok, total) = confined.split_once('/').expect(&tail);
+    assert!(total.parse::<u32>().unwrap() > 4, "{confined}\n{tail}");
+    assert_eq!(ok, total, "threads without Seccomp: 2 / NoNewPrivs: 1: {confined}\n{tail}");
+    let capeff = run.host("daemon_capeff").expect(&tail);
+    for caps in capeff.split(' ') {
+        let caps = u64::from_str_radix(caps, 16).expect(&tail);
+        assert_eq!(caps & (1 << 21), 0, "a daemon process holds CAP_SYS_ADMIN: {capeff}\n{tail}");
+    }
+    assert!(run.host("daemon_mntns").is_some_and(|n| n.split(' ').any(|n| n == "own")), "{tail}");
     assert_eq!(run.guest("submount"), submount, "a host mount in the share is a guest submount\n{tail}");
     if api {
         assert_eq!(run.guest("umount_sub_rc"), Some("0"), "{tail}");

@@ -12,5 +12,9 @@ pub mod vhost_user_fs;
 
 pub use device::{ActivateError, Interrupt, SharedMemoryRegion, VirtioDevice, VirtioInterrupt};
 
+/// The seccomp thread kind of device worker threads (see the VMM's
+/// `seccomp_filters`).
+pub const DEVICE_WORKER_THREAD: &str = "device-worker";
+
 /// Guest memory as the VMM maps it (no dirty-page bitmap).
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;

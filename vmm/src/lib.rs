@@ -6,6 +6,7 @@ pub mod control_loop;
 pub mod devices;
 pub mod exit;
 pub mod memory;
+pub mod seccomp_filters;
 pub mod signals;
 pub mod vcpu;
 pub mod vm;

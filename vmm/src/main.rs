@@ -48,6 +48,11 @@ struct Cli {
     /// REST API socket: <path> or path=<path>.
     #[arg(long, value_name = "PATH")]
     api_socket: Option<String>,
+    /// Seccomp filters on every thread: true (a blocked call is reported and
+    /// ends the VMM), false, log (allowed and written to the kernel's audit
+    /// log), or trap (SIGSYS for a debugger). See docs/security.md.
+    #[arg(long, value_name = "true|false|log|trap", default_value = "true")]
+    seccomp: String,
     /// More log output on stderr (-v info, -vv debug, -vvv trace).
     #[arg(short, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -117,6 +122,13 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    let seccomp_mode = match seccomp::Mode::parse("--seccomp", &cli.seccomp) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("dax-vmm: error: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let signals = match StopSignals::block() {
         Ok(s) => s,
         Err(e) => {
@@ -124,6 +136,11 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
+    // Before any other thread: each starts under this filter and adds its own.
+    if let Err(e) = vmm::seccomp_filters::install(seccomp_mode) {
+        eprintln!("dax-vmm: error: --seccomp: {e}");
+        return ExitCode::from(EXIT_FAILURE);
+    }
     if let Some(path) = api_socket {
         return serve_api(&path, config, &signals);
     }

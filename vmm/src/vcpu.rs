@@ -194,6 +194,10 @@ impl RunningVcpus {
         let thread = std::thread::Builder::new()
             .name(format!("vcpu{index}"))
             .spawn(move || {
+                if let Err(e) = seccomp::enter_thread(crate::seccomp_filters::VCPU) {
+                    log::error!("vcpu{index}: {e}");
+                    return exit.request(crate::exit::VmExit::VcpuError { cpu: u32::from(index), message: e.to_string() });
+                }
                 if let Some(reason) = vcpu.run(&pio, &mmio, &control) {
                     exit.request(reason);
                 }

@@ -111,6 +111,9 @@ impl VirtioDevice for Pmem {
         let thread = std::thread::Builder::new()
             .name(format!("pmem-{}", self.id))
             .spawn(move || {
+                if let Err(e) = seccomp::enter_thread(crate::DEVICE_WORKER_THREAD) {
+                    return log::error!("virtio-pmem {id}: {e}; the request queue is not served");
+                }
                 if let Err(e) = serve(q.queue, q.kick, stop_worker, mem, interrupt, &file) {
                     log::error!("virtio-pmem {id}: request queue stopped: {e}");
                 }

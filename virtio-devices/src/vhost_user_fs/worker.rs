@@ -68,6 +68,9 @@ pub fn spawn(ctx: WorkerContext) -> std::io::Result<(EventFd, JoinHandle<()>)> {
 }
 
 fn run(ctx: WorkerContext, epoll: Epoll) {
+    if let Err(e) = seccomp::enter_thread(crate::DEVICE_WORKER_THREAD) {
+        return log::error!("fs {}: {e}; the device's worker does not run", ctx.id);
+    }
     let mut events = vec![EpollEvent::default(); 16];
     loop {
         let n = match epoll.wait(-1, &mut events) {

@@ -134,6 +134,10 @@ pub fn connect_stdin(serial: SharedSerial) -> std::io::Result<Arc<InputRouter>> 
             let reader = router.clone();
             std::thread::Builder::new().name("serial-input".into()).spawn(move || {
                 use std::io::Read;
+                if let Err(e) = seccomp::enter_thread(crate::seccomp_filters::SERIAL_INPUT) {
+                    log::error!("serial input: {e}; no console input");
+                    return;
+                }
                 let mut buf = [0u8; 64];
                 while let Ok(n @ 1..) = stdin.read(&mut buf) {
                     reader.feed(&buf[..n]);
