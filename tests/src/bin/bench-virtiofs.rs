@@ -1,10 +1,12 @@
 //! The virtio-fs read benchmark (not a test): one file, read by `daxprobe
 //! bench` in the guest (sequential 1 MiB preads, random 4 KiB preads,
-//! random 4 KiB touches through mmap), over three servers in one rig run —
-//! our daemon without DAX, our daemon with DAX, and the Rust `virtiofsd` as
-//! users run it today (no DAX). All three over virtio-PCI, where the daemons
-//! signal the guest through MSI-X irqfds. Writes
-//! `target/rig-results/virtiofs-bench.md`.
+//! random 4 KiB touches through mmap), over five servers in one rig run —
+//! our daemon without DAX and with DAX, each confined as by default
+//! (namespaces, seccomp, capabilities; the VMM's seccomp filters on) and
+//! unconfined (`--sandbox none --seccomp none`, VMM `--seccomp false`), so
+//! the cost of confinement is measured, and the Rust `virtiofsd` as users
+//! run it today (no DAX). All over virtio-PCI, where the daemons signal the
+//! guest through MSI-X irqfds. Writes `target/rig-results/virtiofs-bench.md`.
 //!
 //! `./scripts/bench.sh` builds what it needs (a static virtiofsd with `cargo
 //! install`, cached in `~/.cache/dax-vmm/virtiofsd/`).
@@ -40,11 +42,11 @@ fn start(cmd: &str, sock: &str) -> String {
 }
 
 /// One more VMM run in the same emulated host, for another server.
-fn another_run(guest: &Guest, base_cmdline: &str, phase: &str, mountopts: &str, fs: &str) -> String {
+fn another_run(guest: &Guest, base_cmdline: &str, phase: &str, mountopts: &str, fs: &str, vmm_extra: &str) -> String {
     let cmdline = format!("{base_cmdline} bench={phase} mountopts={mountopts}");
     format!(
         "\"$VMM\" --kernel \"$KERNEL\" --initramfs \"$INITRAMFS\" --cmdline '{cmdline}' --cpus boot={cpus} \
-         --memory size={memory} --fs {fs} </dev/null\necho \"@@HOST {phase}_vmm_exit=$?\"\nwait $SERVER\n",
+         --memory size={memory} --fs {fs} {vmm_extra} </dev/null\necho \"@@HOST {phase}_vmm_exit=$?\"\nwait $SERVER\n",
         cpus = guest.cpus,
         memory = guest.memory,
     )
@@ -99,18 +101,23 @@ fn main() {
     guest.cmdline = "bench=ours mountopts=dax=never".into();
     guest.guest_tools = vec![tool("guest-tests", "daxprobe")];
     guest.host_tools = vec![tool("daemon", "dax-virtiofsd"), virtiofsd];
-    guest.timeout = std::time::Duration::from_secs(1200);
+    guest.timeout = std::time::Duration::from_secs(2400);
     guest.host_before = format!(
         "mkdir -p share && dd if=/dev/urandom of=share/bench.bin bs=1M count={FILE_MIB} 2>/dev/null\n{}",
-        start("dax-virtiofsd --socket-path /tmp/a.sock --shared-dir share --dax off --sandbox none --log-level warn", "/tmp/a.sock")
+        start("dax-virtiofsd --socket-path /tmp/a.sock --shared-dir share --dax off --log-level warn", "/tmp/a.sock")
     );
+    const OPEN: &str = "--sandbox none --seccomp none";
     guest.vmm_args = vec!["--fs".into(), "tag=share,socket=/tmp/a.sock,dax=off,transport=pci".into()];
     guest.host_after = [
         "wait $SERVER\n".to_string(),
-        start("dax-virtiofsd --socket-path /tmp/b.sock --shared-dir share --cache-size 128M --sandbox none --log-level warn", "/tmp/b.sock"),
-        another_run(&guest, &base_cmdline, "dax", "dax=always", "tag=share,socket=/tmp/b.sock,cache_size=128M,transport=pci"),
+        start(&format!("dax-virtiofsd --socket-path /tmp/a2.sock --shared-dir share --dax off {OPEN} --log-level warn"), "/tmp/a2.sock"),
+        another_run(&guest, &base_cmdline, "oursopen", "dax=never", "tag=share,socket=/tmp/a2.sock,dax=off,transport=pci", "--seccomp false"),
+        start("dax-virtiofsd --socket-path /tmp/b.sock --shared-dir share --cache-size 128M --log-level warn", "/tmp/b.sock"),
+        another_run(&guest, &base_cmdline, "dax", "dax=always", "tag=share,socket=/tmp/b.sock,cache_size=128M,transport=pci", ""),
+        start(&format!("dax-virtiofsd --socket-path /tmp/b2.sock --shared-dir share --cache-size 128M {OPEN} --log-level warn"), "/tmp/b2.sock"),
+        another_run(&guest, &base_cmdline, "daxopen", "dax=always", "tag=share,socket=/tmp/b2.sock,cache_size=128M,transport=pci", "--seccomp false"),
         start("virtiofsd --socket-path=/tmp/c.sock --shared-dir=share --sandbox=none --cache=auto --log-level=warn", "/tmp/c.sock"),
-        another_run(&guest, &base_cmdline, "virtiofsd", "dax=never", "tag=share,socket=/tmp/c.sock,dax=off,transport=pci"),
+        another_run(&guest, &base_cmdline, "virtiofsd", "dax=never", "tag=share,socket=/tmp/c.sock,dax=off,transport=pci", ""),
     ]
     .concat();
     let run = rig::run(&guest).unwrap_or_else(|e| fail(e.to_string()));
@@ -120,7 +127,13 @@ fn main() {
     let mut results = Results::new("virtiofs-bench");
     results.record_run("virtio-fs read benchmark", &run);
     let mut table = String::from("| server | DAX in the guest | seq 1 MiB pread | rand 4 KiB pread | rand 4 KiB mmap |\n|---|---|---|---|---|\n");
-    for (phase, label) in [("ours", "dax-virtiofsd --dax off"), ("dax", "dax-virtiofsd (DAX, 128 MiB window)"), ("virtiofsd", "virtiofsd 1.14 --cache=auto")] {
+    for (phase, label) in [
+        ("ours", "dax-virtiofsd --dax off, confined (default)"),
+        ("oursopen", "dax-virtiofsd --dax off, unconfined"),
+        ("dax", "dax-virtiofsd (DAX, 128 MiB window), confined (default)"),
+        ("daxopen", "dax-virtiofsd (DAX, 128 MiB window), unconfined"),
+        ("virtiofsd", "virtiofsd 1.14 --cache=auto"),
+    ] {
         let mibs = |mode: &str| {
             run.guest(&format!("{phase}_{mode}"))
                 .and_then(|v| v.split_whitespace().find_map(|w| w.strip_prefix("mib_per_s=")))
