@@ -196,7 +196,7 @@ impl RunningVcpus {
             .spawn(move || {
                 if let Err(e) = seccomp::enter_thread(crate::seccomp_filters::VCPU) {
                     log::error!("vcpu{index}: {e}");
-                    return exit.request(crate::exit::VmExit::VcpuError { cpu: u32::from(index), message: e.to_string() });
+                    return exit.request(crate::exit::VmExit::VcpuError { cpu: index, message: e.to_string() });
                 }
                 if let Some(reason) = vcpu.run(&pio, &mmio, &control) {
                     exit.request(reason);
