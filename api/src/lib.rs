@@ -13,6 +13,7 @@
 pub mod client;
 mod dax;
 pub mod events;
+mod http1;
 pub mod metrics;
 mod routes;
 pub mod server;

@@ -28,10 +28,14 @@ pub(crate) struct AppState {
     pub desired: Arc<Mutex<HashMap<String, DesiredPolicy>>>,
 }
 
+/// Errors as Cloud Hypervisor writes them: a JSON array of strings, the
+/// error chain from the outermost context to the root cause (ch-remote
+/// prints it as it is). Our messages are one sentence that names the field
+/// and the limit; it is the whole chain.
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, self.message + "\n").into_response()
+        (status, Json(vec![self.message])).into_response()
     }
 }
 

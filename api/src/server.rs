@@ -77,12 +77,10 @@ impl ApiServer {
                             return;
                         }
                     };
-                    let served = axum::serve(listener, app).with_graceful_shutdown(async {
+                    crate::http1::serve(listener, app, async {
                         let _ = stop.await;
-                    });
-                    if let Err(e) = served.await {
-                        log::error!("API server: {e}");
-                    }
+                    })
+                    .await;
                 })
             })
             .map_err(|e| io("starting the API thread", e))?;

@@ -7,13 +7,14 @@
 //! The guest-side API flow (create, add a DAX share, boot, flip a policy,
 //! watch maps and reclaim) is in `virtiofs.rs`.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use guest_tests::ch_client::{self, ChError};
 use guest_tests::rig;
 
 struct Proc(Child);
@@ -25,20 +26,17 @@ impl Drop for Proc {
     }
 }
 
-/// One request as ch-remote sends it: Host, Accept, Content-Length, no Content-Type.
+/// One request as ch-remote sends it (Host, Accept, Content-Length only
+/// with a body, no Content-Type, the connection left open), its reply read
+/// exactly as ch-remote's `api_client` reads it: a status line or header
+/// that ch-remote would not understand fails the test.
 fn http(sock: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = UnixStream::connect(sock).unwrap_or_else(|e| panic!("connect {}: {e}", sock.display()));
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("no status line in {out:?}"));
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (status, body)
+    let body = (!body.is_empty()).then_some(body);
+    match ch_client::request_path(sock, method, path, body) {
+        Ok((code, text)) => (code, text.unwrap_or_default()),
+        Err(ChError::ServerResponse(code, text)) => (code, text.unwrap_or_default()),
+        Err(e) => panic!("{method} {path}: ch-remote could not read the reply: {e:?}"),
+    }
 }
 
 fn json(sock: &Path, method: &str, path: &str, body: &str) -> serde_json::Value {
@@ -47,11 +45,14 @@ fn json(sock: &Path, method: &str, path: &str, body: &str) -> serde_json::Value 
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: {e}: {text}"))
 }
 
-/// Asserts a 4xx whose message contains `needle`.
+/// Asserts a 4xx whose message contains `needle`. The body must be what
+/// Cloud Hypervisor sends: a JSON array of strings (the error chain).
 fn refused(sock: &Path, method: &str, path: &str, body: &str, status: u16, needle: &str) {
     let (got, text) = http(sock, method, path, body);
     assert_eq!(got, status, "{method} {path} {body}: {text}");
-    assert!(text.contains(needle), "{method} {path} {body}: expected {needle:?} in {text:?}");
+    let chain: Vec<String> = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: error body {text:?} is not a JSON array of strings: {e}"));
+    let message = chain.join("\n");
+    assert!(message.contains(needle), "{method} {path} {body}: expected {needle:?} in {message:?}");
 }
 
 fn wait_for(path: &Path) {
