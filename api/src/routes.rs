@@ -83,9 +83,42 @@ async fn remove_device(State(s): State<AppState>, body: Bytes) -> Response {
     }
 }
 
+/// Cloud Hypervisor endpoints this VMM does not serve, with why. They answer
+/// 501 Not Implemented (a code ch-remote names) with that reason, so a user
+/// sees what is missing rather than "no such endpoint".
+pub const UNSUPPORTED: &[(&str, &str)] = &[
+    ("vm.add-device", "VFIO device passthrough is not supported"),
+    ("vm.add-disk", "block devices are not supported (use virtio-fs or virtio-pmem)"),
+    ("vm.add-generic-vhost-user", "only vhost-user-fs is supported (vm.add-fs)"),
+    ("vm.add-net", "network devices are not supported"),
+    ("vm.add-vsock", "vsock devices are not supported"),
+    ("vm.add-vdpa", "vDPA devices are not supported"),
+    ("vm.add-user-device", "userspace (vfio-user) devices are not supported"),
+    ("vm.resize", "CPU and memory hot-plug are not supported"),
+    ("vm.resize-disk", "block devices are not supported"),
+    ("vm.resize-zone", "memory zones are not supported"),
+    ("vm.snapshot", "snapshots are not supported"),
+    ("vm.restore", "snapshots are not supported"),
+    ("vm.coredump", "guest core dumps are not supported"),
+    ("vm.send-migration", "live migration is not supported"),
+    ("vm.receive-migration", "live migration is not supported"),
+    ("vm.nmi", "NMI injection is not supported"),
+    ("vm.balloon-stats", "there is no virtio-balloon device"),
+];
+
+fn unsupported(endpoint: &'static str, why: &'static str) -> ApiError {
+    ApiError { status: 501, message: format!("{endpoint}: not supported by dax-vmm: {why} (see docs/api.md)") }
+}
+
 pub fn router(vmm: VmmChannel, events: EventBus) -> Router {
     let state = AppState { vmm, events, desired: Arc::default() };
-    Router::new()
+    let mut router = Router::new();
+    for &(endpoint, why) in UNSUPPORTED {
+        let answer = move || async move { unsupported(endpoint, why) };
+        let route = if endpoint == "vm.balloon-stats" { get(answer) } else { put(answer) };
+        router = router.route(&format!("/api/v1/{endpoint}"), route);
+    }
+    router
         .route("/api/v1/vmm.ping", get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Ping).await }))
         .route("/api/v1/vmm.shutdown", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::ShutdownVmm).await }))
         .route(
