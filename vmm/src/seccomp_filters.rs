@@ -55,6 +55,8 @@ const API_CALLS: &[i64] = &[
 const VCPU_CALLS: &[i64] = &[
     SYS_ioctl, SYS_recvmsg, SYS_sendmsg, SYS_clone, SYS_clone3, SYS_pread64, SYS_pwrite64, SYS_socketpair,
     SYS_fsync, SYS_fdatasync, SYS_msync, SYS_mincore, SYS_kill,
+    // The device worker it starts installs its own filter.
+    SYS_seccomp,
 ];
 
 const SERIAL_INPUT_CALLS: &[i64] = &[];
@@ -120,6 +122,17 @@ mod tests {
         }
         for (kind, list) in all() {
             assert!(seccomp::build(kind, &list, seccomp::Mode::Kill).unwrap().is_some());
+        }
+    }
+
+    #[test]
+    fn threads_that_start_threads_let_them_install_their_own_filter() {
+        // The main thread starts the API thread and vCPUs; a vCPU starts
+        // device workers (activation). Each new thread calls seccomp(2).
+        for (kind, extra) in [(VMM, VMM_CALLS), (VCPU, VCPU_CALLS)] {
+            for nr in [SYS_clone3, SYS_seccomp] {
+                assert!(extra.contains(&nr), "{kind} starts threads but does not allow syscall {nr}");
+            }
         }
     }
 }
