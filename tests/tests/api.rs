@@ -114,7 +114,8 @@ fn rest_api_over_a_unix_socket() {
     // vm.create: malformed bodies change nothing.
     refused(&api, "PUT", "/api/v1/vm.create", "", 400, "a JSON body is required");
     refused(&api, "PUT", "/api/v1/vm.create", "{", 400, "not valid JSON");
-    refused(&api, "PUT", "/api/v1/vm.create", r#"{"payload":{"kernel":"/k"},"rng":{}}"#, 400, "unknown field `rng`");
+    refused(&api, "PUT", "/api/v1/vm.create", r#"{"payload":{"kernel":"/k"},"rngs":{}}"#, 400, "VmConfig.rngs: unknown field");
+    refused(&api, "PUT", "/api/v1/vm.create", r#"{"payload":{"kernel":"/k"},"cpus":{"boot_vcpus":1,"max_vcpus":1,"kvm_hyperv":true}}"#, 400, "VmConfig.cpus.kvm_hyperv=true is not supported");
     refused(&api, "PUT", "/api/v1/vm.create", r#"{"payload":{"kernel":"/k"},"memory":{"size":4096}}"#, 400, "between 32M and 512G");
     refused(&api, "GET", "/api/v1/vm.info", "", 409, "no VM is created");
     let create = r#"{"payload":{"kernel":"/nonexistent/bzImage","cmdline":"console=ttyS0"},"cpus":{"boot_vcpus":1,"max_vcpus":1},"memory":{"size":268435456,"shared":true},"serial":{"mode":"Null"}}"#;
@@ -222,6 +223,15 @@ fn rest_api_over_a_unix_socket() {
     // vm.delete, then vmm.shutdown: answered, and the socket goes away.
     assert_eq!(http(&api, "PUT", "/api/v1/vm.delete", "").0, 204);
     refused(&api, "GET", "/api/v1/vm.info", "", 409, "no VM is created");
+    // A VmConfig as Cloud Hypervisor's own vm.info returns it (and generated
+    // clients send it), every field filled: accepted, and given back.
+    let ch_config = r#"{"cpus":{"boot_vcpus":1,"max_vcpus":1,"kvm_hyperv":false,"max_phys_bits":46,"features":{"amx":false},"nested":true,"core_scheduling":"Vm","profile":"Host"},"memory":{"size":268435456,"mergeable":false,"hotplug_method":"Acpi","shared":true,"hugepages":false,"prefault":false,"reserve":false,"thp":true},"payload":{"kernel":"/nonexistent/bzImage","cmdline":"console=ttyS0","initramfs":null},"rng":{"pci_segment":0,"src":"/dev/urandom"},"serial":{"mode":"Null"},"console":{"mode":"Off","pci_segment":0},"debug_console":{"mode":"Off","iobase":233},"fs":[{"pci_segment":0,"tag":"t","socket":"/tmp/none.sock","num_queues":1,"queue_size":1024}],"pmem":null,"pvpanic":false,"iommu":false,"watchdog":false,"landlock_enable":false}"#;
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.create", ch_config).0, 204);
+    let info = json(&api, "GET", "/api/v1/vm.info", "");
+    assert_eq!(info["config"]["rng"]["src"], "/dev/urandom", "{info}");
+    assert_eq!(info["config"]["cpus"]["core_scheduling"], "Vm", "{info}");
+    assert_eq!(info["config"]["pvpanic"], false, "{info}");
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.delete", "").0, 204);
     assert_eq!(http(&api, "PUT", "/api/v1/vmm.shutdown", "").0, 204);
     let deadline = Instant::now() + Duration::from_secs(10);
     while api.exists() {

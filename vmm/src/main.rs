@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use vmm::config::{parse_console, ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig, SerialMode, VmConfig};
+use vmm::config::{parse_console, ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig, RngConfig, SerialMode, VmConfig};
 use vmm::config::OptionValues;
 use vmm::control_loop::{ControlLoop, LoopExit};
 use vmm::signals::StopSignals;
@@ -45,6 +45,9 @@ struct Cli {
     /// [,dax=on|off][,cache_size=<size>][,transport=pci|mmio]. Needs --memory shared=on.
     #[arg(long, value_name = "tag=TAG,socket=PATH", num_args = 1..)]
     fs: Vec<String>,
+    /// virtio-rng: src=<path>[,transport=pci|mmio], or off.
+    #[arg(long, value_name = "src=PATH|off", default_value = "src=/dev/urandom")]
+    rng: String,
     /// REST API socket: <path> or path=<path>.
     #[arg(long, value_name = "PATH")]
     api_socket: Option<String>,
@@ -99,6 +102,8 @@ impl Cli {
             serial: SerialMode::parse(&self.serial)?,
             pmem: self.pmem.iter().enumerate().map(|(i, p)| PmemConfig::parse(p, i)).collect::<Result<_, _>>()?,
             fs: self.fs.iter().enumerate().map(|(i, f)| FsConfig::parse(f, i)).collect::<Result<_, _>>()?,
+            rng: RngConfig::parse(&self.rng)?,
+            pvpanic: true,
         };
         config.validate()?;
         Ok(Some(config))

@@ -10,6 +10,7 @@ use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY}
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use kvm_bindings::kvm_userspace_memory_region;
 use virtio_devices::pmem::{Pmem, PmemBacking};
+use virtio_devices::rng::{Rng, RngError};
 use virtio_devices::vhost_user_fs::window::{DaxWindow, WindowObserver};
 use virtio_devices::vhost_user_fs::{FsDeviceConfig, VhostUserFs};
 use virtio_devices::VirtioDevice;
@@ -49,6 +50,8 @@ pub enum VmError {
     Device(String),
     #[error(transparent)]
     Pmem(#[from] virtio_devices::pmem::PmemError),
+    #[error(transparent)]
+    Rng(#[from] RngError),
     #[error(transparent)]
     VirtioMmio(#[from] crate::devices::virtio_mmio::VirtioMmioError),
     #[error("device {id}: registering its {size}-byte memory at {addr:#x} with KVM: {source}")]
@@ -142,9 +145,11 @@ fn add_platform_devices(
         acpi_pm::PORT_COUNT,
     )
     .map_err(dev)?;
-    pio.insert(Arc::new(Mutex::new(pvpanic::PvPanic::new(exit.clone()))), u64::from(pvpanic::PVPANIC_PORT), 1)
-        .map_err(dev)?;
-    pvpanic::PvPanic::append_aml(&mut aml);
+    if config.pvpanic {
+        pio.insert(Arc::new(Mutex::new(pvpanic::PvPanic::new(exit.clone()))), u64::from(pvpanic::PVPANIC_PORT), 1)
+            .map_err(dev)?;
+        pvpanic::PvPanic::append_aml(&mut aml);
+    }
     Ok((serial_dev, aml))
 }
 
@@ -254,6 +259,16 @@ impl DeviceSetup<'_> {
             backings.push(backing);
         }
         Ok(backings)
+    }
+
+    /// The virtio-rng device, if the VM has one.
+    fn add_rng_device(&mut self, config: &VmConfig) -> Result<(), VmError> {
+        if let Some(r) = &config.rng {
+            let device = Rng::new("_rng".into(), &r.src)?;
+            self.add(Box::new(device), r.transport, None)?;
+            log::info!("rng: virtio-rng from {}", r.src.display());
+        }
+        Ok(())
     }
 
     /// Connects each `--fs` device to its daemon and, with DAX, places its
@@ -375,6 +390,7 @@ impl Vm {
             pci_devices: PciDeviceManager::new(&vm, &pio, &mmio, layout::device_memory_start(config.memory.size))?,
             device_memory: DeviceMemory::new(config.memory.size),
         };
+        devices.add_rng_device(config)?;
         let pmem_backings = devices.add_pmem_devices(config)?;
         let fs = devices.add_fs_devices(config, observe)?;
         device_aml.extend_from_slice(devices.mmio_devices.aml());

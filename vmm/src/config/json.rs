@@ -2,8 +2,11 @@
 //! FsConfig, PmemConfig JSON), converted through the same checks as the
 //! command line so both give the same limits and messages.
 //!
-//! Unknown fields are refused with their name (serde's `deny_unknown_fields`),
-//! so a setting this VMM does not have is never silently dropped.
+//! Every field of Cloud Hypervisor's VmConfig is accepted ([`super::ch_fields`]):
+//! those this VMM implements are parsed here; the others only with Cloud
+//! Hypervisor's default, and refused with their path and value otherwise.
+//! Fields Cloud Hypervisor does not have are refused with their name, so a
+//! setting is never silently dropped.
 
 use std::path::PathBuf;
 
@@ -13,7 +16,7 @@ use serde_json::{json, Value};
 use super::fs::FS_KEYS;
 use super::option_parser::OptionValues;
 use super::pmem::PMEM_KEYS;
-use super::{ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig, SerialMode, Transport, VmConfig};
+use super::{ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig, RngConfig, SerialMode, Transport, VmConfig, RNG_KEYS};
 
 /// A body that does not fit its schema; the text names the field.
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +25,10 @@ pub enum JsonConfigError {
     Shape { what: &'static str, source: serde_json::Error },
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A Cloud Hypervisor field this VMM does not implement, with a value
+    /// other than the default (the text names its path and value).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 fn toggle(b: bool) -> String {
@@ -95,6 +102,34 @@ impl PmemConfigJson {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RngJson {
+    src: Option<PathBuf>,
+    iommu: Option<bool>,
+    pci_segment: Option<u16>,
+    transport: Option<String>,
+}
+
+impl RngJson {
+    fn into_config(self) -> Result<RngConfig, ConfigError> {
+        let mut pairs = Vec::new();
+        if let Some(src) = self.src {
+            pairs.push(("src", src.display().to_string()));
+        }
+        if let Some(i) = self.iommu {
+            pairs.push(("iommu", toggle(i)));
+        }
+        if let Some(s) = self.pci_segment {
+            pairs.push(("pci_segment", s.to_string()));
+        }
+        if let Some(t) = self.transport {
+            pairs.push(("transport", t));
+        }
+        RngConfig::from_values(&OptionValues::from_pairs("rng", pairs, RNG_KEYS)?)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct PayloadJson {
     kernel: Option<PathBuf>,
     initramfs: Option<PathBuf>,
@@ -133,6 +168,8 @@ struct VmConfigJson {
     console: Option<ConsoleJson>,
     fs: Option<Vec<FsConfigJson>>,
     pmem: Option<Vec<PmemConfigJson>>,
+    rng: Option<RngJson>,
+    pvpanic: Option<bool>,
 }
 
 fn serial_mode(c: &ConsoleJson, option: &'static str) -> Result<SerialMode, ConfigError> {
@@ -151,7 +188,8 @@ fn serial_mode(c: &ConsoleJson, option: &'static str) -> Result<SerialMode, Conf
 
 /// Parses a `vm.create` body into a checked [`VmConfig`].
 pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
-    let j = VmConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape { what: "VmConfig", source })?;
+    let ours = super::ch_fields::reduce_vm_config(body).map_err(JsonConfigError::Unsupported)?;
+    let j = VmConfigJson::deserialize(&ours).map_err(|source| JsonConfigError::Shape { what: "VmConfig", source })?;
     let kernel = j.payload.kernel.ok_or(ConfigError::MissingKey { option: "kernel", key: "payload.kernel" })?;
     let cpus = match j.cpus {
         None => CpusConfig::default(),
@@ -179,6 +217,9 @@ pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
         serial: j.serial.as_ref().map(|s| serial_mode(s, "serial")).transpose()?.unwrap_or(SerialMode::Null),
         pmem: j.pmem.unwrap_or_default().into_iter().enumerate().map(|(i, p)| p.into_config(i)).collect::<Result<_, _>>()?,
         fs: j.fs.unwrap_or_default().into_iter().enumerate().map(|(i, f)| f.into_config(i)).collect::<Result<_, _>>()?,
+        // On by default, as in Cloud Hypervisor, whose VmConfig always has one.
+        rng: Some(j.rng.map(RngJson::into_config).transpose()?.unwrap_or_default()),
+        pvpanic: j.pvpanic.unwrap_or(true),
     };
     config.validate()?;
     Ok(config)
@@ -203,7 +244,10 @@ fn transport(t: Transport) -> &'static str {
     }
 }
 
-/// The configuration as `vm.info` reports it, in the shape `vm.create` takes.
+/// The configuration as `vm.info` reports it: Cloud Hypervisor's whole
+/// VmConfig with its defaults filled in (what its own `vm.info` returns,
+/// and so what generated clients send back to `vm.create`), plus this
+/// VMM's own fields (`dax`, `cache_size`, `transport`, `control_socket`).
 pub fn vm_config_to_json(c: &VmConfig) -> Value {
     let serial = match &c.serial {
         SerialMode::Off => json!({"mode": "Off"}),
@@ -211,12 +255,15 @@ pub fn vm_config_to_json(c: &VmConfig) -> Value {
         SerialMode::Tty => json!({"mode": "Tty"}),
         SerialMode::File(f) => json!({"mode": "File", "file": f}),
     };
-    json!({
+    let mut v = json!({
         "payload": {"kernel": c.payload.kernel, "initramfs": c.payload.initramfs, "cmdline": c.payload.cmdline},
-        "cpus": {"boot_vcpus": c.cpus.boot_vcpus, "max_vcpus": c.cpus.boot_vcpus},
-        "memory": {"size": c.memory.size, "shared": c.memory.shared, "hugepages": c.memory.hugepages},
+        "cpus": {"boot_vcpus": c.cpus.boot_vcpus, "max_vcpus": c.cpus.boot_vcpus, "kvm_hyperv": false, "max_phys_bits": 46,
+                 "features": {"amx": false}, "nested": true, "core_scheduling": "Vm", "profile": "Host"},
+        "memory": {"size": c.memory.size, "mergeable": false, "hotplug_method": "Acpi", "shared": c.memory.shared,
+                   "hugepages": c.memory.hugepages, "prefault": false, "reserve": false, "thp": true},
         "serial": serial,
-        "console": {"mode": "Off"},
+        "console": {"mode": "Off", "pci_segment": 0},
+        "debug_console": {"mode": "Off", "iobase": 0xe9},
         "fs": c.fs.iter().map(|f| json!({
             "tag": f.tag, "socket": f.socket, "num_queues": f.num_queues, "queue_size": f.queue_size,
             "id": f.id, "pci_segment": 0, "dax": f.dax, "cache_size": f.cache_size,
@@ -226,7 +273,15 @@ pub fn vm_config_to_json(c: &VmConfig) -> Value {
             "file": p.file, "size": p.size, "iommu": false, "discard_writes": p.discard_writes,
             "id": p.id, "pci_segment": 0, "transport": transport(p.transport),
         })).collect::<Vec<_>>(),
-    })
+        "pvpanic": c.pvpanic,
+        "iommu": false,
+        "watchdog": false,
+        "landlock_enable": false,
+    });
+    if let Some(r) = &c.rng {
+        v["rng"] = json!({"src": r.src, "iommu": false, "pci_segment": 0, "transport": transport(r.transport)});
+    }
+    v
 }
 
 #[cfg(test)]
@@ -273,9 +328,30 @@ mod tests {
     }
 
     #[test]
+    fn cloud_hypervisors_own_vm_info_config_creates_a_vm_and_round_trips() {
+        // Every field CH's vm.info fills; CH's defaults are accepted.
+        let body = crate::config::ch_fields::tests::ch_vm_info_config();
+        let c = vm_config_from_json(&body).unwrap();
+        assert_eq!(c.rng, Some(RngConfig::default()), "rng is on, from /dev/urandom, as in CH");
+        assert!(!c.pvpanic, "pvpanic: false is honoured (no device)");
+        let info = vm_config_to_json(&c);
+        for key in ["kvm_hyperv", "max_phys_bits", "nested", "core_scheduling", "profile"] {
+            assert!(info["cpus"].get(key).is_some(), "vm.info has cpus.{key}");
+        }
+        assert_eq!(info["memory"]["thp"], true);
+        assert_eq!(info["debug_console"]["iobase"], 233);
+        assert_eq!(vm_config_from_json(&info).unwrap(), c, "vm.info's config creates the same VM");
+        // Without rng or pvpanic: both on.
+        let c = vm_config_from_json(&json!({"payload": {"kernel": "/k"}})).unwrap();
+        assert!(c.rng.is_some() && c.pvpanic);
+    }
+
+    #[test]
     fn vm_config_errors() {
         let e = |v: Value| vm_config_from_json(&v).unwrap_err().to_string();
-        assert!(e(json!({"payload": {"kernel": "/k"}, "rng": {"src": "/dev/urandom"}})).contains("unknown field `rng`"));
+        assert!(e(json!({"payload": {"kernel": "/k"}, "rng": {"src": "/dev/urandom", "iommu": true}})).contains("iommu=on"));
+        assert!(e(json!({"payload": {"kernel": "/k"}, "frobnicate": 1})).contains("VmConfig.frobnicate: unknown field"));
+        assert!(e(json!({"payload": {"kernel": "/k"}, "net": [{"tap": "t0"}]})).contains("VmConfig.net=[{\"tap\":\"t0\"}] is not supported"));
         assert!(e(json!({"payload": {}})).contains("payload.kernel"));
         assert!(e(json!({"payload": {"kernel": "/k"}, "memory": {"size": 1024}})).contains("between 32M and 512G"));
         assert!(e(json!({"payload": {"kernel": "/k"}, "fs": [{"tag": "t", "socket": "s"}]})).contains("shared=on"));

@@ -3,10 +3,13 @@
 mod fs;
 pub mod json;
 mod option_parser;
+mod ch_fields;
 mod pmem;
+mod rng;
 
 pub use fs::FsConfig;
 pub use pmem::{PmemConfig, Transport};
+pub use rng::{RngConfig, DEFAULT_RNG_SOURCE, RNG_KEYS};
 
 use std::path::PathBuf;
 
@@ -172,6 +175,11 @@ pub struct VmConfig {
     pub serial: SerialMode,
     pub pmem: Vec<PmemConfig>,
     pub fs: Vec<FsConfig>,
+    /// The virtio-rng device (on by default, as in Cloud Hypervisor).
+    pub rng: Option<RngConfig>,
+    /// The pvpanic device (I/O port 0x505): the guest reports a panic and
+    /// the VMM exits with status 3. On unless a VmConfig says `false`.
+    pub pvpanic: bool,
 }
 
 impl VmConfig {
@@ -232,6 +240,8 @@ mod tests {
             serial: SerialMode::Off,
             pmem: vec![PmemConfig::parse("file=p,id=dev0", 0).unwrap()],
             fs: vec![FsConfig::parse("tag=t,socket=s,id=dev1", 0).unwrap()],
+            rng: None,
+            pvpanic: true,
         };
         assert!(cfg.validate().unwrap_err().to_string().contains("shared=on"));
         cfg.memory.shared = true;

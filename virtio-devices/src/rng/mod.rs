@@ -1,0 +1,239 @@
+//! virtio-rng (entropy device, virtio 1.2 §5.4): one request queue whose
+//! buffers the device fills with bytes from a host source (Cloud
+//! Hypervisor's `rng src=`, `/dev/urandom` by default). Cloud Hypervisor
+//! gives every VM one, so this VMM does too.
+//!
+//! Each chain's device-writable buffers are filled (at most
+//! [`MAX_BYTES_PER_REQUEST`] per chain, so a guest cannot make one request
+//! read without bound); a chain with none is used with length 0.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{Address, Bytes, GuestAddressSpace, GuestMemory, GuestMemoryAtomic};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::device::{ActivateError, ActivatedQueue, Interrupt, VirtioDevice, VirtioInterrupt};
+use crate::GuestMemoryMmap;
+
+pub const VIRTIO_ID_RNG: u32 = 4;
+const QUEUE_SIZES: &[u16] = &[256];
+/// Bytes given for one request at most (the Linux driver asks for up to a
+/// page at a time).
+pub const MAX_BYTES_PER_REQUEST: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RngError {
+    #[error("rng src={path}: {source}")]
+    Open { path: String, source: std::io::Error },
+    #[error("rng src={path}: not a character device or regular file")]
+    Kind { path: String },
+}
+
+struct Worker {
+    stop: EventFd,
+    thread: JoinHandle<()>,
+}
+
+pub struct Rng {
+    id: String,
+    source: Arc<Mutex<File>>,
+    acked: u64,
+    worker: Option<Worker>,
+}
+
+impl Rng {
+    /// Opens `src` (a character device such as `/dev/urandom`, or a file).
+    pub fn new(id: String, src: &std::path::Path) -> Result<Self, RngError> {
+        let path = src.display().to_string();
+        let file = File::open(src).map_err(|source| RngError::Open { path: path.clone(), source })?;
+        let kind = file.metadata().map_err(|source| RngError::Open { path: path.clone(), source })?.file_type();
+        use std::os::unix::fs::FileTypeExt;
+        if !kind.is_char_device() && !kind.is_file() {
+            return Err(RngError::Kind { path });
+        }
+        Ok(Rng { id, source: Arc::new(Mutex::new(file)), acked: 0, worker: None })
+    }
+
+    fn stop_worker(&mut self) {
+        if let Some(w) = self.worker.take() {
+            let _ = w.stop.write(1);
+            let _ = w.thread.join();
+        }
+    }
+}
+
+impl VirtioDevice for Rng {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_RNG
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        QUEUE_SIZES
+    }
+
+    fn features(&self) -> u64 {
+        1 << VIRTIO_F_VERSION_1
+    }
+
+    fn ack_features(&mut self, features: u64) {
+        self.acked = features & self.features();
+    }
+
+    fn read_config(&self, _offset: u64, data: &mut [u8]) {
+        // virtio-rng has no configuration space.
+        data.fill(0);
+    }
+
+    fn activate(
+        &mut self,
+        mem: GuestMemoryAtomic<GuestMemoryMmap>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+        mut queues: Vec<ActivatedQueue>,
+    ) -> Result<(), ActivateError> {
+        if queues.len() != 1 {
+            return Err(ActivateError::QueueCount { got: queues.len(), needed: 1 });
+        }
+        self.stop_worker();
+        let q = queues.remove(0);
+        let stop = EventFd::new(libc::EFD_NONBLOCK)?;
+        let stop_worker = stop.try_clone()?;
+        let (source, id) = (self.source.clone(), self.id.clone());
+        let thread = std::thread::Builder::new().name(format!("rng-{}", self.id)).spawn(move || {
+            if let Err(e) = seccomp::enter_thread(crate::DEVICE_WORKER_THREAD) {
+                return log::error!("virtio-rng {id}: {e}; the request queue is not served");
+            }
+            if let Err(e) = serve(q.queue, q.kick, stop_worker, mem, interrupt, &source) {
+                log::error!("virtio-rng {id}: request queue stopped: {e}");
+            }
+        })?;
+        self.worker = Some(Worker { stop, thread });
+        Ok(())
+    }
+
+    fn reset(&mut self) -> bool {
+        self.stop_worker();
+        self.acked = 0;
+        true
+    }
+}
+
+impl Drop for Rng {
+    fn drop(&mut self) {
+        self.stop_worker();
+    }
+}
+
+/// Fills every available chain's writable buffers from `source`; returns
+/// how many chains were used.
+pub fn process_queue<M: GuestMemory>(queue: &mut Queue, mem: &M, source: &Mutex<File>) -> Result<usize, virtio_queue::Error> {
+    let mut used = 0;
+    let mut buf = vec![0u8; 4096];
+    while let Some(chain) = queue.iter(mem)?.next() {
+        let head = chain.head_index();
+        let mut written = 0usize;
+        for desc in chain.writable() {
+            let mut addr = desc.addr();
+            let mut left = (desc.len() as usize).min(MAX_BYTES_PER_REQUEST - written);
+            while left > 0 {
+                let n = left.min(buf.len());
+                let got = match source.lock().unwrap_or_else(|p| p.into_inner()).read(&mut buf[..n]) {
+                    Ok(0) | Err(_) => break,
+                    Ok(got) => got,
+                };
+                // A buffer outside guest RAM ends the chain; what was written counts.
+                if mem.write_slice(&buf[..got], addr).is_err() {
+                    left = 0;
+                    break;
+                }
+                written += got;
+                left -= got;
+                addr = match addr.checked_add(got as u64) {
+                    Some(a) => a,
+                    None => break,
+                };
+            }
+            if written >= MAX_BYTES_PER_REQUEST || left > 0 {
+                break;
+            }
+        }
+        queue.add_used(mem, head, written as u32)?;
+        used += 1;
+    }
+    Ok(used)
+}
+
+fn serve(
+    mut queue: Queue,
+    kick: EventFd,
+    stop: EventFd,
+    mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    interrupt: Arc<dyn VirtioInterrupt>,
+    source: &Mutex<File>,
+) -> std::io::Result<()> {
+    const KICK: u64 = 0;
+    const STOP: u64 = 1;
+    let epoll = Epoll::new()?;
+    epoll.ctl(ControlOperation::Add, kick.as_raw_fd(), EpollEvent::new(EventSet::IN, KICK))?;
+    epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, STOP))?;
+    let mut events = vec![EpollEvent::default(); 2];
+    loop {
+        let n = match epoll.wait(-1, &mut events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        for ev in &events[..n] {
+            if ev.data() == STOP {
+                return Ok(());
+            }
+            let _ = kick.read();
+            let guard = mem.memory();
+            let used = process_queue(&mut queue, &*guard, source).map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+            if used > 0 && queue.needs_notification(&*guard).unwrap_or(true) {
+                interrupt.trigger(Interrupt::Queue(0))?;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use vm_memory::GuestAddress;
+
+    use super::*;
+
+    #[test]
+    fn fills_writable_buffers_from_the_source_and_caps_a_request() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap();
+        let vq = MockSplitQueue::new(&mem, 16);
+        // Chain 0: 100 writable bytes. Chain 1: 2 x 48 KiB (capped at 64 KiB).
+        let descs = [
+            RawDescriptor::from(SplitDescriptor::new(0x10000, 100, VRING_DESC_F_WRITE as u16, 0)),
+            RawDescriptor::from(SplitDescriptor::new(0x20000, 48 << 10, (VRING_DESC_F_WRITE | VRING_DESC_F_NEXT) as u16, 2)),
+            RawDescriptor::from(SplitDescriptor::new(0x40000, 48 << 10, VRING_DESC_F_WRITE as u16, 0)),
+        ];
+        vq.build_multiple_desc_chains(&descs).unwrap();
+        let mut q: Queue = vq.create_queue().unwrap();
+        let tmp = vmm_sys_util::tempfile::TempFile::new().unwrap();
+        std::fs::write(tmp.as_path(), vec![0x5au8; 200 << 10]).unwrap();
+        let source = Mutex::new(File::open(tmp.as_path()).unwrap());
+        assert_eq!(process_queue(&mut q, &mem, &source).unwrap(), 2);
+        let mut got = [0u8; 100];
+        mem.read_slice(&mut got, GuestAddress(0x10000)).unwrap();
+        assert_eq!(got, [0x5a; 100]);
+        let used_len = |i: u64| mem.read_obj::<u32>(vq.used_addr().unchecked_add(4 + 8 * i + 4)).unwrap();
+        assert_eq!((used_len(0), used_len(1)), (100, MAX_BYTES_PER_REQUEST as u32));
+        assert!(Rng::new("rng0".into(), std::path::Path::new("/dev/urandom")).is_ok());
+        assert!(Rng::new("rng0".into(), std::path::Path::new("/")).err().unwrap().to_string().contains("not a character device"));
+    }
+}
