@@ -51,6 +51,8 @@ pub enum VmmAction {
     Reboot,
     Pause,
     Resume,
+    /// ACPI power button press.
+    PowerButton,
     /// A `vm.add-fs` body (FsConfig JSON).
     AddFs(Value),
     /// A `vm.add-pmem` body (PmemConfig JSON).

@@ -130,6 +130,7 @@ pub fn router(vmm: VmmChannel, events: EventBus) -> Router {
         .route("/api/v1/vm.info", get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Info).await }))
         .route("/api/v1/vm.shutdown", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::ShutdownVm).await }))
         .route("/api/v1/vm.reboot", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Reboot).await }))
+        .route("/api/v1/vm.power-button", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::PowerButton).await }))
         .route("/api/v1/vm.pause", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Pause).await }))
         .route("/api/v1/vm.resume", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Resume).await }))
         .route(

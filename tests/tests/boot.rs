@@ -99,3 +99,50 @@ fn guest_panic_and_reset_end_the_vmm() {
         assert!(run.vmm_message().is_some_and(|m| m.contains("reset")), "{tail}");
     }
 }
+
+/// `vm.power-button` through the API, as ch-remote sends it: the guest's
+/// ACPI button driver reports KEY_POWER (through the GED's event), a
+/// watcher in the guest powers off as systemd-logind would, and the VMM
+/// exits as for any poweroff. The guest also sees the virtio-rng device
+/// Cloud Hypervisor gives every VM and reads entropy from it.
+#[test]
+#[ignore = "boots real guests; run through scripts/test.sh"]
+fn the_power_button_shuts_a_guest_down_and_rng_gives_entropy() {
+    let mut guest = Guest::new(
+        "power-button",
+        r#"
+echo "@@GUEST hwrng=$(cat /sys/class/misc/hw_random/rng_current 2>&1)"
+echo "@@GUEST hwrng_bytes=$(head -c 64 /dev/hwrng | wc -c)"
+echo "@@GUEST button=$(daxprobe power-button 2>&1 | tr '\n' ' ')"
+poweroff -f
+"#,
+    );
+    guest.guest_modules = vec!["button".into(), "evdev".into(), "virtio_rng".into()];
+    guest.guest_tools = vec![rig::tool("guest-tests", "daxprobe").expect("daxprobe")];
+    guest.host_tools = vec![rig::tool("guest-tests", "daxprobe").expect("daxprobe")];
+    guest.api_script = Some(
+        r#"
+api() { daxprobe http /tmp/api.sock "$@"; }
+CREATE='{"payload":{"kernel":"'$KERNEL'","initramfs":"'$INITRAMFS'","cmdline":"'$CMDLINE'"},"cpus":{"boot_vcpus":1,"max_vcpus":1},"memory":{"size":536870912},"serial":{"mode":"Tty"}}'
+echo "@@HOST early_press=$(api PUT /api/v1/vm.power-button)"
+echo "@@HOST create=$(api PUT /api/v1/vm.create "$CREATE")"
+echo "@@HOST boot=$(api PUT /api/v1/vm.boot)"
+# Pressed until the guest goes: a press before its watcher is armed is
+# lost, as on real hardware.
+i=0; while kill -0 $VMM_PID 2>/dev/null && [ $i -lt 300 ]; do api PUT /api/v1/vm.power-button >/dev/null 2>&1; sleep 1; i=$((i+1)); done
+echo "@@HOST presses=$i"
+"#
+        .into(),
+    );
+    guest.timeout = Duration::from_secs(600);
+    let run = rig::run(&guest).expect("rig run");
+    let tail = run.tail(60);
+    assert!(!run.timed_out, "{tail}");
+    assert_eq!(run.guest("insmod_failed"), None, "{tail}");
+    assert!(run.host("early_press").is_some_and(|p| p.starts_with("status=409")), "no VM yet: {tail}");
+    assert_eq!(run.host("boot"), Some("status=204 body="), "{tail}");
+    assert!(run.guest("button").is_some_and(|b| b.contains("armed") && b.ends_with("pressed ")), "{tail}");
+    assert_eq!(run.vmm_exit, Some(0), "a power-button shutdown ends the VMM like a poweroff\n{tail}");
+    assert!(run.guest("hwrng").is_some_and(|r| r.starts_with("virtio_rng")), "{tail}");
+    assert_eq!(run.guest("hwrng_bytes"), Some("64"), "{tail}");
+}

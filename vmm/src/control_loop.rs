@@ -234,6 +234,13 @@ impl ControlLoop {
                 self.boot().map_err(|e| ApiError::internal(format!("vm.reboot: the VM stopped but did not boot again: {e}")))?;
                 Ok(VmmReply::NoContent)
             }
+            VmmAction::PowerButton => match (&self.vm, self.state) {
+                (Some(vm), State::Running) => {
+                    vm.power_button().map_err(|e| ApiError::internal(format!("vm.power-button: {e}")))?;
+                    Ok(VmmReply::NoContent)
+                }
+                _ => Err(self.not_running("vm.power-button")),
+            },
             VmmAction::Pause => match (&mut self.vm, self.state) {
                 (Some(vm), State::Running) => {
                     vm.pause();

@@ -22,7 +22,7 @@ use crate::arch::x86_64::{acpi::AcpiTables, boot, layout};
 use crate::config::{SerialMode, Transport, VmConfig};
 use crate::devices::virtio_mmio::MmioDeviceManager;
 use crate::devices::virtio_pci::PciDeviceManager;
-use crate::devices::{acpi_pm, i8042, pvpanic, serial, Bus};
+use crate::devices::{acpi_pm, ged, i8042, pvpanic, serial, Bus};
 use crate::exit::{ExitHandle, VmExit};
 use crate::memory::{self, GuestMemoryMmap};
 use crate::signals::StopSignals;
@@ -125,7 +125,7 @@ fn add_platform_devices(
     config: &VmConfig,
     pio: &Bus,
     exit: &Arc<ExitHandle>,
-) -> Result<(Option<SharedSerial>, Vec<u8>), VmError> {
+) -> Result<(Option<SharedSerial>, ged::GedHandle, Vec<u8>), VmError> {
     let dev = |e: crate::devices::bus::BusError| VmError::Device(e.to_string());
     let mut serial_dev = None;
     let mut aml = Vec::new();
@@ -150,7 +150,12 @@ fn add_platform_devices(
             .map_err(dev)?;
         pvpanic::PvPanic::append_aml(&mut aml);
     }
-    Ok((serial_dev, aml))
+    let irq = EventFd::new(libc::EFD_NONBLOCK)?;
+    kvm_setup("registering the GED irqfd", vm.register_irqfd(&irq, ged::GED_IRQ))?;
+    let ged_dev = Arc::new(Mutex::new(ged::Ged::new(irq)));
+    pio.insert(ged_dev.clone(), u64::from(ged::GED_PORT), 1).map_err(dev)?;
+    ged::Ged::append_aml(&mut aml);
+    Ok((serial_dev, ged::GedHandle(ged_dev), aml))
 }
 
 fn create_vm(kvm: &Kvm) -> Result<VmFd, VmError> {
@@ -366,6 +371,8 @@ pub struct Vm {
     _mem: GuestMemoryMmap,
     /// The KVM VM: its clock is saved and restored across a pause.
     vm: Arc<VmFd>,
+    /// The ACPI Generic Event Device, for `vm.power-button`.
+    ged: ged::GedHandle,
 }
 
 impl Vm {
@@ -380,7 +387,7 @@ impl Vm {
         let exit = Arc::new(ExitHandle::new()?);
         let pio = Arc::new(Bus::new());
         let mmio = Arc::new(Bus::new());
-        let (serial_dev, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
+        let (serial_dev, ged, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
         let guest_mem = GuestMemoryAtomic::new(mem.clone());
         let mut devices = DeviceSetup {
             vm: &vm,
@@ -433,6 +440,7 @@ impl Vm {
             stdin,
             _mem: mem,
             vm,
+            ged,
         })
     }
 
@@ -447,6 +455,12 @@ impl Vm {
 
     pub fn fs_devices(&self) -> &[FsDeviceInfo] {
         &self.fs
+    }
+
+    /// Presses the ACPI power button: a guest that handles it shuts down,
+    /// and the VMM exits as for any poweroff.
+    pub fn power_button(&self) -> std::io::Result<()> {
+        self.ged.press_power_button()
     }
 
     /// Parks every vCPU (devices and daemons keep their state) and keeps

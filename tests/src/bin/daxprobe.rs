@@ -10,6 +10,8 @@
 //!                                        "status=N body=..." on one line (exit 1 unless 2xx)
 //! daxprobe sse SOCKET PATH                 subscribes to server-sent events; when the stream
 //!                                        ends prints the count of each kind ("map=N unmap=M")
+//! daxprobe power-button                  waits for the ACPI power button's KEY_POWER (evdev);
+//!                                        prints "pressed" (exit 0)
 //! ```
 //!
 //! `statx` forces a GETATTR (`AT_STATX_FORCE_SYNC`), so it sees what the
@@ -161,6 +163,33 @@ fn sse_counts(socket: &str, path: &str) {
     println!("{}", out.join(" "));
 }
 
+/// Waits for KEY_POWER from the input device named "Power Button" (the
+/// ACPI button driver's), as systemd-logind or acpid would.
+fn power_button() {
+    const EV_KEY: u16 = 1;
+    const KEY_POWER: u16 = 116;
+    let device = (0..32)
+        .find(|i| {
+            std::fs::read_to_string(format!("/sys/class/input/event{i}/device/name")).is_ok_and(|n| n.contains("Power Button"))
+        })
+        .unwrap_or_else(|| fail("no input device named \"Power Button\" (are the button and evdev modules loaded?)".into()));
+    let mut f = File::open(format!("/dev/input/event{device}")).unwrap_or_else(|e| fail(format!("/dev/input/event{device}: {e}")));
+    println!("armed event{device}");
+    // struct input_event on x86-64: a 16-byte timeval, type, code, value.
+    let mut ev = [0u8; 24];
+    loop {
+        use std::io::Read;
+        f.read_exact(&mut ev).unwrap_or_else(|e| fail(format!("reading event{device}: {e}")));
+        let kind = u16::from_ne_bytes([ev[16], ev[17]]);
+        let code = u16::from_ne_bytes([ev[18], ev[19]]);
+        let value = i32::from_ne_bytes([ev[20], ev[21], ev[22], ev[23]]);
+        if kind == EV_KEY && code == KEY_POWER && value == 1 {
+            println!("pressed");
+            return;
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
@@ -196,6 +225,7 @@ fn main() {
         ["http", socket, method, path] => http(socket, method, path, ""),
         ["http", socket, method, path, body] => http(socket, method, path, body),
         ["sse", socket, path] => sse_counts(socket, path),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | bench | http | sse)".into()),
+        ["power-button"] => power_button(),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | bench | http | sse | power-button)".into()),
     }
 }

@@ -5,6 +5,7 @@ pub mod bus;
 pub mod gsi_routing;
 pub mod i8042;
 pub mod pci_root;
+pub mod ged;
 pub mod pvpanic;
 pub mod serial;
 pub mod virtio_mmio;
