@@ -8,6 +8,8 @@ scripts/setup-host.sh
 cargo test --workspace --locked
 # A short run of every fuzz target (scripts/fuzz.sh runs them for real).
 scripts/fuzz.sh "${DAX_VMM_FUZZ_SMOKE_RUNS:-20000}"
+# Requests generated from docs/openapi.yaml against the real API (schemathesis).
+scripts/api-fuzz.sh 30
 # Guest tests share the machine's cores: one at a time.
 cargo test --locked -p guest-tests -- --ignored --test-threads=1
 echo

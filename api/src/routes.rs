@@ -152,5 +152,24 @@ pub fn router(vmm: VmmChannel, events: EventBus) -> Router {
         .method_not_allowed_fallback(|method: axum::http::Method, uri: axum::http::Uri| async move {
             ApiError { status: 405, message: format!("{} does not take {method} (see docs/api.md)", uri.path()) }
         })
+        .layer(axum::middleware::map_response(errors_as_json))
         .with_state(state)
+}
+
+/// Errors that axum's extractors produce themselves (a malformed query
+/// string, say) come as plain text; Cloud Hypervisor's clients expect every
+/// error as a JSON array of strings, so those are rewrapped.
+async fn errors_as_json(response: Response) -> Response {
+    let status = response.status();
+    let is_text = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/plain"));
+    if !(status.is_client_error() || status.is_server_error()) || !is_text {
+        return response;
+    }
+    let body = axum::body::to_bytes(response.into_body(), 64 * 1024).await.unwrap_or_default();
+    let message = String::from_utf8_lossy(&body).trim().to_string();
+    (status, Json(vec![message])).into_response()
 }

@@ -129,7 +129,7 @@ fn rest_api_over_a_unix_socket() {
         control.display()
     );
     assert_eq!(http(&api, "PUT", "/api/v1/vm.add-fs", &add_fs).0, 204);
-    refused(&api, "PUT", "/api/v1/vm.add-fs", &add_fs, 400, "\"fs0\" is used twice");
+    refused(&api, "PUT", "/api/v1/vm.add-fs", &add_fs, 409, "\"fs0\" is used twice");
     refused(&api, "PUT", "/api/v1/vm.add-fs", r#"{"tag":"t","socket":"/s","cache":"always"}"#, 400, "unknown field `cache`");
     refused(&api, "PUT", "/api/v1/vm.add-fs", r#"{"socket":"/s"}"#, 400, "missing field `tag`");
     refused(&api, "PUT", "/api/v1/vm.add-fs", r#"{"tag":"t","socket":"/s","cache_size":3145728}"#, 400, "multiple of 2M");

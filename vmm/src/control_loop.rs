@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use virtio_devices::vhost_user_fs::metrics::MAP_LATENCY_BUCKETS_US;
 use virtio_devices::vhost_user_fs::window::{WindowEvent, WindowObserver};
 
+use crate::config::ConfigError;
 use crate::config::json::{fs_config_from_json, pmem_config_from_json, vm_config_from_json, vm_config_to_json};
 use crate::config::VmConfig;
 use crate::exit::VmExit;
@@ -171,7 +172,11 @@ impl ControlLoop {
         let config = self.config_mut(endpoint)?;
         let mut next = config.clone();
         change(&mut next)?;
-        next.validate().map_err(|e| ApiError::bad_request(format!("{endpoint}: {e}")))?;
+        next.validate().map_err(|e| match e {
+            // As Cloud Hypervisor answers a device id that exists: 409.
+            ConfigError::DuplicateId { .. } => ApiError::conflict(format!("{endpoint}: {e}")),
+            e => ApiError::bad_request(format!("{endpoint}: {e}")),
+        })?;
         *config = next;
         Ok(VmmReply::NoContent)
     }

@@ -52,6 +52,9 @@ impl FsConfig {
             return Err(o.invalid("tag", tag, "1 to 36 bytes (the virtio-fs config space)"));
         }
         let socket = o.get("socket").ok_or(ConfigError::MissingKey { option: "fs", key: "socket" })?;
+        if socket.is_empty() {
+            return Err(o.invalid("socket", "", "the path of the daemon's vhost-user socket"));
+        }
         let num_queues = o.convert("num_queues", parse_u32)?.unwrap_or(1);
         if num_queues == 0 || num_queues > MAX_NUM_QUEUES {
             return Err(o.invalid("num_queues", &num_queues.to_string(), "1 to 64 request queues"));
@@ -76,11 +79,18 @@ impl FsConfig {
             socket: PathBuf::from(socket),
             num_queues: num_queues as u16,
             queue_size: queue_size as u16,
-            id: o.get("id").map_or_else(|| format!("_fs{index}"), str::to_string),
+            id: match o.get("id") {
+                Some("") => return Err(o.invalid("id", "", "a non-empty device id")),
+                Some(id) => id.to_string(),
+                None => format!("_fs{index}"),
+            },
             dax,
             cache_size,
             transport: o.convert("transport", Transport::parse)?.unwrap_or_default(),
-            control_socket: o.get("control_socket").map(PathBuf::from),
+            control_socket: match o.get("control_socket") {
+                Some("") => return Err(o.invalid("control_socket", "", "the path of the daemon's --control-socket")),
+                other => other.map(PathBuf::from),
+            },
         })
     }
 }

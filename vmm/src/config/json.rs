@@ -48,10 +48,15 @@ pub struct FsConfigJson {
     cache_size: Option<u64>,
     transport: Option<String>,
     control_socket: Option<PathBuf>,
+    /// Cloud Hypervisor's requested PCI slot: null only (slots are assigned).
+    pci_device_id: Option<u8>,
 }
 
 impl FsConfigJson {
     fn into_config(self, index: usize) -> Result<FsConfig, ConfigError> {
+        if let Some(slot) = self.pci_device_id {
+            return Err(ConfigError::Unsupported { option: "fs", message: format!("pci_device_id={slot} is not supported (slots are assigned)") });
+        }
         let mut pairs = vec![("tag", self.tag), ("socket", self.socket.display().to_string())];
         let mut opt = |k, v: Option<String>| {
             if let Some(v) = v {
@@ -80,10 +85,15 @@ pub struct PmemConfigJson {
     id: Option<String>,
     pci_segment: Option<u16>,
     transport: Option<String>,
+    /// Cloud Hypervisor's requested PCI slot: null only (slots are assigned).
+    pci_device_id: Option<u8>,
 }
 
 impl PmemConfigJson {
     fn into_config(self, index: usize) -> Result<PmemConfig, ConfigError> {
+        if let Some(slot) = self.pci_device_id {
+            return Err(ConfigError::Unsupported { option: "pmem", message: format!("pci_device_id={slot} is not supported (slots are assigned)") });
+        }
         let mut pairs = vec![("file", self.file.display().to_string())];
         let mut opt = |k, v: Option<String>| {
             if let Some(v) = v {

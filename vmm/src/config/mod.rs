@@ -38,6 +38,8 @@ pub enum ConfigError {
     MissingKey { option: &'static str, key: &'static str },
     #[error("--{option}: {message}")]
     Unsupported { option: &'static str, message: String },
+    #[error("--{option}: device id \"{id}\" is used twice")]
+    DuplicateId { option: &'static str, id: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -195,7 +197,7 @@ impl VmConfig {
         let mut ids: Vec<&str> = self.pmem.iter().map(|p| p.id.as_str()).chain(self.fs.iter().map(|f| f.id.as_str())).collect();
         ids.sort_unstable();
         if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
-            return Err(ConfigError::Unsupported { option: "fs", message: format!("device id \"{}\" is used twice", w[0]) });
+            return Err(ConfigError::DuplicateId { option: "fs", id: w[0].to_string() });
         }
         Ok(())
     }

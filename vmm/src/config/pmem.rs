@@ -56,6 +56,9 @@ impl PmemConfig {
             return Err(ConfigError::Unsupported { option: "pmem", message: "only pci_segment=0 exists".into() });
         }
         let file = o.get("file").ok_or(ConfigError::MissingKey { option: "pmem", key: "file" })?;
+        if file.is_empty() {
+            return Err(o.invalid("file", "", "a file or directory path"));
+        }
         let size = o.convert("size", parse_size)?;
         if let Some(size) = size {
             if size == 0 || size % TWO_MIB != 0 {
@@ -66,7 +69,11 @@ impl PmemConfig {
             file: PathBuf::from(file),
             size,
             discard_writes: o.convert("discard_writes", parse_toggle)?.unwrap_or(false),
-            id: o.get("id").map_or_else(|| format!("_pmem{index}"), str::to_string),
+            id: match o.get("id") {
+                Some("") => return Err(o.invalid("id", "", "a non-empty device id")),
+                Some(id) => id.to_string(),
+                None => format!("_pmem{index}"),
+            },
             transport: o.convert("transport", Transport::parse)?.unwrap_or_default(),
         })
     }
