@@ -38,7 +38,7 @@ const SERVING: &[i64] = &[
     SYS_read, SYS_write, SYS_readv, SYS_writev, SYS_pread64, SYS_pwrite64, SYS_preadv, SYS_pwritev,
     SYS_preadv2, SYS_pwritev2, SYS_openat, SYS_close, SYS_fstat, SYS_newfstatat, SYS_statx, SYS_lseek,
     SYS_fcntl, SYS_dup, SYS_dup3, SYS_getdents64, SYS_mkdirat, SYS_mknodat, SYS_symlinkat,
-    SYS_unlinkat, SYS_unlink, SYS_renameat2, SYS_linkat, SYS_readlinkat, SYS_fchownat, SYS_fchmodat, SYS_fchmod,
+    SYS_unlinkat, SYS_unlink, SYS_renameat, SYS_renameat2, SYS_linkat, SYS_readlinkat, SYS_fchownat, SYS_fchmodat, SYS_fchmodat2, SYS_fchmod,
     SYS_fchown, SYS_utimensat, SYS_ftruncate, SYS_fallocate, SYS_fsync, SYS_fdatasync, SYS_syncfs,
     SYS_fstatfs, SYS_fsetxattr, SYS_fgetxattr, SYS_flistxattr, SYS_fremovexattr, SYS_umask,
     SYS_geteuid, SYS_getuid, SYS_getegid, SYS_getgid, SYS_prlimit64, SYS_getrlimit, SYS_setrlimit,
