@@ -51,7 +51,9 @@ dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --d
 DAEMON=$!
 i=0; while [ ! -S /tmp/fs.sock ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
 # When the guest asks (a file in the share), push the flipped policy.
-( i=0; while [ ! -e share/.flip-request ] && [ $i -lt 6000 ]; do sleep 0.1; i=$((i+1)); done
+# (Gives up as soon as the VMM is gone, so a VMM that died fails the run
+# at once instead of after the wait.)
+( i=0; while [ ! -e share/.flip-request ] && [ $i -lt 6000 ] && { [ $i -lt 300 ] || pidof dax-vmm >/dev/null; }; do sleep 0.1; i=$((i+1)); done
   echo "@@HOST daemon_workers=$(for p in $(pidof dax-virtiofsd); do cat /proc/$p/task/*/comm; done | grep -c fs-worker)"
   # Confinement, with every thread of both processes running (vCPUs, device
   # workers, the API; the daemon's queue threads and workers).
