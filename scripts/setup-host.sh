@@ -3,8 +3,9 @@
 # machine. Safe to run again: it installs only what is missing.
 set -euo pipefail
 
-# prometheus: its promtool checks the metrics the API serves.
-packages=(qemu-system-x86 busybox-static cpio xz-utils e2fsprogs prometheus)
+# prometheus: its promtool checks the metrics the API serves; socat bridges
+# the API socket to TCP for the OpenAPI fuzzer (scripts/api-fuzz.sh).
+packages=(qemu-system-x86 busybox-static cpio xz-utils e2fsprogs prometheus socat)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
