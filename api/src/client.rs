@@ -17,13 +17,19 @@ pub const DAEMON_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("control socket {path}: {source}")]
-    Connect { path: String, source: std::io::Error },
+    Connect {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("control socket {path}: {source}")]
     Http { path: String, source: hyper::Error },
     #[error("control socket {path}: no answer within {timeout:?}")]
     Timeout { path: String, timeout: Duration },
     #[error("control socket {path}: building the request: {source}")]
-    Request { path: String, source: hyper::http::Error },
+    Request {
+        path: String,
+        source: hyper::http::Error,
+    },
 }
 
 /// A daemon's answer: status and body text.
@@ -34,29 +40,62 @@ pub struct Answer {
 }
 
 /// Sends one request to the HTTP server on the unix socket `socket`.
-pub async fn request(socket: &Path, method: &str, uri: &str, body: Option<String>) -> Result<Answer, ClientError> {
+pub async fn request(
+    socket: &Path,
+    method: &str,
+    uri: &str,
+    body: Option<String>,
+) -> Result<Answer, ClientError> {
     let path = socket.display().to_string();
     match tokio::time::timeout(DAEMON_TIMEOUT, exchange(socket, &path, method, uri, body)).await {
         Ok(r) => r,
-        Err(_) => Err(ClientError::Timeout { path, timeout: DAEMON_TIMEOUT }),
+        Err(_) => Err(ClientError::Timeout {
+            path,
+            timeout: DAEMON_TIMEOUT,
+        }),
     }
 }
 
-async fn exchange(socket: &Path, path: &str, method: &str, uri: &str, body: Option<String>) -> Result<Answer, ClientError> {
-    let stream = UnixStream::connect(socket).await.map_err(|source| ClientError::Connect { path: path.into(), source })?;
-    let http = |source| ClientError::Http { path: path.into(), source };
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(http)?;
+async fn exchange(
+    socket: &Path,
+    path: &str,
+    method: &str,
+    uri: &str,
+    body: Option<String>,
+) -> Result<Answer, ClientError> {
+    let stream = UnixStream::connect(socket)
+        .await
+        .map_err(|source| ClientError::Connect {
+            path: path.into(),
+            source,
+        })?;
+    let http = |source| ClientError::Http {
+        path: path.into(),
+        source,
+    };
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(http)?;
     // The connection task ends when the exchange does (or the daemon hangs up).
     tokio::spawn(conn);
-    let mut req = Request::builder().method(method).uri(uri).header("host", "localhost");
+    let mut req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("host", "localhost");
     if body.is_some() {
         req = req.header("content-type", "application/json");
     }
     let req = req
         .body(Full::new(Bytes::from(body.unwrap_or_default())))
-        .map_err(|source| ClientError::Request { path: path.into(), source })?;
+        .map_err(|source| ClientError::Request {
+            path: path.into(),
+            source,
+        })?;
     let resp = sender.send_request(req).await.map_err(http)?;
     let status = resp.status().as_u16();
     let bytes = resp.into_body().collect().await.map_err(http)?.to_bytes();
-    Ok(Answer { status, body: String::from_utf8_lossy(&bytes).into_owned() })
+    Ok(Answer {
+        status,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    })
 }

@@ -43,21 +43,32 @@ pub(crate) struct PolicyQuery {
 
 impl PolicyQuery {
     fn id(&self) -> Result<&str, ApiError> {
-        self.id.as_deref().ok_or_else(|| ApiError::bad_request("vm.dax-policy: the query needs id=<fs device id>"))
+        self.id.as_deref().ok_or_else(|| {
+            ApiError::bad_request("vm.dax-policy: the query needs id=<fs device id>")
+        })
     }
 }
 
 async fn dax_status(s: &AppState) -> Result<Vec<FsDaxStatus>, ApiError> {
     match s.vmm.call(VmmAction::DaxStatus).await? {
         VmmReply::Dax(d) => Ok(d),
-        other => Err(ApiError::internal(format!("unexpected answer from the VMM: {other:?}"))),
+        other => Err(ApiError::internal(format!(
+            "unexpected answer from the VMM: {other:?}"
+        ))),
     }
 }
 
 /// Sends one request to a daemon's control socket; the JSON answer, or a
 /// 502 that carries the daemon's own message.
-async fn daemon_json(socket: &std::path::Path, method: &str, uri: &str, body: Option<String>) -> Result<Value, ApiError> {
-    let answer = client::request(socket, method, uri, body).await.map_err(|e| ApiError::bad_gateway(e.to_string()))?;
+async fn daemon_json(
+    socket: &std::path::Path,
+    method: &str,
+    uri: &str,
+    body: Option<String>,
+) -> Result<Value, ApiError> {
+    let answer = client::request(socket, method, uri, body)
+        .await
+        .map_err(|e| ApiError::bad_gateway(e.to_string()))?;
     if answer.status != 200 {
         return Err(ApiError::bad_gateway(format!(
             "the daemon at {} answered {}: {}",
@@ -66,26 +77,48 @@ async fn daemon_json(socket: &std::path::Path, method: &str, uri: &str, body: Op
             answer.body.trim()
         )));
     }
-    serde_json::from_str(&answer.body).map_err(|e| ApiError::bad_gateway(format!("the daemon at {} answered non-JSON: {e}", socket.display())))
+    serde_json::from_str(&answer.body).map_err(|e| {
+        ApiError::bad_gateway(format!(
+            "the daemon at {} answered non-JSON: {e}",
+            socket.display()
+        ))
+    })
 }
 
 fn parse_policy(body: &Bytes) -> Result<Policy, ApiError> {
-    let text = std::str::from_utf8(body).map_err(|_| ApiError::bad_request("vm.dax-policy: the body is not UTF-8"))?;
+    let text = std::str::from_utf8(body)
+        .map_err(|_| ApiError::bad_request("vm.dax-policy: the body is not UTF-8"))?;
     let trimmed = text.trim_start();
     if trimmed.is_empty() {
-        return Err(ApiError::bad_request("vm.dax-policy: a policy document (JSON or YAML) is required"));
+        return Err(ApiError::bad_request(
+            "vm.dax-policy: a policy document (JSON or YAML) is required",
+        ));
     }
-    let parsed = if trimmed.starts_with('{') { Policy::parse_json(text) } else { Policy::parse_yaml(text) };
+    let parsed = if trimmed.starts_with('{') {
+        Policy::parse_json(text)
+    } else {
+        Policy::parse_yaml(text)
+    };
     parsed.map_err(|e| ApiError::bad_request(format!("vm.dax-policy: {e}")))
 }
 
-pub(crate) async fn get_policy(State(s): State<AppState>, Query(q): Query<PolicyQuery>) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn get_policy(
+    State(s): State<AppState>,
+    Query(q): Query<PolicyQuery>,
+) -> Result<Json<Value>, ApiError> {
     let id = q.id()?;
     let devices = dax_status(&s).await?;
     if !devices.iter().any(|d| d.id == id) {
-        return Err(ApiError::not_found(format!("no fs device with id \"{id}\"")));
+        return Err(ApiError::not_found(format!(
+            "no fs device with id \"{id}\""
+        )));
     }
-    let desired = s.desired.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
+    let desired = s
+        .desired
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(id)
+        .cloned();
     let (acknowledged, daemon_error) = match control_socket_of(&devices, id) {
         Ok(socket) => match daemon_json(&socket, "GET", "/api/v1/policy", None).await {
             Ok(v) => (v, Value::Null),
@@ -103,12 +136,21 @@ pub(crate) async fn get_policy(State(s): State<AppState>, Query(q): Query<Policy
 }
 
 /// Pushes `policy` (None: the default) and answers what changed.
-async fn push(s: &AppState, id: &str, policy: Option<Policy>, dry_run: bool) -> Result<Json<Value>, ApiError> {
+async fn push(
+    s: &AppState,
+    id: &str,
+    policy: Option<Policy>,
+    dry_run: bool,
+) -> Result<Json<Value>, ApiError> {
     let devices = dax_status(s).await?;
     let socket = control_socket_of(&devices, id)?;
     let answer = match &policy {
         Some(p) => {
-            let uri = if dry_run { "/api/v1/policy?dry_run=true" } else { "/api/v1/policy" };
+            let uri = if dry_run {
+                "/api/v1/policy?dry_run=true"
+            } else {
+                "/api/v1/policy"
+            };
             daemon_json(&socket, "PUT", uri, Some(p.to_value().to_string())).await?
         }
         None if dry_run => {
@@ -119,12 +161,28 @@ async fn push(s: &AppState, id: &str, policy: Option<Policy>, dry_run: bool) -> 
     };
     let generation = answer["generation"].as_u64().unwrap_or(0);
     let changes = answer["changes"].as_array().cloned().unwrap_or_default();
-    let by_effect = |effect: &str| -> Vec<Value> { changes.iter().filter(|c| c["effect"] == effect).cloned().collect() };
+    let by_effect = |effect: &str| -> Vec<Value> {
+        changes
+            .iter()
+            .filter(|c| c["effect"] == effect)
+            .cloned()
+            .collect()
+    };
     if !dry_run {
         let doc = policy.unwrap_or_default().to_value();
-        s.desired.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string(), DesiredPolicy { policy: doc, generation });
+        s.desired.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            id.to_string(),
+            DesiredPolicy {
+                policy: doc,
+                generation,
+            },
+        );
         if !changes.is_empty() {
-            s.events.publish(DaxEvent::new("policy", id, json!({"generation": generation, "changes": changes})));
+            s.events.publish(DaxEvent::new(
+                "policy",
+                id,
+                json!({"generation": generation, "changes": changes}),
+            ));
         }
     }
     Ok(Json(json!({
@@ -138,13 +196,20 @@ async fn push(s: &AppState, id: &str, policy: Option<Policy>, dry_run: bool) -> 
     })))
 }
 
-pub(crate) async fn put_policy(State(s): State<AppState>, Query(q): Query<PolicyQuery>, body: Bytes) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn put_policy(
+    State(s): State<AppState>,
+    Query(q): Query<PolicyQuery>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
     let id = q.id()?;
     let policy = parse_policy(&body)?;
     push(&s, id, Some(policy), q.dry_run).await
 }
 
-pub(crate) async fn delete_policy(State(s): State<AppState>, Query(q): Query<PolicyQuery>) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn delete_policy(
+    State(s): State<AppState>,
+    Query(q): Query<PolicyQuery>,
+) -> Result<Json<Value>, ApiError> {
     push(&s, q.id()?, None, q.dry_run).await
 }
 
@@ -162,5 +227,12 @@ pub(crate) async fn metrics(State(s): State<AppState>) -> Response {
         stats.push(st);
     }
     let text = metrics::render(&devices, &stats, PageFaults::of_this_process());
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }

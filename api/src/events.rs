@@ -31,8 +31,15 @@ pub struct DaxEvent {
 
 impl DaxEvent {
     pub fn new(kind: &'static str, device: &str, fields: Value) -> Self {
-        let at_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        DaxEvent { kind, device: device.to_string(), fields, at_ms }
+        let at_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        DaxEvent {
+            kind,
+            device: device.to_string(),
+            fields,
+            at_ms,
+        }
     }
 
     fn to_sse(&self) -> Event {
@@ -55,7 +62,9 @@ impl Default for EventBus {
 
 impl EventBus {
     pub fn with_capacity(capacity: usize) -> Self {
-        EventBus { tx: broadcast::channel(capacity).0 }
+        EventBus {
+            tx: broadcast::channel(capacity).0,
+        }
     }
 
     /// Never blocks; with no subscriber the event is simply dropped.
@@ -69,11 +78,15 @@ impl EventBus {
 
     /// The SSE response for one subscriber.
     pub fn sse(&self) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-        let hello = Event::default().event("subscribed").data(json!({"buffer": self.tx.len().max(EVENT_BUFFER)}).to_string());
+        let hello = Event::default()
+            .event("subscribed")
+            .data(json!({"buffer": self.tx.len().max(EVENT_BUFFER)}).to_string());
         let events = stream::unfold(self.subscribe(), |mut rx| async move {
             let event = match rx.recv().await {
                 Ok(e) => e.to_sse(),
-                Err(broadcast::error::RecvError::Lagged(n)) => Event::default().event("lagged").data(json!({"dropped": n}).to_string()),
+                Err(broadcast::error::RecvError::Lagged(n)) => Event::default()
+                    .event("lagged")
+                    .data(json!({"dropped": n}).to_string()),
                 Err(broadcast::error::RecvError::Closed) => return None,
             };
             Some((Ok(event), rx))

@@ -25,7 +25,11 @@ const DRAIN: Duration = Duration::from_secs(2);
 
 /// Accepts connections until `stop` resolves, then lets open ones finish
 /// for at most [`DRAIN`].
-pub async fn serve(listener: UnixListener, app: Router, stop: impl std::future::Future<Output = ()>) {
+pub async fn serve(
+    listener: UnixListener,
+    app: Router,
+    stop: impl std::future::Future<Output = ()>,
+) {
     let mut connections = JoinSet::new();
     tokio::pin!(stop);
     loop {
@@ -55,13 +59,21 @@ pub async fn serve(listener: UnixListener, app: Router, stop: impl std::future::
             () = &mut stop => break,
         }
     }
-    let _ = tokio::time::timeout(DRAIN, async { while connections.join_next().await.is_some() {} }).await;
+    let _ = tokio::time::timeout(DRAIN, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
 }
 
 /// The reply as micro-http would write it: no reason phrase, and its
 /// `Server` header.
 fn as_cloud_hypervisor(mut response: Response<Body>) -> Response<Body> {
-    response.extensions_mut().insert(ReasonPhrase::from_static(b""));
-    response.headers_mut().insert("server", HeaderValue::from_static("Cloud Hypervisor API (dax-vmm)"));
+    response
+        .extensions_mut()
+        .insert(ReasonPhrase::from_static(b""));
+    response.headers_mut().insert(
+        "server",
+        HeaderValue::from_static("Cloud Hypervisor API (dax-vmm)"),
+    );
     response
 }

@@ -31,10 +31,10 @@ use vmm_sys_util::eventfd::EventFd;
 
 pub use events::{DaxEvent, EventBus};
 pub use metrics::{FsDaxStatus, WindowStats};
-pub use server::{ApiServer, ServerError};
 /// The router alone, for the fuzz target (`fuzz/fuzz_targets/api_router.rs`).
 #[doc(hidden)]
 pub use routes::router;
+pub use server::{ApiServer, ServerError};
 
 /// What the API asks of the VMM.
 #[derive(Debug)]
@@ -82,21 +82,36 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
-        ApiError { status: 400, message: message.into() }
+        ApiError {
+            status: 400,
+            message: message.into(),
+        }
     }
     pub fn not_found(message: impl Into<String>) -> Self {
-        ApiError { status: 404, message: message.into() }
+        ApiError {
+            status: 404,
+            message: message.into(),
+        }
     }
     /// The request is valid but the VM is in the wrong state for it.
     pub fn conflict(message: impl Into<String>) -> Self {
-        ApiError { status: 409, message: message.into() }
+        ApiError {
+            status: 409,
+            message: message.into(),
+        }
     }
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError { status: 500, message: message.into() }
+        ApiError {
+            status: 500,
+            message: message.into(),
+        }
     }
     /// A daemon behind the VMM failed or could not be reached.
     pub fn bad_gateway(message: impl Into<String>) -> Self {
-        ApiError { status: 502, message: message.into() }
+        ApiError {
+            status: 502,
+            message: message.into(),
+        }
     }
 }
 
@@ -132,17 +147,27 @@ pub struct VmmReceiver {
 pub fn vmm_channel() -> std::io::Result<(VmmChannel, VmmReceiver)> {
     let (tx, rx) = mpsc::channel();
     let wake = Arc::new(EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?);
-    Ok((VmmChannel { tx, wake: wake.clone() }, VmmReceiver { rx, wake }))
+    Ok((
+        VmmChannel {
+            tx,
+            wake: wake.clone(),
+        },
+        VmmReceiver { rx, wake },
+    ))
 }
 
 impl VmmChannel {
     /// Sends `action` to the VMM and waits for its answer.
     pub async fn call(&self, action: VmmAction) -> VmmResult {
         let (reply, answer) = oneshot::channel();
-        self.tx.send(ApiRequest { action, reply }).map_err(|_| ApiError::internal("the VMM is shutting down"))?;
+        self.tx
+            .send(ApiRequest { action, reply })
+            .map_err(|_| ApiError::internal("the VMM is shutting down"))?;
         // A full counter already means "wake up".
         let _ = self.wake.write(1);
-        answer.await.map_err(|_| ApiError::internal("the VMM dropped the request"))?
+        answer
+            .await
+            .map_err(|_| ApiError::internal("the VMM dropped the request"))?
     }
 }
 
@@ -161,7 +186,10 @@ impl VmmReceiver {
 
 /// Where the daemon of an fs device listens for policy pushes.
 pub fn control_socket_of(devices: &[FsDaxStatus], id: &str) -> Result<PathBuf, ApiError> {
-    let dev = devices.iter().find(|d| d.id == id).ok_or_else(|| ApiError::not_found(format!("no fs device with id \"{id}\"")))?;
+    let dev = devices
+        .iter()
+        .find(|d| d.id == id)
+        .ok_or_else(|| ApiError::not_found(format!("no fs device with id \"{id}\"")))?;
     dev.control_socket.clone().ok_or_else(|| {
         ApiError::conflict(format!(
             "fs device \"{id}\" has no control_socket: give the daemon --control-socket and the device control_socket=<path>"

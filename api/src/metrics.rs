@@ -52,13 +52,18 @@ impl PageFaults {
         if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
             return PageFaults::default();
         }
-        PageFaults { minor: usage.ru_minflt as u64, major: usage.ru_majflt as u64 }
+        PageFaults {
+            minor: usage.ru_minflt as u64,
+            major: usage.ru_majflt as u64,
+        }
     }
 }
 
 /// Escapes a label value (backslash, quote, newline).
 fn label(v: &str) -> String {
-    v.replace('\\', r"\\").replace('"', "\\\"").replace('\n', r"\n")
+    v.replace('\\', r"\\")
+        .replace('"', "\\\"")
+        .replace('\n', r"\n")
 }
 
 struct Writer {
@@ -71,7 +76,10 @@ impl Writer {
     }
 
     fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
-        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", label(v))).collect();
+        let labels: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", label(v)))
+            .collect();
         if labels.is_empty() {
             let _ = writeln!(self.out, "{name} {value}");
         } else {
@@ -81,8 +89,18 @@ impl Writer {
 }
 
 /// One metric family over all devices: `get` gives a device's value, if it has one.
-fn per_device(w: &mut Writer, devices: &[(&FsDaxStatus, Option<&Value>)], name: &str, kind: &str, help: &str, get: impl Fn(&FsDaxStatus, Option<&Value>) -> Option<u64>) {
-    let values: Vec<(&str, u64)> = devices.iter().filter_map(|(d, s)| get(d, *s).map(|v| (d.id.as_str(), v))).collect();
+fn per_device(
+    w: &mut Writer,
+    devices: &[(&FsDaxStatus, Option<&Value>)],
+    name: &str,
+    kind: &str,
+    help: &str,
+    get: impl Fn(&FsDaxStatus, Option<&Value>) -> Option<u64>,
+) {
+    let values: Vec<(&str, u64)> = devices
+        .iter()
+        .filter_map(|(d, s)| get(d, *s).map(|v| (d.id.as_str(), v)))
+        .collect();
     if values.is_empty() {
         return;
     }
@@ -94,73 +112,275 @@ fn per_device(w: &mut Writer, devices: &[(&FsDaxStatus, Option<&Value>)], name: 
 
 /// Renders the metrics of `devices`; `daemon_stats[i]` is what device i's
 /// daemon reported (`GET /api/v1/stats`), if it could be asked.
-pub fn render(devices: &[FsDaxStatus], daemon_stats: &[Option<Value>], faults: PageFaults) -> String {
+pub fn render(
+    devices: &[FsDaxStatus],
+    daemon_stats: &[Option<Value>],
+    faults: PageFaults,
+) -> String {
     let mut w = Writer { out: String::new() };
-    let rows: Vec<(&FsDaxStatus, Option<&Value>)> = devices.iter().zip(daemon_stats.iter().map(Option::as_ref).chain(std::iter::repeat(None))).collect();
-    let win = |f: fn(&WindowStats) -> u64| move |d: &FsDaxStatus, _: Option<&Value>| d.window.as_ref().map(f);
-    let daemon = |key: &'static str| move |_: &FsDaxStatus, s: Option<&Value>| s.and_then(|s| s.get(key)).and_then(Value::as_u64);
+    let rows: Vec<(&FsDaxStatus, Option<&Value>)> = devices
+        .iter()
+        .zip(
+            daemon_stats
+                .iter()
+                .map(Option::as_ref)
+                .chain(std::iter::repeat(None)),
+        )
+        .collect();
+    let win = |f: fn(&WindowStats) -> u64| {
+        move |d: &FsDaxStatus, _: Option<&Value>| d.window.as_ref().map(f)
+    };
+    let daemon = |key: &'static str| {
+        move |_: &FsDaxStatus, s: Option<&Value>| s.and_then(|s| s.get(key)).and_then(Value::as_u64)
+    };
 
-    w.family("daxvmm_fs_up", "gauge", "1 while the fs device's daemon is connected (or the VM not booted yet)");
+    w.family(
+        "daxvmm_fs_up",
+        "gauge",
+        "1 while the fs device's daemon is connected (or the VM not booted yet)",
+    );
     for d in devices {
         w.sample("daxvmm_fs_up", &[("device", &d.id)], u8::from(!d.failed));
     }
-    per_device(&mut w, &rows, "daxvmm_dax_window_bytes", "gauge", "Size of the DAX cache window", win(|s| s.size));
-    per_device(&mut w, &rows, "daxvmm_dax_mapped_bytes", "gauge", "Bytes of the window backed by a file mapping now", win(|s| s.bytes_mapped));
-    per_device(&mut w, &rows, "daxvmm_dax_mapped_ranges", "gauge", "2 MiB guest ranges of the window with a file mapping now", win(|s| s.ranges_mapped));
-    per_device(&mut w, &rows, "daxvmm_dax_maps_total", "counter", "SHMEM_MAP requests served", win(|s| s.maps));
-    per_device(&mut w, &rows, "daxvmm_dax_unmaps_total", "counter", "SHMEM_UNMAP requests served (the guest's reclaim and inode eviction)", win(|s| s.unmaps));
-    per_device(&mut w, &rows, "daxvmm_dax_resets_total", "counter", "Times every mapping was dropped at once (device reset, daemon gone)", win(|s| s.resets));
-    let resident: Vec<(&str, u64)> = devices.iter().filter_map(|d| d.window.as_ref().and_then(|s| s.resident_bytes).map(|r| (d.id.as_str(), r))).collect();
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_dax_window_bytes",
+        "gauge",
+        "Size of the DAX cache window",
+        win(|s| s.size),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_dax_mapped_bytes",
+        "gauge",
+        "Bytes of the window backed by a file mapping now",
+        win(|s| s.bytes_mapped),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_dax_mapped_ranges",
+        "gauge",
+        "2 MiB guest ranges of the window with a file mapping now",
+        win(|s| s.ranges_mapped),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_dax_maps_total",
+        "counter",
+        "SHMEM_MAP requests served",
+        win(|s| s.maps),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_dax_unmaps_total",
+        "counter",
+        "SHMEM_UNMAP requests served (the guest's reclaim and inode eviction)",
+        win(|s| s.unmaps),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_dax_resets_total",
+        "counter",
+        "Times every mapping was dropped at once (device reset, daemon gone)",
+        win(|s| s.resets),
+    );
+    let resident: Vec<(&str, u64)> = devices
+        .iter()
+        .filter_map(|d| {
+            d.window
+                .as_ref()
+                .and_then(|s| s.resident_bytes)
+                .map(|r| (d.id.as_str(), r))
+        })
+        .collect();
     if !resident.is_empty() {
-        w.family("daxvmm_dax_resident_bytes", "gauge", "Bytes of the window resident in host memory (mincore)");
+        w.family(
+            "daxvmm_dax_resident_bytes",
+            "gauge",
+            "Bytes of the window resident in host memory (mincore)",
+        );
         for (id, r) in resident {
             w.sample("daxvmm_dax_resident_bytes", &[("device", id)], r);
         }
     }
     if devices.iter().any(|d| d.window.is_some()) {
-        w.family("daxvmm_dax_failures_total", "counter", "SHMEM_MAP/UNMAP requests refused, by reason");
+        w.family(
+            "daxvmm_dax_failures_total",
+            "counter",
+            "SHMEM_MAP/UNMAP requests refused, by reason",
+        );
         for d in devices {
             for (reason, n) in d.window.iter().flat_map(|s| &s.failures) {
-                w.sample("daxvmm_dax_failures_total", &[("device", &d.id), ("reason", reason)], n);
+                w.sample(
+                    "daxvmm_dax_failures_total",
+                    &[("device", &d.id), ("reason", reason)],
+                    n,
+                );
             }
         }
-        w.family("daxvmm_dax_map_latency_seconds", "histogram", "Time to serve a SHMEM_MAP (checks and mmap)");
+        w.family(
+            "daxvmm_dax_map_latency_seconds",
+            "histogram",
+            "Time to serve a SHMEM_MAP (checks and mmap)",
+        );
         for d in devices {
             let Some(s) = &d.window else { continue };
             for (le, n) in &s.latency_buckets {
                 let le = le.map_or_else(|| "+Inf".to_string(), |us| format!("{}", us as f64 / 1e6));
-                w.sample("daxvmm_dax_map_latency_seconds_bucket", &[("device", &d.id), ("le", &le)], n);
+                w.sample(
+                    "daxvmm_dax_map_latency_seconds_bucket",
+                    &[("device", &d.id), ("le", &le)],
+                    n,
+                );
             }
-            w.sample("daxvmm_dax_map_latency_seconds_sum", &[("device", &d.id)], s.latency_sum_us as f64 / 1e6);
-            w.sample("daxvmm_dax_map_latency_seconds_count", &[("device", &d.id)], s.maps);
+            w.sample(
+                "daxvmm_dax_map_latency_seconds_sum",
+                &[("device", &d.id)],
+                s.latency_sum_us as f64 / 1e6,
+            );
+            w.sample(
+                "daxvmm_dax_map_latency_seconds_count",
+                &[("device", &d.id)],
+                s.maps,
+            );
         }
     }
-    per_device(&mut w, &rows, "daxvmm_fs_file_attrs_dax_total", "counter", "Regular-file attributes the daemon answered with FUSE_ATTR_DAX", daemon("file_attrs_dax"));
-    per_device(&mut w, &rows, "daxvmm_fs_file_attrs_nodax_total", "counter", "Regular-file attributes the daemon answered without FUSE_ATTR_DAX", daemon("file_attrs_nodax"));
-    per_device(&mut w, &rows, "daxvmm_fs_fuse_reads_total", "counter", "FUSE READ requests (data copied through the queue, not DAX)", daemon("fuse_reads"));
-    per_device(&mut w, &rows, "daxvmm_fs_fuse_read_bytes_total", "counter", "Bytes read through FUSE READ", daemon("fuse_read_bytes"));
-    per_device(&mut w, &rows, "daxvmm_fs_fuse_writes_total", "counter", "FUSE WRITE requests (data copied through the queue, not DAX)", daemon("fuse_writes"));
-    per_device(&mut w, &rows, "daxvmm_fs_fuse_write_bytes_total", "counter", "Bytes written through FUSE WRITE", daemon("fuse_write_bytes"));
-    per_device(&mut w, &rows, "daxvmm_fs_requests_total", "counter", "FUSE requests the daemon served", daemon("requests"));
-    per_device(&mut w, &rows, "daxvmm_fs_setupmappings_total", "counter", "FUSE_SETUPMAPPING requests the daemon served", daemon("setupmappings"));
-    per_device(&mut w, &rows, "daxvmm_fs_removemappings_total", "counter", "FUSE_REMOVEMAPPING requests the daemon served", daemon("removemappings"));
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_fs_file_attrs_dax_total",
+        "counter",
+        "Regular-file attributes the daemon answered with FUSE_ATTR_DAX",
+        daemon("file_attrs_dax"),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_fs_file_attrs_nodax_total",
+        "counter",
+        "Regular-file attributes the daemon answered without FUSE_ATTR_DAX",
+        daemon("file_attrs_nodax"),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_fs_fuse_reads_total",
+        "counter",
+        "FUSE READ requests (data copied through the queue, not DAX)",
+        daemon("fuse_reads"),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_fs_fuse_read_bytes_total",
+        "counter",
+        "Bytes read through FUSE READ",
+        daemon("fuse_read_bytes"),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_fs_fuse_writes_total",
+        "counter",
+        "FUSE WRITE requests (data copied through the queue, not DAX)",
+        daemon("fuse_writes"),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_fs_fuse_write_bytes_total",
+        "counter",
+        "Bytes written through FUSE WRITE",
+        daemon("fuse_write_bytes"),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_fs_requests_total",
+        "counter",
+        "FUSE requests the daemon served",
+        daemon("requests"),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_fs_setupmappings_total",
+        "counter",
+        "FUSE_SETUPMAPPING requests the daemon served",
+        daemon("setupmappings"),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_fs_removemappings_total",
+        "counter",
+        "FUSE_REMOVEMAPPING requests the daemon served",
+        daemon("removemappings"),
+    );
     let refusals: Vec<(&str, &str, u64)> = rows
         .iter()
-        .filter_map(|(d, s)| s.and_then(|s| s.get("cap_refusals")).and_then(Value::as_object).map(|m| (d.id.as_str(), m)))
-        .flat_map(|(id, m)| m.iter().filter_map(move |(cap, n)| n.as_u64().map(|n| (id, cap.as_str(), n))))
+        .filter_map(|(d, s)| {
+            s.and_then(|s| s.get("cap_refusals"))
+                .and_then(Value::as_object)
+                .map(|m| (d.id.as_str(), m))
+        })
+        .flat_map(|(id, m)| {
+            m.iter()
+                .filter_map(move |(cap, n)| n.as_u64().map(|n| (id, cap.as_str(), n)))
+        })
         .collect();
     if !refusals.is_empty() {
-        w.family("daxvmm_fs_cap_refusals_total", "counter", "Guest requests the daemon refused because a cap was reached, by cap");
+        w.family(
+            "daxvmm_fs_cap_refusals_total",
+            "counter",
+            "Guest requests the daemon refused because a cap was reached, by cap",
+        );
         for (id, cap, n) in refusals {
-            w.sample("daxvmm_fs_cap_refusals_total", &[("device", id), ("cap", cap)], n);
+            w.sample(
+                "daxvmm_fs_cap_refusals_total",
+                &[("device", id), ("cap", cap)],
+                n,
+            );
         }
     }
-    per_device(&mut w, &rows, "daxvmm_fs_handles", "gauge", "File and directory handles the guest holds open in the daemon", daemon("handles"));
-    per_device(&mut w, &rows, "daxvmm_fs_policy_generation", "gauge", "Generation of the DAX policy the daemon has in force", daemon("policy_generation"));
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_fs_handles",
+        "gauge",
+        "File and directory handles the guest holds open in the daemon",
+        daemon("handles"),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_fs_policy_generation",
+        "gauge",
+        "Generation of the DAX policy the daemon has in force",
+        daemon("policy_generation"),
+    );
 
-    w.family("daxvmm_process_page_faults_total", "counter", "Page faults taken by the VMM process (guest accesses to the window fault here)");
-    w.sample("daxvmm_process_page_faults_total", &[("kind", "minor")], faults.minor);
-    w.sample("daxvmm_process_page_faults_total", &[("kind", "major")], faults.major);
+    w.family(
+        "daxvmm_process_page_faults_total",
+        "counter",
+        "Page faults taken by the VMM process (guest accesses to the window fault here)",
+    );
+    w.sample(
+        "daxvmm_process_page_faults_total",
+        &[("kind", "minor")],
+        faults.minor,
+    );
+    w.sample(
+        "daxvmm_process_page_faults_total",
+        &[("kind", "major")],
+        faults.major,
+    );
     w.out
 }
 
@@ -192,16 +412,37 @@ mod tests {
     #[test]
     fn renders_families_once_with_device_labels() {
         let stats = json!({"file_attrs_dax": 5, "file_attrs_nodax": 7, "fuse_reads": 2, "requests": 40, "handles": 3, "cap_refusals": {"inodes": 4, "handles": 0}});
-        let text = render(&[device("fs0"), device("fs\"1")], &[Some(stats), None], PageFaults { minor: 10, major: 1 });
-        assert_eq!(text.matches("# TYPE daxvmm_dax_maps_total counter").count(), 1);
+        let text = render(
+            &[device("fs0"), device("fs\"1")],
+            &[Some(stats), None],
+            PageFaults {
+                minor: 10,
+                major: 1,
+            },
+        );
+        assert_eq!(
+            text.matches("# TYPE daxvmm_dax_maps_total counter").count(),
+            1
+        );
         assert!(text.contains("daxvmm_dax_maps_total{device=\"fs0\"} 3\n"));
-        assert!(text.contains("daxvmm_dax_mapped_ranges{device=\"fs\\\"1\"} 2\n"), "label escaped");
-        assert!(text.contains("daxvmm_dax_failures_total{device=\"fs0\",reason=\"misaligned\"} 1\n"));
-        assert!(text.contains("daxvmm_dax_map_latency_seconds_bucket{device=\"fs0\",le=\"0.00001\"} 1\n"));
-        assert!(text.contains("daxvmm_dax_map_latency_seconds_bucket{device=\"fs0\",le=\"+Inf\"} 3\n"));
+        assert!(
+            text.contains("daxvmm_dax_mapped_ranges{device=\"fs\\\"1\"} 2\n"),
+            "label escaped"
+        );
+        assert!(
+            text.contains("daxvmm_dax_failures_total{device=\"fs0\",reason=\"misaligned\"} 1\n")
+        );
+        assert!(text
+            .contains("daxvmm_dax_map_latency_seconds_bucket{device=\"fs0\",le=\"0.00001\"} 1\n"));
+        assert!(
+            text.contains("daxvmm_dax_map_latency_seconds_bucket{device=\"fs0\",le=\"+Inf\"} 3\n")
+        );
         assert!(text.contains("daxvmm_dax_map_latency_seconds_sum{device=\"fs0\"} 0.00015\n"));
         assert!(text.contains("daxvmm_fs_file_attrs_dax_total{device=\"fs0\"} 5\n"));
-        assert!(!text.contains("daxvmm_fs_file_attrs_dax_total{device=\"fs\\\"1\"}"), "no daemon stats, no sample");
+        assert!(
+            !text.contains("daxvmm_fs_file_attrs_dax_total{device=\"fs\\\"1\"}"),
+            "no daemon stats, no sample"
+        );
         assert!(text.contains("daxvmm_process_page_faults_total{kind=\"major\"} 1\n"));
         assert!(text.contains("daxvmm_dax_resident_bytes{device=\"fs0\"} 8192\n"));
         assert!(text.contains("daxvmm_fs_cap_refusals_total{device=\"fs0\",cap=\"inodes\"} 4\n"));
@@ -210,7 +451,10 @@ mod tests {
 
     #[test]
     fn a_device_before_boot_has_only_its_up_gauge() {
-        let d = FsDaxStatus { id: "fs0".into(), ..Default::default() };
+        let d = FsDaxStatus {
+            id: "fs0".into(),
+            ..Default::default()
+        };
         let text = render(&[d], &[], PageFaults::default());
         assert!(text.contains("daxvmm_fs_up{device=\"fs0\"} 1\n"));
         assert!(!text.contains("daxvmm_dax_maps_total"));

@@ -43,7 +43,9 @@ pub(crate) fn reply(result: VmmResult) -> Response {
     match result {
         Ok(VmmReply::NoContent) => StatusCode::NO_CONTENT.into_response(),
         Ok(VmmReply::Json(v)) => Json(v).into_response(),
-        Ok(VmmReply::Dax(_)) => ApiError::internal("unexpected answer from the VMM").into_response(),
+        Ok(VmmReply::Dax(_)) => {
+            ApiError::internal("unexpected answer from the VMM").into_response()
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -51,16 +53,24 @@ pub(crate) fn reply(result: VmmResult) -> Response {
 /// The JSON body of `endpoint`, which needs one.
 pub(crate) fn json_body(endpoint: &str, body: &Bytes) -> Result<Value, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_request(format!("{endpoint}: a JSON body is required")));
+        return Err(ApiError::bad_request(format!(
+            "{endpoint}: a JSON body is required"
+        )));
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("{endpoint}: the body is not valid JSON: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("{endpoint}: the body is not valid JSON: {e}")))
 }
 
 async fn simple(state: &AppState, action: VmmAction) -> Response {
     reply(state.vmm.call(action).await)
 }
 
-async fn with_body(state: &AppState, endpoint: &str, body: Bytes, action: fn(Value) -> VmmAction) -> Response {
+async fn with_body(
+    state: &AppState,
+    endpoint: &str,
+    body: Bytes,
+    action: fn(Value) -> VmmAction,
+) -> Response {
     match json_body(endpoint, &body) {
         Ok(v) => reply(state.vmm.call(action(v)).await),
         Err(e) => e.into_response(),
@@ -75,7 +85,8 @@ struct RemoveDevice {
 
 async fn remove_device(State(s): State<AppState>, body: Bytes) -> Response {
     let parsed = json_body("vm.remove-device", &body).and_then(|v| {
-        RemoveDevice::deserialize(&v).map_err(|e| ApiError::bad_request(format!("vm.remove-device: {e}")))
+        RemoveDevice::deserialize(&v)
+            .map_err(|e| ApiError::bad_request(format!("vm.remove-device: {e}")))
     });
     match parsed {
         Ok(r) => reply(s.vmm.call(VmmAction::RemoveDevice(r.id)).await),
@@ -88,12 +99,21 @@ async fn remove_device(State(s): State<AppState>, body: Bytes) -> Response {
 /// sees what is missing rather than "no such endpoint".
 pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("vm.add-device", "VFIO device passthrough is not supported"),
-    ("vm.add-disk", "block devices are not supported (use virtio-fs or virtio-pmem)"),
-    ("vm.add-generic-vhost-user", "only vhost-user-fs is supported (vm.add-fs)"),
+    (
+        "vm.add-disk",
+        "block devices are not supported (use virtio-fs or virtio-pmem)",
+    ),
+    (
+        "vm.add-generic-vhost-user",
+        "only vhost-user-fs is supported (vm.add-fs)",
+    ),
     ("vm.add-net", "network devices are not supported"),
     ("vm.add-vsock", "vsock devices are not supported"),
     ("vm.add-vdpa", "vDPA devices are not supported"),
-    ("vm.add-user-device", "userspace (vfio-user) devices are not supported"),
+    (
+        "vm.add-user-device",
+        "userspace (vfio-user) devices are not supported",
+    ),
     ("vm.resize", "CPU and memory hot-plug are not supported"),
     ("vm.resize-disk", "block devices are not supported"),
     ("vm.resize-zone", "memory zones are not supported"),
@@ -107,51 +127,118 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
 ];
 
 fn unsupported(endpoint: &'static str, why: &'static str) -> ApiError {
-    ApiError { status: 501, message: format!("{endpoint}: not supported by dax-vmm: {why} (see docs/api.md)") }
+    ApiError {
+        status: 501,
+        message: format!("{endpoint}: not supported by dax-vmm: {why} (see docs/api.md)"),
+    }
 }
 
 pub fn router(vmm: VmmChannel, events: EventBus) -> Router {
-    let state = AppState { vmm, events, desired: Arc::default() };
+    let state = AppState {
+        vmm,
+        events,
+        desired: Arc::default(),
+    };
     let mut router = Router::new();
     for &(endpoint, why) in UNSUPPORTED {
         let answer = move || async move { unsupported(endpoint, why) };
-        let route = if endpoint == "vm.balloon-stats" { get(answer) } else { put(answer) };
+        let route = if endpoint == "vm.balloon-stats" {
+            get(answer)
+        } else {
+            put(answer)
+        };
         router = router.route(&format!("/api/v1/{endpoint}"), route);
     }
     router
-        .route("/api/v1/vmm.ping", get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Ping).await }))
-        .route("/api/v1/vmm.shutdown", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::ShutdownVmm).await }))
+        .route(
+            "/api/v1/vmm.ping",
+            get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Ping).await }),
+        )
+        .route(
+            "/api/v1/vmm.shutdown",
+            put(
+                |State(s): State<AppState>| async move { simple(&s, VmmAction::ShutdownVmm).await },
+            ),
+        )
         .route(
             "/api/v1/vm.create",
-            put(|State(s): State<AppState>, b: Bytes| async move { with_body(&s, "vm.create", b, VmmAction::Create).await }),
+            put(|State(s): State<AppState>, b: Bytes| async move {
+                with_body(&s, "vm.create", b, VmmAction::Create).await
+            }),
         )
-        .route("/api/v1/vm.delete", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Delete).await }))
-        .route("/api/v1/vm.boot", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Boot).await }))
-        .route("/api/v1/vm.info", get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Info).await }))
-        .route("/api/v1/vm.shutdown", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::ShutdownVm).await }))
-        .route("/api/v1/vm.reboot", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Reboot).await }))
-        .route("/api/v1/vm.power-button", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::PowerButton).await }))
-        .route("/api/v1/vm.pause", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Pause).await }))
-        .route("/api/v1/vm.resume", put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Resume).await }))
+        .route(
+            "/api/v1/vm.delete",
+            put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Delete).await }),
+        )
+        .route(
+            "/api/v1/vm.boot",
+            put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Boot).await }),
+        )
+        .route(
+            "/api/v1/vm.info",
+            get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Info).await }),
+        )
+        .route(
+            "/api/v1/vm.shutdown",
+            put(|State(s): State<AppState>| async move { simple(&s, VmmAction::ShutdownVm).await }),
+        )
+        .route(
+            "/api/v1/vm.reboot",
+            put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Reboot).await }),
+        )
+        .route(
+            "/api/v1/vm.power-button",
+            put(
+                |State(s): State<AppState>| async move { simple(&s, VmmAction::PowerButton).await },
+            ),
+        )
+        .route(
+            "/api/v1/vm.pause",
+            put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Pause).await }),
+        )
+        .route(
+            "/api/v1/vm.resume",
+            put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Resume).await }),
+        )
         .route(
             "/api/v1/vm.add-fs",
-            put(|State(s): State<AppState>, b: Bytes| async move { with_body(&s, "vm.add-fs", b, VmmAction::AddFs).await }),
+            put(|State(s): State<AppState>, b: Bytes| async move {
+                with_body(&s, "vm.add-fs", b, VmmAction::AddFs).await
+            }),
         )
         .route(
             "/api/v1/vm.add-pmem",
-            put(|State(s): State<AppState>, b: Bytes| async move { with_body(&s, "vm.add-pmem", b, VmmAction::AddPmem).await }),
+            put(|State(s): State<AppState>, b: Bytes| async move {
+                with_body(&s, "vm.add-pmem", b, VmmAction::AddPmem).await
+            }),
         )
         .route("/api/v1/vm.remove-device", put(remove_device))
-        .route("/api/v1/vm.counters", get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Counters).await }))
-        .route("/api/v1/vm.dax-policy", get(dax::get_policy).put(dax::put_policy).delete(dax::delete_policy))
+        .route(
+            "/api/v1/vm.counters",
+            get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Counters).await }),
+        )
+        .route(
+            "/api/v1/vm.dax-policy",
+            get(dax::get_policy)
+                .put(dax::put_policy)
+                .delete(dax::delete_policy),
+        )
         .route("/api/v1/vm.dax-metrics", get(dax::metrics))
-        .route("/api/v1/vm.dax-events", get(|State(s): State<AppState>| async move { s.events.sse() }))
+        .route(
+            "/api/v1/vm.dax-events",
+            get(|State(s): State<AppState>| async move { s.events.sse() }),
+        )
         .fallback(|uri: axum::http::Uri| async move {
             ApiError::not_found(format!("no endpoint {} (see docs/api.md)", uri.path()))
         })
-        .method_not_allowed_fallback(|method: axum::http::Method, uri: axum::http::Uri| async move {
-            ApiError { status: 405, message: format!("{} does not take {method} (see docs/api.md)", uri.path()) }
-        })
+        .method_not_allowed_fallback(
+            |method: axum::http::Method, uri: axum::http::Uri| async move {
+                ApiError {
+                    status: 405,
+                    message: format!("{} does not take {method} (see docs/api.md)", uri.path()),
+                }
+            },
+        )
         .layer(axum::middleware::map_response(errors_as_json))
         .with_state(state)
 }
@@ -169,7 +256,9 @@ async fn errors_as_json(response: Response) -> Response {
     if !(status.is_client_error() || status.is_server_error()) || !is_text {
         return response;
     }
-    let body = axum::body::to_bytes(response.into_body(), 64 * 1024).await.unwrap_or_default();
+    let body = axum::body::to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .unwrap_or_default();
     let message = String::from_utf8_lossy(&body).trim().to_string();
     (status, Json(vec![message])).into_response()
 }

@@ -13,7 +13,11 @@ pub enum ServerError {
     #[error("--api-socket {path}: another process is listening there")]
     InUse { path: String },
     #[error("--api-socket {path}: {what}: {source}")]
-    Io { path: String, what: &'static str, source: std::io::Error },
+    Io {
+        path: String,
+        what: &'static str,
+        source: std::io::Error,
+    },
 }
 
 /// The running API: stopped and its socket removed when dropped.
@@ -29,10 +33,17 @@ pub struct ApiServer {
 /// listener is not.
 fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ServerError> {
     let shown = path.display().to_string();
-    let io = |what, source| ServerError::Io { path: shown.clone(), what, source };
+    let io = |what, source| ServerError::Io {
+        path: shown.clone(),
+        what,
+        source,
+    };
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
-            return Err(io("exists and is not a socket", std::io::Error::from_raw_os_error(libc::EEXIST)));
+            return Err(io(
+                "exists and is not a socket",
+                std::io::Error::from_raw_os_error(libc::EEXIST),
+            ));
         }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err(ServerError::InUse { path: shown });
@@ -48,8 +59,11 @@ fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ServerError> {
     unsafe { libc::umask(old) };
     let listener = listener.map_err(|e| io("bind", e))?;
     // Belt and braces, should the umask have been raced by another thread.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|e| io("chmod 0600", e))?;
-    listener.set_nonblocking(true).map_err(|e| io("set_nonblocking", e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| io("chmod 0600", e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| io("set_nonblocking", e))?;
     Ok(listener)
 }
 
@@ -59,8 +73,15 @@ impl ApiServer {
     pub fn start(path: &Path, vmm: VmmChannel, events: EventBus) -> Result<ApiServer, ServerError> {
         let listener = bind(path)?;
         let shown = path.display().to_string();
-        let io = |what, source| ServerError::Io { path: shown.clone(), what, source };
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| io("starting the runtime", e))?;
+        let io = |what, source| ServerError::Io {
+            path: shown.clone(),
+            what,
+            source,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| io("starting the runtime", e))?;
         let (shutdown, stop) = oneshot::channel::<()>();
         let app = crate::routes::router(vmm, events);
         let thread = std::thread::Builder::new()
@@ -84,7 +105,11 @@ impl ApiServer {
                 })
             })
             .map_err(|e| io("starting the API thread", e))?;
-        Ok(ApiServer { path: path.to_path_buf(), shutdown: Some(shutdown), thread: Some(thread) })
+        Ok(ApiServer {
+            path: path.to_path_buf(),
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
     }
 
     pub fn path(&self) -> &Path {

@@ -5,16 +5,20 @@
 use std::io;
 use std::sync::{Arc, RwLock};
 
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures,
+};
 use vhost::vhost_user::Backend;
 use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use virtio_queue::QueueOwnedT;
 use virtio_queue::DescriptorChain;
+use virtio_queue::QueueOwnedT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
 
 use crate::fuse::chain;
 use crate::fuse::server::Server;
@@ -42,7 +46,9 @@ pub struct FsBackend {
 /// up again, and the VMM hears of it through the queue's error eventfd.
 fn broken(vring: &Vring, queue: u16, why: &str) {
     if vring.mark_broken() {
-        log::error!("queue {queue}: {why}; the queue is stopped and the VMM told (DEVICE_NEEDS_RESET)");
+        log::error!(
+            "queue {queue}: {why}; the queue is stopped and the VMM told (DEVICE_NEEDS_RESET)"
+        );
     }
 }
 
@@ -80,12 +86,21 @@ impl FsBackend {
                 let mut state = vring.get_mut();
                 // `iter` checks the guest's avail index against the queue
                 // size; `pop_descriptor_chain` would hide that error as "empty".
-                state.get_queue_mut().iter(mem.clone()).map(|mut it| it.next())
+                state
+                    .get_queue_mut()
+                    .iter(mem.clone())
+                    .map(|mut it| it.next())
             };
             let chain = match next {
                 Ok(Some(chain)) => chain,
                 Ok(None) => break,
-                Err(e) => return broken(vring, queue, &format!("the guest's available ring is invalid: {e}")),
+                Err(e) => {
+                    return broken(
+                        vring,
+                        queue,
+                        &format!("the guest's available ring is invalid: {e}"),
+                    )
+                }
             };
             let Some(pool) = &self.pool else {
                 serve(&self.server, chain, queue, vring);
@@ -93,7 +108,10 @@ impl FsBackend {
             };
             let (server, worker_vring) = (self.server.clone(), vring.clone());
             if let Err(job) = pool.submit(move || serve(&server, chain, queue, &worker_vring)) {
-                self.server.fs.caps.hit(Cap::WorkerQueue, pool.depth() as u64);
+                self.server
+                    .fs
+                    .caps
+                    .hit(Cap::WorkerQueue, pool.depth() as u64);
                 job();
             }
         }
@@ -115,7 +133,11 @@ fn serve(server: &Server, chain: DescriptorChain<MemGuard>, queue: u16, vring: &
     let mut state = vring.get_mut();
     if let Err(e) = state.add_used(head, written as u32) {
         drop(state);
-        return broken(vring, queue, &format!("putting descriptor {head} on the used ring: {e}"));
+        return broken(
+            vring,
+            queue,
+            &format!("putting descriptor {head} on the used ring: {e}"),
+        );
     }
     if state.needs_notification().unwrap_or(true) {
         if let Err(e) = state.signal_used_queue() {
@@ -156,7 +178,8 @@ impl VhostUserBackend for FsBackend {
     }
 
     fn set_event_idx(&self, enabled: bool) {
-        self.event_idx.store(enabled, std::sync::atomic::Ordering::SeqCst);
+        self.event_idx
+            .store(enabled, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn update_memory(&self, mem: Mem) -> io::Result<()> {
@@ -181,23 +204,40 @@ impl VhostUserBackend for FsBackend {
     }
 
     fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
-        Ok(VhostUserShMemConfig::new(1, &[self.server.dax.window_size()]))
+        Ok(VhostUserShMemConfig::new(
+            1,
+            &[self.server.dax.window_size()],
+        ))
     }
 
-    fn handle_event(&self, device_event: u16, evset: EventSet, vrings: &[Self::Vring], _thread: usize) -> io::Result<()> {
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Self::Vring],
+        _thread: usize,
+    ) -> io::Result<()> {
         if evset != EventSet::IN {
-            return Err(io::Error::other(format!("unexpected events {evset:?} on queue {device_event}")));
+            return Err(io::Error::other(format!(
+                "unexpected events {evset:?} on queue {device_event}"
+            )));
         }
-        let vring = vrings
-            .get(usize::from(device_event))
-            .ok_or_else(|| io::Error::other(format!("event for queue {device_event}, which does not exist")))?;
+        let vring = vrings.get(usize::from(device_event)).ok_or_else(|| {
+            io::Error::other(format!(
+                "event for queue {device_event}, which does not exist"
+            ))
+        })?;
         if self.event_idx.load(std::sync::atomic::Ordering::SeqCst) {
             // Keep going until no request arrived while notifications were
             // off. Each round pops at least one request or ends: a queue
             // whose ring is invalid is broken, which stops the loop.
             while !vring.is_broken() {
                 if let Err(e) = vring.disable_notification() {
-                    broken(vring, device_event, &format!("disabling notifications: {e}"));
+                    broken(
+                        vring,
+                        device_event,
+                        &format!("disabling notifications: {e}"),
+                    );
                     break;
                 }
                 self.process_queue(device_event, vring);
@@ -239,14 +279,36 @@ mod tests {
     #[test]
     fn an_impossible_avail_index_breaks_the_queue_once_and_tells_the_vmm_instead_of_spinning() {
         let dir = TempDir::new().unwrap();
-        let root = openat(libc::AT_FDCWD, &std::ffi::CString::new(dir.as_path().to_str().unwrap()).unwrap(), libc::O_PATH, 0).unwrap();
+        let root = openat(
+            libc::AT_FDCWD,
+            &std::ffi::CString::new(dir.as_path().to_str().unwrap()).unwrap(),
+            libc::O_PATH,
+            0,
+        )
+        .unwrap();
         let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
-        let fs = PassthroughFs::new(root, proc_fd, CachePolicy::Never, Arc::new(DaxPolicy::new(policies::Policy::default()))).unwrap();
-        let backend = Arc::new(FsBackend::new(Arc::new(Server::new(fs, DaxMapper::new(2 << 20))), 1, 64, false, None));
+        let fs = PassthroughFs::new(
+            root,
+            proc_fd,
+            CachePolicy::Never,
+            Arc::new(DaxPolicy::new(policies::Policy::default())),
+        )
+        .unwrap();
+        let backend = Arc::new(FsBackend::new(
+            Arc::new(Server::new(fs, DaxMapper::new(2 << 20))),
+            1,
+            64,
+            false,
+            None,
+        ));
         backend.set_event_idx(true);
-        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
+        let mem = GuestMemoryAtomic::new(
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
+        );
         backend.update_memory(mem.clone()).unwrap();
-        let vrings: Vec<Vring> = (0..2).map(|_| Vring::new(mem.clone(), 64).unwrap()).collect();
+        let vrings: Vec<Vring> = (0..2)
+            .map(|_| Vring::new(mem.clone(), 64).unwrap())
+            .collect();
         let err = EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let q = &vrings[1];
         q.set_queue_size(64);
@@ -255,9 +317,13 @@ mod tests {
         q.set_queue_ready(true);
         q.set_enabled(true);
         // SAFETY: a duplicate of the eventfd, owned by the File from here on.
-        q.set_err(Some(unsafe { std::fs::File::from_raw_fd(libc::dup(err.as_raw_fd())) }));
+        q.set_err(Some(unsafe {
+            std::fs::File::from_raw_fd(libc::dup(err.as_raw_fd()))
+        }));
         // avail.idx = 1000 with next_avail 0: 1000 requests in a 64-entry ring.
-        mem.memory().write_obj(1000u16, GuestAddress(AVAIL + 2)).unwrap();
+        mem.memory()
+            .write_obj(1000u16, GuestAddress(AVAIL + 2))
+            .unwrap();
 
         let (done, finished) = std::sync::mpsc::channel();
         let (b, v) = (backend.clone(), vrings.clone());
@@ -267,7 +333,11 @@ mod tests {
         });
         // A hang detector, not a speed assertion: the old code never returned.
         let returned = finished.recv_timeout(std::time::Duration::from_secs(60));
-        assert_eq!(returned, Ok(true), "handle_event returned Ok (the queue thread lives on)");
+        assert_eq!(
+            returned,
+            Ok(true),
+            "handle_event returned Ok (the queue thread lives on)"
+        );
         assert!(q.is_broken());
         assert_eq!(err.read().unwrap(), 1, "the VMM was told once");
         // Further kicks are ignored, with no second report.

@@ -24,7 +24,13 @@ pub const CAP_MKNOD: u32 = 27;
 /// Not kept, among others: CAP_SYS_ADMIN (mounts, namespaces),
 /// CAP_DAC_READ_SEARCH (`open_by_handle_at`, the "shocker" escape),
 /// CAP_SYS_CHROOT, CAP_SETUID/SETGID, CAP_SETFCAP, CAP_SYS_RESOURCE.
-pub const KEPT: [u32; 5] = [CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_FSETID, CAP_MKNOD];
+pub const KEPT: [u32; 5] = [
+    CAP_CHOWN,
+    CAP_DAC_OVERRIDE,
+    CAP_FOWNER,
+    CAP_FSETID,
+    CAP_MKNOD,
+];
 
 const VERSION_3: u32 = 0x2008_0522;
 
@@ -55,7 +61,10 @@ pub fn mask(caps: &[u32]) -> u64 {
 }
 
 pub fn get() -> io::Result<CapSets> {
-    let mut hdr = Header { version: VERSION_3, pid: 0 };
+    let mut hdr = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
     let mut data = [Data::default(); 2];
     // SAFETY: `hdr` and the two-element `data` array are what capget takes
     // for version 3; both are writable for the call.
@@ -73,10 +82,28 @@ pub fn get() -> io::Result<CapSets> {
 
 /// Sets the calling thread's capability sets.
 pub fn set(sets: CapSets) -> io::Result<()> {
-    let mut hdr = Header { version: VERSION_3, pid: 0 };
+    let mut hdr = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
     let split = |v: u64| (v as u32, (v >> 32) as u32);
-    let (e, p, i) = (split(sets.effective), split(sets.permitted), split(sets.inheritable));
-    let data = [Data { effective: e.0, permitted: p.0, inheritable: i.0 }, Data { effective: e.1, permitted: p.1, inheritable: i.1 }];
+    let (e, p, i) = (
+        split(sets.effective),
+        split(sets.permitted),
+        split(sets.inheritable),
+    );
+    let data = [
+        Data {
+            effective: e.0,
+            permitted: p.0,
+            inheritable: i.0,
+        },
+        Data {
+            effective: e.1,
+            permitted: p.1,
+            inheritable: i.1,
+        },
+    ];
     // SAFETY: as in `get`; capset only reads `data`.
     let r = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut Header, data.as_ptr()) };
     if r != 0 {
@@ -93,7 +120,10 @@ pub fn without_fsetid<T>(f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
     if sets.effective & bit == 0 {
         return f();
     }
-    set(CapSets { effective: sets.effective & !bit, ..sets })?;
+    set(CapSets {
+        effective: sets.effective & !bit,
+        ..sets
+    })?;
     let result = f();
     if let Err(e) = set(sets) {
         // Leaving the thread without CAP_FSETID only makes later writes clear

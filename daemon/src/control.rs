@@ -36,7 +36,10 @@ use crate::limits::Cap;
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
     #[error("--control-socket {path}: {source}")]
-    Bind { path: String, source: std::io::Error },
+    Bind {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 #[derive(Deserialize)]
@@ -71,9 +74,16 @@ fn apply(server: &Server, new: Policy, dry_run: bool) -> Value {
         .iter()
         .map(|c| json!({"field": c.field, "from": c.from, "to": c.to, "effect": effect_name(c.effect)}))
         .collect();
-    let generation = if dry_run || diff.is_empty() { cur.generation } else { server.fs.policy.replace(new) };
+    let generation = if dry_run || diff.is_empty() {
+        cur.generation
+    } else {
+        server.fs.policy.replace(new)
+    };
     if !dry_run && !diff.is_empty() {
-        log::info!("DAX policy generation {generation}: {} change(s)", changes.len());
+        log::info!(
+            "DAX policy generation {generation}: {} change(s)",
+            changes.len()
+        );
     }
     json!({ "generation": generation, "applied": !dry_run, "changes": changes })
 }
@@ -82,7 +92,11 @@ async fn get_policy(State(server): State<Arc<Server>>) -> Json<Value> {
     Json(policy_state(&server))
 }
 
-async fn put_policy(State(server): State<Arc<Server>>, Query(q): Query<PutParams>, body: String) -> Response {
+async fn put_policy(
+    State(server): State<Arc<Server>>,
+    Query(q): Query<PutParams>,
+    body: String,
+) -> Response {
     match Policy::parse_json(&body) {
         Ok(p) => Json(apply(&server, p, q.dry_run)).into_response(),
         Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
@@ -116,9 +130,17 @@ async fn stats(State(server): State<Arc<Server>>) -> Json<Value> {
 
 pub fn router(server: Arc<Server>) -> Router {
     Router::new()
-        .route("/api/v1/policy", get(get_policy).put(put_policy).delete(delete_policy))
+        .route(
+            "/api/v1/policy",
+            get(get_policy).put(put_policy).delete(delete_policy),
+        )
         .route("/api/v1/stats", get(stats))
-        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint (see docs/virtiofs.md)".into()) })
+        .fallback(|| async {
+            error(
+                StatusCode::NOT_FOUND,
+                "no such endpoint (see docs/virtiofs.md)".into(),
+            )
+        })
         .with_state(server)
 }
 
@@ -126,7 +148,10 @@ pub fn router(server: Arc<Server>) -> Router {
 /// writable by the owner only; returns the listener to [`serve`].
 pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ControlError> {
     let shown = path.display().to_string();
-    let err = |source| ControlError::Bind { path: shown.clone(), source };
+    let err = |source| ControlError::Bind {
+        path: shown.clone(),
+        source,
+    };
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -139,27 +164,35 @@ pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ControlErro
 }
 
 /// Serves the control API on a thread of its own until the process exits.
-pub fn serve(listener: std::os::unix::net::UnixListener, server: Arc<Server>) -> std::io::Result<()> {
-    std::thread::Builder::new().name("control".into()).spawn(move || {
-        let runtime = match tokio::runtime::Builder::new_current_thread().enable_io().build() {
-            Ok(r) => r,
-            Err(e) => {
-                log::error!("control socket: starting its runtime: {e}");
-                return;
-            }
-        };
-        runtime.block_on(async move {
-            let listener = match tokio::net::UnixListener::from_std(listener) {
-                Ok(l) => l,
+pub fn serve(
+    listener: std::os::unix::net::UnixListener,
+    server: Arc<Server>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()
+            {
+                Ok(r) => r,
                 Err(e) => {
-                    log::error!("control socket: {e}");
+                    log::error!("control socket: starting its runtime: {e}");
                     return;
                 }
             };
-            if let Err(e) = axum::serve(listener, router(server)).await {
-                log::error!("control socket: {e}");
-            }
-        });
-    })?;
+            runtime.block_on(async move {
+                let listener = match tokio::net::UnixListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        log::error!("control socket: {e}");
+                        return;
+                    }
+                };
+                if let Err(e) = axum::serve(listener, router(server)).await {
+                    log::error!("control socket: {e}");
+                }
+            });
+        })?;
     Ok(())
 }

@@ -12,7 +12,9 @@ use std::sync::Mutex;
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 
-use crate::fuse::abi::{RemovemappingOne, SetupmappingIn, SETUPMAPPING_FLAG_READ, SETUPMAPPING_FLAG_WRITE};
+use crate::fuse::abi::{
+    RemovemappingOne, SetupmappingIn, SETUPMAPPING_FLAG_READ, SETUPMAPPING_FLAG_WRITE,
+};
 use crate::passthrough::{errno_error, PassthroughFs};
 
 /// The guest sends at most a page of entries per REMOVEMAPPING.
@@ -36,7 +38,11 @@ pub struct DaxMapper {
 
 impl DaxMapper {
     pub fn new(window_size: u64) -> Self {
-        DaxMapper { backend: Mutex::new(None), window_size, stats: DaxStats::default() }
+        DaxMapper {
+            backend: Mutex::new(None),
+            window_size,
+            stats: DaxStats::default(),
+        }
     }
 
     pub fn set_backend(&self, backend: Backend) {
@@ -45,7 +51,10 @@ impl DaxMapper {
 
     /// Whether a window can be used: the VMM gave us the request channel.
     pub fn available(&self) -> bool {
-        self.backend.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+        self.backend
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
     }
 
     pub fn window_size(&self) -> u64 {
@@ -53,18 +62,33 @@ impl DaxMapper {
     }
 
     fn backend(&self) -> io::Result<Backend> {
-        self.backend.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or_else(|| errno_error(libc::ENOSYS))
+        self.backend
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| errno_error(libc::ENOSYS))
     }
 
     fn check_range(&self, moffset: u64, len: u64, align: u64) -> io::Result<()> {
-        let end = moffset.checked_add(len).ok_or_else(|| errno_error(libc::EINVAL))?;
-        if len == 0 || end > self.window_size || !moffset.is_multiple_of(align) || !len.is_multiple_of(align) {
+        let end = moffset
+            .checked_add(len)
+            .ok_or_else(|| errno_error(libc::EINVAL))?;
+        if len == 0
+            || end > self.window_size
+            || !moffset.is_multiple_of(align)
+            || !len.is_multiple_of(align)
+        {
             return Err(errno_error(libc::EINVAL));
         }
         Ok(())
     }
 
-    pub fn setup_mapping(&self, fs: &PassthroughFs, nodeid: u64, a: &SetupmappingIn) -> io::Result<()> {
+    pub fn setup_mapping(
+        &self,
+        fs: &PassthroughFs,
+        nodeid: u64,
+        a: &SetupmappingIn,
+    ) -> io::Result<()> {
         let r = self.try_setup(fs, nodeid, a);
         if r.is_err() {
             self.stats.failures.fetch_add(1, Relaxed);
@@ -75,7 +99,11 @@ impl DaxMapper {
     fn try_setup(&self, fs: &PassthroughFs, nodeid: u64, a: &SetupmappingIn) -> io::Result<()> {
         let align = 1u64 << fs.policy.current().map_alignment_log2();
         self.check_range(a.moffset, a.len, align)?;
-        if !a.foffset.is_multiple_of(align) || a.foffset.checked_add(a.len).is_none_or(|e| i64::try_from(e).is_err()) {
+        if !a.foffset.is_multiple_of(align)
+            || a.foffset
+                .checked_add(a.len)
+                .is_none_or(|e| i64::try_from(e).is_err())
+        {
             return Err(errno_error(libc::EINVAL));
         }
         if a.flags & !(SETUPMAPPING_FLAG_READ | SETUPMAPPING_FLAG_WRITE) != 0 {
@@ -83,7 +111,11 @@ impl DaxMapper {
         }
         let writable = a.flags & SETUPMAPPING_FLAG_WRITE != 0;
         let file = fs.open_for_mapping(nodeid, writable)?;
-        let flags = if writable { VhostUserMMapFlags::WRITABLE } else { VhostUserMMapFlags::empty() };
+        let flags = if writable {
+            VhostUserMMapFlags::WRITABLE
+        } else {
+            VhostUserMMapFlags::empty()
+        };
         let msg = VhostUserMMap {
             shmid: WINDOW_SHMID,
             fd_offset: a.foffset,
@@ -93,7 +125,11 @@ impl DaxMapper {
             ..Default::default()
         };
         self.backend()?.shmem_map(&msg, &file).map_err(|e| {
-            log::warn!("SHMEM_MAP of {:#x} bytes at window offset {:#x} refused: {e}", a.len, a.moffset);
+            log::warn!(
+                "SHMEM_MAP of {:#x} bytes at window offset {:#x} refused: {e}",
+                a.len,
+                a.moffset
+            );
             errno_error(libc::EIO)
         })?;
         self.stats.setupmappings.fetch_add(1, Relaxed);
@@ -110,9 +146,18 @@ impl DaxMapper {
         let mut result = Ok(());
         for one in ranges {
             let r = self.check_range(one.moffset, one.len, 4096).and_then(|()| {
-                let msg = VhostUserMMap { shmid: WINDOW_SHMID, shm_offset: one.moffset, len: one.len, ..Default::default() };
+                let msg = VhostUserMMap {
+                    shmid: WINDOW_SHMID,
+                    shm_offset: one.moffset,
+                    len: one.len,
+                    ..Default::default()
+                };
                 backend.shmem_unmap(&msg).map(|_| ()).map_err(|e| {
-                    log::warn!("SHMEM_UNMAP of {:#x} bytes at window offset {:#x} refused: {e}", one.len, one.moffset);
+                    log::warn!(
+                        "SHMEM_UNMAP of {:#x} bytes at window offset {:#x} refused: {e}",
+                        one.len,
+                        one.moffset
+                    );
                     errno_error(libc::EIO)
                 })
             });

@@ -35,7 +35,12 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_inodes: 1 << 20, max_handles: 1 << 16, max_xattr_size: XATTR_SIZE_MAX, worker_queue_depth: 1024 }
+        Limits {
+            max_inodes: 1 << 20,
+            max_handles: 1 << 16,
+            max_xattr_size: XATTR_SIZE_MAX,
+            worker_queue_depth: 1024,
+        }
     }
 }
 
@@ -45,9 +50,17 @@ pub enum LimitsError {
         "--max-inodes {inodes} + --max-handles {handles} + {RESERVED_FDS} reserved fds exceed the open-file limit {nofile} \
          (lower them, or raise --rlimit-nofile)"
     )]
-    Fds { inodes: u64, handles: u64, nofile: u64 },
+    Fds {
+        inodes: u64,
+        handles: u64,
+        nofile: u64,
+    },
     #[error("--{field} must be at least {min}, got {value}")]
-    TooSmall { field: &'static str, min: u64, value: u64 },
+    TooSmall {
+        field: &'static str,
+        min: u64,
+        value: u64,
+    },
     #[error("--max-xattr-size must be at most {XATTR_SIZE_MAX} (Linux's XATTR_SIZE_MAX), got {0}")]
     XattrSize(u32),
 }
@@ -66,13 +79,24 @@ impl Limits {
         let budget = nofile.saturating_sub(RESERVED_FDS);
         let max_handles = handles.unwrap_or(d.max_handles.min(budget / 4));
         let max_inodes = inodes.unwrap_or(d.max_inodes.min(budget.saturating_sub(max_handles)));
-        for (field, min, value) in [("max-inodes", 2, max_inodes), ("max-handles", 1, max_handles)] {
+        for (field, min, value) in [
+            ("max-inodes", 2, max_inodes),
+            ("max-handles", 1, max_handles),
+        ] {
             if value < min {
                 return Err(LimitsError::TooSmall { field, min, value });
             }
         }
-        if max_inodes.saturating_add(max_handles).saturating_add(RESERVED_FDS) > nofile {
-            return Err(LimitsError::Fds { inodes: max_inodes, handles: max_handles, nofile });
+        if max_inodes
+            .saturating_add(max_handles)
+            .saturating_add(RESERVED_FDS)
+            > nofile
+        {
+            return Err(LimitsError::Fds {
+                inodes: max_inodes,
+                handles: max_handles,
+                nofile,
+            });
         }
         let max_xattr_size = xattr.unwrap_or(d.max_xattr_size);
         if max_xattr_size > XATTR_SIZE_MAX {
@@ -80,9 +104,18 @@ impl Limits {
         }
         let worker_queue_depth = depth.unwrap_or(d.worker_queue_depth);
         if worker_queue_depth == 0 {
-            return Err(LimitsError::TooSmall { field: "worker-queue-depth", min: 1, value: 0 });
+            return Err(LimitsError::TooSmall {
+                field: "worker-queue-depth",
+                min: 1,
+                value: 0,
+            });
         }
-        Ok(Limits { max_inodes, max_handles, max_xattr_size, worker_queue_depth })
+        Ok(Limits {
+            max_inodes,
+            max_handles,
+            max_xattr_size,
+            worker_queue_depth,
+        })
     }
 }
 
@@ -116,7 +149,10 @@ pub struct CapCounters {
 
 impl Default for CapCounters {
     fn default() -> Self {
-        CapCounters { hits: Default::default(), log: RateLimitedLog::new(Duration::from_secs(10)) }
+        CapCounters {
+            hits: Default::default(),
+            log: RateLimitedLog::new(Duration::from_secs(10)),
+        }
     }
 }
 
@@ -128,7 +164,11 @@ impl CapCounters {
             format!(
                 "guest request refused: the {} cap ({limit}) is reached{}",
                 cap.name(),
-                if suppressed > 0 { format!(" ({suppressed} similar warnings suppressed)") } else { String::new() }
+                if suppressed > 0 {
+                    format!(" ({suppressed} similar warnings suppressed)")
+                } else {
+                    String::new()
+                }
             )
         });
     }
@@ -146,7 +186,10 @@ pub struct RateLimitedLog {
 
 impl RateLimitedLog {
     pub fn new(interval: Duration) -> Self {
-        RateLimitedLog { interval, state: Mutex::new((None, 0)) }
+        RateLimitedLog {
+            interval,
+            state: Mutex::new((None, 0)),
+        }
     }
 
     /// Logs `message(suppressed_since_last)` unless one was logged within
@@ -154,7 +197,10 @@ impl RateLimitedLog {
     pub fn warn(&self, message: impl FnOnce(u64) -> String) -> bool {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        if state.0.is_some_and(|last| now.duration_since(last) < self.interval) {
+        if state
+            .0
+            .is_some_and(|last| now.duration_since(last) < self.interval)
+        {
             state.1 += 1;
             return false;
         }
@@ -189,9 +235,16 @@ mod tests {
         let e = Limits::for_nofile(1 << 20, Some(1), None, None, None).unwrap_err();
         assert_eq!(e.to_string(), "--max-inodes must be at least 2, got 1");
         let e = Limits::for_nofile(1 << 20, None, None, Some(70000), None).unwrap_err();
-        assert!(e.to_string().starts_with("--max-xattr-size must be at most 65536"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("--max-xattr-size must be at most 65536"),
+            "{e}"
+        );
         let e = Limits::for_nofile(1 << 20, None, None, None, Some(0)).unwrap_err();
-        assert_eq!(e.to_string(), "--worker-queue-depth must be at least 1, got 0");
+        assert_eq!(
+            e.to_string(),
+            "--worker-queue-depth must be at least 1, got 0"
+        );
     }
 
     #[test]

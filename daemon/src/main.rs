@@ -58,7 +58,11 @@ enum OnOff {
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "dax-virtiofsd", version, about = "vhost-user virtio-fs daemon with DAX (SHMEM_MAP/SHMEM_UNMAP)")]
+#[command(
+    name = "dax-virtiofsd",
+    version,
+    about = "vhost-user virtio-fs daemon with DAX (SHMEM_MAP/SHMEM_UNMAP)"
+)]
 struct Cli {
     /// vhost-user socket to listen on (the VMM connects to it).
     #[arg(long, value_name = "PATH")]
@@ -155,7 +159,12 @@ fn serde_json_like(v: &str) -> policies::Value {
 
 /// Folds `-o` options into the flags they stand for.
 fn apply_compat_options(cli: &mut Cli) -> Result<(), String> {
-    for opt in cli.compat_options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+    for opt in cli
+        .compat_options
+        .iter()
+        .flat_map(|o| o.split(','))
+        .filter(|o| !o.is_empty())
+    {
         let (key, value) = match opt.split_once('=') {
             Some((k, v)) => (k, Some(v)),
             None => (opt, None),
@@ -191,7 +200,10 @@ fn apply_compat_options(cli: &mut Cli) -> Result<(), String> {
 
 fn run(mut cli: Cli) -> Result<(), String> {
     apply_compat_options(&mut cli)?;
-    let shared_dir = cli.shared_dir.clone().ok_or("--shared-dir (or -o source=DIR) is required")?;
+    let shared_dir = cli
+        .shared_dir
+        .clone()
+        .ok_or("--shared-dir (or -o source=DIR) is required")?;
     let mut policy = match &cli.dax_policy {
         Some(p) => DaxPolicy::from_file(p).map_err(|e| e.to_string())?,
         None => policies::Policy::default(),
@@ -219,33 +231,59 @@ fn run(mut cli: Cli) -> Result<(), String> {
         SeccompArg::Log => seccomp::Mode::Log,
         SeccompArg::None => seccomp::Mode::None,
     };
-    let nofile = sandbox::raise_nofile_limit(cli.rlimit_nofile).map_err(|e| format!("--rlimit-nofile: {e}"))?;
+    let nofile = sandbox::raise_nofile_limit(cli.rlimit_nofile)
+        .map_err(|e| format!("--rlimit-nofile: {e}"))?;
     log::debug!("open-file limit {nofile}");
-    let limits = Limits::for_nofile(nofile, cli.max_inodes, cli.max_handles, cli.max_xattr_size, cli.worker_queue_depth)
-        .map_err(|e| e.to_string())?;
+    let limits = Limits::for_nofile(
+        nofile,
+        cli.max_inodes,
+        cli.max_handles,
+        cli.max_xattr_size,
+        cli.worker_queue_depth,
+    )
+    .map_err(|e| e.to_string())?;
     // The socket is bound before the sandbox closes the host's paths off.
     let mut listener = Listener::new(&cli.socket_path, true)
         .map_err(|e| format!("--socket-path {}: {e}", cli.socket_path.display()))?;
-    let control = cli.control_socket.as_deref().map(daemon::control::bind).transpose().map_err(|e| e.to_string())?;
+    let control = cli
+        .control_socket
+        .as_deref()
+        .map(daemon::control::bind)
+        .transpose()
+        .map_err(|e| e.to_string())?;
     let opened = sandbox::enter(&shared_dir, sandbox_mode).map_err(|e| e.to_string())?;
     // Before the first thread: every thread inherits the filter.
     if seccomp_mode == seccomp::Mode::Kill {
         seccomp::install_sigsys_report().map_err(|e| format!("--seccomp: SIGSYS handler: {e}"))?;
     }
-    seccomp::apply("daemon", &daemon::seccomp_filter::serving(), seccomp_mode).map_err(|e| format!("--seccomp: {e}"))?;
+    seccomp::apply("daemon", &daemon::seccomp_filter::serving(), seccomp_mode)
+        .map_err(|e| format!("--seccomp: {e}"))?;
     let how = opened.how;
-    let mut fs = PassthroughFs::new(opened.root, opened.proc_self_fd, cache, Arc::new(DaxPolicy::new(policy)))
-        .map_err(|e| format!("--shared-dir {}: {e}", shared_dir.display()))?;
+    let mut fs = PassthroughFs::new(
+        opened.root,
+        opened.proc_self_fd,
+        cache,
+        Arc::new(DaxPolicy::new(policy)),
+    )
+    .map_err(|e| format!("--shared-dir {}: {e}", shared_dir.display()))?;
     fs.announce_submounts = cli.announce_submounts;
-    fs.xattr = if cli.xattr { XattrMode::Mapped } else { XattrMode::Off };
+    fs.xattr = if cli.xattr {
+        XattrMode::Mapped
+    } else {
+        XattrMode::Off
+    };
     fs.limits = limits;
     let server = Arc::new(Server::new(fs, DaxMapper::new(window)));
     if let Some(listener) = control {
-        daemon::control::serve(listener, server.clone()).map_err(|e| format!("--control-socket: {e}"))?;
+        daemon::control::serve(listener, server.clone())
+            .map_err(|e| format!("--control-socket: {e}"))?;
     }
     let pool = match cli.thread_pool_size {
         0 => None,
-        n => Some(WorkerPool::new(usize::from(n), limits.worker_queue_depth).map_err(|e| format!("--thread-pool-size {n}: starting workers: {e}"))?),
+        n => Some(
+            WorkerPool::new(usize::from(n), limits.worker_queue_depth)
+                .map_err(|e| format!("--thread-pool-size {n}: starting workers: {e}"))?,
+        ),
     };
     let backend = Arc::new(FsBackend::new(
         server.clone(),
@@ -254,8 +292,12 @@ fn run(mut cli: Cli) -> Result<(), String> {
         cli.dax == OnOff::On,
         pool,
     ));
-    let mut daemon = VhostUserDaemon::new("dax-virtiofsd".into(), backend, GuestMemoryAtomic::new(GuestMemoryMmap::new()))
-        .map_err(|e| format!("starting the vhost-user daemon: {e}"))?;
+    let mut daemon = VhostUserDaemon::new(
+        "dax-virtiofsd".into(),
+        backend,
+        GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+    )
+    .map_err(|e| format!("starting the vhost-user daemon: {e}"))?;
     log::info!(
         "serving {} on {} (window {} MiB, sandbox {how}, seccomp {:?}, xattr {}, cache {:?}, thread pool {})",
         shared_dir.display(),
@@ -266,7 +308,9 @@ fn run(mut cli: Cli) -> Result<(), String> {
         cli.cache,
         cli.thread_pool_size
     );
-    daemon.start(&mut listener).map_err(|e| format!("accepting the VMM's connection: {e}"))?;
+    daemon
+        .start(&mut listener)
+        .map_err(|e| format!("accepting the VMM's connection: {e}"))?;
     let result = daemon.wait();
     let s = &server.stats;
     let d = &server.dax.stats;
@@ -283,7 +327,10 @@ fn run(mut cli: Cli) -> Result<(), String> {
     );
     match result {
         // The VMM closing its end is how a VM ends.
-        Ok(()) | Err(vhost_user_backend::Error::HandleRequest(vhost::vhost_user::Error::Disconnected)) => Ok(()),
+        Ok(())
+        | Err(vhost_user_backend::Error::HandleRequest(vhost::vhost_user::Error::Disconnected)) => {
+            Ok(())
+        }
         Err(e) => Err(format!("vhost-user connection: {e}")),
     }
 }
@@ -306,7 +353,10 @@ mod tests {
     use super::*;
 
     fn cli(args: &[&str]) -> Result<Cli, String> {
-        let mut cli = Cli::try_parse_from([&["dax-virtiofsd", "--socket-path", "/run/fs.sock"], args].concat()).map_err(|e| e.to_string())?;
+        let mut cli = Cli::try_parse_from(
+            [&["dax-virtiofsd", "--socket-path", "/run/fs.sock"], args].concat(),
+        )
+        .map_err(|e| e.to_string())?;
         apply_compat_options(&mut cli)?;
         Ok(cli)
     }
@@ -314,30 +364,68 @@ mod tests {
     #[test]
     fn kata_style_arguments_are_understood() {
         // What Kata's configuration passes, in both of its spellings.
-        let c = cli(&["--shared-dir", "/s", "--thread-pool-size=1", "-o", "announce_submounts"]).unwrap();
+        let c = cli(&[
+            "--shared-dir",
+            "/s",
+            "--thread-pool-size=1",
+            "-o",
+            "announce_submounts",
+        ])
+        .unwrap();
         assert!(c.announce_submounts);
         assert_eq!(c.thread_pool_size, 1);
-        let c = cli(&["--shared-dir", "/s", "--thread-pool-size=1", "--announce-submounts"]).unwrap();
+        let c = cli(&[
+            "--shared-dir",
+            "/s",
+            "--thread-pool-size=1",
+            "--announce-submounts",
+        ])
+        .unwrap();
         assert!(c.announce_submounts);
         let c = cli(&["-o", "source=/s,cache=always,xattr"]).unwrap();
         assert_eq!(c.shared_dir.as_deref(), Some(std::path::Path::new("/s")));
         assert!(matches!(c.cache, CacheArg::Always));
         assert!(c.xattr, "-o xattr turns extended attributes on");
-        assert!(!cli(&["--shared-dir", "/s"]).unwrap().xattr, "off by default");
-        assert!(matches!(cli(&["--shared-dir", "/s"]).unwrap().sandbox, SandboxArg::Namespace));
-        assert!(matches!(cli(&["--shared-dir", "/s"]).unwrap().seccomp, SeccompArg::Kill));
+        assert!(
+            !cli(&["--shared-dir", "/s"]).unwrap().xattr,
+            "off by default"
+        );
+        assert!(matches!(
+            cli(&["--shared-dir", "/s"]).unwrap().sandbox,
+            SandboxArg::Namespace
+        ));
+        assert!(matches!(
+            cli(&["--shared-dir", "/s"]).unwrap().seccomp,
+            SeccompArg::Kill
+        ));
         assert!(!c.announce_submounts);
     }
 
     #[test]
     fn bad_legacy_options_are_refused_by_name() {
-        let e = cli(&["--shared-dir", "/s", "-o", "announce_submounts,no_posix_lock"]).err().unwrap();
-        assert!(e.starts_with("-o no_posix_lock: not a supported option"), "{e}");
-        let e = cli(&["-o", "cache=sometimes", "--shared-dir", "/s"]).err().unwrap();
+        let e = cli(&[
+            "--shared-dir",
+            "/s",
+            "-o",
+            "announce_submounts,no_posix_lock",
+        ])
+        .err()
+        .unwrap();
+        assert!(
+            e.starts_with("-o no_posix_lock: not a supported option"),
+            "{e}"
+        );
+        let e = cli(&["-o", "cache=sometimes", "--shared-dir", "/s"])
+            .err()
+            .unwrap();
         assert_eq!(e, "-o cache=sometimes: expected never, auto or always");
-        let e = cli(&["--shared-dir", "/s", "-o", "source=/t"]).err().unwrap();
+        let e = cli(&["--shared-dir", "/s", "-o", "source=/t"])
+            .err()
+            .unwrap();
         assert_eq!(e, "-o source=/t: the shared directory is already /s");
-        let e = cli(&["--shared-dir", "/s", "--thread-pool-size", "5000"]).err().unwrap();
+        let e = cli(&["--shared-dir", "/s", "--thread-pool-size", "5000"])
+            .err()
+            .unwrap();
         assert!(e.contains("5000") && e.contains("0..=1024"), "{e}");
     }
 }

@@ -38,31 +38,59 @@ pub struct DaxPolicy {
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyFileError {
     #[error("--dax-policy {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("--dax-policy {path}: {source}")]
-    Invalid { path: String, source: policies::PolicyError },
+    Invalid {
+        path: String,
+        source: policies::PolicyError,
+    },
 }
 
 impl DaxPolicy {
     pub fn new(policy: Policy) -> Self {
-        DaxPolicy { current: RwLock::new(Arc::new(Self::load(policy, 1))) }
+        DaxPolicy {
+            current: RwLock::new(Arc::new(Self::load(policy, 1))),
+        }
     }
 
     fn load(policy: Policy, generation: u64) -> LoadedPolicy {
-        LoadedPolicy { evaluator: Evaluator::new(&policy), policy, generation }
+        LoadedPolicy {
+            evaluator: Evaluator::new(&policy),
+            policy,
+            generation,
+        }
     }
 
     /// Reads a JSON (or, by extension, YAML) policy document.
     pub fn from_file(path: &Path) -> Result<Policy, PolicyFileError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| PolicyFileError::Read { path: shown.clone(), source })?;
-        let yaml = matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"));
-        let parsed = if yaml { Policy::parse_yaml(&text) } else { Policy::parse_json(&text) };
-        parsed.map_err(|source| PolicyFileError::Invalid { path: shown, source })
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyFileError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        let yaml = matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml")
+        );
+        let parsed = if yaml {
+            Policy::parse_yaml(&text)
+        } else {
+            Policy::parse_json(&text)
+        };
+        parsed.map_err(|source| PolicyFileError::Invalid {
+            path: shown,
+            source,
+        })
     }
 
     pub fn current(&self) -> Arc<LoadedPolicy> {
-        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Replaces the policy atomically; returns the new generation.

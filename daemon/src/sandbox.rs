@@ -53,7 +53,11 @@ pub enum SandboxError {
     #[error("opening /proc/self/fd: {0} (is /proc mounted?)")]
     Proc(io::Error),
     #[error("--sandbox {mode}: {step}: {source} (run as root, or use --sandbox none)")]
-    Step { mode: &'static str, step: &'static str, source: io::Error },
+    Step {
+        mode: &'static str,
+        step: &'static str,
+        source: io::Error,
+    },
 }
 
 fn step(mode: &'static str, step: &'static str) -> impl Fn(io::Error) -> SandboxError {
@@ -64,10 +68,23 @@ fn c_path(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
-fn mount(src: &std::ffi::CStr, target: &std::ffi::CStr, fstype: Option<&std::ffi::CStr>, flags: libc::c_ulong) -> io::Result<()> {
+fn mount(
+    src: &std::ffi::CStr,
+    target: &std::ffi::CStr,
+    fstype: Option<&std::ffi::CStr>,
+    flags: libc::c_ulong,
+) -> io::Result<()> {
     let fstype = fstype.map_or(std::ptr::null(), |f| f.as_ptr());
     // SAFETY: NUL-terminated strings (or null for the type), no data argument.
-    cvt(unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype, flags, std::ptr::null()) })?;
+    cvt(unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype,
+            flags,
+            std::ptr::null(),
+        )
+    })?;
     Ok(())
 }
 
@@ -76,19 +93,40 @@ fn mount(src: &std::ffi::CStr, target: &std::ffi::CStr, fstype: Option<&std::ffi
 /// exits with the child's status.
 pub fn enter(shared_dir: &Path, mode: Sandbox) -> Result<Opened, SandboxError> {
     let shown = shared_dir.display().to_string();
-    let shared_err = |source| SandboxError::SharedDir { path: shown.clone(), source };
+    let shared_err = |source| SandboxError::SharedDir {
+        path: shown.clone(),
+        source,
+    };
     let c_shared = c_path(shared_dir).map_err(shared_err)?;
     // Checked first, so a typo is reported as such and not as a mount error.
-    drop(openat(libc::AT_FDCWD, &c_shared, libc::O_PATH | libc::O_DIRECTORY, 0).map_err(shared_err)?);
+    drop(
+        openat(
+            libc::AT_FDCWD,
+            &c_shared,
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        )
+        .map_err(shared_err)?,
+    );
     let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok())
         .unwrap_or(40);
     let opened = match mode {
         Sandbox::None => {
-            let root = openat(libc::AT_FDCWD, &c_shared, libc::O_PATH | libc::O_DIRECTORY, 0).map_err(shared_err)?;
+            let root = openat(
+                libc::AT_FDCWD,
+                &c_shared,
+                libc::O_PATH | libc::O_DIRECTORY,
+                0,
+            )
+            .map_err(shared_err)?;
             let proc_self_fd = open_proc_self_fd()?;
-            Opened { root, proc_self_fd, how: "none" }
+            Opened {
+                root,
+                proc_self_fd,
+                how: "none",
+            }
         }
         Sandbox::Chroot => {
             let proc_self_fd = open_proc_self_fd()?;
@@ -99,13 +137,25 @@ pub fn enter(shared_dir: &Path, mode: Sandbox) -> Result<Opened, SandboxError> {
             cvt(unsafe { libc::chroot(c".".as_ptr()) }).map_err(e("chroot"))?;
             // SAFETY: as above.
             cvt(unsafe { libc::chdir(c"/".as_ptr()) }).map_err(e("chdir /"))?;
-            let root = openat(libc::AT_FDCWD, c"/", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(e("opening /"))?;
-            Opened { root, proc_self_fd, how: "chroot" }
+            let root = openat(libc::AT_FDCWD, c"/", libc::O_PATH | libc::O_DIRECTORY, 0)
+                .map_err(e("opening /"))?;
+            Opened {
+                root,
+                proc_self_fd,
+                how: "chroot",
+            }
         }
         Sandbox::Namespace => enter_namespaces(&c_shared)?,
     };
     if mode != Sandbox::None {
-        drop_capabilities(last_cap).map_err(step(if mode == Sandbox::Chroot { "chroot" } else { "namespace" }, "dropping capabilities"))?;
+        drop_capabilities(last_cap).map_err(step(
+            if mode == Sandbox::Chroot {
+                "chroot"
+            } else {
+                "namespace"
+            },
+            "dropping capabilities",
+        ))?;
     }
     seccomp::set_no_new_privs().map_err(step("any", "no_new_privs"))?;
     // New files get exactly the mode the guest asked for (it applied its umask).
@@ -115,14 +165,21 @@ pub fn enter(shared_dir: &Path, mode: Sandbox) -> Result<Opened, SandboxError> {
 }
 
 fn open_proc_self_fd() -> Result<OwnedFd, SandboxError> {
-    openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(SandboxError::Proc)
+    openat(
+        libc::AT_FDCWD,
+        c"/proc/self/fd",
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+    )
+    .map_err(SandboxError::Proc)
 }
 
 fn enter_namespaces(shared: &std::ffi::CStr) -> Result<Opened, SandboxError> {
     let e = |s| step("namespace", s);
     // SAFETY: unshare with flags only; no thread has been started yet, as
     // a new pid namespace requires for the children that follow.
-    cvt(unsafe { libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET) }).map_err(e("unshare"))?;
+    cvt(unsafe { libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET) })
+        .map_err(e("unshare"))?;
     // SAFETY: the process is single-threaded here, so the child is a
     // complete copy; it returns to serve, the parent never returns.
     let child = cvt(unsafe { libc::fork() }).map_err(e("fork"))?;
@@ -132,19 +189,28 @@ fn enter_namespaces(shared: &std::ffi::CStr) -> Result<Opened, SandboxError> {
     // The child dies with its parent, so killing the daemon's pid (what an
     // orchestrator knows) ends the whole daemon.
     // SAFETY: prctl with integer arguments.
-    cvt(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) }).map_err(e("PR_SET_PDEATHSIG"))?;
-    mount(c"none", c"/", None, libc::MS_REC | libc::MS_SLAVE).map_err(e("making / a slave mount"))?;
-    mount(c"proc", c"/proc", Some(c"proc"), libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_NOSUID | libc::MS_RELATIME)
-        .map_err(e("mounting /proc for the new pid namespace"))?;
+    cvt(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) })
+        .map_err(e("PR_SET_PDEATHSIG"))?;
+    mount(c"none", c"/", None, libc::MS_REC | libc::MS_SLAVE)
+        .map_err(e("making / a slave mount"))?;
+    mount(
+        c"proc",
+        c"/proc",
+        Some(c"proc"),
+        libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_NOSUID | libc::MS_RELATIME,
+    )
+    .map_err(e("mounting /proc for the new pid namespace"))?;
     let proc_self_fd = open_proc_self_fd()?;
-    mount(shared, shared, None, libc::MS_BIND | libc::MS_REC).map_err(e("bind-mounting the share"))?;
+    mount(shared, shared, None, libc::MS_BIND | libc::MS_REC)
+        .map_err(e("bind-mounting the share"))?;
     // SAFETY: NUL-terminated path.
     cvt(unsafe { libc::chdir(shared.as_ptr()) }).map_err(e("chdir into the share"))?;
     // SAFETY: pivot_root(".", ".") stacks the old root on the new one; both
     // paths are NUL-terminated.
     let how = if unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) } == 0 {
         // SAFETY: detaches the old root stacked on "."; NUL-terminated path.
-        cvt(unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) }).map_err(e("detaching the old root"))?;
+        cvt(unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) })
+            .map_err(e("detaching the old root"))?;
         "namespace (pivot_root)"
     } else {
         let err = io::Error::last_os_error();
@@ -152,15 +218,21 @@ fn enter_namespaces(shared: &std::ffi::CStr) -> Result<Opened, SandboxError> {
             return Err(e("pivot_root")(err));
         }
         // The root is the initial ramfs: move the share over it instead.
-        mount(c".", c"/", None, libc::MS_MOVE).map_err(e("moving the share over / (initramfs root)"))?;
+        mount(c".", c"/", None, libc::MS_MOVE)
+            .map_err(e("moving the share over / (initramfs root)"))?;
         // SAFETY: NUL-terminated path.
         cvt(unsafe { libc::chroot(c".".as_ptr()) }).map_err(e("chroot (initramfs root)"))?;
         "namespace (initramfs root: move + chroot)"
     };
     // SAFETY: NUL-terminated path.
     cvt(unsafe { libc::chdir(c"/".as_ptr()) }).map_err(e("chdir /"))?;
-    let root = openat(libc::AT_FDCWD, c"/", libc::O_PATH | libc::O_DIRECTORY, 0).map_err(e("opening the new root"))?;
-    Ok(Opened { root, proc_self_fd, how })
+    let root = openat(libc::AT_FDCWD, c"/", libc::O_PATH | libc::O_DIRECTORY, 0)
+        .map_err(e("opening the new root"))?;
+    Ok(Opened {
+        root,
+        proc_self_fd,
+        how,
+    })
 }
 
 /// The parent's whole life after the fork: wait, then exit as the child did.
@@ -171,8 +243,18 @@ fn wait_for_child(child: libc::pid_t) -> ! {
     if let Err(e) = caps::set(caps::CapSets::default()) {
         eprintln!("dax-virtiofsd: dropping the waiting parent's capabilities: {e}");
     }
-    let waiting = [libc::SYS_wait4, libc::SYS_exit_group, libc::SYS_exit, libc::SYS_rt_sigreturn, libc::SYS_write];
-    if let Err(e) = seccomp::apply("daemon parent", &seccomp::calls(&waiting), seccomp::Mode::Kill) {
+    let waiting = [
+        libc::SYS_wait4,
+        libc::SYS_exit_group,
+        libc::SYS_exit,
+        libc::SYS_rt_sigreturn,
+        libc::SYS_write,
+    ];
+    if let Err(e) = seccomp::apply(
+        "daemon parent",
+        &seccomp::calls(&waiting),
+        seccomp::Mode::Kill,
+    ) {
         eprintln!("dax-virtiofsd: {e}");
     }
     let mut status = 0;
@@ -186,7 +268,11 @@ fn wait_for_child(child: libc::pid_t) -> ! {
             std::process::exit(1);
         }
     }
-    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    };
     // SAFETY: _exit ends the process without running the child's share of
     // atexit work (there is none to run in the parent).
     unsafe { libc::_exit(code) }
@@ -206,9 +292,21 @@ fn drop_capabilities(last_cap: u32) -> io::Result<()> {
         }
     }
     // SAFETY: as above.
-    cvt(unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0) })?;
+    cvt(unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    })?;
     let now = caps::get()?;
-    caps::set(caps::CapSets { effective: now.permitted & kept, permitted: now.permitted & kept, inheritable: 0 })
+    caps::set(caps::CapSets {
+        effective: now.permitted & kept,
+        permitted: now.permitted & kept,
+        inheritable: 0,
+    })
 }
 
 /// Raises the open-file limit: every inode the guest holds is an open fd.
@@ -220,14 +318,23 @@ pub fn raise_nofile_limit(wanted: Option<u64>) -> io::Result<u64> {
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(1 << 20);
     let target = wanted.unwrap_or(nr_open).min(nr_open);
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: `lim` is a valid, writable rlimit.
     cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
-    let raised = libc::rlimit { rlim_cur: target, rlim_max: lim.rlim_max.max(target) };
+    let raised = libc::rlimit {
+        rlim_cur: target,
+        rlim_max: lim.rlim_max.max(target),
+    };
     // SAFETY: as above; raising the hard limit needs CAP_SYS_RESOURCE, so
     // fall back to the current hard limit without it.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
-        let capped = libc::rlimit { rlim_cur: target.min(lim.rlim_max), rlim_max: lim.rlim_max };
+        let capped = libc::rlimit {
+            rlim_cur: target.min(lim.rlim_max),
+            rlim_max: lim.rlim_max,
+        };
         // SAFETY: as above.
         cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &capped) })?;
         return Ok(capped.rlim_cur);

@@ -38,7 +38,10 @@ impl<M: GuestAddressSpace> FsVring<M> {
             let one = 1u64.to_ne_bytes();
             // SAFETY: writes 8 bytes from a live buffer to an eventfd we own.
             if unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), one.len()) } != 8 {
-                log::error!("telling the VMM about a broken queue: {}", io::Error::last_os_error());
+                log::error!(
+                    "telling the VMM about a broken queue: {}",
+                    io::Error::last_os_error()
+                );
             }
         }
         true
@@ -59,7 +62,11 @@ impl<'a, M: 'a + GuestAddressSpace> VringStateMutGuard<'a, M> for FsVring<M> {
 
 impl<M: 'static + GuestAddressSpace> VringT<M> for FsVring<M> {
     fn new(mem: M, max_queue_size: u16) -> Result<Self, VirtQueError> {
-        Ok(FsVring { inner: VringRwLock::new(mem, max_queue_size)?, err: Default::default(), broken: Default::default() })
+        Ok(FsVring {
+            inner: VringRwLock::new(mem, max_queue_size)?,
+            err: Default::default(),
+            broken: Default::default(),
+        })
     }
 
     fn get_ref(&self) -> <Self as VringStateGuard<'_, M>>::G {
@@ -94,7 +101,12 @@ impl<M: 'static + GuestAddressSpace> VringT<M> for FsVring<M> {
         self.inner.set_enabled(enabled)
     }
 
-    fn set_queue_info(&self, desc_table: u64, avail_ring: u64, used_ring: u64) -> Result<(), VirtQueError> {
+    fn set_queue_info(
+        &self,
+        desc_table: u64,
+        avail_ring: u64,
+        used_ring: u64,
+    ) -> Result<(), VirtQueError> {
         // The VMM sets a queue up again after a reset: it may be served anew.
         self.broken.store(false, Ordering::SeqCst);
         self.inner.set_queue_info(desc_table, avail_ring, used_ring)

@@ -10,8 +10,8 @@
 //! system call that a local filesystem would have served.)
 
 use std::io;
-use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -35,10 +35,17 @@ impl WorkerPool {
         let threads = (0..size.max(1))
             .map(|i| {
                 let receiver = receiver.clone();
-                std::thread::Builder::new().name(format!("fs-worker-{i}")).spawn(move || work(&receiver))
+                std::thread::Builder::new()
+                    .name(format!("fs-worker-{i}"))
+                    .spawn(move || work(&receiver))
             })
             .collect::<io::Result<Vec<_>>>()?;
-        Ok(WorkerPool { sender: Some(sender), threads, pending, depth: depth.max(1) })
+        Ok(WorkerPool {
+            sender: Some(sender),
+            threads,
+            pending,
+            depth: depth.max(1),
+        })
     }
 
     pub fn size(&self) -> usize {
@@ -54,7 +61,13 @@ impl WorkerPool {
     /// jobs are already pending.
     pub fn submit<F: FnOnce() + Send + 'static>(&self, job: F) -> Result<(), F> {
         let depth = self.depth;
-        if self.pending.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < depth).then_some(n + 1)).is_err() {
+        if self
+            .pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < depth).then_some(n + 1)
+            })
+            .is_err()
+        {
             return Err(job);
         }
         let pending = self.pending.clone();
@@ -131,7 +144,10 @@ mod tests {
         assert_eq!(pool.size(), 1);
         let (tx, rx) = channel();
         assert!(pool.submit(move || tx.send(7).unwrap()).is_ok());
-        assert_eq!(rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap(), 7);
+        assert_eq!(
+            rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap(),
+            7
+        );
     }
 
     #[test]
@@ -150,7 +166,10 @@ mod tests {
                 .is_ok());
         }
         let refused = pool.submit(|| ());
-        assert!(refused.is_err(), "a third job past a depth of 2 is given back");
+        assert!(
+            refused.is_err(),
+            "a third job past a depth of 2 is given back"
+        );
         is_started.recv().unwrap();
         release.send(()).unwrap();
         // The first job finishes; room for one more appears.

@@ -30,8 +30,15 @@ fn http(sock: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
     .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
-    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("status line");
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status line");
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     (status, body)
 }
 
@@ -59,7 +66,10 @@ fn policies_are_read_validated_diffed_and_swapped() {
     let _daemon = Daemon(child);
     let deadline = Instant::now() + Duration::from_secs(20);
     while UnixStream::connect(&control).is_err() {
-        assert!(Instant::now() < deadline, "the control socket never came up");
+        assert!(
+            Instant::now() < deadline,
+            "the control socket never came up"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let mode = std::fs::metadata(&control).unwrap().permissions().mode() & 0o777;
@@ -71,9 +81,17 @@ fn policies_are_read_validated_diffed_and_swapped() {
     assert_eq!(v["policy"]["mode"], "inode");
 
     // A bad policy is refused with the field named, and changes nothing.
-    let (status, text) = http(&control, "PUT", "/api/v1/policy", r#"{"rules": [{"dax": true}, {"min_size": "12Q", "dax": true}]}"#);
+    let (status, text) = http(
+        &control,
+        "PUT",
+        "/api/v1/policy",
+        r#"{"rules": [{"dax": true}, {"min_size": "12Q", "dax": true}]}"#,
+    );
     assert_eq!(status, 400);
-    assert!(text.contains("rules[1].min_size: \"12Q\" is not a size"), "{text}");
+    assert!(
+        text.contains("rules[1].min_size: \"12Q\" is not a size"),
+        "{text}"
+    );
     let (status, text) = http(&control, "PUT", "/api/v1/policy", "not json");
     assert_eq!(status, 400, "{text}");
     assert_eq!(json(&control, "GET", "/api/v1/policy", "")["generation"], 1);
@@ -81,27 +99,62 @@ fn policies_are_read_validated_diffed_and_swapped() {
     // A dry run answers the diff and applies nothing.
     let new = r#"{"mode": "never", "window_granularity": "2M", "cache_size": "2G"}"#;
     let v = json(&control, "PUT", "/api/v1/policy?dry_run=true", new);
-    assert_eq!((v["generation"].as_u64(), v["applied"].as_bool()), (Some(1), Some(false)));
+    assert_eq!(
+        (v["generation"].as_u64(), v["applied"].as_bool()),
+        (Some(1), Some(false))
+    );
     let effects: Vec<(String, String)> = v["changes"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| (c["field"].as_str().unwrap().to_string(), c["effect"].as_str().unwrap().to_string()))
+        .map(|c| {
+            (
+                c["field"].as_str().unwrap().to_string(),
+                c["effect"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
-    assert!(effects.contains(&("mode".into(), "live".into())), "{effects:?}");
-    assert!(effects.contains(&("window_granularity".into(), "remount".into())), "{effects:?}");
-    assert!(effects.contains(&("cache_size".into(), "recreate".into())), "{effects:?}");
-    assert_eq!(json(&control, "GET", "/api/v1/policy", "")["policy"]["mode"], "inode");
+    assert!(
+        effects.contains(&("mode".into(), "live".into())),
+        "{effects:?}"
+    );
+    assert!(
+        effects.contains(&("window_granularity".into(), "remount".into())),
+        "{effects:?}"
+    );
+    assert!(
+        effects.contains(&("cache_size".into(), "recreate".into())),
+        "{effects:?}"
+    );
+    assert_eq!(
+        json(&control, "GET", "/api/v1/policy", "")["policy"]["mode"],
+        "inode"
+    );
 
     // Applied: a new generation; the same policy again changes nothing.
     let v = json(&control, "PUT", "/api/v1/policy", new);
-    assert_eq!((v["generation"].as_u64(), v["applied"].as_bool()), (Some(2), Some(true)));
-    assert_eq!(json(&control, "GET", "/api/v1/policy", "")["policy"]["mode"], "never");
-    assert_eq!(json(&control, "PUT", "/api/v1/policy", new)["generation"], 2);
+    assert_eq!(
+        (v["generation"].as_u64(), v["applied"].as_bool()),
+        (Some(2), Some(true))
+    );
+    assert_eq!(
+        json(&control, "GET", "/api/v1/policy", "")["policy"]["mode"],
+        "never"
+    );
+    assert_eq!(
+        json(&control, "PUT", "/api/v1/policy", new)["generation"],
+        2
+    );
 
     // DELETE goes back to the default.
-    assert_eq!(json(&control, "DELETE", "/api/v1/policy", "")["generation"], 3);
-    assert_eq!(json(&control, "GET", "/api/v1/policy", "")["policy"]["mode"], "inode");
+    assert_eq!(
+        json(&control, "DELETE", "/api/v1/policy", "")["generation"],
+        3
+    );
+    assert_eq!(
+        json(&control, "GET", "/api/v1/policy", "")["policy"]["mode"],
+        "inode"
+    );
 
     let stats = json(&control, "GET", "/api/v1/stats", "");
     assert_eq!(stats["setupmappings"], 0);

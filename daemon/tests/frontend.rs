@@ -12,13 +12,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use daemon::fuse::abi::{self, init, opcode, InHeader, OutHeader, ROOT_ID};
+use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_devices::device::{ActivatedQueue, Interrupt, VirtioDevice, VirtioInterrupt};
 use virtio_devices::vhost_user_fs::{FsDeviceConfig, VhostUserFs};
 use virtio_devices::GuestMemoryMmap;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueT};
-use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use vm_memory::{Address, ByteValued, Bytes, FileOffset, GuestAddress, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempdir::TempDir;
@@ -73,13 +73,29 @@ impl Guest<'_> {
         self.unique += 1;
         let slot = u64::from(self.next % QUEUE_SIZE);
         let (req_addr, reply_addr) = (REQ_BASE + slot * 0x1000, REPLY_BASE + slot * 0x1000);
-        let hdr = InHeader { len: (40 + body.len()) as u32, opcode: op, unique: self.unique, nodeid, ..Default::default() };
+        let hdr = InHeader {
+            len: (40 + body.len()) as u32,
+            opcode: op,
+            unique: self.unique,
+            nodeid,
+            ..Default::default()
+        };
         let req = [hdr.as_slice(), body].concat();
         self.mem.write_slice(&req, GuestAddress(req_addr)).unwrap();
         let first = (self.next * 2) % QUEUE_SIZE;
         let descs = [
-            RawDescriptor::from(SplitDescriptor::new(req_addr, req.len() as u32, VRING_DESC_F_NEXT as u16, first + 1)),
-            RawDescriptor::from(SplitDescriptor::new(reply_addr, 0x1000, VRING_DESC_F_WRITE as u16, 0)),
+            RawDescriptor::from(SplitDescriptor::new(
+                req_addr,
+                req.len() as u32,
+                VRING_DESC_F_NEXT as u16,
+                first + 1,
+            )),
+            RawDescriptor::from(SplitDescriptor::new(
+                reply_addr,
+                0x1000,
+                VRING_DESC_F_WRITE as u16,
+                0,
+            )),
         ];
         self.ring.add_desc_chains(&descs, first).unwrap();
         self.next += 1;
@@ -95,7 +111,12 @@ impl Guest<'_> {
             if used == self.next {
                 break;
             }
-            assert!(Instant::now() < deadline, "{} of {} requests answered", used, self.next);
+            assert!(
+                Instant::now() < deadline,
+                "{} of {} requests answered",
+                used,
+                self.next
+            );
             let _ = self.irq.recv_timeout(Duration::from_millis(100));
         }
     }
@@ -105,9 +126,12 @@ impl Guest<'_> {
         let reply_addr = REPLY_BASE + slot * 0x1000;
         let out: OutHeader = self.mem.read_obj(GuestAddress(reply_addr)).unwrap();
         let payload_len = (out.len as usize).checked_sub(16);
-        let payload_len = payload_len.unwrap_or_else(|| panic!("slot {slot} holds no reply (length {})", out.len));
+        let payload_len = payload_len
+            .unwrap_or_else(|| panic!("slot {slot} holds no reply (length {})", out.len));
         let mut payload = vec![0u8; payload_len];
-        self.mem.read_slice(&mut payload, GuestAddress(reply_addr + 16)).unwrap();
+        self.mem
+            .read_slice(&mut payload, GuestAddress(reply_addr + 16))
+            .unwrap();
         (out.unique, -out.error, payload)
     }
 
@@ -123,7 +147,8 @@ impl Guest<'_> {
 
 fn obj<T: ByteValued + Default>(b: &[u8]) -> T {
     let mut v = T::default();
-    v.as_mut_slice().copy_from_slice(&b[..std::mem::size_of::<T>()]);
+    v.as_mut_slice()
+        .copy_from_slice(&b[..std::mem::size_of::<T>()]);
     v
 }
 
@@ -134,7 +159,11 @@ fn start_daemon(share: &Path, socket: &Path) -> Child {
 fn start_daemon_with(share: &Path, socket: &Path, extra: &[&str]) -> Child {
     let _ = std::fs::remove_file(socket);
     // Unconfined unless the test asks for a sandbox (the confined test does).
-    let sandbox: &[&str] = if extra.contains(&"--sandbox") { &[] } else { &["--sandbox", "none"] };
+    let sandbox: &[&str] = if extra.contains(&"--sandbox") {
+        &[]
+    } else {
+        &["--sandbox", "none"]
+    };
     let child = Command::new(env!("CARGO_BIN_EXE_dax-virtiofsd"))
         .args(sandbox)
         .args(["--cache-size", "8M", "--log-level", "warn"])
@@ -147,7 +176,10 @@ fn start_daemon_with(share: &Path, socket: &Path, extra: &[&str]) -> Child {
         .expect("spawning dax-virtiofsd");
     let deadline = Instant::now() + PATIENCE;
     while !socket.exists() {
-        assert!(Instant::now() < deadline, "the daemon never created its socket");
+        assert!(
+            Instant::now() < deadline,
+            "the daemon never created its socket"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     child
@@ -157,7 +189,12 @@ fn start_daemon_with(share: &Path, socket: &Path, extra: &[&str]) -> Child {
 fn guest_memory() -> GuestMemoryMmap {
     let ram = TempFile::new().unwrap().into_file();
     ram.set_len(16 * MIB).unwrap();
-    GuestMemoryMmap::from_ranges_with_files(&[(GuestAddress(0), (16 * MIB) as usize, Some(FileOffset::new(ram, 0)))]).unwrap()
+    GuestMemoryMmap::from_ranges_with_files(&[(
+        GuestAddress(0),
+        (16 * MIB) as usize,
+        Some(FileOffset::new(ram, 0)),
+    )])
+    .unwrap()
 }
 
 /// The queue the device is given for `ring`, with its used ring moved to
@@ -178,21 +215,48 @@ fn activate<'a>(fs: &mut VhostUserFs, mem: &'a GuestMemoryMmap) -> Guest<'a> {
 
 /// Activates the device; with `irqfd`, the transport offers it as every
 /// queue's notifier.
-fn activate_with<'a>(fs: &mut VhostUserFs, mem: &'a GuestMemoryMmap, irqfd: Option<EventFd>) -> Guest<'a> {
+fn activate_with<'a>(
+    fs: &mut VhostUserFs,
+    mem: &'a GuestMemoryMmap,
+    irqfd: Option<EventFd>,
+) -> Guest<'a> {
     let hiprio = MockSplitQueue::create(mem, GuestAddress(0x1000), QUEUE_SIZE);
     let request = MockSplitQueue::create(mem, GuestAddress(0x8000), QUEUE_SIZE);
     // Each queue gets a page of its own past its available ring.
     let (hiprio_used, request_used) = (GuestAddress(0x4000), GuestAddress(0xc000));
-    let kicks = [EventFd::new(libc::EFD_NONBLOCK).unwrap(), EventFd::new(libc::EFD_NONBLOCK).unwrap()];
+    let kicks = [
+        EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+        EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+    ];
     let queues = vec![
-        ActivatedQueue { index: 0, queue: queue_of(&hiprio, hiprio_used), kick: kicks[0].try_clone().unwrap() },
-        ActivatedQueue { index: 1, queue: queue_of(&request, request_used), kick: kicks[1].try_clone().unwrap() },
+        ActivatedQueue {
+            index: 0,
+            queue: queue_of(&hiprio, hiprio_used),
+            kick: kicks[0].try_clone().unwrap(),
+        },
+        ActivatedQueue {
+            index: 1,
+            queue: queue_of(&request, request_used),
+            kick: kicks[1].try_clone().unwrap(),
+        },
     ];
     let (tx, rx) = channel();
     fs.ack_features(fs.features());
-    let irq = Irq { relayed: Mutex::new(tx), irqfd };
-    fs.activate(GuestMemoryAtomic::new(mem.clone()), Arc::new(irq), queues).expect("activate");
-    Guest { mem, ring: request, kick: kicks[1].try_clone().unwrap(), irq: rx, used_ring: request_used, next: 0, unique: 0 }
+    let irq = Irq {
+        relayed: Mutex::new(tx),
+        irqfd,
+    };
+    fs.activate(GuestMemoryAtomic::new(mem.clone()), Arc::new(irq), queues)
+        .expect("activate");
+    Guest {
+        mem,
+        ring: request,
+        kick: kicks[1].try_clone().unwrap(),
+        irq: rx,
+        used_ring: request_used,
+        next: 0,
+        unique: 0,
+    }
 }
 
 fn init_in() -> abi::InitIn {
@@ -226,11 +290,16 @@ fn window_byte(fs: &VhostUserFs, offset: u64) -> u8 {
 
 fn window_is_prot_none(fs: &VhostUserFs, offset: u64) -> bool {
     let addr = fs.window().unwrap().host_addr() + offset;
-    std::fs::read_to_string("/proc/self/maps").unwrap().lines().any(|l| {
-        let (range, rest) = l.split_once(' ').unwrap();
-        let (s, e) = range.split_once('-').unwrap();
-        (u64::from_str_radix(s, 16).unwrap()..u64::from_str_radix(e, 16).unwrap()).contains(&addr) && rest.starts_with("---p")
-    })
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .any(|l| {
+            let (range, rest) = l.split_once(' ').unwrap();
+            let (s, e) = range.split_once('-').unwrap();
+            (u64::from_str_radix(s, 16).unwrap()..u64::from_str_radix(e, 16).unwrap())
+                .contains(&addr)
+                && rest.starts_with("---p")
+        })
 }
 
 #[test]
@@ -244,15 +313,30 @@ fn setupmapping_maps_the_file_into_the_window_and_a_dead_daemon_fails_only_the_d
 
     // A window size the daemon does not declare is refused, naming both.
     let mut daemon = start_daemon(share.as_path(), &socket);
-    let e = VhostUserFs::connect(&FsDeviceConfig { cache_size: Some(16 * MIB), ..cfg.clone() }).err().expect("mismatch");
-    assert!(e.to_string().contains("cache_size=16777216") && e.to_string().contains("8388608"), "{e}");
-    assert!(daemon.wait().unwrap().success(), "the daemon exits when its VMM goes");
+    let e = VhostUserFs::connect(&FsDeviceConfig {
+        cache_size: Some(16 * MIB),
+        ..cfg.clone()
+    })
+    .err()
+    .expect("mismatch");
+    assert!(
+        e.to_string().contains("cache_size=16777216") && e.to_string().contains("8388608"),
+        "{e}"
+    );
+    assert!(
+        daemon.wait().unwrap().success(),
+        "the daemon exits when its VMM goes"
+    );
     let mut daemon = start_daemon(share.as_path(), &socket);
 
     let mem = guest_memory();
 
     let mut fs = VhostUserFs::connect(&cfg).expect("negotiation");
-    assert_eq!(fs.window().unwrap().size(), WINDOW, "window size taken from the daemon");
+    assert_eq!(
+        fs.window().unwrap().size(),
+        WINDOW,
+        "window size taken from the daemon"
+    );
 
     let mut cfgspace = [0u8; 40];
     fs.read_config(0, &mut cfgspace);
@@ -263,7 +347,11 @@ fn setupmapping_maps_the_file_into_the_window_and_a_dead_daemon_fails_only_the_d
     let (e, p) = guest.call(opcode::INIT, 0, init_in().as_slice());
     assert_eq!(e, 0);
     let init_out: abi::InitOut = obj(&p);
-    assert_ne!(init_out.flags as u64 & init::MAP_ALIGNMENT, 0, "DAX offered once the backend channel exists");
+    assert_ne!(
+        init_out.flags as u64 & init::MAP_ALIGNMENT,
+        0,
+        "DAX offered once the backend channel exists"
+    );
     assert_eq!(init_out.map_alignment, 12, "4 KiB granularity by default");
     assert_eq!(init_out.flags2 as u64, init::HAS_INODE_DAX >> 32);
 
@@ -271,39 +359,97 @@ fn setupmapping_maps_the_file_into_the_window_and_a_dead_daemon_fails_only_the_d
     assert_eq!(e, 0);
     let entry: abi::EntryOut = obj(&p);
     assert_eq!(entry.attr.size, 4 * MIB);
-    assert_eq!(entry.attr.flags, abi::ATTR_DAX, "a 4 MiB file gets DAX under the default policy");
+    assert_eq!(
+        entry.attr.flags,
+        abi::ATTR_DAX,
+        "a 4 MiB file gets DAX under the default policy"
+    );
 
     // File range [2M, 4M) at window offset 4M, read-only, as the guest's dax.c does.
-    let map = abi::SetupmappingIn { fh: u64::MAX, foffset: 2 * MIB, len: 2 * MIB, flags: 2, moffset: 4 * MIB };
-    assert_eq!(guest.call(opcode::SETUPMAPPING, entry.nodeid, map.as_slice()).0, 0);
+    let map = abi::SetupmappingIn {
+        fh: u64::MAX,
+        foffset: 2 * MIB,
+        len: 2 * MIB,
+        flags: 2,
+        moffset: 4 * MIB,
+    };
+    assert_eq!(
+        guest
+            .call(opcode::SETUPMAPPING, entry.nodeid, map.as_slice())
+            .0,
+        0
+    );
     for off in [0, 1, 4095, 4096, MIB + 17, 2 * MIB - 1] {
-        assert_eq!(window_byte(&fs, 4 * MIB + off), pattern[(2 * MIB + off) as usize], "offset {off}");
+        assert_eq!(
+            window_byte(&fs, 4 * MIB + off),
+            pattern[(2 * MIB + off) as usize],
+            "offset {off}"
+        );
     }
     let m = fs.window().unwrap().metrics.snapshot();
     assert_eq!((m.maps, m.bytes_mapped), (1, 2 * MIB));
 
     // A write mapping sees host writes (same page cache) and writes back.
-    let rw = abi::SetupmappingIn { foffset: 0, moffset: 0, flags: 3, ..map };
-    assert_eq!(guest.call(opcode::SETUPMAPPING, entry.nodeid, rw.as_slice()).0, 0);
-    let host = std::fs::OpenOptions::new().write(true).open(share.as_path().join("data.bin")).unwrap();
+    let rw = abi::SetupmappingIn {
+        foffset: 0,
+        moffset: 0,
+        flags: 3,
+        ..map
+    };
+    assert_eq!(
+        guest
+            .call(opcode::SETUPMAPPING, entry.nodeid, rw.as_slice())
+            .0,
+        0
+    );
+    let host = std::fs::OpenOptions::new()
+        .write(true)
+        .open(share.as_path().join("data.bin"))
+        .unwrap();
     host.write_all_at(b"HOST", 100).unwrap();
     assert_eq!(window_byte(&fs, 100), b'H');
 
     // Bad requests fail with an errno; the mappings stay as they were.
-    let past_end = abi::SetupmappingIn { moffset: WINDOW - MIB, ..map };
-    let misaligned = abi::SetupmappingIn { moffset: 512, ..map };
+    let past_end = abi::SetupmappingIn {
+        moffset: WINDOW - MIB,
+        ..map
+    };
+    let misaligned = abi::SetupmappingIn {
+        moffset: 512,
+        ..map
+    };
     let bad_flags = abi::SetupmappingIn { flags: 8, ..map };
     for bad in [past_end, misaligned, bad_flags] {
-        assert_eq!(guest.call(opcode::SETUPMAPPING, entry.nodeid, bad.as_slice()).0, libc::EINVAL, "{bad:?}");
+        assert_eq!(
+            guest
+                .call(opcode::SETUPMAPPING, entry.nodeid, bad.as_slice())
+                .0,
+            libc::EINVAL,
+            "{bad:?}"
+        );
     }
-    assert_eq!(guest.call(opcode::SETUPMAPPING, ROOT_ID, map.as_slice()).0, libc::EINVAL, "a directory cannot be mapped");
+    assert_eq!(
+        guest.call(opcode::SETUPMAPPING, ROOT_ID, map.as_slice()).0,
+        libc::EINVAL,
+        "a directory cannot be mapped"
+    );
     assert_eq!(window_byte(&fs, 4 * MIB), pattern[(2 * MIB) as usize]);
 
     // REMOVEMAPPING of both ranges puts PROT_NONE back.
     let rm = [
         abi::RemovemappingIn { count: 2 }.as_slice().to_vec(),
-        abi::RemovemappingOne { moffset: 0, len: 2 * MIB }.as_slice().to_vec(),
-        abi::RemovemappingOne { moffset: 4 * MIB, len: 2 * MIB }.as_slice().to_vec(),
+        abi::RemovemappingOne {
+            moffset: 0,
+            len: 2 * MIB,
+        }
+        .as_slice()
+        .to_vec(),
+        abi::RemovemappingOne {
+            moffset: 4 * MIB,
+            len: 2 * MIB,
+        }
+        .as_slice()
+        .to_vec(),
     ]
     .concat();
     assert_eq!(guest.call(opcode::REMOVEMAPPING, ROOT_ID, &rm).0, 0);
@@ -313,15 +459,26 @@ fn setupmapping_maps_the_file_into_the_window_and_a_dead_daemon_fails_only_the_d
 
     // The daemon dies: the device notices, drops its mappings, and is failed;
     // this process (the VMM) carries on.
-    assert_eq!(guest.call(opcode::SETUPMAPPING, entry.nodeid, map.as_slice()).0, 0);
+    assert_eq!(
+        guest
+            .call(opcode::SETUPMAPPING, entry.nodeid, map.as_slice())
+            .0,
+        0
+    );
     daemon.kill().unwrap();
     daemon.wait().unwrap();
     let deadline = Instant::now() + PATIENCE;
     while !fs.failed() {
-        assert!(Instant::now() < deadline, "the device never noticed the daemon's death");
+        assert!(
+            Instant::now() < deadline,
+            "the device never noticed the daemon's death"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(window_is_prot_none(&fs, 4 * MIB), "mappings dropped when the daemon went away");
+    assert!(
+        window_is_prot_none(&fs, 4 * MIB),
+        "mappings dropped when the daemon went away"
+    );
     assert!(fs.reset(), "reset works on a failed device");
 }
 
@@ -343,7 +500,15 @@ fn a_thread_pool_serves_a_batch_of_requests_out_of_order_and_each_reply_lands_in
     let (e, p) = guest.call(opcode::LOOKUP, ROOT_ID, b"data.bin\0");
     assert_eq!(e, 0);
     let nodeid = obj::<abi::EntryOut>(&p).nodeid;
-    let (e, p) = guest.call(opcode::OPEN, nodeid, abi::OpenIn { flags: libc::O_RDONLY as u32, open_flags: 0 }.as_slice());
+    let (e, p) = guest.call(
+        opcode::OPEN,
+        nodeid,
+        abi::OpenIn {
+            flags: libc::O_RDONLY as u32,
+            open_flags: 0,
+        }
+        .as_slice(),
+    );
     assert_eq!(e, 0);
     let fh = obj::<abi::OpenOut>(&p).fh;
 
@@ -353,7 +518,12 @@ fn a_thread_pool_serves_a_batch_of_requests_out_of_order_and_each_reply_lands_in
     let reads: Vec<(u64, u64, u64)> = (0..BATCH)
         .map(|i| {
             let offset = (i * 130_003) % (4 * MIB - LEN);
-            let read = abi::ReadIn { fh, offset, size: LEN as u32, ..Default::default() };
+            let read = abi::ReadIn {
+                fh,
+                offset,
+                size: LEN as u32,
+                ..Default::default()
+            };
             let slot = guest.post(opcode::READ, nodeid, read.as_slice());
             (slot, guest.unique, offset)
         })
@@ -362,11 +532,21 @@ fn a_thread_pool_serves_a_batch_of_requests_out_of_order_and_each_reply_lands_in
     for (slot, unique, offset) in reads {
         let (got_unique, e, payload) = guest.reply(slot);
         assert_eq!((got_unique, e), (unique, 0), "slot {slot}");
-        assert_eq!(payload, &pattern[offset as usize..(offset + LEN) as usize], "read at {offset}");
+        assert_eq!(
+            payload,
+            &pattern[offset as usize..(offset + LEN) as usize],
+            "read at {offset}"
+        );
     }
 
-    assert!(irqfd.read().is_ok_and(|n| n > 0), "the daemon signalled the transport's irqfd");
-    assert!(guest.irq.try_recv().is_err(), "no interrupt went through the device's relay");
+    assert!(
+        irqfd.read().is_ok_and(|n| n > 0),
+        "the daemon signalled the transport's irqfd"
+    );
+    assert!(
+        guest.irq.try_recv().is_err(),
+        "no interrupt went through the device's relay"
+    );
 
     // The requests were served by the pool's workers.
     let workers = std::fs::read_dir(format!("/proc/{}/task", daemon.id()))
@@ -376,7 +556,10 @@ fn a_thread_pool_serves_a_batch_of_requests_out_of_order_and_each_reply_lands_in
         .count();
     assert_eq!(workers, 4, "--thread-pool-size 4 starts four workers");
     drop(fs);
-    assert!(daemon.wait().unwrap().success(), "the daemon with a pool exits cleanly when its VMM goes");
+    assert!(
+        daemon.wait().unwrap().success(),
+        "the daemon with a pool exits cleanly when its VMM goes"
+    );
 }
 
 /// `Seccomp:`, `NoNewPrivs:` and `CapEff:` of every thread of `pid`.
@@ -385,9 +568,24 @@ fn thread_status(pid: u32) -> Vec<(String, u32, u32, u64)> {
     for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
         let dir = t.unwrap().path();
         let status = std::fs::read_to_string(dir.join("status")).unwrap();
-        let field = |n: &str| status.lines().find_map(|l| l.strip_prefix(n)).unwrap().trim().to_string();
-        let comm = std::fs::read_to_string(dir.join("comm")).unwrap().trim().to_string();
-        out.push((comm, field("Seccomp:").parse().unwrap(), field("NoNewPrivs:").parse().unwrap(), u64::from_str_radix(&field("CapEff:"), 16).unwrap()));
+        let field = |n: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(n))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        let comm = std::fs::read_to_string(dir.join("comm"))
+            .unwrap()
+            .trim()
+            .to_string();
+        out.push((
+            comm,
+            field("Seccomp:").parse().unwrap(),
+            field("NoNewPrivs:").parse().unwrap(),
+            u64::from_str_radix(&field("CapEff:"), 16).unwrap(),
+        ));
     }
     out
 }
@@ -408,44 +606,87 @@ fn the_default_daemon_is_confined_on_every_thread_and_serves_a_dax_mapping() {
     std::fs::write(share.as_path().join("data.bin"), &pattern).unwrap();
     let sockdir = TempDir::new().unwrap();
     let socket = sockdir.as_path().join("fs.sock");
-    let mut daemon = start_daemon_with(share.as_path(), &socket, &["--sandbox", "namespace", "--thread-pool-size", "2"]);
+    let mut daemon = start_daemon_with(
+        share.as_path(),
+        &socket,
+        &["--sandbox", "namespace", "--thread-pool-size", "2"],
+    );
     let mem = guest_memory();
-    let mut fs = VhostUserFs::connect(&fs_config(&socket)).expect("negotiation with the confined daemon");
+    let mut fs =
+        VhostUserFs::connect(&fs_config(&socket)).expect("negotiation with the confined daemon");
     let mut guest = activate(&mut fs, &mem);
     assert_eq!(guest.call(opcode::INIT, 0, init_in().as_slice()).0, 0);
     let (e, p) = guest.call(opcode::LOOKUP, ROOT_ID, b"data.bin\0");
     assert_eq!(e, 0);
     let entry: abi::EntryOut = obj(&p);
-    let map = abi::SetupmappingIn { fh: u64::MAX, foffset: 0, len: 2 * MIB, flags: 2, moffset: 0 };
-    assert_eq!(guest.call(opcode::SETUPMAPPING, entry.nodeid, map.as_slice()).0, 0);
+    let map = abi::SetupmappingIn {
+        fh: u64::MAX,
+        foffset: 0,
+        len: 2 * MIB,
+        flags: 2,
+        moffset: 0,
+    };
+    assert_eq!(
+        guest
+            .call(opcode::SETUPMAPPING, entry.nodeid, map.as_slice())
+            .0,
+        0
+    );
     assert_eq!(window_byte(&fs, MIB + 5), pattern[(MIB + 5) as usize]);
     // Nothing above the share can be looked up: ".." is refused, and the
     // root is the share itself.
     assert_ne!(guest.call(opcode::LOOKUP, ROOT_ID, b"..\0").0, 0);
 
     let parent = daemon.id();
-    let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).unwrap();
-    let child: u32 = children.split_whitespace().next().expect("the serving child").parse().unwrap();
+    let children =
+        std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).unwrap();
+    let child: u32 = children
+        .split_whitespace()
+        .next()
+        .expect("the serving child")
+        .parse()
+        .unwrap();
     let parent_threads = thread_status(parent);
     let child_threads = thread_status(child);
-    assert!(child_threads.len() >= 4, "queue threads and workers: {child_threads:?}");
+    assert!(
+        child_threads.len() >= 4,
+        "queue threads and workers: {child_threads:?}"
+    );
     for (comm, seccomp, nnp, _) in parent_threads.iter().chain(&child_threads) {
         assert_eq!((*seccomp, *nnp), (2, 1), "thread {comm}");
     }
     for (comm, _, _, caps) in &child_threads {
         assert_eq!(caps & (1 << 21), 0, "{comm} holds CAP_SYS_ADMIN");
         assert_eq!(caps & (1 << 2), 0, "{comm} holds CAP_DAC_READ_SEARCH");
-        assert_eq!(caps & !0b1000_0000_0000_0000_0000_0001_1011, 0, "{comm}: only CHOWN, DAC_OVERRIDE, FOWNER, FSETID, MKNOD");
+        assert_eq!(
+            caps & !0b1000_0000_0000_0000_0000_0001_1011,
+            0,
+            "{comm}: only CHOWN, DAC_OVERRIDE, FOWNER, FSETID, MKNOD"
+        );
     }
-    assert!(parent_threads.iter().all(|t| t.3 == 0), "the waiting parent keeps no capability");
+    assert!(
+        parent_threads.iter().all(|t| t.3 == 0),
+        "the waiting parent keeps no capability"
+    );
     let ns = |pid: u32, kind: &str| std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).unwrap();
     for kind in ["mnt", "pid", "net"] {
-        assert_ne!(ns(child, kind), ns(std::process::id(), kind), "the serving daemon has a {kind} namespace of its own");
+        assert_ne!(
+            ns(child, kind),
+            ns(std::process::id(), kind),
+            "the serving daemon has a {kind} namespace of its own"
+        );
     }
     let root = std::fs::read_link(format!("/proc/{child}/root")).unwrap();
-    assert_eq!(root, std::path::Path::new("/"), "its root is the share, seen from inside as /");
+    assert_eq!(
+        root,
+        std::path::Path::new("/"),
+        "its root is the share, seen from inside as /"
+    );
 
     drop(guest);
     drop(fs);
-    assert!(daemon.wait().unwrap().success(), "the confined daemon (and its parent) exits cleanly when its VMM goes");
+    assert!(
+        daemon.wait().unwrap().success(),
+        "the confined daemon (and its parent) exits cleanly when its VMM goes"
+    );
 }

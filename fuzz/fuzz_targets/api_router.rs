@@ -13,10 +13,25 @@ use libfuzzer_sys::fuzz_target;
 use tower::ServiceExt;
 
 const PATHS: &[&str] = &[
-    "/api/v1/vmm.ping", "/api/v1/vmm.shutdown", "/api/v1/vm.create", "/api/v1/vm.delete", "/api/v1/vm.boot",
-    "/api/v1/vm.info", "/api/v1/vm.shutdown", "/api/v1/vm.reboot", "/api/v1/vm.pause", "/api/v1/vm.resume",
-    "/api/v1/vm.add-fs", "/api/v1/vm.add-pmem", "/api/v1/vm.remove-device", "/api/v1/vm.counters",
-    "/api/v1/vm.dax-policy", "/api/v1/vm.dax-metrics", "/api/v1/vm.dax-status", "/api/v1/", "/",
+    "/api/v1/vmm.ping",
+    "/api/v1/vmm.shutdown",
+    "/api/v1/vm.create",
+    "/api/v1/vm.delete",
+    "/api/v1/vm.boot",
+    "/api/v1/vm.info",
+    "/api/v1/vm.shutdown",
+    "/api/v1/vm.reboot",
+    "/api/v1/vm.pause",
+    "/api/v1/vm.resume",
+    "/api/v1/vm.add-fs",
+    "/api/v1/vm.add-pmem",
+    "/api/v1/vm.remove-device",
+    "/api/v1/vm.counters",
+    "/api/v1/vm.dax-policy",
+    "/api/v1/vm.dax-metrics",
+    "/api/v1/vm.dax-status",
+    "/api/v1/",
+    "/",
 ];
 const METHODS: &[&str] = &["GET", "PUT", "POST", "DELETE", "PATCH", "HEAD"];
 
@@ -30,22 +45,37 @@ fn rig() -> &'static Rig {
     static RIG: OnceLock<Rig> = OnceLock::new();
     RIG.get_or_init(|| {
         let (channel, receiver) = api::vmm_channel().unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        Rig { runtime, router: api::router(channel, EventBus::default()), receiver: Mutex::new(receiver) }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        Rig {
+            runtime,
+            router: api::router(channel, EventBus::default()),
+            receiver: Mutex::new(receiver),
+        }
     })
 }
 
 fn answer(action: VmmAction) -> Result<VmmReply, ApiError> {
     let parsed = match &action {
-        VmmAction::Create(v) => vmm::config::json::vm_config_from_json(v).map(|_| ()).map_err(|e| e.to_string()),
-        VmmAction::AddFs(v) => vmm::config::json::fs_config_from_json(v, 0).map(|_| ()).map_err(|e| e.to_string()),
-        VmmAction::AddPmem(v) => vmm::config::json::pmem_config_from_json(v, 0).map(|_| ()).map_err(|e| e.to_string()),
+        VmmAction::Create(v) => vmm::config::json::vm_config_from_json(v)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        VmmAction::AddFs(v) => vmm::config::json::fs_config_from_json(v, 0)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        VmmAction::AddPmem(v) => vmm::config::json::pmem_config_from_json(v, 0)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
         _ => Ok(()),
     };
     parsed.map_err(ApiError::bad_request)?;
     Ok(match action {
         VmmAction::DaxStatus => VmmReply::Dax(Vec::new()),
-        VmmAction::Info | VmmAction::Counters | VmmAction::Ping => VmmReply::Json(serde_json::json!({})),
+        VmmAction::Info | VmmAction::Counters | VmmAction::Ping => {
+            VmmReply::Json(serde_json::json!({}))
+        }
         _ => VmmReply::NoContent,
     })
 }
@@ -59,12 +89,26 @@ fuzz_target!(|data: &[u8]| {
     let (query, body) = match body.strip_prefix(b"?") {
         Some(rest) => {
             let end = rest.iter().position(|&b| b == b'\n').unwrap_or(rest.len());
-            (String::from_utf8_lossy(&rest[..end]).replace(|c: char| c.is_whitespace() || c.is_control(), ""), &rest[end..])
+            (
+                String::from_utf8_lossy(&rest[..end])
+                    .replace(|c: char| c.is_whitespace() || c.is_control(), ""),
+                &rest[end..],
+            )
         }
         None => (String::new(), body),
     };
-    let uri = if query.is_empty() { path.to_string() } else { format!("{path}?{query}") };
-    let Ok(request) = Request::builder().method(method).uri(uri).body(Body::from(body.to_vec())) else { return };
+    let uri = if query.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{query}")
+    };
+    let Ok(request) = Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(Body::from(body.to_vec()))
+    else {
+        return;
+    };
     let response = rig.runtime.block_on(async {
         let fut = rig.router.clone().oneshot(request);
         tokio::pin!(fut);

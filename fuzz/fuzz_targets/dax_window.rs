@@ -33,11 +33,26 @@ fuzz_target!(|data: &[u8]| {
         let raw = op & 0x80 != 0;
         let mut val = |n: u64| {
             let v = take::<2>(data, &mut pos);
-            if raw { v.wrapping_mul(0x1_0001_0001) } else { (v % n) * PAGE }
+            if raw {
+                v.wrapping_mul(0x1_0001_0001)
+            } else {
+                (v % n) * PAGE
+            }
         };
         let (shm_offset, len, fd_offset) = (val(WINDOW_PAGES), val(WINDOW_PAGES / 4 + 1), val(24));
-        let req = VhostUserMMap { shmid: (op >> 4 & 1) as u8, shm_offset, len, fd_offset, flags: op >> 5 & 3, ..Default::default() };
-        let _ = if op & 1 == 0 { w.map(&req, file()) } else { w.unmap(&req) };
+        let req = VhostUserMMap {
+            shmid: (op >> 4 & 1) as u8,
+            shm_offset,
+            len,
+            fd_offset,
+            flags: op >> 5 & 3,
+            ..Default::default()
+        };
+        let _ = if op & 1 == 0 {
+            w.map(&req, file())
+        } else {
+            w.unmap(&req)
+        };
         let snap = w.metrics.snapshot();
         assert!(snap.bytes_mapped <= WINDOW_PAGES * PAGE);
     }

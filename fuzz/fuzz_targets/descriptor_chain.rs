@@ -15,15 +15,22 @@ fuzz_target!(|data: &[u8]| {
     let Ok(iter) = q.iter(&mem) else { return };
     let mut pos = data.len().saturating_sub(16);
     for chain in iter {
-        let Ok((mut r, mut w)) = split(&mem, chain) else { continue };
-        let (a, b) = (take::<2>(data, &mut pos) as usize, take::<2>(data, &mut pos) as usize);
+        let Ok((mut r, mut w)) = split(&mem, chain) else {
+            continue;
+        };
+        let (a, b) = (
+            take::<2>(data, &mut pos) as usize,
+            take::<2>(data, &mut pos) as usize,
+        );
         let readable = r.available();
         if let Ok(iovs) = r.iovecs(a) {
             assert!(a <= readable);
             for iov in iovs {
                 let start = iov.iov_base as u64;
                 let host = mem.get_host_address(GuestAddress(0)).unwrap() as u64;
-                assert!(start >= host && start + iov.iov_len as u64 <= host + dax_vmm_fuzz::MEM_SIZE);
+                assert!(
+                    start >= host && start + iov.iov_len as u64 <= host + dax_vmm_fuzz::MEM_SIZE
+                );
             }
         }
         if let Ok(bytes) = r.read_bytes(a) {

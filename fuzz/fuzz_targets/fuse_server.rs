@@ -27,20 +27,33 @@ fn rig() -> &'static Rig {
     static RIG: OnceLock<Rig> = OnceLock::new();
     RIG.get_or_init(|| {
         dax_vmm_fuzz::limit_file_size(1 << 20);
-        let base = if std::path::Path::new("/dev/shm").is_dir() { "/dev/shm".into() } else { std::env::temp_dir() };
+        let base = if std::path::Path::new("/dev/shm").is_dir() {
+            "/dev/shm".into()
+        } else {
+            std::env::temp_dir()
+        };
         let dir = base.join(format!("dax-fuzz-fuse-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("sub")).unwrap();
         std::fs::write(dir.join("file"), b"contents").unwrap();
         std::fs::write(dir.join("sub/nested"), b"nested").unwrap();
         let _ = std::os::unix::fs::symlink("/etc/passwd", dir.join("link"));
-        let root = openat(libc::AT_FDCWD, &CString::new(dir.to_str().unwrap()).unwrap(), libc::O_PATH, 0).unwrap();
+        let root = openat(
+            libc::AT_FDCWD,
+            &CString::new(dir.to_str().unwrap()).unwrap(),
+            libc::O_PATH,
+            0,
+        )
+        .unwrap();
         let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
         let policy = Arc::new(DaxPolicy::new(policies::Policy::default()));
         let mut fs = PassthroughFs::new(root, proc_fd, CachePolicy::Auto, policy).unwrap();
         fs.xattr = XattrMode::Mapped;
         fs.limits.max_inodes = 256;
         fs.limits.max_handles = 64;
-        Rig { mem: memory(), server: Server::new(fs, DaxMapper::new(2 << 20)) }
+        Rig {
+            mem: memory(),
+            server: Server::new(fs, DaxMapper::new(2 << 20)),
+        }
     })
 }
 
@@ -63,7 +76,9 @@ fuzz_target!(|data: &[u8]| {
     // Re-lay the pieces where the descriptors point.
     let mut off = 0;
     for &(a, l, _) in &bufs {
-        rig.mem.write_slice(&request[off..off + l as usize], GuestAddress(a)).unwrap();
+        rig.mem
+            .write_slice(&request[off..off + l as usize], GuestAddress(a))
+            .unwrap();
         off += l as usize;
     }
     let reply_len = [16u32, 100, 4096, 0x20000][usize::from(shape[3] % 4)];

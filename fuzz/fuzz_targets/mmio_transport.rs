@@ -11,7 +11,9 @@ use vmm_sys_util::eventfd::EventFd;
 
 fuzz_target!(|data: &[u8]| {
     let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-    let dev = Box::new(FuzzDevice { shm_guest_addr: 1 << 32 });
+    let dev = Box::new(FuzzDevice {
+        shm_guest_addr: 1 << 32,
+    });
     let mut t = MmioTransport::new(dev, GuestMemoryAtomic::new(memory()), irq).unwrap();
     for (write, offset, mut bytes) in accesses(data, 0x200) {
         if write {

@@ -23,8 +23,17 @@ const BAR0: u64 = 0xe000_0000;
 const SHM: u64 = 0x2_0000_0000;
 
 fuzz_target!(|data: &[u8]| {
-    let dev = Box::new(FuzzDevice { shm_guest_addr: SHM });
-    let Ok(mut pci) = VirtioPciDevice::new(dev, GuestMemoryAtomic::new(memory()), BAR0, Some((SHM, 2 << 20)), 3, Arc::new(Sink)) else {
+    let dev = Box::new(FuzzDevice {
+        shm_guest_addr: SHM,
+    });
+    let Ok(mut pci) = VirtioPciDevice::new(
+        dev,
+        GuestMemoryAtomic::new(memory()),
+        BAR0,
+        Some((SHM, 2 << 20)),
+        3,
+        Arc::new(Sink),
+    ) else {
         return;
     };
     for (write, offset, mut bytes) in accesses(data, 0x100 + BAR0_SIZE) {

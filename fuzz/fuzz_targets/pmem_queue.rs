@@ -13,7 +13,11 @@ fuzz_target!(|data: &[u8]| {
     let fail = data.last().is_some_and(|b| b & 1 == 1);
     let used = process_queue(&mut q, &mem, || {
         flushes += 1;
-        if fail { Err(std::io::Error::from_raw_os_error(libc::EIO)) } else { Ok(()) }
+        if fail {
+            Err(std::io::Error::from_raw_os_error(libc::EIO))
+        } else {
+            Ok(())
+        }
     });
     if let Ok(used) = used {
         assert!(flushes <= used);

@@ -7,11 +7,16 @@ use libfuzzer_sys::fuzz_target;
 use policies::Policy;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     for parsed in [Policy::parse_json(text), Policy::parse_yaml(text)] {
         if let Ok(p) = parsed {
             let again = Policy::from_value(&p.to_value()).expect("a policy's own document parses");
-            assert!(policies::diff(&p, &again).is_empty(), "round trip changed the policy");
+            assert!(
+                policies::diff(&p, &again).is_empty(),
+                "round trip changed the policy"
+            );
         }
     }
 });

@@ -4,10 +4,14 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vmm::config::json::{fs_config_from_json, pmem_config_from_json, vm_config_from_json, vm_config_to_json};
+use vmm::config::json::{
+    fs_config_from_json, pmem_config_from_json, vm_config_from_json, vm_config_to_json,
+};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else { return };
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
     if let Ok(c) = vm_config_from_json(&v) {
         let back = vm_config_to_json(&c);
         vm_config_from_json(&back).expect("vm.info's VmConfig is accepted by vm.create");

@@ -17,7 +17,8 @@ pub const USED_RING: u64 = 0x2000;
 pub const DATA: u64 = 0x4000;
 
 pub fn memory() -> Memory {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).expect("1 MiB of guest memory")
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)])
+        .expect("1 MiB of guest memory")
 }
 
 /// Lays `input` out as a queue: the first 256 bytes are the descriptor
@@ -36,7 +37,8 @@ pub fn queue_from(mem: &Memory, input: &[u8]) -> Queue {
             d[..8].copy_from_slice(&folded.to_le_bytes());
         }
     }
-    mem.write_slice(&table, GuestAddress(DESC_TABLE)).expect("table in memory");
+    mem.write_slice(&table, GuestAddress(DESC_TABLE))
+        .expect("table in memory");
     let rest = input.get(table_len..).unwrap_or_default();
     let heads = usize::from(rest.first().copied().unwrap_or(1) % 8).max(1);
     let mut avail = vec![0u8; 4 + 2 * usize::from(QUEUE_SIZE)];
@@ -45,10 +47,12 @@ pub fn queue_from(mem: &Memory, input: &[u8]) -> Queue {
         let head = u16::from(rest.get(1 + i).copied().unwrap_or(0));
         avail[4 + 2 * i..6 + 2 * i].copy_from_slice(&head.to_le_bytes());
     }
-    mem.write_slice(&avail, GuestAddress(AVAIL_RING)).expect("avail ring in memory");
+    mem.write_slice(&avail, GuestAddress(AVAIL_RING))
+        .expect("avail ring in memory");
     let payload = rest.get(1 + heads..).unwrap_or_default();
     let payload = &payload[..payload.len().min((MEM_SIZE - DATA) as usize)];
-    mem.write_slice(payload, GuestAddress(DATA)).expect("payload in memory");
+    mem.write_slice(payload, GuestAddress(DATA))
+        .expect("payload in memory");
     let mut q = Queue::new(QUEUE_SIZE).expect("queue size is a power of two");
     q.set_size(QUEUE_SIZE);
     q.set_desc_table_address(Some(DESC_TABLE as u32), Some(0));
@@ -74,7 +78,10 @@ pub fn limit_file_size(bytes: u64) {
     // SAFETY: ignoring SIGXFSZ and setting a limit have no memory effects.
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-        let lim = libc::rlimit { rlim_cur: bytes, rlim_max: bytes };
+        let lim = libc::rlimit {
+            rlim_cur: bytes,
+            rlim_max: bytes,
+        };
         libc::setrlimit(libc::RLIMIT_FSIZE, &lim);
     }
 }
@@ -111,7 +118,12 @@ impl virtio_devices::VirtioDevice for FuzzDevice {
         true
     }
     fn shm_regions(&self) -> Vec<virtio_devices::SharedMemoryRegion> {
-        vec![virtio_devices::SharedMemoryRegion { id: 0, guest_addr: self.shm_guest_addr, len: 2 << 20, host_addr: 0 }]
+        vec![virtio_devices::SharedMemoryRegion {
+            id: 0,
+            guest_addr: self.shm_guest_addr,
+            len: 2 << 20,
+            host_addr: 0,
+        }]
     }
 }
 

@@ -13,14 +13,26 @@ fn big_policy() -> Policy {
     for i in 0..RULES {
         let (path, min_size) = match i % 10 {
             0 => (Some(format!("dir{}/**", i / 10)), None),
-            1..=6 => (Some(format!("dir{}/sub{}/*.ext{}", i / 10, i % 7, i % 3)), None),
+            1..=6 => (
+                Some(format!("dir{}/sub{}/*.ext{}", i / 10, i % 7, i % 3)),
+                None,
+            ),
             7 => (Some(format!("dir{}/*.log", i / 10)), Some(4096)),
             8 => (None, Some(1 << (20 + (i % 8)))),
             _ => (Some(format!("**/*.t{}", i % 50)), None),
         };
-        rules.push(Rule { path, min_size, max_size: None, dax: i % 2 == 0 });
+        rules.push(Rule {
+            path,
+            min_size,
+            max_size: None,
+            dax: i % 2 == 0,
+        });
     }
-    Policy { mode: Mode::Inode, rules, ..Policy::default() }
+    Policy {
+        mode: Mode::Inode,
+        rules,
+        ..Policy::default()
+    }
 }
 
 fn paths() -> Vec<(String, u64)> {
@@ -53,7 +65,9 @@ fn bench(c: &mut Criterion) {
             hits
         })
     });
-    group.bench_function("compile 10k rules", |b| b.iter(|| Evaluator::new(black_box(&policy))));
+    group.bench_function("compile 10k rules", |b| {
+        b.iter(|| Evaluator::new(black_box(&policy)))
+    });
     group.finish();
 }
 

@@ -42,19 +42,48 @@ pub fn diff(old: &Policy, new: &Policy) -> PolicyDiff {
     let mut changes = Vec::new();
     let mut push = |field, from: String, to: String, effect| {
         if from != to {
-            changes.push(Change { field, from, to, effect });
+            changes.push(Change {
+                field,
+                from,
+                to,
+                effect,
+            });
         }
     };
-    push("cache_size", old.cache_size.to_string(), new.cache_size.to_string(), Effect::Recreate);
-    push("window_granularity", old.window_granularity.to_string(), new.window_granularity.to_string(), Effect::Remount);
-    push("mode", old.mode.as_str().into(), new.mode.as_str().into(), Effect::Live);
+    push(
+        "cache_size",
+        old.cache_size.to_string(),
+        new.cache_size.to_string(),
+        Effect::Recreate,
+    );
+    push(
+        "window_granularity",
+        old.window_granularity.to_string(),
+        new.window_granularity.to_string(),
+        Effect::Remount,
+    );
+    push(
+        "mode",
+        old.mode.as_str().into(),
+        new.mode.as_str().into(),
+        Effect::Live,
+    );
     if old.rules != new.rules {
         let (a, b) = (old.rules.len(), new.rules.len());
         // Same count, different content: say so rather than "3 rules -> 3 rules".
-        let to = if a == b { format!("{b} rules (changed)") } else { format!("{b} rules") };
+        let to = if a == b {
+            format!("{b} rules (changed)")
+        } else {
+            format!("{b} rules")
+        };
         push("rules", format!("{a} rules"), to, Effect::Live);
     }
-    push("default", old.default.to_string(), new.default.to_string(), Effect::Live);
+    push(
+        "default",
+        old.default.to_string(),
+        new.default.to_string(),
+        Effect::Live,
+    );
     PolicyDiff { changes }
 }
 

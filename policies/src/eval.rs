@@ -40,13 +40,20 @@ fn literal_dir_prefix(glob: &str) -> String {
     let glob = glob.trim_start_matches('/');
     let components: Vec<&str> = glob.split('/').collect();
     let is_literal = |c: &&str| !c.contains(['*', '?', '[', ']', '{', '}', '\\']);
-    let literal: Vec<&str> = components[..components.len().saturating_sub(1)].iter().copied().take_while(is_literal).collect();
+    let literal: Vec<&str> = components[..components.len().saturating_sub(1)]
+        .iter()
+        .copied()
+        .take_while(is_literal)
+        .collect();
     literal.join("/")
 }
 
 fn compile(pattern: &str) -> Option<Glob> {
     // `*` stays within a path component; `**` crosses them.
-    GlobBuilder::new(pattern.trim_start_matches('/')).literal_separator(true).build().ok()
+    GlobBuilder::new(pattern.trim_start_matches('/'))
+        .literal_separator(true)
+        .build()
+        .ok()
 }
 
 impl Evaluator {
@@ -59,7 +66,9 @@ impl Evaluator {
             match &r.path {
                 Some(p) => {
                     let Some(glob) = compile(p) else { continue };
-                    let (b, rule_of) = builders.entry(literal_dir_prefix(p)).or_insert_with(|| (GlobSetBuilder::new(), Vec::new()));
+                    let (b, rule_of) = builders
+                        .entry(literal_dir_prefix(p))
+                        .or_insert_with(|| (GlobSetBuilder::new(), Vec::new()));
                     b.add(glob);
                     rule_of.push(i);
                 }
@@ -68,9 +77,23 @@ impl Evaluator {
         }
         let by_prefix = builders
             .into_iter()
-            .map(|(prefix, (b, rule_of))| (prefix, Bucket { set: b.build().unwrap_or_else(|_| GlobSet::empty()), rule_of }))
+            .map(|(prefix, (b, rule_of))| {
+                (
+                    prefix,
+                    Bucket {
+                        set: b.build().unwrap_or_else(|_| GlobSet::empty()),
+                        rule_of,
+                    },
+                )
+            })
             .collect();
-        Evaluator { mode: policy.mode, default: policy.default, rules: policy.rules.clone(), by_prefix, pathless }
+        Evaluator {
+            mode: policy.mode,
+            default: policy.default,
+            rules: policy.rules.clone(),
+            by_prefix,
+            pathless,
+        }
     }
 
     fn size_ok(rule: &Rule, size: u64) -> bool {
@@ -149,7 +172,10 @@ mod tests {
         assert!(!e.dax("db/x.wal", 1 << 30), "rule 0 before the size rule");
         assert!(e.dax("db/big.dat", 2 << 20), "rule 1 before rule 2");
         assert!(!e.dax("db/small.dat", 10), "rule 2");
-        assert!(!e.dax("db/sub/x.wal", 10), "`*` does not cross '/', so rule 2 decides");
+        assert!(
+            !e.dax("db/sub/x.wal", 10),
+            "`*` does not cross '/', so rule 2 decides"
+        );
         assert!(e.dax("x.bin", 5), "rule 3");
         assert!(e.dax("x.bin", 50), "no rule: default");
         assert!(e.dax("/x.bin", 5), "a leading slash is ignored");
@@ -174,12 +200,18 @@ mod tests {
                 {"path": "exact.txt", "dax": true}
             ], "default": false}"#,
         );
-        assert!(e.dax("a/b/x.log", 200), "rule 0 (nested bucket) before rule 1 (root)");
+        assert!(
+            e.dax("a/b/x.log", 200),
+            "rule 0 (nested bucket) before rule 1 (root)"
+        );
         assert!(!e.dax("a/b/x.log", 50), "rule 0's size fails: rule 1");
         assert!(e.dax("a/c/d", 1), "rule 2 before rule 3");
         assert!(!e.dax("a/c.log", 1), "rule 1");
         assert!(e.dax("exact.txt", 1));
-        assert!(!e.dax("sub/exact.txt", 1), "a literal name matches only at its own path");
+        assert!(
+            !e.dax("sub/exact.txt", 1),
+            "a literal name matches only at its own path"
+        );
         assert!(!e.dax("b/x", 1), "default");
     }
 

@@ -88,7 +88,12 @@ impl Default for Policy {
             cache_size: GIB,
             window_granularity: 4 * KIB,
             mode: Mode::Inode,
-            rules: vec![Rule { path: None, min_size: None, max_size: Some(32 * KIB - 1), dax: false }],
+            rules: vec![Rule {
+                path: None,
+                min_size: None,
+                max_size: Some(32 * KIB - 1),
+                dax: false,
+            }],
             default: true,
         }
     }

@@ -17,10 +17,25 @@ const CALLS: u32 = 2_000_000;
 /// thread needs to finish.
 fn allowlist(size: usize) -> Vec<Allow> {
     let mut v: Vec<Allow> = (0..size as i64).map(|i| Allow::Call(1000 + i)).collect();
-    for nr in [libc::SYS_getppid, libc::SYS_futex, libc::SYS_munmap, libc::SYS_madvise, libc::SYS_exit,
-               libc::SYS_rt_sigprocmask, libc::SYS_sigaltstack, libc::SYS_write, libc::SYS_mmap, libc::SYS_brk,
-               libc::SYS_rseq, libc::SYS_gettid, libc::SYS_exit_group, libc::SYS_sched_yield, libc::SYS_mprotect,
-               libc::SYS_prctl, libc::SYS_seccomp] {
+    for nr in [
+        libc::SYS_getppid,
+        libc::SYS_futex,
+        libc::SYS_munmap,
+        libc::SYS_madvise,
+        libc::SYS_exit,
+        libc::SYS_rt_sigprocmask,
+        libc::SYS_sigaltstack,
+        libc::SYS_write,
+        libc::SYS_mmap,
+        libc::SYS_brk,
+        libc::SYS_rseq,
+        libc::SYS_gettid,
+        libc::SYS_exit_group,
+        libc::SYS_sched_yield,
+        libc::SYS_mprotect,
+        libc::SYS_prctl,
+        libc::SYS_seccomp,
+    ] {
         v.push(Allow::Call(nr));
     }
     v
@@ -47,8 +62,14 @@ fn main() {
     let base = time_on_thread(vec![]);
     println!("getppid, no filter:                      {base:6.1} ns/call");
     for (label, filters) in [
-        ("one 100-call allowlist (daemon-sized)", vec![allowlist(100)]),
-        ("two stacked allowlists (VMM + vCPU)", vec![allowlist(100), allowlist(40)]),
+        (
+            "one 100-call allowlist (daemon-sized)",
+            vec![allowlist(100)],
+        ),
+        (
+            "two stacked allowlists (VMM + vCPU)",
+            vec![allowlist(100), allowlist(40)],
+        ),
     ] {
         let t = time_on_thread(filters);
         println!("getppid, {label:38} {t:6.1} ns/call (+{:.1})", t - base);

@@ -15,7 +15,10 @@
 
 use std::collections::BTreeMap;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
 
 /// A system call a thread may make, with all arguments or only with one
 /// argument among given values (e.g. `ioctl` with `FIONBIO` only).
@@ -36,7 +39,8 @@ fn rules(allowed: &[Allow]) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompil
             Allow::Arg(nr, index, values) => {
                 let entry = map.entry(nr).or_default();
                 for &v in values {
-                    let cond = SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)?;
+                    let cond =
+                        SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)?;
                     entry.push(SeccompRule::new(vec![cond])?);
                 }
             }
@@ -73,7 +77,9 @@ impl Mode {
             "trap" => Ok(Mode::Trap),
             "log" => Ok(Mode::Log),
             "none" | "false" => Ok(Mode::None),
-            _ => Err(format!("{flag} {value}: expected kill, trap, log or none (true = kill, false = none)")),
+            _ => Err(format!(
+                "{flag} {value}: expected kill, trap, log or none (true = kill, false = none)"
+            )),
         }
     }
 }
@@ -81,15 +87,25 @@ impl Mode {
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
     #[error("building the {kind} seccomp filter: {source}")]
-    Build { kind: &'static str, source: seccompiler::BackendError },
+    Build {
+        kind: &'static str,
+        source: seccompiler::BackendError,
+    },
     #[error("installing the {kind} seccomp filter: {source}")]
-    Install { kind: &'static str, source: seccompiler::Error },
+    Install {
+        kind: &'static str,
+        source: seccompiler::Error,
+    },
     #[error("installing the SIGSYS handler: {0}")]
     Handler(String),
 }
 
 /// Builds the filter for a thread `kind` that may make `syscalls`.
-pub fn build(kind: &'static str, syscalls: &[Allow], mode: Mode) -> Result<Option<BpfProgram>, SeccompError> {
+pub fn build(
+    kind: &'static str,
+    syscalls: &[Allow],
+    mode: Mode,
+) -> Result<Option<BpfProgram>, SeccompError> {
     let mismatch = match mode {
         Mode::None => return Ok(None),
         Mode::Kill | Mode::Trap => SeccompAction::Trap,
@@ -98,7 +114,9 @@ pub fn build(kind: &'static str, syscalls: &[Allow], mode: Mode) -> Result<Optio
     let rules = rules(syscalls).map_err(|source| SeccompError::Build { kind, source })?;
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, TargetArch::x86_64)
         .map_err(|source| SeccompError::Build { kind, source })?;
-    let program: BpfProgram = filter.try_into().map_err(|source| SeccompError::Build { kind, source })?;
+    let program: BpfProgram = filter
+        .try_into()
+        .map_err(|source| SeccompError::Build { kind, source })?;
     Ok(Some(program))
 }
 
@@ -106,7 +124,8 @@ pub fn build(kind: &'static str, syscalls: &[Allow], mode: Mode) -> Result<Optio
 /// thread it starts later).
 pub fn apply(kind: &'static str, syscalls: &[Allow], mode: Mode) -> Result<(), SeccompError> {
     if let Some(program) = build(kind, syscalls, mode)? {
-        seccompiler::apply_filter(&program).map_err(|source| SeccompError::Install { kind, source })?;
+        seccompiler::apply_filter(&program)
+            .map_err(|source| SeccompError::Install { kind, source })?;
     }
     Ok(())
 }
@@ -115,7 +134,8 @@ pub fn apply(kind: &'static str, syscalls: &[Allow], mode: Mode) -> Result<(), S
 /// the binary ([`register`]); library code that starts a thread calls
 /// [`enter_thread`] first thing, which does nothing when no filter was
 /// registered (unit tests, `--seccomp false`).
-static REGISTRY: std::sync::OnceLock<BTreeMap<&'static str, BpfProgram>> = std::sync::OnceLock::new();
+static REGISTRY: std::sync::OnceLock<BTreeMap<&'static str, BpfProgram>> =
+    std::sync::OnceLock::new();
 
 /// Builds one filter per thread kind and keeps them for [`enter_thread`].
 pub fn register(kinds: &[(&'static str, Vec<Allow>)], mode: Mode) -> Result<(), SeccompError> {
@@ -134,7 +154,8 @@ pub fn register(kinds: &[(&'static str, Vec<Allow>)], mode: Mode) -> Result<(), 
 /// callers end the thread on an error.
 pub fn enter_thread(kind: &'static str) -> Result<(), SeccompError> {
     match REGISTRY.get().and_then(|m| m.get(kind)) {
-        Some(program) => seccompiler::apply_filter(program).map_err(|source| SeccompError::Install { kind, source }),
+        Some(program) => seccompiler::apply_filter(program)
+            .map_err(|source| SeccompError::Install { kind, source }),
         None => Ok(()),
     }
 }
@@ -178,7 +199,11 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     }
 }
 
-extern "C" fn sigsys_handler(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+extern "C" fn sigsys_handler(
+    _sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    _ctx: *mut libc::c_void,
+) {
     // For SIGSYS the kernel fills `si_syscall` (an int 24 bytes into
     // siginfo_t on x86-64, after si_call_addr), which libc does not name.
     // SAFETY: the kernel passes a valid siginfo_t of 128 bytes.
@@ -206,7 +231,11 @@ extern "C" fn sigsys_handler(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx
 pub fn thread_status() -> std::io::Result<(u32, u32)> {
     let status = std::fs::read_to_string("/proc/thread-self/status")?;
     let field = |name: &str| {
-        status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok()).unwrap_or(u32::MAX)
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(u32::MAX)
     };
     Ok((field("Seccomp:"), field("NoNewPrivs:")))
 }
@@ -222,7 +251,10 @@ mod tests {
         assert_eq!(Mode::parse("--seccomp", "false"), Ok(Mode::None));
         assert_eq!(
             Mode::parse("--seccomp", "maybe"),
-            Err("--seccomp maybe: expected kill, trap, log or none (true = kill, false = none)".into())
+            Err(
+                "--seccomp maybe: expected kill, trap, log or none (true = kill, false = none)"
+                    .into()
+            )
         );
     }
 
@@ -231,34 +263,60 @@ mod tests {
         let (before, _) = thread_status().unwrap();
         let t = std::thread::spawn(|| {
             // Errno rather than Trap, so the test process survives.
-            let map: BTreeMap<i64, Vec<SeccompRule>> = [libc::SYS_getppid].iter().map(|&n| (n, vec![])).collect();
-            let filter =
-                SeccompFilter::new(map, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), TargetArch::x86_64)
-                    .unwrap();
+            let map: BTreeMap<i64, Vec<SeccompRule>> =
+                [libc::SYS_getppid].iter().map(|&n| (n, vec![])).collect();
+            let filter = SeccompFilter::new(
+                map,
+                SeccompAction::Allow,
+                SeccompAction::Errno(libc::EPERM as u32),
+                TargetArch::x86_64,
+            )
+            .unwrap();
             let program: BpfProgram = filter.try_into().unwrap();
             seccompiler::apply_filter(&program).unwrap();
             // SAFETY: getppid has no preconditions.
             let r = unsafe { libc::syscall(libc::SYS_getppid) };
-            (r, std::io::Error::last_os_error().raw_os_error(), thread_status().unwrap())
+            (
+                r,
+                std::io::Error::last_os_error().raw_os_error(),
+                thread_status().unwrap(),
+            )
         });
         let (r, errno, (seccomp, nnp)) = t.join().unwrap();
         assert_eq!((r, errno), (-1, Some(libc::EPERM)));
         assert_eq!((seccomp, nnp), (2, 1));
-        assert_eq!(thread_status().unwrap().0, before, "other threads keep their filters");
+        assert_eq!(
+            thread_status().unwrap().0,
+            before,
+            "other threads keep their filters"
+        );
     }
 
     #[test]
     fn an_argument_rule_allows_only_the_listed_values() {
         let t = std::thread::spawn(|| {
-            let allowed = [Allow::Arg(libc::SYS_prctl, 0, &[libc::PR_GET_NAME as u64]), Allow::Call(libc::SYS_exit)];
+            let allowed = [
+                Allow::Arg(libc::SYS_prctl, 0, &[libc::PR_GET_NAME as u64]),
+                Allow::Call(libc::SYS_exit),
+            ];
             let mut map = rules(&allowed).unwrap();
             // Everything else this test thread needs to finish.
-            for nr in [libc::SYS_futex, libc::SYS_munmap, libc::SYS_madvise, libc::SYS_rt_sigprocmask, libc::SYS_sigaltstack] {
+            for nr in [
+                libc::SYS_futex,
+                libc::SYS_munmap,
+                libc::SYS_madvise,
+                libc::SYS_rt_sigprocmask,
+                libc::SYS_sigaltstack,
+            ] {
                 map.insert(nr, vec![]);
             }
-            let filter =
-                SeccompFilter::new(map, SeccompAction::Errno(libc::EPERM as u32), SeccompAction::Allow, TargetArch::x86_64)
-                    .unwrap();
+            let filter = SeccompFilter::new(
+                map,
+                SeccompAction::Errno(libc::EPERM as u32),
+                SeccompAction::Allow,
+                TargetArch::x86_64,
+            )
+            .unwrap();
             let program: BpfProgram = filter.try_into().unwrap();
             seccompiler::apply_filter(&program).unwrap();
             let mut name = [0u8; 16];

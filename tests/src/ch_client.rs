@@ -39,12 +39,22 @@ pub enum ChError {
 pub type Reply = (u16, Option<String>);
 
 /// One ch-remote request: `command` is e.g. `vm.add-fs` or `vmm.ping`.
-pub fn request(socket: &Path, method: &str, command: &str, body: Option<&str>) -> Result<Reply, ChError> {
+pub fn request(
+    socket: &Path,
+    method: &str,
+    command: &str,
+    body: Option<&str>,
+) -> Result<Reply, ChError> {
     request_path(socket, method, &format!("/api/v1/{command}"), body)
 }
 
 /// The same for any path (and query), for requests ch-remote does not make.
-pub fn request_path(socket: &Path, method: &str, path: &str, body: Option<&str>) -> Result<Reply, ChError> {
+pub fn request_path(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<Reply, ChError> {
     let mut s = UnixStream::connect(socket).map_err(|e| ChError::Socket(e.to_string()))?;
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n");
     if let Some(b) = body {
@@ -54,7 +64,8 @@ pub fn request_path(socket: &Path, method: &str, path: &str, body: Option<&str>)
     if let Some(b) = body {
         req.push_str(b);
     }
-    s.write_all(req.as_bytes()).map_err(|e| ChError::Socket(e.to_string()))?;
+    s.write_all(req.as_bytes())
+        .map_err(|e| ChError::Socket(e.to_string()))?;
     parse_reply(&mut s)
 }
 
@@ -73,7 +84,9 @@ pub fn parse_reply(socket: &mut dyn Read) -> Result<Reply, ChError> {
     let mut length: Option<usize> = None;
     loop {
         let mut chunk = [0u8; 256];
-        let n = socket.read(&mut chunk).map_err(|e| ChError::Socket(e.to_string()))?;
+        let n = socket
+            .read(&mut chunk)
+            .map_err(|e| ChError::Socket(e.to_string()))?;
         if n == 0 {
             break;
         }
@@ -81,7 +94,11 @@ pub fn parse_reply(socket: &mut dyn Read) -> Result<Reply, ChError> {
         if let Some(end) = reply.find("\r\n\r\n") {
             body_at = Some(end + 4);
             length = match header(&reply, "Content-Length") {
-                Some(v) => Some(v.trim().parse().map_err(|_| ChError::ContentLengthParsing(v.to_string()))?),
+                Some(v) => Some(
+                    v.trim()
+                        .parse()
+                        .map_err(|_| ChError::ContentLengthParsing(v.to_string()))?,
+                ),
                 None => None,
             };
             if length.is_none() {
@@ -97,8 +114,13 @@ pub fn parse_reply(socket: &mut dyn Read) -> Result<Reply, ChError> {
     let body = length.and(body_at.map(|at| reply[at..].to_string()));
     let start = reply.find("HTTP/1.1").ok_or(ChError::MissingProtocol)?;
     let line_end = reply[start..].find('\r').map_or(reply.len(), |e| start + e);
-    let code_text = reply.get(start + "HTTP/1.1 ".len()..line_end).unwrap_or_default();
-    let code: u16 = code_text.trim().parse().map_err(|_| ChError::StatusCodeParsing(code_text.to_string()))?;
+    let code_text = reply
+        .get(start + "HTTP/1.1 ".len()..line_end)
+        .unwrap_or_default();
+    let code: u16 = code_text
+        .trim()
+        .parse()
+        .map_err(|_| ChError::StatusCodeParsing(code_text.to_string()))?;
     match code {
         100 | 200 | 204 => Ok((code, body)),
         _ => Err(ChError::ServerResponse(code, body)),
@@ -116,12 +138,21 @@ mod tests {
     #[test]
     fn reads_replies_as_api_client_does() {
         // micro-http's form.
-        assert_eq!(parse("HTTP/1.1 200 \r\nContent-Length: 2\r\n\r\n{}"), Ok(Some("{}".into())));
+        assert_eq!(
+            parse("HTTP/1.1 200 \r\nContent-Length: 2\r\n\r\n{}"),
+            Ok(Some("{}".into()))
+        );
         assert_eq!(parse("HTTP/1.1 204 \r\n\r\n"), Ok(None));
         // A reason phrase breaks it, as it breaks ch-remote.
-        assert_eq!(parse("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"), Err(ChError::StatusCodeParsing("200 OK".into())));
+        assert_eq!(
+            parse("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"),
+            Err(ChError::StatusCodeParsing("200 OK".into()))
+        );
         // Lower-case content-length: the body is not seen.
-        assert_eq!(parse("HTTP/1.1 200 \r\ncontent-length: 2\r\n\r\n{}"), Ok(None));
+        assert_eq!(
+            parse("HTTP/1.1 200 \r\ncontent-length: 2\r\n\r\n{}"),
+            Ok(None)
+        );
         assert_eq!(
             parse("HTTP/1.1 400 \r\nContent-Length: 7\r\n\r\n[\"bad\"]"),
             Err(ChError::ServerResponse(400, Some("[\"bad\"]".into())))

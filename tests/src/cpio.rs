@@ -20,7 +20,11 @@ pub struct CpioArchive {
 
 impl CpioArchive {
     pub fn new() -> Self {
-        Self { buf: Vec::new(), next_ino: 1, dirs: BTreeSet::new() }
+        Self {
+            buf: Vec::new(),
+            next_ino: 1,
+            dirs: BTreeSet::new(),
+        }
     }
 
     /// Adds a regular file with the given permission bits (e.g. 0o755).
@@ -123,8 +127,8 @@ impl CpioArchive {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::process::{Command, Stdio};
     use std::io::Write;
+    use std::process::{Command, Stdio};
 
     #[test]
     fn header_layout_and_alignment() {
@@ -146,7 +150,9 @@ mod tests {
     #[test]
     fn cpio_tool_reads_archive_back() {
         let mut a = CpioArchive::new();
-        a.file("etc/a.txt", 0o644, b"abc").symlink("bin/sh", "busybox").dir("dev");
+        a.file("etc/a.txt", 0o644, b"abc")
+            .symlink("bin/sh", "busybox")
+            .dir("dev");
         a.char_device("dev/console", 0o600, 5, 1);
         let bytes = a.finish();
         let Ok(mut child) = Command::new("cpio")
@@ -164,7 +170,17 @@ mod tests {
         let listing = String::from_utf8(out.stdout).unwrap();
         assert!(listing.contains("etc/a.txt"), "{listing}");
         assert!(listing.contains("bin/sh -> busybox"), "{listing}");
-        assert!(listing.lines().any(|l| l.starts_with('d') && l.ends_with(" dev")), "{listing}");
-        assert!(listing.lines().any(|l| l.starts_with("crw-------") && l.contains("5,") && l.ends_with(" dev/console")), "{listing}");
+        assert!(
+            listing
+                .lines()
+                .any(|l| l.starts_with('d') && l.ends_with(" dev")),
+            "{listing}"
+        );
+        assert!(
+            listing.lines().any(|l| l.starts_with("crw-------")
+                && l.contains("5,")
+                && l.ends_with(" dev/console")),
+            "{listing}"
+        );
     }
 }

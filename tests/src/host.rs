@@ -12,7 +12,8 @@ pub fn cache_dir() -> Result<PathBuf, RigError> {
     let base = match std::env::var_os("XDG_CACHE_HOME") {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir),
         _ => {
-            let home = std::env::var_os("HOME").ok_or_else(|| RigError::Setup("HOME is not set".into()))?;
+            let home = std::env::var_os("HOME")
+                .ok_or_else(|| RigError::Setup("HOME is not set".into()))?;
             PathBuf::from(home).join(".cache")
         }
     };
@@ -24,7 +25,9 @@ pub fn cache_dir() -> Result<PathBuf, RigError> {
 /// Runs a command to completion; a failure carries its stderr.
 pub fn run(cmd: &mut Command) -> Result<Vec<u8>, RigError> {
     let what = format!("{cmd:?}");
-    let out = cmd.output().map_err(|e| RigError::Setup(format!("{what}: {e}")))?;
+    let out = cmd
+        .output()
+        .map_err(|e| RigError::Setup(format!("{what}: {e}")))?;
     if !out.status.success() {
         return Err(RigError::Setup(format!(
             "{what} failed ({}): {}",
@@ -40,7 +43,10 @@ pub fn run(cmd: &mut Command) -> Result<Vec<u8>, RigError> {
 pub fn is_static_elf(path: &Path) -> Result<bool, RigError> {
     let bytes = std::fs::read(path).map_err(|e| RigError::io(path, e))?;
     if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 {
-        return Err(RigError::Setup(format!("{} is not a 64-bit ELF file", path.display())));
+        return Err(RigError::Setup(format!(
+            "{} is not a 64-bit ELF file",
+            path.display()
+        )));
     }
     let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
     let phoff = u64::from_le_bytes(bytes[0x20..0x28].try_into().unwrap()) as usize;
@@ -49,7 +55,10 @@ pub fn is_static_elf(path: &Path) -> Result<bool, RigError> {
     for i in 0..phnum {
         let off = phoff + i * phentsize;
         let Some(p_type) = bytes.get(off..off + 4) else {
-            return Err(RigError::Setup(format!("{}: truncated program headers", path.display())));
+            return Err(RigError::Setup(format!(
+                "{}: truncated program headers",
+                path.display()
+            )));
         };
         if u32::from_le_bytes(p_type.try_into().unwrap()) == PT_INTERP {
             return Ok(false);
@@ -73,7 +82,9 @@ pub fn has_hardware_virtualization() -> bool {
 pub fn static_busybox() -> Result<PathBuf, RigError> {
     let path = PathBuf::from("/bin/busybox");
     if !path.exists() {
-        return Err(RigError::Setup("/bin/busybox is missing: apt-get install busybox-static".into()));
+        return Err(RigError::Setup(
+            "/bin/busybox is missing: apt-get install busybox-static".into(),
+        ));
     }
     if !is_static_elf(&path)? {
         return Err(RigError::Setup(
@@ -96,7 +107,11 @@ mod tests {
     #[test]
     fn non_elf_is_an_error() {
         let path = std::env::temp_dir().join(format!("rig-not-elf-{}", std::process::id()));
-        std::fs::write(&path, b"#!/bin/sh\necho not an ELF file, but long enough to hold a header......\n").unwrap();
+        std::fs::write(
+            &path,
+            b"#!/bin/sh\necho not an ELF file, but long enough to hold a header......\n",
+        )
+        .unwrap();
         let result = is_static_elf(&path);
         std::fs::remove_file(&path).unwrap();
         assert!(matches!(result, Err(RigError::Setup(m)) if m.contains("not a 64-bit ELF")));

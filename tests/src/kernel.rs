@@ -13,7 +13,12 @@ pub const KERNEL_PACKAGE_ENV: &str = "DAX_VMM_KERNEL_PACKAGE";
 const PACKAGE_PREFIX: &str = "linux-image-6.12.";
 const PACKAGE_SUFFIX: &str = "-cloud-amd64-unsigned";
 /// Options the project needs from the guest kernel, checked before first use.
-const REQUIRED_CONFIG: &[&str] = &["CONFIG_FUSE_DAX=y", "CONFIG_VIRTIO_FS=y", "CONFIG_VIRTIO_PCI=y", "CONFIG_ACPI=y"];
+const REQUIRED_CONFIG: &[&str] = &[
+    "CONFIG_FUSE_DAX=y",
+    "CONFIG_VIRTIO_FS=y",
+    "CONFIG_VIRTIO_PCI=y",
+    "CONFIG_ACPI=y",
+];
 
 pub struct GuestKernel {
     /// Kernel release, e.g. `6.12.115+deb12-cloud-amd64`.
@@ -46,15 +51,24 @@ impl GuestKernel {
         let boot = dir.join("boot");
         let mut release = None;
         for entry in std::fs::read_dir(&boot).map_err(|e| RigError::io(&boot, e))? {
-            let name = entry.map_err(|e| RigError::io(&boot, e))?.file_name().to_string_lossy().into_owned();
+            let name = entry
+                .map_err(|e| RigError::io(&boot, e))?
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
             if let Some(r) = name.strip_prefix("vmlinuz-") {
                 release = Some(r.to_string());
             }
         }
-        let release = release.ok_or_else(|| RigError::Setup(format!("no vmlinuz in {}", boot.display())))?;
+        let release =
+            release.ok_or_else(|| RigError::Setup(format!("no vmlinuz in {}", boot.display())))?;
         let mut modules = BTreeMap::new();
         index_modules(&dir.join("lib/modules").join(&release), &mut modules)?;
-        Ok(GuestKernel { bzimage: boot.join(format!("vmlinuz-{release}")), release, modules })
+        Ok(GuestKernel {
+            bzimage: boot.join(format!("vmlinuz-{release}")),
+            release,
+            modules,
+        })
     }
 
     /// The named modules and everything they depend on, decompressed, in an
@@ -68,14 +82,18 @@ impl GuestKernel {
         Ok(ordered)
     }
 
-    fn visit(&self, name: &str, seen: &mut HashSet<String>, out: &mut Vec<(String, Vec<u8>)>) -> Result<(), RigError> {
+    fn visit(
+        &self,
+        name: &str,
+        seen: &mut HashSet<String>,
+        out: &mut Vec<(String, Vec<u8>)>,
+    ) -> Result<(), RigError> {
         if !seen.insert(name.to_string()) {
             return Ok(());
         }
-        let path = self
-            .modules
-            .get(name)
-            .ok_or_else(|| RigError::Setup(format!("kernel {} has no module {name}", self.release)))?;
+        let path = self.modules.get(name).ok_or_else(|| {
+            RigError::Setup(format!("kernel {} has no module {name}", self.release))
+        })?;
         let data = run(Command::new("xz").arg("-dc").arg(path))?;
         for dep in module_depends(&data) {
             self.visit(&dep, seen, out)?;
@@ -105,7 +123,11 @@ fn index_modules(dir: &Path, out: &mut BTreeMap<String, PathBuf>) -> Result<(), 
         let path = entry.map_err(|e| RigError::io(dir, e))?.path();
         if path.is_dir() {
             index_modules(&path, out)?;
-        } else if let Some(stem) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".ko.xz")) {
+        } else if let Some(stem) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".ko.xz"))
+        {
             out.insert(stem.replace('-', "_"), path.clone());
         }
     }
@@ -115,7 +137,10 @@ fn index_modules(dir: &Path, out: &mut BTreeMap<String, PathBuf>) -> Result<(), 
 /// Compares Debian package names of the form `linux-image-6.12.<patch>…` by patch level.
 fn patch_level(package: &str) -> Option<u32> {
     let rest = package.strip_prefix(PACKAGE_PREFIX)?;
-    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 fn newest_package() -> Result<String, RigError> {
@@ -147,7 +172,9 @@ fn download(package: &str, dir: &Path) -> Result<(), RigError> {
     let staging = dir.with_extension("partial");
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging).map_err(|e| RigError::io(&staging, e))?;
-    run(Command::new("apt-get").args(["download", "-q", package]).current_dir(&staging))?;
+    run(Command::new("apt-get")
+        .args(["download", "-q", package])
+        .current_dir(&staging))?;
     let deb = std::fs::read_dir(&staging)
         .map_err(|e| RigError::io(&staging, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -170,12 +197,18 @@ fn check_config(tree: &Path) -> Result<(), RigError> {
     let config = std::fs::read_dir(&boot)
         .map_err(|e| RigError::io(&boot, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("config-")))
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("config-"))
+        })
         .ok_or_else(|| RigError::Setup(format!("no kernel config in {}", boot.display())))?;
     let text = std::fs::read_to_string(&config).map_err(|e| RigError::io(&config, e))?;
     for option in REQUIRED_CONFIG {
         if !text.lines().any(|l| l == *option) {
-            return Err(RigError::Setup(format!("{}: the guest kernel needs {option}", config.display())));
+            return Err(RigError::Setup(format!(
+                "{}: the guest kernel needs {option}",
+                config.display()
+            )));
         }
     }
     Ok(())
@@ -195,8 +228,17 @@ mod tests {
 
     #[test]
     fn packages_order_by_patch_level() {
-        assert_eq!(patch_level("linux-image-6.12.115+deb12-cloud-amd64-unsigned"), Some(115));
-        assert_eq!(patch_level("linux-image-6.12.9+deb12-cloud-amd64-unsigned"), Some(9));
-        assert_eq!(patch_level("linux-image-6.1.0-30-cloud-amd64-unsigned"), None);
+        assert_eq!(
+            patch_level("linux-image-6.12.115+deb12-cloud-amd64-unsigned"),
+            Some(115)
+        );
+        assert_eq!(
+            patch_level("linux-image-6.12.9+deb12-cloud-amd64-unsigned"),
+            Some(9)
+        );
+        assert_eq!(
+            patch_level("linux-image-6.1.0-30-cloud-amd64-unsigned"),
+            None
+        );
     }
 }

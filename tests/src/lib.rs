@@ -20,11 +20,17 @@ pub enum RigError {
     #[error("rig set-up: {0}")]
     Setup(String),
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 impl RigError {
     pub fn io(path: &Path, source: std::io::Error) -> Self {
-        RigError::Io { path: path.display().to_string(), source }
+        RigError::Io {
+            path: path.display().to_string(),
+            source,
+        }
     }
 }

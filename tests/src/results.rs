@@ -14,12 +14,16 @@ pub struct Results {
 }
 
 fn secs(d: Option<Duration>) -> String {
-    d.map(|d| format!("{:.2} s", d.as_secs_f64())).unwrap_or_else(|| "n/a".into())
+    d.map(|d| format!("{:.2} s", d.as_secs_f64()))
+        .unwrap_or_else(|| "n/a".into())
 }
 
 impl Results {
     pub fn new(name: &str) -> Self {
-        Results { name: name.into(), rows: Vec::new() }
+        Results {
+            name: name.into(),
+            rows: Vec::new(),
+        }
     }
 
     pub fn record(&mut self, what: &str, value: impl Into<String>) {
@@ -28,30 +32,62 @@ impl Results {
 
     /// The standard timings of one run.
     pub fn record_run(&mut self, label: &str, run: &Run) {
-        let mode = if run.nested { "emulated host (QEMU TCG) + nested KVM" } else { "host KVM" };
+        let mode = if run.nested {
+            "emulated host (QEMU TCG) + nested KVM"
+        } else {
+            "host KVM"
+        };
         self.record(&format!("{label}: mode"), mode);
         if run.nested {
-            self.record(&format!("{label}: L1 boot (QEMU start to its init)"), secs(run.l1_boot()));
+            self.record(
+                &format!("{label}: L1 boot (QEMU start to its init)"),
+                secs(run.l1_boot()),
+            );
         }
-        self.record(&format!("{label}: guest boot-to-init (VMM start to guest init)"), secs(run.guest_boot_to_init()));
-        if let Some(uptime) = run.guest_values().get("init").and_then(|v| v.strip_prefix("uptime=")) {
-            self.record(&format!("{label}: guest uptime at init (guest clock)"), format!("{uptime} s"));
+        self.record(
+            &format!("{label}: guest boot-to-init (VMM start to guest init)"),
+            secs(run.guest_boot_to_init()),
+        );
+        if let Some(uptime) = run
+            .guest_values()
+            .get("init")
+            .and_then(|v| v.strip_prefix("uptime="))
+        {
+            self.record(
+                &format!("{label}: guest uptime at init (guest clock)"),
+                format!("{uptime} s"),
+            );
         }
-        self.record(&format!("{label}: wall time (whole run)"), secs(Some(run.wall)));
+        self.record(
+            &format!("{label}: wall time (whole run)"),
+            secs(Some(run.wall)),
+        );
     }
 
     /// Runs that stalled and were booted again (see `rig::run_retrying_stall`).
     pub fn record_stalls(&mut self, logs: &[PathBuf]) {
         let logs: Vec<String> = logs.iter().map(|p| p.display().to_string()).collect();
-        self.record("stalled runs retried", if logs.is_empty() { "0".into() } else { format!("{} ({})", logs.len(), logs.join(", ")) });
+        self.record(
+            "stalled runs retried",
+            if logs.is_empty() {
+                "0".into()
+            } else {
+                format!("{} ({})", logs.len(), logs.join(", "))
+            },
+        );
     }
 
     pub fn path(&self) -> PathBuf {
-        target_dir().join("rig-results").join(format!("{}.md", self.name))
+        target_dir()
+            .join("rig-results")
+            .join(format!("{}.md", self.name))
     }
 
     pub fn save(&self) -> Result<PathBuf, RigError> {
-        let mut text = format!("# rig results: {}\n\n| measurement | value |\n|---|---|\n", self.name);
+        let mut text = format!(
+            "# rig results: {}\n\n| measurement | value |\n|---|---|\n",
+            self.name
+        );
         for (k, v) in &self.rows {
             let _ = writeln!(text, "| {k} | {v} |");
         }

@@ -92,7 +92,9 @@ impl Guest {
     }
 
     pub fn cmdline(&self) -> String {
-        format!("{GUEST_BASE_CMDLINE} {}", self.cmdline).trim().to_string()
+        format!("{GUEST_BASE_CMDLINE} {}", self.cmdline)
+            .trim()
+            .to_string()
     }
 }
 
@@ -120,7 +122,12 @@ impl Run {
         self.lines.iter().find_map(|l| {
             // `key=value` (value to the end of the line) or a bare `key`,
             // optionally followed by other words (`init uptime=0.7`).
-            let rest = l.text.split_once(prefix)?.1.strip_prefix(' ')?.strip_prefix(key)?;
+            let rest = l
+                .text
+                .split_once(prefix)?
+                .1
+                .strip_prefix(' ')?
+                .strip_prefix(key)?;
             if let Some(value) = rest.strip_prefix('=') {
                 Some((l, value))
             } else if rest.is_empty() || rest.starts_with(' ') {
@@ -140,7 +147,9 @@ impl Run {
     pub fn guest_values(&self) -> HashMap<String, String> {
         let mut out = HashMap::new();
         for l in &self.lines {
-            let Some((_, rest)) = l.text.split_once("@@GUEST ") else { continue };
+            let Some((_, rest)) = l.text.split_once("@@GUEST ") else {
+                continue;
+            };
             let (k, v) = match rest.split_once(' ') {
                 Some((word, tail)) if !word.contains('=') => (word, tail),
                 _ => rest.split_once('=').unwrap_or((rest, "")),
@@ -172,25 +181,42 @@ impl Run {
 
     /// VMM start to the guest's init running.
     pub fn guest_boot_to_init(&self) -> Option<Duration> {
-        self.guest_at("init")?.checked_sub(self.rig_at("vmm_start")?)
+        self.guest_at("init")?
+            .checked_sub(self.rig_at("vmm_start")?)
     }
 
     /// The VMM's one-line reason for stopping (`dax-vmm: …`). The guest may
     /// have left its last serial line unterminated, so the message can start
     /// mid-line.
     pub fn vmm_message(&self) -> Option<&str> {
-        self.lines.iter().rev().find_map(|l| l.text.rsplit_once("dax-vmm: ").map(|(_, m)| m))
+        self.lines
+            .iter()
+            .rev()
+            .find_map(|l| l.text.rsplit_once("dax-vmm: ").map(|(_, m)| m))
     }
 
     pub fn text(&self) -> String {
-        self.lines.iter().map(|l| l.text.as_str()).collect::<Vec<_>>().join("\n")
+        self.lines
+            .iter()
+            .map(|l| l.text.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// The end of the output, for assertion messages.
     pub fn tail(&self, n: usize) -> String {
         let start = self.lines.len().saturating_sub(n);
-        let lines: Vec<_> = self.lines[start..].iter().map(|l| format!("[{:7.3}] {}", l.at.as_secs_f64(), l.text)).collect();
-        format!("--- last {} lines of {} (full log: {}) ---\n{}", lines.len(), self.name, self.log_path.display(), lines.join("\n"))
+        let lines: Vec<_> = self.lines[start..]
+            .iter()
+            .map(|l| format!("[{:7.3}] {}", l.at.as_secs_f64(), l.text))
+            .collect();
+        format!(
+            "--- last {} lines of {} (full log: {}) ---\n{}",
+            lines.len(),
+            self.name,
+            self.log_path.display(),
+            lines.join("\n")
+        )
     }
 }
 
@@ -205,9 +231,16 @@ pub fn run_retrying_stall(guest: &Guest) -> Result<(Run, Vec<PathBuf>), RigError
         return Ok((first, Vec::new()));
     }
     // Beside the run's directory, which the second run empties.
-    let kept = target_dir().join("rig/runs").join(format!("{}-stalled.log", guest.name));
+    let kept = target_dir()
+        .join("rig/runs")
+        .join(format!("{}-stalled.log", guest.name));
     std::fs::rename(&first.log_path, &kept).map_err(|e| RigError::io(&kept, e))?;
-    eprintln!("RIG: {} stalled after {:.0} s; booting it once more\n{}", guest.name, first.wall.as_secs_f64(), first.tail(120));
+    eprintln!(
+        "RIG: {} stalled after {:.0} s; booting it once more\n{}",
+        guest.name,
+        first.wall.as_secs_f64(),
+        first.tail(120)
+    );
     Ok((run(guest)?, vec![kept]))
 }
 
@@ -219,7 +252,8 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
         _ => !has_hardware_virtualization(),
     };
     let kernel = GuestKernel::fetch()?;
-    let busybox = std::fs::read(static_busybox()?).map_err(|e| RigError::io(Path::new("/bin/busybox"), e))?;
+    let busybox =
+        std::fs::read(static_busybox()?).map_err(|e| RigError::io(Path::new("/bin/busybox"), e))?;
     let vmm = vmm_binary()?;
     let guest_initramfs = guest_initramfs(guest, &kernel, &busybox)?;
     let host_script = host_script(guest);
@@ -228,7 +262,14 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
 
     let start = Instant::now();
     let mut child = if nested {
-        let image = emulated_host_initramfs(guest, &kernel, &busybox, &vmm, &guest_initramfs, &host_script)?;
+        let image = emulated_host_initramfs(
+            guest,
+            &kernel,
+            &busybox,
+            &vmm,
+            &guest_initramfs,
+            &host_script,
+        )?;
         let image_path = work.join("l1-initramfs.cpio");
         std::fs::write(&image_path, image).map_err(|e| RigError::io(&image_path, e))?;
         Command::new("qemu-system-x86_64")
@@ -236,8 +277,24 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
             // seen to oops on an int3 left by cross-CPU code patching early in
             // its boot, and single-threaded TCG with two stalled a 2-vCPU
             // guest. The guest's vCPUs share it, as on an overcommitted host.
-            .args(["-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", EMULATED_HOST_MEMORY])
-            .args(["-nodefaults", "-display", "none", "-serial", "stdio", "-no-reboot"])
+            .args([
+                "-accel",
+                "tcg",
+                "-cpu",
+                "max",
+                "-smp",
+                "1",
+                "-m",
+                EMULATED_HOST_MEMORY,
+            ])
+            .args([
+                "-nodefaults",
+                "-display",
+                "none",
+                "-serial",
+                "stdio",
+                "-no-reboot",
+            ])
             .arg("-kernel")
             .arg(&kernel.bzimage)
             .arg("-initrd")
@@ -247,7 +304,11 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| RigError::Setup(format!("starting qemu-system-x86_64 (apt-get install qemu-system-x86): {e}")))?
+            .map_err(|e| {
+                RigError::Setup(format!(
+                    "starting qemu-system-x86_64 (apt-get install qemu-system-x86): {e}"
+                ))
+            })?
     } else {
         let files = work.join("host");
         std::fs::create_dir_all(&files).map_err(|e| RigError::io(&files, e))?;
@@ -255,7 +316,14 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
             write_file(&files.join(&f.path), f)?;
         }
         for tool in &guest.host_tools {
-            write_file(&files.join("bin").join(tool_name(tool)?), &ImageFile { path: String::new(), perm: 0o755, data: read_tool(tool)? })?;
+            write_file(
+                &files.join("bin").join(tool_name(tool)?),
+                &ImageFile {
+                    path: String::new(),
+                    perm: 0o755,
+                    data: read_tool(tool)?,
+                },
+            )?;
         }
         let initramfs = work.join("guest-initramfs.cpio");
         std::fs::write(&initramfs, &guest_initramfs).map_err(|e| RigError::io(&initramfs, e))?;
@@ -276,10 +344,23 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
 
     let (lines, timed_out) = collect_output(&mut child, start, guest.timeout);
     let wall = start.elapsed();
-    let log: String = lines.iter().map(|l| format!("[{:8.3}] {}\n", l.at.as_secs_f64(), l.text)).collect();
+    let log: String = lines
+        .iter()
+        .map(|l| format!("[{:8.3}] {}\n", l.at.as_secs_f64(), l.text))
+        .collect();
     std::fs::write(&log_path, log).map_err(|e| RigError::io(&log_path, e))?;
-    let mut run = Run { name: guest.name.clone(), nested, lines, vmm_exit: None, timed_out, wall, log_path };
-    run.vmm_exit = run.marker("@@RIG", "vmm_exit").and_then(|(_, v)| v.trim().parse().ok());
+    let mut run = Run {
+        name: guest.name.clone(),
+        nested,
+        lines,
+        vmm_exit: None,
+        timed_out,
+        wall,
+        log_path,
+    };
+    run.vmm_exit = run
+        .marker("@@RIG", "vmm_exit")
+        .and_then(|(_, v)| v.trim().parse().ok());
     Ok(run)
 }
 
@@ -297,8 +378,16 @@ fn collect_output(child: &mut Child, start: Instant, timeout: Duration) -> (Vec<
             let mut reader = BufReader::new(reader);
             let mut buf = Vec::new();
             while matches!(reader.read_until(b'\n', &mut buf), Ok(n) if n > 0) {
-                let text = String::from_utf8_lossy(&buf).trim_end_matches(['\r', '\n']).replace('\r', "");
-                if tx.send(Line { at: start.elapsed(), text }).is_err() {
+                let text = String::from_utf8_lossy(&buf)
+                    .trim_end_matches(['\r', '\n'])
+                    .replace('\r', "");
+                if tx
+                    .send(Line {
+                        at: start.elapsed(),
+                        text,
+                    })
+                    .is_err()
+                {
                     break;
                 }
                 buf.clear();
@@ -377,16 +466,26 @@ fn host_script(guest: &Guest) -> String {
 }
 
 /// The guest's initramfs: busybox, modules, an init that runs the script.
-fn guest_initramfs(guest: &Guest, kernel: &GuestKernel, busybox: &[u8]) -> Result<Vec<u8>, RigError> {
+fn guest_initramfs(
+    guest: &Guest,
+    kernel: &GuestKernel,
+    busybox: &[u8],
+) -> Result<Vec<u8>, RigError> {
     let names: Vec<&str> = guest.guest_modules.iter().map(String::as_str).collect();
     let modules = kernel.modules_with_deps(&names)?;
     let mut image = base_image(busybox);
-    let load = add_modules(&mut image, &modules, |name| format!(" || echo \"@@GUEST insmod_failed={name}\""));
+    let load = add_modules(&mut image, &modules, |name| {
+        format!(" || echo \"@@GUEST insmod_failed={name}\"")
+    });
     for f in &guest.guest_files {
         image.file(&f.path, f.perm, &f.data);
     }
     for tool in &guest.guest_tools {
-        image.file(&format!("bin/{}", tool_name(tool)?), 0o755, &read_tool(tool)?);
+        image.file(
+            &format!("bin/{}", tool_name(tool)?),
+            0o755,
+            &read_tool(tool)?,
+        );
     }
     image.file("test.sh", 0o755, guest.script.as_bytes());
     let init = format!(
@@ -417,7 +516,11 @@ fn emulated_host_initramfs(
     let vmm_bytes = std::fs::read(vmm).map_err(|e| RigError::io(vmm, e))?;
     image.file("bin/dax-vmm", 0o755, &vmm_bytes);
     for tool in &guest.host_tools {
-        image.file(&format!("bin/{}", tool_name(tool)?), 0o755, &read_tool(tool)?);
+        image.file(
+            &format!("bin/{}", tool_name(tool)?),
+            0o755,
+            &read_tool(tool)?,
+        );
     }
     let bzimage = std::fs::read(&kernel.bzimage).map_err(|e| RigError::io(&kernel.bzimage, e))?;
     image.file("guest/vmlinuz", 0o644, &bzimage);
@@ -450,11 +553,18 @@ const INIT_PREAMBLE: &str = "#!/bin/busybox sh\n\
 
 /// Puts decompressed modules in `/lib/modules` and returns the shell lines
 /// that load them in order; `on_failure` appends to each `insmod` line.
-fn add_modules(image: &mut CpioArchive, modules: &[(String, Vec<u8>)], on_failure: impl Fn(&str) -> String) -> String {
+fn add_modules(
+    image: &mut CpioArchive,
+    modules: &[(String, Vec<u8>)],
+    on_failure: impl Fn(&str) -> String,
+) -> String {
     let mut load = String::new();
     for (name, data) in modules {
         image.file(&format!("lib/modules/{name}.ko"), 0o644, data);
-        load.push_str(&format!("insmod /lib/modules/{name}.ko{}\n", on_failure(name)));
+        load.push_str(&format!(
+            "insmod /lib/modules/{name}.ko{}\n",
+            on_failure(name)
+        ));
     }
     load
 }
@@ -476,7 +586,8 @@ fn write_file(path: &Path, f: &ImageFile) -> Result<(), RigError> {
         std::fs::create_dir_all(parent).map_err(|e| RigError::io(parent, e))?;
     }
     std::fs::write(path, &f.data).map_err(|e| RigError::io(path, e))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(f.perm)).map_err(|e| RigError::io(path, e))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(f.perm))
+        .map_err(|e| RigError::io(path, e))
 }
 
 /// The workspace's `target/` directory.
@@ -499,18 +610,33 @@ pub fn static_binary(package: &str, bin: &str) -> Result<PathBuf, RigError> {
     let target_dir = target_dir().join("rig/build");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
-        .args(["build", "--release", "--locked", "-p", package, "--bin", bin, "--target", target])
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            package,
+            "--bin",
+            bin,
+            "--target",
+            target,
+        ])
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
         .env("CARGO_TARGET_DIR", &target_dir)
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
         .status()
         .map_err(|e| RigError::Setup(format!("cargo build {bin}: {e}")))?;
     if !status.success() {
-        return Err(RigError::Setup(format!("cargo build of {bin} failed ({status})")));
+        return Err(RigError::Setup(format!(
+            "cargo build of {bin} failed ({status})"
+        )));
     }
     let path = target_dir.join(target).join("release").join(bin);
     if !host::is_static_elf(&path)? {
-        return Err(RigError::Setup(format!("{} is not statically linked", path.display())));
+        return Err(RigError::Setup(format!(
+            "{} is not statically linked",
+            path.display()
+        )));
     }
     Ok(path)
 }
@@ -528,7 +654,8 @@ fn read_tool(path: &Path) -> Result<Vec<u8>, RigError> {
 /// A static binary of this workspace for a guest or host image (built once
 /// per process and binary).
 pub fn tool(package: &str, bin: &str) -> Result<PathBuf, RigError> {
-    static BUILT: std::sync::Mutex<Vec<(String, Result<PathBuf, String>)>> = std::sync::Mutex::new(Vec::new());
+    static BUILT: std::sync::Mutex<Vec<(String, Result<PathBuf, String>)>> =
+        std::sync::Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, r)) = built.iter().find(|(b, _)| b == bin) {
         return r.clone().map_err(RigError::Setup);
@@ -557,7 +684,13 @@ mod tests {
         Run {
             name: "t".into(),
             nested: true,
-            lines: lines.iter().map(|(ms, t)| Line { at: Duration::from_millis(*ms), text: t.to_string() }).collect(),
+            lines: lines
+                .iter()
+                .map(|(ms, t)| Line {
+                    at: Duration::from_millis(*ms),
+                    text: t.to_string(),
+                })
+                .collect(),
             vmm_exit: None,
             timed_out: false,
             wall: Duration::ZERO,
@@ -607,14 +740,34 @@ mod tests {
         g.host_before = "BEFORE".into();
         g.host_after = "AFTER".into();
         let s = host_script(&g);
-        assert!(s.contains("\"$VMM\" --api-socket /tmp/api.sock '-v' </dev/null &"), "{s}");
-        assert!(!s.contains("--kernel"), "the VM is created by the API script: {s}");
+        assert!(
+            s.contains("\"$VMM\" --api-socket /tmp/api.sock '-v' </dev/null &"),
+            "{s}"
+        );
+        assert!(
+            !s.contains("--kernel"),
+            "the VM is created by the API script: {s}"
+        );
         // The kernel command line reaches the script, which puts it in vm.create.
         assert!(s.contains("CMDLINE='console=ttyS0"), "{s}");
-        let order: Vec<usize> = ["BEFORE", "vmm_start", "-S /tmp/api.sock", "api PUT /api/v1/vm.boot", "wait $VMM_PID", "vmm_exit", "AFTER"]
-            .iter()
-            .map(|needle| s.find(needle).unwrap_or_else(|| panic!("{needle} missing: {s}")))
-            .collect();
-        assert!(order.windows(2).all(|w| w[0] < w[1]), "steps out of order: {s}");
+        let order: Vec<usize> = [
+            "BEFORE",
+            "vmm_start",
+            "-S /tmp/api.sock",
+            "api PUT /api/v1/vm.boot",
+            "wait $VMM_PID",
+            "vmm_exit",
+            "AFTER",
+        ]
+        .iter()
+        .map(|needle| {
+            s.find(needle)
+                .unwrap_or_else(|| panic!("{needle} missing: {s}"))
+        })
+        .collect();
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "steps out of order: {s}"
+        );
     }
 }

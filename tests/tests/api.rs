@@ -50,15 +50,24 @@ fn json(sock: &Path, method: &str, path: &str, body: &str) -> serde_json::Value 
 fn refused(sock: &Path, method: &str, path: &str, body: &str, status: u16, needle: &str) {
     let (got, text) = http(sock, method, path, body);
     assert_eq!(got, status, "{method} {path} {body}: {text}");
-    let chain: Vec<String> = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: error body {text:?} is not a JSON array of strings: {e}"));
+    let chain: Vec<String> = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!("{method} {path}: error body {text:?} is not a JSON array of strings: {e}")
+    });
     let message = chain.join("\n");
-    assert!(message.contains(needle), "{method} {path} {body}: expected {needle:?} in {message:?}");
+    assert!(
+        message.contains(needle),
+        "{method} {path} {body}: expected {needle:?} in {message:?}"
+    );
 }
 
 fn wait_for(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !path.exists() {
-        assert!(Instant::now() < deadline, "{} did not appear", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} did not appear",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -77,10 +86,24 @@ fn start(dir: &Path) -> (Proc, Proc, PathBuf, PathBuf) {
     let daemon = rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd");
     let api = dir.join("api.sock");
     let control = dir.join("fs-control.sock");
-    let vmm = Proc(Command::new(&vmm).arg("--api-socket").arg(format!("path={}", api.display())).stderr(Stdio::null()).spawn().unwrap());
+    let vmm = Proc(
+        Command::new(&vmm)
+            .arg("--api-socket")
+            .arg(format!("path={}", api.display()))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let daemon = Proc(
         Command::new(&daemon)
-            .args(["--sandbox", "none", "--log-level", "error", "--cache-size", "64M"])
+            .args([
+                "--sandbox",
+                "none",
+                "--log-level",
+                "error",
+                "--cache-size",
+                "64M",
+            ])
             .arg("--socket-path")
             .arg(dir.join("fs.sock"))
             .arg("--shared-dir")
@@ -107,20 +130,69 @@ fn rest_api_over_a_unix_socket() {
     assert_eq!(ping["pid"].as_u64().map(|p| p > 0), Some(true), "{ping}");
     refused(&api, "GET", "/api/v1/vm.info", "", 409, "no VM is created");
     refused(&api, "PUT", "/api/v1/vm.boot", "", 409, "vm.create first");
-    refused(&api, "PUT", "/api/v1/vm.add-fs", r#"{"tag":"t","socket":"/s"}"#, 409, "vm.create first");
-    refused(&api, "GET", "/api/v1/vm.nonsense", "", 404, "no endpoint /api/v1/vm.nonsense");
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.add-fs",
+        r#"{"tag":"t","socket":"/s"}"#,
+        409,
+        "vm.create first",
+    );
+    refused(
+        &api,
+        "GET",
+        "/api/v1/vm.nonsense",
+        "",
+        404,
+        "no endpoint /api/v1/vm.nonsense",
+    );
     refused(&api, "GET", "/api/v1/vm.boot", "", 405, "does not take GET");
 
     // vm.create: malformed bodies change nothing.
-    refused(&api, "PUT", "/api/v1/vm.create", "", 400, "a JSON body is required");
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.create",
+        "",
+        400,
+        "a JSON body is required",
+    );
     refused(&api, "PUT", "/api/v1/vm.create", "{", 400, "not valid JSON");
-    refused(&api, "PUT", "/api/v1/vm.create", r#"{"payload":{"kernel":"/k"},"rngs":{}}"#, 400, "VmConfig.rngs: unknown field");
-    refused(&api, "PUT", "/api/v1/vm.create", r#"{"payload":{"kernel":"/k"},"cpus":{"boot_vcpus":1,"max_vcpus":1,"kvm_hyperv":true}}"#, 400, "VmConfig.cpus.kvm_hyperv=true is not supported");
-    refused(&api, "PUT", "/api/v1/vm.create", r#"{"payload":{"kernel":"/k"},"memory":{"size":4096}}"#, 400, "between 32M and 512G");
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.create",
+        r#"{"payload":{"kernel":"/k"},"rngs":{}}"#,
+        400,
+        "VmConfig.rngs: unknown field",
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.create",
+        r#"{"payload":{"kernel":"/k"},"cpus":{"boot_vcpus":1,"max_vcpus":1,"kvm_hyperv":true}}"#,
+        400,
+        "VmConfig.cpus.kvm_hyperv=true is not supported",
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.create",
+        r#"{"payload":{"kernel":"/k"},"memory":{"size":4096}}"#,
+        400,
+        "between 32M and 512G",
+    );
     refused(&api, "GET", "/api/v1/vm.info", "", 409, "no VM is created");
     let create = r#"{"payload":{"kernel":"/nonexistent/bzImage","cmdline":"console=ttyS0"},"cpus":{"boot_vcpus":1,"max_vcpus":1},"memory":{"size":268435456,"shared":true},"serial":{"mode":"Null"}}"#;
     assert_eq!(http(&api, "PUT", "/api/v1/vm.create", create).0, 204);
-    refused(&api, "PUT", "/api/v1/vm.create", create, 409, "already created");
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.create",
+        create,
+        409,
+        "already created",
+    );
 
     // Devices before boot, with ch-remote's bodies.
     let add_fs = format!(
@@ -129,31 +201,133 @@ fn rest_api_over_a_unix_socket() {
         control.display()
     );
     assert_eq!(http(&api, "PUT", "/api/v1/vm.add-fs", &add_fs).0, 204);
-    refused(&api, "PUT", "/api/v1/vm.add-fs", &add_fs, 409, "\"fs0\" is used twice");
-    refused(&api, "PUT", "/api/v1/vm.add-fs", r#"{"tag":"t","socket":"/s","cache":"always"}"#, 400, "unknown field `cache`");
-    refused(&api, "PUT", "/api/v1/vm.add-fs", r#"{"socket":"/s"}"#, 400, "missing field `tag`");
-    refused(&api, "PUT", "/api/v1/vm.add-fs", r#"{"tag":"t","socket":"/s","cache_size":3145728}"#, 400, "multiple of 2M");
-    refused(&api, "PUT", "/api/v1/vm.add-fs", r#"{"tag":"t","socket":"/s","transport":"vsock"}"#, 400, "pci or mmio");
-    refused(&api, "PUT", "/api/v1/vm.add-pmem", r#"{"file":"/p","size":1000}"#, 400, "multiple of 2M");
-    let add_pmem = r#"{"pci_segment":0,"file":"/tmp/p.img","size":67108864,"discard_writes":false}"#;
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.add-fs",
+        &add_fs,
+        409,
+        "\"fs0\" is used twice",
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.add-fs",
+        r#"{"tag":"t","socket":"/s","cache":"always"}"#,
+        400,
+        "unknown field `cache`",
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.add-fs",
+        r#"{"socket":"/s"}"#,
+        400,
+        "missing field `tag`",
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.add-fs",
+        r#"{"tag":"t","socket":"/s","cache_size":3145728}"#,
+        400,
+        "multiple of 2M",
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.add-fs",
+        r#"{"tag":"t","socket":"/s","transport":"vsock"}"#,
+        400,
+        "pci or mmio",
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.add-pmem",
+        r#"{"file":"/p","size":1000}"#,
+        400,
+        "multiple of 2M",
+    );
+    let add_pmem =
+        r#"{"pci_segment":0,"file":"/tmp/p.img","size":67108864,"discard_writes":false}"#;
     assert_eq!(http(&api, "PUT", "/api/v1/vm.add-pmem", add_pmem).0, 204);
     let info = json(&api, "GET", "/api/v1/vm.info", "");
     assert_eq!(info["state"], "Created");
     assert_eq!(info["config"]["fs"][0]["cache_size"], 67108864);
     assert_eq!(info["config"]["fs"][0]["tag"], "myfs");
     assert_eq!(info["config"]["pmem"][0]["id"], "_pmem0");
-    refused(&api, "PUT", "/api/v1/vm.remove-device", r#"{"id":"nope"}"#, 404, "no device with id \"nope\"");
-    refused(&api, "PUT", "/api/v1/vm.remove-device", r#"{"name":"x"}"#, 400, "unknown field `name`");
-    assert_eq!(http(&api, "PUT", "/api/v1/vm.remove-device", r#"{"id":"_pmem0"}"#).0, 204);
-    assert_eq!(json(&api, "GET", "/api/v1/vm.info", "")["config"]["pmem"].as_array().map(Vec::len), Some(0));
-    assert_eq!(json(&api, "GET", "/api/v1/vm.counters", ""), serde_json::json!({}));
-    refused(&api, "PUT", "/api/v1/vm.pause", "", 409, "vm.pause: the VM is not running (it is Created)");
-    refused(&api, "PUT", "/api/v1/vm.resume", "", 409, "vm.resume: the VM is not paused (it is Created)");
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.remove-device",
+        r#"{"id":"nope"}"#,
+        404,
+        "no device with id \"nope\"",
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.remove-device",
+        r#"{"name":"x"}"#,
+        400,
+        "unknown field `name`",
+    );
+    assert_eq!(
+        http(
+            &api,
+            "PUT",
+            "/api/v1/vm.remove-device",
+            r#"{"id":"_pmem0"}"#
+        )
+        .0,
+        204
+    );
+    assert_eq!(
+        json(&api, "GET", "/api/v1/vm.info", "")["config"]["pmem"]
+            .as_array()
+            .map(Vec::len),
+        Some(0)
+    );
+    assert_eq!(
+        json(&api, "GET", "/api/v1/vm.counters", ""),
+        serde_json::json!({})
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.pause",
+        "",
+        409,
+        "vm.pause: the VM is not running (it is Created)",
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.resume",
+        "",
+        409,
+        "vm.resume: the VM is not paused (it is Created)",
+    );
     refused(&api, "PUT", "/api/v1/vm.shutdown", "", 409, "not running");
 
     // DAX policy for a device added before boot: its daemon answers.
-    refused(&api, "GET", "/api/v1/vm.dax-policy", "", 400, "id=<fs device id>");
-    refused(&api, "GET", "/api/v1/vm.dax-policy?id=_pmem9", "", 404, "no fs device with id");
+    refused(
+        &api,
+        "GET",
+        "/api/v1/vm.dax-policy",
+        "",
+        400,
+        "id=<fs device id>",
+    );
+    refused(
+        &api,
+        "GET",
+        "/api/v1/vm.dax-policy?id=_pmem9",
+        "",
+        404,
+        "no fs device with id",
+    );
     let p = json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "");
     assert_eq!(p["acknowledged"]["generation"], 1, "{p}");
     assert!(p["desired"].is_null(), "{p}");
@@ -162,28 +336,85 @@ fn rest_api_over_a_unix_socket() {
     let mut events = subscribe(&api, Duration::from_secs(20));
 
     let bad = "rules:\n  - min_size: 32K\n    dax: true\n  - min_size: 12Q\n    dax: false\n";
-    refused(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0", bad, 400, "rules[1].min_size");
-    refused(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0", "", 400, "policy document");
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.dax-policy?id=fs0",
+        bad,
+        400,
+        "rules[1].min_size",
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.dax-policy?id=fs0",
+        "",
+        400,
+        "policy document",
+    );
     let policy = r#"{"mode":"inode","cache_size":"64M","window_granularity":"64K","rules":[{"path":"db/**","dax":true},{"max_size":"32K","dax":false}],"default":true}"#;
-    let dry = json(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0&dry_run=true", policy);
-    assert_eq!((dry["applied"].as_bool(), dry["generation"].as_u64()), (Some(false), Some(1)), "{dry}");
-    assert!(dry["remount"].as_array().is_some_and(|c| c.iter().any(|c| c["field"] == "window_granularity")), "{dry}");
-    assert_eq!(json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "")["acknowledged"]["generation"], 1, "a dry run changes nothing");
+    let dry = json(
+        &api,
+        "PUT",
+        "/api/v1/vm.dax-policy?id=fs0&dry_run=true",
+        policy,
+    );
+    assert_eq!(
+        (dry["applied"].as_bool(), dry["generation"].as_u64()),
+        (Some(false), Some(1)),
+        "{dry}"
+    );
+    assert!(
+        dry["remount"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["field"] == "window_granularity")),
+        "{dry}"
+    );
+    assert_eq!(
+        json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "")["acknowledged"]["generation"],
+        1,
+        "a dry run changes nothing"
+    );
     let put = json(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0", policy);
-    assert_eq!((put["applied"].as_bool(), put["generation"].as_u64()), (Some(true), Some(2)), "{put}");
-    assert!(put["live"].as_array().is_some_and(|c| c.iter().any(|c| c["field"] == "rules")), "{put}");
+    assert_eq!(
+        (put["applied"].as_bool(), put["generation"].as_u64()),
+        (Some(true), Some(2)),
+        "{put}"
+    );
+    assert!(
+        put["live"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["field"] == "rules")),
+        "{put}"
+    );
     let p = json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "");
-    assert_eq!((p["desired_generation"].as_u64(), p["acknowledged"]["generation"].as_u64()), (Some(2), Some(2)), "{p}");
-    assert_eq!(p["acknowledged"]["policy"]["window_granularity"], p["desired"]["window_granularity"], "{p}");
+    assert_eq!(
+        (
+            p["desired_generation"].as_u64(),
+            p["acknowledged"]["generation"].as_u64()
+        ),
+        (Some(2), Some(2)),
+        "{p}"
+    );
+    assert_eq!(
+        p["acknowledged"]["policy"]["window_granularity"], p["desired"]["window_granularity"],
+        "{p}"
+    );
     let (mut seen, mut line) = (String::new(), String::new());
     while !seen.contains("event: policy") {
         line.clear();
-        assert!(events.read_line(&mut line).unwrap() > 0, "event stream closed");
+        assert!(
+            events.read_line(&mut line).unwrap() > 0,
+            "event stream closed"
+        );
         seen.push_str(&line);
     }
     line.clear();
     events.read_line(&mut line).unwrap();
-    assert!(line.contains("\"generation\":2") && line.contains("\"device\":\"fs0\""), "{line}");
+    assert!(
+        line.contains("\"generation\":2") && line.contains("\"device\":\"fs0\""),
+        "{line}"
+    );
 
     let reset = json(&api, "DELETE", "/api/v1/vm.dax-policy?id=fs0", "");
     assert_eq!(reset["generation"], 3, "{reset}");
@@ -191,9 +422,18 @@ fn rest_api_over_a_unix_socket() {
     // Metrics: Prometheus text that promtool accepts.
     let (status, metrics) = http(&api, "GET", "/api/v1/vm.dax-metrics", "");
     assert_eq!(status, 200, "{metrics}");
-    assert!(metrics.contains("daxvmm_fs_up{device=\"fs0\"} 1"), "{metrics}");
-    assert!(metrics.contains("daxvmm_fs_policy_generation{device=\"fs0\"} 3"), "{metrics}");
-    assert!(metrics.contains("daxvmm_process_page_faults_total{kind=\"minor\"}"), "{metrics}");
+    assert!(
+        metrics.contains("daxvmm_fs_up{device=\"fs0\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("daxvmm_fs_policy_generation{device=\"fs0\"} 3"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("daxvmm_process_page_faults_total{kind=\"minor\"}"),
+        "{metrics}"
+    );
     let promtool = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
@@ -201,7 +441,12 @@ fn rest_api_over_a_unix_socket() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("promtool (Debian package prometheus; scripts/setup-host.sh installs it)");
-    promtool.stdin.as_ref().unwrap().write_all(metrics.as_bytes()).unwrap();
+    promtool
+        .stdin
+        .as_ref()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
     let out = promtool.wait_with_output().unwrap();
     assert!(
         out.status.success(),
@@ -211,14 +456,42 @@ fn rest_api_over_a_unix_socket() {
     );
 
     // A boot that cannot work fails that request; the VMM keeps serving.
-    refused(&api, "PUT", "/api/v1/vm.boot", "", 500, "/nonexistent/bzImage");
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.boot",
+        "",
+        500,
+        "/nonexistent/bzImage",
+    );
     assert_eq!(json(&api, "GET", "/api/v1/vm.info", "")["state"], "Created");
 
     check_openapi_document(&api);
     // What CH has and this VMM does not: 501 (a code ch-remote names) with the reason.
-    refused(&api, "PUT", "/api/v1/vm.add-disk", r#"{"path":"/tmp/disk.img"}"#, 501, "vm.add-disk: not supported by dax-vmm: block devices");
-    refused(&api, "PUT", "/api/v1/vm.snapshot", r#"{"destination_url":"file:///tmp/s"}"#, 501, "snapshots are not supported");
-    refused(&api, "GET", "/api/v1/vm.balloon-stats", "", 501, "no virtio-balloon");
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.add-disk",
+        r#"{"path":"/tmp/disk.img"}"#,
+        501,
+        "vm.add-disk: not supported by dax-vmm: block devices",
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.snapshot",
+        r#"{"destination_url":"file:///tmp/s"}"#,
+        501,
+        "snapshots are not supported",
+    );
+    refused(
+        &api,
+        "GET",
+        "/api/v1/vm.balloon-stats",
+        "",
+        501,
+        "no virtio-balloon",
+    );
 
     // vm.delete, then vmm.shutdown: answered, and the socket goes away.
     assert_eq!(http(&api, "PUT", "/api/v1/vm.delete", "").0, 204);
@@ -235,7 +508,10 @@ fn rest_api_over_a_unix_socket() {
     assert_eq!(http(&api, "PUT", "/api/v1/vmm.shutdown", "").0, 204);
     let deadline = Instant::now() + Duration::from_secs(10);
     while api.exists() {
-        assert!(Instant::now() < deadline, "the API socket outlived vmm.shutdown");
+        assert!(
+            Instant::now() < deadline,
+            "the API socket outlived vmm.shutdown"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -245,7 +521,9 @@ fn rest_api_over_a_unix_socket() {
 /// documented.
 fn check_openapi_document(api: &Path) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(root.join("docs/openapi.yaml")).unwrap()).unwrap();
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(root.join("docs/openapi.yaml")).unwrap())
+            .unwrap();
     let paths = doc["paths"].as_mapping().expect("paths");
     let mut documented = Vec::new();
     for (path, item) in paths {
@@ -259,18 +537,48 @@ fn check_openapi_document(api: &Path) {
             if path == "/vmm.shutdown" || path == "/vm.dax-events" {
                 continue;
             }
-            let (status, text) = http(api, &method.to_uppercase(), &format!("/api/v1{path}?id=fs0"), "");
-            assert!(status != 404 || !text.contains("no endpoint"), "{method} {path} is documented but not served: {text}");
-            assert_ne!(status, 405, "{method} {path} is documented but not served: {text}");
+            let (status, text) = http(
+                api,
+                &method.to_uppercase(),
+                &format!("/api/v1{path}?id=fs0"),
+                "",
+            );
+            assert!(
+                status != 404 || !text.contains("no endpoint"),
+                "{method} {path} is documented but not served: {text}"
+            );
+            assert_ne!(
+                status, 405,
+                "{method} {path} is documented but not served: {text}"
+            );
         }
     }
     let routes = std::fs::read_to_string(root.join("api/src/routes.rs")).unwrap();
-    let unsupported = routes.split("UNSUPPORTED: &[(&str, &str)] = &[").nth(1).and_then(|r| r.split("];").next()).expect("the UNSUPPORTED table");
-    for endpoint in unsupported.split("(\"").skip(1).filter_map(|r| r.split('"').next()) {
-        assert!(documented.iter().any(|d| d == &format!("/{endpoint}")), "/{endpoint} answers 501 but is not in docs/openapi.yaml");
+    let unsupported = routes
+        .split("UNSUPPORTED: &[(&str, &str)] = &[")
+        .nth(1)
+        .and_then(|r| r.split("];").next())
+        .expect("the UNSUPPORTED table");
+    for endpoint in unsupported
+        .split("(\"")
+        .skip(1)
+        .filter_map(|r| r.split('"').next())
+    {
+        assert!(
+            documented.iter().any(|d| d == &format!("/{endpoint}")),
+            "/{endpoint} answers 501 but is not in docs/openapi.yaml"
+        );
     }
-    for route in routes.split("\"/api/v1").skip(1).filter_map(|r| r.split('"').next()).filter(|r| !r.contains('{')) {
-        assert!(documented.iter().any(|d| d == route), "{route} is served but not in docs/openapi.yaml");
+    for route in routes
+        .split("\"/api/v1")
+        .skip(1)
+        .filter_map(|r| r.split('"').next())
+        .filter(|r| !r.contains('{'))
+    {
+        assert!(
+            documented.iter().any(|d| d == route),
+            "{route} is served but not in docs/openapi.yaml"
+        );
     }
 }
 
@@ -288,7 +596,11 @@ struct Subscriber {
 /// that waits longer than `patience` fails the test instead of hanging it.
 fn subscribe(api: &Path, patience: Duration) -> BufReader<UnixStream> {
     let mut s = UnixStream::connect(api).unwrap();
-    write!(s, "GET /api/v1/vm.dax-events HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET /api/v1/vm.dax-events HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    )
+    .unwrap();
     s.set_read_timeout(Some(patience)).unwrap();
     let mut r = BufReader::new(s);
     let mut line = String::new();
@@ -306,11 +618,15 @@ impl Subscriber {
         let mut line = String::new();
         while self.last_generation < until {
             line.clear();
-            assert!(r.read_line(&mut line).unwrap() > 0, "event stream closed after {self:?}");
+            assert!(
+                r.read_line(&mut line).unwrap() > 0,
+                "event stream closed after {self:?}"
+            );
             if let Some(k) = line.strip_prefix("event: ") {
                 kind = k.trim().to_string();
             } else if let Some(data) = line.strip_prefix("data: ") {
-                let v: serde_json::Value = serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {data}"));
+                let v: serde_json::Value =
+                    serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {data}"));
                 match kind.as_str() {
                     "policy" => {
                         self.policy_events += 1;
@@ -361,19 +677,47 @@ fn a_slow_event_subscriber_loses_events_and_is_told_while_the_vmm_keeps_serving(
     ];
     let mut generation = 1;
     for i in 0..BURST {
-        let put = json(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0", policies[(i % 2) as usize]);
+        let put = json(
+            &api,
+            "PUT",
+            "/api/v1/vm.dax-policy?id=fs0",
+            policies[(i % 2) as usize],
+        );
         generation = put["generation"].as_u64().unwrap();
     }
-    assert_eq!(generation, BURST + 1, "every change in the burst was applied");
-    assert_eq!(json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "")["acknowledged"]["generation"], BURST + 1);
-    assert!(json(&api, "GET", "/api/v1/vmm.ping", "")["pid"].as_u64().is_some(), "the VMM serves while a reader stalls");
+    assert_eq!(
+        generation,
+        BURST + 1,
+        "every change in the burst was applied"
+    );
+    assert_eq!(
+        json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "")["acknowledged"]["generation"],
+        BURST + 1
+    );
+    assert!(
+        json(&api, "GET", "/api/v1/vmm.ping", "")["pid"]
+            .as_u64()
+            .is_some(),
+        "the VMM serves while a reader stalls"
+    );
 
     let mut s = Subscriber::default();
     s.read_until(&mut slow, generation);
-    assert!(s.lagged_events >= 1 && s.dropped > 0, "the stalled reader was told it lost events: {s:?}");
-    assert_eq!(s.policy_events + s.dropped, BURST, "nothing lost without being told: {s:?}");
+    assert!(
+        s.lagged_events >= 1 && s.dropped > 0,
+        "the stalled reader was told it lost events: {s:?}"
+    );
+    assert_eq!(
+        s.policy_events + s.dropped,
+        BURST,
+        "nothing lost without being told: {s:?}"
+    );
     let f = fast.join().unwrap();
-    assert_eq!(f.policy_events + f.dropped, BURST, "nothing lost without being told: {f:?}");
+    assert_eq!(
+        f.policy_events + f.dropped,
+        BURST,
+        "nothing lost without being told: {f:?}"
+    );
     eprintln!("burst of {BURST} events: stalled reader {s:?}, live reader {f:?}");
 
     // After the burst the slow reader is live again: the next change arrives.

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use guest_tests::rig::{self, Guest, Run};
 use guest_tests::results::Results;
+use guest_tests::rig::{self, Guest, Run};
 
 const MEMORY_MIB: u64 = 512;
 
@@ -32,22 +32,51 @@ fn boot_and_report(cpus: u8) -> Run {
     assert!(!run.timed_out, "timed out\n{}", run.tail(60));
 
     let tail = run.tail(60);
-    assert_eq!(run.guest("nproc"), Some(cpus.to_string().as_str()), "{tail}");
-    let online = if cpus == 1 { "0".to_string() } else { format!("0-{}", cpus - 1) };
+    assert_eq!(
+        run.guest("nproc"),
+        Some(cpus.to_string().as_str()),
+        "{tail}"
+    );
+    let online = if cpus == 1 {
+        "0".to_string()
+    } else {
+        format!("0-{}", cpus - 1)
+    };
     assert_eq!(run.guest("online"), Some(online.as_str()), "{tail}");
-    assert_eq!(run.guest("cmdline"), Some(guest.cmdline().as_str()), "{tail}");
+    assert_eq!(
+        run.guest("cmdline"),
+        Some(guest.cmdline().as_str()),
+        "{tail}"
+    );
     // MemTotal is RAM less what the kernel reserved for itself; a guest that
     // saw the wrong e820 map lands far outside this band.
-    let mem: u64 = run.guest("memtotal_kib").and_then(|v| v.parse().ok()).expect(&tail);
+    let mem: u64 = run
+        .guest("memtotal_kib")
+        .and_then(|v| v.parse().ok())
+        .expect(&tail);
     let asked = MEMORY_MIB * 1024;
-    assert!(mem <= asked && mem >= asked * 85 / 100, "MemTotal {mem} KiB for {asked} KiB\n{tail}");
+    assert!(
+        mem <= asked && mem >= asked * 85 / 100,
+        "MemTotal {mem} KiB for {asked} KiB\n{tail}"
+    );
     let tables = run.guest("acpi_tables").unwrap_or_default();
     for t in ["APIC", "DSDT", "FACP"] {
-        assert!(tables.split(',').any(|x| x == t), "ACPI table {t} missing from {tables}\n{tail}");
+        assert!(
+            tables.split(',').any(|x| x == t),
+            "ACPI table {t} missing from {tables}\n{tail}"
+        );
     }
-    assert_eq!(run.guest("serial"), Some("4"), "ttyS0 should be a 16550A (type 4)\n{tail}");
+    assert_eq!(
+        run.guest("serial"),
+        Some("4"),
+        "ttyS0 should be a 16550A (type 4)\n{tail}"
+    );
     assert_eq!(run.guest("script_exit"), Some("0"), "{tail}");
-    assert_eq!(run.vmm_exit, Some(0), "poweroff -f must end the VMM with 0\n{tail}");
+    assert_eq!(
+        run.vmm_exit,
+        Some(0),
+        "poweroff -f must end the VMM with 0\n{tail}"
+    );
     assert_eq!(run.vmm_message(), Some("guest powered off"), "{tail}");
     run
 }
@@ -62,7 +91,10 @@ fn boot_one_and_two_vcpus() {
     results.record_run("2 vCPUs", &two);
     let vmm = rig::vmm_binary().expect("vmm binary");
     let size = std::fs::metadata(&vmm).expect("vmm binary").len();
-    results.record("dax-vmm binary (static, release)", format!("{size} bytes ({:.1} MiB)", size as f64 / 1048576.0));
+    results.record(
+        "dax-vmm binary (static, release)",
+        format!("{size} bytes ({:.1} MiB)", size as f64 / 1048576.0),
+    );
     results.save().expect("write results");
 }
 
@@ -83,7 +115,11 @@ fn guest_panic_and_reset_end_the_vmm() {
     assert_eq!(run.guest("panicking"), Some("1"), "{tail}");
     assert_eq!(run.guest("insmod_failed"), None, "{tail}");
     assert_eq!(run.vmm_exit, Some(3), "{tail}");
-    assert_eq!(run.vmm_message(), Some("guest kernel panicked (pvpanic)"), "{tail}");
+    assert_eq!(
+        run.vmm_message(),
+        Some("guest kernel panicked (pvpanic)"),
+        "{tail}"
+    );
 
     // `reboot -f` ends the VMM with 0 and says why, whichever way the guest
     // resets: Linux's default (here: through the reset vector, where the VMM's
@@ -96,7 +132,10 @@ fn guest_panic_and_reset_end_the_vmm() {
         assert!(!run.timed_out, "{tail}");
         assert_eq!(run.guest("rebooting"), Some("1"), "{tail}");
         assert_eq!(run.vmm_exit, Some(0), "{tail}");
-        assert!(run.vmm_message().is_some_and(|m| m.contains("reset")), "{tail}");
+        assert!(
+            run.vmm_message().is_some_and(|m| m.contains("reset")),
+            "{tail}"
+        );
     }
 }
 
@@ -139,10 +178,26 @@ echo "@@HOST presses=$i"
     let tail = run.tail(60);
     assert!(!run.timed_out, "{tail}");
     assert_eq!(run.guest("insmod_failed"), None, "{tail}");
-    assert!(run.host("early_press").is_some_and(|p| p.starts_with("status=409")), "no VM yet: {tail}");
+    assert!(
+        run.host("early_press")
+            .is_some_and(|p| p.starts_with("status=409")),
+        "no VM yet: {tail}"
+    );
     assert_eq!(run.host("boot"), Some("status=204 body="), "{tail}");
-    assert!(run.guest("button").is_some_and(|b| b.contains("armed") && b.ends_with("pressed ")), "{tail}");
-    assert_eq!(run.vmm_exit, Some(0), "a power-button shutdown ends the VMM like a poweroff\n{tail}");
-    assert!(run.guest("hwrng").is_some_and(|r| r.starts_with("virtio_rng")), "{tail}");
+    assert!(
+        run.guest("button")
+            .is_some_and(|b| b.contains("armed") && b.ends_with("pressed ")),
+        "{tail}"
+    );
+    assert_eq!(
+        run.vmm_exit,
+        Some(0),
+        "a power-button shutdown ends the VMM like a poweroff\n{tail}"
+    );
+    assert!(
+        run.guest("hwrng")
+            .is_some_and(|r| r.starts_with("virtio_rng")),
+        "{tail}"
+    );
     assert_eq!(run.guest("hwrng_bytes"), Some("64"), "{tail}");
 }

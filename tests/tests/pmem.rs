@@ -65,7 +65,11 @@ fn ext4_image(size: u64) -> Vec<u8> {
         .arg(format!("{}k", size / 1024))
         .output()
         .expect("mke2fs (apt-get install e2fsprogs)");
-    assert!(out.status.success(), "mke2fs: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "mke2fs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     std::fs::read(&img).unwrap()
 }
 
@@ -84,12 +88,18 @@ fn pmem_over_pci() {
 /// The shared and discard_writes devices use `transport`, the ext4 one
 /// `other`: two transports at once.
 fn pmem_test(transport: &str, other: &str) {
-    let script = GUEST_SCRIPT.replace("PATTERN_LEN", &PATTERN.len().to_string()).replace("'PATTERN'", &format!("'{PATTERN}'"));
+    let script = GUEST_SCRIPT
+        .replace("PATTERN_LEN", &PATTERN.len().to_string())
+        .replace("'PATTERN'", &format!("'{PATTERN}'"));
     let mut guest = Guest::new(&format!("pmem-{transport}"), &script);
     guest.cpus = 2;
     guest.cmdline = "pmem_count=3".into();
     guest.guest_modules = vec!["virtio_mmio".into(), "nd_pmem".into(), "virtio_pmem".into()];
-    guest.host_files = vec![ImageFile { path: "fs.img".into(), perm: 0o644, data: ext4_image(16 * MIB) }];
+    guest.host_files = vec![ImageFile {
+        path: "fs.img".into(),
+        perm: 0o644,
+        data: ext4_image(16 * MIB),
+    }];
     guest.host_before = "dd if=/dev/zero of=pmem.img bs=1M count=16 2>/dev/null\n\
                          dd if=/dev/zero of=discard.img bs=1M count=4 2>/dev/null"
         .into();
@@ -99,7 +109,9 @@ fn pmem_test(transport: &str, other: &str) {
         format!("file=fs.img,transport={other},id=fs"),
         format!("file=discard.img,discard_writes=on,transport={transport},id=ro"),
     ];
-    let cmdline2 = guest.cmdline().replace("pmem_count=3", "pmem_count=1 phase=2");
+    let cmdline2 = guest
+        .cmdline()
+        .replace("pmem_count=3", "pmem_count=1 phase=2");
     guest.host_after = format!(
         "echo \"@@HOST file_bytes=$(wc -c < pmem.img)\"\n\
          echo \"@@HOST pattern=$(dd if=pmem.img bs=4096 skip=1 count=1 2>/dev/null | head -c {len})\"\n\
@@ -114,14 +126,22 @@ fn pmem_test(transport: &str, other: &str) {
     let tail = run.tail(80);
     assert!(!run.timed_out, "{tail}");
     assert_eq!(run.guest("insmod_failed"), None, "{tail}");
-    let (mmio, pci) = if transport == "mmio" { ("2", "1") } else { ("1", "2") };
+    let (mmio, pci) = if transport == "mmio" {
+        ("2", "1")
+    } else {
+        ("1", "2")
+    };
     // Only the first boot reports these; the second has one device.
     assert_eq!(run.guest("mmio_devices"), Some(mmio), "{tail}");
     assert_eq!(run.guest("pci_pmem_devices"), Some(pci), "{tail}");
     assert_eq!(run.guest("sizes_found"), Some("128M,16M,4M"), "{tail}");
     assert_eq!(run.guest("readback"), Some(PATTERN), "{tail}");
     assert_eq!(run.guest("mount_rc"), Some("0"), "{tail}");
-    assert!(run.guest("mount_opts").is_some_and(|o| o.split(',').any(|x| x.starts_with("dax"))), "{tail}");
+    assert!(
+        run.guest("mount_opts")
+            .is_some_and(|o| o.split(',').any(|x| x.starts_with("dax"))),
+        "{tail}"
+    );
     // 6.12's ext4 logs nothing when DAX works and fails the mount with
     // "DAX unsupported by block device" when it cannot: the mount succeeding
     // with dax=always on a queue that advertises DAX is the evidence.
@@ -132,12 +152,22 @@ fn pmem_test(transport: &str, other: &str) {
     // Linux takes ECAM from the MCFG table (the range is reserved in e820).
     assert_eq!(run.guest("ecam"), Some("1"), "{tail}");
     // virtio-PCI devices interrupt through MSI-X (config + one queue each).
-    let msix: u32 = run.guest("msix_irqs").and_then(|v| v.parse().ok()).expect(&tail);
-    assert!(msix >= 2, "expected MSI-X vectors in /proc/interrupts, found {msix}\n{tail}");
+    let msix: u32 = run
+        .guest("msix_irqs")
+        .and_then(|v| v.parse().ok())
+        .expect(&tail);
+    assert!(
+        msix >= 2,
+        "expected MSI-X vectors in /proc/interrupts, found {msix}\n{tail}"
+    );
     assert_eq!(run.vmm_exit, Some(0), "{tail}");
     // The 16 MiB file was extended to size=128M; the guest's writes are in it
     // and in the ext4 image; the discard_writes file is untouched.
-    assert_eq!(run.host("file_bytes"), Some((128 * MIB).to_string().as_str()), "{tail}");
+    assert_eq!(
+        run.host("file_bytes"),
+        Some((128 * MIB).to_string().as_str()),
+        "{tail}"
+    );
     assert_eq!(run.host("pattern"), Some(PATTERN), "{tail}");
     assert_eq!(run.host("discard_nonzero"), Some("0"), "{tail}");
     assert_eq!(run.host("ext4_has_guest_file"), Some("1"), "{tail}");
@@ -147,8 +177,20 @@ fn pmem_test(transport: &str, other: &str) {
 
     let mut results = Results::new(&format!("pmem-{transport}"));
     results.record_run(&format!("pmem over virtio-{transport}"), &run);
-    for (k, what) in [("write64_s", "write 64 MiB to /dev/pmem (dd bs=1M conv=fsync)"), ("read64_s", "read 64 MiB from /dev/pmem (dd bs=1M, caches dropped)")] {
-        results.record(&format!("virtio-{transport}: {what}, guest clock"), format!("{} s", run.guest(k).unwrap_or("n/a")));
+    for (k, what) in [
+        (
+            "write64_s",
+            "write 64 MiB to /dev/pmem (dd bs=1M conv=fsync)",
+        ),
+        (
+            "read64_s",
+            "read 64 MiB from /dev/pmem (dd bs=1M, caches dropped)",
+        ),
+    ] {
+        results.record(
+            &format!("virtio-{transport}: {what}, guest clock"),
+            format!("{} s", run.guest(k).unwrap_or("n/a")),
+        );
     }
     results.save().expect("write results");
 }

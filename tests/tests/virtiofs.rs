@@ -85,14 +85,16 @@ DIAG=$!
 "#;
 
 /// Without the API the flip goes straight to the daemon's control socket.
-const CLI_FLIP: &str = r#"daxprobe http /tmp/fs-control.sock PUT /api/v1/policy "$(cat flipped.json)""#;
+const CLI_FLIP: &str =
+    r#"daxprobe http /tmp/fs-control.sock PUT /api/v1/policy "$(cat flipped.json)""#;
 
 /// With the API: metrics after the 96 MiB file went through the window,
 /// then the flip through `vm.dax-policy`.
 const API_METRICS: &str = r#"daxprobe http /tmp/api.sock GET /api/v1/vm.dax-metrics > metrics.out 2>&1
   m() { sed -n "s/.* $1{device=\"fs0\"} \([0-9]*\).*/\1/p" metrics.out; }
   echo "@@HOST metrics=maps:$(m daxvmm_dax_maps_total) unmaps:$(m daxvmm_dax_unmaps_total) ranges:$(m daxvmm_dax_mapped_ranges) attrs_dax:$(m daxvmm_fs_file_attrs_dax_total) window:$(m daxvmm_dax_window_bytes)""#;
-const API_FLIP: &str = r#"daxprobe http /tmp/api.sock PUT '/api/v1/vm.dax-policy?id=fs0' "$(cat flipped.json)""#;
+const API_FLIP: &str =
+    r#"daxprobe http /tmp/api.sock PUT '/api/v1/vm.dax-policy?id=fs0' "$(cat flipped.json)""#;
 
 /// API mode: the VMM starts with only --api-socket; the VM is created, given
 /// its DAX share and booted through the API, as an orchestrator would.
@@ -222,10 +224,22 @@ fn virtiofs_test(transport: &str, api: bool) {
         rig::tool("guest-tests", "daxprobe").expect("daxprobe"),
     ];
     guest.host_files = vec![
-        ImageFile { path: "policy.json".into(), perm: 0o644, data: POLICY.as_bytes().to_vec() },
-        ImageFile { path: "flipped.json".into(), perm: 0o644, data: FLIPPED_POLICY.as_bytes().to_vec() },
+        ImageFile {
+            path: "policy.json".into(),
+            perm: 0o644,
+            data: POLICY.as_bytes().to_vec(),
+        },
+        ImageFile {
+            path: "flipped.json".into(),
+            perm: 0o644,
+            data: FLIPPED_POLICY.as_bytes().to_vec(),
+        },
     ];
-    let (metrics, flip) = if api { (API_METRICS, API_FLIP) } else { ("true", CLI_FLIP) };
+    let (metrics, flip) = if api {
+        (API_METRICS, API_FLIP)
+    } else {
+        ("true", CLI_FLIP)
+    };
     // The API run starts the daemon as Kata does (a worker pool, submounts
     // announced) and puts a tmpfs inside the share; the other run keeps the
     // defaults (a thread per queue).
@@ -258,7 +272,11 @@ fn virtiofs_test(transport: &str, api: bool) {
     assert!(!run.timed_out, "{tail}");
     assert_eq!(run.guest("insmod_failed"), None, "{tail}");
     assert_eq!(run.guest("mount_inode_rc"), Some("0"), "{tail}");
-    assert!(run.guest("mount_inode_opts").is_some_and(|o| o.contains("dax=inode")), "{tail}");
+    assert!(
+        run.guest("mount_inode_opts")
+            .is_some_and(|o| o.contains("dax=inode")),
+        "{tail}"
+    );
     assert_eq!(
         run.guest("statx_inode"),
         Some("big.bin:1 target.bin:1 small.txt:0 nodax/large.bin:0 tree/d0/f0:0"),
@@ -266,17 +284,45 @@ fn virtiofs_test(transport: &str, api: bool) {
     );
     // The daemon acknowledged generation 2; the next forced GETATTR saw the
     // new flags and Linux re-instantiated the inodes with DAX flipped.
-    assert!(run.host("flip").is_some_and(|f| f.starts_with("status=200") && f.contains("\"generation\":2")), "{tail}");
-    assert_eq!(run.guest("statx_flipped"), Some("big.bin:0 small.txt:1"), "a live policy change\n{tail}");
+    assert!(
+        run.host("flip")
+            .is_some_and(|f| f.starts_with("status=200") && f.contains("\"generation\":2")),
+        "{tail}"
+    );
+    assert_eq!(
+        run.guest("statx_flipped"),
+        Some("big.bin:0 small.txt:1"),
+        "a live policy change\n{tail}"
+    );
     let big = run.host("big_md5").expect(&tail);
-    assert_eq!(run.guest("big_md5"), Some(big), "96 MiB through a 32 MiB window, read()\n{tail}");
-    assert_eq!(run.guest("big_mmap_md5"), Some(big), "the same through mmap\n{tail}");
+    assert_eq!(
+        run.guest("big_md5"),
+        Some(big),
+        "96 MiB through a 32 MiB window, read()\n{tail}"
+    );
+    assert_eq!(
+        run.guest("big_mmap_md5"),
+        Some(big),
+        "the same through mmap\n{tail}"
+    );
     assert_eq!(run.guest("large_md5"), run.host("large_md5"), "{tail}");
     assert_eq!(run.guest("dd_rc"), Some("0"), "{tail}");
     assert_eq!(run.guest("mmap_fill_rc"), Some("0"), "{tail}");
-    assert_eq!(run.host("target_md5"), run.guest("target_md5"), "DAX writes are in the host file\n{tail}");
-    assert_eq!(run.host("written_md5"), run.guest("written_md5"), "FUSE writes are in the host file\n{tail}");
-    assert_eq!(run.guest("written_read_md5"), run.guest("written_md5"), "{tail}");
+    assert_eq!(
+        run.host("target_md5"),
+        run.guest("target_md5"),
+        "DAX writes are in the host file\n{tail}"
+    );
+    assert_eq!(
+        run.host("written_md5"),
+        run.guest("written_md5"),
+        "FUSE writes are in the host file\n{tail}"
+    );
+    assert_eq!(
+        run.guest("written_read_md5"),
+        run.guest("written_md5"),
+        "{tail}"
+    );
     let files = (DIRS * FILES_PER_DIR).to_string();
     assert_eq!(run.guest("cp_rc"), Some("0"), "{tail}");
     assert_eq!(run.guest("find_files"), Some(files.as_str()), "{tail}");
@@ -288,37 +334,80 @@ fn virtiofs_test(transport: &str, api: bool) {
     assert_eq!(run.guest("mkdir_rmdir"), Some("ok"), "{tail}");
     assert_eq!(run.guest("df"), Some("1"), "{tail}");
     assert_eq!(run.guest("umount_inode_rc"), Some("0"), "{tail}");
-    let (workers, submount) = if api { ("2", Some("inside own-dev mounts:1")) } else { ("0", None) };
-    assert_eq!(run.host("daemon_workers"), Some(workers), "--thread-pool-size\n{tail}");
+    let (workers, submount) = if api {
+        ("2", Some("inside own-dev mounts:1"))
+    } else {
+        ("0", None)
+    };
+    assert_eq!(
+        run.host("daemon_workers"),
+        Some(workers),
+        "--thread-pool-size\n{tail}"
+    );
     // Both processes confined by default: every thread under a seccomp
     // filter with no_new_privs; no daemon process keeps CAP_SYS_ADMIN; the
     // one that serves is in a mount namespace of its own.
     let confined = run.host("confined_threads").expect(&tail);
     let (ok, total) = confined.split_once('/').expect(&tail);
     assert!(total.parse::<u32>().unwrap() > 4, "{confined}\n{tail}");
-    assert_eq!(ok, total, "threads without Seccomp: 2 / NoNewPrivs: 1: {confined}\n{tail}");
+    assert_eq!(
+        ok, total,
+        "threads without Seccomp: 2 / NoNewPrivs: 1: {confined}\n{tail}"
+    );
     let capeff = run.host("daemon_capeff").expect(&tail);
     for caps in capeff.split(' ') {
         let caps = u64::from_str_radix(caps, 16).expect(&tail);
-        assert_eq!(caps & (1 << 21), 0, "a daemon process holds CAP_SYS_ADMIN: {capeff}\n{tail}");
+        assert_eq!(
+            caps & (1 << 21),
+            0,
+            "a daemon process holds CAP_SYS_ADMIN: {capeff}\n{tail}"
+        );
     }
-    assert!(run.host("daemon_mntns").is_some_and(|n| n.split(' ').any(|n| n == "own")), "{tail}");
-    assert_eq!(run.guest("submount"), submount, "a host mount in the share is a guest submount\n{tail}");
+    assert!(
+        run.host("daemon_mntns")
+            .is_some_and(|n| n.split(' ').any(|n| n == "own")),
+        "{tail}"
+    );
+    assert_eq!(
+        run.guest("submount"),
+        submount,
+        "a host mount in the share is a guest submount\n{tail}"
+    );
     if api {
         assert_eq!(run.guest("umount_sub_rc"), Some("0"), "{tail}");
     }
     assert_eq!(run.guest("mount_always_rc"), Some("0"), "{tail}");
-    assert_eq!(run.guest("statx_always"), Some("big.bin:1 small.txt:1 nodax/large.bin:1"), "{tail}");
+    assert_eq!(
+        run.guest("statx_always"),
+        Some("big.bin:1 small.txt:1 nodax/large.bin:1"),
+        "{tail}"
+    );
     assert_eq!(run.guest("small"), Some("small file"), "{tail}");
-    assert_eq!(run.guest("large_md5_always"), run.host("large_md5"), "{tail}");
+    assert_eq!(
+        run.guest("large_md5_always"),
+        run.host("large_md5"),
+        "{tail}"
+    );
     assert_eq!(run.guest("umount_always_rc"), Some("0"), "{tail}");
     assert_eq!(run.guest("fuse_errors"), Some("0"), "{tail}");
     // MSI-X gives each queue's vector an irqfd the daemon writes itself;
     // virtio-MMIO's InterruptStatus register needs the VMM in the path.
-    let interrupts = if transport == "pci" { "2 straight from the daemon (irqfd), 0 relayed" } else { "0 straight from the daemon (irqfd), 2 relayed" };
-    assert!(run.text().contains(&format!("fs fs0: queue interrupts: {interrupts}")), "{interrupts}\n{tail}");
+    let interrupts = if transport == "pci" {
+        "2 straight from the daemon (irqfd), 0 relayed"
+    } else {
+        "0 straight from the daemon (irqfd), 2 relayed"
+    };
+    assert!(
+        run.text()
+            .contains(&format!("fs fs0: queue interrupts: {interrupts}")),
+        "{interrupts}\n{tail}"
+    );
     assert_eq!(run.vmm_exit, Some(0), "{tail}");
-    assert_eq!(run.host("daemon_exit"), Some("0"), "the daemon ends cleanly with its VMM\n{tail}");
+    assert_eq!(
+        run.host("daemon_exit"),
+        Some("0"),
+        "the daemon ends cleanly with its VMM\n{tail}"
+    );
     if api {
         check_api_run(&run, &tail);
     }
@@ -327,15 +416,27 @@ fn virtiofs_test(transport: &str, api: bool) {
     results.record_run(&format!("virtio-fs DAX over virtio-{transport}"), &run);
     results.record_stalls(&stalls);
     for (k, what) in [
-        ("big_read_s", "md5sum of a 96 MiB DAX file through a 32 MiB window, s"),
+        (
+            "big_read_s",
+            "md5sum of a 96 MiB DAX file through a 32 MiB window, s",
+        ),
         ("big_mmap_s", "the same file copied through mmap, s"),
         ("cp_s", "cp -a of 2000 small files (no DAX), s"),
     ] {
-        results.record(&format!("virtio-{transport}: {what}, guest clock"), run.guest(k).unwrap_or("n/a"));
+        results.record(
+            &format!("virtio-{transport}: {what}, guest clock"),
+            run.guest(k).unwrap_or("n/a"),
+        );
     }
     if api {
-        results.record(&format!("virtio-{transport}: DAX metrics after the 96 MiB file (via vm.dax-metrics)"), run.host("metrics").unwrap_or("n/a"));
-        results.record(&format!("virtio-{transport}: vm.dax-events received during the run"), run.host("events").unwrap_or("n/a"));
+        results.record(
+            &format!("virtio-{transport}: DAX metrics after the 96 MiB file (via vm.dax-metrics)"),
+            run.host("metrics").unwrap_or("n/a"),
+        );
+        results.record(
+            &format!("virtio-{transport}: vm.dax-events received during the run"),
+            run.host("events").unwrap_or("n/a"),
+        );
     }
     results.save().expect("write results");
 }
@@ -343,16 +444,35 @@ fn virtiofs_test(transport: &str, api: bool) {
 /// What only the API run shows: the VM built through the API, the window's
 /// maps and reclaim in the metrics, events streamed while the guest worked.
 fn check_api_run(run: &rig::Run, tail: &str) {
-    for step in ["api_create", "api_add_fs", "api_boot", "api_pause", "api_resume"] {
-        assert!(run.host(step).is_some_and(|s| s.starts_with("status=204")), "{step}\n{tail}");
+    for step in [
+        "api_create",
+        "api_add_fs",
+        "api_boot",
+        "api_pause",
+        "api_resume",
+    ] {
+        assert!(
+            run.host(step).is_some_and(|s| s.starts_with("status=204")),
+            "{step}\n{tail}"
+        );
     }
     // A device added before boot has a policy: its daemon's.
-    assert!(run.host("api_policy_before_boot").is_some_and(|s| s.contains("\"generation\":1")), "{tail}");
+    assert!(
+        run.host("api_policy_before_boot")
+            .is_some_and(|s| s.contains("\"generation\":1")),
+        "{tail}"
+    );
     assert_eq!(run.host("api_paused_state"), Some("Paused"), "{tail}");
     assert_eq!(run.host("api_state"), Some("Running"), "resumed\n{tail}");
     let ticks = run.host("vcpu_ticks").expect(tail);
-    assert!(!ticks.starts_with("running:0 "), "the vCPU was busy booting before the pause: {ticks}\n{tail}");
-    assert!(ticks.ends_with(" paused:0"), "a paused vCPU runs no guest code: {ticks}\n{tail}");
+    assert!(
+        !ticks.starts_with("running:0 "),
+        "the vCPU was busy booting before the pause: {ticks}\n{tail}"
+    );
+    assert!(
+        ticks.ends_with(" paused:0"),
+        "a paused vCPU runs no guest code: {ticks}\n{tail}"
+    );
     let metrics = run.host("metrics").expect(tail);
     let value = |key: &str| -> u64 {
         metrics
@@ -363,12 +483,18 @@ fn check_api_run(run: &rig::Run, tail: &str) {
     assert_eq!(value("window"), 32 << 20, "{metrics}");
     // 96 MiB read twice (read() and mmap) through 2 MiB ranges of a 32 MiB window.
     assert!(value("maps") >= 48, "{metrics}");
-    assert!(value("unmaps") > 0, "the guest reclaimed ranges of the full window: {metrics}");
+    assert!(
+        value("unmaps") > 0,
+        "the guest reclaimed ranges of the full window: {metrics}"
+    );
     assert!(value("ranges") <= 16, "{metrics}");
     assert!(value("attrs_dax") > 0, "{metrics}");
     let events = run.host("events").expect(tail);
     let count = |kind: &str| -> u64 {
-        events.split(' ').find_map(|kv| kv.strip_prefix(kind)?.strip_prefix('=')?.parse().ok()).unwrap_or(0)
+        events
+            .split(' ')
+            .find_map(|kv| kv.strip_prefix(kind)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or(0)
     };
     assert_eq!(count("subscribed"), 1, "{events}");
     assert!(count("map") >= 48, "map events streamed: {events}");

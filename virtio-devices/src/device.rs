@@ -106,7 +106,9 @@ pub trait VirtioDevice: Send {
 /// body of `read_config` for a device whose config is a byte array.
 pub fn read_config_bytes(src: &[u8], offset: u64, data: &mut [u8]) {
     data.fill(0);
-    let Ok(offset) = usize::try_from(offset) else { return };
+    let Ok(offset) = usize::try_from(offset) else {
+        return;
+    };
     if let Some(tail) = src.get(offset..) {
         let n = tail.len().min(data.len());
         data[..n].copy_from_slice(&tail[..n]);

@@ -10,13 +10,18 @@
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use api::{ApiError, DaxEvent, EventBus, FsDaxStatus, VmmAction, VmmReceiver, VmmReply, VmmResult, WindowStats};
+use api::{
+    ApiError, DaxEvent, EventBus, FsDaxStatus, VmmAction, VmmReceiver, VmmReply, VmmResult,
+    WindowStats,
+};
 use serde_json::{json, Value};
 use virtio_devices::vhost_user_fs::metrics::MAP_LATENCY_BUCKETS_US;
 use virtio_devices::vhost_user_fs::window::{WindowEvent, WindowObserver};
 
+use crate::config::json::{
+    fs_config_from_json, pmem_config_from_json, vm_config_from_json, vm_config_to_json,
+};
 use crate::config::ConfigError;
-use crate::config::json::{fs_config_from_json, pmem_config_from_json, vm_config_from_json, vm_config_to_json};
 use crate::config::VmConfig;
 use crate::exit::VmExit;
 use crate::signals::StopSignals;
@@ -31,15 +36,27 @@ struct EventPublisher {
 impl WindowObserver for EventPublisher {
     fn event(&self, event: &WindowEvent) {
         let (kind, fields) = match event {
-            WindowEvent::Map { offset, len, fd_offset, writable, took } => (
+            WindowEvent::Map {
+                offset,
+                len,
+                fd_offset,
+                writable,
+                took,
+            } => (
                 "map",
                 json!({"offset": offset, "len": len, "fd_offset": fd_offset, "writable": writable, "micros": took.as_micros() as u64}),
             ),
             WindowEvent::Unmap { offset, len } => ("unmap", json!({"offset": offset, "len": len})),
             WindowEvent::Reset => ("reset", json!({})),
-            WindowEvent::Refused { request, reason, offset, len } => {
-                ("refused", json!({"request": request, "reason": reason.as_str(), "offset": offset, "len": len}))
-            }
+            WindowEvent::Refused {
+                request,
+                reason,
+                offset,
+                len,
+            } => (
+                "refused",
+                json!({"request": request, "reason": reason.as_str(), "offset": offset, "len": len}),
+            ),
         };
         self.bus.publish(DaxEvent::new(kind, &self.device, fields));
     }
@@ -82,7 +99,10 @@ pub struct ControlLoop {
 fn window_stats(info: &FsDeviceInfo) -> Option<WindowStats> {
     let w = info.window.as_ref()?;
     let m = w.metrics.snapshot();
-    let bounds = MAP_LATENCY_BUCKETS_US.iter().map(|&b| Some(b)).chain(std::iter::once(None));
+    let bounds = MAP_LATENCY_BUCKETS_US
+        .iter()
+        .map(|&b| Some(b))
+        .chain(std::iter::once(None));
     Some(WindowStats {
         size: w.size(),
         bytes_mapped: m.bytes_mapped,
@@ -90,7 +110,11 @@ fn window_stats(info: &FsDeviceInfo) -> Option<WindowStats> {
         maps: m.maps,
         unmaps: m.unmaps,
         resets: m.resets,
-        failures: m.failures.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
+        failures: m
+            .failures
+            .iter()
+            .map(|(r, n)| (r.to_string(), *n))
+            .collect(),
         latency_buckets: bounds.zip(m.latency_buckets.iter().copied()).collect(),
         latency_sum_us: m.latency_sum_us,
         resident_bytes: w.resident_bytes().ok(),
@@ -99,14 +123,24 @@ fn window_stats(info: &FsDeviceInfo) -> Option<WindowStats> {
 
 impl ControlLoop {
     pub fn new(config: Option<VmConfig>, events: EventBus) -> Self {
-        ControlLoop { config, vm: None, state: State::Created, events }
+        ControlLoop {
+            config,
+            vm: None,
+            state: State::Created,
+            events,
+        }
     }
 
     /// Boots the configured VM (used at start-up when the command line gave one).
     pub fn boot(&mut self) -> Result<(), VmError> {
         let config = self.config.as_ref().expect("boot needs a configuration");
         let bus = self.events.clone();
-        let observe = move |id: &str| -> Arc<dyn WindowObserver> { Arc::new(EventPublisher { device: id.to_string(), bus: bus.clone() }) };
+        let observe = move |id: &str| -> Arc<dyn WindowObserver> {
+            Arc::new(EventPublisher {
+                device: id.to_string(),
+                bus: bus.clone(),
+            })
+        };
         self.vm = Some(Vm::boot(config, Some(&observe))?);
         self.state = State::Running;
         Ok(())
@@ -120,7 +154,11 @@ impl ControlLoop {
     }
 
     /// Serves `requests` until `vmm.shutdown`, a stop signal, or the VM ending.
-    pub fn run(mut self, requests: &VmmReceiver, signals: &StopSignals) -> std::io::Result<LoopExit> {
+    pub fn run(
+        mut self,
+        requests: &VmmReceiver,
+        signals: &StopSignals,
+    ) -> std::io::Result<LoopExit> {
         loop {
             let mut fds = vec![requests.eventfd().as_raw_fd()];
             if let Some(vm) = &self.vm {
@@ -153,7 +191,10 @@ impl ControlLoop {
     }
 
     fn not_running(&self, endpoint: &str) -> ApiError {
-        ApiError::conflict(format!("{endpoint}: the VM is not running (it is {})", self.state.as_str()))
+        ApiError::conflict(format!(
+            "{endpoint}: the VM is not running (it is {})",
+            self.state.as_str()
+        ))
     }
 
     fn config_mut(&mut self, endpoint: &str) -> Result<&mut VmConfig, ApiError> {
@@ -163,12 +204,18 @@ impl ControlLoop {
                  (or after vm.shutdown)"
             )));
         }
-        self.config.as_mut().ok_or_else(|| ApiError::conflict(format!("{endpoint}: no VM is created (vm.create first)")))
+        self.config.as_mut().ok_or_else(|| {
+            ApiError::conflict(format!("{endpoint}: no VM is created (vm.create first)"))
+        })
     }
 
     /// Applies `change` to a copy of the configuration and keeps it only if
     /// the whole configuration still checks out: nothing is half-applied.
-    fn change_config(&mut self, endpoint: &str, change: impl FnOnce(&mut VmConfig) -> Result<(), ApiError>) -> VmmResult {
+    fn change_config(
+        &mut self,
+        endpoint: &str,
+        change: impl FnOnce(&mut VmConfig) -> Result<(), ApiError>,
+    ) -> VmmResult {
         let config = self.config_mut(endpoint)?;
         let mut next = config.clone();
         change(&mut next)?;
@@ -192,9 +239,12 @@ impl ControlLoop {
             VmmAction::ShutdownVmm => Ok(VmmReply::NoContent),
             VmmAction::Create(body) => {
                 if self.config.is_some() {
-                    return Err(ApiError::conflict("vm.create: a VM is already created (vm.delete it first)"));
+                    return Err(ApiError::conflict(
+                        "vm.create: a VM is already created (vm.delete it first)",
+                    ));
                 }
-                let config = vm_config_from_json(&body).map_err(|e| ApiError::bad_request(format!("vm.create: {e}")))?;
+                let config = vm_config_from_json(&body)
+                    .map_err(|e| ApiError::bad_request(format!("vm.create: {e}")))?;
                 self.config = Some(config);
                 self.state = State::Created;
                 Ok(VmmReply::NoContent)
@@ -206,18 +256,24 @@ impl ControlLoop {
                 Ok(VmmReply::NoContent)
             }
             VmmAction::Boot => match (&self.config, self.state) {
-                (None, _) => Err(ApiError::conflict("vm.boot: no VM is created (vm.create first)")),
+                (None, _) => Err(ApiError::conflict(
+                    "vm.boot: no VM is created (vm.create first)",
+                )),
                 (Some(_), State::Running | State::Paused) => Err(ApiError::conflict(format!(
                     "vm.boot: the VM is already booted (it is {})",
                     self.state.as_str()
                 ))),
                 (Some(_), _) => {
-                    self.boot().map_err(|e| ApiError::internal(format!("vm.boot: {e}")))?;
+                    self.boot()
+                        .map_err(|e| ApiError::internal(format!("vm.boot: {e}")))?;
                     Ok(VmmReply::NoContent)
                 }
             },
             VmmAction::Info => {
-                let config = self.config.as_ref().ok_or_else(|| ApiError::conflict("vm.info: no VM is created"))?;
+                let config = self
+                    .config
+                    .as_ref()
+                    .ok_or_else(|| ApiError::conflict("vm.info: no VM is created"))?;
                 Ok(VmmReply::Json(json!({
                     "config": vm_config_to_json(config),
                     "state": self.state.as_str(),
@@ -236,12 +292,17 @@ impl ControlLoop {
                     return Err(self.not_running("vm.reboot"));
                 }
                 self.stop_vm();
-                self.boot().map_err(|e| ApiError::internal(format!("vm.reboot: the VM stopped but did not boot again: {e}")))?;
+                self.boot().map_err(|e| {
+                    ApiError::internal(format!(
+                        "vm.reboot: the VM stopped but did not boot again: {e}"
+                    ))
+                })?;
                 Ok(VmmReply::NoContent)
             }
             VmmAction::PowerButton => match (&self.vm, self.state) {
                 (Some(vm), State::Running) => {
-                    vm.power_button().map_err(|e| ApiError::internal(format!("vm.power-button: {e}")))?;
+                    vm.power_button()
+                        .map_err(|e| ApiError::internal(format!("vm.power-button: {e}")))?;
                     Ok(VmmReply::NoContent)
                 }
                 _ => Err(self.not_running("vm.power-button")),
@@ -260,15 +321,20 @@ impl ControlLoop {
                     self.state = State::Running;
                     Ok(VmmReply::NoContent)
                 }
-                _ => Err(ApiError::conflict(format!("vm.resume: the VM is not paused (it is {})", self.state.as_str()))),
+                _ => Err(ApiError::conflict(format!(
+                    "vm.resume: the VM is not paused (it is {})",
+                    self.state.as_str()
+                ))),
             },
             VmmAction::AddFs(body) => self.change_config("vm.add-fs", |c| {
-                let fs = fs_config_from_json(&body, c.fs.len()).map_err(|e| ApiError::bad_request(format!("vm.add-fs: {e}")))?;
+                let fs = fs_config_from_json(&body, c.fs.len())
+                    .map_err(|e| ApiError::bad_request(format!("vm.add-fs: {e}")))?;
                 c.fs.push(fs);
                 Ok(())
             }),
             VmmAction::AddPmem(body) => self.change_config("vm.add-pmem", |c| {
-                let p = pmem_config_from_json(&body, c.pmem.len()).map_err(|e| ApiError::bad_request(format!("vm.add-pmem: {e}")))?;
+                let p = pmem_config_from_json(&body, c.pmem.len())
+                    .map_err(|e| ApiError::bad_request(format!("vm.add-pmem: {e}")))?;
                 c.pmem.push(p);
                 Ok(())
             }),
@@ -277,7 +343,9 @@ impl ControlLoop {
                 c.fs.retain(|f| f.id != id);
                 c.pmem.retain(|p| p.id != id);
                 if c.fs.len() + c.pmem.len() == before {
-                    return Err(ApiError::not_found(format!("vm.remove-device: no device with id \"{id}\"")));
+                    return Err(ApiError::not_found(format!(
+                        "vm.remove-device: no device with id \"{id}\""
+                    )));
                 }
                 Ok(())
             }),
@@ -289,7 +357,9 @@ impl ControlLoop {
     fn counters(&self) -> Value {
         let mut out = serde_json::Map::new();
         for info in self.vm.iter().flat_map(|vm| vm.fs_devices()) {
-            let Some(s) = window_stats(info) else { continue };
+            let Some(s) = window_stats(info) else {
+                continue;
+            };
             let failures: u64 = s.failures.iter().map(|(_, n)| n).sum();
             out.insert(
                 info.id.clone(),
@@ -313,7 +383,8 @@ impl ControlLoop {
                     id: f.id.clone(),
                     control_socket: f.control_socket.clone(),
                     window: info.and_then(window_stats),
-                    failed: info.is_some_and(|i| i.failed.load(std::sync::atomic::Ordering::SeqCst)),
+                    failed: info
+                        .is_some_and(|i| i.failed.load(std::sync::atomic::Ordering::SeqCst)),
                 }
             })
             .collect()

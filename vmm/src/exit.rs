@@ -36,7 +36,9 @@ impl VmExit {
             VmExit::PowerOff => "guest powered off".into(),
             VmExit::Reset => "guest requested a reset; stopping (reboot is not supported)".into(),
             VmExit::GuestPanic => "guest kernel panicked (pvpanic)".into(),
-            VmExit::TripleFault { cpu } => format!("vCPU {cpu}: guest triple fault (KVM_EXIT_SHUTDOWN)"),
+            VmExit::TripleFault { cpu } => {
+                format!("vCPU {cpu}: guest triple fault (KVM_EXIT_SHUTDOWN)")
+            }
             VmExit::VcpuError { cpu, message } => format!("vCPU {cpu}: {message}"),
             VmExit::Signal(sig) => format!("stopped by signal {sig}"),
         }
@@ -51,7 +53,10 @@ pub struct ExitHandle {
 
 impl ExitHandle {
     pub fn new() -> std::io::Result<Self> {
-        Ok(ExitHandle { reason: Mutex::new(None), evt: EventFd::new(libc::EFD_NONBLOCK)? })
+        Ok(ExitHandle {
+            reason: Mutex::new(None),
+            evt: EventFd::new(libc::EFD_NONBLOCK)?,
+        })
     }
 
     pub fn request(&self, exit: VmExit) {
@@ -64,7 +69,10 @@ impl ExitHandle {
     }
 
     pub fn reason(&self) -> Option<VmExit> {
-        self.reason.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn eventfd(&self) -> &EventFd {

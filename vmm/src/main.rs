@@ -5,8 +5,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use vmm::config::{parse_console, ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig, RngConfig, SerialMode, VmConfig};
 use vmm::config::OptionValues;
+use vmm::config::{
+    parse_console, ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig,
+    RngConfig, SerialMode, VmConfig,
+};
 use vmm::control_loop::{ControlLoop, LoopExit};
 use vmm::signals::StopSignals;
 
@@ -15,7 +18,11 @@ const EXIT_USAGE: u8 = 2;
 const EXIT_FAILURE: u8 = 1;
 
 #[derive(Parser, Debug)]
-#[command(name = "dax-vmm", version, about = "KVM virtual machine monitor with virtio-fs DAX")]
+#[command(
+    name = "dax-vmm",
+    version,
+    about = "KVM virtual machine monitor with virtio-fs DAX"
+)]
 struct Cli {
     /// Linux bzImage to boot.
     #[arg(long, value_name = "PATH")]
@@ -30,7 +37,11 @@ struct Cli {
     #[arg(long, value_name = "boot=N", default_value = "boot=1")]
     cpus: String,
     /// Guest RAM: size=<bytes|K|M|G>[,shared=on|off][,hugepages=on|off].
-    #[arg(long, value_name = "size=SIZE,shared=on|off", default_value = "size=512M")]
+    #[arg(
+        long,
+        value_name = "size=SIZE,shared=on|off",
+        default_value = "size=512M"
+    )]
     memory: String,
     /// 16550 serial port on ttyS0: tty, off, null or file=<path>.
     #[arg(long, value_name = "tty|off|null|file=PATH", default_value = "tty")]
@@ -64,15 +75,25 @@ struct Cli {
 impl Cli {
     /// `--api-socket <path>` or `--api-socket path=<path>`.
     fn api_socket(&self) -> Result<Option<PathBuf>, ConfigError> {
-        let Some(v) = &self.api_socket else { return Ok(None) };
+        let Some(v) = &self.api_socket else {
+            return Ok(None);
+        };
         let path = if v.contains('=') {
             let o = OptionValues::parse("api-socket", v, &["path"])?;
-            o.get("path").ok_or(ConfigError::MissingKey { option: "api-socket", key: "path" })?.to_string()
+            o.get("path")
+                .ok_or(ConfigError::MissingKey {
+                    option: "api-socket",
+                    key: "path",
+                })?
+                .to_string()
         } else {
             v.clone()
         };
         if path.is_empty() {
-            return Err(ConfigError::MissingKey { option: "api-socket", key: "path" });
+            return Err(ConfigError::MissingKey {
+                option: "api-socket",
+                key: "path",
+            });
         }
         Ok(Some(PathBuf::from(path)))
     }
@@ -81,7 +102,11 @@ impl Cli {
     /// the API will create the VM.
     fn vm_config(&self, api: bool) -> Result<Option<VmConfig>, ConfigError> {
         if api && self.kernel.is_none() {
-            let given = [("initramfs", self.initramfs.is_some()), ("pmem", !self.pmem.is_empty()), ("fs", !self.fs.is_empty())];
+            let given = [
+                ("initramfs", self.initramfs.is_some()),
+                ("pmem", !self.pmem.is_empty()),
+                ("fs", !self.fs.is_empty()),
+            ];
             if let Some((option, _)) = given.iter().find(|(_, g)| *g) {
                 return Err(ConfigError::Unsupported {
                     option,
@@ -96,12 +121,26 @@ impl Cli {
             message: "a kernel is required to boot a VM".into(),
         })?;
         let config = VmConfig {
-            payload: PayloadConfig { kernel, initramfs: self.initramfs.clone(), cmdline: self.cmdline.clone() },
+            payload: PayloadConfig {
+                kernel,
+                initramfs: self.initramfs.clone(),
+                cmdline: self.cmdline.clone(),
+            },
             cpus: CpusConfig::parse(&self.cpus)?,
             memory: MemoryConfig::parse(&self.memory)?,
             serial: SerialMode::parse(&self.serial)?,
-            pmem: self.pmem.iter().enumerate().map(|(i, p)| PmemConfig::parse(p, i)).collect::<Result<_, _>>()?,
-            fs: self.fs.iter().enumerate().map(|(i, f)| FsConfig::parse(f, i)).collect::<Result<_, _>>()?,
+            pmem: self
+                .pmem
+                .iter()
+                .enumerate()
+                .map(|(i, p)| PmemConfig::parse(p, i))
+                .collect::<Result<_, _>>()?,
+            fs: self
+                .fs
+                .iter()
+                .enumerate()
+                .map(|(i, f)| FsConfig::parse(f, i))
+                .collect::<Result<_, _>>()?,
             rng: RngConfig::parse(&self.rng)?,
             pvpanic: true,
         };
@@ -120,7 +159,10 @@ fn main() -> ExitCode {
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
 
-    let (api_socket, config) = match cli.api_socket().and_then(|a| Ok((a.clone(), cli.vm_config(a.is_some())?))) {
+    let (api_socket, config) = match cli
+        .api_socket()
+        .and_then(|a| Ok((a.clone(), cli.vm_config(a.is_some())?)))
+    {
         Ok(c) => c,
         Err(e) => {
             eprintln!("dax-vmm: error: {e}");

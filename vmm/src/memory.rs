@@ -20,9 +20,15 @@ pub enum MemoryError {
     #[error("--memory: sizing the RAM memfd to {size} bytes failed: {source}")]
     Truncate { size: u64, source: std::io::Error },
     #[error("--memory: mapping {size} bytes of guest RAM failed: {source}")]
-    Map { size: u64, source: vm_memory::mmap::FromRangesError },
+    Map {
+        size: u64,
+        source: vm_memory::mmap::FromRangesError,
+    },
     #[error("registering guest RAM slot {slot} with KVM failed: {source}")]
-    Register { slot: u32, source: kvm_ioctls::Error },
+    Register {
+        slot: u32,
+        source: kvm_ioctls::Error,
+    },
 }
 
 fn memfd(hugepages: bool) -> std::io::Result<File> {
@@ -42,18 +48,32 @@ fn memfd(hugepages: bool) -> std::io::Result<File> {
 
 pub fn create_guest_memory(cfg: &MemoryConfig) -> Result<GuestMemoryMmap, MemoryError> {
     let ranges = ram_ranges(cfg.size);
-    let map_err = |source| MemoryError::Map { size: cfg.size, source };
+    let map_err = |source| MemoryError::Map {
+        size: cfg.size,
+        source,
+    };
     if !cfg.shared && !cfg.hugepages {
-        let r: Vec<_> = ranges.iter().map(|&(a, s)| (GuestAddress(a), s as usize)).collect();
+        let r: Vec<_> = ranges
+            .iter()
+            .map(|&(a, s)| (GuestAddress(a), s as usize))
+            .collect();
         return GuestMemoryMmap::from_ranges(&r).map_err(map_err);
     }
     let file = memfd(cfg.hugepages).map_err(MemoryError::Memfd)?;
-    file.set_len(cfg.size).map_err(|source| MemoryError::Truncate { size: cfg.size, source })?;
+    file.set_len(cfg.size)
+        .map_err(|source| MemoryError::Truncate {
+            size: cfg.size,
+            source,
+        })?;
     let mut offset = 0;
     let mut regions = Vec::new();
     for (addr, size) in ranges {
         let f = file.try_clone().map_err(MemoryError::Memfd)?;
-        regions.push((GuestAddress(addr), size as usize, Some(FileOffset::new(f, offset))));
+        regions.push((
+            GuestAddress(addr),
+            size as usize,
+            Some(FileOffset::new(f, offset)),
+        ));
         offset += size;
     }
     GuestMemoryMmap::from_ranges_with_files(&regions).map_err(map_err)
@@ -71,7 +91,8 @@ pub fn register_with_kvm(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), MemoryE
         };
         // SAFETY: the region is a live mapping of `memory_size` bytes owned by
         // `mem`, which outlives the VM (both live until the process exits).
-        unsafe { vm.set_user_memory_region(r) }.map_err(|source| MemoryError::Register { slot, source })?;
+        unsafe { vm.set_user_memory_region(r) }
+            .map_err(|source| MemoryError::Register { slot, source })?;
     }
     Ok(())
 }
@@ -83,18 +104,32 @@ mod tests {
 
     #[test]
     fn shared_memory_is_one_memfd_across_the_hole() {
-        let cfg = MemoryConfig { size: 64 << 20, shared: true, hugepages: false };
+        let cfg = MemoryConfig {
+            size: 64 << 20,
+            shared: true,
+            hugepages: false,
+        };
         let mem = create_guest_memory(&cfg).unwrap();
         assert_eq!(mem.num_regions(), 1);
         let region = mem.iter().next().unwrap();
-        assert!(region.file_offset().is_some(), "shared RAM has an fd to hand to a backend");
+        assert!(
+            region.file_offset().is_some(),
+            "shared RAM has an fd to hand to a backend"
+        );
         mem.write_obj(0xdead_beefu32, GuestAddress(0x1000)).unwrap();
-        assert_eq!(mem.read_obj::<u32>(GuestAddress(0x1000)).unwrap(), 0xdead_beef);
+        assert_eq!(
+            mem.read_obj::<u32>(GuestAddress(0x1000)).unwrap(),
+            0xdead_beef
+        );
     }
 
     #[test]
     fn private_memory_has_no_fd() {
-        let mem = create_guest_memory(&MemoryConfig { size: 32 << 20, ..Default::default() }).unwrap();
+        let mem = create_guest_memory(&MemoryConfig {
+            size: 32 << 20,
+            ..Default::default()
+        })
+        .unwrap();
         assert!(mem.iter().next().unwrap().file_offset().is_none());
     }
 }

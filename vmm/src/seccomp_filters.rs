@@ -24,12 +24,50 @@ const IOCTL_FD_FLAGS: &[u64] = &[FIONBIO, FIOCLEX];
 
 /// What every Rust thread needs: memory, futexes, signals, time, exit.
 const COMMON: &[i64] = &[
-    SYS_read, SYS_write, SYS_readv, SYS_writev, SYS_close, SYS_futex, SYS_mmap, SYS_munmap, SYS_mprotect,
-    SYS_madvise, SYS_mremap, SYS_brk, SYS_rt_sigaction, SYS_rt_sigprocmask, SYS_rt_sigreturn, SYS_sigaltstack,
-    SYS_exit, SYS_exit_group, SYS_gettid, SYS_getpid, SYS_tgkill, SYS_clock_gettime, SYS_clock_nanosleep,
-    SYS_nanosleep, SYS_sched_yield, SYS_getrandom, SYS_epoll_create1, SYS_epoll_ctl, SYS_epoll_wait,
-    SYS_epoll_pwait, SYS_eventfd2, SYS_fcntl, SYS_dup, SYS_rseq, SYS_set_robust_list, SYS_sched_getaffinity,
-    SYS_prctl, SYS_poll, SYS_ppoll, SYS_restart_syscall, SYS_membarrier, SYS_fstat, SYS_statx, SYS_newfstatat,
+    SYS_read,
+    SYS_write,
+    SYS_readv,
+    SYS_writev,
+    SYS_close,
+    SYS_futex,
+    SYS_mmap,
+    SYS_munmap,
+    SYS_mprotect,
+    SYS_madvise,
+    SYS_mremap,
+    SYS_brk,
+    SYS_rt_sigaction,
+    SYS_rt_sigprocmask,
+    SYS_rt_sigreturn,
+    SYS_sigaltstack,
+    SYS_exit,
+    SYS_exit_group,
+    SYS_gettid,
+    SYS_getpid,
+    SYS_tgkill,
+    SYS_clock_gettime,
+    SYS_clock_nanosleep,
+    SYS_nanosleep,
+    SYS_sched_yield,
+    SYS_getrandom,
+    SYS_epoll_create1,
+    SYS_epoll_ctl,
+    SYS_epoll_wait,
+    SYS_epoll_pwait,
+    SYS_eventfd2,
+    SYS_fcntl,
+    SYS_dup,
+    SYS_rseq,
+    SYS_set_robust_list,
+    SYS_sched_getaffinity,
+    SYS_prctl,
+    SYS_poll,
+    SYS_ppoll,
+    SYS_restart_syscall,
+    SYS_membarrier,
+    SYS_fstat,
+    SYS_statx,
+    SYS_newfstatat,
     SYS_lseek,
 ];
 
@@ -37,24 +75,59 @@ const COMMON: &[i64] = &[
 /// (SHMEM_MAP with a passed fd: mmap MAP_FIXED into the window), pmem
 /// flushes.
 const DEVICE_WORKER_CALLS: &[i64] = &[
-    SYS_recvmsg, SYS_sendmsg, SYS_recvfrom, SYS_sendto, SYS_fsync, SYS_fdatasync, SYS_msync, SYS_pread64,
-    SYS_pwrite64, SYS_preadv, SYS_pwritev, SYS_mincore,
+    SYS_recvmsg,
+    SYS_sendmsg,
+    SYS_recvfrom,
+    SYS_sendto,
+    SYS_fsync,
+    SYS_fdatasync,
+    SYS_msync,
+    SYS_pread64,
+    SYS_pwrite64,
+    SYS_preadv,
+    SYS_pwritev,
+    SYS_mincore,
 ];
 
 /// The API thread: its socket, the daemons' control sockets (connect), the
 /// process's own /proc (page faults).
 const API_CALLS: &[i64] = &[
-    SYS_accept4, SYS_recvmsg, SYS_sendmsg, SYS_recvfrom, SYS_sendto, SYS_shutdown, SYS_socket, SYS_connect,
-    SYS_getsockopt, SYS_setsockopt, SYS_getsockname, SYS_getpeername, SYS_openat, SYS_pipe2, SYS_timerfd_create,
-    SYS_timerfd_settime, SYS_getrusage,
+    SYS_accept4,
+    SYS_recvmsg,
+    SYS_sendmsg,
+    SYS_recvfrom,
+    SYS_sendto,
+    SYS_shutdown,
+    SYS_socket,
+    SYS_connect,
+    SYS_getsockopt,
+    SYS_setsockopt,
+    SYS_getsockname,
+    SYS_getpeername,
+    SYS_openat,
+    SYS_pipe2,
+    SYS_timerfd_create,
+    SYS_timerfd_settime,
+    SYS_getrusage,
 ];
 
 /// A vCPU: KVM_RUN and register access, and — while device activation
 /// still runs on the vCPU thread — vhost-user round trips, eventfds and the
 /// device worker's creation.
 const VCPU_CALLS: &[i64] = &[
-    SYS_ioctl, SYS_recvmsg, SYS_sendmsg, SYS_clone, SYS_clone3, SYS_pread64, SYS_pwrite64, SYS_socketpair,
-    SYS_fsync, SYS_fdatasync, SYS_msync, SYS_mincore, SYS_kill,
+    SYS_ioctl,
+    SYS_recvmsg,
+    SYS_sendmsg,
+    SYS_clone,
+    SYS_clone3,
+    SYS_pread64,
+    SYS_pwrite64,
+    SYS_socketpair,
+    SYS_fsync,
+    SYS_fdatasync,
+    SYS_msync,
+    SYS_mincore,
+    SYS_kill,
     // The device worker it starts installs its own filter.
     SYS_seccomp,
 ];
@@ -63,15 +136,70 @@ const SERIAL_INPUT_CALLS: &[i64] = &[];
 
 /// The main thread (and so an upper bound for every thread).
 const VMM_CALLS: &[i64] = &[
-    SYS_ioctl, SYS_openat, SYS_pread64, SYS_pwrite64, SYS_preadv, SYS_pwritev, SYS_clone, SYS_clone3,
-    SYS_socket, SYS_connect, SYS_bind, SYS_listen, SYS_accept4, SYS_socketpair, SYS_recvmsg, SYS_sendmsg,
-    SYS_recvfrom, SYS_sendto, SYS_shutdown, SYS_getsockopt, SYS_setsockopt, SYS_getsockname, SYS_getpeername,
-    SYS_unlink, SYS_unlinkat, SYS_chmod, SYS_fchmod, SYS_fchmodat, SYS_memfd_create, SYS_ftruncate,
-    SYS_fallocate, SYS_fsync, SYS_fdatasync, SYS_msync, SYS_mincore, SYS_kill, SYS_wait4, SYS_pipe2,
-    SYS_timerfd_create, SYS_timerfd_settime, SYS_getcwd, SYS_readlink, SYS_readlinkat, SYS_uname,
-    SYS_sysinfo, SYS_prlimit64, SYS_getrlimit, SYS_getuid, SYS_geteuid, SYS_getgid, SYS_getegid,
-    SYS_sched_setaffinity, SYS_set_tid_address, SYS_getdents64, SYS_dup3, SYS_rt_sigtimedwait,
-    SYS_signalfd4, SYS_access, SYS_faccessat, SYS_faccessat2, SYS_getppid, SYS_mlock, SYS_munlock, SYS_umask,
+    SYS_ioctl,
+    SYS_openat,
+    SYS_pread64,
+    SYS_pwrite64,
+    SYS_preadv,
+    SYS_pwritev,
+    SYS_clone,
+    SYS_clone3,
+    SYS_socket,
+    SYS_connect,
+    SYS_bind,
+    SYS_listen,
+    SYS_accept4,
+    SYS_socketpair,
+    SYS_recvmsg,
+    SYS_sendmsg,
+    SYS_recvfrom,
+    SYS_sendto,
+    SYS_shutdown,
+    SYS_getsockopt,
+    SYS_setsockopt,
+    SYS_getsockname,
+    SYS_getpeername,
+    SYS_unlink,
+    SYS_unlinkat,
+    SYS_chmod,
+    SYS_fchmod,
+    SYS_fchmodat,
+    SYS_memfd_create,
+    SYS_ftruncate,
+    SYS_fallocate,
+    SYS_fsync,
+    SYS_fdatasync,
+    SYS_msync,
+    SYS_mincore,
+    SYS_kill,
+    SYS_wait4,
+    SYS_pipe2,
+    SYS_timerfd_create,
+    SYS_timerfd_settime,
+    SYS_getcwd,
+    SYS_readlink,
+    SYS_readlinkat,
+    SYS_uname,
+    SYS_sysinfo,
+    SYS_prlimit64,
+    SYS_getrlimit,
+    SYS_getuid,
+    SYS_geteuid,
+    SYS_getgid,
+    SYS_getegid,
+    SYS_sched_setaffinity,
+    SYS_set_tid_address,
+    SYS_getdents64,
+    SYS_dup3,
+    SYS_rt_sigtimedwait,
+    SYS_signalfd4,
+    SYS_access,
+    SYS_faccessat,
+    SYS_faccessat2,
+    SYS_getppid,
+    SYS_mlock,
+    SYS_munlock,
+    SYS_umask,
     SYS_getrusage,
     // Threads started from here install their own (narrower) filter.
     SYS_seccomp,
@@ -100,7 +228,8 @@ pub fn all() -> Vec<(&'static str, Vec<Allow>)> {
 /// Registers every kind's filter and installs the main thread's.
 pub fn install(mode: seccomp::Mode) -> Result<(), seccomp::SeccompError> {
     if mode == seccomp::Mode::Kill {
-        seccomp::install_sigsys_report().map_err(|e| seccomp::SeccompError::Handler(e.to_string()))?;
+        seccomp::install_sigsys_report()
+            .map_err(|e| seccomp::SeccompError::Handler(e.to_string()))?;
     }
     seccomp::register(&all(), mode)?;
     seccomp::enter_thread(VMM)
@@ -114,14 +243,24 @@ mod tests {
     fn every_thread_kind_is_a_subset_of_the_main_threads_list() {
         // Threads start under the main thread's filter: a call it does not
         // allow would be refused whatever the thread's own list says.
-        let main: std::collections::BTreeSet<i64> = COMMON.iter().chain(VMM_CALLS).copied().collect();
-        for (kind, extra) in [(VCPU, VCPU_CALLS), (API, API_CALLS), (DEVICE_WORKER, DEVICE_WORKER_CALLS)] {
+        let main: std::collections::BTreeSet<i64> =
+            COMMON.iter().chain(VMM_CALLS).copied().collect();
+        for (kind, extra) in [
+            (VCPU, VCPU_CALLS),
+            (API, API_CALLS),
+            (DEVICE_WORKER, DEVICE_WORKER_CALLS),
+        ] {
             for nr in extra {
-                assert!(main.contains(nr), "{kind} allows syscall {nr}, which the main thread's filter refuses");
+                assert!(
+                    main.contains(nr),
+                    "{kind} allows syscall {nr}, which the main thread's filter refuses"
+                );
             }
         }
         for (kind, list) in all() {
-            assert!(seccomp::build(kind, &list, seccomp::Mode::Kill).unwrap().is_some());
+            assert!(seccomp::build(kind, &list, seccomp::Mode::Kill)
+                .unwrap()
+                .is_some());
         }
     }
 
@@ -131,7 +270,10 @@ mod tests {
         // device workers (activation). Each new thread calls seccomp(2).
         for (kind, extra) in [(VMM, VMM_CALLS), (VCPU, VCPU_CALLS)] {
             for nr in [SYS_clone3, SYS_seccomp] {
-                assert!(extra.contains(&nr), "{kind} starts threads but does not allow syscall {nr}");
+                assert!(
+                    extra.contains(&nr),
+                    "{kind} starts threads but does not allow syscall {nr}"
+                );
             }
         }
     }

@@ -29,19 +29,32 @@ impl StopSignals {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: `fd` is a fresh signalfd owned by nobody else.
-        Ok(StopSignals { fd: unsafe { File::from_raw_fd(fd) } })
+        let fd = unsafe { File::from_raw_fd(fd) };
+        Ok(StopSignals { fd })
     }
 
     /// Waits until one of `other_fds` is readable or a stop signal arrives;
     /// returns the signal.
     pub fn wait(&self, other_fds: &[i32]) -> std::io::Result<Option<i32>> {
-        let mut fds = vec![libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
-        fds.extend(other_fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
+        let mut fds = vec![libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        fds.extend(other_fds.iter().map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }));
         // SAFETY: `fds` is a valid array of `fds.len()` pollfds for the duration of the call.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
         if n < 0 {
             let e = std::io::Error::last_os_error();
-            return if e.kind() == std::io::ErrorKind::Interrupted { Ok(None) } else { Err(e) };
+            return if e.kind() == std::io::ErrorKind::Interrupted {
+                Ok(None)
+            } else {
+                Err(e)
+            };
         }
         if fds[0].revents & libc::POLLIN != 0 {
             let mut info = [0u8; std::mem::size_of::<libc::signalfd_siginfo>()];

@@ -5,7 +5,9 @@ use std::sync::{Arc, Condvar, Mutex, Once};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use kvm_bindings::{CpuId, KVM_SYSTEM_EVENT_CRASH, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN};
+use kvm_bindings::{
+    CpuId, KVM_SYSTEM_EVENT_CRASH, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN,
+};
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 
 use crate::arch::x86_64::{cpuid, regs};
@@ -16,9 +18,15 @@ use crate::memory::GuestMemoryMmap;
 #[derive(Debug, thiserror::Error)]
 pub enum VcpuError {
     #[error("creating vCPU {index} failed: {source}")]
-    Create { index: u32, source: kvm_ioctls::Error },
+    Create {
+        index: u32,
+        source: kvm_ioctls::Error,
+    },
     #[error("vCPU {index}: setting CPUID failed: {source}")]
-    Cpuid { index: u32, source: kvm_ioctls::Error },
+    Cpuid {
+        index: u32,
+        source: kvm_ioctls::Error,
+    },
     #[error("vCPU {index}: {source}")]
     Regs { index: u32, source: regs::RegsError },
     #[error("starting the thread of vCPU {index} failed: {source}")]
@@ -43,10 +51,13 @@ pub struct VcpuSetup<'a> {
 
 impl Vcpu {
     pub fn new(vm: &VmFd, index: u32, setup: &VcpuSetup) -> Result<Self, VcpuError> {
-        let fd = vm.create_vcpu(u64::from(index)).map_err(|source| VcpuError::Create { index, source })?;
+        let fd = vm
+            .create_vcpu(u64::from(index))
+            .map_err(|source| VcpuError::Create { index, source })?;
         let mut cpuid = setup.base_cpuid.clone();
         cpuid::patch_cpuid(cpuid.as_mut_slice(), index, setup.cpus, setup.tsc_deadline);
-        fd.set_cpuid2(&cpuid).map_err(|source| VcpuError::Cpuid { index, source })?;
+        fd.set_cpuid2(&cpuid)
+            .map_err(|source| VcpuError::Cpuid { index, source })?;
         let r = |source| VcpuError::Regs { index, source };
         regs::setup_msrs(&fd).map_err(r)?;
         regs::setup_fpu(&fd).map_err(r)?;
@@ -101,27 +112,41 @@ impl Vcpu {
                     KVM_SYSTEM_EVENT_SHUTDOWN => VmExit::PowerOff,
                     KVM_SYSTEM_EVENT_RESET => VmExit::Reset,
                     KVM_SYSTEM_EVENT_CRASH => VmExit::GuestPanic,
-                    other => VmExit::VcpuError { cpu, message: format!("unknown KVM system event {other}") },
+                    other => VmExit::VcpuError {
+                        cpu,
+                        message: format!("unknown KVM system event {other}"),
+                    },
                 },
-                Ok(VcpuExit::FailEntry(reason, _)) => {
-                    VmExit::VcpuError { cpu, message: format!("KVM_EXIT_FAIL_ENTRY, hardware reason {reason:#x}") }
-                }
-                Ok(VcpuExit::InternalError) => {
-                    VmExit::VcpuError { cpu, message: format!("KVM_EXIT_INTERNAL_ERROR at {}", self.rip()) }
-                }
+                Ok(VcpuExit::FailEntry(reason, _)) => VmExit::VcpuError {
+                    cpu,
+                    message: format!("KVM_EXIT_FAIL_ENTRY, hardware reason {reason:#x}"),
+                },
+                Ok(VcpuExit::InternalError) => VmExit::VcpuError {
+                    cpu,
+                    message: format!("KVM_EXIT_INTERNAL_ERROR at {}", self.rip()),
+                },
                 Ok(other) => {
                     let message = format!("unhandled exit {other:?}");
-                    VmExit::VcpuError { cpu, message: format!("{message} at {}", self.rip()) }
+                    VmExit::VcpuError {
+                        cpu,
+                        message: format!("{message} at {}", self.rip()),
+                    }
                 }
                 // A kick (see RunningVcpus) or a spurious signal.
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
-                Err(e) => VmExit::VcpuError { cpu, message: format!("KVM_RUN failed: {e}") },
+                Err(e) => VmExit::VcpuError {
+                    cpu,
+                    message: format!("KVM_RUN failed: {e}"),
+                },
             });
         }
     }
 
     fn rip(&self) -> String {
-        self.fd.get_regs().map_or_else(|e| format!("unknown rip ({e})"), |r| format!("rip {:#x}", r.rip))
+        self.fd.get_regs().map_or_else(
+            |e| format!("unknown rip ({e})"),
+            |r| format!("rip {:#x}", r.rip),
+        )
     }
 }
 
@@ -187,7 +212,13 @@ pub struct RunningVcpus {
 
 impl RunningVcpus {
     /// Starts `vcpu` on a thread of its own.
-    pub fn spawn(&mut self, mut vcpu: Vcpu, pio: Arc<Bus>, mmio: Arc<Bus>, exit: Arc<ExitHandle>) -> Result<(), VcpuError> {
+    pub fn spawn(
+        &mut self,
+        mut vcpu: Vcpu,
+        pio: Arc<Bus>,
+        mmio: Arc<Bus>,
+        exit: Arc<ExitHandle>,
+    ) -> Result<(), VcpuError> {
         let index = vcpu.index;
         install_kick_handler();
         let control = self.control.clone();
@@ -196,7 +227,10 @@ impl RunningVcpus {
             .spawn(move || {
                 if let Err(e) = seccomp::enter_thread(crate::seccomp_filters::VCPU) {
                     log::error!("vcpu{index}: {e}");
-                    return exit.request(crate::exit::VmExit::VcpuError { cpu: index, message: e.to_string() });
+                    return exit.request(crate::exit::VmExit::VcpuError {
+                        cpu: index,
+                        message: e.to_string(),
+                    });
                 }
                 if let Some(reason) = vcpu.run(&pio, &mmio, &control) {
                     exit.request(reason);

@@ -6,9 +6,9 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
+use kvm_bindings::kvm_userspace_memory_region;
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Cap, Kvm, VmFd};
-use kvm_bindings::kvm_userspace_memory_region;
 use virtio_devices::pmem::{Pmem, PmemBacking};
 use virtio_devices::rng::{Rng, RngError};
 use virtio_devices::vhost_user_fs::window::{DaxWindow, WindowObserver};
@@ -35,7 +35,10 @@ pub enum VmError {
     #[error("KVM lacks a required capability: {0}")]
     MissingCap(&'static str),
     #[error("{what}: {source}")]
-    KvmSetup { what: &'static str, source: kvm_ioctls::Error },
+    KvmSetup {
+        what: &'static str,
+        source: kvm_ioctls::Error,
+    },
     #[error(transparent)]
     Memory(#[from] memory::MemoryError),
     #[error(transparent)]
@@ -45,7 +48,10 @@ pub enum VmError {
     #[error(transparent)]
     Vcpu(#[from] crate::vcpu::VcpuError),
     #[error("--serial file={path}: {source}")]
-    SerialFile { path: String, source: std::io::Error },
+    SerialFile {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("device setup: {0}")]
     Device(String),
     #[error(transparent)]
@@ -55,7 +61,12 @@ pub enum VmError {
     #[error(transparent)]
     VirtioMmio(#[from] crate::devices::virtio_mmio::VirtioMmioError),
     #[error("device {id}: registering its {size}-byte memory at {addr:#x} with KVM: {source}")]
-    DeviceMemorySlot { id: String, addr: u64, size: u64, source: kvm_ioctls::Error },
+    DeviceMemorySlot {
+        id: String,
+        addr: u64,
+        size: u64,
+        source: kvm_ioctls::Error,
+    },
     #[error(transparent)]
     Fs(#[from] virtio_devices::vhost_user_fs::FsError),
     #[error(transparent)]
@@ -112,7 +123,10 @@ fn serial_output(mode: &SerialMode) -> Result<Option<Box<dyn Write + Send>>, VmE
                 .create(true)
                 .append(true)
                 .open(path)
-                .map_err(|source| VmError::SerialFile { path: path.display().to_string(), source })?,
+                .map_err(|source| VmError::SerialFile {
+                    path: path.display().to_string(),
+                    source,
+                })?,
         )),
     })
 }
@@ -131,14 +145,22 @@ fn add_platform_devices(
     let mut aml = Vec::new();
     if let Some(out) = serial_output(&config.serial)? {
         let irq = EventFd::new(libc::EFD_NONBLOCK)?;
-        kvm_setup("registering the serial irqfd", vm.register_irqfd(&irq, serial::COM1_IRQ))?;
+        kvm_setup(
+            "registering the serial irqfd",
+            vm.register_irqfd(&irq, serial::COM1_IRQ),
+        )?;
         let s = Arc::new(Mutex::new(serial::SerialDevice::new(irq, out)));
-        pio.insert(s.clone(), serial::COM1_PORT, serial::PORT_COUNT).map_err(dev)?;
+        pio.insert(s.clone(), serial::COM1_PORT, serial::PORT_COUNT)
+            .map_err(dev)?;
         serial_dev = Some(s);
         serial::SerialDevice::append_aml(&mut aml);
     }
-    pio.insert(Arc::new(Mutex::new(i8042::I8042::new(exit.clone()))), i8042::I8042_PORT, i8042::PORT_COUNT)
-        .map_err(dev)?;
+    pio.insert(
+        Arc::new(Mutex::new(i8042::I8042::new(exit.clone()))),
+        i8042::I8042_PORT,
+        i8042::PORT_COUNT,
+    )
+    .map_err(dev)?;
     pio.insert(
         Arc::new(Mutex::new(acpi_pm::AcpiPm::new(exit.clone()))),
         u64::from(acpi_pm::SLEEP_CONTROL_PORT),
@@ -146,14 +168,22 @@ fn add_platform_devices(
     )
     .map_err(dev)?;
     if config.pvpanic {
-        pio.insert(Arc::new(Mutex::new(pvpanic::PvPanic::new(exit.clone()))), u64::from(pvpanic::PVPANIC_PORT), 1)
-            .map_err(dev)?;
+        pio.insert(
+            Arc::new(Mutex::new(pvpanic::PvPanic::new(exit.clone()))),
+            u64::from(pvpanic::PVPANIC_PORT),
+            1,
+        )
+        .map_err(dev)?;
         pvpanic::PvPanic::append_aml(&mut aml);
     }
     let irq = EventFd::new(libc::EFD_NONBLOCK)?;
-    kvm_setup("registering the GED irqfd", vm.register_irqfd(&irq, ged::GED_IRQ))?;
+    kvm_setup(
+        "registering the GED irqfd",
+        vm.register_irqfd(&irq, ged::GED_IRQ),
+    )?;
     let ged_dev = Arc::new(Mutex::new(ged::Ged::new(irq)));
-    pio.insert(ged_dev.clone(), u64::from(ged::GED_PORT), 1).map_err(dev)?;
+    pio.insert(ged_dev.clone(), u64::from(ged::GED_PORT), 1)
+        .map_err(dev)?;
     ged::Ged::append_aml(&mut aml);
     Ok((serial_dev, ged::GedHandle(ged_dev), aml))
 }
@@ -171,9 +201,15 @@ fn create_vm(kvm: &Kvm) -> Result<VmFd, VmError> {
         }
     }
     let vm = kvm.create_vm().map_err(VmError::Kvm)?;
-    kvm_setup("KVM_SET_TSS_ADDR", vm.set_tss_address(layout::KVM_TSS_ADDRESS as usize))?;
+    kvm_setup(
+        "KVM_SET_TSS_ADDR",
+        vm.set_tss_address(layout::KVM_TSS_ADDRESS as usize),
+    )?;
     kvm_setup("KVM_CREATE_IRQCHIP", vm.create_irq_chip())?;
-    let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
+    let pit = kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
     kvm_setup("KVM_CREATE_PIT2", vm.create_pit2(pit))?;
     Ok(vm)
 }
@@ -191,7 +227,10 @@ struct DeviceMemory {
 
 impl DeviceMemory {
     fn new(ram_size: u64) -> Self {
-        DeviceMemory { next_addr: layout::device_memory_start(ram_size), next_slot: DEVICE_MEMORY_SLOT_BASE }
+        DeviceMemory {
+            next_addr: layout::device_memory_start(ram_size),
+            next_slot: DEVICE_MEMORY_SLOT_BASE,
+        }
     }
 
     /// Places `size` bytes for a device on `transport`; returns the guest
@@ -213,7 +252,13 @@ impl DeviceMemory {
     ///
     /// # Safety
     /// The mapping must stay valid (mapped, or reserved PROT_NONE) while the VM runs.
-    unsafe fn register(&mut self, vm: &VmFd, addr: u64, size: u64, host_addr: u64) -> Result<(), kvm_ioctls::Error> {
+    unsafe fn register(
+        &mut self,
+        vm: &VmFd,
+        addr: u64,
+        size: u64,
+        host_addr: u64,
+    ) -> Result<(), kvm_ioctls::Error> {
         let region = kvm_userspace_memory_region {
             slot: self.next_slot,
             flags: 0,
@@ -239,10 +284,19 @@ struct DeviceSetup<'a> {
 }
 
 impl DeviceSetup<'_> {
-    fn add(&mut self, device: Box<dyn VirtioDevice>, transport: Transport, shm: Option<(u64, u64)>) -> Result<(), VmError> {
+    fn add(
+        &mut self,
+        device: Box<dyn VirtioDevice>,
+        transport: Transport,
+        shm: Option<(u64, u64)>,
+    ) -> Result<(), VmError> {
         match transport {
-            Transport::Mmio => self.mmio_devices.add(self.vm, self.mmio, self.mem, device)?,
-            Transport::Pci => self.pci_devices.add(self.vm, self.mmio, self.mem, device, shm)?,
+            Transport::Mmio => self
+                .mmio_devices
+                .add(self.vm, self.mmio, self.mem, device)?,
+            Transport::Pci => self
+                .pci_devices
+                .add(self.vm, self.mmio, self.mem, device, shm)?,
         }
         Ok(())
     }
@@ -256,11 +310,24 @@ impl DeviceSetup<'_> {
             let size = backing.size();
             let (addr, span) = self.device_memory.place(size, p.transport);
             // SAFETY: `backings` keeps the mapping until `run` returns.
-            unsafe { self.device_memory.register(self.vm, addr, size, backing.host_addr()) }
-                .map_err(|source| VmError::DeviceMemorySlot { id: p.id.clone(), addr, size, source })?;
+            unsafe {
+                self.device_memory
+                    .register(self.vm, addr, size, backing.host_addr())
+            }
+            .map_err(|source| VmError::DeviceMemorySlot {
+                id: p.id.clone(),
+                addr,
+                size,
+                source,
+            })?;
             let device = Box::new(Pmem::new(p.id.clone(), &backing, addr)?);
             self.add(device, p.transport, Some((addr, span)))?;
-            log::info!("pmem {}: {} bytes of {} at {addr:#x}", p.id, size, p.file.display());
+            log::info!(
+                "pmem {}: {} bytes of {} at {addr:#x}",
+                p.id,
+                size,
+                p.file.display()
+            );
             backings.push(backing);
         }
         Ok(backings)
@@ -300,8 +367,14 @@ impl DeviceSetup<'_> {
                 let (addr, span) = self.device_memory.place(size, f.transport);
                 // SAFETY: the window is reserved for as long as the device
                 // exists, and the device lives in its transport until the VM ends.
-                unsafe { self.device_memory.register(self.vm, addr, size, host_addr) }
-                    .map_err(|source| VmError::DeviceMemorySlot { id: f.id.clone(), addr, size, source })?;
+                unsafe { self.device_memory.register(self.vm, addr, size, host_addr) }.map_err(
+                    |source| VmError::DeviceMemorySlot {
+                        id: f.id.clone(),
+                        addr,
+                        size,
+                        source,
+                    },
+                )?;
                 device.set_window_guest_addr(addr);
                 shm = Some((addr, span));
                 log::info!("fs {}: DAX window of {size} bytes at {addr:#x}", f.id);
@@ -322,7 +395,11 @@ impl DeviceSetup<'_> {
 }
 
 /// Loads kernel, initramfs, command line, ACPI tables and the zero page.
-fn load_payload(mem: &GuestMemoryMmap, config: &VmConfig, device_aml: &[u8]) -> Result<GuestAddress, VmError> {
+fn load_payload(
+    mem: &GuestMemoryMmap,
+    config: &VmConfig,
+    device_aml: &[u8],
+) -> Result<GuestAddress, VmError> {
     let kernel = boot::load_kernel(mem, &config.payload.kernel)?;
     let initramfs = match &config.payload.initramfs {
         Some(path) => Some(boot::load_initramfs(mem, path, &kernel)?),
@@ -394,7 +471,12 @@ impl Vm {
             mmio: &mmio,
             mem: &guest_mem,
             mmio_devices: MmioDeviceManager::new(),
-            pci_devices: PciDeviceManager::new(&vm, &pio, &mmio, layout::device_memory_start(config.memory.size))?,
+            pci_devices: PciDeviceManager::new(
+                &vm,
+                &pio,
+                &mmio,
+                layout::device_memory_start(config.memory.size),
+            )?,
             device_memory: DeviceMemory::new(config.memory.size),
         };
         devices.add_rng_device(config)?;
@@ -404,7 +486,10 @@ impl Vm {
         devices.pci_devices.append_aml(&mut device_aml);
         let entry = load_payload(&mem, config, &device_aml)?;
 
-        let base_cpuid = kvm_setup("KVM_GET_SUPPORTED_CPUID", kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES))?;
+        let base_cpuid = kvm_setup(
+            "KVM_GET_SUPPORTED_CPUID",
+            kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES),
+        )?;
         let setup = VcpuSetup {
             cpus: config.cpus.boot_vcpus,
             base_cpuid: &base_cpuid,
@@ -412,7 +497,9 @@ impl Vm {
             entry: entry.0,
             mem: &mem,
         };
-        let vcpus = (0..setup.cpus).map(|i| Vcpu::new(&vm, i, &setup)).collect::<Result<Vec<_>, _>>()?;
+        let vcpus = (0..setup.cpus)
+            .map(|i| Vcpu::new(&vm, i, &setup))
+            .collect::<Result<Vec<_>, _>>()?;
 
         let (raw_terminal, stdin) = match (&config.serial, &serial_dev) {
             (SerialMode::Tty, Some(s)) => {
@@ -421,7 +508,11 @@ impl Vm {
             }
             _ => (None, None),
         };
-        log::info!("booting {} vCPU(s), {} MiB RAM", setup.cpus, config.memory.size >> 20);
+        log::info!(
+            "booting {} vCPU(s), {} MiB RAM",
+            setup.cpus,
+            config.memory.size >> 20
+        );
         let mut running = RunningVcpus::default();
         for vcpu in vcpus {
             if let Err(e) = running.spawn(vcpu, pio.clone(), mmio.clone(), exit.clone()) {

@@ -10,7 +10,7 @@
 use std::io;
 
 use virtio_queue::DescriptorChain;
-use vm_memory::{Bytes, ByteValued, GuestAddress, GuestMemoryBackend};
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::GuestMemoryMmap;
 
@@ -30,7 +30,10 @@ struct Segments {
 
 impl Segments {
     fn push(&mut self, addr: GuestAddress, len: usize) -> io::Result<()> {
-        self.total = self.total.checked_add(len).ok_or_else(|| efault("descriptor lengths overflow"))?;
+        self.total = self
+            .total
+            .checked_add(len)
+            .ok_or_else(|| efault("descriptor lengths overflow"))?;
         if addr.0.checked_add(len as u64).is_none() {
             return Err(efault("descriptor address + length overflows"));
         }
@@ -44,8 +47,13 @@ impl Segments {
 
     /// The guest ranges covering the next `len` bytes from `pos + skip`.
     fn ranges(&self, skip: usize, len: usize) -> io::Result<Vec<(GuestAddress, usize)>> {
-        let start = self.pos.checked_add(skip).filter(|s| s.checked_add(len).is_some_and(|e| e <= self.total));
-        let Some(mut start) = start else { return Err(efault("request shorter than its header says")) };
+        let start = self
+            .pos
+            .checked_add(skip)
+            .filter(|s| s.checked_add(len).is_some_and(|e| e <= self.total));
+        let Some(mut start) = start else {
+            return Err(efault("request shorter than its header says"));
+        };
         let mut left = len;
         let mut out = Vec::new();
         for &(addr, seg_len) in &self.segs {
@@ -64,11 +72,17 @@ impl Segments {
         Ok(out)
     }
 
-    fn iovecs(&self, mem: &GuestMemoryMmap, skip: usize, len: usize) -> io::Result<Vec<libc::iovec>> {
+    fn iovecs(
+        &self,
+        mem: &GuestMemoryMmap,
+        skip: usize,
+        len: usize,
+    ) -> io::Result<Vec<libc::iovec>> {
         let mut iovs = Vec::new();
         for (addr, n) in self.ranges(skip, len)? {
             for slice in mem.get_slices(addr, n) {
-                let slice = slice.map_err(|_| efault("buffer outside guest RAM (e.g. in the DAX window)"))?;
+                let slice = slice
+                    .map_err(|_| efault("buffer outside guest RAM (e.g. in the DAX window)"))?;
                 iovs.push(libc::iovec {
                     iov_base: slice.ptr_guard_mut().as_ptr().cast(),
                     iov_len: slice.len(),
@@ -93,7 +107,10 @@ pub struct Writer<'a> {
 
 /// Splits a chain into its readable and writable buffers (readable first,
 /// as virtio requires; a readable buffer after a writable one is an error).
-pub fn split<'a, M>(mem: &'a GuestMemoryMmap, chain: DescriptorChain<M>) -> io::Result<(Reader<'a>, Writer<'a>)>
+pub fn split<'a, M>(
+    mem: &'a GuestMemoryMmap,
+    chain: DescriptorChain<M>,
+) -> io::Result<(Reader<'a>, Writer<'a>)>
 where
     M: std::ops::Deref,
     M::Target: vm_memory::GuestMemory,
@@ -110,7 +127,16 @@ where
             return Err(efault("readable descriptor after a writable one"));
         }
     }
-    Ok((Reader { mem, segs: readable }, Writer { mem, segs: writable }))
+    Ok((
+        Reader {
+            mem,
+            segs: readable,
+        },
+        Writer {
+            mem,
+            segs: writable,
+        },
+    ))
 }
 
 impl<'a> Reader<'a> {
@@ -121,7 +147,9 @@ impl<'a> Reader<'a> {
     pub fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
         let mut done = 0;
         for (addr, n) in self.segs.ranges(0, buf.len())? {
-            self.mem.read_slice(&mut buf[done..done + n], addr).map_err(|_| efault("request outside guest RAM"))?;
+            self.mem
+                .read_slice(&mut buf[done..done + n], addr)
+                .map_err(|_| efault("request outside guest RAM"))?;
             done += n;
         }
         self.segs.pos += buf.len();
@@ -168,7 +196,9 @@ impl<'a> Writer<'a> {
     pub fn write_at(&mut self, skip: usize, buf: &[u8]) -> io::Result<()> {
         let mut done = 0;
         for (addr, n) in self.segs.ranges(skip, buf.len())? {
-            self.mem.write_slice(&buf[done..done + n], addr).map_err(|_| efault("reply buffer outside guest RAM"))?;
+            self.mem
+                .write_slice(&buf[done..done + n], addr)
+                .map_err(|_| efault("reply buffer outside guest RAM"))?;
             done += n;
         }
         Ok(())
@@ -192,12 +222,15 @@ impl<'a> Writer<'a> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
-    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 
     /// Builds a chain of buffers at fixed addresses: (addr, len, writable).
-    pub fn chain_of<'a>(mem: &'a GuestMemoryMmap, bufs: &[(u64, u32, bool)]) -> DescriptorChain<&'a GuestMemoryMmap> {
+    pub fn chain_of<'a>(
+        mem: &'a GuestMemoryMmap,
+        bufs: &[(u64, u32, bool)],
+    ) -> DescriptorChain<&'a GuestMemoryMmap> {
         let q = MockSplitQueue::new(mem, 16);
         let descs: Vec<RawDescriptor> = bufs
             .iter()
@@ -225,7 +258,15 @@ pub(crate) mod tests {
         let mem = memory();
         mem.write_slice(b"hello ", GuestAddress(0x8000)).unwrap();
         mem.write_slice(b"world", GuestAddress(0x9000)).unwrap();
-        let chain = chain_of(&mem, &[(0x8000, 6, false), (0x9000, 5, false), (0xa000, 8, true), (0xb000, 8, true)]);
+        let chain = chain_of(
+            &mem,
+            &[
+                (0x8000, 6, false),
+                (0x9000, 5, false),
+                (0xa000, 8, true),
+                (0xb000, 8, true),
+            ],
+        );
         let (mut r, mut w) = split(&mem, chain).unwrap();
         assert_eq!(r.available(), 11);
         assert_eq!(r.read_bytes(8).unwrap(), b"hello wo");
@@ -233,7 +274,8 @@ pub(crate) mod tests {
         let iov = r.iovecs(3).unwrap();
         assert_eq!(iov.len(), 1);
         // SAFETY: the iovec points at 3 readable bytes of `mem`.
-        assert_eq!(unsafe { std::slice::from_raw_parts(iov[0].iov_base as *const u8, 3) }, b"rld");
+        let bytes = unsafe { std::slice::from_raw_parts(iov[0].iov_base as *const u8, 3) };
+        assert_eq!(bytes, b"rld");
 
         assert_eq!(w.available(), 16);
         w.write_all(b"0123456789").unwrap();
@@ -250,7 +292,10 @@ pub(crate) mod tests {
         let mem = memory();
         let chain = chain_of(&mem, &[(0x8000, 16, false), (0x4000_0000, 4096, true)]);
         let (_r, w) = split(&mem, chain).unwrap();
-        assert_eq!(w.iovecs(0, 4096).unwrap_err().raw_os_error(), Some(libc::EFAULT));
+        assert_eq!(
+            w.iovecs(0, 4096).unwrap_err().raw_os_error(),
+            Some(libc::EFAULT)
+        );
         let chain = chain_of(&mem, &[(u64::MAX - 4, 16, false)]);
         assert!(split(&mem, chain).is_err());
     }

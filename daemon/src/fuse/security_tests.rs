@@ -24,13 +24,22 @@ fn host_getxattr(path: &std::path::Path, name: &str) -> Result<Vec<u8>, i32> {
 }
 
 fn create(rig: &mut Rig, name: &str, flags: i32) -> (i32, Vec<u8>) {
-    let c = abi::CreateIn { flags: flags as u32, mode: 0o644, ..Default::default() };
+    let c = abi::CreateIn {
+        flags: flags as u32,
+        mode: 0o644,
+        ..Default::default()
+    };
     rig.call(opcode::CREATE, ROOT_ID, &cat(&[c.as_slice(), &cstr(name)]))
 }
 
 fn mknod(rig: &mut Rig, name: &str, mode: u32, rdev: u32) -> i32 {
-    let m = abi::MknodIn { mode, rdev, ..Default::default() };
-    rig.call(opcode::MKNOD, ROOT_ID, &cat(&[m.as_slice(), &cstr(name)])).0
+    let m = abi::MknodIn {
+        mode,
+        rdev,
+        ..Default::default()
+    };
+    rig.call(opcode::MKNOD, ROOT_ID, &cat(&[m.as_slice(), &cstr(name)]))
+        .0
 }
 
 /// Finding 1 (CVE-2020-35517 class): MKNOD then CREATE of the same name
@@ -47,17 +56,31 @@ fn create_never_opens_an_existing_device_node_fifo_or_socket() {
         specials.push("null");
     }
     for name in specials {
-        for flags in [libc::O_RDWR, libc::O_RDONLY | libc::O_NONBLOCK, libc::O_WRONLY | libc::O_TRUNC] {
+        for flags in [
+            libc::O_RDWR,
+            libc::O_RDONLY | libc::O_NONBLOCK,
+            libc::O_WRONLY | libc::O_TRUNC,
+        ] {
             let (e, _) = create(&mut rig, name, flags);
             assert_ne!(e, 0, "CREATE {name} flags {flags:#o} opened a special file");
         }
-        assert_eq!(create(&mut rig, name, libc::O_RDWR | libc::O_EXCL).0, libc::EEXIST);
+        assert_eq!(
+            create(&mut rig, name, libc::O_RDWR | libc::O_EXCL).0,
+            libc::EEXIST
+        );
     }
-    assert_eq!(rig.server.fs.handle_count(), 0, "no handle to a special file exists");
+    assert_eq!(
+        rig.server.fs.handle_count(),
+        0,
+        "no handle to a special file exists"
+    );
     // A regular file: O_EXCL refuses it, without O_EXCL it is opened (and
     // O_TRUNC truncates), as open(2) with O_CREAT does.
     std::fs::write(rig.dir.as_path().join("plain"), b"old contents").unwrap();
-    assert_eq!(create(&mut rig, "plain", libc::O_RDWR | libc::O_EXCL).0, libc::EEXIST);
+    assert_eq!(
+        create(&mut rig, "plain", libc::O_RDWR | libc::O_EXCL).0,
+        libc::EEXIST
+    );
     let (e, reply) = create(&mut rig, "plain", libc::O_RDWR | libc::O_TRUNC);
     assert_eq!(e, 0);
     let entry: abi::EntryOut = obj(&reply);
@@ -67,8 +90,16 @@ fn create_never_opens_an_existing_device_node_fifo_or_socket() {
 }
 
 fn setxattr(rig: &mut Rig, nodeid: u64, name: &str, value: &[u8]) -> i32 {
-    let a = abi::SetxattrIn { size: value.len() as u32, flags: 0 };
-    rig.call(opcode::SETXATTR, nodeid, &cat(&[a.as_slice(), &cstr(name), value])).0
+    let a = abi::SetxattrIn {
+        size: value.len() as u32,
+        flags: 0,
+    };
+    rig.call(
+        opcode::SETXATTR,
+        nodeid,
+        &cat(&[a.as_slice(), &cstr(name), value]),
+    )
+    .0
 }
 
 fn getxattr(rig: &mut Rig, nodeid: u64, name: &str, size: u32) -> (i32, Vec<u8>) {
@@ -87,38 +118,98 @@ fn xattrs_are_off_by_default_and_mapped_away_from_privileged_namespaces() {
     rig.init();
     std::fs::write(rig.dir.as_path().join("f"), b"x").unwrap();
     let f = rig.lookup(ROOT_ID, "f").unwrap().nodeid;
-    assert_eq!(setxattr(&mut rig, f, "user.a", b"1"), libc::ENOSYS, "off unless --xattr");
+    assert_eq!(
+        setxattr(&mut rig, f, "user.a", b"1"),
+        libc::ENOSYS,
+        "off unless --xattr"
+    );
     assert_eq!(getxattr(&mut rig, f, "user.a", 0).0, libc::ENOSYS);
 
     rig.server.fs.xattr = XattrMode::Mapped;
-    let cap = [1u8, 0, 0, 2, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let cap = [
+        1u8, 0, 0, 2, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
     assert_eq!(setxattr(&mut rig, f, "security.capability", &cap), 0);
     assert_eq!(setxattr(&mut rig, f, "trusted.overlay.opaque", b"y"), 0);
     assert_eq!(setxattr(&mut rig, f, "user.plain", b"p"), 0);
     assert_eq!(setxattr(&mut rig, f, "user.virtiofs.spoof", b"s"), 0);
     let host = rig.dir.as_path().join("f");
-    assert_eq!(host_getxattr(&host, "security.capability"), Err(libc::ENODATA), "no host file capability");
-    assert_eq!(host_getxattr(&host, "trusted.overlay.opaque"), Err(libc::ENODATA));
-    assert_eq!(host_getxattr(&host, "user.virtiofs.security.capability").unwrap(), cap);
+    assert_eq!(
+        host_getxattr(&host, "security.capability"),
+        Err(libc::ENODATA),
+        "no host file capability"
+    );
+    assert_eq!(
+        host_getxattr(&host, "trusted.overlay.opaque"),
+        Err(libc::ENODATA)
+    );
+    assert_eq!(
+        host_getxattr(&host, "user.virtiofs.security.capability").unwrap(),
+        cap
+    );
     assert_eq!(host_getxattr(&host, "user.plain").unwrap(), b"p");
-    assert_eq!(host_getxattr(&host, "user.virtiofs.spoof"), Err(libc::ENODATA), "the guest cannot forge a mapped name");
+    assert_eq!(
+        host_getxattr(&host, "user.virtiofs.spoof"),
+        Err(libc::ENODATA),
+        "the guest cannot forge a mapped name"
+    );
     // The guest sees its own names back.
     assert_eq!(getxattr(&mut rig, f, "security.capability", 64).1, cap);
-    let (e, list) = rig.call(opcode::LISTXATTR, f, abi::GetxattrIn { size: 4096, padding: 0 }.as_slice());
+    let (e, list) = rig.call(
+        opcode::LISTXATTR,
+        f,
+        abi::GetxattrIn {
+            size: 4096,
+            padding: 0,
+        }
+        .as_slice(),
+    );
     assert_eq!(e, 0);
     let mut names: Vec<&[u8]> = list.split(|&b| b == 0).filter(|n| !n.is_empty()).collect();
     names.sort();
-    let want: Vec<&[u8]> = vec![b"security.capability", b"trusted.overlay.opaque", b"user.plain", b"user.virtiofs.spoof"];
+    let want: Vec<&[u8]> = vec![
+        b"security.capability",
+        b"trusted.overlay.opaque",
+        b"user.plain",
+        b"user.virtiofs.spoof",
+    ];
     assert_eq!(names, want);
     // A host trusted.* attribute the guest did not set stays hidden.
     let p = CString::new(host.as_os_str().as_bytes()).unwrap();
     // SAFETY: NUL-terminated strings and a 1-byte value.
-    if unsafe { libc::setxattr(p.as_ptr(), c"trusted.host".as_ptr(), b"h".as_ptr().cast(), 1, 0) } == 0 {
-        let (_, list) = rig.call(opcode::LISTXATTR, f, abi::GetxattrIn { size: 4096, padding: 0 }.as_slice());
-        assert!(!list.windows(12).any(|w| w == b"trusted.host"), "host's own trusted.* listed");
+    if unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            c"trusted.host".as_ptr(),
+            b"h".as_ptr().cast(),
+            1,
+            0,
+        )
+    } == 0
+    {
+        let (_, list) = rig.call(
+            opcode::LISTXATTR,
+            f,
+            abi::GetxattrIn {
+                size: 4096,
+                padding: 0,
+            }
+            .as_slice(),
+        );
+        assert!(
+            !list.windows(12).any(|w| w == b"trusted.host"),
+            "host's own trusted.* listed"
+        );
     }
-    assert_eq!(rig.call(opcode::REMOVEXATTR, f, &cstr("security.capability")).0, 0);
-    assert_eq!(host_getxattr(&host, "user.virtiofs.security.capability"), Err(libc::ENODATA));
+    assert_eq!(
+        rig.call(opcode::REMOVEXATTR, f, &cstr("security.capability"))
+            .0,
+        0
+    );
+    assert_eq!(
+        host_getxattr(&host, "user.virtiofs.security.capability"),
+        Err(libc::ENODATA)
+    );
 }
 
 /// Finding 6: the guest's GETXATTR/LISTXATTR size is not an allocation
@@ -134,14 +225,29 @@ fn xattr_sizes_from_the_guest_are_capped_before_anything_is_allocated() {
     crate::alloc_probe::reset();
     let (e, value) = getxattr(&mut rig, f, "user.v", u32::MAX);
     assert_eq!((e, value.as_slice()), (0, &b"value"[..]));
-    let (e, _) = rig.call(opcode::LISTXATTR, f, abi::GetxattrIn { size: u32::MAX, padding: 0 }.as_slice());
+    let (e, _) = rig.call(
+        opcode::LISTXATTR,
+        f,
+        abi::GetxattrIn {
+            size: u32::MAX,
+            padding: 0,
+        }
+        .as_slice(),
+    );
     assert_eq!(e, 0);
     let largest = crate::alloc_probe::largest();
-    assert!(largest <= 1 << 20, "a {largest}-byte allocation for a guest-given size");
+    assert!(
+        largest <= 1 << 20,
+        "a {largest}-byte allocation for a guest-given size"
+    );
     rig.server.fs.limits.max_xattr_size = 4;
     assert_eq!(setxattr(&mut rig, f, "user.w", b"too long"), libc::E2BIG);
     assert_eq!(rig.server.fs.caps.get(Cap::XattrSize), 1);
-    assert_eq!(setxattr(&mut rig, f, "user.w", b"ok"), 0, "the daemon keeps serving");
+    assert_eq!(
+        setxattr(&mut rig, f, "user.w", b"ok"),
+        0,
+        "the daemon keeps serving"
+    );
 }
 
 /// Finding 6 (CVE-2020-10717 class): inodes and handles are capped; past a
@@ -158,17 +264,30 @@ fn inodes_and_handles_are_capped_with_enfile_and_counted() {
     rig.server.fs.limits.max_handles = 1;
     let a = rig.lookup(ROOT_ID, "a").unwrap().nodeid;
     rig.lookup(ROOT_ID, "b").unwrap();
-    assert_eq!(rig.lookup(ROOT_ID, "c").map(|e| e.nodeid), Err(libc::ENFILE));
+    assert_eq!(
+        rig.lookup(ROOT_ID, "c").map(|e| e.nodeid),
+        Err(libc::ENFILE)
+    );
     assert_eq!(rig.server.fs.caps.get(Cap::Inodes), 1);
-    assert_eq!(rig.lookup(ROOT_ID, "a").unwrap().nodeid, a, "known inodes are still served");
+    assert_eq!(
+        rig.lookup(ROOT_ID, "a").unwrap().nodeid,
+        a,
+        "known inodes are still served"
+    );
     rig.call(opcode::FORGET, a, abi::ForgetIn { nlookup: 2 }.as_slice());
     assert!(rig.lookup(ROOT_ID, "c").is_ok(), "a FORGET makes room");
 
     let c = rig.lookup(ROOT_ID, "c").unwrap().nodeid;
-    let open = abi::OpenIn { flags: libc::O_RDONLY as u32, open_flags: 0 };
+    let open = abi::OpenIn {
+        flags: libc::O_RDONLY as u32,
+        open_flags: 0,
+    };
     assert_eq!(rig.call(opcode::OPEN, c, open.as_slice()).0, 0);
     assert_eq!(rig.call(opcode::OPEN, c, open.as_slice()).0, libc::ENFILE);
-    assert_eq!(rig.call(opcode::OPENDIR, ROOT_ID, open.as_slice()).0, libc::ENFILE);
+    assert_eq!(
+        rig.call(opcode::OPENDIR, ROOT_ID, open.as_slice()).0,
+        libc::ENFILE
+    );
     assert_eq!(rig.server.fs.caps.get(Cap::Handles), 2);
 }
 
@@ -185,11 +304,33 @@ fn killpriv_v2_writes_clear_setuid_like_a_local_write() {
     std::fs::write(&path, b"#!/bin/sh\n").unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o4755)).unwrap();
     let f = rig.lookup(ROOT_ID, "suid").unwrap().nodeid;
-    let open: abi::OpenOut = obj(&rig.ok(opcode::OPEN, f, abi::OpenIn { flags: libc::O_RDWR as u32, open_flags: 0 }.as_slice()));
-    let write = |flags: u32| abi::WriteIn { fh: open.fh, offset: 0, size: 1, write_flags: flags, ..Default::default() };
+    let open: abi::OpenOut = obj(&rig.ok(
+        opcode::OPEN,
+        f,
+        abi::OpenIn {
+            flags: libc::O_RDWR as u32,
+            open_flags: 0,
+        }
+        .as_slice(),
+    ));
+    let write = |flags: u32| abi::WriteIn {
+        fh: open.fh,
+        offset: 0,
+        size: 1,
+        write_flags: flags,
+        ..Default::default()
+    };
     rig.ok(opcode::WRITE, f, &cat(&[write(0).as_slice(), b"#"]));
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
-    assert_eq!(mode(&path), 0o4755, "an unmarked write by a privileged caller keeps setuid");
-    rig.ok(opcode::WRITE, f, &cat(&[write(abi::WRITE_KILL_SUIDGID).as_slice(), b"#"]));
+    assert_eq!(
+        mode(&path),
+        0o4755,
+        "an unmarked write by a privileged caller keeps setuid"
+    );
+    rig.ok(
+        opcode::WRITE,
+        f,
+        &cat(&[write(abi::WRITE_KILL_SUIDGID).as_slice(), b"#"]),
+    );
     assert_eq!(mode(&path), 0o755, "a KILL_SUIDGID write clears setuid");
 }

@@ -13,7 +13,9 @@ use vm_memory::ByteValued;
 use super::abi::{self, init, opcode, InHeader, OutHeader};
 use super::chain::{Reader, Writer};
 use crate::dax::DaxMapper;
-use crate::passthrough::{component, errno_error, Caller, CachePolicy, PassthroughFs, SetattrRequest};
+use crate::passthrough::{
+    component, errno_error, CachePolicy, Caller, PassthroughFs, SetattrRequest,
+};
 
 /// Largest request body other than WRITE data (names, xattr values).
 const MAX_BODY: usize = 128 * 1024;
@@ -46,7 +48,11 @@ struct Body {
 
 impl Body {
     fn obj<T: ByteValued + Default>(&mut self) -> io::Result<T> {
-        let end = self.pos.checked_add(size_of::<T>()).filter(|&e| e <= self.buf.len()).ok_or_else(|| errno_error(libc::EINVAL))?;
+        let end = self
+            .pos
+            .checked_add(size_of::<T>())
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| errno_error(libc::EINVAL))?;
         let mut v = T::default();
         v.as_mut_slice().copy_from_slice(&self.buf[self.pos..end]);
         self.pos = end;
@@ -56,7 +62,10 @@ impl Body {
     /// The next NUL-terminated string (without the NUL).
     fn cstr(&mut self) -> io::Result<&[u8]> {
         let rest = self.buf.get(self.pos..).unwrap_or_default();
-        let len = rest.iter().position(|&b| b == 0).ok_or_else(|| errno_error(libc::EINVAL))?;
+        let len = rest
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or_else(|| errno_error(libc::EINVAL))?;
         self.pos += len + 1;
         Ok(&rest[..len])
     }
@@ -66,7 +75,11 @@ impl Body {
     }
 
     fn bytes(&mut self, n: usize) -> io::Result<&[u8]> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| errno_error(libc::EINVAL))?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| errno_error(libc::EINVAL))?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -92,7 +105,11 @@ fn pad8(n: usize) -> usize {
 
 impl Server {
     pub fn new(fs: PassthroughFs, dax: DaxMapper) -> Self {
-        Server { fs, dax, stats: ServerStats::default() }
+        Server {
+            fs,
+            dax,
+            stats: ServerStats::default(),
+        }
     }
 
     /// Serves one request; returns the bytes written to the guest's buffers.
@@ -121,9 +138,17 @@ impl Server {
         };
         let len = payload.as_ref().map_or(0, Vec::len);
         if len + size_of::<OutHeader>() > w.available() {
-            log::warn!("opcode {}: reply buffer too small ({} bytes)", hdr.opcode, w.available());
+            log::warn!(
+                "opcode {}: reply buffer too small ({} bytes)",
+                hdr.opcode,
+                w.available()
+            );
             let _ = Self::write_header(&mut w, hdr.unique, libc::ERANGE, 0);
-            return if w.available() >= size_of::<OutHeader>() { size_of::<OutHeader>() } else { 0 };
+            return if w.available() >= size_of::<OutHeader>() {
+                size_of::<OutHeader>()
+            } else {
+                0
+            };
         }
         if Self::write_header(&mut w, hdr.unique, error, len).is_err() {
             return 0;
@@ -137,8 +162,17 @@ impl Server {
     }
 
     fn write_header(w: &mut Writer, unique: u64, errno: i32, payload: usize) -> io::Result<()> {
-        let len = u32::try_from(size_of::<OutHeader>() + payload).map_err(|_| errno_error(libc::EINVAL))?;
-        w.write_at(0, OutHeader { len, error: -errno, unique }.as_slice())
+        let len = u32::try_from(size_of::<OutHeader>() + payload)
+            .map_err(|_| errno_error(libc::EINVAL))?;
+        w.write_at(
+            0,
+            OutHeader {
+                len,
+                error: -errno,
+                unique,
+            }
+            .as_slice(),
+        )
     }
 
     fn entry(&self, (nodeid, st): (u64, libc::stat64)) -> abi::EntryOut {
@@ -160,7 +194,12 @@ impl Server {
 
     fn attr_out(&self, attr: abi::Attr) -> abi::AttrOut {
         let t = self.fs.cache.timeout();
-        abi::AttrOut { attr_valid: t.as_secs(), attr_valid_nsec: t.subsec_nanos(), dummy: 0, attr }
+        abi::AttrOut {
+            attr_valid: t.as_secs(),
+            attr_valid_nsec: t.subsec_nanos(),
+            dummy: 0,
+            attr,
+        }
     }
 
     fn open_flags(&self) -> u32 {
@@ -172,7 +211,9 @@ impl Server {
     }
 
     fn dispatch(&self, h: &InHeader, r: &mut Reader, w: &mut Writer) -> io::Result<Reply> {
-        let body_len = (h.len as usize).checked_sub(size_of::<InHeader>()).ok_or_else(|| errno_error(libc::EINVAL))?;
+        let body_len = (h.len as usize)
+            .checked_sub(size_of::<InHeader>())
+            .ok_or_else(|| errno_error(libc::EINVAL))?;
         if body_len > r.available() {
             return Err(errno_error(libc::EINVAL));
         }
@@ -182,8 +223,14 @@ impl Server {
         if body_len > MAX_BODY {
             return Err(errno_error(libc::E2BIG));
         }
-        let mut b = Body { buf: r.read_bytes(body_len)?, pos: 0 };
-        let caller = Caller { uid: h.uid, gid: h.gid };
+        let mut b = Body {
+            buf: r.read_bytes(body_len)?,
+            pos: 0,
+        };
+        let caller = Caller {
+            uid: h.uid,
+            gid: h.gid,
+        };
         let fs = &self.fs;
         let n = h.nodeid;
         Ok(match h.opcode {
@@ -196,9 +243,16 @@ impl Server {
                 Ok(found) => data(self.entry(found)),
                 // A negative entry (nodeid 0) lets the guest cache "not there"
                 // for the entry timeout instead of asking again.
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) && !self.fs.cache.timeout().is_zero() => {
+                Err(e)
+                    if e.raw_os_error() == Some(libc::ENOENT)
+                        && !self.fs.cache.timeout().is_zero() =>
+                {
                     let t = self.fs.cache.timeout();
-                    data(abi::EntryOut { entry_valid: t.as_secs(), entry_valid_nsec: t.subsec_nanos(), ..Default::default() })
+                    data(abi::EntryOut {
+                        entry_valid: t.as_secs(),
+                        entry_valid_nsec: t.subsec_nanos(),
+                        ..Default::default()
+                    })
                 }
                 Err(e) => return Err(e),
             },
@@ -270,14 +324,25 @@ impl Server {
             opcode::OPEN => {
                 let a = b.obj::<abi::OpenIn>()?;
                 let kill = a.open_flags & abi::OPEN_KILL_SUIDGID != 0;
-                data(abi::OpenOut { fh: fs.open(n, a.flags, kill)?, open_flags: self.open_flags(), backing_id: 0 })
+                data(abi::OpenOut {
+                    fh: fs.open(n, a.flags, kill)?,
+                    open_flags: self.open_flags(),
+                    backing_id: 0,
+                })
             }
             opcode::CREATE => {
                 let a = b.obj::<abi::CreateIn>()?;
                 let kill = a.open_flags & abi::OPEN_KILL_SUIDGID != 0;
                 let (entry, fh) = fs.create(n, &b.name()?, a.mode, a.flags, kill, caller)?;
                 let mut out = self.entry(entry).as_slice().to_vec();
-                out.extend_from_slice(abi::OpenOut { fh, open_flags: self.open_flags(), backing_id: 0 }.as_slice());
+                out.extend_from_slice(
+                    abi::OpenOut {
+                        fh,
+                        open_flags: self.open_flags(),
+                        backing_id: 0,
+                    }
+                    .as_slice(),
+                );
                 Reply::Data(out)
             }
             opcode::READ => self.read(n, &mut b, w)?,
@@ -323,7 +388,10 @@ impl Server {
                     fs.listxattr(n, size)?
                 };
                 if size == 0 {
-                    data(abi::GetxattrOut { size: len, padding: 0 })
+                    data(abi::GetxattrOut {
+                        size: len,
+                        padding: 0,
+                    })
                 } else {
                     Reply::Data(value)
                 }
@@ -333,8 +401,14 @@ impl Server {
                 fs.removexattr(n, &name)?;
                 Reply::Data(Vec::new())
             }
-            opcode::OPENDIR => data(abi::OpenOut { fh: fs.opendir(n)?, open_flags: 0, backing_id: 0 }),
-            opcode::READDIR | opcode::READDIRPLUS => self.readdir(h.opcode == opcode::READDIRPLUS, n, &mut b, w)?,
+            opcode::OPENDIR => data(abi::OpenOut {
+                fh: fs.opendir(n)?,
+                open_flags: 0,
+                backing_id: 0,
+            }),
+            opcode::READDIR | opcode::READDIRPLUS => {
+                self.readdir(h.opcode == opcode::READDIRPLUS, n, &mut b, w)?
+            }
             opcode::FALLOCATE => {
                 let a = b.obj::<abi::FallocateIn>()?;
                 fs.fallocate(n, a.fh, a.mode, a.offset, a.length)?;
@@ -342,7 +416,9 @@ impl Server {
             }
             opcode::LSEEK => {
                 let a = b.obj::<abi::LseekIn>()?;
-                data(abi::LseekOut { offset: fs.lseek(n, a.fh, a.offset, a.whence)? })
+                data(abi::LseekOut {
+                    offset: fs.lseek(n, a.fh, a.offset, a.whence)?,
+                })
             }
             opcode::SYNCFS => {
                 fs.syncfs()?;
@@ -377,15 +453,30 @@ impl Server {
         raw[..given].copy_from_slice(&b.buf[..given]);
         let mut a = abi::InitIn::default();
         a.as_mut_slice().copy_from_slice(&raw);
-        if a.major < abi::KERNEL_VERSION || (a.major == abi::KERNEL_VERSION && a.minor < abi::MIN_KERNEL_MINOR_VERSION) {
-            log::error!("guest FUSE {}.{} is too old (need 7.{})", a.major, a.minor, abi::MIN_KERNEL_MINOR_VERSION);
+        if a.major < abi::KERNEL_VERSION
+            || (a.major == abi::KERNEL_VERSION && a.minor < abi::MIN_KERNEL_MINOR_VERSION)
+        {
+            log::error!(
+                "guest FUSE {}.{} is too old (need 7.{})",
+                a.major,
+                a.minor,
+                abi::MIN_KERNEL_MINOR_VERSION
+            );
             return Err(errno_error(libc::EPROTO));
         }
         if a.major > abi::KERNEL_VERSION {
             // The guest retries with our major version.
-            return Ok(data(abi::InitOut { major: abi::KERNEL_VERSION, ..Default::default() }));
+            return Ok(data(abi::InitOut {
+                major: abi::KERNEL_VERSION,
+                ..Default::default()
+            }));
         }
-        let offered = u64::from(a.flags) | if a.flags as u64 & init::INIT_EXT != 0 { u64::from(a.flags2) << 32 } else { 0 };
+        let offered = u64::from(a.flags)
+            | if a.flags as u64 & init::INIT_EXT != 0 {
+                u64::from(a.flags2) << 32
+            } else {
+                0
+            };
         let mut wanted = init::ASYNC_READ
             | init::BIG_WRITES
             | init::ATOMIC_O_TRUNC
@@ -410,9 +501,13 @@ impl Server {
         let enabled = offered & wanted;
         self.fs.reset();
         self.fs.set_submounts(enabled & init::SUBMOUNTS != 0);
-        self.fs.set_killpriv_v2(enabled & init::HANDLE_KILLPRIV_V2 != 0);
+        self.fs
+            .set_killpriv_v2(enabled & init::HANDLE_KILLPRIV_V2 != 0);
         let minor = a.minor.min(abi::KERNEL_MINOR_VERSION);
-        log::info!("FUSE INIT: guest 7.{}, serving 7.{minor}, flags {enabled:#x}", a.minor);
+        log::info!(
+            "FUSE INIT: guest 7.{}, serving 7.{minor}, flags {enabled:#x}",
+            a.minor
+        );
         let out = abi::InitOut {
             major: abi::KERNEL_VERSION,
             minor,
@@ -423,7 +518,11 @@ impl Server {
             max_write: MAX_WRITE,
             time_gran: 1,
             max_pages: (MAX_WRITE / 4096) as u16,
-            map_alignment: if enabled & init::MAP_ALIGNMENT != 0 { policy.map_alignment_log2() } else { 0 },
+            map_alignment: if enabled & init::MAP_ALIGNMENT != 0 {
+                policy.map_alignment_log2()
+            } else {
+                0
+            },
             flags2: (enabled >> 32) as u32,
             ..Default::default()
         };
@@ -436,7 +535,10 @@ impl Server {
 
     fn read(&self, nodeid: u64, b: &mut Body, w: &mut Writer) -> io::Result<Reply> {
         let a = b.obj::<abi::ReadIn>()?;
-        let room = w.available().checked_sub(size_of::<OutHeader>()).ok_or_else(|| errno_error(libc::EINVAL))?;
+        let room = w
+            .available()
+            .checked_sub(size_of::<OutHeader>())
+            .ok_or_else(|| errno_error(libc::EINVAL))?;
         let size = (a.size as usize).min(room);
         let iovs = w.iovecs(size_of::<OutHeader>(), size)?;
         let n = self.fs.read_into(nodeid, a.fh, a.offset, &iovs)?;
@@ -456,12 +558,18 @@ impl Server {
         let n = self.fs.write_from(h.nodeid, a.fh, a.offset, &iovs, kill)?;
         self.stats.fuse_writes.fetch_add(1, Relaxed);
         self.stats.fuse_write_bytes.fetch_add(n as u64, Relaxed);
-        Ok(data(abi::WriteOut { size: n as u32, padding: 0 }))
+        Ok(data(abi::WriteOut {
+            size: n as u32,
+            padding: 0,
+        }))
     }
 
     fn readdir(&self, plus: bool, nodeid: u64, b: &mut Body, w: &Writer) -> io::Result<Reply> {
         let a = b.obj::<abi::ReadIn>()?;
-        let room = w.available().saturating_sub(size_of::<OutHeader>()).min(a.size as usize);
+        let room = w
+            .available()
+            .saturating_sub(size_of::<OutHeader>())
+            .min(a.size as usize);
         let fixed = size_of::<abi::Dirent>() + if plus { size_of::<abi::EntryOut>() } else { 0 };
         let mut used = 0usize;
         let mut fits = |e: &crate::passthrough::DirEntry| {
@@ -474,7 +582,12 @@ impl Server {
         };
         let mut out = Vec::new();
         let push = |out: &mut Vec<u8>, e: &crate::passthrough::DirEntry| {
-            let d = abi::Dirent { ino: e.ino, off: e.next_offset, namelen: e.name.len() as u32, typ: u32::from(e.kind) };
+            let d = abi::Dirent {
+                ino: e.ino,
+                off: e.next_offset,
+                namelen: e.name.len() as u32,
+                typ: u32::from(e.kind),
+            };
             out.extend_from_slice(d.as_slice());
             out.extend_from_slice(&e.name);
             out.resize(pad8(out.len()), 0);

@@ -8,9 +8,9 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::tempdir::TempDir;
 
 use super::*;
-use crate::fuse::chain::tests::{chain_of, memory};
 use crate::fuse::abi::ROOT_ID;
 use crate::fuse::chain::split;
+use crate::fuse::chain::tests::{chain_of, memory};
 use crate::passthrough::openat;
 use crate::policy::DaxPolicy;
 use crate::GuestMemoryMmap;
@@ -38,23 +38,58 @@ impl Rig {
     }
 
     /// Serves `share` (`dir` is only kept alive).
-    fn sharing(share: &std::path::Path, dir: TempDir, policy: policies::Policy, announce_submounts: bool) -> Rig {
-        let root = openat(libc::AT_FDCWD, &CString::new(share.to_str().unwrap()).unwrap(), libc::O_PATH, 0).unwrap();
+    fn sharing(
+        share: &std::path::Path,
+        dir: TempDir,
+        policy: policies::Policy,
+        announce_submounts: bool,
+    ) -> Rig {
+        let root = openat(
+            libc::AT_FDCWD,
+            &CString::new(share.to_str().unwrap()).unwrap(),
+            libc::O_PATH,
+            0,
+        )
+        .unwrap();
         let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
-        let mut fs = PassthroughFs::new(root, proc_fd, CachePolicy::Auto, Arc::new(DaxPolicy::new(policy))).unwrap();
+        let mut fs = PassthroughFs::new(
+            root,
+            proc_fd,
+            CachePolicy::Auto,
+            Arc::new(DaxPolicy::new(policy)),
+        )
+        .unwrap();
         fs.announce_submounts = announce_submounts;
-        Rig { mem: memory(), server: Server::new(fs, DaxMapper::new(32 << 20)), dir, unique: 0 }
+        Rig {
+            mem: memory(),
+            server: Server::new(fs, DaxMapper::new(32 << 20)),
+            dir,
+            unique: 0,
+        }
     }
 
     /// Sends `opcode` on `nodeid` with `body`; returns (errno, reply payload).
     pub fn call(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> (i32, Vec<u8>) {
         self.unique += 1;
-        let hdr = InHeader { len: (40 + body.len()) as u32, opcode, unique: self.unique, nodeid, uid: 0, gid: 0, ..Default::default() };
+        let hdr = InHeader {
+            len: (40 + body.len()) as u32,
+            opcode,
+            unique: self.unique,
+            nodeid,
+            uid: 0,
+            gid: 0,
+            ..Default::default()
+        };
         let mut req = hdr.as_slice().to_vec();
         req.extend_from_slice(body);
         self.mem.write_slice(&req, GuestAddress(REQ)).unwrap();
-        self.mem.write_slice(&vec![0xee; REPLY_LEN as usize], GuestAddress(REPLY)).unwrap();
-        let chain = chain_of(&self.mem, &[(REQ, req.len() as u32, false), (REPLY, REPLY_LEN, true)]);
+        self.mem
+            .write_slice(&vec![0xee; REPLY_LEN as usize], GuestAddress(REPLY))
+            .unwrap();
+        let chain = chain_of(
+            &self.mem,
+            &[(REQ, req.len() as u32, false), (REPLY, REPLY_LEN, true)],
+        );
         let (r, w) = split(&self.mem, chain).unwrap();
         let n = self.server.handle(r, w);
         if n == 0 {
@@ -64,7 +99,9 @@ impl Rig {
         assert_eq!(out.unique, self.unique);
         assert_eq!(out.len as usize, n, "header length = bytes used");
         let mut payload = vec![0u8; n - 16];
-        self.mem.read_slice(&mut payload, GuestAddress(REPLY + 16)).unwrap();
+        self.mem
+            .read_slice(&mut payload, GuestAddress(REPLY + 16))
+            .unwrap();
         (-out.error, payload)
     }
 
@@ -84,7 +121,11 @@ impl Rig {
             major: 7,
             minor: 38,
             max_readahead: 1 << 17,
-            flags: (init::INIT_EXT | init::MAP_ALIGNMENT | init::DO_READDIRPLUS | init::ASYNC_READ | extra) as u32,
+            flags: (init::INIT_EXT
+                | init::MAP_ALIGNMENT
+                | init::DO_READDIRPLUS
+                | init::ASYNC_READ
+                | extra) as u32,
             flags2: (init::HAS_INODE_DAX >> 32) as u32,
             ..Default::default()
         };
@@ -129,9 +170,20 @@ fn init_negotiates_versions_and_dax_flags() {
     assert_eq!(out.flags as u64 & init::MAP_ALIGNMENT, 0);
     assert_eq!(out.flags2, 0);
     // Too old a guest is refused; a newer major gets ours back.
-    let old = abi::InitIn { major: 7, minor: 20, ..Default::default() };
-    assert_eq!(rig.call(opcode::INIT, 0, &old.as_slice()[..16]).0, libc::EPROTO);
-    let newer = abi::InitIn { major: 8, minor: 0, ..Default::default() };
+    let old = abi::InitIn {
+        major: 7,
+        minor: 20,
+        ..Default::default()
+    };
+    assert_eq!(
+        rig.call(opcode::INIT, 0, &old.as_slice()[..16]).0,
+        libc::EPROTO
+    );
+    let newer = abi::InitIn {
+        major: 8,
+        minor: 0,
+        ..Default::default()
+    };
     let out: abi::InitOut = obj(&rig.ok(opcode::INIT, 0, newer.as_slice()));
     assert_eq!(out.major, 7);
     // A truncated INIT is EINVAL, not a crash.
@@ -146,63 +198,130 @@ fn submounts_are_announced_on_directories_of_other_host_filesystems_when_asked_a
     let root_dev = std::fs::metadata("/").unwrap().dev();
     let names: Vec<(&str, bool)> = ["proc", "sys", "dev", "etc", "usr", "tmp", "run", "var"]
         .into_iter()
-        .filter_map(|n| std::fs::symlink_metadata(format!("/{n}")).ok().filter(|m| m.is_dir()).map(|m| (n, m.dev() != root_dev)))
+        .filter_map(|n| {
+            std::fs::symlink_metadata(format!("/{n}"))
+                .ok()
+                .filter(|m| m.is_dir())
+                .map(|m| (n, m.dev() != root_dev))
+        })
         .collect();
-    assert!(names.iter().any(|&(_, other)| other), "no mount point under / among {names:?}");
-    assert!(names.iter().any(|&(_, other)| !other), "every directory under / is a mount point: {names:?}");
+    assert!(
+        names.iter().any(|&(_, other)| other),
+        "no mount point under / among {names:?}"
+    );
+    assert!(
+        names.iter().any(|&(_, other)| !other),
+        "every directory under / is a mount point: {names:?}"
+    );
     for (announce, guest_offers) in [(false, true), (true, false), (true, true)] {
-        let mut rig = Rig::sharing(std::path::Path::new("/"), TempDir::new().unwrap(), policies::Policy::default(), announce);
+        let mut rig = Rig::sharing(
+            std::path::Path::new("/"),
+            TempDir::new().unwrap(),
+            policies::Policy::default(),
+            announce,
+        );
         let out = rig.init_offering(init::SUBMOUNTS);
         let out = if guest_offers { out } else { rig.init() };
         let negotiated = announce && guest_offers;
-        assert_eq!(out.flags as u64 & init::SUBMOUNTS != 0, negotiated, "announce {announce}, guest offers {guest_offers}");
+        assert_eq!(
+            out.flags as u64 & init::SUBMOUNTS != 0,
+            negotiated,
+            "announce {announce}, guest offers {guest_offers}"
+        );
         for &(name, other_fs) in &names {
             let entry = rig.lookup(ROOT_ID, name).unwrap();
             let flagged = entry.attr.flags & abi::ATTR_SUBMOUNT != 0;
-            assert_eq!(flagged, negotiated && other_fs, "/{name} (announce {announce}, guest offers {guest_offers})");
+            assert_eq!(
+                flagged,
+                negotiated && other_fs,
+                "/{name} (announce {announce}, guest offers {guest_offers})"
+            );
         }
     }
     // Files are never submounts; the share's own root is not one either.
-    let mut rig = Rig::sharing(std::path::Path::new("/proc"), TempDir::new().unwrap(), policies::Policy::default(), true);
+    let mut rig = Rig::sharing(
+        std::path::Path::new("/proc"),
+        TempDir::new().unwrap(),
+        policies::Policy::default(),
+        true,
+    );
     rig.init_offering(init::SUBMOUNTS);
-    assert_eq!(rig.lookup(ROOT_ID, "self").map(|e| e.attr.flags & abi::ATTR_SUBMOUNT), Ok(0), "/proc/self is a symlink");
-    assert_eq!(rig.lookup(ROOT_ID, "uptime").map(|e| e.attr.flags & abi::ATTR_SUBMOUNT), Ok(0));
+    assert_eq!(
+        rig.lookup(ROOT_ID, "self")
+            .map(|e| e.attr.flags & abi::ATTR_SUBMOUNT),
+        Ok(0),
+        "/proc/self is a symlink"
+    );
+    assert_eq!(
+        rig.lookup(ROOT_ID, "uptime")
+            .map(|e| e.attr.flags & abi::ATTR_SUBMOUNT),
+        Ok(0)
+    );
 }
 
 #[test]
 fn files_round_trip_through_create_write_read_readdir() {
     let mut rig = Rig::new(policies::Policy::default());
     rig.init();
-    let create = abi::CreateIn { flags: libc::O_RDWR as u32, mode: 0o644, ..Default::default() };
-    let reply = rig.ok(opcode::CREATE, ROOT_ID, &cat(&[create.as_slice(), &cstr("hello.txt")]));
+    let create = abi::CreateIn {
+        flags: libc::O_RDWR as u32,
+        mode: 0o644,
+        ..Default::default()
+    };
+    let reply = rig.ok(
+        opcode::CREATE,
+        ROOT_ID,
+        &cat(&[create.as_slice(), &cstr("hello.txt")]),
+    );
     let entry: abi::EntryOut = obj(&reply);
     let open: abi::OpenOut = obj(&reply[size_of::<abi::EntryOut>()..]);
     assert_eq!(entry.attr.mode & libc::S_IFMT, libc::S_IFREG);
 
     let data = b"through guest memory, no bounce buffer";
-    let write = abi::WriteIn { fh: open.fh, offset: 3, size: data.len() as u32, ..Default::default() };
-    let out: abi::WriteOut = obj(&rig.ok(opcode::WRITE, entry.nodeid, &cat(&[write.as_slice(), data])));
+    let write = abi::WriteIn {
+        fh: open.fh,
+        offset: 3,
+        size: data.len() as u32,
+        ..Default::default()
+    };
+    let out: abi::WriteOut =
+        obj(&rig.ok(opcode::WRITE, entry.nodeid, &cat(&[write.as_slice(), data])));
     assert_eq!(out.size as usize, data.len());
     let on_host = std::fs::read(rig.dir.as_path().join("hello.txt")).unwrap();
     assert_eq!(&on_host[3..], data);
 
-    let read = abi::ReadIn { fh: open.fh, offset: 3, size: 4096, ..Default::default() };
+    let read = abi::ReadIn {
+        fh: open.fh,
+        offset: 3,
+        size: 4096,
+        ..Default::default()
+    };
     assert_eq!(rig.ok(opcode::READ, entry.nodeid, read.as_slice()), data);
     // A handle is only good for its own inode.
     let (e, _) = rig.call(opcode::READ, ROOT_ID, read.as_slice());
     assert_eq!(e, libc::EBADF);
 
     std::fs::create_dir(rig.dir.as_path().join("sub")).unwrap();
-    let open: abi::OpenOut = obj(&rig.ok(opcode::OPENDIR, ROOT_ID, abi::OpenIn::default().as_slice()));
-    let read = abi::ReadIn { fh: open.fh, size: 4096, ..Default::default() };
+    let open: abi::OpenOut =
+        obj(&rig.ok(opcode::OPENDIR, ROOT_ID, abi::OpenIn::default().as_slice()));
+    let read = abi::ReadIn {
+        fh: open.fh,
+        size: 4096,
+        ..Default::default()
+    };
     let listing = rig.ok(opcode::READDIRPLUS, ROOT_ID, read.as_slice());
     let mut names = Vec::new();
     let mut pos = 0;
     while pos < listing.len() {
         let e: abi::EntryOut = obj(&listing[pos..]);
         let d: abi::Dirent = obj(&listing[pos + 128..]);
-        let name = String::from_utf8(listing[pos + 152..pos + 152 + d.namelen as usize].to_vec()).unwrap();
-        assert_eq!(e.nodeid == 0, name == "." || name == "..", "{name}: only . and .. come without a lookup");
+        let name =
+            String::from_utf8(listing[pos + 152..pos + 152 + d.namelen as usize].to_vec()).unwrap();
+        assert_eq!(
+            e.nodeid == 0,
+            name == "." || name == "..",
+            "{name}: only . and .. come without a lookup"
+        );
         names.push(name);
         pos += (152 + d.namelen as usize).next_multiple_of(8);
     }
@@ -211,7 +330,11 @@ fn files_round_trip_through_create_write_read_readdir() {
 
     // Rename, then unlink; the file is gone on the host.
     let rename = abi::RenameIn { newdir: ROOT_ID };
-    rig.ok(opcode::RENAME, ROOT_ID, &cat(&[rename.as_slice(), &cstr("hello.txt"), &cstr("moved.txt")]));
+    rig.ok(
+        opcode::RENAME,
+        ROOT_ID,
+        &cat(&[rename.as_slice(), &cstr("hello.txt"), &cstr("moved.txt")]),
+    );
     assert!(rig.dir.as_path().join("moved.txt").exists());
     rig.ok(opcode::UNLINK, ROOT_ID, &cstr("moved.txt"));
     assert_eq!(rig.lookup(ROOT_ID, "moved.txt").unwrap_err(), libc::ENOENT);
@@ -224,11 +347,19 @@ fn nothing_outside_the_share_can_be_reached() {
     let outside = TempDir::new().unwrap();
     std::fs::write(outside.as_path().join("secret"), b"host data").unwrap();
     symlink("/", rig.dir.as_path().join("abs")).unwrap();
-    symlink(outside.as_path().join("secret"), rig.dir.as_path().join("to-secret")).unwrap();
+    symlink(
+        outside.as_path().join("secret"),
+        rig.dir.as_path().join("to-secret"),
+    )
+    .unwrap();
     symlink("../../..", rig.dir.as_path().join("up")).unwrap();
 
     for bad in ["..", ".", "a/b", "/etc", ""] {
-        assert_eq!(rig.lookup(ROOT_ID, bad).unwrap_err(), libc::EINVAL, "{bad:?}");
+        assert_eq!(
+            rig.lookup(ROOT_ID, bad).unwrap_err(),
+            libc::EINVAL,
+            "{bad:?}"
+        );
     }
     // A symlink is an inode of its own; it is never followed.
     let abs = rig.lookup(ROOT_ID, "abs").unwrap();
@@ -237,18 +368,66 @@ fn nothing_outside_the_share_can_be_reached() {
     let up = rig.lookup(ROOT_ID, "up").unwrap();
     assert_eq!(rig.lookup(up.nodeid, "secret").unwrap_err(), libc::ENOTDIR);
     let secret = rig.lookup(ROOT_ID, "to-secret").unwrap();
-    let open = abi::OpenIn { flags: libc::O_RDONLY as u32, ..Default::default() };
-    assert_eq!(rig.call(opcode::OPEN, secret.nodeid, open.as_slice()).0, libc::ELOOP);
-    assert_eq!(rig.call(opcode::OPENDIR, up.nodeid, open.as_slice()).0, libc::ENOTDIR);
-    assert_eq!(rig.ok(opcode::READLINK, secret.nodeid, &[]), outside.as_path().join("secret").to_str().unwrap().as_bytes());
+    let open = abi::OpenIn {
+        flags: libc::O_RDONLY as u32,
+        ..Default::default()
+    };
+    assert_eq!(
+        rig.call(opcode::OPEN, secret.nodeid, open.as_slice()).0,
+        libc::ELOOP
+    );
+    assert_eq!(
+        rig.call(opcode::OPENDIR, up.nodeid, open.as_slice()).0,
+        libc::ENOTDIR
+    );
+    assert_eq!(
+        rig.ok(opcode::READLINK, secret.nodeid, &[]),
+        outside
+            .as_path()
+            .join("secret")
+            .to_str()
+            .unwrap()
+            .as_bytes()
+    );
     // Creating through a symlink does not create outside either.
-    let create = abi::CreateIn { flags: libc::O_RDWR as u32, mode: 0o644, ..Default::default() };
-    assert_ne!(rig.call(opcode::CREATE, abs.nodeid, &cat(&[create.as_slice(), &cstr("pwned")])).0, 0);
-    let mkdir = abi::MkdirIn { mode: 0o755, umask: 0 };
-    assert_ne!(rig.call(opcode::MKDIR, up.nodeid, &cat(&[mkdir.as_slice(), &cstr("pwned")])).0, 0);
+    let create = abi::CreateIn {
+        flags: libc::O_RDWR as u32,
+        mode: 0o644,
+        ..Default::default()
+    };
+    assert_ne!(
+        rig.call(
+            opcode::CREATE,
+            abs.nodeid,
+            &cat(&[create.as_slice(), &cstr("pwned")])
+        )
+        .0,
+        0
+    );
+    let mkdir = abi::MkdirIn {
+        mode: 0o755,
+        umask: 0,
+    };
+    assert_ne!(
+        rig.call(
+            opcode::MKDIR,
+            up.nodeid,
+            &cat(&[mkdir.as_slice(), &cstr("pwned")])
+        )
+        .0,
+        0
+    );
     assert!(!std::path::Path::new("/pwned").exists());
     // An unknown nodeid or handle is EBADF.
-    assert_eq!(rig.call(opcode::GETATTR, 999_999, abi::GetattrIn::default().as_slice()).0, libc::EBADF);
+    assert_eq!(
+        rig.call(
+            opcode::GETATTR,
+            999_999,
+            abi::GetattrIn::default().as_slice()
+        )
+        .0,
+        libc::EBADF
+    );
 }
 
 #[test]
@@ -261,7 +440,10 @@ fn attr_dax_follows_the_policy_by_size_and_path() {
     std::fs::write(rig.dir.as_path().join("small"), vec![1u8; 100]).unwrap();
     std::fs::create_dir(rig.dir.as_path().join("logs")).unwrap();
     std::fs::write(rig.dir.as_path().join("logs/big.log"), vec![1u8; 128 << 10]).unwrap();
-    assert_eq!(rig.lookup(ROOT_ID, "big").unwrap().attr.flags, abi::ATTR_DAX);
+    assert_eq!(
+        rig.lookup(ROOT_ID, "big").unwrap().attr.flags,
+        abi::ATTR_DAX
+    );
     assert_eq!(rig.lookup(ROOT_ID, "small").unwrap().attr.flags, 0);
     let logs = rig.lookup(ROOT_ID, "logs").unwrap();
     assert_eq!(logs.attr.flags, 0, "directories never get DAX");
@@ -270,11 +452,19 @@ fn attr_dax_follows_the_policy_by_size_and_path() {
     // GETATTR answers the same, and follows a change of size.
     let small = rig.lookup(ROOT_ID, "small").unwrap();
     std::fs::write(rig.dir.as_path().join("small"), vec![1u8; 100 << 10]).unwrap();
-    let attr: abi::AttrOut = obj(&rig.ok(opcode::GETATTR, small.nodeid, abi::GetattrIn::default().as_slice()));
+    let attr: abi::AttrOut = obj(&rig.ok(
+        opcode::GETATTR,
+        small.nodeid,
+        abi::GetattrIn::default().as_slice(),
+    ));
     assert_eq!(attr.attr.flags, abi::ATTR_DAX);
     // A new policy reaches inodes already looked up.
     rig.server.fs.policy.replace(policy(r#"{"mode": "never"}"#));
-    let attr: abi::AttrOut = obj(&rig.ok(opcode::GETATTR, small.nodeid, abi::GetattrIn::default().as_slice()));
+    let attr: abi::AttrOut = obj(&rig.ok(
+        opcode::GETATTR,
+        small.nodeid,
+        abi::GetattrIn::default().as_slice(),
+    ));
     assert_eq!(attr.attr.flags, 0);
 }
 
@@ -283,7 +473,17 @@ fn malformed_requests_get_errors_not_crashes() {
     let mut rig = Rig::new(policies::Policy::default());
     rig.init();
     // Header claims more than the buffers hold.
-    rig.mem.write_obj(InHeader { len: 4096, opcode: opcode::LOOKUP, unique: 9, ..Default::default() }, GuestAddress(REQ)).unwrap();
+    rig.mem
+        .write_obj(
+            InHeader {
+                len: 4096,
+                opcode: opcode::LOOKUP,
+                unique: 9,
+                ..Default::default()
+            },
+            GuestAddress(REQ),
+        )
+        .unwrap();
     let chain = chain_of(&rig.mem, &[(REQ, 40, false), (REPLY, 64, true)]);
     let (r, w) = split(&rig.mem, chain).unwrap();
     assert_eq!(rig.server.handle(r, w), 16);
@@ -297,17 +497,54 @@ fn malformed_requests_get_errors_not_crashes() {
     assert_eq!(rig.call(9999, ROOT_ID, &[]).0, libc::ENOSYS);
     assert_eq!(rig.call(opcode::LOOKUP, ROOT_ID, b"noterm").0, libc::EINVAL);
     assert_eq!(rig.call(opcode::SETATTR, ROOT_ID, &[0; 8]).0, libc::EINVAL);
-    let write = abi::WriteIn { fh: 1, size: 1 << 20, ..Default::default() };
-    assert_eq!(rig.call(opcode::WRITE, ROOT_ID, write.as_slice()).0, libc::EINVAL);
+    let write = abi::WriteIn {
+        fh: 1,
+        size: 1 << 20,
+        ..Default::default()
+    };
+    assert_eq!(
+        rig.call(opcode::WRITE, ROOT_ID, write.as_slice()).0,
+        libc::EINVAL
+    );
     // DAX requests without a backend channel, and bad ranges.
-    let map = abi::SetupmappingIn { fh: u64::MAX, foffset: 0, len: 2 << 20, flags: 2, moffset: 0 };
-    assert_eq!(rig.call(opcode::SETUPMAPPING, ROOT_ID, map.as_slice()).0, libc::EINVAL, "root is not a file");
-    let past = abi::SetupmappingIn { moffset: 32 << 20, ..map };
-    assert_eq!(rig.call(opcode::SETUPMAPPING, ROOT_ID, past.as_slice()).0, libc::EINVAL);
+    let map = abi::SetupmappingIn {
+        fh: u64::MAX,
+        foffset: 0,
+        len: 2 << 20,
+        flags: 2,
+        moffset: 0,
+    };
+    assert_eq!(
+        rig.call(opcode::SETUPMAPPING, ROOT_ID, map.as_slice()).0,
+        libc::EINVAL,
+        "root is not a file"
+    );
+    let past = abi::SetupmappingIn {
+        moffset: 32 << 20,
+        ..map
+    };
+    assert_eq!(
+        rig.call(opcode::SETUPMAPPING, ROOT_ID, past.as_slice()).0,
+        libc::EINVAL
+    );
     let flags = abi::SetupmappingIn { flags: 4, ..map };
-    assert_eq!(rig.call(opcode::SETUPMAPPING, ROOT_ID, flags.as_slice()).0, libc::EINVAL);
+    assert_eq!(
+        rig.call(opcode::SETUPMAPPING, ROOT_ID, flags.as_slice()).0,
+        libc::EINVAL
+    );
     let rm = abi::RemovemappingIn { count: 1000 };
-    assert_eq!(rig.call(opcode::REMOVEMAPPING, ROOT_ID, rm.as_slice()).0, libc::EINVAL);
+    assert_eq!(
+        rig.call(opcode::REMOVEMAPPING, ROOT_ID, rm.as_slice()).0,
+        libc::EINVAL
+    );
     // FORGET gets no reply.
-    assert_eq!(rig.call(opcode::FORGET, ROOT_ID, abi::ForgetIn { nlookup: 1 }.as_slice()).0, -1);
+    assert_eq!(
+        rig.call(
+            opcode::FORGET,
+            ROOT_ID,
+            abi::ForgetIn { nlookup: 1 }.as_slice()
+        )
+        .0,
+        -1
+    );
 }

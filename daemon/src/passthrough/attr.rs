@@ -46,9 +46,17 @@ impl PassthroughFs {
     /// The attributes the guest sees for `nodeid` whose stat is `st`.
     pub fn attr_of(&self, nodeid: u64, st: &libc::stat64) -> Attr {
         let is_reg = st.st_mode & libc::S_IFMT == libc::S_IFREG;
-        let dax = is_reg && self.policy.current().dax(|| self.path_of(nodeid), st.st_size as u64);
+        let dax = is_reg
+            && self
+                .policy
+                .current()
+                .dax(|| self.path_of(nodeid), st.st_size as u64);
         if is_reg {
-            let counter = if dax { &self.attrs_dax } else { &self.attrs_nodax };
+            let counter = if dax {
+                &self.attrs_dax
+            } else {
+                &self.attrs_nodax
+            };
             counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         to_attr(st, if dax { ATTR_DAX } else { 0 })
@@ -61,7 +69,11 @@ impl PassthroughFs {
 
     pub fn setattr(&self, nodeid: u64, req: &SetattrRequest) -> io::Result<Attr> {
         let inode = self.inode(nodeid)?;
-        let handle = if req.valid & setattr::FH != 0 { Some(self.handle(req.fh, nodeid)?) } else { None };
+        let handle = if req.valid & setattr::FH != 0 {
+            Some(self.handle(req.fh, nodeid)?)
+        } else {
+            None
+        };
         let proc_name = Self::proc_name(&inode);
         if req.valid & setattr::MODE != 0 {
             if !inode.is_reg() && !inode.is_dir() {
@@ -69,14 +81,35 @@ impl PassthroughFs {
             }
             // SAFETY: the name is NUL-terminated and relative to /proc/self/fd;
             // the inode is a file or directory, so no symlink is followed.
-            cvt(unsafe { libc::fchmodat(self.proc_self_fd(), proc_name.as_ptr(), req.mode & 0o7777, 0) })?;
+            cvt(unsafe {
+                libc::fchmodat(
+                    self.proc_self_fd(),
+                    proc_name.as_ptr(),
+                    req.mode & 0o7777,
+                    0,
+                )
+            })?;
         }
         if req.valid & (setattr::UID | setattr::GID) != 0 {
-            let uid = if req.valid & setattr::UID != 0 { req.uid } else { u32::MAX };
-            let gid = if req.valid & setattr::GID != 0 { req.gid } else { u32::MAX };
+            let uid = if req.valid & setattr::UID != 0 {
+                req.uid
+            } else {
+                u32::MAX
+            };
+            let gid = if req.valid & setattr::GID != 0 {
+                req.gid
+            } else {
+                u32::MAX
+            };
             // SAFETY: empty path with AT_EMPTY_PATH acts on the O_PATH fd itself.
             cvt(unsafe {
-                libc::fchownat(inode.fd.as_raw_fd(), c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
+                libc::fchownat(
+                    inode.fd.as_raw_fd(),
+                    c"".as_ptr(),
+                    uid,
+                    gid,
+                    libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+                )
             })?;
         }
         if req.valid & setattr::SIZE != 0 {
@@ -109,14 +142,26 @@ impl PassthroughFs {
     fn set_times(&self, inode: &Inode, req: &SetattrRequest) -> io::Result<()> {
         let ts = |set: u32, now: u32, (sec, nsec): (u64, u32)| {
             if req.valid & now != 0 {
-                libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW }
+                libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: libc::UTIME_NOW,
+                }
             } else if req.valid & set != 0 {
-                libc::timespec { tv_sec: sec as libc::time_t, tv_nsec: libc::c_long::from(nsec as i32) }
+                libc::timespec {
+                    tv_sec: sec as libc::time_t,
+                    tv_nsec: libc::c_long::from(nsec as i32),
+                }
             } else {
-                libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }
+                libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: libc::UTIME_OMIT,
+                }
             }
         };
-        let times = [ts(setattr::ATIME, setattr::ATIME_NOW, req.atime), ts(setattr::MTIME, setattr::MTIME_NOW, req.mtime)];
+        let times = [
+            ts(setattr::ATIME, setattr::ATIME_NOW, req.atime),
+            ts(setattr::MTIME, setattr::MTIME_NOW, req.mtime),
+        ];
         if inode.is_reg() || inode.is_dir() {
             let name = Self::proc_name(inode);
             // SAFETY: `times` holds two timespecs; the name is relative to
@@ -129,7 +174,14 @@ impl PassthroughFs {
         let (parent, name) = link.ok_or_else(|| errno_error(libc::EOPNOTSUPP))?;
         let dir = self.inode(parent)?;
         // SAFETY: as above; AT_SYMLINK_NOFOLLOW changes the entry itself.
-        cvt(unsafe { libc::utimensat(dir.fd.as_raw_fd(), name.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })?;
+        cvt(unsafe {
+            libc::utimensat(
+                dir.fd.as_raw_fd(),
+                name.as_ptr(),
+                times.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
         Ok(())
     }
 }

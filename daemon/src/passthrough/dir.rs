@@ -25,29 +25,64 @@ pub struct DirEntryPlus {
 }
 
 impl PassthroughFs {
-    fn new_entry(&self, parent: u64, name: &CStr, caller: Caller, make: impl FnOnce(i32) -> i32) -> io::Result<(u64, libc::stat64)> {
+    fn new_entry(
+        &self,
+        parent: u64,
+        name: &CStr,
+        caller: Caller,
+        make: impl FnOnce(i32) -> i32,
+    ) -> io::Result<(u64, libc::stat64)> {
         let dir = self.inode(parent)?;
         cvt(make(dir.fd.as_raw_fd()))?;
         if let Err(e) = self.chown_new_entry(dir.fd.as_raw_fd(), name, caller) {
-            log::warn!("giving a new entry to uid {} gid {}: {e}", caller.uid, caller.gid);
+            log::warn!(
+                "giving a new entry to uid {} gid {}: {e}",
+                caller.uid,
+                caller.gid
+            );
         }
         self.lookup(parent, name)
     }
 
-    pub fn mkdir(&self, parent: u64, name: &CStr, mode: u32, caller: Caller) -> io::Result<(u64, libc::stat64)> {
+    pub fn mkdir(
+        &self,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        caller: Caller,
+    ) -> io::Result<(u64, libc::stat64)> {
         // SAFETY: `name` is a NUL-terminated single component.
-        self.new_entry(parent, name, caller, |dfd| unsafe { libc::mkdirat(dfd, name.as_ptr(), mode) })
+        self.new_entry(parent, name, caller, |dfd| unsafe {
+            libc::mkdirat(dfd, name.as_ptr(), mode)
+        })
     }
 
-    pub fn mknod(&self, parent: u64, name: &CStr, mode: u32, rdev: u32, caller: Caller) -> io::Result<(u64, libc::stat64)> {
+    pub fn mknod(
+        &self,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> io::Result<(u64, libc::stat64)> {
         // SAFETY: as for mkdir.
-        self.new_entry(parent, name, caller, |dfd| unsafe { libc::mknodat(dfd, name.as_ptr(), mode, u64::from(rdev)) })
+        self.new_entry(parent, name, caller, |dfd| unsafe {
+            libc::mknodat(dfd, name.as_ptr(), mode, u64::from(rdev))
+        })
     }
 
-    pub fn symlink(&self, parent: u64, name: &CStr, target: &CStr, caller: Caller) -> io::Result<(u64, libc::stat64)> {
+    pub fn symlink(
+        &self,
+        parent: u64,
+        name: &CStr,
+        target: &CStr,
+        caller: Caller,
+    ) -> io::Result<(u64, libc::stat64)> {
         // SAFETY: both strings are NUL-terminated. The target is stored, not
         // resolved: the daemon never follows symlinks.
-        self.new_entry(parent, name, caller, |dfd| unsafe { libc::symlinkat(target.as_ptr(), dfd, name.as_ptr()) })
+        self.new_entry(parent, name, caller, |dfd| unsafe {
+            libc::symlinkat(target.as_ptr(), dfd, name.as_ptr())
+        })
     }
 
     pub fn unlink(&self, parent: u64, name: &CStr, flags: i32) -> io::Result<()> {
@@ -57,14 +92,32 @@ impl PassthroughFs {
         Ok(())
     }
 
-    pub fn rename(&self, olddir: u64, oldname: &CStr, newdir: u64, newname: &CStr, flags: u32) -> io::Result<()> {
+    pub fn rename(
+        &self,
+        olddir: u64,
+        oldname: &CStr,
+        newdir: u64,
+        newname: &CStr,
+        flags: u32,
+    ) -> io::Result<()> {
         let (od, nd) = (self.inode(olddir)?, self.inode(newdir)?);
         // SAFETY: names are NUL-terminated components relative to directory fds.
         cvt(unsafe {
-            libc::renameat2(od.fd.as_raw_fd(), oldname.as_ptr(), nd.fd.as_raw_fd(), newname.as_ptr(), flags)
+            libc::renameat2(
+                od.fd.as_raw_fd(),
+                oldname.as_ptr(),
+                nd.fd.as_raw_fd(),
+                newname.as_ptr(),
+                flags,
+            )
         })?;
         // Keep the moved inode's name current for policy paths.
-        if let Ok(fd) = super::openat(nd.fd.as_raw_fd(), newname, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+        if let Ok(fd) = super::openat(
+            nd.fd.as_raw_fd(),
+            newname,
+            libc::O_PATH | libc::O_NOFOLLOW,
+            0,
+        ) {
             if let Ok(st) = super::stat_fd(fd.as_raw_fd()) {
                 self.relink((st.st_dev, st.st_ino), newdir, newname);
             }
@@ -79,7 +132,12 @@ impl PassthroughFs {
         }
     }
 
-    pub fn link(&self, nodeid: u64, newparent: u64, newname: &CStr) -> io::Result<(u64, libc::stat64)> {
+    pub fn link(
+        &self,
+        nodeid: u64,
+        newparent: u64,
+        newname: &CStr,
+    ) -> io::Result<(u64, libc::stat64)> {
         let (inode, dir) = (self.inode(nodeid)?, self.inode(newparent)?);
         // Through the fd's proc link, not AT_EMPTY_PATH: that would need
         // CAP_DAC_READ_SEARCH, which the sandbox drops. Following a proc fd
@@ -88,7 +146,13 @@ impl PassthroughFs {
         let proc_name = Self::proc_name(&inode);
         // SAFETY: both names are NUL-terminated and relative to directory fds.
         cvt(unsafe {
-            libc::linkat(self.proc_self_fd(), proc_name.as_ptr(), dir.fd.as_raw_fd(), newname.as_ptr(), libc::AT_SYMLINK_FOLLOW)
+            libc::linkat(
+                self.proc_self_fd(),
+                proc_name.as_ptr(),
+                dir.fd.as_raw_fd(),
+                newname.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
         })?;
         self.lookup(newparent, newname)
     }
@@ -98,7 +162,14 @@ impl PassthroughFs {
         let mut buf = vec![0u8; libc::PATH_MAX as usize];
         // SAFETY: `buf` is writable for its length; an empty path reads the
         // link the O_PATH fd refers to.
-        let n = cvt(unsafe { libc::readlinkat(inode.fd.as_raw_fd(), c"".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
+        let n = cvt(unsafe {
+            libc::readlinkat(
+                inode.fd.as_raw_fd(),
+                c"".as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        })?;
         buf.truncate(n as usize);
         Ok(buf)
     }
@@ -114,7 +185,13 @@ impl PassthroughFs {
 
     /// Entries from `offset` on, as many as `fits` accepts (it sees each
     /// entry and answers whether it still fits in the reply).
-    pub fn readdir(&self, nodeid: u64, fh: u64, offset: u64, mut fits: impl FnMut(&DirEntry) -> bool) -> io::Result<Vec<DirEntry>> {
+    pub fn readdir(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        mut fits: impl FnMut(&DirEntry) -> bool,
+    ) -> io::Result<Vec<DirEntry>> {
         let h = self.handle(fh, nodeid)?;
         let _guard = h.dir_lock.lock().unwrap_or_else(|p| p.into_inner());
         let fd = h.file.as_raw_fd();
@@ -125,7 +202,9 @@ impl PassthroughFs {
         let mut buf = vec![0u8; 32 * 1024];
         loop {
             // SAFETY: `buf` is writable for its length.
-            let n = cvt(unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) })? as usize;
+            let n = cvt(unsafe {
+                libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len())
+            })? as usize;
             if n == 0 {
                 return Ok(out);
             }
@@ -139,8 +218,17 @@ impl PassthroughFs {
                     return Err(errno_error(libc::EIO));
                 }
                 let name_bytes = &buf[pos + 19..pos + reclen];
-                let name = name_bytes[..name_bytes.iter().position(|&b| b == 0).unwrap_or(name_bytes.len())].to_vec();
-                let entry = DirEntry { ino, next_offset: off, kind, name };
+                let name = name_bytes[..name_bytes
+                    .iter()
+                    .position(|&b| b == 0)
+                    .unwrap_or(name_bytes.len())]
+                    .to_vec();
+                let entry = DirEntry {
+                    ino,
+                    next_offset: off,
+                    kind,
+                    name,
+                };
                 if !fits(&entry) {
                     return Ok(out);
                 }
@@ -152,7 +240,13 @@ impl PassthroughFs {
 
     /// READDIRPLUS: entries with lookups. An entry is looked up only once it
     /// is known to fit, so no reference is taken for an entry not sent.
-    pub fn readdirplus(&self, nodeid: u64, fh: u64, offset: u64, fits: impl FnMut(&DirEntry) -> bool) -> io::Result<Vec<DirEntryPlus>> {
+    pub fn readdirplus(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        fits: impl FnMut(&DirEntry) -> bool,
+    ) -> io::Result<Vec<DirEntryPlus>> {
         let entries = self.readdir(nodeid, fh, offset, fits)?;
         let mut out = Vec::with_capacity(entries.len());
         for entry in entries {

@@ -18,7 +18,11 @@ impl PassthroughFs {
     pub fn open(&self, nodeid: u64, flags: u32, kill_priv: bool) -> io::Result<u64> {
         let inode = self.inode(nodeid)?;
         if !inode.is_reg() {
-            return Err(errno_error(if inode.is_dir() { libc::EISDIR } else { libc::ELOOP }));
+            return Err(errno_error(if inode.is_dir() {
+                libc::EISDIR
+            } else {
+                libc::ELOOP
+            }));
         }
         let file = if kill_priv && self.killpriv_v2() && flags as i32 & libc::O_TRUNC != 0 {
             crate::caps::without_fsetid(|| self.reopen(&inode, flags as i32))?
@@ -54,7 +58,11 @@ impl PassthroughFs {
         match created {
             Ok(fd) => {
                 if let Err(e) = self.chown_new_entry(dir.fd.as_raw_fd(), name, caller) {
-                    log::warn!("giving a new file to uid {} gid {}: {e}", caller.uid, caller.gid);
+                    log::warn!(
+                        "giving a new file to uid {} gid {}: {e}",
+                        caller.uid,
+                        caller.gid
+                    );
                 }
                 let entry = self.lookup(parent, name)?;
                 match self.add_handle(fd.into(), entry.0) {
@@ -67,7 +75,11 @@ impl PassthroughFs {
             }
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
                 let entry = self.lookup(parent, name)?;
-                match self.open(entry.0, (flags & !(libc::O_CREAT | libc::O_EXCL)) as u32, kill_priv) {
+                match self.open(
+                    entry.0,
+                    (flags & !(libc::O_CREAT | libc::O_EXCL)) as u32,
+                    kill_priv,
+                ) {
                     Ok(fh) => Ok((entry, fh)),
                     Err(e) => {
                         self.forget(entry.0, 1);
@@ -80,27 +92,48 @@ impl PassthroughFs {
     }
 
     /// Reads into guest memory; returns the bytes read.
-    pub fn read_into(&self, nodeid: u64, fh: u64, offset: u64, iovs: &[libc::iovec]) -> io::Result<usize> {
+    pub fn read_into(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        iovs: &[libc::iovec],
+    ) -> io::Result<usize> {
         let h = self.handle(fh, nodeid)?;
         let offset = i64::try_from(offset).map_err(|_| errno_error(libc::EINVAL))?;
         // SAFETY: each iovec points into the guest memory mapping, which
         // stays mapped for this request; the kernel writes at most iov_len
         // bytes to each. No Rust reference aliases guest memory.
-        let n = cvt(unsafe { libc::preadv64(h.file.as_raw_fd(), iovs.as_ptr(), iovs.len() as i32, offset) })?;
+        let n = cvt(unsafe {
+            libc::preadv64(h.file.as_raw_fd(), iovs.as_ptr(), iovs.len() as i32, offset)
+        })?;
         Ok(n as usize)
     }
 
     /// Writes from guest memory; returns the bytes written. `kill_priv`:
     /// the guest asked (FUSE_WRITE_KILL_SUIDGID) that the write clear
     /// setuid/setgid and file capabilities as a local unprivileged write does.
-    pub fn write_from(&self, nodeid: u64, fh: u64, offset: u64, iovs: &[libc::iovec], kill_priv: bool) -> io::Result<usize> {
+    pub fn write_from(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        iovs: &[libc::iovec],
+        kill_priv: bool,
+    ) -> io::Result<usize> {
         let h = self.handle(fh, nodeid)?;
         let offset = i64::try_from(offset).map_err(|_| errno_error(libc::EINVAL))?;
         let write = || {
             // SAFETY: as in read_into; the kernel only reads the buffers.
-            cvt(unsafe { libc::pwritev64(h.file.as_raw_fd(), iovs.as_ptr(), iovs.len() as i32, offset) })
+            cvt(unsafe {
+                libc::pwritev64(h.file.as_raw_fd(), iovs.as_ptr(), iovs.len() as i32, offset)
+            })
         };
-        let n = if kill_priv && self.killpriv_v2() { crate::caps::without_fsetid(write)? } else { write()? };
+        let n = if kill_priv && self.killpriv_v2() {
+            crate::caps::without_fsetid(write)?
+        } else {
+            write()?
+        };
         Ok(n as usize)
     }
 
@@ -119,14 +152,29 @@ impl PassthroughFs {
         let h = self.handle(fh, nodeid)?;
         let fd = h.file.as_raw_fd();
         // SAFETY: plain syscalls on an fd we own.
-        cvt(unsafe { if datasync { libc::fdatasync(fd) } else { libc::fsync(fd) } })?;
+        cvt(unsafe {
+            if datasync {
+                libc::fdatasync(fd)
+            } else {
+                libc::fsync(fd)
+            }
+        })?;
         Ok(())
     }
 
-    pub fn fallocate(&self, nodeid: u64, fh: u64, mode: u32, offset: u64, len: u64) -> io::Result<()> {
+    pub fn fallocate(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        mode: u32,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<()> {
         let h = self.handle(fh, nodeid)?;
         let (offset, len) = (i64::try_from(offset), i64::try_from(len));
-        let (Ok(offset), Ok(len)) = (offset, len) else { return Err(errno_error(libc::EINVAL)) };
+        let (Ok(offset), Ok(len)) = (offset, len) else {
+            return Err(errno_error(libc::EINVAL));
+        };
         // SAFETY: plain syscall on an fd we own.
         cvt(unsafe { libc::fallocate64(h.file.as_raw_fd(), mode as i32, offset, len) })?;
         Ok(())
@@ -169,6 +217,13 @@ impl PassthroughFs {
         if !inode.is_reg() {
             return Err(errno_error(libc::EINVAL));
         }
-        self.reopen(&inode, if writable { libc::O_RDWR } else { libc::O_RDONLY })
+        self.reopen(
+            &inode,
+            if writable {
+                libc::O_RDWR
+            } else {
+                libc::O_RDONLY
+            },
+        )
     }
 }

@@ -62,13 +62,18 @@ pub fn errno_error(errno: i32) -> io::Error {
 
 /// Turns a libc return value into a Result.
 pub fn cvt<T: Default + PartialOrd>(ret: T) -> io::Result<T> {
-    if ret < T::default() { Err(last_error()) } else { Ok(ret) }
+    if ret < T::default() {
+        Err(last_error())
+    } else {
+        Ok(ret)
+    }
 }
 
 /// A name from the guest: one path component, not `.` or `..`.
 pub fn component(name: &[u8]) -> io::Result<CString> {
     let name = name.strip_suffix(b"\0").unwrap_or(name);
-    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.len() > 255 {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.len() > 255
+    {
         return Err(errno_error(libc::EINVAL));
     }
     CString::new(name).map_err(|_| errno_error(libc::EINVAL))
@@ -79,7 +84,14 @@ pub fn stat_fd(fd: RawFd) -> io::Result<libc::stat64> {
     let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
     // SAFETY: the path is an empty C string and `st` is writable; with
     // AT_EMPTY_PATH the call inspects `fd` itself.
-    cvt(unsafe { libc::fstatat64(fd, c"".as_ptr(), &mut st, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW) })?;
+    cvt(unsafe {
+        libc::fstatat64(
+            fd,
+            c"".as_ptr(),
+            &mut st,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
     Ok(st)
 }
 
@@ -163,14 +175,28 @@ pub struct Caller {
 impl PassthroughFs {
     /// `root` is the shared directory (an `O_PATH` fd), `proc_self_fd` an fd
     /// of `/proc/self/fd`.
-    pub fn new(root: OwnedFd, proc_self_fd: OwnedFd, cache: CachePolicy, policy: Arc<DaxPolicy>) -> io::Result<Self> {
+    pub fn new(
+        root: OwnedFd,
+        proc_self_fd: OwnedFd,
+        cache: CachePolicy,
+        policy: Arc<DaxPolicy>,
+    ) -> io::Result<Self> {
         let st = stat_fd(root.as_raw_fd())?;
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
             return Err(errno_error(libc::ENOTDIR));
         }
-        let mut map = InodeMap { next_id: ROOT_ID + 1, ..Default::default() };
+        let mut map = InodeMap {
+            next_id: ROOT_ID + 1,
+            ..Default::default()
+        };
         let key = (st.st_dev, st.st_ino);
-        let root = Inode { fd: root, key, mode: st.st_mode, refs: AtomicU64::new(2), link: Mutex::new(None) };
+        let root = Inode {
+            fd: root,
+            key,
+            mode: st.st_mode,
+            refs: AtomicU64::new(2),
+            link: Mutex::new(None),
+        };
         map.by_id.insert(ROOT_ID, Arc::new(root));
         map.by_key.insert(key, ROOT_ID);
         // SAFETY: geteuid has no preconditions.
@@ -195,11 +221,23 @@ impl PassthroughFs {
     }
 
     pub fn inode(&self, nodeid: u64) -> io::Result<Arc<Inode>> {
-        self.inodes.read().unwrap_or_else(|p| p.into_inner()).by_id.get(&nodeid).cloned().ok_or_else(|| errno_error(libc::EBADF))
+        self.inodes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_id
+            .get(&nodeid)
+            .cloned()
+            .ok_or_else(|| errno_error(libc::EBADF))
     }
 
     pub fn handle(&self, fh: u64, nodeid: u64) -> io::Result<Arc<Handle>> {
-        let h = self.handles.read().unwrap_or_else(|p| p.into_inner()).get(&fh).cloned().ok_or_else(|| errno_error(libc::EBADF))?;
+        let h = self
+            .handles
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| errno_error(libc::EBADF))?;
         // A handle is only good for the inode it was opened on.
         if h.nodeid != nodeid {
             return Err(errno_error(libc::EBADF));
@@ -217,7 +255,14 @@ impl PassthroughFs {
             return Err(errno_error(libc::ENFILE));
         }
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        handles.insert(fh, Arc::new(Handle { file, nodeid, dir_lock: Mutex::new(()) }));
+        handles.insert(
+            fh,
+            Arc::new(Handle {
+                file,
+                nodeid,
+                dir_lock: Mutex::new(()),
+            }),
+        );
         Ok(fh)
     }
 
@@ -244,7 +289,8 @@ impl PassthroughFs {
             return Err(errno_error(libc::ELOOP));
         }
         let name = CString::new(inode.fd.as_raw_fd().to_string()).expect("digits");
-        let flags = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_NOFOLLOW | libc::O_DIRECT);
+        let flags = flags
+            & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_NOFOLLOW | libc::O_DIRECT);
         Ok(openat(self.proc_self_fd.as_raw_fd(), &name, flags, 0)?.into())
     }
 
@@ -268,7 +314,8 @@ impl PassthroughFs {
         if let Some(&id) = map.by_key.get(&key) {
             if let Some(inode) = map.by_id.get(&id) {
                 inode.refs.fetch_add(1, Ordering::SeqCst);
-                *inode.link.lock().unwrap_or_else(|p| p.into_inner()) = Some((parent, name.to_owned()));
+                *inode.link.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((parent, name.to_owned()));
                 return Ok((id, st));
             }
         }
@@ -279,7 +326,13 @@ impl PassthroughFs {
         }
         let id = map.next_id;
         map.next_id += 1;
-        let inode = Inode { fd, key, mode: st.st_mode, refs: AtomicU64::new(1), link: Mutex::new(Some((parent, name.to_owned()))) };
+        let inode = Inode {
+            fd,
+            key,
+            mode: st.st_mode,
+            refs: AtomicU64::new(1),
+            link: Mutex::new(Some((parent, name.to_owned()))),
+        };
         map.by_id.insert(id, Arc::new(inode));
         map.by_key.insert(key, id);
         Ok((id, st))
@@ -291,7 +344,9 @@ impl PassthroughFs {
             return;
         }
         let mut map = self.inodes.write().unwrap_or_else(|p| p.into_inner());
-        let Some(inode) = map.by_id.get(&nodeid) else { return };
+        let Some(inode) = map.by_id.get(&nodeid) else {
+            return;
+        };
         let left = inode.refs.load(Ordering::SeqCst).saturating_sub(n);
         inode.refs.store(left, Ordering::SeqCst);
         if left == 0 {
@@ -309,7 +364,10 @@ impl PassthroughFs {
         map.by_id.retain(|&id, _| id == ROOT_ID);
         let root_key = map.by_id[&ROOT_ID].key;
         map.by_key.retain(|k, _| *k == root_key);
-        self.handles.write().unwrap_or_else(|p| p.into_inner()).clear();
+        self.handles
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     /// The inode's path relative to the share, as far as the guest has
@@ -323,8 +381,13 @@ impl PassthroughFs {
             if id == ROOT_ID {
                 break;
             }
-            let Some(inode) = map.by_id.get(&id) else { break };
-            let Some((parent, name)) = inode.link.lock().unwrap_or_else(|p| p.into_inner()).clone() else { break };
+            let Some(inode) = map.by_id.get(&id) else {
+                break;
+            };
+            let Some((parent, name)) = inode.link.lock().unwrap_or_else(|p| p.into_inner()).clone()
+            else {
+                break;
+            };
             parts.push(String::from_utf8_lossy(name.as_bytes()).into_owned());
             id = parent;
         }
@@ -352,11 +415,20 @@ impl PassthroughFs {
     /// directory it was found in. The guest then gives it its own
     /// superblock, so inode numbers of the two filesystems cannot collide.
     pub fn is_submount(&self, nodeid: u64, st: &libc::stat64) -> bool {
-        if !self.submounts_on.load(Ordering::SeqCst) || st.st_mode & libc::S_IFMT != libc::S_IFDIR || nodeid == ROOT_ID {
+        if !self.submounts_on.load(Ordering::SeqCst)
+            || st.st_mode & libc::S_IFMT != libc::S_IFDIR
+            || nodeid == ROOT_ID
+        {
             return false;
         }
         let map = self.inodes.read().unwrap_or_else(|p| p.into_inner());
-        let parent = map.by_id.get(&nodeid).and_then(|i| i.link.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|l| l.0));
+        let parent = map.by_id.get(&nodeid).and_then(|i| {
+            i.link
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .map(|l| l.0)
+        });
         match parent.and_then(|p| map.by_id.get(&p)) {
             Some(parent) => parent.key.0 != st.st_dev,
             None => false,
@@ -365,7 +437,11 @@ impl PassthroughFs {
 
     /// Number of inodes the guest holds (root included).
     pub fn inode_count(&self) -> usize {
-        self.inodes.read().unwrap_or_else(|p| p.into_inner()).by_id.len()
+        self.inodes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_id
+            .len()
     }
 
     /// Gives a newly created entry to the caller, as the guest's kernel
@@ -376,7 +452,15 @@ impl PassthroughFs {
         }
         // SAFETY: `name` is NUL-terminated; AT_SYMLINK_NOFOLLOW changes the
         // entry itself, never a symlink's target.
-        cvt(unsafe { libc::fchownat(dirfd, name.as_ptr(), caller.uid, caller.gid, libc::AT_SYMLINK_NOFOLLOW) })?;
+        cvt(unsafe {
+            libc::fchownat(
+                dirfd,
+                name.as_ptr(),
+                caller.uid,
+                caller.gid,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
         Ok(())
     }
 }

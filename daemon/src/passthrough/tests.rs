@@ -8,7 +8,13 @@ fn fs_on(dir: &TempDir) -> PassthroughFs {
     let path = CString::new(dir.as_path().to_str().unwrap()).unwrap();
     let root = openat(libc::AT_FDCWD, &path, libc::O_PATH, 0).unwrap();
     let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
-    PassthroughFs::new(root, proc_fd, CachePolicy::Never, Arc::new(DaxPolicy::new(policies::Policy::default()))).unwrap()
+    PassthroughFs::new(
+        root,
+        proc_fd,
+        CachePolicy::Never,
+        Arc::new(DaxPolicy::new(policies::Policy::default())),
+    )
+    .unwrap()
 }
 
 #[test]

@@ -75,13 +75,20 @@ impl PassthroughFs {
     pub fn setxattr(&self, nodeid: u64, name: &CStr, value: &[u8], flags: u32) -> io::Result<()> {
         let file = self.xattr_fd(nodeid)?;
         if value.len() > self.limits.max_xattr_size as usize {
-            self.caps.hit(Cap::XattrSize, u64::from(self.limits.max_xattr_size));
+            self.caps
+                .hit(Cap::XattrSize, u64::from(self.limits.max_xattr_size));
             return Err(errno_error(libc::E2BIG));
         }
         let host = Self::host_name(name)?;
         // SAFETY: `host` is NUL-terminated and `value` readable for its length.
         cvt(unsafe {
-            libc::fsetxattr(file.as_raw_fd(), host.as_ptr(), value.as_ptr().cast(), value.len(), flags as i32)
+            libc::fsetxattr(
+                file.as_raw_fd(),
+                host.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                flags as i32,
+            )
         })?;
         Ok(())
     }
@@ -94,10 +101,18 @@ impl PassthroughFs {
         let host = Self::host_name(name)?;
         let mut buf = vec![0u8; size.min(self.limits.max_xattr_size) as usize];
         // SAFETY: `buf` is writable for its length (a null pointer is fine with length 0).
-        let n = cvt(unsafe { libc::fgetxattr(file.as_raw_fd(), host.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
+        let n = cvt(unsafe {
+            libc::fgetxattr(
+                file.as_raw_fd(),
+                host.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        })?;
         let n = n as usize;
         if size == 0 && n > self.limits.max_xattr_size as usize {
-            self.caps.hit(Cap::XattrSize, u64::from(self.limits.max_xattr_size));
+            self.caps
+                .hit(Cap::XattrSize, u64::from(self.limits.max_xattr_size));
             return Err(errno_error(libc::E2BIG));
         }
         buf.truncate(n);
@@ -114,7 +129,9 @@ impl PassthroughFs {
         };
         let mut buf = vec![0u8; XATTR_LIST_MAX as usize];
         // SAFETY: `buf` is writable for its length.
-        let n = cvt(unsafe { libc::flistxattr(file.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })? as usize;
+        let n =
+            cvt(unsafe { libc::flistxattr(file.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })?
+                as usize;
         let mut out = Vec::new();
         for host in buf[..n].split(|&b| b == 0).filter(|s| !s.is_empty()) {
             if let Some(guest) = to_guest(host) {

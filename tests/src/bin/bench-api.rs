@@ -37,14 +37,27 @@ fn request(sock: &Path, method: &str, path: &str, body: &str) -> Result<(u16, St
         .map_err(|e| e.to_string())?;
     let mut out = String::new();
     s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).ok_or("no status line")?;
-    Ok((status, out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()))
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or("no status line")?;
+    Ok((
+        status,
+        out.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default(),
+    ))
 }
 
 fn wait_for(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !path.exists() {
-        assert!(Instant::now() < deadline, "{} did not appear", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} did not appear",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -58,7 +71,10 @@ fn us(d: Duration) -> String {
 }
 
 fn main() {
-    let args: Vec<u64> = std::env::args().skip(1).map(|a| a.parse().expect("numbers")).collect();
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse().expect("numbers"))
+        .collect();
     let pushes = *args.first().unwrap_or(&500) as usize;
     let seconds = *args.get(1).unwrap_or(&5);
     let connections = *args.get(2).unwrap_or(&8) as usize;
@@ -69,10 +85,24 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("share")).unwrap();
     let (api, control) = (dir.join("api.sock"), dir.join("control.sock"));
-    let _vmm = Proc(Command::new(&vmm).arg("--api-socket").arg(&api).stderr(Stdio::null()).spawn().unwrap());
+    let _vmm = Proc(
+        Command::new(&vmm)
+            .arg("--api-socket")
+            .arg(&api)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let _daemon = Proc(
         Command::new(&daemon)
-            .args(["--sandbox", "none", "--log-level", "error", "--cache-size", "64M"])
+            .args([
+                "--sandbox",
+                "none",
+                "--log-level",
+                "error",
+                "--cache-size",
+                "64M",
+            ])
             .arg("--socket-path")
             .arg(dir.join("fs.sock"))
             .arg("--shared-dir")
@@ -85,9 +115,18 @@ fn main() {
     wait_for(&api);
     wait_for(&control);
     let create = r#"{"payload":{"kernel":"/unused"},"memory":{"size":268435456,"shared":true}}"#;
-    assert_eq!(request(&api, "PUT", "/api/v1/vm.create", create).unwrap().0, 204);
-    let fs = format!(r#"{{"tag":"t","socket":"/unused","id":"fs0","control_socket":"{}"}}"#, control.display());
-    assert_eq!(request(&api, "PUT", "/api/v1/vm.add-fs", &fs).unwrap().0, 204);
+    assert_eq!(
+        request(&api, "PUT", "/api/v1/vm.create", create).unwrap().0,
+        204
+    );
+    let fs = format!(
+        r#"{{"tag":"t","socket":"/unused","id":"fs0","control_socket":"{}"}}"#,
+        control.display()
+    );
+    assert_eq!(
+        request(&api, "PUT", "/api/v1/vm.add-fs", &fs).unwrap().0,
+        204
+    );
 
     // 1. Policy push to acknowledgement.
     let policies = [
@@ -98,19 +137,26 @@ fn main() {
     let mut last_generation = 0;
     for i in 0..pushes {
         let t = Instant::now();
-        let (status, body) = request(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0", policies[i % 2]).unwrap();
+        let (status, body) =
+            request(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0", policies[i % 2]).unwrap();
         push.push(t.elapsed());
         assert_eq!(status, 200, "{body}");
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         let generation = v["generation"].as_u64().unwrap();
-        assert!(generation > last_generation, "each push is a new generation acknowledged by the daemon: {body}");
+        assert!(
+            generation > last_generation,
+            "each push is a new generation acknowledged by the daemon: {body}"
+        );
         last_generation = generation;
     }
     push.sort();
 
     // 2. Load: `connections` clients, each one request per connection (as ch-remote does).
     let mut results = Results::new("api-bench");
-    results.record("policy pushes (PUT vm.dax-policy → daemon ack)", pushes.to_string());
+    results.record(
+        "policy pushes (PUT vm.dax-policy → daemon ack)",
+        pushes.to_string(),
+    );
     results.record("push latency p50", us(percentile(&push, 0.50)));
     results.record("push latency p99", us(percentile(&push, 0.99)));
     for endpoint in ["/api/v1/vmm.ping", "/api/v1/vm.info"] {
@@ -145,9 +191,22 @@ fn main() {
         let elapsed = started.elapsed().as_secs_f64();
         all.sort();
         let name = endpoint.trim_start_matches("/api/v1/");
-        results.record(&format!("GET {name}: connections × seconds"), format!("{connections} × {seconds}"));
-        results.record(&format!("GET {name}: requests/s"), format!("{:.0}", all.len() as f64 / elapsed));
-        results.record(&format!("GET {name}: p50 / p99"), format!("{} / {}", us(percentile(&all, 0.50)), us(percentile(&all, 0.99))));
+        results.record(
+            &format!("GET {name}: connections × seconds"),
+            format!("{connections} × {seconds}"),
+        );
+        results.record(
+            &format!("GET {name}: requests/s"),
+            format!("{:.0}", all.len() as f64 / elapsed),
+        );
+        results.record(
+            &format!("GET {name}: p50 / p99"),
+            format!(
+                "{} / {}",
+                us(percentile(&all, 0.50)),
+                us(percentile(&all, 0.99))
+            ),
+        );
         results.record(&format!("GET {name}: errors"), errors.to_string());
     }
     let _ = request(&api, "PUT", "/api/v1/vmm.shutdown", "");

@@ -42,7 +42,14 @@ fn start(cmd: &str, sock: &str) -> String {
 }
 
 /// One more VMM run in the same emulated host, for another server.
-fn another_run(guest: &Guest, base_cmdline: &str, phase: &str, mountopts: &str, fs: &str, vmm_extra: &str) -> String {
+fn another_run(
+    guest: &Guest,
+    base_cmdline: &str,
+    phase: &str,
+    mountopts: &str,
+    fs: &str,
+    vmm_extra: &str,
+) -> String {
     let cmdline = format!("{base_cmdline} bench={phase} mountopts={mountopts}");
     format!(
         "\"$VMM\" --kernel \"$KERNEL\" --initramfs \"$INITRAMFS\" --cmdline '{cmdline}' --cpus boot={cpus} \
@@ -65,9 +72,20 @@ fn virtiofsd() -> Result<PathBuf, String> {
     if bin.exists() && is_static() {
         return Ok(bin);
     }
-    eprintln!("building virtiofsd {VIRTIOFSD_VERSION} (static) into {}", cache.display());
+    eprintln!(
+        "building virtiofsd {VIRTIOFSD_VERSION} (static) into {}",
+        cache.display()
+    );
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["install", "virtiofsd", "--version", VIRTIOFSD_VERSION, "--locked", "--target", "x86_64-unknown-linux-gnu"])
+        .args([
+            "install",
+            "virtiofsd",
+            "--version",
+            VIRTIOFSD_VERSION,
+            "--locked",
+            "--target",
+            "x86_64-unknown-linux-gnu",
+        ])
         .arg("--root")
         .arg(&cache)
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
@@ -79,7 +97,9 @@ fn virtiofsd() -> Result<PathBuf, String> {
         .status()
         .map_err(|e| format!("cargo install virtiofsd: {e}"))?;
     if !status.success() {
-        return Err(format!("cargo install virtiofsd failed ({status}); it needs libseccomp-dev and libcap-ng-dev"));
+        return Err(format!(
+            "cargo install virtiofsd failed ({status}); it needs libseccomp-dev and libcap-ng-dev"
+        ));
     }
     if !is_static() {
         return Err(format!("{} is not statically linked", bin.display()));
@@ -94,7 +114,10 @@ fn main() {
     };
     let virtiofsd = virtiofsd().unwrap_or_else(|e| fail(e));
     let tool = |pkg, bin| rig::tool(pkg, bin).unwrap_or_else(|e| fail(e.to_string()));
-    let mut guest = Guest::new("virtiofs-bench", &GUEST_SCRIPT.replace("FILE_MIB", &FILE_MIB.to_string()));
+    let mut guest = Guest::new(
+        "virtiofs-bench",
+        &GUEST_SCRIPT.replace("FILE_MIB", &FILE_MIB.to_string()),
+    );
     guest.cpus = 1;
     guest.memory = "512M,shared=on".into();
     let base_cmdline = guest.cmdline();
@@ -123,16 +146,37 @@ fn main() {
         let cmd = format!("dax-virtiofsd --socket-path {sock} --shared-dir share {daemon_args} {open} --log-level warn");
         if n == 0 {
             guest.host_before = format!("mkdir -p share && dd if=/dev/urandom of=share/bench.bin bs=1M count={FILE_MIB} 2>/dev/null\n{}", start(&cmd, &sock));
-            guest.vmm_args = vec!["--fs".into(), format!("tag=share,socket={sock},{fs_args},transport=pci")];
+            guest.vmm_args = vec![
+                "--fs".into(),
+                format!("tag=share,socket={sock},{fs_args},transport=pci"),
+            ];
             guest.cmdline = format!("bench={phase} mountopts={mountopts}");
             continue;
         }
-        let vmm_extra = if open.is_empty() { "" } else { "--seccomp false" };
+        let vmm_extra = if open.is_empty() {
+            ""
+        } else {
+            "--seccomp false"
+        };
         host_after.push(start(&cmd, &sock));
-        host_after.push(another_run(&guest, &base_cmdline, phase, mountopts, &format!("tag=share,socket={sock},{fs_args},transport=pci"), vmm_extra));
+        host_after.push(another_run(
+            &guest,
+            &base_cmdline,
+            phase,
+            mountopts,
+            &format!("tag=share,socket={sock},{fs_args},transport=pci"),
+            vmm_extra,
+        ));
     }
     host_after.push(start("virtiofsd --socket-path=/tmp/c.sock --shared-dir=share --sandbox=none --cache=auto --log-level=warn", "/tmp/c.sock"));
-    host_after.push(another_run(&guest, &base_cmdline, "virtiofsd", "dax=never", "tag=share,socket=/tmp/c.sock,dax=off,transport=pci", ""));
+    host_after.push(another_run(
+        &guest,
+        &base_cmdline,
+        "virtiofsd",
+        "dax=never",
+        "tag=share,socket=/tmp/c.sock,dax=off,transport=pci",
+        "",
+    ));
     guest.host_after = host_after.concat();
     let run = rig::run(&guest).unwrap_or_else(|e| fail(e.to_string()));
     if run.timed_out {
@@ -146,19 +190,50 @@ fn main() {
         ("oursopen", "dax-virtiofsd --dax off, unconfined, 1st"),
         ("oursopenb", "dax-virtiofsd --dax off, unconfined, 2nd"),
         ("oursb", "dax-virtiofsd --dax off, confined (default), 2nd"),
-        ("dax", "dax-virtiofsd (DAX, 128 MiB window), confined (default), 1st"),
-        ("daxopen", "dax-virtiofsd (DAX, 128 MiB window), unconfined, 1st"),
-        ("daxopenb", "dax-virtiofsd (DAX, 128 MiB window), unconfined, 2nd"),
-        ("daxb", "dax-virtiofsd (DAX, 128 MiB window), confined (default), 2nd"),
+        (
+            "dax",
+            "dax-virtiofsd (DAX, 128 MiB window), confined (default), 1st",
+        ),
+        (
+            "daxopen",
+            "dax-virtiofsd (DAX, 128 MiB window), unconfined, 1st",
+        ),
+        (
+            "daxopenb",
+            "dax-virtiofsd (DAX, 128 MiB window), unconfined, 2nd",
+        ),
+        (
+            "daxb",
+            "dax-virtiofsd (DAX, 128 MiB window), confined (default), 2nd",
+        ),
         ("virtiofsd", "virtiofsd 1.14 --cache=auto"),
     ] {
         let mibs = |mode: &str| {
             run.guest(&format!("{phase}_{mode}"))
-                .and_then(|v| v.split_whitespace().find_map(|w| w.strip_prefix("mib_per_s=")))
+                .and_then(|v| {
+                    v.split_whitespace()
+                        .find_map(|w| w.strip_prefix("mib_per_s="))
+                })
                 .map_or("failed".to_string(), |v| format!("{v} MiB/s"))
         };
-        let statx = run.guest(&format!("{phase}_statx")).unwrap_or("-").rsplit(':').next().unwrap_or("-").to_string();
-        let row = [label.to_string(), if statx == "1" { "yes".into() } else { "no".into() }, mibs("seq"), mibs("rand"), mibs("mmap")];
+        let statx = run
+            .guest(&format!("{phase}_statx"))
+            .unwrap_or("-")
+            .rsplit(':')
+            .next()
+            .unwrap_or("-")
+            .to_string();
+        let row = [
+            label.to_string(),
+            if statx == "1" {
+                "yes".into()
+            } else {
+                "no".into()
+            },
+            mibs("seq"),
+            mibs("rand"),
+            mibs("mmap"),
+        ];
         table.push_str(&format!("| {} |\n", row.join(" | ")));
         for mode in ["seq", "rand", "mmap"] {
             results.record(&format!("{label}: {mode}"), mibs(mode));
@@ -166,8 +241,15 @@ fn main() {
     }
     let path = results.save().unwrap_or_else(|e| fail(e.to_string()));
     println!("{FILE_MIB} MiB file, guest caches dropped before each pass, 1 vCPU, guest clock:\n\n{table}");
-    println!("results: {}  log: {}", path.display(), run.log_path.display());
+    println!(
+        "results: {}  log: {}",
+        path.display(),
+        run.log_path.display()
+    );
     if table.contains("failed") {
-        fail(format!("some measurements failed; see the log\n{}", run.tail(40)));
+        fail(format!(
+            "some measurements failed; see the log\n{}",
+            run.tail(40)
+        ));
     }
 }

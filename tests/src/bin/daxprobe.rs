@@ -34,15 +34,25 @@ fn fail(msg: String) -> ! {
 }
 
 fn num(s: &str) -> u64 {
-    s.parse().unwrap_or_else(|_| fail(format!("{s:?} is not a number")))
+    s.parse()
+        .unwrap_or_else(|_| fail(format!("{s:?} is not a number")))
 }
 
 fn statx_dax(path: &str) -> bool {
-    let c = CString::new(std::path::Path::new(path).as_os_str().as_bytes()).unwrap_or_else(|_| fail("bad path".into()));
+    let c = CString::new(std::path::Path::new(path).as_os_str().as_bytes())
+        .unwrap_or_else(|_| fail("bad path".into()));
     // SAFETY: all-zero is a valid statx for the call to overwrite.
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: valid NUL-terminated path and a writable statx.
-    let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_STATX_FORCE_SYNC, libc::STATX_BASIC_STATS, &mut st) };
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_STATX_FORCE_SYNC,
+            libc::STATX_BASIC_STATS,
+            &mut st,
+        )
+    };
     if r != 0 {
         fail(format!("statx {path}: {}", std::io::Error::last_os_error()));
     }
@@ -59,7 +69,16 @@ impl Mapping {
     fn new(file: &File, len: usize, writable: bool) -> Mapping {
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
         // SAFETY: a fresh shared mapping of an open file; checked below.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
         if p == libc::MAP_FAILED {
             fail(format!("mmap: {}", std::io::Error::last_os_error()));
         }
@@ -80,7 +99,11 @@ impl Drop for Mapping {
 }
 
 fn open(path: &str, write: bool) -> File {
-    std::fs::OpenOptions::new().read(true).write(write).open(path).unwrap_or_else(|e| fail(format!("{path}: {e}")))
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open(path)
+        .unwrap_or_else(|e| fail(format!("{path}: {e}")))
 }
 
 fn bench(path: &str, mode: &str, block_kib: u64, total_mib: u64) {
@@ -114,10 +137,14 @@ fn bench(path: &str, mode: &str, block_kib: u64, total_mib: u64) {
             Some(m) => {
                 // Touch every 4 KiB page of the block.
                 let b = &m.bytes()[off as usize..off as usize + block];
-                sum = b.iter().step_by(4096).fold(sum, |a, &x| a.wrapping_add(u64::from(x)));
+                sum = b
+                    .iter()
+                    .step_by(4096)
+                    .fold(sum, |a, &x| a.wrapping_add(u64::from(x)));
             }
             None => {
-                file.read_exact_at(&mut buf, off).unwrap_or_else(|e| fail(format!("pread: {e}")));
+                file.read_exact_at(&mut buf, off)
+                    .unwrap_or_else(|e| fail(format!("pread: {e}")));
                 sum = sum.wrapping_add(u64::from(buf[0]));
             }
         }
@@ -125,21 +152,34 @@ fn bench(path: &str, mode: &str, block_kib: u64, total_mib: u64) {
         i += 1;
     }
     let secs = start.elapsed().as_secs_f64();
-    println!("mib_per_s={:.1} bytes={done} secs={secs:.3} sum={sum}", done as f64 / (1 << 20) as f64 / secs);
+    println!(
+        "mib_per_s={:.1} bytes={done} secs={secs:.3} sum={sum}",
+        done as f64 / (1 << 20) as f64 / secs
+    );
 }
 
 fn http(socket: &str, method: &str, path: &str, body: &str) {
     use std::io::Read;
-    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap_or_else(|e| fail(format!("{socket}: {e}")));
+    let mut s = std::os::unix::net::UnixStream::connect(socket)
+        .unwrap_or_else(|e| fail(format!("{socket}: {e}")));
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    s.write_all(req.as_bytes()).unwrap_or_else(|e| fail(format!("{socket}: {e}")));
+    s.write_all(req.as_bytes())
+        .unwrap_or_else(|e| fail(format!("{socket}: {e}")));
     let mut out = String::new();
-    s.read_to_string(&mut out).unwrap_or_else(|e| fail(format!("{socket}: {e}")));
-    let status: u16 = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let reply = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).replace('\n', " ");
+    s.read_to_string(&mut out)
+        .unwrap_or_else(|e| fail(format!("{socket}: {e}")));
+    let status: u16 = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let reply = out
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .replace('\n', " ");
     println!("status={status} body={}", reply.trim());
     if !(200..300).contains(&status) {
         std::process::exit(1);
@@ -150,8 +190,10 @@ fn http(socket: &str, method: &str, path: &str, body: &str) {
 /// many events of each kind arrived (`map=12 unmap=3 …`).
 fn sse_counts(socket: &str, path: &str) {
     use std::io::BufRead;
-    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap_or_else(|e| fail(format!("{socket}: {e}")));
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap_or_else(|e| fail(format!("{socket}: {e}")));
+    let mut s = std::os::unix::net::UnixStream::connect(socket)
+        .unwrap_or_else(|e| fail(format!("{socket}: {e}")));
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap_or_else(|e| fail(format!("{socket}: {e}")));
     let mut counts: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     for line in std::io::BufReader::new(s).lines() {
         let Ok(line) = line else { break };
@@ -170,16 +212,24 @@ fn power_button() {
     const KEY_POWER: u16 = 116;
     let device = (0..32)
         .find(|i| {
-            std::fs::read_to_string(format!("/sys/class/input/event{i}/device/name")).is_ok_and(|n| n.contains("Power Button"))
+            std::fs::read_to_string(format!("/sys/class/input/event{i}/device/name"))
+                .is_ok_and(|n| n.contains("Power Button"))
         })
-        .unwrap_or_else(|| fail("no input device named \"Power Button\" (are the button and evdev modules loaded?)".into()));
-    let mut f = File::open(format!("/dev/input/event{device}")).unwrap_or_else(|e| fail(format!("/dev/input/event{device}: {e}")));
+        .unwrap_or_else(|| {
+            fail(
+                "no input device named \"Power Button\" (are the button and evdev modules loaded?)"
+                    .into(),
+            )
+        });
+    let mut f = File::open(format!("/dev/input/event{device}"))
+        .unwrap_or_else(|e| fail(format!("/dev/input/event{device}: {e}")));
     println!("armed event{device}");
     // struct input_event on x86-64: a 16-byte timeval, type, code, value.
     let mut ev = [0u8; 24];
     loop {
         use std::io::Read;
-        f.read_exact(&mut ev).unwrap_or_else(|e| fail(format!("reading event{device}: {e}")));
+        f.read_exact(&mut ev)
+            .unwrap_or_else(|e| fail(format!("reading event{device}: {e}")));
         let kind = u16::from_ne_bytes([ev[16], ev[17]]);
         let code = u16::from_ne_bytes([ev[18], ev[19]]);
         let value = i32::from_ne_bytes([ev[20], ev[21], ev[22], ev[23]]);

@@ -58,7 +58,11 @@ fn main() {
     guest.guest_tools = vec![tool("guest-tests", "daxprobe")];
     guest.host_before = HOST_BEFORE.into();
     guest.host_after = HOST_AFTER.into();
-    guest.vmm_args = vec!["-v".into(), "--fs".into(), "tag=share,socket=/tmp/demo-fs.sock,cache_size=32M".into()];
+    guest.vmm_args = vec![
+        "-v".into(),
+        "--fs".into(),
+        "tag=share,socket=/tmp/demo-fs.sock,cache_size=32M".into(),
+    ];
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| usage());
@@ -66,7 +70,9 @@ fn main() {
             "--cpus" => guest.cpus = value().parse().unwrap_or_else(|_| usage()),
             "--memory" => guest.memory = value(),
             "--cmdline" => guest.cmdline = value(),
-            "--timeout" => guest.timeout = Duration::from_secs(value().parse().unwrap_or_else(|_| usage())),
+            "--timeout" => {
+                guest.timeout = Duration::from_secs(value().parse().unwrap_or_else(|_| usage()))
+            }
             "--vmm-arg" => guest.vmm_args.push(value()),
             "--script" => {
                 let path = value();
@@ -99,11 +105,20 @@ fn main() {
         println!("  {key:14} {}", run.host(key).unwrap_or("-"));
     }
     println!("== the daemon ==");
-    for line in run.lines.iter().filter(|l| l.text.contains("dax_virtiofsd")) {
+    for line in run
+        .lines
+        .iter()
+        .filter(|l| l.text.contains("dax_virtiofsd"))
+    {
         println!("  {}", line.text);
     }
     println!("== the VMM ==");
-    println!("  exit status    {}", run.vmm_exit.map(|s| s.to_string()).unwrap_or_else(|| "none (did not finish)".into()));
+    println!(
+        "  exit status    {}",
+        run.vmm_exit
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "none (did not finish)".into())
+    );
     println!("  said           {}", run.vmm_message().unwrap_or("-"));
     if let Some(t) = run.guest_boot_to_init() {
         println!("  boot-to-init   {:.2} s", t.as_secs_f64());

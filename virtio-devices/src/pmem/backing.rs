@@ -55,33 +55,72 @@ impl PmemBacking {
                 .custom_flags(libc::O_TMPFILE)
                 .open(path)
         } else {
-            OpenOptions::new().read(true).write(!discard_writes).open(path)
+            OpenOptions::new()
+                .read(true)
+                .write(!discard_writes)
+                .open(path)
         }
         .map_err(|e| PmemError::Open(path.into(), e))?;
-        let len = file.metadata().map_err(|e| PmemError::Open(path.into(), e))?.len();
+        let len = file
+            .metadata()
+            .map_err(|e| PmemError::Open(path.into(), e))?
+            .len();
         let size = match size {
             Some(size) => size,
             None if len != 0 && len % PMEM_ALIGNMENT == 0 => len,
-            None => return Err(PmemError::FileSize { path: path.into(), len }),
+            None => {
+                return Err(PmemError::FileSize {
+                    path: path.into(),
+                    len,
+                })
+            }
         };
         if len < size {
             if discard_writes && !is_dir {
-                return Err(PmemError::ShortReadOnly { path: path.into(), len, size });
+                return Err(PmemError::ShortReadOnly {
+                    path: path.into(),
+                    len,
+                    size,
+                });
             }
-            file.set_len(size).map_err(|e| PmemError::Extend(path.into(), size, e))?;
+            file.set_len(size)
+                .map_err(|e| PmemError::Extend(path.into(), size, e))?;
         }
         let (prot, flags) = if discard_writes {
-            (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_NORESERVE)
+            (
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_NORESERVE,
+            )
         } else {
-            (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_NORESERVE)
+            (
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+            )
         };
         // SAFETY: a fresh mapping chosen by the kernel (no MAP_FIXED) of an fd we
         // own; it aliases no Rust object. The result is checked below.
-        let addr = unsafe { libc::mmap(std::ptr::null_mut(), size as usize, prot, flags, file.as_raw_fd(), 0) };
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                prot,
+                flags,
+                file.as_raw_fd(),
+                0,
+            )
+        };
         if addr == libc::MAP_FAILED {
-            return Err(PmemError::Map(path.into(), size, std::io::Error::last_os_error()));
+            return Err(PmemError::Map(
+                path.into(),
+                size,
+                std::io::Error::last_os_error(),
+            ));
         }
-        Ok(PmemBacking { file, size, host_addr: addr as u64 })
+        Ok(PmemBacking {
+            file,
+            size,
+            host_addr: addr as u64,
+        })
     }
 
     pub fn file(&self) -> &File {
@@ -123,13 +162,19 @@ mod tests {
         let dir = scratch("sizes");
         let f = dir.join("f");
         std::fs::write(&f, vec![0u8; 3 * MIB as usize]).unwrap();
-        let e = PmemBacking::open(&f, Some(3 * MIB), false).unwrap_err().to_string();
+        let e = PmemBacking::open(&f, Some(3 * MIB), false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("size=3145728") && e.contains("2 MiB"), "{e}");
         let e = PmemBacking::open(&f, None, false).unwrap_err().to_string();
         assert!(e.contains("file size 3145728"), "{e}");
-        let e = PmemBacking::open(&dir, None, false).unwrap_err().to_string();
+        let e = PmemBacking::open(&dir, None, false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("size is required"), "{e}");
-        let e = PmemBacking::open(&dir.join("missing"), Some(2 * MIB), false).unwrap_err().to_string();
+        let e = PmemBacking::open(&dir.join("missing"), Some(2 * MIB), false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("missing"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -160,7 +205,9 @@ mod tests {
         unsafe { *(b.host_addr() as *mut u8) = 1 };
         drop(b);
         assert_eq!(std::fs::read(&f).unwrap()[0], 7);
-        let e = PmemBacking::open(&f, Some(4 * MIB), true).unwrap_err().to_string();
+        let e = PmemBacking::open(&f, Some(4 * MIB), true)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("read-only"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -170,7 +217,11 @@ mod tests {
         let dir = scratch("tmpfile");
         let b = PmemBacking::open(&dir, Some(2 * MIB), false).unwrap();
         assert_eq!(b.size(), 2 * MIB);
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "O_TMPFILE leaves no name behind");
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "O_TMPFILE leaves no name behind"
+        );
         drop(b);
         std::fs::remove_dir_all(&dir).unwrap();
     }

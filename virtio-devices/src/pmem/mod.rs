@@ -16,7 +16,10 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::device::{read_config_bytes, ActivateError, ActivatedQueue, Interrupt, SharedMemoryRegion, VirtioDevice, VirtioInterrupt};
+use crate::device::{
+    read_config_bytes, ActivateError, ActivatedQueue, Interrupt, SharedMemoryRegion, VirtioDevice,
+    VirtioInterrupt,
+};
 use crate::GuestMemoryMmap;
 
 pub use backing::{PmemBacking, PmemError};
@@ -100,7 +103,10 @@ impl VirtioDevice for Pmem {
         mut queues: Vec<ActivatedQueue>,
     ) -> Result<(), ActivateError> {
         if queues.len() != 1 {
-            return Err(ActivateError::QueueCount { got: queues.len(), needed: 1 });
+            return Err(ActivateError::QueueCount {
+                got: queues.len(),
+                needed: 1,
+            });
         }
         self.stop_worker();
         let q = queues.remove(0);
@@ -156,8 +162,16 @@ fn serve(
     const KICK: u64 = 0;
     const STOP: u64 = 1;
     let epoll = Epoll::new()?;
-    epoll.ctl(ControlOperation::Add, kick.as_raw_fd(), EpollEvent::new(EventSet::IN, KICK))?;
-    epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, STOP))?;
+    epoll.ctl(
+        ControlOperation::Add,
+        kick.as_raw_fd(),
+        EpollEvent::new(EventSet::IN, KICK),
+    )?;
+    epoll.ctl(
+        ControlOperation::Add,
+        stop.as_raw_fd(),
+        EpollEvent::new(EventSet::IN, STOP),
+    )?;
     let mut events = vec![EpollEvent::default(); 2];
     loop {
         let n = match epoll.wait(-1, &mut events) {
@@ -192,14 +206,23 @@ mod tests {
         let backing = PmemBacking::open(&dir, Some(4 << 20), false).unwrap();
         let mut dev = Pmem::new("pmem0".into(), &backing, 0x1_4000_0000).unwrap();
         assert_eq!(dev.device_type(), 27);
-        assert_eq!(dev.features(), (1 << VIRTIO_F_VERSION_1) | VIRTIO_PMEM_F_SHMEM_REGION);
+        assert_eq!(
+            dev.features(),
+            (1 << VIRTIO_F_VERSION_1) | VIRTIO_PMEM_F_SHMEM_REGION
+        );
         let mut cfg = [0u8; 16];
         dev.read_config(0, &mut cfg);
-        assert_eq!(u64::from_le_bytes(cfg[..8].try_into().unwrap()), 0x1_4000_0000);
+        assert_eq!(
+            u64::from_le_bytes(cfg[..8].try_into().unwrap()),
+            0x1_4000_0000
+        );
         assert_eq!(u64::from_le_bytes(cfg[8..].try_into().unwrap()), 4 << 20);
         let regions = dev.shm_regions();
         assert_eq!(regions.len(), 1);
-        assert_eq!((regions[0].id, regions[0].guest_addr, regions[0].len), (0, 0x1_4000_0000, 4 << 20));
+        assert_eq!(
+            (regions[0].id, regions[0].guest_addr, regions[0].len),
+            (0, 0x1_4000_0000, 4 << 20)
+        );
         assert_eq!(regions[0].host_addr, backing.host_addr());
         dev.ack_features(u64::MAX);
         assert_eq!(dev.acked, dev.features());

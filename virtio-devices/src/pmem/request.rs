@@ -110,7 +110,8 @@ mod tests {
     }
 
     fn run(descs: &[RawDescriptor], req: u32, flush_ok: bool) -> (usize, u32, usize, u32) {
-        let mem: GuestMemoryMmap<()> = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20_000)]).unwrap();
+        let mem: GuestMemoryMmap<()> =
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20_000)]).unwrap();
         let vq = MockSplitQueue::new(&mem, 16);
         vq.build_desc_chain(descs).unwrap();
         let mut q: Queue = vq.create_queue().unwrap();
@@ -134,7 +135,10 @@ mod tests {
     #[test]
     fn flush_answers_ok_and_fsyncs() {
         let (used, resp, flushes, len) = run(&[desc(REQ, 4, false), desc(RESP, 4, true)], 0, true);
-        assert_eq!((used, resp, flushes, len), (1, VIRTIO_PMEM_RESP_TYPE_OK, 1, 4));
+        assert_eq!(
+            (used, resp, flushes, len),
+            (1, VIRTIO_PMEM_RESP_TYPE_OK, 1, 4)
+        );
     }
 
     #[test]
@@ -158,7 +162,8 @@ mod tests {
         let (used, resp, flushes, len) = run(&[desc(REQ, 4, false), desc(RESP, 2, true)], 0, true);
         assert_eq!((used, resp, flushes, len), (1, 0xdead_beef, 0, 0));
         // Request outside guest memory.
-        let (used, resp, flushes, _) = run(&[desc(0x100_0000, 4, false), desc(RESP, 4, true)], 0, true);
+        let (used, resp, flushes, _) =
+            run(&[desc(0x100_0000, 4, false), desc(RESP, 4, true)], 0, true);
         assert_eq!((used, resp, flushes), (1, VIRTIO_PMEM_RESP_TYPE_EIO, 0));
     }
 }

@@ -31,7 +31,10 @@ pub const MAX_BYTES_PER_REQUEST: usize = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum RngError {
     #[error("rng src={path}: {source}")]
-    Open { path: String, source: std::io::Error },
+    Open {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("rng src={path}: not a character device or regular file")]
     Kind { path: String },
 }
@@ -52,13 +55,27 @@ impl Rng {
     /// Opens `src` (a character device such as `/dev/urandom`, or a file).
     pub fn new(id: String, src: &std::path::Path) -> Result<Self, RngError> {
         let path = src.display().to_string();
-        let file = File::open(src).map_err(|source| RngError::Open { path: path.clone(), source })?;
-        let kind = file.metadata().map_err(|source| RngError::Open { path: path.clone(), source })?.file_type();
+        let file = File::open(src).map_err(|source| RngError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        let kind = file
+            .metadata()
+            .map_err(|source| RngError::Open {
+                path: path.clone(),
+                source,
+            })?
+            .file_type();
         use std::os::unix::fs::FileTypeExt;
         if !kind.is_char_device() && !kind.is_file() {
             return Err(RngError::Kind { path });
         }
-        Ok(Rng { id, source: Arc::new(Mutex::new(file)), acked: 0, worker: None })
+        Ok(Rng {
+            id,
+            source: Arc::new(Mutex::new(file)),
+            acked: 0,
+            worker: None,
+        })
     }
 
     fn stop_worker(&mut self) {
@@ -98,21 +115,26 @@ impl VirtioDevice for Rng {
         mut queues: Vec<ActivatedQueue>,
     ) -> Result<(), ActivateError> {
         if queues.len() != 1 {
-            return Err(ActivateError::QueueCount { got: queues.len(), needed: 1 });
+            return Err(ActivateError::QueueCount {
+                got: queues.len(),
+                needed: 1,
+            });
         }
         self.stop_worker();
         let q = queues.remove(0);
         let stop = EventFd::new(libc::EFD_NONBLOCK)?;
         let stop_worker = stop.try_clone()?;
         let (source, id) = (self.source.clone(), self.id.clone());
-        let thread = std::thread::Builder::new().name(format!("rng-{}", self.id)).spawn(move || {
-            if let Err(e) = seccomp::enter_thread(crate::DEVICE_WORKER_THREAD) {
-                return log::error!("virtio-rng {id}: {e}; the request queue is not served");
-            }
-            if let Err(e) = serve(q.queue, q.kick, stop_worker, mem, interrupt, &source) {
-                log::error!("virtio-rng {id}: request queue stopped: {e}");
-            }
-        })?;
+        let thread = std::thread::Builder::new()
+            .name(format!("rng-{}", self.id))
+            .spawn(move || {
+                if let Err(e) = seccomp::enter_thread(crate::DEVICE_WORKER_THREAD) {
+                    return log::error!("virtio-rng {id}: {e}; the request queue is not served");
+                }
+                if let Err(e) = serve(q.queue, q.kick, stop_worker, mem, interrupt, &source) {
+                    log::error!("virtio-rng {id}: request queue stopped: {e}");
+                }
+            })?;
         self.worker = Some(Worker { stop, thread });
         Ok(())
     }
@@ -132,7 +154,11 @@ impl Drop for Rng {
 
 /// Fills every available chain's writable buffers from `source`; returns
 /// how many chains were used.
-pub fn process_queue<M: GuestMemory>(queue: &mut Queue, mem: &M, source: &Mutex<File>) -> Result<usize, virtio_queue::Error> {
+pub fn process_queue<M: GuestMemory>(
+    queue: &mut Queue,
+    mem: &M,
+    source: &Mutex<File>,
+) -> Result<usize, virtio_queue::Error> {
     let mut used = 0;
     let mut buf = vec![0u8; 4096];
     while let Some(chain) = queue.iter(mem)?.next() {
@@ -143,7 +169,11 @@ pub fn process_queue<M: GuestMemory>(queue: &mut Queue, mem: &M, source: &Mutex<
             let mut left = (desc.len() as usize).min(MAX_BYTES_PER_REQUEST - written);
             while left > 0 {
                 let n = left.min(buf.len());
-                let got = match source.lock().unwrap_or_else(|p| p.into_inner()).read(&mut buf[..n]) {
+                let got = match source
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .read(&mut buf[..n])
+                {
                     Ok(0) | Err(_) => break,
                     Ok(got) => got,
                 };
@@ -180,8 +210,16 @@ fn serve(
     const KICK: u64 = 0;
     const STOP: u64 = 1;
     let epoll = Epoll::new()?;
-    epoll.ctl(ControlOperation::Add, kick.as_raw_fd(), EpollEvent::new(EventSet::IN, KICK))?;
-    epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, STOP))?;
+    epoll.ctl(
+        ControlOperation::Add,
+        kick.as_raw_fd(),
+        EpollEvent::new(EventSet::IN, KICK),
+    )?;
+    epoll.ctl(
+        ControlOperation::Add,
+        stop.as_raw_fd(),
+        EpollEvent::new(EventSet::IN, STOP),
+    )?;
     let mut events = vec![EpollEvent::default(); 2];
     loop {
         let n = match epoll.wait(-1, &mut events) {
@@ -195,7 +233,8 @@ fn serve(
             }
             let _ = kick.read();
             let guard = mem.memory();
-            let used = process_queue(&mut queue, &*guard, source).map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+            let used = process_queue(&mut queue, &*guard, source)
+                .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
             if used > 0 && queue.needs_notification(&*guard).unwrap_or(true) {
                 interrupt.trigger(Interrupt::Queue(0))?;
             }
@@ -205,9 +244,9 @@ fn serve(
 
 #[cfg(test)]
 mod tests {
+    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
-    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use vm_memory::GuestAddress;
 
     use super::*;
@@ -218,9 +257,24 @@ mod tests {
         let vq = MockSplitQueue::new(&mem, 16);
         // Chain 0: 100 writable bytes. Chain 1: 2 x 48 KiB (capped at 64 KiB).
         let descs = [
-            RawDescriptor::from(SplitDescriptor::new(0x10000, 100, VRING_DESC_F_WRITE as u16, 0)),
-            RawDescriptor::from(SplitDescriptor::new(0x20000, 48 << 10, (VRING_DESC_F_WRITE | VRING_DESC_F_NEXT) as u16, 2)),
-            RawDescriptor::from(SplitDescriptor::new(0x40000, 48 << 10, VRING_DESC_F_WRITE as u16, 0)),
+            RawDescriptor::from(SplitDescriptor::new(
+                0x10000,
+                100,
+                VRING_DESC_F_WRITE as u16,
+                0,
+            )),
+            RawDescriptor::from(SplitDescriptor::new(
+                0x20000,
+                48 << 10,
+                (VRING_DESC_F_WRITE | VRING_DESC_F_NEXT) as u16,
+                2,
+            )),
+            RawDescriptor::from(SplitDescriptor::new(
+                0x40000,
+                48 << 10,
+                VRING_DESC_F_WRITE as u16,
+                0,
+            )),
         ];
         vq.build_multiple_desc_chains(&descs).unwrap();
         let mut q: Queue = vq.create_queue().unwrap();
@@ -231,9 +285,19 @@ mod tests {
         let mut got = [0u8; 100];
         mem.read_slice(&mut got, GuestAddress(0x10000)).unwrap();
         assert_eq!(got, [0x5a; 100]);
-        let used_len = |i: u64| mem.read_obj::<u32>(vq.used_addr().unchecked_add(4 + 8 * i + 4)).unwrap();
-        assert_eq!((used_len(0), used_len(1)), (100, MAX_BYTES_PER_REQUEST as u32));
+        let used_len = |i: u64| {
+            mem.read_obj::<u32>(vq.used_addr().unchecked_add(4 + 8 * i + 4))
+                .unwrap()
+        };
+        assert_eq!(
+            (used_len(0), used_len(1)),
+            (100, MAX_BYTES_PER_REQUEST as u32)
+        );
         assert!(Rng::new("rng0".into(), std::path::Path::new("/dev/urandom")).is_ok());
-        assert!(Rng::new("rng0".into(), std::path::Path::new("/")).err().unwrap().to_string().contains("not a character device"));
+        assert!(Rng::new("rng0".into(), std::path::Path::new("/"))
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("not a character device"));
     }
 }

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use virtio_bindings::virtio_config::{
-    VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
-    VIRTIO_F_VERSION_1,
+    VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_FEATURES_OK,
+    VIRTIO_CONFIG_S_NEEDS_RESET, VIRTIO_F_VERSION_1,
 };
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
@@ -26,15 +26,27 @@ pub struct VirtioState {
 }
 
 impl VirtioState {
-    pub fn new(device: Box<dyn VirtioDevice>, mem: GuestMemoryAtomic<GuestMemoryMmap>) -> std::io::Result<Self> {
+    pub fn new(
+        device: Box<dyn VirtioDevice>,
+        mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    ) -> std::io::Result<Self> {
         let mut queues = Vec::new();
         let mut kicks = Vec::new();
         for &max in device.queue_max_sizes() {
-            let q = Queue::new(max).map_err(|e| std::io::Error::other(format!("queue of size {max}: {e:?}")))?;
+            let q = Queue::new(max)
+                .map_err(|e| std::io::Error::other(format!("queue of size {max}: {e:?}")))?;
             queues.push(q);
             kicks.push(EventFd::new(libc::EFD_NONBLOCK)?);
         }
-        Ok(VirtioState { device, mem, queues, kicks, status: 0, driver_features: 0, activated: false })
+        Ok(VirtioState {
+            device,
+            mem,
+            queues,
+            kicks,
+            status: 0,
+            driver_features: 0,
+            activated: false,
+        })
     }
 
     pub fn device(&self) -> &dyn VirtioDevice {
@@ -77,12 +89,17 @@ impl VirtioState {
     /// Half `select` (0 low, 1 high) of the features the driver wants;
     /// ignored outside the DRIVER..FEATURES_OK window.
     pub fn write_driver_features(&mut self, select: u32, value: u32) {
-        if self.status & VIRTIO_CONFIG_S_DRIVER == 0 || self.status & VIRTIO_CONFIG_S_FEATURES_OK != 0 {
+        if self.status & VIRTIO_CONFIG_S_DRIVER == 0
+            || self.status & VIRTIO_CONFIG_S_FEATURES_OK != 0
+        {
             return;
         }
         match select {
             0 => self.driver_features = (self.driver_features & !0xffff_ffff) | u64::from(value),
-            1 => self.driver_features = (self.driver_features & 0xffff_ffff) | (u64::from(value) << 32),
+            1 => {
+                self.driver_features =
+                    (self.driver_features & 0xffff_ffff) | (u64::from(value) << 32)
+            }
             _ => {}
         }
     }
@@ -100,12 +117,16 @@ impl VirtioState {
         let new_bits = v & !self.status;
         // The driver may only add bits, in order.
         if v & self.status != self.status {
-            log::debug!("virtio: status {v:#x} clears bits of {:#x}; ignored", self.status);
+            log::debug!(
+                "virtio: status {v:#x} clears bits of {:#x}; ignored",
+                self.status
+            );
             return;
         }
         if new_bits & VIRTIO_CONFIG_S_FEATURES_OK != 0 {
             let offered = self.device.features();
-            let valid = self.driver_features & !offered == 0 && self.driver_features & (1 << VIRTIO_F_VERSION_1) != 0;
+            let valid = self.driver_features & !offered == 0
+                && self.driver_features & (1 << VIRTIO_F_VERSION_1) != 0;
             if !valid {
                 // Leaving FEATURES_OK clear tells the driver the set was refused.
                 log::warn!(
@@ -134,7 +155,10 @@ impl VirtioState {
                 continue;
             }
             if !q.is_valid(&*mem) {
-                return self.fail(&format!("queue {i} is not valid (addresses, alignment or size)"), interrupt);
+                return self.fail(
+                    &format!("queue {i} is not valid (addresses, alignment or size)"),
+                    interrupt,
+                );
             }
             // The device gets its own copy of the queue state; the transport
             // keeps the registers the driver reads back.
@@ -144,11 +168,20 @@ impl VirtioState {
             };
             let kick = match self.kicks[i].try_clone() {
                 Ok(k) => k,
-                Err(e) => return self.fail(&format!("cloning queue {i}'s eventfd: {e}"), interrupt),
+                Err(e) => {
+                    return self.fail(&format!("cloning queue {i}'s eventfd: {e}"), interrupt)
+                }
             };
-            activated.push(ActivatedQueue { index: i as u16, queue, kick });
+            activated.push(ActivatedQueue {
+                index: i as u16,
+                queue,
+                kick,
+            });
         }
-        match self.device.activate(self.mem.clone(), interrupt.clone(), activated) {
+        match self
+            .device
+            .activate(self.mem.clone(), interrupt.clone(), activated)
+        {
             Ok(()) => self.activated = true,
             Err(e) => self.fail(&e.to_string(), interrupt),
         }
@@ -164,7 +197,10 @@ impl VirtioState {
     /// Returns false (and sets NEEDS_RESET) when the device cannot be reset.
     fn reset(&mut self) -> bool {
         if self.activated && !self.device.reset() {
-            log::warn!("virtio device type {} cannot be reset", self.device.device_type());
+            log::warn!(
+                "virtio device type {} cannot be reset",
+                self.device.device_type()
+            );
             self.status |= VIRTIO_CONFIG_S_NEEDS_RESET;
             return false;
         }

@@ -69,7 +69,10 @@ pub struct MmioInterrupt {
 
 impl MmioInterrupt {
     pub fn new(irqfd: EventFd) -> Self {
-        MmioInterrupt { status: AtomicU32::new(0), irqfd }
+        MmioInterrupt {
+            status: AtomicU32::new(0),
+            irqfd,
+        }
     }
 }
 
@@ -125,7 +128,12 @@ impl MmioTransport {
     /// (eventfd, offset of QueueNotify, queue index): the VMM registers each
     /// as an ioeventfd with datamatch so a notification never leaves KVM.
     pub fn queue_notifiers(&self) -> Vec<(&EventFd, u64, u32)> {
-        self.state.kicks().iter().enumerate().map(|(i, fd)| (fd, reg::QUEUE_NOTIFY, i as u32)).collect()
+        self.state
+            .kicks()
+            .iter()
+            .enumerate()
+            .map(|(i, fd)| (fd, reg::QUEUE_NOTIFY, i as u32))
+            .collect()
     }
 
     pub fn device(&self) -> &dyn VirtioDevice {
@@ -139,7 +147,10 @@ impl MmioTransport {
         }
         // Registers below the config space are 32 bits wide and aligned.
         if data.len() != 4 || !offset.is_multiple_of(4) {
-            log::debug!("virtio-mmio: {}-byte read at {offset:#x} ignored", data.len());
+            log::debug!(
+                "virtio-mmio: {}-byte read at {offset:#x} ignored",
+                data.len()
+            );
             data.fill(0);
             return;
         }
@@ -153,11 +164,19 @@ impl MmioTransport {
                 1 => (self.state.device().features() >> 32) as u32,
                 _ => 0,
             },
-            reg::QUEUE_NUM_MAX => self.state.queue(self.queue_sel).map_or(0, |q| u32::from(q.max_size())),
-            reg::QUEUE_READY => self.state.queue(self.queue_sel).map_or(0, |q| u32::from(q.ready())),
+            reg::QUEUE_NUM_MAX => self
+                .state
+                .queue(self.queue_sel)
+                .map_or(0, |q| u32::from(q.max_size())),
+            reg::QUEUE_READY => self
+                .state
+                .queue(self.queue_sel)
+                .map_or(0, |q| u32::from(q.ready())),
             reg::INTERRUPT_STATUS => self.interrupt.status.load(Ordering::SeqCst),
             reg::STATUS => self.state.status(),
-            reg::SHM_LEN_LOW | reg::SHM_LEN_HIGH | reg::SHM_BASE_LOW | reg::SHM_BASE_HIGH => self.read_shm(offset),
+            reg::SHM_LEN_LOW | reg::SHM_LEN_HIGH | reg::SHM_BASE_LOW | reg::SHM_BASE_HIGH => {
+                self.read_shm(offset)
+            }
             reg::CONFIG_GENERATION => self.config_generation,
             _ => 0,
         };
@@ -167,7 +186,12 @@ impl MmioTransport {
     /// The selected region's length and base; an id with no region reads
     /// length (and base) all ones.
     fn read_shm(&self, offset: u64) -> u32 {
-        let region = self.state.device().shm_regions().into_iter().find(|r| u32::from(r.id) == self.shm_sel);
+        let region = self
+            .state
+            .device()
+            .shm_regions()
+            .into_iter()
+            .find(|r| u32::from(r.id) == self.shm_sel);
         let (len, base) = region.map_or((u64::MAX, u64::MAX), |r| (r.len, r.guest_addr));
         match offset {
             reg::SHM_LEN_LOW => len as u32,
@@ -179,11 +203,16 @@ impl MmioTransport {
 
     pub fn write(&mut self, offset: u64, data: &[u8]) {
         if offset >= reg::CONFIG {
-            self.state.device_mut().write_config(offset - reg::CONFIG, data);
+            self.state
+                .device_mut()
+                .write_config(offset - reg::CONFIG, data);
             return;
         }
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
-            log::debug!("virtio-mmio: {}-byte write at {offset:#x} ignored", data.len());
+            log::debug!(
+                "virtio-mmio: {}-byte write at {offset:#x} ignored",
+                data.len()
+            );
             return;
         };
         if !offset.is_multiple_of(4) {
@@ -193,7 +222,9 @@ impl MmioTransport {
         match offset {
             reg::DEVICE_FEATURES_SEL => self.device_features_sel = v,
             reg::DRIVER_FEATURES_SEL => self.driver_features_sel = v,
-            reg::DRIVER_FEATURES => self.state.write_driver_features(self.driver_features_sel, v),
+            reg::DRIVER_FEATURES => self
+                .state
+                .write_driver_features(self.driver_features_sel, v),
             reg::QUEUE_SEL => self.queue_sel = v,
             reg::QUEUE_NUM => {
                 if let Some(q) = self.state.configurable_queue(self.queue_sel) {
@@ -206,11 +237,21 @@ impl MmioTransport {
                 }
             }
             reg::QUEUE_DESC_LOW => self.set_queue_addr(|q| q.set_desc_table_address(Some(v), None)),
-            reg::QUEUE_DESC_HIGH => self.set_queue_addr(|q| q.set_desc_table_address(None, Some(v))),
-            reg::QUEUE_DRIVER_LOW => self.set_queue_addr(|q| q.set_avail_ring_address(Some(v), None)),
-            reg::QUEUE_DRIVER_HIGH => self.set_queue_addr(|q| q.set_avail_ring_address(None, Some(v))),
-            reg::QUEUE_DEVICE_LOW => self.set_queue_addr(|q| q.set_used_ring_address(Some(v), None)),
-            reg::QUEUE_DEVICE_HIGH => self.set_queue_addr(|q| q.set_used_ring_address(None, Some(v))),
+            reg::QUEUE_DESC_HIGH => {
+                self.set_queue_addr(|q| q.set_desc_table_address(None, Some(v)))
+            }
+            reg::QUEUE_DRIVER_LOW => {
+                self.set_queue_addr(|q| q.set_avail_ring_address(Some(v), None))
+            }
+            reg::QUEUE_DRIVER_HIGH => {
+                self.set_queue_addr(|q| q.set_avail_ring_address(None, Some(v)))
+            }
+            reg::QUEUE_DEVICE_LOW => {
+                self.set_queue_addr(|q| q.set_used_ring_address(Some(v), None))
+            }
+            reg::QUEUE_DEVICE_HIGH => {
+                self.set_queue_addr(|q| q.set_used_ring_address(None, Some(v)))
+            }
             reg::QUEUE_NOTIFY => {
                 // Reached only when no ioeventfd caught the write.
                 if let Some(kick) = self.state.kicks().get(v as usize) {
@@ -227,7 +268,9 @@ impl MmioTransport {
                 }
             }
             reg::SHM_SEL => self.shm_sel = v,
-            _ => log::debug!("virtio-mmio: write {v:#x} to read-only or unknown register {offset:#x}"),
+            _ => log::debug!(
+                "virtio-mmio: write {v:#x} to read-only or unknown register {offset:#x}"
+            ),
         }
     }
 

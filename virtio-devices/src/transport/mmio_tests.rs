@@ -1,8 +1,8 @@
 use std::sync::{Arc, Mutex};
 
 use virtio_bindings::virtio_config::{
-    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_FEATURES_OK,
-    VIRTIO_CONFIG_S_NEEDS_RESET, VIRTIO_F_VERSION_1,
+    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
+    VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET, VIRTIO_F_VERSION_1,
 };
 use vm_memory::{GuestAddress, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
@@ -60,7 +60,12 @@ impl VirtioDevice for TestDevice {
         true
     }
     fn shm_regions(&self) -> Vec<SharedMemoryRegion> {
-        vec![SharedMemoryRegion { id: 0, guest_addr: SHM_BASE, len: SHM_LEN, host_addr: 0 }]
+        vec![SharedMemoryRegion {
+            id: 0,
+            guest_addr: SHM_BASE,
+            len: SHM_LEN,
+            host_addr: 0,
+        }]
     }
 }
 
@@ -74,8 +79,16 @@ fn rig_with(fail_activation: bool) -> Rig {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
     let seen = Arc::new(Mutex::new(Seen::default()));
     let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-    let dev = TestDevice { seen: seen.clone(), fail_activation };
-    let t = MmioTransport::new(Box::new(dev), GuestMemoryAtomic::new(mem), irq.try_clone().unwrap()).unwrap();
+    let dev = TestDevice {
+        seen: seen.clone(),
+        fail_activation,
+    };
+    let t = MmioTransport::new(
+        Box::new(dev),
+        GuestMemoryAtomic::new(mem),
+        irq.try_clone().unwrap(),
+    )
+    .unwrap();
     Rig { t, seen, irq }
 }
 
@@ -95,12 +108,18 @@ impl Rig {
     /// ACKNOWLEDGE, DRIVER, features, FEATURES_OK, as a driver does.
     fn negotiate(&mut self, features: u64) {
         self.w(reg::STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE);
-        self.w(reg::STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER);
+        self.w(
+            reg::STATUS,
+            VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER,
+        );
         self.w(reg::DRIVER_FEATURES_SEL, 0);
         self.w(reg::DRIVER_FEATURES, features as u32);
         self.w(reg::DRIVER_FEATURES_SEL, 1);
         self.w(reg::DRIVER_FEATURES, (features >> 32) as u32);
-        self.w(reg::STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK);
+        self.w(
+            reg::STATUS,
+            VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK,
+        );
     }
     fn setup_queue(&mut self, index: u32, base: u64) {
         self.w(reg::QUEUE_SEL, index);
@@ -129,7 +148,11 @@ fn identity_registers() {
     r.w(reg::QUEUE_SEL, 1);
     assert_eq!(r.r(reg::QUEUE_NUM_MAX), 16);
     r.w(reg::QUEUE_SEL, 2);
-    assert_eq!(r.r(reg::QUEUE_NUM_MAX), 0, "a queue past the last one has size 0");
+    assert_eq!(
+        r.r(reg::QUEUE_NUM_MAX),
+        0,
+        "a queue past the last one has size 0"
+    );
 }
 
 #[test]
@@ -261,7 +284,10 @@ fn invalid_queue_or_failed_activation_sets_needs_reset() {
 fn driver_ok_without_features_ok_fails_and_bad_accesses_are_ignored() {
     let mut r = rig();
     r.w(reg::STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE);
-    r.w(reg::STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_DRIVER_OK);
+    r.w(
+        reg::STATUS,
+        VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_DRIVER_OK,
+    );
     assert!(!r.t.is_activated());
     assert_ne!(r.t.status() & VIRTIO_CONFIG_S_NEEDS_RESET, 0);
     // Narrow and unaligned register accesses do nothing and read zero.

@@ -21,11 +21,19 @@ impl DaxRequestHandler {
         DaxRequestHandler { id, window }
     }
 
-    fn answer(&self, what: &str, req: &VhostUserMMap, r: Result<(), RequestError>) -> HandlerResult<u64> {
+    fn answer(
+        &self,
+        what: &str,
+        req: &VhostUserMMap,
+        r: Result<(), RequestError>,
+    ) -> HandlerResult<u64> {
         let (off, len) = (req.shm_offset, req.len);
         match r {
             Ok(()) => {
-                log::trace!("fs {}: {what} {len:#x} bytes at window offset {off:#x}", self.id);
+                log::trace!(
+                    "fs {}: {what} {len:#x} bytes at window offset {off:#x}",
+                    self.id
+                );
                 Ok(0)
             }
             Err(e) => {

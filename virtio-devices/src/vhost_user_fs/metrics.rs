@@ -52,12 +52,16 @@ impl FailureReason {
     }
 
     fn index(self) -> usize {
-        Self::ALL.iter().position(|r| *r == self).expect("listed in ALL")
+        Self::ALL
+            .iter()
+            .position(|r| *r == self)
+            .expect("listed in ALL")
     }
 }
 
 /// Upper bounds (µs) of the map-latency histogram buckets; the last bucket is +Inf.
-pub const MAP_LATENCY_BUCKETS_US: [u64; 10] = [10, 25, 50, 100, 250, 500, 1_000, 2_500, 10_000, 100_000];
+pub const MAP_LATENCY_BUCKETS_US: [u64; 10] =
+    [10, 25, 50, 100, 250, 500, 1_000, 2_500, 10_000, 100_000];
 
 #[derive(Default)]
 pub struct DaxMetrics {
@@ -93,7 +97,10 @@ impl DaxMetrics {
     pub fn record_map(&self, took: Duration) {
         self.maps.fetch_add(1, Relaxed);
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        let bucket = MAP_LATENCY_BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(MAP_LATENCY_BUCKETS_US.len());
+        let bucket = MAP_LATENCY_BUCKETS_US
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(MAP_LATENCY_BUCKETS_US.len());
         self.latency_buckets[bucket].fetch_add(1, Relaxed);
         self.latency_sum_us.fetch_add(us, Relaxed);
     }
@@ -105,7 +112,10 @@ impl DaxMetrics {
             unmaps: self.unmaps.load(Relaxed),
             bytes_mapped: self.bytes_mapped.load(Relaxed),
             resets: self.resets.load(Relaxed),
-            failures: FailureReason::ALL.iter().map(|r| (r.as_str(), self.failures[r.index()].load(Relaxed))).collect(),
+            failures: FailureReason::ALL
+                .iter()
+                .map(|r| (r.as_str(), self.failures[r.index()].load(Relaxed)))
+                .collect(),
             latency_buckets: self
                 .latency_buckets
                 .iter()

@@ -29,7 +29,8 @@ use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryB
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::device::{
-    read_config_bytes, ActivateError, ActivatedQueue, Interrupt, SharedMemoryRegion, VirtioDevice, VirtioInterrupt,
+    read_config_bytes, ActivateError, ActivatedQueue, Interrupt, SharedMemoryRegion, VirtioDevice,
+    VirtioInterrupt,
 };
 use crate::GuestMemoryMmap;
 use backend_req::DaxRequestHandler;
@@ -47,9 +48,17 @@ const PASSTHROUGH_FEATURES: u64 =
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
     #[error("fs {id}: connecting to the daemon at {socket}: {source}")]
-    Connect { id: String, socket: PathBuf, source: vhost::Error },
+    Connect {
+        id: String,
+        socket: PathBuf,
+        source: vhost::Error,
+    },
     #[error("fs {id}: vhost-user {step}: {source}")]
-    Negotiate { id: String, step: &'static str, source: vhost::Error },
+    Negotiate {
+        id: String,
+        step: &'static str,
+        source: vhost::Error,
+    },
     #[error("fs {id}: the daemon lacks {what}")]
     Missing { id: String, what: String },
     #[error(
@@ -58,7 +67,10 @@ pub enum FsError {
     )]
     WindowMismatch { id: String, ours: u64, theirs: u64 },
     #[error("fs {id}: {source}")]
-    Window { id: String, source: window::WindowError },
+    Window {
+        id: String,
+        source: window::WindowError,
+    },
 }
 
 /// What the VMM needs to create a vhost-user-fs device.
@@ -101,7 +113,11 @@ pub struct VhostUserFs {
 }
 
 fn step<T>(id: &str, step: &'static str, r: vhost::Result<T>) -> Result<T, FsError> {
-    r.map_err(|source| FsError::Negotiate { id: id.to_string(), step, source })
+    r.map_err(|source| FsError::Negotiate {
+        id: id.to_string(),
+        step,
+        source,
+    })
 }
 
 impl VhostUserFs {
@@ -111,14 +127,27 @@ impl VhostUserFs {
     pub fn connect(cfg: &FsDeviceConfig) -> Result<Self, FsError> {
         let id = cfg.id.as_str();
         let total_queues = usize::from(cfg.num_request_queues) + 1;
-        let mut frontend = Frontend::connect(&cfg.socket, total_queues as u64)
-            .map_err(|source| FsError::Connect { id: id.into(), socket: cfg.socket.clone(), source })?;
+        let mut frontend =
+            Frontend::connect(&cfg.socket, total_queues as u64).map_err(|source| {
+                FsError::Connect {
+                    id: id.into(),
+                    socket: cfg.socket.clone(),
+                    source,
+                }
+            })?;
         step(id, "SET_OWNER", frontend.set_owner())?;
         let backend_features = step(id, "GET_FEATURES", frontend.get_features())?;
         if backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0 {
-            return Err(FsError::Missing { id: id.into(), what: "VHOST_USER_F_PROTOCOL_FEATURES".into() });
+            return Err(FsError::Missing {
+                id: id.into(),
+                what: "VHOST_USER_F_PROTOCOL_FEATURES".into(),
+            });
         }
-        let offered = step(id, "GET_PROTOCOL_FEATURES", frontend.get_protocol_features())?;
+        let offered = step(
+            id,
+            "GET_PROTOCOL_FEATURES",
+            frontend.get_protocol_features(),
+        )?;
         let mut wanted = VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
@@ -138,33 +167,65 @@ impl VhostUserFs {
             }
         }
         let protocol = wanted & offered;
-        step(id, "SET_PROTOCOL_FEATURES", frontend.set_protocol_features(protocol))?;
+        step(
+            id,
+            "SET_PROTOCOL_FEATURES",
+            frontend.set_protocol_features(protocol),
+        )?;
         if protocol.contains(VhostUserProtocolFeatures::MQ) {
             let n = step(id, "GET_QUEUE_NUM", frontend.get_queue_num())?;
             if n < total_queues as u64 {
                 return Err(FsError::Missing {
                     id: id.into(),
-                    what: format!("{total_queues} queues (num_queues={} + hiprio); it serves {n}", cfg.num_request_queues),
+                    what: format!(
+                        "{total_queues} queues (num_queues={} + hiprio); it serves {n}",
+                        cfg.num_request_queues
+                    ),
                 });
             }
         }
 
         let (window, requests) = if cfg.dax {
             let declared = step(id, "GET_SHMEM_CONFIG", frontend.get_shmem_config())?;
-            let theirs = if declared.nregions >= 1 { declared.memory_sizes[usize::from(DAX_SHM_REGION_ID)] } else { 0 };
+            let theirs = if declared.nregions >= 1 {
+                declared.memory_sizes[usize::from(DAX_SHM_REGION_ID)]
+            } else {
+                0
+            };
             if theirs == 0 {
-                return Err(FsError::Missing { id: id.into(), what: "a DAX window in GET_SHMEM_CONFIG (region 0 has size 0)".into() });
+                return Err(FsError::Missing {
+                    id: id.into(),
+                    what: "a DAX window in GET_SHMEM_CONFIG (region 0 has size 0)".into(),
+                });
             }
             let size = match cfg.cache_size {
-                Some(ours) if ours != theirs => return Err(FsError::WindowMismatch { id: id.into(), ours, theirs }),
+                Some(ours) if ours != theirs => {
+                    return Err(FsError::WindowMismatch {
+                        id: id.into(),
+                        ours,
+                        theirs,
+                    })
+                }
                 _ => theirs,
             };
-            let window = Arc::new(DaxWindow::new(size).map_err(|source| FsError::Window { id: id.into(), source })?);
+            let window = Arc::new(DaxWindow::new(size).map_err(|source| FsError::Window {
+                id: id.into(),
+                source,
+            })?);
             let handler = DaxRequestHandler::new(id.to_string(), window.clone());
-            let mut requests = FrontendReqHandler::new(Arc::new(handler))
-                .map_err(|source| FsError::Negotiate { id: id.into(), step: "backend request channel", source: source.into() })?;
+            let mut requests = FrontendReqHandler::new(Arc::new(handler)).map_err(|source| {
+                FsError::Negotiate {
+                    id: id.into(),
+                    step: "backend request channel",
+                    source: source.into(),
+                }
+            })?;
             requests.set_reply_ack_flag(protocol.contains(VhostUserProtocolFeatures::REPLY_ACK));
-            step(id, "SET_BACKEND_REQ_FD", frontend.set_backend_request_fd(&requests.get_tx_raw_fd()))?;
+            step(
+                id,
+                "SET_BACKEND_REQ_FD",
+                frontend.set_backend_request_fd(&requests.get_tx_raw_fd()),
+            )?;
             (Some(window), Some(Arc::new(Mutex::new(requests))))
         } else {
             (None, None)
@@ -176,7 +237,10 @@ impl VhostUserFs {
         log::info!(
             "fs {id}: daemon at {} (features {backend_features:#x}, protocol {protocol:?}){}",
             cfg.socket.display(),
-            window.as_ref().map_or(String::new(), |w| format!(", DAX window {} MiB", w.size() >> 20))
+            window.as_ref().map_or(String::new(), |w| format!(
+                ", DAX window {} MiB",
+                w.size() >> 20
+            ))
         );
         Ok(VhostUserFs {
             id: id.to_string(),
@@ -234,19 +298,30 @@ impl VhostUserFs {
         interrupt: &dyn VirtioInterrupt,
     ) -> Result<(Vec<(u16, EventFd)>, Vec<(u16, EventFd)>), ActivateError> {
         let id = self.id.clone();
-        let err = |what: &str, e: vhost::Error| ActivateError::Device(format!("fs {id}: {what}: {e}"));
-        let features = self.acked | (self.backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
-        self.frontend.set_features(features).map_err(|e| err("SET_FEATURES", e))?;
+        let err =
+            |what: &str, e: vhost::Error| ActivateError::Device(format!("fs {id}: {what}: {e}"));
+        let features = self.acked
+            | (self.backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
+        self.frontend
+            .set_features(features)
+            .map_err(|e| err("SET_FEATURES", e))?;
         let regions = mem
             .iter()
             .map(VhostUserMemoryRegionInfo::from_guest_region)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| err("guest RAM has no fd to share (start the VM with --memory shared=on)", e))?;
-        self.frontend.set_mem_table(&regions).map_err(|e| err("SET_MEM_TABLE", e))?;
+            .map_err(|e| {
+                err(
+                    "guest RAM has no fd to share (start the VM with --memory shared=on)",
+                    e,
+                )
+            })?;
+        self.frontend
+            .set_mem_table(&regions)
+            .map_err(|e| err("SET_MEM_TABLE", e))?;
         let hva = |addr: GuestAddress, what: &str| {
-            mem.get_host_address(addr)
-                .map(|p| p as u64)
-                .map_err(|e| ActivateError::Device(format!("fs {id}: queue {what} at {:#x}: {e}", addr.0)))
+            mem.get_host_address(addr).map(|p| p as u64).map_err(|e| {
+                ActivateError::Device(format!("fs {id}: queue {what} at {:#x}: {e}", addr.0))
+            })
         };
         let mut relayed = Vec::new();
         let mut errors = Vec::new();
@@ -262,24 +337,41 @@ impl VhostUserFs {
                 avail_ring_addr: hva(GuestAddress(queue.avail_ring()), "available ring")?,
                 log_addr: None,
             };
-            self.frontend.set_vring_num(i, queue.size()).map_err(|e| err("SET_VRING_NUM", e))?;
-            self.frontend.set_vring_addr(i, &ring).map_err(|e| err("SET_VRING_ADDR", e))?;
-            self.frontend.set_vring_base(i, queue.next_avail()).map_err(|e| err("SET_VRING_BASE", e))?;
+            self.frontend
+                .set_vring_num(i, queue.size())
+                .map_err(|e| err("SET_VRING_NUM", e))?;
+            self.frontend
+                .set_vring_addr(i, &ring)
+                .map_err(|e| err("SET_VRING_ADDR", e))?;
+            self.frontend
+                .set_vring_base(i, queue.next_avail())
+                .map_err(|e| err("SET_VRING_BASE", e))?;
             match interrupt.notifier(Interrupt::Queue(q.index)) {
-                Some(irqfd) => self.frontend.set_vring_call(i, &irqfd).map_err(|e| err("SET_VRING_CALL", e))?,
+                Some(irqfd) => self
+                    .frontend
+                    .set_vring_call(i, &irqfd)
+                    .map_err(|e| err("SET_VRING_CALL", e))?,
                 None => {
                     let call = EventFd::new(libc::EFD_NONBLOCK)?;
-                    self.frontend.set_vring_call(i, &call).map_err(|e| err("SET_VRING_CALL", e))?;
+                    self.frontend
+                        .set_vring_call(i, &call)
+                        .map_err(|e| err("SET_VRING_CALL", e))?;
                     relayed.push((q.index, call));
                 }
             }
-            self.frontend.set_vring_kick(i, &q.kick).map_err(|e| err("SET_VRING_KICK", e))?;
+            self.frontend
+                .set_vring_kick(i, &q.kick)
+                .map_err(|e| err("SET_VRING_KICK", e))?;
             let error = EventFd::new(libc::EFD_NONBLOCK)?;
-            self.frontend.set_vring_err(i, &error).map_err(|e| err("SET_VRING_ERR", e))?;
+            self.frontend
+                .set_vring_err(i, &error)
+                .map_err(|e| err("SET_VRING_ERR", e))?;
             errors.push((q.index, error));
         }
         for q in queues {
-            self.frontend.set_vring_enable(usize::from(q.index), true).map_err(|e| err("SET_VRING_ENABLE", e))?;
+            self.frontend
+                .set_vring_enable(usize::from(q.index), true)
+                .map_err(|e| err("SET_VRING_ENABLE", e))?;
         }
         log::info!(
             "fs {}: queue interrupts: {} straight from the daemon (irqfd), {} relayed by the VMM",
@@ -319,7 +411,10 @@ impl VirtioDevice for VhostUserFs {
         queues: Vec<ActivatedQueue>,
     ) -> Result<(), ActivateError> {
         if self.failed() {
-            return Err(ActivateError::Device(format!("fs {}: the daemon has gone away", self.id)));
+            return Err(ActivateError::Device(format!(
+                "fs {}: the daemon has gone away",
+                self.id
+            )));
         }
         let (calls, errors) = self.setup_rings(&mem.memory(), &queues, interrupt.as_ref())?;
         self.queue_error.store(false, Ordering::SeqCst);

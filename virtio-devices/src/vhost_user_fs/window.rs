@@ -44,18 +44,36 @@ pub struct RequestError {
 
 impl RequestError {
     fn new(reason: FailureReason, errno: i32, message: String) -> Self {
-        RequestError { reason, message, errno }
+        RequestError {
+            reason,
+            message,
+            errno,
+        }
     }
 }
 
 /// One thing the window did, for whoever watches it (the API's event stream).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WindowEvent {
-    Map { offset: u64, len: u64, fd_offset: u64, writable: bool, took: Duration },
-    Unmap { offset: u64, len: u64 },
+    Map {
+        offset: u64,
+        len: u64,
+        fd_offset: u64,
+        writable: bool,
+        took: Duration,
+    },
+    Unmap {
+        offset: u64,
+        len: u64,
+    },
     /// Every mapping dropped at once (device reset, daemon gone).
     Reset,
-    Refused { request: &'static str, reason: FailureReason, offset: u64, len: u64 },
+    Refused {
+        request: &'static str,
+        reason: FailureReason,
+        offset: u64,
+        len: u64,
+    },
 }
 
 /// Told of every [`WindowEvent`] on the thread that caused it; must not block.
@@ -112,9 +130,15 @@ impl MappedRanges {
     /// (`mapped`) or unmapped: overlapped ranges go, the pieces they leave
     /// outside the request stay, and a mapping adds itself.
     fn count_after(&self, start: u64, end: u64, mapped: bool) -> usize {
-        let overlapping: Vec<(u64, u64)> =
-            self.0.range(..end).rev().take_while(|(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect();
-        let pieces = overlapping.iter().filter(|&&(s, _)| s < start).count() + overlapping.iter().filter(|&&(_, e)| e > end).count();
+        let overlapping: Vec<(u64, u64)> = self
+            .0
+            .range(..end)
+            .rev()
+            .take_while(|(_, &e)| e > start)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        let pieces = overlapping.iter().filter(|&&(s, _)| s < start).count()
+            + overlapping.iter().filter(|&&(_, e)| e > end).count();
         self.0.len() - overlapping.len() + pieces + usize::from(mapped)
     }
 
@@ -130,7 +154,11 @@ impl MappedRanges {
         let mut last = None;
         for (&s, &e) in &self.0 {
             let (first, end) = (s / granularity, (e - 1) / granularity);
-            let first = if last == Some(first) { first + 1 } else { first };
+            let first = if last == Some(first) {
+                first + 1
+            } else {
+                first
+            };
             if end >= first {
                 count += end - first + 1;
             }
@@ -158,11 +186,23 @@ fn host_page_size() -> u64 {
 
 /// Maps anonymous `PROT_NONE` memory at `addr` (fixed when `fixed`).
 fn map_none(addr: u64, len: u64, fixed: bool) -> std::io::Result<u64> {
-    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | if fixed { libc::MAP_FIXED } else { 0 };
+    let flags = libc::MAP_PRIVATE
+        | libc::MAP_ANONYMOUS
+        | libc::MAP_NORESERVE
+        | if fixed { libc::MAP_FIXED } else { 0 };
     // SAFETY: with MAP_FIXED the range lies inside the window this process
     // reserved and owns (checked by the callers); without it the kernel
     // picks a fresh range. No Rust reference points into the window.
-    let p = unsafe { libc::mmap(addr as *mut libc::c_void, len as usize, libc::PROT_NONE, flags, -1, 0) };
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len as usize,
+            libc::PROT_NONE,
+            flags,
+            -1,
+            0,
+        )
+    };
     if p == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error());
     }
@@ -174,13 +214,25 @@ impl DaxWindow {
     pub fn new(size: u64) -> Result<Self, WindowError> {
         let page_size = host_page_size();
         if size == 0 || !size.is_multiple_of(page_size) || usize::try_from(size).is_err() {
-            return Err(WindowError::Size { size, page: page_size });
+            return Err(WindowError::Size {
+                size,
+                page: page_size,
+            });
         }
         if size > MAX_WINDOW_SIZE {
             return Err(WindowError::TooLarge { size });
         }
-        let host_addr = map_none(0, size, false).map_err(|source| WindowError::Reserve { size, source })?;
-        Ok(DaxWindow { host_addr, size, page_size, max_mappings: DEFAULT_MAX_MAPPINGS, mapped: Mutex::new(MappedRanges::default()), metrics: DaxMetrics::default(), observer: OnceLock::new() })
+        let host_addr =
+            map_none(0, size, false).map_err(|source| WindowError::Reserve { size, source })?;
+        Ok(DaxWindow {
+            host_addr,
+            size,
+            page_size,
+            max_mappings: DEFAULT_MAX_MAPPINGS,
+            mapped: Mutex::new(MappedRanges::default()),
+            metrics: DaxMetrics::default(),
+            observer: OnceLock::new(),
+        })
     }
 
     pub fn host_addr(&self) -> u64 {
@@ -193,7 +245,13 @@ impl DaxWindow {
     }
 
     /// Refuses a request that would leave more than `max_mappings` ranges.
-    fn check_count(&self, mapped: &MappedRanges, start: u64, end: u64, map: bool) -> Result<(), RequestError> {
+    fn check_count(
+        &self,
+        mapped: &MappedRanges,
+        start: u64,
+        end: u64,
+        map: bool,
+    ) -> Result<(), RequestError> {
         let after = mapped.count_after(start, end, map);
         if after > self.max_mappings && after > mapped.0.len() {
             return Err(RequestError::new(
@@ -226,7 +284,10 @@ impl DaxWindow {
 
     /// 2 MiB guest ranges with something mapped in them now.
     pub fn mapped_guest_ranges(&self) -> u64 {
-        self.mapped.lock().unwrap_or_else(|p| p.into_inner()).ranges_touched(GUEST_RANGE_SIZE)
+        self.mapped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ranges_touched(GUEST_RANGE_SIZE)
     }
 
     /// Bytes of the window resident in host memory now (`mincore`): file
@@ -245,7 +306,13 @@ impl DaxWindow {
             // SAFETY: [host_addr + off, + len) lies inside the window this
             // process reserved (mapped or PROT_NONE, both valid for mincore);
             // `vec` has one byte per page of it.
-            let r = unsafe { libc::mincore((self.host_addr + off) as *mut libc::c_void, len as usize, vec.as_mut_ptr()) };
+            let r = unsafe {
+                libc::mincore(
+                    (self.host_addr + off) as *mut libc::c_void,
+                    len as usize,
+                    vec.as_mut_ptr(),
+                )
+            };
             if r != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -258,33 +325,59 @@ impl DaxWindow {
     /// Checks a request's region, length, bounds, alignment and flags;
     /// returns the end offset in the window.
     fn check(&self, req: &VhostUserMMap) -> Result<u64, RequestError> {
-        let (shmid, fd_offset, shm_offset, len, flags) = (req.shmid, req.fd_offset, req.shm_offset, req.len, req.flags);
+        let (shmid, fd_offset, shm_offset, len, flags) =
+            (req.shmid, req.fd_offset, req.shm_offset, req.len, req.flags);
         let einval = |reason, msg: String| RequestError::new(reason, libc::EINVAL, msg);
         if shmid != DAX_SHM_REGION_ID {
-            return Err(einval(FailureReason::UnknownRegion, format!("shmid {shmid}: this device has only region 0")));
+            return Err(einval(
+                FailureReason::UnknownRegion,
+                format!("shmid {shmid}: this device has only region 0"),
+            ));
         }
         if len == 0 {
             return Err(einval(FailureReason::ZeroLength, "len is 0".into()));
         }
-        let end = shm_offset.checked_add(len).filter(|&e| e <= self.size).ok_or_else(|| {
-            einval(
+        let end = shm_offset
+            .checked_add(len)
+            .filter(|&e| e <= self.size)
+            .ok_or_else(|| {
+                einval(
+                    FailureReason::OutOfBounds,
+                    format!(
+                        "shm_offset {shm_offset:#x} + len {len:#x} exceeds the {:#x}-byte window",
+                        self.size
+                    ),
+                )
+            })?;
+        if fd_offset
+            .checked_add(len)
+            .is_none_or(|e| i64::try_from(e).is_err())
+        {
+            return Err(einval(
                 FailureReason::OutOfBounds,
-                format!("shm_offset {shm_offset:#x} + len {len:#x} exceeds the {:#x}-byte window", self.size),
-            )
-        })?;
-        if fd_offset.checked_add(len).is_none_or(|e| i64::try_from(e).is_err()) {
-            return Err(einval(FailureReason::OutOfBounds, format!("fd_offset {fd_offset:#x} + len {len:#x} overflows off_t")));
+                format!("fd_offset {fd_offset:#x} + len {len:#x} overflows off_t"),
+            ));
         }
-        for (name, v) in [("fd_offset", fd_offset), ("shm_offset", shm_offset), ("len", len)] {
+        for (name, v) in [
+            ("fd_offset", fd_offset),
+            ("shm_offset", shm_offset),
+            ("len", len),
+        ] {
             if v % self.page_size != 0 {
                 return Err(einval(
                     FailureReason::Misaligned,
-                    format!("{name} {v:#x} is not a multiple of the host page size {:#x}", self.page_size),
+                    format!(
+                        "{name} {v:#x} is not a multiple of the host page size {:#x}",
+                        self.page_size
+                    ),
                 ));
             }
         }
         if VhostUserMMapFlags::from_bits(flags).is_none() {
-            return Err(einval(FailureReason::BadFlags, format!("flags {flags:#x}: only WRITABLE (1) is defined")));
+            return Err(einval(
+                FailureReason::BadFlags,
+                format!("flags {flags:#x}: only WRITABLE (1) is defined"),
+            ));
         }
         Ok(end)
     }
@@ -295,14 +388,21 @@ impl DaxWindow {
         // SAFETY: `st` is a valid, writable stat; an invalid fd just fails.
         if unsafe { libc::fstat(fd, &mut st) } != 0 {
             let e = std::io::Error::last_os_error();
-            return Err(RequestError::new(FailureReason::BadFd, libc::EBADF, format!("fstat on the passed fd: {e}")));
+            return Err(RequestError::new(
+                FailureReason::BadFd,
+                libc::EBADF,
+                format!("fstat on the passed fd: {e}"),
+            ));
         }
         let kind = st.st_mode & libc::S_IFMT;
         if kind != libc::S_IFREG && kind != libc::S_IFBLK {
             return Err(RequestError::new(
                 FailureReason::BadFd,
                 libc::EBADF,
-                format!("the passed fd is not a regular file or block device (mode {:#o})", st.st_mode),
+                format!(
+                    "the passed fd is not a regular file or block device (mode {:#o})",
+                    st.st_mode
+                ),
             ));
         }
         Ok(())
@@ -318,12 +418,24 @@ impl DaxWindow {
             Ok(()) => {
                 let took = started.elapsed();
                 self.metrics.record_map(took);
-                let writable = VhostUserMMapFlags::from_bits_truncate(req.flags).contains(VhostUserMMapFlags::WRITABLE);
-                self.notify(WindowEvent::Map { offset, len, fd_offset: req.fd_offset, writable, took });
+                let writable = VhostUserMMapFlags::from_bits_truncate(req.flags)
+                    .contains(VhostUserMMapFlags::WRITABLE);
+                self.notify(WindowEvent::Map {
+                    offset,
+                    len,
+                    fd_offset: req.fd_offset,
+                    writable,
+                    took,
+                });
             }
             Err(e) => {
                 self.metrics.record_failure(e.reason);
-                self.notify(WindowEvent::Refused { request: "map", reason: e.reason, offset, len });
+                self.notify(WindowEvent::Refused {
+                    request: "map",
+                    reason: e.reason,
+                    offset,
+                    len,
+                });
             }
         }
         result
@@ -333,7 +445,8 @@ impl DaxWindow {
         let end = self.check(req)?;
         Self::check_fd(fd)?;
         let (shm_offset, len, fd_offset) = (req.shm_offset, req.len, req.fd_offset);
-        let writable = VhostUserMMapFlags::from_bits_truncate(req.flags).contains(VhostUserMMapFlags::WRITABLE);
+        let writable = VhostUserMMapFlags::from_bits_truncate(req.flags)
+            .contains(VhostUserMMapFlags::WRITABLE);
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
         // Held across the mmap so the range bookkeeping matches the mappings.
         let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
@@ -344,7 +457,14 @@ impl DaxWindow {
         // MAP_FIXED replaces only pages of the window. fd_offset + len fits
         // off_t (checked). A failing mmap leaves the old mapping in place.
         let p = unsafe {
-            libc::mmap(addr as *mut libc::c_void, len as usize, prot, libc::MAP_SHARED | libc::MAP_FIXED, fd, fd_offset as libc::off_t)
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len as usize,
+                prot,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd,
+                fd_offset as libc::off_t,
+            )
         };
         if p == libc::MAP_FAILED {
             let e = std::io::Error::last_os_error();
@@ -355,22 +475,33 @@ impl DaxWindow {
             ));
         }
         let replaced = mapped.insert(shm_offset, end);
-        self.metrics.bytes_mapped.fetch_add(len - replaced, std::sync::atomic::Ordering::Relaxed);
+        self.metrics
+            .bytes_mapped
+            .fetch_add(len - replaced, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
     /// SHMEM_UNMAP: puts `PROT_NONE` anonymous memory back over the range.
     pub fn unmap(&self, req: &VhostUserMMap) -> Result<(), RequestError> {
-        let result = self.check(req).and_then(|end| self.unmap_range(req.shm_offset, end, true));
+        let result = self
+            .check(req)
+            .and_then(|end| self.unmap_range(req.shm_offset, end, true));
         let (offset, len) = (req.shm_offset, req.len);
         match &result {
             Ok(()) => {
-                self.metrics.unmaps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.metrics
+                    .unmaps
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.notify(WindowEvent::Unmap { offset, len });
             }
             Err(e) => {
                 self.metrics.record_failure(e.reason);
-                self.notify(WindowEvent::Refused { request: "unmap", reason: e.reason, offset, len });
+                self.notify(WindowEvent::Refused {
+                    request: "unmap",
+                    reason: e.reason,
+                    offset,
+                    len,
+                });
             }
         }
         result
@@ -391,14 +522,18 @@ impl DaxWindow {
             )
         })?;
         let removed = mapped.remove(start, end);
-        self.metrics.bytes_mapped.fetch_sub(removed, std::sync::atomic::Ordering::Relaxed);
+        self.metrics
+            .bytes_mapped
+            .fetch_sub(removed, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
     /// Drops every mapping (device reset, daemon gone).
     pub fn clear(&self) {
         if self.unmap_range(0, self.size, false).is_ok() {
-            self.metrics.resets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.metrics
+                .resets
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.notify(WindowEvent::Reset);
         } else {
             log::error!("could not clear the DAX window; its mappings stay until the VMM exits");

@@ -8,7 +8,14 @@ const PAGE: u64 = 4096;
 const WINDOW: u64 = 16 * PAGE;
 
 fn req(shmid: u8, fd_offset: u64, shm_offset: u64, len: u64, flags: u64) -> VhostUserMMap {
-    VhostUserMMap { shmid, fd_offset, shm_offset, len, flags, ..Default::default() }
+    VhostUserMMap {
+        shmid,
+        fd_offset,
+        shm_offset,
+        len,
+        flags,
+        ..Default::default()
+    }
 }
 
 fn file_with(pages: u64) -> TempFile {
@@ -34,7 +41,10 @@ fn is_prot_none(w: &DaxWindow, offset: u64) -> bool {
     maps.lines().any(|l| {
         let (range, rest) = l.split_once(' ').unwrap();
         let (s, e) = range.split_once('-').unwrap();
-        let (s, e) = (u64::from_str_radix(s, 16).unwrap(), u64::from_str_radix(e, 16).unwrap());
+        let (s, e) = (
+            u64::from_str_radix(s, 16).unwrap(),
+            u64::from_str_radix(e, 16).unwrap(),
+        );
         (s..e).contains(&addr) && rest.starts_with("---p")
     })
 }
@@ -44,28 +54,75 @@ fn refuses_bad_requests_without_mapping_anything() {
     let w = DaxWindow::new(WINDOW).unwrap();
     let f = file_with(4);
     let cases = [
-        ("unknown region", req(1, 0, 0, PAGE, 0), FailureReason::UnknownRegion),
+        (
+            "unknown region",
+            req(1, 0, 0, PAGE, 0),
+            FailureReason::UnknownRegion,
+        ),
         ("zero length", req(0, 0, 0, 0, 0), FailureReason::ZeroLength),
-        ("past the end", req(0, 0, WINDOW - PAGE, 2 * PAGE, 0), FailureReason::OutOfBounds),
-        ("offset past the end", req(0, 0, WINDOW, PAGE, 0), FailureReason::OutOfBounds),
-        ("shm overflow", req(0, 0, u64::MAX - PAGE + 1, PAGE, 0), FailureReason::OutOfBounds),
-        ("fd overflow", req(0, u64::MAX - PAGE + 1, 0, PAGE, 0), FailureReason::OutOfBounds),
-        ("fd past off_t", req(0, 1 << 63, 0, PAGE, 0), FailureReason::OutOfBounds),
-        ("misaligned shm_offset", req(0, 0, 512, PAGE, 0), FailureReason::Misaligned),
-        ("misaligned fd_offset", req(0, 1, 0, PAGE, 0), FailureReason::Misaligned),
-        ("misaligned len", req(0, 0, 0, PAGE + 1, 0), FailureReason::Misaligned),
-        ("unknown flags", req(0, 0, 0, PAGE, 2), FailureReason::BadFlags),
+        (
+            "past the end",
+            req(0, 0, WINDOW - PAGE, 2 * PAGE, 0),
+            FailureReason::OutOfBounds,
+        ),
+        (
+            "offset past the end",
+            req(0, 0, WINDOW, PAGE, 0),
+            FailureReason::OutOfBounds,
+        ),
+        (
+            "shm overflow",
+            req(0, 0, u64::MAX - PAGE + 1, PAGE, 0),
+            FailureReason::OutOfBounds,
+        ),
+        (
+            "fd overflow",
+            req(0, u64::MAX - PAGE + 1, 0, PAGE, 0),
+            FailureReason::OutOfBounds,
+        ),
+        (
+            "fd past off_t",
+            req(0, 1 << 63, 0, PAGE, 0),
+            FailureReason::OutOfBounds,
+        ),
+        (
+            "misaligned shm_offset",
+            req(0, 0, 512, PAGE, 0),
+            FailureReason::Misaligned,
+        ),
+        (
+            "misaligned fd_offset",
+            req(0, 1, 0, PAGE, 0),
+            FailureReason::Misaligned,
+        ),
+        (
+            "misaligned len",
+            req(0, 0, 0, PAGE + 1, 0),
+            FailureReason::Misaligned,
+        ),
+        (
+            "unknown flags",
+            req(0, 0, 0, PAGE, 2),
+            FailureReason::BadFlags,
+        ),
     ];
     for &(what, r, reason) in &cases {
         let e = w.map(&r, f.as_file()).expect_err(what);
         assert_eq!(e.reason, reason, "{what}: {e}");
         assert_eq!(e.errno, libc::EINVAL, "{what}");
-        assert_eq!(w.unmap(&r).expect_err(what).reason, reason, "{what}: unmap refused too");
+        assert_eq!(
+            w.unmap(&r).expect_err(what).reason,
+            reason,
+            "{what}: unmap refused too"
+        );
     }
     assert!(is_prot_none(&w, 0), "nothing was mapped");
     let s = w.metrics.snapshot();
     assert_eq!((s.maps, s.bytes_mapped), (0, 0));
-    assert_eq!(s.failures.iter().map(|f| f.1).sum::<u64>(), 2 * cases.len() as u64);
+    assert_eq!(
+        s.failures.iter().map(|f| f.1).sum::<u64>(),
+        2 * cases.len() as u64
+    );
 }
 
 #[test]
@@ -85,9 +142,14 @@ fn writable_mapping_of_a_read_only_fd_fails_cleanly() {
     let f = file_with(1);
     let ro = std::fs::File::open(f.as_path()).unwrap();
     let e = w.map(&req(0, 0, 0, PAGE, 1), &ro).unwrap_err();
-    assert_eq!((e.reason, e.errno), (FailureReason::MapFailed, libc::EACCES), "{e}");
+    assert_eq!(
+        (e.reason, e.errno),
+        (FailureReason::MapFailed, libc::EACCES),
+        "{e}"
+    );
     assert!(is_prot_none(&w, 0));
-    w.map(&req(0, 0, 0, PAGE, 0), &ro).expect("read-only mapping of a read-only fd");
+    w.map(&req(0, 0, 0, PAGE, 0), &ro)
+        .expect("read-only mapping of a read-only fd");
     assert_eq!(peek(&w, 0), b'a');
 }
 
@@ -96,7 +158,8 @@ fn maps_file_bytes_and_unmaps_back_to_prot_none() {
     let w = DaxWindow::new(WINDOW).unwrap();
     let f = file_with(4);
     // File pages 1..3 at window pages 8..10.
-    w.map(&req(0, PAGE, 8 * PAGE, 2 * PAGE, 1), f.as_file()).unwrap();
+    w.map(&req(0, PAGE, 8 * PAGE, 2 * PAGE, 1), f.as_file())
+        .unwrap();
     assert_eq!(peek(&w, 8 * PAGE), b'b');
     assert_eq!(peek(&w, 9 * PAGE + 17), b'c');
     assert!(is_prot_none(&w, 7 * PAGE) && is_prot_none(&w, 10 * PAGE));
@@ -108,9 +171,14 @@ fn maps_file_bytes_and_unmaps_back_to_prot_none() {
     assert_eq!(w.metrics.snapshot().bytes_mapped, 2 * PAGE);
 
     // Remapping an overlapping range counts only the new bytes.
-    w.map(&req(0, 0, 9 * PAGE, 2 * PAGE, 0), f.as_file()).unwrap();
+    w.map(&req(0, 0, 9 * PAGE, 2 * PAGE, 0), f.as_file())
+        .unwrap();
     assert_eq!(w.metrics.snapshot().bytes_mapped, 3 * PAGE);
-    assert_eq!(peek(&w, 10 * PAGE), b'X', "file page 1, written through the window above");
+    assert_eq!(
+        peek(&w, 10 * PAGE),
+        b'X',
+        "file page 1, written through the window above"
+    );
 
     // Unmapping the middle splits the bookkeeping.
     w.unmap(&req(0, 0, 9 * PAGE, PAGE, 0)).unwrap();
@@ -130,7 +198,11 @@ fn maps_file_bytes_and_unmaps_back_to_prot_none() {
 #[test]
 fn window_size_must_be_whole_pages() {
     assert!(DaxWindow::new(0).is_err());
-    assert!(DaxWindow::new(PAGE + 1).err().unwrap().to_string().contains("multiple of the host page size"));
+    assert!(DaxWindow::new(PAGE + 1)
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("multiple of the host page size"));
 }
 
 /// Finding 4: every SHMEM_MAP was its own mapping with no bound, so a
@@ -145,15 +217,25 @@ fn separate_mappings_are_capped_with_enospc_and_the_window_keeps_serving() {
     let f = file_with(16);
     // Every other page: three separate mappings.
     for i in 0..3 {
-        w.map(&req(0, 0, 2 * i * PAGE, PAGE, 0), f.as_file()).unwrap();
+        w.map(&req(0, 0, 2 * i * PAGE, PAGE, 0), f.as_file())
+            .unwrap();
     }
-    let e = w.map(&req(0, 0, 8 * PAGE, PAGE, 0), f.as_file()).unwrap_err();
-    assert_eq!((e.errno, e.reason), (libc::ENOSPC, FailureReason::TooManyMappings));
+    let e = w
+        .map(&req(0, 0, 8 * PAGE, PAGE, 0), f.as_file())
+        .unwrap_err();
+    assert_eq!(
+        (e.errno, e.reason),
+        (libc::ENOSPC, FailureReason::TooManyMappings)
+    );
     assert!(e.message.contains("over the cap of 3"), "{e}");
-    assert!(is_prot_none(&w, 8 * PAGE), "the refused range stays unmapped");
+    assert!(
+        is_prot_none(&w, 8 * PAGE),
+        "the refused range stays unmapped"
+    );
     assert_eq!(peek(&w, 2 * PAGE), b'a', "earlier mappings stay");
     // Replacing an existing range adds nothing: allowed.
-    w.map(&req(0, PAGE, 2 * PAGE, PAGE, 0), f.as_file()).unwrap();
+    w.map(&req(0, PAGE, 2 * PAGE, PAGE, 0), f.as_file())
+        .unwrap();
     assert_eq!(peek(&w, 2 * PAGE), b'b');
     // A map that covers two ranges merges them in the count: allowed, and
     // then there is room again.
@@ -163,14 +245,26 @@ fn separate_mappings_are_capped_with_enospc_and_the_window_keeps_serving() {
     let e = w.unmap(&req(0, 0, PAGE, PAGE, 0)).unwrap_err();
     assert_eq!(e.errno, libc::ENOSPC);
     w.unmap(&req(0, 0, 0, 3 * PAGE, 0)).unwrap();
-    assert_eq!(w.metrics.snapshot().failures.iter().find(|(r, _)| *r == "too_many_mappings").map(|f| f.1), Some(2));
+    assert_eq!(
+        w.metrics
+            .snapshot()
+            .failures
+            .iter()
+            .find(|(r, _)| *r == "too_many_mappings")
+            .map(|f| f.1),
+        Some(2)
+    );
     assert_eq!(DEFAULT_MAX_MAPPINGS, 16384);
 }
 
 #[test]
 fn window_size_is_bounded_whoever_declares_it() {
     let e = DaxWindow::new(MAX_WINDOW_SIZE + (2 << 20)).err().unwrap();
-    assert!(e.to_string().contains("over the limit of 274877906944 bytes (256 GiB)"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("over the limit of 274877906944 bytes (256 GiB)"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -179,7 +273,10 @@ fn mapped_ranges_split_and_merge() {
     assert_eq!(m.insert(0, 100), 0);
     assert_eq!(m.insert(50, 150), 50);
     assert_eq!(m.remove(25, 75), 50);
-    assert_eq!(m.0.iter().map(|(&s, &e)| (s, e)).collect::<Vec<_>>(), vec![(0, 25), (75, 150)]);
+    assert_eq!(
+        m.0.iter().map(|(&s, &e)| (s, e)).collect::<Vec<_>>(),
+        vec![(0, 25), (75, 150)]
+    );
     assert_eq!(m.remove(0, 1000), 100);
     assert!(m.0.is_empty());
 }
@@ -190,9 +287,17 @@ fn guest_ranges_count_each_2m_range_once() {
     assert_eq!(m.ranges_touched(GUEST_RANGE_SIZE), 0);
     m.insert(0, 4096);
     m.insert(8192, 12288);
-    assert_eq!(m.ranges_touched(GUEST_RANGE_SIZE), 1, "two mappings in the first range");
+    assert_eq!(
+        m.ranges_touched(GUEST_RANGE_SIZE),
+        1,
+        "two mappings in the first range"
+    );
     m.insert(GUEST_RANGE_SIZE - 4096, GUEST_RANGE_SIZE + 4096);
-    assert_eq!(m.ranges_touched(GUEST_RANGE_SIZE), 2, "a mapping straddling into the second");
+    assert_eq!(
+        m.ranges_touched(GUEST_RANGE_SIZE),
+        2,
+        "a mapping straddling into the second"
+    );
     m.insert(5 * GUEST_RANGE_SIZE, 7 * GUEST_RANGE_SIZE);
     assert_eq!(m.ranges_touched(GUEST_RANGE_SIZE), 4);
 }
@@ -223,8 +328,17 @@ fn observer_hears_maps_unmaps_refusals_and_resets_and_mincore_sees_touched_pages
     w.clear();
     let events = rec.0.lock().unwrap().clone();
     assert_eq!(events.len(), 4, "{events:?}");
-    assert!(matches!(events[0], WindowEvent::Map { offset: 0, len, writable: true, .. } if len == 2 * PAGE));
-    assert!(matches!(events[1], WindowEvent::Refused { request: "map", reason: FailureReason::Misaligned, .. }));
+    assert!(
+        matches!(events[0], WindowEvent::Map { offset: 0, len, writable: true, .. } if len == 2 * PAGE)
+    );
+    assert!(matches!(
+        events[1],
+        WindowEvent::Refused {
+            request: "map",
+            reason: FailureReason::Misaligned,
+            ..
+        }
+    ));
     assert!(matches!(events[2], WindowEvent::Unmap { offset: 0, .. }));
     assert_eq!(events[3], WindowEvent::Reset);
 }

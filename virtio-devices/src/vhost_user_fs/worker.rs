@@ -49,7 +49,13 @@ const ERROR_BASE: u64 = 1 << 32;
 pub fn spawn(ctx: WorkerContext) -> std::io::Result<(EventFd, JoinHandle<()>)> {
     let stop = EventFd::new(libc::EFD_NONBLOCK)?;
     let epoll = Epoll::new()?;
-    let add = |fd: i32, data: u64| epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, data));
+    let add = |fd: i32, data: u64| {
+        epoll.ctl(
+            ControlOperation::Add,
+            fd,
+            EpollEvent::new(EventSet::IN, data),
+        )
+    };
     add(stop.as_raw_fd(), STOP)?;
     for (slot, (_, call)) in ctx.calls.iter().enumerate() {
         add(call.as_raw_fd(), slot as u64)?;
@@ -57,12 +63,21 @@ pub fn spawn(ctx: WorkerContext) -> std::io::Result<(EventFd, JoinHandle<()>)> {
     for (slot, (_, error)) in ctx.errors.iter().enumerate() {
         add(error.as_raw_fd(), ERROR_BASE + slot as u64)?;
     }
-    epoll.ctl(ControlOperation::Add, ctx.main_socket, EpollEvent::new(EventSet::READ_HANG_UP, MAIN_SOCKET))?;
+    epoll.ctl(
+        ControlOperation::Add,
+        ctx.main_socket,
+        EpollEvent::new(EventSet::READ_HANG_UP, MAIN_SOCKET),
+    )?;
     if let Some(r) = &ctx.requests {
-        add(r.lock().unwrap_or_else(|p| p.into_inner()).as_raw_fd(), REQUESTS)?;
+        add(
+            r.lock().unwrap_or_else(|p| p.into_inner()).as_raw_fd(),
+            REQUESTS,
+        )?;
     }
     let stop_clone = stop.try_clone()?;
-    let thread = std::thread::Builder::new().name(format!("fs-{}", ctx.id)).spawn(move || run(ctx, epoll))?;
+    let thread = std::thread::Builder::new()
+        .name(format!("fs-{}", ctx.id))
+        .spawn(move || run(ctx, epoll))?;
     drop(stop_clone);
     Ok((stop, thread))
 }
@@ -85,7 +100,11 @@ fn run(ctx: WorkerContext, epoll: Epoll) {
             match ev.data() {
                 STOP => return,
                 MAIN_SOCKET => {
-                    let _ = epoll.ctl(ControlOperation::Delete, ctx.main_socket, EpollEvent::default());
+                    let _ = epoll.ctl(
+                        ControlOperation::Delete,
+                        ctx.main_socket,
+                        EpollEvent::default(),
+                    );
                     daemon_gone(&ctx);
                 }
                 REQUESTS => {
@@ -94,13 +113,17 @@ fn run(ctx: WorkerContext, epoll: Epoll) {
                     }
                 }
                 slot if slot >= ERROR_BASE => {
-                    let Some((queue, error)) = ctx.errors.get((slot - ERROR_BASE) as usize) else { continue };
+                    let Some((queue, error)) = ctx.errors.get((slot - ERROR_BASE) as usize) else {
+                        continue;
+                    };
                     if error.read().is_ok() {
                         queue_error(&ctx, *queue);
                     }
                 }
                 slot => {
-                    let Some((queue, call)) = ctx.calls.get(slot as usize) else { continue };
+                    let Some((queue, call)) = ctx.calls.get(slot as usize) else {
+                        continue;
+                    };
                     if call.read().is_ok() {
                         if let Err(e) = ctx.interrupt.trigger(Interrupt::Queue(*queue)) {
                             log::warn!("fs {}: interrupt for queue {queue}: {e}", ctx.id);
@@ -114,7 +137,9 @@ fn run(ctx: WorkerContext, epoll: Epoll) {
 
 /// Serves one backend request; false when the channel is closed.
 fn serve_request(ctx: &WorkerContext, epoll: &Epoll, events: EventSet) -> bool {
-    let Some(requests) = &ctx.requests else { return true };
+    let Some(requests) = &ctx.requests else {
+        return true;
+    };
     let mut requests = requests.lock().unwrap_or_else(|p| p.into_inner());
     if events.contains(EventSet::IN) {
         match requests.handle_request() {
@@ -123,10 +148,12 @@ fn serve_request(ctx: &WorkerContext, epoll: &Epoll, events: EventSet) -> bool {
                 log::warn!("fs {}: malformed backend request ignored", ctx.id);
                 return true;
             }
-            Err(e @ (vhost::vhost_user::Error::Disconnected
-            | vhost::vhost_user::Error::PartialMessage
-            | vhost::vhost_user::Error::SocketBroken(_)
-            | vhost::vhost_user::Error::SocketError(_))) => {
+            Err(
+                e @ (vhost::vhost_user::Error::Disconnected
+                | vhost::vhost_user::Error::PartialMessage
+                | vhost::vhost_user::Error::SocketBroken(_)
+                | vhost::vhost_user::Error::SocketError(_)),
+            ) => {
                 log::error!("fs {}: backend request channel: {e}", ctx.id);
             }
             Err(e) => {
@@ -136,7 +163,11 @@ fn serve_request(ctx: &WorkerContext, epoll: &Epoll, events: EventSet) -> bool {
         }
     }
     // Hang-up, or a broken channel: stop watching it.
-    let _ = epoll.ctl(ControlOperation::Delete, requests.as_raw_fd(), EpollEvent::default());
+    let _ = epoll.ctl(
+        ControlOperation::Delete,
+        requests.as_raw_fd(),
+        EpollEvent::default(),
+    );
     false
 }
 

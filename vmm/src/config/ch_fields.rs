@@ -38,7 +38,10 @@ const CPUS: &[(&str, Rule)] = &[
     ("kvm_hyperv", Rule::Default(|| json!(false))),
     ("max_phys_bits", Rule::Default(|| json!(46))),
     ("affinity", Rule::Empty),
-    ("features", Rule::Object(&[("amx", Rule::Default(|| json!(false)))])),
+    (
+        "features",
+        Rule::Object(&[("amx", Rule::Default(|| json!(false)))]),
+    ),
     ("nested", Rule::Default(|| json!(true))),
     ("core_scheduling", Rule::Default(|| json!("Vm"))),
     ("profile", Rule::Default(|| json!("Host"))),
@@ -186,12 +189,17 @@ fn reduce_object(path: &str, v: &Value, rules: &[(&str, Rule)]) -> Result<Value,
             }
             Rule::Default(default) => {
                 if !value.is_null() && *value != default() {
-                    return Err(format!("{here}={value} is not supported (only the default {} is)", default()));
+                    return Err(format!(
+                        "{here}={value} is not supported (only the default {} is)",
+                        default()
+                    ));
                 }
             }
             Rule::Empty => {
                 if !is_empty(value) {
-                    return Err(format!("{here}={value} is not supported by this VMM (only null or empty)"));
+                    return Err(format!(
+                        "{here}={value} is not supported by this VMM (only null or empty)"
+                    ));
                 }
             }
             Rule::Object(inner) => {
@@ -254,7 +262,10 @@ pub(crate) mod tests {
     #[test]
     fn cloud_hypervisors_own_vm_info_is_accepted() {
         let reduced = reduce_vm_config(&ch_vm_info_config()).unwrap();
-        assert!(reduced["cpus"].get("nested").is_none(), "CH-only fields are checked, not passed on");
+        assert!(
+            reduced["cpus"].get("nested").is_none(),
+            "CH-only fields are checked, not passed on"
+        );
         assert_eq!(reduced["fs"][0]["pci_segment"], 0);
     }
 
@@ -269,12 +280,21 @@ pub(crate) mod tests {
             at[path[path.len() - 1]] = v;
             reduce_vm_config(&c).unwrap_err()
         };
-        assert_eq!(with(&["cpus", "kvm_hyperv"], json!(true)), "VmConfig.cpus.kvm_hyperv=true is not supported (only the default false is)");
-        assert_eq!(with(&["memory", "thp"], json!(false)), "VmConfig.memory.thp=false is not supported (only the default true is)");
-        assert!(with(&["disks"], json!([{"path": "/d"}])).starts_with("VmConfig.disks=[{\"path\":\"/d\"}] is not supported"));
+        assert_eq!(
+            with(&["cpus", "kvm_hyperv"], json!(true)),
+            "VmConfig.cpus.kvm_hyperv=true is not supported (only the default false is)"
+        );
+        assert_eq!(
+            with(&["memory", "thp"], json!(false)),
+            "VmConfig.memory.thp=false is not supported (only the default true is)"
+        );
+        assert!(with(&["disks"], json!([{"path": "/d"}]))
+            .starts_with("VmConfig.disks=[{\"path\":\"/d\"}] is not supported"));
         assert!(with(&["watchdog"], json!(true)).starts_with("VmConfig.watchdog=true"));
-        assert!(with(&["cpus", "features", "amx"], json!(true)).starts_with("VmConfig.cpus.features.amx=true"));
+        assert!(with(&["cpus", "features", "amx"], json!(true))
+            .starts_with("VmConfig.cpus.features.amx=true"));
         assert!(with(&["bogus"], json!(1)).starts_with("VmConfig.bogus: unknown field"));
-        assert!(with(&["debug_console", "mode"], json!("Tty")).starts_with("VmConfig.debug_console.mode=\"Tty\""));
+        assert!(with(&["debug_console", "mode"], json!("Tty"))
+            .starts_with("VmConfig.debug_console.mode=\"Tty\""));
     }
 }

@@ -34,8 +34,18 @@ pub struct FsConfig {
 }
 
 /// Keys `--fs` accepts.
-pub const FS_KEYS: &[&str] =
-    &["tag", "socket", "num_queues", "queue_size", "id", "dax", "cache_size", "transport", "pci_segment", "control_socket"];
+pub const FS_KEYS: &[&str] = &[
+    "tag",
+    "socket",
+    "num_queues",
+    "queue_size",
+    "id",
+    "dax",
+    "cache_size",
+    "transport",
+    "pci_segment",
+    "control_socket",
+];
 
 impl FsConfig {
     pub fn parse(input: &str, index: usize) -> Result<Self, ConfigError> {
@@ -45,30 +55,50 @@ impl FsConfig {
     /// Checks and converts the values of `--fs` (or of an API FsConfig).
     pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         if o.get("pci_segment").is_some_and(|s| s != "0") {
-            return Err(ConfigError::Unsupported { option: "fs", message: "only pci_segment=0 exists".into() });
+            return Err(ConfigError::Unsupported {
+                option: "fs",
+                message: "only pci_segment=0 exists".into(),
+            });
         }
-        let tag = o.get("tag").ok_or(ConfigError::MissingKey { option: "fs", key: "tag" })?;
+        let tag = o.get("tag").ok_or(ConfigError::MissingKey {
+            option: "fs",
+            key: "tag",
+        })?;
         if tag.is_empty() || tag.len() > MAX_TAG_LEN {
             return Err(o.invalid("tag", tag, "1 to 36 bytes (the virtio-fs config space)"));
         }
-        let socket = o.get("socket").ok_or(ConfigError::MissingKey { option: "fs", key: "socket" })?;
+        let socket = o.get("socket").ok_or(ConfigError::MissingKey {
+            option: "fs",
+            key: "socket",
+        })?;
         if socket.is_empty() {
             return Err(o.invalid("socket", "", "the path of the daemon's vhost-user socket"));
         }
         let num_queues = o.convert("num_queues", parse_u32)?.unwrap_or(1);
         if num_queues == 0 || num_queues > MAX_NUM_QUEUES {
-            return Err(o.invalid("num_queues", &num_queues.to_string(), "1 to 64 request queues"));
+            return Err(o.invalid(
+                "num_queues",
+                &num_queues.to_string(),
+                "1 to 64 request queues",
+            ));
         }
         let queue_size = o.convert("queue_size", parse_u32)?.unwrap_or(1024);
         if !queue_size.is_power_of_two() || queue_size > MAX_QUEUE_SIZE {
-            return Err(o.invalid("queue_size", &queue_size.to_string(), "a power of two up to 32768"));
+            return Err(o.invalid(
+                "queue_size",
+                &queue_size.to_string(),
+                "a power of two up to 32768",
+            ));
         }
         let dax = o.convert("dax", parse_toggle)?.unwrap_or(true);
         let cache_size = o.convert("cache_size", parse_size)?;
         if let Some(size) = cache_size {
             let shown = o.get("cache_size").unwrap_or("");
             if !dax {
-                return Err(ConfigError::Unsupported { option: "fs", message: "cache_size= needs dax=on".into() });
+                return Err(ConfigError::Unsupported {
+                    option: "fs",
+                    message: "cache_size= needs dax=on".into(),
+                });
             }
             if !(MIN_CACHE_SIZE..=MAX_CACHE_SIZE).contains(&size) || size % MIN_CACHE_SIZE != 0 {
                 return Err(o.invalid("cache_size", shown, "a multiple of 2M between 2M and 256G"));
@@ -86,9 +116,17 @@ impl FsConfig {
             },
             dax,
             cache_size,
-            transport: o.convert("transport", Transport::parse)?.unwrap_or_default(),
+            transport: o
+                .convert("transport", Transport::parse)?
+                .unwrap_or_default(),
             control_socket: match o.get("control_socket") {
-                Some("") => return Err(o.invalid("control_socket", "", "the path of the daemon's --control-socket")),
+                Some("") => {
+                    return Err(o.invalid(
+                        "control_socket",
+                        "",
+                        "the path of the daemon's --control-socket",
+                    ))
+                }
                 other => other.map(PathBuf::from),
             },
         })
@@ -106,10 +144,19 @@ mod tests {
         assert_eq!(c.tag, "myfs");
         assert_eq!(c.socket, PathBuf::from("/tmp/fs.sock"));
         assert_eq!((c.num_queues, c.queue_size, c.id.as_str()), (2, 512, "fs0"));
-        assert_eq!((c.dax, c.cache_size, c.transport), (true, Some(64 << 20), Transport::Mmio));
+        assert_eq!(
+            (c.dax, c.cache_size, c.transport),
+            (true, Some(64 << 20), Transport::Mmio)
+        );
         let c = FsConfig::parse("tag=t,socket=s", 1).unwrap();
-        assert_eq!((c.num_queues, c.queue_size, c.id.as_str()), (1, 1024, "_fs1"));
-        assert_eq!((c.dax, c.cache_size, c.transport), (true, None, Transport::Pci));
+        assert_eq!(
+            (c.num_queues, c.queue_size, c.id.as_str()),
+            (1, 1024, "_fs1")
+        );
+        assert_eq!(
+            (c.dax, c.cache_size, c.transport),
+            (true, None, Transport::Pci)
+        );
         assert!(!FsConfig::parse("tag=t,socket=s,dax=off", 0).unwrap().dax);
     }
 
@@ -121,7 +168,10 @@ mod tests {
         assert!(e(&format!("tag={},socket=s", "x".repeat(37))).contains("1 to 36 bytes"));
         assert!(e("tag=t,socket=s,num_queues=0").contains("num_queues=\"0\""));
         assert!(e("tag=t,socket=s,queue_size=1000").contains("power of two"));
-        assert!(e("tag=t,socket=s,cache_size=3M").contains("cache_size=\"3M\"") && e("tag=t,socket=s,cache_size=3M").contains("multiple of 2M"));
+        assert!(
+            e("tag=t,socket=s,cache_size=3M").contains("cache_size=\"3M\"")
+                && e("tag=t,socket=s,cache_size=3M").contains("multiple of 2M")
+        );
         assert!(e("tag=t,socket=s,cache_size=512G").contains("256G"));
         assert!(e("tag=t,socket=s,dax=off,cache_size=8M").contains("needs dax=on"));
         assert!(e("tag=t,socket=s,transport=vsock").contains("pci or mmio"));

@@ -16,13 +16,19 @@ use serde_json::{json, Value};
 use super::fs::FS_KEYS;
 use super::option_parser::OptionValues;
 use super::pmem::PMEM_KEYS;
-use super::{ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig, RngConfig, SerialMode, Transport, VmConfig, RNG_KEYS};
+use super::{
+    ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig, RngConfig,
+    SerialMode, Transport, VmConfig, RNG_KEYS,
+};
 
 /// A body that does not fit its schema; the text names the field.
 #[derive(Debug, thiserror::Error)]
 pub enum JsonConfigError {
     #[error("{what}: {source}")]
-    Shape { what: &'static str, source: serde_json::Error },
+    Shape {
+        what: &'static str,
+        source: serde_json::Error,
+    },
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// A Cloud Hypervisor field this VMM does not implement, with a value
@@ -55,9 +61,15 @@ pub struct FsConfigJson {
 impl FsConfigJson {
     fn into_config(self, index: usize) -> Result<FsConfig, ConfigError> {
         if let Some(slot) = self.pci_device_id {
-            return Err(ConfigError::Unsupported { option: "fs", message: format!("pci_device_id={slot} is not supported (slots are assigned)") });
+            return Err(ConfigError::Unsupported {
+                option: "fs",
+                message: format!("pci_device_id={slot} is not supported (slots are assigned)"),
+            });
         }
-        let mut pairs = vec![("tag", self.tag), ("socket", self.socket.display().to_string())];
+        let mut pairs = vec![
+            ("tag", self.tag),
+            ("socket", self.socket.display().to_string()),
+        ];
         let mut opt = |k, v: Option<String>| {
             if let Some(v) = v {
                 pairs.push((k, v));
@@ -70,7 +82,10 @@ impl FsConfigJson {
         opt("dax", self.dax.map(toggle));
         opt("cache_size", self.cache_size.map(|v| v.to_string()));
         opt("transport", self.transport);
-        opt("control_socket", self.control_socket.map(|p| p.display().to_string()));
+        opt(
+            "control_socket",
+            self.control_socket.map(|p| p.display().to_string()),
+        );
         FsConfig::from_values(&OptionValues::from_pairs("fs", pairs, FS_KEYS)?, index)
     }
 }
@@ -92,7 +107,10 @@ pub struct PmemConfigJson {
 impl PmemConfigJson {
     fn into_config(self, index: usize) -> Result<PmemConfig, ConfigError> {
         if let Some(slot) = self.pci_device_id {
-            return Err(ConfigError::Unsupported { option: "pmem", message: format!("pci_device_id={slot} is not supported (slots are assigned)") });
+            return Err(ConfigError::Unsupported {
+                option: "pmem",
+                message: format!("pci_device_id={slot} is not supported (slots are assigned)"),
+            });
         }
         let mut pairs = vec![("file", self.file.display().to_string())];
         let mut opt = |k, v: Option<String>| {
@@ -199,8 +217,14 @@ fn serial_mode(c: &ConsoleJson, option: &'static str) -> Result<SerialMode, Conf
 /// Parses a `vm.create` body into a checked [`VmConfig`].
 pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
     let ours = super::ch_fields::reduce_vm_config(body).map_err(JsonConfigError::Unsupported)?;
-    let j = VmConfigJson::deserialize(&ours).map_err(|source| JsonConfigError::Shape { what: "VmConfig", source })?;
-    let kernel = j.payload.kernel.ok_or(ConfigError::MissingKey { option: "kernel", key: "payload.kernel" })?;
+    let j = VmConfigJson::deserialize(&ours).map_err(|source| JsonConfigError::Shape {
+        what: "VmConfig",
+        source,
+    })?;
+    let kernel = j.payload.kernel.ok_or(ConfigError::MissingKey {
+        option: "kernel",
+        key: "payload.kernel",
+    })?;
     let cpus = match j.cpus {
         None => CpusConfig::default(),
         Some(c) => {
@@ -221,14 +245,40 @@ pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
         serial_mode(c, "console")?;
     }
     let config = VmConfig {
-        payload: PayloadConfig { kernel, initramfs: j.payload.initramfs, cmdline: j.payload.cmdline.unwrap_or_default() },
+        payload: PayloadConfig {
+            kernel,
+            initramfs: j.payload.initramfs,
+            cmdline: j.payload.cmdline.unwrap_or_default(),
+        },
         cpus,
         memory,
-        serial: j.serial.as_ref().map(|s| serial_mode(s, "serial")).transpose()?.unwrap_or(SerialMode::Null),
-        pmem: j.pmem.unwrap_or_default().into_iter().enumerate().map(|(i, p)| p.into_config(i)).collect::<Result<_, _>>()?,
-        fs: j.fs.unwrap_or_default().into_iter().enumerate().map(|(i, f)| f.into_config(i)).collect::<Result<_, _>>()?,
+        serial: j
+            .serial
+            .as_ref()
+            .map(|s| serial_mode(s, "serial"))
+            .transpose()?
+            .unwrap_or(SerialMode::Null),
+        pmem: j
+            .pmem
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| p.into_config(i))
+            .collect::<Result<_, _>>()?,
+        fs: j
+            .fs
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(i, f)| f.into_config(i))
+            .collect::<Result<_, _>>()?,
         // On by default, as in Cloud Hypervisor, whose VmConfig always has one.
-        rng: Some(j.rng.map(RngJson::into_config).transpose()?.unwrap_or_default()),
+        rng: Some(
+            j.rng
+                .map(RngJson::into_config)
+                .transpose()?
+                .unwrap_or_default(),
+        ),
         pvpanic: j.pvpanic.unwrap_or(true),
     };
     config.validate()?;
@@ -237,13 +287,19 @@ pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
 
 /// Parses a `vm.add-fs` body; `index` names a device given without an id.
 pub fn fs_config_from_json(body: &Value, index: usize) -> Result<FsConfig, JsonConfigError> {
-    let j = FsConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape { what: "FsConfig", source })?;
+    let j = FsConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape {
+        what: "FsConfig",
+        source,
+    })?;
     Ok(j.into_config(index)?)
 }
 
 /// Parses a `vm.add-pmem` body; `index` names a device given without an id.
 pub fn pmem_config_from_json(body: &Value, index: usize) -> Result<PmemConfig, JsonConfigError> {
-    let j = PmemConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape { what: "PmemConfig", source })?;
+    let j = PmemConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape {
+        what: "PmemConfig",
+        source,
+    })?;
     Ok(j.into_config(index)?)
 }
 
@@ -303,24 +359,39 @@ mod tests {
         // What ch-remote puts on the wire for `add-fs tag=myfs,socket=/tmp/x.sock`.
         let body = json!({"pci_segment":0,"tag":"myfs","socket":"/tmp/x.sock","num_queues":1,"queue_size":1024});
         let f = fs_config_from_json(&body, 2).unwrap();
-        assert_eq!((f.tag.as_str(), f.id.as_str(), f.dax, f.cache_size), ("myfs", "_fs2", true, None));
+        assert_eq!(
+            (f.tag.as_str(), f.id.as_str(), f.dax, f.cache_size),
+            ("myfs", "_fs2", true, None)
+        );
         let body = json!({"tag":"t","socket":"s","dax":true,"cache_size":67108864,"transport":"mmio","id":"fs0","control_socket":"/c"});
         let f = fs_config_from_json(&body, 0).unwrap();
-        assert_eq!((f.cache_size, f.transport, f.control_socket), (Some(64 << 20), Transport::Mmio, Some("/c".into())));
+        assert_eq!(
+            (f.cache_size, f.transport, f.control_socket),
+            (Some(64 << 20), Transport::Mmio, Some("/c".into()))
+        );
     }
 
     #[test]
     fn bad_bodies_name_the_field() {
         let e = |v: Value| fs_config_from_json(&v, 0).unwrap_err().to_string();
-        assert!(e(json!({"tag":"t","socket":"s","cache":"always"})).contains("unknown field `cache`"));
+        assert!(
+            e(json!({"tag":"t","socket":"s","cache":"always"})).contains("unknown field `cache`")
+        );
         assert!(e(json!({"socket":"s"})).contains("missing field `tag`"));
-        assert!(e(json!({"tag":"t","socket":"s","num_queues":"two"})).contains("num_queues") || e(json!({"tag":"t","socket":"s","num_queues":"two"})).contains("invalid type"));
+        assert!(
+            e(json!({"tag":"t","socket":"s","num_queues":"two"})).contains("num_queues")
+                || e(json!({"tag":"t","socket":"s","num_queues":"two"})).contains("invalid type")
+        );
         assert!(e(json!({"tag":"t","socket":"s","cache_size":3145728})).contains("multiple of 2M"));
         assert!(e(json!({"tag":"t","socket":"s","transport":"vsock"})).contains("pci or mmio"));
         let p = |v: Value| pmem_config_from_json(&v, 0).unwrap_err().to_string();
         assert!(p(json!({"file":"f","iommu":true})).contains("iommu"));
         assert!(p(json!({"file":"f","size":1000})).contains("multiple of 2M"));
-        assert!(pmem_config_from_json(&json!({"pci_segment":0,"file":"/tmp/p.img","size":67108864,"discard_writes":false}), 0).is_ok());
+        assert!(pmem_config_from_json(
+            &json!({"pci_segment":0,"file":"/tmp/p.img","size":67108864,"discard_writes":false}),
+            0
+        )
+        .is_ok());
     }
 
     #[test]
@@ -333,7 +404,10 @@ mod tests {
             "fs": [{"tag": "t", "socket": "/s", "num_queues": 1, "queue_size": 1024, "id": "fs0", "cache_size": 33554432}],
         });
         let c = vm_config_from_json(&body).unwrap();
-        assert_eq!((c.cpus.boot_vcpus, c.memory.size, c.serial.clone()), (2, 512 << 20, SerialMode::Tty));
+        assert_eq!(
+            (c.cpus.boot_vcpus, c.memory.size, c.serial.clone()),
+            (2, 512 << 20, SerialMode::Tty)
+        );
         assert_eq!(vm_config_from_json(&vm_config_to_json(&c)).unwrap(), c);
     }
 
@@ -342,15 +416,29 @@ mod tests {
         // Every field CH's vm.info fills; CH's defaults are accepted.
         let body = crate::config::ch_fields::tests::ch_vm_info_config();
         let c = vm_config_from_json(&body).unwrap();
-        assert_eq!(c.rng, Some(RngConfig::default()), "rng is on, from /dev/urandom, as in CH");
+        assert_eq!(
+            c.rng,
+            Some(RngConfig::default()),
+            "rng is on, from /dev/urandom, as in CH"
+        );
         assert!(!c.pvpanic, "pvpanic: false is honoured (no device)");
         let info = vm_config_to_json(&c);
-        for key in ["kvm_hyperv", "max_phys_bits", "nested", "core_scheduling", "profile"] {
+        for key in [
+            "kvm_hyperv",
+            "max_phys_bits",
+            "nested",
+            "core_scheduling",
+            "profile",
+        ] {
             assert!(info["cpus"].get(key).is_some(), "vm.info has cpus.{key}");
         }
         assert_eq!(info["memory"]["thp"], true);
         assert_eq!(info["debug_console"]["iobase"], 233);
-        assert_eq!(vm_config_from_json(&info).unwrap(), c, "vm.info's config creates the same VM");
+        assert_eq!(
+            vm_config_from_json(&info).unwrap(),
+            c,
+            "vm.info's config creates the same VM"
+        );
         // Without rng or pvpanic: both on.
         let c = vm_config_from_json(&json!({"payload": {"kernel": "/k"}})).unwrap();
         assert!(c.rng.is_some() && c.pvpanic);
@@ -359,12 +447,28 @@ mod tests {
     #[test]
     fn vm_config_errors() {
         let e = |v: Value| vm_config_from_json(&v).unwrap_err().to_string();
-        assert!(e(json!({"payload": {"kernel": "/k"}, "rng": {"src": "/dev/urandom", "iommu": true}})).contains("iommu=on"));
-        assert!(e(json!({"payload": {"kernel": "/k"}, "frobnicate": 1})).contains("VmConfig.frobnicate: unknown field"));
-        assert!(e(json!({"payload": {"kernel": "/k"}, "net": [{"tap": "t0"}]})).contains("VmConfig.net=[{\"tap\":\"t0\"}] is not supported"));
+        assert!(e(
+            json!({"payload": {"kernel": "/k"}, "rng": {"src": "/dev/urandom", "iommu": true}})
+        )
+        .contains("iommu=on"));
+        assert!(e(json!({"payload": {"kernel": "/k"}, "frobnicate": 1}))
+            .contains("VmConfig.frobnicate: unknown field"));
+        assert!(
+            e(json!({"payload": {"kernel": "/k"}, "net": [{"tap": "t0"}]}))
+                .contains("VmConfig.net=[{\"tap\":\"t0\"}] is not supported")
+        );
         assert!(e(json!({"payload": {}})).contains("payload.kernel"));
-        assert!(e(json!({"payload": {"kernel": "/k"}, "memory": {"size": 1024}})).contains("between 32M and 512G"));
-        assert!(e(json!({"payload": {"kernel": "/k"}, "fs": [{"tag": "t", "socket": "s"}]})).contains("shared=on"));
-        assert!(e(json!({"payload": {"kernel": "/k"}, "console": {"mode": "Tty"}})).contains("virtio-console"));
+        assert!(
+            e(json!({"payload": {"kernel": "/k"}, "memory": {"size": 1024}}))
+                .contains("between 32M and 512G")
+        );
+        assert!(
+            e(json!({"payload": {"kernel": "/k"}, "fs": [{"tag": "t", "socket": "s"}]}))
+                .contains("shared=on")
+        );
+        assert!(
+            e(json!({"payload": {"kernel": "/k"}, "console": {"mode": "Tty"}}))
+                .contains("virtio-console")
+        );
     }
 }

@@ -1,9 +1,9 @@
 //! The VM configuration and its parsing from Cloud Hypervisor's command-line syntax.
 
+mod ch_fields;
 mod fs;
 pub mod json;
 mod option_parser;
-mod ch_fields;
 mod pmem;
 mod rng;
 
@@ -13,8 +13,8 @@ pub use rng::{RngConfig, DEFAULT_RNG_SOURCE, RNG_KEYS};
 
 use std::path::PathBuf;
 
-pub use option_parser::{parse_size, parse_toggle, OptionValues};
 use option_parser::parse_u32;
+pub use option_parser::{parse_size, parse_toggle, OptionValues};
 
 /// Largest vCPU count: APIC ids are 8 bits in the MADT and 0xff is broadcast.
 pub const MAX_VCPUS: u32 = 254;
@@ -27,17 +27,36 @@ pub const MAX_MEMORY: u64 = 512 << 30;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     #[error("--{option}: unknown key \"{key}\" (accepted keys: {accepted})")]
-    UnknownKey { option: &'static str, key: String, accepted: String },
+    UnknownKey {
+        option: &'static str,
+        key: String,
+        accepted: String,
+    },
     #[error("--{option}: \"{item}\" is not key=value (accepted keys: {accepted})")]
-    Malformed { option: &'static str, item: String, accepted: String },
+    Malformed {
+        option: &'static str,
+        item: String,
+        accepted: String,
+    },
     #[error("--{option}: key \"{key}\" given twice")]
     DuplicateKey { option: &'static str, key: String },
     #[error("--{option}: {key}=\"{value}\" is invalid: expected {expected}")]
-    InvalidValue { option: &'static str, key: &'static str, value: String, expected: String },
+    InvalidValue {
+        option: &'static str,
+        key: &'static str,
+        value: String,
+        expected: String,
+    },
     #[error("--{option}: missing required key \"{key}\"")]
-    MissingKey { option: &'static str, key: &'static str },
+    MissingKey {
+        option: &'static str,
+        key: &'static str,
+    },
     #[error("--{option}: {message}")]
-    Unsupported { option: &'static str, message: String },
+    Unsupported {
+        option: &'static str,
+        message: String,
+    },
     #[error("--{option}: device id \"{id}\" is used twice")]
     DuplicateId { option: &'static str, id: String },
 }
@@ -89,7 +108,11 @@ pub struct MemoryConfig {
 impl Default for MemoryConfig {
     fn default() -> Self {
         // Cloud Hypervisor's default.
-        MemoryConfig { size: 512 << 20, shared: false, hugepages: false }
+        MemoryConfig {
+            size: 512 << 20,
+            shared: false,
+            hugepages: false,
+        }
     }
 }
 
@@ -109,7 +132,11 @@ impl MemoryConfig {
         cfg.shared = o.convert("shared", parse_toggle)?.unwrap_or(false);
         cfg.hugepages = o.convert("hugepages", parse_toggle)?.unwrap_or(false);
         if cfg.hugepages && cfg.size % (2 << 20) != 0 {
-            return Err(o.invalid("size", o.get("size").unwrap_or(""), "a multiple of 2M with hugepages=on"));
+            return Err(o.invalid(
+                "size",
+                o.get("size").unwrap_or(""),
+                "a multiple of 2M with hugepages=on",
+            ));
         }
         Ok(cfg)
     }
@@ -140,7 +167,10 @@ impl SerialMode {
             _ => {
                 let o = OptionValues::parse("serial", input, &["file"])?;
                 match o.get("file") {
-                    Some("") | None => Err(ConfigError::MissingKey { option: "serial", key: "file" }),
+                    Some("") | None => Err(ConfigError::MissingKey {
+                        option: "serial",
+                        key: "file",
+                    }),
                     Some(path) => Ok(SerialMode::File(PathBuf::from(path))),
                 }
             }
@@ -194,10 +224,18 @@ impl VmConfig {
                 message: "a vhost-user daemon must map guest RAM: add shared=on to --memory".into(),
             });
         }
-        let mut ids: Vec<&str> = self.pmem.iter().map(|p| p.id.as_str()).chain(self.fs.iter().map(|f| f.id.as_str())).collect();
+        let mut ids: Vec<&str> = self
+            .pmem
+            .iter()
+            .map(|p| p.id.as_str())
+            .chain(self.fs.iter().map(|f| f.id.as_str()))
+            .collect();
         ids.sort_unstable();
         if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
-            return Err(ConfigError::DuplicateId { option: "fs", id: w[0].to_string() });
+            return Err(ConfigError::DuplicateId {
+                option: "fs",
+                id: w[0].to_string(),
+            });
         }
         Ok(())
     }
@@ -216,27 +254,59 @@ mod tests {
             "--cpus: boot=\"0\" is invalid: expected 1 to 254 vCPUs"
         );
         assert!(CpusConfig::parse("boot=255").is_err());
-        assert!(CpusConfig::parse("boot=two").unwrap_err().to_string().contains("unsigned integer"));
-        assert!(CpusConfig::parse("boot=2,max=4").unwrap_err().to_string().contains("hot-plug"));
-        assert!(CpusConfig::parse("topology=1:1:1:1").unwrap_err().to_string().contains("accepted keys: boot, max"));
+        assert!(CpusConfig::parse("boot=two")
+            .unwrap_err()
+            .to_string()
+            .contains("unsigned integer"));
+        assert!(CpusConfig::parse("boot=2,max=4")
+            .unwrap_err()
+            .to_string()
+            .contains("hot-plug"));
+        assert!(CpusConfig::parse("topology=1:1:1:1")
+            .unwrap_err()
+            .to_string()
+            .contains("accepted keys: boot, max"));
     }
 
     #[test]
     fn memory() {
         let m = MemoryConfig::parse("size=1G,shared=on").unwrap();
-        assert_eq!(m, MemoryConfig { size: 1 << 30, shared: true, hugepages: false });
+        assert_eq!(
+            m,
+            MemoryConfig {
+                size: 1 << 30,
+                shared: true,
+                hugepages: false
+            }
+        );
         assert!(!MemoryConfig::parse("size=512M").unwrap().shared);
-        assert!(MemoryConfig::parse("size=1M").unwrap_err().to_string().contains("between 32M and 512G"));
+        assert!(MemoryConfig::parse("size=1M")
+            .unwrap_err()
+            .to_string()
+            .contains("between 32M and 512G"));
         assert!(MemoryConfig::parse("size=1T").is_err());
-        assert!(MemoryConfig::parse("size=33554433").unwrap_err().to_string().contains("multiple of 4K"));
-        assert!(MemoryConfig::parse("size=1G,shared=yes").unwrap_err().to_string().contains("on or off"));
-        assert!(MemoryConfig::parse("size=33M,hugepages=on").unwrap_err().to_string().contains("2M"));
+        assert!(MemoryConfig::parse("size=33554433")
+            .unwrap_err()
+            .to_string()
+            .contains("multiple of 4K"));
+        assert!(MemoryConfig::parse("size=1G,shared=yes")
+            .unwrap_err()
+            .to_string()
+            .contains("on or off"));
+        assert!(MemoryConfig::parse("size=33M,hugepages=on")
+            .unwrap_err()
+            .to_string()
+            .contains("2M"));
     }
 
     #[test]
     fn fs_needs_shared_memory_and_ids_are_unique() {
         let mut cfg = VmConfig {
-            payload: PayloadConfig { kernel: "k".into(), initramfs: None, cmdline: String::new() },
+            payload: PayloadConfig {
+                kernel: "k".into(),
+                initramfs: None,
+                cmdline: String::new(),
+            },
             cpus: CpusConfig::default(),
             memory: MemoryConfig::default(),
             serial: SerialMode::Off,
@@ -245,11 +315,19 @@ mod tests {
             rng: None,
             pvpanic: true,
         };
-        assert!(cfg.validate().unwrap_err().to_string().contains("shared=on"));
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("shared=on"));
         cfg.memory.shared = true;
         assert!(cfg.validate().is_ok());
         cfg.fs[0].id = "dev0".into();
-        assert!(cfg.validate().unwrap_err().to_string().contains("\"dev0\" is used twice"));
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("\"dev0\" is used twice"));
     }
 
     #[test]
@@ -257,11 +335,23 @@ mod tests {
         assert_eq!(SerialMode::parse("tty").unwrap(), SerialMode::Tty);
         assert_eq!(SerialMode::parse("off").unwrap(), SerialMode::Off);
         assert_eq!(SerialMode::parse("null").unwrap(), SerialMode::Null);
-        assert_eq!(SerialMode::parse("file=/tmp/x").unwrap(), SerialMode::File("/tmp/x".into()));
+        assert_eq!(
+            SerialMode::parse("file=/tmp/x").unwrap(),
+            SerialMode::File("/tmp/x".into())
+        );
         assert!(SerialMode::parse("file=").is_err());
-        assert!(SerialMode::parse("pty").unwrap_err().to_string().contains("not supported"));
-        assert!(SerialMode::parse("bogus").unwrap_err().to_string().starts_with("--serial:"));
+        assert!(SerialMode::parse("pty")
+            .unwrap_err()
+            .to_string()
+            .contains("not supported"));
+        assert!(SerialMode::parse("bogus")
+            .unwrap_err()
+            .to_string()
+            .starts_with("--serial:"));
         assert!(parse_console("off").is_ok());
-        assert!(parse_console("tty").unwrap_err().to_string().contains("virtio-console"));
+        assert!(parse_console("tty")
+            .unwrap_err()
+            .to_string()
+            .contains("virtio-console"));
     }
 }

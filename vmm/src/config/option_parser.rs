@@ -39,7 +39,10 @@ impl OptionValues {
                 });
             }
             if values.insert(key.to_string(), value.to_string()).is_some() {
-                return Err(ConfigError::DuplicateKey { option, key: key.to_string() });
+                return Err(ConfigError::DuplicateKey {
+                    option,
+                    key: key.to_string(),
+                });
             }
         }
         Ok(OptionValues { option, values })
@@ -55,7 +58,11 @@ impl OptionValues {
         let mut values = BTreeMap::new();
         for (key, value) in pairs {
             if !accepted.contains(&key) {
-                return Err(ConfigError::UnknownKey { option, key: key.to_string(), accepted: accepted.join(", ") });
+                return Err(ConfigError::UnknownKey {
+                    option,
+                    key: key.to_string(),
+                    accepted: accepted.join(", "),
+                });
             }
             values.insert(key.to_string(), value);
         }
@@ -74,7 +81,9 @@ impl OptionValues {
     ) -> Result<Option<T>, ConfigError> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => convert(v).map(Some).map_err(|expected| self.invalid(key, v, expected)),
+            Some(v) => convert(v)
+                .map(Some)
+                .map_err(|expected| self.invalid(key, v, expected)),
         }
     }
 
@@ -136,13 +145,17 @@ mod tests {
 
     #[test]
     fn unknown_and_malformed_keys_name_the_option() {
-        let e = OptionValues::parse("memory", "size=1G,sharde=on", &["size", "shared"]).unwrap_err();
+        let e =
+            OptionValues::parse("memory", "size=1G,sharde=on", &["size", "shared"]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "--memory: unknown key \"sharde\" (accepted keys: size, shared)"
         );
         let e = OptionValues::parse("cpus", "4", &["boot"]).unwrap_err();
-        assert_eq!(e.to_string(), "--cpus: \"4\" is not key=value (accepted keys: boot)");
+        assert_eq!(
+            e.to_string(),
+            "--cpus: \"4\" is not key=value (accepted keys: boot)"
+        );
         let e = OptionValues::parse("cpus", "boot=1,boot=2", &["boot"]).unwrap_err();
         assert_eq!(e.to_string(), "--cpus: key \"boot\" given twice");
     }
@@ -151,7 +164,10 @@ mod tests {
     fn convert_reports_value_and_expectation() {
         let o = OptionValues::parse("memory", "shared=maybe", &["shared"]).unwrap();
         let e = o.convert("shared", parse_toggle).unwrap_err();
-        assert_eq!(e.to_string(), "--memory: shared=\"maybe\" is invalid: expected on or off");
+        assert_eq!(
+            e.to_string(),
+            "--memory: shared=\"maybe\" is invalid: expected on or off"
+        );
         assert_eq!(o.convert("absent", parse_toggle).unwrap(), None);
     }
 }

@@ -37,7 +37,15 @@ pub struct PmemConfig {
 const TWO_MIB: u64 = 2 << 20;
 
 /// Keys `--pmem` accepts.
-pub const PMEM_KEYS: &[&str] = &["file", "size", "discard_writes", "id", "transport", "iommu", "pci_segment"];
+pub const PMEM_KEYS: &[&str] = &[
+    "file",
+    "size",
+    "discard_writes",
+    "id",
+    "transport",
+    "iommu",
+    "pci_segment",
+];
 
 impl PmemConfig {
     /// `index` names devices given without `id=` (`_pmem0`, `_pmem1`, … as
@@ -50,19 +58,32 @@ impl PmemConfig {
     pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         // Cloud Hypervisor's defaults are accepted, since ch-remote sends them.
         if o.get("iommu").is_some_and(|v| v != "off" && v != "false") {
-            return Err(ConfigError::Unsupported { option: "pmem", message: "iommu=on is not supported".into() });
+            return Err(ConfigError::Unsupported {
+                option: "pmem",
+                message: "iommu=on is not supported".into(),
+            });
         }
         if o.get("pci_segment").is_some_and(|v| v != "0") {
-            return Err(ConfigError::Unsupported { option: "pmem", message: "only pci_segment=0 exists".into() });
+            return Err(ConfigError::Unsupported {
+                option: "pmem",
+                message: "only pci_segment=0 exists".into(),
+            });
         }
-        let file = o.get("file").ok_or(ConfigError::MissingKey { option: "pmem", key: "file" })?;
+        let file = o.get("file").ok_or(ConfigError::MissingKey {
+            option: "pmem",
+            key: "file",
+        })?;
         if file.is_empty() {
             return Err(o.invalid("file", "", "a file or directory path"));
         }
         let size = o.convert("size", parse_size)?;
         if let Some(size) = size {
             if size == 0 || size % TWO_MIB != 0 {
-                return Err(o.invalid("size", o.get("size").unwrap_or(""), "a non-zero multiple of 2M"));
+                return Err(o.invalid(
+                    "size",
+                    o.get("size").unwrap_or(""),
+                    "a non-zero multiple of 2M",
+                ));
             }
         }
         Ok(PmemConfig {
@@ -74,7 +95,9 @@ impl PmemConfig {
                 Some(id) => id.to_string(),
                 None => format!("_pmem{index}"),
             },
-            transport: o.convert("transport", Transport::parse)?.unwrap_or_default(),
+            transport: o
+                .convert("transport", Transport::parse)?
+                .unwrap_or_default(),
         })
     }
 }
@@ -85,27 +108,48 @@ mod tests {
 
     #[test]
     fn parses_cloud_hypervisor_keys_and_ours() {
-        let c = PmemConfig::parse("file=/tmp/p,size=4M,discard_writes=on,id=disk1,transport=mmio", 0).unwrap();
+        let c = PmemConfig::parse(
+            "file=/tmp/p,size=4M,discard_writes=on,id=disk1,transport=mmio",
+            0,
+        )
+        .unwrap();
         assert_eq!(c.file, PathBuf::from("/tmp/p"));
         assert_eq!(c.size, Some(4 << 20));
         assert!(c.discard_writes);
         assert_eq!(c.id, "disk1");
         assert_eq!(c.transport, Transport::Mmio);
         let c = PmemConfig::parse("file=/tmp/p", 3).unwrap();
-        assert_eq!((c.size, c.discard_writes, c.id.as_str(), c.transport), (None, false, "_pmem3", Transport::Pci));
+        assert_eq!(
+            (c.size, c.discard_writes, c.id.as_str(), c.transport),
+            (None, false, "_pmem3", Transport::Pci)
+        );
     }
 
     #[test]
     fn errors_name_the_key_and_the_limit() {
         let e = PmemConfig::parse("size=2M", 0).unwrap_err().to_string();
         assert_eq!(e, "--pmem: missing required key \"file\"");
-        let e = PmemConfig::parse("file=x,size=3M", 0).unwrap_err().to_string();
-        assert!(e.contains("size=\"3M\"") && e.contains("multiple of 2M"), "{e}");
-        let e = PmemConfig::parse("file=x,transport=virtio", 0).unwrap_err().to_string();
-        assert!(e.contains("transport=\"virtio\"") && e.contains("pci or mmio"), "{e}");
-        let e = PmemConfig::parse("file=x,discard_writes=maybe", 0).unwrap_err().to_string();
+        let e = PmemConfig::parse("file=x,size=3M", 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("size=\"3M\"") && e.contains("multiple of 2M"),
+            "{e}"
+        );
+        let e = PmemConfig::parse("file=x,transport=virtio", 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("transport=\"virtio\"") && e.contains("pci or mmio"),
+            "{e}"
+        );
+        let e = PmemConfig::parse("file=x,discard_writes=maybe", 0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("discard_writes"), "{e}");
-        let e = PmemConfig::parse("file=x,readonly=on", 0).unwrap_err().to_string();
+        let e = PmemConfig::parse("file=x,readonly=on", 0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown key \"readonly\""), "{e}");
     }
 }

@@ -18,7 +18,10 @@ pub struct RngConfig {
 
 impl Default for RngConfig {
     fn default() -> Self {
-        RngConfig { src: PathBuf::from(DEFAULT_RNG_SOURCE), transport: Transport::Pci }
+        RngConfig {
+            src: PathBuf::from(DEFAULT_RNG_SOURCE),
+            transport: Transport::Pci,
+        }
     }
 }
 
@@ -33,14 +36,24 @@ impl RngConfig {
 
     pub fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
         if o.get("iommu").is_some_and(|v| v != "off" && v != "false") {
-            return Err(ConfigError::Unsupported { option: "rng", message: "iommu=on is not supported".into() });
+            return Err(ConfigError::Unsupported {
+                option: "rng",
+                message: "iommu=on is not supported".into(),
+            });
         }
         if o.get("pci_segment").is_some_and(|v| v != "0") {
-            return Err(ConfigError::Unsupported { option: "rng", message: "only pci_segment=0 exists".into() });
+            return Err(ConfigError::Unsupported {
+                option: "rng",
+                message: "only pci_segment=0 exists".into(),
+            });
         }
         Ok(RngConfig {
-            src: o.get("src").map_or_else(|| PathBuf::from(DEFAULT_RNG_SOURCE), PathBuf::from),
-            transport: o.convert("transport", Transport::parse)?.unwrap_or_default(),
+            src: o
+                .get("src")
+                .map_or_else(|| PathBuf::from(DEFAULT_RNG_SOURCE), PathBuf::from),
+            transport: o
+                .convert("transport", Transport::parse)?
+                .unwrap_or_default(),
         })
     }
 }
@@ -51,11 +64,25 @@ mod tests {
 
     #[test]
     fn defaults_and_keys() {
-        assert_eq!(RngConfig::parse("src=/dev/urandom").unwrap(), Some(RngConfig::default()));
+        assert_eq!(
+            RngConfig::parse("src=/dev/urandom").unwrap(),
+            Some(RngConfig::default())
+        );
         assert_eq!(RngConfig::parse("off").unwrap(), None);
-        let c = RngConfig::parse("src=/dev/random,transport=mmio").unwrap().unwrap();
-        assert_eq!((c.src.to_str(), c.transport), (Some("/dev/random"), Transport::Mmio));
-        assert_eq!(RngConfig::parse("src=/x,iommu=on").unwrap_err().to_string(), "--rng: iommu=on is not supported");
-        assert!(RngConfig::parse("source=/x").unwrap_err().to_string().contains("unknown key \"source\""));
+        let c = RngConfig::parse("src=/dev/random,transport=mmio")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (c.src.to_str(), c.transport),
+            (Some("/dev/random"), Transport::Mmio)
+        );
+        assert_eq!(
+            RngConfig::parse("src=/x,iommu=on").unwrap_err().to_string(),
+            "--rng: iommu=on is not supported"
+        );
+        assert!(RngConfig::parse("source=/x")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown key \"source\""));
     }
 }

@@ -30,10 +30,22 @@ impl Bus {
         Self::default()
     }
 
-    pub fn insert(&self, device: Arc<Mutex<dyn BusDevice>>, base: u64, len: u64) -> Result<(), BusError> {
-        let end = base.checked_add(len).filter(|_| len > 0).ok_or(BusError::InvalidRange { base, len })?;
+    pub fn insert(
+        &self,
+        device: Arc<Mutex<dyn BusDevice>>,
+        base: u64,
+        len: u64,
+    ) -> Result<(), BusError> {
+        let end = base
+            .checked_add(len)
+            .filter(|_| len > 0)
+            .ok_or(BusError::InvalidRange { base, len })?;
         let mut devices = self.devices.write().unwrap_or_else(|e| e.into_inner());
-        if let Some((&other, _)) = devices.range(..end).next_back().filter(|(b, (l, _))| **b + *l > base) {
+        if let Some((&other, _)) = devices
+            .range(..end)
+            .next_back()
+            .filter(|(b, (l, _))| **b + *l > base)
+        {
             return Err(BusError::Overlap { base, len, other });
         }
         devices.insert(base, (len, device));
@@ -50,7 +62,9 @@ impl Bus {
     pub fn read(&self, addr: u64, data: &mut [u8]) -> bool {
         match self.find(addr) {
             Some((offset, dev)) => {
-                dev.lock().unwrap_or_else(|e| e.into_inner()).read(offset, data);
+                dev.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .read(offset, data);
                 true
             }
             None => false,
@@ -60,7 +74,9 @@ impl Bus {
     pub fn write(&self, addr: u64, data: &[u8]) -> bool {
         match self.find(addr) {
             Some((offset, dev)) => {
-                dev.lock().unwrap_or_else(|e| e.into_inner()).write(offset, data);
+                dev.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .write(offset, data);
                 true
             }
             None => false,
@@ -100,11 +116,27 @@ mod tests {
     #[test]
     fn rejects_overlap_and_empty_ranges() {
         let bus = Bus::new();
-        bus.insert(Arc::new(Mutex::new(Recorder::default())), 0x60, 5).unwrap();
-        let e = bus.insert(Arc::new(Mutex::new(Recorder::default())), 0x64, 1).unwrap_err();
-        assert_eq!(e, BusError::Overlap { base: 0x64, len: 1, other: 0x60 });
-        assert!(bus.insert(Arc::new(Mutex::new(Recorder::default())), 0x50, 0x10).is_ok());
-        assert!(bus.insert(Arc::new(Mutex::new(Recorder::default())), 0x10, 0).is_err());
-        assert!(bus.insert(Arc::new(Mutex::new(Recorder::default())), u64::MAX, 2).is_err());
+        bus.insert(Arc::new(Mutex::new(Recorder::default())), 0x60, 5)
+            .unwrap();
+        let e = bus
+            .insert(Arc::new(Mutex::new(Recorder::default())), 0x64, 1)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            BusError::Overlap {
+                base: 0x64,
+                len: 1,
+                other: 0x60
+            }
+        );
+        assert!(bus
+            .insert(Arc::new(Mutex::new(Recorder::default())), 0x50, 0x10)
+            .is_ok());
+        assert!(bus
+            .insert(Arc::new(Mutex::new(Recorder::default())), 0x10, 0)
+            .is_err());
+        assert!(bus
+            .insert(Arc::new(Mutex::new(Recorder::default())), u64::MAX, 2)
+            .is_err());
     }
 }

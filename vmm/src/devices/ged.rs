@@ -27,7 +27,10 @@ pub struct Ged {
 
 impl Ged {
     pub fn new(irq: EventFd) -> Self {
-        Ged { pending: Mutex::new(0), irq }
+        Ged {
+            pending: Mutex::new(0),
+            irq,
+        }
     }
 
     /// Presses the power button: the guest is interrupted and reads why.
@@ -39,16 +42,32 @@ impl Ged {
     /// The DSDT entries: the GED with its interrupt, event register and
     /// `_EVT` method, and the power button it notifies.
     pub fn append_aml(sink: &mut Vec<u8>) {
-        aml::Device::new("\\_SB_.PWRB".into(), vec![&aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0C0C")), &aml::Name::new("_UID".into(), &0u8)])
-            .to_aml_bytes(sink);
+        aml::Device::new(
+            "\\_SB_.PWRB".into(),
+            vec![
+                &aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0C0C")),
+                &aml::Name::new("_UID".into(), &0u8),
+            ],
+        )
+        .to_aml_bytes(sink);
         let events = aml::Local(0);
         aml::Device::new(
             "\\_SB_.GED_".into(),
             vec![
                 &aml::Name::new("_HID".into(), &"ACPI0013"),
                 &aml::Name::new("_UID".into(), &0u8),
-                &aml::Name::new("_CRS".into(), &aml::ResourceTemplate::new(vec![&aml::Interrupt::new(true, true, false, false, GED_IRQ)])),
-                &aml::OpRegion::new("GDST".into(), aml::OpRegionSpace::SystemIO, &(GED_PORT as usize), &1usize),
+                &aml::Name::new(
+                    "_CRS".into(),
+                    &aml::ResourceTemplate::new(vec![&aml::Interrupt::new(
+                        true, true, false, false, GED_IRQ,
+                    )]),
+                ),
+                &aml::OpRegion::new(
+                    "GDST".into(),
+                    aml::OpRegionSpace::SystemIO,
+                    &(GED_PORT as usize),
+                    &1usize,
+                ),
                 &aml::Field::new(
                     "GDST".into(),
                     aml::FieldAccessType::Byte,
@@ -63,7 +82,10 @@ impl Ged {
                     vec![
                         &aml::Store::new(&events, &aml::Path::new("GDAT")),
                         &aml::If::new(
-                            &aml::Equal::new(&aml::And::new(&aml::Zero {}, &events, &EVENT_POWER_BUTTON), &EVENT_POWER_BUTTON),
+                            &aml::Equal::new(
+                                &aml::And::new(&aml::Zero {}, &events, &EVENT_POWER_BUTTON),
+                                &EVENT_POWER_BUTTON,
+                            ),
                             vec![&aml::Notify::new(&aml::Path::new("\\_SB_.PWRB"), &0x80u8)],
                         ),
                     ],
@@ -90,7 +112,10 @@ pub struct GedHandle(pub std::sync::Arc<Mutex<Ged>>);
 
 impl GedHandle {
     pub fn press_power_button(&self) -> std::io::Result<()> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).press_power_button()
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .press_power_button()
     }
 }
 

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use kvm_bindings::{
-    kvm_irq_routing_entry, kvm_irq_routing_entry__bindgen_ty_1, kvm_irq_routing_irqchip, kvm_irq_routing_msi,
-    KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP,
-    KVM_IRQ_ROUTING_MSI,
+    kvm_irq_routing_entry, kvm_irq_routing_entry__bindgen_ty_1, kvm_irq_routing_irqchip,
+    kvm_irq_routing_msi, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
+    KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI,
 };
 use kvm_ioctls::VmFd;
 use virtio_devices::transport::pci::device::MsiSender;
@@ -34,7 +34,9 @@ fn irqchip_route(gsi: u32, irqchip: u32, pin: u32) -> kvm_irq_routing_entry {
     kvm_irq_routing_entry {
         gsi,
         type_: KVM_IRQ_ROUTING_IRQCHIP,
-        u: kvm_irq_routing_entry__bindgen_ty_1 { irqchip: kvm_irq_routing_irqchip { irqchip, pin } },
+        u: kvm_irq_routing_entry__bindgen_ty_1 {
+            irqchip: kvm_irq_routing_irqchip { irqchip, pin },
+        },
         ..Default::default()
     }
 }
@@ -44,7 +46,12 @@ fn msi_route(gsi: u32, e: MsixEntry) -> kvm_irq_routing_entry {
         gsi,
         type_: KVM_IRQ_ROUTING_MSI,
         u: kvm_irq_routing_entry__bindgen_ty_1 {
-            msi: kvm_irq_routing_msi { address_lo: e.addr_lo, address_hi: e.addr_hi, data: e.data, ..Default::default() },
+            msi: kvm_irq_routing_msi {
+                address_lo: e.addr_lo,
+                address_hi: e.addr_hi,
+                data: e.data,
+                ..Default::default()
+            },
         },
         ..Default::default()
     }
@@ -69,7 +76,10 @@ impl GsiRouter {
             }
             entry.push(irqchip_route(gsi, KVM_IRQCHIP_IOAPIC, gsi));
         }
-        let router = Arc::new(GsiRouter { vm, state: Mutex::new((routes, FIRST_MSI_GSI)) });
+        let router = Arc::new(GsiRouter {
+            vm,
+            state: Mutex::new((routes, FIRST_MSI_GSI)),
+        });
         router.commit(&router.state.lock().unwrap_or_else(|e| e.into_inner()).0)?;
         Ok(router)
     }
@@ -79,7 +89,9 @@ impl GsiRouter {
         for e in routes.values().flatten() {
             table.push(*e).map_err(GsiError::Table)?;
         }
-        self.vm.set_gsi_routing(&table).map_err(GsiError::SetRouting)
+        self.vm
+            .set_gsi_routing(&table)
+            .map_err(GsiError::SetRouting)
     }
 
     /// A new GSI for an MSI route, set by `set_msi`.
@@ -117,7 +129,11 @@ impl IrqfdMsi {
         let vectors = (0..count)
             .map(|_| Ok((router.allocate_msi(), EventFd::new(libc::EFD_NONBLOCK)?)))
             .collect::<Result<_, GsiError>>()?;
-        Ok(IrqfdMsi { router, vectors, attached: Mutex::new(vec![false; usize::from(count)]) })
+        Ok(IrqfdMsi {
+            router,
+            vectors,
+            attached: Mutex::new(vec![false; usize::from(count)]),
+        })
     }
 }
 
@@ -130,22 +146,34 @@ impl MsiSender for IrqfdMsi {
     }
 
     fn update(&self, vector: u16, entry: MsixEntry) -> std::io::Result<()> {
-        let Some((gsi, _)) = self.vectors.get(usize::from(vector)) else { return Ok(()) };
-        self.router.set_msi(*gsi, entry).map_err(|e| std::io::Error::other(e.to_string()))
+        let Some((gsi, _)) = self.vectors.get(usize::from(vector)) else {
+            return Ok(());
+        };
+        self.router
+            .set_msi(*gsi, entry)
+            .map_err(|e| std::io::Error::other(e.to_string()))
     }
 
     fn notifier(&self, vector: u16) -> Option<EventFd> {
-        self.vectors.get(usize::from(vector)).and_then(|(_, evt)| evt.try_clone().ok())
+        self.vectors
+            .get(usize::from(vector))
+            .and_then(|(_, evt)| evt.try_clone().ok())
     }
 
     fn set_masked(&self, vector: u16, masked: bool) -> std::io::Result<()> {
-        let Some((gsi, evt)) = self.vectors.get(usize::from(vector)) else { return Ok(()) };
+        let Some((gsi, evt)) = self.vectors.get(usize::from(vector)) else {
+            return Ok(());
+        };
         let mut attached = self.attached.lock().unwrap_or_else(|e| e.into_inner());
         let slot = &mut attached[usize::from(vector)];
         if *slot != masked {
             return Ok(());
         }
-        let result = if masked { self.router.vm.unregister_irqfd(evt, *gsi) } else { self.router.vm.register_irqfd(evt, *gsi) };
+        let result = if masked {
+            self.router.vm.unregister_irqfd(evt, *gsi)
+        } else {
+            self.router.vm.register_irqfd(evt, *gsi)
+        };
         result.map_err(|source| std::io::Error::other(GsiError::Irqfd { gsi: *gsi, source }))?;
         *slot = !masked;
         Ok(())

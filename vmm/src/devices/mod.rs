@@ -2,10 +2,10 @@
 
 pub mod acpi_pm;
 pub mod bus;
+pub mod ged;
 pub mod gsi_routing;
 pub mod i8042;
 pub mod pci_root;
-pub mod ged;
 pub mod pvpanic;
 pub mod serial;
 pub mod virtio_mmio;

@@ -42,13 +42,14 @@ impl Default for PciRoot {
 
 impl PciRoot {
     pub fn new() -> Self {
-        let mut devices: Vec<Option<Arc<Mutex<dyn PciFunction>>>> = (0..MAX_DEVICES).map(|_| None).collect();
+        let mut devices: Vec<Option<Arc<Mutex<dyn PciFunction>>>> =
+            (0..MAX_DEVICES).map(|_| None).collect();
         let bridge = PciConfiguration::new(PciIds {
             vendor: 0x8086,
             device: 0x0d57,
             subsystem_vendor: 0,
             subsystem: 0,
-            class: 0x06, // bridge
+            class: 0x06,    // bridge
             subclass: 0x00, // host bridge
             prog_if: 0,
             revision: 0,
@@ -74,14 +75,20 @@ impl PciRoot {
     /// Config read of (bus, device, function) at `offset`; absent functions read all ones.
     pub fn read(&self, bdf: (u8, u8, u8), offset: u64, data: &mut [u8]) {
         match self.function(bdf.0, bdf.1, bdf.2) {
-            Some(f) => f.lock().unwrap_or_else(|e| e.into_inner()).read_config(offset, data),
+            Some(f) => f
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .read_config(offset, data),
             None => data.fill(0xff),
         }
     }
 
     pub fn write(&self, bdf: (u8, u8, u8), offset: u64, data: &[u8]) -> Option<usize> {
         let f = self.function(bdf.0, bdf.1, bdf.2)?;
-        let moved = f.lock().unwrap_or_else(|e| e.into_inner()).write_config(offset, data);
+        let moved = f
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .write_config(offset, data);
         if let Some(bar) = moved {
             log::info!("PCI 00:{:02x}.0: BAR {bar} moved by the guest", bdf.1);
         }
@@ -121,7 +128,11 @@ impl BusDevice for PciConfigIo {
             return;
         }
         match offset.checked_sub(4).and_then(|o| self.target(o)) {
-            Some((bdf, reg)) => self.root.lock().unwrap_or_else(|e| e.into_inner()).read(bdf, reg, data),
+            Some((bdf, reg)) => self
+                .root
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .read(bdf, reg, data),
             None => data.fill(0xff),
         }
     }
@@ -134,7 +145,10 @@ impl BusDevice for PciConfigIo {
             return;
         }
         if let Some((bdf, reg)) = offset.checked_sub(4).and_then(|o| self.target(o)) {
-            self.root.lock().unwrap_or_else(|e| e.into_inner()).write(bdf, reg, data);
+            self.root
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .write(bdf, reg, data);
         }
     }
 }
@@ -161,12 +175,18 @@ impl PciEcam {
 impl BusDevice for PciEcam {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         let (bdf, reg) = Self::target(offset);
-        self.root.lock().unwrap_or_else(|e| e.into_inner()).read(bdf, reg, data);
+        self.root
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .read(bdf, reg, data);
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
         let (bdf, reg) = Self::target(offset);
-        self.root.lock().unwrap_or_else(|e| e.into_inner()).write(bdf, reg, data);
+        self.root
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .write(bdf, reg, data);
     }
 }
 
@@ -185,7 +205,11 @@ mod tests {
         io.write(0, &cf8(0, 0));
         let mut v = [0u8; 4];
         io.read(0, &mut v);
-        assert_eq!(u32::from_le_bytes(v), u32::from_le_bytes(cf8(0, 0)), "address register reads back");
+        assert_eq!(
+            u32::from_le_bytes(v),
+            u32::from_le_bytes(cf8(0, 0)),
+            "address register reads back"
+        );
         io.read(4, &mut v);
         assert_eq!(u32::from_le_bytes(v), 0x0d57_8086);
         // Byte access within the data window: class code byte at 0x0b.
@@ -231,7 +255,11 @@ mod tests {
     #[test]
     fn functions_take_free_slots() {
         let root = Arc::new(Mutex::new(PciRoot::new()));
-        let slot = root.lock().unwrap().add(Arc::new(Mutex::new(Fake(7)))).unwrap();
+        let slot = root
+            .lock()
+            .unwrap()
+            .add(Arc::new(Mutex::new(Fake(7))))
+            .unwrap();
         assert_eq!(slot, 1);
         let mut io = PciConfigIo::new(root.clone());
         io.write(0, &cf8(slot, 0x10));
@@ -240,8 +268,17 @@ mod tests {
         io.read(4, &mut v);
         assert_eq!(u32::from_le_bytes(v), 42);
         for _ in 2..MAX_DEVICES {
-            root.lock().unwrap().add(Arc::new(Mutex::new(Fake(0)))).unwrap();
+            root.lock()
+                .unwrap()
+                .add(Arc::new(Mutex::new(Fake(0))))
+                .unwrap();
         }
-        assert!(root.lock().unwrap().add(Arc::new(Mutex::new(Fake(0)))).is_none(), "32 slots");
+        assert!(
+            root.lock()
+                .unwrap()
+                .add(Arc::new(Mutex::new(Fake(0))))
+                .is_none(),
+            "32 slots"
+        );
     }
 }

@@ -31,7 +31,12 @@ impl PvPanic {
                 &aml::Name::new("_STA".into(), &0xfu8),
                 &aml::Name::new(
                     "_CRS".into(),
-                    &aml::ResourceTemplate::new(vec![&aml::IO::new(PVPANIC_PORT, PVPANIC_PORT, 1, 1)]),
+                    &aml::ResourceTemplate::new(vec![&aml::IO::new(
+                        PVPANIC_PORT,
+                        PVPANIC_PORT,
+                        1,
+                        1,
+                    )]),
                 ),
             ],
         )
@@ -51,7 +56,9 @@ impl BusDevice for PvPanic {
     fn write(&mut self, _offset: u64, data: &[u8]) {
         match data.first() {
             Some(v) if v & PVPANIC_PANICKED != 0 => self.exit.request(VmExit::GuestPanic),
-            Some(v) if v & PVPANIC_CRASH_LOADED != 0 => log::warn!("guest panicked; a crash kernel is taking over"),
+            Some(v) if v & PVPANIC_CRASH_LOADED != 0 => {
+                log::warn!("guest panicked; a crash kernel is taking over")
+            }
             _ => {}
         }
     }

@@ -30,7 +30,9 @@ pub struct SerialDevice {
 
 impl SerialDevice {
     pub fn new(irq: EventFd, out: Box<dyn Write + Send>) -> Self {
-        SerialDevice { serial: Serial::new(IrqFdTrigger(irq), out) }
+        SerialDevice {
+            serial: Serial::new(IrqFdTrigger(irq), out),
+        }
     }
 
     /// Describes COM1 in the DSDT. A hardware-reduced ACPI platform has no
@@ -109,8 +111,18 @@ impl InputRouter {
     /// guest keeps reading. With no VM running the input is dropped.
     pub fn feed(&self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
-            let Some(serial) = self.target.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return };
-            let taken = serial.lock().unwrap_or_else(|e| e.into_inner()).enqueue_input(bytes);
+            let Some(serial) = self
+                .target
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+            else {
+                return;
+            };
+            let taken = serial
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .enqueue_input(bytes);
             bytes = &bytes[taken..];
             if taken == 0 {
                 std::thread::sleep(std::time::Duration::from_millis(5));
@@ -132,17 +144,19 @@ pub fn connect_stdin(serial: SharedSerial) -> std::io::Result<Arc<InputRouter>> 
             let mut stdin = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
             let router = STDIN_ROUTER.get_or_init(Default::default).clone();
             let reader = router.clone();
-            std::thread::Builder::new().name("serial-input".into()).spawn(move || {
-                use std::io::Read;
-                if let Err(e) = seccomp::enter_thread(crate::seccomp_filters::SERIAL_INPUT) {
-                    log::error!("serial input: {e}; no console input");
-                    return;
-                }
-                let mut buf = [0u8; 64];
-                while let Ok(n @ 1..) = stdin.read(&mut buf) {
-                    reader.feed(&buf[..n]);
-                }
-            })?;
+            std::thread::Builder::new()
+                .name("serial-input".into())
+                .spawn(move || {
+                    use std::io::Read;
+                    if let Err(e) = seccomp::enter_thread(crate::seccomp_filters::SERIAL_INPUT) {
+                        log::error!("serial input: {e}; no console input");
+                        return;
+                    }
+                    let mut buf = [0u8; 64];
+                    while let Ok(n @ 1..) = stdin.read(&mut buf) {
+                        reader.feed(&buf[..n]);
+                    }
+                })?;
             router
         }
     };
@@ -184,7 +198,12 @@ mod tests {
 
     #[test]
     fn input_goes_to_the_port_connected_now_and_nowhere_after_it_disconnects() {
-        let port = || Arc::new(Mutex::new(SerialDevice::new(EventFd::new(libc::EFD_NONBLOCK).unwrap(), Box::new(std::io::sink()))));
+        let port = || {
+            Arc::new(Mutex::new(SerialDevice::new(
+                EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+                Box::new(std::io::sink()),
+            )))
+        };
         let first_byte = |p: &SharedSerial| {
             let mut v = [0u8];
             p.lock().unwrap().read(0, &mut v);
@@ -213,6 +232,10 @@ mod tests {
         SerialDevice::append_aml(&mut aml);
         assert!(aml.windows(4).any(|w| w == b"COM1"));
         // Extended interrupt descriptor (0x89), consumer|edge, one GSI = 4.
-        assert!(aml.windows(9).any(|w| w == [0x89, 0x06, 0x00, 0x03, 0x01, 0x04, 0x00, 0x00, 0x00]), "{aml:x?}");
+        assert!(
+            aml.windows(9)
+                .any(|w| w == [0x89, 0x06, 0x00, 0x03, 0x01, 0x04, 0x00, 0x00, 0x00]),
+            "{aml:x?}"
+        );
     }
 }

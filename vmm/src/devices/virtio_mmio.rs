@@ -12,7 +12,9 @@ use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{Bus, BusDevice};
-use crate::arch::x86_64::layout::{VIRTIO_MMIO_IRQ_BASE, VIRTIO_MMIO_MAX_DEVICES, VIRTIO_MMIO_START};
+use crate::arch::x86_64::layout::{
+    VIRTIO_MMIO_IRQ_BASE, VIRTIO_MMIO_MAX_DEVICES, VIRTIO_MMIO_START,
+};
 use crate::memory::GuestMemoryMmap;
 
 #[derive(Debug, thiserror::Error)]
@@ -20,7 +22,11 @@ pub enum VirtioMmioError {
     #[error("too many virtio-MMIO devices (at most {VIRTIO_MMIO_MAX_DEVICES})")]
     TooMany,
     #[error("virtio-MMIO device {index}: {what}: {source}")]
-    Kvm { index: u64, what: &'static str, source: kvm_ioctls::Error },
+    Kvm {
+        index: u64,
+        what: &'static str,
+        source: kvm_ioctls::Error,
+    },
     #[error("virtio-MMIO device {index}: {source}")]
     Io { index: u64, source: std::io::Error },
     #[error("virtio-MMIO device {index}: {message}")]
@@ -53,7 +59,10 @@ impl Default for MmioDeviceManager {
 
 impl MmioDeviceManager {
     pub fn new() -> Self {
-        MmioDeviceManager { next_index: 0, aml: Vec::new() }
+        MmioDeviceManager {
+            next_index: 0,
+            aml: Vec::new(),
+        }
     }
 
     pub fn add(
@@ -71,14 +80,30 @@ impl MmioDeviceManager {
         let gsi = VIRTIO_MMIO_IRQ_BASE + index as u32;
         let io = |source| VirtioMmioError::Io { index, source };
         let irqfd = EventFd::new(libc::EFD_NONBLOCK).map_err(io)?;
-        vm.register_irqfd(&irqfd, gsi).map_err(|source| VirtioMmioError::Kvm { index, what: "irqfd", source })?;
+        vm.register_irqfd(&irqfd, gsi)
+            .map_err(|source| VirtioMmioError::Kvm {
+                index,
+                what: "irqfd",
+                source,
+            })?;
         let transport = MmioTransport::new(device, mem.clone(), irqfd).map_err(io)?;
         for (evt, offset, queue) in transport.queue_notifiers() {
             vm.register_ioevent(evt, &IoEventAddress::Mmio(base + offset), queue)
-                .map_err(|source| VirtioMmioError::Kvm { index, what: "ioeventfd", source })?;
+                .map_err(|source| VirtioMmioError::Kvm {
+                    index,
+                    what: "ioeventfd",
+                    source,
+                })?;
         }
-        bus.insert(Arc::new(Mutex::new(MmioBusDevice(transport))), base, MMIO_REGION_SIZE)
-            .map_err(|e| VirtioMmioError::Bus { index, message: e.to_string() })?;
+        bus.insert(
+            Arc::new(Mutex::new(MmioBusDevice(transport))),
+            base,
+            MMIO_REGION_SIZE,
+        )
+        .map_err(|e| VirtioMmioError::Bus {
+            index,
+            message: e.to_string(),
+        })?;
         append_aml(&mut self.aml, index, base, gsi);
         self.next_index += 1;
         Ok(())
@@ -114,7 +139,12 @@ mod tests {
     #[test]
     fn aml_names_the_driver_page_and_pin() {
         let mut aml = Vec::new();
-        append_aml(&mut aml, 1, VIRTIO_MMIO_START + 0x1000, VIRTIO_MMIO_IRQ_BASE + 1);
+        append_aml(
+            &mut aml,
+            1,
+            VIRTIO_MMIO_START + 0x1000,
+            VIRTIO_MMIO_IRQ_BASE + 1,
+        );
         assert!(aml.windows(8).any(|w| w == b"LNRO0005"));
         assert!(aml.windows(4).any(|w| w == b"VM01"));
         // Memory32Fixed: tag 0x86, length 9, read-write, base, length.
@@ -122,6 +152,8 @@ mod tests {
         fixed.extend_from_slice(&0xd000_1000u32.to_le_bytes());
         fixed.extend_from_slice(&0x1000u32.to_le_bytes());
         assert!(aml.windows(fixed.len()).any(|w| w == fixed), "{aml:x?}");
-        assert!(aml.windows(9).any(|w| w == [0x89, 0x06, 0x00, 0x03, 0x01, 0x06, 0x00, 0x00, 0x00]));
+        assert!(aml
+            .windows(9)
+            .any(|w| w == [0x89, 0x06, 0x00, 0x03, 0x01, 0x06, 0x00, 0x00, 0x00]));
     }
 }

@@ -14,7 +14,9 @@ use vm_memory::GuestMemoryAtomic;
 use super::gsi_routing::{GsiError, GsiRouter, IrqfdMsi};
 use super::pci_root::{PciFunction, PciRoot, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE};
 use super::{Bus, BusDevice};
-use crate::arch::x86_64::layout::{PCI_ECAM_SIZE, PCI_ECAM_START, PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE};
+use crate::arch::x86_64::layout::{
+    PCI_ECAM_SIZE, PCI_ECAM_START, PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE,
+};
 use crate::memory::GuestMemoryMmap;
 
 #[derive(Debug, thiserror::Error)]
@@ -37,14 +39,23 @@ struct ConfigSpace(Arc<Mutex<VirtioPciDevice>>);
 
 impl PciFunction for ConfigSpace {
     fn read_config(&mut self, offset: u64, data: &mut [u8]) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).read_config(offset, data);
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .read_config(offset, data);
     }
     fn write_config(&mut self, offset: u64, data: &[u8]) -> Option<usize> {
-        let moved = self.0.lock().unwrap_or_else(|e| e.into_inner()).write_config(offset, data);
+        let moved = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .write_config(offset, data);
         if let Some(bar) = moved {
             // The VMM places BARs inside the bridge's windows and Linux keeps
             // them; a guest that moves one loses that BAR's contents.
-            log::warn!("virtio-pci: the guest moved BAR {bar}; the VMM does not follow BAR relocation");
+            log::warn!(
+                "virtio-pci: the guest moved BAR {bar}; the VMM does not follow BAR relocation"
+            );
         }
         moved
     }
@@ -54,10 +65,16 @@ struct Bar0(Arc<Mutex<VirtioPciDevice>>);
 
 impl BusDevice for Bar0 {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).read_bar0(offset, data);
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .read_bar0(offset, data);
     }
     fn write(&mut self, offset: u64, data: &[u8]) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).write_bar0(offset, data);
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .write_bar0(offset, data);
     }
 }
 
@@ -70,15 +87,31 @@ pub struct PciDeviceManager {
 
 impl PciDeviceManager {
     /// Puts configuration access on the buses: ports 0xCF8/0xCFC and ECAM.
-    pub fn new(vm: &Arc<VmFd>, pio: &Bus, mmio: &Bus, mmio64_start: u64) -> Result<Self, VirtioPciSetupError> {
+    pub fn new(
+        vm: &Arc<VmFd>,
+        pio: &Bus,
+        mmio: &Bus,
+        mmio64_start: u64,
+    ) -> Result<Self, VirtioPciSetupError> {
         let router = GsiRouter::new(vm.clone()).map_err(VirtioPciSetupError::Gsi)?;
         let root = Arc::new(Mutex::new(PciRoot::new()));
         let io = super::pci_root::PciConfigIo::new(root.clone());
         let bus_err = |e: super::bus::BusError| VirtioPciSetupError::Bus(e.to_string());
-        pio.insert(Arc::new(Mutex::new(io)), PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE).map_err(bus_err)?;
+        pio.insert(
+            Arc::new(Mutex::new(io)),
+            PCI_CONFIG_IO_PORT,
+            PCI_CONFIG_IO_SIZE,
+        )
+        .map_err(bus_err)?;
         let ecam = super::pci_root::PciEcam::new(root.clone());
-        mmio.insert(Arc::new(Mutex::new(ecam)), PCI_ECAM_START, PCI_ECAM_SIZE).map_err(bus_err)?;
-        Ok(PciDeviceManager { root, router, next_bar0: PCI_MMIO32_START, mmio64_start })
+        mmio.insert(Arc::new(Mutex::new(ecam)), PCI_ECAM_START, PCI_ECAM_SIZE)
+            .map_err(bus_err)?;
+        Ok(PciDeviceManager {
+            root,
+            router,
+            next_bar0: PCI_MMIO32_START,
+            mmio64_start,
+        })
     }
 
     /// Adds `device`; `shm_bar` is (guest address, size) of its shared memory
@@ -103,8 +136,13 @@ impl PciDeviceManager {
                 .map_err(VirtioPciSetupError::Kvm)?;
         }
         let dev = Arc::new(Mutex::new(dev));
-        self.root.lock().unwrap_or_else(|e| e.into_inner()).add(Arc::new(Mutex::new(ConfigSpace(dev.clone())))).ok_or(VirtioPciSetupError::BusFull)?;
-        mmio.insert(Arc::new(Mutex::new(Bar0(dev))), bar0, BAR0_SIZE).map_err(|e| VirtioPciSetupError::Bus(e.to_string()))?;
+        self.root
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(Arc::new(Mutex::new(ConfigSpace(dev.clone()))))
+            .ok_or(VirtioPciSetupError::BusFull)?;
+        mmio.insert(Arc::new(Mutex::new(Bar0(dev))), bar0, BAR0_SIZE)
+            .map_err(|e| VirtioPciSetupError::Bus(e.to_string()))?;
         self.next_bar0 += BAR0_SIZE;
         Ok(())
     }
@@ -125,7 +163,12 @@ impl PciDeviceManager {
                     "_CRS".into(),
                     &aml::ResourceTemplate::new(vec![
                         &aml::AddressSpace::new_bus_number(0x0u16, 0x0u16),
-                        &aml::IO::new(PCI_CONFIG_IO_PORT as u16, PCI_CONFIG_IO_PORT as u16, 1, PCI_CONFIG_IO_SIZE as u8),
+                        &aml::IO::new(
+                            PCI_CONFIG_IO_PORT as u16,
+                            PCI_CONFIG_IO_PORT as u16,
+                            1,
+                            PCI_CONFIG_IO_SIZE as u8,
+                        ),
                         &aml::AddressSpace::new_memory(
                             aml::AddressSpaceCacheable::NotCacheable,
                             true,

@@ -69,24 +69,45 @@ impl PciConfiguration {
     pub fn new(ids: PciIds) -> Self {
         let mut regs = [0u32; NUM_REGS];
         regs[0] = u32::from(ids.device) << 16 | u32::from(ids.vendor);
-        regs[2] = u32::from(ids.class) << 24 | u32::from(ids.subclass) << 16 | u32::from(ids.prog_if) << 8 | u32::from(ids.revision);
+        regs[2] = u32::from(ids.class) << 24
+            | u32::from(ids.subclass) << 16
+            | u32::from(ids.prog_if) << 8
+            | u32::from(ids.revision);
         regs[11] = u32::from(ids.subsystem) << 16 | u32::from(ids.subsystem_vendor);
         let mut writable = [0u32; NUM_REGS];
         writable[COMMAND_REG] = COMMAND_WRITABLE;
         writable[INTERRUPT_LINE_REG] = 0xff; // interrupt line is scratch for the OS
-        PciConfiguration { regs, writable, bars: [None; 6], last_cap: None, next_cap: FIRST_CAP_OFFSET }
+        PciConfiguration {
+            regs,
+            writable,
+            bars: [None; 6],
+            last_cap: None,
+            next_cap: FIRST_CAP_OFFSET,
+        }
     }
 
     /// Declares BAR `index` at `addr`. A 64-bit BAR also takes slot `index + 1`.
-    pub fn add_bar(&mut self, index: usize, addr: u64, size: u64, kind: BarKind) -> Result<(), PciConfigError> {
+    pub fn add_bar(
+        &mut self,
+        index: usize,
+        addr: u64,
+        size: u64,
+        kind: BarKind,
+    ) -> Result<(), PciConfigError> {
         if size < 16 || !size.is_power_of_two() {
             return Err(PciConfigError::BarSize { index, size });
         }
         if !addr.is_multiple_of(size) {
             return Err(PciConfigError::BarAlignment { index, addr, size });
         }
-        let slots = if matches!(kind, BarKind::Mem64 { .. }) { 2 } else { 1 };
-        if index + slots > 6 || (index..index + slots).any(|i| self.bars[i].is_some() || self.is_upper_half(i)) {
+        let slots = if matches!(kind, BarKind::Mem64 { .. }) {
+            2
+        } else {
+            1
+        };
+        if index + slots > 6
+            || (index..index + slots).any(|i| self.bars[i].is_some() || self.is_upper_half(i))
+        {
             return Err(PciConfigError::BarSlot { index });
         }
         let mask = !(size - 1);
@@ -111,7 +132,14 @@ impl PciConfiguration {
     }
 
     fn is_upper_half(&self, index: usize) -> bool {
-        index > 0 && matches!(self.bars[index - 1], Some(Bar { kind: BarKind::Mem64 { .. }, .. }))
+        index > 0
+            && matches!(
+                self.bars[index - 1],
+                Some(Bar {
+                    kind: BarKind::Mem64 { .. },
+                    ..
+                })
+            )
     }
 
     /// The address BAR `index` currently decodes (as the guest last programmed it).
@@ -131,7 +159,12 @@ impl PciConfiguration {
     /// Appends a capability: `id`, then `body` (everything after the id and
     /// next-pointer bytes). `writable` masks the bytes of the whole capability
     /// (id and next pointer included) the driver may change. Returns its offset.
-    pub fn add_capability(&mut self, id: u8, body: &[u8], writable: &[u8]) -> Result<usize, PciConfigError> {
+    pub fn add_capability(
+        &mut self,
+        id: u8,
+        body: &[u8],
+        writable: &[u8],
+    ) -> Result<usize, PciConfigError> {
         let len = 2 + body.len();
         let offset = self.next_cap;
         if offset + len > LAST_CAP_END {
@@ -169,7 +202,10 @@ impl PciConfiguration {
     /// Reads `data.len()` (1, 2 or 4) bytes at `offset`; anything else reads all ones.
     pub fn read(&self, offset: u64, data: &mut [u8]) {
         let off = offset as usize;
-        if !matches!(data.len(), 1 | 2 | 4) || !off.is_multiple_of(data.len()) || off + data.len() > CONFIG_SPACE_SIZE {
+        if !matches!(data.len(), 1 | 2 | 4)
+            || !off.is_multiple_of(data.len())
+            || off + data.len() > CONFIG_SPACE_SIZE
+        {
             data.fill(0xff);
             return;
         }
@@ -184,7 +220,10 @@ impl PciConfiguration {
     /// ones and then the old address back: that is not a move.)
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Option<usize> {
         let off = offset as usize;
-        if !matches!(data.len(), 1 | 2 | 4) || !off.is_multiple_of(data.len()) || off + data.len() > CONFIG_SPACE_SIZE {
+        if !matches!(data.len(), 1 | 2 | 4)
+            || !off.is_multiple_of(data.len())
+            || off + data.len() > CONFIG_SPACE_SIZE
+        {
             return None;
         }
         let reg = off / 4;
@@ -192,7 +231,11 @@ impl PciConfiguration {
         let mut value = [0u8; 4];
         value[..data.len()].copy_from_slice(data);
         let value = u32::from_le_bytes(value) << shift;
-        let lane = if data.len() == 4 { u32::MAX } else { ((1u32 << (data.len() * 8)) - 1) << shift };
+        let lane = if data.len() == 4 {
+            u32::MAX
+        } else {
+            ((1u32 << (data.len() * 8)) - 1) << shift
+        };
         let mask = self.writable[reg] & lane;
         let before = self.bar_address_for_reg(reg);
         self.regs[reg] = (self.regs[reg] & !mask) | (value & mask);
@@ -264,13 +307,27 @@ mod tests {
     fn bar_sizing_protocol_32_and_64_bit() {
         let mut c = cfg();
         c.add_bar(0, 0xe000_0000, 0x4000, BarKind::Mem32).unwrap();
-        c.add_bar(2, 0x1_0000_0000, 0x40_0000, BarKind::Mem64 { prefetchable: true }).unwrap();
+        c.add_bar(
+            2,
+            0x1_0000_0000,
+            0x40_0000,
+            BarKind::Mem64 { prefetchable: true },
+        )
+        .unwrap();
         assert_eq!(r32(&c, 0x10), 0xe000_0000);
-        assert_eq!(r32(&c, 0x18), 0x0000_000c, "64-bit prefetchable, low address 0");
+        assert_eq!(
+            r32(&c, 0x18),
+            0x0000_000c,
+            "64-bit prefetchable, low address 0"
+        );
         assert_eq!(r32(&c, 0x1c), 1);
         // Size it as a driver does, decoding off: save, write all ones, read,
         // restore. That is not a move.
-        for (off, expect) in [(0x10, 0xffff_c000u32), (0x18, 0xffc0_000c), (0x1c, 0xffff_ffff)] {
+        for (off, expect) in [
+            (0x10, 0xffff_c000u32),
+            (0x18, 0xffc0_000c),
+            (0x1c, 0xffff_ffff),
+        ] {
             let saved = r32(&c, off);
             assert_eq!(c.write(off, &u32::MAX.to_le_bytes()), None);
             assert_eq!(r32(&c, off), expect, "BAR at {off:#x}");
@@ -282,7 +339,11 @@ mod tests {
         assert!(c.memory_enabled());
         assert_eq!(c.write(0x1c, &2u32.to_le_bytes()), Some(2));
         assert_eq!(c.bar_address(2), Some(0x2_0000_0000));
-        assert_eq!(c.write(0x1c, &2u32.to_le_bytes()), None, "same address: nothing moved");
+        assert_eq!(
+            c.write(0x1c, &2u32.to_le_bytes()),
+            None,
+            "same address: nothing moved"
+        );
         // Unused BAR slots read 0 and ignore writes.
         c.write(0x14, &u32::MAX.to_le_bytes());
         assert_eq!(r32(&c, 0x14), 0);
@@ -291,19 +352,60 @@ mod tests {
     #[test]
     fn bad_bars_are_refused() {
         let mut c = cfg();
-        assert_eq!(c.add_bar(0, 0, 0x3000, BarKind::Mem32), Err(PciConfigError::BarSize { index: 0, size: 0x3000 }));
-        assert!(matches!(c.add_bar(0, 0x1000, 0x4000, BarKind::Mem32), Err(PciConfigError::BarAlignment { .. })));
-        assert!(matches!(c.add_bar(5, 0, 0x4000, BarKind::Mem64 { prefetchable: false }), Err(PciConfigError::BarSlot { .. })));
-        assert!(matches!(c.add_bar(0, 0x1_0000_0000, 0x4000, BarKind::Mem32), Err(PciConfigError::BarAbove4G { .. })));
-        c.add_bar(2, 0, 0x4000, BarKind::Mem64 { prefetchable: false }).unwrap();
-        assert!(matches!(c.add_bar(3, 0, 0x4000, BarKind::Mem32), Err(PciConfigError::BarSlot { .. })));
+        assert_eq!(
+            c.add_bar(0, 0, 0x3000, BarKind::Mem32),
+            Err(PciConfigError::BarSize {
+                index: 0,
+                size: 0x3000
+            })
+        );
+        assert!(matches!(
+            c.add_bar(0, 0x1000, 0x4000, BarKind::Mem32),
+            Err(PciConfigError::BarAlignment { .. })
+        ));
+        assert!(matches!(
+            c.add_bar(
+                5,
+                0,
+                0x4000,
+                BarKind::Mem64 {
+                    prefetchable: false
+                }
+            ),
+            Err(PciConfigError::BarSlot { .. })
+        ));
+        assert!(matches!(
+            c.add_bar(0, 0x1_0000_0000, 0x4000, BarKind::Mem32),
+            Err(PciConfigError::BarAbove4G { .. })
+        ));
+        c.add_bar(
+            2,
+            0,
+            0x4000,
+            BarKind::Mem64 {
+                prefetchable: false,
+            },
+        )
+        .unwrap();
+        assert!(matches!(
+            c.add_bar(3, 0, 0x4000, BarKind::Mem32),
+            Err(PciConfigError::BarSlot { .. })
+        ));
     }
 
     #[test]
     fn capability_list_walks_like_a_driver() {
         let mut c = cfg();
-        let a = c.add_capability(0x09, &[16, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]).unwrap();
-        let b = c.add_capability(0x11, &[0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0], &[0, 0, 0x00, 0xc0]).unwrap();
+        let a = c
+            .add_capability(0x09, &[16, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[])
+            .unwrap();
+        let b = c
+            .add_capability(
+                0x11,
+                &[0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0],
+                &[0, 0, 0x00, 0xc0],
+            )
+            .unwrap();
         assert_ne!(r32(&c, 4) & STATUS_CAP_LIST, 0);
         let mut found = Vec::new();
         let mut ptr = r32(&c, 0x34) as u64 & 0xff;
@@ -321,6 +423,9 @@ mod tests {
         let mut ctl = [0u8; 2];
         c.read(b as u64 + 2, &mut ctl);
         assert_eq!(u16::from_le_bytes(ctl), 0xc000);
-        assert!(matches!(c.add_capability(0x09, &[0; 200], &[]), Err(PciConfigError::CapabilitySpace { .. })));
+        assert!(matches!(
+            c.add_capability(0x09, &[0; 200], &[]),
+            Err(PciConfigError::CapabilitySpace { .. })
+        ));
     }
 }

@@ -86,22 +86,31 @@ impl PciInterrupt {
     fn vector_for(&self, interrupt: Interrupt) -> u16 {
         match interrupt {
             Interrupt::Config => self.config_vector.load(Ordering::SeqCst),
-            Interrupt::Queue(i) => {
-                self.queue_vectors.get(usize::from(i)).map_or(VIRTIO_MSI_NO_VECTOR, |v| v.load(Ordering::SeqCst))
-            }
+            Interrupt::Queue(i) => self
+                .queue_vectors
+                .get(usize::from(i))
+                .map_or(VIRTIO_MSI_NO_VECTOR, |v| v.load(Ordering::SeqCst)),
         }
     }
 }
 
 impl VirtioInterrupt for PciInterrupt {
     fn trigger(&self, interrupt: Interrupt) -> std::io::Result<()> {
-        let bit = if interrupt == Interrupt::Config { ISR_CONFIG } else { ISR_QUEUE };
+        let bit = if interrupt == Interrupt::Config {
+            ISR_CONFIG
+        } else {
+            ISR_QUEUE
+        };
         self.isr.fetch_or(bit, Ordering::SeqCst);
         let vector = self.vector_for(interrupt);
         if vector == VIRTIO_MSI_NO_VECTOR {
             return Ok(()); // no INTx here: the driver must assign a vector
         }
-        let delivery = self.msix.lock().unwrap_or_else(|e| e.into_inner()).trigger(vector);
+        let delivery = self
+            .msix
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .trigger(vector);
         match delivery {
             Delivery::Deliver(entry) => self.sender.send(vector, entry),
             Delivery::Pending | Delivery::Dropped => Ok(()),
@@ -181,17 +190,62 @@ impl VirtioPciDevice {
             prog_if: 0,
             revision: 1, // modern-only device
         });
-        config.add_bar(0, bar0, BAR0_SIZE, BarKind::Mem64 { prefetchable: false })?;
+        config.add_bar(
+            0,
+            bar0,
+            BAR0_SIZE,
+            BarKind::Mem64 {
+                prefetchable: false,
+            },
+        )?;
         if let Some((addr, size)) = shm_bar {
-            config.add_bar(usize::from(SHM_BAR), addr, size.max(SHM_BAR_MIN_ALIGN), BarKind::Mem64 { prefetchable: true })?;
+            config.add_bar(
+                usize::from(SHM_BAR),
+                addr,
+                size.max(SHM_BAR_MIN_ALIGN),
+                BarKind::Mem64 { prefetchable: true },
+            )?;
         }
-        config.add_capability(PCI_CAP_ID_VNDR, &virtio_cap(CAP_COMMON, 0, 0, COMMON_CFG_OFFSET as u32, COMMON_CFG_SIZE as u32, &[]), &[])?;
-        config.add_capability(PCI_CAP_ID_VNDR, &virtio_cap(CAP_ISR, 0, 0, ISR_OFFSET as u32, 1, &[]), &[])?;
-        config.add_capability(PCI_CAP_ID_VNDR, &virtio_cap(CAP_DEVICE, 0, 0, DEVICE_CFG_OFFSET as u32, DEVICE_CFG_SIZE as u32, &[]), &[])?;
+        config.add_capability(
+            PCI_CAP_ID_VNDR,
+            &virtio_cap(
+                CAP_COMMON,
+                0,
+                0,
+                COMMON_CFG_OFFSET as u32,
+                COMMON_CFG_SIZE as u32,
+                &[],
+            ),
+            &[],
+        )?;
+        config.add_capability(
+            PCI_CAP_ID_VNDR,
+            &virtio_cap(CAP_ISR, 0, 0, ISR_OFFSET as u32, 1, &[]),
+            &[],
+        )?;
+        config.add_capability(
+            PCI_CAP_ID_VNDR,
+            &virtio_cap(
+                CAP_DEVICE,
+                0,
+                0,
+                DEVICE_CFG_OFFSET as u32,
+                DEVICE_CFG_SIZE as u32,
+                &[],
+            ),
+            &[],
+        )?;
         let notify_len = (queues as u32).max(1) * NOTIFY_OFF_MULTIPLIER;
         config.add_capability(
             PCI_CAP_ID_VNDR,
-            &virtio_cap(CAP_NOTIFY, 0, 0, NOTIFY_OFFSET as u32, notify_len, &NOTIFY_OFF_MULTIPLIER.to_le_bytes()),
+            &virtio_cap(
+                CAP_NOTIFY,
+                0,
+                0,
+                NOTIFY_OFFSET as u32,
+                notify_len,
+                &NOTIFY_OFF_MULTIPLIER.to_le_bytes(),
+            ),
             &[],
         )?;
         if let Some((bar_addr, _)) = shm_bar {
@@ -200,13 +254,27 @@ impl VirtioPciDevice {
                 let mut extra = Vec::new();
                 extra.extend_from_slice(&((offset >> 32) as u32).to_le_bytes());
                 extra.extend_from_slice(&((r.len >> 32) as u32).to_le_bytes());
-                let body = virtio_cap(CAP_SHARED_MEMORY, SHM_BAR, r.id, offset as u32, r.len as u32, &extra);
+                let body = virtio_cap(
+                    CAP_SHARED_MEMORY,
+                    SHM_BAR,
+                    r.id,
+                    offset as u32,
+                    r.len as u32,
+                    &extra,
+                );
                 config.add_capability(PCI_CAP_ID_VNDR, &body, &[])?;
             }
         }
         // PCI configuration access: bar, offset and length are writable, then the data window.
-        let pci_cfg_writable = [0, 0, 0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff];
-        let pci_cfg_cap = config.add_capability(PCI_CAP_ID_VNDR, &virtio_cap(CAP_PCI_CFG, 0, 0, 0, 0, &[0; 4]), &pci_cfg_writable)?;
+        let pci_cfg_writable = [
+            0, 0, 0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0xff, 0xff,
+        ];
+        let pci_cfg_cap = config.add_capability(
+            PCI_CAP_ID_VNDR,
+            &virtio_cap(CAP_PCI_CFG, 0, 0, 0, 0, &[0; 4]),
+            &pci_cfg_writable,
+        )?;
         let msix = MsixConfig::new(msix_vectors);
         let mut msix_body = Vec::new();
         msix_body.extend_from_slice(&(msix_vectors - 1).to_le_bytes()); // table size - 1; enable/mask start clear
@@ -218,7 +286,9 @@ impl VirtioPciDevice {
             msix: Arc::new(Mutex::new(msix)),
             isr: AtomicU8::new(0),
             config_vector: AtomicU16::new(VIRTIO_MSI_NO_VECTOR),
-            queue_vectors: (0..queues).map(|_| AtomicU16::new(VIRTIO_MSI_NO_VECTOR)).collect(),
+            queue_vectors: (0..queues)
+                .map(|_| AtomicU16::new(VIRTIO_MSI_NO_VECTOR))
+                .collect(),
             sender,
         });
         Ok(VirtioPciDevice {
@@ -241,7 +311,13 @@ impl VirtioPciDevice {
             .kicks()
             .iter()
             .enumerate()
-            .map(|(i, fd)| (fd, NOTIFY_OFFSET + i as u64 * u64::from(NOTIFY_OFF_MULTIPLIER), i as u16))
+            .map(|(i, fd)| {
+                (
+                    fd,
+                    NOTIFY_OFFSET + i as u64 * u64::from(NOTIFY_OFF_MULTIPLIER),
+                    i as u16,
+                )
+            })
             .collect()
     }
 
@@ -279,7 +355,12 @@ impl VirtioPciDevice {
         let ctl_reg = self.msix_cap as u64 & !3;
         if offset & !3 == ctl_reg {
             let control = (self.config.read_reg(self.msix_cap / 4) >> 16) as u16;
-            let updates = self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner()).set_message_control(control);
+            let updates = self
+                .interrupt
+                .msix
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .set_message_control(control);
             self.apply(updates);
         }
         moved
@@ -319,10 +400,17 @@ impl VirtioPciDevice {
     /// unmasked (so they go out through a live route and an armed irqfd).
     fn apply(&self, updates: Vec<MsixUpdate>) {
         let sender = &self.interrupt.sender;
-        let warn = |what: &dyn std::fmt::Debug, e: std::io::Error| log::warn!("virtio-pci: MSI-X {what:?}: {e}");
+        let warn = |what: &dyn std::fmt::Debug, e: std::io::Error| {
+            log::warn!("virtio-pci: MSI-X {what:?}: {e}")
+        };
         for u in &updates {
             if let MsixUpdate::Entry(vector) = *u {
-                let entry = self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner()).entry(vector);
+                let entry = self
+                    .interrupt
+                    .msix
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(vector);
                 if let Some(Err(e)) = entry.map(|e| sender.update(vector, e)) {
                     warn(u, e);
                 }
@@ -330,7 +418,11 @@ impl VirtioPciDevice {
         }
         {
             // Under the lock, so no trigger sees a mask the sender has not.
-            let msix = self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner());
+            let msix = self
+                .interrupt
+                .msix
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             for vector in 0..msix.vectors() {
                 if let Err(e) = sender.set_masked(vector, msix.masked(vector)) {
                     warn(&("mask", vector), e);
@@ -354,12 +446,18 @@ impl VirtioPciDevice {
             o if (DEVICE_CFG_OFFSET..DEVICE_CFG_OFFSET + DEVICE_CFG_SIZE).contains(&o) => {
                 self.state.device().read_config(o - DEVICE_CFG_OFFSET, data)
             }
-            o if (MSIX_TABLE_OFFSET..MSIX_PBA_OFFSET).contains(&o) => {
-                self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner()).read_table(o - MSIX_TABLE_OFFSET, data)
-            }
-            o if (MSIX_PBA_OFFSET..BAR0_SIZE).contains(&o) => {
-                self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner()).read_pba(o - MSIX_PBA_OFFSET, data)
-            }
+            o if (MSIX_TABLE_OFFSET..MSIX_PBA_OFFSET).contains(&o) => self
+                .interrupt
+                .msix
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .read_table(o - MSIX_TABLE_OFFSET, data),
+            o if (MSIX_PBA_OFFSET..BAR0_SIZE).contains(&o) => self
+                .interrupt
+                .msix
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .read_pba(o - MSIX_PBA_OFFSET, data),
             o if o < COMMON_CFG_SIZE => self.read_common(o, data),
             _ => {}
         }
@@ -379,9 +477,10 @@ impl VirtioPciDevice {
 
     pub fn write_bar0(&mut self, offset: u64, data: &[u8]) {
         match offset {
-            o if (DEVICE_CFG_OFFSET..DEVICE_CFG_OFFSET + DEVICE_CFG_SIZE).contains(&o) => {
-                self.state.device_mut().write_config(o - DEVICE_CFG_OFFSET, data)
-            }
+            o if (DEVICE_CFG_OFFSET..DEVICE_CFG_OFFSET + DEVICE_CFG_SIZE).contains(&o) => self
+                .state
+                .device_mut()
+                .write_config(o - DEVICE_CFG_OFFSET, data),
             o if (NOTIFY_OFFSET..MSIX_TABLE_OFFSET).contains(&o) => {
                 // Reached only when no ioeventfd caught the write.
                 let index = (o - NOTIFY_OFFSET) / u64::from(NOTIFY_OFF_MULTIPLIER);
@@ -390,8 +489,12 @@ impl VirtioPciDevice {
                 }
             }
             o if (MSIX_TABLE_OFFSET..MSIX_PBA_OFFSET).contains(&o) => {
-                let updates =
-                    self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner()).write_table(o - MSIX_TABLE_OFFSET, data);
+                let updates = self
+                    .interrupt
+                    .msix
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .write_table(o - MSIX_TABLE_OFFSET, data);
                 self.apply(updates);
             }
             o if o < COMMON_CFG_SIZE => self.write_common(o, data),
@@ -426,7 +529,9 @@ impl VirtioPciDevice {
                 .interrupt
                 .queue_vectors
                 .get(usize::from(self.queue_select))
-                .map_or(u64::from(VIRTIO_MSI_NO_VECTOR), |v| u64::from(v.load(Ordering::SeqCst))),
+                .map_or(u64::from(VIRTIO_MSI_NO_VECTOR), |v| {
+                    u64::from(v.load(Ordering::SeqCst))
+                }),
             (0x1c, 2) => q.map_or(0, |q| u64::from(q.ready())),
             (0x1e, 2) => u64::from(self.queue_select), // queue_notify_off
             (0x20 | 0x28 | 0x30, 8) | (0x20 | 0x24 | 0x28 | 0x2c | 0x30 | 0x34, 4) => {
@@ -439,7 +544,11 @@ impl VirtioPciDevice {
                 if data.len() == 4 && offset % 8 == 4 {
                     full >> 32
                 } else {
-                    full & if data.len() == 4 { 0xffff_ffff } else { u64::MAX }
+                    full & if data.len() == 4 {
+                        0xffff_ffff
+                    } else {
+                        u64::MAX
+                    }
                 }
             }
             _ => 0,
@@ -458,8 +567,13 @@ impl VirtioPciDevice {
         match (offset, data.len()) {
             (0x00, 4) => self.device_feature_select = v as u32,
             (0x08, 4) => self.driver_feature_select = v as u32,
-            (0x0c, 4) => self.state.write_driver_features(self.driver_feature_select, v as u32),
-            (0x10, 2) => self.interrupt.config_vector.store(self.checked_vector(v as u16), Ordering::SeqCst),
+            (0x0c, 4) => self
+                .state
+                .write_driver_features(self.driver_feature_select, v as u32),
+            (0x10, 2) => self
+                .interrupt
+                .config_vector
+                .store(self.checked_vector(v as u16), Ordering::SeqCst),
             (0x14, 1) => {
                 self.state.write_status(v as u32, &self.device_interrupt);
                 if v == 0 && self.state.status() == 0 {
@@ -474,7 +588,11 @@ impl VirtioPciDevice {
             }
             (0x1a, 2) => {
                 let vector = self.checked_vector(v as u16);
-                if let Some(slot) = self.interrupt.queue_vectors.get(usize::from(self.queue_select)) {
+                if let Some(slot) = self
+                    .interrupt
+                    .queue_vectors
+                    .get(usize::from(self.queue_select))
+                {
                     slot.store(vector, Ordering::SeqCst);
                 }
             }
@@ -484,7 +602,9 @@ impl VirtioPciDevice {
                 }
             }
             (0x20 | 0x24 | 0x28 | 0x2c | 0x30 | 0x34, 4) | (0x20 | 0x28 | 0x30, 8) => {
-                let Some(q) = self.state.configurable_queue(sel) else { return };
+                let Some(q) = self.state.configurable_queue(sel) else {
+                    return;
+                };
                 let (lo, hi) = match (data.len(), offset % 8) {
                     (8, _) => (Some(v as u32), Some((v >> 32) as u32)),
                     (_, 0) => (Some(v as u32), None),
@@ -492,14 +612,22 @@ impl VirtioPciDevice {
                 };
                 set_queue_address(q, offset & !7, lo, hi);
             }
-            _ => log::debug!("virtio-pci: {}-byte write {v:#x} to common config {offset:#x} ignored", data.len()),
+            _ => log::debug!(
+                "virtio-pci: {}-byte write {v:#x} to common config {offset:#x} ignored",
+                data.len()
+            ),
         }
     }
 
     /// A vector past the table reads back as NO_VECTOR, which tells the
     /// driver the assignment failed.
     fn checked_vector(&self, vector: u16) -> u16 {
-        let count = self.interrupt.msix.lock().unwrap_or_else(|e| e.into_inner()).vectors();
+        let count = self
+            .interrupt
+            .msix
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .vectors();
         if vector < count {
             vector
         } else {
@@ -512,7 +640,9 @@ impl VirtioPciDevice {
         self.driver_feature_select = 0;
         self.queue_select = 0;
         self.interrupt.isr.store(0, Ordering::SeqCst);
-        self.interrupt.config_vector.store(VIRTIO_MSI_NO_VECTOR, Ordering::SeqCst);
+        self.interrupt
+            .config_vector
+            .store(VIRTIO_MSI_NO_VECTOR, Ordering::SeqCst);
         for v in &self.interrupt.queue_vectors {
             v.store(VIRTIO_MSI_NO_VECTOR, Ordering::SeqCst);
         }
@@ -527,7 +657,6 @@ fn set_queue_address(q: &mut Queue, which: u64, lo: Option<u32>, hi: Option<u32>
         _ => q.set_used_ring_address(lo, hi),
     }
 }
-
 
 #[cfg(test)]
 #[path = "device_tests.rs"]

@@ -2,8 +2,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use virtio_bindings::virtio_config::{
-    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_FEATURES_OK,
-    VIRTIO_F_VERSION_1,
+    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
+    VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_F_VERSION_1,
 };
 use vm_memory::{GuestAddress, GuestMemoryAtomic};
 
@@ -45,14 +45,24 @@ impl VirtioDevice for Dev {
         true
     }
     fn shm_regions(&self) -> Vec<SharedMemoryRegion> {
-        vec![SharedMemoryRegion { id: 0, guest_addr: SHM_BAR_ADDR, len: SHM_LEN, host_addr: 0 }]
+        vec![SharedMemoryRegion {
+            id: 0,
+            guest_addr: SHM_BAR_ADDR,
+            len: SHM_LEN,
+            host_addr: 0,
+        }]
     }
 }
 
 /// Records what the transport asks of its MSI sender: (sent, re-routed,
 /// mask state per vector, vectors whose notifier was asked for).
 #[derive(Default)]
-struct Sent(Mutex<Vec<(u16, u32)>>, Mutex<Vec<(u16, u32)>>, Mutex<BTreeMap<u16, bool>>, Mutex<Vec<u16>>);
+struct Sent(
+    Mutex<Vec<(u16, u32)>>,
+    Mutex<Vec<(u16, u32)>>,
+    Mutex<BTreeMap<u16, bool>>,
+    Mutex<Vec<u16>>,
+);
 impl MsiSender for Sent {
     fn send(&self, vector: u16, entry: MsixEntry) -> std::io::Result<()> {
         self.0.lock().unwrap().push((vector, entry.data));
@@ -75,7 +85,13 @@ impl MsiSender for Sent {
 impl Sent {
     /// The vectors the sender was last told are unmasked.
     fn unmasked(&self) -> Vec<u16> {
-        self.2.lock().unwrap().iter().filter(|(_, m)| !**m).map(|(v, _)| *v).collect()
+        self.2
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, m)| !**m)
+            .map(|(v, _)| *v)
+            .collect()
     }
 }
 
@@ -84,7 +100,9 @@ fn device() -> (VirtioPciDevice, Arc<Mutex<Vec<u16>>>, Arc<Sent>) {
     let activated = Arc::new(Mutex::new(Vec::new()));
     let sent = Arc::new(Sent::default());
     let d = VirtioPciDevice::new(
-        Box::new(Dev { activated: activated.clone() }),
+        Box::new(Dev {
+            activated: activated.clone(),
+        }),
         GuestMemoryAtomic::new(mem),
         BAR0,
         Some((SHM_BAR_ADDR, SHM_LEN)),
@@ -168,14 +186,26 @@ fn ids_bars_and_every_capability_field() {
     assert_eq!(d.bar_address(2), Some(SHM_BAR_ADDR));
     assert_eq!(cfg32(&d, 0x18) & 0xf, 0xc, "BAR 2: 64-bit prefetchable");
     let (caps, mult, msix) = walk(&d);
-    let expect = |cfg_type, bar, id, offset, length| VirtioCap { cfg_type, bar, id, offset, length };
+    let expect = |cfg_type, bar, id, offset, length| VirtioCap {
+        cfg_type,
+        bar,
+        id,
+        offset,
+        length,
+    };
     assert_eq!(
         caps,
         vec![
             expect(CAP_COMMON, 0, 0, COMMON_CFG_OFFSET, COMMON_CFG_SIZE),
             expect(CAP_ISR, 0, 0, ISR_OFFSET, 1),
             expect(CAP_DEVICE, 0, 0, DEVICE_CFG_OFFSET, DEVICE_CFG_SIZE),
-            expect(CAP_NOTIFY, 0, 0, NOTIFY_OFFSET, 2 * u64::from(NOTIFY_OFF_MULTIPLIER)),
+            expect(
+                CAP_NOTIFY,
+                0,
+                0,
+                NOTIFY_OFFSET,
+                2 * u64::from(NOTIFY_OFF_MULTIPLIER)
+            ),
             expect(CAP_SHARED_MEMORY, SHM_BAR, 0, 0, SHM_LEN),
             expect(CAP_PCI_CFG, 0, 0, 0, 0),
         ]
@@ -183,7 +213,11 @@ fn ids_bars_and_every_capability_field() {
     assert_eq!(mult, Some(u64::from(NOTIFY_OFF_MULTIPLIER)));
     let msix = msix.expect("MSI-X capability");
     assert_eq!(cfg32(&d, msix) >> 16 & 0x7ff, 2, "table size - 1");
-    assert_eq!(cfg32(&d, msix + 4), MSIX_TABLE_OFFSET as u32, "table in BAR 0");
+    assert_eq!(
+        cfg32(&d, msix + 4),
+        MSIX_TABLE_OFFSET as u32,
+        "table in BAR 0"
+    );
     assert_eq!(cfg32(&d, msix + 8), MSIX_PBA_OFFSET as u32, "PBA in BAR 0");
 }
 
@@ -193,13 +227,32 @@ fn common_config_brings_the_device_up() {
     assert_eq!(bar_r(&mut d, 0x12, 2), 2, "num_queues");
     bar_w(&mut d, 0x00, 1, 4);
     assert_eq!(bar_r(&mut d, 0x04, 4), 1, "VERSION_1 is bit 32");
-    bar_w(&mut d, 0x14, u64::from(VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER), 1);
+    bar_w(
+        &mut d,
+        0x14,
+        u64::from(VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER),
+        1,
+    );
     bar_w(&mut d, 0x08, 1, 4);
     bar_w(&mut d, 0x0c, 1, 4);
-    bar_w(&mut d, 0x14, u64::from(VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK), 1);
-    assert_ne!(bar_r(&mut d, 0x14, 1) as u32 & VIRTIO_CONFIG_S_FEATURES_OK, 0);
+    bar_w(
+        &mut d,
+        0x14,
+        u64::from(
+            VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK,
+        ),
+        1,
+    );
+    assert_ne!(
+        bar_r(&mut d, 0x14, 1) as u32 & VIRTIO_CONFIG_S_FEATURES_OK,
+        0
+    );
     bar_w(&mut d, 0x16, 1, 2);
-    assert_eq!(bar_r(&mut d, 0x18, 2), 64, "queue_size defaults to the maximum");
+    assert_eq!(
+        bar_r(&mut d, 0x18, 2),
+        64,
+        "queue_size defaults to the maximum"
+    );
     assert_eq!(bar_r(&mut d, 0x1e, 2), 1, "queue_notify_off");
     bar_w(&mut d, 0x18, 32, 2);
     bar_w(&mut d, 0x20, 0x1_0000, 8);
@@ -216,9 +269,17 @@ fn common_config_brings_the_device_up() {
     let mut tag = [0u8; 4];
     d.read_bar0(DEVICE_CFG_OFFSET, &mut tag);
     assert_eq!(&tag, b"tag0");
-    bar_w(&mut d, NOTIFY_OFFSET + u64::from(NOTIFY_OFF_MULTIPLIER), 1, 2);
+    bar_w(
+        &mut d,
+        NOTIFY_OFFSET + u64::from(NOTIFY_OFF_MULTIPLIER),
+        1,
+        2,
+    );
     let notifiers = d.queue_notifiers();
-    assert_eq!(notifiers[1].1, NOTIFY_OFFSET + u64::from(NOTIFY_OFF_MULTIPLIER));
+    assert_eq!(
+        notifiers[1].1,
+        NOTIFY_OFFSET + u64::from(NOTIFY_OFF_MULTIPLIER)
+    );
     assert_eq!(notifiers[1].0.read().unwrap(), 1);
     // Reset from the driver.
     bar_w(&mut d, 0x14, 0, 1);
@@ -243,7 +304,11 @@ fn msix_vectors_masking_and_isr() {
     // Program entry 1 and enable MSI-X with the entry still masked.
     bar_w(&mut d, MSIX_TABLE_OFFSET + 16, 0xfee0_0000, 4);
     bar_w(&mut d, MSIX_TABLE_OFFSET + 24, 0x51, 4);
-    assert_eq!(sent.1.lock().unwrap().last(), Some(&(1, 0x51)), "each table write re-routes its vector");
+    assert_eq!(
+        sent.1.lock().unwrap().last(),
+        Some(&(1, 0x51)),
+        "each table write re-routes its vector"
+    );
     d.write_config(msix + 2, &0x8000u16.to_le_bytes());
     d.device_interrupt.trigger(Interrupt::Queue(0)).unwrap();
     assert!(sent.0.lock().unwrap().is_empty(), "masked: held back");
@@ -284,16 +349,30 @@ fn a_queue_with_a_vector_hands_out_its_irqfd_which_is_armed_only_while_unmasked(
     let (mut d, _, sent) = device();
     let msix = walk(&d).2.unwrap();
     let control = |d: &mut VirtioPciDevice, v: u16| d.write_config(msix + 2, &v.to_le_bytes());
-    assert!(d.device_interrupt.notifier(Interrupt::Queue(0)).is_none(), "no vector: only trigger reaches the guest");
+    assert!(
+        d.device_interrupt.notifier(Interrupt::Queue(0)).is_none(),
+        "no vector: only trigger reaches the guest"
+    );
     bar_w(&mut d, 0x16, 0, 2);
     bar_w(&mut d, 0x1a, 1, 2);
     assert!(d.device_interrupt.notifier(Interrupt::Queue(0)).is_some());
-    assert!(d.device_interrupt.notifier(Interrupt::Queue(1)).is_none(), "queue 1 has no vector");
-    assert_eq!(*sent.3.lock().unwrap(), vec![1], "queue 0's notifier is vector 1's");
+    assert!(
+        d.device_interrupt.notifier(Interrupt::Queue(1)).is_none(),
+        "queue 1 has no vector"
+    );
+    assert_eq!(
+        *sent.3.lock().unwrap(),
+        vec![1],
+        "queue 0's notifier is vector 1's"
+    );
 
     // Enabled with every entry masked (the reset state): nothing armed.
     control(&mut d, 0x8000);
-    assert_eq!(sent.2.lock().unwrap().len(), 3, "every vector's state is given");
+    assert_eq!(
+        sent.2.lock().unwrap().len(),
+        3,
+        "every vector's state is given"
+    );
     assert_eq!(sent.unmasked(), Vec::<u16>::new());
     bar_w(&mut d, MSIX_TABLE_OFFSET + 16, 0xfee0_0000, 4);
     bar_w(&mut d, MSIX_TABLE_OFFSET + 24, 0x51, 4);

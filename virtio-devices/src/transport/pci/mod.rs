@@ -1,3 +1,3 @@
 pub mod configuration;
-pub mod msix;
 pub mod device;
+pub mod msix;

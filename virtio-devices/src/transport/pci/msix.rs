@@ -57,7 +57,13 @@ impl MsixConfig {
         let n = usize::from(vectors);
         MsixConfig {
             // Entries start masked, as the spec requires after reset.
-            table: vec![MsixEntry { control: VECTOR_CONTROL_MASKED, ..Default::default() }; n],
+            table: vec![
+                MsixEntry {
+                    control: VECTOR_CONTROL_MASKED,
+                    ..Default::default()
+                };
+                n
+            ],
             pba: vec![0; n.div_ceil(64)],
             enabled: false,
             function_masked: false,
@@ -104,7 +110,9 @@ impl MsixConfig {
     }
 
     fn table_dword(&self, offset: u64) -> Option<u32> {
-        let e = self.table.get(usize::try_from(offset / MSIX_TABLE_ENTRY_SIZE).ok()?)?;
+        let e = self
+            .table
+            .get(usize::try_from(offset / MSIX_TABLE_ENTRY_SIZE).ok()?)?;
         Some(match offset % MSIX_TABLE_ENTRY_SIZE {
             0 => e.addr_lo,
             4 => e.addr_hi,
@@ -120,8 +128,12 @@ impl MsixConfig {
         }
         for (i, chunk) in data.chunks(4).enumerate() {
             let off = offset + 4 * i as u64;
-            let Ok(index) = usize::try_from(off / MSIX_TABLE_ENTRY_SIZE) else { continue };
-            let Some(e) = self.table.get_mut(index) else { continue };
+            let Ok(index) = usize::try_from(off / MSIX_TABLE_ENTRY_SIZE) else {
+                continue;
+            };
+            let Some(e) = self.table.get_mut(index) else {
+                continue;
+            };
             let v = u32::from_le_bytes(chunk.try_into().expect("4-byte chunk"));
             match off % MSIX_TABLE_ENTRY_SIZE {
                 0 => e.addr_lo = v,
@@ -142,7 +154,12 @@ impl MsixConfig {
         if data.len() != 4 && data.len() != 8 || !offset.is_multiple_of(data.len() as u64) {
             return;
         }
-        let Some(word) = usize::try_from(offset / 8).ok().and_then(|i| self.pba.get(i)) else { return };
+        let Some(word) = usize::try_from(offset / 8)
+            .ok()
+            .and_then(|i| self.pba.get(i))
+        else {
+            return;
+        };
         let bytes = word.to_le_bytes();
         let start = (offset % 8) as usize;
         data.copy_from_slice(&bytes[start..start + data.len()]);
@@ -151,13 +168,18 @@ impl MsixConfig {
     /// Whether `vector` may not fire now: MSI-X off, the function masked, or
     /// the entry masked (a vector past the table is always masked).
     pub fn masked(&self, vector: u16) -> bool {
-        let entry_masked = self.table.get(usize::from(vector)).is_none_or(MsixEntry::masked);
+        let entry_masked = self
+            .table
+            .get(usize::from(vector))
+            .is_none_or(MsixEntry::masked);
         !self.enabled || self.function_masked || entry_masked
     }
 
     /// The device raises `vector`.
     pub fn trigger(&mut self, vector: u16) -> Delivery {
-        let Some(entry) = self.table.get(usize::from(vector)).copied() else { return Delivery::Dropped };
+        let Some(entry) = self.table.get(usize::from(vector)).copied() else {
+            return Delivery::Dropped;
+        };
         if !self.enabled {
             return Delivery::Dropped;
         }

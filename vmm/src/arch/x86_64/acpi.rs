@@ -5,7 +5,13 @@
 //! register (both handled by `devices::acpi_pm`). The DSDT carries `\_S5`
 //! and whatever device descriptions the VMM hands in.
 
-use acpi_tables::{aml, mcfg::MCFG, rsdp::Rsdp, sdt::{GenericAddress, Sdt}, Aml};
+use acpi_tables::{
+    aml,
+    mcfg::MCFG,
+    rsdp::Rsdp,
+    sdt::{GenericAddress, Sdt},
+    Aml,
+};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::layout::{ACPI_END, ACPI_START, APIC_START, IOAPIC_START, PCI_ECAM_START};
@@ -52,22 +58,47 @@ pub struct AcpiTables {
 fn create_dsdt(device_aml: &[u8]) -> Sdt {
     let mut dsdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
     // \_S5: SLP_TYP 5 is what `acpi_pm` recognises as power-off.
-    aml::Name::new("_S5_".into(), &aml::Package::new(vec![&acpi_pm::S5_SLEEP_TYPE, &0u8, &0u8, &0u8]))
-        .to_aml_bytes(&mut dsdt);
+    aml::Name::new(
+        "_S5_".into(),
+        &aml::Package::new(vec![&acpi_pm::S5_SLEEP_TYPE, &0u8, &0u8, &0u8]),
+    )
+    .to_aml_bytes(&mut dsdt);
     dsdt.append_slice(device_aml);
     dsdt
 }
 
 fn create_fadt(dsdt_addr: u64) -> Sdt {
-    let mut f = Sdt::new(*b"FACP", fadt::LENGTH, 6, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
-    f.write_u16(fadt::IAPC_BOOT_ARCH, fadt::BOOT_ARCH_NO_VGA | fadt::BOOT_ARCH_NO_CMOS_RTC);
-    f.write_u32(fadt::FLAGS, fadt::FLAG_HW_REDUCED_ACPI | fadt::FLAG_RESET_REG_SUP);
-    f.write(fadt::RESET_REG, GenericAddress::io_port_address::<u8>(acpi_pm::RESET_PORT));
+    let mut f = Sdt::new(
+        *b"FACP",
+        fadt::LENGTH,
+        6,
+        OEM_ID,
+        OEM_TABLE_ID,
+        OEM_REVISION,
+    );
+    f.write_u16(
+        fadt::IAPC_BOOT_ARCH,
+        fadt::BOOT_ARCH_NO_VGA | fadt::BOOT_ARCH_NO_CMOS_RTC,
+    );
+    f.write_u32(
+        fadt::FLAGS,
+        fadt::FLAG_HW_REDUCED_ACPI | fadt::FLAG_RESET_REG_SUP,
+    );
+    f.write(
+        fadt::RESET_REG,
+        GenericAddress::io_port_address::<u8>(acpi_pm::RESET_PORT),
+    );
     f.write_u8(fadt::RESET_VALUE, acpi_pm::RESET_VALUE);
     f.write_u8(fadt::MINOR_VERSION, 5);
     f.write_u64(fadt::X_DSDT, dsdt_addr);
-    f.write(fadt::SLEEP_CONTROL_REG, GenericAddress::io_port_address::<u8>(acpi_pm::SLEEP_CONTROL_PORT));
-    f.write(fadt::SLEEP_STATUS_REG, GenericAddress::io_port_address::<u8>(acpi_pm::SLEEP_STATUS_PORT));
+    f.write(
+        fadt::SLEEP_CONTROL_REG,
+        GenericAddress::io_port_address::<u8>(acpi_pm::SLEEP_CONTROL_PORT),
+    );
+    f.write(
+        fadt::SLEEP_STATUS_REG,
+        GenericAddress::io_port_address::<u8>(acpi_pm::SLEEP_STATUS_PORT),
+    );
     f.write_bytes(fadt::HYPERVISOR_VENDOR_ID, b"DAXVMM\0\0");
     f
 }
@@ -119,7 +150,10 @@ impl AcpiTables {
         let xsdt = create_xsdt(&[fadt_addr, madt_addr, mcfg_addr]);
         let end = xsdt_addr + xsdt.len() as u64;
         if end > ACPI_END {
-            return Err(AcpiError::TooLarge { needed: end - ACPI_START, available: ACPI_END - ACPI_START });
+            return Err(AcpiError::TooLarge {
+                needed: end - ACPI_START,
+                available: ACPI_END - ACPI_START,
+            });
         }
         let mut rsdp = Vec::new();
         Rsdp::new(OEM_ID, xsdt_addr).to_aml_bytes(&mut rsdp);
@@ -138,7 +172,8 @@ impl AcpiTables {
 
     pub fn write(&self, mem: &GuestMemoryMmap) -> Result<(), AcpiError> {
         for (addr, bytes) in &self.blobs {
-            mem.write_slice(bytes, GuestAddress(*addr)).map_err(AcpiError::GuestWrite)?;
+            mem.write_slice(bytes, GuestAddress(*addr))
+                .map_err(AcpiError::GuestWrite)?;
         }
         Ok(())
     }
@@ -153,7 +188,12 @@ mod tests {
 
     impl Reader<'_> {
         fn at(&self, addr: u64) -> &[u8] {
-            let (_, b) = self.0.blobs.iter().find(|(a, _)| *a == addr).expect("table at address");
+            let (_, b) = self
+                .0
+                .blobs
+                .iter()
+                .find(|(a, _)| *a == addr)
+                .expect("table at address");
             b
         }
         fn u32(b: &[u8], off: usize) -> u32 {
@@ -165,7 +205,12 @@ mod tests {
         fn table(&self, addr: u64) -> &[u8] {
             let b = self.at(addr);
             assert_eq!(Self::u32(b, 4) as usize, b.len(), "length field");
-            assert_eq!(b.iter().fold(0u8, |s, x| s.wrapping_add(*x)), 0, "checksum of {:?}", &b[0..4]);
+            assert_eq!(
+                b.iter().fold(0u8, |s, x| s.wrapping_add(*x)),
+                0,
+                "checksum of {:?}",
+                &b[0..4]
+            );
             b
         }
     }
@@ -185,11 +230,18 @@ mod tests {
         assert_eq!(rsdp[15], 2, "revision");
         let xsdt = r.table(Reader::u64(rsdp, 24));
         assert_eq!(&xsdt[0..4], b"XSDT");
-        let entries: Vec<u64> = (36..xsdt.len()).step_by(8).map(|o| Reader::u64(xsdt, o)).collect();
+        let entries: Vec<u64> = (36..xsdt.len())
+            .step_by(8)
+            .map(|o| Reader::u64(xsdt, o))
+            .collect();
         let sigs: Vec<&[u8]> = entries.iter().map(|a| &r.table(*a)[0..4]).collect();
         assert_eq!(sigs, vec![&b"FACP"[..], b"APIC", b"MCFG"]);
         let mcfg = r.table(entries[2]);
-        assert_eq!(Reader::u64(mcfg, 44), PCI_ECAM_START, "ECAM base of segment 0");
+        assert_eq!(
+            Reader::u64(mcfg, 44),
+            PCI_ECAM_START,
+            "ECAM base of segment 0"
+        );
         assert_eq!((mcfg[54], mcfg[55]), (0, 0), "buses 0..=0");
 
         let fadt = r.table(entries[0]);
@@ -199,13 +251,22 @@ mod tests {
         assert_ne!(flags & fadt::FLAG_RESET_REG_SUP, 0);
         // Sleep control register: system I/O space, 8 bits, at the PM port.
         assert_eq!(fadt[fadt::SLEEP_CONTROL_REG], 1);
-        assert_eq!(Reader::u64(fadt, fadt::SLEEP_CONTROL_REG + 4), u64::from(acpi_pm::SLEEP_CONTROL_PORT));
-        assert_eq!(Reader::u64(fadt, fadt::RESET_REG + 4), u64::from(acpi_pm::RESET_PORT));
+        assert_eq!(
+            Reader::u64(fadt, fadt::SLEEP_CONTROL_REG + 4),
+            u64::from(acpi_pm::SLEEP_CONTROL_PORT)
+        );
+        assert_eq!(
+            Reader::u64(fadt, fadt::RESET_REG + 4),
+            u64::from(acpi_pm::RESET_PORT)
+        );
         assert_eq!(fadt[fadt::RESET_VALUE], acpi_pm::RESET_VALUE);
 
         let dsdt = r.table(Reader::u64(fadt, fadt::X_DSDT));
         assert_eq!(&dsdt[0..4], b"DSDT");
-        let s5 = dsdt.windows(4).position(|w| w == b"_S5_").expect("_S5_ in DSDT");
+        let s5 = dsdt
+            .windows(4)
+            .position(|w| w == b"_S5_")
+            .expect("_S5_ in DSDT");
         // NameOp, name, PackageOp, PkgLength, NumElements, BytePrefix 5.
         assert_eq!(dsdt[s5 - 1], 0x08);
         assert_eq!(&dsdt[s5 + 4..s5 + 5], &[0x12]);
@@ -240,9 +301,17 @@ mod tests {
     fn device_aml_lands_in_the_dsdt_and_everything_fits() {
         let t = AcpiTables::build(254, b"\x5b\x82MARK").unwrap();
         let r = Reader(&t);
-        let dsdt = t.blobs.iter().map(|(a, _)| r.at(*a)).find(|b| &b[0..4] == b"DSDT").unwrap();
+        let dsdt = t
+            .blobs
+            .iter()
+            .map(|(a, _)| r.at(*a))
+            .find(|b| &b[0..4] == b"DSDT")
+            .unwrap();
         assert!(dsdt.windows(4).any(|w| w == b"MARK"));
         let too_big = vec![0u8; (ACPI_END - ACPI_START) as usize];
-        assert!(matches!(AcpiTables::build(1, &too_big), Err(AcpiError::TooLarge { .. })));
+        assert!(matches!(
+            AcpiTables::build(1, &too_big),
+            Err(AcpiError::TooLarge { .. })
+        ));
     }
 }

@@ -26,21 +26,38 @@ const MIN_BOOT_PROTOCOL: u16 = 0x020c;
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
     #[error("--kernel {path}: {source}")]
-    OpenKernel { path: String, source: std::io::Error },
+    OpenKernel {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("--kernel {path}: not a bzImage this VMM can boot ({source})")]
-    LoadKernel { path: String, source: linux_loader::loader::Error },
-    #[error("--kernel {path}: boot protocol {version:#06x} is older than 2.12 and has no 64-bit entry")]
+    LoadKernel {
+        path: String,
+        source: linux_loader::loader::Error,
+    },
+    #[error(
+        "--kernel {path}: boot protocol {version:#06x} is older than 2.12 and has no 64-bit entry"
+    )]
     OldKernel { path: String, version: u16 },
     #[error("--initramfs {path}: {source}")]
-    OpenInitramfs { path: String, source: std::io::Error },
+    OpenInitramfs {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("--initramfs {path}: {size} bytes do not fit in guest RAM below {limit:#x} after the kernel")]
     InitramfsTooLarge { path: String, size: u64, limit: u64 },
     #[error("--initramfs {path}: copying into guest memory failed: {source}")]
-    WriteInitramfs { path: String, source: vm_memory::GuestMemoryError },
+    WriteInitramfs {
+        path: String,
+        source: vm_memory::GuestMemoryError,
+    },
     #[error("--cmdline: {0}")]
     Cmdline(String),
     #[error("writing {what} into guest memory failed: {source}")]
-    GuestWrite { what: &'static str, source: vm_memory::GuestMemoryError },
+    GuestWrite {
+        what: &'static str,
+        source: vm_memory::GuestMemoryError,
+    },
 }
 
 /// Where the kernel landed and where the vCPU must start.
@@ -52,10 +69,16 @@ pub struct LoadedKernel {
 
 pub fn load_kernel(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, BootError> {
     let display = path.display().to_string();
-    let mut file =
-        File::open(path).map_err(|source| BootError::OpenKernel { path: display.clone(), source })?;
-    let loaded = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIGH_RAM_START)))
-        .map_err(|source| BootError::LoadKernel { path: display.clone(), source })?;
+    let mut file = File::open(path).map_err(|source| BootError::OpenKernel {
+        path: display.clone(),
+        source,
+    })?;
+    let loaded = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIGH_RAM_START))).map_err(
+        |source| BootError::LoadKernel {
+            path: display.clone(),
+            source,
+        },
+    )?;
     let header = loaded.setup_header.ok_or_else(|| BootError::LoadKernel {
         path: display.clone(),
         source: linux_loader::loader::Error::Bzimage(
@@ -63,7 +86,10 @@ pub fn load_kernel(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, B
         ),
     })?;
     if header.version < MIN_BOOT_PROTOCOL {
-        return Err(BootError::OldKernel { path: display, version: header.version });
+        return Err(BootError::OldKernel {
+            path: display,
+            version: header.version,
+        });
     }
     Ok(LoadedKernel {
         entry: loaded.kernel_load.unchecked_add(BZIMAGE_64BIT_ENTRY_OFFSET),
@@ -80,11 +106,16 @@ pub fn load_initramfs(
     kernel: &LoadedKernel,
 ) -> Result<(u64, u64), BootError> {
     let display = path.display().to_string();
-    let mut file = File::open(path)
-        .map_err(|source| BootError::OpenInitramfs { path: display.clone(), source })?;
+    let mut file = File::open(path).map_err(|source| BootError::OpenInitramfs {
+        path: display.clone(),
+        source,
+    })?;
     let size = file
         .metadata()
-        .map_err(|source| BootError::OpenInitramfs { path: display.clone(), source })?
+        .map_err(|source| BootError::OpenInitramfs {
+            path: display.clone(),
+            source,
+        })?
         .len();
     let low_ram_end = mem.last_addr().raw_value().min(MEM_32BIT_GAP_START - 1) + 1;
     let limit = low_ram_end.min(u64::from(kernel.header.initrd_addr_max) + 1);
@@ -92,16 +123,25 @@ pub fn load_initramfs(
         .checked_sub(size)
         .map(|a| a & !0xfff)
         .filter(|a| *a >= kernel.kernel_end)
-        .ok_or(BootError::InitramfsTooLarge { path: display.clone(), size, limit })?;
+        .ok_or(BootError::InitramfsTooLarge {
+            path: display.clone(),
+            size,
+            limit,
+        })?;
     mem.read_exact_volatile_from(GuestAddress(addr), &mut file, size as usize)
-        .map_err(|source| BootError::WriteInitramfs { path: display, source })?;
+        .map_err(|source| BootError::WriteInitramfs {
+            path: display,
+            source,
+        })?;
     Ok((addr, size))
 }
 
 pub fn load_command_line(mem: &GuestMemoryMmap, cmdline: &str) -> Result<u32, BootError> {
     let mut c = Cmdline::new(CMDLINE_MAX_SIZE).map_err(|e| BootError::Cmdline(e.to_string()))?;
-    c.insert_str(cmdline).map_err(|e| BootError::Cmdline(format!("{e} (at most {} bytes)", CMDLINE_MAX_SIZE - 1)))?;
-    load_cmdline(mem, GuestAddress(CMDLINE_START), &c).map_err(|e| BootError::Cmdline(e.to_string()))?;
+    c.insert_str(cmdline)
+        .map_err(|e| BootError::Cmdline(format!("{e} (at most {} bytes)", CMDLINE_MAX_SIZE - 1)))?;
+    load_cmdline(mem, GuestAddress(CMDLINE_START), &c)
+        .map_err(|e| BootError::Cmdline(e.to_string()))?;
     Ok(cmdline.len() as u32)
 }
 
@@ -134,7 +174,10 @@ pub fn write_boot_params(
 ) -> Result<(), BootError> {
     let params = build_boot_params(kernel, cmdline_size, initramfs, e820, rsdp_addr);
     mem.write_obj(params, GuestAddress(ZERO_PAGE_START))
-        .map_err(|source| BootError::GuestWrite { what: "boot_params", source })
+        .map_err(|source| BootError::GuestWrite {
+            what: "boot_params",
+            source,
+        })
 }
 
 pub fn build_boot_params(
@@ -144,7 +187,10 @@ pub fn build_boot_params(
     e820: &[(u64, u64, u32)],
     rsdp_addr: u64,
 ) -> boot_params {
-    let mut params = boot_params { hdr: kernel.header, ..Default::default() };
+    let mut params = boot_params {
+        hdr: kernel.header,
+        ..Default::default()
+    };
     params.hdr.type_of_loader = KERNEL_LOADER_OTHER;
     params.hdr.boot_flag = KERNEL_BOOT_FLAG_MAGIC;
     params.hdr.header = KERNEL_HDR_MAGIC;
@@ -156,7 +202,11 @@ pub fn build_boot_params(
     }
     params.acpi_rsdp_addr = rsdp_addr;
     for (i, &(addr, size, type_)) in e820.iter().take(params.e820_table.len()).enumerate() {
-        params.e820_table[i] = boot_e820_entry { addr, size, r#type: type_ };
+        params.e820_table[i] = boot_e820_entry {
+            addr,
+            size,
+            r#type: type_,
+        };
     }
     params.e820_entries = e820.len().min(params.e820_table.len()) as u8;
     params
@@ -184,7 +234,14 @@ mod tests {
     fn e820_large_guest_skips_the_hole() {
         let map = e820_map(&ram_ranges(6 << 30));
         assert_eq!(map.len(), 4);
-        assert_eq!(map[1], (HIGH_RAM_START, MEM_32BIT_GAP_START - HIGH_RAM_START, E820_RAM));
+        assert_eq!(
+            map[1],
+            (
+                HIGH_RAM_START,
+                MEM_32BIT_GAP_START - HIGH_RAM_START,
+                E820_RAM
+            )
+        );
         assert_eq!(map[2], (PCI_ECAM_START, PCI_ECAM_SIZE, E820_RESERVED));
         assert_eq!(map[3], (RAM_64BIT_START, 3 << 30, E820_RAM));
         let total: u64 = map.iter().filter(|e| e.2 == E820_RAM).map(|e| e.1).sum();
@@ -193,21 +250,44 @@ mod tests {
 
     #[test]
     fn boot_params_layout() {
-        let header = linux_loader::bootparam::setup_header { version: 0x020f, initrd_addr_max: 0x7fff_ffff, ..Default::default() };
-        let k = LoadedKernel { entry: GuestAddress(0x100200), header, kernel_end: 0x200_0000 };
+        let header = linux_loader::bootparam::setup_header {
+            version: 0x020f,
+            initrd_addr_max: 0x7fff_ffff,
+            ..Default::default()
+        };
+        let k = LoadedKernel {
+            entry: GuestAddress(0x100200),
+            header,
+            kernel_end: 0x200_0000,
+        };
         let e820 = e820_map(&ram_ranges(512 << 20));
         let p = build_boot_params(&k, 11, Some((0x1000_0000, 0x1234)), &e820, ACPI_START);
         // Field offsets are fixed by Documentation/arch/x86/zero-page.rst.
         let bytes = vm_memory::ByteValued::as_slice(&p);
         assert_eq!(bytes.len(), 4096);
         assert_eq!(&bytes[0x070..0x078], &ACPI_START.to_le_bytes());
-        assert_eq!(bytes[0x1e8], 3, "e820_entries (two RAM, the ECAM reservation)");
+        assert_eq!(
+            bytes[0x1e8], 3,
+            "e820_entries (two RAM, the ECAM reservation)"
+        );
         assert_eq!(&bytes[0x1fe..0x200], &0xaa55u16.to_le_bytes());
         assert_eq!(&bytes[0x202..0x206], b"HdrS");
         assert_eq!(bytes[0x210], 0xff, "type_of_loader");
-        assert_eq!(&bytes[0x218..0x21c], &0x1000_0000u32.to_le_bytes(), "ramdisk_image");
-        assert_eq!(&bytes[0x21c..0x220], &0x1234u32.to_le_bytes(), "ramdisk_size");
-        assert_eq!(&bytes[0x228..0x22c], &(CMDLINE_START as u32).to_le_bytes(), "cmd_line_ptr");
+        assert_eq!(
+            &bytes[0x218..0x21c],
+            &0x1000_0000u32.to_le_bytes(),
+            "ramdisk_image"
+        );
+        assert_eq!(
+            &bytes[0x21c..0x220],
+            &0x1234u32.to_le_bytes(),
+            "ramdisk_size"
+        );
+        assert_eq!(
+            &bytes[0x228..0x22c],
+            &(CMDLINE_START as u32).to_le_bytes(),
+            "cmd_line_ptr"
+        );
         assert_eq!(&bytes[0x238..0x23c], &12u32.to_le_bytes(), "cmdline_size");
         // First e820 entry at 0x2d0: addr, size, type (20 bytes, packed).
         assert_eq!(&bytes[0x2d0..0x2d8], &0u64.to_le_bytes());

@@ -33,10 +33,9 @@ pub fn patch_cpuid(entries: &mut [kvm_cpuid_entry2], index: u32, cpus: u32, tsc_
                 e.edx |= LEAF1_EDX_HTT;
             }
             // Intel deterministic cache parameters: cores per package in EAX[31:26].
-            4
-                if e.eax & 0x1f != 0 => {
-                    e.eax = (e.eax & 0x03ff_ffff) | ((cpus - 1) << 26);
-                }
+            4 if e.eax & 0x1f != 0 => {
+                e.eax = (e.eax & 0x03ff_ffff) | ((cpus - 1) << 26);
+            }
             // Extended topology: one thread per core, all cores in one package.
             0xb | 0x1f => {
                 let (eax, ebx, level) = match e.index {
@@ -69,12 +68,27 @@ mod tests {
     use super::*;
 
     fn leaf(function: u32, index: u32) -> kvm_cpuid_entry2 {
-        kvm_cpuid_entry2 { function, index, eax: 1, ebx: 0xffff_ffff, ecx: 0, edx: 0, ..Default::default() }
+        kvm_cpuid_entry2 {
+            function,
+            index,
+            eax: 1,
+            ebx: 0xffff_ffff,
+            ecx: 0,
+            edx: 0,
+            ..Default::default()
+        }
     }
 
     #[test]
     fn apic_ids_and_topology() {
-        let mut e = vec![leaf(1, 0), leaf(0xb, 0), leaf(0xb, 1), leaf(0xb, 2), leaf(0x8000_0008, 0), leaf(0x8000_001e, 0)];
+        let mut e = vec![
+            leaf(1, 0),
+            leaf(0xb, 0),
+            leaf(0xb, 1),
+            leaf(0xb, 2),
+            leaf(0x8000_0008, 0),
+            leaf(0x8000_001e, 0),
+        ];
         patch_cpuid(&mut e, 3, 4, true);
         assert_eq!(e[0].ebx >> 24, 3, "initial APIC id");
         assert_eq!((e[0].ebx >> 16) & 0xff, 4, "logical processors");
@@ -83,7 +97,11 @@ mod tests {
         assert_ne!(e[0].ecx & LEAF1_ECX_TSC_DEADLINE, 0);
         assert_eq!((e[1].ebx, e[1].ecx, e[1].edx), (1, 0x100, 3));
         assert_eq!((e[2].eax, e[2].ebx, e[2].ecx, e[2].edx), (2, 4, 0x201, 3));
-        assert_eq!((e[3].ebx, e[3].ecx >> 8), (0, 0), "levels past core are invalid");
+        assert_eq!(
+            (e[3].ebx, e[3].ecx >> 8),
+            (0, 0),
+            "levels past core are invalid"
+        );
         assert_eq!(e[4].ecx & 0xff, 3);
         assert_eq!((e[4].ecx >> 12) & 0xf, 2);
         assert_eq!(e[5].eax, 3);
@@ -91,6 +109,9 @@ mod tests {
 
     #[test]
     fn id_widths() {
-        assert_eq!([1, 2, 3, 4, 5, 8, 9, 254].map(id_bits), [0, 1, 2, 2, 3, 3, 4, 8]);
+        assert_eq!(
+            [1, 2, 3, 4, 5, 8, 9, 254].map(id_bits),
+            [0, 1, 2, 2, 3, 3, 4, 8]
+        );
     }
 }

@@ -59,7 +59,11 @@ pub const DEVICE_MEMORY_ALIGN: u64 = 2 << 20;
 
 /// First guest-physical address above RAM and above 4 GiB for device memory.
 pub fn device_memory_start(ram_size: u64) -> u64 {
-    let ram_end = ram_ranges(ram_size).iter().map(|&(a, s)| a + s).max().unwrap_or(0);
+    let ram_end = ram_ranges(ram_size)
+        .iter()
+        .map(|&(a, s)| a + s)
+        .max()
+        .unwrap_or(0);
     ram_end.max(1 << 32).next_multiple_of(DEVICE_MEMORY_ALIGN)
 }
 pub const APIC_START: u64 = 0xfee0_0000;
@@ -71,7 +75,10 @@ pub fn ram_ranges(size: u64) -> Vec<(u64, u64)> {
     if size <= MEM_32BIT_GAP_START {
         vec![(0, size)]
     } else {
-        vec![(0, MEM_32BIT_GAP_START), (RAM_64BIT_START, size - MEM_32BIT_GAP_START)]
+        vec![
+            (0, MEM_32BIT_GAP_START),
+            (RAM_64BIT_START, size - MEM_32BIT_GAP_START),
+        ]
     }
 }
 
@@ -87,7 +94,10 @@ const _: () = {
     assert!(PCI_MMIO32_START + PCI_MMIO32_SIZE <= VIRTIO_MMIO_START);
     assert!(VIRTIO_MMIO_START + VIRTIO_MMIO_MAX_DEVICES * 0x1000 <= PCI_ECAM_START);
     assert!(PCI_ECAM_START + PCI_ECAM_SIZE <= IOAPIC_START);
-    assert!(VIRTIO_MMIO_IRQ_BASE + VIRTIO_MMIO_MAX_DEVICES as u32 <= 24, "the IOAPIC has 24 pins");
+    assert!(
+        VIRTIO_MMIO_IRQ_BASE + VIRTIO_MMIO_MAX_DEVICES as u32 <= 24,
+        "the IOAPIC has 24 pins"
+    );
     assert!(RESET_VECTOR + RESET_STUB.len() as u64 <= HIGH_RAM_START);
     // The jmp's displacement lands on the first byte of the stub.
     assert!(RESET_STUB.len() as i64 + (RESET_STUB[6] as i8) as i64 == 0);

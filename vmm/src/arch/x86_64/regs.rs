@@ -1,7 +1,9 @@
 //! Initial vCPU state for the bzImage 64-bit entry: long mode with an
 //! identity map of the first GiB, flat segments, boot MSRs, FPU and LAPIC.
 
-use kvm_bindings::{kvm_fpu, kvm_lapic_state, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, Msrs};
+use kvm_bindings::{
+    kvm_fpu, kvm_lapic_state, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, Msrs,
+};
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
 
@@ -11,11 +13,17 @@ use crate::memory::GuestMemoryMmap;
 #[derive(Debug, thiserror::Error)]
 pub enum RegsError {
     #[error("{what}: {source}")]
-    Kvm { what: &'static str, source: kvm_ioctls::Error },
+    Kvm {
+        what: &'static str,
+        source: kvm_ioctls::Error,
+    },
     #[error("KVM accepted only {set} of {wanted} boot MSRs")]
     Msrs { set: usize, wanted: usize },
     #[error("writing {what} into guest memory failed: {source}")]
-    GuestWrite { what: &'static str, source: vm_memory::GuestMemoryError },
+    GuestWrite {
+        what: &'static str,
+        source: vm_memory::GuestMemoryError,
+    },
 }
 
 const X86_CR0_PE: u64 = 1 << 0;
@@ -28,7 +36,12 @@ const EFER_LMA: u64 = 1 << 10;
 
 /// GDT: null, 64-bit code, data, TSS. Flags follow the descriptor layout
 /// (type, S, DPL, P in the low byte; AVL, L, D/B, G in the high nibble).
-const GDT: [(u16, u32, u32); 4] = [(0, 0, 0), (0xa09b, 0, 0xfffff), (0xc093, 0, 0xfffff), (0x808b, 0, 0xfffff)];
+const GDT: [(u16, u32, u32); 4] = [
+    (0, 0, 0),
+    (0xa09b, 0, 0xfffff),
+    (0xc093, 0, 0xfffff),
+    (0x808b, 0, 0xfffff),
+];
 const CODE_SELECTOR: usize = 1;
 const DATA_SELECTOR: usize = 2;
 const TSS_SELECTOR: usize = 3;
@@ -48,7 +61,11 @@ pub fn segment_from_gdt(entry: u64, index: usize) -> kvm_segment {
     let raw_limit = ((entry & 0xffff) | ((entry >> 32) & 0xf_0000)) as u32;
     kvm_segment {
         base: ((entry >> 16) & 0xff_ffff) | ((entry >> 32) & 0xff00_0000),
-        limit: if g == 1 { (raw_limit << 12) | 0xfff } else { raw_limit },
+        limit: if g == 1 {
+            (raw_limit << 12) | 0xfff
+        } else {
+            raw_limit
+        },
         selector: (index * 8) as u16,
         type_: ((entry >> 40) & 0xf) as u8,
         present: ((entry >> 47) & 1) as u8,
@@ -66,10 +83,15 @@ pub fn segment_from_gdt(entry: u64, index: usize) -> kvm_segment {
 /// Writes the GDT, an empty IDT and the page tables mapping 0..1 GiB with 2 MiB pages.
 pub fn write_boot_structures(mem: &GuestMemoryMmap) -> Result<(), RegsError> {
     let write = |what, addr: u64, v: u64| {
-        mem.write_obj(v, GuestAddress(addr)).map_err(|source| RegsError::GuestWrite { what, source })
+        mem.write_obj(v, GuestAddress(addr))
+            .map_err(|source| RegsError::GuestWrite { what, source })
     };
     for (i, &(flags, base, limit)) in GDT.iter().enumerate() {
-        write("GDT", GDT_START + 8 * i as u64, gdt_entry(flags, base, limit))?;
+        write(
+            "GDT",
+            GDT_START + 8 * i as u64,
+            gdt_entry(flags, base, limit),
+        )?;
     }
     write("IDT", IDT_START, 0)?;
     write("PML4", PML4_START, PDPTE_START | 0x3)?;
@@ -83,7 +105,10 @@ pub fn write_boot_structures(mem: &GuestMemoryMmap) -> Result<(), RegsError> {
 
 /// Long-mode system registers for the boot vCPU.
 pub fn setup_sregs(vcpu: &VcpuFd) -> Result<(), RegsError> {
-    let mut sregs: kvm_sregs = vcpu.get_sregs().map_err(|source| RegsError::Kvm { what: "KVM_GET_SREGS", source })?;
+    let mut sregs: kvm_sregs = vcpu.get_sregs().map_err(|source| RegsError::Kvm {
+        what: "KVM_GET_SREGS",
+        source,
+    })?;
     let gdt: Vec<u64> = GDT.iter().map(|&(f, b, l)| gdt_entry(f, b, l)).collect();
     sregs.gdt.base = GDT_START;
     sregs.gdt.limit = (gdt.len() * 8 - 1) as u16;
@@ -97,7 +122,10 @@ pub fn setup_sregs(vcpu: &VcpuFd) -> Result<(), RegsError> {
     sregs.cr4 |= X86_CR4_PAE;
     sregs.cr0 = (sregs.cr0 | X86_CR0_PE | X86_CR0_PG) & !(X86_CR0_CD | X86_CR0_NW);
     sregs.efer |= EFER_LME | EFER_LMA;
-    vcpu.set_sregs(&sregs).map_err(|source| RegsError::Kvm { what: "KVM_SET_SREGS", source })
+    vcpu.set_sregs(&sregs).map_err(|source| RegsError::Kvm {
+        what: "KVM_SET_SREGS",
+        source,
+    })
 }
 
 /// General registers at the bzImage 64-bit entry: `rsi` points at boot_params.
@@ -110,12 +138,22 @@ pub fn setup_regs(vcpu: &VcpuFd, entry: u64) -> Result<(), RegsError> {
         rsi: ZERO_PAGE_START,
         ..Default::default()
     };
-    vcpu.set_regs(&regs).map_err(|source| RegsError::Kvm { what: "KVM_SET_REGS", source })
+    vcpu.set_regs(&regs).map_err(|source| RegsError::Kvm {
+        what: "KVM_SET_REGS",
+        source,
+    })
 }
 
 pub fn setup_fpu(vcpu: &VcpuFd) -> Result<(), RegsError> {
-    let fpu = kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() };
-    vcpu.set_fpu(&fpu).map_err(|source| RegsError::Kvm { what: "KVM_SET_FPU", source })
+    let fpu = kvm_fpu {
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    };
+    vcpu.set_fpu(&fpu).map_err(|source| RegsError::Kvm {
+        what: "KVM_SET_FPU",
+        source,
+    })
 }
 
 const MSR_IA32_TSC: u32 = 0x10;
@@ -149,12 +187,24 @@ pub fn boot_msrs() -> Vec<(u32, u64)> {
 }
 
 pub fn setup_msrs(vcpu: &VcpuFd) -> Result<(), RegsError> {
-    let entries: Vec<kvm_msr_entry> =
-        boot_msrs().into_iter().map(|(index, data)| kvm_msr_entry { index, data, ..Default::default() }).collect();
+    let entries: Vec<kvm_msr_entry> = boot_msrs()
+        .into_iter()
+        .map(|(index, data)| kvm_msr_entry {
+            index,
+            data,
+            ..Default::default()
+        })
+        .collect();
     let msrs = Msrs::from_entries(&entries).expect("boot MSR list is far below the FAM limit");
-    let set = vcpu.set_msrs(&msrs).map_err(|source| RegsError::Kvm { what: "KVM_SET_MSRS", source })?;
+    let set = vcpu.set_msrs(&msrs).map_err(|source| RegsError::Kvm {
+        what: "KVM_SET_MSRS",
+        source,
+    })?;
     if set != entries.len() {
-        return Err(RegsError::Msrs { set, wanted: entries.len() });
+        return Err(RegsError::Msrs {
+            set,
+            wanted: entries.len(),
+        });
     }
     Ok(())
 }
@@ -174,10 +224,16 @@ fn set_delivery_mode(lapic: &mut kvm_lapic_state, reg: usize, mode: u32) {
 
 /// LINT0 delivers the 8259's ExtINT and LINT1 NMIs, as a BIOS leaves them.
 pub fn setup_lint(vcpu: &VcpuFd) -> Result<(), RegsError> {
-    let mut lapic = vcpu.get_lapic().map_err(|source| RegsError::Kvm { what: "KVM_GET_LAPIC", source })?;
+    let mut lapic = vcpu.get_lapic().map_err(|source| RegsError::Kvm {
+        what: "KVM_GET_LAPIC",
+        source,
+    })?;
     set_delivery_mode(&mut lapic, APIC_LVT0, APIC_MODE_EXTINT);
     set_delivery_mode(&mut lapic, APIC_LVT1, APIC_MODE_NMI);
-    vcpu.set_lapic(&lapic).map_err(|source| RegsError::Kvm { what: "KVM_SET_LAPIC", source })
+    vcpu.set_lapic(&lapic).map_err(|source| RegsError::Kvm {
+        what: "KVM_SET_LAPIC",
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -189,7 +245,18 @@ mod tests {
         let code = gdt_entry(0xa09b, 0, 0xfffff);
         assert_eq!(code, 0x00af_9b00_0000_ffff);
         let seg = segment_from_gdt(code, 1);
-        assert_eq!((seg.selector, seg.type_, seg.l, seg.db, seg.g, seg.present, seg.s), (8, 0xb, 1, 0, 1, 1, 1));
+        assert_eq!(
+            (
+                seg.selector,
+                seg.type_,
+                seg.l,
+                seg.db,
+                seg.g,
+                seg.present,
+                seg.s
+            ),
+            (8, 0xb, 1, 0, 1, 1, 1)
+        );
         assert_eq!(seg.limit, 0xffff_ffff);
         let data = segment_from_gdt(gdt_entry(0xc093, 0, 0xfffff), 2);
         assert_eq!((data.type_, data.db, data.l, data.unusable), (3, 1, 0, 0));
