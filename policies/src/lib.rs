@@ -73,7 +73,9 @@ pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 /// Limits checked by validation.
 pub const MIN_CACHE_SIZE: u64 = 2 * MIB;
-pub const MAX_CACHE_SIZE: u64 = 1 << 40;
+/// The VMM reserves address space and a KVM slot for the whole window and
+/// refuses more than this (`virtio_devices::vhost_user_fs::window::MAX_WINDOW_SIZE`).
+pub const MAX_CACHE_SIZE: u64 = 256 * GIB;
 pub const MIN_GRANULARITY: u64 = 4 * KIB;
 pub const MAX_GRANULARITY: u64 = 2 * MIB;
 pub const MAX_RULES: usize = 100_000;

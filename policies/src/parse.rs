@@ -130,7 +130,7 @@ impl Policy {
             {
                 return Err(field_err(
                     "cache_size",
-                    format!("{} must be a multiple of 2 MiB between 2M and 1T", shown(v)),
+                    format!("{} must be a multiple of 2 MiB between 2M and 256G", shown(v)),
                 ));
             }
         }
@@ -333,7 +333,7 @@ mod tests {
             ),
             (
                 r#"{"cache_size": "1M"}"#,
-                r#"cache_size: "1M" must be a multiple of 2 MiB between 2M and 1T"#,
+                r#"cache_size: "1M" must be a multiple of 2 MiB between 2M and 256G"#,
             ),
             (
                 r#"{"cache_size": "3M"}"#,
