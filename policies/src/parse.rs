@@ -130,7 +130,10 @@ impl Policy {
             {
                 return Err(field_err(
                     "cache_size",
-                    format!("{} must be a multiple of 2 MiB between 2M and 256G", shown(v)),
+                    format!(
+                        "{} must be a multiple of 2 MiB between 2M and 256G",
+                        shown(v)
+                    ),
                 ));
             }
         }
