@@ -341,8 +341,3 @@ pub fn raise_nofile_limit(wanted: Option<u64>) -> io::Result<u64> {
     }
     Ok(raised.rlim_cur)
 }
-
-/// Whether the calling process holds `cap` in its effective set.
-pub fn has_capability(cap: u32) -> bool {
-    caps::get().is_ok_and(|s| s.effective & (1 << cap) != 0)
-}
