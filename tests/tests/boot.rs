@@ -105,14 +105,21 @@ fn guest_panic_and_reset_end_the_vmm() {
     // panic=-1 makes the guest reboot right after.
     let mut panic = Guest::new(
         "panic",
-        "echo '@@GUEST panicking=1'\necho 1 > /proc/sys/kernel/sysrq\necho c > /proc/sysrq-trigger\n",
+        // The pause lets the marker's line reach the console before the
+        // kernel's panic messages, which would otherwise land inside it.
+        "echo '@@GUEST panicking=1'\nsleep 1\necho 1 > /proc/sys/kernel/sysrq\necho c > /proc/sysrq-trigger\n",
     );
     panic.guest_modules = vec!["pvpanic_mmio".into()];
     panic.timeout = Duration::from_secs(300);
     let run = rig::run(&panic).expect("rig run");
     let tail = run.tail(60);
     assert!(!run.timed_out, "{tail}");
-    assert_eq!(run.guest("panicking"), Some("1"), "{tail}");
+    // The kernel's console output can still interleave with the marker's
+    // line on a loaded host; what matters is that the guest got there.
+    assert!(
+        run.guest("panicking").is_some_and(|v| v.starts_with('1')),
+        "{tail}"
+    );
     assert_eq!(run.guest("insmod_failed"), None, "{tail}");
     assert_eq!(run.vmm_exit, Some(3), "{tail}");
     assert_eq!(
@@ -125,7 +132,8 @@ fn guest_panic_and_reset_end_the_vmm() {
     // resets: Linux's default (here: through the reset vector, where the VMM's
     // stub pulses the i8042 reset line) and the ACPI reset register.
     for (name, words) in [("reboot-default", ""), ("reboot-acpi", "reboot=a")] {
-        let mut reboot = Guest::new(name, "echo '@@GUEST rebooting=1'\nreboot -f\n");
+        // (A pause, so the marker's line is out before the kernel's.)
+        let mut reboot = Guest::new(name, "echo '@@GUEST rebooting=1'\nsleep 1\nreboot -f\n");
         reboot.cmdline = words.into();
         let run = rig::run(&reboot).expect("rig run");
         let tail = run.tail(60);
@@ -153,6 +161,7 @@ fn the_power_button_shuts_a_guest_down_and_rng_gives_entropy() {
 echo "@@GUEST hwrng=$(cat /sys/class/misc/hw_random/rng_current 2>&1)"
 echo "@@GUEST hwrng_bytes=$(head -c 64 /dev/hwrng | wc -c)"
 echo "@@GUEST button=$(daxprobe power-button 2>&1 | tr '\n' ' ')"
+sleep 1
 poweroff -f
 "#,
     );
