@@ -494,8 +494,11 @@ fn guest_initramfs(
          {load}\
          sh /test.sh\n\
          echo \"@@GUEST script_exit=$?\"\n\
+         sleep 0.5\n\
          poweroff -f\n"
     );
+    // (The pause lets the last marker line out before the kernel's own
+    // power-down message, which could otherwise land inside it.)
     image.file("init", 0o755, init.as_bytes());
     Ok(image.finish())
 }
