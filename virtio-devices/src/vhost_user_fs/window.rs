@@ -106,13 +106,7 @@ impl MappedRanges {
     /// returns how many bytes were mapped there.
     fn remove(&mut self, start: u64, end: u64) -> u64 {
         let mut removed = 0;
-        let overlapping: Vec<(u64, u64)> = self
-            .0
-            .range(..end)
-            .rev()
-            .take_while(|(_, &e)| e > start)
-            .map(|(&s, &e)| (s, e))
-            .collect();
+        let overlapping: Vec<(u64, u64)> = self.overlapping(start, end).collect();
         for (s, e) in overlapping {
             self.0.remove(&s);
             if s < start {
@@ -130,16 +124,21 @@ impl MappedRanges {
     /// (`mapped`) or unmapped: overlapped ranges go, the pieces they leave
     /// outside the request stay, and a mapping adds itself.
     fn count_after(&self, start: u64, end: u64, mapped: bool) -> usize {
-        let overlapping: Vec<(u64, u64)> = self
-            .0
+        let (mut gone, mut pieces) = (0, 0);
+        for (s, e) in self.overlapping(start, end) {
+            gone += 1;
+            pieces += usize::from(s < start) + usize::from(e > end);
+        }
+        self.0.len() - gone + pieces + usize::from(mapped)
+    }
+
+    /// The ranges that share at least one byte with `[start, end)`.
+    fn overlapping(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.0
             .range(..end)
             .rev()
-            .take_while(|(_, &e)| e > start)
+            .take_while(move |(_, &e)| e > start)
             .map(|(&s, &e)| (s, e))
-            .collect();
-        let pieces = overlapping.iter().filter(|&&(s, _)| s < start).count()
-            + overlapping.iter().filter(|&&(_, e)| e > end).count();
-        self.0.len() - overlapping.len() + pieces + usize::from(mapped)
     }
 
     fn insert(&mut self, start: u64, end: u64) -> u64 {
