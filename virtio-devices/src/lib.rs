@@ -7,6 +7,7 @@
 
 pub mod device;
 pub mod pmem;
+pub mod queue_worker;
 pub mod rng;
 pub mod transport;
 pub mod vhost_user_fs;

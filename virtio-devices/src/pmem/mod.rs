@@ -6,20 +6,16 @@ pub mod backing;
 pub mod request;
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
-use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::EventFd;
+use vm_memory::GuestMemoryAtomic;
 
 use crate::device::{
-    read_config_bytes, ActivateError, ActivatedQueue, Interrupt, SharedMemoryRegion, VirtioDevice,
+    read_config_bytes, ActivateError, ActivatedQueue, SharedMemoryRegion, VirtioDevice,
     VirtioInterrupt,
 };
+use crate::queue_worker::QueueWorker;
 use crate::GuestMemoryMmap;
 
 pub use backing::{PmemBacking, PmemError};
@@ -30,11 +26,6 @@ pub const VIRTIO_PMEM_F_SHMEM_REGION: u64 = 1 << 0;
 pub const PMEM_SHM_REGION_ID: u8 = 0;
 const QUEUE_SIZES: &[u16] = &[256];
 
-struct Worker {
-    stop: EventFd,
-    thread: JoinHandle<()>,
-}
-
 pub struct Pmem {
     id: String,
     file: Arc<File>,
@@ -42,7 +33,7 @@ pub struct Pmem {
     size: u64,
     host_addr: u64,
     acked: u64,
-    worker: Option<Worker>,
+    worker: Option<QueueWorker>,
 }
 
 impl Pmem {
@@ -65,13 +56,6 @@ impl Pmem {
         cfg[..8].copy_from_slice(&self.guest_addr.to_le_bytes());
         cfg[8..].copy_from_slice(&self.size.to_le_bytes());
         cfg
-    }
-
-    fn stop_worker(&mut self) {
-        if let Some(w) = self.worker.take() {
-            let _ = w.stop.write(1);
-            let _ = w.thread.join();
-        }
     }
 }
 
@@ -108,28 +92,22 @@ impl VirtioDevice for Pmem {
                 needed: 1,
             });
         }
-        self.stop_worker();
-        let q = queues.remove(0);
-        let stop = EventFd::new(libc::EFD_NONBLOCK)?;
-        let stop_worker = stop.try_clone()?;
+        // The previous worker (if any) is stopped before the new one starts.
+        self.worker = None;
         let file = self.file.clone();
-        let id = self.id.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("pmem-{}", self.id))
-            .spawn(move || {
-                if let Err(e) = seccomp::enter_thread(crate::DEVICE_WORKER_THREAD) {
-                    return log::error!("virtio-pmem {id}: {e}; the request queue is not served");
-                }
-                if let Err(e) = serve(q.queue, q.kick, stop_worker, mem, interrupt, &file) {
-                    log::error!("virtio-pmem {id}: request queue stopped: {e}");
-                }
-            })?;
-        self.worker = Some(Worker { stop, thread });
+        self.worker = Some(QueueWorker::spawn(
+            format!("pmem-{}", self.id),
+            format!("virtio-pmem {}", self.id),
+            queues.remove(0),
+            mem,
+            interrupt,
+            move |queue, mem| request::process_queue(queue, mem, || file.sync_all()),
+        )?);
         Ok(())
     }
 
     fn reset(&mut self) -> bool {
-        self.stop_worker();
+        self.worker = None;
         self.acked = 0;
         true
     }
@@ -141,58 +119,6 @@ impl VirtioDevice for Pmem {
             len: self.size,
             host_addr: self.host_addr,
         }]
-    }
-}
-
-impl Drop for Pmem {
-    fn drop(&mut self) {
-        self.stop_worker();
-    }
-}
-
-/// The worker: waits for kicks, serves flush requests, interrupts the guest.
-fn serve(
-    mut queue: Queue,
-    kick: EventFd,
-    stop: EventFd,
-    mem: GuestMemoryAtomic<GuestMemoryMmap>,
-    interrupt: Arc<dyn VirtioInterrupt>,
-    file: &File,
-) -> std::io::Result<()> {
-    const KICK: u64 = 0;
-    const STOP: u64 = 1;
-    let epoll = Epoll::new()?;
-    epoll.ctl(
-        ControlOperation::Add,
-        kick.as_raw_fd(),
-        EpollEvent::new(EventSet::IN, KICK),
-    )?;
-    epoll.ctl(
-        ControlOperation::Add,
-        stop.as_raw_fd(),
-        EpollEvent::new(EventSet::IN, STOP),
-    )?;
-    let mut events = vec![EpollEvent::default(); 2];
-    loop {
-        let n = match epoll.wait(-1, &mut events) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        for ev in &events[..n] {
-            match ev.data() {
-                STOP => return Ok(()),
-                _ => {
-                    let _ = kick.read();
-                    let guard = mem.memory();
-                    let used = request::process_queue(&mut queue, &*guard, || file.sync_all())
-                        .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
-                    if used > 0 && queue.needs_notification(&*guard).unwrap_or(true) {
-                        interrupt.trigger(Interrupt::Queue(0))?;
-                    }
-                }
-            }
-        }
     }
 }
 

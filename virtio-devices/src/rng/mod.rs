@@ -9,17 +9,14 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Address, Bytes, GuestAddressSpace, GuestMemory, GuestMemoryAtomic};
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::EventFd;
+use vm_memory::{Address, Bytes, GuestMemory, GuestMemoryAtomic};
 
-use crate::device::{ActivateError, ActivatedQueue, Interrupt, VirtioDevice, VirtioInterrupt};
+use crate::device::{ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt};
+use crate::queue_worker::QueueWorker;
 use crate::GuestMemoryMmap;
 
 pub const VIRTIO_ID_RNG: u32 = 4;
@@ -39,16 +36,11 @@ pub enum RngError {
     Kind { path: String },
 }
 
-struct Worker {
-    stop: EventFd,
-    thread: JoinHandle<()>,
-}
-
 pub struct Rng {
     id: String,
     source: Arc<Mutex<File>>,
     acked: u64,
-    worker: Option<Worker>,
+    worker: Option<QueueWorker>,
 }
 
 impl Rng {
@@ -76,13 +68,6 @@ impl Rng {
             acked: 0,
             worker: None,
         })
-    }
-
-    fn stop_worker(&mut self) {
-        if let Some(w) = self.worker.take() {
-            let _ = w.stop.write(1);
-            let _ = w.thread.join();
-        }
     }
 }
 
@@ -120,35 +105,24 @@ impl VirtioDevice for Rng {
                 needed: 1,
             });
         }
-        self.stop_worker();
-        let q = queues.remove(0);
-        let stop = EventFd::new(libc::EFD_NONBLOCK)?;
-        let stop_worker = stop.try_clone()?;
-        let (source, id) = (self.source.clone(), self.id.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("rng-{}", self.id))
-            .spawn(move || {
-                if let Err(e) = seccomp::enter_thread(crate::DEVICE_WORKER_THREAD) {
-                    return log::error!("virtio-rng {id}: {e}; the request queue is not served");
-                }
-                if let Err(e) = serve(q.queue, q.kick, stop_worker, mem, interrupt, &source) {
-                    log::error!("virtio-rng {id}: request queue stopped: {e}");
-                }
-            })?;
-        self.worker = Some(Worker { stop, thread });
+        // The previous worker (if any) is stopped before the new one starts.
+        self.worker = None;
+        let source = self.source.clone();
+        self.worker = Some(QueueWorker::spawn(
+            format!("rng-{}", self.id),
+            format!("virtio-rng {}", self.id),
+            queues.remove(0),
+            mem,
+            interrupt,
+            move |queue, mem| process_queue(queue, mem, &source),
+        )?);
         Ok(())
     }
 
     fn reset(&mut self) -> bool {
-        self.stop_worker();
+        self.worker = None;
         self.acked = 0;
         true
-    }
-}
-
-impl Drop for Rng {
-    fn drop(&mut self) {
-        self.stop_worker();
     }
 }
 
@@ -197,49 +171,6 @@ pub fn process_queue<M: GuestMemory>(
         used += 1;
     }
     Ok(used)
-}
-
-fn serve(
-    mut queue: Queue,
-    kick: EventFd,
-    stop: EventFd,
-    mem: GuestMemoryAtomic<GuestMemoryMmap>,
-    interrupt: Arc<dyn VirtioInterrupt>,
-    source: &Mutex<File>,
-) -> std::io::Result<()> {
-    const KICK: u64 = 0;
-    const STOP: u64 = 1;
-    let epoll = Epoll::new()?;
-    epoll.ctl(
-        ControlOperation::Add,
-        kick.as_raw_fd(),
-        EpollEvent::new(EventSet::IN, KICK),
-    )?;
-    epoll.ctl(
-        ControlOperation::Add,
-        stop.as_raw_fd(),
-        EpollEvent::new(EventSet::IN, STOP),
-    )?;
-    let mut events = vec![EpollEvent::default(); 2];
-    loop {
-        let n = match epoll.wait(-1, &mut events) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        for ev in &events[..n] {
-            if ev.data() == STOP {
-                return Ok(());
-            }
-            let _ = kick.read();
-            let guard = mem.memory();
-            let used = process_queue(&mut queue, &*guard, source)
-                .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
-            if used > 0 && queue.needs_notification(&*guard).unwrap_or(true) {
-                interrupt.trigger(Interrupt::Queue(0))?;
-            }
-        }
-    }
 }
 
 #[cfg(test)]
