@@ -54,12 +54,7 @@ impl FsConfig {
 
     /// Checks and converts the values of `--fs` (or of an API FsConfig).
     pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
-        if o.get("pci_segment").is_some_and(|s| s != "0") {
-            return Err(ConfigError::Unsupported {
-                option: "fs",
-                message: "only pci_segment=0 exists".into(),
-            });
-        }
+        o.check_ch_defaults()?;
         let tag = o.get("tag").ok_or(ConfigError::MissingKey {
             option: "fs",
             key: "tag",
@@ -109,11 +104,7 @@ impl FsConfig {
             socket: PathBuf::from(socket),
             num_queues: num_queues as u16,
             queue_size: queue_size as u16,
-            id: match o.get("id") {
-                Some("") => return Err(o.invalid("id", "", "a non-empty device id")),
-                Some(id) => id.to_string(),
-                None => format!("_fs{index}"),
-            },
+            id: o.device_id("fs", index)?,
             dax,
             cache_size,
             transport: o

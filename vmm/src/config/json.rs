@@ -37,6 +37,17 @@ pub enum JsonConfigError {
     Unsupported(String),
 }
 
+/// Cloud Hypervisor's requested PCI slot: only null, since slots are assigned.
+fn no_pci_device_id(option: &'static str, slot: Option<u8>) -> Result<(), ConfigError> {
+    match slot {
+        Some(slot) => Err(ConfigError::Unsupported {
+            option,
+            message: format!("pci_device_id={slot} is not supported (slots are assigned)"),
+        }),
+        None => Ok(()),
+    }
+}
+
 fn toggle(b: bool) -> String {
     if b { "on" } else { "off" }.to_string()
 }
@@ -60,12 +71,7 @@ pub struct FsConfigJson {
 
 impl FsConfigJson {
     fn into_config(self, index: usize) -> Result<FsConfig, ConfigError> {
-        if let Some(slot) = self.pci_device_id {
-            return Err(ConfigError::Unsupported {
-                option: "fs",
-                message: format!("pci_device_id={slot} is not supported (slots are assigned)"),
-            });
-        }
+        no_pci_device_id("fs", self.pci_device_id)?;
         let mut pairs = vec![
             ("tag", self.tag),
             ("socket", self.socket.display().to_string()),
@@ -106,12 +112,7 @@ pub struct PmemConfigJson {
 
 impl PmemConfigJson {
     fn into_config(self, index: usize) -> Result<PmemConfig, ConfigError> {
-        if let Some(slot) = self.pci_device_id {
-            return Err(ConfigError::Unsupported {
-                option: "pmem",
-                message: format!("pci_device_id={slot} is not supported (slots are assigned)"),
-            });
-        }
+        no_pci_device_id("pmem", self.pci_device_id)?;
         let mut pairs = vec![("file", self.file.display().to_string())];
         let mut opt = |k, v: Option<String>| {
             if let Some(v) = v {

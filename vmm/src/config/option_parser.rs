@@ -95,6 +95,38 @@ impl OptionValues {
             expected: expected.to_string(),
         }
     }
+
+    /// Cloud Hypervisor's `iommu` and `pci_segment` keys, which every device
+    /// accepts: only their defaults (off, segment 0) exist here, and ch-remote
+    /// sends them.
+    pub fn check_ch_defaults(&self) -> Result<(), ConfigError> {
+        if self
+            .get("iommu")
+            .is_some_and(|v| v != "off" && v != "false")
+        {
+            return Err(ConfigError::Unsupported {
+                option: self.option,
+                message: "iommu=on is not supported".into(),
+            });
+        }
+        if self.get("pci_segment").is_some_and(|v| v != "0") {
+            return Err(ConfigError::Unsupported {
+                option: self.option,
+                message: "only pci_segment=0 exists".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The `id` key: given and non-empty, or `_<prefix><index>` when absent
+    /// (as Cloud Hypervisor names devices).
+    pub fn device_id(&self, prefix: &str, index: usize) -> Result<String, ConfigError> {
+        match self.get("id") {
+            Some("") => Err(self.invalid("id", "", "a non-empty device id")),
+            Some(id) => Ok(id.to_string()),
+            None => Ok(format!("_{prefix}{index}")),
+        }
+    }
 }
 
 /// `on`/`off` (also `true`/`false`), as Cloud Hypervisor accepts them.

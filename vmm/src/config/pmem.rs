@@ -57,18 +57,7 @@ impl PmemConfig {
     /// Checks and converts the values of `--pmem` (or of an API PmemConfig).
     pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         // Cloud Hypervisor's defaults are accepted, since ch-remote sends them.
-        if o.get("iommu").is_some_and(|v| v != "off" && v != "false") {
-            return Err(ConfigError::Unsupported {
-                option: "pmem",
-                message: "iommu=on is not supported".into(),
-            });
-        }
-        if o.get("pci_segment").is_some_and(|v| v != "0") {
-            return Err(ConfigError::Unsupported {
-                option: "pmem",
-                message: "only pci_segment=0 exists".into(),
-            });
-        }
+        o.check_ch_defaults()?;
         let file = o.get("file").ok_or(ConfigError::MissingKey {
             option: "pmem",
             key: "file",
@@ -90,11 +79,7 @@ impl PmemConfig {
             file: PathBuf::from(file),
             size,
             discard_writes: o.convert("discard_writes", parse_toggle)?.unwrap_or(false),
-            id: match o.get("id") {
-                Some("") => return Err(o.invalid("id", "", "a non-empty device id")),
-                Some(id) => id.to_string(),
-                None => format!("_pmem{index}"),
-            },
+            id: o.device_id("pmem", index)?,
             transport: o
                 .convert("transport", Transport::parse)?
                 .unwrap_or_default(),

@@ -35,18 +35,7 @@ impl RngConfig {
     }
 
     pub fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
-        if o.get("iommu").is_some_and(|v| v != "off" && v != "false") {
-            return Err(ConfigError::Unsupported {
-                option: "rng",
-                message: "iommu=on is not supported".into(),
-            });
-        }
-        if o.get("pci_segment").is_some_and(|v| v != "0") {
-            return Err(ConfigError::Unsupported {
-                option: "rng",
-                message: "only pci_segment=0 exists".into(),
-            });
-        }
+        o.check_ch_defaults()?;
         Ok(RngConfig {
             src: o
                 .get("src")
