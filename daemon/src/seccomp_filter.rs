@@ -10,14 +10,10 @@
 use libc::*;
 use seccomp::Allow;
 
-/// `ioctl` requests allowed: non-blocking and close-on-exec flags (std,
-/// tokio), and nothing else.
-const IOCTLS: &[u64] = &[FIONBIO, FIOCLEX];
-
 /// The daemon's allowlist.
 pub fn serving() -> Vec<Allow> {
     let mut v = seccomp::calls(SERVING);
-    v.push(Allow::Arg(SYS_ioctl, 1, IOCTLS));
+    v.push(seccomp::IOCTL_FD_FLAGS_ONLY);
     v
 }
 

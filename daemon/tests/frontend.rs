@@ -656,8 +656,16 @@ fn the_default_daemon_is_confined_on_every_thread_and_serves_a_dax_mapping() {
         assert_eq!((*seccomp, *nnp), (2, 1), "thread {comm}");
     }
     for (comm, _, _, caps) in &child_threads {
-        assert_eq!(caps & (1 << 21), 0, "{comm} holds CAP_SYS_ADMIN");
-        assert_eq!(caps & (1 << 2), 0, "{comm} holds CAP_DAC_READ_SEARCH");
+        assert_eq!(
+            caps & (1 << daemon::caps::CAP_SYS_ADMIN),
+            0,
+            "{comm} holds CAP_SYS_ADMIN"
+        );
+        assert_eq!(
+            caps & (1 << daemon::caps::CAP_DAC_READ_SEARCH),
+            0,
+            "{comm} holds CAP_DAC_READ_SEARCH"
+        );
         assert_eq!(
             caps & !0b1000_0000_0000_0000_0000_0001_1011,
             0,

@@ -49,6 +49,11 @@ fn rules(allowed: &[Allow]) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompil
     Ok(map)
 }
 
+/// `ioctl` for the non-blocking and close-on-exec flags only (what std and
+/// tokio set on fds), for threads that need no other ioctl.
+pub const IOCTL_FD_FLAGS_ONLY: Allow =
+    Allow::Arg(libc::SYS_ioctl, 1, &[libc::FIONBIO, libc::FIOCLEX]);
+
 /// Every call in `nrs`, with any arguments.
 pub fn calls(nrs: &[i64]) -> Vec<Allow> {
     nrs.iter().map(|&nr| Allow::Call(nr)).collect()

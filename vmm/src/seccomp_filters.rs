@@ -20,8 +20,6 @@ pub const SERIAL_INPUT: &str = "serial-input";
 pub use api::API_THREAD as API;
 pub use virtio_devices::DEVICE_WORKER_THREAD as DEVICE_WORKER;
 
-const IOCTL_FD_FLAGS: &[u64] = &[FIONBIO, FIOCLEX];
-
 /// What every Rust thread needs: memory, futexes, signals, time, exit.
 const COMMON: &[i64] = &[
     SYS_read,
@@ -209,7 +207,7 @@ fn with(extra: &[i64], ioctl_any: bool) -> Vec<Allow> {
     let mut v = seccomp::calls(COMMON);
     v.extend(seccomp::calls(extra));
     if !ioctl_any {
-        v.push(Allow::Arg(SYS_ioctl, 1, IOCTL_FD_FLAGS));
+        v.push(seccomp::IOCTL_FD_FLAGS_ONLY);
     }
     v
 }
