@@ -96,6 +96,14 @@ pub trait VirtioDevice: Send {
         false
     }
 
+    /// The transport placed the device's shared memory at `base` (or the
+    /// guest moved the BAR holding it): regions are reported from there, and
+    /// a device that shows the address in its config space (virtio-pmem's
+    /// `start`) shows this one.
+    fn set_shm_base(&mut self, base: u64) {
+        let _ = base;
+    }
+
     /// Shared memory regions the device owns, by id.
     fn shm_regions(&self) -> Vec<SharedMemoryRegion> {
         Vec::new()

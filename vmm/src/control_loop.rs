@@ -81,6 +81,12 @@ impl State {
     }
 }
 
+/// Which kind of device `vm.add-*` added (the last one in its list).
+enum AddedDevice {
+    Fs,
+    Pmem,
+}
+
 /// How the loop ended.
 pub enum LoopExit {
     /// `vmm.shutdown`.
@@ -131,16 +137,21 @@ impl ControlLoop {
         }
     }
 
-    /// Boots the configured VM (used at start-up when the command line gave one).
-    pub fn boot(&mut self) -> Result<(), VmError> {
-        let config = self.config.as_ref().expect("boot needs a configuration");
+    /// Makes each fs device's window observer, which publishes its events.
+    fn observer(&self) -> impl Fn(&str) -> Arc<dyn WindowObserver> {
         let bus = self.events.clone();
-        let observe = move |id: &str| -> Arc<dyn WindowObserver> {
+        move |id: &str| -> Arc<dyn WindowObserver> {
             Arc::new(EventPublisher {
                 device: id.to_string(),
                 bus: bus.clone(),
             })
-        };
+        }
+    }
+
+    /// Boots the configured VM (used at start-up when the command line gave one).
+    pub fn boot(&mut self) -> Result<(), VmError> {
+        let config = self.config.as_ref().expect("boot needs a configuration");
+        let observe = self.observer();
         self.vm = Some(Vm::boot(config, Some(&observe))?);
         self.state = State::Running;
         Ok(())
@@ -163,6 +174,7 @@ impl ControlLoop {
             let mut fds = vec![requests.eventfd().as_raw_fd()];
             if let Some(vm) = &self.vm {
                 fds.push(vm.exit_eventfd().as_raw_fd());
+                fds.push(vm.eject_eventfd().as_raw_fd());
             }
             if let Some(sig) = signals.wait(&fds)? {
                 self.stop_vm();
@@ -172,6 +184,7 @@ impl ControlLoop {
                 self.stop_vm();
                 return Ok(LoopExit::Vm(reason));
             }
+            self.complete_ejects();
             for req in requests.drain() {
                 let api::ApiRequest { action, reply } = req;
                 if matches!(action, VmmAction::ShutdownVmm) {
@@ -197,35 +210,100 @@ impl ControlLoop {
         ))
     }
 
-    fn config_mut(&mut self, endpoint: &str) -> Result<&mut VmConfig, ApiError> {
-        if self.booted() {
-            return Err(ApiError::conflict(format!(
-                "{endpoint}: the VM is running and device hot-plug is not supported; change devices before vm.boot \
-                 (or after vm.shutdown)"
-            )));
-        }
-        self.config.as_mut().ok_or_else(|| {
-            ApiError::conflict(format!("{endpoint}: no VM is created (vm.create first)"))
-        })
-    }
-
-    /// Applies `change` to a copy of the configuration and keeps it only if
-    /// the whole configuration still checks out: nothing is half-applied.
-    fn change_config(
-        &mut self,
+    /// Applies `change` to a copy of the configuration; returns the copy
+    /// only if the whole configuration still checks out, so nothing is
+    /// half-applied.
+    fn changed_config(
+        &self,
         endpoint: &str,
         change: impl FnOnce(&mut VmConfig) -> Result<(), ApiError>,
-    ) -> VmmResult {
-        let config = self.config_mut(endpoint)?;
-        let mut next = config.clone();
+    ) -> Result<VmConfig, ApiError> {
+        let mut next = self.config.clone().ok_or_else(|| {
+            ApiError::conflict(format!("{endpoint}: no VM is created (vm.create first)"))
+        })?;
         change(&mut next)?;
         next.validate().map_err(|e| match e {
             // As Cloud Hypervisor answers a device id that exists: 409.
             ConfigError::DuplicateId { .. } => ApiError::conflict(format!("{endpoint}: {e}")),
             e => ApiError::bad_request(format!("{endpoint}: {e}")),
         })?;
-        *config = next;
+        Ok(next)
+    }
+
+    /// `vm.add-fs` / `vm.add-pmem`: before boot the device joins the
+    /// configuration (204); on a running VM it is hot-plugged too, and the
+    /// reply says where, as Cloud Hypervisor's does (200 `{"id","bdf"}`).
+    fn add_device(
+        &mut self,
+        endpoint: &str,
+        device: AddedDevice,
+        change: impl FnOnce(&mut VmConfig) -> Result<(), ApiError>,
+    ) -> VmmResult {
+        let next = self.changed_config(endpoint, change)?;
+        let observe = self.observer();
+        let booted = self.booted();
+        let Some(vm) = self.vm.as_mut().filter(|_| booted) else {
+            self.config = Some(next);
+            return Ok(VmmReply::NoContent);
+        };
+        let placed = match device {
+            AddedDevice::Fs => next
+                .fs
+                .last()
+                .map(|f| (f.transport, vm.add_fs(f, Some(&observe)))),
+            AddedDevice::Pmem => next.pmem.last().map(|p| (p.transport, vm.add_pmem(p))),
+        };
+        let info = match placed {
+            Some((_, Ok(info))) => info,
+            Some((crate::config::Transport::Mmio, Err(e))) => {
+                return Err(ApiError::bad_request(format!("{endpoint}: {e}")))
+            }
+            Some((_, Err(e @ VmError::Hotplug(_)))) => {
+                return Err(ApiError::conflict(format!("{endpoint}: {e}")))
+            }
+            Some((_, Err(e))) => return Err(ApiError::internal(format!("{endpoint}: {e}"))),
+            None => return Err(ApiError::internal(format!("{endpoint}: no device added"))),
+        };
+        self.config = Some(next);
+        Ok(VmmReply::Json(json!({"id": info.id, "bdf": info.bdf})))
+    }
+
+    /// `vm.remove-device`: the device leaves the configuration now (so a
+    /// reboot does not bring it back); on a running VM the guest is asked to
+    /// eject it, and it goes when the guest has let go of it.
+    fn remove_device(&mut self, id: &str) -> VmmResult {
+        let endpoint = "vm.remove-device";
+        let next = self.changed_config(endpoint, |c| {
+            let before = c.fs.len() + c.pmem.len();
+            c.fs.retain(|f| f.id != id);
+            c.pmem.retain(|p| p.id != id);
+            if c.fs.len() + c.pmem.len() == before {
+                return Err(ApiError::not_found(format!(
+                    "{endpoint}: no device with id \"{id}\""
+                )));
+            }
+            Ok(())
+        })?;
+        if let Some(vm) = self.vm.as_ref().filter(|_| self.booted()) {
+            vm.remove_device(id)
+                .map_err(|e| ApiError::conflict(format!("{endpoint}: {e}")))?;
+        }
+        self.config = Some(next);
         Ok(VmmReply::NoContent)
+    }
+
+    /// Takes away the devices the guest ejected. One the guest ejected on
+    /// its own (no `vm.remove-device`) leaves the configuration too.
+    fn complete_ejects(&mut self) {
+        let Some(vm) = self.vm.as_mut() else {
+            return;
+        };
+        for id in vm.complete_ejects() {
+            if let Some(c) = self.config.as_mut() {
+                c.fs.retain(|f| f.id != id);
+                c.pmem.retain(|p| p.id != id);
+            }
+        }
     }
 
     fn handle(&mut self, action: VmmAction) -> VmmResult {
@@ -326,29 +404,19 @@ impl ControlLoop {
                     self.state.as_str()
                 ))),
             },
-            VmmAction::AddFs(body) => self.change_config("vm.add-fs", |c| {
+            VmmAction::AddFs(body) => self.add_device("vm.add-fs", AddedDevice::Fs, |c| {
                 let fs = fs_config_from_json(&body, c.fs.len())
                     .map_err(|e| ApiError::bad_request(format!("vm.add-fs: {e}")))?;
                 c.fs.push(fs);
                 Ok(())
             }),
-            VmmAction::AddPmem(body) => self.change_config("vm.add-pmem", |c| {
+            VmmAction::AddPmem(body) => self.add_device("vm.add-pmem", AddedDevice::Pmem, |c| {
                 let p = pmem_config_from_json(&body, c.pmem.len())
                     .map_err(|e| ApiError::bad_request(format!("vm.add-pmem: {e}")))?;
                 c.pmem.push(p);
                 Ok(())
             }),
-            VmmAction::RemoveDevice(id) => self.change_config("vm.remove-device", |c| {
-                let before = c.fs.len() + c.pmem.len();
-                c.fs.retain(|f| f.id != id);
-                c.pmem.retain(|p| p.id != id);
-                if c.fs.len() + c.pmem.len() == before {
-                    return Err(ApiError::not_found(format!(
-                        "vm.remove-device: no device with id \"{id}\""
-                    )));
-                }
-                Ok(())
-            }),
+            VmmAction::RemoveDevice(id) => self.remove_device(&id),
             VmmAction::Counters => Ok(VmmReply::Json(self.counters())),
             VmmAction::DaxStatus => Ok(VmmReply::Dax(self.dax_status())),
         }

@@ -3,6 +3,7 @@
 pub mod arch;
 pub mod config;
 pub mod control_loop;
+pub mod device_manager;
 pub mod devices;
 pub mod exit;
 pub mod memory;

@@ -3,25 +3,19 @@
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use kvm_bindings::kvm_userspace_memory_region;
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Cap, Kvm, VmFd};
-use virtio_devices::pmem::{Pmem, PmemBacking};
-use virtio_devices::rng::{Rng, RngError};
-use virtio_devices::vhost_user_fs::window::{DaxWindow, WindowObserver};
-use virtio_devices::vhost_user_fs::{FsDeviceConfig, VhostUserFs};
-use virtio_devices::VirtioDevice;
+use virtio_devices::rng::RngError;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::terminal::Terminal;
 
 use crate::arch::x86_64::{acpi::AcpiTables, boot, layout};
-use crate::config::{SerialMode, Transport, VmConfig};
-use crate::devices::virtio_mmio::MmioDeviceManager;
-use crate::devices::virtio_pci::PciDeviceManager;
+use crate::config::{FsConfig, PmemConfig, SerialMode, VmConfig};
+use crate::device_manager::DeviceManager;
+pub use crate::device_manager::{FsDeviceInfo, ObserverFactory, PciDeviceInfo};
 use crate::devices::{acpi_pm, ged, i8042, pvpanic, serial, Bus};
 use crate::exit::{ExitHandle, VmExit};
 use crate::memory::{self, GuestMemoryMmap};
@@ -60,13 +54,10 @@ pub enum VmError {
     Rng(#[from] RngError),
     #[error(transparent)]
     VirtioMmio(#[from] crate::devices::virtio_mmio::VirtioMmioError),
-    #[error("device {id}: registering its {size}-byte memory at {addr:#x} with KVM: {source}")]
-    DeviceMemorySlot {
-        id: String,
-        addr: u64,
-        size: u64,
-        source: kvm_ioctls::Error,
-    },
+    #[error(transparent)]
+    Address(#[from] crate::devices::device_memory::AddressError),
+    #[error("hot-plug: {0}")]
+    Hotplug(String),
     #[error(transparent)]
     Fs(#[from] virtio_devices::vhost_user_fs::FsError),
     #[error(transparent)]
@@ -214,186 +205,6 @@ fn create_vm(kvm: &Kvm) -> Result<VmFd, VmError> {
     Ok(vm)
 }
 
-/// First KVM memory slot for device memory (pmem ranges, shared memory
-/// regions); guest RAM uses the slots below.
-const DEVICE_MEMORY_SLOT_BASE: u32 = 100;
-
-/// Hands out guest-physical ranges above RAM for device memory and
-/// registers each with KVM in a slot of its own.
-struct DeviceMemory {
-    next_addr: u64,
-    next_slot: u32,
-}
-
-impl DeviceMemory {
-    fn new(ram_size: u64) -> Self {
-        DeviceMemory {
-            next_addr: layout::device_memory_start(ram_size),
-            next_slot: DEVICE_MEMORY_SLOT_BASE,
-        }
-    }
-
-    /// Places `size` bytes for a device on `transport`; returns the guest
-    /// address and the span reserved (over PCI the range is BAR 2: a power of
-    /// two, aligned to its size).
-    fn place(&mut self, size: u64, transport: Transport) -> (u64, u64) {
-        let (addr, span) = match transport {
-            Transport::Pci => {
-                let span = size.next_power_of_two().max(layout::DEVICE_MEMORY_ALIGN);
-                (self.next_addr.next_multiple_of(span), span)
-            }
-            Transport::Mmio => (self.next_addr, size),
-        };
-        self.next_addr = (addr + span).next_multiple_of(layout::DEVICE_MEMORY_ALIGN);
-        (addr, span)
-    }
-
-    /// Registers `size` bytes mapped at `host_addr` as guest memory at `addr`.
-    ///
-    /// # Safety
-    /// The mapping must stay valid (mapped, or reserved PROT_NONE) while the VM runs.
-    unsafe fn register(
-        &mut self,
-        vm: &VmFd,
-        addr: u64,
-        size: u64,
-        host_addr: u64,
-    ) -> Result<(), kvm_ioctls::Error> {
-        let region = kvm_userspace_memory_region {
-            slot: self.next_slot,
-            flags: 0,
-            guest_phys_addr: addr,
-            memory_size: size,
-            userspace_addr: host_addr,
-        };
-        // SAFETY: the caller keeps the mapping alive for the life of the VM.
-        unsafe { vm.set_user_memory_region(region) }?;
-        self.next_slot += 1;
-        Ok(())
-    }
-}
-
-/// Where the virtio devices go: the two transports and the device memory area.
-struct DeviceSetup<'a> {
-    vm: &'a Arc<VmFd>,
-    mmio: &'a Bus,
-    mem: &'a GuestMemoryAtomic<GuestMemoryMmap>,
-    mmio_devices: MmioDeviceManager,
-    pci_devices: PciDeviceManager,
-    device_memory: DeviceMemory,
-}
-
-impl DeviceSetup<'_> {
-    fn add(
-        &mut self,
-        device: Box<dyn VirtioDevice>,
-        transport: Transport,
-        shm: Option<(u64, u64)>,
-    ) -> Result<(), VmError> {
-        match transport {
-            Transport::Mmio => self
-                .mmio_devices
-                .add(self.vm, self.mmio, self.mem, device)?,
-            Transport::Pci => self
-                .pci_devices
-                .add(self.vm, self.mmio, self.mem, device, shm)?,
-        }
-        Ok(())
-    }
-
-    /// Opens, maps and registers each `--pmem` backing file above RAM and
-    /// puts a virtio-pmem device for it on its transport.
-    fn add_pmem_devices(&mut self, config: &VmConfig) -> Result<Vec<PmemBacking>, VmError> {
-        let mut backings = Vec::new();
-        for p in &config.pmem {
-            let backing = PmemBacking::open(&p.file, p.size, p.discard_writes)?;
-            let size = backing.size();
-            let (addr, span) = self.device_memory.place(size, p.transport);
-            // SAFETY: `backings` keeps the mapping until `run` returns.
-            unsafe {
-                self.device_memory
-                    .register(self.vm, addr, size, backing.host_addr())
-            }
-            .map_err(|source| VmError::DeviceMemorySlot {
-                id: p.id.clone(),
-                addr,
-                size,
-                source,
-            })?;
-            let device = Box::new(Pmem::new(p.id.clone(), &backing, addr)?);
-            self.add(device, p.transport, Some((addr, span)))?;
-            log::info!(
-                "pmem {}: {} bytes of {} at {addr:#x}",
-                p.id,
-                size,
-                p.file.display()
-            );
-            backings.push(backing);
-        }
-        Ok(backings)
-    }
-
-    /// The virtio-rng device, if the VM has one.
-    fn add_rng_device(&mut self, config: &VmConfig) -> Result<(), VmError> {
-        if let Some(r) = &config.rng {
-            let device = Rng::new("_rng".into(), &r.src)?;
-            self.add(Box::new(device), r.transport, None)?;
-            log::info!("rng: virtio-rng from {}", r.src.display());
-        }
-        Ok(())
-    }
-
-    /// Connects each `--fs` device to its daemon and, with DAX, places its
-    /// window above RAM and registers it with KVM.
-    fn add_fs_devices(
-        &mut self,
-        config: &VmConfig,
-        observe: Option<&ObserverFactory>,
-    ) -> Result<Vec<FsDeviceInfo>, VmError> {
-        let mut infos = Vec::new();
-        for f in &config.fs {
-            let mut device = VhostUserFs::connect(&FsDeviceConfig {
-                id: f.id.clone(),
-                tag: f.tag.clone(),
-                socket: f.socket.clone(),
-                num_request_queues: f.num_queues,
-                queue_size: f.queue_size,
-                dax: f.dax,
-                cache_size: f.cache_size,
-            })?;
-            let mut shm = None;
-            if let Some(window) = device.window().cloned() {
-                let (size, host_addr) = (window.size(), window.host_addr());
-                let (addr, span) = self.device_memory.place(size, f.transport);
-                // SAFETY: the window is reserved for as long as the device
-                // exists, and the device lives in its transport until the VM ends.
-                unsafe { self.device_memory.register(self.vm, addr, size, host_addr) }.map_err(
-                    |source| VmError::DeviceMemorySlot {
-                        id: f.id.clone(),
-                        addr,
-                        size,
-                        source,
-                    },
-                )?;
-                device.set_window_guest_addr(addr);
-                shm = Some((addr, span));
-                log::info!("fs {}: DAX window of {size} bytes at {addr:#x}", f.id);
-                if let Some(observe) = observe {
-                    window.set_observer(observe(&f.id));
-                }
-            }
-            infos.push(FsDeviceInfo {
-                id: f.id.clone(),
-                window: device.window().cloned(),
-                failed: device.failed_flag(),
-                control_socket: f.control_socket.clone(),
-            });
-            self.add(Box::new(device), f.transport, shm)?;
-        }
-        Ok(infos)
-    }
-}
-
 /// Loads kernel, initramfs, command line, ACPI tables and the zero page.
 fn load_payload(
     mem: &GuestMemoryMmap,
@@ -415,31 +226,17 @@ fn load_payload(
     Ok(kernel.entry)
 }
 
-/// Makes the DAX window observer of the fs device with the given id.
-pub type ObserverFactory = dyn Fn(&str) -> Arc<dyn WindowObserver>;
-
-/// What the VMM keeps of one fs device while the VM runs: enough to report
-/// on it and to reach its daemon's control socket.
-#[derive(Clone)]
-pub struct FsDeviceInfo {
-    pub id: String,
-    pub window: Option<Arc<DaxWindow>>,
-    pub failed: Arc<AtomicBool>,
-    pub control_socket: Option<std::path::PathBuf>,
-}
-
 /// A booted VM: its vCPU threads run until it ends or [`Vm::stop`] is called.
 /// Dropping it tears down its devices (fs daemons see their socket close).
 pub struct Vm {
     exit: Arc<ExitHandle>,
     vcpus: RunningVcpus,
-    fs: Vec<FsDeviceInfo>,
+    devices: DeviceManager,
     /// The guest's clock when it was paused, given back at resume so the
     /// guest does not see the time it spent paused.
     paused_clock: Option<kvm_bindings::kvm_clock_data>,
-    // Kept for the life of the VM: device memory mappings, the buses (which
-    // own the devices), the terminal mode.
-    _pmem_backings: Vec<PmemBacking>,
+    // Kept for the life of the VM: the buses (which own the devices), the
+    // terminal mode.
     _buses: (Arc<Bus>, Arc<Bus>),
     _raw_terminal: Option<RawTerminal>,
     /// The VMM's stdin feeds this VM's serial port until the VM goes.
@@ -466,24 +263,17 @@ impl Vm {
         let mmio = Arc::new(Bus::new());
         let (serial_dev, ged, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
         let guest_mem = GuestMemoryAtomic::new(mem.clone());
-        let mut devices = DeviceSetup {
-            vm: &vm,
-            mmio: &mmio,
-            mem: &guest_mem,
-            mmio_devices: MmioDeviceManager::new(),
-            pci_devices: PciDeviceManager::new(
-                &vm,
-                &pio,
-                &mmio,
-                layout::device_memory_start(config.memory.size),
-            )?,
-            device_memory: DeviceMemory::new(config.memory.size),
-        };
-        devices.add_rng_device(config)?;
-        let pmem_backings = devices.add_pmem_devices(config)?;
-        let fs = devices.add_fs_devices(config, observe)?;
-        device_aml.extend_from_slice(devices.mmio_devices.aml());
-        devices.pci_devices.append_aml(&mut device_aml);
+        let mut devices = DeviceManager::new(
+            &kvm,
+            &vm,
+            &pio,
+            &mmio,
+            guest_mem,
+            config.memory.size,
+            ged.clone(),
+        )?;
+        devices.add_boot_devices(config, observe)?;
+        devices.append_aml(&mut device_aml);
         let entry = load_payload(&mem, config, &device_aml)?;
 
         let base_cpuid = kvm_setup(
@@ -523,9 +313,8 @@ impl Vm {
         Ok(Vm {
             exit,
             vcpus: running,
-            fs,
+            devices,
             paused_clock: None,
-            _pmem_backings: pmem_backings,
             _buses: (pio, mmio),
             _raw_terminal: raw_terminal,
             stdin,
@@ -545,13 +334,43 @@ impl Vm {
     }
 
     pub fn fs_devices(&self) -> &[FsDeviceInfo] {
-        &self.fs
+        self.devices.fs_devices()
+    }
+
+    /// Hot-plugs an fs device (and its DAX window) over virtio-PCI.
+    pub fn add_fs(
+        &mut self,
+        fs: &FsConfig,
+        observe: Option<&ObserverFactory>,
+    ) -> Result<PciDeviceInfo, VmError> {
+        self.devices.hotplug_fs(fs, observe)
+    }
+
+    /// Hot-plugs a pmem device over virtio-PCI.
+    pub fn add_pmem(&mut self, pmem: &PmemConfig) -> Result<PciDeviceInfo, VmError> {
+        self.devices.hotplug_pmem(pmem)
+    }
+
+    /// Asks the guest to eject device `id`; see [`Vm::complete_ejects`].
+    pub fn remove_device(&self, id: &str) -> Result<(), VmError> {
+        self.devices.request_removal(id)
+    }
+
+    /// Readable when the guest has ejected a device: then call
+    /// [`Vm::complete_ejects`].
+    pub fn eject_eventfd(&self) -> &EventFd {
+        self.devices.eject_requests().eventfd()
+    }
+
+    /// Removes what the guest ejected; returns the ids.
+    pub fn complete_ejects(&mut self) -> Vec<String> {
+        self.devices.complete_ejects()
     }
 
     /// Presses the ACPI power button: a guest that handles it shuts down,
     /// and the VMM exits as for any poweroff.
     pub fn power_button(&self) -> std::io::Result<()> {
-        self.ged.press_power_button()
+        self.ged.raise(ged::EVENT_POWER_BUTTON)
     }
 
     /// Parks every vCPU (devices and daemons keep their state) and keeps
@@ -593,11 +412,17 @@ impl Drop for Vm {
 
 /// Boots the VM and blocks until it ends; the returned reason decides the exit status.
 pub fn run(config: &VmConfig, signals: &StopSignals) -> Result<VmExit, VmError> {
-    let vm = Vm::boot(config, None)?;
+    let mut vm = Vm::boot(config, None)?;
     loop {
-        if let Some(sig) = signals.wait(&[vm.exit_eventfd().as_raw_fd()])? {
+        let fds = [
+            vm.exit_eventfd().as_raw_fd(),
+            vm.eject_eventfd().as_raw_fd(),
+        ];
+        if let Some(sig) = signals.wait(&fds)? {
             return Ok(VmExit::Signal(sig));
         }
+        // The guest may eject a device by itself (PCI slot power off).
+        vm.complete_ejects();
         if let Some(reason) = vm.exit_reason() {
             return Ok(reason);
         }

@@ -112,6 +112,10 @@ impl VirtioDevice for Pmem {
         true
     }
 
+    fn set_shm_base(&mut self, base: u64) {
+        self.guest_addr = base;
+    }
+
     fn shm_regions(&self) -> Vec<SharedMemoryRegion> {
         vec![SharedMemoryRegion {
             id: PMEM_SHM_REGION_ID,
@@ -153,5 +157,13 @@ mod tests {
         dev.ack_features(u64::MAX);
         assert_eq!(dev.acked, dev.features());
         assert!(dev.reset());
+        // The guest moved the BAR: config `start` and the region follow.
+        dev.set_shm_base(0x2_0000_0000);
+        dev.read_config(0, &mut cfg);
+        assert_eq!(
+            u64::from_le_bytes(cfg[..8].try_into().unwrap()),
+            0x2_0000_0000
+        );
+        assert_eq!(dev.shm_regions()[0].guest_addr, 0x2_0000_0000);
     }
 }

@@ -123,7 +123,7 @@ fn step<T>(id: &str, step: &'static str, r: vhost::Result<T>) -> Result<T, FsErr
 impl VhostUserFs {
     /// Connects to the daemon, negotiates protocol features and, with DAX,
     /// reserves the window; the window gets its guest address later
-    /// ([`Self::set_window_guest_addr`]).
+    /// (`VirtioDevice::set_shm_base`).
     pub fn connect(cfg: &FsDeviceConfig) -> Result<Self, FsError> {
         let id = cfg.id.as_str();
         let total_queues = usize::from(cfg.num_request_queues) + 1;
@@ -261,11 +261,6 @@ impl VhostUserFs {
 
     pub fn window(&self) -> Option<&Arc<DaxWindow>> {
         self.window.as_ref()
-    }
-
-    /// Where the VMM placed the window in guest-physical memory.
-    pub fn set_window_guest_addr(&mut self, addr: u64) {
-        self.window_guest_addr = addr;
     }
 
     /// The flag [`Self::failed`] reads, for whoever reports on the device.
@@ -455,6 +450,10 @@ impl VirtioDevice for VhostUserFs {
 
     fn needs_reset(&self) -> bool {
         self.queue_error.load(Ordering::SeqCst)
+    }
+
+    fn set_shm_base(&mut self, base: u64) {
+        self.window_guest_addr = base;
     }
 
     fn shm_regions(&self) -> Vec<SharedMemoryRegion> {

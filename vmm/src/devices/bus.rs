@@ -52,6 +52,12 @@ impl Bus {
         Ok(())
     }
 
+    /// Takes the device at `base` off the bus (hot-unplug, BAR moves).
+    pub fn remove(&self, base: u64) -> Option<Arc<Mutex<dyn BusDevice>>> {
+        let mut devices = self.devices.write().unwrap_or_else(|e| e.into_inner());
+        devices.remove(&base).map(|(_, dev)| dev)
+    }
+
     fn find(&self, addr: u64) -> Option<(u64, Arc<Mutex<dyn BusDevice>>)> {
         let devices = self.devices.read().unwrap_or_else(|e| e.into_inner());
         let (base, (len, dev)) = devices.range(..=addr).next_back()?;

@@ -5,6 +5,7 @@
 //! pending events from an I/O port and notifies the button device; the
 //! guest's ACPI button driver then reports KEY_POWER, and whatever the guest
 //! runs on it (systemd-logind, acpid, a test's watcher) powers off.
+//! The same interrupt announces PCI hot-plug (`pci_hotplug`).
 
 use std::sync::Mutex;
 
@@ -19,6 +20,8 @@ pub const GED_PORT: u16 = 0x603;
 pub const GED_IRQ: u32 = 23;
 /// Event bit: the power button was pressed.
 pub const EVENT_POWER_BUTTON: u8 = 1 << 0;
+/// Event bit: a PCI slot changed (see `pci_hotplug`).
+pub const EVENT_PCI_HOTPLUG: u8 = 1 << 1;
 
 pub struct Ged {
     pending: Mutex<u8>,
@@ -33,9 +36,9 @@ impl Ged {
         }
     }
 
-    /// Presses the power button: the guest is interrupted and reads why.
-    pub fn press_power_button(&self) -> std::io::Result<()> {
-        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) |= EVENT_POWER_BUTTON;
+    /// Interrupts the guest, which reads `event` (one of the `EVENT_` bits).
+    pub fn raise(&self, event: u8) -> std::io::Result<()> {
+        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) |= event;
         self.irq.write(1)
     }
 
@@ -88,6 +91,13 @@ impl Ged {
                             ),
                             vec![&aml::Notify::new(&aml::Path::new("\\_SB_.PWRB"), &0x80u8)],
                         ),
+                        &aml::If::new(
+                            &aml::Equal::new(
+                                &aml::And::new(&aml::Zero {}, &events, &EVENT_PCI_HOTPLUG),
+                                &EVENT_PCI_HOTPLUG,
+                            ),
+                            vec![&aml::MethodCall::new("\\_SB_.PHPR.PSCN".into(), vec![])],
+                        ),
                     ],
                 ),
             ],
@@ -108,14 +118,15 @@ impl BusDevice for Ged {
 }
 
 /// The bus owns the device; the VM keeps this handle to press the button.
+#[derive(Clone)]
 pub struct GedHandle(pub std::sync::Arc<Mutex<Ged>>);
 
 impl GedHandle {
-    pub fn press_power_button(&self) -> std::io::Result<()> {
+    pub fn raise(&self, event: u8) -> std::io::Result<()> {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .press_power_button()
+            .raise(event)
     }
 }
 
@@ -130,7 +141,7 @@ mod tests {
         let mut b = [0u8];
         ged.read(0, &mut b);
         assert_eq!(b[0], 0);
-        ged.press_power_button().unwrap();
+        ged.raise(EVENT_POWER_BUTTON).unwrap();
         assert_eq!(irq.read().unwrap(), 1);
         ged.read(0, &mut b);
         assert_eq!(b[0], EVENT_POWER_BUTTON);
@@ -138,6 +149,8 @@ mod tests {
         assert_eq!(b[0], 0, "cleared by the read");
         let mut aml = Vec::new();
         Ged::append_aml(&mut aml);
-        assert!(aml.windows(4).any(|w| w == b"_EVT") && aml.windows(4).any(|w| w == b"GDAT"));
+        for name in [b"_EVT", b"GDAT", b"PSCN"] {
+            assert!(aml.windows(4).any(|w| w == name));
+        }
     }
 }

@@ -17,6 +17,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 /// GSIs below this are IOAPIC pins.
 const FIRST_MSI_GSI: u32 = 24;
+/// KVM's routing table holds at most this many entries (KVM_MAX_IRQ_ROUTES).
+const MAX_GSI: u32 = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GsiError {
@@ -26,8 +28,17 @@ pub enum GsiError {
     Table(vmm_sys_util::fam::Error),
     #[error("irqfd for GSI {gsi}: {source}")]
     Irqfd { gsi: u32, source: kvm_ioctls::Error },
+    #[error("all {MAX_GSI} GSI routes are in use")]
+    Exhausted,
     #[error("{0}")]
     Io(#[from] std::io::Error),
+}
+
+/// The routes, the next GSI never handed out, and GSIs given back.
+struct Routes {
+    table: BTreeMap<u32, Vec<kvm_irq_routing_entry>>,
+    next: u32,
+    free: Vec<u32>,
 }
 
 fn irqchip_route(gsi: u32, irqchip: u32, pin: u32) -> kvm_irq_routing_entry {
@@ -59,7 +70,7 @@ fn msi_route(gsi: u32, e: MsixEntry) -> kvm_irq_routing_entry {
 
 pub struct GsiRouter {
     vm: Arc<VmFd>,
-    state: Mutex<(BTreeMap<u32, Vec<kvm_irq_routing_entry>>, u32)>,
+    state: Mutex<Routes>,
 }
 
 impl GsiRouter {
@@ -78,9 +89,13 @@ impl GsiRouter {
         }
         let router = Arc::new(GsiRouter {
             vm,
-            state: Mutex::new((routes, FIRST_MSI_GSI)),
+            state: Mutex::new(Routes {
+                table: routes,
+                next: FIRST_MSI_GSI,
+                free: Vec::new(),
+            }),
         });
-        router.commit(&router.state.lock().unwrap_or_else(|e| e.into_inner()).0)?;
+        router.commit(&router.state.lock().unwrap_or_else(|e| e.into_inner()).table)?;
         Ok(router)
     }
 
@@ -94,18 +109,35 @@ impl GsiRouter {
             .map_err(GsiError::SetRouting)
     }
 
-    /// A new GSI for an MSI route, set by `set_msi`.
-    pub fn allocate_msi(&self) -> u32 {
+    /// A GSI for an MSI route, set by `set_msi`: one given back by a
+    /// removed device, else a new one.
+    pub fn allocate_msi(&self) -> Result<u32, GsiError> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let gsi = state.1;
-        state.1 += 1;
-        gsi
+        if let Some(gsi) = state.free.pop() {
+            return Ok(gsi);
+        }
+        if state.next >= MAX_GSI {
+            return Err(GsiError::Exhausted);
+        }
+        state.next += 1;
+        Ok(state.next - 1)
     }
 
     pub fn set_msi(&self, gsi: u32, entry: MsixEntry) -> Result<(), GsiError> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.0.insert(gsi, vec![msi_route(gsi, entry)]);
-        self.commit(&state.0)
+        state.table.insert(gsi, vec![msi_route(gsi, entry)]);
+        self.commit(&state.table)
+    }
+
+    /// Drops `gsi`'s route and makes the GSI available again.
+    fn release_msi(&self, gsi: u32) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.table.remove(&gsi).is_some() {
+            if let Err(e) = self.commit(&state.table) {
+                log::warn!("GSI {gsi}: removing its route: {e}");
+            }
+        }
+        state.free.push(gsi);
     }
 }
 
@@ -126,14 +158,31 @@ pub struct IrqfdMsi {
 impl IrqfdMsi {
     /// `count` vectors, all masked (detached), as MSI-X starts.
     pub fn new(router: Arc<GsiRouter>, count: u16) -> Result<Self, GsiError> {
-        let vectors = (0..count)
-            .map(|_| Ok((router.allocate_msi(), EventFd::new(libc::EFD_NONBLOCK)?)))
-            .collect::<Result<_, GsiError>>()?;
-        Ok(IrqfdMsi {
+        // Built up in the value itself, so a failure half-way gives back
+        // (through Drop) the GSIs already taken.
+        let mut msi = IrqfdMsi {
             router,
-            vectors,
+            vectors: Vec::with_capacity(usize::from(count)),
             attached: Mutex::new(vec![false; usize::from(count)]),
-        })
+        };
+        for _ in 0..count {
+            let evt = EventFd::new(libc::EFD_NONBLOCK)?;
+            msi.vectors.push((msi.router.allocate_msi()?, evt));
+        }
+        Ok(msi)
+    }
+}
+
+/// A removed device gives its vectors back: irqfds detached, routes gone.
+impl Drop for IrqfdMsi {
+    fn drop(&mut self) {
+        let attached = self.attached.get_mut().unwrap_or_else(|e| e.into_inner());
+        for ((gsi, evt), on) in self.vectors.iter().zip(attached.iter()) {
+            if *on {
+                let _ = self.router.vm.unregister_irqfd(evt, *gsi);
+            }
+            self.router.release_msi(*gsi);
+        }
     }
 }
 

@@ -2,9 +2,11 @@
 
 pub mod acpi_pm;
 pub mod bus;
+pub mod device_memory;
 pub mod ged;
 pub mod gsi_routing;
 pub mod i8042;
+pub mod pci_hotplug;
 pub mod pci_root;
 pub mod pvpanic;
 pub mod serial;

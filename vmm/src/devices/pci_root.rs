@@ -65,6 +65,14 @@ impl PciRoot {
         Some(slot as u8)
     }
 
+    /// Empties `slot` (hot-unplug); the host bridge's slot 0 stays.
+    pub fn remove(&mut self, slot: u8) -> Option<Arc<Mutex<dyn PciFunction>>> {
+        if slot == 0 {
+            return None;
+        }
+        self.devices.get_mut(usize::from(slot))?.take()
+    }
+
     fn function(&self, bus: u8, device: u8, function: u8) -> Option<&Arc<Mutex<dyn PciFunction>>> {
         if bus != 0 || function != 0 {
             return None;
@@ -280,5 +288,10 @@ mod tests {
                 .is_none(),
             "32 slots"
         );
+        assert!(root.lock().unwrap().remove(0).is_none(), "the bridge stays");
+        assert!(root.lock().unwrap().remove(4).is_some());
+        assert!(root.lock().unwrap().remove(4).is_none());
+        let again = root.lock().unwrap().add(Arc::new(Mutex::new(Fake(0))));
+        assert_eq!(again, Some(4), "a freed slot is reused");
     }
 }

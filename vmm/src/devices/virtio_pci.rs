@@ -1,30 +1,45 @@
-//! Places virtio devices on PCI bus 0 through the virtio-PCI transport: BAR 0
-//! in the 32-bit window on the MMIO bus, an ioeventfd per queue notify
-//! address, MSI-X vectors as irqfds on routed GSIs, and the host bridge
-//! described in the DSDT so Linux enumerates the bus.
+//! Places virtio devices on PCI bus 0 through the virtio-PCI transport, at
+//! boot and while the guest runs:
+//!
+//! - BAR 0 (registers, MSI-X) in the 32-bit window on the MMIO bus, with an
+//!   ioeventfd per queue notify address;
+//! - BAR 2, the shared memory BAR (DAX window, pmem), in the 64-bit window,
+//!   backed by a KVM memory slot;
+//! - MSI-X vectors as irqfds on routed GSIs;
+//! - the host bridge and its hot-plug slots described in the DSDT.
+//!
+//! When the guest moves a BAR (Linux does when it assigns resources to a
+//! hot-plugged function), everything registered there moves with it: the
+//! bus range, the ioeventfds, the KVM slot. Removing a function gives back
+//! its slot, addresses, GSIs and memory slot.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use acpi_tables::{aml, Aml};
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
-use virtio_devices::transport::pci::device::{VirtioPciDevice, VirtioPciError, BAR0_SIZE};
+use virtio_devices::transport::pci::device::{VirtioPciDevice, VirtioPciError, BAR0_SIZE, SHM_BAR};
 use virtio_devices::VirtioDevice;
 use vm_memory::GuestMemoryAtomic;
 
+use super::device_memory::{AddressError, AddressSpace, Area, MemorySlot, SlotError, SlotNumbers};
 use super::gsi_routing::{GsiError, GsiRouter, IrqfdMsi};
 use super::pci_root::{PciFunction, PciRoot, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE};
 use super::{Bus, BusDevice};
 use crate::arch::x86_64::layout::{
-    PCI_ECAM_SIZE, PCI_ECAM_START, PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE,
+    DEVICE_MEMORY_ALIGN, PCI_ECAM_SIZE, PCI_ECAM_START, PCI_MMIO32_SIZE, PCI_MMIO32_START,
+    PCI_MMIO64_SIZE,
 };
 use crate::memory::GuestMemoryMmap;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VirtioPciSetupError {
-    #[error("PCI bus 0 is full")]
+    #[error("PCI bus 0 is full (31 device slots)")]
     BusFull,
-    #[error("the 32-bit PCI window is full")]
-    WindowFull,
+    #[error("PCI address space: {0}")]
+    Address(#[from] AddressError),
+    #[error("shared memory BAR: {0}")]
+    MemorySlot(#[from] SlotError),
     #[error("virtio-PCI device: {0}")]
     Device(#[from] VirtioPciError),
     #[error("virtio-PCI ioeventfd: {0}")]
@@ -35,28 +50,148 @@ pub enum VirtioPciSetupError {
     Gsi(GsiError),
 }
 
-struct ConfigSpace(Arc<Mutex<VirtioPciDevice>>);
+/// The host memory behind a device's shared memory BAR.
+pub struct ShmBacking {
+    pub size: u64,
+    pub host_addr: u64,
+    /// Keeps the mapping alive for as long as the guest can see it.
+    pub owner: Box<dyn Send + Sync>,
+}
+
+/// What the transport needs to place and move functions.
+struct Placer {
+    vm: Arc<VmFd>,
+    mmio: Arc<Bus>,
+    space: Arc<Mutex<AddressSpace>>,
+}
+
+/// One function on the bus and what is registered for it.
+struct Placed {
+    id: String,
+    dev: Arc<Mutex<VirtioPciDevice>>,
+    bar0: u64,
+    bar0_area: Area,
+    /// BAR 2: the memory slot and the BAR's (power-of-two) size and area.
+    shm: Option<(MemorySlot, u64, Area)>,
+}
+
+fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Placed {
+    fn ioevents(&self, vm: &VmFd, bar0: u64, register: bool) -> Result<(), kvm_ioctls::Error> {
+        let dev = lock(&self.dev);
+        for (evt, offset, _queue) in dev.queue_notifiers() {
+            let addr = IoEventAddress::Mmio(bar0 + offset);
+            if register {
+                vm.register_ioevent(evt, &addr, NoDatamatch)?;
+            } else {
+                vm.unregister_ioevent(evt, &addr, NoDatamatch)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a configuration write: with decoding on, wherever the guest
+    /// has put a BAR is where the VMM must serve it. A move the VMM cannot
+    /// follow (outside the windows, over another device) is logged and the
+    /// BAR keeps being served where it was.
+    fn follow_bars(&mut self, placer: &Placer) {
+        let (bar0, shm, enabled) = {
+            let d = lock(&self.dev);
+            (
+                d.bar_address(0),
+                d.bar_address(usize::from(SHM_BAR)),
+                d.memory_enabled(),
+            )
+        };
+        if !enabled {
+            return;
+        }
+        if let Some(to) = bar0.filter(|&a| a != self.bar0) {
+            if let Err(e) = self.move_bar0(placer, to) {
+                log::warn!("{}: BAR 0 moved to {to:#x}, not followed: {e}", self.id);
+            }
+        }
+        let current = self.shm.as_ref().map(|(slot, _, _)| slot.guest_addr());
+        if let Some(to) = shm.filter(|&a| Some(a) != current) {
+            if let Err(e) = self.move_shm(placer, to) {
+                log::warn!("{}: BAR 2 moved to {to:#x}, not followed: {e}", self.id);
+            }
+        }
+    }
+
+    fn move_bar0(&mut self, placer: &Placer, to: u64) -> Result<(), VirtioPciSetupError> {
+        let from = self.bar0;
+        let area = lock(&placer.space).claim_pci(to, BAR0_SIZE)?;
+        let handler = placer.mmio.remove(from);
+        let handler = handler.unwrap_or_else(|| Arc::new(Mutex::new(Bar0(self.dev.clone()))) as _);
+        if let Err(e) = placer.mmio.insert(handler.clone(), to, BAR0_SIZE) {
+            let _ = placer.mmio.insert(handler, from, BAR0_SIZE);
+            lock(&placer.space).free(area, to, BAR0_SIZE);
+            return Err(VirtioPciSetupError::Bus(e.to_string()));
+        }
+        lock(&placer.space).free(self.bar0_area, from, BAR0_SIZE);
+        let moved = self
+            .ioevents(&placer.vm, from, false)
+            .and_then(|()| self.ioevents(&placer.vm, to, true));
+        self.bar0 = to;
+        self.bar0_area = area;
+        log::info!("{}: BAR 0 moved {from:#x} -> {to:#x}", self.id);
+        // Without its ioeventfds a queue notify becomes an MMIO exit the
+        // transport still serves (slower, not lost).
+        moved.map_err(VirtioPciSetupError::Kvm)
+    }
+
+    fn move_shm(&mut self, placer: &Placer, to: u64) -> Result<(), VirtioPciSetupError> {
+        let Some((slot, bar_size, old_area)) = self.shm.as_mut() else {
+            return Ok(());
+        };
+        let from = slot.guest_addr();
+        let area = lock(&placer.space).claim_pci(to, *bar_size)?;
+        if let Err(e) = slot.move_to(to) {
+            lock(&placer.space).free(area, to, *bar_size);
+            return Err(e.into());
+        }
+        lock(&placer.space).free(*old_area, from, *bar_size);
+        *old_area = area;
+        lock(&self.dev).set_shm_base(to);
+        log::info!("{}: BAR 2 moved {from:#x} -> {to:#x}", self.id);
+        Ok(())
+    }
+
+    /// Takes everything registered for the function away.
+    fn unplug(&mut self, placer: &Placer) {
+        if let Err(e) = self.ioevents(&placer.vm, self.bar0, false) {
+            log::warn!("{}: unregistering its ioeventfds: {e}", self.id);
+        }
+        placer.mmio.remove(self.bar0);
+        let mut space = lock(&placer.space);
+        space.free(self.bar0_area, self.bar0, BAR0_SIZE);
+        if let Some((slot, bar_size, area)) = self.shm.take() {
+            let addr = slot.guest_addr();
+            drop(slot); // KVM lets go of the memory before its owner unmaps it
+            space.free(area, addr, bar_size);
+        }
+    }
+}
+
+struct ConfigSpace {
+    placed: Arc<Mutex<Placed>>,
+    placer: Arc<Placer>,
+}
 
 impl PciFunction for ConfigSpace {
     fn read_config(&mut self, offset: u64, data: &mut [u8]) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .read_config(offset, data);
+        let dev = lock(&self.placed).dev.clone();
+        lock(&dev).read_config(offset, data);
     }
+
     fn write_config(&mut self, offset: u64, data: &[u8]) -> Option<usize> {
-        let moved = self
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .write_config(offset, data);
-        if let Some(bar) = moved {
-            // The VMM places BARs inside the bridge's windows and Linux keeps
-            // them; a guest that moves one loses that BAR's contents.
-            log::warn!(
-                "virtio-pci: the guest moved BAR {bar}; the VMM does not follow BAR relocation"
-            );
-        }
+        let mut placed = lock(&self.placed);
+        let moved = lock(&placed.dev).write_config(offset, data);
+        placed.follow_bars(&self.placer);
         moved
     }
 }
@@ -65,23 +200,20 @@ struct Bar0(Arc<Mutex<VirtioPciDevice>>);
 
 impl BusDevice for Bar0 {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .read_bar0(offset, data);
+        lock(&self.0).read_bar0(offset, data);
     }
     fn write(&mut self, offset: u64, data: &[u8]) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .write_bar0(offset, data);
+        lock(&self.0).write_bar0(offset, data);
     }
 }
 
 pub struct PciDeviceManager {
     root: Arc<Mutex<PciRoot>>,
     router: Arc<GsiRouter>,
-    next_bar0: u64,
+    placer: Arc<Placer>,
+    slots: Arc<Mutex<SlotNumbers>>,
+    mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    functions: BTreeMap<u8, Arc<Mutex<Placed>>>,
     mmio64_start: u64,
 }
 
@@ -90,7 +222,10 @@ impl PciDeviceManager {
     pub fn new(
         vm: &Arc<VmFd>,
         pio: &Bus,
-        mmio: &Bus,
+        mmio: &Arc<Bus>,
+        mem: &GuestMemoryAtomic<GuestMemoryMmap>,
+        space: Arc<Mutex<AddressSpace>>,
+        slots: Arc<Mutex<SlotNumbers>>,
         mmio64_start: u64,
     ) -> Result<Self, VirtioPciSetupError> {
         let router = GsiRouter::new(vm.clone()).map_err(VirtioPciSetupError::Gsi)?;
@@ -109,47 +244,152 @@ impl PciDeviceManager {
         Ok(PciDeviceManager {
             root,
             router,
-            next_bar0: PCI_MMIO32_START,
+            placer: Arc::new(Placer {
+                vm: vm.clone(),
+                mmio: mmio.clone(),
+                space,
+            }),
+            slots,
+            mem: mem.clone(),
+            functions: BTreeMap::new(),
             mmio64_start,
         })
     }
 
-    /// Adds `device`; `shm_bar` is (guest address, size) of its shared memory
-    /// BAR, which the caller has already backed with a KVM memory slot.
+    /// Puts `device` (named `id`) in a free slot, its shared memory (if
+    /// any) in BAR 2, and returns the slot.
     pub fn add(
         &mut self,
-        vm: &Arc<VmFd>,
-        mmio: &Bus,
-        mem: &GuestMemoryAtomic<GuestMemoryMmap>,
-        device: Box<dyn VirtioDevice>,
-        shm_bar: Option<(u64, u64)>,
-    ) -> Result<(), VirtioPciSetupError> {
-        let bar0 = self.next_bar0;
-        if bar0 + BAR0_SIZE > PCI_MMIO32_START + PCI_MMIO32_SIZE {
-            return Err(VirtioPciSetupError::WindowFull);
+        id: &str,
+        mut device: Box<dyn VirtioDevice>,
+        shm: Option<ShmBacking>,
+    ) -> Result<u8, VirtioPciSetupError> {
+        let placer = &self.placer;
+        let bar0 = lock(&placer.space).allocate(Area::PciMmio32, BAR0_SIZE, BAR0_SIZE)?;
+        let mut placed_shm = None;
+        if let Some(b) = shm {
+            // A BAR is a power of two aligned to its size; at least 2 MiB so
+            // the guest can map it with PMD pages.
+            let bar_size = b.size.next_power_of_two().max(DEVICE_MEMORY_ALIGN);
+            let allocated = lock(&placer.space).allocate(Area::PciMmio64, bar_size, bar_size);
+            let slot = allocated
+                .map_err(VirtioPciSetupError::from)
+                .and_then(|addr| {
+                    // SAFETY: `owner` keeps the mapping alive as long as the slot,
+                    // which the caller's contract for ShmBacking promises.
+                    unsafe {
+                        MemorySlot::new(&placer.vm, &self.slots, addr, b.size, b.host_addr, b.owner)
+                    }
+                    .map_err(|e| {
+                        lock(&placer.space).free(Area::PciMmio64, addr, bar_size);
+                        e.into()
+                    })
+                });
+            match slot {
+                Ok(slot) => placed_shm = Some((slot, bar_size, Area::PciMmio64)),
+                Err(e) => {
+                    lock(&placer.space).free(Area::PciMmio32, bar0, BAR0_SIZE);
+                    return Err(e);
+                }
+            }
         }
-        let vectors = device.queue_max_sizes().len() as u16 + 1;
-        let msi = IrqfdMsi::new(self.router.clone(), vectors).map_err(VirtioPciSetupError::Gsi)?;
-        let dev = VirtioPciDevice::new(device, mem.clone(), bar0, shm_bar, vectors, Arc::new(msi))?;
-        for (evt, offset, _queue) in dev.queue_notifiers() {
-            vm.register_ioevent(evt, &IoEventAddress::Mmio(bar0 + offset), NoDatamatch)
-                .map_err(VirtioPciSetupError::Kvm)?;
+        let shm_bar = placed_shm
+            .as_ref()
+            .map(|(slot, size, _)| (slot.guest_addr(), *size));
+        if let Some((addr, _)) = shm_bar {
+            device.set_shm_base(addr);
         }
-        let dev = Arc::new(Mutex::new(dev));
-        self.root
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .add(Arc::new(Mutex::new(ConfigSpace(dev.clone()))))
-            .ok_or(VirtioPciSetupError::BusFull)?;
-        mmio.insert(Arc::new(Mutex::new(Bar0(dev))), bar0, BAR0_SIZE)
-            .map_err(|e| VirtioPciSetupError::Bus(e.to_string()))?;
-        self.next_bar0 += BAR0_SIZE;
-        Ok(())
+        let built = IrqfdMsi::new(
+            self.router.clone(),
+            device.queue_max_sizes().len() as u16 + 1,
+        )
+        .map_err(VirtioPciSetupError::Gsi)
+        .and_then(|msi| {
+            let vectors = device.queue_max_sizes().len() as u16 + 1;
+            Ok(VirtioPciDevice::new(
+                device,
+                self.mem.clone(),
+                bar0,
+                shm_bar,
+                vectors,
+                Arc::new(msi),
+            )?)
+        });
+        let placed = Arc::new(Mutex::new(Placed {
+            id: id.to_string(),
+            dev: match built {
+                Ok(dev) => Arc::new(Mutex::new(dev)),
+                Err(e) => {
+                    let mut space = lock(&placer.space);
+                    space.free(Area::PciMmio32, bar0, BAR0_SIZE);
+                    if let Some((slot, size, area)) = placed_shm {
+                        let addr = slot.guest_addr();
+                        drop(slot);
+                        space.free(area, addr, size);
+                    }
+                    return Err(e);
+                }
+            },
+            bar0,
+            bar0_area: Area::PciMmio32,
+            shm: placed_shm,
+        }));
+        match self.plug(&placed) {
+            Ok(slot) => {
+                self.functions.insert(slot, placed);
+                Ok(slot)
+            }
+            Err(e) => {
+                lock(&placed).unplug(placer);
+                Err(e)
+            }
+        }
     }
 
-    /// The host bridge: bus 0, the config ports, the 32- and 64-bit windows.
+    /// Registers a built function: ioeventfds, bus range, a slot.
+    fn plug(&self, placed: &Arc<Mutex<Placed>>) -> Result<u8, VirtioPciSetupError> {
+        let p = lock(placed);
+        p.ioevents(&self.placer.vm, p.bar0, true)
+            .map_err(VirtioPciSetupError::Kvm)?;
+        self.placer
+            .mmio
+            .insert(Arc::new(Mutex::new(Bar0(p.dev.clone()))), p.bar0, BAR0_SIZE)
+            .map_err(|e| VirtioPciSetupError::Bus(e.to_string()))?;
+        drop(p);
+        let config = ConfigSpace {
+            placed: placed.clone(),
+            placer: self.placer.clone(),
+        };
+        lock(&self.root)
+            .add(Arc::new(Mutex::new(config)))
+            .ok_or(VirtioPciSetupError::BusFull)
+    }
+
+    /// The slot of the function named `id`.
+    pub fn slot_of(&self, id: &str) -> Option<u8> {
+        self.functions
+            .iter()
+            .find(|(_, p)| lock(p).id == id)
+            .map(|(slot, _)| *slot)
+    }
+
+    /// Takes the function in `slot` off the bus; returns its id. The device
+    /// itself goes when the last reference (a vCPU mid-access) drops.
+    pub fn remove(&mut self, slot: u8) -> Option<String> {
+        let placed = self.functions.remove(&slot)?;
+        lock(&self.root).remove(slot);
+        let mut p = lock(&placed);
+        p.unplug(&self.placer);
+        Some(p.id.clone())
+    }
+
+    /// The host bridge: bus 0, the config ports, the 32- and 64-bit
+    /// windows, and its hot-plug slots.
     pub fn append_aml(&self, sink: &mut Vec<u8>) {
         let mmio64_end = self.mmio64_start + PCI_MMIO64_SIZE - 1;
+        let mut hotplug = Vec::new();
+        super::pci_hotplug::slot_aml(&mut hotplug);
+        let hotplug = RawAml(hotplug);
         aml::Device::new(
             "_SB_.PCI0".into(),
             vec![
@@ -185,8 +425,211 @@ impl PciDeviceManager {
                         ),
                     ]),
                 ),
+                &hotplug,
             ],
         )
         .to_aml_bytes(sink);
+    }
+}
+
+/// AML already encoded, placed as it is among a device's children.
+struct RawAml(Vec<u8>);
+
+impl Aml for RawAml {
+    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
+        sink.vec(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvm_ioctls::Kvm;
+    use virtio_devices::pmem::{Pmem, PmemBacking};
+    use virtio_devices::transport::pci::device::DEVICE_CFG_OFFSET;
+    use vm_memory::GuestAddress;
+
+    use super::*;
+    use crate::arch::x86_64::layout;
+
+    const RAM: u64 = 1 << 20;
+
+    struct Rig {
+        vm: Arc<VmFd>,
+        mmio: Arc<Bus>,
+        space: Arc<Mutex<AddressSpace>>,
+        slots: Arc<Mutex<SlotNumbers>>,
+        pci: PciDeviceManager,
+    }
+
+    fn rig() -> Rig {
+        let kvm = Kvm::new().expect("/dev/kvm");
+        let vm = Arc::new(kvm.create_vm().unwrap());
+        vm.create_irq_chip().unwrap();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
+        let (pio, mmio) = (Bus::new(), Arc::new(Bus::new()));
+        let space = Arc::new(Mutex::new(AddressSpace::new(RAM)));
+        let slots = SlotNumbers::new(kvm.check_extension_int(kvm_ioctls::Cap::NrMemslots) as u32);
+        let pci = PciDeviceManager::new(
+            &vm,
+            &pio,
+            &mmio,
+            &GuestMemoryAtomic::new(mem),
+            space.clone(),
+            slots.clone(),
+            layout::device_memory_start(RAM),
+        )
+        .unwrap();
+        Rig {
+            vm,
+            mmio,
+            space,
+            slots,
+            pci,
+        }
+    }
+
+    fn add_pmem(rig: &mut Rig, id: &str) -> u8 {
+        let backing = PmemBacking::open(&std::env::temp_dir(), Some(4 << 20), false).unwrap();
+        let device = Pmem::new(id.into(), &backing, 0).unwrap();
+        let shm = ShmBacking {
+            size: backing.size(),
+            host_addr: backing.host_addr(),
+            owner: Box::new(backing),
+        };
+        rig.pci.add(id, Box::new(device), Some(shm)).unwrap()
+    }
+
+    /// A config write through ECAM, as the guest's would arrive.
+    fn cfg_write(rig: &Rig, slot: u8, reg: u64, value: u32) {
+        let addr = PCI_ECAM_START + (u64::from(slot) << 15) + reg;
+        assert!(rig.mmio.write(addr, &value.to_le_bytes()));
+    }
+
+    fn move_bars(rig: &Rig, slot: u8, bar0: u64, bar2: u64) {
+        cfg_write(rig, slot, 0x04, 0); // decoding off, as Linux moves 64-bit BARs
+        cfg_write(rig, slot, 0x10, bar0 as u32);
+        cfg_write(rig, slot, 0x14, (bar0 >> 32) as u32);
+        cfg_write(rig, slot, 0x18, bar2 as u32);
+        cfg_write(rig, slot, 0x1c, (bar2 >> 32) as u32);
+        cfg_write(rig, slot, 0x04, 0x6); // memory + bus master on
+    }
+
+    /// The pmem config's `start`, read through BAR 0 where the bus has it.
+    fn pmem_start(rig: &Rig, bar0: u64) -> Option<u64> {
+        let mut b = [0u8; 4];
+        let mut start = 0u64;
+        for half in 0..2 {
+            if !rig.mmio.read(bar0 + DEVICE_CFG_OFFSET + half * 4, &mut b) {
+                return None;
+            }
+            start |= u64::from(u32::from_le_bytes(b)) << (32 * half);
+        }
+        Some(start)
+    }
+
+    /// A 4 MiB memory slot at `addr`, which KVM refuses where one exists.
+    fn probe_slot(rig: &Rig, addr: u64) -> Result<MemorySlot, SlotError> {
+        let host = PmemBacking::open(&std::env::temp_dir(), Some(4 << 20), false).unwrap();
+        let host_addr = host.host_addr();
+        // SAFETY: the mapping is owned by the slot.
+        unsafe {
+            MemorySlot::new(
+                &rig.vm,
+                &rig.slots,
+                addr,
+                4 << 20,
+                host_addr,
+                Box::new(host),
+            )
+        }
+    }
+
+    #[test]
+    fn moved_bars_take_bus_range_ioeventfds_and_memory_slot_along_and_removal_frees_all() {
+        let mut rig = rig();
+        let shm_start = layout::device_memory_start(RAM);
+        let a = add_pmem(&mut rig, "pmem-a");
+        let b = add_pmem(&mut rig, "pmem-b");
+        assert_eq!((a, b), (1, 2));
+        let a_bar0 = layout::PCI_MMIO32_START;
+        let b_bar0 = a_bar0 + BAR0_SIZE;
+        assert_eq!(pmem_start(&rig, a_bar0), Some(shm_start));
+        assert_eq!(pmem_start(&rig, b_bar0), Some(shm_start + (4 << 20)));
+
+        // The guest moves device a: everything follows.
+        let (new_bar0, new_bar2) = (a_bar0 + 0x10_0000, shm_start + (64 << 20));
+        move_bars(&rig, a, new_bar0, new_bar2);
+        assert_eq!(
+            pmem_start(&rig, a_bar0),
+            None,
+            "nothing left at the old BAR 0"
+        );
+        assert_eq!(
+            pmem_start(&rig, new_bar0),
+            Some(new_bar2),
+            "config start follows BAR 2"
+        );
+        // The ioeventfds moved: registering one at the old notify address
+        // works again, at the new one KVM says it is taken.
+        let probe = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+        let notify = virtio_devices::transport::pci::device::NOTIFY_OFFSET;
+        let at = |addr| IoEventAddress::Mmio(addr + notify);
+        rig.vm
+            .register_ioevent(&probe, &at(a_bar0), NoDatamatch)
+            .unwrap();
+        rig.vm
+            .unregister_ioevent(&probe, &at(a_bar0), NoDatamatch)
+            .unwrap();
+        assert!(rig
+            .vm
+            .register_ioevent(&probe, &at(new_bar0), NoDatamatch)
+            .is_err());
+        // KVM has the memory at the new place only.
+        assert!(probe_slot(&rig, shm_start).is_ok());
+        assert!(probe_slot(&rig, new_bar2).is_err());
+        // The old guest range of BAR 2 is free in the allocator too.
+        let free_again = lock(&rig.space)
+            .allocate(Area::PciMmio64, 4 << 20, 4 << 20)
+            .unwrap();
+        assert_eq!(free_again, shm_start);
+        lock(&rig.space).free(Area::PciMmio64, free_again, 4 << 20);
+
+        // A move onto device b's BAR 0 is refused: a stays where it is.
+        move_bars(&rig, a, b_bar0, new_bar2);
+        assert_eq!(pmem_start(&rig, new_bar0), Some(new_bar2));
+        assert_eq!(
+            pmem_start(&rig, b_bar0),
+            Some(shm_start + (4 << 20)),
+            "b untouched"
+        );
+        // ...and so is a BAR outside the windows.
+        move_bars(&rig, a, new_bar0, 0x1000_0000);
+        assert_eq!(pmem_start(&rig, new_bar0), Some(new_bar2));
+
+        // Removal: the bus range, the addresses and the KVM slot all go.
+        assert_eq!(rig.pci.slot_of("pmem-a"), Some(a));
+        assert_eq!(rig.pci.remove(a).as_deref(), Some("pmem-a"));
+        assert_eq!(rig.pci.slot_of("pmem-a"), None);
+        assert_eq!(pmem_start(&rig, new_bar0), None);
+        assert!(rig
+            .vm
+            .register_ioevent(&probe, &at(new_bar0), NoDatamatch)
+            .is_ok());
+        let mut cfg = [0u8; 4];
+        rig.mmio
+            .read(PCI_ECAM_START + (u64::from(a) << 15), &mut cfg);
+        assert_eq!(cfg, [0xff; 4], "slot {a} is empty");
+        assert_eq!(
+            lock(&rig.space).claim_pci(new_bar0, BAR0_SIZE).ok(),
+            Some(Area::PciMmio32)
+        );
+        let again = probe_slot(&rig, new_bar2);
+        assert!(
+            again.is_ok(),
+            "KVM still has a slot at {new_bar2:#x}: {:?}",
+            again.err()
+        );
+        // The freed slot number is used by the next device.
+        assert_eq!(add_pmem(&mut rig, "pmem-c"), a);
     }
 }

@@ -329,6 +329,16 @@ impl VirtioPciDevice {
         self.state.status()
     }
 
+    /// Whether the driver has memory decoding on (BARs are live).
+    pub fn memory_enabled(&self) -> bool {
+        self.config.memory_enabled()
+    }
+
+    /// The VMM moved the shared memory BAR's backing to `base`.
+    pub fn set_shm_base(&mut self, base: u64) {
+        self.state.device_mut().set_shm_base(base);
+    }
+
     pub fn is_activated(&self) -> bool {
         self.state.is_activated()
     }

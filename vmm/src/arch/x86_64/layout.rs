@@ -42,8 +42,12 @@ pub const IOAPIC_START: u64 = 0xfec0_0000;
 /// 32-bit PCI memory window (BAR 0 of each virtio-PCI function).
 pub const PCI_MMIO32_START: u64 = 0xc000_0000;
 pub const PCI_MMIO32_SIZE: u64 = 0x1000_0000;
-/// 64-bit PCI memory window: device memory above RAM, this many bytes.
-pub const PCI_MMIO64_SIZE: u64 = 1 << 40;
+/// 64-bit PCI memory window: device memory above RAM, this many bytes
+/// (shared memory BARs: DAX windows, pmem).
+pub const PCI_MMIO64_SIZE: u64 = 1 << 39;
+/// Device memory of virtio-MMIO devices, right after the 64-bit PCI window
+/// so that no BAR the guest places can land on it.
+pub const MMIO_DEVICE_MEMORY_SIZE: u64 = 1 << 39;
 /// PCI Express enhanced configuration (ECAM) for bus 0: 32 devices × 8
 /// functions × 4 KiB.
 pub const PCI_ECAM_START: u64 = 0xe000_0000;

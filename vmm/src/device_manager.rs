@@ -1,0 +1,341 @@
+//! The VM's virtio devices: built at boot from the configuration, added and
+//! removed while the guest runs (ACPI PCI hot-plug), with their guest
+//! addresses, KVM memory slots and bus places.
+//!
+//! A hot-plugged device goes through:
+//! `add_fs`/`add_pmem` → [`PciDeviceManager::add`] (slot, BARs, memory slot,
+//! ioeventfds) → [`PciHotplug::announce_add`] + GED interrupt → the guest's
+//! `acpiphp` scans the slot and binds the driver. A removal:
+//! [`DeviceManager::request_removal`] → `PCID` bit + GED interrupt → the
+//! guest unbinds and calls `_EJ0` → [`EjectRequests`] wakes the control
+//! thread → [`DeviceManager::complete_ejects`] takes the device away (the
+//! window's mappings and the daemon connection go with it).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use kvm_ioctls::{Cap, Kvm, VmFd};
+use virtio_devices::pmem::{Pmem, PmemBacking};
+use virtio_devices::rng::Rng;
+use virtio_devices::vhost_user_fs::window::{DaxWindow, WindowObserver};
+use virtio_devices::vhost_user_fs::{FsDeviceConfig, VhostUserFs};
+use virtio_devices::VirtioDevice;
+use vm_memory::GuestMemoryAtomic;
+
+use crate::arch::x86_64::layout;
+use crate::config::{FsConfig, PmemConfig, Transport, VmConfig};
+use crate::devices::device_memory::{AddressSpace, Area, MemorySlot, SlotNumbers};
+use crate::devices::ged::{GedHandle, EVENT_PCI_HOTPLUG};
+use crate::devices::pci_hotplug::{EjectRequests, PciHotplug};
+use crate::devices::virtio_mmio::MmioDeviceManager;
+use crate::devices::virtio_pci::{PciDeviceManager, ShmBacking};
+use crate::devices::Bus;
+use crate::memory::GuestMemoryMmap;
+use crate::vm::VmError;
+
+/// Makes the DAX window observer of the fs device with the given id.
+pub type ObserverFactory = dyn Fn(&str) -> Arc<dyn WindowObserver>;
+
+/// What the VMM keeps of one fs device while the VM runs: enough to report
+/// on it and to reach its daemon's control socket.
+#[derive(Clone)]
+pub struct FsDeviceInfo {
+    pub id: String,
+    pub window: Option<Arc<DaxWindow>>,
+    pub failed: Arc<AtomicBool>,
+    pub control_socket: Option<std::path::PathBuf>,
+}
+
+/// Where a hot-plugged device landed, as Cloud Hypervisor reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PciDeviceInfo {
+    pub id: String,
+    /// `0000:00:SS.0`
+    pub bdf: String,
+}
+
+impl PciDeviceInfo {
+    fn new(id: &str, slot: u8) -> Self {
+        PciDeviceInfo {
+            id: id.to_string(),
+            bdf: format!("0000:00:{slot:02x}.0"),
+        }
+    }
+}
+
+pub struct DeviceManager {
+    vm: Arc<VmFd>,
+    mmio: Arc<Bus>,
+    mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    space: Arc<Mutex<AddressSpace>>,
+    slots: Arc<Mutex<SlotNumbers>>,
+    mmio_devices: MmioDeviceManager,
+    pci: PciDeviceManager,
+    hotplug: Arc<Mutex<PciHotplug>>,
+    ejects: Arc<EjectRequests>,
+    ged: GedHandle,
+    fs: Vec<FsDeviceInfo>,
+    /// Memory slots of virtio-MMIO devices, kept until the VM goes.
+    mmio_memory: Vec<MemorySlot>,
+}
+
+impl DeviceManager {
+    /// The PCI bus (config ports, ECAM), the hot-plug controller on `pio`,
+    /// and no device yet.
+    pub fn new(
+        kvm: &Kvm,
+        vm: &Arc<VmFd>,
+        pio: &Bus,
+        mmio: &Arc<Bus>,
+        mem: GuestMemoryAtomic<GuestMemoryMmap>,
+        ram_size: u64,
+        ged: GedHandle,
+    ) -> Result<Self, VmError> {
+        let space = Arc::new(Mutex::new(AddressSpace::new(ram_size)));
+        let limit = kvm.check_extension_int(Cap::NrMemslots).max(0) as u32;
+        let slots = SlotNumbers::new(limit);
+        let pci = PciDeviceManager::new(
+            vm,
+            pio,
+            mmio,
+            &mem,
+            space.clone(),
+            slots.clone(),
+            layout::device_memory_start(ram_size),
+        )?;
+        let hotplug = PciHotplug::new()?;
+        let ejects = hotplug.eject_requests();
+        let hotplug = Arc::new(Mutex::new(hotplug));
+        pio.insert(
+            hotplug.clone(),
+            u64::from(crate::devices::pci_hotplug::PCI_HOTPLUG_PORT),
+            crate::devices::pci_hotplug::PCI_HOTPLUG_PORT_COUNT,
+        )
+        .map_err(|e| VmError::Device(e.to_string()))?;
+        Ok(DeviceManager {
+            vm: vm.clone(),
+            mmio: mmio.clone(),
+            mem,
+            space,
+            slots,
+            mmio_devices: MmioDeviceManager::new(),
+            pci,
+            hotplug,
+            ejects,
+            ged,
+            fs: Vec::new(),
+            mmio_memory: Vec::new(),
+        })
+    }
+
+    /// The devices the configuration asks for, before the guest starts.
+    pub fn add_boot_devices(
+        &mut self,
+        config: &VmConfig,
+        observe: Option<&ObserverFactory>,
+    ) -> Result<(), VmError> {
+        if let Some(r) = &config.rng {
+            let device = Rng::new("_rng".into(), &r.src)?;
+            self.place("_rng", Box::new(device), r.transport, None)?;
+            log::info!("rng: virtio-rng from {}", r.src.display());
+        }
+        for p in &config.pmem {
+            self.add_pmem_device(p)?;
+        }
+        for f in &config.fs {
+            self.add_fs_device(f, observe)?;
+        }
+        Ok(())
+    }
+
+    /// The DSDT entries of the devices: virtio-MMIO devices, the PCI host
+    /// bridge with its slots, the hot-plug controller.
+    pub fn append_aml(&self, sink: &mut Vec<u8>) {
+        sink.extend_from_slice(self.mmio_devices.aml());
+        self.pci.append_aml(sink);
+        PciHotplug::append_aml(sink);
+    }
+
+    pub fn fs_devices(&self) -> &[FsDeviceInfo] {
+        &self.fs
+    }
+
+    /// Puts `device` on `transport`; on PCI returns its slot.
+    fn place(
+        &mut self,
+        id: &str,
+        device: Box<dyn VirtioDevice>,
+        transport: Transport,
+        shm: Option<ShmBacking>,
+    ) -> Result<Option<u8>, VmError> {
+        match transport {
+            Transport::Pci => Ok(Some(self.pci.add(id, device, shm)?)),
+            Transport::Mmio => {
+                let mut device = device;
+                if let Some(b) = shm {
+                    let addr = self
+                        .space
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .allocate(Area::MmioDeviceMemory, b.size, layout::DEVICE_MEMORY_ALIGN)?;
+                    // SAFETY: `owner` keeps the mapping for the life of the slot.
+                    let slot = unsafe {
+                        MemorySlot::new(&self.vm, &self.slots, addr, b.size, b.host_addr, b.owner)
+                    }
+                    .map_err(|e| VmError::Device(format!("{id}: {e}")))?;
+                    device.set_shm_base(addr);
+                    self.mmio_memory.push(slot);
+                }
+                self.mmio_devices
+                    .add(&self.vm, &self.mmio, &self.mem, device)?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Opens and maps the pmem backing file and puts a virtio-pmem device
+    /// for it on its transport.
+    fn add_pmem_device(&mut self, p: &PmemConfig) -> Result<Option<u8>, VmError> {
+        let backing = PmemBacking::open(&p.file, p.size, p.discard_writes)?;
+        let (size, host_addr) = (backing.size(), backing.host_addr());
+        let device = Box::new(Pmem::new(p.id.clone(), &backing, 0)?);
+        let shm = ShmBacking {
+            size,
+            host_addr,
+            owner: Box::new(backing),
+        };
+        let slot = self.place(&p.id, device, p.transport, Some(shm))?;
+        log::info!("pmem {}: {size} bytes of {}", p.id, p.file.display());
+        Ok(slot)
+    }
+
+    /// Connects the fs device to its daemon and puts it, with its DAX
+    /// window (if any), on its transport.
+    fn add_fs_device(
+        &mut self,
+        f: &FsConfig,
+        observe: Option<&ObserverFactory>,
+    ) -> Result<Option<u8>, VmError> {
+        let device = VhostUserFs::connect(&FsDeviceConfig {
+            id: f.id.clone(),
+            tag: f.tag.clone(),
+            socket: f.socket.clone(),
+            num_request_queues: f.num_queues,
+            queue_size: f.queue_size,
+            dax: f.dax,
+            cache_size: f.cache_size,
+        })?;
+        let window = device.window().cloned();
+        let info = FsDeviceInfo {
+            id: f.id.clone(),
+            window: window.clone(),
+            failed: device.failed_flag(),
+            control_socket: f.control_socket.clone(),
+        };
+        let shm = window.map(|w| {
+            if let Some(observe) = observe {
+                w.set_observer(observe(&f.id));
+            }
+            log::info!("fs {}: DAX window of {} bytes", f.id, w.size());
+            ShmBacking {
+                size: w.size(),
+                host_addr: w.host_addr(),
+                owner: Box::new(w),
+            }
+        });
+        let slot = self.place(&f.id, Box::new(device), f.transport, shm)?;
+        self.fs.push(info);
+        Ok(slot)
+    }
+
+    fn hotplug_only_over_pci(transport: Transport, id: &str) -> Result<(), VmError> {
+        match transport {
+            Transport::Pci => Ok(()),
+            Transport::Mmio => Err(VmError::Hotplug(format!(
+                "{id}: hot-plug is over virtio-PCI only (transport=mmio has no hot-plug)"
+            ))),
+        }
+    }
+
+    /// Refuses an id that a device still being ejected holds.
+    fn id_is_free(&self, id: &str) -> Result<(), VmError> {
+        match self.pci.slot_of(id) {
+            Some(slot) => Err(VmError::Hotplug(format!(
+                "{id}: a device with this id is still in slot {slot} (its removal waits for the guest to eject it)"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Hot-plugs an fs device into the running guest.
+    pub fn hotplug_fs(
+        &mut self,
+        f: &FsConfig,
+        observe: Option<&ObserverFactory>,
+    ) -> Result<PciDeviceInfo, VmError> {
+        Self::hotplug_only_over_pci(f.transport, &f.id)?;
+        self.id_is_free(&f.id)?;
+        let slot = self
+            .add_fs_device(f, observe)?
+            .expect("a PCI device has a slot");
+        self.announce(slot, true)?;
+        Ok(PciDeviceInfo::new(&f.id, slot))
+    }
+
+    /// Hot-plugs a pmem device into the running guest.
+    pub fn hotplug_pmem(&mut self, p: &PmemConfig) -> Result<PciDeviceInfo, VmError> {
+        Self::hotplug_only_over_pci(p.transport, &p.id)?;
+        self.id_is_free(&p.id)?;
+        let slot = self.add_pmem_device(p)?.expect("a PCI device has a slot");
+        self.announce(slot, true)?;
+        Ok(PciDeviceInfo::new(&p.id, slot))
+    }
+
+    fn announce(&self, slot: u8, add: bool) -> Result<(), VmError> {
+        {
+            let mut hp = self.hotplug.lock().unwrap_or_else(|e| e.into_inner());
+            if add {
+                hp.announce_add(slot);
+            } else {
+                hp.announce_remove(slot);
+            }
+        }
+        self.ged.raise(EVENT_PCI_HOTPLUG)?;
+        Ok(())
+    }
+
+    /// Asks the guest to eject the device named `id`; it goes when the
+    /// guest has let go of it ([`Self::complete_ejects`]).
+    pub fn request_removal(&self, id: &str) -> Result<(), VmError> {
+        let slot = self.pci.slot_of(id).ok_or_else(|| {
+            VmError::Hotplug(format!(
+                "{id}: not a hot-pluggable device (only virtio-PCI fs and pmem devices can be removed from a running VM)"
+            ))
+        })?;
+        if id == "_rng" {
+            return Err(VmError::Hotplug(
+                "_rng: the virtio-rng device cannot be removed".into(),
+            ));
+        }
+        self.announce(slot, false)
+    }
+
+    /// Readable when the guest has ejected a device.
+    pub fn eject_requests(&self) -> &Arc<EjectRequests> {
+        &self.ejects
+    }
+
+    /// Removes the devices the guest ejected; returns their ids.
+    pub fn complete_ejects(&mut self) -> Vec<String> {
+        let mut gone = Vec::new();
+        for slot in self.ejects.take() {
+            let Some(id) = self.pci.remove(slot) else {
+                continue; // an empty slot: nothing to do
+            };
+            self.fs.retain(|f| f.id != id);
+            log::info!("{id}: ejected by the guest from slot {slot}, removed");
+            gone.push(id);
+        }
+        gone
+    }
+}
