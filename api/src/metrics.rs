@@ -33,8 +33,12 @@ pub struct WindowStats {
     /// (upper bound in µs, None for +Inf; cumulative count).
     pub latency_buckets: Vec<(Option<u64>, u64)>,
     pub latency_sum_us: u64,
-    /// Resident bytes of the window (mincore); None if it could not be read.
+    /// Resident bytes of the window's file mappings (mincore); None if it
+    /// could not be read.
     pub resident_bytes: Option<u64>,
+    /// Bytes of the window's scratch that guest accesses outside any
+    /// mapping touched; None if it could not be read.
+    pub stray_bytes: Option<u64>,
 }
 
 /// Host page faults of this (the VMM's) process since it started.
@@ -190,23 +194,27 @@ pub fn render(
         "Times every mapping was dropped at once (device reset, daemon gone)",
         win(|s| s.resets),
     );
-    let resident: Vec<(&str, u64)> = devices
-        .iter()
-        .filter_map(|d| {
-            d.window
-                .as_ref()
-                .and_then(|s| s.resident_bytes)
-                .map(|r| (d.id.as_str(), r))
-        })
-        .collect();
-    if !resident.is_empty() {
-        w.family(
+    for (name, help, get) in [
+        (
             "daxvmm_dax_resident_bytes",
-            "gauge",
-            "Bytes of the window resident in host memory (mincore)",
-        );
-        for (id, r) in resident {
-            w.sample("daxvmm_dax_resident_bytes", &[("device", id)], r);
+            "Bytes of the window's file mappings resident in host memory (mincore)",
+            (|s: &WindowStats| s.resident_bytes) as fn(&WindowStats) -> Option<u64>,
+        ),
+        (
+            "daxvmm_dax_stray_bytes",
+            "Bytes of the window's scratch touched by guest accesses where nothing was mapped",
+            |s: &WindowStats| s.stray_bytes,
+        ),
+    ] {
+        let samples: Vec<(&str, u64)> = devices
+            .iter()
+            .filter_map(|d| d.window.as_ref().and_then(get).map(|v| (d.id.as_str(), v)))
+            .collect();
+        if !samples.is_empty() {
+            w.family(name, "gauge", help);
+            for (id, v) in samples {
+                w.sample(name, &[("device", id)], v);
+            }
         }
     }
     if devices.iter().any(|d| d.window.is_some()) {
@@ -404,6 +412,7 @@ mod tests {
                 latency_buckets: vec![(Some(10), 1), (Some(100), 3), (None, 3)],
                 latency_sum_us: 150,
                 resident_bytes: Some(8192),
+                stray_bytes: Some(4096),
             }),
             failed: false,
         }
@@ -445,6 +454,11 @@ mod tests {
         );
         assert!(text.contains("daxvmm_process_page_faults_total{kind=\"major\"} 1\n"));
         assert!(text.contains("daxvmm_dax_resident_bytes{device=\"fs0\"} 8192\n"));
+        assert!(text.contains("daxvmm_dax_stray_bytes{device=\"fs0\"} 4096\n"));
+        assert_eq!(
+            text.matches("# TYPE daxvmm_dax_stray_bytes gauge").count(),
+            1
+        );
         assert!(text.contains("daxvmm_fs_cap_refusals_total{device=\"fs0\",cap=\"inodes\"} 4\n"));
         assert!(text.contains("daxvmm_fs_handles{device=\"fs0\"} 3\n"));
     }

@@ -11,6 +11,10 @@
 //!   `vm.info`, and the guest's writes through pmem are in the host file;
 //! - a pmem device plugged again after that works (slots and addresses
 //!   are given back and reused);
+//! - a second share, hot-plugged too, whose daemon is killed while the
+//!   guest reads a DAX file through mmap in a loop: the VM survives (the
+//!   window shows its scratch where the file was), the stray accesses are
+//!   counted in `vm.dax-metrics`, and the guest still powers off cleanly;
 //! - refused requests while running: an MMIO hot-plug (400), an unknown id (404).
 //!
 //! Run with `cargo test -p guest-tests --test hotplug -- --ignored`
@@ -27,9 +31,14 @@ dd if=/dev/urandom of=share/data.bin bs=1M count=8 2>/dev/null
 echo "@@HOST data_md5=$(md5sum < share/data.bin | cut -d' ' -f1)"
 dd if=/dev/zero of=pmem.img bs=1M count=16 2>/dev/null
 printf 'pmem-marker-0042' | dd of=pmem.img conv=notrunc 2>/dev/null
+mkdir -p share2
+dd if=/dev/urandom of=share2/big.bin bs=1M count=24 2>/dev/null
+echo "@@HOST big_md5=$(md5sum < share2/big.bin | cut -d' ' -f1)"
 dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --log-level warn &
 DAEMON=$!
-i=0; while [ ! -S /tmp/fs.sock ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
+dax-virtiofsd --socket-path /tmp/fs2.sock --shared-dir share2 --cache-size 32M --log-level warn &
+DAEMON2=$!
+i=0; while { [ ! -S /tmp/fs.sock ] || [ ! -S /tmp/fs2.sock ]; } && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
 "#;
 
 /// The VM's serial goes to a file, so this script can wait for the guest's
@@ -55,6 +64,12 @@ i=0; while kill -0 $DAEMON 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1
 echo "@@HOST daemon_after_remove=$(kill -0 $DAEMON 2>/dev/null && echo running || echo exited)"
 echo "@@HOST info_removed=$(api GET /api/v1/vm.info | grep -o '"id":"[a-z0-9_]*"' | tr '\n' ' ')"
 echo "@@HOST replug=$(api PUT /api/v1/vm.add-pmem '{"file":"'$WORK'/pmem.img","id":"pmem1"}')"
+echo "@@HOST add_doomed=$(api PUT /api/v1/vm.add-fs '{"tag":"doomed","socket":"/tmp/fs2.sock","num_queues":1,"queue_size":1024,"id":"fs1","cache_size":33554432}')"
+seen '@@GUEST reading=1'
+sleep 1; kill -9 $DAEMON2; echo "@@HOST killed=$?"
+seen '@@GUEST alive='
+echo "@@HOST stray=$(api GET /api/v1/vm.dax-metrics | sed -n 's/.*daxvmm_dax_stray_bytes{device="fs1"} \([0-9]*\).*/\1/p')"
+echo "@@HOST ping_after_kill=$(api GET /api/v1/vmm.ping | cut -c1-10)"
 "#;
 
 const HOST_AFTER: &str = r#"
@@ -89,9 +104,24 @@ echo "@@GUEST gone=fs:$([ -e /sys/bus/pci/devices/$FS ] && echo present || echo 
 echo "@@GUEST removed=1"
 wait_for '[ -b /dev/pmem0 ]'
 echo "@@GUEST replugged=$(find_dev 0x105b) $(head -c 16 /dev/pmem0)"
+mkdir -p /mnt2
+wait_for 'mount -t virtiofs doomed /mnt2 -o dax=always 2>/dev/null'; echo "@@GUEST doomed_mount_rc=$?"
+echo "@@GUEST big_md5=$(daxprobe mmap-copy /mnt2/big.bin /tmp/big && md5sum < /tmp/big | cut -d' ' -f1)"
+rm -f /tmp/big
+# One mapping read over and over; the host kills the daemon meanwhile.
+daxprobe mmap-scan /mnt2/big.bin 8 > /tmp/scan 2> /tmp/scan.err &
+wait_for 'grep -q "first pass" /tmp/scan.err'
+echo "@@GUEST reading=1"
+# Not `wait`: the scan's exit closes the file, and that FUSE_FLUSH never
+# gets an answer from a dead daemon (I/O on the share does not complete).
+wait_for 'grep -q passes /tmp/scan'
+echo "@@GUEST scan=$(cat /tmp/scan)"
+echo "@@GUEST alive=$(cut -d' ' -f1 /proc/uptime)"
+sleep 2
 echo "@@GUEST hotplug_errors=$(dmesg | grep -i 'acpiphp\|pci 0000:00' | grep -ci 'fail\|error\|conflict\|no space')"
 sleep 1
-poweroff -f
+# No sync: the dead daemon's share would never answer it.
+poweroff -n -f
 "#;
 
 #[test]
@@ -203,6 +233,27 @@ fn fs_and_pmem_hot_plug_into_a_running_guest_and_eject() {
         "{tail}"
     );
     assert_eq!(run.guest("hotplug_errors"), Some("0"), "{tail}");
+
+    // The second share's daemon dies under a guest reading through DAX:
+    // the VM lives on, the API answers, and the stray reads are counted.
+    assert!(
+        run.host("add_doomed")
+            .is_some_and(|r| r.starts_with("status=200")),
+        "{tail}"
+    );
+    assert_eq!(run.guest("doomed_mount_rc"), Some("0"), "{tail}");
+    assert_eq!(run.guest("big_md5"), run.host("big_md5"), "{tail}");
+    assert_eq!(run.host("killed"), Some("0"), "{tail}");
+    assert!(run.guest("alive").is_some(), "the guest runs on\n{tail}");
+    // What the guest read changed once the window showed the scratch.
+    let scan = run.guest("scan").unwrap_or_default();
+    assert!(
+        scan.starts_with("passes=") && !scan.ends_with("changed=0"),
+        "{scan}\n{tail}"
+    );
+    assert_eq!(run.host("ping_after_kill"), Some("status=200"), "{tail}");
+    let stray: u64 = run.host("stray").and_then(|s| s.parse().ok()).expect(&tail);
+    assert!(stray > 0, "reads where the file was are counted\n{tail}");
     assert_eq!(run.vmm_exit, Some(0), "{tail}");
 
     let mut results = Results::new("hotplug");
@@ -212,6 +263,11 @@ fn fs_and_pmem_hot_plug_into_a_running_guest_and_eject() {
         .filter(|l| l.contains("moved") && l.contains("BAR"))
         .count();
     results.record("BAR moves the VMM followed", moved.to_string());
+    results.record("stray bytes after the daemon was killed", stray.to_string());
+    results.record(
+        "guest mmap scan across the kill",
+        run.guest("scan").unwrap_or("?"),
+    );
     results.record(
         "guest BARs (fs, pmem)",
         format!(

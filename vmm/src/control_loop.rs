@@ -124,6 +124,7 @@ fn window_stats(info: &FsDeviceInfo) -> Option<WindowStats> {
         latency_buckets: bounds.zip(m.latency_buckets.iter().copied()).collect(),
         latency_sum_us: m.latency_sum_us,
         resident_bytes: w.resident_bytes().ok(),
+        stray_bytes: w.stray_bytes().ok(),
     })
 }
 

@@ -5,6 +5,10 @@
 //! daxprobe statx PATH...                 one line: PATH:1 (STATX_ATTR_DAX set) or PATH:0 each
 //! daxprobe mmap-copy SRC DST             copies SRC to DST reading SRC through a shared mmap
 //! daxprobe mmap-fill PATH OFFSET LEN BYTE  fills a range through a shared writable mmap, msyncs
+//! daxprobe mmap-scan PATH SECONDS          maps PATH once and reads all of it again and again;
+//!                                        prints "passes=N changed=M" (M: passes whose
+//!                                        checksum differed from the first); says
+//!                                        "first pass done" on stderr once all is mapped
 //! daxprobe bench PATH seq|rand|mmap BLOCK_KIB TOTAL_MIB   reads, prints MiB/s
 //! daxprobe http SOCKET METHOD PATH [BODY]  one HTTP/1.1 request on a unix socket; prints
 //!                                        "status=N body=..." on one line (exit 1 unless 2xx)
@@ -271,11 +275,33 @@ fn main() {
                 fail(format!("msync: {}", std::io::Error::last_os_error()));
             }
         }
+        ["mmap-scan", path, secs] => {
+            let f = open(path, false);
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0) as usize;
+            if len == 0 {
+                fail(format!("{path} is empty"));
+            }
+            let m = Mapping::new(&f, len, false);
+            let sum = |b: &[u8]| {
+                b.chunks(8)
+                    .fold(0u64, |a, c| a.rotate_left(5) ^ c.iter().fold(0, |x, &y| x << 8 | u64::from(y)))
+            };
+            let first = sum(m.bytes());
+            // Whoever waits for the scan to be under way (all pages faulted in).
+            eprintln!("first pass done");
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(num(secs));
+            let (mut passes, mut changed) = (1u64, 0u64);
+            while std::time::Instant::now() < end {
+                passes += 1;
+                changed += u64::from(sum(m.bytes()) != first);
+            }
+            println!("passes={passes} changed={changed}");
+        }
         ["bench", path, mode @ ("seq" | "rand" | "mmap"), block_kib, total_mib] => bench(path, mode, num(block_kib), num(total_mib)),
         ["http", socket, method, path] => http(socket, method, path, ""),
         ["http", socket, method, path, body] => http(socket, method, path, body),
         ["sse", socket, path] => sse_counts(socket, path),
         ["power-button"] => power_button(),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | bench | http | sse | power-button)".into()),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | bench | http | sse | power-button)".into()),
     }
 }

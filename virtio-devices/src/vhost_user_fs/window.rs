@@ -1,10 +1,20 @@
-//! The DAX cache window: a range of host address space, reserved `PROT_NONE`
-//! when the device is created and registered with KVM as guest memory, into
-//! which the backend's SHMEM_MAP requests map file ranges with `MAP_FIXED`.
+//! The DAX cache window: a range of host address space, reserved when the
+//! device is created (aligned for huge mappings) and registered with KVM as
+//! guest memory, into which the backend's SHMEM_MAP requests map file ranges
+//! with `MAP_FIXED`.
 //!
-//! The window is never `munmap`ed while the device lives: an unmap maps
-//! anonymous `PROT_NONE` memory back over the range, so the address range
-//! cannot be handed to another mapping in this process while KVM still
+//! Where nothing is mapped the window shows a small *scratch* memfd, mapped
+//! again and again (window offset `o` shows scratch offset `o % scratch
+//! size`), never `PROT_NONE`: a guest that touches a range with no mapping
+//! (a hostile or buggy guest, or any guest after its daemon died and the
+//! device reset) reads zeros or what it wrote there before, and its writes
+//! go to the scratch, which is dropped with the window. KVM could not
+//! serve a `PROT_NONE` page: KVM_RUN would fail and the VM would end. The
+//! scratch caps what such stray accesses can cost the host (at most its
+//! size, see [`scratch_size`]) and is counted ([`DaxWindow::stray_bytes`]).
+//!
+//! The window is never `munmap`ed while the device lives, so the address
+//! range cannot be handed to another mapping in this process while KVM still
 //! translates guest addresses into it.
 //!
 //! Every request comes from the daemon, which is not trusted: it is checked
@@ -12,7 +22,8 @@
 //! before any mmap, and a refused request changes nothing.
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, RawFd};
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -173,8 +184,66 @@ pub struct DaxWindow {
     page_size: u64,
     max_mappings: usize,
     mapped: Mutex<MappedRanges>,
+    /// Shown where nothing is mapped (see the module's comment).
+    scratch: File,
+    scratch_size: u64,
     pub metrics: DaxMetrics,
     observer: OnceLock<Arc<dyn WindowObserver>>,
+}
+
+/// The scratch shown in unmapped ranges of a `window_size` window: 2 MiB,
+/// or 1/2048 of the window when that is more, so the window is never more
+/// than 2048 scratch mappings (VMAs, see [`DEFAULT_MAX_MAPPINGS`]). At most
+/// 128 MiB, for the largest window.
+pub fn scratch_size(window_size: u64) -> u64 {
+    (window_size / 2048)
+        .next_power_of_two()
+        .max(GUEST_RANGE_SIZE)
+}
+
+/// Alignment of the window in host-virtual space: 1 GiB for windows of
+/// 1 GiB or more, else 2 MiB, so file pages the host cache holds as large
+/// folios can be mapped (and by KVM, into the guest) with PMD/PUD entries.
+fn host_alignment(size: u64) -> u64 {
+    if size >= 1 << 30 {
+        1 << 30
+    } else {
+        GUEST_RANGE_SIZE
+    }
+}
+
+/// Reserves `size` bytes of address space aligned to `align`.
+fn reserve_aligned(size: u64, align: u64) -> std::io::Result<u64> {
+    let span = size
+        .checked_add(align)
+        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENOMEM))?;
+    let base = reserve(span)?;
+    let start = base.next_multiple_of(align);
+    let (head, tail) = (start - base, base + span - (start + size));
+    // SAFETY: both pieces lie inside the reservation just made, which no
+    // one else knows of; what stays is [start, start + size).
+    unsafe {
+        if head > 0 {
+            libc::munmap(base as *mut libc::c_void, head as usize);
+        }
+        if tail > 0 {
+            libc::munmap((start + size) as *mut libc::c_void, tail as usize);
+        }
+    }
+    Ok(start)
+}
+
+fn scratch_memfd(size: u64) -> std::io::Result<File> {
+    // SAFETY: the name is a NUL-terminated literal; the returned fd is
+    // checked and then owned by the File.
+    let fd = unsafe { libc::memfd_create(c"dax-window-scratch".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor no one else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(size)?;
+    Ok(file)
 }
 
 fn host_page_size() -> u64 {
@@ -183,18 +252,15 @@ fn host_page_size() -> u64 {
     u64::try_from(page).unwrap_or(4096)
 }
 
-/// Maps anonymous `PROT_NONE` memory at `addr` (fixed when `fixed`).
-fn map_none(addr: u64, len: u64, fixed: bool) -> std::io::Result<u64> {
-    let flags = libc::MAP_PRIVATE
-        | libc::MAP_ANONYMOUS
-        | libc::MAP_NORESERVE
-        | if fixed { libc::MAP_FIXED } else { 0 };
-    // SAFETY: with MAP_FIXED the range lies inside the window this process
-    // reserved and owns (checked by the callers); without it the kernel
-    // picks a fresh range. No Rust reference points into the window.
+/// Reserves `len` bytes of address space (anonymous, `PROT_NONE`) where
+/// the kernel chooses.
+fn reserve(len: u64) -> std::io::Result<u64> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    // SAFETY: without MAP_FIXED the kernel picks a fresh range; nothing
+    // existing is touched.
     let p = unsafe {
         libc::mmap(
-            addr as *mut libc::c_void,
+            std::ptr::null_mut(),
             len as usize,
             libc::PROT_NONE,
             flags,
@@ -221,17 +287,59 @@ impl DaxWindow {
         if size > MAX_WINDOW_SIZE {
             return Err(WindowError::TooLarge { size });
         }
-        let host_addr =
-            map_none(0, size, false).map_err(|source| WindowError::Reserve { size, source })?;
-        Ok(DaxWindow {
+        let reserve = |source| WindowError::Reserve { size, source };
+        let host_addr = reserve_aligned(size, host_alignment(size)).map_err(reserve)?;
+        let scratch_size = scratch_size(size);
+        let window = DaxWindow {
             host_addr,
             size,
             page_size,
             max_mappings: DEFAULT_MAX_MAPPINGS,
             mapped: Mutex::new(MappedRanges::default()),
+            scratch: scratch_memfd(scratch_size).map_err(reserve)?,
+            scratch_size,
             metrics: DaxMetrics::default(),
             observer: OnceLock::new(),
-        })
+        };
+        // (On failure, dropping the window gives the reservation back.)
+        window.show_scratch(0, size).map_err(reserve)?;
+        Ok(window)
+    }
+
+    /// Maps the scratch over `[start, end)` of the window, one piece per
+    /// scratch-sized chunk.
+    fn show_scratch(&self, start: u64, end: u64) -> std::io::Result<()> {
+        let mut at = start;
+        while at < end {
+            let in_scratch = at % self.scratch_size;
+            let len = (self.scratch_size - in_scratch).min(end - at);
+            // SAFETY: [host_addr + at, + len) lies inside the window this
+            // process reserved and owns (callers check bounds); MAP_FIXED
+            // replaces what was there. No Rust reference points into it.
+            let p = unsafe {
+                libc::mmap(
+                    (self.host_addr + at) as *mut libc::c_void,
+                    len as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                    self.scratch.as_raw_fd(),
+                    in_scratch as libc::off_t,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            at += len;
+        }
+        Ok(())
+    }
+
+    /// Bytes of the scratch that guest accesses outside any mapping have
+    /// touched (each scratch page counted once, however many window ranges
+    /// show it).
+    pub fn stray_bytes(&self) -> std::io::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        Ok(self.scratch.metadata()?.blocks() * 512)
     }
 
     pub fn host_addr(&self) -> u64 {
@@ -289,34 +397,40 @@ impl DaxWindow {
             .ranges_touched(GUEST_RANGE_SIZE)
     }
 
-    /// Bytes of the window resident in host memory now (`mincore`): file
-    /// pages the guest touched through its mappings.
+    /// Bytes of the window's file mappings resident in host memory now
+    /// (`mincore`): file pages the guest can reach without a fault. The
+    /// ranges are read under the lock, the pages without it, so maps and
+    /// unmaps are not held up; a range unmapped meanwhile shows the
+    /// scratch, still inside the window (valid for mincore).
     pub fn resident_bytes(&self) -> std::io::Result<u64> {
-        // In chunks, so a large window needs no large vector.
+        // In chunks, so a large range needs no large vector.
         const CHUNK: u64 = 1 << 30;
+        let ranges: Vec<(u64, u64)> = {
+            let mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+            mapped.0.iter().map(|(&s, &e)| (s, e)).collect()
+        };
         let mut resident = 0;
         let mut vec = Vec::new();
-        let mut off = 0;
-        while off < self.size {
-            let len = CHUNK.min(self.size - off);
-            vec.resize(len.div_ceil(self.page_size) as usize, 0u8);
-            // Held so no map or unmap changes the range under mincore.
-            let _mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
-            // SAFETY: [host_addr + off, + len) lies inside the window this
-            // process reserved (mapped or PROT_NONE, both valid for mincore);
-            // `vec` has one byte per page of it.
-            let r = unsafe {
-                libc::mincore(
-                    (self.host_addr + off) as *mut libc::c_void,
-                    len as usize,
-                    vec.as_mut_ptr(),
-                )
-            };
-            if r != 0 {
-                return Err(std::io::Error::last_os_error());
+        for (start, end) in ranges {
+            let mut off = start;
+            while off < end {
+                let len = CHUNK.min(end - off);
+                vec.resize(len.div_ceil(self.page_size) as usize, 0u8);
+                // SAFETY: [host_addr + off, + len) lies inside the window this
+                // process reserved; `vec` has one byte per page of it.
+                let r = unsafe {
+                    libc::mincore(
+                        (self.host_addr + off) as *mut libc::c_void,
+                        len as usize,
+                        vec.as_mut_ptr(),
+                    )
+                };
+                if r != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                resident += vec.iter().filter(|&&b| b & 1 != 0).count() as u64 * self.page_size;
+                off += len;
             }
-            resident += vec.iter().filter(|&&b| b & 1 != 0).count() as u64 * self.page_size;
-            off += len;
         }
         Ok(resident)
     }
@@ -480,7 +594,7 @@ impl DaxWindow {
         Ok(())
     }
 
-    /// SHMEM_UNMAP: puts `PROT_NONE` anonymous memory back over the range.
+    /// SHMEM_UNMAP: shows the scratch again over the range.
     pub fn unmap(&self, req: &VhostUserMMap) -> Result<(), RequestError> {
         let result = self
             .check(req)
@@ -513,7 +627,7 @@ impl DaxWindow {
         if capped {
             self.check_count(&mapped, start, end, false)?;
         }
-        map_none(self.host_addr + start, end - start, true).map_err(|e| {
+        self.show_scratch(start, end).map_err(|e| {
             RequestError::new(
                 FailureReason::MapFailed,
                 e.raw_os_error().unwrap_or(libc::EIO),

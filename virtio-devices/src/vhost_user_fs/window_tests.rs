@@ -35,7 +35,8 @@ fn peek(w: &DaxWindow, offset: u64) -> u8 {
     unsafe { std::ptr::read_volatile((w.host_addr() + offset) as *const u8) }
 }
 
-fn is_prot_none(w: &DaxWindow, offset: u64) -> bool {
+/// Whether the window shows its scratch (nothing mapped) at `offset`.
+fn shows_scratch(w: &DaxWindow, offset: u64) -> bool {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     let addr = w.host_addr() + offset;
     maps.lines().any(|l| {
@@ -45,7 +46,7 @@ fn is_prot_none(w: &DaxWindow, offset: u64) -> bool {
             u64::from_str_radix(s, 16).unwrap(),
             u64::from_str_radix(e, 16).unwrap(),
         );
-        (s..e).contains(&addr) && rest.starts_with("---p")
+        (s..e).contains(&addr) && rest.starts_with("rw-s") && rest.contains("dax-window-scratch")
     })
 }
 
@@ -116,7 +117,7 @@ fn refuses_bad_requests_without_mapping_anything() {
             "{what}: unmap refused too"
         );
     }
-    assert!(is_prot_none(&w, 0), "nothing was mapped");
+    assert!(shows_scratch(&w, 0), "nothing was mapped");
     let s = w.metrics.snapshot();
     assert_eq!((s.maps, s.bytes_mapped), (0, 0));
     assert_eq!(
@@ -147,14 +148,14 @@ fn writable_mapping_of_a_read_only_fd_fails_cleanly() {
         (FailureReason::MapFailed, libc::EACCES),
         "{e}"
     );
-    assert!(is_prot_none(&w, 0));
+    assert!(shows_scratch(&w, 0));
     w.map(&req(0, 0, 0, PAGE, 0), &ro)
         .expect("read-only mapping of a read-only fd");
     assert_eq!(peek(&w, 0), b'a');
 }
 
 #[test]
-fn maps_file_bytes_and_unmaps_back_to_prot_none() {
+fn maps_file_bytes_and_unmaps_back_to_the_scratch() {
     let w = DaxWindow::new(WINDOW).unwrap();
     let f = file_with(4);
     // File pages 1..3 at window pages 8..10.
@@ -162,7 +163,7 @@ fn maps_file_bytes_and_unmaps_back_to_prot_none() {
         .unwrap();
     assert_eq!(peek(&w, 8 * PAGE), b'b');
     assert_eq!(peek(&w, 9 * PAGE + 17), b'c');
-    assert!(is_prot_none(&w, 7 * PAGE) && is_prot_none(&w, 10 * PAGE));
+    assert!(shows_scratch(&w, 7 * PAGE) && shows_scratch(&w, 10 * PAGE));
     // A write through the window lands in the file (MAP_SHARED).
     // SAFETY: window page 8 is mapped read-write above.
     unsafe { std::ptr::write_volatile((w.host_addr() + 8 * PAGE) as *mut u8, b'X') };
@@ -182,7 +183,7 @@ fn maps_file_bytes_and_unmaps_back_to_prot_none() {
 
     // Unmapping the middle splits the bookkeeping.
     w.unmap(&req(0, 0, 9 * PAGE, PAGE, 0)).unwrap();
-    assert!(is_prot_none(&w, 9 * PAGE));
+    assert!(shows_scratch(&w, 9 * PAGE));
     assert_eq!(peek(&w, 8 * PAGE), b'X');
     assert_eq!(w.metrics.snapshot().bytes_mapped, 2 * PAGE);
     // Unmapping what is not mapped is harmless.
@@ -192,7 +193,7 @@ fn maps_file_bytes_and_unmaps_back_to_prot_none() {
     w.clear();
     let s = w.metrics.snapshot();
     assert_eq!((s.maps, s.unmaps, s.bytes_mapped, s.resets), (2, 2, 0, 1));
-    assert!(is_prot_none(&w, 8 * PAGE) && is_prot_none(&w, 10 * PAGE));
+    assert!(shows_scratch(&w, 8 * PAGE) && shows_scratch(&w, 10 * PAGE));
 }
 
 #[test]
@@ -229,7 +230,7 @@ fn separate_mappings_are_capped_with_enospc_and_the_window_keeps_serving() {
     );
     assert!(e.message.contains("over the cap of 3"), "{e}");
     assert!(
-        is_prot_none(&w, 8 * PAGE),
+        shows_scratch(&w, 8 * PAGE),
         "the refused range stays unmapped"
     );
     assert_eq!(peek(&w, 2 * PAGE), b'a', "earlier mappings stay");
@@ -341,4 +342,54 @@ fn observer_hears_maps_unmaps_refusals_and_resets_and_mincore_sees_touched_pages
     ));
     assert!(matches!(events[2], WindowEvent::Unmap { offset: 0, .. }));
     assert_eq!(events[3], WindowEvent::Reset);
+}
+
+/// Issue 14: ranges with nothing mapped were PROT_NONE, and a guest access
+/// there made KVM_RUN fail and ended the VM. They now show the scratch:
+/// readable (zeros at first), writable, the writes going nowhere but the
+/// scratch, whose size caps what stray accesses cost, and counted.
+#[test]
+fn unmapped_ranges_read_zeros_take_writes_into_the_scratch_and_are_counted() {
+    let window = 8 * GUEST_RANGE_SIZE;
+    let w = DaxWindow::new(window).unwrap();
+    assert_eq!(
+        w.host_addr() % GUEST_RANGE_SIZE,
+        0,
+        "2 MiB-aligned on the host"
+    );
+    assert_eq!(scratch_size(window), GUEST_RANGE_SIZE);
+    assert_eq!(scratch_size(256 << 30), 128 << 20);
+    assert_eq!(w.stray_bytes().unwrap(), 0);
+    let at = |o: u64| (w.host_addr() + o) as *mut u8;
+    // SAFETY: every offset is inside the window, which shows the scratch
+    // (or a file) everywhere: valid memory for the life of `w`.
+    unsafe {
+        assert_eq!(std::ptr::read_volatile(at(5 * PAGE)), 0);
+        std::ptr::write_volatile(at(3 * GUEST_RANGE_SIZE + 5 * PAGE), 7);
+        // The same scratch page shows at the same offset of every 2 MiB.
+        assert_eq!(std::ptr::read_volatile(at(5 * PAGE)), 7);
+    }
+    assert_eq!(w.stray_bytes().unwrap(), PAGE, "one scratch page touched");
+    // A file mapped over the range hides the scratch; unmapped, it is back,
+    // and the file never saw the stray write.
+    let f = file_with(1);
+    w.map(&req(0, 0, 5 * PAGE, PAGE, 1), f.as_file()).unwrap();
+    assert_eq!(peek(&w, 5 * PAGE), b'a');
+    w.unmap(&req(0, 0, 5 * PAGE, PAGE, 0)).unwrap();
+    assert!(shows_scratch(&w, 5 * PAGE));
+    assert_eq!(peek(&w, 5 * PAGE), 7);
+    assert_eq!(std::fs::read(f.as_path()).unwrap()[0], b'a');
+    // Resident bytes count file mappings only, not the scratch.
+    assert_eq!(w.resident_bytes().unwrap(), 0);
+    // A reset leaves the whole window readable.
+    w.clear();
+    assert!(shows_scratch(&w, 0) && shows_scratch(&w, window - PAGE));
+    assert_eq!(peek(&w, window - PAGE), 0);
+}
+
+#[test]
+fn windows_of_a_gib_or_more_are_gib_aligned_on_the_host() {
+    let w = DaxWindow::new(1 << 30).unwrap();
+    assert_eq!(w.host_addr() % (1 << 30), 0);
+    assert!(shows_scratch(&w, (1 << 30) - PAGE));
 }
