@@ -39,7 +39,6 @@ pub use server::{ApiServer, ServerError};
 /// What the API asks of the VMM.
 #[derive(Debug)]
 pub enum VmmAction {
-    Ping,
     ShutdownVmm,
     /// A `vm.create` body (VmConfig JSON).
     Create(Value),

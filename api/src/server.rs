@@ -70,7 +70,13 @@ fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ServerError> {
 impl ApiServer {
     /// Binds the socket (in the caller's thread, so errors are reported at
     /// start-up) and serves it on a thread of its own.
-    pub fn start(path: &Path, vmm: VmmChannel, events: EventBus) -> Result<ApiServer, ServerError> {
+    /// `ping` is what `vmm.ping` answers.
+    pub fn start(
+        path: &Path,
+        vmm: VmmChannel,
+        events: EventBus,
+        ping: serde_json::Value,
+    ) -> Result<ApiServer, ServerError> {
         let listener = bind(path)?;
         let shown = path.display().to_string();
         let io = |what, source| ServerError::Io {
@@ -83,7 +89,7 @@ impl ApiServer {
             .build()
             .map_err(|e| io("starting the runtime", e))?;
         let (shutdown, stop) = oneshot::channel::<()>();
-        let app = crate::routes::router(vmm, events);
+        let app = crate::routes::router(vmm, events, ping);
         let thread = std::thread::Builder::new()
             .name("api".into())
             .spawn(move || {

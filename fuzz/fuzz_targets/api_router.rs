@@ -51,7 +51,11 @@ fn rig() -> &'static Rig {
             .unwrap();
         Rig {
             runtime,
-            router: api::router(channel, EventBus::default()),
+            router: api::router(
+                channel,
+                EventBus::default(),
+                serde_json::json!({"version": "fuzz"}),
+            ),
             receiver: Mutex::new(receiver),
         }
     })
@@ -73,9 +77,7 @@ fn answer(action: VmmAction) -> Result<VmmReply, ApiError> {
     parsed.map_err(ApiError::bad_request)?;
     Ok(match action {
         VmmAction::DaxStatus => VmmReply::Dax(Vec::new()),
-        VmmAction::Info | VmmAction::Counters | VmmAction::Ping => {
-            VmmReply::Json(serde_json::json!({}))
-        }
+        VmmAction::Info | VmmAction::Counters => VmmReply::Json(serde_json::json!({})),
         _ => VmmReply::NoContent,
     })
 }

@@ -725,3 +725,78 @@ fn a_slow_event_subscriber_loses_events_and_is_told_while_the_vmm_keeps_serving(
     s.read_until(&mut slow, generation + 1);
     assert_eq!(s.last_generation, generation + 1, "{s:?}");
 }
+
+/// Issue 14: a daemon that accepts the connection and then never answers
+/// held the VMM's control thread for ever, and with it every API call.
+/// Now `vm.boot` fails naming the step and the timeout, well within a
+/// minute, `vmm.ping` answers quickly all along, and the VMM serves the
+/// next request.
+#[test]
+fn a_daemon_that_never_answers_fails_vm_boot_in_time_while_ping_answers() {
+    let dir = scratch("api-silent-daemon");
+    let vmm = rig::tool("vmm", "dax-vmm").expect("dax-vmm");
+    let api = dir.join("api.sock");
+    let _vmm = Proc(
+        Command::new(&vmm)
+            .arg("--api-socket")
+            .arg(format!("path={}", api.display()))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Accepts, reads nothing, answers nothing; keeps the connections open.
+    let silent = dir.join("silent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&silent).unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in listener.incoming() {
+            held.push(c);
+        }
+    });
+    wait_for(&api);
+    let create = r#"{"payload":{"kernel":"/nonexistent/bzImage"},"memory":{"size":268435456,"shared":true},"serial":{"mode":"Null"}}"#;
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.create", create).0, 204);
+    let add_fs = format!(
+        r#"{{"tag":"t","socket":"{}","id":"fs0","cache_size":67108864}}"#,
+        silent.display()
+    );
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.add-fs", &add_fs).0, 204);
+
+    let boot_api = api.clone();
+    let started = Instant::now();
+    let boot = std::thread::spawn(move || {
+        let r = http(&boot_api, "PUT", "/api/v1/vm.boot", "");
+        (r, started.elapsed())
+    });
+    let mut slowest_ping = Duration::ZERO;
+    let mut pings = 0;
+    while !boot.is_finished() {
+        let t = Instant::now();
+        let pid = json(&api, "GET", "/api/v1/vmm.ping", "")["pid"].as_u64();
+        assert!(pid.is_some());
+        slowest_ping = slowest_ping.max(t.elapsed());
+        pings += 1;
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "vm.boot still hangs after a minute"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ((status, text), took) = boot.join().unwrap();
+    assert_eq!(status, 500, "{text}");
+    assert!(
+        text.contains("did not answer within") && text.contains("fs fs0"),
+        "the error names the device and the timeout: {text}"
+    );
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    assert!(
+        pings > 10,
+        "pinged {pings} times while vm.boot waited {took:?}"
+    );
+    // A figure for the log, not a timed assertion: pings are not queued
+    // behind the stuck boot.
+    eprintln!("vm.boot failed after {took:?}; {pings} pings, slowest {slowest_ping:?}");
+    // The VMM serves the next request: the VM is still created, not booted.
+    let info = json(&api, "GET", "/api/v1/vm.info", "");
+    assert_eq!(info["state"], "Created", "{info}");
+}

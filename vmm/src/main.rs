@@ -214,7 +214,12 @@ fn serve_api(path: &std::path::Path, config: Option<VmConfig>, signals: &StopSig
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    let _server = match api::ApiServer::start(path, channel, events.clone()) {
+    let _server = match api::ApiServer::start(
+        path,
+        channel,
+        events.clone(),
+        vmm::control_loop::ping_info(),
+    ) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("dax-vmm: error: {e}");

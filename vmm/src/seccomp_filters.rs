@@ -128,6 +128,9 @@ const VCPU_CALLS: &[i64] = &[
     SYS_kill,
     // The device worker it starts installs its own filter.
     SYS_seccomp,
+    // A vhost-user watchdog (started here, inheriting this filter) shuts
+    // down the socket of a daemon that stopped answering.
+    SYS_shutdown,
 ];
 
 const SERIAL_INPUT_CALLS: &[i64] = &[];

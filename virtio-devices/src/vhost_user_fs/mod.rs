@@ -11,6 +11,7 @@
 
 pub mod backend_req;
 pub mod metrics;
+mod watchdog;
 pub mod window;
 mod worker;
 
@@ -45,6 +46,13 @@ pub const TAG_LEN: usize = 36;
 const PASSTHROUGH_FEATURES: u64 =
     1 << VIRTIO_F_VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX | 1 << VIRTIO_RING_F_INDIRECT_DESC;
 
+/// How long the VMM gives the daemon for one run of vhost-user exchanges
+/// (the handshake, an activation, a reset): a daemon that accepts the
+/// connection and then stops answering fails the operation after this
+/// instead of holding the thread that asked (boot, hot-plug, a vCPU) for
+/// ever (see `watchdog`). A daemon's real answers take microseconds.
+pub const DAEMON_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
     #[error("fs {id}: connecting to the daemon at {socket}: {source}")]
@@ -53,6 +61,11 @@ pub enum FsError {
         socket: PathBuf,
         source: vhost::Error,
     },
+    #[error(
+        "fs {id}: the daemon did not answer within {}s (is it stuck?); the connection is closed ({during})",
+        DAEMON_TIMEOUT.as_secs()
+    )]
+    Timeout { id: String, during: String },
     #[error("fs {id}: vhost-user {step}: {source}")]
     Negotiate {
         id: String,
@@ -120,21 +133,48 @@ fn step<T>(id: &str, step: &'static str, r: vhost::Result<T>) -> Result<T, FsErr
     })
 }
 
+/// Arms a [`watchdog::Watchdog`] of [`DAEMON_TIMEOUT`] on the connection `fd`.
+fn arm_watchdog(fd: std::os::fd::RawFd) -> std::io::Result<watchdog::Watchdog> {
+    // SAFETY: `fd` is the open vhost-user socket the caller holds for the
+    // whole call; it is only borrowed here to be duplicated.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    watchdog::Watchdog::arm(borrowed.try_clone_to_owned()?, DAEMON_TIMEOUT)
+}
+
 impl VhostUserFs {
     /// Connects to the daemon, negotiates protocol features and, with DAX,
     /// reserves the window; the window gets its guest address later
     /// (`VirtioDevice::set_shm_base`).
     pub fn connect(cfg: &FsDeviceConfig) -> Result<Self, FsError> {
         let id = cfg.id.as_str();
+        let connect_err = |e| FsError::Connect {
+            id: id.into(),
+            socket: cfg.socket.clone(),
+            source: vhost::vhost_user::Error::SocketConnect(e).into(),
+        };
+        let stream = std::os::unix::net::UnixStream::connect(&cfg.socket).map_err(connect_err)?;
+        let dog = arm_watchdog(stream.as_raw_fd()).map_err(connect_err)?;
+        let result = Self::handshake(
+            cfg,
+            Frontend::from_stream(stream, u64::from(cfg.num_request_queues) + 1),
+        );
+        if dog.fired() {
+            return Err(FsError::Timeout {
+                id: id.into(),
+                during: match result {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "the handshake".into(),
+                },
+            });
+        }
+        result
+    }
+
+    /// The handshake on a fresh connection: owner, features, protocol
+    /// features, shared memory, the backend request channel.
+    fn handshake(cfg: &FsDeviceConfig, mut frontend: Frontend) -> Result<Self, FsError> {
+        let id = cfg.id.as_str();
         let total_queues = usize::from(cfg.num_request_queues) + 1;
-        let mut frontend =
-            Frontend::connect(&cfg.socket, total_queues as u64).map_err(|source| {
-                FsError::Connect {
-                    id: id.into(),
-                    socket: cfg.socket.clone(),
-                    source,
-                }
-            })?;
         step(id, "SET_OWNER", frontend.set_owner())?;
         let backend_features = step(id, "GET_FEATURES", frontend.get_features())?;
         if backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0 {
@@ -411,7 +451,20 @@ impl VirtioDevice for VhostUserFs {
                 self.id
             )));
         }
-        let (calls, errors) = self.setup_rings(&mem.memory(), &queues, interrupt.as_ref())?;
+        let dog = arm_watchdog(self.frontend.as_raw_fd())?;
+        let rings = self.setup_rings(&mem.memory(), &queues, interrupt.as_ref());
+        if dog.fired() {
+            self.failed.store(true, Ordering::SeqCst);
+            return Err(ActivateError::Device(
+                FsError::Timeout {
+                    id: self.id.clone(),
+                    during: "activation".into(),
+                }
+                .to_string(),
+            ));
+        }
+        drop(dog);
+        let (calls, errors) = rings?;
         self.queue_error.store(false, Ordering::SeqCst);
         self.active_queues = queues.len();
         let (stop, thread) = worker::spawn(worker::WorkerContext {
@@ -432,10 +485,19 @@ impl VirtioDevice for VhostUserFs {
     fn reset(&mut self) -> bool {
         // GET_VRING_BASE stops each ring in the daemon before it is forgotten.
         if !self.failed() {
+            let dog = arm_watchdog(self.frontend.as_raw_fd());
             for i in 0..self.active_queues {
                 if let Err(e) = self.frontend.get_vring_base(i) {
                     log::warn!("fs {}: stopping queue {i}: {e}", self.id);
                 }
+            }
+            if dog.is_ok_and(|d| d.fired()) {
+                log::error!(
+                    "fs {}: the daemon did not answer the reset within {}s; the device is failed",
+                    self.id,
+                    DAEMON_TIMEOUT.as_secs()
+                );
+                self.failed.store(true, Ordering::SeqCst);
             }
         }
         self.stop_worker();

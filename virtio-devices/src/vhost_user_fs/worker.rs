@@ -135,13 +135,70 @@ fn run(ctx: WorkerContext, epoll: Epoll) {
     }
 }
 
+/// vhost-user message header: request, flags, payload size (u32 each).
+const HEADER_LEN: usize = 12;
+/// Largest payload a vhost-user message may carry (the crate's MAX_MSG_SIZE).
+const MAX_PAYLOAD: usize = 0x1000;
+
+/// Waits (at most `patience`, [`super::DAEMON_TIMEOUT`] in use) until a whole message is queued
+/// on the request channel `fd`: `handle_request` reads until it has one and
+/// retries on its own, so a daemon that sent half a message and stopped
+/// would hold this thread, and the lock a reset takes, for ever. Anything
+/// that is not a half message (end of file, an error, a size over the
+/// limit) is left for `handle_request` to report.
+fn whole_message_queued(fd: RawFd, patience: std::time::Duration) -> bool {
+    let mut buf = [0u8; HEADER_LEN + MAX_PAYLOAD];
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        // SAFETY: `buf` is writable for its whole length; MSG_PEEK leaves
+        // the bytes (and any fds) queued for the real read.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        match usize::try_from(n) {
+            Ok(0) => return true,
+            Ok(n) if n >= HEADER_LEN => {
+                let size = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]) as usize;
+                if size > MAX_PAYLOAD || n >= HEADER_LEN + size {
+                    return true;
+                }
+            }
+            Ok(_) => {}
+            Err(_) => {
+                if std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock {
+                    return true;
+                }
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        // Rare (a message split across writes): poll would not help, the
+        // socket stays readable while part of a message is queued.
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Serves one backend request; false when the channel is closed.
 fn serve_request(ctx: &WorkerContext, epoll: &Epoll, events: EventSet) -> bool {
     let Some(requests) = &ctx.requests else {
         return true;
     };
     let mut requests = requests.lock().unwrap_or_else(|p| p.into_inner());
-    if events.contains(EventSet::IN) {
+    if events.contains(EventSet::IN)
+        && !whole_message_queued(requests.as_raw_fd(), super::DAEMON_TIMEOUT)
+    {
+        log::error!(
+            "fs {}: backend request channel: the daemon sent part of a request and nothing more for {}s",
+            ctx.id,
+            super::DAEMON_TIMEOUT.as_secs()
+        );
+    } else if events.contains(EventSet::IN) {
         match requests.handle_request() {
             Ok(_) | Err(vhost::vhost_user::Error::ReqHandlerError(_)) => return true,
             Err(vhost::vhost_user::Error::InvalidMessage) => {
@@ -196,5 +253,46 @@ fn daemon_gone(ctx: &WorkerContext) {
         if let Some(w) = &ctx.window {
             w.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn header(size: u32) -> Vec<u8> {
+        let mut h = 5u32.to_le_bytes().to_vec(); // SHMEM_MAP
+        h.extend_from_slice(&1u32.to_le_bytes());
+        h.extend_from_slice(&size.to_le_bytes());
+        h
+    }
+
+    #[test]
+    fn a_half_sent_request_is_noticed_instead_of_blocking_the_worker() {
+        let patience = Duration::from_millis(50);
+        let (a, mut b) = UnixStream::pair().unwrap();
+        // Half a message: the header promises 40 bytes, 20 come.
+        b.write_all(&header(40)).unwrap();
+        b.write_all(&[0u8; 20]).unwrap();
+        assert!(!whole_message_queued(a.as_raw_fd(), patience));
+        // The rest arrives: whole.
+        b.write_all(&[0u8; 20]).unwrap();
+        assert!(whole_message_queued(a.as_raw_fd(), patience));
+        // Only part of a header is not a message either.
+        let (c, mut d) = UnixStream::pair().unwrap();
+        d.write_all(&[1, 2, 3]).unwrap();
+        assert!(!whole_message_queued(c.as_raw_fd(), patience));
+        // End of file and oversized messages are left to handle_request.
+        drop(d);
+        let (e, f) = UnixStream::pair().unwrap();
+        drop(f);
+        assert!(whole_message_queued(e.as_raw_fd(), patience));
+        let (g, mut h) = UnixStream::pair().unwrap();
+        h.write_all(&header(1 << 20)).unwrap();
+        assert!(whole_message_queued(g.as_raw_fd(), patience));
     }
 }
