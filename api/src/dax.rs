@@ -10,6 +10,11 @@
 //!
 //! An invalid policy is refused here, before any daemon sees it; a daemon
 //! that refuses or cannot be reached leaves the accepted policy as it was.
+//!
+//! The accepted (desired) policy is kept, and [`reconcile`] compares it
+//! with what each daemon has every [`RECONCILE_PERIOD`]: a daemon that was
+//! restarted (and came back with its start-up policy) gets it again by
+//! itself. `GET` shows how the last comparison went.
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
@@ -31,6 +36,20 @@ use crate::{control_socket_of, ApiError, VmmAction, VmmReply};
 pub(crate) struct DesiredPolicy {
     pub policy: Value,
     pub generation: u64,
+}
+
+/// How often [`reconcile`] compares desired policies with the daemons'.
+pub const RECONCILE_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What the reconcile loop last found for one device.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ReconcileState {
+    /// Whether the daemon had the desired policy (after any re-push).
+    pub in_sync: bool,
+    /// Times the loop pushed the desired policy again.
+    pub pushes: u64,
+    /// Why the last comparison or push failed (daemon unreachable...).
+    pub last_error: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -126,13 +145,118 @@ pub(crate) async fn get_policy(
         },
         Err(e) => (Value::Null, Value::String(e.message)),
     };
+    let reconcile = s
+        .reconcile
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(id)
+        .cloned();
     Ok(Json(json!({
         "id": id,
         "desired": desired.as_ref().map(|d| d.policy.clone()),
         "desired_generation": desired.as_ref().map(|d| d.generation),
         "acknowledged": acknowledged,
         "daemon_error": daemon_error,
+        "reconcile": reconcile.map(|r| json!({
+            "in_sync": r.in_sync, "pushes": r.pushes, "last_error": r.last_error,
+        })),
     })))
+}
+
+/// Keeps every daemon on its device's desired policy, for ever (a task on
+/// the API's runtime).
+pub(crate) async fn reconcile(s: AppState) {
+    let mut tick = tokio::time::interval(RECONCILE_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        reconcile_once(&s).await;
+    }
+}
+
+/// One pass: each device with a desired policy whose daemon has another
+/// gets the desired one pushed again. A device that left the VM takes its
+/// desired policy with it (a new device with its id starts afresh).
+pub(crate) async fn reconcile_once(s: &AppState) {
+    let _push = s.push_lock.lock().await;
+    let desired: Vec<(String, Value)> = s
+        .desired
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(id, d)| (id.clone(), d.policy.clone()))
+        .collect();
+    if desired.is_empty() {
+        return;
+    }
+    let Ok(devices) = dax_status(s).await else {
+        return;
+    };
+    for (id, policy) in desired {
+        if !devices.iter().any(|d| d.id == id) {
+            s.desired
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            s.reconcile
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            continue;
+        }
+        let outcome = match control_socket_of(&devices, &id) {
+            Ok(socket) => reconcile_device(s, &id, &socket, &policy).await,
+            Err(e) => Err(e.message),
+        };
+        let mut states = s.reconcile.lock().unwrap_or_else(|p| p.into_inner());
+        let state = states.entry(id).or_default();
+        match outcome {
+            Ok(pushed) => {
+                state.in_sync = true;
+                state.pushes += u64::from(pushed);
+                state.last_error = None;
+            }
+            Err(e) => {
+                state.in_sync = false;
+                state.last_error = Some(e);
+            }
+        }
+    }
+}
+
+/// Compares one daemon's policy with `policy`; pushes it if they differ.
+/// Ok(true) when it pushed.
+async fn reconcile_device(
+    s: &AppState,
+    id: &str,
+    socket: &std::path::Path,
+    policy: &Value,
+) -> Result<bool, String> {
+    let current = daemon_json(socket, "GET", "/api/v1/policy", None)
+        .await
+        .map_err(|e| e.message)?;
+    if current["policy"] == *policy {
+        return Ok(false);
+    }
+    let answer = daemon_json(socket, "PUT", "/api/v1/policy", Some(policy.to_string()))
+        .await
+        .map_err(|e| e.message)?;
+    let generation = answer["generation"].as_u64().unwrap_or(0);
+    log::info!("DAX policy of {id}: the daemon had another one (restarted?); pushed again as generation {generation}");
+    if let Some(d) = s
+        .desired
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_mut(id)
+    {
+        d.generation = generation;
+    }
+    s.events.publish(DaxEvent::new(
+        "policy",
+        id,
+        json!({"generation": generation, "changes": answer["changes"], "reconciled": true}),
+    ));
+    Ok(true)
 }
 
 /// Pushes `policy` (None: the default) and answers what changed.
@@ -142,6 +266,7 @@ async fn push(
     policy: Option<Policy>,
     dry_run: bool,
 ) -> Result<Json<Value>, ApiError> {
+    let _push = s.push_lock.lock().await;
     let devices = dax_status(s).await?;
     let socket = control_socket_of(&devices, id)?;
     let answer = match &policy {

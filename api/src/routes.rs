@@ -29,6 +29,11 @@ pub(crate) struct AppState {
     /// `vmm.ping`'s answer, given by the VMM at start: answered here, so a
     /// VMM thread busy with a slow daemon does not make the VMM look dead.
     pub ping: Arc<serde_json::Value>,
+    /// How the reconcile loop last found each device's daemon.
+    pub reconcile: Arc<Mutex<HashMap<String, dax::ReconcileState>>>,
+    /// Held while a policy is pushed and the desired one recorded, so the
+    /// reconcile loop never pushes a policy a request is replacing.
+    pub push_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Errors as Cloud Hypervisor writes them: a JSON array of strings, the
@@ -136,13 +141,29 @@ fn unsupported(endpoint: &'static str, why: &'static str) -> ApiError {
     }
 }
 
+/// The API's routes (without the reconcile loop: see [`app`]).
 pub fn router(vmm: VmmChannel, events: EventBus, ping: serde_json::Value) -> Router {
+    app(vmm, events, ping).0
+}
+
+/// The routes, and the state the reconcile loop ([`dax::reconcile`]) runs on.
+pub(crate) fn app(
+    vmm: VmmChannel,
+    events: EventBus,
+    ping: serde_json::Value,
+) -> (Router, AppState) {
     let state = AppState {
         vmm,
         events,
         desired: Arc::default(),
         ping: Arc::new(ping),
+        reconcile: Arc::default(),
+        push_lock: Arc::default(),
     };
+    (routes(state.clone()), state)
+}
+
+fn routes(state: AppState) -> Router {
     let mut router = Router::new();
     for &(endpoint, why) in UNSUPPORTED {
         let answer = move || async move { unsupported(endpoint, why) };

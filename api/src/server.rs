@@ -89,7 +89,7 @@ impl ApiServer {
             .build()
             .map_err(|e| io("starting the runtime", e))?;
         let (shutdown, stop) = oneshot::channel::<()>();
-        let app = crate::routes::router(vmm, events, ping);
+        let (app, state) = crate::routes::app(vmm, events, ping);
         let thread = std::thread::Builder::new()
             .name("api".into())
             .spawn(move || {
@@ -104,6 +104,7 @@ impl ApiServer {
                             return;
                         }
                     };
+                    tokio::spawn(crate::dax::reconcile(state));
                     crate::http1::serve(listener, app, async {
                         let _ = stop.await;
                     })

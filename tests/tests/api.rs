@@ -83,7 +83,6 @@ fn scratch(name: &str) -> PathBuf {
 /// both in `dir`; returns them and (api socket, control socket).
 fn start(dir: &Path) -> (Proc, Proc, PathBuf, PathBuf) {
     let vmm = rig::tool("vmm", "dax-vmm").expect("dax-vmm");
-    let daemon = rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd");
     let api = dir.join("api.sock");
     let control = dir.join("fs-control.sock");
     let vmm = Proc(
@@ -94,7 +93,16 @@ fn start(dir: &Path) -> (Proc, Proc, PathBuf, PathBuf) {
             .spawn()
             .unwrap(),
     );
-    let daemon = Proc(
+    let daemon = start_daemon(dir);
+    wait_for(&api);
+    wait_for(&control);
+    (vmm, daemon, api, control)
+}
+
+/// Our daemon on `dir/share`, with its vhost-user and control sockets in `dir`.
+fn start_daemon(dir: &Path) -> Proc {
+    let daemon = rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd");
+    Proc(
         Command::new(&daemon)
             .args([
                 "--sandbox",
@@ -109,13 +117,10 @@ fn start(dir: &Path) -> (Proc, Proc, PathBuf, PathBuf) {
             .arg("--shared-dir")
             .arg(dir.join("share"))
             .arg("--control-socket")
-            .arg(&control)
+            .arg(dir.join("fs-control.sock"))
             .spawn()
             .unwrap(),
-    );
-    wait_for(&api);
-    wait_for(&control);
-    (vmm, daemon, api, control)
+    )
 }
 
 #[test]
@@ -799,4 +804,66 @@ fn a_daemon_that_never_answers_fails_vm_boot_in_time_while_ping_answers() {
     // The VMM serves the next request: the VM is still created, not booted.
     let info = json(&api, "GET", "/api/v1/vm.info", "");
     assert_eq!(info["state"], "Created", "{info}");
+}
+
+/// Issue 14: a daemon restarted under a created VM came back with its
+/// start-up policy and nobody noticed. The API's reconcile loop now pushes
+/// the desired policy again within seconds, and says so in vm.dax-policy.
+#[test]
+fn a_restarted_daemon_gets_the_desired_policy_back_by_itself() {
+    let dir = scratch("api-reconcile");
+    let (_vmm, daemon, api, control) = start(&dir);
+    let create = r#"{"payload":{"kernel":"/nonexistent/bzImage"},"memory":{"size":268435456,"shared":true},"serial":{"mode":"Null"}}"#;
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.create", create).0, 204);
+    let add_fs = format!(
+        r#"{{"tag":"t","socket":"{}","id":"fs0","cache_size":67108864,"control_socket":"{}"}}"#,
+        dir.join("fs.sock").display(),
+        control.display()
+    );
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.add-fs", &add_fs).0, 204);
+    let policy = r#"{"cache_size":"64M","rules":[{"path":"db/**","dax":true}],"default":false}"#;
+    json(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0", policy);
+    let desired = json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "")["desired"].clone();
+    // The daemon's own control socket (not Cloud Hypervisor's protocol).
+    let daemon_policy = || {
+        let mut c = UnixStream::connect(&control).unwrap();
+        c.write_all(b"GET /api/v1/policy HTTP/1.1\r\nHost: d\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut reply = String::new();
+        std::io::Read::read_to_string(&mut c, &mut reply).unwrap();
+        let body = reply.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        serde_json::from_str::<serde_json::Value>(body).unwrap_or_else(|e| panic!("{e}: {reply}"))
+            ["policy"]
+            .clone()
+    };
+    assert_eq!(daemon_policy(), desired);
+
+    // The daemon restarts: it comes back with its default policy...
+    drop(daemon);
+    let _ = std::fs::remove_file(&control);
+    let _daemon = start_daemon(&dir);
+    wait_for(&control);
+    // ...and gets the desired one again without anyone asking.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while daemon_policy() != desired {
+        assert!(
+            Instant::now() < deadline,
+            "not reconciled: {}",
+            daemon_policy()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let state = json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "");
+    assert_eq!(state["reconcile"]["in_sync"], true, "{state}");
+    assert!(state["reconcile"]["pushes"].as_u64() >= Some(1), "{state}");
+    assert_eq!(state["acknowledged"]["policy"], desired, "{state}");
+    // In step, the loop pushes nothing more: the generation stays.
+    let generation = state["acknowledged"]["generation"].clone();
+    std::thread::sleep(Duration::from_secs(3));
+    let later = json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "");
+    assert_eq!(later["acknowledged"]["generation"], generation, "{later}");
+    assert_eq!(
+        later["reconcile"]["pushes"], state["reconcile"]["pushes"],
+        "{later}"
+    );
 }
