@@ -69,7 +69,11 @@ impl PolicyQuery {
 }
 
 async fn dax_status(s: &AppState) -> Result<Vec<FsDaxStatus>, ApiError> {
-    match s.vmm.call(VmmAction::DaxStatus).await? {
+    fs_devices(s, true).await
+}
+
+async fn fs_devices(s: &AppState, window_stats: bool) -> Result<Vec<FsDaxStatus>, ApiError> {
+    match s.vmm.call(VmmAction::DaxStatus { window_stats }).await? {
         VmmReply::Dax(d) => Ok(d),
         other => Err(ApiError::internal(format!(
             "unexpected answer from the VMM: {other:?}"
@@ -189,7 +193,7 @@ pub(crate) async fn reconcile_once(s: &AppState) {
     if desired.is_empty() {
         return;
     }
-    let Ok(devices) = dax_status(s).await else {
+    let Ok(devices) = fs_devices(s, false).await else {
         return;
     };
     for (id, policy) in desired {

@@ -58,8 +58,11 @@ pub enum VmmAction {
     AddPmem(Value),
     RemoveDevice(String),
     Counters,
-    /// The fs devices, configured or running, with their DAX windows.
-    DaxStatus,
+    /// The fs devices, configured or running; with `window_stats`, each window's counters too
+    /// (which cost a `mincore` over its mappings).
+    DaxStatus {
+        window_stats: bool,
+    },
 }
 
 /// The VMM's answer.

@@ -76,7 +76,7 @@ fn answer(action: VmmAction) -> Result<VmmReply, ApiError> {
     };
     parsed.map_err(ApiError::bad_request)?;
     Ok(match action {
-        VmmAction::DaxStatus => VmmReply::Dax(Vec::new()),
+        VmmAction::DaxStatus { .. } => VmmReply::Dax(Vec::new()),
         VmmAction::Info | VmmAction::Counters => VmmReply::Json(serde_json::json!({})),
         _ => VmmReply::NoContent,
     })

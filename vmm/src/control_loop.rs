@@ -424,7 +424,9 @@ impl ControlLoop {
             }),
             VmmAction::RemoveDevice(id) => self.remove_device(&id),
             VmmAction::Counters => Ok(VmmReply::Json(self.counters())),
-            VmmAction::DaxStatus => Ok(VmmReply::Dax(self.dax_status())),
+            VmmAction::DaxStatus { window_stats } => {
+                Ok(VmmReply::Dax(self.dax_status(window_stats)))
+            }
         }
     }
 
@@ -446,7 +448,7 @@ impl ControlLoop {
         Value::Object(out)
     }
 
-    fn dax_status(&self) -> Vec<FsDaxStatus> {
+    fn dax_status(&self, with_window_stats: bool) -> Vec<FsDaxStatus> {
         let running: &[FsDeviceInfo] = self.vm.as_ref().map_or(&[], |vm| vm.fs_devices());
         self.config
             .iter()
@@ -456,7 +458,7 @@ impl ControlLoop {
                 FsDaxStatus {
                     id: f.id.clone(),
                     control_socket: f.control_socket.clone(),
-                    window: info.and_then(window_stats),
+                    window: info.filter(|_| with_window_stats).and_then(window_stats),
                     failed: info
                         .is_some_and(|i| i.failed.load(std::sync::atomic::Ordering::SeqCst)),
                 }
