@@ -22,7 +22,7 @@ use seccompiler::{
 
 /// A system call a thread may make, with all arguments or only with one
 /// argument among given values (e.g. `ioctl` with `FIONBIO` only).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Allow {
     Call(i64),
     /// (syscall, argument index, the values allowed for it)

@@ -24,6 +24,7 @@ use vm_memory::GuestMemoryAtomic;
 
 use crate::arch::x86_64::layout;
 use crate::config::{FsConfig, PmemConfig, Transport, VmConfig};
+use crate::devices::activator::DeviceActivator;
 use crate::devices::device_memory::{AddressSpace, Area, MemorySlot, SlotNumbers};
 use crate::devices::ged::{GedHandle, EVENT_PCI_HOTPLUG};
 use crate::devices::pci_hotplug::{EjectRequests, PciHotplug};
@@ -77,6 +78,8 @@ pub struct DeviceManager {
     fs: Vec<FsDeviceInfo>,
     /// Memory slots of virtio-MMIO devices, kept until the VM goes.
     mmio_memory: Vec<MemorySlot>,
+    /// Where the devices' activations and resets run (not on vCPUs).
+    activator: DeviceActivator,
 }
 
 impl DeviceManager {
@@ -94,6 +97,7 @@ impl DeviceManager {
         let space = Arc::new(Mutex::new(AddressSpace::new(ram_size)));
         let limit = kvm.check_extension_int(Cap::NrMemslots).max(0) as u32;
         let slots = SlotNumbers::new(limit);
+        let activator = DeviceActivator::start()?;
         let pci = PciDeviceManager::new(
             vm,
             pio,
@@ -102,6 +106,7 @@ impl DeviceManager {
             space.clone(),
             slots.clone(),
             layout::device_memory_start(ram_size),
+            activator.activator(),
         )?;
         let hotplug = PciHotplug::new()?;
         let ejects = hotplug.eject_requests();
@@ -125,6 +130,7 @@ impl DeviceManager {
             ged,
             fs: Vec::new(),
             mmio_memory: Vec::new(),
+            activator,
         })
     }
 
@@ -186,8 +192,13 @@ impl DeviceManager {
                     device.set_shm_base(addr);
                     self.mmio_memory.push(slot);
                 }
-                self.mmio_devices
-                    .add(&self.vm, &self.mmio, &self.mem, device)?;
+                self.mmio_devices.add(
+                    &self.vm,
+                    &self.mmio,
+                    &self.mem,
+                    device,
+                    self.activator.activator(),
+                )?;
                 Ok(None)
             }
         }

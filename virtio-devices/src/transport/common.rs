@@ -1,8 +1,15 @@
 //! What every virtio transport does the same way: the device status state
 //! machine, feature negotiation, queue state before activation, activation,
 //! reset. A transport maps its registers onto this.
+//!
+//! Activation and reset run through an [`Activator`]: the VMM's runs them on
+//! a thread of its own, not on the vCPU that wrote the status register, so a
+//! vhost-user device waiting on its daemon holds neither that vCPU nor the
+//! transport's lock. The register state (status, features, queues) changes
+//! at once; the device's own work follows in order on the activator.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_FEATURES_OK,
@@ -15,14 +22,43 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::device::{ActivatedQueue, Interrupt, VirtioDevice, VirtioInterrupt};
 use crate::GuestMemoryMmap;
 
+/// Runs activations and resets, in the order given.
+pub trait Activator: Send + Sync {
+    fn run(&self, job: Box<dyn FnOnce() + Send>);
+}
+
+/// Runs each job on the spot (unit tests, and transports nobody gave an
+/// activator).
+pub struct Inline;
+
+impl Activator for Inline {
+    fn run(&self, job: Box<dyn FnOnce() + Send>) {
+        job()
+    }
+}
+
+/// Where the device is between the driver's DRIVER_OK and its reset.
+const IDLE: u8 = 0;
+const ACTIVATING: u8 = 1;
+const ACTIVE: u8 = 2;
+const FAILED: u8 = 3;
+
+type SharedDevice = Arc<Mutex<Box<dyn VirtioDevice>>>;
+
 pub struct VirtioState {
-    device: Box<dyn VirtioDevice>,
+    device: SharedDevice,
     mem: GuestMemoryAtomic<GuestMemoryMmap>,
     queues: Vec<Queue>,
     kicks: Vec<EventFd>,
     status: u32,
     driver_features: u64,
-    activated: bool,
+    /// IDLE, ACTIVATING, ACTIVE or FAILED; set by activator jobs.
+    phase: Arc<AtomicU8>,
+    activator: Arc<dyn Activator>,
+}
+
+fn lock(device: &SharedDevice) -> MutexGuard<'_, Box<dyn VirtioDevice>> {
+    device.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl VirtioState {
@@ -39,33 +75,42 @@ impl VirtioState {
             kicks.push(EventFd::new(libc::EFD_NONBLOCK)?);
         }
         Ok(VirtioState {
-            device,
+            device: Arc::new(Mutex::new(device)),
             mem,
             queues,
             kicks,
             status: 0,
             driver_features: 0,
-            activated: false,
+            phase: Arc::new(AtomicU8::new(IDLE)),
+            activator: Arc::new(Inline),
         })
     }
 
-    pub fn device(&self) -> &dyn VirtioDevice {
-        self.device.as_ref()
+    /// Where activations and resets run from now on.
+    pub fn set_activator(&mut self, activator: Arc<dyn Activator>) {
+        self.activator = activator;
     }
 
-    pub fn device_mut(&mut self) -> &mut dyn VirtioDevice {
-        self.device.as_mut()
+    /// The device (waits while an activation or reset runs on it).
+    pub fn device(&self) -> MutexGuard<'_, Box<dyn VirtioDevice>> {
+        lock(&self.device)
     }
 
     pub fn status(&self) -> u32 {
-        if self.activated && self.device.needs_reset() {
-            return self.status | VIRTIO_CONFIG_S_NEEDS_RESET;
+        match self.phase.load(Ordering::SeqCst) {
+            FAILED => self.status | VIRTIO_CONFIG_S_NEEDS_RESET,
+            // Not waiting for a device busy with its activation: the
+            // driver reads the status often.
+            ACTIVE if self.device.try_lock().is_ok_and(|d| d.needs_reset()) => {
+                self.status | VIRTIO_CONFIG_S_NEEDS_RESET
+            }
+            _ => self.status,
         }
-        self.status
     }
 
+    /// Whether the device finished activating and runs.
     pub fn is_activated(&self) -> bool {
-        self.activated
+        self.phase.load(Ordering::SeqCst) == ACTIVE
     }
 
     /// One eventfd per queue; guest notifications arrive on them.
@@ -124,7 +169,7 @@ impl VirtioState {
             return;
         }
         if new_bits & VIRTIO_CONFIG_S_FEATURES_OK != 0 {
-            let offered = self.device.features();
+            let offered = self.device().features();
             let valid = self.driver_features & !offered == 0
                 && self.driver_features & (1 << VIRTIO_F_VERSION_1) != 0;
             if !valid {
@@ -136,10 +181,10 @@ impl VirtioState {
                 self.status = v & !VIRTIO_CONFIG_S_FEATURES_OK;
                 return;
             }
-            self.device.ack_features(self.driver_features);
+            self.device().ack_features(self.driver_features);
         }
         self.status = v;
-        if new_bits & VIRTIO_CONFIG_S_DRIVER_OK != 0 && !self.activated {
+        if new_bits & VIRTIO_CONFIG_S_DRIVER_OK != 0 && self.phase.load(Ordering::SeqCst) == IDLE {
             self.activate(interrupt);
         }
     }
@@ -178,38 +223,67 @@ impl VirtioState {
                 kick,
             });
         }
-        match self
-            .device
-            .activate(self.mem.clone(), interrupt.clone(), activated)
-        {
-            Ok(()) => self.activated = true,
-            Err(e) => self.fail(&e.to_string(), interrupt),
-        }
+        self.phase.store(ACTIVATING, Ordering::SeqCst);
+        let (device, phase, mem, interrupt) = (
+            self.device.clone(),
+            self.phase.clone(),
+            self.mem.clone(),
+            interrupt.clone(),
+        );
+        self.activator.run(Box::new(move || {
+            let mut dev = lock(&device);
+            match dev.activate(mem, interrupt.clone(), activated) {
+                // A reset that came meanwhile has set IDLE: it stays so
+                // (its job, next in line, stops the device again).
+                Ok(()) => {
+                    let _ = phase.compare_exchange(
+                        ACTIVATING,
+                        ACTIVE,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    );
+                }
+                Err(e) => {
+                    log::error!("virtio device type {}: {e}", dev.device_type());
+                    if phase
+                        .compare_exchange(ACTIVATING, FAILED, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                    {
+                        let _ = interrupt.trigger(Interrupt::Config);
+                    }
+                }
+            }
+        }));
     }
 
     /// Tells the driver the device is broken until it resets it.
     fn fail(&mut self, why: &str, interrupt: &Arc<dyn VirtioInterrupt>) {
-        log::error!("virtio device type {}: {why}", self.device.device_type());
-        self.status |= VIRTIO_CONFIG_S_NEEDS_RESET;
+        log::error!("virtio device type {}: {why}", self.device().device_type());
+        self.phase.store(FAILED, Ordering::SeqCst);
         let _ = interrupt.trigger(Interrupt::Config);
     }
 
-    /// Returns false (and sets NEEDS_RESET) when the device cannot be reset.
-    fn reset(&mut self) -> bool {
-        if self.activated && !self.device.reset() {
-            log::warn!(
-                "virtio device type {} cannot be reset",
-                self.device.device_type()
-            );
-            self.status |= VIRTIO_CONFIG_S_NEEDS_RESET;
-            return false;
+    /// The driver's reset: the registers go back to their initial state at
+    /// once; a device that was activated (or is being) is stopped by a job
+    /// that runs after its activation.
+    fn reset(&mut self) {
+        if self.phase.swap(IDLE, Ordering::SeqCst) != IDLE {
+            let device = self.device.clone();
+            let phase = self.phase.clone();
+            self.activator.run(Box::new(move || {
+                let mut dev = lock(&device);
+                if !dev.reset() {
+                    log::warn!("virtio device type {} cannot be reset", dev.device_type());
+                    // Only if the driver has not started again meanwhile.
+                    let _ =
+                        phase.compare_exchange(IDLE, FAILED, Ordering::SeqCst, Ordering::SeqCst);
+                }
+            }));
         }
-        self.activated = false;
         for q in &mut self.queues {
             q.reset();
         }
         self.status = 0;
         self.driver_features = 0;
-        true
     }
 }

@@ -136,8 +136,14 @@ impl MmioTransport {
             .collect()
     }
 
-    pub fn device(&self) -> &dyn VirtioDevice {
+    /// The device (waits while an activation or reset runs on it).
+    pub fn device(&self) -> std::sync::MutexGuard<'_, Box<dyn VirtioDevice>> {
         self.state.device()
+    }
+
+    /// Where activations and resets run (see `transport::common`).
+    pub fn set_activator(&mut self, activator: Arc<dyn crate::transport::common::Activator>) {
+        self.state.set_activator(activator);
     }
 
     pub fn read(&mut self, offset: u64, data: &mut [u8]) {
@@ -203,9 +209,7 @@ impl MmioTransport {
 
     pub fn write(&mut self, offset: u64, data: &[u8]) {
         if offset >= reg::CONFIG {
-            self.state
-                .device_mut()
-                .write_config(offset - reg::CONFIG, data);
+            self.state.device().write_config(offset - reg::CONFIG, data);
             return;
         }
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {

@@ -1,6 +1,7 @@
 //! Legacy platform devices and the buses vCPU exits are dispatched on.
 
 pub mod acpi_pm;
+pub mod activator;
 pub mod bus;
 pub mod device_memory;
 pub mod ged;

@@ -71,6 +71,7 @@ impl MmioDeviceManager {
         bus: &Bus,
         mem: &GuestMemoryAtomic<GuestMemoryMmap>,
         device: Box<dyn VirtioDevice>,
+        activator: Arc<dyn virtio_devices::transport::common::Activator>,
     ) -> Result<(), VirtioMmioError> {
         let index = self.next_index;
         if index >= VIRTIO_MMIO_MAX_DEVICES {
@@ -86,7 +87,8 @@ impl MmioDeviceManager {
                 what: "irqfd",
                 source,
             })?;
-        let transport = MmioTransport::new(device, mem.clone(), irqfd).map_err(io)?;
+        let mut transport = MmioTransport::new(device, mem.clone(), irqfd).map_err(io)?;
+        transport.set_activator(activator);
         for (evt, offset, queue) in transport.queue_notifiers() {
             vm.register_ioevent(evt, &IoEventAddress::Mmio(base + offset), queue)
                 .map_err(|source| VirtioMmioError::Kvm {

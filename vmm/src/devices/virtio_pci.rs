@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use acpi_tables::{aml, Aml};
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
+use virtio_devices::transport::common::Activator;
 use virtio_devices::transport::pci::device::{VirtioPciDevice, VirtioPciError, BAR0_SIZE, SHM_BAR};
 use virtio_devices::VirtioDevice;
 use vm_memory::GuestMemoryAtomic;
@@ -215,10 +216,12 @@ pub struct PciDeviceManager {
     mem: GuestMemoryAtomic<GuestMemoryMmap>,
     functions: BTreeMap<u8, Arc<Mutex<Placed>>>,
     mmio64_start: u64,
+    activator: Arc<dyn Activator>,
 }
 
 impl PciDeviceManager {
     /// Puts configuration access on the buses: ports 0xCF8/0xCFC and ECAM.
+    #[allow(clippy::too_many_arguments)] // each is a different piece of the VM
     pub fn new(
         vm: &Arc<VmFd>,
         pio: &Bus,
@@ -227,6 +230,7 @@ impl PciDeviceManager {
         space: Arc<Mutex<AddressSpace>>,
         slots: Arc<Mutex<SlotNumbers>>,
         mmio64_start: u64,
+        activator: Arc<dyn Activator>,
     ) -> Result<Self, VirtioPciSetupError> {
         let router = GsiRouter::new(vm.clone()).map_err(VirtioPciSetupError::Gsi)?;
         let root = Arc::new(Mutex::new(PciRoot::new()));
@@ -253,6 +257,7 @@ impl PciDeviceManager {
             mem: mem.clone(),
             functions: BTreeMap::new(),
             mmio64_start,
+            activator,
         })
     }
 
@@ -318,7 +323,10 @@ impl PciDeviceManager {
         let placed = Arc::new(Mutex::new(Placed {
             id: id.to_string(),
             dev: match built {
-                Ok(dev) => Arc::new(Mutex::new(dev)),
+                Ok(mut dev) => {
+                    dev.set_activator(self.activator.clone());
+                    Arc::new(Mutex::new(dev))
+                }
                 Err(e) => {
                     let mut space = lock(&placer.space);
                     space.free(Area::PciMmio32, bar0, BAR0_SIZE);
@@ -477,6 +485,7 @@ mod tests {
             space.clone(),
             slots.clone(),
             layout::device_memory_start(RAM),
+            Arc::new(virtio_devices::transport::common::Inline),
         )
         .unwrap();
         Rig {

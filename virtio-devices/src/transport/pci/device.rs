@@ -329,6 +329,11 @@ impl VirtioPciDevice {
         self.state.status()
     }
 
+    /// Where activations and resets run (see `transport::common`).
+    pub fn set_activator(&mut self, activator: Arc<dyn crate::transport::common::Activator>) {
+        self.state.set_activator(activator);
+    }
+
     /// Whether the driver has memory decoding on (BARs are live).
     pub fn memory_enabled(&self) -> bool {
         self.config.memory_enabled()
@@ -336,7 +341,7 @@ impl VirtioPciDevice {
 
     /// The VMM moved the shared memory BAR's backing to `base`.
     pub fn set_shm_base(&mut self, base: u64) {
-        self.state.device_mut().set_shm_base(base);
+        self.state.device().set_shm_base(base);
     }
 
     pub fn is_activated(&self) -> bool {
@@ -489,7 +494,7 @@ impl VirtioPciDevice {
         match offset {
             o if (DEVICE_CFG_OFFSET..DEVICE_CFG_OFFSET + DEVICE_CFG_SIZE).contains(&o) => self
                 .state
-                .device_mut()
+                .device()
                 .write_config(o - DEVICE_CFG_OFFSET, data),
             o if (NOTIFY_OFFSET..MSIX_TABLE_OFFSET).contains(&o) => {
                 // Reached only when no ioeventfd caught the write.
