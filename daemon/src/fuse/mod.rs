@@ -3,4 +3,5 @@
 
 pub mod abi;
 pub mod chain;
+mod handlers;
 pub mod server;

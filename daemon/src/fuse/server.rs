@@ -12,10 +12,9 @@ use vm_memory::ByteValued;
 
 use super::abi::{self, init, opcode, InHeader, OutHeader};
 use super::chain::{Reader, Writer};
+use super::handlers::Request;
 use crate::dax::DaxMapper;
-use crate::passthrough::{
-    component, errno_error, CachePolicy, Caller, PassthroughFs, SetattrRequest,
-};
+use crate::passthrough::{component, errno_error, CachePolicy, Caller, PassthroughFs};
 
 /// Largest request body other than WRITE data (names, xattr values).
 const MAX_BODY: usize = 128 * 1024;
@@ -41,13 +40,13 @@ pub struct Server {
 }
 
 /// The request body after the header (except WRITE data), with a cursor.
-struct Body {
+pub(super) struct Body {
     buf: Vec<u8>,
     pos: usize,
 }
 
 impl Body {
-    fn obj<T: ByteValued + Default>(&mut self) -> io::Result<T> {
+    pub(super) fn obj<T: ByteValued + Default>(&mut self) -> io::Result<T> {
         let end = self
             .pos
             .checked_add(size_of::<T>())
@@ -60,7 +59,7 @@ impl Body {
     }
 
     /// The next NUL-terminated string (without the NUL).
-    fn cstr(&mut self) -> io::Result<&[u8]> {
+    pub(super) fn cstr(&mut self) -> io::Result<&[u8]> {
         let rest = self.buf.get(self.pos..).unwrap_or_default();
         let len = rest
             .iter()
@@ -70,11 +69,11 @@ impl Body {
         Ok(&rest[..len])
     }
 
-    fn name(&mut self) -> io::Result<CString> {
+    pub(super) fn name(&mut self) -> io::Result<CString> {
         component(self.cstr()?)
     }
 
-    fn bytes(&mut self, n: usize) -> io::Result<&[u8]> {
+    pub(super) fn bytes(&mut self, n: usize) -> io::Result<&[u8]> {
         let end = self
             .pos
             .checked_add(n)
@@ -88,14 +87,14 @@ impl Body {
 
 /// A reply: the payload pieces after the out header, or nothing at all
 /// (FORGET), or an errno.
-enum Reply {
+pub(super) enum Reply {
     Data(Vec<u8>),
     /// The payload was written straight into guest memory after the header.
     Direct(usize),
     None,
 }
 
-fn data<T: ByteValued>(v: T) -> Reply {
+pub(super) fn data<T: ByteValued>(v: T) -> Reply {
     Reply::Data(v.as_slice().to_vec())
 }
 
@@ -175,7 +174,7 @@ impl Server {
         )
     }
 
-    fn entry(&self, (nodeid, st): (u64, libc::stat64)) -> abi::EntryOut {
+    pub(super) fn entry(&self, (nodeid, st): (u64, libc::stat64)) -> abi::EntryOut {
         let t = self.fs.cache.timeout();
         let mut attr = self.fs.attr_of(nodeid, &st);
         if self.fs.is_submount(nodeid, &st) {
@@ -192,7 +191,7 @@ impl Server {
         }
     }
 
-    fn attr_out(&self, attr: abi::Attr) -> abi::AttrOut {
+    pub(super) fn attr_out(&self, attr: abi::Attr) -> abi::AttrOut {
         let t = self.fs.cache.timeout();
         abi::AttrOut {
             attr_valid: t.as_secs(),
@@ -202,7 +201,7 @@ impl Server {
         }
     }
 
-    fn open_flags(&self) -> u32 {
+    pub(super) fn open_flags(&self) -> u32 {
         match self.fs.cache {
             CachePolicy::Never => abi::FOPEN_DIRECT_IO,
             CachePolicy::Auto => 0,
@@ -223,228 +222,29 @@ impl Server {
         if body_len > MAX_BODY {
             return Err(errno_error(libc::E2BIG));
         }
-        let mut b = Body {
+        let b = Body {
             buf: r.read_bytes(body_len)?,
             pos: 0,
         };
-        let caller = Caller {
-            uid: h.uid,
-            gid: h.gid,
+        let Some(handler) = super::handlers::handler(h.opcode) else {
+            return Err(errno_error(libc::ENOSYS));
         };
-        let fs = &self.fs;
-        let n = h.nodeid;
-        Ok(match h.opcode {
-            opcode::INIT => self.init(&mut b)?,
-            opcode::DESTROY => {
-                fs.reset();
-                Reply::Data(Vec::new())
-            }
-            opcode::LOOKUP => match fs.lookup(n, &b.name()?) {
-                Ok(found) => data(self.entry(found)),
-                // A negative entry (nodeid 0) lets the guest cache "not there"
-                // for the entry timeout instead of asking again.
-                Err(e)
-                    if e.raw_os_error() == Some(libc::ENOENT)
-                        && !self.fs.cache.timeout().is_zero() =>
-                {
-                    let t = self.fs.cache.timeout();
-                    data(abi::EntryOut {
-                        entry_valid: t.as_secs(),
-                        entry_valid_nsec: t.subsec_nanos(),
-                        ..Default::default()
-                    })
-                }
-                Err(e) => return Err(e),
+        handler(
+            self,
+            &mut Request {
+                opcode: h.opcode,
+                nodeid: h.nodeid,
+                caller: Caller {
+                    uid: h.uid,
+                    gid: h.gid,
+                },
+                body: b,
+                out: w,
             },
-            opcode::FORGET => {
-                fs.forget(n, b.obj::<abi::ForgetIn>()?.nlookup);
-                Reply::None
-            }
-            opcode::BATCH_FORGET => {
-                let count = b.obj::<abi::BatchForgetIn>()?.count;
-                for _ in 0..count {
-                    let one = b.obj::<abi::ForgetOne>()?;
-                    fs.forget(one.nodeid, one.nlookup);
-                }
-                Reply::None
-            }
-            opcode::INTERRUPT => Reply::None,
-            opcode::GETATTR => data(self.attr_out(fs.getattr(n)?)),
-            opcode::SETATTR => {
-                let s = b.obj::<abi::SetattrIn>()?;
-                let req = SetattrRequest {
-                    valid: s.valid,
-                    fh: s.fh,
-                    size: s.size,
-                    atime: (s.atime, s.atimensec),
-                    mtime: (s.mtime, s.mtimensec),
-                    mode: s.mode,
-                    uid: s.uid,
-                    gid: s.gid,
-                };
-                data(self.attr_out(fs.setattr(n, &req)?))
-            }
-            opcode::READLINK => Reply::Data(fs.readlink(n)?),
-            opcode::SYMLINK => {
-                let name = b.name()?;
-                let target = CString::new(b.cstr()?).map_err(|_| errno_error(libc::EINVAL))?;
-                data(self.entry(fs.symlink(n, &name, &target, caller)?))
-            }
-            opcode::MKNOD => {
-                let a = b.obj::<abi::MknodIn>()?;
-                data(self.entry(fs.mknod(n, &b.name()?, a.mode, a.rdev, caller)?))
-            }
-            opcode::MKDIR => {
-                let a = b.obj::<abi::MkdirIn>()?;
-                data(self.entry(fs.mkdir(n, &b.name()?, a.mode | libc::S_IFDIR, caller)?))
-            }
-            opcode::UNLINK => {
-                fs.unlink(n, &b.name()?, 0)?;
-                Reply::Data(Vec::new())
-            }
-            opcode::RMDIR => {
-                fs.unlink(n, &b.name()?, libc::AT_REMOVEDIR)?;
-                Reply::Data(Vec::new())
-            }
-            opcode::RENAME | opcode::RENAME2 => {
-                let (newdir, flags) = if h.opcode == opcode::RENAME {
-                    (b.obj::<abi::RenameIn>()?.newdir, 0)
-                } else {
-                    let a = b.obj::<abi::Rename2In>()?;
-                    (a.newdir, a.flags)
-                };
-                let old = b.name()?;
-                fs.rename(n, &old, newdir, &b.name()?, flags)?;
-                Reply::Data(Vec::new())
-            }
-            opcode::LINK => {
-                let old = b.obj::<abi::LinkIn>()?.oldnodeid;
-                data(self.entry(fs.link(old, n, &b.name()?)?))
-            }
-            opcode::OPEN => {
-                let a = b.obj::<abi::OpenIn>()?;
-                let kill = a.open_flags & abi::OPEN_KILL_SUIDGID != 0;
-                data(abi::OpenOut {
-                    fh: fs.open(n, a.flags, kill)?,
-                    open_flags: self.open_flags(),
-                    backing_id: 0,
-                })
-            }
-            opcode::CREATE => {
-                let a = b.obj::<abi::CreateIn>()?;
-                let kill = a.open_flags & abi::OPEN_KILL_SUIDGID != 0;
-                let (entry, fh) = fs.create(n, &b.name()?, a.mode, a.flags, kill, caller)?;
-                let mut out = self.entry(entry).as_slice().to_vec();
-                out.extend_from_slice(
-                    abi::OpenOut {
-                        fh,
-                        open_flags: self.open_flags(),
-                        backing_id: 0,
-                    }
-                    .as_slice(),
-                );
-                Reply::Data(out)
-            }
-            opcode::READ => self.read(n, &mut b, w)?,
-            opcode::STATFS => {
-                let s = fs.statfs(n)?;
-                data(abi::Kstatfs {
-                    blocks: s.f_blocks,
-                    bfree: s.f_bfree,
-                    bavail: s.f_bavail,
-                    files: s.f_files,
-                    ffree: s.f_ffree,
-                    bsize: s.f_bsize as u32,
-                    namelen: s.f_namemax as u32,
-                    frsize: s.f_frsize as u32,
-                    ..Default::default()
-                })
-            }
-            opcode::RELEASE | opcode::RELEASEDIR => {
-                fs.release(b.obj::<abi::ReleaseIn>()?.fh, n)?;
-                Reply::Data(Vec::new())
-            }
-            opcode::FLUSH => {
-                fs.flush(n, b.obj::<abi::FlushIn>()?.fh)?;
-                Reply::Data(Vec::new())
-            }
-            opcode::FSYNC | opcode::FSYNCDIR => {
-                let a = b.obj::<abi::FsyncIn>()?;
-                fs.fsync(n, a.fh, a.fsync_flags & 1 != 0)?;
-                Reply::Data(Vec::new())
-            }
-            opcode::SETXATTR => {
-                let a = b.obj::<abi::SetxattrIn>()?;
-                let name = CString::new(b.cstr()?).map_err(|_| errno_error(libc::EINVAL))?;
-                fs.setxattr(n, &name, b.bytes(a.size as usize)?, a.flags)?;
-                Reply::Data(Vec::new())
-            }
-            opcode::GETXATTR | opcode::LISTXATTR => {
-                let size = b.obj::<abi::GetxattrIn>()?.size;
-                let (len, value) = if h.opcode == opcode::GETXATTR {
-                    let name = CString::new(b.cstr()?).map_err(|_| errno_error(libc::EINVAL))?;
-                    fs.getxattr(n, &name, size)?
-                } else {
-                    fs.listxattr(n, size)?
-                };
-                if size == 0 {
-                    data(abi::GetxattrOut {
-                        size: len,
-                        padding: 0,
-                    })
-                } else {
-                    Reply::Data(value)
-                }
-            }
-            opcode::REMOVEXATTR => {
-                let name = CString::new(b.cstr()?).map_err(|_| errno_error(libc::EINVAL))?;
-                fs.removexattr(n, &name)?;
-                Reply::Data(Vec::new())
-            }
-            opcode::OPENDIR => data(abi::OpenOut {
-                fh: fs.opendir(n)?,
-                open_flags: 0,
-                backing_id: 0,
-            }),
-            opcode::READDIR | opcode::READDIRPLUS => {
-                self.readdir(h.opcode == opcode::READDIRPLUS, n, &mut b, w)?
-            }
-            opcode::FALLOCATE => {
-                let a = b.obj::<abi::FallocateIn>()?;
-                fs.fallocate(n, a.fh, a.mode, a.offset, a.length)?;
-                Reply::Data(Vec::new())
-            }
-            opcode::LSEEK => {
-                let a = b.obj::<abi::LseekIn>()?;
-                data(abi::LseekOut {
-                    offset: fs.lseek(n, a.fh, a.offset, a.whence)?,
-                })
-            }
-            opcode::SYNCFS => {
-                fs.syncfs()?;
-                Reply::Data(Vec::new())
-            }
-            opcode::SETUPMAPPING => {
-                let a = b.obj::<abi::SetupmappingIn>()?;
-                self.dax.setup_mapping(fs, n, &a)?;
-                Reply::Data(Vec::new())
-            }
-            opcode::REMOVEMAPPING => {
-                let count = b.obj::<abi::RemovemappingIn>()?.count;
-                let mut ranges = Vec::new();
-                for _ in 0..count.min(crate::dax::MAX_REMOVEMAPPING_ENTRIES + 1) {
-                    ranges.push(b.obj::<abi::RemovemappingOne>()?);
-                }
-                self.dax.remove_mappings(count, &ranges)?;
-                Reply::Data(Vec::new())
-            }
-            // ACCESS: the guest checks permissions itself (virtio-fs mounts
-            // with default_permissions); locks stay local to the guest.
-            _ => return Err(errno_error(libc::ENOSYS)),
-        })
+        )
     }
 
-    fn init(&self, b: &mut Body) -> io::Result<Reply> {
+    pub(super) fn init(&self, b: &mut Body) -> io::Result<Reply> {
         let mut raw = [0u8; size_of::<abi::InitIn>()];
         let given = b.buf.len().min(raw.len());
         if given < abi::INIT_IN_COMPAT_SIZE {
@@ -533,7 +333,7 @@ impl Server {
         Ok(Reply::Data(bytes))
     }
 
-    fn read(&self, nodeid: u64, b: &mut Body, w: &mut Writer) -> io::Result<Reply> {
+    pub(super) fn read(&self, nodeid: u64, b: &mut Body, w: &mut Writer) -> io::Result<Reply> {
         let a = b.obj::<abi::ReadIn>()?;
         let room = w
             .available()
@@ -564,7 +364,13 @@ impl Server {
         }))
     }
 
-    fn readdir(&self, plus: bool, nodeid: u64, b: &mut Body, w: &Writer) -> io::Result<Reply> {
+    pub(super) fn readdir(
+        &self,
+        plus: bool,
+        nodeid: u64,
+        b: &mut Body,
+        w: &Writer,
+    ) -> io::Result<Reply> {
         let a = b.obj::<abi::ReadIn>()?;
         let room = w
             .available()
