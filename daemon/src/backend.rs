@@ -287,15 +287,10 @@ mod tests {
         )
         .unwrap();
         let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
-        let fs = PassthroughFs::new(
-            root,
-            proc_fd,
-            CachePolicy::Never,
-            Arc::new(DaxPolicy::new(policies::Policy::default())),
-        )
-        .unwrap();
+        let policy = Arc::new(DaxPolicy::new(policies::Policy::default()));
+        let fs = PassthroughFs::new(root, proc_fd, CachePolicy::Never, policy.clone()).unwrap();
         let backend = Arc::new(FsBackend::new(
-            Arc::new(Server::new(fs, DaxMapper::new(2 << 20))),
+            Arc::new(Server::new(fs, DaxMapper::new(2 << 20), policy)),
             1,
             64,
             false,

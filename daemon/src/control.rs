@@ -61,13 +61,13 @@ fn error(status: StatusCode, message: String) -> Response {
 }
 
 fn policy_state(server: &Server) -> Value {
-    let cur = server.fs.policy.current();
+    let cur = server.policy.current();
     json!({ "generation": cur.generation, "policy": cur.policy.to_value() })
 }
 
 /// Validates, diffs and (unless `dry_run`) swaps in `new`.
 fn apply(server: &Server, new: Policy, dry_run: bool) -> Value {
-    let cur = server.fs.policy.current();
+    let cur = server.policy.current();
     let diff = policies::diff(&cur.policy, &new);
     let changes: Vec<Value> = diff
         .changes
@@ -77,7 +77,7 @@ fn apply(server: &Server, new: Policy, dry_run: bool) -> Value {
     let generation = if dry_run || diff.is_empty() {
         cur.generation
     } else {
-        server.fs.policy.replace(new)
+        server.policy.replace(new)
     };
     if !dry_run && !diff.is_empty() {
         log::info!(
@@ -120,7 +120,7 @@ async fn stats(State(server): State<Arc<Server>>) -> Json<Value> {
         "removemappings": d.removemappings.load(Relaxed),
         "dax_failures": d.failures.load(Relaxed),
         "inodes": server.fs.inode_count(),
-        "policy_generation": server.fs.policy.current().generation,
+        "policy_generation": server.policy.current().generation,
         "file_attrs_dax": server.fs.attrs_dax.load(Relaxed),
         "file_attrs_nodax": server.fs.attrs_nodax.load(Relaxed),
         "handles": server.fs.handle_count(),

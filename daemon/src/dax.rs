@@ -83,21 +83,29 @@ impl DaxMapper {
         Ok(())
     }
 
+    /// `align_log2`: the mapping alignment announced in FUSE_INIT.
     pub fn setup_mapping(
         &self,
         fs: &PassthroughFs,
         nodeid: u64,
         a: &SetupmappingIn,
+        align_log2: u16,
     ) -> io::Result<()> {
-        let r = self.try_setup(fs, nodeid, a);
+        let r = self.try_setup(fs, nodeid, a, align_log2);
         if r.is_err() {
             self.stats.failures.fetch_add(1, Relaxed);
         }
         r
     }
 
-    fn try_setup(&self, fs: &PassthroughFs, nodeid: u64, a: &SetupmappingIn) -> io::Result<()> {
-        let align = 1u64 << fs.policy.current().map_alignment_log2();
+    fn try_setup(
+        &self,
+        fs: &PassthroughFs,
+        nodeid: u64,
+        a: &SetupmappingIn,
+        align_log2: u16,
+    ) -> io::Result<()> {
+        let align = 1u64 << align_log2;
         self.check_range(a.moffset, a.len, align)?;
         if !a.foffset.is_multiple_of(align)
             || a.foffset

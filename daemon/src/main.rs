@@ -259,13 +259,9 @@ fn run(mut cli: Cli) -> Result<(), String> {
     seccomp::apply("daemon", &daemon::seccomp_filter::serving(), seccomp_mode)
         .map_err(|e| format!("--seccomp: {e}"))?;
     let how = opened.how;
-    let mut fs = PassthroughFs::new(
-        opened.root,
-        opened.proc_self_fd,
-        cache,
-        Arc::new(DaxPolicy::new(policy)),
-    )
-    .map_err(|e| format!("--shared-dir {}: {e}", shared_dir.display()))?;
+    let policy = Arc::new(DaxPolicy::new(policy));
+    let mut fs = PassthroughFs::new(opened.root, opened.proc_self_fd, cache, policy.clone())
+        .map_err(|e| format!("--shared-dir {}: {e}", shared_dir.display()))?;
     fs.announce_submounts = cli.announce_submounts;
     fs.xattr = if cli.xattr {
         XattrMode::Mapped
@@ -273,7 +269,7 @@ fn run(mut cli: Cli) -> Result<(), String> {
         XattrMode::Off
     };
     fs.limits = limits;
-    let server = Arc::new(Server::new(fs, DaxMapper::new(window)));
+    let server = Arc::new(Server::new(fs, DaxMapper::new(window), policy));
     if let Some(listener) = control {
         daemon::control::serve(listener, server.clone())
             .map_err(|e| format!("--control-socket: {e}"))?;

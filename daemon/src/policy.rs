@@ -8,6 +8,8 @@ use std::sync::{Arc, RwLock};
 
 use policies::{Evaluator, Mode, Policy};
 
+use crate::passthrough::DaxDecision;
+
 pub struct LoadedPolicy {
     pub policy: Policy,
     evaluator: Evaluator,
@@ -47,6 +49,13 @@ pub enum PolicyFileError {
         path: String,
         source: policies::PolicyError,
     },
+}
+
+/// The passthrough layer asks the policy in force now.
+impl DaxDecision for DaxPolicy {
+    fn dax(&self, path: &dyn Fn() -> String, size: u64) -> bool {
+        self.current().dax(path, size)
+    }
 }
 
 impl DaxPolicy {

@@ -46,13 +46,13 @@ fn rig() -> &'static Rig {
         .unwrap();
         let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
         let policy = Arc::new(DaxPolicy::new(policies::Policy::default()));
-        let mut fs = PassthroughFs::new(root, proc_fd, CachePolicy::Auto, policy).unwrap();
+        let mut fs = PassthroughFs::new(root, proc_fd, CachePolicy::Auto, policy.clone()).unwrap();
         fs.xattr = XattrMode::Mapped;
         fs.limits.max_inodes = 256;
         fs.limits.max_handles = 64;
         Rig {
             mem: memory(),
-            server: Server::new(fs, DaxMapper::new(2 << 20)),
+            server: Server::new(fs, DaxMapper::new(2 << 20), policy),
         }
     })
 }

@@ -290,7 +290,8 @@ fn lseek(s: &Server, q: &mut Request) -> io::Result<Reply> {
 
 fn setupmapping(s: &Server, q: &mut Request) -> io::Result<Reply> {
     let a = q.body.obj::<abi::SetupmappingIn>()?;
-    done(s.dax.setup_mapping(&s.fs, q.nodeid, &a))
+    let align = s.policy.current().map_alignment_log2();
+    done(s.dax.setup_mapping(&s.fs, q.nodeid, &a, align))
 }
 
 fn removemapping(s: &Server, q: &mut Request) -> io::Result<Reply> {

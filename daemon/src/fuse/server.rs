@@ -7,6 +7,7 @@ use std::ffi::CString;
 use std::io;
 use std::mem::size_of;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use vm_memory::ByteValued;
 
@@ -15,6 +16,7 @@ use super::chain::{Reader, Writer};
 use super::handlers::Request;
 use crate::dax::DaxMapper;
 use crate::passthrough::{component, errno_error, CachePolicy, Caller, PassthroughFs};
+use crate::policy::DaxPolicy;
 
 /// Largest request body other than WRITE data (names, xattr values).
 const MAX_BODY: usize = 128 * 1024;
@@ -36,6 +38,9 @@ pub struct ServerStats {
 pub struct Server {
     pub fs: PassthroughFs,
     pub dax: DaxMapper,
+    /// The DAX policy: FUSE_INIT's alignment, the control socket's swaps;
+    /// `fs` asks it per file through `DaxDecision`.
+    pub policy: Arc<DaxPolicy>,
     pub stats: ServerStats,
 }
 
@@ -103,10 +108,11 @@ fn pad8(n: usize) -> usize {
 }
 
 impl Server {
-    pub fn new(fs: PassthroughFs, dax: DaxMapper) -> Self {
+    pub fn new(fs: PassthroughFs, dax: DaxMapper, policy: Arc<DaxPolicy>) -> Self {
         Server {
             fs,
             dax,
+            policy,
             stats: ServerStats::default(),
         }
     }
@@ -291,7 +297,7 @@ impl Server {
             CachePolicy::Always => wanted |= init::CACHE_SYMLINKS,
             CachePolicy::Never => {}
         }
-        let policy = self.fs.policy.current();
+        let policy = self.policy.current();
         if self.dax.available() {
             wanted |= init::MAP_ALIGNMENT | init::HAS_INODE_DAX;
         }

@@ -52,17 +52,12 @@ impl Rig {
         )
         .unwrap();
         let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
-        let mut fs = PassthroughFs::new(
-            root,
-            proc_fd,
-            CachePolicy::Auto,
-            Arc::new(DaxPolicy::new(policy)),
-        )
-        .unwrap();
+        let policy = Arc::new(DaxPolicy::new(policy));
+        let mut fs = PassthroughFs::new(root, proc_fd, CachePolicy::Auto, policy.clone()).unwrap();
         fs.announce_submounts = announce_submounts;
         Rig {
             mem: memory(),
-            server: Server::new(fs, DaxMapper::new(32 << 20)),
+            server: Server::new(fs, DaxMapper::new(32 << 20), policy),
             dir,
             unique: 0,
         }
@@ -459,7 +454,7 @@ fn attr_dax_follows_the_policy_by_size_and_path() {
     ));
     assert_eq!(attr.attr.flags, abi::ATTR_DAX);
     // A new policy reaches inodes already looked up.
-    rig.server.fs.policy.replace(policy(r#"{"mode": "never"}"#));
+    rig.server.policy.replace(policy(r#"{"mode": "never"}"#));
     let attr: abi::AttrOut = obj(&rig.ok(
         opcode::GETATTR,
         small.nodeid,

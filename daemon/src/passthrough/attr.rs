@@ -1,5 +1,5 @@
 //! GETATTR and SETATTR, and the `fuse_attr` the guest sees (with
-//! `FUSE_ATTR_DAX` decided by the policy).
+//! `FUSE_ATTR_DAX` as the [`super::DaxDecision`] answers).
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -46,11 +46,7 @@ impl PassthroughFs {
     /// The attributes the guest sees for `nodeid` whose stat is `st`.
     pub fn attr_of(&self, nodeid: u64, st: &libc::stat64) -> Attr {
         let is_reg = st.st_mode & libc::S_IFMT == libc::S_IFREG;
-        let dax = is_reg
-            && self
-                .policy
-                .current()
-                .dax(|| self.path_of(nodeid), st.st_size as u64);
+        let dax = is_reg && self.dax.dax(&|| self.path_of(nodeid), st.st_size as u64);
         if is_reg {
             let counter = if dax {
                 &self.attrs_dax

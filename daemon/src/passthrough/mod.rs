@@ -25,7 +25,6 @@ use std::time::Duration;
 
 use crate::fuse::abi::ROOT_ID;
 use crate::limits::{Cap, CapCounters, Limits};
-use crate::policy::DaxPolicy;
 
 pub use attr::SetattrRequest;
 pub use dir::{DirEntry, DirEntryPlus};
@@ -145,7 +144,8 @@ pub struct PassthroughFs {
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
     next_handle: AtomicU64,
     pub cache: CachePolicy,
-    pub policy: Arc<DaxPolicy>,
+    /// Who decides which regular files the guest gets with DAX.
+    pub dax: Arc<dyn DaxDecision>,
     /// Running as root: new files are given the caller's uid/gid.
     chown_new: bool,
     /// Regular-file attributes answered with and without `FUSE_ATTR_DAX`.
@@ -172,6 +172,15 @@ pub struct Caller {
     pub gid: u32,
 }
 
+/// Decides, per regular file, whether the guest gets it with DAX
+/// (`FUSE_ATTR_DAX`). The passthrough layer only asks (the daemon's DAX
+/// policy answers); it knows nothing of rules, sizes or paths.
+pub trait DaxDecision: Send + Sync {
+    /// `path` gives the file's path in the share, computed only if the
+    /// decision needs it; `size` is its size in bytes.
+    fn dax(&self, path: &dyn Fn() -> String, size: u64) -> bool;
+}
+
 impl PassthroughFs {
     /// `root` is the shared directory (an `O_PATH` fd), `proc_self_fd` an fd
     /// of `/proc/self/fd`.
@@ -179,7 +188,7 @@ impl PassthroughFs {
         root: OwnedFd,
         proc_self_fd: OwnedFd,
         cache: CachePolicy,
-        policy: Arc<DaxPolicy>,
+        dax: Arc<dyn DaxDecision>,
     ) -> io::Result<Self> {
         let st = stat_fd(root.as_raw_fd())?;
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
@@ -207,7 +216,7 @@ impl PassthroughFs {
             handles: RwLock::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             cache,
-            policy,
+            dax,
             chown_new,
             attrs_dax: AtomicU64::new(0),
             attrs_nodax: AtomicU64::new(0),

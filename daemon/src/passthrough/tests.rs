@@ -12,7 +12,7 @@ fn fs_on(dir: &TempDir) -> PassthroughFs {
         root,
         proc_fd,
         CachePolicy::Never,
-        Arc::new(DaxPolicy::new(policies::Policy::default())),
+        Arc::new(crate::policy::DaxPolicy::new(policies::Policy::default())),
     )
     .unwrap()
 }
