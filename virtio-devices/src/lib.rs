@@ -6,6 +6,7 @@
 //! without the device knowing which transport carries it.
 
 pub mod device;
+pub mod event_loop;
 pub mod pmem;
 pub mod queue_worker;
 pub mod rng;

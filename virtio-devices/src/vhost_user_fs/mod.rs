@@ -100,11 +100,6 @@ pub struct FsDeviceConfig {
     pub cache_size: Option<u64>,
 }
 
-struct Worker {
-    stop: EventFd,
-    thread: std::thread::JoinHandle<()>,
-}
-
 pub struct VhostUserFs {
     id: String,
     config_space: Vec<u8>,
@@ -121,7 +116,7 @@ pub struct VhostUserFs {
     /// Set when the daemon reports a queue error (SET_VRING_ERR eventfd);
     /// cleared by a reset.
     queue_error: Arc<AtomicBool>,
-    worker: Option<Worker>,
+    worker: Option<crate::event_loop::WorkerThread>,
     active_queues: usize,
 }
 
@@ -314,10 +309,8 @@ impl VhostUserFs {
     }
 
     fn stop_worker(&mut self) {
-        if let Some(w) = self.worker.take() {
-            let _ = w.stop.write(1);
-            let _ = w.thread.join();
-        }
+        // Dropping the thread stops and joins it.
+        self.worker = None;
     }
 
     /// Hands the daemon guest RAM and the rings. Each queue's used-buffer
@@ -467,7 +460,7 @@ impl VirtioDevice for VhostUserFs {
         let (calls, errors) = rings?;
         self.queue_error.store(false, Ordering::SeqCst);
         self.active_queues = queues.len();
-        let (stop, thread) = worker::spawn(worker::WorkerContext {
+        let thread = worker::spawn(worker::WorkerContext {
             id: self.id.clone(),
             interrupt,
             calls,
@@ -478,7 +471,7 @@ impl VirtioDevice for VhostUserFs {
             failed: self.failed.clone(),
             main_socket: self.frontend.as_raw_fd(),
         })?;
-        self.worker = Some(Worker { stop, thread });
+        self.worker = Some(thread);
         Ok(())
     }
 

@@ -12,15 +12,15 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use vhost::vhost_user::FrontendReqHandler;
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::backend_req::DaxRequestHandler;
 use super::window::DaxWindow;
 use crate::device::{Interrupt, VirtioInterrupt};
+use crate::event_loop::{EventLoop, Flow, WorkerThread};
 
 pub struct WorkerContext {
     pub id: String,
@@ -40,95 +40,59 @@ pub struct WorkerContext {
     pub main_socket: RawFd,
 }
 
-const STOP: u64 = u64::MAX;
 const REQUESTS: u64 = u64::MAX - 1;
 const MAIN_SOCKET: u64 = u64::MAX - 2;
 /// Error eventfds are registered as ERROR_BASE + their index in `errors`.
 const ERROR_BASE: u64 = 1 << 32;
 
-pub fn spawn(ctx: WorkerContext) -> std::io::Result<(EventFd, JoinHandle<()>)> {
-    let stop = EventFd::new(libc::EFD_NONBLOCK)?;
-    let epoll = Epoll::new()?;
-    let add = |fd: i32, data: u64| {
-        epoll.ctl(
-            ControlOperation::Add,
-            fd,
-            EpollEvent::new(EventSet::IN, data),
-        )
-    };
-    add(stop.as_raw_fd(), STOP)?;
+/// Starts the worker on the shared event loop; dropping the returned
+/// thread stops it.
+pub fn spawn(ctx: WorkerContext) -> std::io::Result<WorkerThread> {
+    let events = EventLoop::new()?;
     for (slot, (_, call)) in ctx.calls.iter().enumerate() {
-        add(call.as_raw_fd(), slot as u64)?;
+        events.add(call.as_raw_fd(), EventSet::IN, slot as u64)?;
     }
     for (slot, (_, error)) in ctx.errors.iter().enumerate() {
-        add(error.as_raw_fd(), ERROR_BASE + slot as u64)?;
+        events.add(error.as_raw_fd(), EventSet::IN, ERROR_BASE + slot as u64)?;
     }
-    epoll.ctl(
-        ControlOperation::Add,
-        ctx.main_socket,
-        EpollEvent::new(EventSet::READ_HANG_UP, MAIN_SOCKET),
-    )?;
+    events.add(ctx.main_socket, EventSet::READ_HANG_UP, MAIN_SOCKET)?;
     if let Some(r) = &ctx.requests {
-        add(
-            r.lock().unwrap_or_else(|p| p.into_inner()).as_raw_fd(),
-            REQUESTS,
-        )?;
+        let fd = r.lock().unwrap_or_else(|p| p.into_inner()).as_raw_fd();
+        events.add(fd, EventSet::IN, REQUESTS)?;
     }
-    let stop_clone = stop.try_clone()?;
-    let thread = std::thread::Builder::new()
-        .name(format!("fs-{}", ctx.id))
-        .spawn(move || run(ctx, epoll))?;
-    drop(stop_clone);
-    Ok((stop, thread))
+    let (name, what) = (format!("fs-{}", ctx.id), format!("fs {}", ctx.id));
+    events.spawn(name, what, move |events, token, set| {
+        handle(&ctx, events, token, set);
+        Flow::Continue
+    })
 }
 
-fn run(ctx: WorkerContext, epoll: Epoll) {
-    if let Err(e) = seccomp::enter_thread(crate::DEVICE_WORKER_THREAD) {
-        return log::error!("fs {}: {e}; the device's worker does not run", ctx.id);
-    }
-    let mut events = vec![EpollEvent::default(); 16];
-    loop {
-        let n = match epoll.wait(-1, &mut events) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                log::error!("fs {}: epoll: {e}", ctx.id);
-                return;
+fn handle(ctx: &WorkerContext, events: &EventLoop, token: u64, set: EventSet) {
+    match token {
+        MAIN_SOCKET => {
+            events.remove(ctx.main_socket);
+            daemon_gone(ctx);
+        }
+        REQUESTS => {
+            if !serve_request(ctx, events, set) {
+                daemon_gone(ctx);
             }
-        };
-        for ev in &events[..n] {
-            match ev.data() {
-                STOP => return,
-                MAIN_SOCKET => {
-                    let _ = epoll.ctl(
-                        ControlOperation::Delete,
-                        ctx.main_socket,
-                        EpollEvent::default(),
-                    );
-                    daemon_gone(&ctx);
-                }
-                REQUESTS => {
-                    if !serve_request(&ctx, &epoll, ev.event_set()) {
-                        daemon_gone(&ctx);
-                    }
-                }
-                slot if slot >= ERROR_BASE => {
-                    let Some((queue, error)) = ctx.errors.get((slot - ERROR_BASE) as usize) else {
-                        continue;
-                    };
-                    if error.read().is_ok() {
-                        queue_error(&ctx, *queue);
-                    }
-                }
-                slot => {
-                    let Some((queue, call)) = ctx.calls.get(slot as usize) else {
-                        continue;
-                    };
-                    if call.read().is_ok() {
-                        if let Err(e) = ctx.interrupt.trigger(Interrupt::Queue(*queue)) {
-                            log::warn!("fs {}: interrupt for queue {queue}: {e}", ctx.id);
-                        }
-                    }
+        }
+        slot if slot >= ERROR_BASE => {
+            let Some((queue, error)) = ctx.errors.get((slot - ERROR_BASE) as usize) else {
+                return;
+            };
+            if error.read().is_ok() {
+                queue_error(ctx, *queue);
+            }
+        }
+        slot => {
+            let Some((queue, call)) = ctx.calls.get(slot as usize) else {
+                return;
+            };
+            if call.read().is_ok() {
+                if let Err(e) = ctx.interrupt.trigger(Interrupt::Queue(*queue)) {
+                    log::warn!("fs {}: interrupt for queue {queue}: {e}", ctx.id);
                 }
             }
         }
@@ -185,7 +149,7 @@ fn whole_message_queued(fd: RawFd, patience: std::time::Duration) -> bool {
 }
 
 /// Serves one backend request; false when the channel is closed.
-fn serve_request(ctx: &WorkerContext, epoll: &Epoll, events: EventSet) -> bool {
+fn serve_request(ctx: &WorkerContext, loop_: &EventLoop, events: EventSet) -> bool {
     let Some(requests) = &ctx.requests else {
         return true;
     };
@@ -220,11 +184,7 @@ fn serve_request(ctx: &WorkerContext, epoll: &Epoll, events: EventSet) -> bool {
         }
     }
     // Hang-up, or a broken channel: stop watching it.
-    let _ = epoll.ctl(
-        ControlOperation::Delete,
-        requests.as_raw_fd(),
-        EpollEvent::default(),
-    );
+    loop_.remove(requests.as_raw_fd());
     false
 }
 
