@@ -21,6 +21,9 @@ use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use control_protocol::{
+    DaemonStats, Effect, PolicyChange, PolicyState, PolicyUpdate, POLICY, STATS,
+};
 use policies::Policy;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -81,14 +84,15 @@ async fn fs_devices(s: &AppState, window_stats: bool) -> Result<Vec<FsDaxStatus>
     }
 }
 
-/// Sends one request to a daemon's control socket; the JSON answer, or a
-/// 502 that carries the daemon's own message.
-async fn daemon_json(
+/// Sends one request to a daemon's control socket; its answer as the
+/// control protocol's type `T`, or a 502 that carries the daemon's own
+/// message (or says the answer was not a `T`).
+async fn daemon_json<T: serde::de::DeserializeOwned>(
     socket: &std::path::Path,
     method: &str,
     uri: &str,
     body: Option<String>,
-) -> Result<Value, ApiError> {
+) -> Result<T, ApiError> {
     let answer = client::request(socket, method, uri, body)
         .await
         .map_err(|e| ApiError::bad_gateway(e.to_string()))?;
@@ -102,7 +106,7 @@ async fn daemon_json(
     }
     serde_json::from_str(&answer.body).map_err(|e| {
         ApiError::bad_gateway(format!(
-            "the daemon at {} answered non-JSON: {e}",
+            "the daemon at {} answered something the control protocol does not know: {e}",
             socket.display()
         ))
     })
@@ -143,8 +147,8 @@ pub(crate) async fn get_policy(
         .get(id)
         .cloned();
     let (acknowledged, daemon_error) = match control_socket_of(&devices, id) {
-        Ok(socket) => match daemon_json(&socket, "GET", "/api/v1/policy", None).await {
-            Ok(v) => (v, Value::Null),
+        Ok(socket) => match daemon_json::<PolicyState>(&socket, "GET", POLICY, None).await {
+            Ok(v) => (json!(v), Value::Null),
             Err(e) => (Value::Null, Value::String(e.message)),
         },
         Err(e) => (Value::Null, Value::String(e.message)),
@@ -236,16 +240,16 @@ async fn reconcile_device(
     socket: &std::path::Path,
     policy: &Value,
 ) -> Result<bool, String> {
-    let current = daemon_json(socket, "GET", "/api/v1/policy", None)
+    let current: PolicyState = daemon_json(socket, "GET", POLICY, None)
         .await
         .map_err(|e| e.message)?;
-    if current["policy"] == *policy {
+    if current.policy == *policy {
         return Ok(false);
     }
-    let answer = daemon_json(socket, "PUT", "/api/v1/policy", Some(policy.to_string()))
+    let answer: PolicyUpdate = daemon_json(socket, "PUT", POLICY, Some(policy.to_string()))
         .await
         .map_err(|e| e.message)?;
-    let generation = answer["generation"].as_u64().unwrap_or(0);
+    let generation = answer.generation;
     log::info!("DAX policy of {id}: the daemon had another one (restarted?); pushed again as generation {generation}");
     if let Some(d) = s
         .desired
@@ -258,7 +262,7 @@ async fn reconcile_device(
     s.events.publish(DaxEvent::new(
         "policy",
         id,
-        json!({"generation": generation, "changes": answer["changes"], "reconciled": true}),
+        json!({"generation": generation, "changes": answer.changes, "reconciled": true}),
     ));
     Ok(true)
 }
@@ -273,29 +277,22 @@ async fn push(
     let _push = s.push_lock.lock().await;
     let devices = dax_status(s).await?;
     let socket = control_socket_of(&devices, id)?;
-    let answer = match &policy {
+    let dry = format!("{POLICY}?dry_run=true");
+    let answer: PolicyUpdate = match &policy {
         Some(p) => {
-            let uri = if dry_run {
-                "/api/v1/policy?dry_run=true"
-            } else {
-                "/api/v1/policy"
-            };
+            let uri = if dry_run { dry.as_str() } else { POLICY };
             daemon_json(&socket, "PUT", uri, Some(p.to_value().to_string())).await?
         }
         None if dry_run => {
             let doc = Policy::default().to_value().to_string();
-            daemon_json(&socket, "PUT", "/api/v1/policy?dry_run=true", Some(doc)).await?
+            daemon_json(&socket, "PUT", &dry, Some(doc)).await?
         }
-        None => daemon_json(&socket, "DELETE", "/api/v1/policy", None).await?,
+        None => daemon_json(&socket, "DELETE", POLICY, None).await?,
     };
-    let generation = answer["generation"].as_u64().unwrap_or(0);
-    let changes = answer["changes"].as_array().cloned().unwrap_or_default();
-    let by_effect = |effect: &str| -> Vec<Value> {
-        changes
-            .iter()
-            .filter(|c| c["effect"] == effect)
-            .cloned()
-            .collect()
+    let generation = answer.generation;
+    let changes = answer.changes;
+    let by_effect = |effect: Effect| -> Vec<&PolicyChange> {
+        changes.iter().filter(|c| c.effect == effect).collect()
     };
     if !dry_run {
         let doc = policy.unwrap_or_default().to_value();
@@ -319,9 +316,9 @@ async fn push(
         "generation": generation,
         "applied": !dry_run,
         "changes": changes,
-        "live": by_effect("live"),
-        "remount": by_effect("remount"),
-        "recreate": by_effect("recreate"),
+        "live": by_effect(Effect::Live),
+        "remount": by_effect(Effect::Remount),
+        "recreate": by_effect(Effect::Recreate),
     })))
 }
 
@@ -350,7 +347,9 @@ pub(crate) async fn metrics(State(s): State<AppState>) -> Response {
     let mut stats = Vec::with_capacity(devices.len());
     for d in &devices {
         let st = match &d.control_socket {
-            Some(sock) => daemon_json(sock, "GET", "/api/v1/stats", None).await.ok(),
+            Some(sock) => daemon_json::<DaemonStats>(sock, "GET", STATS, None)
+                .await
+                .ok(),
             None => None,
         };
         stats.push(st);

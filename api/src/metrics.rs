@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use serde_json::Value;
+use control_protocol::DaemonStats;
 
 /// What the VMM knows of one fs device.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -95,11 +95,11 @@ impl Writer {
 /// One metric family over all devices: `get` gives a device's value, if it has one.
 fn per_device(
     w: &mut Writer,
-    devices: &[(&FsDaxStatus, Option<&Value>)],
+    devices: &[(&FsDaxStatus, Option<&DaemonStats>)],
     name: &str,
     kind: &str,
     help: &str,
-    get: impl Fn(&FsDaxStatus, Option<&Value>) -> Option<u64>,
+    get: impl Fn(&FsDaxStatus, Option<&DaemonStats>) -> Option<u64>,
 ) {
     let values: Vec<(&str, u64)> = devices
         .iter()
@@ -118,11 +118,11 @@ fn per_device(
 /// daemon reported (`GET /api/v1/stats`), if it could be asked.
 pub fn render(
     devices: &[FsDaxStatus],
-    daemon_stats: &[Option<Value>],
+    daemon_stats: &[Option<DaemonStats>],
     faults: PageFaults,
 ) -> String {
     let mut w = Writer { out: String::new() };
-    let rows: Vec<(&FsDaxStatus, Option<&Value>)> = devices
+    let rows: Vec<(&FsDaxStatus, Option<&DaemonStats>)> = devices
         .iter()
         .zip(
             daemon_stats
@@ -132,11 +132,10 @@ pub fn render(
         )
         .collect();
     let win = |f: fn(&WindowStats) -> u64| {
-        move |d: &FsDaxStatus, _: Option<&Value>| d.window.as_ref().map(f)
+        move |d: &FsDaxStatus, _: Option<&DaemonStats>| d.window.as_ref().map(f)
     };
-    let daemon = |key: &'static str| {
-        move |_: &FsDaxStatus, s: Option<&Value>| s.and_then(|s| s.get(key)).and_then(Value::as_u64)
-    };
+    let daemon =
+        |f: fn(&DaemonStats) -> u64| move |_: &FsDaxStatus, s: Option<&DaemonStats>| s.map(f);
 
     w.family(
         "daxvmm_fs_up",
@@ -265,7 +264,7 @@ pub fn render(
         "daxvmm_fs_file_attrs_dax_total",
         "counter",
         "Regular-file attributes the daemon answered with FUSE_ATTR_DAX",
-        daemon("file_attrs_dax"),
+        daemon(|s| s.file_attrs_dax),
     );
     per_device(
         &mut w,
@@ -273,7 +272,7 @@ pub fn render(
         "daxvmm_fs_file_attrs_nodax_total",
         "counter",
         "Regular-file attributes the daemon answered without FUSE_ATTR_DAX",
-        daemon("file_attrs_nodax"),
+        daemon(|s| s.file_attrs_nodax),
     );
     per_device(
         &mut w,
@@ -281,7 +280,7 @@ pub fn render(
         "daxvmm_fs_fuse_reads_total",
         "counter",
         "FUSE READ requests (data copied through the queue, not DAX)",
-        daemon("fuse_reads"),
+        daemon(|s| s.fuse_reads),
     );
     per_device(
         &mut w,
@@ -289,7 +288,7 @@ pub fn render(
         "daxvmm_fs_fuse_read_bytes_total",
         "counter",
         "Bytes read through FUSE READ",
-        daemon("fuse_read_bytes"),
+        daemon(|s| s.fuse_read_bytes),
     );
     per_device(
         &mut w,
@@ -297,7 +296,7 @@ pub fn render(
         "daxvmm_fs_fuse_writes_total",
         "counter",
         "FUSE WRITE requests (data copied through the queue, not DAX)",
-        daemon("fuse_writes"),
+        daemon(|s| s.fuse_writes),
     );
     per_device(
         &mut w,
@@ -305,7 +304,7 @@ pub fn render(
         "daxvmm_fs_fuse_write_bytes_total",
         "counter",
         "Bytes written through FUSE WRITE",
-        daemon("fuse_write_bytes"),
+        daemon(|s| s.fuse_write_bytes),
     );
     per_device(
         &mut w,
@@ -313,7 +312,7 @@ pub fn render(
         "daxvmm_fs_requests_total",
         "counter",
         "FUSE requests the daemon served",
-        daemon("requests"),
+        daemon(|s| s.requests),
     );
     per_device(
         &mut w,
@@ -321,7 +320,7 @@ pub fn render(
         "daxvmm_fs_setupmappings_total",
         "counter",
         "FUSE_SETUPMAPPING requests the daemon served",
-        daemon("setupmappings"),
+        daemon(|s| s.setupmappings),
     );
     per_device(
         &mut w,
@@ -329,19 +328,12 @@ pub fn render(
         "daxvmm_fs_removemappings_total",
         "counter",
         "FUSE_REMOVEMAPPING requests the daemon served",
-        daemon("removemappings"),
+        daemon(|s| s.removemappings),
     );
     let refusals: Vec<(&str, &str, u64)> = rows
         .iter()
-        .filter_map(|(d, s)| {
-            s.and_then(|s| s.get("cap_refusals"))
-                .and_then(Value::as_object)
-                .map(|m| (d.id.as_str(), m))
-        })
-        .flat_map(|(id, m)| {
-            m.iter()
-                .filter_map(move |(cap, n)| n.as_u64().map(|n| (id, cap.as_str(), n)))
-        })
+        .filter_map(|(d, s)| s.map(|s| (d.id.as_str(), &s.cap_refusals)))
+        .flat_map(|(id, m)| m.iter().map(move |(cap, n)| (id, cap.as_str(), *n)))
         .collect();
     if !refusals.is_empty() {
         w.family(
@@ -363,7 +355,7 @@ pub fn render(
         "daxvmm_fs_handles",
         "gauge",
         "File and directory handles the guest holds open in the daemon",
-        daemon("handles"),
+        daemon(|s| s.handles),
     );
     per_device(
         &mut w,
@@ -371,7 +363,7 @@ pub fn render(
         "daxvmm_fs_policy_generation",
         "gauge",
         "Generation of the DAX policy the daemon has in force",
-        daemon("policy_generation"),
+        daemon(|s| s.policy_generation),
     );
 
     w.family(
@@ -395,7 +387,6 @@ pub fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn device(id: &str) -> FsDaxStatus {
         FsDaxStatus {
@@ -420,7 +411,15 @@ mod tests {
 
     #[test]
     fn renders_families_once_with_device_labels() {
-        let stats = json!({"file_attrs_dax": 5, "file_attrs_nodax": 7, "fuse_reads": 2, "requests": 40, "handles": 3, "cap_refusals": {"inodes": 4, "handles": 0}});
+        let stats = DaemonStats {
+            file_attrs_dax: 5,
+            file_attrs_nodax: 7,
+            fuse_reads: 2,
+            requests: 40,
+            handles: 3,
+            cap_refusals: [("inodes".to_string(), 4), ("handles".to_string(), 0)].into(),
+            ..Default::default()
+        };
         let text = render(
             &[device("fs0"), device("fs\"1")],
             &[Some(stats), None],

@@ -3,12 +3,10 @@
 //! VMM's API (or an operator with curl) can read and replace the DAX policy
 //! while the guest runs.
 //!
-//! | request | answer |
-//! |---|---|
-//! | `GET /api/v1/policy` | `{"generation", "policy"}` |
-//! | `PUT /api/v1/policy[?dry_run=true]` (a policy document) | `{"generation", "applied", "changes": [{"field","from","to","effect"}]}`; 400 naming the field for an invalid one, which changes nothing |
-//! | `DELETE /api/v1/policy` | back to the default policy, answered like PUT |
-//! | `GET /api/v1/stats` | request and mapping counters |
+//! The messages are the `control-protocol` crate's (shared with the VMM's
+//! API): `GET`/`PUT`/`DELETE /api/v1/policy` answer `PolicyState` or
+//! `PolicyUpdate`, `GET /api/v1/stats` answers `DaemonStats`. An invalid
+//! policy gets 400 naming the field, and changes nothing.
 //!
 //! A new policy is swapped in whole; the next LOOKUP or GETATTR of any inode
 //! answers by it, and Linux re-instantiates an inode whose `FUSE_ATTR_DAX`
@@ -26,9 +24,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use policies::{Effect, Policy};
+use control_protocol::{DaemonStats, Effect, PolicyChange, PolicyState, PolicyUpdate};
+use policies::Policy;
 use serde::Deserialize;
-use serde_json::{json, Value};
 
 use crate::fuse::server::Server;
 use crate::limits::Cap;
@@ -48,11 +46,11 @@ struct PutParams {
     dry_run: bool,
 }
 
-fn effect_name(e: Effect) -> &'static str {
+fn effect(e: policies::Effect) -> Effect {
     match e {
-        Effect::Live => "live",
-        Effect::Remount => "remount",
-        Effect::Recreate => "recreate",
+        policies::Effect::Live => Effect::Live,
+        policies::Effect::Remount => Effect::Remount,
+        policies::Effect::Recreate => Effect::Recreate,
     }
 }
 
@@ -60,19 +58,27 @@ fn error(status: StatusCode, message: String) -> Response {
     (status, message + "\n").into_response()
 }
 
-fn policy_state(server: &Server) -> Value {
+fn policy_state(server: &Server) -> PolicyState {
     let cur = server.policy.current();
-    json!({ "generation": cur.generation, "policy": cur.policy.to_value() })
+    PolicyState {
+        generation: cur.generation,
+        policy: cur.policy.to_value(),
+    }
 }
 
 /// Validates, diffs and (unless `dry_run`) swaps in `new`.
-fn apply(server: &Server, new: Policy, dry_run: bool) -> Value {
+fn apply(server: &Server, new: Policy, dry_run: bool) -> PolicyUpdate {
     let cur = server.policy.current();
     let diff = policies::diff(&cur.policy, &new);
-    let changes: Vec<Value> = diff
+    let changes: Vec<PolicyChange> = diff
         .changes
         .iter()
-        .map(|c| json!({"field": c.field, "from": c.from, "to": c.to, "effect": effect_name(c.effect)}))
+        .map(|c| PolicyChange {
+            field: c.field.to_string(),
+            from: c.from.clone(),
+            to: c.to.clone(),
+            effect: effect(c.effect),
+        })
         .collect();
     let generation = if dry_run || diff.is_empty() {
         cur.generation
@@ -85,10 +91,14 @@ fn apply(server: &Server, new: Policy, dry_run: bool) -> Value {
             changes.len()
         );
     }
-    json!({ "generation": generation, "applied": !dry_run, "changes": changes })
+    PolicyUpdate {
+        generation,
+        applied: !dry_run,
+        changes,
+    }
 }
 
-async fn get_policy(State(server): State<Arc<Server>>) -> Json<Value> {
+async fn get_policy(State(server): State<Arc<Server>>) -> Json<PolicyState> {
     Json(policy_state(&server))
 }
 
@@ -103,29 +113,32 @@ async fn put_policy(
     }
 }
 
-async fn delete_policy(State(server): State<Arc<Server>>) -> Json<Value> {
+async fn delete_policy(State(server): State<Arc<Server>>) -> Json<PolicyUpdate> {
     Json(apply(&server, Policy::default(), false))
 }
 
-async fn stats(State(server): State<Arc<Server>>) -> Json<Value> {
+async fn stats(State(server): State<Arc<Server>>) -> Json<DaemonStats> {
     let (s, d) = (&server.stats, &server.dax.stats);
-    Json(json!({
-        "requests": s.requests.load(Relaxed),
-        "errors": s.errors.load(Relaxed),
-        "fuse_reads": s.fuse_reads.load(Relaxed),
-        "fuse_read_bytes": s.fuse_read_bytes.load(Relaxed),
-        "fuse_writes": s.fuse_writes.load(Relaxed),
-        "fuse_write_bytes": s.fuse_write_bytes.load(Relaxed),
-        "setupmappings": d.setupmappings.load(Relaxed),
-        "removemappings": d.removemappings.load(Relaxed),
-        "dax_failures": d.failures.load(Relaxed),
-        "inodes": server.fs.inode_count(),
-        "policy_generation": server.policy.current().generation,
-        "file_attrs_dax": server.fs.attrs_dax.load(Relaxed),
-        "file_attrs_nodax": server.fs.attrs_nodax.load(Relaxed),
-        "handles": server.fs.handle_count(),
-        "cap_refusals": Cap::ALL.iter().map(|&c| (c.name().to_string(), Value::from(server.fs.caps.get(c)))).collect::<serde_json::Map<String, Value>>(),
-    }))
+    Json(DaemonStats {
+        requests: s.requests.load(Relaxed),
+        errors: s.errors.load(Relaxed),
+        fuse_reads: s.fuse_reads.load(Relaxed),
+        fuse_read_bytes: s.fuse_read_bytes.load(Relaxed),
+        fuse_writes: s.fuse_writes.load(Relaxed),
+        fuse_write_bytes: s.fuse_write_bytes.load(Relaxed),
+        setupmappings: d.setupmappings.load(Relaxed),
+        removemappings: d.removemappings.load(Relaxed),
+        dax_failures: d.failures.load(Relaxed),
+        inodes: server.fs.inode_count() as u64,
+        policy_generation: server.policy.current().generation,
+        file_attrs_dax: server.fs.attrs_dax.load(Relaxed),
+        file_attrs_nodax: server.fs.attrs_nodax.load(Relaxed),
+        handles: server.fs.handle_count() as u64,
+        cap_refusals: Cap::ALL
+            .iter()
+            .map(|&c| (c.name().to_string(), server.fs.caps.get(c)))
+            .collect(),
+    })
 }
 
 pub fn router(server: Arc<Server>) -> Router {
