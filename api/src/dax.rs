@@ -11,7 +11,9 @@
 //! An invalid policy is refused here, before any daemon sees it; a daemon
 //! that refuses or cannot be reached leaves the accepted policy as it was.
 //!
-//! The accepted (desired) policy is kept, and [`reconcile`] compares it
+//! The accepted (desired) policy is kept with the device's configuration
+//! in the VMM (`vm.info` shows it as the fs device's `dax_policy`, and
+//! `vm.add-fs` may give one), and [`reconcile`] compares it
 //! with what each daemon has every [`RECONCILE_PERIOD`]: a daemon that was
 //! restarted (and came back with its start-up policy) gets it again by
 //! itself. `GET` shows how the last comparison went.
@@ -33,13 +35,6 @@ use crate::events::DaxEvent;
 use crate::metrics::{self, FsDaxStatus, PageFaults};
 use crate::routes::AppState;
 use crate::{control_socket_of, ApiError, VmmAction, VmmReply};
-
-/// The policy last accepted for a device, and the generation its daemon gave it.
-#[derive(Clone, Debug)]
-pub(crate) struct DesiredPolicy {
-    pub policy: Value,
-    pub generation: u64,
-}
 
 /// How often [`reconcile`] compares desired policies with the daemons'.
 pub const RECONCILE_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
@@ -140,12 +135,16 @@ pub(crate) async fn get_policy(
             "no fs device with id \"{id}\""
         )));
     }
-    let desired = s
-        .desired
+    let desired = devices
+        .iter()
+        .find(|d| d.id == id)
+        .and_then(|d| d.desired_policy.clone());
+    let desired_generation = s
+        .accepted_generation
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .get(id)
-        .cloned();
+        .copied();
     let (acknowledged, daemon_error) = match control_socket_of(&devices, id) {
         Ok(socket) => match daemon_json::<PolicyState>(&socket, "GET", POLICY, None).await {
             Ok(v) => (json!(v), Value::Null),
@@ -161,8 +160,8 @@ pub(crate) async fn get_policy(
         .cloned();
     Ok(Json(json!({
         "id": id,
-        "desired": desired.as_ref().map(|d| d.policy.clone()),
-        "desired_generation": desired.as_ref().map(|d| d.generation),
+        "desired": desired,
+        "desired_generation": desired_generation,
         "acknowledged": acknowledged,
         "daemon_error": daemon_error,
         "reconcile": reconcile.map(|r| json!({
@@ -187,31 +186,24 @@ pub(crate) async fn reconcile(s: AppState) {
 /// desired policy with it (a new device with its id starts afresh).
 pub(crate) async fn reconcile_once(s: &AppState) {
     let _push = s.push_lock.lock().await;
-    let desired: Vec<(String, Value)> = s
-        .desired
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .map(|(id, d)| (id.clone(), d.policy.clone()))
-        .collect();
-    if desired.is_empty() {
-        return;
-    }
     let Ok(devices) = fs_devices(s, false).await else {
         return;
     };
+    // Devices that left the VM: forget what was recorded for them.
+    let present = |id: &String| devices.iter().any(|d| &d.id == id);
+    s.accepted_generation
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|id, _| present(id));
+    s.reconcile
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|id, _| present(id));
+    let desired: Vec<(String, Value)> = devices
+        .iter()
+        .filter_map(|d| Some((d.id.clone(), d.desired_policy.clone()?)))
+        .collect();
     for (id, policy) in desired {
-        if !devices.iter().any(|d| d.id == id) {
-            s.desired
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&id);
-            s.reconcile
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&id);
-            continue;
-        }
         let outcome = match control_socket_of(&devices, &id) {
             Ok(socket) => reconcile_device(s, &id, &socket, &policy).await,
             Err(e) => Err(e.message),
@@ -251,14 +243,10 @@ async fn reconcile_device(
         .map_err(|e| e.message)?;
     let generation = answer.generation;
     log::info!("DAX policy of {id}: the daemon had another one (restarted?); pushed again as generation {generation}");
-    if let Some(d) = s
-        .desired
+    s.accepted_generation
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .get_mut(id)
-    {
-        d.generation = generation;
-    }
+        .insert(id.to_string(), generation);
     s.events.publish(DaxEvent::new(
         "policy",
         id,
@@ -296,13 +284,18 @@ async fn push(
     };
     if !dry_run {
         let doc = policy.unwrap_or_default().to_value();
-        s.desired.lock().unwrap_or_else(|p| p.into_inner()).insert(
-            id.to_string(),
-            DesiredPolicy {
+        // Kept with the device's configuration in the VMM (vm.info shows
+        // it), from where the reconcile loop keeps the daemon on it.
+        s.vmm
+            .call(VmmAction::SetDesiredPolicy {
+                id: id.to_string(),
                 policy: doc,
-                generation,
-            },
-        );
+            })
+            .await?;
+        s.accepted_generation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string(), generation);
         if !changes.is_empty() {
             s.events.publish(DaxEvent::new(
                 "policy",

@@ -63,6 +63,12 @@ pub enum VmmAction {
     DaxStatus {
         window_stats: bool,
     },
+    /// Record (normalized) `policy` as what fs device `id`'s daemon should
+    /// have; the daemon accepted it.
+    SetDesiredPolicy {
+        id: String,
+        policy: Value,
+    },
 }
 
 /// The VMM's answer.

@@ -17,6 +17,9 @@ pub struct FsDaxStatus {
     pub window: Option<WindowStats>,
     /// The daemon went away while the VM ran.
     pub failed: bool,
+    /// The policy its daemon should have (kept with the device's
+    /// configuration in the VMM); None until one is given.
+    pub desired_policy: Option<serde_json::Value>,
 }
 
 /// A DAX window's counters at one moment.
@@ -406,6 +409,7 @@ mod tests {
                 stray_bytes: Some(4096),
             }),
             failed: false,
+            desired_policy: None,
         }
     }
 

@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::dax::{self, DesiredPolicy};
+use crate::dax;
 use crate::{ApiError, EventBus, VmmAction, VmmChannel, VmmReply, VmmResult};
 
 /// What every handler can reach.
@@ -24,8 +24,9 @@ use crate::{ApiError, EventBus, VmmAction, VmmChannel, VmmReply, VmmResult};
 pub(crate) struct AppState {
     pub vmm: VmmChannel,
     pub events: EventBus,
-    /// The last policy accepted per fs device id.
-    pub desired: Arc<Mutex<HashMap<String, DesiredPolicy>>>,
+    /// The generation the daemon gave the desired policy, per fs device id
+    /// (the policy itself is kept with the device's configuration in the VMM).
+    pub accepted_generation: Arc<Mutex<HashMap<String, u64>>>,
     /// `vmm.ping`'s answer, given by the VMM at start: answered here, so a
     /// VMM thread busy with a slow daemon does not make the VMM look dead.
     pub ping: Arc<serde_json::Value>,
@@ -155,7 +156,7 @@ pub(crate) fn app(
     let state = AppState {
         vmm,
         events,
-        desired: Arc::default(),
+        accepted_generation: Arc::default(),
         ping: Arc::new(ping),
         reconcile: Arc::default(),
         push_lock: Arc::default(),

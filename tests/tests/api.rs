@@ -866,4 +866,41 @@ fn a_restarted_daemon_gets_the_desired_policy_back_by_itself() {
         later["reconcile"]["pushes"], state["reconcile"]["pushes"],
         "{later}"
     );
+
+    // The desired policy is kept with the device's configuration.
+    let info = json(&api, "GET", "/api/v1/vm.info", "");
+    assert_eq!(info["config"]["fs"][0]["dax_policy"], desired, "{info}");
+
+    // A device may come with its policy: the daemon gets it with no
+    // vm.dax-policy call. A bad one is refused naming the field.
+    assert_eq!(
+        http(&api, "PUT", "/api/v1/vm.remove-device", r#"{"id":"fs0"}"#).0,
+        204
+    );
+    let bad = format!(
+        r#"{{"tag":"t","socket":"{}","id":"fs1","control_socket":"{}","dax_policy":{{"rules":[{{"min_size":"12Q","dax":true}}]}}}}"#,
+        dir.join("fs.sock").display(),
+        control.display()
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.add-fs",
+        &bad,
+        400,
+        "dax_policy: rules[0].min_size",
+    );
+    let with_policy = format!(
+        r#"{{"tag":"t","socket":"{}","id":"fs1","cache_size":67108864,"control_socket":"{}","dax_policy":{{"cache_size":"64M","rules":[{{"path":"logs/**","dax":false}}],"default":true}}}}"#,
+        dir.join("fs.sock").display(),
+        control.display()
+    );
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.add-fs", &with_policy).0, 204);
+    let wanted = json(&api, "GET", "/api/v1/vm.dax-policy?id=fs1", "")["desired"].clone();
+    assert_eq!(wanted["rules"][0]["path"], "logs/**", "{wanted}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while daemon_policy() != wanted {
+        assert!(Instant::now() < deadline, "not pushed: {}", daemon_policy());
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -424,6 +424,16 @@ impl ControlLoop {
             }),
             VmmAction::RemoveDevice(id) => self.remove_device(&id),
             VmmAction::Counters => Ok(VmmReply::Json(self.counters())),
+            VmmAction::SetDesiredPolicy { id, policy } => {
+                let fs = self
+                    .config
+                    .iter_mut()
+                    .flat_map(|c| c.fs.iter_mut())
+                    .find(|f| f.id == id)
+                    .ok_or_else(|| ApiError::not_found(format!("no fs device with id \"{id}\"")))?;
+                fs.dax_policy = Some(policy);
+                Ok(VmmReply::NoContent)
+            }
             VmmAction::DaxStatus { window_stats } => {
                 Ok(VmmReply::Dax(self.dax_status(window_stats)))
             }
@@ -461,6 +471,7 @@ impl ControlLoop {
                     window: info.filter(|_| with_window_stats).and_then(window_stats),
                     failed: info
                         .is_some_and(|i| i.failed.load(std::sync::atomic::Ordering::SeqCst)),
+                    desired_policy: f.dax_policy.clone(),
                 }
             })
             .collect()

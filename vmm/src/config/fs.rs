@@ -31,6 +31,10 @@ pub struct FsConfig {
     pub transport: Transport,
     /// The daemon's control socket, through which the API pushes DAX policies.
     pub control_socket: Option<PathBuf>,
+    /// The DAX policy this device's daemon should have (validated and
+    /// normalized): set by `vm.dax-policy` or given in `vm.add-fs`, and kept
+    /// there by the API's reconcile loop.
+    pub dax_policy: Option<serde_json::Value>,
 }
 
 /// Keys `--fs` accepts.
@@ -120,6 +124,7 @@ impl FsConfig {
                 }
                 other => other.map(PathBuf::from),
             },
+            dax_policy: None,
         })
     }
 }

@@ -65,6 +65,8 @@ pub struct FsConfigJson {
     cache_size: Option<u64>,
     transport: Option<String>,
     control_socket: Option<PathBuf>,
+    /// The DAX policy the daemon should have (a policy document).
+    dax_policy: Option<Value>,
     /// Cloud Hypervisor's requested PCI slot: null only (slots are assigned).
     pci_device_id: Option<u8>,
 }
@@ -92,7 +94,18 @@ impl FsConfigJson {
             "control_socket",
             self.control_socket.map(|p| p.display().to_string()),
         );
-        FsConfig::from_values(&OptionValues::from_pairs("fs", pairs, FS_KEYS)?, index)
+        let mut config =
+            FsConfig::from_values(&OptionValues::from_pairs("fs", pairs, FS_KEYS)?, index)?;
+        if let Some(doc) = self.dax_policy {
+            let policy = policies::Policy::parse_json(&doc.to_string()).map_err(|e| {
+                ConfigError::Unsupported {
+                    option: "fs",
+                    message: format!("dax_policy: {e}"),
+                }
+            })?;
+            config.dax_policy = Some(policy.to_value());
+        }
+        Ok(config)
     }
 }
 
@@ -335,6 +348,7 @@ pub fn vm_config_to_json(c: &VmConfig) -> Value {
             "tag": f.tag, "socket": f.socket, "num_queues": f.num_queues, "queue_size": f.queue_size,
             "id": f.id, "pci_segment": 0, "dax": f.dax, "cache_size": f.cache_size,
             "transport": transport(f.transport), "control_socket": f.control_socket,
+            "dax_policy": f.dax_policy,
         })).collect::<Vec<_>>(),
         "pmem": c.pmem.iter().map(|p| json!({
             "file": p.file, "size": p.size, "iommu": false, "discard_writes": p.discard_writes,
