@@ -89,6 +89,7 @@ const FS: &[(&str, Rule)] = &[
     ("cache_size", Rule::Ours),
     ("transport", Rule::Ours),
     ("control_socket", Rule::Ours),
+    ("dax_policy", Rule::Ours),
 ];
 
 const PMEM: &[(&str, Rule)] = &[

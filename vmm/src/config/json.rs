@@ -384,6 +384,22 @@ mod tests {
             (f.cache_size, f.transport, f.control_socket),
             (Some(64 << 20), Transport::Mmio, Some("/c".into()))
         );
+        // A policy document comes back normalized, and round-trips.
+        let body =
+            json!({"tag":"t","socket":"s","dax_policy":{"rules":[{"min_size":"1M","dax":true}]}});
+        let f = fs_config_from_json(&body, 0).unwrap();
+        let doc = f.dax_policy.clone().expect("kept");
+        assert_eq!(doc["rules"][0]["dax"], true, "{doc}");
+        assert!(doc.get("default").is_some(), "normalized: {doc}");
+        let mut c = vm_config_from_json(&json!({"payload": {"kernel": "/k"}})).unwrap();
+        c.fs.push(f);
+        let info = vm_config_to_json(&c);
+        assert_eq!(info["fs"][0]["dax_policy"], doc);
+        let again = json!({"tag":"t","socket":"s","dax_policy":{"mode":"sometimes"}});
+        assert!(fs_config_from_json(&again, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("dax_policy: mode"));
     }
 
     #[test]
