@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use dax_vmm_fuzz::{accesses, memory, FuzzDevice};
 use libfuzzer_sys::fuzz_target;
+use pci::msix::MsixEntry;
 use virtio_devices::transport::pci::device::{MsiSender, VirtioPciDevice, BAR0_SIZE};
-use virtio_devices::transport::pci::msix::MsixEntry;
 use vm_memory::GuestMemoryAtomic;
 
 struct Sink;

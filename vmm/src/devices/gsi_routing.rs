@@ -11,8 +11,8 @@ use kvm_bindings::{
     KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI,
 };
 use kvm_ioctls::VmFd;
+use pci::msix::MsixEntry;
 use virtio_devices::transport::pci::device::MsiSender;
-use virtio_devices::transport::pci::msix::MsixEntry;
 use vmm_sys_util::eventfd::EventFd;
 
 /// GSIs below this are IOAPIC pins.

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use virtio_devices::transport::pci::configuration::{PciConfiguration, PciIds};
+use pci::configuration::{PciConfiguration, PciIds};
 
 use super::BusDevice;
 

@@ -10,11 +10,11 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::configuration::{BarKind, PciConfigError, PciConfiguration, PciIds};
-use super::msix::{Delivery, MsixConfig, MsixEntry, MsixUpdate, VIRTIO_MSI_NO_VECTOR};
 use crate::device::{Interrupt, VirtioDevice, VirtioInterrupt};
 use crate::transport::common::VirtioState;
 use crate::GuestMemoryMmap;
+use pci::configuration::{BarKind, PciConfigError, PciConfiguration, PciIds};
+use pci::msix::{Delivery, MsixConfig, MsixEntry, MsixUpdate, VIRTIO_MSI_NO_VECTOR};
 
 pub const VIRTIO_PCI_VENDOR_ID: u16 = 0x1af4;
 /// Modern device ids are 0x1040 + the virtio device type.

@@ -1,3 +1,3 @@
-pub mod configuration;
+//! The virtio-PCI transport, on the `pci` crate's configuration space and MSI-X.
+
 pub mod device;
-pub mod msix;
