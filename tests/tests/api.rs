@@ -82,9 +82,18 @@ fn scratch(name: &str) -> PathBuf {
 /// The VMM with only an API socket, and a daemon with a control socket,
 /// both in `dir`; returns them and (api socket, control socket).
 fn start(dir: &Path) -> (Proc, Proc, PathBuf, PathBuf) {
+    let (vmm, api) = start_vmm(dir);
+    let control = dir.join("fs-control.sock");
+    let daemon = start_daemon(dir);
+    wait_for(&api);
+    wait_for(&control);
+    (vmm, daemon, api, control)
+}
+
+/// The VMM with only `--api-socket dir/api.sock` (not waited for).
+fn start_vmm(dir: &Path) -> (Proc, PathBuf) {
     let vmm = rig::tool("vmm", "dax-vmm").expect("dax-vmm");
     let api = dir.join("api.sock");
-    let control = dir.join("fs-control.sock");
     let vmm = Proc(
         Command::new(&vmm)
             .arg("--api-socket")
@@ -93,10 +102,20 @@ fn start(dir: &Path) -> (Proc, Proc, PathBuf, PathBuf) {
             .spawn()
             .unwrap(),
     );
-    let daemon = start_daemon(dir);
-    wait_for(&api);
-    wait_for(&control);
-    (vmm, daemon, api, control)
+    (vmm, api)
+}
+
+/// A created (not booted) VM whose fs device `fs0` is served by the daemon
+/// `start` runs in `dir`.
+fn create_vm_with_fs0(dir: &Path, api: &Path, control: &Path) {
+    let create = r#"{"payload":{"kernel":"/nonexistent/bzImage"},"memory":{"size":268435456,"shared":true},"serial":{"mode":"Null"}}"#;
+    assert_eq!(http(api, "PUT", "/api/v1/vm.create", create).0, 204);
+    let add_fs = format!(
+        r#"{{"tag":"t","socket":"{}","id":"fs0","cache_size":67108864,"control_socket":"{}"}}"#,
+        dir.join("fs.sock").display(),
+        control.display()
+    );
+    assert_eq!(http(api, "PUT", "/api/v1/vm.add-fs", &add_fs).0, 204);
 }
 
 /// Our daemon on `dir/share`, with its vhost-user and control sockets in `dir`.
@@ -656,14 +675,7 @@ impl Subscriber {
 fn a_slow_event_subscriber_loses_events_and_is_told_while_the_vmm_keeps_serving() {
     let dir = scratch("api-slow-subscriber");
     let (_vmm, _daemon, api, control) = start(&dir);
-    let create = r#"{"payload":{"kernel":"/nonexistent/bzImage"},"memory":{"size":268435456,"shared":true},"serial":{"mode":"Null"}}"#;
-    assert_eq!(http(&api, "PUT", "/api/v1/vm.create", create).0, 204);
-    let add_fs = format!(
-        r#"{{"tag":"t","socket":"{}","id":"fs0","cache_size":67108864,"control_socket":"{}"}}"#,
-        dir.join("fs.sock").display(),
-        control.display()
-    );
-    assert_eq!(http(&api, "PUT", "/api/v1/vm.add-fs", &add_fs).0, 204);
+    create_vm_with_fs0(&dir, &api, &control);
 
     let mut slow = subscribe(&api, Duration::from_secs(60));
     let fast_stream = subscribe(&api, Duration::from_secs(60));
@@ -739,16 +751,7 @@ fn a_slow_event_subscriber_loses_events_and_is_told_while_the_vmm_keeps_serving(
 #[test]
 fn a_daemon_that_never_answers_fails_vm_boot_in_time_while_ping_answers() {
     let dir = scratch("api-silent-daemon");
-    let vmm = rig::tool("vmm", "dax-vmm").expect("dax-vmm");
-    let api = dir.join("api.sock");
-    let _vmm = Proc(
-        Command::new(&vmm)
-            .arg("--api-socket")
-            .arg(format!("path={}", api.display()))
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let (_vmm, api) = start_vmm(&dir);
     // Accepts, reads nothing, answers nothing; keeps the connections open.
     let silent = dir.join("silent.sock");
     let listener = std::os::unix::net::UnixListener::bind(&silent).unwrap();
@@ -813,14 +816,7 @@ fn a_daemon_that_never_answers_fails_vm_boot_in_time_while_ping_answers() {
 fn a_restarted_daemon_gets_the_desired_policy_back_by_itself() {
     let dir = scratch("api-reconcile");
     let (_vmm, daemon, api, control) = start(&dir);
-    let create = r#"{"payload":{"kernel":"/nonexistent/bzImage"},"memory":{"size":268435456,"shared":true},"serial":{"mode":"Null"}}"#;
-    assert_eq!(http(&api, "PUT", "/api/v1/vm.create", create).0, 204);
-    let add_fs = format!(
-        r#"{{"tag":"t","socket":"{}","id":"fs0","cache_size":67108864,"control_socket":"{}"}}"#,
-        dir.join("fs.sock").display(),
-        control.display()
-    );
-    assert_eq!(http(&api, "PUT", "/api/v1/vm.add-fs", &add_fs).0, 204);
+    create_vm_with_fs0(&dir, &api, &control);
     let policy = r#"{"cache_size":"64M","rules":[{"path":"db/**","dax":true}],"default":false}"#;
     json(&api, "PUT", "/api/v1/vm.dax-policy?id=fs0", policy);
     let desired = json(&api, "GET", "/api/v1/vm.dax-policy?id=fs0", "")["desired"].clone();

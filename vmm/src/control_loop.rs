@@ -286,10 +286,7 @@ impl ControlLoop {
     fn remove_device(&mut self, id: &str) -> VmmResult {
         let endpoint = "vm.remove-device";
         let next = self.changed_config(endpoint, |c| {
-            let before = c.fs.len() + c.pmem.len();
-            c.fs.retain(|f| f.id != id);
-            c.pmem.retain(|p| p.id != id);
-            if c.fs.len() + c.pmem.len() == before {
+            if !c.remove_device(id) {
                 return Err(ApiError::not_found(format!(
                     "{endpoint}: no device with id \"{id}\""
                 )));
@@ -312,8 +309,7 @@ impl ControlLoop {
         };
         for id in vm.complete_ejects() {
             if let Some(c) = self.config.as_mut() {
-                c.fs.retain(|f| f.id != id);
-                c.pmem.retain(|p| p.id != id);
+                c.remove_device(&id);
             }
         }
     }

@@ -215,6 +215,14 @@ pub struct VmConfig {
 }
 
 impl VmConfig {
+    /// Drops the fs or pmem device named `id`; false if there is none.
+    pub fn remove_device(&mut self, id: &str) -> bool {
+        let before = self.fs.len() + self.pmem.len();
+        self.fs.retain(|f| f.id != id);
+        self.pmem.retain(|p| p.id != id);
+        self.fs.len() + self.pmem.len() != before
+    }
+
     /// Checks what no single option can: ids are unique, vhost-user devices
     /// have RAM they can map.
     pub fn validate(&self) -> Result<(), ConfigError> {

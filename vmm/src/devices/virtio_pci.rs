@@ -170,12 +170,18 @@ impl Placed {
         placer.mmio.remove(self.bar0);
         let mut space = lock(&placer.space);
         space.free(self.bar0_area, self.bar0, BAR0_SIZE);
-        if let Some((slot, bar_size, area)) = self.shm.take() {
-            let addr = slot.guest_addr();
-            drop(slot); // KVM lets go of the memory before its owner unmaps it
-            space.free(area, addr, bar_size);
+        if let Some(shm) = self.shm.take() {
+            release_shm(&mut space, shm);
         }
     }
+}
+
+/// Unregisters a shared memory BAR's slot, then gives its range back (KVM
+/// lets go of the memory before its owner unmaps it).
+fn release_shm(space: &mut AddressSpace, (slot, bar_size, area): (MemorySlot, u64, Area)) {
+    let addr = slot.guest_addr();
+    drop(slot);
+    space.free(area, addr, bar_size);
 }
 
 struct ConfigSpace {
@@ -330,10 +336,8 @@ impl PciDeviceManager {
                 Err(e) => {
                     let mut space = lock(&placer.space);
                     space.free(Area::PciMmio32, bar0, BAR0_SIZE);
-                    if let Some((slot, size, area)) = placed_shm {
-                        let addr = slot.guest_addr();
-                        drop(slot);
-                        space.free(area, addr, size);
+                    if let Some(shm) = placed_shm {
+                        release_shm(&mut space, shm);
                     }
                     return Err(e);
                 }
