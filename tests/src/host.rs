@@ -94,6 +94,39 @@ pub fn static_busybox() -> Result<PathBuf, RigError> {
     Ok(path)
 }
 
+/// A static build of a tool published on crates.io, installed once with
+/// `cargo install --locked` (the versions its own lock file pins) into the
+/// cache: e.g. pjdfstest, run inside guests.
+pub fn crates_io_tool(krate: &str, version: &str, bin: &str) -> Result<PathBuf, RigError> {
+    let root = cache_dir()?.join(format!("{krate}-{version}"));
+    let path = root.join("bin").join(bin);
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["install", krate, "--version", version, "--locked", "--root"])
+            .arg(&root)
+            // With an explicit target the flag reaches the tool, not the
+            // build scripts and proc macros, which cannot be static.
+            .args(["--target", "x86_64-unknown-linux-gnu"])
+            .env("RUSTFLAGS", "-C target-feature=+crt-static")
+            .env("CARGO_TARGET_DIR", root.join("build"))
+            .status()
+            .map_err(|e| RigError::Setup(format!("cargo install {krate}: {e}")))?;
+        if !status.success() {
+            return Err(RigError::Setup(format!(
+                "cargo install {krate} {version} failed ({status})"
+            )));
+        }
+    }
+    if !is_static_elf(&path)? {
+        return Err(RigError::Setup(format!(
+            "{} is not statically linked",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -186,8 +186,11 @@ fn link(s: &Server, q: &mut Request) -> io::Result<Reply> {
 fn open(s: &Server, q: &mut Request) -> io::Result<Reply> {
     let a = q.body.obj::<abi::OpenIn>()?;
     let kill = a.open_flags & abi::OPEN_KILL_SUIDGID != 0;
+    // ATOMIC_O_TRUNC is not negotiated, so the guest truncates with SETATTR
+    // after its own checks; an O_TRUNC here anyway is not acted on.
+    let flags = a.flags & !(libc::O_TRUNC as u32);
     Ok(data(abi::OpenOut {
-        fh: s.fs.open(q.nodeid, a.flags, kill)?,
+        fh: s.fs.open(q.nodeid, flags, kill)?,
         open_flags: s.open_flags(),
         backing_id: 0,
     }))

@@ -72,11 +72,16 @@ impl PassthroughFs {
         };
         let proc_name = Self::proc_name(&inode);
         if req.valid & setattr::MODE != 0 {
-            if !inode.is_reg() && !inode.is_dir() {
+            // Linux has no mode for a symlink (fchmodat's AT_SYMLINK_NOFOLLOW
+            // answers the same).
+            if inode.is_symlink() {
                 return Err(errno_error(libc::EOPNOTSUPP));
             }
+            // Through the O_PATH fd's proc link: resolving it yields the inode
+            // itself, so a FIFO, socket or device node gets its mode changed
+            // without ever being opened, and no path in the share is resolved.
             // SAFETY: the name is NUL-terminated and relative to /proc/self/fd;
-            // the inode is a file or directory, so no symlink is followed.
+            // the inode is not a symlink, so following the link changes it.
             cvt(unsafe {
                 libc::fchmodat(
                     self.proc_self_fd(),

@@ -68,12 +68,19 @@ pub fn cvt<T: Default + PartialOrd>(ret: T) -> io::Result<T> {
     }
 }
 
-/// A name from the guest: one path component, not `.` or `..`.
+/// The longest name component Linux file systems take (`NAME_MAX`).
+pub const NAME_MAX: usize = 255;
+
+/// A name from the guest: one path component, not `.` or `..`. A longer
+/// one than [`NAME_MAX`] gets ENAMETOOLONG, as every Linux file system
+/// answers (the guest's VFS leaves that check to the file system).
 pub fn component(name: &[u8]) -> io::Result<CString> {
     let name = name.strip_suffix(b"\0").unwrap_or(name);
-    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.len() > 255
-    {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
         return Err(errno_error(libc::EINVAL));
+    }
+    if name.len() > NAME_MAX {
+        return Err(errno_error(libc::ENAMETOOLONG));
     }
     CString::new(name).map_err(|_| errno_error(libc::EINVAL))
 }
@@ -120,6 +127,10 @@ impl Inode {
 
     pub fn is_reg(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFREG
+    }
+
+    pub fn is_symlink(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFLNK
     }
 }
 
