@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use crate::cpio::CpioArchive;
 use crate::host::{self, has_hardware_virtualization, static_busybox};
 use crate::kernel::GuestKernel;
+use crate::monitor::{self, Monitor};
 use crate::RigError;
 
 /// Forces the emulated host even where the CPU has vmx/svm (`1`), or the
@@ -28,6 +29,11 @@ pub const VMM_BIN_ENV: &str = "DAX_VMM_BIN";
 /// The console and panic behaviour every guest gets; a test adds its own words.
 const GUEST_BASE_CMDLINE: &str = "console=ttyS0 panic=-1 quiet";
 const EMULATED_HOST_MEMORY: &str = "3072";
+/// Output silence after which the rig asks the emulated host's QEMU monitor
+/// what the CPU is doing and sends it an NMI. Longer than the two minutes
+/// between the virtio-fs tests' `@@DIAG` lines, so a working run never
+/// reaches it.
+const STALL_SILENCE: Duration = Duration::from_secs(200);
 
 /// A file placed in an image: path inside it, permissions, contents.
 #[derive(Clone)]
@@ -64,6 +70,10 @@ pub struct Guest {
     /// Binaries in the guest's /bin (e.g. `daxprobe`).
     pub guest_tools: Vec<PathBuf>,
     pub timeout: Duration,
+    /// Nested runs: output silence after which the rig probes the emulated
+    /// host through its QEMU monitor ([`STALL_SILENCE`] unless a test that
+    /// checks the probe itself sets it shorter).
+    pub stall_silence: Duration,
     /// API mode: the VMM starts with only `--api-socket /tmp/api.sock` (plus
     /// `vmm_args`) and this host script creates and boots the VM through
     /// the API while it runs; `$CMDLINE` holds the guest command line.
@@ -87,6 +97,7 @@ impl Guest {
             host_tools: Vec::new(),
             guest_tools: Vec::new(),
             timeout: Duration::from_secs(300),
+            stall_silence: STALL_SILENCE,
             api_script: None,
         }
     }
@@ -261,6 +272,7 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
     let log_path = work.join("serial.log");
 
     let start = Instant::now();
+    let mut stall_probe = None;
     let mut child = if nested {
         let image = emulated_host_initramfs(
             guest,
@@ -272,7 +284,9 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
         )?;
         let image_path = work.join("l1-initramfs.cpio");
         std::fs::write(&image_path, image).map_err(|e| RigError::io(&image_path, e))?;
-        Command::new("qemu-system-x86_64")
+        let monitor_path = monitor::socket_path(&guest.name);
+        let _ = std::fs::remove_file(&monitor_path);
+        let child = Command::new("qemu-system-x86_64")
             // One emulated CPU: with two (MTTCG) the emulated host's kernel was
             // seen to oops on an int3 left by cross-CPU code patching early in
             // its boot, and single-threaded TCG with two stalled a 2-vCPU
@@ -299,7 +313,14 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
             .arg(&kernel.bzimage)
             .arg("-initrd")
             .arg(&image_path)
-            .args(["-append", "console=ttyS0 panic=-1 quiet loglevel=3"])
+            .arg("-monitor")
+            .arg(format!(
+                "unix:{},server=on,wait=off",
+                monitor_path.display()
+            ))
+            // nokaslr: a stalled CPU's address means the same in every run (Debian's
+            // System.map is a stub; the -dbg package's names it).
+            .args(["-append", "console=ttyS0 panic=-1 quiet loglevel=3 nokaslr"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -308,7 +329,12 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
                 RigError::Setup(format!(
                     "starting qemu-system-x86_64 (apt-get install qemu-system-x86): {e}"
                 ))
-            })?
+            })?;
+        stall_probe = Some(StallProbe {
+            monitor: monitor_path,
+            silence: guest.stall_silence,
+        });
+        child
     } else {
         let files = work.join("host");
         std::fs::create_dir_all(&files).map_err(|e| RigError::io(&files, e))?;
@@ -342,7 +368,10 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
             .map_err(|e| RigError::Setup(format!("starting the host script: {e}")))?
     };
 
-    let (lines, timed_out) = collect_output(&mut child, start, guest.timeout);
+    let (lines, timed_out) = collect_output(&mut child, start, guest.timeout, stall_probe.as_ref());
+    if let Some(probe) = &stall_probe {
+        let _ = std::fs::remove_file(&probe.monitor);
+    }
     let wall = start.elapsed();
     let log: String = lines
         .iter()
@@ -364,9 +393,54 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
     Ok(run)
 }
 
+/// How a nested run that has gone silent is looked into.
+struct StallProbe {
+    monitor: PathBuf,
+    silence: Duration,
+}
+
+/// What the probe does to a silent emulated host, one stage per
+/// [`STAGE_GAP`] of further silence: first a key press (an interrupt
+/// through the emulated IOAPIC, which makes QEMU re-evaluate the CPU's
+/// pending interrupts), then an NMI (which reaches a CPU whatever its
+/// interrupt flag).
+const KICKS: [(&str, &str); 2] = [("key", "sendkey shift"), ("nmi", "nmi")];
+const STAGE_GAP: Duration = Duration::from_secs(30);
+
+impl StallProbe {
+    /// Records the emulated CPU's state, then kicks it with `KICKS[stage]`.
+    fn probe(&self, stage: usize, silence: Duration) -> Vec<String> {
+        let (kick, command) = KICKS[stage];
+        let mut out = vec![format!(
+            "@@RIG stall_probe silence={:.0}s stage={stage}",
+            silence.as_secs_f64()
+        )];
+        match Monitor::connect(&self.monitor) {
+            Ok(mut m) => {
+                out.extend(monitor::dump(&mut m));
+                match m.command(command) {
+                    Ok(_) => out.push(format!("@@RIG stall_probe kick={kick}")),
+                    Err(e) => out.push(format!("@@RIG stall_probe kick={kick} failed: {e}")),
+                }
+            }
+            Err(e) => out.push(format!(
+                "@@RIG stall_probe monitor {}: {e}",
+                self.monitor.display()
+            )),
+        }
+        out
+    }
+}
+
 /// Reads stdout and stderr line by line with arrival times; kills the child
-/// at the deadline.
-fn collect_output(child: &mut Child, start: Instant, timeout: Duration) -> (Vec<Line>, bool) {
+/// at the deadline. A nested run silent for its probe's time is probed, and
+/// kicked harder at each further [`STAGE_GAP`] of silence.
+fn collect_output(
+    child: &mut Child,
+    start: Instant,
+    timeout: Duration,
+    stall_probe: Option<&StallProbe>,
+) -> (Vec<Line>, bool) {
     let (tx, rx) = mpsc::channel::<Line>();
     let readers: Vec<Box<dyn Read + Send>> = vec![
         Box::new(child.stdout.take().expect("stdout is piped")),
@@ -396,15 +470,44 @@ fn collect_output(child: &mut Child, start: Instant, timeout: Duration) -> (Vec<
     }
     drop(tx);
     let deadline = start + timeout;
+    let echo = std::env::var_os("DAX_VMM_RIG_ECHO").is_some();
     let mut lines = Vec::new();
     let mut timed_out = false;
+    let mut last_line = Instant::now();
+    // Probe stages done since the last line; which kick the output resumed after.
+    let mut stages = 0;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
+        if let Some(probe) = stall_probe {
+            let due = probe.silence + STAGE_GAP * stages as u32;
+            if stages < KICKS.len() && last_line.elapsed() >= due {
+                for text in probe.probe(stages, last_line.elapsed()) {
+                    let line = Line {
+                        at: start.elapsed(),
+                        text,
+                    };
+                    eprintln!("[{:7.3}] {}", line.at.as_secs_f64(), line.text);
+                    lines.push(line);
+                }
+                stages += 1;
+            }
+        }
         match rx.recv_timeout(left.min(Duration::from_millis(200))) {
             Ok(line) => {
-                if std::env::var_os("DAX_VMM_RIG_ECHO").is_some() {
+                if echo {
                     eprintln!("[{:7.3}] {}", line.at.as_secs_f64(), line.text);
                 }
+                if stages > 0 {
+                    let resumed =
+                        format!("@@RIG stall_probe resumed_after={}", KICKS[stages - 1].0);
+                    eprintln!("[{:7.3}] {resumed}", line.at.as_secs_f64());
+                    lines.push(Line {
+                        at: line.at,
+                        text: resumed,
+                    });
+                    stages = 0;
+                }
+                last_line = Instant::now();
                 lines.push(line);
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,

@@ -131,20 +131,45 @@ fn guest_panic_and_reset_end_the_vmm() {
     // `reboot -f` ends the VMM with 0 and says why, whichever way the guest
     // resets: Linux's default (here: through the reset vector, where the VMM's
     // stub pulses the i8042 reset line) and the ACPI reset register.
-    for (name, words) in [("reboot-default", ""), ("reboot-acpi", "reboot=a")] {
+    //
+    // The first also checks the rig's stall probe on the emulated host: the
+    // guest keeps quiet longer than the probe's silence, the rig records the
+    // emulated CPU's state from QEMU's monitor and sends it an NMI, and the
+    // run goes on to its end unharmed.
+    let mut probe_results = Results::new("stall-probe");
+    for (name, words, quiet) in [("reboot-default", "", 30), ("reboot-acpi", "reboot=a", 0)] {
         // (A pause, so the marker's line is out before the kernel's.)
-        let mut reboot = Guest::new(name, "echo '@@GUEST rebooting=1'\nsleep 1\nreboot -f\n");
+        let mut reboot = Guest::new(
+            name,
+            &format!("sleep {quiet}\necho '@@GUEST rebooting=1'\nsleep 1\nreboot -f\n"),
+        );
         reboot.cmdline = words.into();
+        reboot.stall_silence = Duration::from_secs(12);
         let run = rig::run(&reboot).expect("rig run");
         let tail = run.tail(60);
         assert!(!run.timed_out, "{tail}");
         assert_eq!(run.guest("rebooting"), Some("1"), "{tail}");
+        let text = run.text();
+        if run.nested && quiet > 0 {
+            assert!(text.contains("@@RIG stall_probe kick=key"), "{tail}");
+            let cpu = text
+                .lines()
+                .find_map(|l| l.split_once("@@RIG stall_probe cpu ").map(|(_, c)| c))
+                .unwrap_or_else(|| panic!("no CPU state in the probe\n{tail}"));
+            assert!(cpu.contains("rip=0xffffffff"), "{cpu}");
+            assert!(
+                text.contains("@@RIG monitor info lapic: "),
+                "no LAPIC state in the probe\n{tail}"
+            );
+            probe_results.record("quiet emulated host's CPU, as probed", cpu.trim());
+        }
         assert_eq!(run.vmm_exit, Some(0), "{tail}");
         assert!(
             run.vmm_message().is_some_and(|m| m.contains("reset")),
             "{tail}"
         );
     }
+    probe_results.save().expect("write results");
 }
 
 /// `vm.power-button` through the API, as ch-remote sends it: the guest's
