@@ -455,13 +455,15 @@ fn collect_output(
                 let text = String::from_utf8_lossy(&buf)
                     .trim_end_matches(['\r', '\n'])
                     .replace('\r', "");
-                if tx
-                    .send(Line {
-                        at: start.elapsed(),
-                        text,
+                let at = start.elapsed();
+                let sent = split_markers(&text).into_iter().all(|text| {
+                    tx.send(Line {
+                        at,
+                        text: text.to_string(),
                     })
-                    .is_err()
-                {
+                    .is_ok()
+                });
+                if !sent {
                     break;
                 }
                 buf.clear();
@@ -524,6 +526,35 @@ fn collect_output(
     lines.extend(rx.try_iter());
     lines.sort_by_key(|l| l.at);
     (lines, timed_out)
+}
+
+/// The markers scripts print at the start of their lines.
+const MARKERS: [&str; 4] = ["@@GUEST ", "@@HOST ", "@@RIG ", "@@DIAG "];
+
+/// One console line as the lines its writers meant. The guest (through the
+/// VMM) and the emulated host's scripts share one console, and a line of one
+/// can land in the middle of another's, as in `@@GUEST gone=fs:gone@@HOST
+/// daemon_after_remove=exited`; a marker never starts inside a line on
+/// purpose, so the text is cut before each one.
+fn split_markers(text: &str) -> Vec<&str> {
+    let mut cuts: Vec<usize> = MARKERS
+        .iter()
+        .flat_map(|m| text.match_indices(m).map(|(i, _)| i))
+        .filter(|&i| i > 0)
+        .collect();
+    cuts.sort_unstable();
+    let mut parts = Vec::with_capacity(cuts.len() + 1);
+    let mut from = 0;
+    for cut in cuts {
+        parts.push(&text[from..cut]);
+        from = cut;
+    }
+    parts.push(&text[from..]);
+    parts.retain(|p| !p.is_empty());
+    if parts.is_empty() {
+        parts.push("");
+    }
+    parts
 }
 
 fn sh_quote(s: &str) -> String {
@@ -802,6 +833,21 @@ mod tests {
             wall: Duration::ZERO,
             log_path: PathBuf::new(),
         }
+    }
+
+    #[test]
+    fn lines_of_two_writers_run_together_are_cut_at_each_marker() {
+        assert_eq!(
+            split_markers("@@GUEST gone=fs:gone blk:gone@@HOST daemon_after_remove=exited"),
+            ["@@GUEST gone=fs:gone blk:gone", "@@HOST daemon_after_remove=exited"]
+        );
+        assert_eq!(
+            split_markers("[ 1.0] kernel text@@RIG vmm_exit=0"),
+            ["[ 1.0] kernel text", "@@RIG vmm_exit=0"]
+        );
+        assert_eq!(split_markers("@@GUEST a=1"), ["@@GUEST a=1"]);
+        assert_eq!(split_markers(""), [""]);
+        assert_eq!(split_markers("a@@GUESTb"), ["a@@GUESTb"], "a marker needs its space");
     }
 
     #[test]
