@@ -347,7 +347,16 @@ pub(crate) async fn metrics(State(s): State<AppState>) -> Response {
         };
         stats.push(st);
     }
-    let text = metrics::render(&devices, &stats, PageFaults::of_this_process());
+    let kvm = match s.vmm.call(VmmAction::KvmCounters).await {
+        Ok(VmmReply::Kvm(k)) => k,
+        _ => None,
+    };
+    let text = metrics::render(
+        &devices,
+        &stats,
+        PageFaults::of_this_process(),
+        kvm.as_ref(),
+    );
     (
         [(
             header::CONTENT_TYPE,

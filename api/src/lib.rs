@@ -30,7 +30,7 @@ use tokio::sync::oneshot;
 use vmm_sys_util::eventfd::EventFd;
 
 pub use events::{DaxEvent, EventBus};
-pub use metrics::{FsDaxStatus, WindowStats};
+pub use metrics::{FsDaxStatus, KvmCounters, WindowStats};
 /// The router alone, for the fuzz target (`fuzz/fuzz_targets/api_router.rs`).
 #[doc(hidden)]
 pub use routes::router;
@@ -63,6 +63,8 @@ pub enum VmmAction {
     DaxStatus {
         window_stats: bool,
     },
+    /// KVM's counters for the running VM, if there is one and KVM has them.
+    KvmCounters,
     /// Record (normalized) `policy` as what fs device `id`'s daemon should
     /// have; the daemon accepted it.
     SetDesiredPolicy {
@@ -79,6 +81,7 @@ pub enum VmmReply {
     /// 200 with a JSON body.
     Json(Value),
     Dax(Vec<FsDaxStatus>),
+    Kvm(Option<KvmCounters>),
 }
 
 /// A refused action: the status and a message saying what was wrong.

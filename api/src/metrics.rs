@@ -32,6 +32,11 @@ pub struct WindowStats {
     pub maps: u64,
     pub unmaps: u64,
     pub resets: u64,
+    /// Bytes of new mappings whose host page tables were filled at map time.
+    pub prefaulted_bytes: u64,
+    /// Bytes of new mappings put into KVM's page tables at map time.
+    pub guest_prefaulted_bytes: u64,
+    pub prefault_failures: u64,
     pub failures: Vec<(String, u64)>,
     /// (upper bound in µs, None for +Inf; cumulative count).
     pub latency_buckets: Vec<(Option<u64>, u64)>,
@@ -42,6 +47,23 @@ pub struct WindowStats {
     /// Bytes of the window's scratch that guest accesses outside any
     /// mapping touched; None if it could not be read.
     pub stray_bytes: Option<u64>,
+}
+
+/// KVM's own counters for the running VM (its binary statistics).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvmCounters {
+    /// vCPU exits to KVM, of any kind, summed over the vCPUs (`exits`).
+    pub exits: u64,
+    /// Of which the guest halted (`halt_exits`).
+    pub halt_exits: u64,
+    /// Guest page faults KVM handled (`pf_taken`): with nested paging, the
+    /// guest's first touch of a page KVM has not mapped yet, such as a new
+    /// DAX mapping's.
+    pub page_faults: u64,
+    /// Of which KVM resolved by mapping a page (`pf_fixed`).
+    pub page_faults_fixed: u64,
+    /// Guest memory KVM maps now, in pages of each size ("4k", "2m", "1g").
+    pub pages: Vec<(&'static str, u64)>,
 }
 
 /// Host page faults of this (the VMM's) process since it started.
@@ -117,14 +139,56 @@ fn per_device(
     }
 }
 
+fn render_kvm(w: &mut Writer, k: &KvmCounters) {
+    for (name, help, value) in [
+        (
+            "daxvmm_kvm_exits_total",
+            "vCPU exits to KVM, of any kind, over all vCPUs",
+            k.exits,
+        ),
+        (
+            "daxvmm_kvm_halt_exits_total",
+            "vCPU exits because the guest halted",
+            k.halt_exits,
+        ),
+        (
+            "daxvmm_kvm_page_faults_total",
+            "Guest page faults KVM handled (nested paging: first touches of unmapped guest pages, DAX ones among them)",
+            k.page_faults,
+        ),
+        (
+            "daxvmm_kvm_page_faults_fixed_total",
+            "Guest page faults KVM resolved by mapping a page",
+            k.page_faults_fixed,
+        ),
+    ] {
+        w.family(name, "counter", help);
+        w.sample(name, &[], value);
+    }
+    if !k.pages.is_empty() {
+        w.family(
+            "daxvmm_kvm_mapped_pages",
+            "gauge",
+            "Guest memory KVM maps now, in pages of each size (DAX on 2 MiB host pages shows in size=\"2m\")",
+        );
+        for (size, n) in &k.pages {
+            w.sample("daxvmm_kvm_mapped_pages", &[("size", size)], n);
+        }
+    }
+}
+
 /// Renders the metrics of `devices`; `daemon_stats[i]` is what device i's
 /// daemon reported (`GET /api/v1/stats`), if it could be asked.
 pub fn render(
     devices: &[FsDaxStatus],
     daemon_stats: &[Option<DaemonStats>],
     faults: PageFaults,
+    kvm: Option<&KvmCounters>,
 ) -> String {
     let mut w = Writer { out: String::new() };
+    if let Some(k) = kvm {
+        render_kvm(&mut w, k);
+    }
     let rows: Vec<(&FsDaxStatus, Option<&DaemonStats>)> = devices
         .iter()
         .zip(
@@ -195,6 +259,30 @@ pub fn render(
         "counter",
         "Times every mapping was dropped at once (device reset, daemon gone)",
         win(|s| s.resets),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_dax_prefaulted_bytes_total",
+        "counter",
+        "Bytes of new mappings whose host page tables the VMM filled when mapping (dax_prefault, where KVM cannot pre-fault)",
+        win(|s| s.prefaulted_bytes),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_dax_guest_prefaulted_bytes_total",
+        "counter",
+        "Bytes of new mappings the VMM put into KVM's page tables when mapping (dax_prefault): no nested page fault on the guest's first touch",
+        win(|s| s.guest_prefaulted_bytes),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_dax_prefault_failures_total",
+        "counter",
+        "New mappings whose pre-fault failed (they fault page by page instead)",
+        win(|s| s.prefault_failures),
     );
     for (name, help, get) in [
         (
@@ -402,6 +490,9 @@ mod tests {
                 maps: 3,
                 unmaps: 1,
                 resets: 0,
+                prefaulted_bytes: 3 << 20,
+                guest_prefaulted_bytes: 2 << 20,
+                prefault_failures: 1,
                 failures: vec![("misaligned".into(), 1), ("bad_fd".into(), 0)],
                 latency_buckets: vec![(Some(10), 1), (Some(100), 3), (None, 3)],
                 latency_sum_us: 150,
@@ -431,6 +522,13 @@ mod tests {
                 minor: 10,
                 major: 1,
             },
+            Some(&KvmCounters {
+                exits: 1000,
+                halt_exits: 10,
+                page_faults: 600,
+                page_faults_fixed: 512,
+                pages: vec![("4k", 300), ("2m", 4), ("1g", 0)],
+            }),
         );
         assert_eq!(
             text.matches("# TYPE daxvmm_dax_maps_total counter").count(),
@@ -464,6 +562,14 @@ mod tests {
         );
         assert!(text.contains("daxvmm_fs_cap_refusals_total{device=\"fs0\",cap=\"inodes\"} 4\n"));
         assert!(text.contains("daxvmm_fs_handles{device=\"fs0\"} 3\n"));
+        assert!(text.contains("daxvmm_dax_prefaulted_bytes_total{device=\"fs0\"} 3145728\n"));
+        assert!(text.contains("daxvmm_dax_prefault_failures_total{device=\"fs0\"} 1\n"));
+        assert!(text.contains("daxvmm_dax_guest_prefaulted_bytes_total{device=\"fs0\"} 2097152\n"));
+        assert!(
+            text.contains("# TYPE daxvmm_kvm_exits_total counter\ndaxvmm_kvm_exits_total 1000\n")
+        );
+        assert!(text.contains("daxvmm_kvm_page_faults_total 600\n"));
+        assert!(text.contains("daxvmm_kvm_mapped_pages{size=\"2m\"} 4\n"));
     }
 
     #[test]
@@ -472,8 +578,9 @@ mod tests {
             id: "fs0".into(),
             ..Default::default()
         };
-        let text = render(&[d], &[], PageFaults::default());
+        let text = render(&[d], &[], PageFaults::default(), None);
         assert!(text.contains("daxvmm_fs_up{device=\"fs0\"} 1\n"));
+        assert!(!text.contains("daxvmm_kvm_"), "no VM, no KVM counters");
         assert!(!text.contains("daxvmm_dax_maps_total"));
         assert!(!text.contains("daxvmm_dax_map_latency_seconds"));
     }

@@ -52,7 +52,7 @@ pub(crate) fn reply(result: VmmResult) -> Response {
     match result {
         Ok(VmmReply::NoContent) => StatusCode::NO_CONTENT.into_response(),
         Ok(VmmReply::Json(v)) => Json(v).into_response(),
-        Ok(VmmReply::Dax(_)) => {
+        Ok(VmmReply::Dax(_) | VmmReply::Kvm(_)) => {
             ApiError::internal("unexpected answer from the VMM").into_response()
         }
         Err(e) => e.into_response(),

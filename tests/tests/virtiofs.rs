@@ -92,7 +92,8 @@ const CLI_FLIP: &str =
 /// then the flip through `vm.dax-policy`.
 const API_METRICS: &str = r#"daxprobe http /tmp/api.sock GET /api/v1/vm.dax-metrics > metrics.out 2>&1
   m() { sed -n "s/.* $1{device=\"fs0\"} \([0-9]*\).*/\1/p" metrics.out; }
-  echo "@@HOST metrics=maps:$(m daxvmm_dax_maps_total) unmaps:$(m daxvmm_dax_unmaps_total) ranges:$(m daxvmm_dax_mapped_ranges) attrs_dax:$(m daxvmm_fs_file_attrs_dax_total) window:$(m daxvmm_dax_window_bytes)""#;
+  k() { sed -n "s/.* $1 \([0-9]*\).*/\1/p" metrics.out; }
+  echo "@@HOST metrics=maps:$(m daxvmm_dax_maps_total) unmaps:$(m daxvmm_dax_unmaps_total) ranges:$(m daxvmm_dax_mapped_ranges) attrs_dax:$(m daxvmm_fs_file_attrs_dax_total) window:$(m daxvmm_dax_window_bytes) prefaulted:$(m daxvmm_dax_prefaulted_bytes_total) guest_prefaulted:$(m daxvmm_dax_guest_prefaulted_bytes_total) prefault_failures:$(m daxvmm_dax_prefault_failures_total) kvm_exits:$(k daxvmm_kvm_exits_total) kvm_page_faults:$(k daxvmm_kvm_page_faults_total) kvm_pages_4k:$(sed -n 's/.* daxvmm_kvm_mapped_pages{size="4k"} \([0-9]*\).*/\1/p' metrics.out)""#;
 const API_FLIP: &str =
     r#"daxprobe http /tmp/api.sock PUT '/api/v1/vm.dax-policy?id=fs0' "$(cat flipped.json)""#;
 
@@ -489,6 +490,18 @@ fn check_api_run(run: &rig::Run, tail: &str) {
     );
     assert!(value("ranges") <= 16, "{metrics}");
     assert!(value("attrs_dax") > 0, "{metrics}");
+    // Every map was pre-faulted (the file covers each range): into KVM's
+    // page tables where the host's KVM can (Linux 6.10+, as the emulated
+    // host's 6.12), else into the VMM's.
+    assert!(
+        value("guest_prefaulted") + value("prefaulted") >= 48 * (2 << 20),
+        "{metrics}"
+    );
+    assert_eq!(value("prefault_failures"), 0, "{metrics}");
+    // KVM's own counters come through: the guest ran and touched memory.
+    assert!(value("kvm_exits") > 0, "{metrics}");
+    assert!(value("kvm_page_faults") > 0, "{metrics}");
+    assert!(value("kvm_pages_4k") > 0, "{metrics}");
     let events = run.host("events").expect(tail);
     let count = |kind: &str| -> u64 {
         events

@@ -127,6 +127,9 @@ fn window_stats(info: &FsDeviceInfo) -> Option<WindowStats> {
         maps: m.maps,
         unmaps: m.unmaps,
         resets: m.resets,
+        prefaulted_bytes: m.prefaulted_bytes,
+        guest_prefaulted_bytes: m.guest_prefaulted_bytes,
+        prefault_failures: m.prefault_failures,
         failures: m
             .failures
             .iter()
@@ -433,6 +436,9 @@ impl ControlLoop {
             VmmAction::DaxStatus { window_stats } => {
                 Ok(VmmReply::Dax(self.dax_status(window_stats)))
             }
+            VmmAction::KvmCounters => Ok(VmmReply::Kvm(
+                self.vm.as_ref().and_then(|vm| vm.kvm_counters()),
+            )),
         }
     }
 

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use virtio_devices::pmem::{Pmem, PmemBacking};
 use virtio_devices::rng::Rng;
-use virtio_devices::vhost_user_fs::window::{DaxWindow, WindowObserver};
+use virtio_devices::vhost_user_fs::window::{DaxWindow, GuestPrefaulter, WindowObserver};
 use virtio_devices::vhost_user_fs::{FsDeviceConfig, VhostUserFs};
 use virtio_devices::VirtioDevice;
 use vm_memory::GuestMemoryAtomic;
@@ -80,6 +80,9 @@ pub struct DeviceManager {
     mmio_memory: Vec<MemorySlot>,
     /// Where the devices' activations and resets run (not on vCPUs).
     activator: DeviceActivator,
+    /// Maps new DAX ranges into the guest's view (None until the vCPUs
+    /// exist, or where KVM cannot).
+    prefaulter: Option<Arc<dyn GuestPrefaulter>>,
 }
 
 impl DeviceManager {
@@ -129,6 +132,7 @@ impl DeviceManager {
             ejects,
             ged,
             fs: Vec::new(),
+            prefaulter: None,
             mmio_memory: Vec::new(),
             activator,
         })
@@ -222,6 +226,15 @@ impl DeviceManager {
 
     /// Connects the fs device to its daemon and puts it, with its DAX
     /// window (if any), on its transport.
+    /// Gives every DAX window, now and hot-plugged later, what maps its new
+    /// ranges into the guest's view.
+    pub fn set_guest_prefaulter(&mut self, prefaulter: Arc<dyn GuestPrefaulter>) {
+        for w in self.fs.iter().filter_map(|f| f.window.as_ref()) {
+            w.set_guest_prefaulter(prefaulter.clone());
+        }
+        self.prefaulter = Some(prefaulter);
+    }
+
     fn add_fs_device(
         &mut self,
         f: &FsConfig,
@@ -244,6 +257,10 @@ impl DeviceManager {
             control_socket: f.control_socket.clone(),
         };
         let shm = window.map(|w| {
+            w.set_prefault(f.dax_prefault);
+            if let Some(p) = &self.prefaulter {
+                w.set_guest_prefaulter(p.clone());
+            }
             if let Some(observe) = observe {
                 w.set_observer(observe(&f.id));
             }

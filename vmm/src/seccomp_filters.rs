@@ -6,7 +6,8 @@
 //! too and under its own, narrower one: a call passes only if both allow it.
 //!
 //! `ioctl` is allowed without argument checks on the main and vCPU threads
-//! (KVM's interface is ioctls), and only for FIONBIO/FIOCLEX elsewhere. No thread
+//! (KVM's interface is ioctls), and only for FIONBIO/FIOCLEX elsewhere (plus
+//! `KVM_PRE_FAULT_MEMORY` where DAX ranges are mapped). No thread
 //! may execute programs, ptrace, mount, change namespaces or credentials.
 #![allow(clippy::wildcard_imports)]
 
@@ -85,6 +86,10 @@ const DEVICE_WORKER_CALLS: &[i64] = &[
     SYS_preadv,
     SYS_pwritev,
     SYS_mincore,
+    // The timer that bounds a DAX pre-fault (prefault.rs).
+    SYS_timer_create,
+    SYS_timer_settime,
+    SYS_timer_delete,
 ];
 
 /// The API thread: its socket, the daemons' control sockets (connect), the
@@ -141,6 +146,9 @@ const ACTIVATOR_CALLS: &[i64] = &[
 /// The main thread (and so an upper bound for every thread).
 const VMM_CALLS: &[i64] = &[
     SYS_ioctl,
+    SYS_timer_create,
+    SYS_timer_settime,
+    SYS_timer_delete,
     SYS_openat,
     SYS_pread64,
     SYS_pwrite64,
@@ -209,6 +217,10 @@ const VMM_CALLS: &[i64] = &[
     SYS_seccomp,
 ];
 
+/// A device worker maps new DAX ranges into the guest's view (on the VMM's
+/// idle pre-fault vCPU, see `prefault.rs`): that one KVM ioctl, no other.
+const PREFAULT_IOCTL: Allow = Allow::Arg(SYS_ioctl, 1, &[crate::prefault::KVM_PRE_FAULT_MEMORY_NR]);
+
 fn with(extra: &[i64], ioctl_any: bool) -> Vec<Allow> {
     let mut v = seccomp::calls(COMMON);
     v.extend(seccomp::calls(extra));
@@ -224,11 +236,16 @@ pub fn all() -> Vec<(&'static str, Vec<Allow>)> {
         (VMM, with(VMM_CALLS, true)),
         (VCPU, with(VCPU_CALLS, true)),
         (API, with(API_CALLS, false)),
-        (DEVICE_WORKER, with(DEVICE_WORKER_CALLS, false)),
+        (DEVICE_WORKER, {
+            let mut v = with(DEVICE_WORKER_CALLS, false);
+            v.push(PREFAULT_IOCTL);
+            v
+        }),
         (SERIAL_INPUT, with(SERIAL_INPUT_CALLS, false)),
         (ACTIVATOR, {
             let mut v = with(ACTIVATOR_CALLS, false);
             v.extend(seccomp::calls(DEVICE_WORKER_CALLS));
+            v.push(PREFAULT_IOCTL);
             v
         }),
     ]

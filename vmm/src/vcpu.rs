@@ -70,6 +70,11 @@ impl Vcpu {
         Ok(Vcpu { index, fd })
     }
 
+    /// This vCPU's KVM statistics, readable while it runs.
+    pub fn stats(&self) -> Result<crate::kvm_stats::KvmStatsFile, crate::kvm_stats::KvmStatsError> {
+        crate::kvm_stats::KvmStatsFile::open(&self.fd)
+    }
+
     /// Runs the guest until an exit that ends the VM (Some) or until asked
     /// to stop (None).
     fn run(&mut self, pio: &Bus, mmio: &Bus, control: &VcpuControl) -> Option<VmExit> {
@@ -150,14 +155,15 @@ impl Vcpu {
     }
 }
 
-/// The signal that kicks a vCPU thread out of KVM_RUN.
-fn kick_signal() -> libc::c_int {
+/// The signal that kicks a vCPU thread out of KVM_RUN (and a pre-fault
+/// out of KVM_PRE_FAULT_MEMORY).
+pub(crate) fn kick_signal() -> libc::c_int {
     vmm_sys_util::signal::SIGRTMIN()
 }
 
 extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
 
-fn install_kick_handler() {
+pub(crate) fn install_kick_handler() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // The handler does nothing: its only job is to make KVM_RUN return EINTR.

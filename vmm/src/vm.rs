@@ -18,9 +18,12 @@ use crate::device_manager::DeviceManager;
 pub use crate::device_manager::{FsDeviceInfo, ObserverFactory, PciDeviceInfo};
 use crate::devices::{acpi_pm, ged, i8042, pvpanic, serial, Bus};
 use crate::exit::{ExitHandle, VmExit};
+use crate::kvm_stats::{KvmStatsFile, VmKvmStats};
 use crate::memory::{self, GuestMemoryMmap};
+use crate::prefault::KvmPrefaulter;
 use crate::signals::StopSignals;
 use crate::vcpu::{RunningVcpus, Vcpu, VcpuSetup};
+use api::KvmCounters;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
@@ -226,6 +229,21 @@ fn load_payload(
     Ok(kernel.entry)
 }
 
+/// KVM's statistics of `vm` and `vcpus`, or None (logged) where the host's
+/// KVM cannot give them: the metrics then leave them out.
+fn open_kvm_stats(vm: &VmFd, vcpus: &[Vcpu]) -> Option<VmKvmStats> {
+    let opened = KvmStatsFile::open(vm).and_then(|vm_stats| {
+        let per_vcpu = vcpus
+            .iter()
+            .map(Vcpu::stats)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(VmKvmStats::new(vm_stats, per_vcpu))
+    });
+    opened
+        .map_err(|e| log::info!("no KVM statistics in the metrics: {e}"))
+        .ok()
+}
+
 /// A booted VM: its vCPU threads run until it ends or [`Vm::stop`] is called.
 /// Dropping it tears down its devices (fs daemons see their socket close).
 pub struct Vm {
@@ -247,6 +265,9 @@ pub struct Vm {
     vm: Arc<VmFd>,
     /// The ACPI Generic Event Device, for `vm.power-button`.
     ged: ged::GedHandle,
+    /// KVM's counters for this VM and its vCPUs (None where the host's KVM
+    /// has no binary statistics).
+    kvm_stats: Option<VmKvmStats>,
 }
 
 impl Vm {
@@ -290,6 +311,10 @@ impl Vm {
         let vcpus = (0..setup.cpus)
             .map(|i| Vcpu::new(&vm, i, &setup))
             .collect::<Result<Vec<_>, _>>()?;
+        let kvm_stats = open_kvm_stats(&vm, &vcpus);
+        if let Some(p) = KvmPrefaulter::new(&kvm, &vm, u64::from(setup.cpus), &base_cpuid) {
+            devices.set_guest_prefaulter(Arc::new(p));
+        }
 
         let (raw_terminal, stdin) = match (&config.serial, &serial_dev) {
             (SerialMode::Tty, Some(s)) => {
@@ -321,6 +346,24 @@ impl Vm {
             _mem: mem,
             vm,
             ged,
+            kvm_stats,
+        })
+    }
+
+    /// KVM's counters that the metrics publish: exits and page faults summed
+    /// over the vCPUs, and guest memory mapped by page size.
+    pub fn kvm_counters(&self) -> Option<KvmCounters> {
+        let s = self.kvm_stats.as_ref()?;
+        Some(KvmCounters {
+            exits: s.vcpu_sum("exits"),
+            halt_exits: s.vcpu_sum("halt_exits"),
+            page_faults: s.vcpu_sum("pf_taken"),
+            page_faults_fixed: s.vcpu_sum("pf_fixed"),
+            pages: ["pages_4k", "pages_2m", "pages_1g"]
+                .iter()
+                .zip(["4k", "2m", "1g"])
+                .filter_map(|(stat, size)| s.vm(stat).map(|n| (size, n)))
+                .collect(),
         })
     }
 
@@ -404,6 +447,19 @@ impl Vm {
 impl Drop for Vm {
     fn drop(&mut self) {
         self.vcpus.stop();
+        // What the whole run cost in KVM terms, for benchmarks run without
+        // the API (with it, vm.dax-metrics has these live).
+        if let Some(k) = self.kvm_counters() {
+            let pages: Vec<String> = k.pages.iter().map(|(s, n)| format!("{s}={n}")).collect();
+            log::info!(
+                "KVM counters at the end: exits={} halt_exits={} page_faults={} page_faults_fixed={} mapped pages {}",
+                k.exits,
+                k.halt_exits,
+                k.page_faults,
+                k.page_faults_fixed,
+                pages.join(" ")
+            );
+        }
         if let Some((router, port)) = self.stdin.take() {
             router.disconnect(&port);
         }

@@ -26,10 +26,13 @@ opts=$(grep -o 'mountopts=[a-z=]*' /proc/cmdline | cut -d= -f2-)
 mkdir -p /mnt
 mount -t virtiofs share /mnt -o $opts || echo "@@GUEST ${phase}_mount_failed=1"
 echo "@@GUEST ${phase}_statx=$(daxprobe statx /mnt/bench.bin)"
+file=/mnt/bench.bin
+# local=1: the limit, the same file in the guest's own tmpfs (its root).
+if grep -q 'local=1' /proc/cmdline; then cp /mnt/bench.bin /local.bin; file=/local.bin; fi
 for m in "seq 1024 FILE_MIB" "rand 4 16" "mmap 4 FILE_MIB"; do
     set -- $m
     echo 3 > /proc/sys/vm/drop_caches
-    echo "@@GUEST ${phase}_$1=$(daxprobe bench /mnt/bench.bin $m)"
+    echo "@@GUEST ${phase}_$1=$(daxprobe bench $file $m)"
 done
 umount /mnt
 "#;
@@ -50,9 +53,14 @@ fn another_run(
     fs: &str,
     vmm_extra: &str,
 ) -> String {
-    let cmdline = format!("{base_cmdline} bench={phase} mountopts={mountopts}");
+    let local = if phase == "guesttmpfs" {
+        " local=1"
+    } else {
+        ""
+    };
+    let cmdline = format!("{base_cmdline} bench={phase} mountopts={mountopts}{local}");
     format!(
-        "\"$VMM\" --kernel \"$KERNEL\" --initramfs \"$INITRAMFS\" --cmdline '{cmdline}' --cpus boot={cpus} \
+        "\"$VMM\" -v --kernel \"$KERNEL\" --initramfs \"$INITRAMFS\" --cmdline '{cmdline}' --cpus boot={cpus} \
          --memory size={memory} --fs {fs} {vmm_extra} </dev/null\necho \"@@HOST {phase}_vmm_exit=$?\"\nwait $SERVER\n",
         cpus = guest.cpus,
         memory = guest.memory,
@@ -130,6 +138,19 @@ fn main() {
     const OPEN: &str = "--sandbox none --seccomp none";
     let nodax = ("dax=never", "--dax off", "dax=off");
     let dax = ("dax=always", "--cache-size 128M", "cache_size=128M");
+    // The same without the VMM pre-faulting new mappings (dax_prefault=off).
+    let dax_cold = (
+        "dax=always",
+        "--cache-size 128M",
+        "cache_size=128M,dax_prefault=off",
+    );
+    // The same file on a host tmpfs that backs it with 2 MiB pages: the
+    // window's 2 MiB ranges then map with huge entries on the host and in KVM.
+    let dax_huge = (
+        "dax=always",
+        "--cache-size 128M --shared-dir share-huge",
+        "cache_size=128M",
+    );
     let phases: Vec<(&str, (&str, &str, &str), &str)> = vec![
         ("ours", nodax, ""),
         ("oursopen", nodax, OPEN),
@@ -139,14 +160,30 @@ fn main() {
         ("daxopen", dax, OPEN),
         ("daxopenb", dax, OPEN),
         ("daxb", dax, ""),
+        ("daxnopf", dax_cold, ""),
+        ("daxhuge", dax_huge, ""),
+        ("guesttmpfs", nodax, ""),
     ];
     let mut host_after = vec!["wait $SERVER\n".to_string()];
     for (n, (phase, (mountopts, daemon_args, fs_args), open)) in phases.iter().enumerate() {
         let sock = format!("/tmp/s{n}.sock");
-        let cmd = format!("dax-virtiofsd --socket-path {sock} --shared-dir share {daemon_args} {open} --log-level warn");
+        let share = if daemon_args.contains("--shared-dir") {
+            ""
+        } else {
+            "--shared-dir share"
+        };
+        let cmd = format!(
+            "dax-virtiofsd --socket-path {sock} {share} {daemon_args} {open} --log-level warn"
+        );
         if n == 0 {
-            guest.host_before = format!("mkdir -p share && dd if=/dev/urandom of=share/bench.bin bs=1M count={FILE_MIB} 2>/dev/null\n{}", start(&cmd, &sock));
+            guest.host_before = format!(
+                "mkdir -p share share-huge && dd if=/dev/urandom of=share/bench.bin bs=1M count={FILE_MIB} 2>/dev/null\n\
+                 mount -t tmpfs -o huge=always,size=256m tmpfs share-huge && cp share/bench.bin share-huge/\n\
+                 echo \"@@HOST share_huge_anon_huge_kb=$(grep ShmemHugePages /proc/meminfo | tr -s ' ' | cut -d' ' -f2)\"\n{}",
+                start(&cmd, &sock)
+            );
             guest.vmm_args = vec![
+                "-v".into(),
                 "--fs".into(),
                 format!("tag=share,socket={sock},{fs_args},transport=pci"),
             ];
@@ -168,15 +205,17 @@ fn main() {
             vmm_extra,
         ));
     }
-    host_after.push(start("virtiofsd --socket-path=/tmp/c.sock --shared-dir=share --sandbox=none --cache=auto --log-level=warn", "/tmp/c.sock"));
-    host_after.push(another_run(
-        &guest,
-        &base_cmdline,
-        "virtiofsd",
-        "dax=never",
-        "tag=share,socket=/tmp/c.sock,dax=off,transport=pci",
-        "",
-    ));
+    for (phase, cache) in [("virtiofsd", "auto"), ("virtiofsdnever", "never")] {
+        host_after.push(start(&format!("virtiofsd --socket-path=/tmp/c.sock --shared-dir=share --sandbox=none --cache={cache} --log-level=warn"), "/tmp/c.sock"));
+        host_after.push(another_run(
+            &guest,
+            &base_cmdline,
+            phase,
+            "dax=never",
+            "tag=share,socket=/tmp/c.sock,dax=off,transport=pci",
+            "",
+        ));
+    }
     guest.host_after = host_after.concat();
     let run = rig::run(&guest).unwrap_or_else(|e| fail(e.to_string()));
     if run.timed_out {
@@ -184,7 +223,39 @@ fn main() {
     }
     let mut results = Results::new("virtiofs-bench");
     results.record_run("virtio-fs read benchmark", &run);
-    let mut table = String::from("| server | DAX in the guest | seq 1 MiB pread | rand 4 KiB pread | rand 4 KiB mmap |\n|---|---|---|---|---|\n");
+    // Each VMM run logs KVM's counters when it ends, in the order of the runs.
+    let kvm_lines: Vec<String> = run
+        .lines
+        .iter()
+        .filter_map(|l| l.text.split_once("KVM counters at the end: "))
+        .map(|(_, c)| c.to_string())
+        .collect();
+    let phase_order: Vec<&str> = phases
+        .iter()
+        .map(|(p, _, _)| *p)
+        .chain(["virtiofsd", "virtiofsdnever"])
+        .collect();
+    let kvm_of = |phase: &str| -> String {
+        let field = |line: &str, key: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .unwrap_or("?")
+                .to_string()
+        };
+        phase_order
+            .iter()
+            .position(|p| *p == phase)
+            .and_then(|i| kvm_lines.get(i))
+            .map_or("n/a".into(), |l| {
+                format!(
+                    "{} exits, {} page faults, {} 2M pages mapped at the end",
+                    field(l, "exits="),
+                    field(l, "page_faults="),
+                    field(l, "2m=")
+                )
+            })
+    };
+    let mut table = String::from("| server | DAX in the guest | seq 1 MiB pread | rand 4 KiB pread | rand 4 KiB mmap | KVM, whole run (boot + 3 passes) |\n|---|---|---|---|---|---|\n");
     for (phase, label) in [
         ("ours", "dax-virtiofsd --dax off, confined (default), 1st"),
         ("oursopen", "dax-virtiofsd --dax off, unconfined, 1st"),
@@ -206,7 +277,20 @@ fn main() {
             "daxb",
             "dax-virtiofsd (DAX, 128 MiB window), confined (default), 2nd",
         ),
+        (
+            "daxnopf",
+            "dax-virtiofsd (DAX, 128 MiB window), confined, VMM dax_prefault=off",
+        ),
+        (
+            "daxhuge",
+            "dax-virtiofsd (DAX, 128 MiB window), share on a host tmpfs with 2 MiB pages",
+        ),
         ("virtiofsd", "virtiofsd 1.14 --cache=auto"),
+        ("virtiofsdnever", "virtiofsd 1.14 --cache=never"),
+        (
+            "guesttmpfs",
+            "the limit: the file in the guest's own tmpfs (RAM)",
+        ),
     ] {
         let mibs = |mode: &str| {
             run.guest(&format!("{phase}_{mode}"))
@@ -233,11 +317,13 @@ fn main() {
             mibs("seq"),
             mibs("rand"),
             mibs("mmap"),
+            kvm_of(phase),
         ];
         table.push_str(&format!("| {} |\n", row.join(" | ")));
         for mode in ["seq", "rand", "mmap"] {
             results.record(&format!("{label}: {mode}"), mibs(mode));
         }
+        results.record(&format!("{label}: KVM"), kvm_of(phase));
     }
     let path = results.save().unwrap_or_else(|e| fail(e.to_string()));
     println!("{FILE_MIB} MiB file, guest caches dropped before each pass, 1 vCPU, guest clock:\n\n{table}");

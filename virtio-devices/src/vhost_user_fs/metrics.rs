@@ -71,6 +71,12 @@ pub struct DaxMetrics {
     pub bytes_mapped: AtomicU64,
     /// Unmaps that dropped every mapping at once (device reset, daemon gone).
     pub resets: AtomicU64,
+    /// Bytes of new mappings whose host page tables were filled at map time.
+    pub prefaulted_bytes: AtomicU64,
+    /// Bytes of new mappings put into KVM's page tables at map time.
+    pub guest_prefaulted_bytes: AtomicU64,
+    /// Maps whose pre-fault failed (the mapping stayed; pages fault later).
+    pub prefault_failures: AtomicU64,
     failures: [AtomicU64; 8],
     latency_buckets: [AtomicU64; MAP_LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
@@ -83,6 +89,9 @@ pub struct DaxMetricsSnapshot {
     pub unmaps: u64,
     pub bytes_mapped: u64,
     pub resets: u64,
+    pub prefaulted_bytes: u64,
+    pub guest_prefaulted_bytes: u64,
+    pub prefault_failures: u64,
     pub failures: Vec<(&'static str, u64)>,
     /// Cumulative counts per bucket of [`MAP_LATENCY_BUCKETS_US`], then +Inf.
     pub latency_buckets: Vec<u64>,
@@ -112,6 +121,9 @@ impl DaxMetrics {
             unmaps: self.unmaps.load(Relaxed),
             bytes_mapped: self.bytes_mapped.load(Relaxed),
             resets: self.resets.load(Relaxed),
+            prefaulted_bytes: self.prefaulted_bytes.load(Relaxed),
+            guest_prefaulted_bytes: self.guest_prefaulted_bytes.load(Relaxed),
+            prefault_failures: self.prefault_failures.load(Relaxed),
             failures: FailureReason::ALL
                 .iter()
                 .map(|r| (r.as_str(), self.failures[r.index()].load(Relaxed)))

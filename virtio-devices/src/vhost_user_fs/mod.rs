@@ -509,6 +509,9 @@ impl VirtioDevice for VhostUserFs {
 
     fn set_shm_base(&mut self, base: u64) {
         self.window_guest_addr = base;
+        if let Some(w) = &self.window {
+            w.set_guest_base(base);
+        }
     }
 
     fn shm_regions(&self) -> Vec<SharedMemoryRegion> {

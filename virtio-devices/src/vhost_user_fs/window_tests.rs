@@ -393,3 +393,136 @@ fn windows_of_a_gib_or_more_are_gib_aligned_on_the_host() {
     assert_eq!(w.host_addr() % (1 << 30), 0);
     assert!(shows_scratch(&w, (1 << 30) - PAGE));
 }
+
+/// Resident pages this process has mapped (its page tables) in the VMA that
+/// starts at `addr`, from /proc/self/smaps: what a pre-fault fills.
+fn rss_of_vma_at(addr: u64) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for l in smaps.lines() {
+        if let Some((range, _)) = l.split_once(' ').filter(|(r, _)| r.contains('-')) {
+            let start = u64::from_str_radix(range.split_once('-').unwrap().0, 16).unwrap_or(0);
+            inside = start == addr;
+        } else if inside {
+            if let Some(kb) = l.strip_prefix("Rss:") {
+                return kb
+                    .trim()
+                    .trim_end_matches(" kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap()
+                    * 1024;
+            }
+        }
+    }
+    panic!("no VMA at {addr:#x}");
+}
+
+/// A new mapping's pages are in the VMM's page tables at once, up to the
+/// end of the file (a range past it, as the guest maps 2 MiB ranges of
+/// small files, is neither populated nor an error); with `prefault=off`
+/// nothing is until touched.
+#[test]
+fn new_mappings_are_prefaulted_up_to_the_end_of_the_file() {
+    let w = DaxWindow::new(WINDOW).unwrap();
+    w.set_prefault(true);
+    // Three pages and a bit: four pages of file, eight mapped.
+    let f = file_with(3);
+    f.as_file().write_all(b"tail").unwrap();
+    w.map(&req(0, 0, 0, 8 * PAGE, 0), f.as_file()).unwrap();
+    assert_eq!(rss_of_vma_at(w.host_addr()), 4 * PAGE);
+    let s = w.metrics.snapshot();
+    assert_eq!((s.prefaulted_bytes, s.prefault_failures), (4 * PAGE, 0));
+    assert_eq!(peek(&w, 3 * PAGE + 2), b'i');
+
+    // A mapping that starts past the end of the file populates nothing.
+    // (Not next to the first, which the kernel would merge it into.)
+    w.map(&req(0, 8 * PAGE, 12 * PAGE, 4 * PAGE, 0), f.as_file())
+        .unwrap();
+    assert_eq!(rss_of_vma_at(w.host_addr() + 12 * PAGE), 0);
+    assert_eq!(w.metrics.snapshot().prefaulted_bytes, 4 * PAGE);
+
+    let cold = DaxWindow::new(WINDOW).unwrap();
+    cold.set_prefault(false);
+    cold.map(&req(0, 0, 0, 4 * PAGE, 0), f.as_file()).unwrap();
+    assert_eq!(rss_of_vma_at(cold.host_addr()), 0);
+    assert_eq!(peek(&cold, PAGE), b'b');
+    // The touched page, and the neighbours the kernel's fault-around maps
+    // from the page cache with it.
+    assert!(rss_of_vma_at(cold.host_addr()) >= PAGE);
+    assert_eq!(cold.metrics.snapshot().prefaulted_bytes, 0);
+}
+
+/// Records what it is asked to map and maps `step` bytes per call, or fails.
+struct FakePrefaulter {
+    calls: Mutex<Vec<(u64, u64)>>,
+    step: u64,
+    fail: bool,
+}
+
+impl GuestPrefaulter for FakePrefaulter {
+    fn prefault(&self, gpa: u64, len: u64) -> std::io::Result<u64> {
+        self.calls.lock().unwrap().push((gpa, len));
+        if self.fail {
+            return Err(std::io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        Ok(self.step.min(len))
+    }
+}
+
+/// With a guest prefaulter, a new mapping goes to it at the window's guest
+/// address, up to the end of the file, however many calls it takes; its
+/// failure is counted and the mapping stays.
+#[test]
+fn new_mappings_go_to_the_guest_prefaulter_at_the_windows_guest_address() {
+    let f = file_with(3);
+    let w = DaxWindow::new(WINDOW).unwrap();
+    w.set_prefault(true);
+    w.set_guest_base(0x40_0000_0000);
+    let p = Arc::new(FakePrefaulter {
+        calls: Mutex::new(Vec::new()),
+        step: PAGE,
+        fail: false,
+    });
+    w.set_guest_prefaulter(p.clone());
+    w.map(&req(0, 0, 4 * PAGE, 8 * PAGE, 0), f.as_file())
+        .unwrap();
+    assert_eq!(
+        *p.calls.lock().unwrap(),
+        [
+            (0x40_0000_0000 + 4 * PAGE, 3 * PAGE),
+            (0x40_0000_0000 + 5 * PAGE, 2 * PAGE),
+            (0x40_0000_0000 + 6 * PAGE, PAGE),
+        ]
+    );
+    let s = w.metrics.snapshot();
+    assert_eq!(
+        (
+            s.guest_prefaulted_bytes,
+            s.prefaulted_bytes,
+            s.prefault_failures
+        ),
+        (3 * PAGE, 0, 0)
+    );
+    // Not on until the device says so.
+    let off = DaxWindow::new(WINDOW).unwrap();
+    off.set_guest_base(0x40_0000_0000);
+    off.set_guest_prefaulter(p.clone());
+    off.map(&req(0, 0, 0, PAGE, 0), f.as_file()).unwrap();
+    assert_eq!(p.calls.lock().unwrap().len(), 3);
+
+    let failing = DaxWindow::new(WINDOW).unwrap();
+    failing.set_prefault(true);
+    failing.set_guest_base(0x40_0000_0000);
+    failing.set_guest_prefaulter(Arc::new(FakePrefaulter {
+        calls: Mutex::new(Vec::new()),
+        step: PAGE,
+        fail: true,
+    }));
+    failing
+        .map(&req(0, 0, 0, 2 * PAGE, 0), f.as_file())
+        .unwrap();
+    assert_eq!(peek(&failing, PAGE), b'b', "the mapping stays");
+    let s = failing.metrics.snapshot();
+    assert_eq!((s.guest_prefaulted_bytes, s.prefault_failures), (0, 1));
+}

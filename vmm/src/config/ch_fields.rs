@@ -87,6 +87,7 @@ const FS: &[(&str, Rule)] = &[
     ("pci_device_id", Rule::Empty),
     ("dax", Rule::Ours),
     ("cache_size", Rule::Ours),
+    ("dax_prefault", Rule::Ours),
     ("transport", Rule::Ours),
     ("control_socket", Rule::Ours),
     ("dax_policy", Rule::Ours),

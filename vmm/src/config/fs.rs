@@ -1,6 +1,6 @@
-//! `--fs tag=<tag>,socket=<path>[,num_queues=<n>][,queue_size=<n>][,id=<id>][,dax=on|off][,cache_size=<size>][,transport=pci|mmio][,control_socket=<path>]`:
+//! `--fs tag=<tag>,socket=<path>[,num_queues=<n>][,queue_size=<n>][,id=<id>][,dax=on|off][,cache_size=<size>][,dax_prefault=on|off][,transport=pci|mmio][,control_socket=<path>]`:
 //! Cloud Hypervisor's keys, with its old `dax`/`cache_size` back, our `transport`,
-//! and the daemon's `control_socket` for DAX policy pushes.
+//! `dax_prefault`, and the daemon's `control_socket` for DAX policy pushes.
 
 use std::path::PathBuf;
 
@@ -28,6 +28,9 @@ pub struct FsConfig {
     pub dax: bool,
     /// None: take the size the daemon declares (GET_SHMEM_CONFIG).
     pub cache_size: Option<u64>,
+    /// Map each new DAX range (up to the end of the file) into the guest's
+    /// view when it is mapped, not page by page as the guest touches it.
+    pub dax_prefault: bool,
     pub transport: Transport,
     /// The daemon's control socket, through which the API pushes DAX policies.
     pub control_socket: Option<PathBuf>,
@@ -46,6 +49,7 @@ pub const FS_KEYS: &[&str] = &[
     "id",
     "dax",
     "cache_size",
+    "dax_prefault",
     "transport",
     "pci_segment",
     "control_socket",
@@ -111,6 +115,7 @@ impl FsConfig {
             id: o.device_id("fs", index)?,
             dax,
             cache_size,
+            dax_prefault: o.convert("dax_prefault", parse_toggle)?.unwrap_or(true),
             transport: o
                 .convert("transport", Transport::parse)?
                 .unwrap_or_default(),
@@ -150,9 +155,15 @@ mod tests {
             (1, 1024, "_fs1")
         );
         assert_eq!(
-            (c.dax, c.cache_size, c.transport),
-            (true, None, Transport::Pci)
+            (c.dax, c.cache_size, c.transport, c.dax_prefault),
+            (true, None, Transport::Pci, true)
         );
+        let c = FsConfig::parse("tag=t,socket=s,dax_prefault=off", 0).unwrap();
+        assert!(!c.dax_prefault);
+        assert!(FsConfig::parse("tag=t,socket=s,dax_prefault=maybe", 0)
+            .unwrap_err()
+            .to_string()
+            .contains("dax_prefault"));
         assert!(!FsConfig::parse("tag=t,socket=s,dax=off", 0).unwrap().dax);
     }
 

@@ -63,6 +63,7 @@ pub struct FsConfigJson {
     pci_segment: Option<u16>,
     dax: Option<bool>,
     cache_size: Option<u64>,
+    dax_prefault: Option<bool>,
     transport: Option<String>,
     control_socket: Option<PathBuf>,
     /// The DAX policy the daemon should have (a policy document).
@@ -89,6 +90,7 @@ impl FsConfigJson {
         opt("pci_segment", self.pci_segment.map(|v| v.to_string()));
         opt("dax", self.dax.map(toggle));
         opt("cache_size", self.cache_size.map(|v| v.to_string()));
+        opt("dax_prefault", self.dax_prefault.map(toggle));
         opt("transport", self.transport);
         opt(
             "control_socket",
@@ -346,7 +348,7 @@ pub fn vm_config_to_json(c: &VmConfig) -> Value {
         "debug_console": {"mode": "Off", "iobase": 0xe9},
         "fs": c.fs.iter().map(|f| json!({
             "tag": f.tag, "socket": f.socket, "num_queues": f.num_queues, "queue_size": f.queue_size,
-            "id": f.id, "pci_segment": 0, "dax": f.dax, "cache_size": f.cache_size,
+            "id": f.id, "pci_segment": 0, "dax": f.dax, "cache_size": f.cache_size, "dax_prefault": f.dax_prefault,
             "transport": transport(f.transport), "control_socket": f.control_socket,
             "dax_policy": f.dax_policy,
         })).collect::<Vec<_>>(),
@@ -378,11 +380,11 @@ mod tests {
             (f.tag.as_str(), f.id.as_str(), f.dax, f.cache_size),
             ("myfs", "_fs2", true, None)
         );
-        let body = json!({"tag":"t","socket":"s","dax":true,"cache_size":67108864,"transport":"mmio","id":"fs0","control_socket":"/c"});
+        let body = json!({"tag":"t","socket":"s","dax":true,"cache_size":67108864,"transport":"mmio","id":"fs0","control_socket":"/c","dax_prefault":false});
         let f = fs_config_from_json(&body, 0).unwrap();
         assert_eq!(
-            (f.cache_size, f.transport, f.control_socket),
-            (Some(64 << 20), Transport::Mmio, Some("/c".into()))
+            (f.cache_size, f.transport, f.control_socket, f.dax_prefault),
+            (Some(64 << 20), Transport::Mmio, Some("/c".into()), false)
         );
         // A policy document comes back normalized, and round-trips.
         let body =
