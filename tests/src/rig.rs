@@ -839,7 +839,10 @@ mod tests {
     fn lines_of_two_writers_run_together_are_cut_at_each_marker() {
         assert_eq!(
             split_markers("@@GUEST gone=fs:gone blk:gone@@HOST daemon_after_remove=exited"),
-            ["@@GUEST gone=fs:gone blk:gone", "@@HOST daemon_after_remove=exited"]
+            [
+                "@@GUEST gone=fs:gone blk:gone",
+                "@@HOST daemon_after_remove=exited"
+            ]
         );
         assert_eq!(
             split_markers("[ 1.0] kernel text@@RIG vmm_exit=0"),
@@ -847,7 +850,11 @@ mod tests {
         );
         assert_eq!(split_markers("@@GUEST a=1"), ["@@GUEST a=1"]);
         assert_eq!(split_markers(""), [""]);
-        assert_eq!(split_markers("a@@GUESTb"), ["a@@GUESTb"], "a marker needs its space");
+        assert_eq!(
+            split_markers("a@@GUESTb"),
+            ["a@@GUESTb"],
+            "a marker needs its space"
+        );
     }
 
     #[test]
