@@ -151,6 +151,14 @@ fn main() {
         "--cache-size 128M --shared-dir share-huge",
         "cache_size=128M",
     );
+    // A window half the file's size: the guest must reclaim ranges as it
+    // reads, with and without pre-faulting each new one.
+    let dax_small = ("dax=always", "--cache-size 32M", "cache_size=32M");
+    let dax_small_cold = (
+        "dax=always",
+        "--cache-size 32M",
+        "cache_size=32M,dax_prefault=off",
+    );
     let phases: Vec<(&str, (&str, &str, &str), &str)> = vec![
         ("ours", nodax, ""),
         ("oursopen", nodax, OPEN),
@@ -162,6 +170,8 @@ fn main() {
         ("daxb", dax, ""),
         ("daxnopf", dax_cold, ""),
         ("daxhuge", dax_huge, ""),
+        ("daxsmall", dax_small, ""),
+        ("daxsmallnopf", dax_small_cold, ""),
         ("guesttmpfs", nodax, ""),
     ];
     let mut host_after = vec!["wait $SERVER\n".to_string()];
@@ -283,6 +293,14 @@ fn main() {
         (
             "daxhuge",
             "dax-virtiofsd (DAX, 128 MiB window), share on a host tmpfs with 2 MiB pages",
+        ),
+        (
+            "daxsmall",
+            "dax-virtiofsd (DAX, 32 MiB window: half the file)",
+        ),
+        (
+            "daxsmallnopf",
+            "dax-virtiofsd (DAX, 32 MiB window), VMM dax_prefault=off",
         ),
         ("virtiofsd", "virtiofsd 1.14 --cache=auto"),
         ("virtiofsdnever", "virtiofsd 1.14 --cache=never"),
