@@ -490,11 +490,12 @@ fn check_api_run(run: &rig::Run, tail: &str) {
     );
     assert!(value("ranges") <= 16, "{metrics}");
     assert!(value("attrs_dax") > 0, "{metrics}");
-    // Every map was pre-faulted (the file covers each range): into KVM's
-    // page tables where the host's KVM can (Linux 6.10+, as the emulated
-    // host's 6.12), else into the VMM's.
+    // Maps were pre-faulted: into KVM's page tables where the host's KVM
+    // can (Linux 6.10+, as the emulated host's 6.12), else into the VMM's.
+    // The file is read in order, so even while the guest reclaims ranges of
+    // the full window most maps continue the one before and are pre-faulted.
     assert!(
-        value("guest_prefaulted") + value("prefaulted") >= 48 * (2 << 20),
+        value("guest_prefaulted") + value("prefaulted") >= 24 * (2 << 20),
         "{metrics}"
     );
     assert_eq!(value("prefault_failures"), 0, "{metrics}");

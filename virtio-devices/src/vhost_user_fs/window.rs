@@ -207,7 +207,44 @@ pub struct DaxWindow {
     prefault: std::sync::atomic::AtomicBool,
     /// Where the guest sees the window (0 until placed), for the prefaulter.
     guest_base: std::sync::atomic::AtomicU64,
+    /// The file and the end offset of the last map: a map that continues it
+    /// is part of a sequential read.
+    last_map: Mutex<Option<((u64, u64), u64)>>,
+    reclaim_pressure: ReclaimPressure,
     guest_prefaulter: OnceLock<Arc<dyn GuestPrefaulter>>,
+}
+
+/// How much the guest is reclaiming ranges to map new ones: unmaps of a
+/// window at least three quarters full counted up, decaying by 1/32 at
+/// each map, in sixteenths. When every map comes
+/// with an unmap it settles at 32 (512); one unmap in ten maps keeps it
+/// near 3; the guest counts as reclaiming above 8.
+#[derive(Default)]
+struct ReclaimPressure(Mutex<u32>);
+
+impl ReclaimPressure {
+    const ONE: u32 = 16;
+    const RECLAIMING: u32 = 8 * Self::ONE;
+
+    fn on_unmap(&self) {
+        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *p = p.saturating_add(Self::ONE).min(64 * Self::ONE);
+    }
+
+    /// Decays the score for one more map; whether the guest is reclaiming.
+    fn on_map(&self) -> bool {
+        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *p -= *p / 32;
+        *p > Self::RECLAIMING
+    }
+}
+
+/// What SHMEM_MAP learns of the passed fd.
+struct FdInfo {
+    /// A regular file's size; None for a block device.
+    size: Option<u64>,
+    /// (st_dev, st_ino).
+    file: (u64, u64),
 }
 
 /// `MADV_POPULATE_READ` (Linux 5.14): fault pages in readable, as a read
@@ -325,6 +362,8 @@ impl DaxWindow {
             observer: OnceLock::new(),
             prefault: std::sync::atomic::AtomicBool::new(false),
             guest_base: std::sync::atomic::AtomicU64::new(0),
+            last_map: Mutex::new(None),
+            reclaim_pressure: ReclaimPressure::default(),
             guest_prefaulter: OnceLock::new(),
         };
         // (On failure, dropping the window gives the reservation back.)
@@ -553,6 +592,13 @@ impl DaxWindow {
     /// nested one. Either way a file not in the host's page cache is read
     /// here, by the backend thread, not under a stalled vCPU; pages are
     /// faulted for reading, so nothing the guest did not write is dirtied.
+    ///
+    /// Not while the guest is reclaiming ranges to map new ones
+    /// ([`ReclaimPressure`]), unless the map continues the last one: a
+    /// random reader then uses a page or two of each range before it goes
+    /// again, so pre-faulting the whole range only costs (random 4 KiB reads
+    /// of a file twice the window's size ran at half the speed with it). A
+    /// sequential reader uses all of it.
     fn prefault(
         &self,
         addr: u64,
@@ -603,9 +649,18 @@ impl DaxWindow {
         }
     }
 
-    /// Checks the fd's type; returns the file's size (None for a block
-    /// device, whose size fstat does not give).
-    fn check_fd(fd: RawFd) -> Result<Option<u64>, RequestError> {
+    /// Whether a map of `file` at `fd_offset` continues the last map (the
+    /// guest reads the file in order); remembers this one.
+    fn follows_last_map(&self, file: (u64, u64), fd_offset: u64, len: u64) -> bool {
+        let mut last = self.last_map.lock().unwrap_or_else(|p| p.into_inner());
+        let follows = *last == Some((file, fd_offset));
+        *last = fd_offset.checked_add(len).map(|end| (file, end));
+        follows
+    }
+
+    /// Checks the fd's type; returns the file's identity and size (None
+    /// for a block device, whose size fstat does not give).
+    fn check_fd(fd: RawFd) -> Result<FdInfo, RequestError> {
         // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: `st` is a valid, writable stat; an invalid fd just fails.
@@ -628,7 +683,10 @@ impl DaxWindow {
                 ),
             ));
         }
-        Ok((kind == libc::S_IFREG).then_some(st.st_size as u64))
+        Ok(FdInfo {
+            size: (kind == libc::S_IFREG).then_some(st.st_size as u64),
+            file: (st.st_dev, st.st_ino),
+        })
     }
 
     /// SHMEM_MAP: maps `req.len` bytes of `fd` from `req.fd_offset` at
@@ -666,7 +724,7 @@ impl DaxWindow {
 
     fn map_checked(&self, req: &VhostUserMMap, fd: RawFd) -> Result<(), RequestError> {
         let end = self.check(req)?;
-        let file_size = Self::check_fd(fd)?;
+        let info = Self::check_fd(fd)?;
         let (shm_offset, len, fd_offset) = (req.shm_offset, req.len, req.fd_offset);
         let writable = VhostUserMMapFlags::from_bits_truncate(req.flags)
             .contains(VhostUserMMapFlags::WRITABLE);
@@ -701,11 +759,13 @@ impl DaxWindow {
         self.metrics
             .bytes_mapped
             .fetch_add(len - replaced, std::sync::atomic::Ordering::Relaxed);
+        let reclaiming = self.reclaim_pressure.on_map();
         // Outside the lock: it may read the file. A concurrent unmap of the
         // range only leaves the scratch populated instead.
         drop(mapped);
-        if self.prefault.load(std::sync::atomic::Ordering::Relaxed) {
-            self.prefault(addr, shm_offset, len, fd_offset, file_size);
+        let follows = self.follows_last_map(info.file, fd_offset, len);
+        if self.prefault.load(std::sync::atomic::Ordering::Relaxed) && (!reclaiming || follows) {
+            self.prefault(addr, shm_offset, len, fd_offset, info.size);
         }
         Ok(())
     }
@@ -751,9 +811,15 @@ impl DaxWindow {
             )
         })?;
         let removed = mapped.remove(start, end);
-        self.metrics
+        let in_use = self
+            .metrics
             .bytes_mapped
             .fetch_sub(removed, std::sync::atomic::Ordering::Relaxed);
+        // The guest reclaims only a nearly full window (under 20 % free);
+        // unmaps of a roomy one are inodes going away, not pressure.
+        if removed > 0 && in_use >= self.size / 4 * 3 {
+            self.reclaim_pressure.on_unmap();
+        }
         Ok(())
     }
 

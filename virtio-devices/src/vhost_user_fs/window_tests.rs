@@ -526,3 +526,64 @@ fn new_mappings_go_to_the_guest_prefaulter_at_the_windows_guest_address() {
     let s = failing.metrics.snapshot();
     assert_eq!((s.guest_prefaulted_bytes, s.prefault_failures), (0, 1));
 }
+
+/// While the guest reclaims a range for each new one, only a map that
+/// continues the last one (a sequential reader) is pre-faulted; a random one
+/// is not. Once the reclaiming stops, every map is pre-faulted again.
+#[test]
+fn while_the_guest_reclaims_only_sequential_maps_are_prefaulted() {
+    let f = file_with(16);
+    let w = DaxWindow::new(WINDOW).unwrap();
+    w.set_prefault(true);
+    w.set_guest_base(0x40_0000_0000);
+    let p = Arc::new(FakePrefaulter {
+        calls: Mutex::new(Vec::new()),
+        step: 16 * PAGE,
+        fail: false,
+    });
+    w.set_guest_prefaulter(p.clone());
+    let calls = || p.calls.lock().unwrap().len();
+    w.map(&req(0, 0, 0, PAGE, 0), f.as_file()).unwrap();
+    assert_eq!(calls(), 1, "no reclaim yet: pre-faulted");
+    // Unmaps of a roomy window (an inode going away) are not pressure.
+    for _ in 0..40 {
+        w.unmap(&req(0, 0, 0, PAGE, 0)).unwrap();
+        w.map(&req(0, 0, 0, PAGE, 0), f.as_file()).unwrap();
+    }
+    assert_eq!(calls(), 41, "a roomy window: every map pre-faulted");
+    // Fill the window to 14 of 16 pages.
+    w.map(&req(0, 0, 3 * PAGE, 13 * PAGE, 0), f.as_file())
+        .unwrap();
+    // Thrash: every map of a random page comes with an unmap.
+    let before = calls();
+    for i in 0..40u64 {
+        w.unmap(&req(0, 0, 0, PAGE, 0)).unwrap();
+        w.map(&req(0, (i * 7 % 16) * PAGE, 0, PAGE, 0), f.as_file())
+            .unwrap();
+    }
+    let thrash = calls() - before;
+    assert!(
+        thrash < 15,
+        "{thrash} of 40 random maps pre-faulted while reclaiming"
+    );
+    // A sequential reader under the same pressure is pre-faulted.
+    let before = calls();
+    for i in 0..8u64 {
+        w.unmap(&req(0, 0, (i % 2) * PAGE, PAGE, 0)).unwrap();
+        w.map(
+            &req(0, (8 + i) * PAGE, (i % 2) * PAGE, PAGE, 0),
+            f.as_file(),
+        )
+        .unwrap();
+    }
+    assert!(calls() - before >= 7, "sequential maps are pre-faulted");
+    // The reclaiming stops: maps without unmaps bring pre-faulting back.
+    for i in 0..120u64 {
+        w.map(&req(0, (i * 5 % 16) * PAGE, 4 * PAGE, PAGE, 0), f.as_file())
+            .unwrap();
+    }
+    let before = calls();
+    w.map(&req(0, 3 * PAGE, 6 * PAGE, PAGE, 0), f.as_file())
+        .unwrap();
+    assert_eq!(calls() - before, 1, "no reclaim: pre-faulted again");
+}
