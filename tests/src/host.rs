@@ -96,11 +96,23 @@ pub fn static_busybox() -> Result<PathBuf, RigError> {
 
 /// A static build of a tool published on crates.io, installed once with
 /// `cargo install --locked` (the versions its own lock file pins) into the
-/// cache: e.g. pjdfstest, run inside guests.
-pub fn crates_io_tool(krate: &str, version: &str, bin: &str) -> Result<PathBuf, RigError> {
+/// cache: pjdfstest, run inside guests, and virtiofsd, benchmarked beside
+/// our daemon. `env` is added to the build's environment (e.g. to link a
+/// C library statically).
+pub fn crates_io_tool(
+    krate: &str,
+    version: &str,
+    bin: &str,
+    env: &[(&str, &str)],
+) -> Result<PathBuf, RigError> {
     let root = cache_dir()?.join(format!("{krate}-{version}"));
     let path = root.join("bin").join(bin);
-    if !path.exists() {
+    // A cached copy that is not static (built by hand, say) is built again.
+    if !is_static_elf(&path).unwrap_or(false) {
+        eprintln!(
+            "building {krate} {version} (static) into {}",
+            root.display()
+        );
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = std::process::Command::new(cargo)
             .args(["install", krate, "--version", version, "--locked", "--root"])
@@ -110,6 +122,7 @@ pub fn crates_io_tool(krate: &str, version: &str, bin: &str) -> Result<PathBuf, 
             .args(["--target", "x86_64-unknown-linux-gnu"])
             .env("RUSTFLAGS", "-C target-feature=+crt-static")
             .env("CARGO_TARGET_DIR", root.join("build"))
+            .envs(env.iter().copied())
             .status()
             .map_err(|e| RigError::Setup(format!("cargo install {krate}: {e}")))?;
         if !status.success() {

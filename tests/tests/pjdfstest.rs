@@ -90,7 +90,8 @@ fn counts(summary: &str) -> Option<(u32, u32, u32, u32)> {
 #[test]
 #[ignore = "boots a real guest; run through scripts/test.sh"]
 fn pjdfstest_passes_on_the_share_with_and_without_dax() {
-    let pjdfstest = crates_io_tool("pjdfstest", PJDFSTEST_VERSION, "pjdfstest").expect("pjdfstest");
+    let pjdfstest =
+        crates_io_tool("pjdfstest", PJDFSTEST_VERSION, "pjdfstest", &[]).expect("pjdfstest");
     let expected = EXPECTED_FAILURES
         .iter()
         .map(|(name, _)| format!("\"{name}\""))

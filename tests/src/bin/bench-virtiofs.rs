@@ -9,10 +9,9 @@
 //! guest through MSI-X irqfds. Writes `target/rig-results/virtiofs-bench.md`.
 //!
 //! `./scripts/bench.sh` builds what it needs (a static virtiofsd with `cargo
-//! install`, cached in `~/.cache/dax-vmm/virtiofsd/`).
+//! install`, cached in `~/.cache/dax-vmm/virtiofsd-<version>/`).
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use guest_tests::results::Results;
 use guest_tests::rig::{self, Guest};
@@ -69,50 +68,19 @@ fn another_run(
 
 /// A static virtiofsd, built once with `cargo install` and cached.
 fn virtiofsd() -> Result<PathBuf, String> {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .ok_or("no HOME or XDG_CACHE_HOME")?
-        .join("dax-vmm/virtiofsd")
-        .join(VIRTIOFSD_VERSION);
-    let bin = cache.join("bin/virtiofsd");
-    let is_static = || guest_tests::host::is_static_elf(&bin).unwrap_or(false);
-    if bin.exists() && is_static() {
-        return Ok(bin);
-    }
-    eprintln!(
-        "building virtiofsd {VIRTIOFSD_VERSION} (static) into {}",
-        cache.display()
-    );
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args([
-            "install",
-            "virtiofsd",
-            "--version",
-            VIRTIOFSD_VERSION,
-            "--locked",
-            "--target",
-            "x86_64-unknown-linux-gnu",
-        ])
-        .arg("--root")
-        .arg(&cache)
-        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+    guest_tests::host::crates_io_tool(
+        "virtiofsd",
+        VIRTIOFSD_VERSION,
+        "virtiofsd",
         // Its seccomp and capng bindings link dynamically unless told otherwise.
-        .env("LIBSECCOMP_LINK_TYPE", "static")
-        .env("LIBSECCOMP_LIB_PATH", "/usr/lib/x86_64-linux-gnu")
-        .env("LIBCAPNG_LINK_TYPE", "static")
-        .env("LIBCAPNG_LIB_PATH", "/usr/lib/x86_64-linux-gnu")
-        .status()
-        .map_err(|e| format!("cargo install virtiofsd: {e}"))?;
-    if !status.success() {
-        return Err(format!(
-            "cargo install virtiofsd failed ({status}); it needs libseccomp-dev and libcap-ng-dev"
-        ));
-    }
-    if !is_static() {
-        return Err(format!("{} is not statically linked", bin.display()));
-    }
-    Ok(bin)
+        &[
+            ("LIBSECCOMP_LINK_TYPE", "static"),
+            ("LIBSECCOMP_LIB_PATH", "/usr/lib/x86_64-linux-gnu"),
+            ("LIBCAPNG_LINK_TYPE", "static"),
+            ("LIBCAPNG_LIB_PATH", "/usr/lib/x86_64-linux-gnu"),
+        ],
+    )
+    .map_err(|e| format!("{e} (virtiofsd needs libseccomp-dev and libcap-ng-dev)"))
 }
 
 fn main() {
