@@ -628,11 +628,10 @@ impl DaxWindow {
             }
             m.guest_prefaulted_bytes
                 .fetch_add(done, std::sync::atomic::Ordering::Relaxed);
-            if done == len {
-                return;
+            if done < len {
+                m.prefault_failures
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
-            m.prefault_failures
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return;
         }
         // SAFETY: [addr, addr + len) lies inside the window's new file

@@ -470,21 +470,28 @@ impl GuestPrefaulter for FakePrefaulter {
     }
 }
 
+/// A window that pre-faults, seen by the guest at 0x40_0000_0000, whose
+/// prefaulter maps `step` bytes a call (or fails).
+fn prefaulting_window(step: u64, fail: bool) -> (DaxWindow, Arc<FakePrefaulter>) {
+    let w = DaxWindow::new(WINDOW).unwrap();
+    w.set_prefault(true);
+    w.set_guest_base(0x40_0000_0000);
+    let p = Arc::new(FakePrefaulter {
+        calls: Mutex::new(Vec::new()),
+        step,
+        fail,
+    });
+    w.set_guest_prefaulter(p.clone());
+    (w, p)
+}
+
 /// With a guest prefaulter, a new mapping goes to it at the window's guest
 /// address, up to the end of the file, however many calls it takes; its
 /// failure is counted and the mapping stays.
 #[test]
 fn new_mappings_go_to_the_guest_prefaulter_at_the_windows_guest_address() {
     let f = file_with(3);
-    let w = DaxWindow::new(WINDOW).unwrap();
-    w.set_prefault(true);
-    w.set_guest_base(0x40_0000_0000);
-    let p = Arc::new(FakePrefaulter {
-        calls: Mutex::new(Vec::new()),
-        step: PAGE,
-        fail: false,
-    });
-    w.set_guest_prefaulter(p.clone());
+    let (w, p) = prefaulting_window(PAGE, false);
     w.map(&req(0, 0, 4 * PAGE, 8 * PAGE, 0), f.as_file())
         .unwrap();
     assert_eq!(
@@ -511,14 +518,7 @@ fn new_mappings_go_to_the_guest_prefaulter_at_the_windows_guest_address() {
     off.map(&req(0, 0, 0, PAGE, 0), f.as_file()).unwrap();
     assert_eq!(p.calls.lock().unwrap().len(), 3);
 
-    let failing = DaxWindow::new(WINDOW).unwrap();
-    failing.set_prefault(true);
-    failing.set_guest_base(0x40_0000_0000);
-    failing.set_guest_prefaulter(Arc::new(FakePrefaulter {
-        calls: Mutex::new(Vec::new()),
-        step: PAGE,
-        fail: true,
-    }));
+    let (failing, _) = prefaulting_window(PAGE, true);
     failing
         .map(&req(0, 0, 0, 2 * PAGE, 0), f.as_file())
         .unwrap();
@@ -533,15 +533,7 @@ fn new_mappings_go_to_the_guest_prefaulter_at_the_windows_guest_address() {
 #[test]
 fn while_the_guest_reclaims_only_sequential_maps_are_prefaulted() {
     let f = file_with(16);
-    let w = DaxWindow::new(WINDOW).unwrap();
-    w.set_prefault(true);
-    w.set_guest_base(0x40_0000_0000);
-    let p = Arc::new(FakePrefaulter {
-        calls: Mutex::new(Vec::new()),
-        step: 16 * PAGE,
-        fail: false,
-    });
-    w.set_guest_prefaulter(p.clone());
+    let (w, p) = prefaulting_window(16 * PAGE, false);
     let calls = || p.calls.lock().unwrap().len();
     w.map(&req(0, 0, 0, PAGE, 0), f.as_file()).unwrap();
     assert_eq!(calls(), 1, "no reclaim yet: pre-faulted");
