@@ -16,7 +16,8 @@
 //! `vm.add-fs` may give one), and [`reconcile`] compares it
 //! with what each daemon has every [`RECONCILE_PERIOD`]: a daemon that was
 //! restarted (and came back with its start-up policy) gets it again by
-//! itself. `GET` shows how the last comparison went.
+//! itself. `GET` shows how the last comparison went. The same loop relays
+//! each daemon's adaptive-policy decisions into `vm.dax-events` ([`relay_adaptive`]).
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
@@ -24,7 +25,8 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use control_protocol::{
-    DaemonStats, Effect, PolicyChange, PolicyState, PolicyUpdate, POLICY, STATS,
+    AdaptiveEvents, DaemonStats, Effect, PolicyChange, PolicyState, PolicyUpdate, ADAPTIVE_EVENTS,
+    POLICY, STATS,
 };
 use policies::Policy;
 use serde::Deserialize;
@@ -178,7 +180,57 @@ pub(crate) async fn reconcile(s: AppState) {
     loop {
         tick.tick().await;
         reconcile_once(&s).await;
+        relay_adaptive(&s).await;
     }
+}
+
+/// Publishes, as `adaptive` events, what each daemon's adaptive policy
+/// decided since the last call. The first contact with a daemon only
+/// takes its cursor (what it decided before is history, in its stats); a
+/// daemon that restarted numbers from 1 again and answers all it has.
+pub(crate) async fn relay_adaptive(s: &AppState) {
+    let Ok(devices) = fs_devices(s, false).await else {
+        return;
+    };
+    let mut cursors = s
+        .adaptive_cursor
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    cursors.retain(|id, _| devices.iter().any(|d| &d.id == id));
+    for d in &devices {
+        let Some(socket) = &d.control_socket else {
+            continue;
+        };
+        let known = cursors.get(&d.id).copied();
+        let uri = format!("{ADAPTIVE_EVENTS}?after={}", known.unwrap_or(u64::MAX));
+        let Ok(answer) = daemon_json::<AdaptiveEvents>(socket, "GET", &uri, None).await else {
+            continue;
+        };
+        cursors.insert(d.id.clone(), answer.next);
+        if known.is_none() {
+            continue;
+        }
+        if answer.missed > 0 {
+            s.events.publish(DaxEvent::new(
+                "adaptive",
+                &d.id,
+                json!({"decision": "missed", "count": answer.missed}),
+            ));
+        }
+        for e in answer.events {
+            s.events.publish(DaxEvent::new(
+                "adaptive",
+                &d.id,
+                json!({
+                    "decision": e.kind, "path": e.path, "nodeid": e.nodeid,
+                    "reason": e.reason, "occupancy_pct": e.occupancy_pct,
+                    "seq": e.seq, "daemon_at_ms": e.at_ms,
+                }),
+            ));
+        }
+    }
+    *s.adaptive_cursor.lock().unwrap_or_else(|p| p.into_inner()) = cursors;
 }
 
 /// One pass: each device with a desired policy whose daemon has another

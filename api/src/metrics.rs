@@ -3,6 +3,7 @@
 //! file and FUSE counters from each daemon's control socket, page faults
 //! from this process.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -137,6 +138,78 @@ fn per_device(
     for (id, v) in values {
         w.sample(name, &[("device", id)], v);
     }
+}
+
+/// A counter family with one sample per device and key of a daemon map.
+fn labelled(
+    w: &mut Writer,
+    rows: &[(&FsDaxStatus, Option<&DaemonStats>)],
+    (name, key): (&str, &str),
+    help: &str,
+    get: impl Fn(&DaemonStats) -> &BTreeMap<String, u64>,
+) {
+    let samples: Vec<(&str, &str, u64)> = rows
+        .iter()
+        .filter_map(|(d, s)| s.map(|s| (d.id.as_str(), get(s))))
+        .flat_map(|(id, m)| m.iter().map(move |(k, n)| (id, k.as_str(), *n)))
+        .collect();
+    if samples.is_empty() {
+        return;
+    }
+    w.family(name, "counter", help);
+    for (id, k, n) in samples {
+        w.sample(name, &[("device", id), (key, k)], n);
+    }
+}
+
+/// The daemon's adaptive DAX policy: pressure, reclaim, its decisions.
+fn render_adaptive(w: &mut Writer, rows: &[(&FsDaxStatus, Option<&DaemonStats>)]) {
+    let adaptive = |f: fn(&control_protocol::AdaptiveStats) -> u64| {
+        move |_: &FsDaxStatus, s: Option<&DaemonStats>| s.map(|s| f(&s.adaptive))
+    };
+    for (name, kind, help, get) in [
+        (
+            "daxvmm_dax_adaptive_pressure",
+            "gauge",
+            "1 while the daemon sees the window under pressure (mapped ranges at pressure_high, or the guest reclaiming)",
+            (|a: &control_protocol::AdaptiveStats| u64::from(a.pressure))
+                as fn(&control_protocol::AdaptiveStats) -> u64,
+        ),
+        (
+            "daxvmm_dax_adaptive_pressure_episodes_total",
+            "counter",
+            "Times the window came under pressure",
+            |a| a.pressure_episodes,
+        ),
+        (
+            "daxvmm_dax_adaptive_reclaims_total",
+            "counter",
+            "Ranges the guest unmapped while the window was under pressure (its reclaim)",
+            |a| a.reclaims,
+        ),
+        (
+            "daxvmm_dax_adaptive_thrashing_files",
+            "gauge",
+            "Files kept off DAX now because their ranges kept being reclaimed",
+            |a| a.thrashing_files,
+        ),
+    ] {
+        per_device(w, rows, name, kind, help, adaptive(get));
+    }
+    labelled(
+        w,
+        rows,
+        ("daxvmm_dax_adaptive_withdrawn_total", "reason"),
+        "Files the adaptive policy answered without DAX where the policy's default gave it, by reason",
+        |s| &s.adaptive.withdrawn,
+    );
+    labelled(
+        w,
+        rows,
+        ("daxvmm_dax_adaptive_granted_total", "reason"),
+        "Files given DAX back by the adaptive policy, by reason",
+        |s| &s.adaptive.granted,
+    );
 }
 
 fn render_kvm(w: &mut Writer, k: &KvmCounters) {
@@ -421,25 +494,13 @@ pub fn render(
         "FUSE_REMOVEMAPPING requests the daemon served",
         daemon(|s| s.removemappings),
     );
-    let refusals: Vec<(&str, &str, u64)> = rows
-        .iter()
-        .filter_map(|(d, s)| s.map(|s| (d.id.as_str(), &s.cap_refusals)))
-        .flat_map(|(id, m)| m.iter().map(move |(cap, n)| (id, cap.as_str(), *n)))
-        .collect();
-    if !refusals.is_empty() {
-        w.family(
-            "daxvmm_fs_cap_refusals_total",
-            "counter",
-            "Guest requests the daemon refused because a cap was reached, by cap",
-        );
-        for (id, cap, n) in refusals {
-            w.sample(
-                "daxvmm_fs_cap_refusals_total",
-                &[("device", id), ("cap", cap)],
-                n,
-            );
-        }
-    }
+    labelled(
+        &mut w,
+        &rows,
+        ("daxvmm_fs_cap_refusals_total", "cap"),
+        "Guest requests the daemon refused because a cap was reached, by cap",
+        |s| &s.cap_refusals,
+    );
     per_device(
         &mut w,
         &rows,
@@ -456,6 +517,15 @@ pub fn render(
         "Generation of the DAX policy the daemon has in force",
         daemon(|s| s.policy_generation),
     );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_fs_map_alignment_bytes",
+        "gauge",
+        "Mapping alignment the daemon announced (window_granularity, auto resolved by the host file system)",
+        daemon(|s| s.map_alignment),
+    );
+    render_adaptive(&mut w, &rows);
 
     w.family(
         "daxvmm_process_page_faults_total",
@@ -513,6 +583,13 @@ mod tests {
             requests: 40,
             handles: 3,
             cap_refusals: [("inodes".to_string(), 4), ("handles".to_string(), 0)].into(),
+            map_alignment: 2 << 20,
+            adaptive: control_protocol::AdaptiveStats {
+                pressure: true,
+                reclaims: 9,
+                withdrawn: [("thrashing".to_string(), 2)].into(),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let text = render(
@@ -562,6 +639,12 @@ mod tests {
         );
         assert!(text.contains("daxvmm_fs_cap_refusals_total{device=\"fs0\",cap=\"inodes\"} 4\n"));
         assert!(text.contains("daxvmm_fs_handles{device=\"fs0\"} 3\n"));
+        assert!(text.contains("daxvmm_fs_map_alignment_bytes{device=\"fs0\"} 2097152\n"));
+        assert!(text.contains("daxvmm_dax_adaptive_pressure{device=\"fs0\"} 1\n"));
+        assert!(text.contains("daxvmm_dax_adaptive_reclaims_total{device=\"fs0\"} 9\n"));
+        assert!(text.contains(
+            "daxvmm_dax_adaptive_withdrawn_total{device=\"fs0\",reason=\"thrashing\"} 2\n"
+        ));
         assert!(text.contains("daxvmm_dax_prefaulted_bytes_total{device=\"fs0\"} 3145728\n"));
         assert!(text.contains("daxvmm_dax_prefault_failures_total{device=\"fs0\"} 1\n"));
         assert!(text.contains("daxvmm_dax_guest_prefaulted_bytes_total{device=\"fs0\"} 2097152\n"));

@@ -35,6 +35,8 @@ pub(crate) struct AppState {
     /// Held while a policy is pushed and the desired one recorded, so the
     /// reconcile loop never pushes a policy a request is replacing.
     pub push_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Per device: the last adaptive-policy event relayed from its daemon.
+    pub adaptive_cursor: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 /// Errors as Cloud Hypervisor writes them: a JSON array of strings, the
@@ -160,6 +162,7 @@ pub(crate) fn app(
         ping: Arc::new(ping),
         reconcile: Arc::default(),
         push_lock: Arc::default(),
+        adaptive_cursor: Arc::default(),
     };
     (routes(state.clone()), state)
 }

@@ -9,6 +9,7 @@
 //! | `PUT` [`POLICY`]`[?dry_run=true]` (a policy document) | [`PolicyUpdate`]; 400 with the message naming the field for an invalid one |
 //! | `DELETE` [`POLICY`] | [`PolicyUpdate`] (back to the default policy) |
 //! | `GET` [`STATS`] | [`DaemonStats`] |
+//! | `GET` [`ADAPTIVE_EVENTS`]`?after=N` | [`AdaptiveEvents`]: the adaptive policy's decisions numbered above N |
 
 use std::collections::BTreeMap;
 
@@ -17,6 +18,7 @@ use serde_json::Value;
 
 pub const POLICY: &str = "/api/v1/policy";
 pub const STATS: &str = "/api/v1/stats";
+pub const ADAPTIVE_EVENTS: &str = "/api/v1/adaptive/events";
 
 /// The policy in force and its generation (1 at start, +1 per change).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -77,6 +79,61 @@ pub struct DaemonStats {
     pub handles: u64,
     /// Requests refused at a cap, by cap name (`inodes`, `handles`, ...).
     pub cap_refusals: BTreeMap<String, u64>,
+    /// The mapping alignment announced at FUSE_INIT, bytes (`auto` resolved).
+    pub map_alignment: u64,
+    /// What the start-up probe found of the shared directory's file system.
+    pub host_fs: String,
+    pub adaptive: AdaptiveStats,
+}
+
+/// The adaptive DAX policy's view of the window and what it decided.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AdaptiveStats {
+    pub enabled: bool,
+    /// Whether the window is under pressure now.
+    pub pressure: bool,
+    /// 2 MiB ranges of the window, and how many hold a mapping now.
+    pub window_ranges: u64,
+    pub mapped_ranges: u64,
+    /// Unmaps of a range while the window was under pressure (the guest's
+    /// reclaim).
+    pub reclaims: u64,
+    /// Times pressure started.
+    pub pressure_episodes: u64,
+    /// Answers turned from DAX to no DAX, and back, by reason.
+    pub withdrawn: BTreeMap<String, u64>,
+    pub granted: BTreeMap<String, u64>,
+    /// Files kept off DAX now because their ranges kept being reclaimed.
+    pub thrashing_files: u64,
+}
+
+/// One decision of the adaptive policy, as the guest saw it: the answer it
+/// got for a file, and why; or the window entering or leaving pressure.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdaptiveEvent {
+    pub seq: u64,
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// `withdraw`, `grant`, `pressure_on` or `pressure_off`.
+    pub kind: String,
+    /// The file (path in the share, FUSE node id), for withdraw and grant.
+    pub path: Option<String>,
+    pub nodeid: Option<u64>,
+    /// Why: `larger_than_window_share`, `small_file_under_pressure`,
+    /// `thrashing`, `reread`, `retry`, `fits`, or the occupancy for pressure.
+    pub reason: String,
+    /// Mapped ranges, percent of the window, when it was decided.
+    pub occupancy_pct: u64,
+}
+
+/// The events numbered above the asked one; `missed` counts those the
+/// daemon's ring no longer held.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AdaptiveEvents {
+    pub events: Vec<AdaptiveEvent>,
+    /// Ask `after=next` next time.
+    pub next: u64,
+    pub missed: u64,
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@
 //!
 //! The messages are the `control-protocol` crate's (shared with the VMM's
 //! API): `GET`/`PUT`/`DELETE /api/v1/policy` answer `PolicyState` or
-//! `PolicyUpdate`, `GET /api/v1/stats` answers `DaemonStats`. An invalid
+//! `PolicyUpdate`, `GET /api/v1/stats` answers `DaemonStats`,
+//! `GET /api/v1/adaptive/events?after=N` the adaptive policy's decisions
+//! (`AdaptiveEvents`). An invalid
 //! policy gets 400 naming the field, and changes nothing.
 //!
 //! A new policy is swapped in whole; the next LOOKUP or GETATTR of any inode
@@ -24,7 +26,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use control_protocol::{DaemonStats, Effect, PolicyChange, PolicyState, PolicyUpdate};
+use control_protocol::{
+    AdaptiveEvents, DaemonStats, Effect, PolicyChange, PolicyState, PolicyUpdate,
+};
 use policies::Policy;
 use serde::Deserialize;
 
@@ -38,6 +42,13 @@ pub enum ControlError {
         path: String,
         source: std::io::Error,
     },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsParams {
+    #[serde(default)]
+    after: u64,
 }
 
 #[derive(Deserialize)]
@@ -138,7 +149,17 @@ async fn stats(State(server): State<Arc<Server>>) -> Json<DaemonStats> {
             .iter()
             .map(|&c| (c.name().to_string(), server.fs.caps.get(c)))
             .collect(),
+        map_alignment: server.policy.current().map_alignment(),
+        host_fs: server.policy.host_fs.describe(),
+        adaptive: server.policy.adaptive.stats(),
     })
+}
+
+async fn adaptive_events(
+    State(server): State<Arc<Server>>,
+    Query(q): Query<EventsParams>,
+) -> Json<AdaptiveEvents> {
+    Json(server.policy.adaptive.events_after(q.after))
 }
 
 pub fn router(server: Arc<Server>) -> Router {
@@ -148,6 +169,7 @@ pub fn router(server: Arc<Server>) -> Router {
             get(get_policy).put(put_policy).delete(delete_policy),
         )
         .route("/api/v1/stats", get(stats))
+        .route("/api/v1/adaptive/events", get(adaptive_events))
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,

@@ -2,14 +2,17 @@
 //! directory and maps files into the guest's DAX window.
 //!
 //! A FUSE_SETUPMAPPING travels: [`backend`] (queue kick) →
-//! [`fuse::server`] (parse, dispatch) → [`dax`] (open the file, SHMEM_MAP
-//! with its fd) → the VMM's `virtio_devices::vhost_user_fs::window`.
+//! [`fuse::server`] (parse, dispatch) → [`dax::mapper`] (open the file,
+//! SHMEM_MAP with its fd) → the VMM's `virtio_devices::vhost_user_fs::window`.
+//! Which files get DAX at all: [`policy`] (the operator's rules), refined
+//! at run time by [`dax::adaptive`] (what the window's use shows).
 
 pub mod backend;
 pub mod caps;
 pub mod control;
 pub mod dax;
 pub mod fuse;
+pub mod host_fs;
 pub mod limits;
 pub mod passthrough;
 pub mod policy;

@@ -251,6 +251,13 @@ fn run(mut cli: Cli) -> Result<(), String> {
         .map(daemon::control::bind)
         .transpose()
         .map_err(|e| e.to_string())?;
+    // Before the sandbox: it needs the host's view of the mounts.
+    let host_fs = daemon::host_fs::HostFs::probe(&shared_dir);
+    log::info!(
+        "shared directory on {}; window_granularity auto is {}",
+        host_fs.describe(),
+        if host_fs.large_folios { "2M" } else { "4K" }
+    );
     let opened = sandbox::enter(&shared_dir, sandbox_mode).map_err(|e| e.to_string())?;
     // Before the first thread: every thread inherits the filter.
     if seccomp_mode == seccomp::Mode::Kill {
@@ -259,7 +266,7 @@ fn run(mut cli: Cli) -> Result<(), String> {
     seccomp::apply("daemon", &daemon::seccomp_filter::serving(), seccomp_mode)
         .map_err(|e| format!("--seccomp: {e}"))?;
     let how = opened.how;
-    let policy = Arc::new(DaxPolicy::new(policy));
+    let policy = Arc::new(DaxPolicy::for_host(policy, host_fs));
     let mut fs = PassthroughFs::new(opened.root, opened.proc_self_fd, cache, policy.clone())
         .map_err(|e| format!("--shared-dir {}: {e}", shared_dir.display()))?;
     fs.announce_submounts = cli.announce_submounts;

@@ -2,39 +2,44 @@
 //! size it declares and the mapping alignment it announces. Swapped whole
 //! (a new policy is parsed and validated before it replaces the old one, so
 //! a bad policy changes nothing); readers take an `Arc` of the current one.
+//!
+//! Files the policy's `default` gives DAX are then asked of the adaptive
+//! part ([`AdaptiveDax`]), which watches the window; explicit rules and the
+//! `always`/`never` modes are final.
 
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use policies::{Evaluator, Mode, Policy};
 
+use crate::dax::adaptive::AdaptiveDax;
+use crate::host_fs::HostFs;
 use crate::passthrough::DaxDecision;
 
 pub struct LoadedPolicy {
     pub policy: Policy,
     evaluator: Evaluator,
     pub generation: u64,
+    /// `window_granularity`, `auto` resolved for the host file system.
+    map_alignment: u64,
 }
 
 impl LoadedPolicy {
-    /// Whether a regular file gets DAX; `path` is only asked for when a
-    /// rule could depend on it.
-    pub fn dax(&self, path: impl FnOnce() -> String, size: u64) -> bool {
-        match self.policy.mode {
-            Mode::Always => true,
-            Mode::Never => false,
-            Mode::Inode => self.evaluator.dax(&path(), size),
-        }
-    }
-
     /// log2 of the mapping alignment, as FUSE_INIT's `map_alignment`.
     pub fn map_alignment_log2(&self) -> u16 {
-        self.policy.window_granularity.trailing_zeros() as u16
+        self.map_alignment.trailing_zeros() as u16
+    }
+
+    pub fn map_alignment(&self) -> u64 {
+        self.map_alignment
     }
 }
 
 pub struct DaxPolicy {
     current: RwLock<Arc<LoadedPolicy>>,
+    /// What the shared directory's file system was found to be.
+    pub host_fs: HostFs,
+    pub adaptive: AdaptiveDax,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,21 +58,53 @@ pub enum PolicyFileError {
 
 /// The passthrough layer asks the policy in force now.
 impl DaxDecision for DaxPolicy {
-    fn dax(&self, path: &dyn Fn() -> String, size: u64) -> bool {
-        self.current().dax(path, size)
+    fn dax(&self, nodeid: u64, path: &dyn Fn() -> String, size: u64) -> bool {
+        let cur = self.current();
+        match cur.policy.mode {
+            Mode::Always => true,
+            Mode::Never => false,
+            Mode::Inode => {
+                let path = path();
+                let d = cur.evaluator.decide(&path, size);
+                if d.by_default && d.dax {
+                    self.adaptive.decide(nodeid, size, &|| path.clone())
+                } else {
+                    d.dax
+                }
+            }
+        }
+    }
+
+    fn forget(&self, nodeid: u64) {
+        self.adaptive.forget(nodeid);
+    }
+
+    fn reset(&self) {
+        self.adaptive.reset();
     }
 }
 
 impl DaxPolicy {
+    /// On a host file system of unknown kind (tests): `auto` granularity is 4 KiB.
     pub fn new(policy: Policy) -> Self {
+        Self::for_host(policy, HostFs::unknown())
+    }
+
+    /// `policy.cache_size` is the window the adaptive part watches.
+    pub fn for_host(policy: Policy, host_fs: HostFs) -> Self {
+        let adaptive = AdaptiveDax::new(policy.adaptive.clone(), policy.cache_size);
+        let loaded = Self::load(policy, 1, &host_fs);
         DaxPolicy {
-            current: RwLock::new(Arc::new(Self::load(policy, 1))),
+            current: RwLock::new(Arc::new(loaded)),
+            host_fs,
+            adaptive,
         }
     }
 
-    fn load(policy: Policy, generation: u64) -> LoadedPolicy {
+    fn load(policy: Policy, generation: u64, host_fs: &HostFs) -> LoadedPolicy {
         LoadedPolicy {
             evaluator: Evaluator::new(&policy),
+            map_alignment: policy.window_granularity.resolve(host_fs.large_folios),
             policy,
             generation,
         }
@@ -106,7 +143,8 @@ impl DaxPolicy {
     pub fn replace(&self, policy: Policy) -> u64 {
         let mut cur = self.current.write().unwrap_or_else(|p| p.into_inner());
         let generation = cur.generation + 1;
-        *cur = Arc::new(Self::load(policy, generation));
+        self.adaptive.set_tuning(policy.adaptive.clone());
+        *cur = Arc::new(Self::load(policy, generation, &self.host_fs));
         generation
     }
 }

@@ -84,6 +84,9 @@ pub fn diff(old: &Policy, new: &Policy) -> PolicyDiff {
         new.default.to_string(),
         Effect::Live,
     );
+    for ((field, from), (_, to)) in old.adaptive.fields().into_iter().zip(new.adaptive.fields()) {
+        push(field, from, to, Effect::Live);
+    }
     PolicyDiff { changes }
 }
 
@@ -97,7 +100,7 @@ mod tests {
         assert!(diff(&old, &old).is_empty());
         let new = Policy::parse_json(
             r#"{"cache_size": "2G", "window_granularity": "2M", "mode": "always", "default": false,
-                "rules": [{"max_size": 100, "dax": false}]}"#,
+                "rules": [{"max_size": 100, "dax": false}], "adaptive": {"pressure_low": "40%"}}"#,
         )
         .unwrap();
         let d = diff(&old, &new);
@@ -110,11 +113,14 @@ mod tests {
                 ("mode", Effect::Live),
                 ("rules", Effect::Live),
                 ("default", Effect::Live),
+                ("adaptive.pressure_low", Effect::Live),
             ]
         );
+        assert_eq!(d.changes[1].from, "auto");
+        assert_eq!(d.changes[5].to, "40%");
         assert_eq!(d.changes[0].from, "1073741824");
         assert_eq!(d.changes[0].to, "2147483648");
         assert_eq!(d.changes[3].to, "1 rules (changed)");
-        assert_eq!(d.with_effect(Effect::Live).count(), 3);
+        assert_eq!(d.with_effect(Effect::Live).count(), 4);
     }
 }

@@ -24,6 +24,14 @@ struct Bucket {
     rule_of: Vec<usize>,
 }
 
+/// An answer: DAX or not, and whether the policy's `default` gave it (no
+/// rule matched, mode `inode`) — the answers the adaptive part may refine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub dax: bool,
+    pub by_default: bool,
+}
+
 pub struct Evaluator {
     mode: Mode,
     default: bool,
@@ -103,9 +111,15 @@ impl Evaluator {
     /// Whether a regular file at `path` (relative to the share) of `size`
     /// bytes gets DAX.
     pub fn dax(&self, path: &str, size: u64) -> bool {
+        self.decide(path, size).dax
+    }
+
+    /// The answer and what gave it.
+    pub fn decide(&self, path: &str, size: u64) -> Decision {
+        let by = |dax, by_default| Decision { dax, by_default };
         match self.mode {
-            Mode::Always => return true,
-            Mode::Never => return false,
+            Mode::Always => return by(true, false),
+            Mode::Never => return by(false, false),
             Mode::Inode => {}
         }
         let path = path.trim_start_matches('/');
@@ -131,11 +145,11 @@ impl Evaluator {
                 (Some(&&x), Some(&&y)) if x < y => a.next(),
                 (Some(_), Some(_)) | (None, Some(_)) => b.next(),
                 (Some(_), None) => a.next(),
-                (None, None) => return self.default,
+                (None, None) => return by(self.default, true),
             };
             let rule = &self.rules[*next.expect("peeked")];
             if Self::size_ok(rule, size) {
-                return rule.dax;
+                return by(rule.dax, false);
             }
         }
     }
@@ -213,6 +227,26 @@ mod tests {
             "a literal name matches only at its own path"
         );
         assert!(!e.dax("b/x", 1), "default");
+    }
+
+    #[test]
+    fn decisions_say_whether_the_default_gave_them() {
+        let e = Evaluator::new(&Policy::default());
+        assert_eq!(
+            e.decide("a", 100),
+            Decision {
+                dax: false,
+                by_default: false
+            }
+        );
+        assert_eq!(
+            e.decide("a", 1 << 20),
+            Decision {
+                dax: true,
+                by_default: true
+            }
+        );
+        assert!(!policy(r#"{"mode": "always"}"#).decide("a", 1).by_default);
     }
 
     #[test]

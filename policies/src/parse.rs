@@ -5,7 +5,8 @@
 use serde_json::{Map, Value};
 
 use crate::{
-    Mode, Policy, Rule, MAX_CACHE_SIZE, MAX_GRANULARITY, MAX_RULES, MIN_CACHE_SIZE, MIN_GRANULARITY,
+    Adaptive, Granularity, Mode, Policy, Rule, MAX_CACHE_SIZE, MAX_GRANULARITY, MAX_RULES,
+    MIN_CACHE_SIZE, MIN_GRANULARITY,
 };
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -19,7 +20,7 @@ pub enum PolicyError {
     Field { field: String, message: String },
 }
 
-fn field_err(field: &str, message: impl Into<String>) -> PolicyError {
+pub(crate) fn field_err(field: &str, message: impl Into<String>) -> PolicyError {
     PolicyError::Field {
         field: field.into(),
         message: message.into(),
@@ -27,7 +28,7 @@ fn field_err(field: &str, message: impl Into<String>) -> PolicyError {
 }
 
 /// Shows a value the way the user wrote it: strings quoted, others as JSON.
-fn shown(v: &Value) -> String {
+pub(crate) fn shown(v: &Value) -> String {
     v.to_string()
 }
 
@@ -67,12 +68,16 @@ pub fn parse_size(field: &str, v: &Value) -> Result<u64, PolicyError> {
     }
 }
 
-fn parse_bool(field: &str, v: &Value) -> Result<bool, PolicyError> {
+pub(crate) fn parse_bool(field: &str, v: &Value) -> Result<bool, PolicyError> {
     v.as_bool()
         .ok_or_else(|| field_err(field, format!("{} is not true or false", shown(v))))
 }
 
-fn check_keys(field: &str, obj: &Map<String, Value>, accepted: &[&str]) -> Result<(), PolicyError> {
+pub(crate) fn check_keys(
+    field: &str,
+    obj: &Map<String, Value>,
+    accepted: &[&str],
+) -> Result<(), PolicyError> {
     for key in obj.keys() {
         if !accepted.contains(&key.as_str()) {
             let name = if field.is_empty() {
@@ -120,6 +125,7 @@ impl Policy {
                 "mode",
                 "rules",
                 "default",
+                "adaptive",
             ],
         )?;
         let mut p = Policy::default();
@@ -138,14 +144,26 @@ impl Policy {
             }
         }
         if let Some(v) = obj.get("window_granularity") {
-            p.window_granularity = parse_size("window_granularity", v)?;
-            let g = p.window_granularity;
-            if !g.is_power_of_two() || !(MIN_GRANULARITY..=MAX_GRANULARITY).contains(&g) {
-                return Err(field_err(
-                    "window_granularity",
-                    format!("{} must be a power of two from 4K to 2M", shown(v)),
-                ));
-            }
+            p.window_granularity = if v.as_str() == Some("auto") {
+                Granularity::Auto
+            } else {
+                let g = parse_size("window_granularity", v).map_err(|_| {
+                    field_err(
+                        "window_granularity",
+                        format!("{} is not auto or a size", shown(v)),
+                    )
+                })?;
+                if !g.is_power_of_two() || !(MIN_GRANULARITY..=MAX_GRANULARITY).contains(&g) {
+                    return Err(field_err(
+                        "window_granularity",
+                        format!("{} must be auto or a power of two from 4K to 2M", shown(v)),
+                    ));
+                }
+                Granularity::Fixed(g)
+            };
+        }
+        if let Some(v) = obj.get("adaptive") {
+            p.adaptive = Adaptive::from_value(v)?;
         }
         if let Some(v) = obj.get("mode") {
             p.mode = match v.as_str() {
@@ -207,10 +225,14 @@ impl Policy {
             .collect();
         serde_json::json!({
             "cache_size": self.cache_size,
-            "window_granularity": self.window_granularity,
+            "window_granularity": match self.window_granularity {
+                Granularity::Auto => Value::from("auto"),
+                Granularity::Fixed(g) => Value::from(g),
+            },
             "mode": self.mode.as_str(),
             "rules": rules,
             "default": self.default,
+            "adaptive": self.adaptive.to_value(),
         })
     }
 }
@@ -299,7 +321,7 @@ mod tests {
         let a = Policy::parse_json(json).unwrap();
         assert_eq!(a, Policy::parse_yaml(yaml).unwrap());
         assert_eq!(a.cache_size, 2 * GIB);
-        assert_eq!(a.window_granularity, 2 * MIB);
+        assert_eq!(a.window_granularity, Granularity::Fixed(2 * MIB));
         assert_eq!(
             a.rules[0],
             Rule {
@@ -344,11 +366,15 @@ mod tests {
             ),
             (
                 r#"{"window_granularity": "3K"}"#,
-                r#"window_granularity: "3K" must be a power of two from 4K to 2M"#,
+                r#"window_granularity: "3K" must be auto or a power of two from 4K to 2M"#,
             ),
             (
                 r#"{"window_granularity": "4M"}"#,
-                "window_granularity: \"4M\" must be a power of two from 4K to 2M",
+                "window_granularity: \"4M\" must be auto or a power of two from 4K to 2M",
+            ),
+            (
+                r#"{"window_granularity": "huge"}"#,
+                "window_granularity: \"huge\" is not auto or a size",
             ),
             (
                 r#"{"mode": "sometimes"}"#,

@@ -32,8 +32,10 @@ const POLICY: &str = r#"{
   "default": false
 }"#;
 
-/// Pushed while the guest runs: big.bin loses DAX, small.txt gains it.
-const FLIPPED_POLICY: &str = r#"{"mode": "inode", "rules": [{"path": "big.bin", "dax": false}, {"path": "small.txt", "dax": true}, {"path": "nodax/**", "dax": false}, {"min_size": "32K", "dax": true}], "default": false}"#;
+/// Pushed while the guest runs: small.txt gains DAX by a rule; big.bin
+/// falls to the default, where the adaptive part keeps a file larger than
+/// half the 32 MiB window off DAX (an `adaptive` event says so).
+const FLIPPED_POLICY: &str = r#"{"mode": "inode", "rules": [{"path": "small.txt", "dax": true}, {"path": "nodax/**", "dax": false}, {"max_size": "32K", "dax": false}], "default": true}"#;
 
 const HOST_BEFORE: &str = r#"
 mkdir -p share/nodax share/tree
@@ -154,8 +156,10 @@ rm -f /tmp/big.copy
 touch .flip-request
 i=0; while [ ! -e .flip-done ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
 echo "@@GUEST statx_after_push=$(daxprobe statx big.bin small.txt)"
-echo "@@GUEST statx_flipped=$(daxprobe statx big.bin small.txt)"
+echo "@@GUEST statx_flipped=$(daxprobe statx big.bin small.txt target.bin)"
 rm -f .flip-request .flip-done
+# The API relays the daemon's decisions once a second.
+sleep 2
 echo "@@GUEST big_read_s=$(secs $t0 $t1)"
 echo "@@GUEST big_mmap_s=$(secs $t1 $t2)"
 echo "@@GUEST large_md5=$(md5sum < nodax/large.bin | cut -d' ' -f1)"
@@ -292,8 +296,8 @@ fn virtiofs_test(transport: &str, api: bool) {
     );
     assert_eq!(
         run.guest("statx_flipped"),
-        Some("big.bin:0 small.txt:1"),
-        "a live policy change\n{tail}"
+        Some("big.bin:0 small.txt:1 target.bin:1"),
+        "a live policy change; the adaptive default keeps the 96 MiB file off the 32 MiB window\n{tail}"
     );
     let big = run.host("big_md5").expect(&tail);
     assert_eq!(
@@ -514,4 +518,8 @@ fn check_api_run(run: &rig::Run, tail: &str) {
     assert!(count("map") >= 48, "map events streamed: {events}");
     assert!(count("unmap") > 0, "{events}");
     assert_eq!(count("policy"), 1, "the flip: {events}");
+    assert!(
+        count("adaptive") >= 1,
+        "the adaptive decision for big.bin, relayed from the daemon: {events}"
+    );
 }

@@ -294,7 +294,9 @@ fn lseek(s: &Server, q: &mut Request) -> io::Result<Reply> {
 fn setupmapping(s: &Server, q: &mut Request) -> io::Result<Reply> {
     let a = q.body.obj::<abi::SetupmappingIn>()?;
     let align = s.policy.current().map_alignment_log2();
-    done(s.dax.setup_mapping(&s.fs, q.nodeid, &a, align))
+    s.dax.setup_mapping(&s.fs, q.nodeid, &a, align)?;
+    s.policy.adaptive.mapped(q.nodeid, a.moffset, a.len);
+    done(Ok(()))
 }
 
 fn removemapping(s: &Server, q: &mut Request) -> io::Result<Reply> {
@@ -304,5 +306,11 @@ fn removemapping(s: &Server, q: &mut Request) -> io::Result<Reply> {
     for _ in 0..count.min(crate::dax::MAX_REMOVEMAPPING_ENTRIES + 1) {
         ranges.push(q.body.obj::<abi::RemovemappingOne>()?);
     }
-    done(s.dax.remove_mappings(count, &ranges))
+    let result = s.dax.remove_mappings(count, &ranges);
+    if ranges.len() == count as usize {
+        for r in &ranges {
+            s.policy.adaptive.unmapped(r.moffset, r.len);
+        }
+    }
+    done(result)
 }

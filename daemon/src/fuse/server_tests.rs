@@ -464,6 +464,57 @@ fn attr_dax_follows_the_policy_by_size_and_path() {
 }
 
 #[test]
+fn the_adaptive_part_refines_only_the_default_and_sees_the_window() {
+    // A 32 MiB window: a file over 16 MiB starts without DAX, unless a
+    // rule names it; mappings and unmaps are counted by 2 MiB range.
+    let mut rig = Rig::new(policy(
+        r#"{"cache_size": "32M", "rules": [{"path": "pinned/**", "dax": true}, {"max_size": "32K", "dax": false}]}"#,
+    ));
+    rig.init();
+    let d = rig.dir.as_path();
+    std::fs::create_dir(d.join("pinned")).unwrap();
+    for name in ["big.bin", "pinned/big.bin"] {
+        let f = std::fs::File::create(d.join(name)).unwrap();
+        f.set_len(20 << 20).unwrap();
+    }
+    std::fs::write(d.join("mid.bin"), vec![7u8; 64 << 10]).unwrap();
+    assert_eq!(rig.lookup(ROOT_ID, "big.bin").unwrap().attr.flags, 0);
+    let pinned = rig.lookup(ROOT_ID, "pinned").unwrap();
+    assert_eq!(
+        rig.lookup(pinned.nodeid, "big.bin").unwrap().attr.flags,
+        abi::ATTR_DAX,
+        "an explicit rule wins"
+    );
+    let mid = rig.lookup(ROOT_ID, "mid.bin").unwrap();
+    assert_eq!(mid.attr.flags, abi::ATTR_DAX);
+    let events = rig.server.policy.adaptive.events_after(0).events;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        (events[0].kind.as_str(), events[0].path.as_deref()),
+        ("withdraw", Some("big.bin"))
+    );
+    assert_eq!(events[0].reason, "larger_than_window_share");
+    // Without the VMM's channel the SETUPMAPPING fails: nothing is counted.
+    let map = abi::SetupmappingIn {
+        fh: u64::MAX,
+        foffset: 0,
+        len: 2 << 20,
+        flags: 1,
+        moffset: 0,
+    };
+    assert_ne!(
+        rig.call(opcode::SETUPMAPPING, mid.nodeid, map.as_slice()).0,
+        0
+    );
+    assert_eq!(rig.server.policy.adaptive.stats().mapped_ranges, 0);
+    // Switched off, the policy's own answer stands.
+    rig.server.policy.replace(policy(
+        r#"{"cache_size": "32M", "adaptive": {"enabled": false}}"#,
+    ));
+    let big = rig.lookup(ROOT_ID, "big.bin").unwrap();
+    assert_eq!(big.attr.flags, abi::ATTR_DAX);
+}
+#[test]
 fn malformed_requests_get_errors_not_crashes() {
     let mut rig = Rig::new(policies::Policy::default());
     rig.init();

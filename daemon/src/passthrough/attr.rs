@@ -46,7 +46,10 @@ impl PassthroughFs {
     /// The attributes the guest sees for `nodeid` whose stat is `st`.
     pub fn attr_of(&self, nodeid: u64, st: &libc::stat64) -> Attr {
         let is_reg = st.st_mode & libc::S_IFMT == libc::S_IFREG;
-        let dax = is_reg && self.dax.dax(&|| self.path_of(nodeid), st.st_size as u64);
+        let dax = is_reg
+            && self
+                .dax
+                .dax(nodeid, &|| self.path_of(nodeid), st.st_size as u64);
         if is_reg {
             let counter = if dax {
                 &self.attrs_dax

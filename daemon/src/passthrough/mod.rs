@@ -189,7 +189,11 @@ pub struct Caller {
 pub trait DaxDecision: Send + Sync {
     /// `path` gives the file's path in the share, computed only if the
     /// decision needs it; `size` is its size in bytes.
-    fn dax(&self, path: &dyn Fn() -> String, size: u64) -> bool;
+    fn dax(&self, nodeid: u64, path: &dyn Fn() -> String, size: u64) -> bool;
+    /// The inode is gone (FORGET): whatever was kept for it can go.
+    fn forget(&self, _nodeid: u64) {}
+    /// A new session (INIT): every inode is gone.
+    fn reset(&self) {}
 }
 
 impl PassthroughFs {
@@ -375,6 +379,8 @@ impl PassthroughFs {
             if map.by_key.get(&key) == Some(&nodeid) {
                 map.by_key.remove(&key);
             }
+            drop(map);
+            self.dax.forget(nodeid);
         }
     }
 
@@ -388,6 +394,8 @@ impl PassthroughFs {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+        drop(map);
+        self.dax.reset();
     }
 
     /// The inode's path relative to the share, as far as the guest has
