@@ -526,6 +526,32 @@ pub fn render(
         daemon(|s| s.map_alignment),
     );
     render_adaptive(&mut w, &rows);
+    let with_maps: Vec<(&str, &DaemonStats)> = rows
+        .iter()
+        .filter_map(|(d, s)| s.map(|s| (d.id.as_str(), s)))
+        .filter(|(_, s)| !s.map_latency_buckets.is_empty())
+        .collect();
+    if !with_maps.is_empty() {
+        let name = "daxvmm_fs_map_roundtrip_seconds";
+        w.family(
+            name,
+            "histogram",
+            "SETUPMAPPING as the daemon sees it: SHMEM_MAP sent, the VMM's checks, mmap and pre-fault, ack received",
+        );
+        for (id, s) in with_maps {
+            for (le, n) in &s.map_latency_buckets {
+                let le = le.map_or_else(|| "+Inf".to_string(), |us| format!("{}", us as f64 / 1e6));
+                w.sample(&format!("{name}_bucket"), &[("device", id), ("le", &le)], n);
+            }
+            w.sample(
+                &format!("{name}_sum"),
+                &[("device", id)],
+                s.map_latency_sum_us as f64 / 1e6,
+            );
+            let count = s.map_latency_buckets.last().map_or(0, |b| b.1);
+            w.sample(&format!("{name}_count"), &[("device", id)], count);
+        }
+    }
 
     w.family(
         "daxvmm_process_page_faults_total",
@@ -584,6 +610,8 @@ mod tests {
             handles: 3,
             cap_refusals: [("inodes".to_string(), 4), ("handles".to_string(), 0)].into(),
             map_alignment: 2 << 20,
+            map_latency_buckets: vec![(Some(100), 2), (None, 3)],
+            map_latency_sum_us: 500,
             adaptive: control_protocol::AdaptiveStats {
                 pressure: true,
                 reclaims: 9,
@@ -641,6 +669,9 @@ mod tests {
         assert!(text.contains("daxvmm_fs_handles{device=\"fs0\"} 3\n"));
         assert!(text.contains("daxvmm_fs_map_alignment_bytes{device=\"fs0\"} 2097152\n"));
         assert!(text.contains("daxvmm_dax_adaptive_pressure{device=\"fs0\"} 1\n"));
+        assert!(text
+            .contains("daxvmm_fs_map_roundtrip_seconds_bucket{device=\"fs0\",le=\"0.0001\"} 2\n"));
+        assert!(text.contains("daxvmm_fs_map_roundtrip_seconds_count{device=\"fs0\"} 3\n"));
         assert!(text.contains("daxvmm_dax_adaptive_reclaims_total{device=\"fs0\"} 9\n"));
         assert!(text.contains(
             "daxvmm_dax_adaptive_withdrawn_total{device=\"fs0\",reason=\"thrashing\"} 2\n"

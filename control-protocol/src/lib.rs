@@ -79,6 +79,10 @@ pub struct DaemonStats {
     pub handles: u64,
     /// Requests refused at a cap, by cap name (`inodes`, `handles`, ...).
     pub cap_refusals: BTreeMap<String, u64>,
+    /// SETUPMAPPING's SHMEM_MAP round trip (daemon → VMM → ack): cumulative
+    /// counts per upper bound in µs (None: +Inf), and the sum in µs.
+    pub map_latency_buckets: Vec<(Option<u64>, u64)>,
+    pub map_latency_sum_us: u64,
     /// The mapping alignment announced at FUSE_INIT, bytes (`auto` resolved).
     pub map_alignment: u64,
     /// What the start-up probe found of the shared directory's file system.

@@ -130,6 +130,7 @@ async fn delete_policy(State(server): State<Arc<Server>>) -> Json<PolicyUpdate> 
 
 async fn stats(State(server): State<Arc<Server>>) -> Json<DaemonStats> {
     let (s, d) = (&server.stats, &server.dax.stats);
+    let (map_latency_buckets, map_latency_sum_us) = d.map_latency();
     Json(DaemonStats {
         requests: s.requests.load(Relaxed),
         errors: s.errors.load(Relaxed),
@@ -149,6 +150,8 @@ async fn stats(State(server): State<Arc<Server>>) -> Json<DaemonStats> {
             .iter()
             .map(|&c| (c.name().to_string(), server.fs.caps.get(c)))
             .collect(),
+        map_latency_buckets,
+        map_latency_sum_us,
         map_alignment: server.policy.current().map_alignment(),
         host_fs: server.policy.host_fs.describe(),
         adaptive: server.policy.adaptive.stats(),

@@ -95,7 +95,7 @@ const CLI_FLIP: &str =
 const API_METRICS: &str = r#"daxprobe http /tmp/api.sock GET /api/v1/vm.dax-metrics > metrics.out 2>&1
   m() { sed -n "s/.* $1{device=\"fs0\"} \([0-9]*\).*/\1/p" metrics.out; }
   k() { sed -n "s/.* $1 \([0-9]*\).*/\1/p" metrics.out; }
-  echo "@@HOST metrics=maps:$(m daxvmm_dax_maps_total) unmaps:$(m daxvmm_dax_unmaps_total) ranges:$(m daxvmm_dax_mapped_ranges) attrs_dax:$(m daxvmm_fs_file_attrs_dax_total) window:$(m daxvmm_dax_window_bytes) prefaulted:$(m daxvmm_dax_prefaulted_bytes_total) guest_prefaulted:$(m daxvmm_dax_guest_prefaulted_bytes_total) prefault_failures:$(m daxvmm_dax_prefault_failures_total) kvm_exits:$(k daxvmm_kvm_exits_total) kvm_page_faults:$(k daxvmm_kvm_page_faults_total) kvm_pages_4k:$(sed -n 's/.* daxvmm_kvm_mapped_pages{size="4k"} \([0-9]*\).*/\1/p' metrics.out)""#;
+  echo "@@HOST metrics=maps:$(m daxvmm_dax_maps_total) unmaps:$(m daxvmm_dax_unmaps_total) ranges:$(m daxvmm_dax_mapped_ranges) attrs_dax:$(m daxvmm_fs_file_attrs_dax_total) window:$(m daxvmm_dax_window_bytes) prefaulted:$(m daxvmm_dax_prefaulted_bytes_total) guest_prefaulted:$(m daxvmm_dax_guest_prefaulted_bytes_total) prefault_failures:$(m daxvmm_dax_prefault_failures_total) roundtrips:$(m daxvmm_fs_map_roundtrip_seconds_count) kvm_exits:$(k daxvmm_kvm_exits_total) kvm_page_faults:$(k daxvmm_kvm_page_faults_total) kvm_pages_4k:$(sed -n 's/.* daxvmm_kvm_mapped_pages{size="4k"} \([0-9]*\).*/\1/p' metrics.out)""#;
 const API_FLIP: &str =
     r#"daxprobe http /tmp/api.sock PUT '/api/v1/vm.dax-policy?id=fs0' "$(cat flipped.json)""#;
 
@@ -503,6 +503,8 @@ fn check_api_run(run: &rig::Run, tail: &str) {
         "{metrics}"
     );
     assert_eq!(value("prefault_failures"), 0, "{metrics}");
+    // The daemon timed every SETUPMAPPING's round trip to the VMM.
+    assert!(value("roundtrips") >= 48, "{metrics}");
     // KVM's own counters come through: the guest ran and touched memory.
     assert!(value("kvm_exits") > 0, "{metrics}");
     assert!(value("kvm_page_faults") > 0, "{metrics}");

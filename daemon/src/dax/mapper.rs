@@ -22,11 +22,46 @@ pub const MAX_REMOVEMAPPING_ENTRIES: u32 = 4096 / 16;
 /// Shared memory region id of the DAX window.
 const WINDOW_SHMID: u8 = 0;
 
+/// Upper bounds (µs) of the SETUPMAPPING latency buckets (the VMM's map
+/// histogram has the same); the last bucket is +Inf.
+pub const LATENCY_BUCKETS_US: [u64; 10] =
+    [10, 25, 50, 100, 250, 500, 1_000, 2_500, 10_000, 100_000];
+
 #[derive(Default)]
 pub struct DaxStats {
     pub setupmappings: AtomicU64,
     pub removemappings: AtomicU64,
     pub failures: AtomicU64,
+    /// SHMEM_MAP round trips as the daemon sees them: request sent, VMM
+    /// checks, mmaps and pre-faults, ack received.
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
+    latency_sum_us: AtomicU64,
+}
+
+impl DaxStats {
+    fn record_map(&self, took: std::time::Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let bucket = LATENCY_BUCKETS_US
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(LATENCY_BUCKETS_US.len());
+        self.latency_buckets[bucket].fetch_add(1, Relaxed);
+        self.latency_sum_us.fetch_add(us, Relaxed);
+    }
+
+    /// Cumulative counts per bucket bound (None: +Inf), and the sum in µs.
+    pub fn map_latency(&self) -> (Vec<(Option<u64>, u64)>, u64) {
+        let mut cumulative = 0;
+        let bounds = LATENCY_BUCKETS_US.iter().map(|&b| Some(b)).chain([None]);
+        let buckets = bounds
+            .zip(&self.latency_buckets)
+            .map(|(le, n)| {
+                cumulative += n.load(Relaxed);
+                (le, cumulative)
+            })
+            .collect();
+        (buckets, self.latency_sum_us.load(Relaxed))
+    }
 }
 
 pub struct DaxMapper {
@@ -132,6 +167,7 @@ impl DaxMapper {
             flags: flags.bits(),
             ..Default::default()
         };
+        let started = std::time::Instant::now();
         self.backend()?.shmem_map(&msg, &file).map_err(|e| {
             log::warn!(
                 "SHMEM_MAP of {:#x} bytes at window offset {:#x} refused: {e}",
@@ -140,6 +176,7 @@ impl DaxMapper {
             );
             errno_error(libc::EIO)
         })?;
+        self.stats.record_map(started.elapsed());
         self.stats.setupmappings.fetch_add(1, Relaxed);
         Ok(())
     }

@@ -1,12 +1,21 @@
-//! The virtio-fs read benchmark (not a test): one file, read by `daxprobe
-//! bench` in the guest (sequential 1 MiB preads, random 4 KiB preads,
-//! random 4 KiB touches through mmap), over five servers in one rig run —
-//! our daemon without DAX and with DAX, each confined as by default
-//! (namespaces, seccomp, capabilities; the VMM's seccomp filters on) and
-//! unconfined (`--sandbox none --seccomp none`, VMM `--seccomp false`), so
-//! the cost of confinement is measured, and the Rust `virtiofsd` as users
-//! run it today (no DAX). All over virtio-PCI, where the daemons signal the
-//! guest through MSI-X irqfds. Writes `target/rig-results/virtiofs-bench.md`.
+//! The virtio-fs read benchmark (not a test), in one rig run, all over
+//! virtio-PCI:
+//!
+//! - one 64 MiB file read by `daxprobe bench` in the guest (sequential
+//!   1 MiB preads, random 4 KiB preads, random 4 KiB touches through mmap),
+//!   each pass cold (guest caches dropped) and then warm: our daemon without
+//!   and with DAX, confined as by default and unconfined (so the cost of
+//!   confinement is measured), with and without the VMM's pre-faulting, on
+//!   host 4 KiB and 2 MiB pages, through a window half the file's size (DAX
+//!   forced, and the default policy); the Rust `virtiofsd` with
+//!   `--cache=auto` and `--cache=never`; the file in the guest's own tmpfs;
+//! - a source-tree-like share (4,000 files) and a hot 24 MiB file through a
+//!   64 MiB window: the hot file's warm figure, the tree read once, the hot
+//!   file again — with the default policy, with its adaptive part off, and
+//!   on virtiofsd `--cache=auto`.
+//!
+//! It prints the tables and the ratios the DAX targets are stated in, and
+//! writes them to `target/rig-results/virtiofs-bench.md`.
 //!
 //! `./scripts/bench.sh` builds what it needs (a static virtiofsd with `cargo
 //! install`, cached in `~/.cache/dax-vmm/virtiofsd-<version>/`).
@@ -24,17 +33,37 @@ phase=$(grep -o 'bench=[a-z]*' /proc/cmdline | cut -d= -f2)
 opts=$(grep -o 'mountopts=[a-z=]*' /proc/cmdline | cut -d= -f2-)
 mkdir -p /mnt
 mount -t virtiofs share /mnt -o $opts || echo "@@GUEST ${phase}_mount_failed=1"
+if [ "${phase#tree}" != "$phase" ]; then
+    # The tree + hot file case: the hot file's warm figure, the whole tree
+    # read once, then the hot file again.
+    daxprobe bench /mnt/hot.bin rand 4 16 >/dev/null
+    echo "@@GUEST ${phase}_hotwarm=$(daxprobe bench /mnt/hot.bin rand 4 16)"
+    echo "@@GUEST ${phase}_tree=$(daxprobe readtree /mnt/tree)"
+    echo "@@GUEST ${phase}_hotafter=$(daxprobe bench /mnt/hot.bin rand 4 16)"
+    echo "@@GUEST ${phase}_statx=$(daxprobe statx /mnt/hot.bin)"
+    umount /mnt
+    exit 0
+fi
 echo "@@GUEST ${phase}_statx=$(daxprobe statx /mnt/bench.bin)"
 file=/mnt/bench.bin
 # local=1: the limit, the same file in the guest's own tmpfs (its root).
 if grep -q 'local=1' /proc/cmdline; then cp /mnt/bench.bin /local.bin; file=/local.bin; fi
+# Each pass cold (guest caches dropped, which also drops DAX mappings with
+# the inode) and then warm (at once again, as it is left).
 for m in "seq 1024 FILE_MIB" "rand 4 16" "mmap 4 FILE_MIB"; do
     set -- $m
     echo 3 > /proc/sys/vm/drop_caches
     echo "@@GUEST ${phase}_$1=$(daxprobe bench $file $m)"
+    echo "@@GUEST ${phase}_$1_warm=$(daxprobe bench $file $m)"
 done
 umount /mnt
 "#;
+
+/// The tree + hot file case: 40 x 100 files (97 % of 1-12 KiB, 3 % of
+/// 64-320 KiB) and a 24 MiB hot file, through a 64 MiB window.
+const TREE_DIRS: u32 = 40;
+const TREE_FILES: u32 = 100;
+const HOT_MIB: u32 = 24;
 
 /// Starts a server in the background and waits for its socket.
 fn start(cmd: &str, sock: &str) -> String {
@@ -98,7 +127,11 @@ fn main() {
     guest.memory = "512M,shared=on".into();
     let base_cmdline = guest.cmdline();
     guest.guest_tools = vec![tool("guest-tests", "daxprobe")];
-    guest.host_tools = vec![tool("daemon", "dax-virtiofsd"), virtiofsd];
+    guest.host_tools = vec![
+        tool("daemon", "dax-virtiofsd"),
+        tool("guest-tests", "daxprobe"),
+        virtiofsd,
+    ];
     guest.timeout = std::time::Duration::from_secs(2400);
     // Confined (the default) and unconfined runs alternate A B B A, so the
     // order in the emulated host (the first run is often slower) does not
@@ -127,6 +160,17 @@ fn main() {
         "--cache-size 32M",
         "cache_size=32M,dax_prefault=off",
     );
+    // The same window with the default policy (the guest mounts dax=inode):
+    // the adaptive part keeps a file over half the window off DAX.
+    let dax_small_inode = ("dax=inode", "--cache-size 32M", "cache_size=32M");
+    // Tree + hot file through a 64 MiB window, the default policy, and
+    // the same with the adaptive part off.
+    let tree = ("dax=inode", "--cache-size 64M", "cache_size=64M");
+    let tree_fixed = (
+        "dax=inode",
+        "--cache-size 64M --dax-policy fixed.json",
+        "cache_size=64M",
+    );
     let phases: Vec<(&str, (&str, &str, &str), &str)> = vec![
         ("ours", nodax, ""),
         ("oursopen", nodax, OPEN),
@@ -140,7 +184,10 @@ fn main() {
         ("daxhuge", dax_huge, ""),
         ("daxsmall", dax_small, ""),
         ("daxsmallnopf", dax_small_cold, ""),
+        ("daxsmallinode", dax_small_inode, ""),
         ("guesttmpfs", nodax, ""),
+        ("treeours", tree, ""),
+        ("treefixed", tree_fixed, ""),
     ];
     let mut host_after = vec!["wait $SERVER\n".to_string()];
     for (n, (phase, (mountopts, daemon_args, fs_args), open)) in phases.iter().enumerate() {
@@ -157,7 +204,10 @@ fn main() {
             guest.host_before = format!(
                 "mkdir -p share share-huge && dd if=/dev/urandom of=share/bench.bin bs=1M count={FILE_MIB} 2>/dev/null\n\
                  mount -t tmpfs -o huge=always,size=256m tmpfs share-huge && cp share/bench.bin share-huge/\n\
-                 echo \"@@HOST share_huge_anon_huge_kb=$(grep ShmemHugePages /proc/meminfo | tr -s ' ' | cut -d' ' -f2)\"\n{}",
+                 echo \"@@HOST share_huge_anon_huge_kb=$(grep ShmemHugePages /proc/meminfo | tr -s ' ' | cut -d' ' -f2)\"\n\
+                 dd if=/dev/urandom of=share/hot.bin bs=1M count={HOT_MIB} 2>/dev/null\n\
+                 echo \"@@HOST tree=$(daxprobe mktree share/tree {TREE_DIRS} {TREE_FILES})\"\n\
+                 echo '{{\"adaptive\": {{\"enabled\": false}}}}' > fixed.json\n{}",
                 start(&cmd, &sock)
             );
             guest.vmm_args = vec![
@@ -183,7 +233,11 @@ fn main() {
             vmm_extra,
         ));
     }
-    for (phase, cache) in [("virtiofsd", "auto"), ("virtiofsdnever", "never")] {
+    for (phase, cache) in [
+        ("virtiofsd", "auto"),
+        ("virtiofsdnever", "never"),
+        ("treevirtiofsd", "auto"),
+    ] {
         host_after.push(start(&format!("virtiofsd --socket-path=/tmp/c.sock --shared-dir=share --sandbox=none --cache={cache} --log-level=warn"), "/tmp/c.sock"));
         host_after.push(another_run(
             &guest,
@@ -211,7 +265,7 @@ fn main() {
     let phase_order: Vec<&str> = phases
         .iter()
         .map(|(p, _, _)| *p)
-        .chain(["virtiofsd", "virtiofsdnever"])
+        .chain(["virtiofsd", "virtiofsdnever", "treevirtiofsd"])
         .collect();
     let kvm_of = |phase: &str| -> String {
         let field = |line: &str, key: &str| {
@@ -232,63 +286,17 @@ fn main() {
                 )
             })
     };
-    let mut table = String::from("| server | DAX in the guest | seq 1 MiB pread | rand 4 KiB pread | rand 4 KiB mmap | KVM, whole run (boot + 3 passes) |\n|---|---|---|---|---|---|\n");
-    for (phase, label) in [
-        ("ours", "dax-virtiofsd --dax off, confined (default), 1st"),
-        ("oursopen", "dax-virtiofsd --dax off, unconfined, 1st"),
-        ("oursopenb", "dax-virtiofsd --dax off, unconfined, 2nd"),
-        ("oursb", "dax-virtiofsd --dax off, confined (default), 2nd"),
-        (
-            "dax",
-            "dax-virtiofsd (DAX, 128 MiB window), confined (default), 1st",
-        ),
-        (
-            "daxopen",
-            "dax-virtiofsd (DAX, 128 MiB window), unconfined, 1st",
-        ),
-        (
-            "daxopenb",
-            "dax-virtiofsd (DAX, 128 MiB window), unconfined, 2nd",
-        ),
-        (
-            "daxb",
-            "dax-virtiofsd (DAX, 128 MiB window), confined (default), 2nd",
-        ),
-        (
-            "daxnopf",
-            "dax-virtiofsd (DAX, 128 MiB window), confined, VMM dax_prefault=off",
-        ),
-        (
-            "daxhuge",
-            "dax-virtiofsd (DAX, 128 MiB window), share on a host tmpfs with 2 MiB pages",
-        ),
-        (
-            "daxsmall",
-            "dax-virtiofsd (DAX, 32 MiB window: half the file)",
-        ),
-        (
-            "daxsmallnopf",
-            "dax-virtiofsd (DAX, 32 MiB window), VMM dax_prefault=off",
-        ),
-        ("virtiofsd", "virtiofsd 1.14 --cache=auto"),
-        ("virtiofsdnever", "virtiofsd 1.14 --cache=never"),
-        (
-            "guesttmpfs",
-            "the limit: the file in the guest's own tmpfs (RAM)",
-        ),
-    ] {
-        let mibs = |mode: &str| {
-            // cache=never opens files with direct I/O, which has no mmap.
-            if phase == "virtiofsdnever" && mode == "mmap" {
-                return "unsupported (direct I/O)".to_string();
-            }
-            run.guest(&format!("{phase}_{mode}"))
-                .and_then(|v| {
-                    v.split_whitespace()
-                        .find_map(|w| w.strip_prefix("mib_per_s="))
-                })
-                .map_or("failed".to_string(), |v| format!("{v} MiB/s"))
-        };
+    let mib = |key: &str| -> Option<f64> {
+        run.guest(key)?
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("mib_per_s="))?
+            .parse()
+            .ok()
+    };
+    let shown = |v: Option<f64>| v.map_or("failed".to_string(), |v| format!("{v:.1}"));
+    let mut table = String::from("| server | DAX in the guest | seq 1 MiB pread cold / warm | rand 4 KiB pread cold / warm | rand 4 KiB mmap cold / warm | KVM, whole run (boot + 6 passes) |\n|---|---|---|---|---|---|\n");
+    let mut failed = false;
+    for &(phase, label) in PASS_ROWS {
         let statx = run
             .guest(&format!("{phase}_statx"))
             .unwrap_or("-")
@@ -296,35 +304,180 @@ fn main() {
             .next()
             .unwrap_or("-")
             .to_string();
-        let row = [
+        let mut row = vec![
             label.to_string(),
-            if statx == "1" {
-                "yes".into()
-            } else {
-                "no".into()
-            },
-            mibs("seq"),
-            mibs("rand"),
-            mibs("mmap"),
-            kvm_of(phase),
+            if statx == "1" { "yes" } else { "no" }.to_string(),
         ];
-        table.push_str(&format!("| {} |\n", row.join(" | ")));
         for mode in ["seq", "rand", "mmap"] {
-            results.record(&format!("{label}: {mode}"), mibs(mode));
+            // cache=never opens files with direct I/O, which has no mmap.
+            if phase == "virtiofsdnever" && mode == "mmap" {
+                row.push("unsupported (direct I/O)".into());
+                continue;
+            }
+            let cold = mib(&format!("{phase}_{mode}"));
+            let warm = mib(&format!("{phase}_{mode}_warm"));
+            failed |= cold.is_none() || warm.is_none();
+            results.record(&format!("{label}: {mode} cold, MiB/s"), shown(cold));
+            results.record(&format!("{label}: {mode} warm, MiB/s"), shown(warm));
+            row.push(format!("{} / {}", shown(cold), shown(warm)));
         }
+        row.push(kvm_of(phase));
         results.record(&format!("{label}: KVM"), kvm_of(phase));
+        table.push_str(&format!("| {} |\n", row.join(" | ")));
+    }
+    let mut tree_table = String::from("| server | hot file warm, rand 4 KiB | tree read once | hot file after the tree | after / warm |\n|---|---|---|---|---|\n");
+    for &(phase, label) in TREE_ROWS {
+        let warm = mib(&format!("{phase}_hotwarm"));
+        let tree = mib(&format!("{phase}_tree"));
+        let after = mib(&format!("{phase}_hotafter"));
+        failed |= warm.is_none() || tree.is_none() || after.is_none();
+        for (what, v) in [("hot warm", warm), ("tree", tree), ("hot after", after)] {
+            results.record(&format!("{label}: {what}, MiB/s"), shown(v));
+        }
+        tree_table.push_str(&format!(
+            "| {label} | {} MiB/s | {} MiB/s | {} MiB/s | {} |\n",
+            shown(warm),
+            shown(tree),
+            shown(after),
+            ratio(after, warm)
+        ));
+    }
+    let mean = |a: &str, b: &str| Some((mib(a)? + mib(b)?) / 2.0);
+    let dax = |m: &str| mean(&format!("dax_{m}"), &format!("daxb_{m}"));
+    let nodax = |m: &str| mean(&format!("ours_{m}"), &format!("oursb_{m}"));
+    let ratios = [
+        (
+            "rand 4 KiB pread, DAX on 4 KiB host pages / virtiofsd cache=never (target 30x)",
+            ratio(dax("rand"), mib("virtiofsdnever_rand")),
+        ),
+        (
+            "rand 4 KiB pread, DAX on 2 MiB host pages / virtiofsd cache=never (target 30x)",
+            ratio(mib("daxhuge_rand"), mib("virtiofsdnever_rand")),
+        ),
+        (
+            "rand 4 KiB mmap, DAX on 4 KiB host pages / guest tmpfs (target 0.5x)",
+            ratio(dax("mmap"), mib("guesttmpfs_mmap")),
+        ),
+        (
+            "rand 4 KiB mmap, DAX on 2 MiB host pages / guest tmpfs (target 0.5x)",
+            ratio(mib("daxhuge_mmap"), mib("guesttmpfs_mmap")),
+        ),
+        (
+            "seq 1 MiB pread, DAX on 4 KiB host pages / virtiofsd cache=never (target 1.0x)",
+            ratio(dax("seq"), mib("virtiofsdnever_seq")),
+        ),
+        (
+            "seq 1 MiB pread, DAX on 2 MiB host pages / virtiofsd cache=never (target 1.0x)",
+            ratio(mib("daxhuge_seq"), mib("virtiofsdnever_seq")),
+        ),
+        (
+            "file twice the window, default policy / no DAX: rand 4 KiB pread (target 1.0x)",
+            ratio(mib("daxsmallinode_rand"), nodax("rand")),
+        ),
+        (
+            "file twice the window, default policy / no DAX: seq 1 MiB pread (target 1.0x)",
+            ratio(mib("daxsmallinode_seq"), nodax("seq")),
+        ),
+        (
+            "file twice the window, DAX forced (dax=always) / no DAX: rand 4 KiB pread",
+            ratio(mib("daxsmall_rand"), nodax("rand")),
+        ),
+        (
+            "tree read, default policy / virtiofsd cache=auto, by time (target 1.0x or less)",
+            ratio(mib("treevirtiofsd_tree"), mib("treeours_tree")),
+        ),
+        (
+            "hot file after the tree / before, default policy (target 0.8x)",
+            ratio(mib("treeours_hotafter"), mib("treeours_hotwarm")),
+        ),
+        (
+            "hot file after the tree / before, adaptive part off",
+            ratio(mib("treefixed_hotafter"), mib("treefixed_hotwarm")),
+        ),
+    ];
+    let mut ratio_table = String::from("| ratio | measured |\n|---|---|\n");
+    for (what, r) in &ratios {
+        results.record(what, r.clone());
+        ratio_table.push_str(&format!("| {what} | {r} |\n"));
     }
     let path = results.save().unwrap_or_else(|e| fail(e.to_string()));
-    println!("{FILE_MIB} MiB file, guest caches dropped before each pass, 1 vCPU, guest clock:\n\n{table}");
+    println!("{FILE_MIB} MiB file, each pass cold (guest caches dropped) then warm, 1 vCPU, guest clock, MiB/s:\n\n{table}");
+    println!("Tree ({TREE_DIRS} x {TREE_FILES} files) + {HOT_MIB} MiB hot file, 64 MiB window:\n\n{tree_table}");
+    println!("Ratios:\n\n{ratio_table}");
     println!(
         "results: {}  log: {}",
         path.display(),
         run.log_path.display()
     );
-    if table.contains("failed") {
+    if failed {
         fail(format!(
             "some measurements failed; see the log\n{}",
             run.tail(40)
         ));
     }
 }
+
+/// `a / b` as "12.3x", or why not.
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+        _ => "n/a (a measurement failed)".into(),
+    }
+}
+
+/// The single-file passes: phase and its row label.
+const PASS_ROWS: &[(&str, &str)] = &[
+    ("ours", "dax-virtiofsd --dax off, confined (default), 1st"),
+    ("oursopen", "dax-virtiofsd --dax off, unconfined, 1st"),
+    ("oursopenb", "dax-virtiofsd --dax off, unconfined, 2nd"),
+    ("oursb", "dax-virtiofsd --dax off, confined (default), 2nd"),
+    (
+        "dax",
+        "dax-virtiofsd (DAX, 128 MiB window), confined (default), 1st",
+    ),
+    (
+        "daxopen",
+        "dax-virtiofsd (DAX, 128 MiB window), unconfined, 1st",
+    ),
+    (
+        "daxopenb",
+        "dax-virtiofsd (DAX, 128 MiB window), unconfined, 2nd",
+    ),
+    (
+        "daxb",
+        "dax-virtiofsd (DAX, 128 MiB window), confined (default), 2nd",
+    ),
+    (
+        "daxnopf",
+        "dax-virtiofsd (DAX, 128 MiB window), confined, VMM dax_prefault=off",
+    ),
+    (
+        "daxhuge",
+        "dax-virtiofsd (DAX, 128 MiB window), share on a host tmpfs with 2 MiB pages",
+    ),
+    (
+        "daxsmall",
+        "dax-virtiofsd (DAX forced, 32 MiB window: half the file)",
+    ),
+    (
+        "daxsmallnopf",
+        "dax-virtiofsd (DAX forced, 32 MiB window), VMM dax_prefault=off",
+    ),
+    (
+        "daxsmallinode",
+        "dax-virtiofsd (32 MiB window, default policy, guest dax=inode)",
+    ),
+    ("virtiofsd", "virtiofsd 1.14 --cache=auto"),
+    ("virtiofsdnever", "virtiofsd 1.14 --cache=never"),
+    (
+        "guesttmpfs",
+        "the limit: the file in the guest's own tmpfs (RAM)",
+    ),
+];
+
+/// The tree + hot file runs.
+const TREE_ROWS: &[(&str, &str)] = &[
+    ("treeours", "dax-virtiofsd, default policy"),
+    ("treefixed", "dax-virtiofsd, adaptive part off"),
+    ("treevirtiofsd", "virtiofsd 1.14 --cache=auto (no DAX)"),
+];

@@ -10,6 +10,11 @@
 //!                                        checksum differed from the first); says
 //!                                        "first pass done" on stderr once all is mapped
 //! daxprobe bench PATH seq|rand|mmap BLOCK_KIB TOTAL_MIB   reads, prints MiB/s
+//! daxprobe mktree DIR DIRS FILES         writes a source-tree-like share: DIRS directories of
+//!                                        FILES files, 97 % of 1-12 KiB and 3 % of 64-320 KiB
+//!                                        (fixed seed); prints "files=N bytes=M over_32k=K"
+//! daxprobe readtree DIR                  reads every file under DIR (open, read all, close);
+//!                                        prints "files=N bytes=M secs=S mib_per_s=R"
 //! daxprobe http SOCKET METHOD PATH [BODY]  one HTTP/1.1 request on a unix socket; prints
 //!                                        "status=N body=..." on one line (exit 1 unless 2xx)
 //! daxprobe sse SOCKET PATH                 subscribes to server-sent events; when the stream
@@ -162,6 +167,66 @@ fn bench(path: &str, mode: &str, block_kib: u64, total_mib: u64) {
     );
 }
 
+/// xorshift64: the same sequence on every run.
+fn next(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
+
+fn mktree(dir: &str, dirs: u64, files: u64) {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let (mut count, mut bytes, mut over) = (0u64, 0u64, 0u64);
+    for d in 0..dirs {
+        let sub = format!("{dir}/d{d}");
+        std::fs::create_dir_all(&sub).unwrap_or_else(|e| fail(format!("{sub}: {e}")));
+        for f in 0..files {
+            let size = if next(&mut seed) % 100 < 3 {
+                (64 + next(&mut seed) % 257) << 10
+            } else {
+                (1 + next(&mut seed) % 12) << 10
+            };
+            let fill = (next(&mut seed) & 0xff) as u8;
+            let path = format!("{sub}/f{f}.c");
+            std::fs::write(&path, vec![fill; size as usize])
+                .unwrap_or_else(|e| fail(format!("{path}: {e}")));
+            count += 1;
+            bytes += size;
+            over += u64::from(size > 32 << 10);
+        }
+    }
+    println!("files={count} bytes={bytes} over_32k={over}");
+}
+
+fn readtree(dir: &str) {
+    fn walk(dir: &std::path::Path, files: &mut u64, bytes: &mut u64) {
+        let entries =
+            std::fs::read_dir(dir).unwrap_or_else(|e| fail(format!("{}: {e}", dir.display())));
+        for e in entries.flatten() {
+            let path = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => walk(&path, files, bytes),
+                Ok(t) if t.is_file() => {
+                    let data = std::fs::read(&path)
+                        .unwrap_or_else(|e| fail(format!("{}: {e}", path.display())));
+                    *files += 1;
+                    *bytes += data.len() as u64;
+                }
+                _ => {}
+            }
+        }
+    }
+    let (mut files, mut bytes) = (0, 0);
+    let start = Instant::now();
+    walk(std::path::Path::new(dir), &mut files, &mut bytes);
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "files={files} bytes={bytes} secs={secs:.3} mib_per_s={:.1}",
+        bytes as f64 / (1 << 20) as f64 / secs
+    );
+}
+
 fn http(socket: &str, method: &str, path: &str, body: &str) {
     use std::io::Read;
     let mut s = std::os::unix::net::UnixStream::connect(socket)
@@ -298,10 +363,12 @@ fn main() {
             println!("passes={passes} changed={changed}");
         }
         ["bench", path, mode @ ("seq" | "rand" | "mmap"), block_kib, total_mib] => bench(path, mode, num(block_kib), num(total_mib)),
+        ["mktree", dir, dirs, files] => mktree(dir, num(dirs), num(files)),
+        ["readtree", dir] => readtree(dir),
         ["http", socket, method, path] => http(socket, method, path, ""),
         ["http", socket, method, path, body] => http(socket, method, path, body),
         ["sse", socket, path] => sse_counts(socket, path),
         ["power-button"] => power_button(),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | bench | http | sse | power-button)".into()),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | bench | mktree | readtree | http | sse | power-button)".into()),
     }
 }
