@@ -29,7 +29,7 @@ const VIRTIOFSD_VERSION: &str = "1.14.0";
 const FILE_MIB: u32 = 64;
 
 const GUEST_SCRIPT: &str = r#"
-phase=$(grep -o 'bench=[a-z]*' /proc/cmdline | cut -d= -f2)
+phase=$(grep -o 'bench=[a-z0-9]*' /proc/cmdline | cut -d= -f2)
 opts=$(grep -o 'mountopts=[a-z=]*' /proc/cmdline | cut -d= -f2-)
 mkdir -p /mnt
 mount -t virtiofs share /mnt -o $opts || echo "@@GUEST ${phase}_mount_failed=1"
@@ -171,6 +171,18 @@ fn main() {
         "--cache-size 64M --dax-policy fixed.json",
         "cache_size=64M",
     );
+    // The mapping alignment announced to the guest, fixed either way
+    // (the default, auto, follows the host file system).
+    let gran_4k = (
+        "dax=always",
+        "--cache-size 128M --dax-policy gran4k.json",
+        "cache_size=128M",
+    );
+    let gran_2m = (
+        "dax=always",
+        "--cache-size 128M --dax-policy gran2m.json",
+        "cache_size=128M",
+    );
     let phases: Vec<(&str, (&str, &str, &str), &str)> = vec![
         ("ours", nodax, ""),
         ("oursopen", nodax, OPEN),
@@ -182,13 +194,25 @@ fn main() {
         ("daxb", dax, ""),
         ("daxnopf", dax_cold, ""),
         ("daxhuge", dax_huge, ""),
+        ("daxgran4k", gran_4k, ""),
+        ("daxgran2m", gran_2m, ""),
         ("daxsmall", dax_small, ""),
         ("daxsmallnopf", dax_small_cold, ""),
         ("daxsmallinode", dax_small_inode, ""),
         ("guesttmpfs", nodax, ""),
         ("treeours", tree, ""),
         ("treefixed", tree_fixed, ""),
+        ("treenodax", nodax, ""),
     ];
+    // `scripts/bench.sh PHASE...` runs only those (names as in the rows).
+    let only: Vec<String> = std::env::args().skip(1).collect();
+    let wanted = |p: &str| only.is_empty() || only.iter().any(|o| o == p);
+    let phases: Vec<_> = phases.into_iter().filter(|(p, _, _)| wanted(p)).collect();
+    if phases.is_empty() {
+        fail(
+            "name at least one dax-virtiofsd phase (the first runs the guest the rig boots)".into(),
+        );
+    }
     let mut host_after = vec!["wait $SERVER\n".to_string()];
     for (n, (phase, (mountopts, daemon_args, fs_args), open)) in phases.iter().enumerate() {
         let sock = format!("/tmp/s{n}.sock");
@@ -207,7 +231,9 @@ fn main() {
                  echo \"@@HOST share_huge_anon_huge_kb=$(grep ShmemHugePages /proc/meminfo | tr -s ' ' | cut -d' ' -f2)\"\n\
                  dd if=/dev/urandom of=share/hot.bin bs=1M count={HOT_MIB} 2>/dev/null\n\
                  echo \"@@HOST tree=$(daxprobe mktree share/tree {TREE_DIRS} {TREE_FILES})\"\n\
-                 echo '{{\"adaptive\": {{\"enabled\": false}}}}' > fixed.json\n{}",
+                 echo '{{\"adaptive\": {{\"enabled\": false}}}}' > fixed.json\n\
+                 echo '{{\"window_granularity\": \"4K\"}}' > gran4k.json\n\
+                 echo '{{\"window_granularity\": \"2M\"}}' > gran2m.json\n{}",
                 start(&cmd, &sock)
             );
             guest.vmm_args = vec![
@@ -237,7 +263,10 @@ fn main() {
         ("virtiofsd", "auto"),
         ("virtiofsdnever", "never"),
         ("treevirtiofsd", "auto"),
-    ] {
+    ]
+    .into_iter()
+    .filter(|(p, _)| wanted(p))
+    {
         host_after.push(start(&format!("virtiofsd --socket-path=/tmp/c.sock --shared-dir=share --sandbox=none --cache={cache} --log-level=warn"), "/tmp/c.sock"));
         host_after.push(another_run(
             &guest,
@@ -265,7 +294,11 @@ fn main() {
     let phase_order: Vec<&str> = phases
         .iter()
         .map(|(p, _, _)| *p)
-        .chain(["virtiofsd", "virtiofsdnever", "treevirtiofsd"])
+        .chain(
+            ["virtiofsd", "virtiofsdnever", "treevirtiofsd"]
+                .into_iter()
+                .filter(|p| wanted(p)),
+        )
         .collect();
     let kvm_of = |phase: &str| -> String {
         let field = |line: &str, key: &str| {
@@ -296,7 +329,7 @@ fn main() {
     let shown = |v: Option<f64>| v.map_or("failed".to_string(), |v| format!("{v:.1}"));
     let mut table = String::from("| server | DAX in the guest | seq 1 MiB pread cold / warm | rand 4 KiB pread cold / warm | rand 4 KiB mmap cold / warm | KVM, whole run (boot + 6 passes) |\n|---|---|---|---|---|---|\n");
     let mut failed = false;
-    for &(phase, label) in PASS_ROWS {
+    for &(phase, label) in PASS_ROWS.iter().filter(|(p, _)| wanted(p)) {
         let statx = run
             .guest(&format!("{phase}_statx"))
             .unwrap_or("-")
@@ -326,7 +359,7 @@ fn main() {
         table.push_str(&format!("| {} |\n", row.join(" | ")));
     }
     let mut tree_table = String::from("| server | hot file warm, rand 4 KiB | tree read once | hot file after the tree | after / warm |\n|---|---|---|---|---|\n");
-    for &(phase, label) in TREE_ROWS {
+    for &(phase, label) in TREE_ROWS.iter().filter(|(p, _)| wanted(p)) {
         let warm = mib(&format!("{phase}_hotwarm"));
         let tree = mib(&format!("{phase}_tree"));
         let after = mib(&format!("{phase}_hotafter"));
@@ -456,6 +489,14 @@ const PASS_ROWS: &[(&str, &str)] = &[
         "dax-virtiofsd (DAX, 128 MiB window), share on a host tmpfs with 2 MiB pages",
     ),
     (
+        "daxgran4k",
+        "dax-virtiofsd (DAX, 128 MiB window), window_granularity 4K announced",
+    ),
+    (
+        "daxgran2m",
+        "dax-virtiofsd (DAX, 128 MiB window), window_granularity 2M announced",
+    ),
+    (
         "daxsmall",
         "dax-virtiofsd (DAX forced, 32 MiB window: half the file)",
     ),
@@ -479,5 +520,6 @@ const PASS_ROWS: &[(&str, &str)] = &[
 const TREE_ROWS: &[(&str, &str)] = &[
     ("treeours", "dax-virtiofsd, default policy"),
     ("treefixed", "dax-virtiofsd, adaptive part off"),
+    ("treenodax", "dax-virtiofsd --dax off"),
     ("treevirtiofsd", "virtiofsd 1.14 --cache=auto (no DAX)"),
 ];
