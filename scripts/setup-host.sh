@@ -4,8 +4,10 @@
 set -euo pipefail
 
 # prometheus: its promtool checks the metrics the API serves; socat bridges
-# the API socket to TCP for the OpenAPI fuzzer (scripts/api-fuzz.sh).
-packages=(qemu-system-x86 busybox-static cpio xz-utils e2fsprogs prometheus socat)
+# the API socket to TCP for the OpenAPI fuzzer (scripts/api-fuzz.sh);
+# protobuf-compiler: dax-fleet's etcd client compiles etcd's protos at build
+# time; etcd-server: the real etcd the fleet tests start.
+packages=(qemu-system-x86 busybox-static cpio xz-utils e2fsprogs prometheus socat protobuf-compiler etcd-server)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,6 +10,11 @@
 //!
 //! An invalid policy is refused here, before any daemon sees it; a daemon
 //! that refuses or cannot be reached leaves the accepted policy as it was.
+//! Putting the same document again makes no new generation. `GET` answers
+//! the daemon's generation as an `ETag`; a `PUT` or `DELETE` with
+//! `If-Match` is refused with 412 unless the daemon is still at that
+//! generation (a fleet tool's read-modify-write does not overwrite a
+//! change it has not seen).
 //!
 //! The accepted (desired) policy is kept with the device's configuration
 //! in the VMM (`vm.info` shows it as the fs device's `dax_policy`, and
@@ -21,7 +26,7 @@
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
-use axum::http::header;
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use control_protocol::{
@@ -129,7 +134,7 @@ fn parse_policy(body: &Bytes) -> Result<Policy, ApiError> {
 pub(crate) async fn get_policy(
     State(s): State<AppState>,
     Query(q): Query<PolicyQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let id = q.id()?;
     let devices = dax_status(&s).await?;
     if !devices.iter().any(|d| d.id == id) {
@@ -147,12 +152,12 @@ pub(crate) async fn get_policy(
         .unwrap_or_else(|p| p.into_inner())
         .get(id)
         .copied();
-    let (acknowledged, daemon_error) = match control_socket_of(&devices, id) {
+    let (acknowledged, daemon_error, etag) = match control_socket_of(&devices, id) {
         Ok(socket) => match daemon_json::<PolicyState>(&socket, "GET", POLICY, None).await {
-            Ok(v) => (json!(v), Value::Null),
-            Err(e) => (Value::Null, Value::String(e.message)),
+            Ok(v) => (json!(v), Value::Null, Some(etag(v.generation))),
+            Err(e) => (Value::Null, Value::String(e.message), None),
         },
-        Err(e) => (Value::Null, Value::String(e.message)),
+        Err(e) => (Value::Null, Value::String(e.message), None),
     };
     let reconcile = s
         .reconcile
@@ -160,7 +165,7 @@ pub(crate) async fn get_policy(
         .unwrap_or_else(|p| p.into_inner())
         .get(id)
         .cloned();
-    Ok(Json(json!({
+    let body = Json(json!({
         "id": id,
         "desired": desired,
         "desired_generation": desired_generation,
@@ -169,7 +174,39 @@ pub(crate) async fn get_policy(
         "reconcile": reconcile.map(|r| json!({
             "in_sync": r.in_sync, "pushes": r.pushes, "last_error": r.last_error,
         })),
-    })))
+    }));
+    Ok(match etag {
+        Some(tag) => ([(header::ETAG, tag)], body).into_response(),
+        None => body.into_response(),
+    })
+}
+
+/// A generation as an entity tag.
+fn etag(generation: u64) -> String {
+    format!("\"{generation}\"")
+}
+
+/// The generation an `If-Match` header asks for: None without the header
+/// or with `*` (any); 400 for anything but one quoted generation.
+fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let Some(v) = headers.get(header::IF_MATCH) else {
+        return Ok(None);
+    };
+    let bad = || {
+        ApiError::bad_request(
+            "vm.dax-policy: If-Match must be one ETag from GET vm.dax-policy (\"<generation>\") or *",
+        )
+    };
+    let v = v.to_str().map_err(|_| bad())?.trim();
+    if v == "*" {
+        return Ok(None);
+    }
+    let v = v.strip_prefix("W/").unwrap_or(v);
+    v.strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .and_then(|n| n.parse().ok())
+        .map(Some)
+        .ok_or_else(bad)
 }
 
 /// Keeps every daemon on its device's desired policy, for ever (a task on
@@ -307,27 +344,37 @@ async fn reconcile_device(
     Ok(true)
 }
 
-/// Pushes `policy` (None: the default) and answers what changed.
+/// Pushes `policy` (None: the default) and answers what changed; with
+/// `expected`, only if the daemon is still at that generation.
 async fn push(
     s: &AppState,
     id: &str,
     policy: Option<Policy>,
     dry_run: bool,
-) -> Result<Json<Value>, ApiError> {
+    expected: Option<u64>,
+) -> Result<Response, ApiError> {
     let _push = s.push_lock.lock().await;
     let devices = dax_status(s).await?;
     let socket = control_socket_of(&devices, id)?;
+    if let Some(expected) = expected {
+        let current: PolicyState = daemon_json(&socket, "GET", POLICY, None).await?;
+        if current.generation != expected {
+            return Err(ApiError {
+                status: 412,
+                message: format!(
+                    "vm.dax-policy: If-Match {} but the daemon of \"{id}\" is at generation {}: read it again",
+                    etag(expected),
+                    current.generation
+                ),
+            });
+        }
+    }
     let dry = format!("{POLICY}?dry_run=true");
+    let uri = if dry_run { dry.as_str() } else { POLICY };
     let answer: PolicyUpdate = match &policy {
-        Some(p) => {
-            let uri = if dry_run { dry.as_str() } else { POLICY };
-            daemon_json(&socket, "PUT", uri, Some(p.to_value().to_string())).await?
-        }
-        None if dry_run => {
-            let doc = Policy::default().to_value().to_string();
-            daemon_json(&socket, "PUT", &dry, Some(doc)).await?
-        }
-        None => daemon_json(&socket, "DELETE", POLICY, None).await?,
+        Some(p) => daemon_json(&socket, "PUT", uri, Some(p.to_value().to_string())).await?,
+        // The daemon's own default: the policy it started with.
+        None => daemon_json(&socket, "DELETE", uri, None).await?,
     };
     let generation = answer.generation;
     let changes = answer.changes;
@@ -335,7 +382,15 @@ async fn push(
         changes.iter().filter(|c| c.effect == effect).collect()
     };
     if !dry_run {
-        let doc = policy.unwrap_or_default().to_value();
+        let doc = match policy {
+            Some(p) => p.to_value(),
+            // What the daemon went back to is what it should keep.
+            None => {
+                daemon_json::<PolicyState>(&socket, "GET", POLICY, None)
+                    .await?
+                    .policy
+            }
+        };
         // Kept with the device's configuration in the VMM (vm.info shows
         // it), from where the reconcile loop keeps the daemon on it.
         s.vmm
@@ -356,7 +411,7 @@ async fn push(
             ));
         }
     }
-    Ok(Json(json!({
+    let body = Json(json!({
         "id": id,
         "generation": generation,
         "applied": !dry_run,
@@ -364,24 +419,29 @@ async fn push(
         "live": by_effect(Effect::Live),
         "remount": by_effect(Effect::Remount),
         "recreate": by_effect(Effect::Recreate),
-    })))
+    }));
+    Ok(([(header::ETAG, etag(generation))], body).into_response())
 }
 
 pub(crate) async fn put_policy(
     State(s): State<AppState>,
     Query(q): Query<PolicyQuery>,
+    headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let id = q.id()?;
+    let expected = if_match(&headers)?;
     let policy = parse_policy(&body)?;
-    push(&s, id, Some(policy), q.dry_run).await
+    push(&s, id, Some(policy), q.dry_run, expected).await
 }
 
 pub(crate) async fn delete_policy(
     State(s): State<AppState>,
     Query(q): Query<PolicyQuery>,
-) -> Result<Json<Value>, ApiError> {
-    push(&s, q.id()?, None, q.dry_run).await
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let expected = if_match(&headers)?;
+    push(&s, q.id()?, None, q.dry_run, expected).await
 }
 
 pub(crate) async fn metrics(State(s): State<AppState>) -> Response {
@@ -417,4 +477,28 @@ pub(crate) async fn metrics(State(s): State<AppState>) -> Response {
         text,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn if_match_reads_one_generation_or_any() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::IF_MATCH, v.parse().unwrap());
+            if_match(&h)
+        };
+        assert_eq!(if_match(&HeaderMap::new()), Ok(None));
+        assert_eq!(with("\"7\""), Ok(Some(7)));
+        assert_eq!(with("W/\"7\""), Ok(Some(7)));
+        assert_eq!(with("*"), Ok(None));
+        for bad in ["7", "\"x\"", "\"1\", \"2\""] {
+            let e = with(bad).unwrap_err();
+            assert_eq!(e.status, 400, "{bad}");
+            assert!(e.message.contains("If-Match"), "{}", e.message);
+        }
+        assert_eq!(etag(7), "\"7\"");
+    }
 }

@@ -124,8 +124,14 @@ async fn put_policy(
     }
 }
 
-async fn delete_policy(State(server): State<Arc<Server>>) -> Json<PolicyUpdate> {
-    Json(apply(&server, Policy::default(), false))
+/// Back to the policy the daemon started with (its `--dax-policy`, or the
+/// default, with its `--cache-size`).
+async fn delete_policy(
+    State(server): State<Arc<Server>>,
+    Query(q): Query<PutParams>,
+) -> Json<PolicyUpdate> {
+    let startup = server.policy.startup();
+    Json(apply(&server, startup, q.dry_run))
 }
 
 async fn stats(State(server): State<Arc<Server>>) -> Json<DaemonStats> {

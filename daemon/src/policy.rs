@@ -40,6 +40,9 @@ pub struct DaxPolicy {
     /// What the shared directory's file system was found to be.
     pub host_fs: HostFs,
     pub adaptive: AdaptiveDax,
+    /// The policy the daemon started with (`--dax-policy`, `--cache-size`):
+    /// what `DELETE` goes back to.
+    startup: Policy,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,12 +96,19 @@ impl DaxPolicy {
     /// `policy.cache_size` is the window the adaptive part watches.
     pub fn for_host(policy: Policy, host_fs: HostFs) -> Self {
         let adaptive = AdaptiveDax::new(policy.adaptive.clone(), policy.cache_size);
+        let startup = policy.clone();
         let loaded = Self::load(policy, 1, &host_fs);
         DaxPolicy {
             current: RwLock::new(Arc::new(loaded)),
             host_fs,
             adaptive,
+            startup,
         }
+    }
+
+    /// The policy the daemon started with.
+    pub fn startup(&self) -> Policy {
+        self.startup.clone()
     }
 
     fn load(policy: Policy, generation: u64, host_fs: &HostFs) -> LoadedPolicy {

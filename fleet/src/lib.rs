@@ -1,0 +1,12 @@
+//! `dax-fleet`: a per-host agent that takes DAX policies from etcd and
+//! reconciles every local VM to them, writing status back.
+//!
+//! [`config`] is the agent's own configuration; [`selection`] reads policy
+//! objects and picks each VM's; [`store`] is etcd; [`vmm`] the VMM's REST
+//! API; [`agent`] the loop that ties them together. See docs/fleet.md.
+
+pub mod agent;
+pub mod config;
+pub mod selection;
+pub mod store;
+pub mod vmm;

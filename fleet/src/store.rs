@@ -1,0 +1,135 @@
+//! The agent's view of etcd: the policy objects under a prefix (read whole,
+//! then watched), and status keys written under a lease.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions,
+    WatchOptions, WatchStream,
+};
+
+use crate::selection::{parse_object, Parsed};
+
+/// How long one etcd request may take before the agent treats etcd as gone.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct Store {
+    client: Client,
+}
+
+/// A change to the policy objects, from the watch.
+pub enum Change {
+    Put(Parsed),
+    Deleted(String),
+}
+
+fn err(what: &str, e: etcd_client::Error) -> String {
+    format!("etcd {what}: {e}")
+}
+
+impl Store {
+    pub async fn connect(endpoints: &[String]) -> Result<Store, String> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(REQUEST_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(2), REQUEST_TIMEOUT);
+        let client = Client::connect(endpoints, Some(options))
+            .await
+            .map_err(|e| err("connect", e))?;
+        Ok(Store { client })
+    }
+
+    /// Every object under `prefix`, by name, and the store's revision.
+    pub async fn policies(
+        &mut self,
+        prefix: &str,
+    ) -> Result<(BTreeMap<String, Parsed>, i64), String> {
+        let resp = self
+            .client
+            .get(prefix, Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| err("get", e))?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let objects = resp
+            .kvs()
+            .iter()
+            .map(|kv| {
+                let name = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
+                let parsed = parse_object(&name, kv.value(), kv.mod_revision());
+                (name, parsed)
+            })
+            .collect();
+        Ok((objects, revision))
+    }
+
+    /// Watches `prefix` from `revision` on.
+    pub async fn watch(&mut self, prefix: &str, revision: i64) -> Result<WatchStream, String> {
+        self.client
+            .watch(
+                prefix,
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(revision),
+                ),
+            )
+            .await
+            .map_err(|e| err("watch", e))
+    }
+
+    /// A new lease of `ttl`, and what keeps it alive.
+    pub async fn lease(
+        &mut self,
+        ttl: Duration,
+    ) -> Result<(i64, LeaseKeeper, LeaseKeepAliveStream), String> {
+        let ttl = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
+        let id = self
+            .client
+            .lease_grant(ttl, None)
+            .await
+            .map_err(|e| err("lease grant", e))?
+            .id();
+        let (keeper, stream) = self
+            .client
+            .lease_keep_alive(id)
+            .await
+            .map_err(|e| err("lease keep-alive", e))?;
+        Ok((id, keeper, stream))
+    }
+
+    pub async fn revoke(&mut self, lease: i64) {
+        let _ = self.client.lease_revoke(lease).await;
+    }
+
+    pub async fn put(&mut self, key: &str, value: &str, lease: i64) -> Result<(), String> {
+        self.client
+            .put(key, value, Some(PutOptions::new().with_lease(lease)))
+            .await
+            .map(|_| ())
+            .map_err(|e| err("put", e))
+    }
+
+    pub async fn delete(&mut self, key: &str) -> Result<(), String> {
+        self.client
+            .delete(key, None)
+            .await
+            .map(|_| ())
+            .map_err(|e| err("delete", e))
+    }
+}
+
+/// The changes in one watch response (`prefix` is stripped from names).
+pub fn changes(resp: &etcd_client::WatchResponse, prefix: &str) -> Vec<Change> {
+    resp.events()
+        .iter()
+        .filter_map(|ev| {
+            let kv = ev.kv()?;
+            let name = String::from_utf8_lossy(kv.key().get(prefix.len()..)?).into_owned();
+            Some(match ev.event_type() {
+                EventType::Put => Change::Put(parse_object(&name, kv.value(), kv.mod_revision())),
+                EventType::Delete => Change::Deleted(name),
+            })
+        })
+        .collect()
+}
