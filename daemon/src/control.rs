@@ -201,8 +201,25 @@ pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ControlErro
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(err(e)),
     }
-    let listener = std::os::unix::net::UnixListener::bind(path).map_err(err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    // Bound, restricted and listening under a temporary name, then renamed
+    // into place: once the path exists, it accepts connections (and only
+    // from the owner). Where the longer name does not fit in a socket
+    // address, the path is bound directly.
+    let mut staged = path.as_os_str().to_owned();
+    staged.push(".new");
+    let staged = std::path::PathBuf::from(staged);
+    let _ = std::fs::remove_file(&staged);
+    let (listener, bound) = match std::os::unix::net::UnixListener::bind(&staged) {
+        Ok(l) => (l, staged.as_path()),
+        Err(_) => (
+            std::os::unix::net::UnixListener::bind(path).map_err(err)?,
+            path,
+        ),
+    };
+    std::fs::set_permissions(bound, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    if bound != path {
+        std::fs::rename(bound, path).map_err(err)?;
+    }
     listener.set_nonblocking(true).map_err(err)?;
     Ok(listener)
 }

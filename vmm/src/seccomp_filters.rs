@@ -173,6 +173,12 @@ const VMM_CALLS: &[i64] = &[
     SYS_getpeername,
     SYS_unlink,
     SYS_unlinkat,
+    // The API socket is bound under a temporary name and renamed into
+    // place, so it never appears before it listens (glibc's rename is
+    // one of the three, by version).
+    SYS_rename,
+    SYS_renameat,
+    SYS_renameat2,
     SYS_chmod,
     SYS_fchmod,
     SYS_fchmodat,
