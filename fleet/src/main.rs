@@ -51,18 +51,9 @@ fn main() {
         cfg.etcd.join(","),
         cfg.prefix
     );
-    runtime.block_on(async {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("dax-fleet: error: SIGTERM handler: {e}");
-                std::process::exit(1);
-            }
-        };
-        tokio::select! {
-            () = Agent::new(cfg).run() => {}
-            _ = term.recv() => log::info!("SIGTERM: stopping (the status keys expire with the lease)"),
-            _ = tokio::signal::ctrl_c() => log::info!("interrupted: stopping"),
-        }
-    });
+    // No signal handling of its own: SIGTERM ends the process, and its
+    // status keys expire with their lease. (tokio's signal driver would
+    // also, by feature unification, put a socketpair into the other
+    // binaries' runtimes, which their seccomp filters refuse.)
+    runtime.block_on(Agent::new(cfg).run());
 }
