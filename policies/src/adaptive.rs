@@ -13,6 +13,7 @@
 //!   thrash_reclaims: 16   # a file reclaimed this often (half its maps or more) loses DAX
 //!   retry_after: 60s      # ...and gets it back after this, once pressure ended
 //!   reread_factor: 4      # a file without DAX read through FUSE this many times its size regains it
+//!   random_reads: 64      # ...or read at this many places out of sequence
 //! ```
 
 use serde_json::{json, Map, Value};
@@ -41,6 +42,9 @@ pub struct Adaptive {
     /// A file read through FUSE `reread_factor` times its size gains DAX
     /// even under pressure.
     pub reread_factor: u32,
+    /// So does one read through FUSE at `random_reads` places that do not
+    /// follow the read before: each is a round trip DAX would save.
+    pub random_reads: u32,
 }
 
 impl Default for Adaptive {
@@ -57,6 +61,7 @@ impl Default for Adaptive {
             thrash_reclaims: 16,
             retry_after_ms: 60_000,
             reread_factor: 4,
+            random_reads: 64,
         }
     }
 }
@@ -65,6 +70,7 @@ impl Default for Adaptive {
 pub const MAX_DURATION_MS: u64 = 24 * 3600 * 1000;
 pub const MAX_THRASH_RECLAIMS: u32 = 1_000_000;
 pub const MAX_REREAD_FACTOR: u32 = 1000;
+pub const MAX_RANDOM_READS: u32 = 1_000_000;
 pub const MAX_SMALL_FILE: u64 = GIB;
 
 const FIELDS: &[&str] = &[
@@ -77,6 +83,7 @@ const FIELDS: &[&str] = &[
     "thrash_reclaims",
     "retry_after",
     "reread_factor",
+    "random_reads",
 ];
 
 /// A percentage: 75 or "75%", 1 to 100.
@@ -178,6 +185,7 @@ impl Adaptive {
                     a.thrash_reclaims = parse_count(&field, v, MAX_THRASH_RECLAIMS)?
                 }
                 "reread_factor" => a.reread_factor = parse_count(&field, v, MAX_REREAD_FACTOR)?,
+                "random_reads" => a.random_reads = parse_count(&field, v, MAX_RANDOM_READS)?,
                 _ => unreachable!("check_keys accepted only FIELDS"),
             }
         }
@@ -205,6 +213,7 @@ impl Adaptive {
             "thrash_reclaims": self.thrash_reclaims,
             "retry_after": format!("{}ms", self.retry_after_ms),
             "reread_factor": self.reread_factor,
+            "random_reads": self.random_reads,
         })
     }
 
@@ -239,6 +248,7 @@ const FULL_NAMES: &[&str] = &[
     "adaptive.thrash_reclaims",
     "adaptive.retry_after",
     "adaptive.reread_factor",
+    "adaptive.random_reads",
 ];
 
 #[cfg(test)]
@@ -253,7 +263,7 @@ mod tests {
     #[test]
     fn fields_parse_in_their_units_and_round_trip() {
         let p = Policy::parse_yaml(
-            "adaptive:\n  enabled: false\n  max_file_share: 25%\n  pressure_high: 90\n  pressure_low: \"60%\"\n  cool_down: 500ms\n  small_file: 512K\n  thrash_reclaims: 3\n  retry_after: 2m\n  reread_factor: 8\n",
+            "adaptive:\n  enabled: false\n  max_file_share: 25%\n  pressure_high: 90\n  pressure_low: \"60%\"\n  cool_down: 500ms\n  small_file: 512K\n  thrash_reclaims: 3\n  retry_after: 2m\n  reread_factor: 8\n  random_reads: 5\n",
         )
         .unwrap();
         let a = &p.adaptive;
@@ -264,7 +274,10 @@ mod tests {
         );
         assert_eq!((a.cool_down_ms, a.retry_after_ms), (500, 120_000));
         assert_eq!(a.small_file, 512 << 10);
-        assert_eq!((a.thrash_reclaims, a.reread_factor), (3, 8));
+        assert_eq!(
+            (a.thrash_reclaims, a.reread_factor, a.random_reads),
+            (3, 8, 5)
+        );
         assert_eq!(Policy::from_value(&p.to_value()).unwrap(), p);
         assert_eq!(
             Policy::parse_json(r#"{"adaptive": {"cool_down": 3}}"#)

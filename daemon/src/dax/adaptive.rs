@@ -16,8 +16,9 @@
 //!   `pressure_low` % after `cool_down`), files under `small_file` get no
 //!   new DAX: each would hold a whole 2 MiB range for a few KiB and push
 //!   out ranges of the files that gain from it.
-//! - **re-read**: a file without DAX read through FUSE `reread_factor`
-//!   times its size gains it, even under pressure.
+//! - **re-read, or read at random**: a file without DAX read through FUSE
+//!   `reread_factor` times its size, or at `random_reads` places out of
+//!   sequence, gains it, even under pressure.
 //!
 //! An answer reaches the guest at its next LOOKUP or GETATTR of the file;
 //! Linux re-instantiates an inode whose `FUSE_ATTR_DAX` flipped once the
@@ -53,6 +54,10 @@ struct FileUse {
     mapped: u64,
     /// Bytes read through FUSE (not DAX).
     fuse_read: u64,
+    /// Where the next sequential FUSE read would start, and how many did
+    /// not start there.
+    next_offset: u64,
+    random_reads: u64,
     /// When it was found thrashing.
     thrashing_since: Option<Instant>,
     /// The last answer the guest got.
@@ -162,6 +167,9 @@ impl State {
         }
         if f.fuse_read >= size.max(1).saturating_mul(u64::from(t.reread_factor)) {
             return (true, "reread");
+        }
+        if f.random_reads >= u64::from(t.random_reads) {
+            return (true, "random_reads");
         }
         if pressure && size < t.small_file && f.mapped == 0 {
             return (false, "small_file_under_pressure");
@@ -309,12 +317,16 @@ impl AdaptiveDax {
         s.update_pressure(now);
     }
 
-    /// `bytes` of the file were read through FUSE (it has no DAX).
-    pub fn fuse_read(&self, nodeid: u64, bytes: u64) {
+    /// `bytes` of the file at `offset` were read through FUSE (it has no DAX).
+    pub fn fuse_read(&self, nodeid: u64, offset: u64, bytes: u64) {
         let mut s = self.state();
         if s.tuning.enabled {
             let f = s.files.entry(nodeid).or_default();
             f.fuse_read = f.fuse_read.saturating_add(bytes);
+            if offset != f.next_offset {
+                f.random_reads += 1;
+            }
+            f.next_offset = offset.saturating_add(bytes);
         }
     }
 

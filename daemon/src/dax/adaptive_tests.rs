@@ -150,11 +150,24 @@ fn a_re_read_file_regains_dax_under_pressure() {
     let t = Instant::now();
     map_ranges(&a, 1, 0, 24, t);
     assert!(!a.decide_at(2, 512 << 10, &path("conf"), t));
-    a.fuse_read(2, 3 * (512 << 10));
-    assert!(!a.decide_at(2, 512 << 10, &path("conf"), t));
-    a.fuse_read(2, 512 << 10);
+    // Read through three times, in order: not yet.
+    for pass in 0..3 {
+        for block in 0..4u64 {
+            a.fuse_read(2, block << 17, 128 << 10);
+        }
+        assert!(!a.decide_at(2, 512 << 10, &path("conf"), t), "pass {pass}");
+    }
+    a.fuse_read(2, 0, 512 << 10);
     assert!(a.decide_at(2, 512 << 10, &path("conf"), t));
     assert_eq!(a.stats().granted["reread"], 1);
+    // A file read at random places gains it sooner.
+    assert!(!a.decide_at(3, 900 << 10, &path("index"), t));
+    // The first read, at offset 0, is in sequence; the 64 after it are not.
+    for i in 0..65u64 {
+        a.fuse_read(3, (i * 7919 % 200) << 12, 4096);
+    }
+    assert!(a.decide_at(3, 900 << 10, &path("index"), t));
+    assert_eq!(a.stats().granted["random_reads"], 1);
 }
 
 #[test]
@@ -167,7 +180,7 @@ fn disabled_it_agrees_with_the_policy_and_records_nothing() {
         4 * MIB,
     );
     assert!(a.decide(1, 1 << 40, &path("huge")));
-    a.fuse_read(1, 100);
+    a.fuse_read(1, 0, 100);
     assert!(a.events_after(0).events.is_empty());
     assert!(!a.stats().enabled);
 }
@@ -177,7 +190,7 @@ fn forget_and_reset_drop_what_was_kept() {
     let a = engine(64 * MIB);
     let t = Instant::now();
     map_ranges(&a, 3, 0, 4, t);
-    a.fuse_read(4, 10);
+    a.fuse_read(4, 0, 10);
     assert_eq!(a.state().files.len(), 2);
     a.forget(4);
     assert_eq!(a.state().files.len(), 1);

@@ -353,7 +353,7 @@ impl Server {
         let n = self.fs.read_into(nodeid, a.fh, a.offset, &iovs)?;
         self.stats.fuse_reads.fetch_add(1, Relaxed);
         self.stats.fuse_read_bytes.fetch_add(n as u64, Relaxed);
-        self.policy.adaptive.fuse_read(nodeid, n as u64);
+        self.policy.adaptive.fuse_read(nodeid, a.offset, n as u64);
         Ok(Reply::Direct(n))
     }
 
