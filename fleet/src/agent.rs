@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::config::{Config, VmConfig};
+use crate::config::{Config, Secrets, VmConfig};
 use crate::selection::{effective, Parsed};
 use crate::store::{changes, Change, Store};
 use crate::vmm;
@@ -77,6 +77,7 @@ struct Applied {
 
 pub struct Agent {
     cfg: Config,
+    secrets: Secrets,
     objects: BTreeMap<String, Parsed>,
     /// Status key → the JSON last written under the current lease.
     written: HashMap<String, String>,
@@ -86,9 +87,10 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub fn new(cfg: Config) -> Self {
+    pub fn new(cfg: Config, secrets: Secrets) -> Self {
         Agent {
             cfg,
+            secrets,
             objects: BTreeMap::new(),
             written: HashMap::new(),
             applied: HashMap::new(),
@@ -114,7 +116,7 @@ impl Agent {
     }
 
     async fn session(&mut self, backoff: &mut Backoff) -> Result<Ended, String> {
-        let mut store = Store::connect(&self.cfg.etcd).await?;
+        let mut store = Store::connect(&self.cfg.etcd, &self.secrets).await?;
         let prefix = self.cfg.policies_prefix();
         let (objects, revision) = store.policies(&prefix).await?;
         self.objects = objects;

@@ -37,7 +37,47 @@ pub struct Config {
     /// etcd (a restarted VMM or daemon converges again within this).
     #[serde(default = "default_resync")]
     pub resync_interval: u64,
+    /// TLS to etcd (`https://` endpoints).
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    /// etcd user authentication.
+    #[serde(default)]
+    pub auth: Option<AuthConfig>,
     pub vms: Vec<VmConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file of the CA that signed etcd's certificate.
+    pub ca: PathBuf,
+    /// PEM files of this agent's client certificate and key (etcd's
+    /// `--client-cert-auth`); both or neither.
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// The name etcd's certificate must carry, where it is not the
+    /// endpoint's host.
+    #[serde(default)]
+    pub domain: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    pub user: String,
+    /// A file holding the password (its first line), not the password.
+    pub password_file: PathBuf,
+}
+
+/// TLS material and credentials, read from the files the config names.
+#[derive(Clone, Debug, Default)]
+pub struct Secrets {
+    pub ca: Option<Vec<u8>>,
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub domain: Option<String>,
+    pub user: Option<(String, String)>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -125,6 +165,27 @@ impl Config {
                 self.resync_interval
             ));
         }
+        if let Some(t) = &self.tls {
+            if t.cert.is_some() != t.key.is_some() {
+                return Err(
+                    "tls.cert and tls.key: give both (a client certificate and its key) or neither"
+                        .into(),
+                );
+            }
+            if let Some((i, e)) = self
+                .etcd
+                .iter()
+                .enumerate()
+                .find(|(_, e)| !e.starts_with("https://"))
+            {
+                return Err(format!("etcd[{i}]: \"{e}\" must be https:// with tls"));
+            }
+        }
+        if let Some(a) = &self.auth {
+            if a.user.is_empty() {
+                return Err("auth.user: must not be empty".into());
+            }
+        }
         if self.vms.len() > MAX_VMS {
             return Err(format!("vms: {} VMs; at most {MAX_VMS}", self.vms.len()));
         }
@@ -142,6 +203,31 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Reads the files `tls` and `auth` name; errors name the field.
+    pub fn secrets(&self) -> Result<Secrets, String> {
+        let read = |field: &str, p: &Path| {
+            std::fs::read(p).map_err(|e| format!("{field}: {}: {e}", p.display()))
+        };
+        let mut s = Secrets::default();
+        if let Some(t) = &self.tls {
+            s.ca = Some(read("tls.ca", &t.ca)?);
+            if let (Some(c), Some(k)) = (&t.cert, &t.key) {
+                s.identity = Some((read("tls.cert", c)?, read("tls.key", k)?));
+            }
+            s.domain = t.domain.clone();
+        }
+        if let Some(a) = &self.auth {
+            let text = read("auth.password_file", &a.password_file)?;
+            let password = String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            s.user = Some((a.user.clone(), password));
+        }
+        Ok(s)
     }
 
     pub fn policies_prefix(&self) -> String {
@@ -176,6 +262,26 @@ mod tests {
         assert_eq!((c.lease_ttl, c.resync_interval), (10, 10));
         assert_eq!(c.status_key("vm1", "fs0"), "/dax/status/h1/vm1/fs0");
         assert_eq!(c.policies_prefix(), "/dax/policies/");
+        assert!(c.tls.is_none() && c.auth.is_none());
+    }
+
+    #[test]
+    fn secrets_are_read_from_the_files_named() {
+        let dir = std::env::temp_dir().join(format!("fleet-secrets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("pw"), "s3cret\nignored\n").unwrap();
+        std::fs::write(dir.join("ca.pem"), "CA").unwrap();
+        let doc = format!(
+            "host: h\netcd: [\"https://e:2379\"]\ntls: {{ca: {d}/ca.pem}}\nauth: {{user: fleet, password_file: {d}/pw}}\nvms: []",
+            d = dir.display()
+        );
+        let s = Config::parse(&doc).unwrap().secrets().unwrap();
+        assert_eq!(s.user, Some(("fleet".into(), "s3cret".into())));
+        assert_eq!(s.ca.as_deref(), Some(&b"CA"[..]));
+        let missing = doc.replace("ca.pem", "nope.pem");
+        let e = Config::parse(&missing).unwrap().secrets().unwrap_err();
+        assert!(e.starts_with("tls.ca: "), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -203,6 +309,14 @@ mod tests {
             (
                 format!("host: h\n{base}vms:\n  - {{name: a, api_sock: /x}}"),
                 "vms[0]: unknown field `api_sock`",
+            ),
+            (
+                format!("host: h\n{base}tls: {{ca: /ca.pem}}\nvms: []"),
+                "etcd[0]: \"http://127.0.0.1:2379\" must be https:// with tls",
+            ),
+            (
+                "host: h\netcd: [\"https://e:2379\"]\ntls: {ca: /ca.pem, cert: /c.pem}\nvms: []".to_string(),
+                "tls.cert and tls.key: give both",
             ),
         ] {
             let e = Config::parse(&doc).unwrap_err();

@@ -33,6 +33,13 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let secrets = match cfg.secrets() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("dax-fleet: error: --config {}: {e}", cli.config.display());
+            std::process::exit(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -55,5 +62,5 @@ fn main() {
     // status keys expire with their lease. (tokio's signal driver would
     // also, by feature unification, put a socketpair into the other
     // binaries' runtimes, which their seccomp filters refuse.)
-    runtime.block_on(Agent::new(cfg).run());
+    runtime.block_on(Agent::new(cfg, secrets).run());
 }

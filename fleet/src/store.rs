@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions,
-    WatchOptions, WatchStream,
+    Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, LeaseKeepAliveStream,
+    LeaseKeeper, PutOptions, TlsOptions, WatchOptions, WatchStream,
 };
+
+use crate::config::Secrets;
 
 use crate::selection::{parse_object, Parsed};
 
@@ -29,11 +31,24 @@ fn err(what: &str, e: etcd_client::Error) -> String {
 }
 
 impl Store {
-    pub async fn connect(endpoints: &[String]) -> Result<Store, String> {
-        let options = ConnectOptions::new()
+    pub async fn connect(endpoints: &[String], secrets: &Secrets) -> Result<Store, String> {
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(REQUEST_TIMEOUT)
             .with_timeout(REQUEST_TIMEOUT)
             .with_keep_alive(Duration::from_secs(2), REQUEST_TIMEOUT);
+        if let Some(ca) = &secrets.ca {
+            let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(ca));
+            if let Some((cert, key)) = &secrets.identity {
+                tls = tls.identity(Identity::from_pem(cert, key));
+            }
+            if let Some(domain) = &secrets.domain {
+                tls = tls.domain_name(domain.clone());
+            }
+            options = options.with_tls(tls);
+        }
+        if let Some((user, password)) = &secrets.user {
+            options = options.with_user(user.clone(), password.clone());
+        }
         let client = Client::connect(endpoints, Some(options))
             .await
             .map_err(|e| err("connect", e))?;

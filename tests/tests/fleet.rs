@@ -9,7 +9,7 @@ mod fleet_common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fleet_common::{header, raw, scratch, wait_for, Agent, Etcd, Store, Vm};
+use fleet_common::{header, raw, scratch, wait_for, Agent, Etcd, Pki, Store, Vm};
 use serde_json::Value;
 
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -213,4 +213,75 @@ fn policies_from_etcd_reach_the_selected_vms_and_status_comes_back() {
         s["policy"] == "build"
     });
     assert_eq!(s["error"], Value::Null, "{s}");
+}
+
+/// etcd as fleets run it: TLS with client certificates and user
+/// authentication. The agent is given the CA, its certificate and key, and
+/// a user whose password it reads from a file.
+#[test]
+fn the_agent_talks_to_an_etcd_with_tls_client_certificates_and_users() {
+    let dir = scratch("tls");
+    let pki = Pki::make(&dir);
+    let etcd = Etcd::start_with(&dir, Some(pki.clone()));
+    let vm = Vm::create(&dir, "vm1");
+    let tls = etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(
+            std::fs::read(pki.file("ca.pem")).unwrap(),
+        ))
+        .identity(etcd_client::Identity::from_pem(
+            std::fs::read(pki.file("client.pem")).unwrap(),
+            std::fs::read(pki.file("client.key")).unwrap(),
+        ));
+    let mut admin = Store::connect_with(
+        &etcd.url,
+        Some(etcd_client::ConnectOptions::new().with_tls(tls.clone())),
+    );
+    admin.enable_auth("fleet-pw");
+    let mut store = Store::connect_with(
+        &etcd.url,
+        Some(
+            etcd_client::ConnectOptions::new()
+                .with_tls(tls)
+                .with_user("root", "fleet-pw"),
+        ),
+    );
+    std::fs::write(dir.join("password"), "fleet-pw\n").unwrap();
+    let extra = format!(
+        "tls: {{ca: {}, cert: {}, key: {}}}\nauth: {{user: root, password_file: {}}}\n",
+        pki.file("ca.pem").display(),
+        pki.file("client.pem").display(),
+        pki.file("client.key").display(),
+        dir.join("password").display()
+    );
+    let labels: BTreeMap<&str, &str> = [("tier", "build")].into_iter().collect();
+    let _agent = Agent::start_with(&dir, "h1", &etcd.url, &extra, &[(&vm, labels)]);
+    let rev = store.put("/dax/policies/build", BUILD);
+    let s = wait_status(&mut store, "vm1", "applied over TLS", |s| {
+        s["revision"] == rev
+    });
+    assert_eq!(
+        (s["policy"].as_str(), s["error"].clone()),
+        (Some("build"), Value::Null),
+        "{s}"
+    );
+    assert_eq!(vm.daemon_policy().unwrap().1["rules"][0]["path"], "logs/**");
+
+    // A configuration naming a file that is not there is refused at start.
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        format!(
+            "host: h\netcd: [\"{}\"]\ntls: {{ca: /nonexistent/ca.pem}}\nvms: []\n",
+            etcd.url
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(guest_tests::rig::tool("fleet", "dax-fleet").unwrap())
+        .arg("--config")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tls.ca: /nonexistent/ca.pem"), "{err}");
 }

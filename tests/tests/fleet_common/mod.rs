@@ -58,15 +58,106 @@ pub struct Etcd {
     dir: PathBuf,
     pub url: String,
     peer: String,
+    tls: Option<Pki>,
+}
+
+/// A CA, etcd's server certificate (for 127.0.0.1) and a client
+/// certificate (CN root), made with openssl.
+#[derive(Clone)]
+pub struct Pki {
+    pub dir: PathBuf,
+}
+
+impl Pki {
+    pub fn make(dir: &Path) -> Pki {
+        let dir = dir.join("pki");
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .output()
+                .expect("openssl");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test-ca",
+        ]);
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+        for (name, cn) in [("server", "etcd"), ("client", "root")] {
+            run(&[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN={cn}"),
+            ]);
+            run(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.pem"),
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+            ]);
+        }
+        Pki { dir }
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
 }
 
 impl Etcd {
     pub fn start(dir: &Path) -> Etcd {
+        Self::start_with(dir, None)
+    }
+
+    /// With `tls`: https for clients, and client certificates required.
+    pub fn start_with(dir: &Path, tls: Option<Pki>) -> Etcd {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let mut e = Etcd {
             proc: None,
             dir: dir.join("etcd"),
-            url: format!("http://127.0.0.1:{}", free_port()),
+            url: format!("{scheme}://127.0.0.1:{}", free_port()),
             peer: format!("http://127.0.0.1:{}", free_port()),
+            tls,
         };
         e.restart();
         e
@@ -84,12 +175,23 @@ impl Etcd {
             .args(["--listen-peer-urls", &self.peer])
             .args(["--initial-advertise-peer-urls", &self.peer])
             .args(["--initial-cluster", &format!("t={}", self.peer)])
+            .args(self.tls.iter().flat_map(|p| {
+                [
+                    "--cert-file".into(),
+                    p.file("server.pem").display().to_string(),
+                    "--key-file".into(),
+                    p.file("server.key").display().to_string(),
+                    "--trusted-ca-file".into(),
+                    p.file("ca.pem").display().to_string(),
+                    "--client-cert-auth".into(),
+                ]
+            }))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("etcd (Debian package etcd-server; scripts/setup-host.sh installs it)");
         self.proc = Some(Proc(child));
-        let addr = self.url.trim_start_matches("http://").to_string();
+        let addr = self.url.split("://").nth(1).unwrap_or_default().to_string();
         wait_for("etcd accepting clients", Duration::from_secs(30), || {
             std::net::TcpStream::connect(&addr).is_ok()
         });
@@ -285,8 +387,19 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(dir: &Path, host: &str, etcd: &str, vms: &[(&Vm, BTreeMap<&str, &str>)]) -> Agent {
+        Self::start_with(dir, host, etcd, "", vms)
+    }
+
+    /// `extra`: more top-level YAML (tls, auth).
+    pub fn start_with(
+        dir: &Path,
+        host: &str,
+        etcd: &str,
+        extra: &str,
+        vms: &[(&Vm, BTreeMap<&str, &str>)],
+    ) -> Agent {
         let mut yaml = format!(
-            "host: {host}\netcd: [\"{etcd}\"]\nprefix: /dax\nlease_ttl: 3\nresync_interval: 2\nvms:\n"
+            "host: {host}\netcd: [\"{etcd}\"]\nprefix: /dax\nlease_ttl: 3\nresync_interval: 2\n{extra}vms:\n"
         );
         for (vm, labels) in vms {
             let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: {v}")).collect();
@@ -334,14 +447,29 @@ pub struct Store {
 
 impl Store {
     pub fn connect(url: &str) -> Store {
+        Self::connect_with(url, None)
+    }
+
+    pub fn connect_with(url: &str, options: Option<etcd_client::ConnectOptions>) -> Store {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         let client = rt
-            .block_on(etcd_client::Client::connect([url], None))
+            .block_on(etcd_client::Client::connect([url], options))
             .unwrap();
         Store { rt, client }
+    }
+
+    /// Turns etcd's authentication on, with `root` (password `password`)
+    /// as the only user.
+    pub fn enable_auth(&mut self, password: &str) {
+        let c = &mut self.client;
+        self.rt
+            .block_on(c.user_add("root", password, None))
+            .unwrap();
+        self.rt.block_on(c.user_grant_role("root", "root")).unwrap();
+        self.rt.block_on(c.auth_enable()).unwrap();
     }
 
     /// Puts `value` at `key`; answers the revision it made.
