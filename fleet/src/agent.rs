@@ -138,8 +138,10 @@ impl Agent {
                 msg = watch.message() => {
                     let resp = msg.map_err(|e| format!("etcd watch: {e}"))?
                         .ok_or("etcd watch: the stream ended")?;
+                    // Not revoking the lease: the next session writes every
+                    // status again under a new one, so none flaps away; this
+                    // one expires, holding nothing, once no longer kept alive.
                     if resp.canceled() || resp.compact_revision() > 0 {
-                        store.revoke(lease).await;
                         return Ok(Ended::Resync);
                     }
                     let list = changes(&resp, &prefix);

@@ -113,10 +113,6 @@ impl Store {
         Ok((id, keeper, stream))
     }
 
-    pub async fn revoke(&mut self, lease: i64) {
-        let _ = self.client.lease_revoke(lease).await;
-    }
-
     pub async fn put(&mut self, key: &str, value: &str, lease: i64) -> Result<(), String> {
         self.client
             .put(key, value, Some(PutOptions::new().with_lease(lease)))
