@@ -116,6 +116,32 @@ impl Writer {
             let _ = writeln!(self.out, "{name}{{{}}} {value}", labels.join(","));
         }
     }
+
+    /// One device's samples of a latency histogram family: cumulative
+    /// `buckets` by upper bound in µs (None: +Inf), the sum in µs, the count.
+    fn histogram(
+        &mut self,
+        name: &str,
+        device: &str,
+        buckets: &[(Option<u64>, u64)],
+        sum_us: u64,
+        count: u64,
+    ) {
+        for (le, n) in buckets {
+            let le = le.map_or_else(|| "+Inf".to_string(), |us| format!("{}", us as f64 / 1e6));
+            self.sample(
+                &format!("{name}_bucket"),
+                &[("device", device), ("le", &le)],
+                n,
+            );
+        }
+        self.sample(
+            &format!("{name}_sum"),
+            &[("device", device)],
+            sum_us as f64 / 1e6,
+        );
+        self.sample(&format!("{name}_count"), &[("device", device)], count);
+    }
 }
 
 /// One metric family over all devices: `get` gives a device's value, if it has one.
@@ -402,22 +428,11 @@ pub fn render(
         );
         for d in devices {
             let Some(s) = &d.window else { continue };
-            for (le, n) in &s.latency_buckets {
-                let le = le.map_or_else(|| "+Inf".to_string(), |us| format!("{}", us as f64 / 1e6));
-                w.sample(
-                    "daxvmm_dax_map_latency_seconds_bucket",
-                    &[("device", &d.id), ("le", &le)],
-                    n,
-                );
-            }
-            w.sample(
-                "daxvmm_dax_map_latency_seconds_sum",
-                &[("device", &d.id)],
-                s.latency_sum_us as f64 / 1e6,
-            );
-            w.sample(
-                "daxvmm_dax_map_latency_seconds_count",
-                &[("device", &d.id)],
+            w.histogram(
+                "daxvmm_dax_map_latency_seconds",
+                &d.id,
+                &s.latency_buckets,
+                s.latency_sum_us,
                 s.maps,
             );
         }
@@ -539,17 +554,14 @@ pub fn render(
             "SETUPMAPPING as the daemon sees it: SHMEM_MAP sent, the VMM's checks, mmap and pre-fault, ack received",
         );
         for (id, s) in with_maps {
-            for (le, n) in &s.map_latency_buckets {
-                let le = le.map_or_else(|| "+Inf".to_string(), |us| format!("{}", us as f64 / 1e6));
-                w.sample(&format!("{name}_bucket"), &[("device", id), ("le", &le)], n);
-            }
-            w.sample(
-                &format!("{name}_sum"),
-                &[("device", id)],
-                s.map_latency_sum_us as f64 / 1e6,
-            );
             let count = s.map_latency_buckets.last().map_or(0, |b| b.1);
-            w.sample(&format!("{name}_count"), &[("device", id)], count);
+            w.histogram(
+                name,
+                id,
+                &s.map_latency_buckets,
+                s.map_latency_sum_us,
+                count,
+            );
         }
     }
 
