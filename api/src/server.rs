@@ -1,6 +1,6 @@
 //! The API's unix socket and the thread that serves it.
 
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
@@ -50,41 +50,7 @@ fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ServerError> {
         }
         std::fs::remove_file(path).map_err(|e| io("removing a stale socket", e))?;
     }
-    // Bound and listening under a temporary name, then renamed into place:
-    // whoever waits for the path to appear (an orchestrator polling for
-    // it) can connect at once, instead of finding a socket bound but not
-    // yet listening (ECONNREFUSED). Where the longer name does not fit in
-    // a socket address, the path is bound directly.
-    let mut staged = path.as_os_str().to_owned();
-    staged.push(".new");
-    let staged = PathBuf::from(staged);
-    let _ = std::fs::remove_file(&staged);
-    let (listener, bound) = match bind_0600(&staged) {
-        Ok(l) => (l, staged.as_path()),
-        Err(_) => (bind_0600(path).map_err(|e| io("bind", e))?, path),
-    };
-    // Belt and braces, should the umask have been raced by another thread.
-    std::fs::set_permissions(bound, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| io("chmod 0600", e))?;
-    if bound != path {
-        std::fs::rename(bound, path).map_err(|e| io("rename into place", e))?;
-    }
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| io("set_nonblocking", e))?;
-    Ok(listener)
-}
-
-/// Binds (and listens on) `path`, created 0600 from the start (umask), not
-/// chmod-ed after others could connect.
-fn bind_0600(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
-    // SAFETY: umask only changes this process's file-creation mask; it is
-    // restored right after the bind.
-    let old = unsafe { libc::umask(0o177) };
-    let listener = std::os::unix::net::UnixListener::bind(path);
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
-    listener
+    control_protocol::listener::bind_owner_only(path).map_err(|(what, e)| io(what, e))
 }
 
 impl ApiServer {

@@ -11,6 +11,8 @@
 //! | `GET` [`STATS`] | [`DaemonStats`] |
 //! | `GET` [`ADAPTIVE_EVENTS`]`?after=N` | [`AdaptiveEvents`]: the adaptive policy's decisions numbered above N |
 
+pub mod listener;
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};

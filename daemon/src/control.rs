@@ -16,7 +16,6 @@
 //! `remount` (`window_granularity`), or only when the device is `recreate`d
 //! (`cache_size`: the window was sized when the VMM connected).
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -201,27 +200,7 @@ pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ControlErro
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(err(e)),
     }
-    // Bound, restricted and listening under a temporary name, then renamed
-    // into place: once the path exists, it accepts connections (and only
-    // from the owner). Where the longer name does not fit in a socket
-    // address, the path is bound directly.
-    let mut staged = path.as_os_str().to_owned();
-    staged.push(".new");
-    let staged = std::path::PathBuf::from(staged);
-    let _ = std::fs::remove_file(&staged);
-    let (listener, bound) = match std::os::unix::net::UnixListener::bind(&staged) {
-        Ok(l) => (l, staged.as_path()),
-        Err(_) => (
-            std::os::unix::net::UnixListener::bind(path).map_err(err)?,
-            path,
-        ),
-    };
-    std::fs::set_permissions(bound, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
-    if bound != path {
-        std::fs::rename(bound, path).map_err(err)?;
-    }
-    listener.set_nonblocking(true).map_err(err)?;
-    Ok(listener)
+    control_protocol::listener::bind_owner_only(path).map_err(|(_, e)| err(e))
 }
 
 /// Serves the control API on a thread of its own until the process exits.
