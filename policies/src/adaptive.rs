@@ -73,18 +73,24 @@ pub const MAX_REREAD_FACTOR: u32 = 1000;
 pub const MAX_RANDOM_READS: u32 = 1_000_000;
 pub const MAX_SMALL_FILE: u64 = GIB;
 
+/// The section's fields, each as its full name in a policy (diffs name
+/// fields that way); the key in the section is what follows `adaptive.`.
 const FIELDS: &[&str] = &[
-    "enabled",
-    "max_file_share",
-    "pressure_high",
-    "pressure_low",
-    "cool_down",
-    "small_file",
-    "thrash_reclaims",
-    "retry_after",
-    "reread_factor",
-    "random_reads",
+    "adaptive.enabled",
+    "adaptive.max_file_share",
+    "adaptive.pressure_high",
+    "adaptive.pressure_low",
+    "adaptive.cool_down",
+    "adaptive.small_file",
+    "adaptive.thrash_reclaims",
+    "adaptive.retry_after",
+    "adaptive.reread_factor",
+    "adaptive.random_reads",
 ];
+
+fn key(full: &'static str) -> &'static str {
+    full.strip_prefix("adaptive.").unwrap_or(full)
+}
 
 /// A percentage: 75 or "75%", 1 to 100.
 fn parse_percent(field: &str, v: &Value) -> Result<u8, PolicyError> {
@@ -160,7 +166,8 @@ impl Adaptive {
         let obj = v
             .as_object()
             .ok_or_else(|| field_err("adaptive", "must be an object"))?;
-        check_keys("adaptive", obj, FIELDS)?;
+        let keys: Vec<&str> = FIELDS.iter().map(|f| key(f)).collect();
+        check_keys("adaptive", obj, &keys)?;
         let mut a = Adaptive::default();
         let f = |name: &str| format!("adaptive.{name}");
         for (key, v) in obj {
@@ -225,31 +232,16 @@ impl Adaptive {
         let map: Map<String, Value> = map;
         FIELDS
             .iter()
-            .zip(FULL_NAMES)
-            .map(|(k, full)| {
-                let v = &map[*k];
+            .map(|&full| {
+                let v = &map[key(full)];
                 (
-                    *full,
+                    full,
                     v.as_str().map_or_else(|| v.to_string(), str::to_string),
                 )
             })
             .collect()
     }
 }
-
-/// `adaptive.<field>` for each of [`FIELDS`], in the same order.
-const FULL_NAMES: &[&str] = &[
-    "adaptive.enabled",
-    "adaptive.max_file_share",
-    "adaptive.pressure_high",
-    "adaptive.pressure_low",
-    "adaptive.cool_down",
-    "adaptive.small_file",
-    "adaptive.thrash_reclaims",
-    "adaptive.retry_after",
-    "adaptive.reread_factor",
-    "adaptive.random_reads",
-];
 
 #[cfg(test)]
 mod tests {
