@@ -48,6 +48,9 @@ impl WindowObserver for EventPublisher {
             ),
             WindowEvent::Unmap { offset, len } => ("unmap", json!({"offset": offset, "len": len})),
             WindowEvent::Reset => ("reset", json!({})),
+            WindowEvent::Truncated { offset, len } => {
+                ("truncated", json!({"offset": offset, "len": len}))
+            }
             WindowEvent::Refused {
                 request,
                 reason,

@@ -57,7 +57,9 @@ pub fn create_guest_memory(cfg: &MemoryConfig) -> Result<GuestMemoryMmap, Memory
             .iter()
             .map(|&(a, s)| (GuestAddress(a), s as usize))
             .collect();
-        return GuestMemoryMmap::from_ranges(&r).map_err(map_err);
+        let mem = GuestMemoryMmap::from_ranges(&r).map_err(map_err)?;
+        exclude_from_core_dumps(&mem);
+        return Ok(mem);
     }
     let file = memfd(cfg.hugepages).map_err(MemoryError::Memfd)?;
     file.set_len(cfg.size)
@@ -76,7 +78,34 @@ pub fn create_guest_memory(cfg: &MemoryConfig) -> Result<GuestMemoryMmap, Memory
         ));
         offset += size;
     }
-    GuestMemoryMmap::from_ranges_with_files(&regions).map_err(map_err)
+    let mem = GuestMemoryMmap::from_ranges_with_files(&regions).map_err(map_err)?;
+    exclude_from_core_dumps(&mem);
+    Ok(mem)
+}
+
+/// Keeps guest RAM out of the VMM's core dumps (`MADV_DONTDUMP`, as
+/// Firecracker does): a crash of the VMM must not write the guest's memory
+/// to wherever the host's `core_pattern` points. Best effort: a failure is
+/// logged and the VM still runs.
+fn exclude_from_core_dumps(mem: &GuestMemoryMmap) {
+    for region in mem.iter() {
+        // SAFETY: the region is a live mapping of `len` bytes owned by
+        // `mem`; MADV_DONTDUMP changes only whether it is dumped.
+        let r = unsafe {
+            libc::madvise(
+                region.as_ptr().cast(),
+                region.len() as usize,
+                libc::MADV_DONTDUMP,
+            )
+        };
+        if r != 0 {
+            log::warn!(
+                "excluding guest RAM at {:#x} from core dumps: {}",
+                region.start_addr().0,
+                std::io::Error::last_os_error()
+            );
+        }
+    }
 }
 
 pub fn register_with_kvm(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), MemoryError> {
@@ -121,6 +150,49 @@ mod tests {
             mem.read_obj::<u32>(GuestAddress(0x1000)).unwrap(),
             0xdead_beef
         );
+    }
+
+    /// VmFlags of the mapping that holds `addr`, from /proc/self/smaps.
+    fn vm_flags_at(addr: u64) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((s, e)) = range.split_once('-') {
+                    if let (Ok(s), Ok(e)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16))
+                    {
+                        inside = (s..e).contains(&addr);
+                        continue;
+                    }
+                }
+            }
+            if inside {
+                if let Some(flags) = line.strip_prefix("VmFlags:") {
+                    return flags.to_string();
+                }
+            }
+        }
+        panic!("no mapping at {addr:#x}");
+    }
+
+    /// Issue 22: a core dump of the VMM would hold guest memory.
+    #[test]
+    fn guest_ram_is_left_out_of_core_dumps() {
+        for shared in [false, true] {
+            let mem = create_guest_memory(&MemoryConfig {
+                size: 32 << 20,
+                shared,
+                hugepages: false,
+            })
+            .unwrap();
+            for region in mem.iter() {
+                let flags = vm_flags_at(region.as_ptr() as u64);
+                assert!(
+                    flags.split_whitespace().any(|f| f == "dd"),
+                    "shared={shared}: {flags}"
+                );
+            }
+        }
     }
 
     #[test]

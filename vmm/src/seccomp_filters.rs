@@ -90,6 +90,14 @@ const DEVICE_WORKER_CALLS: &[i64] = &[
     SYS_timer_create,
     SYS_timer_settime,
     SYS_timer_delete,
+    // The DAX window: a descriptor and an inotify watch of each mapped
+    // file (truncation), its once-a-second tick, emptying the scratch.
+    SYS_inotify_init1,
+    SYS_inotify_add_watch,
+    SYS_inotify_rm_watch,
+    SYS_timerfd_create,
+    SYS_timerfd_settime,
+    SYS_fallocate,
 ];
 
 /// The API thread: its socket, the daemons' control sockets (connect), the
@@ -127,6 +135,10 @@ const VCPU_CALLS: &[i64] = &[
     SYS_msync,
     SYS_mincore,
     SYS_kill,
+    // A memory fault in a DAX window: the scratch shown over a truncated
+    // file's vanished pages (mmap MAP_FIXED, emptied with fallocate).
+    SYS_fallocate,
+    SYS_inotify_rm_watch,
 ];
 
 const SERIAL_INPUT_CALLS: &[i64] = &[];
@@ -183,6 +195,9 @@ const VMM_CALLS: &[i64] = &[
     SYS_fchmod,
     SYS_fchmodat,
     SYS_memfd_create,
+    SYS_inotify_init1,
+    SYS_inotify_add_watch,
+    SYS_inotify_rm_watch,
     SYS_ftruncate,
     SYS_fallocate,
     SYS_fsync,

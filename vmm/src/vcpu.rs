@@ -130,6 +130,24 @@ impl Vcpu {
                     cpu,
                     message: format!("KVM_EXIT_INTERNAL_ERROR at {}", self.rip()),
                 },
+                // KVM could not fault a page in: on Linux with
+                // KVM_CAP_MEMORY_FAULT_INFO it says where, else KVM_RUN
+                // just fails with EFAULT. A DAX file shrunk on the host is
+                // repaired (the scratch shown over its vanished pages) and
+                // the vCPU resumes; anything else ends the VM as before.
+                Ok(VcpuExit::MemoryFault { gpa, size, .. }) => {
+                    if memory_fault_repaired(cpu, Some(gpa)) {
+                        continue;
+                    }
+                    VmExit::VcpuError {
+                        cpu,
+                        message: format!(
+                            "KVM could not map guest-physical {gpa:#x} (+{size:#x}) at {}",
+                            self.rip()
+                        ),
+                    }
+                }
+                Err(e) if e.errno() == libc::EFAULT && memory_fault_repaired(cpu, None) => continue,
                 Ok(other) => {
                     let message = format!("unhandled exit {other:?}");
                     VmExit::VcpuError {
@@ -153,6 +171,19 @@ impl Vcpu {
             |r| format!("rip {:#x}", r.rip),
         )
     }
+}
+
+/// Repairs DAX windows after a failed guest memory access; whether
+/// anything was repaired (and the access may be retried).
+fn memory_fault_repaired(cpu: u32, gpa: Option<u64>) -> bool {
+    let repaired = virtio_devices::vhost_user_fs::repair_windows_after_fault(gpa);
+    if repaired > 0 {
+        log::warn!(
+            "vCPU {cpu}: a DAX-mapped file shrank on the host; {repaired} bytes of its mapping now read zeros{}",
+            gpa.map_or(String::new(), |g| format!(" (fault at {g:#x})"))
+        );
+    }
+    repaired > 0
 }
 
 /// The signal that kicks a vCPU thread out of KVM_RUN (and a pre-fault

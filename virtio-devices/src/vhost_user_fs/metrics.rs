@@ -17,7 +17,7 @@ pub enum FailureReason {
     Misaligned,
     /// Flag bits other than WRITABLE.
     BadFlags,
-    /// The fd is not a regular file or block device, or cannot be inspected.
+    /// The fd is not a regular file, or cannot be inspected or kept.
     BadFd,
     /// mmap itself failed (e.g. a writable mapping of a read-only fd).
     MapFailed,
@@ -77,6 +77,8 @@ pub struct DaxMetrics {
     pub guest_prefaulted_bytes: AtomicU64,
     /// Maps whose pre-fault failed (the mapping stayed; pages fault later).
     pub prefault_failures: AtomicU64,
+    /// Bytes of mappings whose file shrank on the host, shown as scratch since.
+    pub truncated_bytes: AtomicU64,
     failures: [AtomicU64; 8],
     latency_buckets: [AtomicU64; MAP_LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
@@ -92,6 +94,7 @@ pub struct DaxMetricsSnapshot {
     pub prefaulted_bytes: u64,
     pub guest_prefaulted_bytes: u64,
     pub prefault_failures: u64,
+    pub truncated_bytes: u64,
     pub failures: Vec<(&'static str, u64)>,
     /// Cumulative counts per bucket of [`MAP_LATENCY_BUCKETS_US`], then +Inf.
     pub latency_buckets: Vec<u64>,
@@ -124,6 +127,7 @@ impl DaxMetrics {
             prefaulted_bytes: self.prefaulted_bytes.load(Relaxed),
             guest_prefaulted_bytes: self.guest_prefaulted_bytes.load(Relaxed),
             prefault_failures: self.prefault_failures.load(Relaxed),
+            truncated_bytes: self.truncated_bytes.load(Relaxed),
             failures: FailureReason::ALL
                 .iter()
                 .map(|r| (r.as_str(), self.failures[r.index()].load(Relaxed)))

@@ -10,7 +10,10 @@
 //! translates as guest memory.
 
 pub mod backend_req;
+pub mod map_budget;
+pub mod mapped_files;
 pub mod metrics;
+pub mod scratch;
 mod watchdog;
 pub mod window;
 mod worker;
@@ -247,6 +250,7 @@ impl VhostUserFs {
                 id: id.into(),
                 source,
             })?);
+            register_window(&window);
             let handler = DaxRequestHandler::new(id.to_string(), window.clone());
             let mut requests = FrontendReqHandler::new(Arc::new(handler)).map_err(|source| {
                 FsError::Negotiate {
@@ -531,4 +535,35 @@ impl Drop for VhostUserFs {
     fn drop(&mut self) {
         self.stop_worker();
     }
+}
+
+/// Every live DAX window of the process, for the vCPUs' memory-fault path:
+/// a vCPU that KVM could not fault a page in for holds no device, only a
+/// guest-physical address (or, on kernels without
+/// `KVM_CAP_MEMORY_FAULT_INFO`, not even that).
+static WINDOWS: std::sync::Mutex<Vec<std::sync::Weak<DaxWindow>>> =
+    std::sync::Mutex::new(Vec::new());
+
+fn register_window(window: &Arc<DaxWindow>) {
+    let mut windows = WINDOWS.lock().unwrap_or_else(|p| p.into_inner());
+    windows.retain(|w| w.strong_count() > 0);
+    windows.push(Arc::downgrade(window));
+}
+
+/// KVM could not fault in guest memory: shows the scratch over every DAX
+/// page whose file shrank on the host (only in the window holding `gpa`,
+/// when KVM said where). Returns the bytes repaired; 0 means the fault was
+/// not a DAX truncation.
+pub fn repair_windows_after_fault(gpa: Option<u64>) -> u64 {
+    let windows: Vec<Arc<DaxWindow>> = WINDOWS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .collect();
+    windows
+        .iter()
+        .filter(|w| gpa.is_none_or(|gpa| w.contains_gpa(gpa)))
+        .map(|w| w.repair_truncated(None))
+        .sum()
 }

@@ -3,15 +3,16 @@
 //! guest memory, into which the backend's SHMEM_MAP requests map file ranges
 //! with `MAP_FIXED`.
 //!
-//! Where nothing is mapped the window shows a small *scratch* memfd, mapped
-//! again and again (window offset `o` shows scratch offset `o % scratch
-//! size`), never `PROT_NONE`: a guest that touches a range with no mapping
-//! (a hostile or buggy guest, or any guest after its daemon died and the
-//! device reset) reads zeros or what it wrote there before, and its writes
-//! go to the scratch, which is dropped with the window. KVM could not
-//! serve a `PROT_NONE` page: KVM_RUN would fail and the VM would end. The
-//! scratch caps what such stray accesses can cost the host (at most its
-//! size, see [`scratch_size`]) and is counted ([`DaxWindow::stray_bytes`]).
+//! Where nothing is mapped the window shows its scratch ([`super::scratch`]):
+//! readable and writable, never `PROT_NONE` (KVM could not serve it), one
+//! page of its own per window page, its cost capped and counted
+//! ([`DaxWindow::stray_bytes`]).
+//!
+//! The window keeps a descriptor and an inotify watch of every file it maps
+//! ([`super::mapped_files`]): a file shrunk on the host gets the scratch
+//! shown over its vanished pages ([`DaxWindow::repair_truncated`]) before a
+//! guest access there can hang a vCPU. Every window of the VMM draws its
+//! mappings from one budget ([`super::map_budget`]).
 //!
 //! The window is never `munmap`ed while the device lives, so the address
 //! range cannot be handed to another mapping in this process while KVM still
@@ -29,7 +30,10 @@ use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 
+use super::map_budget::{vmas_for, MapBudget};
+use super::mapped_files::{FileKey, FileWatch, MappedFiles};
 use super::metrics::{DaxMetrics, FailureReason};
+use super::scratch::Scratch;
 
 /// Shared memory region id of the DAX window (`VIRTIO_FS_SHMCAP_ID_CACHE`).
 pub const DAX_SHM_REGION_ID: u8 = 0;
@@ -42,6 +46,8 @@ pub enum WindowError {
     Size { size: u64, page: u64 },
     #[error("the DAX window size {size} is over the limit of {MAX_WINDOW_SIZE} bytes (256 GiB)")]
     TooLarge { size: u64 },
+    #[error("no mapping left for another DAX window: the windows use {used} of the {limit} mappings vm.max_map_count leaves them")]
+    MapBudget { used: usize, limit: usize },
 }
 
 /// A refused or failed request, with what the backend is told.
@@ -79,6 +85,12 @@ pub enum WindowEvent {
     },
     /// Every mapping dropped at once (device reset, daemon gone).
     Reset,
+    /// A mapped file shrank on the host: its vanished pages at
+    /// `[offset, offset + len)` show the scratch now.
+    Truncated {
+        offset: u64,
+        len: u64,
+    },
     Refused {
         request: &'static str,
         reason: FailureReason,
@@ -197,10 +209,14 @@ pub struct DaxWindow {
     size: u64,
     page_size: u64,
     max_mappings: usize,
-    mapped: Mutex<MappedRanges>,
+    mapped: Mutex<Mappings>,
     /// Shown where nothing is mapped (see the module's comment).
-    scratch: File,
-    scratch_size: u64,
+    scratch: Scratch,
+    /// Shared by every window of the VMM.
+    budget: Arc<MapBudget>,
+    /// Tells of modified (maybe truncated) mapped files; None where inotify
+    /// is unavailable (every file is then checked on each tick).
+    file_watch: Option<FileWatch>,
     pub metrics: DaxMetrics,
     observer: OnceLock<Arc<dyn WindowObserver>>,
     /// Pre-fault each new mapping ([`Self::prefault`]).
@@ -210,55 +226,25 @@ pub struct DaxWindow {
     /// The file and the end offset of the last map: a map that continues it
     /// is part of a sequential read.
     last_map: Mutex<Option<((u64, u64), u64)>>,
-    reclaim_pressure: ReclaimPressure,
+    reclaim_pressure: prefault::ReclaimPressure,
     guest_prefaulter: OnceLock<Arc<dyn GuestPrefaulter>>,
 }
 
-/// How much the guest is reclaiming ranges to map new ones: unmaps of a
-/// window at least three quarters full counted up, decaying by 1/32 at
-/// each map, in sixteenths. When every map comes
-/// with an unmap it settles at 32 (512); one unmap in ten maps keeps it
-/// near 3; the guest counts as reclaiming above 8.
+/// What is mapped, under one lock: the merged ranges (the per-window cap),
+/// each mapping's file, and the window's charge against the budget.
 #[derive(Default)]
-struct ReclaimPressure(Mutex<u32>);
-
-impl ReclaimPressure {
-    const ONE: u32 = 16;
-    const RECLAIMING: u32 = 8 * Self::ONE;
-
-    fn on_unmap(&self) {
-        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *p = p.saturating_add(Self::ONE).min(64 * Self::ONE);
-    }
-
-    /// Decays the score for one more map; whether the guest is reclaiming.
-    fn on_map(&self) -> bool {
-        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *p -= *p / 32;
-        *p > Self::RECLAIMING
-    }
+struct Mappings {
+    ranges: MappedRanges,
+    files: MappedFiles,
+    /// VMAs taken from [`DaxWindow::budget`].
+    charge: usize,
 }
 
 /// What SHMEM_MAP learns of the passed fd.
 struct FdInfo {
-    /// A regular file's size; None for a block device.
-    size: Option<u64>,
+    size: u64,
     /// (st_dev, st_ino).
-    file: (u64, u64),
-}
-
-/// `MADV_POPULATE_READ` (Linux 5.14): fault pages in readable, as a read
-/// would, without touching their contents.
-const MADV_POPULATE_READ: libc::c_int = 22;
-
-/// The scratch shown in unmapped ranges of a `window_size` window: 2 MiB,
-/// or 1/2048 of the window when that is more, so the window is never more
-/// than 2048 scratch mappings (VMAs, see [`DEFAULT_MAX_MAPPINGS`]). At most
-/// 128 MiB, for the largest window.
-pub fn scratch_size(window_size: u64) -> u64 {
-    (window_size / 2048)
-        .next_power_of_two()
-        .max(GUEST_RANGE_SIZE)
+    file: FileKey,
 }
 
 /// Alignment of the window in host-virtual space: 1 GiB for windows of
@@ -293,19 +279,6 @@ fn reserve_aligned(size: u64, align: u64) -> std::io::Result<u64> {
     Ok(start)
 }
 
-fn scratch_memfd(size: u64) -> std::io::Result<File> {
-    // SAFETY: the name is a NUL-terminated literal; the returned fd is
-    // checked and then owned by the File.
-    let fd = unsafe { libc::memfd_create(c"dax-window-scratch".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor no one else owns.
-    let file = unsafe { File::from_raw_fd(fd) };
-    file.set_len(size)?;
-    Ok(file)
-}
-
 fn host_page_size() -> u64 {
     // SAFETY: sysconf has no memory-safety preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -336,7 +309,13 @@ fn reserve(len: u64) -> std::io::Result<u64> {
 
 impl DaxWindow {
     /// Reserves `size` bytes of address space; nothing is mapped yet.
+    /// Draws on the VMM's one mapping budget ([`MapBudget::process`]).
     pub fn new(size: u64) -> Result<Self, WindowError> {
+        Self::with_budget(size, MapBudget::process())
+    }
+
+    /// A window drawing its mappings from `budget`.
+    pub fn with_budget(size: u64, budget: Arc<MapBudget>) -> Result<Self, WindowError> {
         let page_size = host_page_size();
         if size == 0 || !size.is_multiple_of(page_size) || usize::try_from(size).is_err() {
             return Err(WindowError::Size {
@@ -349,21 +328,40 @@ impl DaxWindow {
         }
         let reserve = |source| WindowError::Reserve { size, source };
         let host_addr = reserve_aligned(size, host_alignment(size)).map_err(reserve)?;
-        let scratch_size = scratch_size(size);
+        let scratch = Scratch::new(size).map_err(|source| {
+            // SAFETY: the reservation just made, which no one else knows of.
+            unsafe { libc::munmap(host_addr as *mut libc::c_void, size as usize) };
+            WindowError::Reserve { size, source }
+        })?;
+        let charge = vmas_for(0);
+        if !budget.recharge(0, charge) {
+            // SAFETY: as above.
+            unsafe { libc::munmap(host_addr as *mut libc::c_void, size as usize) };
+            return Err(WindowError::MapBudget {
+                used: budget.used(),
+                limit: budget.limit(),
+            });
+        }
         let window = DaxWindow {
             host_addr,
             size,
             page_size,
             max_mappings: DEFAULT_MAX_MAPPINGS,
-            mapped: Mutex::new(MappedRanges::default()),
-            scratch: scratch_memfd(scratch_size).map_err(reserve)?,
-            scratch_size,
+            mapped: Mutex::new(Mappings {
+                charge,
+                ..Mappings::default()
+            }),
+            scratch,
+            budget,
+            file_watch: FileWatch::new()
+                .inspect_err(|e| log::warn!("DAX window: no inotify ({e}); mapped files are checked for truncation once a second"))
+                .ok(),
             metrics: DaxMetrics::default(),
             observer: OnceLock::new(),
             prefault: std::sync::atomic::AtomicBool::new(false),
             guest_base: std::sync::atomic::AtomicU64::new(0),
             last_map: Mutex::new(None),
-            reclaim_pressure: ReclaimPressure::default(),
+            reclaim_pressure: prefault::ReclaimPressure::default(),
             guest_prefaulter: OnceLock::new(),
         };
         // (On failure, dropping the window gives the reservation back.)
@@ -371,40 +369,29 @@ impl DaxWindow {
         Ok(window)
     }
 
-    /// Maps the scratch over `[start, end)` of the window, one piece per
-    /// scratch-sized chunk.
+    /// Shows the scratch, emptied, over `[start, end)` of the window
+    /// (callers check bounds).
     fn show_scratch(&self, start: u64, end: u64) -> std::io::Result<()> {
-        let mut at = start;
-        while at < end {
-            let in_scratch = at % self.scratch_size;
-            let len = (self.scratch_size - in_scratch).min(end - at);
-            // SAFETY: [host_addr + at, + len) lies inside the window this
-            // process reserved and owns (callers check bounds); MAP_FIXED
-            // replaces what was there. No Rust reference points into it.
-            let p = unsafe {
-                libc::mmap(
-                    (self.host_addr + at) as *mut libc::c_void,
-                    len as usize,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_NORESERVE,
-                    self.scratch.as_raw_fd(),
-                    in_scratch as libc::off_t,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return Err(std::io::Error::last_os_error());
-            }
-            at += len;
+        if let Err(e) = self.scratch.forget(start, end) {
+            log::debug!("DAX window: emptying the scratch at {start:#x}..{end:#x}: {e}");
         }
-        Ok(())
+        self.scratch.show(self.host_addr, start, end)
     }
 
     /// Bytes of the scratch that guest accesses outside any mapping have
-    /// touched (each scratch page counted once, however many window ranges
-    /// show it).
+    /// touched.
     pub fn stray_bytes(&self) -> std::io::Result<u64> {
-        use std::os::unix::fs::MetadataExt;
-        Ok(self.scratch.metadata()?.blocks() * 512)
+        self.scratch.stray_bytes()
+    }
+
+    /// What the guest may keep in the scratch before it is emptied.
+    pub fn stray_budget(&self) -> u64 {
+        self.scratch.budget()
+    }
+
+    /// Times the scratch went over its budget and was emptied.
+    pub fn stray_resets(&self) -> u64 {
+        self.scratch.resets()
     }
 
     pub fn host_addr(&self) -> u64 {
@@ -419,13 +406,13 @@ impl DaxWindow {
     /// Refuses a request that would leave more than `max_mappings` ranges.
     fn check_count(
         &self,
-        mapped: &MappedRanges,
+        mapped: &mut Mappings,
         start: u64,
         end: u64,
         map: bool,
     ) -> Result<(), RequestError> {
-        let after = mapped.count_after(start, end, map);
-        if after > self.max_mappings && after > mapped.0.len() {
+        let after = mapped.ranges.count_after(start, end, map);
+        if after > self.max_mappings && after > mapped.ranges.0.len() {
             return Err(RequestError::new(
                 FailureReason::TooManyMappings,
                 libc::ENOSPC,
@@ -436,7 +423,32 @@ impl DaxWindow {
                 ),
             ));
         }
+        // The VMM-wide budget counts every mmap, merged or not.
+        let charge = vmas_for(mapped.files.count_after(start, end, map));
+        if charge > mapped.charge && !self.budget.recharge(mapped.charge, charge) {
+            return Err(RequestError::new(
+                FailureReason::TooManyMappings,
+                libc::ENOSPC,
+                format!(
+                    "{} of window offset {start:#x}..{end:#x} needs {} more of the {} mappings vm.max_map_count leaves the VMM's DAX windows, and {} are in use",
+                    if map { "mapping" } else { "unmapping" },
+                    charge - mapped.charge,
+                    self.budget.limit(),
+                    self.budget.used()
+                ),
+            ));
+        }
+        mapped.charge = mapped.charge.max(charge);
         Ok(())
+    }
+
+    /// Gives back what the window no longer needs of the budget.
+    fn settle_charge(&self, mapped: &mut Mappings) {
+        let charge = vmas_for(mapped.files.len());
+        if charge < mapped.charge {
+            self.budget.recharge(mapped.charge, charge);
+            mapped.charge = charge;
+        }
     }
 
     pub fn size(&self) -> u64 {
@@ -459,6 +471,7 @@ impl DaxWindow {
         self.mapped
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .ranges
             .ranges_touched(GUEST_RANGE_SIZE)
     }
 
@@ -472,7 +485,7 @@ impl DaxWindow {
         const CHUNK: u64 = 1 << 30;
         let ranges: Vec<(u64, u64)> = {
             let mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
-            mapped.0.iter().map(|(&s, &e)| (s, e)).collect()
+            mapped.ranges.0.iter().map(|(&s, &e)| (s, e)).collect()
         };
         let mut resident = 0;
         let mut vec = Vec::new();
@@ -560,105 +573,9 @@ impl DaxWindow {
         Ok(end)
     }
 
-    /// Whether new mappings are pre-faulted (the device's `dax_prefault`).
-    pub fn set_prefault(&self, on: bool) {
-        self.prefault
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Where the guest sees the window now (set when it is placed or its
-    /// BAR moves).
-    pub fn set_guest_base(&self, gpa: u64) {
-        self.guest_base
-            .store(gpa, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// What maps new ranges into the guest's view ahead of its touch.
-    pub fn set_guest_prefaulter(&self, prefaulter: Arc<dyn GuestPrefaulter>) {
-        let _ = self.guest_prefaulter.set(prefaulter);
-    }
-
-    /// Pre-faults a new mapping `[addr, addr + len)` at window offset
-    /// `shm_offset`, up to the end of the file (past it there are no pages,
-    /// and faulting them would fail). Best effort: a failure is counted and
-    /// the mapping stays; its pages then fault one by one as usual.
-    ///
-    /// Where KVM can ([`GuestPrefaulter`]), the range goes straight into
-    /// KVM's page tables: the guest's first touch of each page then takes no
-    /// nested page fault at all (one per 4 KiB of a file the host caches in
-    /// 4 KiB pages otherwise), and KVM faults in the host pages it needs on
-    /// the way. Otherwise only this process's page tables are filled
-    /// (`MADV_POPULATE_READ`), which spares the host fault inside each
-    /// nested one. Either way a file not in the host's page cache is read
-    /// here, by the backend thread, not under a stalled vCPU; pages are
-    /// faulted for reading, so nothing the guest did not write is dirtied.
-    ///
-    /// Not while the guest is reclaiming ranges to map new ones
-    /// ([`ReclaimPressure`]), unless the map continues the last one: a
-    /// random reader then uses a page or two of each range before it goes
-    /// again, so pre-faulting the whole range only costs (random 4 KiB reads
-    /// of a file twice the window's size ran at half the speed with it). A
-    /// sequential reader uses all of it.
-    fn prefault(
-        &self,
-        addr: u64,
-        shm_offset: u64,
-        len: u64,
-        fd_offset: u64,
-        file_size: Option<u64>,
-    ) {
-        let len = match file_size {
-            Some(size) => len.min(size.saturating_sub(fd_offset)),
-            None => len,
-        };
-        let len = len.div_ceil(self.page_size) * self.page_size;
-        if len == 0 {
-            return;
-        }
-        let m = &self.metrics;
-        let base = self.guest_base.load(std::sync::atomic::Ordering::Relaxed);
-        let prefaulter = self.guest_prefaulter.get().filter(|p| p.available());
-        if let (Some(p), true) = (prefaulter, base != 0) {
-            let mut done = 0;
-            while done < len {
-                match p.prefault(base + shm_offset + done, len - done) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => done += n.min(len - done),
-                }
-            }
-            m.guest_prefaulted_bytes
-                .fetch_add(done, std::sync::atomic::Ordering::Relaxed);
-            if done < len {
-                m.prefault_failures
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            return;
-        }
-        // SAFETY: [addr, addr + len) lies inside the window's new file
-        // mapping (len is at most the mapping's length); populating reads
-        // no memory into Rust values and changes no contents.
-        let r =
-            unsafe { libc::madvise(addr as *mut libc::c_void, len as usize, MADV_POPULATE_READ) };
-        if r == 0 {
-            m.prefaulted_bytes
-                .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
-        } else {
-            m.prefault_failures
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// Whether a map of `file` at `fd_offset` continues the last map (the
-    /// guest reads the file in order); remembers this one.
-    fn follows_last_map(&self, file: (u64, u64), fd_offset: u64, len: u64) -> bool {
-        let mut last = self.last_map.lock().unwrap_or_else(|p| p.into_inner());
-        let follows = *last == Some((file, fd_offset));
-        *last = fd_offset.checked_add(len).map(|end| (file, end));
-        follows
-    }
-
-    /// Checks the fd's type; returns the file's identity and size (None
-    /// for a block device, whose size fstat does not give).
+    /// Checks the fd's type: the daemon maps only regular files of its
+    /// share, so anything else (a block device, a memfd is fine: it is a
+    /// regular file) is refused. Returns the file's identity and size.
     fn check_fd(fd: RawFd) -> Result<FdInfo, RequestError> {
         // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -671,19 +588,18 @@ impl DaxWindow {
                 format!("fstat on the passed fd: {e}"),
             ));
         }
-        let kind = st.st_mode & libc::S_IFMT;
-        if kind != libc::S_IFREG && kind != libc::S_IFBLK {
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(RequestError::new(
                 FailureReason::BadFd,
                 libc::EBADF,
                 format!(
-                    "the passed fd is not a regular file or block device (mode {:#o})",
+                    "the passed fd is not a regular file (mode {:#o})",
                     st.st_mode
                 ),
             ));
         }
         Ok(FdInfo {
-            size: (kind == libc::S_IFREG).then_some(st.st_size as u64),
+            size: u64::try_from(st.st_size).unwrap_or(0),
             file: (st.st_dev, st.st_ino),
         })
     }
@@ -724,13 +640,22 @@ impl DaxWindow {
     fn map_checked(&self, req: &VhostUserMMap, fd: RawFd) -> Result<(), RequestError> {
         let end = self.check(req)?;
         let info = Self::check_fd(fd)?;
+        // A descriptor of its own, kept while the file is mapped, to notice
+        // it shrinking ([`Self::repair_truncated`]).
+        let own = dup_cloexec(fd).map_err(|e| {
+            RequestError::new(
+                FailureReason::BadFd,
+                e.raw_os_error().unwrap_or(libc::EMFILE),
+                format!("keeping a descriptor of the mapped file: {e}"),
+            )
+        })?;
         let (shm_offset, len, fd_offset) = (req.shm_offset, req.len, req.fd_offset);
         let writable = VhostUserMMapFlags::from_bits_truncate(req.flags)
             .contains(VhostUserMMapFlags::WRITABLE);
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
         // Held across the mmap so the range bookkeeping matches the mappings.
         let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
-        self.check_count(&mapped, shm_offset, end, true)?;
+        self.check_count(&mut mapped, shm_offset, end, true)?;
         let addr = self.host_addr + shm_offset;
         // SAFETY: [addr, addr + len) lies inside the reserved window (checked
         // above), which this process owns and no Rust reference points into;
@@ -748,13 +673,28 @@ impl DaxWindow {
         };
         if p == libc::MAP_FAILED {
             let e = std::io::Error::last_os_error();
+            self.settle_charge(&mut mapped);
             return Err(RequestError::new(
                 FailureReason::MapFailed,
                 e.raw_os_error().unwrap_or(libc::EIO),
                 format!("mmap of {len:#x} bytes at window offset {shm_offset:#x}: {e}"),
             ));
         }
-        let replaced = mapped.insert(shm_offset, end);
+        super::scratch::dont_dump(addr, len);
+        // The scratch under the new mapping is hidden now: free it.
+        if let Err(e) = self.scratch.forget(shm_offset, end) {
+            log::debug!("DAX window: emptying the scratch under a new mapping: {e}");
+        }
+        let replaced = mapped.ranges.insert(shm_offset, end);
+        mapped.files.insert(
+            shm_offset,
+            end,
+            info.file,
+            own,
+            fd_offset,
+            self.file_watch.as_ref(),
+        );
+        self.settle_charge(&mut mapped);
         self.metrics
             .bytes_mapped
             .fetch_add(len - replaced, std::sync::atomic::Ordering::Relaxed);
@@ -800,7 +740,7 @@ impl DaxWindow {
     fn unmap_range(&self, start: u64, end: u64, capped: bool) -> Result<(), RequestError> {
         let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
         if capped {
-            self.check_count(&mapped, start, end, false)?;
+            self.check_count(&mut mapped, start, end, false)?;
         }
         self.show_scratch(start, end).map_err(|e| {
             RequestError::new(
@@ -809,7 +749,9 @@ impl DaxWindow {
                 format!("unmapping window offset {start:#x}..{end:#x}: {e}"),
             )
         })?;
-        let removed = mapped.remove(start, end);
+        let removed = mapped.ranges.remove(start, end);
+        mapped.files.remove(start, end, self.file_watch.as_ref());
+        self.settle_charge(&mut mapped);
         let in_use = self
             .metrics
             .bytes_mapped
@@ -835,14 +777,34 @@ impl DaxWindow {
     }
 }
 
+/// A close-on-exec duplicate of `fd`.
+fn dup_cloexec(fd: RawFd) -> std::io::Result<File> {
+    // SAFETY: no pointers; an invalid fd just fails.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if new < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `new` is a fresh descriptor no one else owns.
+    Ok(unsafe { File::from_raw_fd(new) })
+}
+
 impl Drop for DaxWindow {
     fn drop(&mut self) {
         // SAFETY: the window is this object's own reservation; KVM no longer
         // uses it once the device (and so the VM) is gone.
         unsafe { libc::munmap(self.host_addr as *mut libc::c_void, self.size as usize) };
+        let mapped = self.mapped.get_mut().unwrap_or_else(|p| p.into_inner());
+        self.budget.recharge(mapped.charge, 0);
     }
 }
+
+mod prefault;
+mod repair;
 
 #[cfg(test)]
 #[path = "window_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "window_hostile_tests.rs"]
+mod hostile_tests;

@@ -42,6 +42,10 @@ pub struct WorkerContext {
 
 const REQUESTS: u64 = u64::MAX - 1;
 const MAIN_SOCKET: u64 = u64::MAX - 2;
+/// The window's inotify fd: a mapped file was modified (maybe truncated).
+const FILE_WATCH: u64 = u64::MAX - 3;
+/// Once a second: the window's scratch budget and unwatched files.
+const WINDOW_TICK: u64 = u64::MAX - 4;
 /// Error eventfds are registered as ERROR_BASE + their index in `errors`.
 const ERROR_BASE: u64 = 1 << 32;
 
@@ -60,9 +64,29 @@ pub fn spawn(ctx: WorkerContext) -> std::io::Result<WorkerThread> {
         let fd = r.lock().unwrap_or_else(|p| p.into_inner()).as_raw_fd();
         events.add(fd, EventSet::IN, REQUESTS)?;
     }
+    let mut tick = None;
+    if let Some(w) = &ctx.window {
+        if let Some(fd) = w.file_watch_fd() {
+            events.add(fd, EventSet::IN, FILE_WATCH)?;
+        }
+        let mut timer = vmm_sys_util::timerfd::TimerFd::new()?;
+        let second = std::time::Duration::from_secs(1);
+        timer.reset(second, Some(second))?;
+        events.add(timer.as_raw_fd(), EventSet::IN, WINDOW_TICK)?;
+        tick = Some(timer);
+    }
     let (name, what) = (format!("fs-{}", ctx.id), format!("fs {}", ctx.id));
     events.spawn(name, what, move |events, token, set| {
-        handle(&ctx, events, token, set);
+        match (token, &ctx.window, &mut tick) {
+            (FILE_WATCH, Some(w), _) => {
+                w.on_file_events();
+            }
+            (WINDOW_TICK, Some(w), Some(timer)) => {
+                let _ = timer.wait();
+                w.tick();
+            }
+            _ => handle(&ctx, events, token, set),
+        }
         Flow::Continue
     })
 }

@@ -1,0 +1,343 @@
+//! Which file each mapping of the DAX window shows, so the window notices
+//! when one shrinks on the host.
+//!
+//! A file mapped into the window can be truncated under the guest (another
+//! VM on the same share, an operator, a log rotation). Its pages past the
+//! new end are gone: the host's fault on them is SIGBUS, which KVM turns
+//! into `-EFAULT` from KVM_RUN, or (Linux before 6.13) into an async page
+//! fault it retries for ever, so the vCPU never comes back and the VM
+//! hangs without a word. The window therefore keeps a descriptor of every
+//! file it maps and an inotify watch on it: when the file is modified the
+//! window compares each mapping with the file's size and shows the scratch
+//! over pages past the end ([`super::window::DaxWindow::repair_truncated`]),
+//! after which the guest's access completes (reading zeros).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+
+/// A file's identity: (st_dev, st_ino).
+pub type FileKey = (u64, u64);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Piece {
+    end: u64,
+    file: FileKey,
+    fd_offset: u64,
+}
+
+struct TrackedFile {
+    file: File,
+    /// Pieces that show it.
+    pieces: usize,
+    watch: Option<i32>,
+}
+
+/// The window's mappings, one piece per `mmap` still (partly) in place.
+#[derive(Default)]
+pub struct MappedFiles {
+    pieces: BTreeMap<u64, Piece>,
+    files: HashMap<FileKey, TrackedFile>,
+    watches: HashMap<i32, FileKey>,
+}
+
+impl MappedFiles {
+    /// Separate mappings now.
+    pub fn len(&self) -> usize {
+        self.pieces.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    /// Distinct files mapped now (each holds one descriptor).
+    pub fn files(&self) -> usize {
+        self.files.len()
+    }
+
+    fn overlapping(&self, start: u64, end: u64) -> Vec<(u64, Piece)> {
+        let first = self
+            .pieces
+            .range(..=start)
+            .next_back()
+            .filter(|(_, p)| p.end > start)
+            .map(|(&s, _)| s)
+            .unwrap_or(start);
+        self.pieces
+            .range(first..end)
+            .map(|(&s, &p)| (s, p))
+            .collect()
+    }
+
+    /// Separate mappings once `[start, end)` is removed (and, with `map`,
+    /// a new one put there).
+    pub fn count_after(&self, start: u64, end: u64, map: bool) -> usize {
+        let mut n = self.pieces.len();
+        for (s, p) in self.overlapping(start, end) {
+            n -= 1;
+            n += usize::from(s < start) + usize::from(p.end > end);
+        }
+        n + usize::from(map)
+    }
+
+    /// Removes `[start, end)`, cutting pieces that straddle its ends.
+    pub fn remove(&mut self, start: u64, end: u64, watch: Option<&FileWatch>) {
+        for (s, p) in self.overlapping(start, end) {
+            self.pieces.remove(&s);
+            let mut kept = 0;
+            if s < start {
+                self.pieces.insert(s, Piece { end: start, ..p });
+                kept += 1;
+            }
+            if p.end > end {
+                let fd_offset = p.fd_offset + (end - s);
+                self.pieces.insert(end, Piece { fd_offset, ..p });
+                kept += 1;
+            }
+            if kept == 0 {
+                self.release(p.file, watch);
+            } else if kept == 2 {
+                if let Some(f) = self.files.get_mut(&p.file) {
+                    f.pieces += 1;
+                }
+            }
+        }
+    }
+
+    fn release(&mut self, key: FileKey, watch: Option<&FileWatch>) {
+        let Some(f) = self.files.get_mut(&key) else {
+            return;
+        };
+        f.pieces -= 1;
+        if f.pieces == 0 {
+            if let Some(f) = self.files.remove(&key) {
+                if let (Some(wd), Some(w)) = (f.watch, watch) {
+                    self.watches.remove(&wd);
+                    w.remove(wd);
+                }
+            }
+        }
+    }
+
+    /// Records a new mapping of `file` (a descriptor of its own, kept
+    /// while any piece shows the file) at `[start, end)`.
+    pub fn insert(
+        &mut self,
+        start: u64,
+        end: u64,
+        key: FileKey,
+        file: File,
+        fd_offset: u64,
+        watch: Option<&FileWatch>,
+    ) {
+        self.remove(start, end, watch);
+        let tracked = self.files.entry(key).or_insert_with(|| {
+            let wd = watch.and_then(|w| w.add(file.as_raw_fd()));
+            TrackedFile {
+                file,
+                pieces: 0,
+                watch: wd,
+            }
+        });
+        tracked.pieces += 1;
+        if let Some(wd) = tracked.watch {
+            self.watches.insert(wd, key);
+        }
+        self.pieces.insert(
+            start,
+            Piece {
+                end,
+                file: key,
+                fd_offset,
+            },
+        );
+    }
+
+    /// The files behind inotify watch descriptors.
+    pub fn keys_of(&self, wds: &[i32]) -> Vec<FileKey> {
+        wds.iter()
+            .filter_map(|wd| self.watches.get(wd))
+            .copied()
+            .collect()
+    }
+
+    /// Files mapped with no inotify watch (checked on every tick instead).
+    pub fn unwatched(&self) -> Vec<FileKey> {
+        self.files
+            .iter()
+            .filter(|(_, f)| f.watch.is_none())
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// Window ranges whose file pages are gone: past the end (rounded up
+    /// to `page`) of the file as it is now. `only`: just those files.
+    pub fn past_eof(&self, only: Option<&[FileKey]>, page: u64) -> Vec<(u64, u64)> {
+        let mut eof = HashMap::new();
+        for (key, f) in &self.files {
+            if only.is_some_and(|keys| !keys.contains(key)) {
+                continue;
+            }
+            // A file that cannot be inspected is left as it is.
+            if let Ok(m) = f.file.metadata() {
+                eof.insert(
+                    *key,
+                    m.len().checked_next_multiple_of(page).unwrap_or(u64::MAX),
+                );
+            }
+        }
+        let mut gone = Vec::new();
+        for (&start, p) in &self.pieces {
+            let Some(&eof) = eof.get(&p.file) else {
+                continue;
+            };
+            let valid = eof.saturating_sub(p.fd_offset);
+            if valid < p.end - start {
+                gone.push((start + valid, p.end));
+            }
+        }
+        gone
+    }
+}
+
+/// An inotify instance watching the window's files for modification (a
+/// truncate is one).
+pub struct FileWatch {
+    inotify: File,
+}
+
+impl FileWatch {
+    pub fn new() -> std::io::Result<Self> {
+        // SAFETY: no pointers; the returned fd is checked and then owned.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor no one else owns.
+        let inotify = unsafe { File::from_raw_fd(fd) };
+        Ok(FileWatch { inotify })
+    }
+
+    pub fn as_raw_fd(&self) -> RawFd {
+        self.inotify.as_raw_fd()
+    }
+
+    /// Watches the file open at `fd`; None when the host's watch limit
+    /// (`fs.inotify.max_user_watches`) is reached.
+    fn add(&self, fd: RawFd) -> Option<i32> {
+        let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).ok()?;
+        // SAFETY: `path` is NUL-terminated and outlives the call.
+        let wd = unsafe {
+            libc::inotify_add_watch(self.inotify.as_raw_fd(), path.as_ptr(), libc::IN_MODIFY)
+        };
+        (wd >= 0).then_some(wd)
+    }
+
+    fn remove(&self, wd: i32) {
+        // SAFETY: no pointers; a stale wd just fails.
+        unsafe { libc::inotify_rm_watch(self.inotify.as_raw_fd(), wd) };
+    }
+
+    /// Reads every queued event: the watch descriptors named, and whether
+    /// the queue overflowed (then every file must be checked).
+    pub fn drain(&self) -> (Vec<i32>, bool) {
+        const EVENT_HEADER: usize = 16; // wd, mask, cookie, len
+        let mut wds = Vec::new();
+        let mut overflow = false;
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = match (&self.inotify).read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let mut at = 0;
+            while at + EVENT_HEADER <= n {
+                let word = |i: usize| {
+                    u32::from_ne_bytes([
+                        buf[at + i],
+                        buf[at + i + 1],
+                        buf[at + i + 2],
+                        buf[at + i + 3],
+                    ])
+                };
+                let (wd, mask, len) = (word(0) as i32, word(4), word(12) as usize);
+                if mask & libc::IN_Q_OVERFLOW != 0 {
+                    overflow = true;
+                } else if !wds.contains(&wd) {
+                    wds.push(wd);
+                }
+                at += EVENT_HEADER + len;
+            }
+        }
+        (wds, overflow)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file() -> File {
+        vmm_sys_util::tempfile::TempFile::new().unwrap().into_file()
+    }
+
+    #[test]
+    fn pieces_are_cut_and_files_released_with_their_last_piece() {
+        let mut m = MappedFiles::default();
+        m.insert(0, 100, (1, 1), file(), 1000, None);
+        m.insert(100, 200, (1, 2), file(), 0, None);
+        assert_eq!((m.len(), m.files()), (2, 2));
+        // A hole in the middle of the first: two pieces, one file.
+        assert_eq!(m.count_after(40, 60, false), 3);
+        m.remove(40, 60, None);
+        assert_eq!((m.len(), m.files()), (3, 2));
+        assert_eq!(m.pieces[&60].fd_offset, 1060);
+        // Mapping over both pieces of file 1 releases it.
+        m.insert(0, 100, (1, 3), file(), 0, None);
+        assert_eq!((m.len(), m.files()), (2, 2));
+        m.remove(0, 200, None);
+        assert!(m.is_empty() && m.files() == 0);
+    }
+
+    #[test]
+    fn ranges_past_the_end_of_a_shrunk_file_are_found() {
+        let f = vmm_sys_util::tempfile::TempFile::new().unwrap();
+        f.as_file().set_len(10 * 4096).unwrap();
+        let mut m = MappedFiles::default();
+        let dup = f.as_file().try_clone().unwrap();
+        // Window [0, 4 pages) shows file pages 4..8.
+        m.insert(0, 4 * 4096, (9, 9), dup, 4 * 4096, None);
+        assert!(m.past_eof(None, 4096).is_empty());
+        f.as_file().set_len(5 * 4096 + 1).unwrap();
+        // File pages 6.. are gone: window pages 2..4.
+        assert_eq!(m.past_eof(None, 4096), vec![(2 * 4096, 4 * 4096)]);
+        assert!(m.past_eof(Some(&[(1, 1)]), 4096).is_empty());
+    }
+
+    #[test]
+    fn a_truncate_is_reported_by_the_watch() {
+        let f = vmm_sys_util::tempfile::TempFile::new().unwrap();
+        f.as_file().set_len(4096).unwrap();
+        let w = FileWatch::new().unwrap();
+        let mut m = MappedFiles::default();
+        m.insert(
+            0,
+            4096,
+            (3, 3),
+            f.as_file().try_clone().unwrap(),
+            0,
+            Some(&w),
+        );
+        assert_eq!(w.drain(), (vec![], false));
+        f.as_file().set_len(0).unwrap();
+        let (wds, overflow) = w.drain();
+        assert!(!overflow);
+        assert_eq!(m.keys_of(&wds), vec![(3, 3)]);
+        // Released with its last piece: no more events.
+        m.remove(0, 4096, Some(&w));
+        f.as_file().set_len(8192).unwrap();
+        assert!(m.keys_of(&w.drain().0).is_empty());
+    }
+}

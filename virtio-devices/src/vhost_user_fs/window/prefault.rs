@@ -1,0 +1,131 @@
+//! Pre-faulting new DAX mappings (see [`DaxWindow::prefault`]) and the
+//! guest-reclaim estimate that decides when not to.
+
+use std::sync::{Arc, Mutex};
+
+use super::{DaxWindow, GuestPrefaulter};
+
+/// `MADV_POPULATE_READ` (Linux 5.14): fault pages in readable, as a read
+/// would, without touching their contents.
+const MADV_POPULATE_READ: libc::c_int = 22;
+
+/// How much the guest is reclaiming ranges to map new ones: unmaps of a
+/// window at least three quarters full counted up, decaying by 1/32 at
+/// each map, in sixteenths. When every map comes
+/// with an unmap it settles at 32 (512); one unmap in ten maps keeps it
+/// near 3; the guest counts as reclaiming above 8.
+#[derive(Default)]
+pub(super) struct ReclaimPressure(Mutex<u32>);
+
+impl ReclaimPressure {
+    const ONE: u32 = 16;
+    const RECLAIMING: u32 = 8 * Self::ONE;
+
+    pub(super) fn on_unmap(&self) {
+        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *p = p.saturating_add(Self::ONE).min(64 * Self::ONE);
+    }
+
+    /// Decays the score for one more map; whether the guest is reclaiming.
+    pub(super) fn on_map(&self) -> bool {
+        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *p -= *p / 32;
+        *p > Self::RECLAIMING
+    }
+}
+
+impl DaxWindow {
+    /// Whether new mappings are pre-faulted (the device's `dax_prefault`).
+    pub fn set_prefault(&self, on: bool) {
+        self.prefault
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Where the guest sees the window now (set when it is placed or its
+    /// BAR moves).
+    pub fn set_guest_base(&self, gpa: u64) {
+        self.guest_base
+            .store(gpa, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// What maps new ranges into the guest's view ahead of its touch.
+    pub fn set_guest_prefaulter(&self, prefaulter: Arc<dyn GuestPrefaulter>) {
+        let _ = self.guest_prefaulter.set(prefaulter);
+    }
+
+    /// Pre-faults a new mapping `[addr, addr + len)` at window offset
+    /// `shm_offset`, up to the end of the file (past it there are no pages,
+    /// and faulting them would fail). Best effort: a failure is counted and
+    /// the mapping stays; its pages then fault one by one as usual.
+    ///
+    /// Where KVM can ([`GuestPrefaulter`]), the range goes straight into
+    /// KVM's page tables: the guest's first touch of each page then takes no
+    /// nested page fault at all (one per 4 KiB of a file the host caches in
+    /// 4 KiB pages otherwise), and KVM faults in the host pages it needs on
+    /// the way. Otherwise only this process's page tables are filled
+    /// (`MADV_POPULATE_READ`), which spares the host fault inside each
+    /// nested one. Either way a file not in the host's page cache is read
+    /// here, by the backend thread, not under a stalled vCPU; pages are
+    /// faulted for reading, so nothing the guest did not write is dirtied.
+    ///
+    /// Not while the guest is reclaiming ranges to map new ones
+    /// ([`ReclaimPressure`]), unless the map continues the last one: a
+    /// random reader then uses a page or two of each range before it goes
+    /// again, so pre-faulting the whole range only costs (random 4 KiB reads
+    /// of a file twice the window's size ran at half the speed with it). A
+    /// sequential reader uses all of it.
+    pub(super) fn prefault(
+        &self,
+        addr: u64,
+        shm_offset: u64,
+        len: u64,
+        fd_offset: u64,
+        file_size: u64,
+    ) {
+        let len = len.min(file_size.saturating_sub(fd_offset));
+        let len = len.div_ceil(self.page_size) * self.page_size;
+        if len == 0 {
+            return;
+        }
+        let m = &self.metrics;
+        let base = self.guest_base.load(std::sync::atomic::Ordering::Relaxed);
+        let prefaulter = self.guest_prefaulter.get().filter(|p| p.available());
+        if let (Some(p), true) = (prefaulter, base != 0) {
+            let mut done = 0;
+            while done < len {
+                match p.prefault(base + shm_offset + done, len - done) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => done += n.min(len - done),
+                }
+            }
+            m.guest_prefaulted_bytes
+                .fetch_add(done, std::sync::atomic::Ordering::Relaxed);
+            if done < len {
+                m.prefault_failures
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            return;
+        }
+        // SAFETY: [addr, addr + len) lies inside the window's new file
+        // mapping (len is at most the mapping's length); populating reads
+        // no memory into Rust values and changes no contents.
+        let r =
+            unsafe { libc::madvise(addr as *mut libc::c_void, len as usize, MADV_POPULATE_READ) };
+        if r == 0 {
+            m.prefaulted_bytes
+                .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+        } else {
+            m.prefault_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a map of `file` at `fd_offset` continues the last map (the
+    /// guest reads the file in order); remembers this one.
+    pub(super) fn follows_last_map(&self, file: (u64, u64), fd_offset: u64, len: u64) -> bool {
+        let mut last = self.last_map.lock().unwrap_or_else(|p| p.into_inner());
+        let follows = *last == Some((file, fd_offset));
+        *last = fd_offset.checked_add(len).map(|end| (file, end));
+        follows
+    }
+}

@@ -1,0 +1,92 @@
+//! What the window does about mapped files shrinking on the host (see
+//! [`super::super::mapped_files`]) and about its scratch's budget.
+
+use std::os::fd::RawFd;
+
+use super::{DaxWindow, FileKey, FileWatch, WindowEvent};
+
+impl DaxWindow {
+    /// The inotify descriptor that becomes readable when a mapped file is
+    /// modified: the device worker polls it and calls
+    /// [`Self::on_file_events`].
+    pub fn file_watch_fd(&self) -> Option<RawFd> {
+        self.file_watch.as_ref().map(FileWatch::as_raw_fd)
+    }
+
+    /// Mapped files were modified: checks those for truncation.
+    pub fn on_file_events(&self) -> u64 {
+        let Some(watch) = &self.file_watch else {
+            return 0;
+        };
+        let (wds, overflow) = watch.drain();
+        if overflow {
+            return self.repair_truncated(None);
+        }
+        let keys = {
+            let mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+            mapped.files.keys_of(&wds)
+        };
+        if keys.is_empty() {
+            return 0;
+        }
+        self.repair_truncated(Some(&keys))
+    }
+
+    /// Once a second, from the device worker: empties the scratch when the
+    /// guest keeps more than its budget there, and checks the files no
+    /// inotify watch covers.
+    pub fn tick(&self) {
+        match self.scratch.enforce_budget() {
+            Ok(true) => log::warn!(
+                "DAX window: the guest wrote more than {} bytes outside any mapping; the scratch was emptied (it reads zeros again)",
+                self.scratch.budget()
+            ),
+            Ok(false) => {}
+            Err(e) => log::debug!("DAX window: checking the scratch: {e}"),
+        }
+        let unwatched = {
+            let mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+            mapped.files.unwatched()
+        };
+        if !unwatched.is_empty() {
+            self.repair_truncated(Some(&unwatched));
+        }
+    }
+
+    /// Shows the scratch over every mapped page whose file page is gone
+    /// (the file shrank on the host), so a guest access there reads zeros
+    /// instead of hanging or failing its vCPU. `only`: just those files.
+    /// Returns the bytes repaired; each range is counted and announced.
+    pub fn repair_truncated(&self, only: Option<&[FileKey]>) -> u64 {
+        let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+        let gone = mapped.files.past_eof(only, self.page_size);
+        let mut repaired = 0;
+        for (start, end) in gone {
+            if let Err(e) = self.show_scratch(start, end) {
+                log::error!("DAX window: showing the scratch over truncated pages {start:#x}..{end:#x}: {e}");
+                continue;
+            }
+            let removed = mapped.ranges.remove(start, end);
+            mapped.files.remove(start, end, self.file_watch.as_ref());
+            self.metrics
+                .bytes_mapped
+                .fetch_sub(removed, std::sync::atomic::Ordering::Relaxed);
+            self.metrics
+                .truncated_bytes
+                .fetch_add(end - start, std::sync::atomic::Ordering::Relaxed);
+            repaired += end - start;
+            self.notify(WindowEvent::Truncated {
+                offset: start,
+                len: end - start,
+            });
+        }
+        self.settle_charge(&mut mapped);
+        repaired
+    }
+
+    /// Whether guest-physical `gpa` lies in this window (as placed now).
+    pub fn contains_gpa(&self, gpa: u64) -> bool {
+        let base = self.guest_base.load(std::sync::atomic::Ordering::Relaxed);
+        base != 0 && gpa >= base && gpa - base < self.size
+    }
+}
