@@ -54,7 +54,10 @@ fn thread_status(pid: u32) -> Vec<(String, u32, u32, u64)> {
 /// The daemon as it runs by default — its own namespaces with the share as
 /// its root, capabilities cut, no_new_privs, the seccomp allowlist on every
 /// thread — serves a mapping, and every thread of both its processes is
-/// confined. (Needs root, as the default sandbox does; CI runs as root.)
+/// confined; no fd leads through `..` out of the share or its own fd
+/// directory; the share is `nodev,nosuid` (a device node in it cannot be
+/// opened); no core dumps, no supplementary groups; the waiting parent
+/// holds no socket. (Needs root, as the default sandbox does; CI runs as root.)
 #[test]
 fn the_default_daemon_is_confined_on_every_thread_and_serves_a_dax_mapping() {
     if !is_root() {
