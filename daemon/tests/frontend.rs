@@ -5,6 +5,7 @@
 //! checks what happens when requests are bad and when the daemon dies.
 
 use std::os::unix::fs::FileExt;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -157,6 +158,12 @@ fn start_daemon(share: &Path, socket: &Path) -> Child {
 }
 
 fn start_daemon_with(share: &Path, socket: &Path, extra: &[&str]) -> Child {
+    spawn_daemon(share, socket, extra, &[])
+}
+
+/// Starts the daemon with `groups` as its supplementary groups (set in the
+/// child before exec), as a service manager may hand them down.
+fn spawn_daemon(share: &Path, socket: &Path, extra: &[&str], groups: &[libc::gid_t]) -> Child {
     let _ = std::fs::remove_file(socket);
     // Unconfined unless the test asks for a sandbox (the confined test does).
     let sandbox: &[&str] = if extra.contains(&"--sandbox") {
@@ -164,7 +171,21 @@ fn start_daemon_with(share: &Path, socket: &Path, extra: &[&str]) -> Child {
     } else {
         &["--sandbox", "none"]
     };
-    let child = Command::new(env!("CARGO_BIN_EXE_dax-virtiofsd"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_dax-virtiofsd"));
+    if !groups.is_empty() {
+        let groups = groups.to_vec();
+        // SAFETY: runs in the forked child before exec; setgroups is one
+        // system call on memory allocated before the fork.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let child = command
         .args(sandbox)
         .args(["--cache-size", "8M", "--log-level", "warn"])
         .args(extra)
@@ -572,139 +593,6 @@ fn a_thread_pool_serves_a_batch_of_requests_out_of_order_and_each_reply_lands_in
     );
 }
 
-/// `Seccomp:`, `NoNewPrivs:` and `CapEff:` of every thread of `pid`.
-fn thread_status(pid: u32) -> Vec<(String, u32, u32, u64)> {
-    let mut out = Vec::new();
-    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let dir = t.unwrap().path();
-        let status = std::fs::read_to_string(dir.join("status")).unwrap();
-        let field = |n: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(n))
-                .unwrap()
-                .trim()
-                .to_string()
-        };
-        let comm = std::fs::read_to_string(dir.join("comm"))
-            .unwrap()
-            .trim()
-            .to_string();
-        out.push((
-            comm,
-            field("Seccomp:").parse().unwrap(),
-            field("NoNewPrivs:").parse().unwrap(),
-            u64::from_str_radix(&field("CapEff:"), 16).unwrap(),
-        ));
-    }
-    out
-}
-
-/// The daemon as it runs by default — its own namespaces with the share as
-/// its root, capabilities cut, no_new_privs, the seccomp allowlist on every
-/// thread — serves a mapping, and every thread of both its processes is
-/// confined. (Needs root, as the default sandbox does; CI runs as root.)
-#[test]
-fn the_default_daemon_is_confined_on_every_thread_and_serves_a_dax_mapping() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: the default sandbox needs root");
-        return;
-    }
-    let share = TempDir::new().unwrap();
-    let pattern: Vec<u8> = (0..2 * MIB).map(|i| (i * 13 % 251) as u8).collect();
-    std::fs::write(share.as_path().join("data.bin"), &pattern).unwrap();
-    let sockdir = TempDir::new().unwrap();
-    let socket = sockdir.as_path().join("fs.sock");
-    let mut daemon = start_daemon_with(
-        share.as_path(),
-        &socket,
-        &["--sandbox", "namespace", "--thread-pool-size", "2"],
-    );
-    let mem = guest_memory();
-    let mut fs =
-        VhostUserFs::connect(&fs_config(&socket)).expect("negotiation with the confined daemon");
-    let mut guest = activate(&mut fs, &mem);
-    assert_eq!(guest.call(opcode::INIT, 0, init_in().as_slice()).0, 0);
-    let (e, p) = guest.call(opcode::LOOKUP, ROOT_ID, b"data.bin\0");
-    assert_eq!(e, 0);
-    let entry: abi::EntryOut = obj(&p);
-    let map = abi::SetupmappingIn {
-        fh: u64::MAX,
-        foffset: 0,
-        len: 2 * MIB,
-        flags: 2,
-        moffset: 0,
-    };
-    assert_eq!(
-        guest
-            .call(opcode::SETUPMAPPING, entry.nodeid, map.as_slice())
-            .0,
-        0
-    );
-    assert_eq!(window_byte(&fs, MIB + 5), pattern[(MIB + 5) as usize]);
-    // Nothing above the share can be looked up: ".." is refused, and the
-    // root is the share itself.
-    assert_ne!(guest.call(opcode::LOOKUP, ROOT_ID, b"..\0").0, 0);
-
-    let parent = daemon.id();
-    let children =
-        std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).unwrap();
-    let child: u32 = children
-        .split_whitespace()
-        .next()
-        .expect("the serving child")
-        .parse()
-        .unwrap();
-    let parent_threads = thread_status(parent);
-    let child_threads = thread_status(child);
-    assert!(
-        child_threads.len() >= 4,
-        "queue threads and workers: {child_threads:?}"
-    );
-    for (comm, seccomp, nnp, _) in parent_threads.iter().chain(&child_threads) {
-        assert_eq!((*seccomp, *nnp), (2, 1), "thread {comm}");
-    }
-    for (comm, _, _, caps) in &child_threads {
-        assert_eq!(
-            caps & (1 << daemon::caps::CAP_SYS_ADMIN),
-            0,
-            "{comm} holds CAP_SYS_ADMIN"
-        );
-        assert_eq!(
-            caps & (1 << daemon::caps::CAP_DAC_READ_SEARCH),
-            0,
-            "{comm} holds CAP_DAC_READ_SEARCH"
-        );
-        assert_eq!(
-            caps & !0b1000_0000_0000_0000_0000_0001_1011,
-            0,
-            "{comm}: only CHOWN, DAC_OVERRIDE, FOWNER, FSETID, MKNOD"
-        );
-    }
-    assert!(
-        parent_threads.iter().all(|t| t.3 == 0),
-        "the waiting parent keeps no capability"
-    );
-    let ns = |pid: u32, kind: &str| std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).unwrap();
-    for kind in ["mnt", "pid", "net"] {
-        assert_ne!(
-            ns(child, kind),
-            ns(std::process::id(), kind),
-            "the serving daemon has a {kind} namespace of its own"
-        );
-    }
-    let root = std::fs::read_link(format!("/proc/{child}/root")).unwrap();
-    assert_eq!(
-        root,
-        std::path::Path::new("/"),
-        "its root is the share, seen from inside as /"
-    );
-
-    drop(guest);
-    drop(fs);
-    assert!(
-        daemon.wait().unwrap().success(),
-        "the confined daemon (and its parent) exits cleanly when its VMM goes"
-    );
-}
+/// The confined daemon seen from outside through /proc (needs root).
+#[path = "frontend/confinement.rs"]
+mod confinement;

@@ -334,3 +334,78 @@ fn killpriv_v2_writes_clear_setuid_like_a_local_write() {
     );
     assert_eq!(mode(&path), 0o755, "a KILL_SUIDGID write clears setuid");
 }
+
+/// The owner of `path` (not following a symlink).
+fn owner(path: &std::path::Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).unwrap();
+    (m.uid(), m.gid())
+}
+
+/// CREATE and OPEN take only the open flags a create or an open may carry.
+/// With `O_PATH` the kernel ignores `O_CREAT|O_EXCL`, so CREATE of an
+/// existing FIFO, device node, directory or symlink "succeeded" and gave it
+/// to the guest's caller; `O_DIRECTORY` and `O_TMPFILE` change what is
+/// opened. Each is refused with EINVAL, and nothing is chowned or opened.
+#[test]
+fn create_and_open_refuse_o_path_o_directory_and_o_tmpfile() {
+    use std::os::unix::fs::lchown;
+    let mut rig = Rig::new(policies::Policy::default());
+    rig.init();
+    assert_eq!(mknod(&mut rig, "fifo", libc::S_IFIFO | 0o666, 0), 0);
+    let mut names = vec!["fifo", "dir", "link"];
+    if mknod(&mut rig, "null", libc::S_IFCHR | 0o666, (1 << 8) | 3) == 0 {
+        names.push("null");
+    }
+    let root = rig.dir.as_path().to_path_buf();
+    std::fs::create_dir(root.join("dir")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
+    // Owned by someone else than the caller (uid 0), so a chown shows.
+    for name in &names {
+        lchown(root.join(name), Some(1234), Some(1234)).unwrap();
+    }
+    for name in &names {
+        for flags in [
+            libc::O_PATH,
+            libc::O_PATH | libc::O_RDWR,
+            libc::O_RDWR | libc::O_DIRECTORY,
+            libc::O_RDWR | libc::O_TMPFILE,
+        ] {
+            assert_eq!(
+                create(&mut rig, name, flags).0,
+                libc::EINVAL,
+                "CREATE {name} flags {flags:#o}"
+            );
+            assert_eq!(owner(&root.join(name)), (1234, 1234), "{name} chowned");
+        }
+    }
+    assert_eq!(
+        create(&mut rig, "new", libc::O_PATH).0,
+        libc::EINVAL,
+        "nothing is created with O_PATH either"
+    );
+    assert!(!root.join("new").exists());
+    assert_eq!(rig.server.fs.handle_count(), 0, "no handle was made");
+
+    // OPEN of a regular file: the same flags are refused; the others (and
+    // the bits Linux adds, like O_LARGEFILE and __FMODE_EXEC) are not.
+    std::fs::write(root.join("plain"), b"x").unwrap();
+    let plain = rig.lookup(ROOT_ID, "plain").unwrap().nodeid;
+    let open = |flags: i32| abi::OpenIn {
+        flags: flags as u32,
+        open_flags: 0,
+    };
+    for flags in [libc::O_PATH, libc::O_RDONLY | libc::O_DIRECTORY] {
+        assert_eq!(
+            rig.call(opcode::OPEN, plain, open(flags).as_slice()).0,
+            libc::EINVAL,
+            "OPEN flags {flags:#o}"
+        );
+    }
+    assert_eq!(rig.server.fs.handle_count(), 0);
+    let linux = libc::O_RDWR | libc::O_APPEND | 0o100_000 | 0o40;
+    assert_eq!(rig.call(opcode::OPEN, plain, open(linux).as_slice()).0, 0);
+    let (e, _) = create(&mut rig, "made", libc::O_RDWR | 0o100_000 | libc::O_CLOEXEC);
+    assert_eq!(e, 0);
+    assert_eq!(rig.server.fs.handle_count(), 2);
+}

@@ -9,6 +9,41 @@ use std::os::fd::AsRawFd;
 
 use super::{cvt, errno_error, Caller, PassthroughFs};
 
+/// The open flags of a guest's OPEN or CREATE that reach `openat`: the
+/// access mode, and what only changes how the file is written or waited on.
+/// `O_CREAT`/`O_EXCL` are the daemon's own to set (CREATE) or drop (OPEN);
+/// `O_TRUNC` is acted on by CREATE only (see the OPEN handler).
+const GUEST_OPEN_FLAGS: i32 = libc::O_ACCMODE
+    | libc::O_CREAT
+    | libc::O_EXCL
+    | libc::O_TRUNC
+    | libc::O_APPEND
+    | libc::O_NONBLOCK
+    | libc::O_DSYNC
+    | libc::O_SYNC
+    | libc::O_NOATIME
+    | libc::O_CLOEXEC;
+
+/// Flags that change *what* is opened: `O_PATH` (the kernel then ignores
+/// `O_CREAT|O_EXCL`, so CREATE would "open" an existing FIFO, device,
+/// directory or symlink and chown it), `O_DIRECTORY`, `O_TMPFILE`. A guest
+/// kernel never sends them (an `O_PATH` open does not reach the file
+/// system; `O_TMPFILE` is FUSE_TMPFILE), so they are refused, not dropped.
+const REFUSED_OPEN_FLAGS: i32 = libc::O_PATH | libc::O_DIRECTORY | libc::O_TMPFILE;
+
+/// The guest's open flags as the daemon passes them on: EINVAL for a
+/// refused flag; anything else outside [`GUEST_OPEN_FLAGS`] is dropped, as
+/// open(2) ignores unknown bits (Linux sends `O_LARGEFILE`, `__FMODE_EXEC`,
+/// `O_NOCTTY`, `FASYNC`; the daemon adds `O_NOFOLLOW` itself and never
+/// opens with `O_DIRECT`).
+fn guest_open_flags(flags: u32) -> io::Result<i32> {
+    let flags = flags as i32;
+    if flags & REFUSED_OPEN_FLAGS != 0 {
+        return Err(errno_error(libc::EINVAL));
+    }
+    Ok(flags & GUEST_OPEN_FLAGS)
+}
+
 impl PassthroughFs {
     /// OPEN: only regular files are ever opened (directories go through
     /// OPENDIR); a device node, FIFO or socket is refused without being
@@ -16,6 +51,7 @@ impl PassthroughFs {
     /// `kill_priv`: the guest asked (FUSE_OPEN_KILL_SUIDGID) that an
     /// `O_TRUNC` clear setuid/setgid as an unprivileged open would.
     pub fn open(&self, nodeid: u64, flags: u32, kill_priv: bool) -> io::Result<u64> {
+        let flags = guest_open_flags(flags)?;
         let inode = self.inode(nodeid)?;
         if !inode.is_reg() {
             return Err(errno_error(if inode.is_dir() {
@@ -24,10 +60,10 @@ impl PassthroughFs {
                 libc::ELOOP
             }));
         }
-        let file = if kill_priv && self.killpriv_v2() && flags as i32 & libc::O_TRUNC != 0 {
-            crate::caps::without_fsetid(|| self.reopen(&inode, flags as i32))?
+        let file = if kill_priv && self.killpriv_v2() && flags & libc::O_TRUNC != 0 {
+            crate::caps::without_fsetid(|| self.reopen(&inode, flags))?
         } else {
-            self.reopen(&inode, flags as i32)?
+            self.reopen(&inode, flags)?
         };
         self.add_handle(file, nodeid)
     }
@@ -38,6 +74,8 @@ impl PassthroughFs {
     /// `O_EXCL` and the name exists, the existing entry is opened as OPEN
     /// would (regular files only): `MKNOD` then `CREATE` of a device node
     /// gets an error, never the device (virtiofsd's CVE-2020-35517 class).
+    /// The guest's flags pass [`guest_open_flags`] first: with `O_PATH` the
+    /// `O_CREAT|O_EXCL` above would mean nothing.
     pub fn create(
         &self,
         parent: u64,
@@ -47,8 +85,8 @@ impl PassthroughFs {
         kill_priv: bool,
         caller: Caller,
     ) -> io::Result<((u64, libc::stat64), u64)> {
+        let flags = guest_open_flags(flags)?;
         let dir = self.inode(parent)?;
-        let flags = flags as i32 & !(libc::O_NOCTTY | libc::O_DIRECT);
         let created = super::openat(
             dir.fd.as_raw_fd(),
             name,
