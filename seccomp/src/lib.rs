@@ -15,9 +15,12 @@
 
 use std::collections::BTreeMap;
 
+/// A built filter and its installation, for callers (tests) that install
+/// filters of their own choosing on a thread.
+pub use seccompiler::{apply_filter, BpfProgram};
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
+    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    TargetArch,
 };
 
 /// A system call a thread may make, with all arguments or only with
