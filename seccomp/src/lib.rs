@@ -15,36 +15,98 @@
 
 use std::collections::BTreeMap;
 
+/// A built filter and its installation, for callers (tests) that install
+/// filters of their own choosing on a thread.
+pub use seccompiler::{apply_filter, BpfProgram};
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
+    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    TargetArch,
 };
 
-/// A system call a thread may make, with all arguments or only with one
-/// argument among given values (e.g. `ioctl` with `FIONBIO` only).
+/// A system call a thread may make, with all arguments or only with
+/// arguments among given values (e.g. `ioctl` with `FIONBIO` only).
+///
+/// Several entries for one call are alternatives: the call passes if any
+/// matches. A [`Allow::Call`] entry makes the call pass with any arguments,
+/// whatever other entries say (in any order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Allow {
     Call(i64),
     /// (syscall, argument index, the values allowed for it)
     Arg(i64, u8, &'static [u64]),
+    /// (syscall, argument index, the one value allowed): for a value known
+    /// only when the filter is built, such as the process's own id.
+    ArgIs(i64, u8, u64),
+    /// (syscall, conditions that must all hold), e.g. `socket` with domain
+    /// `AF_UNIX` and type `SOCK_STREAM|SOCK_CLOEXEC`.
+    All(i64, &'static [Cond]),
+}
+
+/// One argument condition: `(argument & mask) == value`, on the argument's
+/// low 32 bits (every argument these filters look at is an `int`: flags,
+/// domains, request numbers, pids).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cond {
+    pub arg: u8,
+    pub mask: u32,
+    pub value: u32,
+}
+
+impl Cond {
+    /// Argument `arg` equals `value`.
+    pub const fn eq(arg: u8, value: u32) -> Cond {
+        Cond {
+            arg,
+            mask: u32::MAX,
+            value,
+        }
+    }
+
+    /// The bits `mask` of argument `arg` are `value` (the others are free).
+    pub const fn masked(arg: u8, mask: u32, value: u32) -> Cond {
+        Cond { arg, mask, value }
+    }
+
+    fn condition(&self) -> Result<SeccompCondition, seccompiler::BackendError> {
+        let op = if self.mask == u32::MAX {
+            SeccompCmpOp::Eq
+        } else {
+            SeccompCmpOp::MaskedEq(u64::from(self.mask))
+        };
+        SeccompCondition::new(self.arg, SeccompCmpArgLen::Dword, op, u64::from(self.value))
+    }
 }
 
 fn rules(allowed: &[Allow]) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
     let mut map: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    let mut unconditional = Vec::new();
+    let eq = |index, v| SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v);
     for a in allowed {
         match *a {
-            Allow::Call(nr) => {
-                map.insert(nr, Vec::new());
-            }
+            Allow::Call(nr) => unconditional.push(nr),
             Allow::Arg(nr, index, values) => {
                 let entry = map.entry(nr).or_default();
                 for &v in values {
-                    let cond =
-                        SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)?;
-                    entry.push(SeccompRule::new(vec![cond])?);
+                    entry.push(SeccompRule::new(vec![eq(index, v)?])?);
                 }
             }
+            Allow::ArgIs(nr, index, value) => {
+                let rule = SeccompRule::new(vec![eq(index, value)?])?;
+                map.entry(nr).or_default().push(rule);
+            }
+            Allow::All(nr, conds) => {
+                let conds = conds
+                    .iter()
+                    .map(Cond::condition)
+                    .collect::<Result<Vec<_>, _>>()?;
+                map.entry(nr).or_default().push(SeccompRule::new(conds)?);
+            }
         }
+    }
+    // An empty rule list is seccompiler's "any arguments"; set last, so an
+    // argument entry listed after the call cannot narrow it again.
+    for nr in unconditional {
+        map.insert(nr, Vec::new());
     }
     Ok(map)
 }
@@ -245,6 +307,74 @@ pub fn thread_status() -> std::io::Result<(u32, u32)> {
     Ok((field("Seccomp:"), field("NoNewPrivs:")))
 }
 
+/// How a call fared in [`try_in_child`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The filters let the call through; it returned this errno (0: it
+    /// succeeded). The kernel decides the errno, the filters only whether
+    /// the call reaches it.
+    Returned(i32),
+    /// The child was ended by this signal: `SIGSYS` is a refused call.
+    Signalled(i32),
+    /// The child could not install the filters (exit status 100 + step).
+    Setup(i32),
+}
+
+/// For tests: forks, installs `programs` in the child in order (as the
+/// VMM's threads stack theirs on the main thread's), makes `call` there and
+/// reports whether the filters let it through. `call` returns the call's
+/// result (negative: failed, errno is read). The child never returns into
+/// the caller; it needs no signal handler: an unhandled SIGSYS ends it.
+///
+/// `make_programs` runs in the child, so a filter may name the child's own
+/// pid; glibc takes malloc's locks across fork, so the child may allocate.
+pub fn try_in_child(
+    make_programs: impl FnOnce() -> Vec<BpfProgram>,
+    call: impl FnOnce() -> i64,
+) -> Outcome {
+    // SAFETY: the child runs only the closures given and ends with _exit;
+    // the parent waits for it below.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // No core file for the expected SIGSYS.
+        let none = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: setrlimit reads the struct; the result does not matter.
+        unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) };
+        let programs = make_programs();
+        for p in &programs {
+            if seccompiler::apply_filter(p).is_err() {
+                // SAFETY: _exit ends the child at once.
+                unsafe { libc::_exit(101) };
+            }
+        }
+        let r = call();
+        let errno = if r < 0 {
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(255)
+        } else {
+            0
+        };
+        // SAFETY: _exit ends the child at once (no destructors, no atexit).
+        unsafe { libc::_exit(errno.clamp(0, 99)) };
+    }
+    assert!(pid > 0, "fork: {}", std::io::Error::last_os_error());
+    let mut status = 0;
+    // SAFETY: waits for the child just forked; `status` is written.
+    let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(waited, pid, "waitpid: {}", std::io::Error::last_os_error());
+    if libc::WIFSIGNALED(status) {
+        return Outcome::Signalled(libc::WTERMSIG(status));
+    }
+    match libc::WEXITSTATUS(status) {
+        s @ 100.. => Outcome::Setup(s),
+        errno => Outcome::Returned(errno),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,6 +462,118 @@ mod tests {
             (get, set)
         });
         assert_eq!(t.join().unwrap(), (0, -1));
+    }
+
+    /// Builds the Trap filter of `allowed` plus exit_group (the child's
+    /// `_exit`), in the child of [`try_in_child`].
+    fn only(allowed: impl FnOnce() -> Vec<Allow>) -> impl FnOnce() -> Vec<BpfProgram> {
+        move || {
+            let mut list = allowed();
+            list.push(Allow::Call(libc::SYS_exit_group));
+            vec![build("test", &list, Mode::Kill).unwrap().unwrap()]
+        }
+    }
+
+    fn socket(domain: i32, kind: i32) -> i64 {
+        // SAFETY: socket(2) with integer arguments; the fd ends with the child.
+        i64::from(unsafe { libc::socket(domain, kind, 0) })
+    }
+
+    const SIGSYS: Outcome = Outcome::Signalled(libc::SIGSYS);
+
+    #[test]
+    fn a_call_entry_allows_any_arguments_whatever_the_entries_order() {
+        // SAFETY: PR_SET_DUMPABLE takes an integer.
+        let set_dumpable = || i64::from(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1) });
+        let narrow = Allow::Arg(libc::SYS_prctl, 0, &[libc::PR_GET_NAME as u64]);
+        let any = Allow::Call(libc::SYS_prctl);
+        assert_eq!(
+            try_in_child(only(move || vec![narrow]), set_dumpable),
+            SIGSYS
+        );
+        // Before, an argument entry after the call entry narrowed it again.
+        assert_eq!(
+            try_in_child(only(move || vec![any, narrow]), set_dumpable),
+            Outcome::Returned(0)
+        );
+        assert_eq!(
+            try_in_child(only(move || vec![narrow, any]), set_dumpable),
+            Outcome::Returned(0)
+        );
+    }
+
+    #[test]
+    fn an_all_rule_needs_every_condition_and_rules_are_alternatives() {
+        const UNIX_STREAM: &[Cond] = &[
+            Cond::eq(0, libc::AF_UNIX as u32),
+            Cond::eq(1, (libc::SOCK_STREAM | libc::SOCK_CLOEXEC) as u32),
+        ];
+        const UNIX_DGRAM: &[Cond] = &[
+            Cond::eq(0, libc::AF_UNIX as u32),
+            Cond::eq(1, libc::SOCK_DGRAM as u32),
+        ];
+        let unix = || {
+            vec![
+                Allow::All(libc::SYS_socket, UNIX_STREAM),
+                Allow::All(libc::SYS_socket, UNIX_DGRAM),
+            ]
+        };
+        let stream = libc::SOCK_STREAM | libc::SOCK_CLOEXEC;
+        assert_eq!(
+            try_in_child(only(unix), || socket(libc::AF_UNIX, stream)),
+            Outcome::Returned(0)
+        );
+        assert_eq!(
+            try_in_child(only(unix), || socket(libc::AF_UNIX, libc::SOCK_DGRAM)),
+            Outcome::Returned(0)
+        );
+        assert_eq!(
+            try_in_child(only(unix), || socket(libc::AF_INET, stream)),
+            SIGSYS
+        );
+        assert_eq!(
+            try_in_child(only(unix), || socket(libc::AF_UNIX, libc::SOCK_SEQPACKET)),
+            SIGSYS
+        );
+    }
+
+    #[test]
+    fn a_masked_condition_looks_only_at_the_masked_bits() {
+        const READ_ONLY: &[Cond] = &[Cond::masked(
+            2,
+            libc::O_ACCMODE as u32,
+            libc::O_RDONLY as u32,
+        )];
+        let open = |flags: i32| {
+            move || {
+                // SAFETY: a NUL-terminated path; the fd ends with the child.
+                i64::from(unsafe { libc::openat(libc::AT_FDCWD, c"/dev/null".as_ptr(), flags) })
+            }
+        };
+        let list = || vec![Allow::All(libc::SYS_openat, READ_ONLY)];
+        assert_eq!(
+            try_in_child(only(list), open(libc::O_RDONLY | libc::O_CLOEXEC)),
+            Outcome::Returned(0)
+        );
+        assert_eq!(try_in_child(only(list), open(libc::O_RDWR)), SIGSYS);
+    }
+
+    #[test]
+    fn an_argument_known_at_build_time_is_compared_with_that_value() {
+        // Built in the child: its own pid.
+        let own_pid = || {
+            let pid = u64::from(std::process::id());
+            vec![
+                Allow::ArgIs(libc::SYS_kill, 0, pid),
+                Allow::Call(libc::SYS_getpid),
+            ]
+        };
+        // SAFETY: signal 0 only checks that the process exists.
+        let kill_self = || i64::from(unsafe { libc::kill(libc::getpid(), 0) });
+        // SAFETY: as above; pid 1 exists.
+        let kill_init = || i64::from(unsafe { libc::kill(1, 0) });
+        assert_eq!(try_in_child(only(own_pid), kill_self), Outcome::Returned(0));
+        assert_eq!(try_in_child(only(own_pid), kill_init), SIGSYS);
     }
 
     #[test]

@@ -5,14 +5,19 @@
 //! installed first thing in `main`, so every other thread runs under it
 //! too and under its own, narrower one: a call passes only if both allow it.
 //!
-//! `ioctl` is allowed without argument checks on the main and vCPU threads
-//! (KVM's interface is ioctls), and only for FIONBIO/FIOCLEX elsewhere (plus
-//! `KVM_PRE_FAULT_MEMORY` where DAX ranges are mapped). No thread
-//! may execute programs, ptrace, mount, change namespaces or credentials.
+//! `ioctl` is allowed without argument checks on the main thread (it makes
+//! the VM: dozens of KVM requests, and the terminal's), on a vCPU only for
+//! the KVM requests a vCPU makes ([`VCPU_IOCTLS`]), and only for
+//! FIONBIO/FIOCLEX elsewhere (plus `KVM_PRE_FAULT_MEMORY` where DAX ranges
+//! are mapped). Signals go only to the VMM's own threads (`tgkill` with its
+//! own pid; no `kill`), sockets are only unix stream sockets, `prctl` only
+//! names a new thread and sets `no_new_privs` for its filter, and only the
+//! main thread opens files (see [`VMM_OPEN_FLAGS`]). No thread may execute
+//! programs, ptrace, mount, change namespaces or credentials.
 #![allow(clippy::wildcard_imports)]
 
 use libc::*;
-use seccomp::Allow;
+use seccomp::{Allow, Cond};
 
 pub const VMM: &str = "vmm";
 pub const VCPU: &str = "vcpu";
@@ -43,7 +48,6 @@ const COMMON: &[i64] = &[
     SYS_exit_group,
     SYS_gettid,
     SYS_getpid,
-    SYS_tgkill,
     SYS_clock_gettime,
     SYS_clock_nanosleep,
     SYS_nanosleep,
@@ -59,7 +63,6 @@ const COMMON: &[i64] = &[
     SYS_rseq,
     SYS_set_robust_list,
     SYS_sched_getaffinity,
-    SYS_prctl,
     SYS_poll,
     SYS_ppoll,
     SYS_restart_syscall,
@@ -100,8 +103,9 @@ const DEVICE_WORKER_CALLS: &[i64] = &[
     SYS_fallocate,
 ];
 
-/// The API thread: its socket, the daemons' control sockets (connect), the
-/// process's own /proc (page faults).
+/// The API thread: its socket, the daemons' control sockets (connect; the
+/// socket itself is [`API_SOCKETS`]). It opens no file: page-fault counts
+/// come from getrusage.
 const API_CALLS: &[i64] = &[
     SYS_accept4,
     SYS_recvmsg,
@@ -109,36 +113,60 @@ const API_CALLS: &[i64] = &[
     SYS_recvfrom,
     SYS_sendto,
     SYS_shutdown,
-    SYS_socket,
     SYS_connect,
     SYS_getsockopt,
     SYS_setsockopt,
     SYS_getsockname,
     SYS_getpeername,
-    SYS_openat,
     SYS_pipe2,
     SYS_timerfd_create,
     SYS_timerfd_settime,
     SYS_getrusage,
 ];
 
-/// A vCPU: KVM_RUN and register access, and the device registers it
-/// reaches (KVM ioctls when the guest moves a BAR or programs MSI-X).
-/// Device activation and reset, and with them every vhost-user round trip
-/// and thread creation, run on the device activator instead.
+/// A vCPU: KVM_RUN, and the device registers it reaches ([`VCPU_IOCTLS`]
+/// when the guest moves a BAR or programs MSI-X; eventfd writes for queue
+/// notifications and interrupts). Device activation and reset, and with
+/// them every vhost-user round trip and thread creation, run on the device
+/// activator instead.
 const VCPU_CALLS: &[i64] = &[
-    SYS_ioctl,
     SYS_pread64,
     SYS_pwrite64,
     SYS_fsync,
     SYS_fdatasync,
     SYS_msync,
     SYS_mincore,
-    SYS_kill,
     // A memory fault in a DAX window: the scratch shown over a truncated
     // file's vanished pages (mmap MAP_FIXED, emptied with fallocate).
     SYS_fallocate,
     SYS_inotify_rm_watch,
+];
+
+// KVM request numbers (<linux/kvm.h>; a test derives each from its
+// structure's size as the kernel does).
+pub const KVM_RUN: u64 = 0xae80;
+pub const KVM_GET_REGS: u64 = 0x8090_ae81;
+pub const KVM_SET_USER_MEMORY_REGION: u64 = 0x4020_ae46;
+pub const KVM_IOEVENTFD: u64 = 0x4040_ae79;
+pub const KVM_IRQFD: u64 = 0x4020_ae76;
+pub const KVM_SET_GSI_ROUTING: u64 = 0x4008_ae6a;
+
+/// The ioctls a vCPU thread makes: running the guest; its registers for an
+/// error message (the rip of an unhandled exit); a BAR the guest moves
+/// (its memory slot deleted and made again, its queue-notify ioeventfds
+/// moved: `virtio_pci.rs`, `device_memory.rs`); MSI-X entries the guest
+/// programs or masks (routes and irqfds: `gsi_routing.rs`); and what std
+/// sets on fds. Not: creating vCPUs, devices or memory fds, KVM_GET_STATS_FD
+/// (opened on the main thread at boot), nor anything on a non-KVM fd.
+pub const VCPU_IOCTLS: &[u64] = &[
+    KVM_RUN,
+    KVM_GET_REGS,
+    KVM_SET_USER_MEMORY_REGION,
+    KVM_IOEVENTFD,
+    KVM_IRQFD,
+    KVM_SET_GSI_ROUTING,
+    FIONBIO,
+    FIOCLEX,
 ];
 
 const SERIAL_INPUT_CALLS: &[i64] = &[];
@@ -155,20 +183,19 @@ const ACTIVATOR_CALLS: &[i64] = &[
     SYS_seccomp,
 ];
 
-/// The main thread (and so an upper bound for every thread).
+/// The main thread (and so an upper bound for every thread). Its sockets
+/// are [`VMM_SOCKETS`], the files it opens [`VMM_OPEN_FLAGS`].
 const VMM_CALLS: &[i64] = &[
     SYS_ioctl,
     SYS_timer_create,
     SYS_timer_settime,
     SYS_timer_delete,
-    SYS_openat,
     SYS_pread64,
     SYS_pwrite64,
     SYS_preadv,
     SYS_pwritev,
     SYS_clone,
     SYS_clone3,
-    SYS_socket,
     SYS_connect,
     SYS_bind,
     SYS_listen,
@@ -204,7 +231,6 @@ const VMM_CALLS: &[i64] = &[
     SYS_fdatasync,
     SYS_msync,
     SYS_mincore,
-    SYS_kill,
     SYS_wait4,
     SYS_pipe2,
     SYS_timerfd_create,
@@ -214,8 +240,11 @@ const VMM_CALLS: &[i64] = &[
     SYS_readlinkat,
     SYS_uname,
     SYS_sysinfo,
+    // Raising RLIMIT_NOFILE for the API's connections (glibc's setrlimit
+    // is prlimit64; the older call for other libcs).
     SYS_prlimit64,
     SYS_getrlimit,
+    SYS_setrlimit,
     SYS_getuid,
     SYS_geteuid,
     SYS_getgid,
@@ -242,33 +271,109 @@ const VMM_CALLS: &[i64] = &[
 /// idle pre-fault vCPU, see `prefault.rs`): that one KVM ioctl, no other.
 const PREFAULT_IOCTL: Allow = Allow::Arg(SYS_ioctl, 1, &[crate::prefault::KVM_PRE_FAULT_MEMORY_NR]);
 
-fn with(extra: &[i64], ioctl_any: bool) -> Vec<Allow> {
+/// What a thread that starts threads needs of `prctl`: the new thread is
+/// named (std: PR_SET_NAME) and sets `no_new_privs` before installing its
+/// own filter (seccompiler), both under this thread's filter. Nothing else
+/// (no PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_PDEATHSIG, PR_SET_MM…).
+const THREAD_START_PRCTL: Allow = Allow::Arg(
+    SYS_prctl,
+    0,
+    &[PR_SET_NAME as u64, PR_SET_NO_NEW_PRIVS as u64],
+);
+
+/// A unix stream socket as std makes one (the API socket's bind and its
+/// stale-socket probe, vhost-user connects), and as tokio makes one
+/// (non-blocking: the API thread's connects to the daemons' control
+/// sockets). No other family (no network), no other type.
+const UNIX_STREAM: &[Cond] = &[
+    Cond::eq(0, AF_UNIX as u32),
+    Cond::eq(1, (SOCK_STREAM | SOCK_CLOEXEC) as u32),
+    Cond::eq(2, 0),
+];
+const UNIX_STREAM_NONBLOCK: &[Cond] = &[
+    Cond::eq(0, AF_UNIX as u32),
+    Cond::eq(1, (SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK) as u32),
+    Cond::eq(2, 0),
+];
+pub const VMM_SOCKETS: &[&[Cond]] = &[UNIX_STREAM, UNIX_STREAM_NONBLOCK];
+pub const API_SOCKETS: &[&[Cond]] = &[UNIX_STREAM_NONBLOCK];
+
+/// The `openat` flag bits that say what an open may do to a file: its
+/// access mode and whether it creates, truncates or only names one. The
+/// others (O_CLOEXEC, O_NONBLOCK, O_DIRECTORY, O_NOFOLLOW…) are free.
+/// O_TMPFILE is O_DIRECTORY plus a bit of its own; only that bit is here.
+const OPEN_EFFECT_BITS: u32 =
+    (O_ACCMODE | O_CREAT | O_EXCL | O_TRUNC | O_APPEND | O_PATH | (O_TMPFILE & !O_DIRECTORY))
+        as u32;
+const fn open_as(flags: c_int) -> [Cond; 1] {
+    [Cond::masked(2, OPEN_EFFECT_BITS, flags as u32)]
+}
+/// Kernel, initramfs, the rng source, a read-only (discard_writes) pmem file.
+const OPEN_READ: &[Cond] = &open_as(O_RDONLY);
+/// /dev/kvm, a pmem file.
+const OPEN_READ_WRITE: &[Cond] = &open_as(O_RDWR);
+/// A pmem backing made in a directory: an unnamed file, gone when closed.
+const OPEN_UNNAMED_FILE: &[Cond] = &open_as(O_RDWR | (O_TMPFILE & !O_DIRECTORY));
+/// `--serial file=`: created if missing, appended to, never truncated.
+const OPEN_APPEND_CREATE: &[Cond] = &open_as(O_WRONLY | O_CREAT | O_APPEND);
+/// Every way the main thread opens a file. Seccomp cannot see the path:
+/// the VM's files come from the command line or a `vm.create` request, so
+/// any path the VMM's user can read (or write, for these modes) stays
+/// reachable. What is shut is truncating (O_TRUNC), creating other than
+/// by appending (O_CREAT with O_RDWR or without O_APPEND, O_EXCL), and
+/// O_PATH. Only the main thread has `openat` at all.
+pub const VMM_OPEN_FLAGS: &[&[Cond]] = &[
+    OPEN_READ,
+    OPEN_READ_WRITE,
+    OPEN_UNNAMED_FILE,
+    OPEN_APPEND_CREATE,
+];
+
+/// COMMON, `extra`, and signals to this process's threads only (`pid`):
+/// the vCPU kicks (pthread_kill) and abort's raise are tgkill with the
+/// VMM's pid. No thread may signal another process.
+fn base(pid: u32, extra: &[i64]) -> Vec<Allow> {
     let mut v = seccomp::calls(COMMON);
     v.extend(seccomp::calls(extra));
-    if !ioctl_any {
-        v.push(seccomp::IOCTL_FD_FLAGS_ONLY);
-    }
+    v.push(Allow::ArgIs(SYS_tgkill, 0, u64::from(pid)));
     v
+}
+
+fn each(nr: i64, rules: &'static [&'static [Cond]]) -> impl Iterator<Item = Allow> {
+    rules.iter().map(move |r| Allow::All(nr, r))
 }
 
 /// Every thread kind's allowlist, for [`seccomp::register`].
 pub fn all() -> Vec<(&'static str, Vec<Allow>)> {
+    all_for(std::process::id())
+}
+
+/// Every thread kind's allowlist for the process `pid`.
+pub fn all_for(pid: u32) -> Vec<(&'static str, Vec<Allow>)> {
+    let fd_flags = seccomp::IOCTL_FD_FLAGS_ONLY;
+    let mut vmm = base(pid, VMM_CALLS);
+    vmm.push(THREAD_START_PRCTL);
+    vmm.extend(each(SYS_socket, VMM_SOCKETS));
+    vmm.extend(each(SYS_openat, VMM_OPEN_FLAGS));
+    let mut vcpu = base(pid, VCPU_CALLS);
+    vcpu.push(Allow::Arg(SYS_ioctl, 1, VCPU_IOCTLS));
+    let mut api = base(pid, API_CALLS);
+    api.push(fd_flags);
+    api.extend(each(SYS_socket, API_SOCKETS));
+    let mut worker = base(pid, DEVICE_WORKER_CALLS);
+    worker.extend([fd_flags, PREFAULT_IOCTL]);
+    let mut serial = base(pid, SERIAL_INPUT_CALLS);
+    serial.push(fd_flags);
+    let mut activator = base(pid, ACTIVATOR_CALLS);
+    activator.extend(seccomp::calls(DEVICE_WORKER_CALLS));
+    activator.extend([fd_flags, PREFAULT_IOCTL, THREAD_START_PRCTL]);
     vec![
-        (VMM, with(VMM_CALLS, true)),
-        (VCPU, with(VCPU_CALLS, true)),
-        (API, with(API_CALLS, false)),
-        (DEVICE_WORKER, {
-            let mut v = with(DEVICE_WORKER_CALLS, false);
-            v.push(PREFAULT_IOCTL);
-            v
-        }),
-        (SERIAL_INPUT, with(SERIAL_INPUT_CALLS, false)),
-        (ACTIVATOR, {
-            let mut v = with(ACTIVATOR_CALLS, false);
-            v.extend(seccomp::calls(DEVICE_WORKER_CALLS));
-            v.push(PREFAULT_IOCTL);
-            v
-        }),
+        (VMM, vmm),
+        (VCPU, vcpu),
+        (API, api),
+        (DEVICE_WORKER, worker),
+        (SERIAL_INPUT, serial),
+        (ACTIVATOR, activator),
     ]
 }
 
@@ -283,65 +388,5 @@ pub fn install(mode: seccomp::Mode) -> Result<(), seccomp::SeccompError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_thread_kind_is_a_subset_of_the_main_threads_list() {
-        // Threads start under the main thread's filter: a call it does not
-        // allow would be refused whatever the thread's own list says.
-        let main: std::collections::BTreeSet<i64> =
-            COMMON.iter().chain(VMM_CALLS).copied().collect();
-        for (kind, extra) in [
-            (VCPU, VCPU_CALLS),
-            (API, API_CALLS),
-            (DEVICE_WORKER, DEVICE_WORKER_CALLS),
-            (ACTIVATOR, ACTIVATOR_CALLS),
-        ] {
-            for nr in extra {
-                assert!(
-                    main.contains(nr),
-                    "{kind} allows syscall {nr}, which the main thread's filter refuses"
-                );
-            }
-        }
-        for (kind, list) in all() {
-            assert!(seccomp::build(kind, &list, seccomp::Mode::Kill)
-                .unwrap()
-                .is_some());
-        }
-    }
-
-    /// Filters stack: a device worker runs under the activator's filter
-    /// (which started it) as well as its own. A call the worker needs that
-    /// the activator's list lacks kills the VMM (seen: recvfrom, when
-    /// workers were started from vCPUs).
-    #[test]
-    fn device_workers_calls_pass_the_filter_of_the_thread_that_starts_them() {
-        let activator = all()
-            .into_iter()
-            .find(|(k, _)| *k == ACTIVATOR)
-            .map(|(_, l)| l)
-            .unwrap();
-        for nr in DEVICE_WORKER_CALLS.iter().chain(COMMON) {
-            assert!(
-                activator.contains(&Allow::Call(*nr)),
-                "a device worker needs syscall {nr}, which the activator's filter refuses"
-            );
-        }
-    }
-
-    #[test]
-    fn threads_that_start_threads_let_them_install_their_own_filter() {
-        // The main thread starts the API thread, vCPUs and the activator;
-        // the activator starts device workers. Each new thread calls seccomp(2).
-        for (kind, extra) in [(VMM, VMM_CALLS), (ACTIVATOR, ACTIVATOR_CALLS)] {
-            for nr in [SYS_clone3, SYS_seccomp] {
-                assert!(
-                    extra.contains(&nr),
-                    "{kind} starts threads but does not allow syscall {nr}"
-                );
-            }
-        }
-    }
-}
+#[path = "seccomp_filters_tests.rs"]
+mod tests;

@@ -1,0 +1,390 @@
+//! The VMM's allowlists against the calls its threads make: each checked
+//! in a forked child that installs the main thread's filter and then the
+//! thread's own, as the VMM does (a refused call ends the child with
+//! SIGSYS), and, for the KVM requests, on a thread of this process against
+//! a real VM.
+
+use std::ffi::CString;
+
+use seccomp::{try_in_child, Outcome};
+
+use super::*;
+
+const SIGSYS_: Outcome = Outcome::Signalled(SIGSYS);
+const EBADF_: Outcome = Outcome::Returned(EBADF);
+
+/// Runs `call` in a child under the filters of `kinds` (the main thread's
+/// first), built there for the child's own pid.
+fn under(kinds: &'static [&'static str], call: impl FnOnce() -> i64) -> Outcome {
+    try_in_child(
+        || {
+            let lists = all_for(std::process::id());
+            kinds
+                .iter()
+                .map(|k| {
+                    let (_, list) = lists.iter().find(|(n, _)| n == k).unwrap();
+                    seccomp::build(k, list, seccomp::Mode::Kill)
+                        .unwrap()
+                        .unwrap()
+                })
+                .collect()
+        },
+        call,
+    )
+}
+
+const MAIN: &[&str] = &[VMM];
+const ON_VCPU: &[&str] = &[VMM, VCPU];
+const ON_API: &[&str] = &[VMM, API];
+const ON_ACTIVATOR: &[&str] = &[VMM, ACTIVATOR];
+const ON_WORKER: &[&str] = &[VMM, ACTIVATOR, DEVICE_WORKER];
+
+fn ioctl(request: u64) -> impl FnOnce() -> i64 {
+    // SAFETY: an ioctl on fd -1 touches no memory: EBADF if it gets past
+    // the filter.
+    move || i64::from(unsafe { libc::ioctl(-1, request as _, 0) })
+}
+
+fn socket(domain: c_int, kind: c_int) -> impl FnOnce() -> i64 {
+    // SAFETY: integer arguments; the fd ends with the child.
+    move || i64::from(unsafe { libc::socket(domain, kind, 0) })
+}
+
+fn prctl(option: c_int, arg: u64) -> impl FnOnce() -> i64 {
+    // SAFETY: the options tested take an integer or a NUL-terminated name
+    // (`arg` then points to a static C string).
+    move || i64::from(unsafe { libc::prctl(option, arg, 0, 0, 0) })
+}
+
+fn open(path: &CString, flags: c_int) -> impl FnOnce() -> i64 {
+    let path = path.clone();
+    // SAFETY: a NUL-terminated path; the fd ends with the child.
+    move || i64::from(unsafe { libc::openat(AT_FDCWD, path.as_ptr(), flags, 0o600) })
+}
+
+#[test]
+fn the_kvm_request_numbers_are_the_kernels() {
+    use kvm_bindings::*;
+    use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr};
+    ioctl_io_nr!(RUN, KVMIO, 0x80);
+    ioctl_ior_nr!(GET_REGS, KVMIO, 0x81, kvm_regs);
+    ioctl_iow_nr!(
+        SET_USER_MEMORY_REGION,
+        KVMIO,
+        0x46,
+        kvm_userspace_memory_region
+    );
+    ioctl_iow_nr!(IOEVENTFD, KVMIO, 0x79, kvm_ioeventfd);
+    ioctl_iow_nr!(IRQFD, KVMIO, 0x76, kvm_irqfd);
+    ioctl_iow_nr!(SET_GSI_ROUTING, KVMIO, 0x6a, kvm_irq_routing);
+    assert_eq!(
+        [
+            KVM_RUN,
+            KVM_GET_REGS,
+            KVM_SET_USER_MEMORY_REGION,
+            KVM_IOEVENTFD,
+            KVM_IRQFD,
+            KVM_SET_GSI_ROUTING
+        ],
+        [
+            RUN(),
+            GET_REGS(),
+            SET_USER_MEMORY_REGION(),
+            IOEVENTFD(),
+            IRQFD(),
+            SET_GSI_ROUTING()
+        ]
+        .map(u64::from)
+    );
+}
+
+/// A vCPU used to be allowed every ioctl: a guest that took one over
+/// could create vCPUs and devices, open KVM's stats, drive a terminal.
+#[test]
+fn a_vcpu_makes_only_the_kvm_requests_a_vcpu_issues() {
+    for &request in VCPU_IOCTLS {
+        assert_eq!(under(ON_VCPU, ioctl(request)), EBADF_, "{request:#x}");
+    }
+    const KVM_CREATE_VCPU: u64 = 0xae41;
+    const KVM_GET_STATS_FD: u64 = 0xaece;
+    const KVM_CREATE_DEVICE: u64 = 0xc00c_aee0;
+    for request in [
+        KVM_CREATE_VCPU,
+        KVM_GET_STATS_FD,
+        KVM_CREATE_DEVICE,
+        crate::prefault::KVM_PRE_FAULT_MEMORY_NR,
+        TCSETS,
+        TIOCSTI,
+    ] {
+        assert_eq!(under(ON_VCPU, ioctl(request)), SIGSYS_, "{request:#x}");
+    }
+    // The main thread makes the VM: every request still passes there.
+    assert_eq!(under(MAIN, ioctl(KVM_CREATE_VCPU)), EBADF_);
+}
+
+/// Every thread could `kill` any process (and `tgkill` any thread): now
+/// only the VMM's own threads, by tgkill, as pthread_kill (the vCPU kicks)
+/// and abort do.
+#[test]
+fn signals_reach_only_the_vmms_own_threads() {
+    // SAFETY: signal 0 only checks that the target exists.
+    let tgkill_self = || unsafe { libc::syscall(SYS_tgkill, libc::getpid(), libc::gettid(), 0) };
+    // SAFETY: as above; process 1 exists.
+    let tgkill_init = || unsafe { libc::syscall(SYS_tgkill, 1, 1, 0) };
+    // SAFETY: as above.
+    let kill_self = || i64::from(unsafe { libc::kill(libc::getpid(), 0) });
+    // SAFETY: as above.
+    let kill_init = || i64::from(unsafe { libc::kill(1, 0) });
+    for kinds in [MAIN, ON_VCPU, ON_API, ON_ACTIVATOR, ON_WORKER] {
+        assert_eq!(under(kinds, tgkill_self), Outcome::Returned(0), "{kinds:?}");
+        assert_eq!(under(kinds, tgkill_init), SIGSYS_, "{kinds:?}");
+        assert_eq!(under(kinds, kill_init), SIGSYS_, "{kinds:?}");
+        assert_eq!(under(kinds, kill_self), SIGSYS_, "{kinds:?}");
+    }
+}
+
+/// `prctl` was allowed with any option on every thread: now only naming a
+/// new thread and setting no_new_privs, on the threads that start threads.
+#[test]
+fn prctl_only_names_new_threads_and_sets_no_new_privs_where_threads_start() {
+    let name = c"t".as_ptr() as u64;
+    for kinds in [MAIN, ON_ACTIVATOR] {
+        assert_eq!(under(kinds, prctl(PR_SET_NAME, name)), Outcome::Returned(0));
+        assert_eq!(
+            under(kinds, prctl(PR_SET_NO_NEW_PRIVS, 1)),
+            Outcome::Returned(0)
+        );
+    }
+    for kinds in [MAIN, ON_VCPU, ON_API, ON_ACTIVATOR, ON_WORKER] {
+        for option in [PR_SET_DUMPABLE, PR_SET_PDEATHSIG, PR_SET_MM, PR_SET_PTRACER] {
+            assert_eq!(
+                under(kinds, prctl(option, 0)),
+                SIGSYS_,
+                "{kinds:?} {option}"
+            );
+        }
+    }
+    for kinds in [ON_VCPU, ON_API, ON_WORKER] {
+        assert_eq!(under(kinds, prctl(PR_SET_NAME, name)), SIGSYS_, "{kinds:?}");
+    }
+}
+
+/// `socket` took any family on the main and API threads: now unix stream
+/// sockets only, as std (main) and tokio (API) make them; none on a vCPU.
+#[test]
+fn sockets_are_unix_streams_only() {
+    let (blocking, nonblocking) = (
+        SOCK_STREAM | SOCK_CLOEXEC,
+        SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
+    );
+    let ok = Outcome::Returned(0);
+    assert_eq!(under(MAIN, socket(AF_UNIX, blocking)), ok);
+    assert_eq!(under(MAIN, socket(AF_UNIX, nonblocking)), ok);
+    assert_eq!(under(ON_API, socket(AF_UNIX, nonblocking)), ok);
+    for kinds in [MAIN, ON_API] {
+        for (domain, kind) in [
+            (AF_INET, blocking),
+            (AF_INET6, nonblocking),
+            (AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC),
+            (AF_PACKET, SOCK_RAW),
+            (AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC),
+            (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC),
+        ] {
+            let refused = under(kinds, socket(domain, kind));
+            assert_eq!(refused, SIGSYS_, "{kinds:?} {domain} {kind:#x}");
+        }
+    }
+    for kinds in [ON_VCPU, ON_WORKER, ON_ACTIVATOR] {
+        assert_eq!(
+            under(kinds, socket(AF_UNIX, blocking)),
+            SIGSYS_,
+            "{kinds:?}"
+        );
+    }
+}
+
+/// `openat` took any flags on the main thread and was allowed on the API
+/// thread, which opens nothing: now the API thread (like every thread but
+/// the main one) cannot open a file, and the main thread cannot truncate
+/// one, nor create one except by appending (the serial log) or unnamed
+/// (a pmem backing in a directory).
+#[test]
+fn only_the_main_thread_opens_files_and_never_truncates() {
+    let dir = std::env::temp_dir().join(format!("seccomp-open-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path =
+        |name: &str| CString::new(dir.join(name).into_os_string().into_encoded_bytes()).unwrap();
+    let existing = path("existing");
+    std::fs::write(dir.join("existing"), b"kept").unwrap();
+    let dir_c = path("");
+    let ok = Outcome::Returned(0);
+    assert_eq!(under(MAIN, open(&existing, O_RDONLY | O_CLOEXEC)), ok);
+    assert_eq!(under(MAIN, open(&existing, O_RDWR | O_CLOEXEC)), ok);
+    let log = path("serial.log");
+    assert_eq!(
+        under(MAIN, open(&log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC)),
+        ok
+    );
+    assert_eq!(
+        under(MAIN, open(&dir_c, O_RDWR | O_TMPFILE | O_CLOEXEC)),
+        ok
+    );
+    for flags in [
+        O_WRONLY | O_TRUNC,
+        O_RDWR | O_CREAT,
+        O_WRONLY | O_CREAT | O_TRUNC,
+        O_WRONLY | O_CREAT | O_EXCL | O_APPEND,
+        O_PATH,
+        O_WRONLY,
+    ] {
+        assert_eq!(under(MAIN, open(&existing, flags)), SIGSYS_, "{flags:#o}");
+    }
+    assert_eq!(std::fs::read(dir.join("existing")).unwrap(), b"kept");
+    for kinds in [ON_API, ON_VCPU, ON_ACTIVATOR, ON_WORKER] {
+        assert_eq!(
+            under(kinds, open(&existing, O_RDONLY | O_CLOEXEC)),
+            SIGSYS_,
+            "{kinds:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What a vCPU does for the guest's device registers, against a real VM on
+/// a thread of this process under the main thread's and the vCPU's
+/// filters: a BAR moved (its memory slot deleted and made again, an
+/// ioeventfd moved), an MSI-X vector routed and its irqfd attached and
+/// detached, the registers read for an error message. A refused call would
+/// end this test process with SIGSYS.
+#[test]
+fn a_vcpus_device_work_passes_its_filters_against_real_kvm() {
+    use kvm_bindings::{kvm_irq_routing_entry, kvm_userspace_memory_region, KVM_IRQ_ROUTING_MSI};
+    use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch};
+    use vmm_sys_util::eventfd::EventFd;
+    let Ok(kvm) = Kvm::new() else {
+        return eprintln!("no /dev/kvm; skipped");
+    };
+    let vm = kvm.create_vm().unwrap();
+    vm.create_irq_chip().unwrap();
+    let vcpu = vm.create_vcpu(0).unwrap();
+    const SIZE: usize = 2 << 20;
+    // SAFETY: a fresh anonymous mapping, unmapped at the end of the test.
+    let host = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            SIZE,
+            PROT_READ | PROT_WRITE,
+            MAP_PRIVATE | MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(host, MAP_FAILED);
+    let programs: Vec<_> = all_for(std::process::id())
+        .into_iter()
+        .filter(|(k, _)| [VMM, VCPU].contains(k))
+        .map(|(k, l)| seccomp::build(k, &l, seccomp::Mode::Kill).unwrap().unwrap())
+        .collect();
+    let (notify, irq) = (
+        EventFd::new(EFD_NONBLOCK).unwrap(),
+        EventFd::new(EFD_NONBLOCK).unwrap(),
+    );
+    let host_addr = host as u64;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for p in &programs {
+                seccomp::apply_filter(p).unwrap();
+            }
+            let slot = |gpa, size| kvm_userspace_memory_region {
+                slot: 0,
+                flags: 0,
+                guest_phys_addr: gpa,
+                memory_size: size,
+                userspace_addr: host_addr,
+            };
+            // SAFETY: the mapping outlives the slot (deleted below).
+            unsafe {
+                vm.set_user_memory_region(slot(0x1_0000_0000, SIZE as u64))
+                    .unwrap();
+                vm.set_user_memory_region(slot(0x1_0000_0000, 0)).unwrap();
+                vm.set_user_memory_region(slot(0x2_0000_0000, SIZE as u64))
+                    .unwrap();
+                vm.set_user_memory_region(slot(0x2_0000_0000, 0)).unwrap();
+            }
+            let at = IoEventAddress::Mmio(0xe000_0000);
+            vm.register_ioevent(&notify, &at, NoDatamatch).unwrap();
+            vm.unregister_ioevent(&notify, &at, NoDatamatch).unwrap();
+            let mut route = kvm_irq_routing_entry {
+                gsi: 24,
+                type_: KVM_IRQ_ROUTING_MSI,
+                ..Default::default()
+            };
+            route.u.msi.address_lo = 0xfee0_0000;
+            let table = kvm_bindings::KvmIrqRouting::from_entries(&[route]).unwrap();
+            vm.set_gsi_routing(&table).unwrap();
+            vm.register_irqfd(&irq, 24).unwrap();
+            vm.unregister_irqfd(&irq, 24).unwrap();
+            vcpu.get_regs().unwrap();
+        });
+    });
+    // SAFETY: the mapping made above, no longer in a slot.
+    unsafe { libc::munmap(host, SIZE) };
+}
+
+#[test]
+fn every_thread_kind_is_a_subset_of_the_main_threads_list() {
+    // Threads start under the main thread's filter: a call it does not
+    // allow would be refused whatever the thread's own list says.
+    let main: std::collections::BTreeSet<i64> = COMMON.iter().chain(VMM_CALLS).copied().collect();
+    for (kind, extra) in [
+        (VCPU, VCPU_CALLS),
+        (API, API_CALLS),
+        (DEVICE_WORKER, DEVICE_WORKER_CALLS),
+        (ACTIVATOR, ACTIVATOR_CALLS),
+    ] {
+        for nr in extra {
+            assert!(
+                main.contains(nr),
+                "{kind} allows syscall {nr}, which the main thread's filter refuses"
+            );
+        }
+    }
+    for (kind, list) in all() {
+        assert!(seccomp::build(kind, &list, seccomp::Mode::Kill)
+            .unwrap()
+            .is_some());
+    }
+}
+
+/// Filters stack: a device worker runs under the activator's filter
+/// (which started it) as well as its own. A call the worker needs that
+/// the activator's list lacks kills the VMM (seen: recvfrom, when
+/// workers were started from vCPUs).
+#[test]
+fn device_workers_calls_pass_the_filter_of_the_thread_that_starts_them() {
+    let activator = all()
+        .into_iter()
+        .find(|(k, _)| *k == ACTIVATOR)
+        .map(|(_, l)| l)
+        .unwrap();
+    for nr in DEVICE_WORKER_CALLS.iter().chain(COMMON) {
+        assert!(
+            activator.contains(&Allow::Call(*nr)),
+            "a device worker needs syscall {nr}, which the activator's filter refuses"
+        );
+    }
+}
+
+#[test]
+fn threads_that_start_threads_let_them_install_their_own_filter() {
+    // The main thread starts the API thread, vCPUs and the activator;
+    // the activator starts device workers. Each new thread calls seccomp(2).
+    for (kind, extra) in [(VMM, VMM_CALLS), (ACTIVATOR, ACTIVATOR_CALLS)] {
+        for nr in [SYS_clone3, SYS_seccomp] {
+            assert!(
+                extra.contains(&nr),
+                "{kind} starts threads but does not allow syscall {nr}"
+            );
+        }
+    }
+}
