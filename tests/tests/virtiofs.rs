@@ -11,7 +11,11 @@
 //!   symlink;
 //! - a policy replaced through the daemon's control socket while the guest
 //!   runs flips `STATX_ATTR_DAX` on files the guest already looked up;
-//! - `dax=always`: every regular file is DAX.
+//! - `dax=always`: every regular file is DAX;
+//! - a DAX-mapped file cut short on the host while a guest process has it
+//!   mapped (issue 22): the process reads zeros where the pages vanished,
+//!   and the VM lives on (the VMM shows the scratch there; without it the
+//!   vCPU hung in KVM or KVM_RUN failed and the VM ended).
 //!
 //! The PCI run also starts the daemon the way Kata does
 //! (`--thread-pool-size=2 -o announce_submounts`) with a tmpfs mounted
@@ -41,6 +45,7 @@ const HOST_BEFORE: &str = r#"
 mkdir -p share/nodax share/tree
 dd if=/dev/urandom of=share/big.bin bs=1M count=96 2>/dev/null
 dd if=/dev/zero of=share/target.bin bs=1M count=4 2>/dev/null
+dd if=/dev/urandom of=share/trunc.bin bs=1M count=4 2>/dev/null
 dd if=/dev/urandom of=share/nodax/large.bin bs=1M count=1 2>/dev/null
 printf 'small file\n' > share/small.txt
 i=0; while [ $i -lt DIRS ]; do mkdir share/tree/d$i; j=0; while [ $j -lt FILES ]; do echo "file $i $j" > share/tree/d$i/f$j; j=$((j+1)); done; i=$((i+1)); done
@@ -84,6 +89,11 @@ WATCHER=$!
     done
   done ) &
 DIAG=$!
+# When the guest has trunc.bin mapped through DAX, cut it to 1 MiB under it.
+( i=0; while [ ! -e share/.trunc-ready ] && [ $i -lt 6000 ] && { [ $i -lt 300 ] || pidof dax-vmm >/dev/null; }; do sleep 0.1; i=$((i+1)); done
+  truncate -s 1048576 share/trunc.bin; echo "@@HOST truncated_rc=$?"
+  sleep 1
+  touch share/.trunc-go ) &
 "#;
 
 /// Without the API the flip goes straight to the daemon's control socket.
@@ -167,6 +177,9 @@ dd if=/dev/urandom of=/tmp/chunk bs=1M count=2 2>/dev/null
 dd if=/tmp/chunk of=target.bin bs=1M seek=1 conv=notrunc,fsync 2>/dev/null; echo "@@GUEST dd_rc=$?"
 daxprobe mmap-fill target.bin 4096 65536 90; echo "@@GUEST mmap_fill_rc=$?"
 echo "@@GUEST target_md5=$(md5sum < target.bin | cut -d' ' -f1)"
+echo "@@GUEST statx_trunc=$(daxprobe statx trunc.bin)"
+echo "@@GUEST trunc_touch=$(daxprobe mmap-truncated trunc.bin .trunc-ready .trunc-go)"
+echo "@@GUEST trunc_alive=yes"
 dd if=/dev/urandom of=/tmp/w bs=1M count=8 2>/dev/null
 cp /tmp/w written.bin && sync
 echo "@@GUEST written_md5=$(md5sum < /tmp/w | cut -d' ' -f1)"
@@ -313,6 +326,21 @@ fn virtiofs_test(transport: &str, api: bool) {
     assert_eq!(run.guest("large_md5"), run.host("large_md5"), "{tail}");
     assert_eq!(run.guest("dd_rc"), Some("0"), "{tail}");
     assert_eq!(run.guest("mmap_fill_rc"), Some("0"), "{tail}");
+    // Issue 22: a file cut from 4 MiB to 1 MiB on the host under a guest
+    // process's DAX mapping: the vanished 3 MiB read zeros, the rest is
+    // the file's, and the guest goes on.
+    assert_eq!(run.guest("statx_trunc"), Some("trunc.bin:1"), "{tail}");
+    assert_eq!(run.host("truncated_rc"), Some("0"), "{tail}");
+    assert!(
+        run.guest("trunc_touch")
+            .is_some_and(|t| t.starts_with("zeros=768 data=256 ")),
+        "{tail}"
+    );
+    assert_eq!(run.guest("trunc_alive"), Some("yes"), "{tail}");
+    assert!(
+        run.text().contains("a mapped file shrank on the host"),
+        "the VMM says what it repaired\n{tail}"
+    );
     assert_eq!(
         run.host("target_md5"),
         run.guest("target_md5"),
@@ -520,6 +548,10 @@ fn check_api_run(run: &rig::Run, tail: &str) {
     assert!(count("map") >= 48, "map events streamed: {events}");
     assert!(count("unmap") > 0, "{events}");
     assert_eq!(count("policy"), 1, "the flip: {events}");
+    assert!(
+        count("truncated") >= 1,
+        "trunc.bin cut on the host, relayed as an event: {events}"
+    );
     assert!(
         count("adaptive") >= 1,
         "the adaptive decision for big.bin, relayed from the daemon: {events}"

@@ -9,6 +9,11 @@
 //!                                        prints "passes=N changed=M" (M: passes whose
 //!                                        checksum differed from the first); says
 //!                                        "first pass done" on stderr once all is mapped
+//! daxprobe mmap-truncated PATH READY GO   maps PATH, reads it all, creates READY, waits
+//!                                        (60 s at most) for GO to exist (the host has cut the
+//!                                        file meanwhile), then a child reads every page again
+//!                                        through the same mapping; prints "zeros=N data=M" or
+//!                                        "sigbus" (the child was killed by SIGBUS)
 //! daxprobe bench PATH seq|rand|mmap BLOCK_KIB TOTAL_MIB   reads, prints MiB/s
 //! daxprobe mktree DIR DIRS FILES         writes a source-tree-like share: DIRS directories of
 //!                                        FILES files, 97 % of 1-12 KiB and 3 % of 64-320 KiB
@@ -104,6 +109,47 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: our own mapping.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Touches every page of a DAX mapping whose file the host cuts short
+/// meanwhile: the guest's page tables still point into the window, so the
+/// touch reaches the VMM's mapping of pages that no longer exist.
+fn mmap_truncated(path: &str, ready: &str, go: &str) {
+    let f = open(path, false);
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0) as usize;
+    if len == 0 {
+        fail(format!("{path} is empty"));
+    }
+    let m = Mapping::new(&f, len, false);
+    let first: u64 = m.bytes().iter().step_by(4096).map(|&b| u64::from(b)).sum();
+    File::create(ready).unwrap_or_else(|e| fail(format!("{ready}: {e}")));
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while !std::path::Path::new(go).exists() && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // SAFETY: fork in a single-threaded program; the child only reads the
+    // mapping it inherited and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let (mut zeros, mut data) = (0u64, 0u64);
+        for page in m.bytes().chunks(4096) {
+            if page.iter().all(|&b| b == 0) {
+                zeros += 1;
+            } else {
+                data += 1;
+            }
+        }
+        println!("zeros={zeros} data={data} first_sum={first}");
+        let _ = std::io::stdout().flush();
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    if libc::WIFSIGNALED(status) {
+        println!("sigbus={}", libc::WTERMSIG(status) == libc::SIGBUS);
     }
 }
 
@@ -362,6 +408,7 @@ fn main() {
             }
             println!("passes={passes} changed={changed}");
         }
+        ["mmap-truncated", path, ready, go] => mmap_truncated(path, ready, go),
         ["bench", path, mode @ ("seq" | "rand" | "mmap"), block_kib, total_mib] => bench(path, mode, num(block_kib), num(total_mib)),
         ["mktree", dir, dirs, files] => mktree(dir, num(dirs), num(files)),
         ["readtree", dir] => readtree(dir),

@@ -81,6 +81,11 @@ impl DaxWindow {
             });
         }
         self.settle_charge(&mut mapped);
+        if repaired > 0 {
+            log::warn!(
+                "DAX window: a mapped file shrank on the host; {repaired} bytes of the window that showed it read zeros now"
+            );
+        }
         repaired
     }
 
