@@ -17,6 +17,76 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 
+/// The file ranges currently mapped, as disjoint `[start, end)` offsets.
+#[derive(Default, Debug)]
+pub struct MappedRanges(pub BTreeMap<u64, u64>);
+
+impl MappedRanges {
+    /// Removes `[start, end)`, splitting ranges that straddle its ends;
+    /// returns how many bytes were mapped there.
+    pub fn remove(&mut self, start: u64, end: u64) -> u64 {
+        let mut removed = 0;
+        let overlapping: Vec<(u64, u64)> = self.overlapping(start, end).collect();
+        for (s, e) in overlapping {
+            self.0.remove(&s);
+            if s < start {
+                self.0.insert(s, start);
+            }
+            if e > end {
+                self.0.insert(end, e);
+            }
+            removed += e.min(end) - s.max(start);
+        }
+        removed
+    }
+
+    /// How many ranges there would be after `[start, end)` is mapped
+    /// (`mapped`) or unmapped: overlapped ranges go, the pieces they leave
+    /// outside the request stay, and a mapping adds itself.
+    pub fn count_after(&self, start: u64, end: u64, mapped: bool) -> usize {
+        let (mut gone, mut pieces) = (0, 0);
+        for (s, e) in self.overlapping(start, end) {
+            gone += 1;
+            pieces += usize::from(s < start) + usize::from(e > end);
+        }
+        self.0.len() - gone + pieces + usize::from(mapped)
+    }
+
+    /// The ranges that share at least one byte with `[start, end)`.
+    pub fn overlapping(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.0
+            .range(..end)
+            .rev()
+            .take_while(move |(_, &e)| e > start)
+            .map(|(&s, &e)| (s, e))
+    }
+
+    pub fn insert(&mut self, start: u64, end: u64) -> u64 {
+        let replaced = self.remove(start, end);
+        self.0.insert(start, end);
+        replaced
+    }
+
+    /// How many `granularity`-sized, aligned ranges hold at least one mapped byte.
+    pub fn ranges_touched(&self, granularity: u64) -> u64 {
+        let mut count = 0;
+        let mut last = None;
+        for (&s, &e) in &self.0 {
+            let (first, end) = (s / granularity, (e - 1) / granularity);
+            let first = if last == Some(first) {
+                first + 1
+            } else {
+                first
+            };
+            if end >= first {
+                count += end - first + 1;
+            }
+            last = Some(end);
+        }
+        count
+    }
+}
+
 /// A file's identity: (st_dev, st_ino).
 pub type FileKey = (u64, u64);
 

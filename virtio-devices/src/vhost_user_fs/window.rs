@@ -22,7 +22,6 @@
 //! (region id, zero length, overflow, bounds, page alignment, flags, fd type)
 //! before any mmap, and a refused request changes nothing.
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -31,7 +30,7 @@ use std::time::{Duration, Instant};
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 
 use super::map_budget::{vmas_for, MapBudget};
-use super::mapped_files::{FileKey, FileWatch, MappedFiles};
+use super::mapped_files::{FileKey, FileWatch, MappedFiles, MappedRanges};
 use super::metrics::{DaxMetrics, FailureReason};
 use super::scratch::Scratch;
 
@@ -133,76 +132,6 @@ pub const MAX_WINDOW_SIZE: u64 = 256 << 30;
 /// VMAs, leaves the rest for the VMM; a guest using 2 MiB ranges needs one
 /// per 2 MiB of window (512 per GiB).
 pub const DEFAULT_MAX_MAPPINGS: usize = 16384;
-
-/// The file ranges currently mapped, as disjoint `[start, end)` offsets.
-#[derive(Default, Debug)]
-struct MappedRanges(BTreeMap<u64, u64>);
-
-impl MappedRanges {
-    /// Removes `[start, end)`, splitting ranges that straddle its ends;
-    /// returns how many bytes were mapped there.
-    fn remove(&mut self, start: u64, end: u64) -> u64 {
-        let mut removed = 0;
-        let overlapping: Vec<(u64, u64)> = self.overlapping(start, end).collect();
-        for (s, e) in overlapping {
-            self.0.remove(&s);
-            if s < start {
-                self.0.insert(s, start);
-            }
-            if e > end {
-                self.0.insert(end, e);
-            }
-            removed += e.min(end) - s.max(start);
-        }
-        removed
-    }
-
-    /// How many ranges there would be after `[start, end)` is mapped
-    /// (`mapped`) or unmapped: overlapped ranges go, the pieces they leave
-    /// outside the request stay, and a mapping adds itself.
-    fn count_after(&self, start: u64, end: u64, mapped: bool) -> usize {
-        let (mut gone, mut pieces) = (0, 0);
-        for (s, e) in self.overlapping(start, end) {
-            gone += 1;
-            pieces += usize::from(s < start) + usize::from(e > end);
-        }
-        self.0.len() - gone + pieces + usize::from(mapped)
-    }
-
-    /// The ranges that share at least one byte with `[start, end)`.
-    fn overlapping(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.0
-            .range(..end)
-            .rev()
-            .take_while(move |(_, &e)| e > start)
-            .map(|(&s, &e)| (s, e))
-    }
-
-    fn insert(&mut self, start: u64, end: u64) -> u64 {
-        let replaced = self.remove(start, end);
-        self.0.insert(start, end);
-        replaced
-    }
-
-    /// How many `granularity`-sized, aligned ranges hold at least one mapped byte.
-    fn ranges_touched(&self, granularity: u64) -> u64 {
-        let mut count = 0;
-        let mut last = None;
-        for (&s, &e) in &self.0 {
-            let (first, end) = (s / granularity, (e - 1) / granularity);
-            let first = if last == Some(first) {
-                first + 1
-            } else {
-                first
-            };
-            if end >= first {
-                count += end - first + 1;
-            }
-            last = Some(end);
-        }
-        count
-    }
-}
 
 pub struct DaxWindow {
     host_addr: u64,
