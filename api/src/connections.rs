@@ -159,3 +159,27 @@ impl hyper::body::Body for Tracked {
         self.body.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eviction_takes_never_served_first_then_the_longest_idle_and_never_a_busy_one() {
+        let c = Arc::new(Connections::default());
+        let kept = c.register();
+        drop(kept.slot.begin()); // served, now idle
+        let busy = c.register();
+        let _request = busy.slot.begin();
+        let silent = c.register();
+        assert_eq!(c.len(), 3);
+        assert!(c.evict_one());
+        assert_eq!(c.len(), 2);
+        assert!(!lock(&c.open).values().any(|s| Arc::ptr_eq(s, &silent.slot)));
+        assert!(c.evict_one());
+        assert!(!lock(&c.open).values().any(|s| Arc::ptr_eq(s, &kept.slot)));
+        // Only the connection with a request in progress is left.
+        assert!(!c.evict_one());
+        assert_eq!(c.len(), 1);
+    }
+}
