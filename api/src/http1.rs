@@ -7,6 +7,7 @@
 //! phrase and title-case header names.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -14,14 +15,42 @@ use axum::http::{HeaderValue, Request, Response};
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::ext::ReasonPhrase;
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixListener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
+
+use crate::connections::{Connections, Registered, Tracked};
 
 /// How long answers in flight may take to reach their clients once the
 /// server is told to stop (vmm.shutdown's own answer among them).
 const DRAIN: Duration = Duration::from_secs(2);
+
+/// What the API socket allows its clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// A new connection's first request head must be complete within this
+    /// (a client that connects and sends nothing, or half a head, is closed).
+    pub header_timeout: Duration,
+    /// A kept-alive connection may wait this long for its next request
+    /// head to be complete (hyper's header read timeout, whose timer runs
+    /// from the moment hyper waits for a head: the idle time included).
+    /// Generous: Kata keeps one connection for a long sequence of calls.
+    pub idle_timeout: Duration,
+    /// Open connections at most; past it a new one closes an idle one
+    /// (see [`crate::connections`]).
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 256,
+        }
+    }
+}
 
 /// Accepts connections until `stop` resolves, then lets open ones finish
 /// for at most [`DRAIN`].
@@ -29,26 +58,33 @@ pub async fn serve(
     listener: UnixListener,
     app: Router,
     stop: impl std::future::Future<Output = ()>,
+    limits: Limits,
 ) {
+    let open = Arc::new(Connections::default());
     let mut connections = JoinSet::new();
+    // Connections refused since the last one accepted (all busy at the cap).
+    let mut refused = 0u64;
     tokio::pin!(stop);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let app = app.clone();
-                    connections.spawn(async move {
-                        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                            let app = app.clone();
-                            async move { Ok::<_, Infallible>(as_cloud_hypervisor(app.oneshot(req.map(Body::new)).await.unwrap_or_else(|e| match e {}))) }
-                        });
-                        let conn = hyper::server::conn::http1::Builder::new()
-                            .title_case_headers(true)
-                            .serve_connection(TokioIo::new(stream), service);
-                        if let Err(e) = conn.await {
-                            log::debug!("API connection: {e}");
+                    if open.len() >= limits.max_connections && !open.evict_one() {
+                        if refused == 0 {
+                            log::warn!(
+                                "API socket: {} connections open, each with a request in progress (the cap); refusing new ones",
+                                limits.max_connections
+                            );
                         }
-                    });
+                        refused += 1;
+                        drop(stream);
+                    } else {
+                        if refused > 0 {
+                            log::warn!("API socket: {refused} connections were refused at the cap of {}", limits.max_connections);
+                            refused = 0;
+                        }
+                        connections.spawn(connection(stream, app.clone(), open.register(), limits));
+                    }
                 }
                 Err(e) => {
                     log::warn!("API socket: accept: {e}");
@@ -65,6 +101,60 @@ pub async fn serve(
     .await;
 }
 
+/// Serves one connection until the client hangs up, a timeout of `limits`
+/// closes it, or a new connection past the cap evicts it.
+async fn connection(stream: UnixStream, app: Router, registered: Registered, limits: Limits) {
+    let slot = registered.slot.clone();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let busy = slot.begin();
+        let app = app.clone();
+        async move {
+            let response = app
+                .oneshot(req.map(Body::new))
+                .await
+                .unwrap_or_else(|e| match e {});
+            let response = as_cloud_hypervisor(response);
+            Ok::<_, Infallible>(response.map(|body| Body::new(Tracked { body, _busy: busy })))
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.idle_timeout)
+        .title_case_headers(true)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let slot = &registered.slot;
+    let first_head = tokio::time::sleep(limits.header_timeout);
+    tokio::pin!(first_head);
+    loop {
+        tokio::select! {
+            // The connection first: a request it reads now marks it busy
+            // before an eviction is looked at.
+            biased;
+            done = conn.as_mut() => {
+                if let Err(e) = done {
+                    log::debug!("API connection: {e}");
+                }
+                return;
+            }
+            () = slot.evict.notified() => {
+                if slot.idle() {
+                    log::debug!("API connection: closed to make room (cap {})", limits.max_connections);
+                    return;
+                }
+                // A request came meanwhile: answer it, then close.
+                conn.as_mut().graceful_shutdown();
+            }
+            () = &mut first_head, if !slot.served() => {
+                if !slot.served() {
+                    log::debug!("API connection: no complete request within {:?}; closed", limits.header_timeout);
+                    return;
+                }
+            }
+        }
+    }
+}
+
 /// The reply as micro-http would write it: no reason phrase, and its
 /// `Server` header.
 fn as_cloud_hypervisor(mut response: Response<Body>) -> Response<Body> {
@@ -77,3 +167,7 @@ fn as_cloud_hypervisor(mut response: Response<Body>) -> Response<Body> {
     );
     response
 }
+
+#[cfg(test)]
+#[path = "http1_tests.rs"]
+mod tests;

@@ -11,6 +11,7 @@
 //! and the VMM checks them with the same code as its command line.
 
 pub mod client;
+mod connections;
 mod dax;
 pub mod events;
 mod http1;

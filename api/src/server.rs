@@ -91,10 +91,10 @@ impl ApiServer {
                         }
                     };
                     tokio::spawn(crate::dax::reconcile(state));
-                    crate::http1::serve(listener, app, async {
+                    let stop = async {
                         let _ = stop.await;
-                    })
-                    .await;
+                    };
+                    crate::http1::serve(listener, app, stop, crate::http1::Limits::default()).await;
                 })
             })
             .map_err(|e| io("starting the API thread", e))?;

@@ -11,73 +11,13 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use guest_tests::ch_client::{self, ChError};
 use guest_tests::rig;
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// One request as ch-remote sends it (Host, Accept, Content-Length only
-/// with a body, no Content-Type, the connection left open), its reply read
-/// exactly as ch-remote's `api_client` reads it: a status line or header
-/// that ch-remote would not understand fails the test.
-fn http(sock: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
-    let body = (!body.is_empty()).then_some(body);
-    match ch_client::request_path(sock, method, path, body) {
-        Ok((code, text)) => (code, text.unwrap_or_default()),
-        Err(ChError::ServerResponse(code, text)) => (code, text.unwrap_or_default()),
-        Err(e) => panic!("{method} {path}: ch-remote could not read the reply: {e:?}"),
-    }
-}
-
-fn json(sock: &Path, method: &str, path: &str, body: &str) -> serde_json::Value {
-    let (status, text) = http(sock, method, path, body);
-    assert_eq!(status, 200, "{method} {path}: {text}");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: {e}: {text}"))
-}
-
-/// Asserts a 4xx whose message contains `needle`. The body must be what
-/// Cloud Hypervisor sends: a JSON array of strings (the error chain).
-fn refused(sock: &Path, method: &str, path: &str, body: &str, status: u16, needle: &str) {
-    let (got, text) = http(sock, method, path, body);
-    assert_eq!(got, status, "{method} {path} {body}: {text}");
-    let chain: Vec<String> = serde_json::from_str(&text).unwrap_or_else(|e| {
-        panic!("{method} {path}: error body {text:?} is not a JSON array of strings: {e}")
-    });
-    let message = chain.join("\n");
-    assert!(
-        message.contains(needle),
-        "{method} {path} {body}: expected {needle:?} in {message:?}"
-    );
-}
-
-fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} did not appear",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = rig::target_dir().join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("share")).unwrap();
-    dir
-}
+mod api_common;
+use api_common::{http, json, refused, scratch, start_vmm, wait_for, Proc};
 
 /// The VMM with only an API socket, and a daemon with a control socket,
 /// both in `dir`; returns them and (api socket, control socket).
@@ -88,21 +28,6 @@ fn start(dir: &Path) -> (Proc, Proc, PathBuf, PathBuf) {
     wait_for(&api);
     wait_for(&control);
     (vmm, daemon, api, control)
-}
-
-/// The VMM with only `--api-socket dir/api.sock` (not waited for).
-fn start_vmm(dir: &Path) -> (Proc, PathBuf) {
-    let vmm = rig::tool("vmm", "dax-vmm").expect("dax-vmm");
-    let api = dir.join("api.sock");
-    let vmm = Proc(
-        Command::new(&vmm)
-            .arg("--api-socket")
-            .arg(format!("path={}", api.display()))
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    (vmm, api)
 }
 
 /// A created (not booted) VM whose fs device `fs0` is served by the daemon

@@ -59,14 +59,14 @@ impl EventLoop {
         let stop = self.stop.try_clone()?;
         let thread = std::thread::Builder::new().name(name).spawn(move || {
             if let Err(e) = seccomp::enter_thread(crate::DEVICE_WORKER_THREAD) {
-                return log::error!("{what}: {e}; the worker does not run");
+                return crate::error_limited!("{what}: {e}; the worker does not run");
             }
             let mut events = vec![EpollEvent::default(); 16];
             loop {
                 let n = match self.epoll.wait(-1, &mut events) {
                     Ok(n) => n,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => return log::error!("{what}: epoll: {e}"),
+                    Err(e) => return crate::error_limited!("{what}: epoll: {e}"),
                 };
                 for ev in &events[..n] {
                     if ev.data() == STOP {

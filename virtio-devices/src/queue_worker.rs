@@ -54,13 +54,13 @@ impl QueueWorker {
             let used = match process(&mut queue, &guard) {
                 Ok(used) => used,
                 Err(e) => {
-                    log::error!("{device}: request queue stopped: {e:?}");
+                    crate::error_limited!("{device}: request queue stopped: {e:?}");
                     return Flow::Stop;
                 }
             };
             if used > 0 && queue.needs_notification(&*guard).unwrap_or(true) {
                 if let Err(e) = interrupt.trigger(Interrupt::Queue(0)) {
-                    log::error!("{device}: request queue stopped: interrupt: {e}");
+                    crate::error_limited!("{device}: request queue stopped: interrupt: {e}");
                     return Flow::Stop;
                 }
             }

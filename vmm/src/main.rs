@@ -183,6 +183,12 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
+    // Every API connection, device and guest-memory region takes an fd; the
+    // default soft limit (1024) is a shell's, not a VMM's.
+    match raise_nofile_limit() {
+        Ok(n) => log::info!("RLIMIT_NOFILE: {n}"),
+        Err(e) => log::warn!("RLIMIT_NOFILE: raising the soft limit to the hard one: {e}"),
+    }
     // Before any other thread: each starts under this filter and adds its own.
     if let Err(e) = vmm::seccomp_filters::install(seccomp_mode) {
         eprintln!("dax-vmm: error: --seccomp: {e}");
@@ -202,6 +208,26 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_FAILURE)
         }
     }
+}
+
+/// Raises the open-file soft limit to the hard limit; answers the new limit.
+fn raise_nofile_limit() -> std::io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only the struct it is given, which outlives the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: setrlimit only reads the struct it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(lim.rlim_cur)
 }
 
 /// Serves the REST API on `path`; boots `config` first if the command line gave one.

@@ -68,18 +68,18 @@ pub fn process_queue<M: GuestMemory>(
             }
         }) {
             Ok(_) if parsed.response.is_none() => {
-                log::warn!("virtio-pmem: {}", RequestError::NoResponse);
+                crate::warn_limited!("virtio-pmem: {}", RequestError::NoResponse);
                 None
             }
             Ok(_) => Some(match flush() {
                 Ok(()) => VIRTIO_PMEM_RESP_TYPE_OK,
                 Err(e) => {
-                    log::error!("virtio-pmem: fsync of the backing file failed: {e}");
+                    crate::error_limited!("virtio-pmem: fsync of the backing file failed: {e}");
                     VIRTIO_PMEM_RESP_TYPE_EIO
                 }
             }),
             Err(e) => {
-                log::warn!("virtio-pmem: bad request: {e}");
+                crate::warn_limited!("virtio-pmem: bad request: {e}");
                 Some(VIRTIO_PMEM_RESP_TYPE_EIO)
             }
         };
@@ -165,5 +165,22 @@ mod tests {
         let (used, resp, flushes, _) =
             run(&[desc(0x100_0000, 4, false), desc(RESP, 4, true)], 0, true);
         assert_eq!((used, resp, flushes), (1, VIRTIO_PMEM_RESP_TYPE_EIO, 0));
+    }
+
+    /// A guest repeating a bad request must not flood the host's log: the
+    /// warning goes through the call site's rate limiter. (Other tests may
+    /// have used this call site's period already, so at most one.)
+    #[test]
+    fn repeated_bad_requests_log_at_most_one_warning_per_period() {
+        crate::log_limit::capture::start();
+        for _ in 0..8 {
+            let (used, resp, _, _) = run(&[desc(REQ, 4, false), desc(RESP, 4, true)], 7, true);
+            assert_eq!((used, resp), (1, VIRTIO_PMEM_RESP_TYPE_EIO));
+        }
+        let warnings = crate::log_limit::capture::take()
+            .into_iter()
+            .filter(|(_, m)| m.starts_with("virtio-pmem: bad request"))
+            .count();
+        assert!(warnings <= 1, "{warnings} warnings for 8 bad requests");
     }
 }

@@ -174,7 +174,7 @@ impl VirtioState {
                 && self.driver_features & (1 << VIRTIO_F_VERSION_1) != 0;
             if !valid {
                 // Leaving FEATURES_OK clear tells the driver the set was refused.
-                log::warn!(
+                crate::warn_limited!(
                     "virtio: driver features {:#x} refused (offered {offered:#x}, VERSION_1 required)",
                     self.driver_features
                 );
@@ -244,7 +244,7 @@ impl VirtioState {
                     );
                 }
                 Err(e) => {
-                    log::error!("virtio device type {}: {e}", dev.device_type());
+                    crate::error_limited!("virtio device type {}: {e}", dev.device_type());
                     if phase
                         .compare_exchange(ACTIVATING, FAILED, Ordering::SeqCst, Ordering::SeqCst)
                         .is_ok()
@@ -258,7 +258,7 @@ impl VirtioState {
 
     /// Tells the driver the device is broken until it resets it.
     fn fail(&mut self, why: &str, interrupt: &Arc<dyn VirtioInterrupt>) {
-        log::error!("virtio device type {}: {why}", self.device().device_type());
+        crate::error_limited!("virtio device type {}: {why}", self.device().device_type());
         self.phase.store(FAILED, Ordering::SeqCst);
         let _ = interrupt.trigger(Interrupt::Config);
     }
@@ -273,7 +273,10 @@ impl VirtioState {
             self.activator.run(Box::new(move || {
                 let mut dev = lock(&device);
                 if !dev.reset() {
-                    log::warn!("virtio device type {} cannot be reset", dev.device_type());
+                    crate::warn_limited!(
+                        "virtio device type {} cannot be reset",
+                        dev.device_type()
+                    );
                     // Only if the driver has not started again meanwhile.
                     let _ =
                         phase.compare_exchange(IDLE, FAILED, Ordering::SeqCst, Ordering::SeqCst);

@@ -405,7 +405,7 @@ impl VhostUserFs {
                 .set_vring_enable(usize::from(q.index), true)
                 .map_err(|e| err("SET_VRING_ENABLE", e))?;
         }
-        log::info!(
+        crate::info_limited!(
             "fs {}: queue interrupts: {} straight from the daemon (irqfd), {} relayed by the VMM",
             self.id,
             queues.len() - relayed.len(),
@@ -485,11 +485,11 @@ impl VirtioDevice for VhostUserFs {
             let dog = arm_watchdog(self.frontend.as_raw_fd());
             for i in 0..self.active_queues {
                 if let Err(e) = self.frontend.get_vring_base(i) {
-                    log::warn!("fs {}: stopping queue {i}: {e}", self.id);
+                    crate::warn_limited!("fs {}: stopping queue {i}: {e}", self.id);
                 }
             }
             if dog.is_ok_and(|d| d.fired()) {
-                log::error!(
+                crate::error_limited!(
                     "fs {}: the daemon did not answer the reset within {}s; the device is failed",
                     self.id,
                     DAEMON_TIMEOUT.as_secs()

@@ -43,7 +43,9 @@ impl BusDevice for AcpiPm {
                 if v & SLP_EN != 0 && (v >> SLP_TYP_SHIFT) & SLP_TYP_MASK == S5_SLEEP_TYPE {
                     self.exit.request(VmExit::PowerOff);
                 } else {
-                    log::warn!("guest asked for unsupported sleep state (sleep control {v:#x})");
+                    virtio_devices::warn_limited!(
+                        "guest asked for unsupported sleep state (sleep control {v:#x})"
+                    );
                 }
             }
             RESET_OFFSET if v == RESET_VALUE => self.exit.request(VmExit::Reset),
@@ -71,5 +73,22 @@ mod tests {
         let exit = Arc::new(ExitHandle::new().unwrap());
         AcpiPm::new(exit.clone()).write(2, &[RESET_VALUE]);
         assert_eq!(exit.reason(), Some(VmExit::Reset));
+    }
+
+    /// A guest writing an unsupported sleep state in a loop must not flood
+    /// the host's log. (Another test may have used this call site's period
+    /// already, so at most one.)
+    #[test]
+    fn repeated_unsupported_sleep_states_log_at_most_one_warning_per_period() {
+        virtio_devices::log_limit::capture::start();
+        let mut pm = AcpiPm::new(Arc::new(ExitHandle::new().unwrap()));
+        for _ in 0..8 {
+            pm.write(0, &[(3 << SLP_TYP_SHIFT) | SLP_EN]);
+        }
+        let warnings = virtio_devices::log_limit::capture::take()
+            .into_iter()
+            .filter(|(_, m)| m.starts_with("guest asked for unsupported sleep state"))
+            .count();
+        assert!(warnings <= 1, "{warnings} warnings for 8 writes");
     }
 }

@@ -24,7 +24,9 @@ impl Activator for Queue {
     fn run(&self, job: Job) {
         let sent = self.0.lock().unwrap_or_else(|e| e.into_inner()).send(job);
         if sent.is_err() {
-            log::error!("device activator: the thread is gone; the request is dropped");
+            virtio_devices::error_limited!(
+                "device activator: the thread is gone; the request is dropped"
+            );
         }
     }
 }

@@ -134,7 +134,7 @@ impl GsiRouter {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.table.remove(&gsi).is_some() {
             if let Err(e) = self.commit(&state.table) {
-                log::warn!("GSI {gsi}: removing its route: {e}");
+                virtio_devices::warn_limited!("GSI {gsi}: removing its route: {e}");
             }
         }
         state.free.push(gsi);

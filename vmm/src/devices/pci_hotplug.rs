@@ -243,7 +243,7 @@ impl BusDevice for PciHotplug {
         }
         *self.ejects.slots.lock().unwrap_or_else(|e| e.into_inner()) |= slots;
         if let Err(e) = self.ejects.evt.write(1) {
-            log::error!("PCI hot-plug: signalling an eject: {e}");
+            virtio_devices::error_limited!("PCI hot-plug: signalling an eject: {e}");
         }
     }
 }

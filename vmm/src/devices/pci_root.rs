@@ -98,7 +98,7 @@ impl PciRoot {
             .unwrap_or_else(|e| e.into_inner())
             .write_config(offset, data);
         if let Some(bar) = moved {
-            log::info!("PCI 00:{:02x}.0: BAR {bar} moved by the guest", bdf.1);
+            virtio_devices::info_limited!("PCI 00:{:02x}.0: BAR {bar} moved by the guest", bdf.1);
         }
         moved
     }

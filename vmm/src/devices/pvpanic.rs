@@ -57,7 +57,7 @@ impl BusDevice for PvPanic {
         match data.first() {
             Some(v) if v & PVPANIC_PANICKED != 0 => self.exit.request(VmExit::GuestPanic),
             Some(v) if v & PVPANIC_CRASH_LOADED != 0 => {
-                log::warn!("guest panicked; a crash kernel is taking over")
+                virtio_devices::warn_limited!("guest panicked; a crash kernel is taking over")
             }
             _ => {}
         }

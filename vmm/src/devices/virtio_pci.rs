@@ -112,13 +112,19 @@ impl Placed {
         }
         if let Some(to) = bar0.filter(|&a| a != self.bar0) {
             if let Err(e) = self.move_bar0(placer, to) {
-                log::warn!("{}: BAR 0 moved to {to:#x}, not followed: {e}", self.id);
+                virtio_devices::warn_limited!(
+                    "{}: BAR 0 moved to {to:#x}, not followed: {e}",
+                    self.id
+                );
             }
         }
         let current = self.shm.as_ref().map(|(slot, _, _)| slot.guest_addr());
         if let Some(to) = shm.filter(|&a| Some(a) != current) {
             if let Err(e) = self.move_shm(placer, to) {
-                log::warn!("{}: BAR 2 moved to {to:#x}, not followed: {e}", self.id);
+                virtio_devices::warn_limited!(
+                    "{}: BAR 2 moved to {to:#x}, not followed: {e}",
+                    self.id
+                );
             }
         }
     }
@@ -139,7 +145,7 @@ impl Placed {
             .and_then(|()| self.ioevents(&placer.vm, to, true));
         self.bar0 = to;
         self.bar0_area = area;
-        log::info!("{}: BAR 0 moved {from:#x} -> {to:#x}", self.id);
+        virtio_devices::info_limited!("{}: BAR 0 moved {from:#x} -> {to:#x}", self.id);
         // Without its ioeventfds a queue notify becomes an MMIO exit the
         // transport still serves (slower, not lost).
         moved.map_err(VirtioPciSetupError::Kvm)
@@ -158,7 +164,7 @@ impl Placed {
         lock(&placer.space).free(*old_area, from, *bar_size);
         *old_area = area;
         lock(&self.dev).set_shm_base(to);
-        log::info!("{}: BAR 2 moved {from:#x} -> {to:#x}", self.id);
+        virtio_devices::info_limited!("{}: BAR 2 moved {from:#x} -> {to:#x}", self.id);
         Ok(())
     }
 

@@ -416,7 +416,7 @@ impl VirtioPciDevice {
     fn apply(&self, updates: Vec<MsixUpdate>) {
         let sender = &self.interrupt.sender;
         let warn = |what: &dyn std::fmt::Debug, e: std::io::Error| {
-            log::warn!("virtio-pci: MSI-X {what:?}: {e}")
+            crate::warn_limited!("virtio-pci: MSI-X {what:?}: {e}")
         };
         for u in &updates {
             if let MsixUpdate::Entry(vector) = *u {

@@ -1,0 +1,198 @@
+//! The API socket's limits, against [`serve`] itself on a unix socket.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{serve, Limits};
+
+/// A generous bound on waiting for the server, not a measure of its speed:
+/// it only keeps a broken server from hanging the test.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The server on a thread of its own; stopped when dropped.
+struct Server {
+    path: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(name: &str, limits: Limits) -> Server {
+        let dir = std::env::temp_dir().join(format!("api-http1-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("api.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let (tx, _rx) = crate::vmm_channel().unwrap();
+        let app = crate::routes::router(
+            tx,
+            crate::EventBus::default(),
+            serde_json::json!({"version": "test"}),
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::UnixListener::from_std(listener).unwrap();
+                let stopped = async {
+                    let _ = stopped.await;
+                };
+                serve(listener, app, stopped, limits).await;
+            });
+        });
+        Server {
+            path,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    fn connect(&self) -> UnixStream {
+        let s = UnixStream::connect(&self.path).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        s
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let _ = self.thread.take().unwrap().join();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// `vmm.ping` on `s`; the status line and body.
+fn ping(s: &mut UnixStream) -> (String, String) {
+    s.write_all(b"GET /api/v1/vmm.ping HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).expect("vmm.ping answered");
+        assert!(
+            n > 0,
+            "the server closed the connection instead of answering"
+        );
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .expect("Content-Length")
+                .parse()
+                .unwrap();
+            if body.len() >= length {
+                return (head.lines().next().unwrap().to_string(), body.to_string());
+            }
+        }
+    }
+}
+
+/// Whether the server closed `s` (EOF) rather than leaving it open until
+/// [`PATIENCE`] ran out.
+fn closed_by_server(s: &mut UnixStream) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(s.read(&mut buf), Ok(0))
+}
+
+fn set_nofile(soft: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given, which outlives the call.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    lim.rlim_cur = soft;
+    lim.rlim_max = lim.rlim_max.max(soft);
+    // SAFETY: setrlimit only reads the struct it is given.
+    let r = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    assert_eq!(
+        r,
+        0,
+        "RLIMIT_NOFILE {soft}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+#[test]
+fn ping_answers_while_ten_thousand_silent_connections_are_open() {
+    const SILENT: u64 = 10_000;
+    let limits = Limits::default();
+    // The process (client and server alike) has room for the client's
+    // connections, the server's cap and a margin: a server that kept every
+    // connection would need twice as many, and run out.
+    set_nofile(SILENT + limits.max_connections as u64 + 2000);
+    let server = Server::start("flood", limits);
+    let silent: Vec<UnixStream> = (0..SILENT)
+        .map(|i| {
+            UnixStream::connect(&server.path)
+                .unwrap_or_else(|e| panic!("silent connection {i}: {e}"))
+        })
+        .collect();
+    let mut s = server.connect();
+    let (status, body) = ping(&mut s);
+    assert_eq!(status, "HTTP/1.1 200 ", "{body}");
+    assert!(body.contains("\"version\":\"test\""), "{body}");
+    drop(silent);
+}
+
+#[test]
+fn half_a_header_is_closed_after_the_header_timeout() {
+    let limits = Limits {
+        header_timeout: Duration::from_millis(100),
+        ..Limits::default()
+    };
+    let server = Server::start("half-head", limits);
+    let mut s = server.connect();
+    s.write_all(b"GET /api/v1/vmm.ping HTTP/1.1\r\nHo").unwrap();
+    assert!(closed_by_server(&mut s), "half a head is still open");
+    let mut silent = server.connect();
+    assert!(
+        closed_by_server(&mut silent),
+        "a silent connection is still open"
+    );
+}
+
+#[test]
+fn kept_alive_connections_answer_again_and_close_after_the_idle_timeout() {
+    let limits = Limits {
+        header_timeout: Duration::from_millis(100),
+        idle_timeout: Duration::from_secs(2),
+        ..Limits::default()
+    };
+    let server = Server::start("keep-alive", limits);
+    let mut s = server.connect();
+    assert_eq!(ping(&mut s).0, "HTTP/1.1 200 ");
+    // Past the first head's timeout, well within the idle one: the
+    // connection still serves (a kept-alive client is not cut off).
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(ping(&mut s).0, "HTTP/1.1 200 ");
+    assert!(closed_by_server(&mut s), "an idle connection is still open");
+}
+
+#[test]
+fn past_the_cap_the_oldest_silent_connection_makes_room() {
+    let limits = Limits {
+        max_connections: 3,
+        ..Limits::default()
+    };
+    let server = Server::start("cap", limits);
+    // A kept-alive client that has been served, then two silent ones.
+    let mut kept = server.connect();
+    assert_eq!(ping(&mut kept).0, "HTTP/1.1 200 ");
+    let mut oldest_silent = server.connect();
+    let _silent = server.connect();
+    // The fourth evicts the oldest connection that never sent a request.
+    let mut fourth = server.connect();
+    assert_eq!(ping(&mut fourth).0, "HTTP/1.1 200 ");
+    assert!(closed_by_server(&mut oldest_silent));
+    assert_eq!(ping(&mut kept).0, "HTTP/1.1 200 ");
+}
