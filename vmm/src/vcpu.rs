@@ -178,7 +178,7 @@ impl Vcpu {
 fn memory_fault_repaired(cpu: u32, gpa: Option<u64>) -> bool {
     let repaired = virtio_devices::vhost_user_fs::repair_windows_after_fault(gpa);
     if repaired > 0 {
-        log::warn!(
+        virtio_devices::warn_limited!(
             "vCPU {cpu}: a DAX-mapped file shrank on the host; {repaired} bytes of its mapping now read zeros{}",
             gpa.map_or(String::new(), |g| format!(" (fault at {g:#x})"))
         );

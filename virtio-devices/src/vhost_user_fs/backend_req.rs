@@ -37,7 +37,7 @@ impl DaxRequestHandler {
                 Ok(0)
             }
             Err(e) => {
-                log::warn!("fs {}: refused {what} from the daemon: {e}", self.id);
+                crate::warn_limited!("fs {}: refused {what} from the daemon: {e}", self.id);
                 Err(std::io::Error::from_raw_os_error(e.errno))
             }
         }

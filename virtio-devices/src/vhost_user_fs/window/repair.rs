@@ -37,7 +37,7 @@ impl DaxWindow {
     /// inotify watch covers.
     pub fn tick(&self) {
         match self.scratch.enforce_budget() {
-            Ok(true) => log::warn!(
+            Ok(true) => crate::warn_limited!(
                 "DAX window: the guest wrote more than {} bytes outside any mapping; the scratch was emptied (it reads zeros again)",
                 self.scratch.budget()
             ),
@@ -63,7 +63,7 @@ impl DaxWindow {
         let mut repaired = 0;
         for (start, end) in gone {
             if let Err(e) = self.show_scratch(start, end) {
-                log::error!("DAX window: showing the scratch over truncated pages {start:#x}..{end:#x}: {e}");
+                crate::error_limited!("DAX window: showing the scratch over truncated pages {start:#x}..{end:#x}: {e}");
                 continue;
             }
             let removed = mapped.ranges.remove(start, end);
@@ -82,7 +82,7 @@ impl DaxWindow {
         }
         self.settle_charge(&mut mapped);
         if repaired > 0 {
-            log::warn!(
+            crate::warn_limited!(
                 "DAX window: a mapped file shrank on the host; {repaired} bytes of the window that showed it read zeros now"
             );
         }
