@@ -38,6 +38,10 @@ pub struct WindowStats {
     /// Bytes of new mappings put into KVM's page tables at map time.
     pub guest_prefaulted_bytes: u64,
     pub prefault_failures: u64,
+    /// Bytes of mappings whose file shrank on the host (scratch shown since).
+    pub truncated_bytes: u64,
+    /// Times the scratch went over its budget and was emptied.
+    pub stray_resets: u64,
     pub failures: Vec<(String, u64)>,
     /// (upper bound in µs, None for +Inf; cumulative count).
     pub latency_buckets: Vec<(Option<u64>, u64)>,
@@ -383,6 +387,22 @@ pub fn render(
         "New mappings whose pre-fault failed (they fault page by page instead)",
         win(|s| s.prefault_failures),
     );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_dax_truncated_bytes_total",
+        "counter",
+        "Bytes of mappings whose file shrank on the host; the window shows zeros there since",
+        win(|s| s.truncated_bytes),
+    );
+    per_device(
+        &mut w,
+        &rows,
+        "daxvmm_dax_stray_resets_total",
+        "counter",
+        "Times the guest kept more than the budget in the window's scratch and it was emptied",
+        win(|s| s.stray_resets),
+    );
     for (name, help, get) in [
         (
             "daxvmm_dax_resident_bytes",
@@ -601,6 +621,8 @@ mod tests {
                 prefaulted_bytes: 3 << 20,
                 guest_prefaulted_bytes: 2 << 20,
                 prefault_failures: 1,
+                truncated_bytes: 3 << 20,
+                stray_resets: 2,
                 failures: vec![("misaligned".into(), 1), ("bad_fd".into(), 0)],
                 latency_buckets: vec![(Some(10), 1), (Some(100), 3), (None, 3)],
                 latency_sum_us: 150,
@@ -690,6 +712,8 @@ mod tests {
         ));
         assert!(text.contains("daxvmm_dax_prefaulted_bytes_total{device=\"fs0\"} 3145728\n"));
         assert!(text.contains("daxvmm_dax_prefault_failures_total{device=\"fs0\"} 1\n"));
+        assert!(text.contains("daxvmm_dax_truncated_bytes_total{device=\"fs0\"} 3145728\n"));
+        assert!(text.contains("daxvmm_dax_stray_resets_total{device=\"fs0\"} 2\n"));
         assert!(text.contains("daxvmm_dax_guest_prefaulted_bytes_total{device=\"fs0\"} 2097152\n"));
         assert!(
             text.contains("# TYPE daxvmm_kvm_exits_total counter\ndaxvmm_kvm_exits_total 1000\n")

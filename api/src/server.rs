@@ -90,6 +90,7 @@ impl ApiServer {
                             return;
                         }
                     };
+                    tokio::spawn(crate::dax::relay_truncations(state.clone()));
                     tokio::spawn(crate::dax::reconcile(state));
                     let stop = async {
                         let _ = stop.await;

@@ -10,6 +10,7 @@
 //! | `DELETE` [`POLICY`] | [`PolicyUpdate`] (back to the default policy) |
 //! | `GET` [`STATS`] | [`DaemonStats`] |
 //! | `GET` [`ADAPTIVE_EVENTS`]`?after=N` | [`AdaptiveEvents`]: the adaptive policy's decisions numbered above N |
+//! | `POST` [`WINDOW_TRUNCATED`] ([`WindowTruncated`]) | 204: the VMM tells the daemon that a mapped file shrank on the host and the window range shows zeros now |
 
 pub mod listener;
 
@@ -21,6 +22,16 @@ use serde_json::Value;
 pub const POLICY: &str = "/api/v1/policy";
 pub const STATS: &str = "/api/v1/stats";
 pub const ADAPTIVE_EVENTS: &str = "/api/v1/adaptive/events";
+pub const WINDOW_TRUNCATED: &str = "/api/v1/window/truncated";
+
+/// A window range whose file pages vanished (the file shrank on the host):
+/// the VMM shows its scratch there now, so the guest reads zeros.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowTruncated {
+    pub offset: u64,
+    pub len: u64,
+}
 
 /// The policy in force and its generation (1 at start, +1 per change).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -90,6 +101,12 @@ pub struct DaemonStats {
     /// What the start-up probe found of the shared directory's file system.
     pub host_fs: String,
     pub adaptive: AdaptiveStats,
+    /// Window ranges the VMM reported truncated under a mapping
+    /// ([`WINDOW_TRUNCATED`]), and their bytes.
+    #[serde(default)]
+    pub window_truncations: u64,
+    #[serde(default)]
+    pub window_truncated_bytes: u64,
 }
 
 /// The adaptive DAX policy's view of the window and what it decided.

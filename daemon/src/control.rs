@@ -26,7 +26,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use control_protocol::{
-    AdaptiveEvents, DaemonStats, Effect, PolicyChange, PolicyState, PolicyUpdate,
+    AdaptiveEvents, DaemonStats, Effect, PolicyChange, PolicyState, PolicyUpdate, WindowTruncated,
+    WINDOW_TRUNCATED,
 };
 use policies::Policy;
 use serde::Deserialize;
@@ -160,7 +161,29 @@ async fn stats(State(server): State<Arc<Server>>) -> Json<DaemonStats> {
         map_alignment: server.policy.current().map_alignment(),
         host_fs: server.policy.host_fs.describe(),
         adaptive: server.policy.adaptive.stats(),
+        window_truncations: d.truncations.load(Relaxed),
+        window_truncated_bytes: d.truncated_bytes.load(Relaxed),
     })
+}
+
+/// The VMM found a mapped file shrunk on the host and shows zeros over the
+/// vanished range: counted, and logged for the operator (the guest still
+/// believes the range maps the file; it learns the new size at its next
+/// GETATTR).
+async fn window_truncated(State(server): State<Arc<Server>>, body: String) -> Response {
+    let t: WindowTruncated = match serde_json::from_str(&body) {
+        Ok(t) => t,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("{WINDOW_TRUNCATED}: {e}")),
+    };
+    let d = &server.dax.stats;
+    d.truncations.fetch_add(1, Relaxed);
+    d.truncated_bytes.fetch_add(t.len, Relaxed);
+    log::warn!(
+        "the VMM reports window offset {:#x}+{:#x} truncated: a file mapped there shrank on the host (the guest reads zeros there until it remaps)",
+        t.offset,
+        t.len
+    );
+    StatusCode::NO_CONTENT.into_response()
 }
 
 async fn adaptive_events(
@@ -178,6 +201,7 @@ pub fn router(server: Arc<Server>) -> Router {
         )
         .route("/api/v1/stats", get(stats))
         .route("/api/v1/adaptive/events", get(adaptive_events))
+        .route(WINDOW_TRUNCATED, axum::routing::post(window_truncated))
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,

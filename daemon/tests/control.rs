@@ -158,5 +158,23 @@ fn policies_are_read_validated_diffed_and_swapped() {
 
     let stats = json(&control, "GET", "/api/v1/stats", "");
     assert_eq!(stats["setupmappings"], 0);
+    assert_eq!(stats["window_truncations"], 0);
+    // The VMM's notice that a mapped file shrank on the host: counted.
+    let notice = r#"{"offset": 4194304, "len": 2097152}"#;
+    assert_eq!(
+        http(&control, "POST", "/api/v1/window/truncated", notice).0,
+        204
+    );
+    let stats = json(&control, "GET", "/api/v1/stats", "");
+    assert_eq!(stats["window_truncations"], 1);
+    assert_eq!(stats["window_truncated_bytes"], 2097152);
+    let (status, text) = http(
+        &control,
+        "POST",
+        "/api/v1/window/truncated",
+        r#"{"offset": -1}"#,
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("/api/v1/window/truncated"), "{text}");
     assert_eq!(http(&control, "GET", "/api/v1/nope", "").0, 404);
 }

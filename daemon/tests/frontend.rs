@@ -496,6 +496,25 @@ fn setupmapping_maps_the_file_into_the_window_and_a_dead_daemon_fails_only_the_d
             .0,
         0
     );
+    // The host cuts the file to 3 MiB under the mapping of [2M, 4M): the
+    // device worker hears of it (inotify) and shows the scratch over the
+    // vanished megabyte, which then reads zeros instead of SIGBUS here (or
+    // a hung vCPU in a guest); the rest stays the file's.
+    host.set_len(3 * MIB).unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while !window_shows_scratch(&fs, 5 * MIB) {
+        assert!(
+            Instant::now() < deadline,
+            "the vanished pages never got the scratch"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(window_byte(&fs, 5 * MIB + 4096), 0);
+    assert_eq!(
+        window_byte(&fs, 4 * MIB + 1),
+        pattern[(2 * MIB + 1) as usize]
+    );
+    assert_eq!(fs.window().unwrap().metrics.snapshot().truncated_bytes, MIB);
     daemon.kill().unwrap();
     daemon.wait().unwrap();
     let deadline = Instant::now() + PATIENCE;

@@ -93,6 +93,7 @@ DIAG=$!
 ( i=0; while [ ! -e share/.trunc-ready ] && [ $i -lt 6000 ] && { [ $i -lt 300 ] || pidof dax-vmm >/dev/null; }; do sleep 0.1; i=$((i+1)); done
   truncate -s 1048576 share/trunc.bin; echo "@@HOST truncated_rc=$?"
   sleep 1
+  echo "@@HOST daemon_truncations=$(daxprobe http /tmp/fs-control.sock GET /api/v1/stats | grep -o '"window_truncations":[0-9]*' | cut -d: -f2)"
   touch share/.trunc-go ) &
 "#;
 
@@ -551,6 +552,12 @@ fn check_api_run(run: &rig::Run, tail: &str) {
     assert!(
         count("truncated") >= 1,
         "trunc.bin cut on the host, relayed as an event: {events}"
+    );
+    assert!(
+        run.host("daemon_truncations")
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n >= 1),
+        "the API tells the daemon of the truncation\n{tail}"
     );
     assert!(
         count("adaptive") >= 1,

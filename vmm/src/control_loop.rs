@@ -133,6 +133,8 @@ fn window_stats(info: &FsDeviceInfo) -> Option<WindowStats> {
         prefaulted_bytes: m.prefaulted_bytes,
         guest_prefaulted_bytes: m.guest_prefaulted_bytes,
         prefault_failures: m.prefault_failures,
+        truncated_bytes: m.truncated_bytes,
+        stray_resets: w.stray_resets(),
         failures: m
             .failures
             .iter()

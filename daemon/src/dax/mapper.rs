@@ -32,6 +32,9 @@ pub struct DaxStats {
     pub setupmappings: AtomicU64,
     pub removemappings: AtomicU64,
     pub failures: AtomicU64,
+    /// Window ranges the VMM reported truncated on the host, and bytes.
+    pub truncations: AtomicU64,
+    pub truncated_bytes: AtomicU64,
     /// SHMEM_MAP round trips as the daemon sees them: request sent, VMM
     /// checks, mmaps and pre-faults, ack received.
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
