@@ -13,7 +13,7 @@ pub mod backend_req;
 pub mod metrics;
 mod watchdog;
 pub mod window;
-mod worker;
+pub mod worker;
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
