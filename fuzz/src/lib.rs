@@ -2,6 +2,8 @@
 //! descriptor table and available ring come from the fuzzer's bytes, so the
 //! chains a target sees are whatever a hostile driver could publish.
 
+pub mod stream;
+
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 

@@ -16,7 +16,7 @@ pub mod metrics;
 pub mod scratch;
 mod watchdog;
 pub mod window;
-mod worker;
+pub mod worker;
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;

@@ -178,19 +178,35 @@ fn serve_request(ctx: &WorkerContext, loop_: &EventLoop, events: EventSet) -> bo
         return true;
     };
     let mut requests = requests.lock().unwrap_or_else(|p| p.into_inner());
-    if events.contains(EventSet::IN)
-        && !whole_message_queued(requests.as_raw_fd(), super::DAEMON_TIMEOUT)
-    {
+    if serve_one(&ctx.id, &mut requests, events, super::DAEMON_TIMEOUT) {
+        return true;
+    }
+    // Hang-up, or a broken channel: stop watching it.
+    loop_.remove(requests.as_raw_fd());
+    false
+}
+
+/// Reads and answers one backend request from the channel `requests` that
+/// the event loop reported with `events`, waiting at most `patience` for
+/// the rest of a half-sent one; false when the channel is closed or broken
+/// (the caller stops watching it). Public for the fuzz target that feeds
+/// the channel a daemon's bytes (fuzz/fuzz_targets/backend_requests.rs).
+pub fn serve_one(
+    id: &str,
+    requests: &mut FrontendReqHandler<DaxRequestHandler>,
+    events: EventSet,
+    patience: std::time::Duration,
+) -> bool {
+    if events.contains(EventSet::IN) && !whole_message_queued(requests.as_raw_fd(), patience) {
         log::error!(
-            "fs {}: backend request channel: the daemon sent part of a request and nothing more for {}s",
-            ctx.id,
-            super::DAEMON_TIMEOUT.as_secs()
+            "fs {id}: backend request channel: the daemon sent part of a request and nothing more for {}s",
+            patience.as_secs()
         );
     } else if events.contains(EventSet::IN) {
         match requests.handle_request() {
             Ok(_) | Err(vhost::vhost_user::Error::ReqHandlerError(_)) => return true,
             Err(vhost::vhost_user::Error::InvalidMessage) => {
-                log::warn!("fs {}: malformed backend request ignored", ctx.id);
+                log::warn!("fs {id}: malformed backend request ignored");
                 return true;
             }
             Err(
@@ -199,16 +215,14 @@ fn serve_request(ctx: &WorkerContext, loop_: &EventLoop, events: EventSet) -> bo
                 | vhost::vhost_user::Error::SocketBroken(_)
                 | vhost::vhost_user::Error::SocketError(_)),
             ) => {
-                log::error!("fs {}: backend request channel: {e}", ctx.id);
+                log::error!("fs {id}: backend request channel: {e}");
             }
             Err(e) => {
-                log::warn!("fs {}: backend request failed: {e}", ctx.id);
+                log::warn!("fs {id}: backend request failed: {e}");
                 return true;
             }
         }
     }
-    // Hang-up, or a broken channel: stop watching it.
-    loop_.remove(requests.as_raw_fd());
     false
 }
 
@@ -249,7 +263,7 @@ mod tests {
     use super::*;
 
     fn header(size: u32) -> Vec<u8> {
-        let mut h = 5u32.to_le_bytes().to_vec(); // SHMEM_MAP
+        let mut h = 9u32.to_le_bytes().to_vec(); // SHMEM_MAP
         h.extend_from_slice(&1u32.to_le_bytes());
         h.extend_from_slice(&size.to_le_bytes());
         h
