@@ -116,7 +116,7 @@ fn handle(ctx: &WorkerContext, events: &EventLoop, token: u64, set: EventSet) {
             };
             if call.read().is_ok() {
                 if let Err(e) = ctx.interrupt.trigger(Interrupt::Queue(*queue)) {
-                    log::warn!("fs {}: interrupt for queue {queue}: {e}", ctx.id);
+                    crate::warn_limited!("fs {}: interrupt for queue {queue}: {e}", ctx.id);
                 }
             }
         }
@@ -206,7 +206,7 @@ pub fn serve_one(
         match requests.handle_request() {
             Ok(_) | Err(vhost::vhost_user::Error::ReqHandlerError(_)) => return true,
             Err(vhost::vhost_user::Error::InvalidMessage) => {
-                log::warn!("fs {id}: malformed backend request ignored");
+                crate::warn_limited!("fs {id}: malformed backend request ignored");
                 return true;
             }
             Err(
@@ -218,7 +218,7 @@ pub fn serve_one(
                 log::error!("fs {id}: backend request channel: {e}");
             }
             Err(e) => {
-                log::warn!("fs {id}: backend request failed: {e}");
+                crate::warn_limited!("fs {id}: backend request failed: {e}");
                 return true;
             }
         }
@@ -237,7 +237,7 @@ fn queue_error(ctx: &WorkerContext, queue: u16) {
         );
     }
     if let Err(e) = ctx.interrupt.trigger(Interrupt::Config) {
-        log::warn!("fs {}: configuration interrupt: {e}", ctx.id);
+        crate::warn_limited!("fs {}: configuration interrupt: {e}", ctx.id);
     }
 }
 
