@@ -14,8 +14,17 @@ use seccomp::Allow;
 pub fn serving() -> Vec<Allow> {
     let mut v = seccomp::calls(SERVING);
     v.push(seccomp::IOCTL_FD_FLAGS_ONLY);
+    v.push(PRCTL_THREAD_NAME_ONLY);
     v
 }
+
+/// `prctl` only names threads (std does, as each starts). Everything else
+/// the daemon asks of prctl — dropping capabilities, the parent-death
+/// signal, not being dumpable — is done before the filter; a compromised
+/// daemon must not undo it (`PR_SET_DUMPABLE` 1 would let a pipe
+/// `core_pattern`, which ignores the core size limit, take its memory —
+/// the guest's).
+const PRCTL_THREAD_NAME_ONLY: Allow = Allow::Arg(SYS_prctl, 0, &[PR_SET_NAME as u64]);
 
 /// Every system call the daemon makes while serving (x86-64), but `ioctl`.
 const SERVING: &[i64] = &[
@@ -42,7 +51,6 @@ const SERVING: &[i64] = &[
     SYS_rt_sigprocmask,
     SYS_rt_sigreturn,
     SYS_sigaltstack,
-    SYS_prctl,
     SYS_getrandom,
     SYS_clock_gettime,
     SYS_clock_nanosleep,
@@ -127,3 +135,47 @@ const SERVING: &[i64] = &[
     SYS_getcwd,
     SYS_uname,
 ];
+
+#[cfg(test)]
+mod tests {
+    use seccomp::{try_in_child, Outcome};
+
+    use super::*;
+
+    fn prctl_under_the_filter(option: c_int, arg: u64) -> Outcome {
+        try_in_child(
+            || {
+                vec![seccomp::build("daemon", &serving(), seccomp::Mode::Kill)
+                    .unwrap()
+                    .unwrap()]
+            },
+            // SAFETY: prctl with integer arguments (a pointer to a
+            // NUL-terminated literal for PR_SET_NAME), in the child.
+            move || unsafe { libc::prctl(option, arg, 0, 0, 0) }.into(),
+        )
+    }
+
+    /// Issue 22: any prctl was allowed, so a compromised daemon could make
+    /// itself dumpable again.
+    #[test]
+    fn prctl_only_names_threads() {
+        let name = c"t".as_ptr() as u64;
+        assert_eq!(
+            prctl_under_the_filter(PR_SET_NAME, name),
+            Outcome::Returned(0)
+        );
+        for option in [
+            PR_SET_DUMPABLE,
+            PR_SET_PDEATHSIG,
+            PR_SET_MM,
+            PR_SET_PTRACER,
+            PR_CAP_AMBIENT,
+        ] {
+            assert_eq!(
+                prctl_under_the_filter(option, 1),
+                Outcome::Signalled(SIGSYS),
+                "prctl option {option}"
+            );
+        }
+    }
+}
