@@ -191,29 +191,43 @@ impl MappedFiles {
         }
     }
 
-    /// Records a new mapping of `file` (a descriptor of its own, kept
-    /// while any piece shows the file) at `[start, end)`.
+    /// Whether the file `key` is mapped (its descriptor kept) now.
+    pub fn tracks(&self, key: FileKey) -> bool {
+        self.files.contains_key(&key)
+    }
+
+    /// Records a new mapping of file `key` at `[start, end)`; `file` is a
+    /// descriptor of its own, kept while any piece shows the file, needed
+    /// only when the file is not [`Self::tracks`]ed yet.
     pub fn insert(
         &mut self,
         start: u64,
         end: u64,
         key: FileKey,
-        file: File,
+        file: Option<File>,
         fd_offset: u64,
         watch: Option<&FileWatch>,
     ) {
         self.remove(start, end, watch);
-        let tracked = self.files.entry(key).or_insert_with(|| {
-            let wd = watch.and_then(|w| w.add(file.as_raw_fd()));
-            TrackedFile {
-                file,
-                pieces: 0,
-                watch: wd,
+        match (self.files.get_mut(&key), file) {
+            (Some(tracked), _) => tracked.pieces += 1,
+            (None, Some(file)) => {
+                let wd = watch.and_then(|w| w.add(file.as_raw_fd()));
+                if let Some(wd) = wd {
+                    self.watches.insert(wd, key);
+                }
+                self.files.insert(
+                    key,
+                    TrackedFile {
+                        file,
+                        pieces: 1,
+                        watch: wd,
+                    },
+                );
             }
-        });
-        tracked.pieces += 1;
-        if let Some(wd) = tracked.watch {
-            self.watches.insert(wd, key);
+            // (A caller that checked `tracks` under the same lock never
+            // gets here; the piece is then simply not watched.)
+            (None, None) => {}
         }
         self.pieces.insert(
             start,
@@ -356,8 +370,8 @@ mod tests {
     #[test]
     fn pieces_are_cut_and_files_released_with_their_last_piece() {
         let mut m = MappedFiles::default();
-        m.insert(0, 100, (1, 1), file(), 1000, None);
-        m.insert(100, 200, (1, 2), file(), 0, None);
+        m.insert(0, 100, (1, 1), Some(file()), 1000, None);
+        m.insert(100, 200, (1, 2), Some(file()), 0, None);
         assert_eq!((m.len(), m.files()), (2, 2));
         // A hole in the middle of the first: two pieces, one file.
         assert_eq!(m.count_after(40, 60, false), 3);
@@ -365,7 +379,7 @@ mod tests {
         assert_eq!((m.len(), m.files()), (3, 2));
         assert_eq!(m.pieces[&60].fd_offset, 1060);
         // Mapping over both pieces of file 1 releases it.
-        m.insert(0, 100, (1, 3), file(), 0, None);
+        m.insert(0, 100, (1, 3), Some(file()), 0, None);
         assert_eq!((m.len(), m.files()), (2, 2));
         m.remove(0, 200, None);
         assert!(m.is_empty() && m.files() == 0);
@@ -378,7 +392,7 @@ mod tests {
         let mut m = MappedFiles::default();
         let dup = f.as_file().try_clone().unwrap();
         // Window [0, 4 pages) shows file pages 4..8.
-        m.insert(0, 4 * 4096, (9, 9), dup, 4 * 4096, None);
+        m.insert(0, 4 * 4096, (9, 9), Some(dup), 4 * 4096, None);
         assert!(m.past_eof(None, 4096).is_empty());
         f.as_file().set_len(5 * 4096 + 1).unwrap();
         // File pages 6.. are gone: window pages 2..4.
@@ -396,7 +410,7 @@ mod tests {
             0,
             4096,
             (3, 3),
-            f.as_file().try_clone().unwrap(),
+            Some(f.as_file().try_clone().unwrap()),
             0,
             Some(&w),
         );

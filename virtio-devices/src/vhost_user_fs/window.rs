@@ -569,21 +569,25 @@ impl DaxWindow {
     fn map_checked(&self, req: &VhostUserMMap, fd: RawFd) -> Result<(), RequestError> {
         let end = self.check(req)?;
         let info = Self::check_fd(fd)?;
-        // A descriptor of its own, kept while the file is mapped, to notice
-        // it shrinking ([`Self::repair_truncated`]).
-        let own = dup_cloexec(fd).map_err(|e| {
-            RequestError::new(
-                FailureReason::BadFd,
-                e.raw_os_error().unwrap_or(libc::EMFILE),
-                format!("keeping a descriptor of the mapped file: {e}"),
-            )
-        })?;
         let (shm_offset, len, fd_offset) = (req.shm_offset, req.len, req.fd_offset);
         let writable = VhostUserMMapFlags::from_bits_truncate(req.flags)
             .contains(VhostUserMMapFlags::WRITABLE);
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
         // Held across the mmap so the range bookkeeping matches the mappings.
         let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+        // A descriptor of its own for a file not mapped yet, kept while it
+        // is, to notice it shrinking ([`Self::repair_truncated`]).
+        let own = if mapped.files.tracks(info.file) {
+            None
+        } else {
+            Some(dup_cloexec(fd).map_err(|e| {
+                RequestError::new(
+                    FailureReason::BadFd,
+                    e.raw_os_error().unwrap_or(libc::EMFILE),
+                    format!("keeping a descriptor of the mapped file: {e}"),
+                )
+            })?)
+        };
         self.check_count(&mut mapped, shm_offset, end, true)?;
         let addr = self.host_addr + shm_offset;
         // SAFETY: [addr, addr + len) lies inside the reserved window (checked

@@ -61,6 +61,10 @@ fn pages_of_a_file_truncated_on_the_host_show_the_scratch() {
     w.map(&map_req(0, 0, 8 * PAGE), f.as_file()).unwrap();
     w.map(&map_req(0, 16 * PAGE, 2 * PAGE), other.as_file())
         .unwrap();
+    // A second mapping of the same file keeps no second descriptor.
+    w.map(&map_req(0, 24 * PAGE, PAGE), f.as_file()).unwrap();
+    assert_eq!(w.mapped_files(), 2);
+    w.unmap(&map_req(0, 24 * PAGE, PAGE)).unwrap();
     assert_eq!(peek(&w, 7 * PAGE), b'x');
     // The host cuts the file to 2.5 pages.
     f.as_file().set_len(2 * PAGE + 100).unwrap();

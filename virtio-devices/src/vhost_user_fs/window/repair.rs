@@ -89,6 +89,15 @@ impl DaxWindow {
         repaired
     }
 
+    /// Distinct files mapped now: the descriptors the window keeps.
+    pub fn mapped_files(&self) -> usize {
+        self.mapped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .files
+            .files()
+    }
+
     /// Whether guest-physical `gpa` lies in this window (as placed now).
     pub fn contains_gpa(&self, gpa: u64) -> bool {
         let base = self.guest_base.load(std::sync::atomic::Ordering::Relaxed);
