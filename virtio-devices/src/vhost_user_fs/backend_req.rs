@@ -46,7 +46,12 @@ impl DaxRequestHandler {
 
 impl VhostUserFrontendReqHandler for DaxRequestHandler {
     fn shmem_map(&self, req: &VhostUserMMap, fd: &dyn AsRawFd) -> HandlerResult<u64> {
-        self.answer("SHMEM_MAP", req, self.window.map(req, fd))
+        // The pre-fault runs after the ack ([`super::worker`]).
+        self.answer(
+            "SHMEM_MAP",
+            req,
+            self.window.map_deferring_prefault(req, fd),
+        )
     }
 
     fn shmem_unmap(&self, req: &VhostUserMMap) -> HandlerResult<u64> {

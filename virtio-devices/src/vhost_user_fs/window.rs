@@ -157,6 +157,9 @@ pub struct DaxWindow {
     last_map: Mutex<Option<((u64, u64), u64)>>,
     reclaim_pressure: prefault::ReclaimPressure,
     guest_prefaulter: OnceLock<Arc<dyn GuestPrefaulter>>,
+    /// A pre-fault left for after the daemon's ack
+    /// ([`Self::map_deferring_prefault`]).
+    deferred_prefault: Mutex<Option<prefault::Deferred>>,
 }
 
 /// What is mapped, under one lock: the merged ranges (the per-window cap),
@@ -292,6 +295,7 @@ impl DaxWindow {
             last_map: Mutex::new(None),
             reclaim_pressure: prefault::ReclaimPressure::default(),
             guest_prefaulter: OnceLock::new(),
+            deferred_prefault: Mutex::new(None),
         };
         // (On failure, dropping the window gives the reservation back.)
         window.show_scratch(0, size).map_err(reserve)?;
@@ -536,8 +540,33 @@ impl DaxWindow {
     /// SHMEM_MAP: maps `req.len` bytes of `fd` from `req.fd_offset` at
     /// `req.shm_offset` in the window, shared, read-only or read-write.
     pub fn map(&self, req: &VhostUserMMap, fd: &dyn AsRawFd) -> Result<(), RequestError> {
+        self.map_and_prefault(req, fd, false)
+    }
+
+    /// As [`Self::map`], but the new range's pre-fault is left for
+    /// [`Self::run_deferred_prefault`], which the device worker calls once
+    /// the daemon has its ack: the SETUPMAPPING round trip (and the guest's
+    /// wait for it) no longer includes the pre-fault, and a guest touch that
+    /// races it is served by KVM either way.
+    pub fn map_deferring_prefault(
+        &self,
+        req: &VhostUserMMap,
+        fd: &dyn AsRawFd,
+    ) -> Result<(), RequestError> {
+        self.map_and_prefault(req, fd, true)
+    }
+
+    fn map_and_prefault(
+        &self,
+        req: &VhostUserMMap,
+        fd: &dyn AsRawFd,
+        defer: bool,
+    ) -> Result<(), RequestError> {
+        // One left over (a caller that never ran it) goes first, before
+        // anything changes the window under it.
+        self.run_deferred_prefault();
         let started = Instant::now();
-        let result = self.map_checked(req, fd.as_raw_fd());
+        let result = self.map_checked(req, fd.as_raw_fd(), defer);
         let (offset, len) = (req.shm_offset, req.len);
         match &result {
             Ok(()) => {
@@ -566,7 +595,7 @@ impl DaxWindow {
         result
     }
 
-    fn map_checked(&self, req: &VhostUserMMap, fd: RawFd) -> Result<(), RequestError> {
+    fn map_checked(&self, req: &VhostUserMMap, fd: RawFd, defer: bool) -> Result<(), RequestError> {
         let end = self.check(req)?;
         let info = Self::check_fd(fd)?;
         let (shm_offset, len, fd_offset) = (req.shm_offset, req.len, req.fd_offset);
@@ -637,13 +666,28 @@ impl DaxWindow {
         drop(mapped);
         let follows = self.follows_last_map(info.file, fd_offset, len);
         if self.prefault.load(std::sync::atomic::Ordering::Relaxed) && (!reclaiming || follows) {
-            self.prefault(addr, shm_offset, len, fd_offset, info.size);
+            let job = prefault::Deferred {
+                addr,
+                shm_offset,
+                len,
+                fd_offset,
+                file_size: info.size,
+            };
+            if defer {
+                *self
+                    .deferred_prefault
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(job);
+            } else {
+                self.prefault(job);
+            }
         }
         Ok(())
     }
 
     /// SHMEM_UNMAP: shows the scratch again over the range.
     pub fn unmap(&self, req: &VhostUserMMap) -> Result<(), RequestError> {
+        self.run_deferred_prefault();
         let result = self
             .check(req)
             .and_then(|end| self.unmap_range(req.shm_offset, end, true));

@@ -555,6 +555,33 @@ fn new_mappings_go_to_the_guest_prefaulter_at_the_windows_guest_address() {
     assert_eq!((s.guest_prefaulted_bytes, s.prefault_failures), (0, 1));
 }
 
+/// Issue 23: the backend request handler maps and acks first; the
+/// pre-fault runs after (the device worker calls it once the ack is sent),
+/// so it is off the SETUPMAPPING round trip. One never run is run before
+/// the next request changes the window.
+#[test]
+fn a_deferred_prefault_runs_after_the_map_returns_and_before_the_next_request() {
+    let f = file_with(4);
+    let (w, p) = prefaulting_window(4 * PAGE, false);
+    w.map_deferring_prefault(&req(0, 0, 0, 2 * PAGE, 0), f.as_file())
+        .unwrap();
+    assert_eq!(peek(&w, PAGE), b'b', "mapped at once");
+    assert!(p.calls.lock().unwrap().is_empty(), "not pre-faulted yet");
+    w.run_deferred_prefault();
+    assert_eq!(*p.calls.lock().unwrap(), [(0x40_0000_0000, 2 * PAGE)]);
+    w.run_deferred_prefault();
+    assert_eq!(p.calls.lock().unwrap().len(), 1, "run once");
+    // Left over: run before the next unmap (or map) changes the window.
+    w.map_deferring_prefault(&req(0, 0, 4 * PAGE, PAGE, 0), f.as_file())
+        .unwrap();
+    w.unmap(&req(0, 0, 4 * PAGE, PAGE, 0)).unwrap();
+    assert_eq!(
+        p.calls.lock().unwrap().last(),
+        Some(&(0x40_0000_0000 + 4 * PAGE, PAGE))
+    );
+    assert_eq!(w.metrics.snapshot().guest_prefaulted_bytes, 3 * PAGE);
+}
+
 /// While the guest reclaims a range for each new one, only a map that
 /// continues the last one (a sequential reader) is pre-faulted; a random one
 /// is not. Once the reclaiming stops, every map is pre-faulted again.

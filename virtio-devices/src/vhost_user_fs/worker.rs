@@ -178,12 +178,19 @@ fn serve_request(ctx: &WorkerContext, loop_: &EventLoop, events: EventSet) -> bo
         return true;
     };
     let mut requests = requests.lock().unwrap_or_else(|p| p.into_inner());
-    if serve_one(&ctx.id, &mut requests, events, super::DAEMON_TIMEOUT) {
-        return true;
+    let served = serve_one(&ctx.id, &mut requests, events, super::DAEMON_TIMEOUT);
+    let fd = requests.as_raw_fd();
+    drop(requests);
+    // The daemon has its ack: now the new range's pre-fault, off the
+    // SETUPMAPPING round trip (the guest waits for that, not for this).
+    if let Some(w) = &ctx.window {
+        w.run_deferred_prefault();
     }
-    // Hang-up, or a broken channel: stop watching it.
-    loop_.remove(requests.as_raw_fd());
-    false
+    if !served {
+        // Hang-up, or a broken channel: stop watching it.
+        loop_.remove(fd);
+    }
+    served
 }
 
 /// Reads and answers one backend request from the channel `requests` that

@@ -34,7 +34,30 @@ impl ReclaimPressure {
     }
 }
 
+/// A new mapping's pre-fault: `[addr, addr + len)` at window offset
+/// `shm_offset`, file offset `fd_offset` of a `file_size`-byte file.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Deferred {
+    pub addr: u64,
+    pub shm_offset: u64,
+    pub len: u64,
+    pub fd_offset: u64,
+    pub file_size: u64,
+}
+
 impl DaxWindow {
+    /// Runs the pre-fault [`Self::map_deferring_prefault`] left, if any.
+    pub fn run_deferred_prefault(&self) {
+        let job = self
+            .deferred_prefault
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(job) = job {
+            self.prefault(job);
+        }
+    }
+
     /// Whether new mappings are pre-faulted (the device's `dax_prefault`).
     pub fn set_prefault(&self, on: bool) {
         self.prefault
@@ -74,14 +97,14 @@ impl DaxWindow {
     /// again, so pre-faulting the whole range only costs (random 4 KiB reads
     /// of a file twice the window's size ran at half the speed with it). A
     /// sequential reader uses all of it.
-    pub(super) fn prefault(
-        &self,
-        addr: u64,
-        shm_offset: u64,
-        len: u64,
-        fd_offset: u64,
-        file_size: u64,
-    ) {
+    pub(super) fn prefault(&self, job: Deferred) {
+        let Deferred {
+            addr,
+            shm_offset,
+            len,
+            fd_offset,
+            file_size,
+        } = job;
         let len = len.min(file_size.saturating_sub(fd_offset));
         let len = len.div_ceil(self.page_size) * self.page_size;
         if len == 0 {
