@@ -149,7 +149,22 @@ impl Cli {
     }
 }
 
+/// Every thread allocates from glibc's main arena. A thread arena that
+/// shrinks makes glibc read `/proc/sys/vm/overcommit_memory` (once, from
+/// whichever thread trims first), and `openat` is refused on every thread
+/// but the main one: the API thread freeing the buffers of thousands of
+/// connections was killed by its seccomp filter for it. The main arena
+/// shrinks with `brk`, which every filter allows. Before any thread starts.
+fn one_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter; no thread exists yet.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 fn main() -> ExitCode {
+    one_malloc_arena();
     let cli = Cli::parse();
     let level = match cli.verbose {
         0 => "warn",
