@@ -25,14 +25,15 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use super::window::GUEST_RANGE_SIZE;
+/// The smallest budget: one guest DAX range (`FUSE_DAX_SZ`, 2 MiB).
+const MIN_STRAY_BUDGET: u64 = 2 << 20;
 
 /// What the guest may keep in a `window_size` window's scratch: 2 MiB, or
 /// 1/2048 of the window when that is more (128 MiB for the largest window).
 pub fn stray_budget(window_size: u64) -> u64 {
     (window_size / 2048)
         .next_power_of_two()
-        .max(GUEST_RANGE_SIZE)
+        .max(MIN_STRAY_BUDGET)
 }
 
 pub struct Scratch {
