@@ -719,26 +719,40 @@ impl DaxWindow {
         if capped {
             self.check_count(&mut mapped, start, end, false)?;
         }
-        self.show_scratch(start, end).map_err(|e| {
+        let (removed, in_use) = self.drop_mappings(&mut mapped, start, end).map_err(|e| {
             RequestError::new(
                 FailureReason::MapFailed,
                 e.raw_os_error().unwrap_or(libc::EIO),
                 format!("unmapping window offset {start:#x}..{end:#x}: {e}"),
             )
         })?;
-        let removed = mapped.ranges.remove(start, end);
-        mapped.files.remove(start, end, self.file_watch.as_ref());
-        self.settle_charge(&mut mapped);
-        let in_use = self
-            .metrics
-            .bytes_mapped
-            .fetch_sub(removed, std::sync::atomic::Ordering::Relaxed);
         // The guest reclaims only a nearly full window (under 20 % free);
         // unmaps of a roomy one are inodes going away, not pressure.
         if removed > 0 && in_use >= self.size / 4 * 3 {
             self.reclaim_pressure.on_unmap();
         }
         Ok(())
+    }
+
+    /// Shows the (emptied) scratch over `[start, end)` and forgets what was
+    /// mapped there (ranges, files, budget, bytes mapped): what an unmap
+    /// and a truncation repair both do. Returns the bytes that were mapped
+    /// there and the bytes mapped before.
+    fn drop_mappings(
+        &self,
+        mapped: &mut Mappings,
+        start: u64,
+        end: u64,
+    ) -> std::io::Result<(u64, u64)> {
+        self.show_scratch(start, end)?;
+        let removed = mapped.ranges.remove(start, end);
+        mapped.files.remove(start, end, self.file_watch.as_ref());
+        self.settle_charge(mapped);
+        let in_use = self
+            .metrics
+            .bytes_mapped
+            .fetch_sub(removed, std::sync::atomic::Ordering::Relaxed);
+        Ok((removed, in_use))
     }
 
     /// Drops every mapping (device reset, daemon gone).

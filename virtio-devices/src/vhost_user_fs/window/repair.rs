@@ -62,15 +62,10 @@ impl DaxWindow {
         let gone = mapped.files.past_eof(only, self.page_size);
         let mut repaired = 0;
         for (start, end) in gone {
-            if let Err(e) = self.show_scratch(start, end) {
+            if let Err(e) = self.drop_mappings(&mut mapped, start, end) {
                 crate::error_limited!("DAX window: showing the scratch over truncated pages {start:#x}..{end:#x}: {e}");
                 continue;
             }
-            let removed = mapped.ranges.remove(start, end);
-            mapped.files.remove(start, end, self.file_watch.as_ref());
-            self.metrics
-                .bytes_mapped
-                .fetch_sub(removed, std::sync::atomic::Ordering::Relaxed);
             self.metrics
                 .truncated_bytes
                 .fetch_add(end - start, std::sync::atomic::Ordering::Relaxed);
@@ -80,7 +75,6 @@ impl DaxWindow {
                 len: end - start,
             });
         }
-        self.settle_charge(&mut mapped);
         if repaired > 0 {
             crate::warn_limited!(
                 "DAX window: a mapped file shrank on the host; {repaired} bytes of the window that showed it read zeros now"
