@@ -18,6 +18,18 @@ const READ_FILES: [(&str, u64); 2] = [("lib.bin", 8), ("data.bin", 4)];
 const DEMO_SCRIPT: &str = r#"
 up() { cut -d' ' -f1 /proc/uptime; }
 cached() { awk '/^Cached:/ {print $2}' /proc/meminfo; }
+# One read pass over the files in /mnt, guest caches dropped first: its
+# time, how much the guest's page cache grew and the md5s, under names
+# prefixed with $1.
+read_pass() {
+    sync; echo 3 > /proc/sys/vm/drop_caches
+    c0=$(cached); t0=$(up)
+    md5sum lib.bin data.bin > /tmp/sums.$1
+    t1=$(up); c1=$(cached)
+    echo "@@GUEST $1_read_s=$(awk "BEGIN{print $t1-$t0}")"
+    echo "@@GUEST $1_cached_kib=$((c1-c0))"
+    echo "@@GUEST $1_sums=$(cut -d' ' -f1 /tmp/sums.$1 | tr '\n' ' ')"
+}
 echo "@@GUEST kernel=$(uname -r)"
 echo "@@GUEST nproc=$(nproc)"
 echo "@@GUEST memtotal=$(awk '/^MemTotal:/ {print $2 " " $3}' /proc/meminfo)"
@@ -27,13 +39,7 @@ cd /mnt
 echo "@@GUEST sizes=$(ls -l lib.bin data.bin big.bin hello.txt | awk '{print $9 ":" $5}' | tr '\n' ' ')"
 echo "@@GUEST statx_dax=$(daxprobe statx lib.bin data.bin big.bin hello.txt)"
 # Pass 1, dax=inode: the policy's files through the window.
-sync; echo 3 > /proc/sys/vm/drop_caches
-c0=$(cached); t0=$(up)
-md5sum lib.bin data.bin > /tmp/sums.dax
-t1=$(up); c1=$(cached)
-echo "@@GUEST dax_read_s=$(awk "BEGIN{print $t1-$t0}")"
-echo "@@GUEST dax_cached_kib=$((c1-c0))"
-echo "@@GUEST dax_sums=$(cut -d' ' -f1 /tmp/sums.dax | tr '\n' ' ')"
+read_pass dax
 # The host reads the VMM's and the daemon's counters now, while it is mapped.
 touch .dax-done
 i=0; while [ ! -e .host-done ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
@@ -42,13 +48,7 @@ cd /; umount /mnt
 mount -t virtiofs share /mnt -o dax=never
 cd /mnt
 echo "@@GUEST statx_never=$(daxprobe statx lib.bin data.bin)"
-sync; echo 3 > /proc/sys/vm/drop_caches
-c0=$(cached); t0=$(up)
-md5sum lib.bin data.bin > /tmp/sums.never
-t1=$(up); c1=$(cached)
-echo "@@GUEST never_read_s=$(awk "BEGIN{print $t1-$t0}")"
-echo "@@GUEST never_cached_kib=$((c1-c0))"
-echo "@@GUEST never_sums=$(cut -d' ' -f1 /tmp/sums.never | tr '\n' ' ')"
+read_pass never
 echo "written by the guest" > from-guest.txt && sync
 cd /; umount /mnt
 "#;
