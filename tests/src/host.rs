@@ -2,7 +2,8 @@
 //! checking that a binary can run inside an initramfs without libraries.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 use crate::RigError;
 
@@ -138,6 +139,37 @@ pub fn crates_io_tool(
         )));
     }
     Ok(path)
+}
+
+/// A child process (a test's VMM, daemon or etcd) killed and reaped when
+/// dropped, so a failing test leaves none behind.
+pub struct KillOnDrop(pub Child);
+
+impl KillOnDrop {
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits (30 s at most) for `path` to appear, as a socket a process binds;
+/// panics naming it.
+pub fn wait_for_path(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} did not appear",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[cfg(test)]

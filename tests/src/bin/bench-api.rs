@@ -14,22 +14,14 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use guest_tests::host::{wait_for_path as wait_for, KillOnDrop as Proc};
 use guest_tests::results::Results;
 use guest_tests::rig;
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn request(sock: &Path, method: &str, path: &str, body: &str) -> Result<(u16, String), String> {
     let mut s = UnixStream::connect(sock).map_err(|e| format!("connect: {e}"))?;
@@ -48,18 +40,6 @@ fn request(sock: &Path, method: &str, path: &str, body: &str) -> Result<(u16, St
             .map(|(_, b)| b.to_string())
             .unwrap_or_default(),
     ))
-}
-
-fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} did not appear",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

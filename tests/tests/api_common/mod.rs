@@ -4,20 +4,11 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
 use guest_tests::ch_client::{self, ChError};
+pub use guest_tests::host::{wait_for_path as wait_for, KillOnDrop as Proc};
 use guest_tests::rig;
-
-pub struct Proc(pub Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// One request as ch-remote sends it (Host, Accept, Content-Length only
 /// with a body, no Content-Type, the connection left open), its reply read
@@ -51,18 +42,6 @@ pub fn refused(sock: &Path, method: &str, path: &str, body: &str, status: u16, n
         message.contains(needle),
         "{method} {path} {body}: expected {needle:?} in {message:?}"
     );
-}
-
-pub fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} did not appear",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 pub fn scratch(name: &str) -> PathBuf {

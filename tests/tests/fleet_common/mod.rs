@@ -7,27 +7,13 @@
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use guest_tests::ch_client;
 use guest_tests::rig;
 
-pub struct Proc(pub Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Proc {
-    pub fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+pub use guest_tests::host::KillOnDrop as Proc;
 
 pub fn scratch(name: &str) -> PathBuf {
     let dir = rig::target_dir().join("fleet").join(name);
