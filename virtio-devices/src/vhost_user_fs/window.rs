@@ -259,21 +259,20 @@ impl DaxWindow {
             return Err(WindowError::TooLarge { size });
         }
         let reserve = |source| WindowError::Reserve { size, source };
-        let host_addr = reserve_aligned(size, host_alignment(size)).map_err(reserve)?;
-        let scratch = Scratch::new(size).map_err(|source| {
-            // SAFETY: the reservation just made, which no one else knows of.
-            unsafe { libc::munmap(host_addr as *mut libc::c_void, size as usize) };
-            WindowError::Reserve { size, source }
-        })?;
+        // The scratch and the budget first: neither needs undoing if the
+        // reservation fails, but the charge is given back.
+        let scratch = Scratch::new(size).map_err(reserve)?;
         let charge = vmas_for(0);
         if !budget.recharge(0, charge) {
-            // SAFETY: as above.
-            unsafe { libc::munmap(host_addr as *mut libc::c_void, size as usize) };
             return Err(WindowError::MapBudget {
                 used: budget.used(),
                 limit: budget.limit(),
             });
         }
+        let host_addr = reserve_aligned(size, host_alignment(size)).map_err(|source| {
+            budget.recharge(charge, 0);
+            reserve(source)
+        })?;
         let window = DaxWindow {
             host_addr,
             size,
