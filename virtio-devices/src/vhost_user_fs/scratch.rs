@@ -13,8 +13,10 @@
 //! one small memfd along the window, so what a guest wrote through one
 //! file's range after its daemon died showed up in every other range.)
 //!
-//! The memfd is sparse: only pages the guest touched cost memory, counted
-//! by [`Scratch::stray_bytes`]. What a guest may keep there is capped
+//! The memfd is sparse: only pages the guest touched cost memory
+//! ([`Scratch::resident_bytes`]); [`Scratch::stray_bytes`] counts every
+//! page touched since the window was made, emptied or not, so the evidence
+//! of stray accesses is not lost when the scratch is. What a guest may keep there is capped
 //! ([`stray_budget`]): past it [`Scratch::enforce_budget`] frees every page
 //! (the guest then reads zeros where it had written). A range that gets a
 //! file mapped, or is unmapped again, starts from zeros too
@@ -41,6 +43,8 @@ pub struct Scratch {
     budget: u64,
     /// Times the budget was exceeded and the scratch emptied.
     resets: AtomicU64,
+    /// Bytes the guest had touched that emptying freed since.
+    forgotten: AtomicU64,
 }
 
 impl Scratch {
@@ -59,6 +63,7 @@ impl Scratch {
             file,
             budget: stray_budget(window_size),
             resets: AtomicU64::new(0),
+            forgotten: AtomicU64::new(0),
         })
     }
 
@@ -90,9 +95,15 @@ impl Scratch {
         Ok(())
     }
 
-    /// Bytes of scratch the guest has touched.
-    pub fn stray_bytes(&self) -> std::io::Result<u64> {
+    /// Bytes of scratch the guest has touched and that are held now.
+    pub fn resident_bytes(&self) -> std::io::Result<u64> {
         Ok(self.file.metadata()?.blocks() * 512)
+    }
+
+    /// Bytes of scratch the guest has touched since the window was made
+    /// (held now or emptied since).
+    pub fn stray_bytes(&self) -> std::io::Result<u64> {
+        Ok(self.resident_bytes()? + self.forgotten.load(Relaxed))
     }
 
     pub fn budget(&self) -> u64 {
@@ -106,7 +117,8 @@ impl Scratch {
 
     /// Empties `[start, end)` of the scratch (its pages read zeros again).
     pub fn forget(&self, start: u64, end: u64) -> std::io::Result<()> {
-        if self.stray_bytes()? == 0 {
+        let before = self.resident_bytes()?;
+        if before == 0 {
             return Ok(());
         }
         let (Ok(off), Ok(len)) = (
@@ -128,13 +140,16 @@ impl Scratch {
         if r != 0 {
             return Err(std::io::Error::last_os_error());
         }
+        let after = self.resident_bytes()?;
+        self.forgotten
+            .fetch_add(before.saturating_sub(after), Relaxed);
         Ok(())
     }
 
     /// Frees the whole scratch when the guest keeps more than the budget
     /// there; whether it did.
     pub fn enforce_budget(&self) -> std::io::Result<bool> {
-        if self.stray_bytes()? <= self.budget {
+        if self.resident_bytes()? <= self.budget {
             return Ok(false);
         }
         let size = self.file.metadata()?.len();

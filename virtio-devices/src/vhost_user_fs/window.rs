@@ -311,7 +311,7 @@ impl DaxWindow {
     }
 
     /// Bytes of the scratch that guest accesses outside any mapping have
-    /// touched.
+    /// touched since the window was made (also those emptied since).
     pub fn stray_bytes(&self) -> std::io::Result<u64> {
         self.scratch.stray_bytes()
     }

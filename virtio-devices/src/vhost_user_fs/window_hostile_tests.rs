@@ -142,8 +142,11 @@ fn the_scratch_is_emptied_past_its_budget() {
     unsafe { std::ptr::write_volatile(at(budget), 1) };
     w.tick();
     assert_eq!(w.stray_resets(), 1);
-    assert_eq!(w.stray_bytes().unwrap(), 0);
     assert_eq!(peek(&w, 0), 0, "emptied: zeros again");
+    // The count keeps what was emptied: stray accesses stay visible in
+    // the metrics after the scratch is freed (and the read above adds one
+    // page again).
+    assert_eq!(w.stray_bytes().unwrap(), budget + 2 * PAGE);
 }
 
 /// Whether the mapping holding `addr` is left out of core dumps.
