@@ -30,8 +30,8 @@ use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use control_protocol::{
-    AdaptiveEvents, DaemonStats, Effect, PolicyChange, PolicyState, PolicyUpdate, WindowTruncated,
-    ADAPTIVE_EVENTS, POLICY, STATS, WINDOW_TRUNCATED,
+    AdaptiveEvents, DaemonStats, Effect, PolicyChange, PolicyState, PolicyUpdate, ADAPTIVE_EVENTS,
+    POLICY, STATS,
 };
 use policies::Policy;
 use serde::Deserialize;
@@ -77,7 +77,10 @@ async fn dax_status(s: &AppState) -> Result<Vec<FsDaxStatus>, ApiError> {
     fs_devices(s, true).await
 }
 
-async fn fs_devices(s: &AppState, window_stats: bool) -> Result<Vec<FsDaxStatus>, ApiError> {
+pub(crate) async fn fs_devices(
+    s: &AppState,
+    window_stats: bool,
+) -> Result<Vec<FsDaxStatus>, ApiError> {
     match s.vmm.call(VmmAction::DaxStatus { window_stats }).await? {
         VmmReply::Dax(d) => Ok(d),
         other => Err(ApiError::internal(format!(
@@ -218,53 +221,6 @@ pub(crate) async fn reconcile(s: AppState) {
         tick.tick().await;
         reconcile_once(&s).await;
         relay_adaptive(&s).await;
-    }
-}
-
-/// Tells a device's daemon each time the VMM found a file mapped in its
-/// window shrunk on the host (a `truncated` event), so the daemon's stats
-/// and log say so beside its own requests. Best effort: a daemon that does
-/// not answer misses the notice (the VMM's metrics still count it).
-pub(crate) async fn relay_truncations(s: AppState) {
-    use tokio::sync::broadcast::error::RecvError;
-    let mut rx = s.events.subscribe();
-    loop {
-        let event = match rx.recv().await {
-            Ok(e) if e.kind == "truncated" => e,
-            Ok(_) => continue,
-            Err(RecvError::Lagged(n)) => {
-                log::warn!("{n} window events went by before the truncation relay read them; daemons may miss some notices");
-                continue;
-            }
-            Err(RecvError::Closed) => return,
-        };
-        let notice = WindowTruncated {
-            offset: event.fields["offset"].as_u64().unwrap_or(0),
-            len: event.fields["len"].as_u64().unwrap_or(0),
-        };
-        let Ok(devices) = fs_devices(&s, false).await else {
-            continue;
-        };
-        let Some(socket) = devices
-            .iter()
-            .find(|d| d.id == event.device)
-            .and_then(|d| d.control_socket.clone())
-        else {
-            continue;
-        };
-        let body = serde_json::to_string(&notice).unwrap_or_default();
-        match client::request(&socket, "POST", WINDOW_TRUNCATED, Some(body)).await {
-            Ok(a) if a.status == 204 => {}
-            Ok(a) => log::debug!(
-                "fs {}: the daemon answered {} to a truncation notice",
-                event.device,
-                a.status
-            ),
-            Err(e) => log::debug!(
-                "fs {}: telling the daemon of a truncation: {e}",
-                event.device
-            ),
-        }
     }
 }
 

@@ -18,6 +18,7 @@ mod http1;
 pub mod metrics;
 mod routes;
 pub mod server;
+mod window_notices;
 
 /// The seccomp thread kind of the API thread (see the VMM's `seccomp_filters`).
 pub const API_THREAD: &str = "api";
@@ -30,6 +31,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use vmm_sys_util::eventfd::EventFd;
 
+pub use control_protocol::WindowLocation;
 pub use events::{DaxEvent, EventBus};
 pub use metrics::{FsDaxStatus, KvmCounters, WindowStats};
 /// The router alone, for the fuzz target (`fuzz/fuzz_targets/api_router.rs`).

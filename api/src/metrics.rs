@@ -16,6 +16,9 @@ pub struct FsDaxStatus {
     pub control_socket: Option<PathBuf>,
     /// None before boot, or without DAX.
     pub window: Option<WindowStats>,
+    /// Where the window sits in guest-physical memory (None before boot,
+    /// without DAX, or before the transport placed it).
+    pub window_location: Option<control_protocol::WindowLocation>,
     /// The daemon went away while the VM ran.
     pub failed: bool,
     /// The policy its daemon should have (kept with the device's
@@ -629,6 +632,7 @@ mod tests {
                 resident_bytes: Some(8192),
                 stray_bytes: Some(4096),
             }),
+            window_location: None,
             failed: false,
             desired_policy: None,
         }

@@ -37,6 +37,8 @@ pub(crate) struct AppState {
     pub push_lock: Arc<tokio::sync::Mutex<()>>,
     /// Per device: the last adaptive-policy event relayed from its daemon.
     pub adaptive_cursor: Arc<Mutex<HashMap<String, u64>>>,
+    /// Per device: the window location its daemon last took.
+    pub window_locations: Arc<Mutex<HashMap<String, control_protocol::WindowLocation>>>,
 }
 
 /// Errors as Cloud Hypervisor writes them: a JSON array of strings, the
@@ -163,6 +165,7 @@ pub(crate) fn app(
         reconcile: Arc::default(),
         push_lock: Arc::default(),
         adaptive_cursor: Arc::default(),
+        window_locations: Arc::default(),
     };
     (routes(state.clone()), state)
 }

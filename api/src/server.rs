@@ -90,7 +90,8 @@ impl ApiServer {
                             return;
                         }
                     };
-                    tokio::spawn(crate::dax::relay_truncations(state.clone()));
+                    tokio::spawn(crate::window_notices::relay_truncations(state.clone()));
+                    tokio::spawn(crate::window_notices::keep_locations(state.clone()));
                     tokio::spawn(crate::dax::reconcile(state));
                     let stop = async {
                         let _ = stop.await;

@@ -11,6 +11,7 @@
 //! | `GET` [`STATS`] | [`DaemonStats`] |
 //! | `GET` [`ADAPTIVE_EVENTS`]`?after=N` | [`AdaptiveEvents`]: the adaptive policy's decisions numbered above N |
 //! | `POST` [`WINDOW_TRUNCATED`] ([`WindowTruncated`]) | 204: the VMM tells the daemon that a mapped file shrank on the host and the window range shows zeros now |
+//! | `PUT` [`WINDOW_LOCATION`] ([`WindowLocation`]) | 204: the VMM tells the daemon where the window sits in guest-physical memory (at start, and after the guest moves a BAR), so requests whose buffers lie in the window can be served; 400 for a location that does not fit |
 
 pub mod listener;
 
@@ -23,6 +24,18 @@ pub const POLICY: &str = "/api/v1/policy";
 pub const STATS: &str = "/api/v1/stats";
 pub const ADAPTIVE_EVENTS: &str = "/api/v1/adaptive/events";
 pub const WINDOW_TRUNCATED: &str = "/api/v1/window/truncated";
+pub const WINDOW_LOCATION: &str = "/api/v1/window/location";
+
+/// Where a device's DAX window sits in guest-physical memory. A FUSE READ
+/// or WRITE whose buffer lies in `[gpa, gpa + size)` names window pages
+/// (a guest program read into a DAX mapping of another file), which the
+/// daemon serves from what it mapped there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowLocation {
+    pub gpa: u64,
+    pub size: u64,
+}
 
 /// A window range whose file pages vanished (the file shrank on the host):
 /// the VMM shows its scratch there now, so the guest reads zeros.
@@ -107,6 +120,19 @@ pub struct DaemonStats {
     pub window_truncations: u64,
     #[serde(default)]
     pub window_truncated_bytes: u64,
+    /// Where the VMM last said the window is ([`WINDOW_LOCATION`]).
+    #[serde(default)]
+    pub window_location: Option<WindowLocation>,
+    /// READ/WRITE requests with a buffer in the window, served by copying
+    /// between the request's file and the file mapped there; their bytes;
+    /// and those refused (EFAULT: a buffer over an unmapped or read-only
+    /// part of the window, past a mapped file's end, or no location yet).
+    #[serde(default)]
+    pub window_buffer_ios: u64,
+    #[serde(default)]
+    pub window_buffer_bytes: u64,
+    #[serde(default)]
+    pub window_buffer_refusals: u64,
 }
 
 /// The adaptive DAX policy's view of the window and what it decided.

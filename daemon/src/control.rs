@@ -7,7 +7,8 @@
 //! API): `GET`/`PUT`/`DELETE /api/v1/policy` answer `PolicyState` or
 //! `PolicyUpdate`, `GET /api/v1/stats` answers `DaemonStats`,
 //! `GET /api/v1/adaptive/events?after=N` the adaptive policy's decisions
-//! (`AdaptiveEvents`). An invalid
+//! (`AdaptiveEvents`); the VMM's API posts window notices to
+//! `/api/v1/window/truncated` and `PUT`s `/api/v1/window/location`. An invalid
 //! policy gets 400 naming the field, and changes nothing.
 //!
 //! A new policy is swapped in whole; the next LOOKUP or GETATTR of any inode
@@ -26,8 +27,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use control_protocol::{
-    AdaptiveEvents, DaemonStats, Effect, PolicyChange, PolicyState, PolicyUpdate, WindowTruncated,
-    WINDOW_TRUNCATED,
+    AdaptiveEvents, DaemonStats, Effect, PolicyChange, PolicyState, PolicyUpdate, WindowLocation,
+    WindowTruncated, WINDOW_LOCATION, WINDOW_TRUNCATED,
 };
 use policies::Policy;
 use serde::Deserialize;
@@ -163,7 +164,32 @@ async fn stats(State(server): State<Arc<Server>>) -> Json<DaemonStats> {
         adaptive: server.policy.adaptive.stats(),
         window_truncations: d.truncations.load(Relaxed),
         window_truncated_bytes: d.truncated_bytes.load(Relaxed),
+        window_location: server.dax.location(),
+        window_buffer_ios: d.window_buffer_ios.load(Relaxed),
+        window_buffer_bytes: d.window_buffer_bytes.load(Relaxed),
+        window_buffer_refusals: d.window_buffer_refusals.load(Relaxed),
     })
+}
+
+/// The VMM says where the window sits in guest-physical memory (at boot,
+/// and again when the guest moves the device's BAR): from now on a READ or
+/// WRITE buffer there is served through the file mapped at that offset.
+async fn window_location(State(server): State<Arc<Server>>, body: String) -> Response {
+    let loc: WindowLocation = match serde_json::from_str(&body) {
+        Ok(l) => l,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("{WINDOW_LOCATION}: {e}")),
+    };
+    match server.dax.set_location(loc) {
+        Ok(()) => {
+            log::info!(
+                "the DAX window is at guest-physical {:#x}, {:#x} bytes",
+                loc.gpa,
+                loc.size
+            );
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, format!("{WINDOW_LOCATION}: {e}")),
+    }
 }
 
 /// The VMM found a mapped file shrunk on the host and shows zeros over the
@@ -202,6 +228,7 @@ pub fn router(server: Arc<Server>) -> Router {
         .route("/api/v1/stats", get(stats))
         .route("/api/v1/adaptive/events", get(adaptive_events))
         .route(WINDOW_TRUNCATED, axum::routing::post(window_truncated))
+        .route(WINDOW_LOCATION, axum::routing::put(window_location))
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,

@@ -88,6 +88,9 @@ const SERVING: &[i64] = &[
     SYS_pwritev,
     SYS_preadv2,
     SYS_pwritev2,
+    // A READ or WRITE whose buffer is in the DAX window: a copy between
+    // the request's file and the one mapped there.
+    SYS_copy_file_range,
     SYS_openat,
     SYS_close,
     SYS_fstat,

@@ -1,7 +1,6 @@
 //! The daemon's control socket over a real unix socket: read the policy,
 //! refuse a bad one without changing anything, dry-run, apply, reset.
 
-use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -11,6 +10,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use vmm_sys_util::tempdir::TempDir;
 
+#[path = "common/http.rs"]
+mod http;
+use http::http;
+
 struct Daemon(Child);
 
 impl Drop for Daemon {
@@ -18,28 +21,6 @@ impl Drop for Daemon {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn http(sock: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = UnixStream::connect(sock).expect("connect to the control socket");
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status line");
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
 }
 
 fn json(sock: &Path, method: &str, path: &str, body: &str) -> Value {

@@ -71,11 +71,29 @@ struct Guest<'a> {
 impl Guest<'_> {
     /// Puts a request on the ring without kicking; returns its slot.
     fn post(&mut self, op: u32, nodeid: u64, body: &[u8]) -> u64 {
+        self.post_with(op, nodeid, body, &[], 0x1000, &[])
+    }
+
+    /// Puts a request on the ring whose chain has buffers of the test's
+    /// choosing (guest-physical address, length): readable ones after the
+    /// request, then the slot's reply buffer of `reply_len` bytes, then
+    /// writable ones. Returns its slot.
+    fn post_with(
+        &mut self,
+        op: u32,
+        nodeid: u64,
+        body: &[u8],
+        readable: &[(u64, u32)],
+        reply_len: u32,
+        writable: &[(u64, u32)],
+    ) -> u64 {
         self.unique += 1;
         let slot = u64::from(self.next % QUEUE_SIZE);
         let (req_addr, reply_addr) = (REQ_BASE + slot * 0x1000, REPLY_BASE + slot * 0x1000);
+        // The request is everything readable: header, body, the extra buffers.
+        let extra: u32 = readable.iter().map(|&(_, l)| l).sum();
         let hdr = InHeader {
-            len: (40 + body.len()) as u32,
+            len: 40 + body.len() as u32 + extra,
             opcode: op,
             unique: self.unique,
             nodeid,
@@ -83,21 +101,35 @@ impl Guest<'_> {
         };
         let req = [hdr.as_slice(), body].concat();
         self.mem.write_slice(&req, GuestAddress(req_addr)).unwrap();
-        let first = (self.next * 2) % QUEUE_SIZE;
-        let descs = [
-            RawDescriptor::from(SplitDescriptor::new(
-                req_addr,
-                req.len() as u32,
-                VRING_DESC_F_NEXT as u16,
-                first + 1,
-            )),
-            RawDescriptor::from(SplitDescriptor::new(
-                reply_addr,
-                0x1000,
-                VRING_DESC_F_WRITE as u16,
-                0,
-            )),
-        ];
+        let bufs: Vec<(u64, u32, u16)> = [(req_addr, req.len() as u32, 0)]
+            .into_iter()
+            .chain(readable.iter().map(|&(a, l)| (a, l, 0)))
+            .chain([(reply_addr, reply_len, VRING_DESC_F_WRITE as u16)])
+            .chain(
+                writable
+                    .iter()
+                    .map(|&(a, l)| (a, l, VRING_DESC_F_WRITE as u16)),
+            )
+            .collect();
+        // Two descriptors per slot, as most requests use; a longer chain
+        // borrows the next slots' (requests with one are sent one at a time).
+        let mut first = (self.next * 2) % QUEUE_SIZE;
+        if usize::from(first) + bufs.len() > usize::from(QUEUE_SIZE) {
+            first = 0;
+        }
+        let last = bufs.len() - 1;
+        let descs: Vec<RawDescriptor> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, &(addr, len, flags))| {
+                let (flags, next) = if i < last {
+                    (flags | VRING_DESC_F_NEXT as u16, first + i as u16 + 1)
+                } else {
+                    (flags, 0)
+                };
+                RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
+            })
+            .collect();
         self.ring.add_desc_chains(&descs, first).unwrap();
         self.next += 1;
         slot
@@ -611,6 +643,13 @@ fn a_thread_pool_serves_a_batch_of_requests_out_of_order_and_each_reply_lands_in
         "the daemon with a pool exits cleanly when its VMM goes"
     );
 }
+
+/// READ and WRITE whose buffers lie in the DAX window.
+#[path = "frontend/window_buffers.rs"]
+mod window_buffers;
+
+#[path = "common/http.rs"]
+mod http;
 
 /// The confined daemon seen from outside through /proc (needs root).
 #[path = "frontend/confinement.rs"]

@@ -47,6 +47,8 @@ dd if=/dev/urandom of=share/big.bin bs=1M count=96 2>/dev/null
 dd if=/dev/zero of=share/target.bin bs=1M count=4 2>/dev/null
 dd if=/dev/urandom of=share/trunc.bin bs=1M count=4 2>/dev/null
 dd if=/dev/urandom of=share/nodax/large.bin bs=1M count=1 2>/dev/null
+dd if=/dev/zero of=share/wmap.bin bs=1M count=4 2>/dev/null
+dd if=/dev/urandom of=share/nodax/wsrc.bin bs=1M count=1 2>/dev/null
 printf 'small file\n' > share/small.txt
 i=0; while [ $i -lt DIRS ]; do mkdir share/tree/d$i; j=0; while [ $j -lt FILES ]; do echo "file $i $j" > share/tree/d$i/f$j; j=$((j+1)); done; i=$((i+1)); done
 ln -s ../small.txt share/tree/link
@@ -93,7 +95,11 @@ DIAG=$!
 ( i=0; while [ ! -e share/.trunc-ready ] && [ $i -lt 6000 ] && { [ $i -lt 300 ] || pidof dax-vmm >/dev/null; }; do sleep 0.1; i=$((i+1)); done
   truncate -s 1048576 share/trunc.bin; echo "@@HOST truncated_rc=$?"
   sleep 1
-  echo "@@HOST daemon_truncations=$(daxprobe http /tmp/fs-control.sock GET /api/v1/stats | grep -o '"window_truncations":[0-9]*' | cut -d: -f2)"
+  daxprobe http /tmp/fs-control.sock GET /api/v1/stats > trunc-stats.out
+  echo "@@HOST daemon_truncations=$(grep -o '"window_truncations":[0-9]*' trunc-stats.out | cut -d: -f2)"
+  # The window-io passes ran before the guest mapped trunc.bin.
+  echo "@@HOST wbuf_stats=$(grep -o '"window_buffer_[a-z]*":[0-9]*' trunc-stats.out | cut -d_ -f3 | tr -d '"' | tr '\n' ' ')"
+  echo "@@HOST wbuf_location=$(grep -o '"window_location":{[^}]*}' trunc-stats.out | grep -c gpa)"
   touch share/.trunc-go ) &
 "#;
 
@@ -144,6 +150,15 @@ echo "@@HOST target_md5=$(md5sum < share/target.bin | cut -d' ' -f1)"
 echo "@@HOST written_md5=$(md5sum < share/written.bin | cut -d' ' -f1)"
 diff -r share/tree share/tree-copy >/dev/null && echo "@@HOST tree_copy=same"
 echo "@@HOST copy_link=$(readlink share/tree-copy/link)"
+# What the window-io passes left on the host: OUT as SRC's first 256 KiB,
+# and those bytes in the mapped file where each pass's buffer was.
+head -c 262144 share/nodax/wsrc.bin > wwant
+for pass in direct:1 buffered:16; do
+  name=${pass%:*}; skip=${pass#*:}
+  cmp -s wwant share/nodax/wout-$name.bin && echo "@@HOST wbuf_out_$name=same"
+  dd if=share/wmap.bin bs=65536 skip=$skip count=4 2>/dev/null > wmap-$name
+  cmp -s wwant wmap-$name && echo "@@HOST wbuf_map_$name=same"
+done
 "#;
 
 const GUEST_SCRIPT: &str = r#"
@@ -178,6 +193,12 @@ dd if=/dev/urandom of=/tmp/chunk bs=1M count=2 2>/dev/null
 dd if=/tmp/chunk of=target.bin bs=1M seek=1 conv=notrunc,fsync 2>/dev/null; echo "@@GUEST dd_rc=$?"
 daxprobe mmap-fill target.bin 4096 65536 90; echo "@@GUEST mmap_fill_rc=$?"
 echo "@@GUEST target_md5=$(md5sum < target.bin | cut -d' ' -f1)"
+# A program's I/O buffer in a DAX mapping (wmap.bin) of another file:
+# read() nodax/wsrc.bin into it, write() it out. With O_DIRECT the FUSE
+# requests carry window pages, which the daemon serves through wmap.bin.
+echo "@@GUEST wbuf_statx=$(daxprobe statx wmap.bin nodax/wsrc.bin)"
+echo "@@GUEST wbuf_direct=$(daxprobe window-io wmap.bin nodax/wsrc.bin nodax/wout-direct.bin 65536 262144 direct)"
+echo "@@GUEST wbuf_buffered=$(daxprobe window-io wmap.bin nodax/wsrc.bin nodax/wout-buffered.bin 1048576 262144 buffered)"
 echo "@@GUEST statx_trunc=$(daxprobe statx trunc.bin)"
 echo "@@GUEST trunc_touch=$(daxprobe mmap-truncated trunc.bin .trunc-ready .trunc-go)"
 echo "@@GUEST trunc_alive=yes"
@@ -279,10 +300,14 @@ fn virtiofs_test(transport: &str, api: bool) {
         guest.vmm_args = vec!["-v".into()];
         guest.api_script = Some(API_SCRIPT.replace("TRANSPORT", transport));
     } else {
+        // The VM is described on the command line; the API socket beside it
+        // tells the daemon where the window is (window-io passes).
         guest.vmm_args = vec![
             "-v".into(),
+            "--api-socket".into(),
+            "/tmp/api.sock".into(),
             "--fs".into(),
-            format!("tag=share,socket=/tmp/fs.sock,num_queues=1,queue_size=1024,cache_size=32M,transport={transport},id=fs0"),
+            format!("tag=share,socket=/tmp/fs.sock,num_queues=1,queue_size=1024,cache_size=32M,transport={transport},id=fs0,control_socket=/tmp/fs-control.sock"),
         ];
     }
     guest.timeout = std::time::Duration::from_secs(900);
@@ -338,6 +363,7 @@ fn virtiofs_test(transport: &str, api: bool) {
         "{tail}"
     );
     assert_eq!(run.guest("trunc_alive"), Some("yes"), "{tail}");
+    check_window_buffers(&run, &tail);
     assert!(
         run.text().contains("a mapped file shrank on the host"),
         "the VMM says what it repaired\n{tail}"
@@ -477,6 +503,54 @@ fn virtiofs_test(transport: &str, api: bool) {
 
 /// What only the API run shows: the VM built through the API, the window's
 /// maps and reclaim in the metrics, events streamed while the guest worked.
+/// Issue 23: a program's read() into, and write() from, a DAX mapping of
+/// another file. With O_DIRECT the guest's FUSE READ and WRITE name window
+/// pages; the daemon (told where the window is by the VMM's API) serves them
+/// through the file mapped there. Buffered, the guest's page cache sits
+/// between and the daemon sees guest RAM; both must leave the same bytes.
+fn check_window_buffers(run: &rig::Run, tail: &str) {
+    assert_eq!(
+        run.guest("wbuf_statx"),
+        Some("wmap.bin:1 nodax/wsrc.bin:0"),
+        "the buffer is a DAX mapping, the source is not DAX\n{tail}"
+    );
+    for pass in ["direct", "buffered"] {
+        assert_eq!(
+            run.guest(&format!("wbuf_{pass}")),
+            Some("dax=1 read=262144 write=262144 match=1"),
+            "{pass}\n{tail}"
+        );
+        assert_eq!(
+            run.host(&format!("wbuf_out_{pass}")),
+            Some("same"),
+            "{pass}\n{tail}"
+        );
+        assert_eq!(
+            run.host(&format!("wbuf_map_{pass}")),
+            Some("same"),
+            "{pass}\n{tail}"
+        );
+    }
+    assert_eq!(
+        run.host("wbuf_location"),
+        Some("1"),
+        "the daemon knows the window's place\n{tail}"
+    );
+    // "ios:N bytes:M refusals:R": the direct pass's READ and WRITE (the
+    // guest may split each into several requests), nothing refused.
+    let stats = run.host("wbuf_stats").unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        stats
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix(&format!("{name}:")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {stats:?}\n{tail}"))
+    };
+    assert!(field("ios") >= 2, "{stats}\n{tail}");
+    assert_eq!(field("bytes"), 2 * 262144, "{stats}\n{tail}");
+    assert_eq!(field("refusals"), 0, "{stats}\n{tail}");
+}
+
 fn check_api_run(run: &rig::Run, tail: &str) {
     for step in [
         "api_create",

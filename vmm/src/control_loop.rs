@@ -466,6 +466,14 @@ impl ControlLoop {
     }
 
     fn dax_status(&self, with_window_stats: bool) -> Vec<FsDaxStatus> {
+        let window_location = |i: &FsDeviceInfo| {
+            let w = i.window.as_ref()?;
+            let gpa = w.guest_base();
+            (gpa != 0).then(|| api::WindowLocation {
+                gpa,
+                size: w.size(),
+            })
+        };
         let running: &[FsDeviceInfo] = self.vm.as_ref().map_or(&[], |vm| vm.fs_devices());
         self.config
             .iter()
@@ -476,6 +484,7 @@ impl ControlLoop {
                     id: f.id.clone(),
                     control_socket: f.control_socket.clone(),
                     window: info.filter(|_| with_window_stats).and_then(window_stats),
+                    window_location: info.and_then(window_location),
                     failed: info
                         .is_some_and(|i| i.failed.load(std::sync::atomic::Ordering::SeqCst)),
                     desired_policy: f.dax_policy.clone(),

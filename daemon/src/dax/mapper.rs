@@ -9,8 +9,11 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
+use control_protocol::WindowLocation;
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
+
+use super::window_map::{FilePiece, MappedFile, WindowMap};
 
 use crate::fuse::abi::{
     RemovemappingOne, SetupmappingIn, SETUPMAPPING_FLAG_READ, SETUPMAPPING_FLAG_WRITE,
@@ -35,6 +38,11 @@ pub struct DaxStats {
     /// Window ranges the VMM reported truncated on the host, and bytes.
     pub truncations: AtomicU64,
     pub truncated_bytes: AtomicU64,
+    /// READ/WRITE with a buffer in the window: served, their window bytes,
+    /// refused.
+    pub window_buffer_ios: AtomicU64,
+    pub window_buffer_bytes: AtomicU64,
+    pub window_buffer_refusals: AtomicU64,
     /// SHMEM_MAP round trips as the daemon sees them: request sent, VMM
     /// checks, mmaps and pre-faults, ack received.
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
@@ -71,7 +79,16 @@ pub struct DaxMapper {
     /// Set when the VMM hands over the backend request channel.
     backend: Mutex<Option<Backend>>,
     window_size: u64,
+    window: Mutex<WindowState>,
     pub stats: DaxStats,
+}
+
+/// Where the window is and what this daemon mapped in it.
+#[derive(Default)]
+struct WindowState {
+    /// From the VMM ([`control_protocol::WINDOW_LOCATION`]); None until it says.
+    location: Option<WindowLocation>,
+    mapped: WindowMap,
 }
 
 impl DaxMapper {
@@ -79,8 +96,52 @@ impl DaxMapper {
         DaxMapper {
             backend: Mutex::new(None),
             window_size,
+            window: Mutex::default(),
             stats: DaxStats::default(),
         }
+    }
+
+    fn window(&self) -> std::sync::MutexGuard<'_, WindowState> {
+        self.window.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes the window's guest-physical placement from the VMM. Refused
+    /// (and the old one kept) when it is empty, unaligned or wraps.
+    pub fn set_location(&self, loc: WindowLocation) -> Result<(), String> {
+        const PAGE: u64 = 4096;
+        if loc.size == 0 || !loc.gpa.is_multiple_of(PAGE) || !loc.size.is_multiple_of(PAGE) {
+            return Err(format!(
+                "gpa {:#x} and size {:#x} must be non-zero multiples of {PAGE}",
+                loc.gpa, loc.size
+            ));
+        }
+        if loc.gpa.checked_add(loc.size).is_none() {
+            return Err(format!(
+                "gpa {:#x} + size {:#x} overflows 64 bits",
+                loc.gpa, loc.size
+            ));
+        }
+        self.window().location = Some(loc);
+        Ok(())
+    }
+
+    pub fn location(&self) -> Option<WindowLocation> {
+        self.window().location
+    }
+
+    /// A new FUSE session: the guest maps afresh before it uses the window,
+    /// so nothing recorded for the old one may serve a request.
+    pub fn forget_mappings(&self) {
+        self.window().mapped.clear();
+    }
+
+    /// The files behind window bytes `[offset, offset + len)`; EFAULT when
+    /// any of it is not mapped (or, for `write`, not mapped writable).
+    pub fn resolve(&self, offset: u64, len: u64, write: bool) -> io::Result<Vec<FilePiece>> {
+        self.window()
+            .mapped
+            .resolve(offset, len, write)
+            .ok_or_else(|| errno_error(libc::EFAULT))
     }
 
     pub fn set_backend(&self, backend: Backend) {
@@ -156,7 +217,7 @@ impl DaxMapper {
             return Err(errno_error(libc::EINVAL));
         }
         let writable = a.flags & SETUPMAPPING_FLAG_WRITE != 0;
-        let file = fs.open_for_mapping(nodeid, writable)?;
+        let (file, key) = fs.open_for_mapping(nodeid, writable)?;
         let flags = if writable {
             VhostUserMMapFlags::WRITABLE
         } else {
@@ -181,6 +242,13 @@ impl DaxMapper {
         })?;
         self.stats.record_map(started.elapsed());
         self.stats.setupmappings.fetch_add(1, Relaxed);
+        let mapped = MappedFile {
+            nodeid,
+            key,
+            foffset: a.foffset,
+            writable,
+        };
+        self.window().mapped.insert(a.moffset, a.len, mapped);
         Ok(())
     }
 
@@ -194,6 +262,9 @@ impl DaxMapper {
         let mut result = Ok(());
         for one in ranges {
             let r = self.check_range(one.moffset, one.len, 4096).and_then(|()| {
+                // Forgotten whether or not the VMM unmaps it: after a
+                // refusal the window's state there is not known.
+                self.window().mapped.remove(one.moffset, one.len);
                 let msg = VhostUserMMap {
                     shmid: WINDOW_SHMID,
                     shm_offset: one.moffset,

@@ -1,14 +1,17 @@
 //! A request's descriptor chain as two byte streams: what the guest wrote
 //! (the FUSE request) and where the reply goes. Small structs are copied;
-//! file data never is: [`Reader::iovecs`] and [`Writer::iovecs`] give host
+//! file data never is: [`Reader::bufs`] and [`Writer::bufs`] give host
 //! `iovec`s that point straight into guest memory for `preadv`/`pwritev`.
 //!
-//! Every address comes from the guest: a range outside the memory table
-//! (including one inside the DAX window, which the daemon cannot see) fails
-//! that request with EFAULT.
+//! Every address comes from the guest. A buffer inside the DAX window
+//! (a guest program reading into a DAX mapping of another file) is not in
+//! the memory table: it comes back as [`Buf::Window`], a window offset, for
+//! the caller to serve through the file mapped there. Any other range
+//! outside the memory table fails that request with EFAULT.
 
 use std::io;
 
+use control_protocol::WindowLocation;
 use virtio_queue::DescriptorChain;
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend};
 
@@ -72,25 +75,51 @@ impl Segments {
         Ok(out)
     }
 
-    fn iovecs(
+    fn bufs(
         &self,
         mem: &GuestMemoryMmap,
         skip: usize,
         len: usize,
-    ) -> io::Result<Vec<libc::iovec>> {
-        let mut iovs = Vec::new();
+        window: Option<WindowLocation>,
+    ) -> io::Result<Vec<Buf>> {
+        let mut bufs = Vec::new();
         for (addr, n) in self.ranges(skip, len)? {
+            // Guest RAM first: a window location can never claim RAM.
+            if !mem.check_range(addr, n) {
+                let offset = window
+                    .and_then(|w| window_offset(w, addr.0, n))
+                    .ok_or_else(|| efault("buffer outside guest RAM and the DAX window"))?;
+                bufs.push(Buf::Window { offset, len: n });
+                continue;
+            }
             for slice in mem.get_slices(addr, n) {
-                let slice = slice
-                    .map_err(|_| efault("buffer outside guest RAM (e.g. in the DAX window)"))?;
-                iovs.push(libc::iovec {
+                let slice = slice.map_err(|_| efault("buffer outside guest RAM"))?;
+                bufs.push(Buf::Ram(libc::iovec {
                     iov_base: slice.ptr_guard_mut().as_ptr().cast(),
                     iov_len: slice.len(),
-                });
+                }));
             }
         }
-        Ok(iovs)
+        Ok(bufs)
     }
+}
+
+/// The window offset of guest bytes `[gpa, gpa + len)`, when all of them
+/// lie in the window.
+fn window_offset(w: WindowLocation, gpa: u64, len: usize) -> Option<u64> {
+    let end = gpa.checked_add(len as u64)?;
+    let window_end = w.gpa.checked_add(w.size)?;
+    (gpa >= w.gpa && end <= window_end).then(|| gpa - w.gpa)
+}
+
+/// A stretch of a request's buffers.
+#[derive(Debug)]
+pub enum Buf {
+    /// Guest RAM, as the daemon's mapping of it.
+    Ram(libc::iovec),
+    /// DAX window bytes at this offset: not mapped in the daemon, reached
+    /// through the file mapped there.
+    Window { offset: u64, len: usize },
 }
 
 /// The device-readable part of a request.
@@ -171,19 +200,15 @@ impl<'a> Reader<'a> {
         Ok(v)
     }
 
-    /// Host iovecs for the next `len` bytes (not consumed).
-    pub fn iovecs(&self, len: usize) -> io::Result<Vec<libc::iovec>> {
-        self.segs.iovecs(self.mem, 0, len)
+    /// The next `len` bytes (not consumed), as guest RAM or window stretches.
+    pub fn bufs(&self, len: usize, window: Option<WindowLocation>) -> io::Result<Vec<Buf>> {
+        self.segs.bufs(self.mem, 0, len, window)
     }
 }
 
 impl<'a> Writer<'a> {
     pub fn available(&self) -> usize {
         self.segs.available()
-    }
-
-    pub fn bytes_written(&self) -> usize {
-        self.segs.pos
     }
 
     pub fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
@@ -208,14 +233,15 @@ impl<'a> Writer<'a> {
         self.write_all(v.as_slice())
     }
 
-    /// Host iovecs for `len` bytes starting `skip` bytes past the cursor.
-    pub fn iovecs(&self, skip: usize, len: usize) -> io::Result<Vec<libc::iovec>> {
-        self.segs.iovecs(self.mem, skip, len)
-    }
-
-    /// Moves the cursor past bytes filled through [`Self::iovecs`].
-    pub fn advance(&mut self, n: usize) {
-        self.segs.pos = (self.segs.pos + n).min(self.segs.total);
+    /// `len` bytes starting `skip` bytes past the cursor, as guest RAM or
+    /// window stretches.
+    pub fn bufs(
+        &self,
+        skip: usize,
+        len: usize,
+        window: Option<WindowLocation>,
+    ) -> io::Result<Vec<Buf>> {
+        self.segs.bufs(self.mem, skip, len, window)
     }
 }
 
@@ -271,16 +297,18 @@ pub(crate) mod tests {
         assert_eq!(r.available(), 11);
         assert_eq!(r.read_bytes(8).unwrap(), b"hello wo");
         assert!(r.read_bytes(4).is_err(), "past the end");
-        let iov = r.iovecs(3).unwrap();
-        assert_eq!(iov.len(), 1);
+        let bufs = r.bufs(3, None).unwrap();
+        let [Buf::Ram(iov)] = bufs[..] else {
+            panic!("{bufs:?}")
+        };
         // SAFETY: the iovec points at 3 readable bytes of `mem`.
-        let bytes = unsafe { std::slice::from_raw_parts(iov[0].iov_base as *const u8, 3) };
+        let bytes = unsafe { std::slice::from_raw_parts(iov.iov_base as *const u8, 3) };
         assert_eq!(bytes, b"rld");
 
         assert_eq!(w.available(), 16);
         w.write_all(b"0123456789").unwrap();
-        assert_eq!(w.iovecs(0, 6).unwrap().len(), 1);
-        assert!(w.iovecs(0, 7).is_err());
+        assert_eq!(w.bufs(0, 6, None).unwrap().len(), 1);
+        assert!(w.bufs(0, 7, None).is_err());
         w.write_at(1, b"Z").unwrap();
         let mut out = [0u8; 8];
         mem.read_slice(&mut out, GuestAddress(0xb000)).unwrap();
@@ -293,10 +321,58 @@ pub(crate) mod tests {
         let chain = chain_of(&mem, &[(0x8000, 16, false), (0x4000_0000, 4096, true)]);
         let (_r, w) = split(&mem, chain).unwrap();
         assert_eq!(
-            w.iovecs(0, 4096).unwrap_err().raw_os_error(),
+            w.bufs(0, 4096, None).unwrap_err().raw_os_error(),
             Some(libc::EFAULT)
         );
+        let chain = chain_of(&mem, &[(0x8000, 16, false), (0x4000_0000, 4096, true)]);
+        let (_r, w) = split(&mem, chain).unwrap();
+        let elsewhere = WindowLocation {
+            gpa: 0x8000_0000,
+            size: 1 << 20,
+        };
+        assert!(w.bufs(0, 4096, Some(elsewhere)).is_err());
         let chain = chain_of(&mem, &[(u64::MAX - 4, 16, false)]);
         assert!(split(&mem, chain).is_err());
+    }
+
+    #[test]
+    fn buffers_in_the_window_come_back_as_window_offsets_and_ram_stays_ram() {
+        let mem = memory();
+        let window = WindowLocation {
+            gpa: 0x4000_0000,
+            size: 1 << 21,
+        };
+        let chain = chain_of(
+            &mem,
+            &[
+                (0x8000, 16, false),
+                (0x9000, 4096, true),
+                (0x4000_3000, 8192, true),
+                (0x401f_f000, 8192, true),
+            ],
+        );
+        let (_r, w) = split(&mem, chain).unwrap();
+        let bufs = w.bufs(16, 4096 - 16 + 8192, Some(window)).unwrap();
+        assert!(matches!(bufs[0], Buf::Ram(v) if v.iov_len == 4096 - 16));
+        assert!(matches!(
+            bufs[1],
+            Buf::Window {
+                offset: 0x3000,
+                len: 8192
+            }
+        ));
+        // The last buffer runs past the window's end.
+        let all = 4096 + 8192 + 8192;
+        assert_eq!(
+            w.bufs(0, all, Some(window)).unwrap_err().raw_os_error(),
+            Some(libc::EFAULT)
+        );
+        // A "window" over guest RAM does not turn RAM into window bytes.
+        let over_ram = WindowLocation {
+            gpa: 0,
+            size: 1 << 30,
+        };
+        let bufs = w.bufs(0, 4096, Some(over_ram)).unwrap();
+        assert!(matches!(bufs[0], Buf::Ram(_)));
     }
 }

@@ -86,6 +86,7 @@ fn c_string(bytes: &[u8]) -> io::Result<CString> {
 
 fn destroy(s: &Server, _q: &mut Request) -> io::Result<Reply> {
     s.fs.reset();
+    s.dax.forget_mappings();
     Ok(Reply::Data(Vec::new()))
 }
 

@@ -14,7 +14,7 @@ use vm_memory::ByteValued;
 use super::abi::{self, init, opcode, InHeader, OutHeader};
 use super::chain::{Reader, Writer};
 use super::handlers::Request;
-use crate::dax::DaxMapper;
+use crate::dax::{window_io, DaxMapper};
 use crate::passthrough::{component, errno_error, CachePolicy, Caller, PassthroughFs};
 use crate::policy::DaxPolicy;
 
@@ -309,6 +309,7 @@ impl Server {
         }
         let enabled = offered & wanted;
         self.fs.reset();
+        self.dax.forget_mappings();
         self.fs.set_submounts(enabled & init::SUBMOUNTS != 0);
         self.fs
             .set_killpriv_v2(enabled & init::HANDLE_KILLPRIV_V2 != 0);
@@ -349,8 +350,9 @@ impl Server {
             .checked_sub(size_of::<OutHeader>())
             .ok_or_else(|| errno_error(libc::EINVAL))?;
         let size = (a.size as usize).min(room);
-        let iovs = w.iovecs(size_of::<OutHeader>(), size)?;
-        let n = self.fs.read_into(nodeid, a.fh, a.offset, &iovs)?;
+        let bufs = w.bufs(size_of::<OutHeader>(), size, self.dax.location())?;
+        let targets = window_io::targets(&self.fs, &self.dax, bufs, true)?;
+        let n = self.fs.read_into(nodeid, a.fh, a.offset, &targets)?;
         self.stats.fuse_reads.fetch_add(1, Relaxed);
         self.stats.fuse_read_bytes.fetch_add(n as u64, Relaxed);
         self.policy.adaptive.fuse_read(nodeid, a.offset, n as u64);
@@ -363,9 +365,12 @@ impl Server {
         if size > body_len.saturating_sub(size_of::<abi::WriteIn>()) || a.size > MAX_WRITE {
             return Err(errno_error(libc::EINVAL));
         }
-        let iovs = r.iovecs(size)?;
+        let bufs = r.bufs(size, self.dax.location())?;
+        let targets = window_io::targets(&self.fs, &self.dax, bufs, false)?;
         let kill = a.write_flags & abi::WRITE_KILL_SUIDGID != 0;
-        let n = self.fs.write_from(h.nodeid, a.fh, a.offset, &iovs, kill)?;
+        let n = self
+            .fs
+            .write_from(h.nodeid, a.fh, a.offset, &targets, kill)?;
         self.stats.fuse_writes.fetch_add(1, Relaxed);
         self.stats.fuse_write_bytes.fetch_add(n as u64, Relaxed);
         Ok(data(abi::WriteOut {

@@ -1,13 +1,14 @@
 //! Open files: OPEN/CREATE, READ/WRITE straight between the host file and
 //! guest memory (`preadv`/`pwritev` on iovecs that point into the guest's
-//! buffers), FLUSH, FSYNC, FALLOCATE, LSEEK, and the filesystem-wide STATFS
+//! buffers, or a copy to or from a file mapped where a buffer lies in the
+//! DAX window), FLUSH, FSYNC, FALLOCATE, LSEEK, and the filesystem-wide STATFS
 //! and SYNCFS.
 
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::AsRawFd;
 
-use super::{cvt, errno_error, Caller, PassthroughFs};
+use super::{copy, cvt, errno_error, Caller, PassthroughFs};
 
 /// The open flags of a guest's OPEN or CREATE that reach `openat`: the
 /// access mode, and what only changes how the file is written or waited on.
@@ -129,50 +130,75 @@ impl PassthroughFs {
         }
     }
 
-    /// Reads into guest memory; returns the bytes read.
+    /// READ: from the handle's file at `offset` into `targets` in order
+    /// (guest RAM, or a file the guest mapped in its DAX window); stops at
+    /// the end of the file. Returns the bytes read.
     pub fn read_into(
         &self,
         nodeid: u64,
         fh: u64,
         offset: u64,
-        iovs: &[libc::iovec],
+        targets: &[IoTarget],
     ) -> io::Result<usize> {
         let h = self.handle(fh, nodeid)?;
-        let offset = i64::try_from(offset).map_err(|_| errno_error(libc::EINVAL))?;
-        // SAFETY: each iovec points into the guest memory mapping, which
-        // stays mapped for this request; the kernel writes at most iov_len
-        // bytes to each. No Rust reference aliases guest memory.
-        let n = cvt(unsafe {
-            libc::preadv64(h.file.as_raw_fd(), iovs.as_ptr(), iovs.len() as i32, offset)
-        })?;
-        Ok(n as usize)
+        let mut at = offset;
+        let mut done = 0usize;
+        for t in targets {
+            let (n, want) = match t {
+                IoTarget::Memory(iovs) => (preadv(&h.file, iovs, at)?, iov_total(iovs)),
+                IoTarget::File { file, offset, len } => {
+                    (copy::copy_range(&h.file, at, file, *offset, *len)?, *len)
+                }
+            };
+            done += n;
+            at = at
+                .checked_add(n as u64)
+                .ok_or_else(|| errno_error(libc::EINVAL))?;
+            if n < want {
+                break;
+            }
+        }
+        Ok(done)
     }
 
-    /// Writes from guest memory; returns the bytes written. `kill_priv`:
-    /// the guest asked (FUSE_WRITE_KILL_SUIDGID) that the write clear
-    /// setuid/setgid and file capabilities as a local unprivileged write does.
+    /// WRITE: from `targets` in order into the handle's file at `offset`;
+    /// returns the bytes written. `kill_priv`: the guest asked
+    /// (FUSE_WRITE_KILL_SUIDGID) that the write clear setuid/setgid and file
+    /// capabilities as a local unprivileged write does.
     pub fn write_from(
         &self,
         nodeid: u64,
         fh: u64,
         offset: u64,
-        iovs: &[libc::iovec],
+        targets: &[IoTarget],
         kill_priv: bool,
     ) -> io::Result<usize> {
         let h = self.handle(fh, nodeid)?;
-        let offset = i64::try_from(offset).map_err(|_| errno_error(libc::EINVAL))?;
-        let write = || {
-            // SAFETY: as in read_into; the kernel only reads the buffers.
-            cvt(unsafe {
-                libc::pwritev64(h.file.as_raw_fd(), iovs.as_ptr(), iovs.len() as i32, offset)
-            })
+        let write = || -> io::Result<usize> {
+            let mut at = offset;
+            let mut done = 0usize;
+            for t in targets {
+                let (n, want) = match t {
+                    IoTarget::Memory(iovs) => (pwritev(&h.file, iovs, at)?, iov_total(iovs)),
+                    IoTarget::File { file, offset, len } => {
+                        (copy::copy_range(file, *offset, &h.file, at, *len)?, *len)
+                    }
+                };
+                done += n;
+                at = at
+                    .checked_add(n as u64)
+                    .ok_or_else(|| errno_error(libc::EINVAL))?;
+                if n < want {
+                    break;
+                }
+            }
+            Ok(done)
         };
-        let n = if kill_priv && self.killpriv_v2() {
-            crate::caps::without_fsetid(write)?
+        if kill_priv && self.killpriv_v2() {
+            crate::caps::without_fsetid(write)
         } else {
-            write()?
-        };
-        Ok(n as usize)
+            write()
+        }
     }
 
     /// FLUSH: what close() would do on the host (e.g. NFS writes back),
@@ -250,18 +276,104 @@ impl PassthroughFs {
     }
 
     /// Opens the file behind `nodeid` for a DAX mapping.
-    pub fn open_for_mapping(&self, nodeid: u64, writable: bool) -> io::Result<std::fs::File> {
+    /// The file to map for a SETUPMAPPING, and its host identity.
+    pub fn open_for_mapping(
+        &self,
+        nodeid: u64,
+        writable: bool,
+    ) -> io::Result<(std::fs::File, (u64, u64))> {
         let inode = self.inode(nodeid)?;
         if !inode.is_reg() {
             return Err(errno_error(libc::EINVAL));
         }
-        self.reopen(
+        let file = self.reopen(
             &inode,
             if writable {
                 libc::O_RDWR
             } else {
                 libc::O_RDONLY
             },
-        )
+        )?;
+        Ok((file, inode.key()))
     }
+
+    /// `len` bytes at `offset` of a file mapped in the DAX window, opened to
+    /// be copied to (`write`) or from. EFAULT where the node is no longer
+    /// that file or the bytes are not all inside it: a window page past a
+    /// file's end is not file data (the guest sees zeros or a fault there),
+    /// and copying into it would grow the file.
+    pub fn open_mapped(
+        &self,
+        nodeid: u64,
+        key: (u64, u64),
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> io::Result<IoTarget> {
+        let efault = || errno_error(libc::EFAULT);
+        let inode = self.inode(nodeid).map_err(|_| efault())?;
+        if inode.key() != key || !inode.is_reg() {
+            return Err(efault());
+        }
+        let file = self.reopen(
+            &inode,
+            if write {
+                libc::O_WRONLY
+            } else {
+                libc::O_RDONLY
+            },
+        )?;
+        let size = u64::try_from(super::stat_fd(file.as_raw_fd())?.st_size).unwrap_or(0);
+        let len_usize = usize::try_from(len).map_err(|_| efault())?;
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(efault());
+        }
+        Ok(IoTarget::File {
+            file,
+            offset,
+            len: len_usize,
+        })
+    }
+}
+
+/// Where a READ's data goes or a WRITE's comes from, in order.
+pub enum IoTarget {
+    /// Guest RAM: iovecs into the daemon's mapping of guest memory.
+    Memory(Vec<libc::iovec>),
+    /// A stretch of a file the guest mapped in its DAX window: the window's
+    /// pages are that file's page cache, so copying to or from the file is
+    /// reading or writing the guest's buffer.
+    File {
+        file: std::fs::File,
+        offset: u64,
+        len: usize,
+    },
+}
+
+fn iov_total(iovs: &[libc::iovec]) -> usize {
+    iovs.iter().map(|v| v.iov_len).sum()
+}
+
+fn iov_count(iovs: &[libc::iovec]) -> io::Result<i32> {
+    i32::try_from(iovs.len()).map_err(|_| errno_error(libc::EINVAL))
+}
+
+fn file_offset(offset: u64) -> io::Result<i64> {
+    i64::try_from(offset).map_err(|_| errno_error(libc::EINVAL))
+}
+
+fn preadv(file: &std::fs::File, iovs: &[libc::iovec], offset: u64) -> io::Result<usize> {
+    let (count, offset) = (iov_count(iovs)?, file_offset(offset)?);
+    // SAFETY: each iovec points into the guest memory mapping, which stays
+    // mapped for this request; the kernel writes at most iov_len bytes to
+    // each. No Rust reference aliases guest memory.
+    let n = cvt(unsafe { libc::preadv64(file.as_raw_fd(), iovs.as_ptr(), count, offset) })?;
+    Ok(n as usize)
+}
+
+fn pwritev(file: &std::fs::File, iovs: &[libc::iovec], offset: u64) -> io::Result<usize> {
+    let (count, offset) = (iov_count(iovs)?, file_offset(offset)?);
+    // SAFETY: as in preadv; the kernel only reads the buffers.
+    let n = cvt(unsafe { libc::pwritev64(file.as_raw_fd(), iovs.as_ptr(), count, offset) })?;
+    Ok(n as usize)
 }

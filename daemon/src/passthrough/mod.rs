@@ -11,6 +11,7 @@
 //! never followed.
 
 mod attr;
+mod copy;
 mod dir;
 mod file;
 mod xattr;
@@ -28,6 +29,7 @@ use crate::limits::{Cap, CapCounters, Limits};
 
 pub use attr::SetattrRequest;
 pub use dir::{DirEntry, DirEntryPlus};
+pub use file::IoTarget;
 pub use xattr::XattrMode;
 
 /// `--cache`: how long the guest may trust what it was told.
@@ -121,6 +123,11 @@ pub struct Inode {
 }
 
 impl Inode {
+    /// (st_dev, st_ino) of the host file.
+    pub fn key(&self) -> (u64, u64) {
+        self.key
+    }
+
     pub fn is_dir(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFDIR
     }

@@ -14,6 +14,9 @@
 //!                                        file meanwhile), then a child reads every page again
 //!                                        through the same mapping; prints "zeros=N data=M" or
 //!                                        "sigbus" (the child was killed by SIGBUS)
+//! daxprobe window-io MAP SRC OUT OFFSET LEN direct|buffered
+//!                                        read() SRC into a shared mapping of MAP, write() it
+//!                                        from there to OUT (see daxprobe/window_io.rs)
 //! daxprobe bench PATH seq|rand|mmap BLOCK_KIB TOTAL_MIB   reads, prints MiB/s
 //! daxprobe mktree DIR DIRS FILES         writes a source-tree-like share: DIRS directories of
 //!                                        FILES files, 97 % of 1-12 KiB and 3 % of 64-320 KiB
@@ -38,6 +41,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
+
+#[path = "daxprobe/window_io.rs"]
+mod window_io;
 
 /// `STATX_ATTR_DAX` from linux/stat.h.
 const STATX_ATTR_DAX: u64 = 0x0020_0000;
@@ -409,6 +415,7 @@ fn main() {
             println!("passes={passes} changed={changed}");
         }
         ["mmap-truncated", path, ready, go] => mmap_truncated(path, ready, go),
+        ["window-io", map, src, out, off, len, mode] => window_io::window_io(map, src, out, off, len, mode),
         ["bench", path, mode @ ("seq" | "rand" | "mmap"), block_kib, total_mib] => bench(path, mode, num(block_kib), num(total_mib)),
         ["mktree", dir, dirs, files] => mktree(dir, num(dirs), num(files)),
         ["readtree", dir] => readtree(dir),
@@ -416,6 +423,6 @@ fn main() {
         ["http", socket, method, path, body] => http(socket, method, path, body),
         ["sse", socket, path] => sse_counts(socket, path),
         ["power-button"] => power_button(),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | bench | mktree | readtree | http | sse | power-button)".into()),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | window-io | bench | mktree | readtree | http | sse | power-button)".into()),
     }
 }

@@ -383,6 +383,12 @@ impl DaxWindow {
         }
     }
 
+    /// Where the transport placed the window in guest-physical memory; 0
+    /// until it has.
+    pub fn guest_base(&self) -> u64 {
+        self.guest_base.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn size(&self) -> u64 {
         self.size
     }
