@@ -123,3 +123,121 @@ pub(crate) async fn relay_truncations(s: AppState) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{vmm_channel, FsDaxStatus, VmmAction, VmmReply};
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+
+    /// A daemon's control socket (a thread) that records each request's
+    /// first line and body, and answers `status`.
+    fn daemon(path: std::path::PathBuf, status: &'static str, seen: Arc<Mutex<Vec<String>>>) {
+        let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let mut conn = conn.unwrap();
+                let mut buf = [0u8; 4096];
+                let mut got = Vec::new();
+                // The head and the small JSON body, up to its closing brace.
+                while !got.contains(&b'}') {
+                    let n = conn.read(&mut buf).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                let text = String::from_utf8_lossy(&got).to_string();
+                let line = text.lines().next().unwrap_or_default().to_string();
+                let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+                seen.lock().unwrap().push(format!("{line} {body}"));
+                let answer =
+                    format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                conn.write_all(answer.as_bytes()).unwrap();
+            }
+        });
+    }
+
+    /// The stand-in VMM: one fs device with `socket` as its control socket,
+    /// placed where `placed` says; the API state that asks it.
+    fn stand_in_vmm(
+        socket: std::path::PathBuf,
+        placed: Arc<Mutex<Option<WindowLocation>>>,
+    ) -> AppState {
+        let (channel, receiver) = vmm_channel().unwrap();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            for req in receiver.drain() {
+                assert!(matches!(
+                    req.action,
+                    VmmAction::DaxStatus {
+                        window_stats: false
+                    }
+                ));
+                let status = FsDaxStatus {
+                    id: "fs0".into(),
+                    control_socket: Some(socket.clone()),
+                    window_location: *placed.lock().unwrap(),
+                    ..Default::default()
+                };
+                let _ = req.reply.send(Ok(VmmReply::Dax(vec![status])));
+            }
+        });
+        let ping = serde_json::json!({});
+        crate::routes::app(channel, crate::EventBus::default(), ping).1
+    }
+
+    const AT_4G: WindowLocation = WindowLocation {
+        gpa: 0x1_0000_0000,
+        size: 1 << 25,
+    };
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_daemon_is_told_its_windows_place_once_and_again_after_a_move() {
+        let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+        let socket = dir.as_path().join("control.sock");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        daemon(socket.clone(), "204 No Content", seen.clone());
+        let placed = Arc::new(Mutex::new(None));
+        let state = stand_in_vmm(socket, placed.clone());
+        push_locations(&state).await;
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "not placed yet: nothing to say"
+        );
+        *placed.lock().unwrap() = Some(AT_4G);
+        push_locations(&state).await;
+        push_locations(&state).await;
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![format!(
+                "PUT {WINDOW_LOCATION} HTTP/1.1 {{\"gpa\":4294967296,\"size\":33554432}}"
+            )],
+            "told once while nothing changes"
+        );
+        // The guest moves the BAR.
+        *placed.lock().unwrap() = Some(WindowLocation {
+            gpa: 0x2_0000_0000,
+            ..AT_4G
+        });
+        push_locations(&state).await;
+        push_locations(&state).await;
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(seen[1].contains("\"gpa\":8589934592"), "{seen:?}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_daemon_that_refused_the_location_is_asked_again() {
+        let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+        let socket = dir.as_path().join("control.sock");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        daemon(socket.clone(), "400 Bad Request", seen.clone());
+        let state = stand_in_vmm(socket, Arc::new(Mutex::new(Some(AT_4G))));
+        push_locations(&state).await;
+        push_locations(&state).await;
+        assert_eq!(seen.lock().unwrap().len(), 2);
+        assert!(state.window_locations.lock().unwrap().is_empty());
+    }
+}

@@ -110,6 +110,11 @@ fn answer(dir: &std::path::Path, action: VmmAction) -> Result<VmmReply, ApiError
             id: "fs0".into(),
             control_socket: Some(dir.join("control.sock")),
             window: None,
+            // The location relay PUTs it to the fuzzed daemon every second.
+            window_location: Some(api::WindowLocation {
+                gpa: 1 << 32,
+                size: 1 << 30,
+            }),
             failed: false,
             desired_policy: None,
         }]),

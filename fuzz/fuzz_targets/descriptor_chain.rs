@@ -1,9 +1,12 @@
 //! Descriptor chains split into readable and writable byte streams, then
-//! read, written and turned into iovecs at offsets and lengths the input
-//! chooses: nothing may touch memory outside the chain's buffers.
+//! read, written and turned into buffers (guest RAM iovecs or DAX window
+//! stretches, with a window the input places) at offsets and lengths the
+//! input chooses: nothing may touch memory outside the chain's buffers, and
+//! no window stretch may leave the window.
 #![no_main]
 
-use daemon::fuse::chain::split;
+use api::WindowLocation;
+use daemon::fuse::chain::{split, Buf};
 use dax_vmm_fuzz::{memory, queue_from, take};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::QueueOwnedT;
@@ -22,15 +25,27 @@ fuzz_target!(|data: &[u8]| {
             take::<2>(data, &mut pos) as usize,
             take::<2>(data, &mut pos) as usize,
         );
+        let window = WindowLocation {
+            gpa: take::<2>(data, &mut pos) << 12,
+            size: (take::<1>(data, &mut pos) + 1) << 12,
+        };
         let readable = r.available();
-        if let Ok(iovs) = r.iovecs(a) {
+        if let Ok(bufs) = r.bufs(a, Some(window)) {
             assert!(a <= readable);
-            for iov in iovs {
-                let start = iov.iov_base as u64;
-                let host = mem.get_host_address(GuestAddress(0)).unwrap() as u64;
-                assert!(
-                    start >= host && start + iov.iov_len as u64 <= host + dax_vmm_fuzz::MEM_SIZE
-                );
+            for buf in bufs {
+                match buf {
+                    Buf::Ram(iov) => {
+                        let start = iov.iov_base as u64;
+                        let host = mem.get_host_address(GuestAddress(0)).unwrap() as u64;
+                        assert!(
+                            start >= host
+                                && start + iov.iov_len as u64 <= host + dax_vmm_fuzz::MEM_SIZE
+                        );
+                    }
+                    Buf::Window { offset, len } => {
+                        assert!(offset + len as u64 <= window.size);
+                    }
+                }
             }
         }
         if let Ok(bytes) = r.read_bytes(a) {
@@ -42,6 +57,6 @@ fuzz_target!(|data: &[u8]| {
         if w.write_at(a % 64, &payload).is_ok() {
             assert!(a % 64 + payload.len() <= writable);
         }
-        let _ = w.iovecs(a % 64, b);
+        let _ = w.bufs(a % 64, b, Some(window));
     }
 });
