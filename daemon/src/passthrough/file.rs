@@ -141,24 +141,12 @@ impl PassthroughFs {
         targets: &[IoTarget],
     ) -> io::Result<usize> {
         let h = self.handle(fh, nodeid)?;
-        let mut at = offset;
-        let mut done = 0usize;
-        for t in targets {
-            let (n, want) = match t {
-                IoTarget::Memory(iovs) => (preadv(&h.file, iovs, at)?, iov_total(iovs)),
-                IoTarget::File { file, offset, len } => {
-                    (copy::copy_range(&h.file, at, file, *offset, *len)?, *len)
-                }
-            };
-            done += n;
-            at = at
-                .checked_add(n as u64)
-                .ok_or_else(|| errno_error(libc::EINVAL))?;
-            if n < want {
-                break;
+        transfer(targets, offset, |t, at| match t {
+            IoTarget::Memory(iovs) => preadv(&h.file, iovs, at),
+            IoTarget::File { file, offset, len } => {
+                copy::copy_range(&h.file, at, file, *offset, *len)
             }
-        }
-        Ok(done)
+        })
     }
 
     /// WRITE: from `targets` in order into the handle's file at `offset`;
@@ -174,25 +162,13 @@ impl PassthroughFs {
         kill_priv: bool,
     ) -> io::Result<usize> {
         let h = self.handle(fh, nodeid)?;
-        let write = || -> io::Result<usize> {
-            let mut at = offset;
-            let mut done = 0usize;
-            for t in targets {
-                let (n, want) = match t {
-                    IoTarget::Memory(iovs) => (pwritev(&h.file, iovs, at)?, iov_total(iovs)),
-                    IoTarget::File { file, offset, len } => {
-                        (copy::copy_range(file, *offset, &h.file, at, *len)?, *len)
-                    }
-                };
-                done += n;
-                at = at
-                    .checked_add(n as u64)
-                    .ok_or_else(|| errno_error(libc::EINVAL))?;
-                if n < want {
-                    break;
+        let write = || {
+            transfer(targets, offset, |t, at| match t {
+                IoTarget::Memory(iovs) => pwritev(&h.file, iovs, at),
+                IoTarget::File { file, offset, len } => {
+                    copy::copy_range(file, *offset, &h.file, at, *len)
                 }
-            }
-            Ok(done)
+            })
         };
         if kill_priv && self.killpriv_v2() {
             crate::caps::without_fsetid(write)
@@ -350,8 +326,45 @@ pub enum IoTarget {
     },
 }
 
+/// Moves a request's bytes target by target, the file offset advancing
+/// from `offset` by what each `step` moved; stops at a short step (the end
+/// of the file). An error after some bytes moved answers those bytes, as a
+/// short read or write, instead of hiding them behind the error.
+fn transfer(
+    targets: &[IoTarget],
+    offset: u64,
+    mut step: impl FnMut(&IoTarget, u64) -> io::Result<usize>,
+) -> io::Result<usize> {
+    let mut done = 0usize;
+    for t in targets {
+        let at = offset
+            .checked_add(done as u64)
+            .ok_or_else(|| errno_error(libc::EINVAL))?;
+        let n = match step(t, at) {
+            Ok(n) => n,
+            Err(_) if done > 0 => break,
+            Err(e) => return Err(e),
+        };
+        done += n;
+        if n < t.len() {
+            break;
+        }
+    }
+    Ok(done)
+}
+
 fn iov_total(iovs: &[libc::iovec]) -> usize {
     iovs.iter().map(|v| v.iov_len).sum()
+}
+
+impl IoTarget {
+    /// Bytes this target holds or wants.
+    fn len(&self) -> usize {
+        match self {
+            IoTarget::Memory(iovs) => iov_total(iovs),
+            IoTarget::File { len, .. } => *len,
+        }
+    }
 }
 
 fn iov_count(iovs: &[libc::iovec]) -> io::Result<i32> {
