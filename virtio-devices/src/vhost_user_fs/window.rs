@@ -159,7 +159,7 @@ pub struct DaxWindow {
     guest_prefaulter: OnceLock<Arc<dyn GuestPrefaulter>>,
     /// A pre-fault left for after the daemon's ack
     /// ([`Self::map_deferring_prefault`]).
-    deferred_prefault: Mutex<Option<prefault::Deferred>>,
+    deferred_prefault: Mutex<Vec<prefault::Deferred>>,
 }
 
 /// What is mapped, under one lock: the merged ranges (the per-window cap),
@@ -294,7 +294,7 @@ impl DaxWindow {
             last_map: Mutex::new(None),
             reclaim_pressure: prefault::ReclaimPressure::default(),
             guest_prefaulter: OnceLock::new(),
-            deferred_prefault: Mutex::new(None),
+            deferred_prefault: Mutex::default(),
         };
         // (On failure, dropping the window gives the reservation back.)
         window.show_scratch(0, size).map_err(reserve)?;
@@ -567,9 +567,6 @@ impl DaxWindow {
         fd: &dyn AsRawFd,
         defer: bool,
     ) -> Result<(), RequestError> {
-        // One left over (a caller that never ran it) goes first, before
-        // anything changes the window under it.
-        self.run_deferred_prefault();
         let started = Instant::now();
         let result = self.map_checked(req, fd.as_raw_fd(), defer);
         let (offset, len) = (req.shm_offset, req.len);
@@ -679,10 +676,9 @@ impl DaxWindow {
                 file_size: info.size,
             };
             if defer {
-                *self
-                    .deferred_prefault
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = Some(job);
+                // A pre-fault still queued for what this map replaced is moot.
+                self.forget_deferred(shm_offset, shm_offset + len);
+                self.defer_prefault(job);
             } else {
                 self.prefault(job);
             }
@@ -692,7 +688,6 @@ impl DaxWindow {
 
     /// SHMEM_UNMAP: shows the scratch again over the range.
     pub fn unmap(&self, req: &VhostUserMMap) -> Result<(), RequestError> {
-        self.run_deferred_prefault();
         let result = self
             .check(req)
             .and_then(|end| self.unmap_range(req.shm_offset, end, true));
@@ -749,6 +744,7 @@ impl DaxWindow {
         start: u64,
         end: u64,
     ) -> std::io::Result<(u64, u64)> {
+        self.forget_deferred(start, end);
         self.show_scratch(start, end)?;
         let removed = mapped.ranges.remove(start, end);
         mapped.files.remove(start, end, self.file_watch.as_ref());

@@ -501,7 +501,12 @@ impl GuestPrefaulter for FakePrefaulter {
 /// A window that pre-faults, seen by the guest at 0x40_0000_0000, whose
 /// prefaulter maps `step` bytes a call (or fails).
 fn prefaulting_window(step: u64, fail: bool) -> (DaxWindow, Arc<FakePrefaulter>) {
-    let w = DaxWindow::new(WINDOW).unwrap();
+    prefaulting_window_sized(WINDOW, step, fail)
+}
+
+/// A window of `size` bytes whose guest pre-faults do `step` bytes a call.
+fn prefaulting_window_sized(size: u64, step: u64, fail: bool) -> (DaxWindow, Arc<FakePrefaulter>) {
+    let w = DaxWindow::new(size).unwrap();
     w.set_prefault(true);
     w.set_guest_base(0x40_0000_0000);
     let p = Arc::new(FakePrefaulter {
@@ -557,29 +562,51 @@ fn new_mappings_go_to_the_guest_prefaulter_at_the_windows_guest_address() {
 
 /// Issue 23: the backend request handler maps and acks first; the
 /// pre-fault runs after (the device worker calls it once the ack is sent),
-/// so it is off the SETUPMAPPING round trip. One never run is run before
-/// the next request changes the window.
+/// so it is off the SETUPMAPPING round trip. Queued pre-faults run newest
+/// first, step by step, and give way to a request that is waiting: a
+/// SHMEM_MAP no longer waits behind a whole range's pre-fault.
 #[test]
-fn a_deferred_prefault_runs_after_the_map_returns_and_before_the_next_request() {
-    let f = file_with(4);
-    let (w, p) = prefaulting_window(4 * PAGE, false);
+fn deferred_prefaults_run_after_the_map_newest_first_and_give_way_to_a_waiting_request() {
+    const BASE: u64 = 0x40_0000_0000;
+    let f = file_with(96);
+    let (w, p) = prefaulting_window_sized(128 * PAGE, 128 * PAGE, false);
+    let calls = || p.calls.lock().unwrap().clone();
     w.map_deferring_prefault(&req(0, 0, 0, 2 * PAGE, 0), f.as_file())
         .unwrap();
     assert_eq!(peek(&w, PAGE), b'b', "mapped at once");
-    assert!(p.calls.lock().unwrap().is_empty(), "not pre-faulted yet");
-    w.run_deferred_prefault();
-    assert_eq!(*p.calls.lock().unwrap(), [(0x40_0000_0000, 2 * PAGE)]);
-    w.run_deferred_prefault();
-    assert_eq!(p.calls.lock().unwrap().len(), 1, "run once");
-    // Left over: run before the next unmap (or map) changes the window.
-    w.map_deferring_prefault(&req(0, 0, 4 * PAGE, PAGE, 0), f.as_file())
+    assert!(calls().is_empty(), "not pre-faulted yet");
+    // 256 KiB: two steps of 128 KiB.
+    w.map_deferring_prefault(&req(0, 0, 64 * PAGE, 64 * PAGE, 0), f.as_file())
         .unwrap();
-    w.unmap(&req(0, 0, 4 * PAGE, PAGE, 0)).unwrap();
+    w.run_deferred_prefault(&|| true);
     assert_eq!(
-        p.calls.lock().unwrap().last(),
-        Some(&(0x40_0000_0000 + 4 * PAGE, PAGE))
+        calls(),
+        [(BASE + 64 * PAGE, 32 * PAGE)],
+        "one step, then a request"
     );
-    assert_eq!(w.metrics.snapshot().guest_prefaulted_bytes, 3 * PAGE);
+    w.run_deferred_prefault(&|| false);
+    assert_eq!(
+        calls()[1..],
+        [(BASE + 96 * PAGE, 32 * PAGE), (BASE, 2 * PAGE)],
+        "the rest of the newest, then the older one"
+    );
+    w.run_deferred_prefault(&|| false);
+    assert_eq!(calls().len(), 3, "each runs once");
+    // One unmapped (or mapped anew) before it ran is dropped.
+    w.map_deferring_prefault(&req(0, 0, 8 * PAGE, PAGE, 0), f.as_file())
+        .unwrap();
+    w.unmap(&req(0, 0, 8 * PAGE, PAGE, 0)).unwrap();
+    w.run_deferred_prefault(&|| false);
+    assert_eq!(calls().len(), 3);
+    assert_eq!(w.metrics.snapshot().guest_prefaulted_bytes, 66 * PAGE);
+    // At most eight wait: a guest mapping faster loses the oldest.
+    for i in 0..10 {
+        w.map_deferring_prefault(&req(0, 0, (16 + i) * PAGE, PAGE, 0), f.as_file())
+            .unwrap();
+    }
+    w.run_deferred_prefault(&|| false);
+    let last: Vec<u64> = calls()[3..].iter().map(|c| (c.0 - BASE) / PAGE).collect();
+    assert_eq!(last, [25, 24, 23, 22, 21, 20, 19, 18]);
 }
 
 /// While the guest reclaims a range for each new one, only a map that

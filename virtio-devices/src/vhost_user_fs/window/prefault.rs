@@ -9,6 +9,17 @@ use super::{DaxWindow, GuestPrefaulter};
 /// would, without touching their contents.
 const MADV_POPULATE_READ: libc::c_int = 22;
 
+/// Pre-faults waiting for the device worker. A guest that maps faster than
+/// they run loses the oldest: pre-faulting is only work done ahead of the
+/// guest's touch, which KVM serves either way.
+const DEFERRED_MAX: usize = 8;
+
+/// What one step pre-faults before the worker looks for a waiting backend
+/// request: a SHMEM_MAP waits at most one step, not a whole 2 MiB range
+/// (512 pages at 4 KiB, milliseconds under nested virtualization: measured
+/// in docs/benchmarks.md, "The SETUPMAPPING round trip").
+const PREFAULT_STEP: u64 = 128 << 10;
+
 /// How much the guest is reclaiming ranges to map new ones: unmaps of a
 /// window at least three quarters full counted up, decaying by 1/32 at
 /// each map, in sixteenths. When every map comes
@@ -34,6 +45,19 @@ impl ReclaimPressure {
     }
 }
 
+/// Puts guest bytes `[gpa, gpa + len)` into KVM's page tables; the bytes it
+/// did (KVM may do a range in several calls).
+fn guest_prefault(p: &dyn GuestPrefaulter, gpa: u64, len: u64) -> u64 {
+    let mut done = 0;
+    while done < len {
+        match p.prefault(gpa + done, len - done) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => done += n.min(len - done),
+        }
+    }
+    done
+}
+
 /// A new mapping's pre-fault: `[addr, addr + len)` at window offset
 /// `shm_offset`, file offset `fd_offset` of a `file_size`-byte file.
 #[derive(Clone, Copy, Debug)]
@@ -46,16 +70,44 @@ pub(super) struct Deferred {
 }
 
 impl DaxWindow {
-    /// Runs the pre-fault [`Self::map_deferring_prefault`] left, if any.
-    pub fn run_deferred_prefault(&self) {
-        let job = self
-            .deferred_prefault
+    /// Runs the pre-faults [`Self::map_deferring_prefault`] left, newest
+    /// first (the range the guest asked for last is the one it touches
+    /// next), step by step; when `interrupted` says a request is waiting,
+    /// what is left goes back to the queue for the worker's next turn.
+    pub fn run_deferred_prefault(&self, interrupted: &dyn Fn() -> bool) {
+        loop {
+            let job = self.deferred().pop();
+            let Some(job) = job else {
+                return;
+            };
+            if let Some(rest) = self.prefault_steps(job, interrupted) {
+                self.deferred().push(rest);
+                return;
+            }
+        }
+    }
+
+    fn deferred(&self) -> std::sync::MutexGuard<'_, Vec<Deferred>> {
+        self.deferred_prefault
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(job) = job {
-            self.prefault(job);
+    }
+
+    /// Queues a new mapping's pre-fault for [`Self::run_deferred_prefault`].
+    pub(super) fn defer_prefault(&self, job: Deferred) {
+        let mut queue = self.deferred();
+        queue.push(job);
+        if queue.len() > DEFERRED_MAX {
+            queue.remove(0);
         }
+    }
+
+    /// Drops queued pre-faults of window bytes `[start, end)`: the range is
+    /// being mapped anew or unmapped, and pre-faulting the scratch would
+    /// only fill it.
+    pub(super) fn forget_deferred(&self, start: u64, end: u64) {
+        self.deferred()
+            .retain(|j| j.shm_offset >= end || j.shm_offset.saturating_add(j.len) <= start);
     }
 
     /// Whether new mappings are pre-faulted (the device's `dax_prefault`).
@@ -98,49 +150,66 @@ impl DaxWindow {
     /// of a file twice the window's size ran at half the speed with it). A
     /// sequential reader uses all of it.
     pub(super) fn prefault(&self, job: Deferred) {
-        let Deferred {
-            addr,
-            shm_offset,
-            len,
-            fd_offset,
-            file_size,
-        } = job;
-        let len = len.min(file_size.saturating_sub(fd_offset));
+        self.prefault_steps(job, &|| false);
+    }
+
+    /// [`Self::prefault`] in steps of [`PREFAULT_STEP`]; when `interrupted`
+    /// answers true between two, returns the part not yet done.
+    fn prefault_steps(&self, job: Deferred, interrupted: &dyn Fn() -> bool) -> Option<Deferred> {
+        let len = job.len.min(job.file_size.saturating_sub(job.fd_offset));
         let len = len.div_ceil(self.page_size) * self.page_size;
-        if len == 0 {
-            return;
-        }
-        let m = &self.metrics;
         let base = self.guest_base.load(std::sync::atomic::Ordering::Relaxed);
-        let prefaulter = self.guest_prefaulter.get().filter(|p| p.available());
-        if let (Some(p), true) = (prefaulter, base != 0) {
-            let mut done = 0;
-            while done < len {
-                match p.prefault(base + shm_offset + done, len - done) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => done += n.min(len - done),
+        let prefaulter = self
+            .guest_prefaulter
+            .get()
+            .filter(|p| p.available() && base != 0);
+        let m = &self.metrics;
+        let mut done = 0;
+        while done < len {
+            let step = PREFAULT_STEP.min(len - done);
+            let faulted = match prefaulter {
+                Some(p) => {
+                    let n = guest_prefault(p.as_ref(), base + job.shm_offset + done, step);
+                    m.guest_prefaulted_bytes
+                        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                    n == step
                 }
-            }
-            m.guest_prefaulted_bytes
-                .fetch_add(done, std::sync::atomic::Ordering::Relaxed);
-            if done < len {
+                None => {
+                    // SAFETY: [addr + done, + step) lies inside the window's
+                    // new file mapping (done + step is at most the mapping's
+                    // length); populating reads no memory into Rust values
+                    // and changes no contents.
+                    let r = unsafe {
+                        libc::madvise(
+                            (job.addr + done) as *mut libc::c_void,
+                            step as usize,
+                            MADV_POPULATE_READ,
+                        )
+                    };
+                    if r == 0 {
+                        m.prefaulted_bytes
+                            .fetch_add(step, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    r == 0
+                }
+            };
+            if !faulted {
                 m.prefault_failures
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return None;
             }
-            return;
+            done += step;
+            if done < len && interrupted() {
+                return Some(Deferred {
+                    addr: job.addr + done,
+                    shm_offset: job.shm_offset + done,
+                    len: len - done,
+                    fd_offset: job.fd_offset + done,
+                    file_size: job.file_size,
+                });
+            }
         }
-        // SAFETY: [addr, addr + len) lies inside the window's new file
-        // mapping (len is at most the mapping's length); populating reads
-        // no memory into Rust values and changes no contents.
-        let r =
-            unsafe { libc::madvise(addr as *mut libc::c_void, len as usize, MADV_POPULATE_READ) };
-        if r == 0 {
-            m.prefaulted_bytes
-                .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
-        } else {
-            m.prefault_failures
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
+        None
     }
 
     /// Whether a map of `file` at `fd_offset` continues the last map (the
