@@ -24,6 +24,9 @@
 //!                                        "status=N body=..." on one line (exit 1 unless 2xx)
 //! daxprobe sse SOCKET PATH                 subscribes to server-sent events; when the stream
 //!                                        ends prints the count of each kind ("map=N unmap=M")
+//! daxprobe roundtrip DAX_FILE FUSE_FILE PASSES  cold first touch per 2 MiB range (one
+//!                                        SETUPMAPPING) against 4 KiB O_DIRECT preads (one
+//!                                        FUSE READ); prints median/p90 µs (daxprobe_modules/roundtrip.rs)
 //! daxprobe power-button                  waits for the ACPI power button's KEY_POWER (evdev);
 //!                                        prints "pressed" (exit 0)
 //! ```
@@ -38,6 +41,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
+
+#[path = "daxprobe_modules/roundtrip.rs"]
+mod roundtrip;
 
 /// `STATX_ATTR_DAX` from linux/stat.h.
 const STATX_ATTR_DAX: u64 = 0x0020_0000;
@@ -416,6 +422,7 @@ fn main() {
         ["http", socket, method, path, body] => http(socket, method, path, body),
         ["sse", socket, path] => sse_counts(socket, path),
         ["power-button"] => power_button(),
+        ["roundtrip", dax_file, fuse_file, passes] => roundtrip::run(dax_file, fuse_file, num(passes)),
         _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | bench | mktree | readtree | http | sse | power-button)".into()),
     }
 }
