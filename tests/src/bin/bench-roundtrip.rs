@@ -1,0 +1,263 @@
+//! The SETUPMAPPING round trip beside a 4 KiB FUSE READ round trip (a
+//! benchmark, not a test), in one guest boot: `scripts/bench.sh roundtrip`.
+//!
+//! The guest has two virtio-fs devices on the same host directory, each
+//! served by its own `dax-virtiofsd`: `daxshare` with a 128 MiB window,
+//! mounted `dax=always`, and `fuseshare` without DAX (`--dax off`), mounted
+//! `dax=never`. `daxprobe roundtrip` alternates, pass by pass, timing the
+//! first touch of each 2 MiB range of a 64 MiB file with guest caches
+//! dropped (one SETUPMAPPING and a fault each), the same touches again
+//! (the fault alone), and 4 KiB `O_DIRECT` preads on the other mount (one
+//! FUSE READ each). The host then reads where a SETUPMAPPING's time goes:
+//! the daemon's SHMEM_MAP round-trip histogram (daemon → VMM → ack, its
+//! control socket's stats) and the VMM's own map histogram (checks and
+//! mmap, its API's `vm.dax-metrics`). Writes
+//! `target/rig-results/roundtrip-bench.md`.
+
+use std::fmt::Write as _;
+
+use control_protocol::DaemonStats;
+use guest_tests::results::Results;
+use guest_tests::rig::{self, Guest, Run};
+
+const FILE_MIB: u32 = 64;
+/// Each pass touches FILE_MIB / 2 ranges and makes as many preads.
+const PASSES: u32 = 16;
+const WINDOW: &str = "128M";
+
+const GUEST_SCRIPT: &str = r#"
+mkdir -p /dax /fuse
+mount -t virtiofs daxshare /dax -o dax=always || echo "@@GUEST dax_mount_failed=1"
+mount -t virtiofs fuseshare /fuse -o dax=never || echo "@@GUEST fuse_mount_failed=1"
+echo "@@GUEST statx=$(daxprobe statx /dax/rt.bin /fuse/rt.bin)"
+echo "@@GUEST rt=$(daxprobe roundtrip /dax/rt.bin /fuse/rt.bin PASSES 2>&1)"
+# The host reads the daemon's and the VMM's histograms now, while both run.
+touch /fuse/.rt-done
+i=0; while [ ! -e /fuse/.host-done ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+umount /dax /fuse
+"#;
+
+const HOST_BEFORE: &str = r#"
+mkdir -p share && dd if=/dev/urandom of=share/rt.bin bs=1M count=FILE_MIB 2>/dev/null
+rm -f /tmp/dax.sock /tmp/fuse.sock
+dax-virtiofsd --socket-path /tmp/dax.sock --shared-dir share --cache-size WINDOW --control-socket /tmp/ctl.sock --log-level warn &
+dax-virtiofsd --socket-path /tmp/fuse.sock --shared-dir share --dax off --log-level warn &
+i=0; while { [ ! -S /tmp/dax.sock ] || [ ! -S /tmp/fuse.sock ]; } && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
+( i=0; while [ ! -e share/.rt-done ] && [ $i -lt 6000 ]; do sleep 0.2; i=$((i+1)); done
+  echo "@@HOST daemon_stats=$(daxprobe http /tmp/ctl.sock GET /api/v1/stats | sed 's/^status=[0-9]* body=//')"
+  echo "@@HOST vmm_metrics=$(daxprobe http /tmp/api.sock GET /api/v1/vm.dax-metrics | sed 's/^status=[0-9]* body=//')"
+  touch share/.host-done ) &
+"#;
+
+fn fail(e: String) -> ! {
+    eprintln!("bench-roundtrip: {e}");
+    std::process::exit(1)
+}
+
+fn main() {
+    let tool = |pkg, bin| rig::tool(pkg, bin).unwrap_or_else(|e| fail(e.to_string()));
+    let mut guest = Guest::new(
+        "bench-roundtrip",
+        &GUEST_SCRIPT.replace("PASSES", &PASSES.to_string()),
+    );
+    guest.cpus = 1;
+    guest.memory = "512M,shared=on".into();
+    guest.guest_tools = vec![tool("guest-tests", "daxprobe")];
+    guest.host_tools = vec![
+        tool("daemon", "dax-virtiofsd"),
+        tool("guest-tests", "daxprobe"),
+    ];
+    guest.host_before = HOST_BEFORE
+        .replace("FILE_MIB", &FILE_MIB.to_string())
+        .replace("WINDOW", WINDOW);
+    guest.host_after = "wait\n".into();
+    guest.vmm_args = vec![
+        "--api-socket".into(),
+        "/tmp/api.sock".into(),
+        "--fs".into(),
+        format!("tag=daxshare,socket=/tmp/dax.sock,cache_size={WINDOW},transport=pci,id=fs0"),
+        "--fs".into(),
+        "tag=fuseshare,socket=/tmp/fuse.sock,dax=off,transport=pci,id=fs1".into(),
+    ];
+    guest.timeout = std::time::Duration::from_secs(1200);
+    let run = rig::run(&guest).unwrap_or_else(|e| fail(e.to_string()));
+    if run.timed_out {
+        fail(format!("timed out\n{}", run.tail(60)));
+    }
+    let (results, tables, failed) = report(&run);
+    let path = results.save().unwrap_or_else(|e| fail(e.to_string()));
+    let mut text = std::fs::read_to_string(&path).unwrap_or_default();
+    text.push_str(&format!("\n{tables}"));
+    std::fs::write(&path, text).unwrap_or_else(|e| fail(format!("{}: {e}", path.display())));
+    println!("{tables}");
+    println!(
+        "results: {}  log: {}",
+        path.display(),
+        run.log_path.display()
+    );
+    if failed {
+        fail(format!(
+            "some measurements are missing; see the log\n{}",
+            run.tail(60)
+        ));
+    }
+}
+
+/// A histogram as cumulative (upper bound µs or None for +Inf, count):
+/// the bucket holding the `q` quantile, as "≤ N µs" or "> N µs".
+fn quantile_bucket(buckets: &[(Option<u64>, u64)], q: f64) -> String {
+    let Some(&(_, total)) = buckets.last() else {
+        return "n/a".into();
+    };
+    if total == 0 {
+        return "n/a (none)".into();
+    }
+    let want = (q * total as f64).ceil() as u64;
+    let mut below = 0;
+    for &(le, count) in buckets {
+        if count >= want {
+            return match le {
+                Some(le) => format!("{below}-{le} µs"),
+                None => format!("> {below} µs"),
+            };
+        }
+        if let Some(le) = le {
+            below = le;
+        }
+    }
+    "n/a".into()
+}
+
+/// The VMM's `daxvmm_dax_map_latency_seconds` for device `fs0` from its
+/// Prometheus text (newlines turned to spaces by `daxprobe http`): the
+/// cumulative buckets in µs, and the sum in µs.
+fn vmm_histogram(text: &str) -> (Vec<(Option<u64>, u64)>, f64) {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mut buckets = Vec::new();
+    let mut sum_us = 0.0;
+    for pair in words.windows(2) {
+        let (name, value) = (pair[0], pair[1]);
+        if let Some(labels) = name.strip_prefix("daxvmm_dax_map_latency_seconds_bucket{") {
+            if !labels.contains("device=\"fs0\"") {
+                continue;
+            }
+            let le = labels
+                .split("le=\"")
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+                .unwrap_or("");
+            let bound = le.parse::<f64>().ok().map(|s| (s * 1e6).round() as u64);
+            if let Ok(count) = value.parse() {
+                buckets.push((bound, count));
+            }
+        } else if name.starts_with("daxvmm_dax_map_latency_seconds_sum{device=\"fs0\"") {
+            sum_us = value.parse::<f64>().unwrap_or(0.0) * 1e6;
+        }
+    }
+    (buckets, sum_us)
+}
+
+fn report(run: &Run) -> (Results, String, bool) {
+    let mut results = Results::new("roundtrip-bench");
+    results.record_run("roundtrip run", run);
+    let rt = run.guest("rt").unwrap_or("");
+    let value = |key: &str| -> Option<f64> {
+        rt.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{key}=")))?
+            .parse()
+            .ok()
+    };
+    let statx = run.guest("statx").unwrap_or("-").to_string();
+    results.record("statx (DAX file, FUSE file)", statx.clone());
+    let mut failed = value("setupmapping_median_us").is_none() || value("fuse_read_median_us").is_none();
+    let mut tables = format!(
+        "In the guest (1 vCPU, guest clock), {PASSES} passes over a {FILE_MIB} MiB file, µs per operation:\n\n\
+         | operation | n | median | p90 | mean |\n|---|---|---|---|---|\n"
+    );
+    for (key, label) in [
+        ("setupmapping", "cold first touch of a 2 MiB DAX range (SETUPMAPPING + fault)"),
+        ("warm_touch", "touch of a range already mapped (the fault alone)"),
+        ("fuse_read", "4 KiB O_DIRECT pread without DAX (one FUSE READ)"),
+    ] {
+        let v = |s: &str| value(&format!("{key}_{s}")).map_or("n/a".into(), |v| format!("{v:.1}"));
+        let _ = writeln!(
+            tables,
+            "| {label} | {} | {} | {} | {} |",
+            v("n"),
+            v("median_us"),
+            v("p90_us"),
+            v("mean_us")
+        );
+        results.record(
+            &format!("{label}: n / median / p90 / mean, µs"),
+            format!("{} / {} / {} / {}", v("n"), v("median_us"), v("p90_us"), v("mean_us")),
+        );
+    }
+    let ratio = |q: &str| match (
+        value(&format!("setupmapping_{q}_us")),
+        value(&format!("fuse_read_{q}_us")),
+    ) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+        _ => "n/a".into(),
+    };
+    let _ = write!(
+        tables,
+        "\n| ratio | measured |\n|---|---|\n\
+         | SETUPMAPPING first touch / 4 KiB FUSE READ, medians (target 1.5x or less) | {} |\n\
+         | the same, p90s | {} |\n",
+        ratio("median"),
+        ratio("p90")
+    );
+    results.record(
+        "SETUPMAPPING first touch / 4 KiB FUSE READ, medians (target 1.5x or less)",
+        ratio("median"),
+    );
+    results.record("SETUPMAPPING first touch / 4 KiB FUSE READ, p90s", ratio("p90"));
+
+    let daemon: Option<DaemonStats> = run
+        .host("daemon_stats")
+        .and_then(|s| serde_json::from_str(s).ok());
+    let (vmm_buckets, vmm_sum_us) = vmm_histogram(run.host("vmm_metrics").unwrap_or(""));
+    tables.push_str("\nWhere a SETUPMAPPING's time goes, host clock (the histograms' buckets holding the median and p90, and the mean):\n\n| stage | count | median in | p90 in | mean |\n|---|---|---|---|---|\n");
+    let mut stages: Vec<(&str, Vec<(Option<u64>, u64)>, f64)> = Vec::new();
+    match &daemon {
+        Some(d) => {
+            stages.push((
+                "daemon: SHMEM_MAP sent to ack received",
+                d.map_latency_buckets.clone(),
+                d.map_latency_sum_us as f64,
+            ));
+            results.record(
+                "daemon: SETUPMAPPINGs / REMOVEMAPPINGs / FUSE reads",
+                format!("{} / {} / {}", d.setupmappings, d.removemappings, d.fuse_reads),
+            );
+        }
+        None => {
+            failed = true;
+            stages.push(("daemon: stats missing", Vec::new(), 0.0));
+        }
+    }
+    failed |= vmm_buckets.is_empty();
+    stages.push(("VMM: SHMEM_MAP served (checks, mmap)", vmm_buckets, vmm_sum_us));
+    for (label, buckets, sum_us) in &stages {
+        let count = buckets.last().map_or(0, |b| b.1);
+        let mean = if count > 0 {
+            format!("{:.1} µs", sum_us / count as f64)
+        } else {
+            "n/a".into()
+        };
+        let (p50, p90) = (quantile_bucket(buckets, 0.5), quantile_bucket(buckets, 0.9));
+        let _ = writeln!(tables, "| {label} | {count} | {p50} | {p90} | {mean} |");
+        results.record(
+            &format!("{label}: count / median bucket / p90 bucket / mean"),
+            format!("{count} / {p50} / {p90} / {mean}"),
+        );
+    }
+    tables.push_str(
+        "\n(Guest-side: the cold touch includes the FUSE request through the queue, the daemon's \
+         work and its SHMEM_MAP round trip, the reply, and the guest's fault; the warm touch is \
+         the fault alone.)\n",
+    );
+    failed |= run.vmm_exit != Some(0);
+    (results, tables, failed)
+}
