@@ -88,7 +88,7 @@ cd /; umount /mnt
 /// Emulated-host helpers of both runs: meminfo and RSS snapshots.
 const HOST_HELPERS: &str = r#"
 kib() { awk -v k="$1:" '$1 == k {print $2}' /proc/meminfo; }
-meminfo() { for k in MemTotal MemFree MemAvailable Buffers Cached Shmem AnonPages Mapped PageTables SecPageTables; do printf '%s:%s ' $k "$(kib $k)"; done; }
+meminfo() { for k in MemTotal MemFree MemAvailable Buffers Cached Shmem 'Active(file)' 'Inactive(file)' AnonPages Mapped PageTables SecPageTables; do printf '%s:%s ' $k "$(kib $k)"; done; }
 rss() { awk '/^(VmRSS|RssAnon|RssFile|RssShmem):/ {printf "%s%s ", $1, $2}' /proc/$1/status 2>/dev/null; }
 # LABEL: the host's meminfo, each VMM's RSS split, the daemons' summed
 # (each daemon is a parent waiting and a sandboxed child serving).
@@ -156,8 +156,12 @@ run_set() {
         grep -a 'dax-vmm: \|ERROR\|error' $mode$g.out | tail -3 | sed "s/^/@@HOST ${mode}${g}_vmm_said=/"
     done
 }
+echo "@@HOST wmark_low_kib=$(awk '$1 == "low" {s += $2} END {print s * 4}' /proc/zoneinfo)"
+# A B B A: see SETS.
 run_set dax dax=always "--cache-size DENSITY_WINDOW" cache_size=DENSITY_WINDOW
 run_set nodax dax=never "--dax off" dax=off
+run_set nodaxb dax=never "--dax off" dax=off
+run_set daxb dax=always "--cache-size DENSITY_WINDOW" cache_size=DENSITY_WINDOW
 echo "@@HOST density_done"
 # The rig's own VMM run is not used: the sets above started their own.
 exit 0
@@ -316,6 +320,20 @@ fn host_cost(run: &Run, mode: &str) -> Option<HostCost> {
     })
 }
 
+/// The density run's sets of guests, in the order they run (A B B A, so a
+/// set's place in the emulated host's life is not taken for its mode):
+/// name, whether DAX, row label.
+const SETS: [(&str, bool, &str); 4] = [
+    ("dax", true, "DAX, 1st"),
+    ("nodax", false, "no DAX, 1st"),
+    ("nodaxb", false, "no DAX, 2nd"),
+    ("daxb", true, "DAX, 2nd"),
+];
+
+/// Memory the host cannot take back without swap: the guests' RAM (Shmem:
+/// memfd), anonymous memory, and page tables (the host's and KVM's).
+const PINNED: [&str; 4] = ["Shmem", "AnonPages", "PageTables", "SecPageTables"];
+
 fn density_report(run: &Run) -> (Results, String, bool) {
     let mut results = Results::new("density-bench");
     results.record_run("density run", run);
@@ -323,72 +341,80 @@ fn density_report(run: &Run) -> (Results, String, bool) {
     let mut tables = format!(
         "{GUESTS} guests at once ({GUEST_MEMORY} RAM, shared=on, 1 vCPU each), each with its own daemon on one \
          host directory (ext2 on a RAM disk), each reading the same {FILES} x {FILE_MIB} MiB files once \
-         (`cat`). Emulated host, after the reads minus before them, MiB:\n\n\
-         | mode | MemAvailable | MemFree | Shmem | Cached | share's page cache (Cached - Shmem) | PageTables | SecPageTables (KVM) |\n\
-         |---|---|---|---|---|---|---|---|\n"
+         (`cat`); DAX sets: {DENSITY_WINDOW} windows, guests mount dax=always; no-DAX sets: daemons \
+         `--dax off`, guests mount dax=never. Emulated host, after the reads minus before them, MiB \
+         (pinned = {}):\n\n\
+         | set | MemAvailable | MemFree | Shmem | Cached | share's page cache (Cached - Shmem) | file LRU | PageTables | SecPageTables (KVM) | pinned |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+        PINNED.join(" + ")
     );
-    let modes = [
-        ("dax", format!("DAX ({DENSITY_WINDOW} windows, dax=always)")),
-        ("nodax", "no DAX (--dax off, dax=never)".to_string()),
-    ];
     let mut failed = false;
     let mut costs = HashMap::new();
-    for (mode, label) in &modes {
-        let Some(cost) = host_cost(run, mode) else {
+    for (set, _, label) in SETS {
+        let Some(cost) = host_cost(run, set) else {
             failed = true;
             tables.push_str(&format!("| {label} | missing |\n"));
             continue;
         };
         let d = |k: &str| cost.delta.get(k).copied().unwrap_or(0);
         let page_cache = d("Cached") - d("Shmem");
+        let file_lru = d("Active(file)") + d("Inactive(file)");
+        let pinned: i64 = PINNED.iter().map(|k| d(k)).sum();
         let row = [
             d("MemAvailable"),
             d("MemFree"),
             d("Shmem"),
             d("Cached"),
             page_cache,
+            file_lru,
             d("PageTables"),
             d("SecPageTables"),
+            pinned,
         ];
-        let _ = writeln!(
-            tables,
-            "| {label} | {} |",
-            row.map(mib).join(" | ")
-        );
+        let _ = writeln!(tables, "| {label} | {} |", row.map(mib).join(" | "));
         for (k, v) in [
             ("MemAvailable", d("MemAvailable")),
             ("MemFree", d("MemFree")),
             ("Shmem", d("Shmem")),
             ("Cached", d("Cached")),
             ("Cached - Shmem", page_cache),
+            ("pinned", pinned),
         ] {
             results.record(&format!("{label}: host {k} after - before, MiB"), mib(v));
         }
-        costs.insert(*mode, cost);
+        costs.insert(set, cost);
     }
-    tables.push_str("\nEach VMM's RSS, after the reads minus before (after), MiB:\n\n| mode | VMM | RssAnon | RssFile | RssShmem |\n|---|---|---|---|---|\n");
-    for (mode, label) in &modes {
-        let Some(cost) = costs.get(mode) else { continue };
+    if let Some(low) = run.host("wmark_low_kib") {
+        let _ = writeln!(
+            tables,
+            "\n(The emulated host's low watermarks, summed over its zones: {low} KiB. MemAvailable counts \
+             page cache as available less the smaller of half of it and this.)"
+        );
+        results.record("emulated host: low watermarks summed, KiB", low);
+    }
+    tables.push_str("\nEach VMM's RSS, after the reads minus before (after), MiB:\n\n| set | VMM | RssAnon | RssFile | RssShmem |\n|---|---|---|---|---|\n");
+    for (set, _, label) in SETS {
+        let Some(cost) = costs.get(set) else { continue };
         for (n, (delta, after)) in cost.vmm.iter().enumerate() {
             let cells: Vec<String> = (0..3)
                 .map(|i| format!("{} ({:.1})", mib(delta[i]), after[i] as f64 / 1024.0))
                 .collect();
             let _ = writeln!(tables, "| {label} | {} | {} |", n + 1, cells.join(" | "));
             results.record(
-                &format!("{label}: VMM {} RssAnon/RssFile/RssShmem after - before, MiB", n + 1),
+                &format!("{label}: VMM {} RssAnon/RssFile/RssShmem after - before (after), MiB", n + 1),
                 cells.join(" / "),
             );
         }
         let _ = writeln!(
             tables,
-            "| {label} | the {GUESTS} daemons, summed | {} |",
+            "| {label} | the {GUESTS} daemons, summed (no after) | {} |",
             cost.daemons.map(mib).join(" | ")
         );
     }
-    tables.push_str(&format!("\nEach guest's page cache (`Cached:`), after its reads minus before, MiB, and its read time ({total_mib} MiB, guest clock):\n\n| mode | guest | Cached after - before | read time | DAX on the files (statx) |\n|---|---|---|---|---|\n"));
-    for (mode, label) in &modes {
+    tables.push_str(&format!("\nEach guest's page cache (`Cached:`), after its reads minus before, MiB, and its read time ({total_mib} MiB, guest clock):\n\n| set | guest | Cached after - before | read time | DAX on the files (statx) |\n|---|---|---|---|---|\n"));
+    for (set, _, label) in SETS {
         for g in 1..=GUESTS {
-            let id = format!("{mode}{g}");
+            let id = format!("{set}{g}");
             let v = |k: &str| run.guest(&format!("{id}_{k}")).map(str::to_string);
             let kib = |k: &str| v(k).and_then(|s| s.trim().parse::<i64>().ok());
             let grown = match (kib("cached_before_kib"), kib("cached_after_kib")) {
@@ -407,46 +433,63 @@ fn density_report(run: &Run) -> (Results, String, bool) {
             results.record(&format!("{label}: guest {g} read time"), read);
         }
     }
-    // The cost of the reads: memory the host can no longer hand out.
-    let cost = |mode: &str, key: &str, sign: i64| {
-        costs
-            .get(mode)
-            .and_then(|c| c.delta.get(key))
-            .map(|v| v * sign)
+    // What the reads cost the host, mean of the two sets of each mode:
+    // memory it can no longer hand out (a fall in MemAvailable or MemFree,
+    // a rise in Shmem or in the pinned sum).
+    let mean_cost = |dax: bool, cost_of: &dyn Fn(&HostCost) -> i64| -> Option<f64> {
+        let v: Vec<i64> = SETS
+            .iter()
+            .filter(|s| s.1 == dax)
+            .map(|s| costs.get(s.0).map(cost_of))
+            .collect::<Option<_>>()?;
+        Some(v.iter().sum::<i64>() as f64 / v.len() as f64)
     };
-    let ratio = |key: &str, sign: i64| match (cost("dax", key, sign), cost("nodax", key, sign)) {
-        (Some(a), Some(b)) if b > 0 => format!("{:.3}x", a as f64 / b as f64),
-        (Some(a), Some(b)) => format!("n/a (DAX {}, no DAX {} MiB)", mib(a), mib(b)),
+    let ratio = |cost_of: &dyn Fn(&HostCost) -> i64| match (
+        mean_cost(true, cost_of),
+        mean_cost(false, cost_of),
+    ) {
+        (Some(a), Some(b)) if b > 0.0 => format!(
+            "{:.3}x ({:.1} / {:.1} MiB)",
+            a / b,
+            a / 1024.0,
+            b / 1024.0
+        ),
+        (Some(a), Some(b)) => format!("n/a (DAX {:.1}, no DAX {:.1} MiB)", a / 1024.0, b / 1024.0),
         _ => "n/a (a measurement is missing)".into(),
     };
+    let key = |c: &HostCost, k: &str| c.delta.get(k).copied().unwrap_or(0);
     let ratios = [
         (
-            "host memory the reads cost, DAX / no DAX, by MemAvailable (target 0.1x or less)",
-            ratio("MemAvailable", -1),
+            "host memory the reads cost, DAX / no DAX, by the fall in MemAvailable (target 0.1x or less)",
+            ratio(&|c| -key(c, "MemAvailable")),
         ),
         (
-            "host memory the reads cost, DAX / no DAX, by Shmem (target 0.1x or less)",
-            ratio("Shmem", 1),
+            "host memory the reads cost, DAX / no DAX, by the rise in Shmem (target 0.1x or less)",
+            ratio(&|c| key(c, "Shmem")),
         ),
         (
-            "host memory the reads cost, DAX / no DAX, by MemFree (page cache counted as used)",
-            ratio("MemFree", -1),
+            "host memory the reads cost, DAX / no DAX, by the rise in pinned memory",
+            ratio(&|c| PINNED.iter().map(|k| key(c, k)).sum()),
+        ),
+        (
+            "host memory the reads cost, DAX / no DAX, by the fall in MemFree (page cache counted as used)",
+            ratio(&|c| -key(c, "MemFree")),
         ),
     ];
-    tables.push_str("\n| ratio | measured |\n|---|---|\n");
+    tables.push_str("\nMeans of the two sets of each mode (DAX / no DAX):\n\n| ratio | measured |\n|---|---|\n");
     for (what, r) in ratios {
         let _ = writeln!(tables, "| {what} | {r} |");
         results.record(what, r);
     }
-    for (mode, _) in &modes {
+    for (set, _, _) in SETS {
         let exits: Vec<&str> = run
             .lines
             .iter()
-            .filter_map(|l| l.text.split_once(&format!("@@HOST {mode}_vmm_exit=")))
+            .filter_map(|l| l.text.split_once(&format!("@@HOST {set}_vmm_exit=")))
             .map(|(_, v)| v.trim())
             .collect();
         failed |= exits.len() != GUESTS as usize || exits.iter().any(|e| *e != "0");
-        results.record(&format!("{mode}: VMM exit statuses"), exits.join(" "));
+        results.record(&format!("{set}: VMM exit statuses"), exits.join(" "));
     }
     (results, tables, failed)
 }
