@@ -410,7 +410,10 @@ fn density_report(run: &Run) -> (Results, String, bool) {
                 .collect();
             let _ = writeln!(tables, "| {label} | {} | {} |", n + 1, cells.join(" | "));
             results.record(
-                &format!("{label}: VMM {} RssAnon/RssFile/RssShmem after - before (after), MiB", n + 1),
+                &format!(
+                    "{label}: VMM {} RssAnon/RssFile/RssShmem after - before (after), MiB",
+                    n + 1
+                ),
                 cells.join(" / "),
             );
         }
@@ -435,10 +438,18 @@ fn density_report(run: &Run) -> (Results, String, bool) {
             };
             let read = v("read_s").map_or("missing".into(), |s| format!("{s} s"));
             let dax = v("statx").map_or("-".into(), |s| {
-                if s.trim().ends_with(":1") { "yes" } else { "no" }.to_string()
+                if s.trim().ends_with(":1") {
+                    "yes"
+                } else {
+                    "no"
+                }
+                .to_string()
             });
             let _ = writeln!(tables, "| {label} | {g} | {grown} | {read} | {dax} |");
-            results.record(&format!("{label}: guest {g} Cached after - before, MiB"), grown);
+            results.record(
+                &format!("{label}: guest {g} Cached after - before, MiB"),
+                grown,
+            );
             results.record(&format!("{label}: guest {g} read time"), read);
         }
     }
@@ -457,12 +468,9 @@ fn density_report(run: &Run) -> (Results, String, bool) {
         mean_cost(true, cost_of),
         mean_cost(false, cost_of),
     ) {
-        (Some(a), Some(b)) if b > 0.0 => format!(
-            "{:.3}x ({:.1} / {:.1} MiB)",
-            a / b,
-            a / 1024.0,
-            b / 1024.0
-        ),
+        (Some(a), Some(b)) if b > 0.0 => {
+            format!("{:.3}x ({:.1} / {:.1} MiB)", a / b, a / 1024.0, b / 1024.0)
+        }
         (Some(a), Some(b)) => format!("n/a (DAX {:.1}, no DAX {:.1} MiB)", a / 1024.0, b / 1024.0),
         _ => "n/a (a measurement is missing)".into(),
     };
@@ -489,7 +497,9 @@ fn density_report(run: &Run) -> (Results, String, bool) {
             ratio(&|c| -key(c, "MemFree")),
         ),
     ];
-    tables.push_str("\nMeans of the two sets of each mode (DAX / no DAX):\n\n| ratio | measured |\n|---|---|\n");
+    tables.push_str(
+        "\nMeans of the two sets of each mode (DAX / no DAX):\n\n| ratio | measured |\n|---|---|\n",
+    );
     for (what, r) in ratios {
         let _ = writeln!(tables, "| {what} | {r} |");
         results.record(what, r);
@@ -536,9 +546,13 @@ fn windowcost_report(run: &Run) -> (Results, String, bool) {
         };
         let used_avail = total - avail;
         let used_free = total - free - buffers - cached;
-        let dax = run
-            .guest(&format!("{id}_statx"))
-            .map_or("-", |s| if s.trim().ends_with(":1") { "yes" } else { "no" });
+        let dax = run.guest(&format!("{id}_statx")).map_or("-", |s| {
+            if s.trim().ends_with(":1") {
+                "yes"
+            } else {
+                "no"
+            }
+        });
         let _ = writeln!(
             tables,
             "| {window} | {:.1} | {:.1} | {:.1} | {dax} |",

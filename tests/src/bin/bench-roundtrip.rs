@@ -6,7 +6,9 @@
 //! mounted `dax=always`; `daxnopf`, the same with the VMM's pre-faulting off
 //! (`dax_prefault=off`), which tells whether a SETUPMAPPING waits behind the
 //! pre-fault of the range before it; and `fuseshare` without DAX (`--dax
-//! off`), mounted `dax=never`. For each DAX mount in turn, `daxprobe
+//! off`), mounted `dax=never`. A fourth, `daxhuge`, serves a copy of the
+//! file from a host tmpfs with 2 MiB pages (each range pre-faults in one
+//! step there). For each DAX mount in turn, `daxprobe
 //! roundtrip` alternates, pass by pass, timing the
 //! first touch of each 2 MiB range of a 64 MiB file with guest caches
 //! dropped (one SETUPMAPPING and a fault each), the same touches again
@@ -29,29 +31,35 @@ const PASSES: u32 = 16;
 const WINDOW: &str = "128M";
 
 const GUEST_SCRIPT: &str = r#"
-mkdir -p /dax /daxnopf /fuse
+mkdir -p /dax /daxnopf /daxhuge /fuse
 mount -t virtiofs daxshare /dax -o dax=always || echo "@@GUEST dax_mount_failed=1"
 mount -t virtiofs daxnopf /daxnopf -o dax=always || echo "@@GUEST daxnopf_mount_failed=1"
+mount -t virtiofs daxhuge /daxhuge -o dax=always || echo "@@GUEST daxhuge_mount_failed=1"
 mount -t virtiofs fuseshare /fuse -o dax=never || echo "@@GUEST fuse_mount_failed=1"
-echo "@@GUEST statx=$(daxprobe statx /dax/rt.bin /daxnopf/rt.bin /fuse/rt.bin)"
+echo "@@GUEST statx=$(daxprobe statx /dax/rt.bin /daxnopf/rt.bin /daxhuge/rt.bin /fuse/rt.bin)"
 echo "@@GUEST rt=$(daxprobe roundtrip /dax/rt.bin /fuse/rt.bin PASSES 2>&1)"
 echo "@@GUEST rtnopf=$(daxprobe roundtrip /daxnopf/rt.bin /fuse/rt.bin PASSES 2>&1)"
+echo "@@GUEST rthuge=$(daxprobe roundtrip /daxhuge/rt.bin /fuse/rt.bin PASSES 2>&1)"
 # The host reads the daemon's and the VMM's histograms now, while both run.
 touch /fuse/.rt-done
 i=0; while [ ! -e /fuse/.host-done ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
-umount /dax /daxnopf /fuse
+umount /dax /daxnopf /daxhuge /fuse
 "#;
 
 const HOST_BEFORE: &str = r#"
-mkdir -p share && dd if=/dev/urandom of=share/rt.bin bs=1M count=FILE_MIB 2>/dev/null
-rm -f /tmp/dax.sock /tmp/daxnopf.sock /tmp/fuse.sock
+mkdir -p share share-huge && dd if=/dev/urandom of=share/rt.bin bs=1M count=FILE_MIB 2>/dev/null
+mount -t tmpfs -o huge=always,size=256m tmpfs share-huge && cp share/rt.bin share-huge/
+echo "@@HOST share_huge_kib=$(grep ShmemHugePages /proc/meminfo | tr -s ' ' | cut -d' ' -f2)"
+rm -f /tmp/dax.sock /tmp/daxnopf.sock /tmp/daxhuge.sock /tmp/fuse.sock
 dax-virtiofsd --socket-path /tmp/dax.sock --shared-dir share --cache-size WINDOW --control-socket /tmp/ctl.sock --log-level warn &
 dax-virtiofsd --socket-path /tmp/daxnopf.sock --shared-dir share --cache-size WINDOW --control-socket /tmp/ctlnopf.sock --log-level warn &
+dax-virtiofsd --socket-path /tmp/daxhuge.sock --shared-dir share-huge --cache-size WINDOW --control-socket /tmp/ctlhuge.sock --log-level warn &
 dax-virtiofsd --socket-path /tmp/fuse.sock --shared-dir share --dax off --log-level warn &
-i=0; while { [ ! -S /tmp/dax.sock ] || [ ! -S /tmp/daxnopf.sock ] || [ ! -S /tmp/fuse.sock ]; } && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
+i=0; while { [ ! -S /tmp/dax.sock ] || [ ! -S /tmp/daxnopf.sock ] || [ ! -S /tmp/daxhuge.sock ] || [ ! -S /tmp/fuse.sock ]; } && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
 ( i=0; while [ ! -e share/.rt-done ] && [ $i -lt 6000 ]; do sleep 0.2; i=$((i+1)); done
   echo "@@HOST daemon_stats_fs0=$(daxprobe http /tmp/ctl.sock GET /api/v1/stats | sed 's/^status=[0-9]* body=//')"
   echo "@@HOST daemon_stats_fs2=$(daxprobe http /tmp/ctlnopf.sock GET /api/v1/stats | sed 's/^status=[0-9]* body=//')"
+  echo "@@HOST daemon_stats_fs3=$(daxprobe http /tmp/ctlhuge.sock GET /api/v1/stats | sed 's/^status=[0-9]* body=//')"
   echo "@@HOST vmm_metrics=$(daxprobe http /tmp/api.sock GET /api/v1/vm.dax-metrics | sed 's/^status=[0-9]* body=//')"
   touch share/.host-done ) &
 "#;
@@ -87,6 +95,8 @@ fn main() {
         "tag=fuseshare,socket=/tmp/fuse.sock,dax=off,transport=pci,id=fs1".into(),
         "--fs".into(),
         format!("tag=daxnopf,socket=/tmp/daxnopf.sock,cache_size={WINDOW},dax_prefault=off,transport=pci,id=fs2"),
+        "--fs".into(),
+        format!("tag=daxhuge,socket=/tmp/daxhuge.sock,cache_size={WINDOW},transport=pci,id=fs3"),
     ];
     guest.timeout = std::time::Duration::from_secs(1200);
     let run = rig::run(&guest).unwrap_or_else(|e| fail(e.to_string()));
@@ -168,16 +178,20 @@ fn vmm_histogram(text: &str, device: &str) -> (Vec<(Option<u64>, u64)>, f64) {
 }
 
 /// The DAX mounts measured: guest marker, VMM device id, row label.
-const VARIANTS: [(&str, &str, &str); 2] = [
+const VARIANTS: [(&str, &str, &str); 3] = [
     ("rt", "fs0", "pre-fault on (default)"),
     ("rtnopf", "fs2", "dax_prefault=off"),
+    ("rthuge", "fs3", "host tmpfs, 2 MiB pages, pre-fault on"),
 ];
 
 fn report(run: &Run) -> (Results, String, bool) {
     let mut results = Results::new("roundtrip-bench");
     results.record_run("roundtrip run", run);
     let statx = run.guest("statx").unwrap_or("-").to_string();
-    results.record("statx (DAX file, DAX file without pre-fault, FUSE file)", statx);
+    results.record(
+        "statx (DAX file, without pre-fault, on 2 MiB pages, FUSE file)",
+        statx,
+    );
     let mut failed = run.vmm_exit != Some(0);
     let mut tables = format!(
         "In the guest (1 vCPU, guest clock), {PASSES} passes over a {FILE_MIB} MiB file per DAX mount \
@@ -193,13 +207,24 @@ fn report(run: &Run) -> (Results, String, bool) {
                 .parse()
                 .ok()
         };
-        failed |= value("setupmapping_median_us").is_none() || value("fuse_read_median_us").is_none();
+        failed |=
+            value("setupmapping_median_us").is_none() || value("fuse_read_median_us").is_none();
         for (key, label) in [
-            ("setupmapping", "cold first touch of a 2 MiB DAX range (SETUPMAPPING + fault)"),
-            ("warm_touch", "touch of a range already mapped (the fault alone)"),
-            ("fuse_read", "4 KiB O_DIRECT pread without DAX (one FUSE READ)"),
+            (
+                "setupmapping",
+                "cold first touch of a 2 MiB DAX range (SETUPMAPPING + fault)",
+            ),
+            (
+                "warm_touch",
+                "touch of a range already mapped (the fault alone)",
+            ),
+            (
+                "fuse_read",
+                "4 KiB O_DIRECT pread without DAX (one FUSE READ)",
+            ),
         ] {
-            let v = |s: &str| value(&format!("{key}_{s}")).map_or("n/a".into(), |v| format!("{v:.1}"));
+            let v =
+                |s: &str| value(&format!("{key}_{s}")).map_or("n/a".into(), |v| format!("{v:.1}"));
             let n = value(&format!("{key}_n")).map_or("n/a".into(), |v| format!("{v:.0}"));
             let _ = writeln!(
                 tables,
@@ -210,7 +235,12 @@ fn report(run: &Run) -> (Results, String, bool) {
             );
             results.record(
                 &format!("{variant}: {label}: n / median / p90 / mean, µs"),
-                format!("{n} / {} / {} / {}", v("median_us"), v("p90_us"), v("mean_us")),
+                format!(
+                    "{n} / {} / {} / {}",
+                    v("median_us"),
+                    v("p90_us"),
+                    v("mean_us")
+                ),
             );
         }
         let ratio = |q: &str| match (
@@ -262,7 +292,11 @@ fn report(run: &Run) -> (Results, String, bool) {
         }
         let (vmm_buckets, vmm_sum_us) = vmm_histogram(vmm_text, device);
         failed |= vmm_buckets.is_empty();
-        stages.push(("VMM: SHMEM_MAP served (checks, mmap)", vmm_buckets, vmm_sum_us));
+        stages.push((
+            "VMM: SHMEM_MAP served (checks, mmap)",
+            vmm_buckets,
+            vmm_sum_us,
+        ));
         for (label, buckets, sum_us) in &stages {
             let count = buckets.last().map_or(0, |b| b.1);
             let mean = if count > 0 {
@@ -271,7 +305,10 @@ fn report(run: &Run) -> (Results, String, bool) {
                 "n/a".into()
             };
             let (p50, p90) = (quantile_bucket(buckets, 0.5), quantile_bucket(buckets, 0.9));
-            let _ = writeln!(tables, "| {variant} | {label} | {count} | {p50} | {p90} | {mean} |");
+            let _ = writeln!(
+                tables,
+                "| {variant} | {label} | {count} | {p50} | {p90} | {mean} |"
+            );
             results.record(
                 &format!("{variant}: {label}: count / median bucket / p90 bucket / mean"),
                 format!("{count} / {p50} / {p90} / {mean}"),

@@ -106,14 +106,8 @@ fn direct_reads(path: &str, count: usize, seed: &mut u64) -> Vec<Duration> {
         let off = (*seed % blocks) * READ_BLOCK as u64;
         let start = Instant::now();
         // SAFETY: `buf` holds READ_BLOCK writable bytes.
-        let n = unsafe {
-            libc::pread(
-                file.as_raw_fd(),
-                buf.cast(),
-                READ_BLOCK,
-                off as libc::off_t,
-            )
-        };
+        let n =
+            unsafe { libc::pread(file.as_raw_fd(), buf.cast(), READ_BLOCK, off as libc::off_t) };
         times.push(start.elapsed());
         if n != READ_BLOCK as isize {
             fail(format!(
