@@ -122,6 +122,10 @@ fn main() {
     }
 }
 
+/// A latency histogram: cumulative counts per upper bound in µs (None:
+/// +Inf), as the daemon's stats and the VMM's metrics give it.
+type Histogram = Vec<(Option<u64>, u64)>;
+
 /// A histogram as cumulative (upper bound µs or None for +Inf, count):
 /// the bucket holding the `q` quantile, as "≤ N µs" or "> N µs".
 fn quantile_bucket(buckets: &[(Option<u64>, u64)], q: f64) -> String {
@@ -150,7 +154,7 @@ fn quantile_bucket(buckets: &[(Option<u64>, u64)], q: f64) -> String {
 /// The VMM's `daxvmm_dax_map_latency_seconds` for `device` from its
 /// Prometheus text (newlines turned to spaces by `daxprobe http`): the
 /// cumulative buckets in µs, and the sum in µs.
-fn vmm_histogram(text: &str, device: &str) -> (Vec<(Option<u64>, u64)>, f64) {
+fn vmm_histogram(text: &str, device: &str) -> (Histogram, f64) {
     let label = format!("device=\"{device}\"");
     let words: Vec<&str> = text.split_whitespace().collect();
     let mut buckets = Vec::new();
@@ -272,7 +276,7 @@ fn report(run: &Run) -> (Results, String, bool) {
         let daemon: Option<DaemonStats> = run
             .host(&format!("daemon_stats_{device}"))
             .and_then(|s| serde_json::from_str(s).ok());
-        let mut stages: Vec<(&str, Vec<(Option<u64>, u64)>, f64)> = Vec::new();
+        let mut stages: Vec<(&str, Histogram, f64)> = Vec::new();
         match &daemon {
             Some(d) => {
                 stages.push((
