@@ -26,7 +26,7 @@
 //!                                        ends prints the count of each kind ("map=N unmap=M")
 //! daxprobe roundtrip DAX_FILE FUSE_FILE PASSES  cold first touch per 2 MiB range (one
 //!                                        SETUPMAPPING) against 4 KiB O_DIRECT preads (one
-//!                                        FUSE READ); prints median/p90 µs (daxprobe_modules/roundtrip.rs)
+//!                                        FUSE READ); prints median/p90 µs (daxprobe/roundtrip.rs)
 //! daxprobe power-button                  waits for the ACPI power button's KEY_POWER (evdev);
 //!                                        prints "pressed" (exit 0)
 //! ```
@@ -41,9 +41,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
-
-#[path = "daxprobe_modules/roundtrip.rs"]
-mod roundtrip;
 
 /// `STATX_ATTR_DAX` from linux/stat.h.
 const STATX_ATTR_DAX: u64 = 0x0020_0000;
@@ -361,6 +358,9 @@ fn power_button() {
     }
 }
 
+#[path = "daxprobe/roundtrip.rs"]
+mod roundtrip;
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
@@ -418,11 +418,11 @@ fn main() {
         ["bench", path, mode @ ("seq" | "rand" | "mmap"), block_kib, total_mib] => bench(path, mode, num(block_kib), num(total_mib)),
         ["mktree", dir, dirs, files] => mktree(dir, num(dirs), num(files)),
         ["readtree", dir] => readtree(dir),
+        ["roundtrip", dax_file, fuse_file, passes] => roundtrip::run(dax_file, fuse_file, num(passes)),
         ["http", socket, method, path] => http(socket, method, path, ""),
         ["http", socket, method, path, body] => http(socket, method, path, body),
         ["sse", socket, path] => sse_counts(socket, path),
         ["power-button"] => power_button(),
-        ["roundtrip", dax_file, fuse_file, passes] => roundtrip::run(dax_file, fuse_file, num(passes)),
         _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | bench | mktree | readtree | http | sse | power-button)".into()),
     }
 }
