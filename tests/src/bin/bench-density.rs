@@ -622,3 +622,38 @@ fn slope(points: &[(f64, f64)]) -> Option<f64> {
     let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
     (sxx > 0.0).then(|| sxy / sxx)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_sizes_read_as_gib() {
+        assert_eq!(gib_of("0"), Some(0.0));
+        assert_eq!(gib_of("64M"), Some(0.0625));
+        assert_eq!(gib_of("4G"), Some(4.0));
+        assert_eq!(gib_of("4T"), None);
+        assert_eq!(gib_of("?"), None);
+    }
+
+    #[test]
+    fn slope_is_the_least_squares_fit() {
+        let line: Vec<(f64, f64)> = [0.0, 0.25, 1.0, 4.0]
+            .iter()
+            .map(|&x| (x, 32.0 + 16.0 * x))
+            .collect();
+        assert!((slope(&line).unwrap() - 16.0).abs() < 1e-9);
+        assert_eq!(slope(&[(1.0, 2.0)]), None, "one point has no slope");
+        assert_eq!(slope(&[(1.0, 2.0), (1.0, 3.0)]), None, "no spread in x");
+    }
+
+    #[test]
+    fn snapshot_pairs_parse_with_parenthesised_keys() {
+        let m = pairs(Some("MemFree:100 Active(file):7 PcpFree:12 Bad:x "));
+        assert_eq!(m["MemFree"], 100);
+        assert_eq!(m["Active(file)"], 7);
+        assert_eq!(m["PcpFree"], 12);
+        assert!(!m.contains_key("Bad"));
+        assert!(pairs(None).is_empty());
+    }
+}

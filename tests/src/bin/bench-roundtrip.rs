@@ -170,7 +170,12 @@ fn vmm_histogram(text: &str, device: &str) -> (Histogram, f64) {
                 .nth(1)
                 .and_then(|s| s.split('"').next())
                 .unwrap_or("");
-            let bound = le.parse::<f64>().ok().map(|s| (s * 1e6).round() as u64);
+            // "+Inf" parses as a float too: keep it the open last bucket.
+            let bound = le
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite())
+                .map(|s| (s * 1e6).round() as u64);
             if let Ok(count) = value.parse() {
                 buckets.push((bound, count));
             }
@@ -325,4 +330,39 @@ fn report(run: &Run) -> (Results, String, bool) {
          the fault alone.)\n",
     );
     (results, tables, failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_land_in_their_bucket() {
+        let h = vec![
+            (Some(100), 0),
+            (Some(250), 60),
+            (Some(1000), 95),
+            (None, 100),
+        ];
+        assert_eq!(quantile_bucket(&h, 0.5), "100-250 µs");
+        assert_eq!(quantile_bucket(&h, 0.9), "250-1000 µs");
+        assert_eq!(quantile_bucket(&h, 0.99), "> 1000 µs");
+        assert_eq!(quantile_bucket(&[(None, 0)], 0.5), "n/a (none)");
+        assert_eq!(quantile_bucket(&[], 0.5), "n/a");
+    }
+
+    #[test]
+    fn the_vmm_histogram_is_read_for_one_device() {
+        let text = "# TYPE daxvmm_dax_map_latency_seconds histogram \
+            daxvmm_dax_map_latency_seconds_bucket{device=\"fs0\",le=\"0.00001\"} 1 \
+            daxvmm_dax_map_latency_seconds_bucket{device=\"fs0\",le=\"+Inf\"} 3 \
+            daxvmm_dax_map_latency_seconds_sum{device=\"fs0\"} 0.00015 \
+            daxvmm_dax_map_latency_seconds_bucket{device=\"fs2\",le=\"+Inf\"} 9 \
+            daxvmm_dax_map_latency_seconds_sum{device=\"fs2\"} 1";
+        let (buckets, sum_us) = vmm_histogram(text, "fs0");
+        assert_eq!(buckets, vec![(Some(10), 1), (None, 3)]);
+        assert!((sum_us - 150.0).abs() < 1e-6);
+        assert_eq!(vmm_histogram(text, "fs2").0, vec![(None, 9)]);
+        assert!(vmm_histogram(text, "fs1").0.is_empty());
+    }
 }

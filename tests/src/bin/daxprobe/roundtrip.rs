@@ -166,3 +166,18 @@ pub fn run(dax_path: &str, fuse_path: &str, passes: u64) {
         summary("fuse_read", &mut reads)
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_gives_nearest_rank_median_and_p90() {
+        let mut t: Vec<Duration> = (1..=10).rev().map(Duration::from_micros).collect();
+        assert_eq!(
+            summary("x", &mut t),
+            "x_n=10 x_median_us=5.0 x_p90_us=9.0 x_mean_us=5.5"
+        );
+        assert_eq!(summary("y", &mut []), "y_n=0");
+    }
+}
