@@ -1,6 +1,17 @@
 #!/usr/bin/env bash
 # The virtio-fs read benchmark: our daemon without and with DAX, and the Rust
 # virtiofsd, in one rig run. Writes target/rig-results/virtiofs-bench.md.
+# `bench.sh PHASE...` runs only those phases of it.
+#
+# Other benchmarks, one rig run each (docs/benchmarks.md):
+#   bench.sh density     3 guests at once, each with its own daemon on one share,
+#                        with and without DAX: host memory the reads cost
+#                        (target/rig-results/density-bench.md)
+#   bench.sh windowcost  guest memory a DAX window costs at boot, per size
+#                        (target/rig-results/window-cost.md)
+#   bench.sh roundtrip   one SETUPMAPPING against one 4 KiB FUSE READ, in the
+#                        guest, with the daemon's and the VMM's map latency
+#                        (target/rig-results/roundtrip-bench.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,4 +20,8 @@ scripts/setup-host.sh
 if ! [ -e /usr/lib/x86_64-linux-gnu/libseccomp.a ] || ! [ -e /usr/lib/x86_64-linux-gnu/libcap-ng.a ]; then
     apt-get install -y --no-install-recommends libseccomp-dev libcap-ng-dev
 fi
+case "${1:-}" in
+    density | windowcost) exec cargo run --release --locked -q -p guest-tests --bin bench-density -- "$1" ;;
+    roundtrip) exec cargo run --release --locked -q -p guest-tests --bin bench-roundtrip ;;
+esac
 exec cargo run --release --locked -q -p guest-tests --bin bench-virtiofs -- "$@"

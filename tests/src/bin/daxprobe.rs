@@ -27,6 +27,9 @@
 //!                                        "status=N body=..." on one line (exit 1 unless 2xx)
 //! daxprobe sse SOCKET PATH                 subscribes to server-sent events; when the stream
 //!                                        ends prints the count of each kind ("map=N unmap=M")
+//! daxprobe roundtrip DAX_FILE FUSE_FILE PASSES  cold first touch per 2 MiB range (one
+//!                                        SETUPMAPPING) against 4 KiB O_DIRECT preads (one
+//!                                        FUSE READ); prints median/p90 µs (daxprobe/roundtrip.rs)
 //! daxprobe power-button                  waits for the ACPI power button's KEY_POWER (evdev);
 //!                                        prints "pressed" (exit 0)
 //! ```
@@ -361,6 +364,9 @@ fn power_button() {
     }
 }
 
+#[path = "daxprobe/roundtrip.rs"]
+mod roundtrip;
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
@@ -419,6 +425,7 @@ fn main() {
         ["bench", path, mode @ ("seq" | "rand" | "mmap"), block_kib, total_mib] => bench(path, mode, num(block_kib), num(total_mib)),
         ["mktree", dir, dirs, files] => mktree(dir, num(dirs), num(files)),
         ["readtree", dir] => readtree(dir),
+        ["roundtrip", dax_file, fuse_file, passes] => roundtrip::run(dax_file, fuse_file, num(passes)),
         ["http", socket, method, path] => http(socket, method, path, ""),
         ["http", socket, method, path, body] => http(socket, method, path, body),
         ["sse", socket, path] => sse_counts(socket, path),
