@@ -11,9 +11,11 @@
 //! kernel setting (io_uring can be disabled by sysctl). Several requests
 //! are in flight at once, up to [`IO_THREADS`].
 //!
-//! Bounds: a queue holds at most its size of chains, and each popped chain
-//! becomes at most one job, so jobs in flight never exceed the sum of the
-//! queue sizes; a job holds one segment list no longer than its chain.
+//! Bounds: a queue thread hands the pool at most its queue's size of
+//! requests at a time (a driver that publishes chains faster, or the same
+//! chain again while it is in flight, waits for completions), so jobs never
+//! exceed the sum of the queue sizes; a job holds one segment list no
+//! longer than its chain, which the parser bounds by the queue's size.
 
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -83,12 +85,14 @@ pub fn start(
     mem: GuestMemoryAtomic<GuestMemoryMmap>,
     interrupt: Arc<dyn VirtioInterrupt>,
 ) -> std::io::Result<BlockQueues> {
-    let (tx, rx) = channel::<Job>();
-    let rx = Arc::new(Mutex::new(rx));
+    // Declared first so it drops last: on an early return the sender and
+    // receiver below are gone before its Drop joins the I/O threads.
     let mut running = BlockQueues {
         queue_threads: Vec::new(),
         io_threads: Vec::new(),
     };
+    let (tx, rx) = channel::<Job>();
+    let rx = Arc::new(Mutex::new(rx));
     for i in 0..IO_THREADS {
         let (rx, shared, mem) = (rx.clone(), shared.clone(), mem.clone());
         let t = std::thread::Builder::new()
@@ -155,53 +159,72 @@ fn queue_thread(
     events.add(completions.ready.as_raw_fd(), EventSet::IN, DONE)?;
     let (index, mut queue, kick) = (q.index, q.queue, q.kick);
     let name = format!("{} queue {index}", shared.name);
+    // Requests handed to the pool and not yet completed. A driver may
+    // publish the same chain again while it is in flight; counting keeps
+    // what is queued for the pool within the queue's size regardless.
+    let mut in_flight = 0usize;
+    let limit = usize::from(queue.size());
     events.spawn(format!("blk-q{index}"), name.clone(), move |_, token, _| {
         let guard = mem.memory();
-        let used = if token == KICK {
+        let mut used = 0usize;
+        if token == KICK {
             let _ = kick.read();
-            serve_available(&shared, &mut queue, &*guard, &completions, &jobs)
         } else {
             let _ = completions.ready.read();
             let done =
                 std::mem::take(&mut *completions.done.lock().unwrap_or_else(|p| p.into_inner()));
-            let mut n = 0;
             for (head, len) in done {
                 if let Err(e) = queue.add_used(&*guard, head, len) {
                     crate::error_limited!("{name}: stopped: used ring: {e:?}");
                     return Flow::Stop;
                 }
-                n += 1;
-            }
-            Ok(n)
-        };
-        match used {
-            Ok(n) if n > 0 && queue.needs_notification(&*guard).unwrap_or(true) => {
-                if let Err(e) = interrupt.trigger(Interrupt::Queue(index)) {
-                    crate::error_limited!("{name}: stopped: interrupt: {e}");
-                    return Flow::Stop;
-                }
-                Flow::Continue
-            }
-            Ok(_) => Flow::Continue,
-            Err(e) => {
-                crate::error_limited!("{name}: stopped: {e}");
-                Flow::Stop
+                in_flight = in_flight.saturating_sub(1);
+                used += 1;
             }
         }
+        // After completions too: chains left waiting while the pool was full.
+        match serve_available(
+            &shared,
+            &mut queue,
+            &*guard,
+            &completions,
+            &jobs,
+            &mut in_flight,
+            limit,
+        ) {
+            Ok(n) => used += n,
+            Err(e) => {
+                crate::error_limited!("{name}: stopped: {e}");
+                return Flow::Stop;
+            }
+        }
+        if used > 0 && queue.needs_notification(&*guard).unwrap_or(true) {
+            if let Err(e) = interrupt.trigger(Interrupt::Queue(index)) {
+                crate::error_limited!("{name}: stopped: interrupt: {e}");
+                return Flow::Stop;
+            }
+        }
+        Flow::Continue
     })
 }
 
-/// Parses every available chain: valid requests go to the pool, the
-/// others are answered here. Returns how many chains were used here.
+/// Parses available chains while fewer than `limit` are in flight: valid
+/// requests go to the pool, the others are answered here. Returns how many
+/// chains were used here.
 fn serve_available(
     shared: &Shared,
     queue: &mut Queue,
     mem: &GuestMemoryMmap,
     completions: &Arc<Completions>,
     jobs: &Sender<Job>,
+    in_flight: &mut usize,
+    limit: usize,
 ) -> Result<usize, String> {
     let mut used = 0;
-    while let Some(chain) = queue.pop_descriptor_chain(mem) {
+    while *in_flight < limit {
+        let Some(chain) = queue.pop_descriptor_chain(mem) else {
+            break;
+        };
         let head = chain.head_index();
         let descriptors = chain.map(|d| (d.addr(), d.len(), d.is_write_only()));
         let parsed = request::parse(mem, descriptors, &shared.limits);

@@ -237,18 +237,18 @@ impl VmConfig {
                 message: "a vhost-user daemon must map guest RAM: add shared=on to --memory".into(),
             });
         }
-        let mut ids: Vec<&str> = self
+        let mut ids: Vec<(&str, &'static str)> = self
             .pmem
             .iter()
-            .map(|p| p.id.as_str())
-            .chain(self.fs.iter().map(|f| f.id.as_str()))
-            .chain(self.disks.iter().map(|d| d.id.as_str()))
+            .map(|p| (p.id.as_str(), "pmem"))
+            .chain(self.fs.iter().map(|f| (f.id.as_str(), "fs")))
+            .chain(self.disks.iter().map(|d| (d.id.as_str(), "disk")))
             .collect();
         ids.sort_unstable();
-        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+        if let Some(w) = ids.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(ConfigError::DuplicateId {
-                option: "fs",
-                id: w[0].to_string(),
+                option: w[1].1,
+                id: w[0].0.to_string(),
             });
         }
         Ok(())
@@ -345,11 +345,18 @@ mod tests {
             .contains("\"dev0\" is used twice"));
         cfg.fs[0].id = "dev1".into();
         cfg.disks[0].id = "dev1".into();
+        assert_eq!(
+            cfg.validate().unwrap_err().to_string(),
+            "--fs: device id \"dev1\" is used twice"
+        );
+        cfg.fs[0].id = "dev3".into();
+        cfg.pmem[0].id = "dev1".into();
         assert!(cfg
             .validate()
             .unwrap_err()
             .to_string()
             .contains("\"dev1\" is used twice"));
+        cfg.pmem[0].id = "dev0".into();
         assert!(cfg.remove_device("dev0") && cfg.pmem.is_empty());
         cfg.fs.clear();
         assert!(cfg.remove_device("dev1") && cfg.disks.is_empty());
