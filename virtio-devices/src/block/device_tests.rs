@@ -103,7 +103,16 @@ fn config_space_and_features_follow_the_image() {
 /// One queue with three chains: a read of sectors 5–6, a write to sector 0
 /// (refused on a read-only disk), a GET_ID. Returns the status bytes, the
 /// used lengths, the data read and the file afterwards.
-fn serve_three_requests(readonly: bool) -> (Vec<u8>, Vec<u32>, Vec<u8>, Vec<u8>, Vec<u8>) {
+/// What the guest and the host see after [`serve_three_requests`].
+struct Served {
+    status: Vec<u8>,
+    lens: Vec<u32>,
+    read: Vec<u8>,
+    id: Vec<u8>,
+    file: Vec<u8>,
+}
+
+fn serve_three_requests(readonly: bool) -> Served {
     let t = image(64);
     let mut dev = Block::new(&config(t.as_path(), readonly)).unwrap();
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
@@ -168,12 +177,24 @@ fn serve_three_requests(readonly: bool) -> (Vec<u8>, Vec<u32>, Vec<u8>, Vec<u8>,
     mem.read_slice(&mut read, GuestAddress(0x4000)).unwrap();
     let mut id = vec![0u8; 20];
     mem.read_slice(&mut id, GuestAddress(0x6000)).unwrap();
-    (status, lens, read, id, std::fs::read(t.as_path()).unwrap())
+    Served {
+        status,
+        lens,
+        read,
+        id,
+        file: std::fs::read(t.as_path()).unwrap(),
+    }
 }
 
 #[test]
 fn requests_are_served_off_the_calling_thread_and_answered() {
-    let (status, lens, read, id, file) = serve_three_requests(false);
+    let Served {
+        status,
+        lens,
+        read,
+        id,
+        file,
+    } = serve_three_requests(false);
     assert_eq!(status, [0, 0, 0]);
     assert_eq!(
         lens,
@@ -191,7 +212,13 @@ fn requests_are_served_off_the_calling_thread_and_answered() {
 
 #[test]
 fn a_readonly_disk_answers_a_write_with_ioerr_and_keeps_its_bytes() {
-    let (status, lens, read, _, file) = serve_three_requests(true);
+    let Served {
+        status,
+        lens,
+        read,
+        file,
+        ..
+    } = serve_three_requests(true);
     assert_eq!(status, [0, 1, 0]);
     assert_eq!(lens[1], 1);
     assert!(read[..512].iter().all(|&b| b == 5));

@@ -186,7 +186,7 @@ fn queue_thread(
         match serve_available(
             &shared,
             &mut queue,
-            &*guard,
+            &guard,
             &completions,
             &jobs,
             &mut in_flight,
@@ -221,7 +221,8 @@ fn serve_available(
     limit: usize,
 ) -> Result<usize, String> {
     let mut used = 0;
-    while *in_flight < limit {
+    let mut pending = *in_flight;
+    while pending < limit {
         let Some(chain) = queue.pop_descriptor_chain(mem) else {
             break;
         };
@@ -238,6 +239,7 @@ fn serve_available(
                 };
                 jobs.send(job)
                     .map_err(|_| "the I/O threads are gone".to_string())?;
+                pending += 1;
                 continue;
             }
             (status, Err(e)) => {
@@ -255,5 +257,93 @@ fn serve_available(
             .map_err(|e| format!("used ring: {e:?}"))?;
         used += 1;
     }
+    *in_flight = pending;
     Ok(used)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::channel;
+
+    use virtio_bindings::virtio_blk::VIRTIO_BLK_T_FLUSH;
+    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+
+    use super::*;
+    use crate::block::request::{DiskLimits, SECTOR_SIZE};
+
+    /// Three flush requests published at once: with room for two in the
+    /// pool, two are handed over and the third waits in the ring until a
+    /// completion makes room (a driver cannot queue more than that).
+    #[test]
+    fn requests_in_flight_never_exceed_the_limit() {
+        let t = vmm_sys_util::tempfile::TempFile::new().unwrap();
+        std::fs::write(t.as_path(), vec![0u8; 4096]).unwrap();
+        let disk = DiskFile::open(t.as_path(), false, false).unwrap();
+        let shared = Shared {
+            name: "test".into(),
+            limits: DiskLimits {
+                capacity: 4096 / SECTOR_SIZE,
+                readonly: false,
+                discard: false,
+                write_zeroes: false,
+                max_segments: 16,
+                max_ranges: 1,
+                max_range_sectors: 1,
+            },
+            disk: Arc::new(disk),
+            serial: [0; ID_BYTES],
+        };
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+        let vq = MockSplitQueue::new(&mem, 16);
+        mem.write_obj(VIRTIO_BLK_T_FLUSH, GuestAddress(0x1000))
+            .unwrap();
+        let mut descs = Vec::new();
+        for i in 0..3u16 {
+            let (n, w) = (VRING_DESC_F_NEXT as u16, VRING_DESC_F_WRITE as u16);
+            descs.push(RawDescriptor::from(SplitDescriptor::new(
+                0x1000,
+                16,
+                n,
+                2 * i + 1,
+            )));
+            descs.push(RawDescriptor::from(SplitDescriptor::new(
+                0x2000 + u64::from(i),
+                1,
+                w,
+                0,
+            )));
+        }
+        vq.build_multiple_desc_chains(&descs).unwrap();
+        let mut queue: Queue = vq.create_queue().unwrap();
+        let completions = Arc::new(Completions {
+            done: Mutex::new(Vec::new()),
+            ready: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+        });
+        let (tx, rx) = channel();
+        let mut in_flight = 0;
+        let serve = |queue: &mut Queue, in_flight: &mut usize| {
+            serve_available(&shared, queue, &mem, &completions, &tx, in_flight, 2).unwrap()
+        };
+        assert_eq!(
+            serve(&mut queue, &mut in_flight),
+            0,
+            "nothing answered here"
+        );
+        assert_eq!((in_flight, rx.try_iter().count()), (2, 2));
+        assert_eq!(serve(&mut queue, &mut in_flight), 0);
+        assert_eq!(
+            (in_flight, rx.try_iter().count()),
+            (2, 0),
+            "the pool is full"
+        );
+        in_flight = 1; // one completed
+        serve(&mut queue, &mut in_flight);
+        assert_eq!(
+            (in_flight, rx.try_iter().count()),
+            (2, 1),
+            "the third one now"
+        );
+    }
 }

@@ -301,7 +301,7 @@ fn action<M: GuestMemoryBackend>(
 
 /// Checks that `len` bytes from `sector` lie on the disk; returns the byte offset.
 fn check_extent(sector: u64, len: u64, limits: &DiskLimits) -> Result<u64, RequestError> {
-    if len % SECTOR_SIZE != 0 {
+    if !len.is_multiple_of(SECTOR_SIZE) {
         return Err(RequestError::UnalignedLength { len });
     }
     let sectors = len >> SECTOR_SHIFT;
@@ -324,7 +324,7 @@ fn ranges<M: GuestMemoryBackend>(
     limits: &DiskLimits,
 ) -> Result<Vec<ByteRange>, RequestError> {
     let len = total_len(data);
-    if len == 0 || len % RANGE_LEN != 0 {
+    if len == 0 || !len.is_multiple_of(RANGE_LEN) {
         return Err(RequestError::BadRangeList { what, len });
     }
     let count = len / RANGE_LEN;
