@@ -14,7 +14,8 @@
 //! raw one with two queues. PCI: the VM is created through the API with the
 //! disks in its VmConfig as Kata sends them, and a third disk is hot-added
 //! with `vm.add-disk` (200 with its id and PCI address), read by the guest,
-//! and removed with `vm.remove-device` (the guest ejects it).
+//! and removed with `vm.remove-device` (the guest ejects it); adding the
+//! writable disk's image a second time is refused (the image lock).
 
 use std::process::Command;
 use std::time::Duration;
@@ -100,6 +101,7 @@ echo "@@HOST add_disk=$(api PUT /api/v1/vm.add-disk '{"path":"/tmp/hot.img","rea
 echo "@@HOST add_again=$(api PUT /api/v1/vm.add-disk '{"path":"/tmp/hot.img","id":"hot"}')"
 echo "@@HOST add_mmio=$(api PUT /api/v1/vm.add-disk '{"path":"/tmp/hot.img","id":"hot9","transport":"mmio"}')"
 echo "@@HOST add_bad=$(api PUT /api/v1/vm.add-disk '{"path":"/tmp/hot.img","id":"hot8","queue_size":1000}')"
+echo "@@HOST add_locked=$(api PUT /api/v1/vm.add-disk '{"path":"/tmp/rw.img","id":"rw2"}')"
 echo "@@HOST info_plugged=$(api GET /api/v1/vm.info | grep -o '"id":"[a-z0-9_]*"' | tr '\n' ' ')"
 seen '@@GUEST hot_used=1'
 echo "@@HOST remove_hot=$(api PUT /api/v1/vm.remove-device '{"id":"hot"}')"

@@ -90,6 +90,10 @@ fn config_space_and_features_follow_the_image() {
         "num_queues"
     );
 
+    // A second device on the image while this one holds it: refused
+    // (the image lock), a writer needs it to itself.
+    assert!(Block::new(&config(t.as_path(), false)).is_err());
+    drop(dev);
     let mut c = config(t.as_path(), false);
     c.num_queues = 4;
     let dev = Block::new(&c).unwrap();

@@ -28,6 +28,8 @@ pub enum DiskError {
     Empty { path: PathBuf, size: u64 },
     #[error("disk path={path}: not a regular file or block device")]
     Kind { path: PathBuf },
+    #[error("disk path={path}: locked by another process (a writable disk needs the image to itself; read-only disks share it)")]
+    Locked { path: PathBuf },
 }
 
 /// An open raw image.
@@ -60,6 +62,35 @@ fn fallocate_works(file: &File, end: u64, mode: libc::c_int) -> bool {
     }
 }
 
+/// Takes an open-file-description lock on the whole image, as Cloud
+/// Hypervisor does: shared for a read-only disk (many VMs may boot from one
+/// image), exclusive for a writable one. It goes when the file is closed.
+/// Returns false when another process holds a conflicting lock; a file
+/// system without such locks is not an error.
+fn lock(file: &File, readonly: bool, path: &Path) -> bool {
+    // SAFETY: an all-zero flock is valid; the fields that matter are set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = if readonly {
+        libc::F_RDLCK
+    } else {
+        libc::F_WRLCK
+    } as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    // l_start = l_len = 0: the whole file, however it grows.
+    // SAFETY: fcntl on our fd with a pointer to a live flock.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) } == 0 {
+        return true;
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN | libc::EACCES) => false,
+        _ => {
+            log::warn!("disk {}: not locked ({e})", path.display());
+            true
+        }
+    }
+}
+
 impl DiskFile {
     /// Opens `path` read-only or read-write, with `O_DIRECT` when `direct`.
     pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Self, DiskError> {
@@ -78,6 +109,11 @@ impl DiskFile {
         let regular = kind.is_file();
         if !regular && !kind.is_block_device() {
             return Err(DiskError::Kind {
+                path: path.to_path_buf(),
+            });
+        }
+        if !lock(&file, readonly, path) {
+            return Err(DiskError::Locked {
                 path: path.to_path_buf(),
             });
         }
@@ -376,8 +412,21 @@ mod tests {
             VIRTIO_BLK_S_IOERR as u8
         );
 
-        // Read-only: nothing is offered that writes.
+        // The writable disk holds the image: no second user, not even a reader.
+        let e = DiskFile::open(&path, true, false).unwrap_err().to_string();
+        assert!(e.contains("locked by another process"), "{e}");
+        assert!(matches!(
+            DiskFile::open(&path, false, false),
+            Err(DiskError::Locked { .. })
+        ));
+        drop(disk);
+        // Read-only: nothing is offered that writes; readers share the image.
         let ro = DiskFile::open(&path, true, false).unwrap();
+        let ro2 = DiskFile::open(&path, true, false).unwrap();
+        assert!(ro2.readonly());
+        let e = DiskFile::open(&path, false, false).unwrap_err().to_string();
+        assert!(e.contains("needs the image to itself"), "{e}");
+        drop((ro2, e));
         assert!(ro.readonly() && !ro.can_discard() && !ro.can_write_zeroes());
         // Not a disk.
         assert!(matches!(
