@@ -113,10 +113,6 @@ async fn remove_device(State(s): State<AppState>, body: Bytes) -> Response {
 pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("vm.add-device", "VFIO device passthrough is not supported"),
     (
-        "vm.add-disk",
-        "block devices are not supported (use virtio-fs or virtio-pmem)",
-    ),
-    (
         "vm.add-generic-vhost-user",
         "only vhost-user-fs is supported (vm.add-fs)",
     ),
@@ -128,7 +124,7 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
         "userspace (vfio-user) devices are not supported",
     ),
     ("vm.resize", "CPU and memory hot-plug are not supported"),
-    ("vm.resize-disk", "block devices are not supported"),
+    ("vm.resize-disk", "disks cannot be resized"),
     ("vm.resize-zone", "memory zones are not supported"),
     ("vm.snapshot", "snapshots are not supported"),
     ("vm.restore", "snapshots are not supported"),
@@ -242,6 +238,12 @@ fn routes(state: AppState) -> Router {
             "/api/v1/vm.add-pmem",
             put(|State(s): State<AppState>, b: Bytes| async move {
                 with_body(&s, "vm.add-pmem", b, VmmAction::AddPmem).await
+            }),
+        )
+        .route(
+            "/api/v1/vm.add-disk",
+            put(|State(s): State<AppState>, b: Bytes| async move {
+                with_body(&s, "vm.add-disk", b, VmmAction::AddDisk).await
             }),
         )
         .route("/api/v1/vm.remove-device", put(remove_device))

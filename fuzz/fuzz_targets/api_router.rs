@@ -25,6 +25,7 @@ const PATHS: &[&str] = &[
     "/api/v1/vm.resume",
     "/api/v1/vm.add-fs",
     "/api/v1/vm.add-pmem",
+    "/api/v1/vm.add-disk",
     "/api/v1/vm.remove-device",
     "/api/v1/vm.counters",
     "/api/v1/vm.dax-policy",
@@ -70,6 +71,9 @@ fn answer(action: VmmAction) -> Result<VmmReply, ApiError> {
             .map(|_| ())
             .map_err(|e| e.to_string()),
         VmmAction::AddPmem(v) => vmm::config::json::pmem_config_from_json(v, 0)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        VmmAction::AddDisk(v) => vmm::config::json::disk_config_from_json(v, 0)
             .map(|_| ())
             .map_err(|e| e.to_string()),
         _ => Ok(()),

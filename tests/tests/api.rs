@@ -420,10 +420,10 @@ fn rest_api_over_a_unix_socket() {
     refused(
         &api,
         "PUT",
-        "/api/v1/vm.add-disk",
-        r#"{"path":"/tmp/disk.img"}"#,
+        "/api/v1/vm.resize-disk",
+        r#"{"id":"_disk0","desired_size":1048576}"#,
         501,
-        "vm.add-disk: not supported by dax-vmm: block devices",
+        "vm.resize-disk: not supported by dax-vmm: disks cannot be resized",
     );
     refused(
         &api,

@@ -5,6 +5,7 @@
 //! ([`transport::mmio::MmioTransport`]) presents any device to the guest
 //! without the device knowing which transport carries it.
 
+pub mod block;
 pub mod device;
 pub mod event_loop;
 pub mod log_limit;
@@ -19,6 +20,10 @@ pub use device::{ActivateError, Interrupt, SharedMemoryRegion, VirtioDevice, Vir
 /// The seccomp thread kind of device worker threads (see the VMM's
 /// `seccomp_filters`).
 pub const DEVICE_WORKER_THREAD: &str = "device-worker";
+
+/// The seccomp thread kind of a virtio-blk device's I/O threads (see
+/// `block::io`): positioned reads and writes, flushes, fallocate.
+pub const BLOCK_IO_THREAD: &str = "block-io";
 
 /// Guest memory as the VMM maps it (no dirty-page bitmap).
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;

@@ -19,7 +19,8 @@ use virtio_devices::vhost_user_fs::metrics::MAP_LATENCY_BUCKETS_US;
 use virtio_devices::vhost_user_fs::window::{WindowEvent, WindowObserver};
 
 use crate::config::json::{
-    fs_config_from_json, pmem_config_from_json, vm_config_from_json, vm_config_to_json,
+    disk_config_from_json, fs_config_from_json, pmem_config_from_json, vm_config_from_json,
+    vm_config_to_json,
 };
 use crate::config::ConfigError;
 use crate::config::VmConfig;
@@ -91,7 +92,7 @@ pub fn ping_info() -> Value {
         "build_version": env!("CARGO_PKG_VERSION"),
         "version": env!("CARGO_PKG_VERSION"),
         "pid": std::process::id(),
-        "features": ["kvm", "virtio-fs-dax", "virtio-pmem", "virtio-mmio", "virtio-pci", "pci-hotplug"],
+        "features": ["kvm", "virtio-fs-dax", "virtio-pmem", "virtio-blk", "virtio-mmio", "virtio-pci", "pci-hotplug"],
     })
 }
 
@@ -99,6 +100,7 @@ pub fn ping_info() -> Value {
 enum AddedDevice {
     Fs,
     Pmem,
+    Disk,
 }
 
 /// How the loop ended.
@@ -250,7 +252,7 @@ impl ControlLoop {
         Ok(next)
     }
 
-    /// `vm.add-fs` / `vm.add-pmem`: before boot the device joins the
+    /// `vm.add-fs` / `vm.add-pmem` / `vm.add-disk`: before boot the device joins the
     /// configuration (204); on a running VM it is hot-plugged too, and the
     /// reply says where, as Cloud Hypervisor's does (200 `{"id","bdf"}`).
     fn add_device(
@@ -272,6 +274,7 @@ impl ControlLoop {
                 .last()
                 .map(|f| (f.transport, vm.add_fs(f, Some(&observe)))),
             AddedDevice::Pmem => next.pmem.last().map(|p| (p.transport, vm.add_pmem(p))),
+            AddedDevice::Disk => next.disks.last().map(|d| (d.transport, vm.add_disk(d))),
         };
         let info = match placed {
             Some((_, Ok(info))) => info,
@@ -424,6 +427,12 @@ impl ControlLoop {
                 let p = pmem_config_from_json(&body, c.pmem.len())
                     .map_err(|e| ApiError::bad_request(format!("vm.add-pmem: {e}")))?;
                 c.pmem.push(p);
+                Ok(())
+            }),
+            VmmAction::AddDisk(body) => self.add_device("vm.add-disk", AddedDevice::Disk, |c| {
+                let d = disk_config_from_json(&body, c.disks.len())
+                    .map_err(|e| ApiError::bad_request(format!("vm.add-disk: {e}")))?;
+                c.disks.push(d);
                 Ok(())
             }),
             VmmAction::RemoveDevice(id) => self.remove_device(&id),

@@ -3,7 +3,7 @@
 //! addresses, KVM memory slots and bus places.
 //!
 //! A hot-plugged device goes through:
-//! `add_fs`/`add_pmem` → [`PciDeviceManager::add`] (slot, BARs, memory slot,
+//! `add_fs`/`add_pmem`/`add_disk` → [`PciDeviceManager::add`] (slot, BARs, memory slot,
 //! ioeventfds) → [`PciHotplug::announce_add`] + GED interrupt → the guest's
 //! `acpiphp` scans the slot and binds the driver. A removal:
 //! [`DeviceManager::request_removal`] → `PCID` bit + GED interrupt → the
@@ -15,6 +15,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{Cap, Kvm, VmFd};
+use virtio_devices::block::{Block, BlockDeviceConfig};
 use virtio_devices::pmem::{Pmem, PmemBacking};
 use virtio_devices::rng::Rng;
 use virtio_devices::vhost_user_fs::window::{DaxWindow, GuestPrefaulter, WindowObserver};
@@ -23,7 +24,7 @@ use virtio_devices::VirtioDevice;
 use vm_memory::GuestMemoryAtomic;
 
 use crate::arch::x86_64::layout;
-use crate::config::{FsConfig, PmemConfig, Transport, VmConfig};
+use crate::config::{DiskConfig, FsConfig, PmemConfig, Transport, VmConfig};
 use crate::devices::activator::DeviceActivator;
 use crate::devices::device_memory::{AddressSpace, Area, MemorySlot, SlotNumbers};
 use crate::devices::ged::{GedHandle, EVENT_PCI_HOTPLUG};
@@ -155,6 +156,9 @@ impl DeviceManager {
         for f in &config.fs {
             self.add_fs_device(f, observe)?;
         }
+        for d in &config.disks {
+            self.add_disk_device(d)?;
+        }
         Ok(())
     }
 
@@ -224,8 +228,29 @@ impl DeviceManager {
         Ok(slot)
     }
 
-    /// Connects the fs device to its daemon and puts it, with its DAX
-    /// window (if any), on its transport.
+    /// Opens the disk image and puts a virtio-blk device for it on its
+    /// transport.
+    fn add_disk_device(&mut self, d: &DiskConfig) -> Result<Option<u8>, VmError> {
+        let device = Block::new(&BlockDeviceConfig {
+            id: d.id.clone(),
+            path: d.path.clone(),
+            readonly: d.readonly,
+            direct: d.direct,
+            num_queues: d.num_queues,
+            queue_size: d.queue_size,
+            serial: d.serial.clone(),
+        })?;
+        let size = device.size();
+        let slot = self.place(&d.id, Box::new(device), d.transport, None)?;
+        log::info!(
+            "disk {}: {size} bytes of {}{}",
+            d.id,
+            d.path.display(),
+            if d.readonly { " (read-only)" } else { "" }
+        );
+        Ok(slot)
+    }
+
     /// Gives every DAX window, now and hot-plugged later, what maps its new
     /// ranges into the guest's view.
     pub fn set_guest_prefaulter(&mut self, prefaulter: Arc<dyn GuestPrefaulter>) {
@@ -235,6 +260,8 @@ impl DeviceManager {
         self.prefaulter = Some(prefaulter);
     }
 
+    /// Connects the fs device to its daemon and puts it, with its DAX
+    /// window (if any), on its transport.
     fn add_fs_device(
         &mut self,
         f: &FsConfig,
@@ -319,6 +346,15 @@ impl DeviceManager {
         Ok(PciDeviceInfo::new(&p.id, slot))
     }
 
+    /// Hot-plugs a disk into the running guest.
+    pub fn hotplug_disk(&mut self, d: &DiskConfig) -> Result<PciDeviceInfo, VmError> {
+        Self::hotplug_only_over_pci(d.transport, &d.id)?;
+        self.id_is_free(&d.id)?;
+        let slot = self.add_disk_device(d)?.expect("a PCI device has a slot");
+        self.announce(slot, true)?;
+        Ok(PciDeviceInfo::new(&d.id, slot))
+    }
+
     fn announce(&self, slot: u8, add: bool) -> Result<(), VmError> {
         {
             let mut hp = self.hotplug.lock().unwrap_or_else(|e| e.into_inner());
@@ -337,7 +373,7 @@ impl DeviceManager {
     pub fn request_removal(&self, id: &str) -> Result<(), VmError> {
         let slot = self.pci.slot_of(id).ok_or_else(|| {
             VmError::Hotplug(format!(
-                "{id}: not a hot-pluggable device (only virtio-PCI fs and pmem devices can be removed from a running VM)"
+                "{id}: not a hot-pluggable device (only virtio-PCI fs, pmem and disk devices can be removed from a running VM)"
             ))
         })?;
         if id == "_rng" {

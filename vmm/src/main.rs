@@ -7,8 +7,8 @@ use clap::Parser;
 
 use vmm::config::OptionValues;
 use vmm::config::{
-    parse_console, ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig,
-    RngConfig, SerialMode, VmConfig,
+    parse_console, ConfigError, CpusConfig, DiskConfig, FsConfig, MemoryConfig, PayloadConfig,
+    PmemConfig, RngConfig, SerialMode, VmConfig,
 };
 use vmm::control_loop::{ControlLoop, LoopExit};
 use vmm::signals::StopSignals;
@@ -56,6 +56,10 @@ struct Cli {
     /// [,dax=on|off][,cache_size=<size>][,transport=pci|mmio]. Needs --memory shared=on.
     #[arg(long, value_name = "tag=TAG,socket=PATH", num_args = 1..)]
     fs: Vec<String>,
+    /// virtio-blk on a raw image: path=<path>[,readonly=on|off][,direct=on|off][,id=<id>]
+    /// [,num_queues=<n>][,queue_size=<n>][,serial=<s>][,transport=pci|mmio]
+    #[arg(long, value_name = "path=PATH", num_args = 1..)]
+    disk: Vec<String>,
     /// virtio-rng: src=<path>[,transport=pci|mmio], or off.
     #[arg(long, value_name = "src=PATH|off", default_value = "src=/dev/urandom")]
     rng: String,
@@ -106,6 +110,7 @@ impl Cli {
                 ("initramfs", self.initramfs.is_some()),
                 ("pmem", !self.pmem.is_empty()),
                 ("fs", !self.fs.is_empty()),
+                ("disk", !self.disk.is_empty()),
             ];
             if let Some((option, _)) = given.iter().find(|(_, g)| *g) {
                 return Err(ConfigError::Unsupported {
@@ -140,6 +145,12 @@ impl Cli {
                 .iter()
                 .enumerate()
                 .map(|(i, f)| FsConfig::parse(f, i))
+                .collect::<Result<_, _>>()?,
+            disks: self
+                .disk
+                .iter()
+                .enumerate()
+                .map(|(i, d)| DiskConfig::parse(d, i))
                 .collect::<Result<_, _>>()?,
             rng: RngConfig::parse(&self.rng)?,
             pvpanic: true,

@@ -24,6 +24,7 @@ pub const VCPU: &str = "vcpu";
 pub const SERIAL_INPUT: &str = "serial-input";
 pub const ACTIVATOR: &str = "device-activator";
 pub use api::API_THREAD as API;
+pub use virtio_devices::BLOCK_IO_THREAD as BLOCK_IO;
 pub use virtio_devices::DEVICE_WORKER_THREAD as DEVICE_WORKER;
 
 /// What every Rust thread needs: memory, futexes, signals, time, exit.
@@ -100,6 +101,21 @@ const DEVICE_WORKER_CALLS: &[i64] = &[
     SYS_inotify_rm_watch,
     SYS_timerfd_create,
     SYS_timerfd_settime,
+    SYS_fallocate,
+];
+
+/// A virtio-blk I/O thread (`virtio_devices::block::io`): positioned
+/// reads and writes between the image and guest memory, flushes, and
+/// fallocate for DISCARD / WRITE_ZEROES. No sockets, no KVM, no mmap of
+/// files, no opens: the image was opened by the main thread. Started by
+/// the device activator, so also under its filter.
+const BLOCK_IO_CALLS: &[i64] = &[
+    SYS_pread64,
+    SYS_pwrite64,
+    SYS_preadv,
+    SYS_pwritev,
+    SYS_fsync,
+    SYS_fdatasync,
     SYS_fallocate,
 ];
 
@@ -364,6 +380,7 @@ pub fn all_for(pid: u32) -> Vec<(&'static str, Vec<Allow>)> {
     worker.extend([fd_flags, PREFAULT_IOCTL]);
     let mut serial = base(pid, SERIAL_INPUT_CALLS);
     serial.push(fd_flags);
+    let block_io = base(pid, BLOCK_IO_CALLS);
     let mut activator = base(pid, ACTIVATOR_CALLS);
     activator.extend(seccomp::calls(DEVICE_WORKER_CALLS));
     activator.extend([fd_flags, PREFAULT_IOCTL, THREAD_START_PRCTL]);
@@ -374,6 +391,7 @@ pub fn all_for(pid: u32) -> Vec<(&'static str, Vec<Allow>)> {
         (DEVICE_WORKER, worker),
         (SERIAL_INPUT, serial),
         (ACTIVATOR, activator),
+        (BLOCK_IO, block_io),
     ]
 }
 

@@ -104,6 +104,33 @@ const PMEM: &[(&str, Rule)] = &[
     ("transport", Rule::Ours),
 ];
 
+/// Every field is passed on: the disk parser checks those it does not
+/// implement itself, with the same messages as `--disk`.
+const DISK: &[(&str, Rule)] = &[
+    ("path", Rule::Ours),
+    ("readonly", Rule::Ours),
+    ("direct", Rule::Ours),
+    ("iommu", Rule::Ours),
+    ("num_queues", Rule::Ours),
+    ("queue_size", Rule::Ours),
+    ("vhost_user", Rule::Ours),
+    ("vhost_socket", Rule::Ours),
+    ("rate_limit_group", Rule::Ours),
+    ("rate_limiter_config", Rule::Ours),
+    ("pci_segment", Rule::Ours),
+    ("pci_device_id", Rule::Ours),
+    ("id", Rule::Ours),
+    ("serial", Rule::Ours),
+    ("queue_affinity", Rule::Ours),
+    ("backing_files", Rule::Ours),
+    ("sparse", Rule::Ours),
+    ("image_type", Rule::Ours),
+    ("lock_granularity", Rule::Ours),
+    ("disable_io_uring", Rule::Ours),
+    ("disable_aio", Rule::Ours),
+    ("transport", Rule::Ours),
+];
+
 const RNG: &[(&str, Rule)] = &[
     ("src", Rule::Ours),
     ("iommu", Rule::Ours),
@@ -144,7 +171,7 @@ const VM_CONFIG: &[(&str, Rule)] = &[
     ("rng", Rule::Object(RNG)),
     ("platform", Rule::Object(PLATFORM)),
     ("rate_limit_groups", Rule::Empty),
-    ("disks", Rule::Empty),
+    ("disks", Rule::Array(DISK)),
     ("net", Rule::Empty),
     ("balloon", Rule::Empty),
     ("generic_vhost_user", Rule::Empty),
@@ -290,8 +317,8 @@ pub(crate) mod tests {
             with(&["memory", "thp"], json!(false)),
             "VmConfig.memory.thp=false is not supported (only the default true is)"
         );
-        assert!(with(&["disks"], json!([{"path": "/d"}]))
-            .starts_with("VmConfig.disks=[{\"path\":\"/d\"}] is not supported"));
+        assert!(with(&["disks"], json!([{"path": "/d", "frob": 1}]))
+            .starts_with("VmConfig.disks[0].frob: unknown field"));
         assert!(with(&["watchdog"], json!(true)).starts_with("VmConfig.watchdog=true"));
         assert!(with(&["cpus", "features", "amx"], json!(true))
             .starts_with("VmConfig.cpus.features.amx=true"));

@@ -1,5 +1,5 @@
 //! The VM configuration as Cloud Hypervisor's REST API spells it (VmConfig,
-//! FsConfig, PmemConfig JSON), converted through the same checks as the
+//! FsConfig, PmemConfig, DiskConfig JSON), converted through the same checks as the
 //! command line so both give the same limits and messages.
 //!
 //! Every field of Cloud Hypervisor's VmConfig is accepted ([`super::ch_fields`]):
@@ -20,6 +20,7 @@ use super::{
     ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig, RngConfig,
     SerialMode, Transport, VmConfig, RNG_KEYS,
 };
+use super::{DiskConfig, DISK_KEYS};
 
 /// A body that does not fit its schema; the text names the field.
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +145,98 @@ impl PmemConfigJson {
     }
 }
 
+/// Cloud Hypervisor's DiskConfig, every field (Kata sends most of them).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskConfigJson {
+    path: Option<PathBuf>,
+    readonly: Option<bool>,
+    direct: Option<bool>,
+    iommu: Option<bool>,
+    num_queues: Option<u32>,
+    queue_size: Option<u32>,
+    vhost_user: Option<bool>,
+    vhost_socket: Option<String>,
+    rate_limit_group: Option<String>,
+    /// Only null: there is no rate limiter.
+    rate_limiter_config: Option<Value>,
+    pci_segment: Option<u16>,
+    pci_device_id: Option<u8>,
+    id: Option<String>,
+    serial: Option<String>,
+    /// Only null or empty.
+    queue_affinity: Option<Value>,
+    backing_files: Option<bool>,
+    sparse: Option<bool>,
+    image_type: Option<String>,
+    lock_granularity: Option<String>,
+    /// In Cloud Hypervisor's vm.info though not in its API: false only.
+    disable_io_uring: Option<bool>,
+    disable_aio: Option<bool>,
+    transport: Option<String>,
+}
+
+impl DiskConfigJson {
+    fn into_config(self, index: usize) -> Result<DiskConfig, ConfigError> {
+        no_pci_device_id("disk", self.pci_device_id)?;
+        let only_null = |key: &str, v: &Option<Value>| match v {
+            Some(v) if !(v.is_null() || v.as_array().is_some_and(|a| a.is_empty())) => {
+                Err(ConfigError::Unsupported {
+                    option: "disk",
+                    message: format!("{key}={v} is not supported (only null)"),
+                })
+            }
+            _ => Ok(()),
+        };
+        if self
+            .rate_limiter_config
+            .as_ref()
+            .is_some_and(|v| !v.is_null())
+        {
+            return Err(ConfigError::Unsupported {
+                option: "disk",
+                message: "rate_limiter_config is not supported (only null)".into(),
+            });
+        }
+        only_null("queue_affinity", &self.queue_affinity)?;
+        for (key, on) in [
+            ("disable_io_uring", self.disable_io_uring),
+            ("disable_aio", self.disable_aio),
+        ] {
+            if on == Some(true) {
+                return Err(ConfigError::Unsupported {
+                    option: "disk",
+                    message: format!("{key}=true is not supported (only false)"),
+                });
+            }
+        }
+        let mut pairs = Vec::new();
+        let mut opt = |k, v: Option<String>| {
+            if let Some(v) = v {
+                pairs.push((k, v));
+            }
+        };
+        opt("path", self.path.map(|p| p.display().to_string()));
+        opt("readonly", self.readonly.map(toggle));
+        opt("direct", self.direct.map(toggle));
+        opt("iommu", self.iommu.map(toggle));
+        opt("num_queues", self.num_queues.map(|v| v.to_string()));
+        opt("queue_size", self.queue_size.map(|v| v.to_string()));
+        opt("vhost_user", self.vhost_user.map(toggle));
+        opt("socket", self.vhost_socket);
+        opt("rate_limit_group", self.rate_limit_group);
+        opt("pci_segment", self.pci_segment.map(|v| v.to_string()));
+        opt("id", self.id);
+        opt("serial", self.serial);
+        opt("backing_files", self.backing_files.map(toggle));
+        opt("sparse", self.sparse.map(toggle));
+        opt("image_type", self.image_type);
+        opt("lock_granularity", self.lock_granularity);
+        opt("transport", self.transport);
+        DiskConfig::from_values(&OptionValues::from_pairs("disk", pairs, DISK_KEYS)?, index)
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RngJson {
@@ -212,6 +305,7 @@ struct VmConfigJson {
     console: Option<ConsoleJson>,
     fs: Option<Vec<FsConfigJson>>,
     pmem: Option<Vec<PmemConfigJson>>,
+    disks: Option<Vec<DiskConfigJson>>,
     rng: Option<RngJson>,
     pvpanic: Option<bool>,
 }
@@ -288,6 +382,13 @@ pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
             .enumerate()
             .map(|(i, f)| f.into_config(i))
             .collect::<Result<_, _>>()?,
+        disks: j
+            .disks
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| d.into_config(i))
+            .collect::<Result<_, _>>()?,
         // On by default, as in Cloud Hypervisor, whose VmConfig always has one.
         rng: Some(
             j.rng
@@ -314,6 +415,15 @@ pub fn fs_config_from_json(body: &Value, index: usize) -> Result<FsConfig, JsonC
 pub fn pmem_config_from_json(body: &Value, index: usize) -> Result<PmemConfig, JsonConfigError> {
     let j = PmemConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape {
         what: "PmemConfig",
+        source,
+    })?;
+    Ok(j.into_config(index)?)
+}
+
+/// Parses a `vm.add-disk` body; `index` names a device given without an id.
+pub fn disk_config_from_json(body: &Value, index: usize) -> Result<DiskConfig, JsonConfigError> {
+    let j = DiskConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape {
+        what: "DiskConfig",
         source,
     })?;
     Ok(j.into_config(index)?)
@@ -355,6 +465,12 @@ pub fn vm_config_to_json(c: &VmConfig) -> Value {
         "pmem": c.pmem.iter().map(|p| json!({
             "file": p.file, "size": p.size, "iommu": false, "discard_writes": p.discard_writes,
             "id": p.id, "pci_segment": 0, "transport": transport(p.transport),
+        })).collect::<Vec<_>>(),
+        "disks": c.disks.iter().map(|d| json!({
+            "path": d.path, "readonly": d.readonly, "direct": d.direct, "iommu": false,
+            "num_queues": d.num_queues, "queue_size": d.queue_size, "vhost_user": false,
+            "id": d.id, "serial": d.serial, "pci_segment": 0, "backing_files": false, "sparse": true,
+            "image_type": "Raw", "transport": transport(d.transport),
         })).collect::<Vec<_>>(),
         "pvpanic": c.pvpanic,
         "iommu": false,
@@ -428,6 +544,37 @@ mod tests {
     }
 
     #[test]
+    fn kata_disk_bodies_are_accepted_and_round_trip() {
+        // What Kata's clh.go sends for a hot-plugged block device (its Go
+        // client fills the defaults NewDiskConfig sets).
+        let body = json!({"path": "/run/kata/img", "readonly": true, "direct": false, "iommu": false,
+            "num_queues": 2, "queue_size": 1024, "vhost_user": false, "image_type": "Raw",
+            "backing_files": false, "sparse": true, "pci_segment": 0});
+        let d = disk_config_from_json(&body, 3).unwrap();
+        assert_eq!(
+            (d.readonly, d.num_queues, d.queue_size, d.id.as_str()),
+            (true, 2, 1024, "_disk3")
+        );
+        let mut c =
+            vm_config_from_json(&json!({"payload": {"kernel": "/k"}, "disks": [body]})).unwrap();
+        assert_eq!(c.disks[0].id, "_disk0");
+        c.disks[0].serial = Some("S1".into());
+        let info = vm_config_to_json(&c);
+        assert_eq!(info["disks"][0]["image_type"], "Raw");
+        assert_eq!(vm_config_from_json(&info).unwrap(), c);
+        let e = |v: Value| disk_config_from_json(&v, 0).unwrap_err().to_string();
+        assert!(e(json!({"path": "/d", "rate_limiter_config": {"bandwidth": {"size": 1, "refill_time": 1}}}))
+            .contains("rate_limiter_config is not supported"));
+        assert!(
+            e(json!({"path": "/d", "vhost_user": true})).contains("vhost_user=on is not supported")
+        );
+        assert!(e(json!({"path": "/d", "num_queues": 0})).contains("num_queues=\"0\""));
+        assert!(e(json!({"path": "/d", "cache": "none"})).contains("unknown field `cache`"));
+        assert!(e(json!({"readonly": true})).contains("missing required key \"path\""));
+        assert!(e(json!({"path": "/d", "pci_device_id": 3})).contains("pci_device_id=3"));
+    }
+
+    #[test]
     fn vm_config_round_trips_through_info() {
         let body = json!({
             "payload": {"kernel": "/k", "initramfs": "/i", "cmdline": "console=ttyS0"},
@@ -486,6 +633,10 @@ mod tests {
         .contains("iommu=on"));
         assert!(e(json!({"payload": {"kernel": "/k"}, "frobnicate": 1}))
             .contains("VmConfig.frobnicate: unknown field"));
+        assert!(e(
+            json!({"payload": {"kernel": "/k"}, "disks": [{"path": "/d", "vhost_user": true}]})
+        )
+        .contains("--disk: vhost_user=on is not supported"));
         assert!(
             e(json!({"payload": {"kernel": "/k"}, "net": [{"tap": "t0"}]}))
                 .contains("VmConfig.net=[{\"tap\":\"t0\"}] is not supported")

@@ -1,12 +1,14 @@
 //! The VM configuration and its parsing from Cloud Hypervisor's command-line syntax.
 
 mod ch_fields;
+mod disk;
 mod fs;
 pub mod json;
 mod option_parser;
 mod pmem;
 mod rng;
 
+pub use disk::{DiskConfig, DISK_KEYS};
 pub use fs::FsConfig;
 pub use pmem::{PmemConfig, Transport};
 pub use rng::{RngConfig, DEFAULT_RNG_SOURCE, RNG_KEYS};
@@ -207,6 +209,7 @@ pub struct VmConfig {
     pub serial: SerialMode,
     pub pmem: Vec<PmemConfig>,
     pub fs: Vec<FsConfig>,
+    pub disks: Vec<DiskConfig>,
     /// The virtio-rng device (on by default, as in Cloud Hypervisor).
     pub rng: Option<RngConfig>,
     /// The pvpanic device (I/O port 0x505): the guest reports a panic and
@@ -215,12 +218,14 @@ pub struct VmConfig {
 }
 
 impl VmConfig {
-    /// Drops the fs or pmem device named `id`; false if there is none.
+    /// Drops the fs, pmem or disk device named `id`; false if there is none.
     pub fn remove_device(&mut self, id: &str) -> bool {
-        let before = self.fs.len() + self.pmem.len();
+        let count = |c: &Self| c.fs.len() + c.pmem.len() + c.disks.len();
+        let before = count(self);
         self.fs.retain(|f| f.id != id);
         self.pmem.retain(|p| p.id != id);
-        self.fs.len() + self.pmem.len() != before
+        self.disks.retain(|d| d.id != id);
+        count(self) != before
     }
 
     /// Checks what no single option can: ids are unique, vhost-user devices
@@ -232,17 +237,18 @@ impl VmConfig {
                 message: "a vhost-user daemon must map guest RAM: add shared=on to --memory".into(),
             });
         }
-        let mut ids: Vec<&str> = self
+        let mut ids: Vec<(&str, &'static str)> = self
             .pmem
             .iter()
-            .map(|p| p.id.as_str())
-            .chain(self.fs.iter().map(|f| f.id.as_str()))
+            .map(|p| (p.id.as_str(), "pmem"))
+            .chain(self.fs.iter().map(|f| (f.id.as_str(), "fs")))
+            .chain(self.disks.iter().map(|d| (d.id.as_str(), "disk")))
             .collect();
         ids.sort_unstable();
-        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+        if let Some(w) = ids.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(ConfigError::DuplicateId {
-                option: "fs",
-                id: w[0].to_string(),
+                option: w[1].1,
+                id: w[0].0.to_string(),
             });
         }
         Ok(())
@@ -320,6 +326,7 @@ mod tests {
             serial: SerialMode::Off,
             pmem: vec![PmemConfig::parse("file=p,id=dev0", 0).unwrap()],
             fs: vec![FsConfig::parse("tag=t,socket=s,id=dev1", 0).unwrap()],
+            disks: vec![DiskConfig::parse("path=d,id=dev2", 0).unwrap()],
             rng: None,
             pvpanic: true,
         };
@@ -336,6 +343,24 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("\"dev0\" is used twice"));
+        cfg.fs[0].id = "dev1".into();
+        cfg.disks[0].id = "dev1".into();
+        assert_eq!(
+            cfg.validate().unwrap_err().to_string(),
+            "--fs: device id \"dev1\" is used twice"
+        );
+        cfg.fs[0].id = "dev3".into();
+        cfg.pmem[0].id = "dev1".into();
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("\"dev1\" is used twice"));
+        cfg.pmem[0].id = "dev0".into();
+        assert!(cfg.remove_device("dev0") && cfg.pmem.is_empty());
+        cfg.fs.clear();
+        assert!(cfg.remove_device("dev1") && cfg.disks.is_empty());
+        assert!(!cfg.remove_device("dev1"));
     }
 
     #[test]

@@ -1,0 +1,444 @@
+//! The host side of a virtio-blk device: a raw image (a file or a block
+//! device), what it can do, and the I/O each checked request turns into.
+//!
+//! Reads and writes go straight between the file and guest memory with
+//! `preadv`/`pwritev` (no bounce buffer); DISCARD punches a hole and
+//! WRITE_ZEROES zeroes a range with `fallocate`, offered only when a probe
+//! at open time shows the file system can.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
+use vm_memory::{Bytes, GuestMemoryBackend};
+
+use super::request::{Action, ByteRange, Segment, ID_BYTES, SECTOR_SIZE};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error("disk path={path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("disk path={path}: {size} bytes, smaller than one 512-byte sector")]
+    Empty { path: PathBuf, size: u64 },
+    #[error("disk path={path}: not a regular file or block device")]
+    Kind { path: PathBuf },
+    #[error("disk path={path}: locked by another process (a writable disk needs the image to itself; read-only disks share it)")]
+    Locked { path: PathBuf },
+}
+
+/// An open raw image.
+#[derive(Debug)]
+pub struct DiskFile {
+    file: File,
+    /// Whole 512-byte sectors in the image.
+    sectors: u64,
+    readonly: bool,
+    /// `FALLOC_FL_PUNCH_HOLE` works here (DISCARD, and zeroing with unmap).
+    punch_hole: bool,
+    /// `FALLOC_FL_ZERO_RANGE` works here (WRITE_ZEROES without unmap).
+    zero_range: bool,
+}
+
+/// Whether `fallocate(mode)` is supported, tried past the end of the file
+/// with KEEP_SIZE so nothing changes.
+fn fallocate_works(file: &File, end: u64, mode: libc::c_int) -> bool {
+    let Ok(offset) = libc::off_t::try_from(end) else {
+        return false;
+    };
+    // SAFETY: fallocate on an fd we own, with integer arguments only.
+    unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            mode | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            4096,
+        ) == 0
+    }
+}
+
+/// Takes an open-file-description lock on the whole image, as Cloud
+/// Hypervisor does: shared for a read-only disk (many VMs may boot from one
+/// image), exclusive for a writable one. It goes when the file is closed.
+/// Returns false when another process holds a conflicting lock; a file
+/// system without such locks is not an error.
+fn lock(file: &File, readonly: bool, path: &Path) -> bool {
+    // SAFETY: an all-zero flock is valid; the fields that matter are set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = if readonly {
+        libc::F_RDLCK
+    } else {
+        libc::F_WRLCK
+    } as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    // l_start = l_len = 0: the whole file, however it grows.
+    // SAFETY: fcntl on our fd with a pointer to a live flock.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) } == 0 {
+        return true;
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN | libc::EACCES) => false,
+        _ => {
+            log::warn!("disk {}: not locked ({e})", path.display());
+            true
+        }
+    }
+}
+
+impl DiskFile {
+    /// Opens `path` read-only or read-write, with `O_DIRECT` when `direct`.
+    pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Self, DiskError> {
+        let err = |source| DiskError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(!readonly)
+            .custom_flags(if direct { libc::O_DIRECT } else { 0 })
+            .open(path)
+            .map_err(err)?;
+        let kind = file.metadata().map_err(err)?.file_type();
+        use std::os::unix::fs::FileTypeExt;
+        let regular = kind.is_file();
+        if !regular && !kind.is_block_device() {
+            return Err(DiskError::Kind {
+                path: path.to_path_buf(),
+            });
+        }
+        if !lock(&file, readonly, path) {
+            return Err(DiskError::Locked {
+                path: path.to_path_buf(),
+            });
+        }
+        // A block device's metadata says 0 bytes; seeking to its end does not.
+        let size = file.seek(SeekFrom::End(0)).map_err(err)?;
+        let sectors = size / SECTOR_SIZE;
+        if sectors == 0 {
+            return Err(DiskError::Empty {
+                path: path.to_path_buf(),
+                size,
+            });
+        }
+        if size % SECTOR_SIZE != 0 {
+            log::warn!(
+                "disk {}: {size} bytes is not a multiple of 512; the last {} bytes are not used",
+                path.display(),
+                size % SECTOR_SIZE
+            );
+        }
+        // Probing writes nothing, but needs a writable fd and a regular file
+        // (past the end of a block device, fallocate fails anyway).
+        let probe = |mode| !readonly && regular && fallocate_works(&file, size, mode);
+        Ok(DiskFile {
+            punch_hole: probe(libc::FALLOC_FL_PUNCH_HOLE),
+            zero_range: probe(libc::FALLOC_FL_ZERO_RANGE),
+            file,
+            sectors,
+            readonly,
+        })
+    }
+
+    pub fn sectors(&self) -> u64 {
+        self.sectors
+    }
+
+    pub fn readonly(&self) -> bool {
+        self.readonly
+    }
+
+    /// DISCARD can be offered.
+    pub fn can_discard(&self) -> bool {
+        !self.readonly && self.punch_hole
+    }
+
+    /// WRITE_ZEROES can be offered (by zeroing or by punching a hole, which
+    /// reads back as zeroes too).
+    pub fn can_write_zeroes(&self) -> bool {
+        !self.readonly && (self.zero_range || self.punch_hole)
+    }
+
+    /// Performs `action`; returns the status byte and how many bytes were
+    /// written into guest memory (for the used ring).
+    pub fn execute<M: GuestMemoryBackend>(
+        &self,
+        mem: &M,
+        action: &Action,
+        serial: &[u8; ID_BYTES],
+    ) -> (u8, u32) {
+        let result = match action {
+            Action::Read { offset, data } => {
+                self.transfer(mem, data, *offset, false).map(|n| n as u32)
+            }
+            Action::Write { offset, data } => self.transfer(mem, data, *offset, true).map(|_| 0),
+            Action::Flush => self.file.sync_data().map(|()| 0),
+            Action::GetId { data } => write_id(mem, data, serial),
+            Action::Discard(ranges) => self.fallocate_each(ranges, |_| libc::FALLOC_FL_PUNCH_HOLE),
+            Action::WriteZeroes(ranges) => self.fallocate_each(ranges, |r| {
+                if self.zero_range && !(r.unmap && self.punch_hole) {
+                    libc::FALLOC_FL_ZERO_RANGE
+                } else {
+                    libc::FALLOC_FL_PUNCH_HOLE
+                }
+            }),
+        };
+        match result {
+            Ok(n) => (VIRTIO_BLK_S_OK as u8, n),
+            Err(e) => {
+                crate::warn_limited!("virtio-blk: I/O error: {e}");
+                (VIRTIO_BLK_S_IOERR as u8, 0)
+            }
+        }
+    }
+
+    fn fallocate_each(
+        &self,
+        ranges: &[ByteRange],
+        mode: impl Fn(&ByteRange) -> libc::c_int,
+    ) -> std::io::Result<u32> {
+        for r in ranges.iter().filter(|r| r.len > 0) {
+            let (Ok(offset), Ok(len)) = (
+                libc::off_t::try_from(r.offset),
+                libc::off_t::try_from(r.len),
+            ) else {
+                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+            };
+            // SAFETY: fallocate on our fd with integer arguments; the range
+            // was checked to lie inside the disk.
+            let rc = unsafe {
+                libc::fallocate(
+                    self.file.as_raw_fd(),
+                    mode(r) | libc::FALLOC_FL_KEEP_SIZE,
+                    offset,
+                    len,
+                )
+            };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(0)
+    }
+
+    /// Moves the bytes of `data` from (or, `write`, to) the disk at
+    /// `offset`, all of them: a short transfer continues where it stopped.
+    fn transfer<M: GuestMemoryBackend>(
+        &self,
+        mem: &M,
+        data: &[Segment],
+        offset: u64,
+        write: bool,
+    ) -> std::io::Result<usize> {
+        // Host addresses of every piece of the data; a segment that crosses
+        // from one guest memory region into another comes as two pieces.
+        let mut slices = Vec::with_capacity(data.len());
+        for s in data {
+            for slice in mem.get_slices(s.addr, s.len as usize) {
+                slices
+                    .push(slice.map_err(|e| std::io::Error::other(format!("guest memory: {e}")))?);
+            }
+        }
+        let guards: Vec<_> = slices
+            .iter()
+            .map(|s| (s.ptr_guard_mut(), s.len()))
+            .collect();
+        let mut iovecs: Vec<libc::iovec> = guards
+            .iter()
+            .map(|(g, len)| libc::iovec {
+                iov_base: g.as_ptr().cast(),
+                iov_len: *len,
+            })
+            .collect();
+        let total: usize = iovecs.iter().map(|v| v.iov_len).sum();
+        let (mut done, mut first) = (0usize, 0usize);
+        while first < iovecs.len() {
+            let pos = offset
+                .checked_add(done as u64)
+                .and_then(|p| libc::off_t::try_from(p).ok())
+                .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+            // The kernel takes at most IOV_MAX (1024) vectors per call.
+            let count = (iovecs.len() - first).min(1024) as libc::c_int;
+            let fd = self.file.as_raw_fd();
+            let iov = iovecs[first..].as_ptr();
+            // SAFETY: each iovec points into guest memory that `mem` keeps
+            // mapped while the guards live, with the length get_slices
+            // checked; the kernel reads or writes only within them.
+            let n = unsafe {
+                if write {
+                    libc::pwritev(fd, iov, count, pos)
+                } else {
+                    libc::preadv(fd, iov, count, pos)
+                }
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                // The file shrank under us (a read past its new end).
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+            }
+            let mut n = n as usize;
+            done += n;
+            while n > 0 && first < iovecs.len() {
+                let v = &mut iovecs[first];
+                if n >= v.iov_len {
+                    n -= v.iov_len;
+                    first += 1;
+                } else {
+                    // SAFETY: advancing within the same iovec's buffer.
+                    v.iov_base = unsafe { v.iov_base.cast::<u8>().add(n) }.cast();
+                    v.iov_len -= n;
+                    n = 0;
+                }
+            }
+        }
+        debug_assert_eq!(done, total);
+        Ok(done)
+    }
+}
+
+/// GET_ID: the serial number, zero-padded to 20 bytes, into as much of
+/// `data` as there is.
+fn write_id<M: GuestMemoryBackend>(
+    mem: &M,
+    data: &[Segment],
+    serial: &[u8; ID_BYTES],
+) -> std::io::Result<u32> {
+    let mut written = 0usize;
+    for s in data {
+        if written == ID_BYTES {
+            break;
+        }
+        let n = (ID_BYTES - written).min(s.len as usize);
+        mem.write_slice(&serial[written..written + n], s.addr)
+            .map_err(|e| std::io::Error::other(format!("guest memory: {e}")))?;
+        written += n;
+    }
+    Ok(written as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    fn image(bytes: usize) -> (vmm_sys_util::tempfile::TempFile, PathBuf) {
+        let t = vmm_sys_util::tempfile::TempFile::new().unwrap();
+        let data: Vec<u8> = (0..bytes).map(|i| (i / 512) as u8).collect();
+        std::fs::write(t.as_path(), data).unwrap();
+        let p = t.as_path().to_path_buf();
+        (t, p)
+    }
+
+    #[test]
+    fn reads_writes_zeroes_and_refuses_what_is_not_a_disk() {
+        let (_t, path) = image(64 << 10);
+        let disk = DiskFile::open(&path, false, false).unwrap();
+        assert_eq!(disk.sectors(), 128);
+        let mem: GuestMemoryMmap<()> =
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let serial = [b's'; ID_BYTES];
+        // Read sectors 2..4 into two pieces of guest memory.
+        let read = Action::Read {
+            offset: 2 * 512,
+            data: vec![
+                Segment {
+                    addr: GuestAddress(0x1000),
+                    len: 512,
+                },
+                Segment {
+                    addr: GuestAddress(0x3000),
+                    len: 512,
+                },
+            ],
+        };
+        assert_eq!(disk.execute(&mem, &read, &serial), (0, 1024));
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(0x1000)).unwrap(), 2);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(0x3000)).unwrap(), 3);
+        // Write them back one sector further on.
+        mem.write_slice(&[0xab; 512], GuestAddress(0x1000)).unwrap();
+        let write = Action::Write {
+            offset: 10 * 512,
+            data: vec![Segment {
+                addr: GuestAddress(0x1000),
+                len: 512,
+            }],
+        };
+        assert_eq!(disk.execute(&mem, &write, &serial), (0, 0));
+        assert_eq!(disk.execute(&mem, &Action::Flush, &serial), (0, 0));
+        let on_disk = std::fs::read(&path).unwrap();
+        assert!(on_disk[10 * 512..11 * 512].iter().all(|&b| b == 0xab));
+        // GET_ID into a short buffer: what fits.
+        let id = Action::GetId {
+            data: vec![Segment {
+                addr: GuestAddress(0x5000),
+                len: 8,
+            }],
+        };
+        assert_eq!(disk.execute(&mem, &id, &serial), (0, 8));
+        // Zeroing (or punching) sector 3 leaves zeroes, the size unchanged.
+        if disk.can_write_zeroes() {
+            let wz = Action::WriteZeroes(vec![ByteRange {
+                offset: 3 * 512,
+                len: 512,
+                unmap: false,
+            }]);
+            assert_eq!(disk.execute(&mem, &wz, &serial), (0, 0));
+            let on_disk = std::fs::read(&path).unwrap();
+            assert_eq!(on_disk.len(), 64 << 10);
+            assert!(on_disk[3 * 512..4 * 512].iter().all(|&b| b == 0));
+            assert!(on_disk[4 * 512..5 * 512].iter().all(|&b| b == 4));
+        }
+        // Guest memory that is not there: IOERR, nothing written.
+        let bad = Action::Read {
+            offset: 0,
+            data: vec![Segment {
+                addr: GuestAddress(0xff00),
+                len: 512,
+            }],
+        };
+        assert_eq!(
+            disk.execute(&mem, &bad, &serial).0,
+            VIRTIO_BLK_S_IOERR as u8
+        );
+
+        // The writable disk holds the image: no second user, not even a reader.
+        let e = DiskFile::open(&path, true, false).unwrap_err().to_string();
+        assert!(e.contains("locked by another process"), "{e}");
+        assert!(matches!(
+            DiskFile::open(&path, false, false),
+            Err(DiskError::Locked { .. })
+        ));
+        drop(disk);
+        // Read-only: nothing is offered that writes; readers share the image.
+        let ro = DiskFile::open(&path, true, false).unwrap();
+        let ro2 = DiskFile::open(&path, true, false).unwrap();
+        assert!(ro2.readonly());
+        let e = DiskFile::open(&path, false, false).unwrap_err().to_string();
+        assert!(e.contains("needs the image to itself"), "{e}");
+        drop((ro2, e));
+        assert!(ro.readonly() && !ro.can_discard() && !ro.can_write_zeroes());
+        // Not a disk.
+        assert!(matches!(
+            DiskFile::open(Path::new("/"), true, false),
+            Err(DiskError::Kind { .. })
+        ));
+        let (_e, empty) = image(100);
+        let e = DiskFile::open(&empty, true, false).unwrap_err().to_string();
+        assert!(e.contains("smaller than one 512-byte sector"), "{e}");
+        let e = DiskFile::open(Path::new("/nonexistent/disk"), true, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("disk path=/nonexistent/disk:"), "{e}");
+    }
+}

@@ -1,0 +1,183 @@
+//! virtio-blk (virtio 1.2 §5.2) on a raw image: read, write, flush,
+//! get-id, and discard / write-zeroes where the host file can do them;
+//! `readonly` offers `VIRTIO_BLK_F_RO` and fails every write with
+//! `VIRTIO_BLK_S_IOERR`. Requests are checked by [`request`], run by the
+//! threads of [`io`] against the [`disk`], never on a vCPU.
+
+pub mod disk;
+pub mod io;
+pub mod request;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ,
+    VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES,
+};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use vm_memory::GuestMemoryAtomic;
+
+use crate::device::{
+    read_config_bytes, ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt,
+};
+use crate::GuestMemoryMmap;
+pub use disk::{DiskError, DiskFile};
+use request::{DiskLimits, ID_BYTES, SECTOR_SIZE};
+
+pub const VIRTIO_ID_BLOCK: u32 = 2;
+/// Ranges one DISCARD or WRITE_ZEROES request may carry.
+pub const MAX_RANGES: u32 = 16;
+/// Sectors one range may cover (4 GiB less a sector: a u32 of bytes).
+pub const MAX_RANGE_SECTORS: u32 = u32::MAX >> 9;
+/// Discards are aligned to 4 KiB, the host's page, so a punched hole frees
+/// whole blocks.
+const DISCARD_ALIGNMENT_SECTORS: u32 = 8;
+/// Size of the config space this device fills (up to `write_zeroes_may_unmap`).
+const CONFIG_LEN: usize = 60;
+
+/// What a virtio-blk device is made from.
+#[derive(Clone, Debug)]
+pub struct BlockDeviceConfig {
+    pub id: String,
+    pub path: PathBuf,
+    pub readonly: bool,
+    pub direct: bool,
+    pub num_queues: u16,
+    pub queue_size: u16,
+    /// What GET_ID answers (at most 20 bytes); the device id if None.
+    pub serial: Option<String>,
+}
+
+pub struct Block {
+    shared: Arc<io::Shared>,
+    queue_sizes: Vec<u16>,
+    acked: u64,
+    running: Option<io::BlockQueues>,
+}
+
+impl Block {
+    /// Opens the image; the device is ready for a transport.
+    pub fn new(c: &BlockDeviceConfig) -> Result<Self, DiskError> {
+        let disk = DiskFile::open(&c.path, c.readonly, c.direct)?;
+        let mut serial = [0u8; ID_BYTES];
+        let given = c.serial.as_deref().unwrap_or(&c.id).as_bytes();
+        let n = given.len().min(ID_BYTES);
+        serial[..n].copy_from_slice(&given[..n]);
+        let limits = DiskLimits {
+            capacity: disk.sectors(),
+            readonly: disk.readonly(),
+            discard: disk.can_discard(),
+            write_zeroes: disk.can_write_zeroes(),
+            max_segments: usize::from(c.queue_size),
+            max_ranges: MAX_RANGES,
+            max_range_sectors: MAX_RANGE_SECTORS,
+        };
+        Ok(Block {
+            shared: Arc::new(io::Shared {
+                name: format!("virtio-blk {}", c.id),
+                disk: Arc::new(disk),
+                limits,
+                serial,
+            }),
+            queue_sizes: vec![c.queue_size; usize::from(c.num_queues.max(1))],
+            acked: 0,
+            running: None,
+        })
+    }
+
+    /// Size of the disk in bytes.
+    pub fn size(&self) -> u64 {
+        self.shared.limits.capacity * SECTOR_SIZE
+    }
+
+    /// virtio_blk_config, little-endian, as far as this device fills it.
+    fn config(&self) -> [u8; CONFIG_LEN] {
+        let l = &self.shared.limits;
+        let mut c = [0u8; CONFIG_LEN];
+        let mut put = |at: usize, bytes: &[u8]| c[at..at + bytes.len()].copy_from_slice(bytes);
+        put(0, &l.capacity.to_le_bytes());
+        // seg_max: data descriptors per request (the chain less header and status).
+        let seg_max = u32::from(self.queue_sizes[0]).saturating_sub(2).max(1);
+        put(12, &seg_max.to_le_bytes());
+        put(20, &(SECTOR_SIZE as u32).to_le_bytes());
+        put(34, &(self.queue_sizes.len() as u16).to_le_bytes());
+        if l.discard {
+            put(36, &MAX_RANGE_SECTORS.to_le_bytes());
+            put(40, &MAX_RANGES.to_le_bytes());
+            put(44, &DISCARD_ALIGNMENT_SECTORS.to_le_bytes());
+        }
+        if l.write_zeroes {
+            put(48, &MAX_RANGE_SECTORS.to_le_bytes());
+            put(52, &MAX_RANGES.to_le_bytes());
+            // Unmapping while zeroing is allowed where holes can be punched.
+            put(56, &[u8::from(l.discard)]);
+        }
+        c
+    }
+}
+
+impl VirtioDevice for Block {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_BLOCK
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_sizes
+    }
+
+    fn features(&self) -> u64 {
+        let l = &self.shared.limits;
+        let mut f = (1 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_BLK_F_SEG_MAX)
+            | (1 << VIRTIO_BLK_F_BLK_SIZE)
+            | (1 << VIRTIO_BLK_F_FLUSH);
+        let mut offer = |yes: bool, bit: u32| {
+            if yes {
+                f |= 1 << bit;
+            }
+        };
+        offer(l.readonly, VIRTIO_BLK_F_RO);
+        offer(l.discard, VIRTIO_BLK_F_DISCARD);
+        offer(l.write_zeroes, VIRTIO_BLK_F_WRITE_ZEROES);
+        offer(self.queue_sizes.len() > 1, VIRTIO_BLK_F_MQ);
+        f
+    }
+
+    fn ack_features(&mut self, features: u64) {
+        self.acked = features & self.features();
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config(), offset, data);
+    }
+
+    fn activate(
+        &mut self,
+        mem: GuestMemoryAtomic<GuestMemoryMmap>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+        queues: Vec<ActivatedQueue>,
+    ) -> Result<(), ActivateError> {
+        // Without MQ the driver sets up only the first queue.
+        if queues.is_empty() || queues.len() > self.queue_sizes.len() {
+            return Err(ActivateError::QueueCount {
+                got: queues.len(),
+                needed: self.queue_sizes.len(),
+            });
+        }
+        // The previous threads (if any) finish before new ones start.
+        self.running = None;
+        self.running = Some(io::start(self.shared.clone(), queues, mem, interrupt)?);
+        Ok(())
+    }
+
+    fn reset(&mut self) -> bool {
+        self.running = None;
+        self.acked = 0;
+        true
+    }
+}
+
+#[cfg(test)]
+#[path = "device_tests.rs"]
+mod tests;
