@@ -121,7 +121,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
         "only vhost-user-fs is supported (vm.add-fs)",
     ),
     ("vm.add-net", "network devices are not supported"),
-    ("vm.add-vsock", "vsock devices are not supported"),
     ("vm.add-vdpa", "vDPA devices are not supported"),
     (
         "vm.add-user-device",
@@ -242,6 +241,12 @@ fn routes(state: AppState) -> Router {
             "/api/v1/vm.add-pmem",
             put(|State(s): State<AppState>, b: Bytes| async move {
                 with_body(&s, "vm.add-pmem", b, VmmAction::AddPmem).await
+            }),
+        )
+        .route(
+            "/api/v1/vm.add-vsock",
+            put(|State(s): State<AppState>, b: Bytes| async move {
+                with_body(&s, "vm.add-vsock", b, VmmAction::AddVsock).await
             }),
         )
         .route("/api/v1/vm.remove-device", put(remove_device))

@@ -20,6 +20,7 @@ use virtio_devices::vhost_user_fs::window::{WindowEvent, WindowObserver};
 
 use crate::config::json::{
     fs_config_from_json, pmem_config_from_json, vm_config_from_json, vm_config_to_json,
+    vsock_config_from_json,
 };
 use crate::config::ConfigError;
 use crate::config::VmConfig;
@@ -91,7 +92,7 @@ pub fn ping_info() -> Value {
         "build_version": env!("CARGO_PKG_VERSION"),
         "version": env!("CARGO_PKG_VERSION"),
         "pid": std::process::id(),
-        "features": ["kvm", "virtio-fs-dax", "virtio-pmem", "virtio-mmio", "virtio-pci", "pci-hotplug"],
+        "features": ["kvm", "virtio-fs-dax", "virtio-pmem", "virtio-vsock", "virtio-mmio", "virtio-pci", "pci-hotplug"],
     })
 }
 
@@ -99,6 +100,7 @@ pub fn ping_info() -> Value {
 enum AddedDevice {
     Fs,
     Pmem,
+    Vsock,
 }
 
 /// How the loop ended.
@@ -272,6 +274,7 @@ impl ControlLoop {
                 .last()
                 .map(|f| (f.transport, vm.add_fs(f, Some(&observe)))),
             AddedDevice::Pmem => next.pmem.last().map(|p| (p.transport, vm.add_pmem(p))),
+            AddedDevice::Vsock => next.vsock.as_ref().map(|v| (v.transport, vm.add_vsock(v))),
         };
         let info = match placed {
             Some((_, Ok(info))) => info,
@@ -424,6 +427,19 @@ impl ControlLoop {
                 let p = pmem_config_from_json(&body, c.pmem.len())
                     .map_err(|e| ApiError::bad_request(format!("vm.add-pmem: {e}")))?;
                 c.pmem.push(p);
+                Ok(())
+            }),
+            VmmAction::AddVsock(body) => self.add_device("vm.add-vsock", AddedDevice::Vsock, |c| {
+                let v = vsock_config_from_json(&body)
+                    .map_err(|e| ApiError::bad_request(format!("vm.add-vsock: {e}")))?;
+                if let Some(old) = &c.vsock {
+                    // As Cloud Hypervisor: one vsock device per VM.
+                    return Err(ApiError::conflict(format!(
+                        "vm.add-vsock: the VM has a vsock device already (\"{}\"); remove it first",
+                        old.id
+                    )));
+                }
+                c.vsock = Some(v);
                 Ok(())
             }),
             VmmAction::RemoveDevice(id) => self.remove_device(&id),

@@ -196,8 +196,18 @@ impl UnixBackend {
             next_local_port: FIRST_LOCAL_PORT,
             active: false,
         };
-        setup(b.watch(ControlOperation::Add, b.listener.as_raw_fd(), EventSet::IN, LISTENER))?;
-        setup(b.watch(ControlOperation::Add, b.timer.as_raw_fd(), EventSet::IN, TIMER))?;
+        setup(b.watch(
+            ControlOperation::Add,
+            b.listener.as_raw_fd(),
+            EventSet::IN,
+            LISTENER,
+        ))?;
+        setup(b.watch(
+            ControlOperation::Add,
+            b.timer.as_raw_fd(),
+            EventSet::IN,
+            TIMER,
+        ))?;
         Ok(b)
     }
 
@@ -210,7 +220,13 @@ impl UnixBackend {
         self.conns.len() + self.pending.len()
     }
 
-    fn watch(&self, op: ControlOperation, fd: RawFd, events: EventSet, token: u64) -> std::io::Result<()> {
+    fn watch(
+        &self,
+        op: ControlOperation,
+        fd: RawFd,
+        events: EventSet,
+        token: u64,
+    ) -> std::io::Result<()> {
         self.epoll.ctl(op, fd, EpollEvent::new(events, token))
     }
 
@@ -220,11 +236,19 @@ impl UnixBackend {
         self.active = active;
         for (_, (token, c)) in self.conns.drain() {
             self.tokens.remove(&token);
-            let _ = self.epoll.ctl(ControlOperation::Delete, c.stream.as_raw_fd(), EpollEvent::default());
+            let _ = self.epoll.ctl(
+                ControlOperation::Delete,
+                c.stream.as_raw_fd(),
+                EpollEvent::default(),
+            );
         }
         for (token, p) in self.pending.drain() {
             self.tokens.remove(&token);
-            let _ = self.epoll.ctl(ControlOperation::Delete, p.stream.as_raw_fd(), EpollEvent::default());
+            let _ = self.epoll.ctl(
+                ControlOperation::Delete,
+                p.stream.as_raw_fd(),
+                EpollEvent::default(),
+            );
         }
         self.ready.clear();
         self.resets.clear();
@@ -311,7 +335,15 @@ impl UnixBackend {
         let token = self.next_token;
         self.next_token += 1;
         // Registered with no events; refresh() sets what it waits for.
-        if self.watch(ControlOperation::Add, c.stream.as_raw_fd(), EventSet::empty(), token).is_err() {
+        if self
+            .watch(
+                ControlOperation::Add,
+                c.stream.as_raw_fd(),
+                EventSet::empty(),
+                token,
+            )
+            .is_err()
+        {
             return;
         }
         self.tokens.insert(token, Slot::Conn(key));
@@ -331,7 +363,9 @@ impl UnixBackend {
         if c.finished() {
             let token = *token;
             let fd = c.stream.as_raw_fd();
-            let _ = self.epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default());
+            let _ = self
+                .epoll
+                .ctl(ControlOperation::Delete, fd, EpollEvent::default());
             self.tokens.remove(&token);
             self.conns.remove(&key);
             return;
@@ -346,7 +380,9 @@ impl UnixBackend {
         let (token, fd, has_packet) = (*token, c.stream.as_raw_fd(), c.has_packet());
         if c.host_hup {
             // A hung-up socket reports HUP whatever it is watched for.
-            let _ = self.epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default());
+            let _ = self
+                .epoll
+                .ctl(ControlOperation::Delete, fd, EpollEvent::default());
         } else {
             let _ = self.watch(ControlOperation::Modify, fd, events, token);
         }
@@ -401,15 +437,28 @@ impl UnixBackend {
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => return,
             };
-            if !self.active || self.connection_count() >= MAX_CONNECTIONS || stream.set_nonblocking(true).is_err() {
+            if !self.active
+                || self.connection_count() >= MAX_CONNECTIONS
+                || stream.set_nonblocking(true).is_err()
+            {
                 if self.active {
-                    crate::warn_limited!("vsock: {MAX_CONNECTIONS} connections open; a host connection is closed");
+                    crate::warn_limited!(
+                        "vsock: {MAX_CONNECTIONS} connections open; a host connection is closed"
+                    );
                 }
                 continue;
             }
             let token = self.next_token;
             self.next_token += 1;
-            if self.watch(ControlOperation::Add, stream.as_raw_fd(), EventSet::IN, token).is_err() {
+            if self
+                .watch(
+                    ControlOperation::Add,
+                    stream.as_raw_fd(),
+                    EventSet::IN,
+                    token,
+                )
+                .is_err()
+            {
                 continue;
             }
             self.tokens.insert(token, Slot::Pending);
@@ -470,19 +519,32 @@ impl UnixBackend {
         };
         let p = self.pending.remove(&token).expect("present");
         self.tokens.remove(&token);
-        let _ = self.epoll.ctl(ControlOperation::Delete, p.stream.as_raw_fd(), EpollEvent::default());
+        let _ = self.epoll.ctl(
+            ControlOperation::Delete,
+            p.stream.as_raw_fd(),
+            EpollEvent::default(),
+        );
         let Some(port) = port else {
             return; // closed: the host sees EOF instead of OK
         };
         let local_port = self.allocate_local_port(port);
-        let c = Connection::host_initiated(p.stream, local_port, port, self.guest_cid, Instant::now() + HANDSHAKE_TIMEOUT);
+        let c = Connection::host_initiated(
+            p.stream,
+            local_port,
+            port,
+            self.guest_cid,
+            Instant::now() + HANDSHAKE_TIMEOUT,
+        );
         self.insert((local_port, port), c);
     }
 
     fn allocate_local_port(&mut self, peer_port: u32) -> u32 {
         loop {
             let port = self.next_local_port;
-            self.next_local_port = self.next_local_port.checked_add(1).unwrap_or(FIRST_LOCAL_PORT);
+            self.next_local_port = self
+                .next_local_port
+                .checked_add(1)
+                .unwrap_or(FIRST_LOCAL_PORT);
             if !self.conns.contains_key(&(port, peer_port)) {
                 return port;
             }
@@ -500,7 +562,11 @@ impl UnixBackend {
         for token in late {
             if let Some(p) = self.pending.remove(&token) {
                 self.tokens.remove(&token);
-                let _ = self.epoll.ctl(ControlOperation::Delete, p.stream.as_raw_fd(), EpollEvent::default());
+                let _ = self.epoll.ctl(
+                    ControlOperation::Delete,
+                    p.stream.as_raw_fd(),
+                    EpollEvent::default(),
+                );
             }
         }
         let late: Vec<Key> = self
@@ -515,6 +581,15 @@ impl UnixBackend {
             }
             self.refresh(key);
         }
+    }
+}
+
+/// The socket's name goes with the backend (a later VMM may bind it). The
+/// backend is dropped on the device's own thread when it stops, whichever
+/// thread drops the device.
+impl Drop for UnixBackend {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 

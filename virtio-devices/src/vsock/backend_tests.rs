@@ -120,7 +120,10 @@ fn host_to_guest_handshake_then_data_both_ways_and_close() {
     drop(s);
     r.poll_until(|b| b.has_packet());
     let got = r.drain(4096);
-    let shut = got.iter().find(|(h, _)| h.op == OP_SHUTDOWN).expect(&format!("{got:?}"));
+    let shut = got
+        .iter()
+        .find(|(h, _)| h.op == OP_SHUTDOWN)
+        .unwrap_or_else(|| panic!("{got:?}"));
     assert_eq!(shut.0.flags, SHUTDOWN_SEND | SHUTDOWN_RCV);
     r.send(guest(OP_RST, 1234, req.src_port, 0), &[]);
     assert_eq!(r.b.connection_count(), 0);
@@ -142,7 +145,12 @@ fn data_after_the_connect_line_is_the_streams_first_bytes() {
 #[test]
 fn bad_connect_lines_and_refused_requests_close_the_host_stream() {
     let mut r = Rig::new("badline");
-    for line in [&b"CONNECT x\n"[..], b"HELLO 5\n", b"CONNECT 99999999999\n", &[b'9'; 40]] {
+    for line in [
+        &b"CONNECT x\n"[..],
+        b"HELLO 5\n",
+        b"CONNECT 99999999999\n",
+        &[b'9'; 40],
+    ] {
         let mut s = UnixStream::connect(r.path()).unwrap();
         s.write_all(line).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
@@ -154,7 +162,10 @@ fn bad_connect_lines_and_refused_requests_close_the_host_stream() {
             std::thread::sleep(Duration::from_millis(2));
         }
         // Closed: EOF, or a reset where bytes were left unread.
-        assert!(matches!(s.read_to_end(&mut rest), Ok(0) | Err(_)), "{line:?}");
+        assert!(
+            matches!(s.read_to_end(&mut rest), Ok(0) | Err(_)),
+            "{line:?}"
+        );
         assert!(!r.b.has_packet());
     }
     // The guest refuses: the host stream ends without OK.
@@ -229,11 +240,25 @@ fn unknown_connections_and_bad_packets_get_rst_wrong_cids_nothing() {
     r.send(guest(OP_RST, 1, 2, 0), &[]);
     let got = r.drain(4096);
     assert_eq!(got.len(), 2, "an RST is never answered");
-    assert!(got.iter().all(|(h, _)| h.op == OP_RST && h.dst_port == 1 && h.src_port == 2));
-    let e = r.b.on_guest_packet(&Header { op: 42, ..guest(OP_RW, 1, 2, 0) }, &[]);
+    assert!(got
+        .iter()
+        .all(|(h, _)| h.op == OP_RST && h.dst_port == 1 && h.src_port == 2));
+    let e = r.b.on_guest_packet(
+        &Header {
+            op: 42,
+            ..guest(OP_RW, 1, 2, 0)
+        },
+        &[],
+    );
     assert_eq!(e, Err(PacketError::Op(42)));
     assert_eq!(r.drain(4096).len(), 1);
-    let e = r.b.on_guest_packet(&Header { src_cid: 9, ..guest(OP_RW, 1, 2, 0) }, &[]);
+    let e = r.b.on_guest_packet(
+        &Header {
+            src_cid: 9,
+            ..guest(OP_RW, 1, 2, 0)
+        },
+        &[],
+    );
     assert!(e.is_err());
     assert_eq!(r.drain(4096).len(), 0);
     // The RST backlog is bounded.
@@ -327,7 +352,10 @@ fn credit_updates_follow_the_host_reading() {
     host.read_exact(&mut sink).unwrap();
     r.b.poll_host();
     let got = r.drain(4096);
-    let update = got.iter().find(|(h, _)| h.op == OP_CREDIT_UPDATE).expect("credit update");
+    let update = got
+        .iter()
+        .find(|(h, _)| h.op == OP_CREDIT_UPDATE)
+        .expect("credit update");
     assert_eq!(update.0.fwd_cnt, 3 * MAX_PAYLOAD);
     // A credit request is answered.
     r.send(guest(OP_CREDIT_REQUEST, 51, 6001, 0), &[]);
@@ -347,7 +375,9 @@ fn connections_are_bounded_and_many_run_at_once() {
     r.send(guest(OP_REQUEST, 99_999, 7000, 0), &[]);
     assert_eq!(r.drain(4096)[0].0.op, OP_RST, "one too many");
     // Each connection carries its own bytes.
-    let mut hosts: Vec<UnixStream> = (0..MAX_CONNECTIONS).map(|_| listener.accept().unwrap().0).collect();
+    let mut hosts: Vec<UnixStream> = (0..MAX_CONNECTIONS)
+        .map(|_| listener.accept().unwrap().0)
+        .collect();
     for port in 0..MAX_CONNECTIONS as u32 {
         r.send(guest(OP_RW, port, 7000, 4), &port.to_le_bytes());
     }
@@ -378,7 +408,10 @@ fn a_stale_socket_file_is_replaced_a_live_one_refused() {
     assert!(path.exists());
     let b = UnixBackend::new(CID, &path).unwrap();
     let e = UnixBackend::new(CID, &path).err().unwrap().to_string();
-    assert!(e.contains("listens on it already") && e.contains("socket="), "{e}");
+    assert!(
+        e.contains("listens on it already") && e.contains("socket="),
+        "{e}"
+    );
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -387,7 +420,15 @@ fn a_stale_socket_file_is_replaced_a_live_one_refused() {
 fn connect_lines() {
     assert_eq!(parse_connect_line(b"CONNECT 1024"), Some(1024));
     assert_eq!(parse_connect_line(b"CONNECT 4294967295"), Some(u32::MAX));
-    for bad in [&b"CONNECT"[..], b"CONNECT ", b"CONNECT -1", b"CONNECT 4294967296", b"connect 1", b"CONNECT 1 ", b"CONNECT +1"] {
+    for bad in [
+        &b"CONNECT"[..],
+        b"CONNECT ",
+        b"CONNECT -1",
+        b"CONNECT 4294967296",
+        b"connect 1",
+        b"CONNECT 1 ",
+        b"CONNECT +1",
+    ] {
         assert_eq!(parse_connect_line(bad), None, "{bad:?}");
     }
 }

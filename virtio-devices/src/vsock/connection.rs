@@ -17,8 +17,8 @@ use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
 use super::packet::{
-    Header, HOST_CID, OP_CREDIT_REQUEST, OP_CREDIT_UPDATE, OP_REQUEST, OP_RESPONSE, OP_RST,
-    OP_RW, OP_SHUTDOWN, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM,
+    Header, HOST_CID, OP_CREDIT_REQUEST, OP_CREDIT_UPDATE, OP_REQUEST, OP_RESPONSE, OP_RST, OP_RW,
+    OP_SHUTDOWN, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM,
 };
 
 /// Bytes from the guest this side holds for one connection at most (what
@@ -92,7 +92,13 @@ fn credit(buf_alloc: u32, fwd_cnt: u32, tx_cnt: u32) -> u32 {
 }
 
 impl Connection {
-    fn new(stream: UnixStream, local_port: u32, peer_port: u32, guest_cid: u64, state: State) -> Self {
+    fn new(
+        stream: UnixStream,
+        local_port: u32,
+        peer_port: u32,
+        guest_cid: u64,
+        state: State,
+    ) -> Self {
         Connection {
             stream,
             local_port,
@@ -118,7 +124,13 @@ impl Connection {
 
     /// A host process asked (`CONNECT <peer_port>`) for the guest's port:
     /// a REQUEST is owed; `OK <local_port>` goes to the host on RESPONSE.
-    pub fn host_initiated(stream: UnixStream, local_port: u32, peer_port: u32, guest_cid: u64, deadline: Instant) -> Self {
+    pub fn host_initiated(
+        stream: UnixStream,
+        local_port: u32,
+        peer_port: u32,
+        guest_cid: u64,
+        deadline: Instant,
+    ) -> Self {
         let mut c = Connection::new(stream, local_port, peer_port, guest_cid, State::LocalInit);
         c.owed.request = true;
         c.deadline = Some(deadline);
@@ -128,7 +140,13 @@ impl Connection {
     /// The guest asked for host port `local_port` and its listener took
     /// the connection: a RESPONSE is owed.
     pub fn guest_initiated(stream: UnixStream, request: &Header) -> Self {
-        let mut c = Connection::new(stream, request.dst_port, request.src_port, request.src_cid, State::Established);
+        let mut c = Connection::new(
+            stream,
+            request.dst_port,
+            request.src_port,
+            request.src_cid,
+            State::Established,
+        );
         c.owed.response = true;
         c.peer_buf_alloc = request.buf_alloc;
         c.peer_fwd_cnt = request.fwd_cnt;
@@ -271,7 +289,13 @@ impl Connection {
     /// A packet from the guest for this connection (already validated).
     /// A guest that sends past its credit, or a packet out of place in the
     /// state, resets the connection.
-    pub fn on_guest_packet(&mut self, h: &Header, data: &[u8], now: Instant, close_timeout: std::time::Duration) {
+    pub fn on_guest_packet(
+        &mut self,
+        h: &Header,
+        data: &[u8],
+        now: Instant,
+        close_timeout: std::time::Duration,
+    ) {
         self.peer_buf_alloc = h.buf_alloc;
         self.peer_fwd_cnt = h.fwd_cnt;
         match (h.op, self.state) {

@@ -134,7 +134,10 @@ fn expiry_resets() {
     c.expire();
     assert_eq!(c.state, State::Dead);
     let (h, _) = c.next_packet(&mut [0u8; 8]).unwrap();
-    assert_eq!((h.op, h.src_cid, h.dst_cid, h.src_port, h.dst_port), (OP_RST, HOST_CID, 3, 1 << 30, 20));
+    assert_eq!(
+        (h.op, h.src_cid, h.dst_cid, h.src_port, h.dst_port),
+        (OP_RST, HOST_CID, 3, 1 << 30, 20)
+    );
     assert!(c.finished());
     assert!(c.next_packet(&mut [0u8; 8]).is_none());
 }

@@ -68,7 +68,6 @@ enum Command {
 pub struct Vsock {
     id: String,
     cid: u64,
-    path: PathBuf,
     acked: u64,
     commands: Mutex<Sender<Command>>,
     wake: EventFd,
@@ -123,7 +122,6 @@ impl Vsock {
         Ok(Vsock {
             id,
             cid,
-            path,
             acked: 0,
             commands: Mutex::new(tx),
             wake,
@@ -136,17 +134,11 @@ impl Vsock {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .send(c)
-            .map_err(|_| ActivateError::Device(format!("virtio-vsock {}: its thread is gone", self.id)))?;
+            .map_err(|_| {
+                ActivateError::Device(format!("virtio-vsock {}: its thread is gone", self.id))
+            })?;
         self.wake.write(1)?;
         Ok(())
-    }
-}
-
-impl Drop for Vsock {
-    fn drop(&mut self) {
-        // The thread (stopped by `_thread`) holds the listener; the name
-        // goes with the device, as a host process may bind it next.
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -161,7 +153,9 @@ impl Worker {
             }
             TOKEN_HOST => self.backend.poll_host(),
             _ => {
-                let index = token.checked_sub(TOKEN_RX).and_then(|i| usize::try_from(i).ok());
+                let index = token
+                    .checked_sub(TOKEN_RX)
+                    .and_then(|i| usize::try_from(i).ok());
                 if let Some(k) = index.and_then(|i| self.kicks.get(i)) {
                     let _ = k.read();
                 }
@@ -173,8 +167,10 @@ impl Worker {
         let guard = mem.memory();
         let served = (|| -> Result<(), String> {
             if token == TOKEN_TX {
-                let n = queues::process_tx(q, &guard, &mut self.backend).map_err(|e| format!("{e:?}"))?;
-                queues::notify(&mut q.tx, TX_QUEUE, n, &guard, &*q.interrupt).map_err(|e| e.to_string())?;
+                let n = queues::process_tx(q, &guard, &mut self.backend)
+                    .map_err(|e| format!("{e:?}"))?;
+                queues::notify(&mut q.tx, TX_QUEUE, n, &guard, &*q.interrupt)
+                    .map_err(|e| e.to_string())?;
             }
             let n = queues::fill_rx(q, &guard, &mut self.backend).map_err(|e| format!("{e:?}"))?;
             queues::notify(&mut q.rx, RX_QUEUE, n, &guard, &*q.interrupt).map_err(|e| e.to_string())
@@ -261,7 +257,12 @@ impl VirtioDevice for Vsock {
         let mut next = || qs.next().expect("three queues");
         let (rx, tx, event) = (next(), next(), next());
         let kicks = vec![rx.kick, tx.kick, event.kick];
-        let queues = Box::new(ActiveQueues::new(rx.queue, tx.queue, event.queue, interrupt));
+        let queues = Box::new(ActiveQueues::new(
+            rx.queue,
+            tx.queue,
+            event.queue,
+            interrupt,
+        ));
         self.send(Command::Activate { mem, queues, kicks })
     }
 
@@ -273,3 +274,6 @@ impl VirtioDevice for Vsock {
     }
 }
 
+#[cfg(test)]
+#[path = "device_tests.rs"]
+mod tests;

@@ -178,14 +178,26 @@ mod tests {
         assert_eq!(validate(&rw(12), 12, 3), Ok(()));
         let e = |h: Header, n: usize| validate(&h, n, 3).unwrap_err();
         assert_eq!(
-            e(Header { src_cid: 4, ..rw(0) }, 0),
+            e(
+                Header {
+                    src_cid: 4,
+                    ..rw(0)
+                },
+                0
+            ),
             PacketError::SourceCid {
                 got: 4,
                 guest_cid: 3
             }
         );
         assert_eq!(
-            e(Header { dst_cid: 1, ..rw(0) }, 0),
+            e(
+                Header {
+                    dst_cid: 1,
+                    ..rw(0)
+                },
+                0
+            ),
             PacketError::DestinationCid(1)
         );
         assert_eq!(e(Header { type_: 2, ..rw(0) }, 0), PacketError::Type(2));
@@ -211,7 +223,14 @@ mod tests {
             }
         );
         assert_eq!(e(rw(10), 9), PacketError::Truncated { len: 10, got: 9 });
-        assert!(!e(Header { src_cid: 4, ..rw(0) }, 0).deserves_reset());
+        assert!(!e(
+            Header {
+                src_cid: 4,
+                ..rw(0)
+            },
+            0
+        )
+        .deserves_reset());
         assert!(e(Header { op: 9, ..rw(0) }, 0).deserves_reset());
     }
 }

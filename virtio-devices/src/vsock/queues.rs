@@ -77,13 +77,18 @@ pub fn process_tx(
     let mut used = 0;
     while let Some(mut chain) = q.tx.pop_descriptor_chain(mem) {
         let head = chain.head_index();
-        let first = chain.clone().next().map(|d| (d.addr(), d.len(), d.is_write_only()));
+        let first = chain
+            .clone()
+            .next()
+            .map(|d| (d.addr(), d.len(), d.is_write_only()));
         match VsockPacket::from_tx_virtq_chain(mem, &mut chain, MAX_PAYLOAD) {
             Ok(packet) => {
                 let h = header_of(&packet);
                 // from_tx_virtq_chain checked len <= MAX_PAYLOAD and that the
                 // data slice holds len bytes.
-                let n = packet.data_slice().map_or(0, |s| s.copy_to(&mut q.scratch[..]));
+                let n = packet
+                    .data_slice()
+                    .map_or(0, |s| s.copy_to(&mut q.scratch[..]));
                 if let Err(e) = backend.on_guest_packet(&h, &q.scratch[..n]) {
                     crate::warn_limited!("virtio-vsock: packet from the guest refused: {e}");
                 }

@@ -6,10 +6,12 @@ pub mod json;
 mod option_parser;
 mod pmem;
 mod rng;
+mod vsock;
 
 pub use fs::FsConfig;
 pub use pmem::{PmemConfig, Transport};
 pub use rng::{RngConfig, DEFAULT_RNG_SOURCE, RNG_KEYS};
+pub use vsock::{VsockConfig, VSOCK_KEYS};
 
 use std::path::PathBuf;
 
@@ -209,18 +211,23 @@ pub struct VmConfig {
     pub fs: Vec<FsConfig>,
     /// The virtio-rng device (on by default, as in Cloud Hypervisor).
     pub rng: Option<RngConfig>,
+    /// The virtio-vsock device (at most one, as in Cloud Hypervisor).
+    pub vsock: Option<VsockConfig>,
     /// The pvpanic device (I/O port 0x505): the guest reports a panic and
     /// the VMM exits with status 3. On unless a VmConfig says `false`.
     pub pvpanic: bool,
 }
 
 impl VmConfig {
-    /// Drops the fs or pmem device named `id`; false if there is none.
+    /// Drops the fs, pmem or vsock device named `id`; false if there is none.
     pub fn remove_device(&mut self, id: &str) -> bool {
-        let before = self.fs.len() + self.pmem.len();
+        let before = self.fs.len() + self.pmem.len() + usize::from(self.vsock.is_some());
         self.fs.retain(|f| f.id != id);
         self.pmem.retain(|p| p.id != id);
-        self.fs.len() + self.pmem.len() != before
+        if self.vsock.as_ref().is_some_and(|v| v.id == id) {
+            self.vsock = None;
+        }
+        self.fs.len() + self.pmem.len() + usize::from(self.vsock.is_some()) != before
     }
 
     /// Checks what no single option can: ids are unique, vhost-user devices
@@ -237,6 +244,7 @@ impl VmConfig {
             .iter()
             .map(|p| p.id.as_str())
             .chain(self.fs.iter().map(|f| f.id.as_str()))
+            .chain(self.vsock.iter().map(|v| v.id.as_str()))
             .collect();
         ids.sort_unstable();
         if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
@@ -321,6 +329,7 @@ mod tests {
             pmem: vec![PmemConfig::parse("file=p,id=dev0", 0).unwrap()],
             fs: vec![FsConfig::parse("tag=t,socket=s,id=dev1", 0).unwrap()],
             rng: None,
+            vsock: None,
             pvpanic: true,
         };
         assert!(cfg
