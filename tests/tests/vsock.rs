@@ -95,10 +95,7 @@ fn vsock_over_pci_hot_added_through_the_api() {
 
 fn vsock_test(transport: &str) {
     let mut guest = Guest::new(&format!("vsock-{transport}"), GUEST_SCRIPT);
-    guest.guest_modules = vec![
-        "virtio_mmio".into(),
-        "vmw_vsock_virtio_transport".into(),
-    ];
+    guest.guest_modules = vec!["virtio_mmio".into(), "vmw_vsock_virtio_transport".into()];
     let daxprobe = rig::tool("guest-tests", "daxprobe").expect("daxprobe");
     guest.guest_tools = vec![daxprobe.clone()];
     guest.host_tools = vec![daxprobe];
@@ -121,15 +118,21 @@ fn vsock_test(transport: &str) {
     if transport == "pci" {
         let added = run.host("add_vsock").unwrap_or_default();
         assert!(
-            added.starts_with("status=200") && added.contains("\"id\":\"vsock0\"") && added.contains("\"bdf\":\"0000:00:"),
+            added.starts_with("status=200")
+                && added.contains("\"id\":\"vsock0\"")
+                && added.contains("\"bdf\":\"0000:00:"),
             "{added}\n{tail}"
         );
         assert!(
-            run.host("add_again").unwrap_or_default().starts_with("status=409"),
+            run.host("add_again")
+                .unwrap_or_default()
+                .starts_with("status=409"),
             "{tail}"
         );
         assert!(
-            run.host("info_vsock").unwrap_or_default().contains("\"cid\":3"),
+            run.host("info_vsock")
+                .unwrap_or_default()
+                .contains("\"cid\":3"),
             "{tail}"
         );
     }

@@ -6,7 +6,7 @@ use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
+use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress};
@@ -133,7 +133,23 @@ fn a_driver_connects_to_a_host_listener_and_bytes_flow_both_ways() {
     );
     let (mut host, _) = listener.accept().unwrap();
 
-    tx_packet(1, guest(OP_RW, 5), b"hello");
+    // Header and payload in three descriptors, as Linux splits a large
+    // send's payload over pages.
+    let at = TX_BUF + 0x2000;
+    mem.write_slice(&guest(OP_RW, 5).to_bytes(), GuestAddress(at))
+        .unwrap();
+    mem.write_slice(b"hel", GuestAddress(at + 0x100)).unwrap();
+    mem.write_slice(b"lo", GuestAddress(at + 0x200)).unwrap();
+    let next = VRING_DESC_F_NEXT as u16;
+    txq.add_desc_chains(
+        &[
+            RawDescriptor::from(SplitDescriptor::new(at, 44, next, 2)),
+            RawDescriptor::from(SplitDescriptor::new(at + 0x100, 3, next, 3)),
+            RawDescriptor::from(SplitDescriptor::new(at + 0x200, 2, 0, 0)),
+        ],
+        1,
+    )
+    .unwrap();
     kicks[1].write(1).unwrap();
     let mut got = [0u8; 5];
     host.read_exact(&mut got).unwrap();

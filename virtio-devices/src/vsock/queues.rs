@@ -1,14 +1,16 @@
-//! The virtqueue side of the device: TX chains from the guest parsed by
-//! rust-vmm's `virtio-vsock` crate (header in a readable descriptor of at
-//! least 44 bytes, payload contiguous and as long as `len` says, at most
-//! [`MAX_PAYLOAD`]) and handed to the backend; RX chains filled with what
-//! the backend owes the guest.
+//! The virtqueue side of the device: TX chains from the guest read as
+//! header and payload and handed to the backend; RX chains (laid out as
+//! rust-vmm's `virtio-vsock` crate checks them: a writable header of 44
+//! bytes, then a writable data buffer, in one descriptor or two) filled
+//! with what the backend owes the guest.
 
 use std::sync::Arc;
 
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use std::io::Read;
+
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT, Reader};
 use virtio_vsock::packet::VsockPacket;
-use vm_memory::{Bytes, GuestAddress, GuestMemory};
+use vm_memory::Bytes;
 
 use super::backend::UnixBackend;
 use super::packet::{Header, HEADER_LEN, MAX_PAYLOAD};
@@ -42,71 +44,57 @@ impl ActiveQueues {
     }
 }
 
-fn header_of(p: &VsockPacket<'_, ()>) -> Header {
-    Header {
-        src_cid: p.src_cid(),
-        dst_cid: p.dst_cid(),
-        src_port: p.src_port(),
-        dst_port: p.dst_port(),
-        len: p.len(),
-        type_: p.type_(),
-        op: p.op(),
-        flags: p.flags(),
-        buf_alloc: p.buf_alloc(),
-        fwd_cnt: p.fwd_cnt(),
-    }
-}
-
-/// Reads the header at `addr` when the crate refused the chain, so the
-/// connection it names can be reset.
-fn raw_header<M: GuestMemory>(mem: &M, addr: GuestAddress, len: u32) -> Option<Header> {
-    if (len as usize) < HEADER_LEN {
-        return None;
-    }
-    let mut b = [0u8; HEADER_LEN];
-    mem.read_slice(&mut b, addr).ok()?;
-    Some(Header::from_bytes(&b))
-}
-
 /// Hands every TX packet to the backend; returns how many chains were used.
+///
+/// A packet is read as the bytes of the chain's readable descriptors, in
+/// order: 44 header bytes, then `len` payload bytes, however the driver
+/// split them (Linux 6.12 puts a large send's payload in several page
+/// descriptors). A chain shorter than a header names no one and is
+/// dropped; one shorter than its `len` is refused by [`UnixBackend`],
+/// which resets the connection it names.
 pub fn process_tx(
     q: &mut ActiveQueues,
     mem: &GuestMemoryMmap,
     backend: &mut UnixBackend,
 ) -> Result<usize, virtio_queue::Error> {
     let mut used = 0;
-    while let Some(mut chain) = q.tx.pop_descriptor_chain(mem) {
+    while let Some(chain) = q.tx.pop_descriptor_chain(mem) {
         let head = chain.head_index();
-        let first = chain
-            .clone()
-            .next()
-            .map(|d| (d.addr(), d.len(), d.is_write_only()));
-        match VsockPacket::from_tx_virtq_chain(mem, &mut chain, MAX_PAYLOAD) {
-            Ok(packet) => {
-                let h = header_of(&packet);
-                // from_tx_virtq_chain checked len <= MAX_PAYLOAD and that the
-                // data slice holds len bytes.
-                let n = packet
-                    .data_slice()
-                    .map_or(0, |s| s.copy_to(&mut q.scratch[..]));
+        match read_tx_packet(mem, chain, &mut q.scratch) {
+            Ok((h, n)) => {
                 if let Err(e) = backend.on_guest_packet(&h, &q.scratch[..n]) {
                     crate::warn_limited!("virtio-vsock: packet from the guest refused: {e}");
                 }
             }
-            Err(e) => {
-                crate::warn_limited!("virtio-vsock: unreadable TX chain: {e}");
-                if let Some(h) = first
-                    .filter(|(_, _, write_only)| !write_only)
-                    .and_then(|(addr, len, _)| raw_header(mem, addr, len))
-                {
-                    backend.on_malformed_packet(&h);
-                }
-            }
+            Err(e) => crate::warn_limited!("virtio-vsock: unreadable TX chain: {e}"),
         }
         q.tx.add_used(mem, head, 0)?;
         used += 1;
     }
     Ok(used)
+}
+
+/// The header and payload of a TX chain; the payload (at most `len` and
+/// at most `scratch`'s length, [`MAX_PAYLOAD`]) goes to `scratch`.
+fn read_tx_packet(
+    mem: &GuestMemoryMmap,
+    chain: DescriptorChain<&GuestMemoryMmap>,
+    scratch: &mut [u8],
+) -> Result<(Header, usize), String> {
+    let mut reader = Reader::new(mem, chain).map_err(|e| format!("{e:?}"))?;
+    let mut raw = [0u8; HEADER_LEN];
+    reader
+        .read_exact(&mut raw)
+        .map_err(|_| format!("shorter than a {HEADER_LEN}-byte header"))?;
+    let h = Header::from_bytes(&raw);
+    // len <= u32::MAX fits a usize; the copy is bounded by the scratch.
+    let want = (h.len as usize)
+        .min(scratch.len())
+        .min(reader.available_bytes());
+    reader
+        .read_exact(&mut scratch[..want])
+        .map_err(|e| format!("reading the payload: {e}"))?;
+    Ok((h, want))
 }
 
 /// Fills RX buffers with what the backend owes the guest; returns how many

@@ -95,7 +95,10 @@ fn vsock_socket() -> File {
     // SAFETY: integer arguments; the fd is owned right below.
     let fd = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
-        fail(format!("socket(AF_VSOCK): {}", std::io::Error::last_os_error()));
+        fail(format!(
+            "socket(AF_VSOCK): {}",
+            std::io::Error::last_os_error()
+        ));
     }
     // SAFETY: a fresh fd nothing else owns.
     File::from(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -119,7 +122,10 @@ pub fn vsock_serve(port: &str, reply: &str, count: &str) {
     let bound = unsafe { libc::bind(s.as_raw_fd(), std::ptr::addr_of!(addr).cast(), VM_ADDR_LEN) };
     // SAFETY: listen on an fd this process owns.
     if bound != 0 || unsafe { libc::listen(s.as_raw_fd(), 4) } != 0 {
-        fail(format!("bind/listen vsock port {port}: {}", std::io::Error::last_os_error()));
+        fail(format!(
+            "bind/listen vsock port {port}: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     eprintln!("daxprobe: listening on vsock port {port}");
     let reply = num(reply);
@@ -127,7 +133,12 @@ pub fn vsock_serve(port: &str, reply: &str, count: &str) {
         .map(|_| {
             // SAFETY: accept without a peer address; the fd is owned right below.
             let fd = unsafe {
-                libc::accept4(s.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
+                libc::accept4(
+                    s.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC,
+                )
             };
             if fd < 0 {
                 fail(format!("accept: {}", std::io::Error::last_os_error()));
@@ -147,7 +158,10 @@ pub fn vsock_connect(cid: &str, port: &str, bytes: &str) {
     let addr = vsock_addr(num(cid) as u32, num(port) as u32);
     // SAFETY: `addr` is a valid sockaddr_vm of the length given.
     if unsafe { libc::connect(s.as_raw_fd(), std::ptr::addr_of!(addr).cast(), VM_ADDR_LEN) } != 0 {
-        fail(format!("connect vsock {cid}:{port}: {}", std::io::Error::last_os_error()));
+        fail(format!(
+            "connect vsock {cid}:{port}: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     println!("{}", client(&mut s, num(bytes)));
 }
@@ -173,7 +187,10 @@ pub fn hybrid_connect(socket: &str, port: &str, bytes: &str) {
         match s.read(&mut byte) {
             Ok(1) if line.len() < 64 => line.push(byte[0]),
             _ => {
-                eprintln!("daxprobe: no OK line (got {:?})", String::from_utf8_lossy(&line));
+                eprintln!(
+                    "daxprobe: no OK line (got {:?})",
+                    String::from_utf8_lossy(&line)
+                );
                 std::process::exit(2)
             }
         }
