@@ -85,8 +85,8 @@ fuzz_target!(|data: &[u8]| {
                 let _ = backend.on_guest_packet(&h, &payload);
             }
             1 => {
-                let room = usize::from(input.byte()) * 257;
-                while let Some((h, n)) = backend.next_packet(&mut rx[..room.min(rx.len())]) {
+                let room = (usize::from(input.byte()) * 257).min(rx.len());
+                while let Some((h, n)) = backend.next_packet(&mut rx[..room]) {
                     assert_eq!((h.src_cid, h.dst_cid, h.type_), (HOST_CID, GUEST_CID, TYPE_STREAM));
                     assert!(n <= room && h.len as usize == n, "{h:?} {n} {room}");
                 }
