@@ -4,7 +4,9 @@
 //! - PCI: the VM created and booted through the API with no vsock, then
 //!   `vm.add-vsock` on the running guest (200 with its PCI address, as
 //!   Cloud Hypervisor answers; a second one 409), the guest finding it by
-//!   ACPI PCI hot-plug.
+//!   ACPI PCI hot-plug; after the checks below, `vm.remove-device` has the
+//!   guest eject it (the VMM then removes its socket), and the same socket
+//!   path hot-added again serves a new connection.
 //!
 //! Each boot checks, with the guest's vsock driver bound to the device:
 //! - host → guest: four host processes at once connect to the VMM's unix
@@ -64,6 +66,16 @@ echo "@@HOST add_vsock=$(api PUT /api/v1/vm.add-vsock '{"cid":3,"socket":"/tmp/v
 echo "@@HOST add_again=$(api PUT /api/v1/vm.add-vsock '{"cid":4,"socket":"/tmp/w.sock"}')"
 echo "@@HOST info_vsock=$(api GET /api/v1/vm.info | grep -o '"vsock":{[^}]*}')"
 seen '@@GUEST done=1'
+echo "@@HOST remove=$(api PUT /api/v1/vm.remove-device '{"id":"vsock0"}')"
+seen '@@GUEST unbound='
+i=0; while [ -e /tmp/v.sock ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+echo "@@HOST socket_after_remove=$([ -e /tmp/v.sock ] && echo present || echo gone)"
+daxprobe unix-serve /tmp/v.sock_5001 65536 > g2h2.out 2>&1 &
+G2H2=$!
+echo "@@HOST readd=$(api PUT /api/v1/vm.add-vsock '{"cid":3,"socket":"/tmp/v.sock","id":"vsock1"}')"
+seen '@@GUEST done2=1'
+wait $G2H2
+echo "@@HOST g2h2=$(cat g2h2.out)"
 "#;
 
 const GUEST_SCRIPT: &str = r#"
@@ -79,6 +91,14 @@ i=0; while kill -0 $SERVE 2>/dev/null && [ $i -lt 1800 ]; do sleep 0.1; i=$((i+1
 echo "@@GUEST h2g_matched=$(grep -c 'sent=1048576 received=1048576 match=1' /tmp/serve.out)"
 echo "@@GUEST serve_err=$(grep -v listening /tmp/serve.err | tail -1)"
 echo "@@GUEST done=1"
+if grep -q vsock_replug /proc/cmdline; then
+    i=0; while ls $drv 2>/dev/null | grep -q virtio && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+    echo "@@GUEST unbound=$(ls $drv 2>/dev/null | grep -q virtio && echo no || echo yes)"
+    i=0; while ! ls $drv 2>/dev/null | grep -q virtio && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+    echo "@@GUEST rebound=$(ls $drv 2>/dev/null | grep -c virtio)"
+    echo "@@GUEST g2h2=$(daxprobe vsock-connect 2 5001 65536 2>&1)"
+    echo "@@GUEST done2=1"
+fi
 "#;
 
 #[test]
@@ -103,6 +123,7 @@ fn vsock_test(transport: &str) {
     guest.host_after = HOST_AFTER.into();
     if transport == "pci" {
         guest.api_script = Some(API_SCRIPT.into());
+        guest.cmdline = "vsock_replug=1".into();
     } else {
         guest.vmm_args = vec![
             "--vsock".into(),

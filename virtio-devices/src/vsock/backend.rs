@@ -397,7 +397,15 @@ impl UnixBackend {
         if let Some(h) = self.resets.pop_front() {
             return Some((h, 0));
         }
-        while let Some(key) = self.ready.pop_front() {
+        // One pass over the connections waiting their turn: one that has
+        // nothing for a buffer of this size (a payload for a guest buffer
+        // with no data room) goes back in line, and the next buffer may
+        // take it. Looping until one answers would spin for ever on such
+        // a buffer (found by the fuzzer).
+        for _ in 0..self.ready.len() {
+            let Some(key) = self.ready.pop_front() else {
+                break;
+            };
             let Some((_, c)) = self.conns.get_mut(&key) else {
                 continue;
             };

@@ -432,3 +432,21 @@ fn connect_lines() {
         assert_eq!(parse_connect_line(bad), None, "{bad:?}");
     }
 }
+
+/// A guest RX buffer with no room for data must not make the backend spin
+/// on a connection that has only data to send (a fuzzer-found hang).
+#[test]
+fn a_buffer_without_data_room_gets_control_packets_only() {
+    let mut r = Rig::new("noroom");
+    let (mut s, req) = host_connect(&mut r, 3);
+    r.send(guest(OP_RESPONSE, 3, req.src_port, 0), &[]);
+    s.write_all(b"data").unwrap();
+    r.poll_until(|b| b.has_packet());
+    assert!(r.b.next_packet(&mut []).is_none());
+    assert!(r.b.has_packet(), "the data waits for a real buffer");
+    let got = r.drain(4096);
+    assert_eq!((got[0].0.op, got[0].1.as_slice()), (OP_RW, &b"data"[..]));
+    // Control packets fit a header-only buffer.
+    r.send(guest(OP_CREDIT_REQUEST, 3, req.src_port, 0), &[]);
+    assert_eq!(r.b.next_packet(&mut []).unwrap().0.op, OP_CREDIT_UPDATE);
+}
