@@ -144,8 +144,8 @@ impl PmemConfigJson {
     }
 }
 
-/// Cloud Hypervisor's VsockConfig (what Kata's driver sends: cid, socket,
-/// id) plus our `transport`.
+/// Cloud Hypervisor's VsockConfig (Kata's driver sends `cid`, `socket` and
+/// `iommu`, from CH's generated Go client) plus our `transport`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VsockConfigJson {
@@ -479,12 +479,15 @@ mod tests {
 
     #[test]
     fn vsock_bodies_as_kata_and_ch_remote_send_them() {
-        // Kata's clh.go: cid, socket, id.
+        // Kata's clh.go: NewVsockConfig(cid, path) and SetIommu(false).
         let v = vsock_config_from_json(
-            &json!({"cid": 3, "socket": "/run/vc/vm/x/clh.sock", "id": "vsock0"}),
+            &json!({"cid": 3, "socket": "/run/vc/vm/x/clh.sock", "iommu": false}),
         )
         .unwrap();
-        assert_eq!((v.cid, v.id.as_str()), (3, "vsock0"));
+        assert_eq!((v.cid, v.id.as_str()), (3, "_vsock0"));
+        // An id, as other clients send.
+        let v = vsock_config_from_json(&json!({"cid": 3, "socket": "/s", "id": "vsock0"})).unwrap();
+        assert_eq!(v.id, "vsock0");
         // ch-remote add-vsock: its defaults too.
         let v = vsock_config_from_json(
             &json!({"cid": 4, "socket": "/s", "iommu": false, "pci_segment": 0}),
