@@ -1,5 +1,6 @@
 //! The loop every device worker thread runs: an epoll set, a stop eventfd,
-//! the device-worker seccomp filter, and a handler called for each ready fd.
+//! a seccomp filter (the device workers' kind, or a device's own kind with
+//! [`EventLoop::spawn_as`]), and a handler called for each ready fd.
 //! Dropping the [`WorkerThread`] stops and joins it.
 
 use std::os::fd::{AsRawFd, RawFd};
