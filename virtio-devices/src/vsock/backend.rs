@@ -277,9 +277,10 @@ impl UnixBackend {
         });
     }
 
-    /// A packet from the guest whose descriptors could not be read as one
-    /// (header readable, payload not): the connection it names is reset.
-    pub fn on_malformed_packet(&mut self, h: &Header) {
+    /// A packet from the guest that failed its checks but names a
+    /// connection (right cids): that connection is reset, or the guest
+    /// hears RST for the one it meant.
+    fn on_malformed_packet(&mut self, h: &Header) {
         if h.src_cid != self.guest_cid || h.dst_cid != HOST_CID {
             return;
         }
