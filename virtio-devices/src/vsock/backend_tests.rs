@@ -450,3 +450,39 @@ fn a_buffer_without_data_room_gets_control_packets_only() {
     r.send(guest(OP_CREDIT_REQUEST, 3, req.src_port, 0), &[]);
     assert_eq!(r.b.next_packet(&mut []).unwrap().0.op, OP_CREDIT_UPDATE);
 }
+
+/// The host hung up and the guest never answers the SHUTDOWN with its
+/// RST: past the close timeout the guest hears RST and the entry goes.
+/// A host that aborts (closes with our bytes unread) is an RST at once.
+#[test]
+fn a_close_the_guest_never_finishes_times_out() {
+    let mut r = Rig::new("closing");
+    let (s, req) = host_connect(&mut r, 4);
+    r.send(guest(OP_RESPONSE, 4, req.src_port, 0), &[]);
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).unwrap();
+    drop(s);
+    r.poll_until(|b| b.has_packet());
+    let got = r.drain(4096);
+    assert!(got.iter().any(|(h, _)| h.op == OP_SHUTDOWN), "{got:?}");
+    assert_eq!(r.b.connection_count(), 1, "waiting for the guest's RST");
+    r.b.expire(Instant::now() + CLOSE_TIMEOUT + Duration::from_millis(1));
+    let got = r.drain(4096);
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].0.op, got[0].0.dst_port), (OP_RST, 4));
+    assert_eq!(r.b.connection_count(), 0);
+}
+
+#[test]
+fn a_host_that_aborts_is_an_rst_at_once() {
+    let mut r = Rig::new("abort");
+    let (s, req) = host_connect(&mut r, 5);
+    r.send(guest(OP_RESPONSE, 5, req.src_port, 0), &[]);
+    // The OK line is never read: the close is a reset for the backend.
+    drop(s);
+    r.poll_until(|b| b.has_packet());
+    let got = r.drain(4096);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0.op, OP_RST);
+    assert_eq!(r.b.connection_count(), 0);
+}

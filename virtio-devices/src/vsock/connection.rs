@@ -221,29 +221,44 @@ impl Connection {
     /// The next packet for the guest, its payload (if any) read from the
     /// host socket into `data`, at most the guest's credit.
     pub fn next_packet(&mut self, data: &mut [u8]) -> Option<(Header, usize)> {
-        let (op, flags) = if self.owed.rst {
-            self.owed = Owed::default();
-            (OP_RST, 0)
-        } else if self.owed.request {
-            self.owed.request = false;
-            (OP_REQUEST, 0)
-        } else if self.owed.response {
-            self.owed.response = false;
-            (OP_RESPONSE, 0)
-        } else if let Some(h) = self.read_host(data) {
+        if let Some(op) = self.owed_before_data() {
+            return Some(self.control(op, 0));
+        }
+        if let Some(h) = self.read_host(data) {
             return Some(h);
-        } else if self.owed.shutdown != 0 {
+        }
+        // The read may have ended the connection (a host error: RST) or
+        // the host's half (EOF: SHUTDOWN); either goes out now.
+        if let Some(op) = self.owed_before_data() {
+            return Some(self.control(op, 0));
+        }
+        if self.owed.shutdown != 0 {
             let flags = std::mem::take(&mut self.owed.shutdown);
-            (OP_SHUTDOWN, flags)
-        } else if self.owed.credit_update {
-            self.owed.credit_update = false;
-            (OP_CREDIT_UPDATE, 0)
+            return Some(self.control(OP_SHUTDOWN, flags));
+        }
+        if std::mem::take(&mut self.owed.credit_update) {
+            return Some(self.control(OP_CREDIT_UPDATE, 0));
+        }
+        None
+    }
+
+    /// RST, REQUEST or RESPONSE if owed: they go before any data.
+    fn owed_before_data(&mut self) -> Option<u16> {
+        if self.owed.rst {
+            self.owed = Owed::default();
+            Some(OP_RST)
+        } else if std::mem::take(&mut self.owed.request) {
+            Some(OP_REQUEST)
+        } else if std::mem::take(&mut self.owed.response) {
+            Some(OP_RESPONSE)
         } else {
-            return None;
-        };
-        let h = self.header(op, 0, flags);
+            None
+        }
+    }
+
+    fn control(&mut self, op: u16, flags: u32) -> (Header, usize) {
         self.fwd_cnt_told = self.fwd_cnt;
-        Some((h, 0))
+        (self.header(op, 0, flags), 0)
     }
 
     /// Reads host bytes for an RW packet; notes EOF and errors.
