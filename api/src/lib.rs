@@ -61,6 +61,8 @@ pub enum VmmAction {
     AddPmem(Value),
     /// A `vm.add-disk` body (DiskConfig JSON).
     AddDisk(Value),
+    /// A `vm.add-vsock` body (VsockConfig JSON).
+    AddVsock(Value),
     RemoveDevice(String),
     Counters,
     /// The fs devices, configured or running; with `window_stats`, each window's counters too

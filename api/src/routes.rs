@@ -117,7 +117,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
         "only vhost-user-fs is supported (vm.add-fs)",
     ),
     ("vm.add-net", "network devices are not supported"),
-    ("vm.add-vsock", "vsock devices are not supported"),
     ("vm.add-vdpa", "vDPA devices are not supported"),
     (
         "vm.add-user-device",
@@ -244,6 +243,12 @@ fn routes(state: AppState) -> Router {
             "/api/v1/vm.add-disk",
             put(|State(s): State<AppState>, b: Bytes| async move {
                 with_body(&s, "vm.add-disk", b, VmmAction::AddDisk).await
+            }),
+        )
+        .route(
+            "/api/v1/vm.add-vsock",
+            put(|State(s): State<AppState>, b: Bytes| async move {
+                with_body(&s, "vm.add-vsock", b, VmmAction::AddVsock).await
             }),
         )
         .route("/api/v1/vm.remove-device", put(remove_device))

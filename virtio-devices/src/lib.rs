@@ -14,6 +14,7 @@ pub mod queue_worker;
 pub mod rng;
 pub mod transport;
 pub mod vhost_user_fs;
+pub mod vsock;
 
 pub use device::{ActivateError, Interrupt, SharedMemoryRegion, VirtioDevice, VirtioInterrupt};
 

@@ -20,7 +20,7 @@ use virtio_devices::vhost_user_fs::window::{WindowEvent, WindowObserver};
 
 use crate::config::json::{
     disk_config_from_json, fs_config_from_json, pmem_config_from_json, vm_config_from_json,
-    vm_config_to_json,
+    vm_config_to_json, vsock_config_from_json,
 };
 use crate::config::ConfigError;
 use crate::config::VmConfig;
@@ -92,7 +92,7 @@ pub fn ping_info() -> Value {
         "build_version": env!("CARGO_PKG_VERSION"),
         "version": env!("CARGO_PKG_VERSION"),
         "pid": std::process::id(),
-        "features": ["kvm", "virtio-fs-dax", "virtio-pmem", "virtio-blk", "virtio-mmio", "virtio-pci", "pci-hotplug"],
+        "features": ["kvm", "virtio-fs-dax", "virtio-pmem", "virtio-blk", "virtio-vsock", "virtio-mmio", "virtio-pci", "pci-hotplug"],
     })
 }
 
@@ -101,6 +101,7 @@ enum AddedDevice {
     Fs,
     Pmem,
     Disk,
+    Vsock,
 }
 
 /// How the loop ended.
@@ -275,6 +276,7 @@ impl ControlLoop {
                 .map(|f| (f.transport, vm.add_fs(f, Some(&observe)))),
             AddedDevice::Pmem => next.pmem.last().map(|p| (p.transport, vm.add_pmem(p))),
             AddedDevice::Disk => next.disks.last().map(|d| (d.transport, vm.add_disk(d))),
+            AddedDevice::Vsock => next.vsock.as_ref().map(|v| (v.transport, vm.add_vsock(v))),
         };
         let info = match placed {
             Some((_, Ok(info))) => info,
@@ -433,6 +435,19 @@ impl ControlLoop {
                 let d = disk_config_from_json(&body, c.disks.len())
                     .map_err(|e| ApiError::bad_request(format!("vm.add-disk: {e}")))?;
                 c.disks.push(d);
+                Ok(())
+            }),
+            VmmAction::AddVsock(body) => self.add_device("vm.add-vsock", AddedDevice::Vsock, |c| {
+                let v = vsock_config_from_json(&body)
+                    .map_err(|e| ApiError::bad_request(format!("vm.add-vsock: {e}")))?;
+                if let Some(old) = &c.vsock {
+                    // As Cloud Hypervisor: one vsock device per VM.
+                    return Err(ApiError::conflict(format!(
+                        "vm.add-vsock: the VM has a vsock device already (\"{}\"); remove it first",
+                        old.id
+                    )));
+                }
+                c.vsock = Some(v);
                 Ok(())
             }),
             VmmAction::RemoveDevice(id) => self.remove_device(&id),

@@ -20,11 +20,12 @@ use virtio_devices::pmem::{Pmem, PmemBacking};
 use virtio_devices::rng::Rng;
 use virtio_devices::vhost_user_fs::window::{DaxWindow, GuestPrefaulter, WindowObserver};
 use virtio_devices::vhost_user_fs::{FsDeviceConfig, VhostUserFs};
+use virtio_devices::vsock::Vsock;
 use virtio_devices::VirtioDevice;
 use vm_memory::GuestMemoryAtomic;
 
 use crate::arch::x86_64::layout;
-use crate::config::{DiskConfig, FsConfig, PmemConfig, Transport, VmConfig};
+use crate::config::{DiskConfig, FsConfig, PmemConfig, Transport, VmConfig, VsockConfig};
 use crate::devices::activator::DeviceActivator;
 use crate::devices::device_memory::{AddressSpace, Area, MemorySlot, SlotNumbers};
 use crate::devices::ged::{GedHandle, EVENT_PCI_HOTPLUG};
@@ -159,6 +160,9 @@ impl DeviceManager {
         for d in &config.disks {
             self.add_disk_device(d)?;
         }
+        if let Some(v) = &config.vsock {
+            self.add_vsock_device(v)?;
+        }
         Ok(())
     }
 
@@ -247,6 +251,19 @@ impl DeviceManager {
             d.id,
             d.path.display(),
             if d.readonly { " (read-only)" } else { "" }
+        );
+        Ok(slot)
+    }
+
+    /// Binds the vsock device's socket and puts the device on its transport.
+    fn add_vsock_device(&mut self, v: &VsockConfig) -> Result<Option<u8>, VmError> {
+        let device = Vsock::new(v.id.clone(), v.cid, v.socket.clone())?;
+        let slot = self.place(&v.id, Box::new(device), v.transport, None)?;
+        log::info!(
+            "vsock {}: guest cid {}, host socket {}",
+            v.id,
+            v.cid,
+            v.socket.display()
         );
         Ok(slot)
     }
@@ -355,6 +372,15 @@ impl DeviceManager {
         Ok(PciDeviceInfo::new(&d.id, slot))
     }
 
+    /// Hot-plugs the vsock device into the running guest.
+    pub fn hotplug_vsock(&mut self, v: &VsockConfig) -> Result<PciDeviceInfo, VmError> {
+        Self::hotplug_only_over_pci(v.transport, &v.id)?;
+        self.id_is_free(&v.id)?;
+        let slot = self.add_vsock_device(v)?.expect("a PCI device has a slot");
+        self.announce(slot, true)?;
+        Ok(PciDeviceInfo::new(&v.id, slot))
+    }
+
     fn announce(&self, slot: u8, add: bool) -> Result<(), VmError> {
         {
             let mut hp = self.hotplug.lock().unwrap_or_else(|e| e.into_inner());
@@ -373,7 +399,7 @@ impl DeviceManager {
     pub fn request_removal(&self, id: &str) -> Result<(), VmError> {
         let slot = self.pci.slot_of(id).ok_or_else(|| {
             VmError::Hotplug(format!(
-                "{id}: not a hot-pluggable device (only virtio-PCI fs, pmem and disk devices can be removed from a running VM)"
+                "{id}: not a hot-pluggable device (only virtio-PCI fs, pmem, disk and vsock devices can be removed from a running VM)"
             ))
         })?;
         if id == "_rng" {

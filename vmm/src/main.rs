@@ -8,7 +8,7 @@ use clap::Parser;
 use vmm::config::OptionValues;
 use vmm::config::{
     parse_console, ConfigError, CpusConfig, DiskConfig, FsConfig, MemoryConfig, PayloadConfig,
-    PmemConfig, RngConfig, SerialMode, VmConfig,
+    PmemConfig, RngConfig, SerialMode, VmConfig, VsockConfig,
 };
 use vmm::control_loop::{ControlLoop, LoopExit};
 use vmm::signals::StopSignals;
@@ -63,6 +63,10 @@ struct Cli {
     /// virtio-rng: src=<path>[,transport=pci|mmio], or off.
     #[arg(long, value_name = "src=PATH|off", default_value = "src=/dev/urandom")]
     rng: String,
+    /// virtio-vsock with the hybrid unix-socket backend:
+    /// cid=<cid>,socket=<path>[,id=<id>][,transport=pci|mmio].
+    #[arg(long, value_name = "cid=CID,socket=PATH")]
+    vsock: Option<String>,
     /// REST API socket: <path> or path=<path>.
     #[arg(long, value_name = "PATH")]
     api_socket: Option<String>,
@@ -111,6 +115,7 @@ impl Cli {
                 ("pmem", !self.pmem.is_empty()),
                 ("fs", !self.fs.is_empty()),
                 ("disk", !self.disk.is_empty()),
+                ("vsock", self.vsock.is_some()),
             ];
             if let Some((option, _)) = given.iter().find(|(_, g)| *g) {
                 return Err(ConfigError::Unsupported {
@@ -153,6 +158,7 @@ impl Cli {
                 .map(|(i, d)| DiskConfig::parse(d, i))
                 .collect::<Result<_, _>>()?,
             rng: RngConfig::parse(&self.rng)?,
+            vsock: self.vsock.as_deref().map(VsockConfig::parse).transpose()?,
             pvpanic: true,
         };
         config.validate()?;

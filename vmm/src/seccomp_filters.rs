@@ -24,6 +24,7 @@ pub const VCPU: &str = "vcpu";
 pub const SERIAL_INPUT: &str = "serial-input";
 pub const ACTIVATOR: &str = "device-activator";
 pub use api::API_THREAD as API;
+pub use virtio_devices::vsock::VSOCK_WORKER_THREAD as VSOCK_WORKER;
 pub use virtio_devices::BLOCK_IO_THREAD as BLOCK_IO;
 pub use virtio_devices::DEVICE_WORKER_THREAD as DEVICE_WORKER;
 
@@ -117,6 +118,24 @@ const BLOCK_IO_CALLS: &[i64] = &[
     SYS_fsync,
     SYS_fdatasync,
     SYS_fallocate,
+];
+
+/// The vsock device's thread (started by the main thread with the device,
+/// not by the activator): accepts host connections on the device's
+/// listener, connects to `<socket>_<port>` listeners for the guest (a
+/// non-blocking unix stream socket, [`VSOCK_SOCKETS`]), moves bytes, shuts
+/// down halves, reads its deadline timer; when it stops, unlinks the
+/// device's socket (the backend is dropped on this thread). No file opens,
+/// no other family.
+const VSOCK_WORKER_CALLS: &[i64] = &[
+    SYS_unlink,
+    SYS_accept4,
+    SYS_connect,
+    SYS_shutdown,
+    SYS_recvfrom,
+    SYS_sendto,
+    SYS_recvmsg,
+    SYS_sendmsg,
 ];
 
 /// The API thread: its socket, the daemons' control sockets (connect; the
@@ -313,6 +332,7 @@ const UNIX_STREAM_NONBLOCK: &[Cond] = &[
 ];
 pub const VMM_SOCKETS: &[&[Cond]] = &[UNIX_STREAM, UNIX_STREAM_NONBLOCK];
 pub const API_SOCKETS: &[&[Cond]] = &[UNIX_STREAM_NONBLOCK];
+pub const VSOCK_SOCKETS: &[&[Cond]] = &[UNIX_STREAM_NONBLOCK];
 
 /// The `openat` flag bits that say what an open may do to a file: its
 /// access mode and whether it creates, truncates or only names one. The
@@ -378,6 +398,9 @@ pub fn all_for(pid: u32) -> Vec<(&'static str, Vec<Allow>)> {
     api.extend(each(SYS_socket, API_SOCKETS));
     let mut worker = base(pid, DEVICE_WORKER_CALLS);
     worker.extend([fd_flags, PREFAULT_IOCTL]);
+    let mut vsock = base(pid, VSOCK_WORKER_CALLS);
+    vsock.push(fd_flags);
+    vsock.extend(each(SYS_socket, VSOCK_SOCKETS));
     let mut serial = base(pid, SERIAL_INPUT_CALLS);
     serial.push(fd_flags);
     let block_io = base(pid, BLOCK_IO_CALLS);
@@ -389,6 +412,7 @@ pub fn all_for(pid: u32) -> Vec<(&'static str, Vec<Allow>)> {
         (VCPU, vcpu),
         (API, api),
         (DEVICE_WORKER, worker),
+        (VSOCK_WORKER, vsock),
         (SERIAL_INPUT, serial),
         (ACTIVATOR, activator),
         (BLOCK_IO, block_io),

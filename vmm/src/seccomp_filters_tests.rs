@@ -39,6 +39,8 @@ const ON_API: &[&str] = &[VMM, API];
 const ON_ACTIVATOR: &[&str] = &[VMM, ACTIVATOR];
 const ON_WORKER: &[&str] = &[VMM, ACTIVATOR, DEVICE_WORKER];
 const ON_BLOCK_IO: &[&str] = &[VMM, ACTIVATOR, BLOCK_IO];
+/// The vsock thread starts with its device, on the main thread.
+const ON_VSOCK: &[&str] = &[VMM, VSOCK_WORKER];
 
 fn ioctl(request: u64) -> impl FnOnce() -> i64 {
     // SAFETY: an ioctl on fd -1 touches no memory: EBADF if it gets past
@@ -136,7 +138,7 @@ fn signals_reach_only_the_vmms_own_threads() {
     let kill_self = || i64::from(unsafe { libc::kill(libc::getpid(), 0) });
     // SAFETY: as above.
     let kill_init = || i64::from(unsafe { libc::kill(1, 0) });
-    for kinds in [MAIN, ON_VCPU, ON_API, ON_ACTIVATOR, ON_WORKER] {
+    for kinds in [MAIN, ON_VCPU, ON_API, ON_ACTIVATOR, ON_WORKER, ON_VSOCK] {
         assert_eq!(under(kinds, tgkill_self), Outcome::Returned(0), "{kinds:?}");
         assert_eq!(under(kinds, tgkill_init), SIGSYS_, "{kinds:?}");
         assert_eq!(under(kinds, kill_init), SIGSYS_, "{kinds:?}");
@@ -156,7 +158,7 @@ fn prctl_only_names_new_threads_and_sets_no_new_privs_where_threads_start() {
             Outcome::Returned(0)
         );
     }
-    for kinds in [MAIN, ON_VCPU, ON_API, ON_ACTIVATOR, ON_WORKER] {
+    for kinds in [MAIN, ON_VCPU, ON_API, ON_ACTIVATOR, ON_WORKER, ON_VSOCK] {
         for option in [PR_SET_DUMPABLE, PR_SET_PDEATHSIG, PR_SET_MM, PR_SET_PTRACER] {
             assert_eq!(
                 under(kinds, prctl(option, 0)),
@@ -341,6 +343,7 @@ fn every_thread_kind_is_a_subset_of_the_main_threads_list() {
         (VCPU, VCPU_CALLS),
         (API, API_CALLS),
         (DEVICE_WORKER, DEVICE_WORKER_CALLS),
+        (VSOCK_WORKER, VSOCK_WORKER_CALLS),
         (ACTIVATOR, ACTIVATOR_CALLS),
         (BLOCK_IO, BLOCK_IO_CALLS),
     ] {
@@ -458,4 +461,126 @@ fn threads_that_start_threads_let_them_install_their_own_filter() {
             );
         }
     }
+}
+
+/// The vsock thread's whole job under its filters, in a child: a guest
+/// request connected to `<socket>_<port>`, a host stream accepted with its
+/// CONNECT line, bytes both ways, shutdowns. Only non-blocking unix stream
+/// sockets; no other family, no file opens, no blocking socket.
+#[test]
+fn the_vsock_thread_serves_both_directions_under_its_filters() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use virtio_devices::vsock::packet::*;
+    use virtio_devices::vsock::UnixBackend;
+
+    let dir = std::env::temp_dir().join(format!("seccomp-vsock-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("v.sock");
+    // Made on the main thread, as the device is.
+    let mut backend = UnixBackend::new(3, &path).unwrap();
+    let listener = UnixListener::bind(dir.join("v.sock_5000")).unwrap();
+    let mut host_client = UnixStream::connect(&path).unwrap();
+    host_client.write_all(b"CONNECT 80\n").unwrap();
+    let req = |op, src_port, dst_port, len| Header {
+        src_cid: 3,
+        dst_cid: HOST_CID,
+        src_port,
+        dst_port,
+        len,
+        type_: TYPE_STREAM,
+        op,
+        flags: 0,
+        buf_alloc: 65536,
+        fwd_cnt: 0,
+    };
+    // A step that went wrong: the child's outcome is Returned(step).
+    fn failed(step: i32) -> i64 {
+        // SAFETY: errno is this thread's; try_in_child reads it back.
+        unsafe { *libc::__errno_location() = step };
+        -1
+    }
+    let outcome = under(ON_VSOCK, move || {
+        backend.set_active(true);
+        let mut buf = vec![0u8; 4096];
+        // Guest → host.
+        backend
+            .on_guest_packet(&req(OP_REQUEST, 1000, 5000, 0), &[])
+            .unwrap();
+        let Some((h, _)) = backend.next_packet(&mut buf) else {
+            return failed(1);
+        };
+        if h.op != OP_RESPONSE {
+            return failed(2);
+        }
+        let Ok((mut host, _)) = listener.accept() else {
+            return failed(3);
+        };
+        backend
+            .on_guest_packet(&req(OP_RW, 1000, 5000, 2), b"hi")
+            .unwrap();
+        let mut two = [0u8; 2];
+        if host.read_exact(&mut two).is_err() || &two != b"hi" {
+            return failed(4);
+        }
+        // Host → guest through the CONNECT line.
+        let mut request = None;
+        for _ in 0..500 {
+            backend.poll_host();
+            if let Some((h, _)) = backend.next_packet(&mut buf) {
+                request = Some(h);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let Some(h) = request.filter(|h| h.op == OP_REQUEST && h.dst_port == 80) else {
+            return failed(5);
+        };
+        backend
+            .on_guest_packet(&req(OP_RESPONSE, 80, h.src_port, 0), &[])
+            .unwrap();
+        let mut shut = req(OP_SHUTDOWN, 1000, 5000, 0);
+        shut.flags = SHUTDOWN_RCV | SHUTDOWN_SEND;
+        backend.on_guest_packet(&shut, &[]).unwrap();
+        // Stopping: the socket's name goes.
+        drop(backend);
+        0
+    });
+    assert_eq!(outcome, Outcome::Returned(0));
+    let mut ok = [0u8; 3];
+    host_client.read_exact(&mut ok).unwrap();
+    assert_eq!(&ok, b"OK ");
+    assert!(!path.exists(), "the stopped backend unlinked its socket");
+    let blocking = SOCK_STREAM | SOCK_CLOEXEC;
+    assert_eq!(
+        under(ON_VSOCK, socket(AF_UNIX, blocking | SOCK_NONBLOCK)),
+        Outcome::Returned(0)
+    );
+    for (domain, kind) in [
+        (AF_UNIX, blocking),
+        (AF_INET, blocking | SOCK_NONBLOCK),
+        (AF_VSOCK, blocking | SOCK_NONBLOCK),
+    ] {
+        assert_eq!(
+            under(ON_VSOCK, socket(domain, kind)),
+            SIGSYS_,
+            "{domain} {kind:#x}"
+        );
+    }
+    let existing = CString::new(
+        dir.join("v.sock_5000")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .unwrap();
+    assert_eq!(
+        under(ON_VSOCK, open(&existing, O_RDONLY | O_CLOEXEC)),
+        SIGSYS_
+    );
+    assert_eq!(
+        under(ON_VSOCK, ioctl(crate::prefault::KVM_PRE_FAULT_MEMORY_NR)),
+        SIGSYS_
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -13,7 +13,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::terminal::Terminal;
 
 use crate::arch::x86_64::{acpi::AcpiTables, boot, layout};
-use crate::config::{DiskConfig, FsConfig, PmemConfig, SerialMode, VmConfig};
+use crate::config::{DiskConfig, FsConfig, PmemConfig, SerialMode, VmConfig, VsockConfig};
 use crate::device_manager::DeviceManager;
 pub use crate::device_manager::{FsDeviceInfo, ObserverFactory, PciDeviceInfo};
 use crate::devices::{acpi_pm, ged, i8042, pvpanic, serial, Bus};
@@ -57,6 +57,8 @@ pub enum VmError {
     Rng(#[from] RngError),
     #[error(transparent)]
     Disk(#[from] virtio_devices::block::DiskError),
+    #[error(transparent)]
+    Vsock(#[from] virtio_devices::vsock::BackendError),
     #[error(transparent)]
     VirtioMmio(#[from] crate::devices::virtio_mmio::VirtioMmioError),
     #[error(transparent)]
@@ -399,6 +401,11 @@ impl Vm {
     /// Hot-plugs a disk over virtio-PCI.
     pub fn add_disk(&mut self, disk: &DiskConfig) -> Result<PciDeviceInfo, VmError> {
         self.devices.hotplug_disk(disk)
+    }
+
+    /// Hot-plugs the vsock device over virtio-PCI.
+    pub fn add_vsock(&mut self, vsock: &VsockConfig) -> Result<PciDeviceInfo, VmError> {
+        self.devices.hotplug_vsock(vsock)
     }
 
     /// Asks the guest to eject device `id`; see [`Vm::complete_ejects`].

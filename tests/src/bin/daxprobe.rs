@@ -32,6 +32,9 @@
 //!                                        FUSE READ); prints median/p90 µs (daxprobe/roundtrip.rs)
 //! daxprobe power-button                  waits for the ACPI power button's KEY_POWER (evdev);
 //!                                        prints "pressed" (exit 0)
+//! daxprobe vsock-serve|vsock-connect|unix-serve|hybrid-connect ...
+//!                                        both ends of a vsock connection, guest (AF_VSOCK) and
+//!                                        host (the VMM's hybrid unix socket); see daxprobe/vsock.rs
 //! ```
 //!
 //! `statx` forces a GETATTR (`AT_STATX_FORCE_SYNC`), so it sees what the
@@ -45,6 +48,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
+#[path = "daxprobe/vsock.rs"]
+mod vsock;
 #[path = "daxprobe/window_io.rs"]
 mod window_io;
 
@@ -430,6 +435,10 @@ fn main() {
         ["http", socket, method, path, body] => http(socket, method, path, body),
         ["sse", socket, path] => sse_counts(socket, path),
         ["power-button"] => power_button(),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | window-io | bench | mktree | readtree | http | sse | power-button)".into()),
+        ["vsock-serve", port, reply, count] => vsock::vsock_serve(port, reply, count),
+        ["vsock-connect", cid, port, bytes] => vsock::vsock_connect(cid, port, bytes),
+        ["unix-serve", path, reply] => vsock::unix_serve(path, reply),
+        ["hybrid-connect", socket, port, bytes] => vsock::hybrid_connect(socket, port, bytes),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | window-io | bench | mktree | readtree | http | sse | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect)".into()),
     }
 }

@@ -138,6 +138,16 @@ const RNG: &[(&str, Rule)] = &[
     ("transport", Rule::Ours),
 ];
 
+const VSOCK: &[(&str, Rule)] = &[
+    ("cid", Rule::Ours),
+    ("socket", Rule::Ours),
+    ("iommu", Rule::Ours),
+    ("id", Rule::Ours),
+    ("pci_segment", Rule::Ours),
+    ("pci_device_id", Rule::Empty),
+    ("transport", Rule::Ours),
+];
+
 const PLATFORM: &[(&str, Rule)] = &[
     ("num_pci_segments", Rule::Default(|| json!(1))),
     ("iommu_segments", Rule::Empty),
@@ -178,7 +188,7 @@ const VM_CONFIG: &[(&str, Rule)] = &[
     ("devices", Rule::Empty),
     ("user_devices", Rule::Empty),
     ("vdpa", Rule::Empty),
-    ("vsock", Rule::Empty),
+    ("vsock", Rule::Object(VSOCK)),
     ("numa", Rule::Empty),
     ("pci_segments", Rule::Empty),
     ("tpm", Rule::Empty),

@@ -18,7 +18,7 @@ use super::option_parser::OptionValues;
 use super::pmem::PMEM_KEYS;
 use super::{
     ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig, RngConfig,
-    SerialMode, Transport, VmConfig, RNG_KEYS,
+    SerialMode, Transport, VmConfig, VsockConfig, RNG_KEYS, VSOCK_KEYS,
 };
 use super::{DiskConfig, DISK_KEYS};
 
@@ -237,6 +237,41 @@ impl DiskConfigJson {
     }
 }
 
+/// Cloud Hypervisor's VsockConfig (Kata's driver sends `cid`, `socket` and
+/// `iommu`, from CH's generated Go client) plus our `transport`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VsockConfigJson {
+    cid: u64,
+    socket: PathBuf,
+    iommu: Option<bool>,
+    id: Option<String>,
+    pci_segment: Option<u16>,
+    transport: Option<String>,
+    /// Cloud Hypervisor's requested PCI slot: null only (slots are assigned).
+    pci_device_id: Option<u8>,
+}
+
+impl VsockConfigJson {
+    fn into_config(self) -> Result<VsockConfig, ConfigError> {
+        no_pci_device_id("vsock", self.pci_device_id)?;
+        let mut pairs = vec![
+            ("cid", self.cid.to_string()),
+            ("socket", self.socket.display().to_string()),
+        ];
+        let mut opt = |k, v: Option<String>| {
+            if let Some(v) = v {
+                pairs.push((k, v));
+            }
+        };
+        opt("iommu", self.iommu.map(toggle));
+        opt("id", self.id);
+        opt("pci_segment", self.pci_segment.map(|v| v.to_string()));
+        opt("transport", self.transport);
+        VsockConfig::from_values(&OptionValues::from_pairs("vsock", pairs, VSOCK_KEYS)?)
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RngJson {
@@ -307,6 +342,7 @@ struct VmConfigJson {
     pmem: Option<Vec<PmemConfigJson>>,
     disks: Option<Vec<DiskConfigJson>>,
     rng: Option<RngJson>,
+    vsock: Option<VsockConfigJson>,
     pvpanic: Option<bool>,
 }
 
@@ -396,6 +432,7 @@ pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
                 .transpose()?
                 .unwrap_or_default(),
         ),
+        vsock: j.vsock.map(VsockConfigJson::into_config).transpose()?,
         pvpanic: j.pvpanic.unwrap_or(true),
     };
     config.validate()?;
@@ -427,6 +464,15 @@ pub fn disk_config_from_json(body: &Value, index: usize) -> Result<DiskConfig, J
         source,
     })?;
     Ok(j.into_config(index)?)
+}
+
+/// Parses a `vm.add-vsock` body.
+pub fn vsock_config_from_json(body: &Value) -> Result<VsockConfig, JsonConfigError> {
+    let j = VsockConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape {
+        what: "VsockConfig",
+        source,
+    })?;
+    Ok(j.into_config()?)
 }
 
 fn transport(t: Transport) -> &'static str {
@@ -479,6 +525,10 @@ pub fn vm_config_to_json(c: &VmConfig) -> Value {
     });
     if let Some(r) = &c.rng {
         v["rng"] = json!({"src": r.src, "iommu": false, "pci_segment": 0, "transport": transport(r.transport)});
+    }
+    if let Some(s) = &c.vsock {
+        v["vsock"] = json!({"cid": s.cid, "socket": s.socket, "iommu": false, "id": s.id,
+                            "pci_segment": 0, "transport": transport(s.transport)});
     }
     v
 }
@@ -572,6 +622,42 @@ mod tests {
         assert!(e(json!({"path": "/d", "cache": "none"})).contains("unknown field `cache`"));
         assert!(e(json!({"readonly": true})).contains("missing required key \"path\""));
         assert!(e(json!({"path": "/d", "pci_device_id": 3})).contains("pci_device_id=3"));
+    }
+
+    #[test]
+    fn vsock_bodies_as_kata_and_ch_remote_send_them() {
+        // Kata's clh.go: NewVsockConfig(cid, path) and SetIommu(false).
+        let v = vsock_config_from_json(
+            &json!({"cid": 3, "socket": "/run/vc/vm/x/clh.sock", "iommu": false}),
+        )
+        .unwrap();
+        assert_eq!((v.cid, v.id.as_str()), (3, "_vsock0"));
+        // An id, as other clients send.
+        let v = vsock_config_from_json(&json!({"cid": 3, "socket": "/s", "id": "vsock0"})).unwrap();
+        assert_eq!(v.id, "vsock0");
+        // ch-remote add-vsock: its defaults too.
+        let v = vsock_config_from_json(
+            &json!({"cid": 4, "socket": "/s", "iommu": false, "pci_segment": 0}),
+        )
+        .unwrap();
+        assert_eq!((v.id.as_str(), v.transport), ("_vsock0", Transport::Pci));
+        let e = |b: Value| vsock_config_from_json(&b).unwrap_err().to_string();
+        assert!(e(json!({"cid": 2, "socket": "/s"})).contains("cid=\"2\""));
+        assert!(e(json!({"socket": "/s"})).contains("missing field `cid`"));
+        assert!(e(json!({"cid": 3, "socket": "/s", "port": 1})).contains("unknown field `port`"));
+        assert!(e(json!({"cid": 3, "socket": "/s", "pci_device_id": 5})).contains("pci_device_id"));
+        // In a VmConfig, and back out of vm.info.
+        let body =
+            json!({"payload": {"kernel": "/k"}, "vsock": {"cid": 5, "socket": "/v", "id": "vs"}});
+        let c = vm_config_from_json(&body).unwrap();
+        assert_eq!(c.vsock.as_ref().map(|v| v.cid), Some(5));
+        assert_eq!(vm_config_from_json(&vm_config_to_json(&c)).unwrap(), c);
+        let mut dup = body.clone();
+        dup["pmem"] = json!([{"file": "/p", "id": "vs"}]);
+        assert!(vm_config_from_json(&dup)
+            .unwrap_err()
+            .to_string()
+            .contains("\"vs\" is used twice"));
     }
 
     #[test]

@@ -7,11 +7,13 @@ pub mod json;
 mod option_parser;
 mod pmem;
 mod rng;
+mod vsock;
 
 pub use disk::{DiskConfig, DISK_KEYS};
 pub use fs::FsConfig;
 pub use pmem::{PmemConfig, Transport};
 pub use rng::{RngConfig, DEFAULT_RNG_SOURCE, RNG_KEYS};
+pub use vsock::{VsockConfig, VSOCK_KEYS};
 
 use std::path::PathBuf;
 
@@ -212,19 +214,25 @@ pub struct VmConfig {
     pub disks: Vec<DiskConfig>,
     /// The virtio-rng device (on by default, as in Cloud Hypervisor).
     pub rng: Option<RngConfig>,
+    /// The virtio-vsock device (at most one, as in Cloud Hypervisor).
+    pub vsock: Option<VsockConfig>,
     /// The pvpanic device (I/O port 0x505): the guest reports a panic and
     /// the VMM exits with status 3. On unless a VmConfig says `false`.
     pub pvpanic: bool,
 }
 
 impl VmConfig {
-    /// Drops the fs, pmem or disk device named `id`; false if there is none.
+    /// Drops the fs, pmem, disk or vsock device named `id`; false if there is none.
     pub fn remove_device(&mut self, id: &str) -> bool {
-        let count = |c: &Self| c.fs.len() + c.pmem.len() + c.disks.len();
+        let count =
+            |c: &Self| c.fs.len() + c.pmem.len() + c.disks.len() + usize::from(c.vsock.is_some());
         let before = count(self);
         self.fs.retain(|f| f.id != id);
         self.pmem.retain(|p| p.id != id);
         self.disks.retain(|d| d.id != id);
+        if self.vsock.as_ref().is_some_and(|v| v.id == id) {
+            self.vsock = None;
+        }
         count(self) != before
     }
 
@@ -243,6 +251,7 @@ impl VmConfig {
             .map(|p| (p.id.as_str(), "pmem"))
             .chain(self.fs.iter().map(|f| (f.id.as_str(), "fs")))
             .chain(self.disks.iter().map(|d| (d.id.as_str(), "disk")))
+            .chain(self.vsock.iter().map(|v| (v.id.as_str(), "vsock")))
             .collect();
         ids.sort_unstable();
         if let Some(w) = ids.windows(2).find(|w| w[0].0 == w[1].0) {
@@ -328,6 +337,7 @@ mod tests {
             fs: vec![FsConfig::parse("tag=t,socket=s,id=dev1", 0).unwrap()],
             disks: vec![DiskConfig::parse("path=d,id=dev2", 0).unwrap()],
             rng: None,
+            vsock: None,
             pvpanic: true,
         };
         assert!(cfg

@@ -1,0 +1,279 @@
+//! virtio-vsock (virtio 1.2 §5.10) with the hybrid unix-socket backend of
+//! Firecracker and Cloud Hypervisor ([`backend`]): stream sockets between
+//! the guest and processes on the host, without a vhost-vsock kernel
+//! module or a host-wide context id.
+//!
+//! The device's thread starts with the device, on the thread that creates
+//! it (the VMM's main thread), not on the device activator: it holds the
+//! host listener from the start, and its seccomp list
+//! ([`VSOCK_WORKER_THREAD`]) allows accept/connect on unix sockets, which
+//! the activator's does not. Activation and reset hand it the queues and
+//! take them back over a channel.
+
+pub mod backend;
+pub mod connection;
+pub mod packet;
+pub mod queues;
+
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::device::{
+    read_config_bytes, ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt,
+};
+use crate::event_loop::{EventLoop, Flow, WorkerThread};
+use crate::GuestMemoryMmap;
+
+pub use backend::{BackendError, UnixBackend};
+use queues::{ActiveQueues, RX_QUEUE, TX_QUEUE};
+
+pub const VIRTIO_ID_VSOCK: u32 = 19;
+/// The seccomp thread kind of the device's thread (see the VMM's
+/// `seccomp_filters`).
+pub const VSOCK_WORKER_THREAD: &str = "vsock-worker";
+/// rx, tx, event.
+const QUEUE_SIZES: &[u16] = &[256, 256, 256];
+/// Guest cids 0-2 are reserved (hypervisor, local, host) and
+/// 0xffffffff is VMADDR_CID_ANY; Linux takes 32-bit cids.
+pub const MIN_GUEST_CID: u64 = 3;
+pub const MAX_GUEST_CID: u64 = 0xffff_fffe;
+/// How long a reset waits for the thread to give the queues back.
+const RESET_TIMEOUT: Duration = Duration::from_secs(5);
+
+const TOKEN_COMMAND: u64 = 0;
+const TOKEN_RX: u64 = 1;
+const TOKEN_TX: u64 = 2;
+/// TOKEN_RX + 2 is the event queue's kick.
+const TOKEN_HOST: u64 = 4;
+
+/// What the device asks of its thread.
+enum Command {
+    Activate {
+        mem: GuestMemoryAtomic<GuestMemoryMmap>,
+        queues: Box<ActiveQueues>,
+        kicks: Vec<EventFd>,
+    },
+    /// Drop the queues and every connection; answer when done.
+    Reset(SyncSender<()>),
+}
+
+pub struct Vsock {
+    id: String,
+    cid: u64,
+    acked: u64,
+    commands: Mutex<Sender<Command>>,
+    wake: EventFd,
+    _thread: WorkerThread,
+}
+
+/// The thread's state between events.
+struct Worker {
+    id: String,
+    backend: UnixBackend,
+    commands: Receiver<Command>,
+    mem: Option<GuestMemoryAtomic<GuestMemoryMmap>>,
+    queues: Option<Box<ActiveQueues>>,
+    kicks: Vec<EventFd>,
+}
+
+impl Vsock {
+    /// Binds `path` and starts the device's thread.
+    pub fn new(id: String, cid: u64, path: PathBuf) -> Result<Self, BackendError> {
+        let backend = UnixBackend::new(cid, &path)?;
+        let events = EventLoop::new().map_err(BackendError::Epoll)?;
+        let wake = EventFd::new(libc::EFD_NONBLOCK).map_err(BackendError::Epoll)?;
+        events
+            .add(wake.as_raw_fd(), EventSet::IN, TOKEN_COMMAND)
+            .map_err(BackendError::Epoll)?;
+        events
+            .add(backend.epoll_fd(), EventSet::IN, TOKEN_HOST)
+            .map_err(BackendError::Epoll)?;
+        let (tx, rx) = channel();
+        let wake_in_thread = wake.try_clone().map_err(BackendError::Epoll)?;
+        let mut worker = Worker {
+            id: id.clone(),
+            backend,
+            commands: rx,
+            mem: None,
+            queues: None,
+            kicks: Vec::new(),
+        };
+        let thread = events
+            .spawn_as(
+                VSOCK_WORKER_THREAD,
+                format!("vsock-{id}"),
+                format!("virtio-vsock {id}"),
+                move |events, token, _| {
+                    if token == TOKEN_COMMAND {
+                        let _ = wake_in_thread.read();
+                    }
+                    worker.handle(events, token)
+                },
+            )
+            .map_err(BackendError::Epoll)?;
+        Ok(Vsock {
+            id,
+            cid,
+            acked: 0,
+            commands: Mutex::new(tx),
+            wake,
+            _thread: thread,
+        })
+    }
+
+    fn send(&self, c: Command) -> Result<(), ActivateError> {
+        self.commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(c)
+            .map_err(|_| {
+                ActivateError::Device(format!("virtio-vsock {}: its thread is gone", self.id))
+            })?;
+        self.wake.write(1)?;
+        Ok(())
+    }
+}
+
+impl Worker {
+    fn handle(&mut self, events: &EventLoop, token: u64) -> Flow {
+        match token {
+            TOKEN_COMMAND => {
+                while let Ok(c) = self.commands.try_recv() {
+                    self.command(events, c);
+                }
+                return Flow::Continue;
+            }
+            TOKEN_HOST => self.backend.poll_host(),
+            _ => {
+                let index = token
+                    .checked_sub(TOKEN_RX)
+                    .and_then(|i| usize::try_from(i).ok());
+                if let Some(k) = index.and_then(|i| self.kicks.get(i)) {
+                    let _ = k.read();
+                }
+            }
+        }
+        let (Some(mem), Some(q)) = (&self.mem, self.queues.as_mut()) else {
+            return Flow::Continue;
+        };
+        let guard = mem.memory();
+        let served = (|| -> Result<(), String> {
+            if token == TOKEN_TX {
+                let n = queues::process_tx(q, &guard, &mut self.backend)
+                    .map_err(|e| format!("{e:?}"))?;
+                queues::notify(&mut q.tx, TX_QUEUE, n, &guard, &*q.interrupt)
+                    .map_err(|e| e.to_string())?;
+            }
+            let n = queues::fill_rx(q, &guard, &mut self.backend).map_err(|e| format!("{e:?}"))?;
+            queues::notify(&mut q.rx, RX_QUEUE, n, &guard, &*q.interrupt).map_err(|e| e.to_string())
+        })();
+        match served {
+            Ok(()) => Flow::Continue,
+            Err(e) => {
+                crate::error_limited!("virtio-vsock {}: queues stopped: {e}", self.id);
+                // The device is broken until the driver resets it; the
+                // host side stays, so a reset brings it back.
+                self.drop_queues(events);
+                Flow::Continue
+            }
+        }
+    }
+
+    fn drop_queues(&mut self, events: &EventLoop) {
+        for k in self.kicks.drain(..) {
+            events.remove(k.as_raw_fd());
+        }
+        self.queues = None;
+        self.mem = None;
+        self.backend.set_active(false);
+    }
+
+    fn command(&mut self, events: &EventLoop, c: Command) {
+        match c {
+            Command::Activate { mem, queues, kicks } => {
+                self.drop_queues(events);
+                for (i, k) in kicks.iter().enumerate() {
+                    // i < 3: the queue count was checked.
+                    if let Err(e) = events.add(k.as_raw_fd(), EventSet::IN, TOKEN_RX + i as u64) {
+                        crate::error_limited!("virtio-vsock {}: watching queue {i}: {e}", self.id);
+                    }
+                }
+                self.kicks = kicks;
+                self.mem = Some(mem);
+                self.queues = Some(queues);
+                self.backend.set_active(true);
+            }
+            Command::Reset(done) => {
+                self.drop_queues(events);
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+impl VirtioDevice for Vsock {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_VSOCK
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        QUEUE_SIZES
+    }
+
+    fn features(&self) -> u64 {
+        1 << VIRTIO_F_VERSION_1
+    }
+
+    fn ack_features(&mut self, features: u64) {
+        self.acked = features & self.features();
+    }
+
+    /// `le64 guest_cid`.
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.cid.to_le_bytes(), offset, data);
+    }
+
+    fn activate(
+        &mut self,
+        mem: GuestMemoryAtomic<GuestMemoryMmap>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+        queues: Vec<ActivatedQueue>,
+    ) -> Result<(), ActivateError> {
+        if queues.len() != QUEUE_SIZES.len() {
+            return Err(ActivateError::QueueCount {
+                got: queues.len(),
+                needed: QUEUE_SIZES.len(),
+            });
+        }
+        let mut qs = queues.into_iter();
+        let mut next = || qs.next().expect("three queues");
+        let (rx, tx, event) = (next(), next(), next());
+        let kicks = vec![rx.kick, tx.kick, event.kick];
+        let queues = Box::new(ActiveQueues::new(
+            rx.queue,
+            tx.queue,
+            event.queue,
+            interrupt,
+        ));
+        self.send(Command::Activate { mem, queues, kicks })
+    }
+
+    fn reset(&mut self) -> bool {
+        let (done, wait) = sync_channel(1);
+        self.acked = 0;
+        // Until the thread answers it may still touch guest memory.
+        self.send(Command::Reset(done)).is_ok() && wait.recv_timeout(RESET_TIMEOUT).is_ok()
+    }
+}
+
+#[cfg(test)]
+#[path = "device_tests.rs"]
+mod tests;
