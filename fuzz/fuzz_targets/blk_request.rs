@@ -43,7 +43,10 @@ fuzz_target!(|data: &[u8]| {
         let Ok(action) = request.action else {
             continue;
         };
-        assert!(request.status.is_some(), "an accepted request has a status byte");
+        assert!(
+            request.status.is_some(),
+            "an accepted request has a status byte"
+        );
         let end = limits.capacity * SECTOR_SIZE;
         match &action {
             Action::Read { offset, data } | Action::Write { offset, data } => {

@@ -27,7 +27,8 @@ fn host() -> &'static (PathBuf, UnixListener) {
         let dir = std::env::temp_dir().join(format!("vsock-fuzz-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let listener = UnixListener::bind(dir.join(format!("v.sock_{LISTENING_PORT}"))).expect("listener");
+        let listener =
+            UnixListener::bind(dir.join(format!("v.sock_{LISTENING_PORT}"))).expect("listener");
         listener.set_nonblocking(true).expect("non-blocking");
         (dir.join("v.sock"), listener)
     })
@@ -74,7 +75,11 @@ fuzz_target!(|data: &[u8]| {
                     h.type_ = TYPE_STREAM;
                 }
                 if steer & 2 == 0 {
-                    h.dst_port = if steer & 4 == 0 { LISTENING_PORT } else { h.dst_port % 4 + (1 << 30) };
+                    h.dst_port = if steer & 4 == 0 {
+                        LISTENING_PORT
+                    } else {
+                        h.dst_port % 4 + (1 << 30)
+                    };
                     h.src_port %= 8;
                 }
                 if steer & 8 == 0 {
@@ -87,7 +92,10 @@ fuzz_target!(|data: &[u8]| {
             1 => {
                 let room = (usize::from(input.byte()) * 257).min(rx.len());
                 while let Some((h, n)) = backend.next_packet(&mut rx[..room]) {
-                    assert_eq!((h.src_cid, h.dst_cid, h.type_), (HOST_CID, GUEST_CID, TYPE_STREAM));
+                    assert_eq!(
+                        (h.src_cid, h.dst_cid, h.type_),
+                        (HOST_CID, GUEST_CID, TYPE_STREAM)
+                    );
                     assert!(n <= room && h.len as usize == n, "{h:?} {n} {room}");
                 }
             }
