@@ -54,11 +54,23 @@ impl EventLoop {
         self,
         name: String,
         what: String,
+        handle: impl FnMut(&EventLoop, u64, EventSet) -> Flow + Send + 'static,
+    ) -> std::io::Result<WorkerThread> {
+        self.spawn_as(crate::DEVICE_WORKER_THREAD, name, what, handle)
+    }
+
+    /// [`Self::spawn`] for a worker with a seccomp list of its own
+    /// (`thread_kind`), such as the vsock device's.
+    pub fn spawn_as(
+        self,
+        thread_kind: &'static str,
+        name: String,
+        what: String,
         mut handle: impl FnMut(&EventLoop, u64, EventSet) -> Flow + Send + 'static,
     ) -> std::io::Result<WorkerThread> {
         let stop = self.stop.try_clone()?;
         let thread = std::thread::Builder::new().name(name).spawn(move || {
-            if let Err(e) = seccomp::enter_thread(crate::DEVICE_WORKER_THREAD) {
+            if let Err(e) = seccomp::enter_thread(thread_kind) {
                 return crate::error_limited!("{what}: {e}; the worker does not run");
             }
             let mut events = vec![EpollEvent::default(); 16];

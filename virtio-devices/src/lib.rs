@@ -8,6 +8,7 @@
 pub mod device;
 pub mod event_loop;
 pub mod log_limit;
+pub mod net;
 pub mod pmem;
 pub mod queue_worker;
 pub mod rng;
