@@ -59,6 +59,8 @@ pub enum VmmAction {
     AddFs(Value),
     /// A `vm.add-pmem` body (PmemConfig JSON).
     AddPmem(Value),
+    /// A `vm.add-net` body (NetConfig JSON).
+    AddNet(Value),
     RemoveDevice(String),
     Counters,
     /// The fs devices, configured or running; with `window_stats`, each window's counters too

@@ -120,7 +120,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
         "vm.add-generic-vhost-user",
         "only vhost-user-fs is supported (vm.add-fs)",
     ),
-    ("vm.add-net", "network devices are not supported"),
     ("vm.add-vsock", "vsock devices are not supported"),
     ("vm.add-vdpa", "vDPA devices are not supported"),
     (
@@ -242,6 +241,12 @@ fn routes(state: AppState) -> Router {
             "/api/v1/vm.add-pmem",
             put(|State(s): State<AppState>, b: Bytes| async move {
                 with_body(&s, "vm.add-pmem", b, VmmAction::AddPmem).await
+            }),
+        )
+        .route(
+            "/api/v1/vm.add-net",
+            put(|State(s): State<AppState>, b: Bytes| async move {
+                with_body(&s, "vm.add-net", b, VmmAction::AddNet).await
             }),
         )
         .route("/api/v1/vm.remove-device", put(remove_device))

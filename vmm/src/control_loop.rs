@@ -19,7 +19,8 @@ use virtio_devices::vhost_user_fs::metrics::MAP_LATENCY_BUCKETS_US;
 use virtio_devices::vhost_user_fs::window::{WindowEvent, WindowObserver};
 
 use crate::config::json::{
-    fs_config_from_json, pmem_config_from_json, vm_config_from_json, vm_config_to_json,
+    fs_config_from_json, net_config_from_json, pmem_config_from_json, vm_config_from_json,
+    vm_config_to_json,
 };
 use crate::config::ConfigError;
 use crate::config::VmConfig;
@@ -91,7 +92,7 @@ pub fn ping_info() -> Value {
         "build_version": env!("CARGO_PKG_VERSION"),
         "version": env!("CARGO_PKG_VERSION"),
         "pid": std::process::id(),
-        "features": ["kvm", "virtio-fs-dax", "virtio-pmem", "virtio-mmio", "virtio-pci", "pci-hotplug"],
+        "features": ["kvm", "virtio-fs-dax", "virtio-pmem", "virtio-net", "virtio-mmio", "virtio-pci", "pci-hotplug"],
     })
 }
 
@@ -99,6 +100,7 @@ pub fn ping_info() -> Value {
 enum AddedDevice {
     Fs,
     Pmem,
+    Net,
 }
 
 /// How the loop ended.
@@ -272,6 +274,7 @@ impl ControlLoop {
                 .last()
                 .map(|f| (f.transport, vm.add_fs(f, Some(&observe)))),
             AddedDevice::Pmem => next.pmem.last().map(|p| (p.transport, vm.add_pmem(p))),
+            AddedDevice::Net => next.net.last().map(|n| (n.transport, vm.add_net(n))),
         };
         let info = match placed {
             Some((_, Ok(info))) => info,
@@ -424,6 +427,12 @@ impl ControlLoop {
                 let p = pmem_config_from_json(&body, c.pmem.len())
                     .map_err(|e| ApiError::bad_request(format!("vm.add-pmem: {e}")))?;
                 c.pmem.push(p);
+                Ok(())
+            }),
+            VmmAction::AddNet(body) => self.add_device("vm.add-net", AddedDevice::Net, |c| {
+                let n = net_config_from_json(&body, c.net.len())
+                    .map_err(|e| ApiError::bad_request(format!("vm.add-net: {e}")))?;
+                c.net.push(n);
                 Ok(())
             }),
             VmmAction::RemoveDevice(id) => self.remove_device(&id),

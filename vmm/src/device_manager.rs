@@ -3,7 +3,7 @@
 //! addresses, KVM memory slots and bus places.
 //!
 //! A hot-plugged device goes through:
-//! `add_fs`/`add_pmem` → [`PciDeviceManager::add`] (slot, BARs, memory slot,
+//! `add_fs`/`add_pmem`/`add_net` → [`PciDeviceManager::add`] (slot, BARs, memory slot,
 //! ioeventfds) → [`PciHotplug::announce_add`] + GED interrupt → the guest's
 //! `acpiphp` scans the slot and binds the driver. A removal:
 //! [`DeviceManager::request_removal`] → `PCID` bit + GED interrupt → the
@@ -15,6 +15,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{Cap, Kvm, VmFd};
+use virtio_devices::net::header::allowed_offloads;
+use virtio_devices::net::{Net, NetDeviceConfig, Tap, TapError};
 use virtio_devices::pmem::{Pmem, PmemBacking};
 use virtio_devices::rng::Rng;
 use virtio_devices::vhost_user_fs::window::{DaxWindow, GuestPrefaulter, WindowObserver};
@@ -23,7 +25,7 @@ use virtio_devices::VirtioDevice;
 use vm_memory::GuestMemoryAtomic;
 
 use crate::arch::x86_64::layout;
-use crate::config::{FsConfig, PmemConfig, Transport, VmConfig};
+use crate::config::{FsConfig, NetConfig, PmemConfig, Transport, VmConfig};
 use crate::devices::activator::DeviceActivator;
 use crate::devices::device_memory::{AddressSpace, Area, MemorySlot, SlotNumbers};
 use crate::devices::ged::{GedHandle, EVENT_PCI_HOTPLUG};
@@ -155,6 +157,9 @@ impl DeviceManager {
         for f in &config.fs {
             self.add_fs_device(f, observe)?;
         }
+        for n in &config.net {
+            self.add_net_device(n)?;
+        }
         Ok(())
     }
 
@@ -224,8 +229,24 @@ impl DeviceManager {
         Ok(slot)
     }
 
-    /// Connects the fs device to its daemon and puts it, with its DAX
-    /// window (if any), on its transport.
+    /// Opens the device's tap and puts a virtio-net device on it on its
+    /// transport.
+    fn add_net_device(&mut self, n: &NetConfig) -> Result<Option<u8>, VmError> {
+        let tap = open_tap(n)?;
+        let tap_name = tap.name().to_string();
+        let device = Net::new(NetDeviceConfig {
+            id: n.id.clone(),
+            tap: Arc::new(tap),
+            mac: n.mac,
+            mtu: n.mtu,
+            queue_size: n.queue_size,
+            allowed_offloads: allowed_offloads(n.offload_csum, n.offload_tso),
+        });
+        let slot = self.place(&n.id, Box::new(device), n.transport, None)?;
+        log::info!("net {}: tap {tap_name}, guest MAC {}", n.id, n.mac);
+        Ok(slot)
+    }
+
     /// Gives every DAX window, now and hot-plugged later, what maps its new
     /// ranges into the guest's view.
     pub fn set_guest_prefaulter(&mut self, prefaulter: Arc<dyn GuestPrefaulter>) {
@@ -235,6 +256,8 @@ impl DeviceManager {
         self.prefaulter = Some(prefaulter);
     }
 
+    /// Connects the fs device to its daemon and puts it, with its DAX
+    /// window (if any), on its transport.
     fn add_fs_device(
         &mut self,
         f: &FsConfig,
@@ -319,6 +342,15 @@ impl DeviceManager {
         Ok(PciDeviceInfo::new(&p.id, slot))
     }
 
+    /// Hot-plugs a net device into the running guest.
+    pub fn hotplug_net(&mut self, n: &NetConfig) -> Result<PciDeviceInfo, VmError> {
+        Self::hotplug_only_over_pci(n.transport, &n.id)?;
+        self.id_is_free(&n.id)?;
+        let slot = self.add_net_device(n)?.expect("a PCI device has a slot");
+        self.announce(slot, true)?;
+        Ok(PciDeviceInfo::new(&n.id, slot))
+    }
+
     fn announce(&self, slot: u8, add: bool) -> Result<(), VmError> {
         {
             let mut hp = self.hotplug.lock().unwrap_or_else(|e| e.into_inner());
@@ -337,7 +369,7 @@ impl DeviceManager {
     pub fn request_removal(&self, id: &str) -> Result<(), VmError> {
         let slot = self.pci.slot_of(id).ok_or_else(|| {
             VmError::Hotplug(format!(
-                "{id}: not a hot-pluggable device (only virtio-PCI fs and pmem devices can be removed from a running VM)"
+                "{id}: not a hot-pluggable device (only virtio-PCI fs, pmem and net devices can be removed from a running VM)"
             ))
         })?;
         if id == "_rng" {
@@ -366,4 +398,33 @@ impl DeviceManager {
         }
         gone
     }
+}
+
+/// Opens the tap a net config names, creating it if it does not exist (a
+/// new `vmtap<N>` without a name), and gives its host side the configured
+/// address and MTU and brings it up. As in Cloud Hypervisor, a tap that
+/// existed before keeps the address it has.
+fn open_tap(n: &NetConfig) -> Result<Tap, TapError> {
+    let name = n.tap.as_deref().unwrap_or(crate::config::DEFAULT_TAP_NAME);
+    let existed = n
+        .tap
+        .as_ref()
+        .is_some_and(|t| std::path::Path::new("/sys/class/net").join(t).exists());
+    let tap = Tap::open_named(name)?;
+    if n.mask.is_some() && n.ip.is_none() {
+        log::warn!("net {}: mask= without ip= gives the tap no address", n.id);
+    }
+    let (ip, mask) = if existed {
+        if n.ip.is_some() {
+            log::warn!(
+                "net {}: tap {name} exists already; its address is left as it is",
+                n.id
+            );
+        }
+        (None, None)
+    } else {
+        (n.ip, n.mask)
+    };
+    tap.configure_host_side(ip, mask, n.mtu)?;
+    Ok(tap)
 }

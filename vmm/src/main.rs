@@ -7,8 +7,8 @@ use clap::Parser;
 
 use vmm::config::OptionValues;
 use vmm::config::{
-    parse_console, ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig,
-    RngConfig, SerialMode, VmConfig,
+    parse_console, ConfigError, CpusConfig, FsConfig, MemoryConfig, NetConfig, PayloadConfig,
+    PmemConfig, RngConfig, SerialMode, VmConfig,
 };
 use vmm::control_loop::{ControlLoop, LoopExit};
 use vmm::signals::StopSignals;
@@ -56,6 +56,11 @@ struct Cli {
     /// [,dax=on|off][,cache_size=<size>][,transport=pci|mmio]. Needs --memory shared=on.
     #[arg(long, value_name = "tag=TAG,socket=PATH", num_args = 1..)]
     fs: Vec<String>,
+    /// virtio-net on a tap: tap=<name>[,ip=<ipv4>,mask=<ipv4>][,mac=<mac>][,mtu=<n>]
+    /// [,num_queues=2][,queue_size=<n>][,id=<id>][,offload_tso=on|off][,offload_csum=on|off]
+    /// [,transport=pci|mmio]
+    #[arg(long, value_name = "tap=NAME", num_args = 1..)]
+    net: Vec<String>,
     /// virtio-rng: src=<path>[,transport=pci|mmio], or off.
     #[arg(long, value_name = "src=PATH|off", default_value = "src=/dev/urandom")]
     rng: String,
@@ -106,6 +111,7 @@ impl Cli {
                 ("initramfs", self.initramfs.is_some()),
                 ("pmem", !self.pmem.is_empty()),
                 ("fs", !self.fs.is_empty()),
+                ("net", !self.net.is_empty()),
             ];
             if let Some((option, _)) = given.iter().find(|(_, g)| *g) {
                 return Err(ConfigError::Unsupported {
@@ -140,6 +146,12 @@ impl Cli {
                 .iter()
                 .enumerate()
                 .map(|(i, f)| FsConfig::parse(f, i))
+                .collect::<Result<_, _>>()?,
+            net: self
+                .net
+                .iter()
+                .enumerate()
+                .map(|(i, n)| NetConfig::parse(n, i))
                 .collect::<Result<_, _>>()?,
             rng: RngConfig::parse(&self.rng)?,
             pvpanic: true,

@@ -13,7 +13,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::terminal::Terminal;
 
 use crate::arch::x86_64::{acpi::AcpiTables, boot, layout};
-use crate::config::{FsConfig, PmemConfig, SerialMode, VmConfig};
+use crate::config::{FsConfig, NetConfig, PmemConfig, SerialMode, VmConfig};
 use crate::device_manager::DeviceManager;
 pub use crate::device_manager::{FsDeviceInfo, ObserverFactory, PciDeviceInfo};
 use crate::devices::{acpi_pm, ged, i8042, pvpanic, serial, Bus};
@@ -55,6 +55,8 @@ pub enum VmError {
     Pmem(#[from] virtio_devices::pmem::PmemError),
     #[error(transparent)]
     Rng(#[from] RngError),
+    #[error(transparent)]
+    Tap(#[from] virtio_devices::net::TapError),
     #[error(transparent)]
     VirtioMmio(#[from] crate::devices::virtio_mmio::VirtioMmioError),
     #[error(transparent)]
@@ -392,6 +394,11 @@ impl Vm {
     /// Hot-plugs a pmem device over virtio-PCI.
     pub fn add_pmem(&mut self, pmem: &PmemConfig) -> Result<PciDeviceInfo, VmError> {
         self.devices.hotplug_pmem(pmem)
+    }
+
+    /// Hot-plugs a net device over virtio-PCI.
+    pub fn add_net(&mut self, net: &NetConfig) -> Result<PciDeviceInfo, VmError> {
+        self.devices.hotplug_net(net)
     }
 
     /// Asks the guest to eject device `id`; see [`Vm::complete_ejects`].

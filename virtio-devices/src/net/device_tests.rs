@@ -80,6 +80,7 @@ fn device(mtu: Option<u16>, offers: u64) -> (Net, Arc<FakeTap>, UnixDatagram) {
         mac: "52:54:00:12:34:56".parse().unwrap(),
         mtu,
         queue_size: 16,
+        allowed_offloads: header::OFFLOAD_FEATURES,
     });
     (net, tap, b)
 }

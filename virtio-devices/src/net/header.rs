@@ -25,6 +25,9 @@ pub const VNET_HDR_LEN: usize = 12;
 /// frame with its Ethernet and VLAN headers (as Firecracker bounds it).
 pub const MAX_FRAME_LEN: usize = 65562;
 
+/// The checksum offloads (`offload_csum`).
+pub const CSUM_FEATURES: u64 = (1 << VIRTIO_NET_F_CSUM) | (1 << VIRTIO_NET_F_GUEST_CSUM);
+
 /// Offloads this device offers where the tap accepts them: checksums and
 /// TCP segmentation both ways. UFO is left out (the kernel segments UDP).
 pub const OFFLOAD_FEATURES: u64 = (1 << VIRTIO_NET_F_CSUM)
@@ -35,6 +38,16 @@ pub const OFFLOAD_FEATURES: u64 = (1 << VIRTIO_NET_F_CSUM)
     | (1 << VIRTIO_NET_F_HOST_TSO4)
     | (1 << VIRTIO_NET_F_HOST_TSO6)
     | (1 << VIRTIO_NET_F_HOST_ECN);
+
+/// The offloads a config allows (`offload_csum`, `offload_tso`): TSO
+/// needs checksum offload, so without it there is none.
+pub fn allowed_offloads(csum: bool, tso: bool) -> u64 {
+    match (csum, tso) {
+        (false, _) => 0,
+        (true, false) => CSUM_FEATURES,
+        (true, true) => OFFLOAD_FEATURES,
+    }
+}
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum HeaderError {

@@ -52,6 +52,9 @@ pub struct NetDeviceConfig {
     pub mac: MacAddr,
     pub mtu: Option<u16>,
     pub queue_size: u16,
+    /// Offload features the config allows (`offload_csum`, `offload_tso`);
+    /// offered where the tap takes them too.
+    pub allowed_offloads: u64,
 }
 
 /// The host side as the device uses it: frames, and the offload switch.
@@ -95,7 +98,7 @@ pub struct Net {
 
 impl Net {
     pub fn new(c: NetDeviceConfig) -> Self {
-        let offloads = c.tap.offload_features();
+        let offloads = c.tap.offload_features() & c.allowed_offloads;
         Net {
             id: c.id,
             tap: c.tap,

@@ -233,7 +233,8 @@ impl Tap {
         if let Some(ip) = ip {
             set_addr(libc::SIOCSIFADDR, "SIOCSIFADDR", ip)?;
         }
-        if let Some(mask) = mask {
+        // A netmask belongs to an address: without one there is none to set.
+        if let (Some(_), Some(mask)) = (ip, mask) {
             set_addr(libc::SIOCSIFNETMASK, "SIOCSIFNETMASK", mask)?;
         }
         if let Some(mtu) = mtu {

@@ -3,11 +3,13 @@
 mod ch_fields;
 mod fs;
 pub mod json;
+mod net;
 mod option_parser;
 mod pmem;
 mod rng;
 
 pub use fs::FsConfig;
+pub use net::{NetConfig, DEFAULT_TAP_NAME, NET_KEYS};
 pub use pmem::{PmemConfig, Transport};
 pub use rng::{RngConfig, DEFAULT_RNG_SOURCE, RNG_KEYS};
 
@@ -207,6 +209,8 @@ pub struct VmConfig {
     pub serial: SerialMode,
     pub pmem: Vec<PmemConfig>,
     pub fs: Vec<FsConfig>,
+    /// virtio-net devices on taps.
+    pub net: Vec<NetConfig>,
     /// The virtio-rng device (on by default, as in Cloud Hypervisor).
     pub rng: Option<RngConfig>,
     /// The pvpanic device (I/O port 0x505): the guest reports a panic and
@@ -215,12 +219,14 @@ pub struct VmConfig {
 }
 
 impl VmConfig {
-    /// Drops the fs or pmem device named `id`; false if there is none.
+    /// Drops the fs, pmem or net device named `id`; false if there is none.
     pub fn remove_device(&mut self, id: &str) -> bool {
-        let before = self.fs.len() + self.pmem.len();
+        let count = |c: &Self| c.fs.len() + c.pmem.len() + c.net.len();
+        let before = count(self);
         self.fs.retain(|f| f.id != id);
         self.pmem.retain(|p| p.id != id);
-        self.fs.len() + self.pmem.len() != before
+        self.net.retain(|n| n.id != id);
+        count(self) != before
     }
 
     /// Checks what no single option can: ids are unique, vhost-user devices
@@ -237,6 +243,7 @@ impl VmConfig {
             .iter()
             .map(|p| p.id.as_str())
             .chain(self.fs.iter().map(|f| f.id.as_str()))
+            .chain(self.net.iter().map(|n| n.id.as_str()))
             .collect();
         ids.sort_unstable();
         if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
@@ -320,6 +327,7 @@ mod tests {
             serial: SerialMode::Off,
             pmem: vec![PmemConfig::parse("file=p,id=dev0", 0).unwrap()],
             fs: vec![FsConfig::parse("tag=t,socket=s,id=dev1", 0).unwrap()],
+            net: vec![NetConfig::parse("tap=t0,id=dev2", 0).unwrap()],
             rng: None,
             pvpanic: true,
         };
@@ -336,6 +344,16 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("\"dev0\" is used twice"));
+        cfg.fs[0].id = "dev1".into();
+        cfg.net[0].id = "dev1".into();
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("\"dev1\" is used twice"));
+        cfg.net[0].id = "dev2".into();
+        assert!(cfg.remove_device("dev2") && cfg.net.is_empty());
+        assert!(!cfg.remove_device("dev2"));
     }
 
     #[test]
