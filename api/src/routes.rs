@@ -90,6 +90,20 @@ async fn with_body(
     }
 }
 
+/// `vm.add-net`: the body, and the tap fds that came with it (Kata sends
+/// them as SCM_RIGHTS in the same sendmsg as the request).
+async fn add_net(
+    State(s): State<AppState>,
+    fds: Option<axum::Extension<crate::passed_fds::PassedFds>>,
+    body: Bytes,
+) -> Response {
+    let fds = fds.map(|f| f.0.take()).unwrap_or_default();
+    match json_body("vm.add-net", &body) {
+        Ok(v) => reply(s.vmm.call(VmmAction::AddNet(v, fds)).await),
+        Err(e) => e.into_response(),
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RemoveDevice {
@@ -243,12 +257,7 @@ fn routes(state: AppState) -> Router {
                 with_body(&s, "vm.add-pmem", b, VmmAction::AddPmem).await
             }),
         )
-        .route(
-            "/api/v1/vm.add-net",
-            put(|State(s): State<AppState>, b: Bytes| async move {
-                with_body(&s, "vm.add-net", b, VmmAction::AddNet).await
-            }),
-        )
+        .route("/api/v1/vm.add-net", put(add_net))
         .route("/api/v1/vm.remove-device", put(remove_device))
         .route(
             "/api/v1/vm.counters",

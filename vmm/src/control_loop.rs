@@ -429,8 +429,10 @@ impl ControlLoop {
                 c.pmem.push(p);
                 Ok(())
             }),
-            VmmAction::AddNet(body) => self.add_device("vm.add-net", AddedDevice::Net, |c| {
+            VmmAction::AddNet(body, fds) => self.add_device("vm.add-net", AddedDevice::Net, |c| {
                 let n = net_config_from_json(&body, c.net.len())
+                    .map_err(|e| e.to_string())
+                    .and_then(|n| n.with_fds(fds).map_err(|e| e.to_string()))
                     .map_err(|e| ApiError::bad_request(format!("vm.add-net: {e}")))?;
                 c.net.push(n);
                 Ok(())

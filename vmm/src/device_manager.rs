@@ -405,6 +405,15 @@ impl DeviceManager {
 /// address and MTU and brings it up. As in Cloud Hypervisor, a tap that
 /// existed before keeps the address it has.
 fn open_tap(n: &NetConfig) -> Result<Tap, TapError> {
+    if let Some(fd) = n.fds.0.first() {
+        // A tap someone else set up (Kata): its address is theirs, as in
+        // Cloud Hypervisor, which ignores ip/mask with fds.
+        let fd = fd.try_clone().map_err(|e| TapError::NotATap {
+            fd: std::os::fd::AsRawFd::as_raw_fd(fd),
+            why: format!("dup: {e}"),
+        })?;
+        return Tap::from_fd(fd);
+    }
     let name = n.tap.as_deref().unwrap_or(crate::config::DEFAULT_TAP_NAME);
     let existed = n
         .tap

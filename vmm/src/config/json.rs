@@ -165,8 +165,9 @@ pub struct NetConfigJson {
     vhost_socket: Option<String>,
     vhost_mode: Option<String>,
     id: Option<String>,
-    /// Numbers in the sender's process: the fds themselves travel as
-    /// SCM_RIGHTS with the request; only null or empty here.
+    /// Numbers in the sender's process, meaningless here: the fds
+    /// themselves travel as SCM_RIGHTS with the request. Ignored, as
+    /// Cloud Hypervisor ignores them.
     fds: Option<Vec<i32>>,
     /// Only null: there is no rate limiter.
     rate_limiter_config: Option<Value>,
@@ -195,10 +196,7 @@ impl NetConfigJson {
             ));
         }
         if self.fds.as_ref().is_some_and(|f| !f.is_empty()) {
-            return Err(unsupported(
-                "fds: tap fds are taken only as SCM_RIGHTS data sent with a vm.add-net request"
-                    .into(),
-            ));
+            log::warn!("vm.add-net: fd numbers in the body are ignored; the fds come as SCM_RIGHTS with the request");
         }
         let mut pairs = Vec::new();
         let mut opt = |k, v: Option<String>| {
@@ -501,8 +499,21 @@ mod tests {
         assert_eq!((n.tap.as_deref(), n.mtu), (Some("tap0"), Some(1400)));
         let e = |b: Value| net_config_from_json(&b, 0).unwrap_err().to_string();
         assert!(e(json!({"tap": "t", "num_queues": 4})).contains("num_queues=\"4\""));
-        assert!(e(json!({"tap": "t", "fds": [3]})).contains("SCM_RIGHTS"));
-        assert!(net_config_from_json(&json!({"tap": "t", "fds": []}), 0).is_ok());
+        // Fd numbers in a body mean nothing in this process: ignored.
+        let n = net_config_from_json(&json!({"tap": "t", "fds": [3, 4]}), 0).unwrap();
+        assert!(n.fds.is_empty());
+        let two = vec![
+            std::fs::File::open("/dev/null").unwrap().into(),
+            std::fs::File::open("/dev/null").unwrap().into(),
+        ];
+        assert!(n
+            .clone()
+            .with_fds(two)
+            .unwrap_err()
+            .to_string()
+            .contains("expected one tap fd"));
+        let one = vec![std::fs::File::open("/dev/null").unwrap().into()];
+        assert_eq!(n.with_fds(one).unwrap().fds.0.len(), 1);
         assert!(e(json!({"tap": "t", "vhost_user": true})).contains("vhost_user=on"));
         assert!(e(
             json!({"tap": "t", "rate_limiter_config": {"bandwidth": {"size": 1, "refill_time": 1}}})

@@ -5,6 +5,8 @@
 //! and gives its host side `ip`/`mask` when it created it.
 
 use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 
 use virtio_devices::net::tap::check_tap_name;
 use virtio_devices::net::{MacAddr, MAX_MTU, MIN_MTU, NUM_QUEUES};
@@ -18,6 +20,36 @@ pub const MAX_QUEUE_SIZE: u32 = 32768;
 pub const DEFAULT_QUEUE_SIZE: u16 = 256;
 /// The name a tap created without `tap=` gets (the kernel fills in N).
 pub const DEFAULT_TAP_NAME: &str = "vmtap%d";
+
+/// Tap fds another process opened and passed with `vm.add-net` as
+/// SCM_RIGHTS (Kata's `fds`), shared by the config's copies; compared by
+/// fd number.
+#[derive(Clone, Default)]
+pub struct TapFds(pub Arc<Vec<OwnedFd>>);
+
+impl TapFds {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn numbers(&self) -> Vec<i32> {
+        self.0.iter().map(AsRawFd::as_raw_fd).collect()
+    }
+}
+
+impl PartialEq for TapFds {
+    fn eq(&self, other: &Self) -> bool {
+        self.numbers() == other.numbers()
+    }
+}
+
+impl Eq for TapFds {}
+
+impl std::fmt::Debug for TapFds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TapFds{:?}", self.numbers())
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetConfig {
@@ -37,6 +69,9 @@ pub struct NetConfig {
     pub offload_tso: bool,
     pub offload_csum: bool,
     pub transport: Transport,
+    /// Tap fds passed with the request; when there are any, the device
+    /// uses them instead of opening `tap` (and leaves their address alone).
+    pub fds: TapFds,
 }
 
 /// Keys `--net` accepts: Cloud Hypervisor's, and `transport`. Those after
@@ -76,6 +111,27 @@ fn parse_ipv4(v: &str) -> Result<Ipv4Addr, &'static str> {
 }
 
 impl NetConfig {
+    /// Gives the device the tap fds a client passed: one, since the
+    /// device has one queue pair (a multiqueue tap would pass one per pair).
+    pub fn with_fds(mut self, fds: Vec<OwnedFd>) -> Result<Self, ConfigError> {
+        if fds.len() > NUM_QUEUES / 2 {
+            return Err(ConfigError::InvalidValue {
+                option: "net",
+                key: "fds",
+                value: format!("{} fds", fds.len()),
+                expected: "one tap fd (one queue pair, num_queues=2)".into(),
+            });
+        }
+        if !fds.is_empty() && self.transport == Transport::Mmio {
+            return Err(ConfigError::Unsupported {
+                option: "net",
+                message: "passed tap fds are for hot-plug over PCI (transport=pci)".into(),
+            });
+        }
+        self.fds = TapFds(Arc::new(fds));
+        Ok(self)
+    }
+
     /// `index` names devices given without `id=` (`_net0`, … as Cloud
     /// Hypervisor does).
     pub fn parse(input: &str, index: usize) -> Result<Self, ConfigError> {
@@ -185,6 +241,7 @@ impl NetConfig {
             transport: o
                 .convert("transport", Transport::parse)?
                 .unwrap_or_default(),
+            fds: TapFds::default(),
         })
     }
 }
