@@ -5,8 +5,10 @@
 //! - PCI: the VM created and booted through the API with no net device,
 //!   then `vm.add-net` on the running guest (200 with its PCI address, as
 //!   Cloud Hypervisor answers), the guest finding it by ACPI PCI hot-plug;
-//!   after the transfers `vm.remove-device` has the guest eject it and
-//!   `vm.info` no longer lists it.
+//!   then a second device added as Kata adds one: its own tap (`ktap0`),
+//!   the fd sent as SCM_RIGHTS with the request in one `sendmsg`; the
+//!   guest pings the host over it; then `vm.remove-device` has the guest
+//!   eject the first and `vm.info` no longer lists it.
 //!
 //! Each boot checks that the guest's eth0 has the configured MAC (and MTU
 //! over PCI), gives it 192.168.249.2/24 with busybox `ip`, pings the host's
@@ -63,6 +65,12 @@ seen '@@GUEST ready=1'
 echo "@@HOST add_net=$(api PUT /api/v1/vm.add-net '{"tap":"dtap0","ip":"192.168.249.1","mask":"255.255.255.0","mac":"MAC","mtu":1400,"id":"net0","num_queues":2,"queue_size":256}')"
 echo "@@HOST info_net=$(api GET /api/v1/vm.info | grep -o '"net":\[[^]]*\]')"
 seen '@@GUEST done=1'
+# Kata's way: its own tap, the fd sent with the request (its NetConfig
+# defaults, ip/mask included, which the VMM leaves alone with a passed fd).
+echo "@@HOST kata_add=$(daxprobe kata-add-net /tmp/api.sock ktap0 '{"ip":"192.168.249.1","mask":"255.255.255.0","mac":"52:54:00:12:34:57","iommu":false,"num_queues":2,"queue_size":256,"vhost_user":false,"vhost_mode":"Client","offload_tso":true,"offload_ufo":true,"offload_csum":true}')"
+ip addr add 192.168.250.1/24 dev ktap0 && ip link set ktap0 up
+echo "@@HOST ktap=$(echo $(ip -4 addr show dev ktap0 | grep -o 'inet [0-9./]*'))"
+seen '@@GUEST kata_done=1'
 echo "@@HOST remove=$(api PUT /api/v1/vm.remove-device '{"id":"net0"}')"
 seen '@@GUEST unbound='
 sleep 1
@@ -94,6 +102,12 @@ echo "@@GUEST h2g_md5=$(md5sum < /tmp/h2g.bin | cut -d' ' -f1) h2g_bytes=$(wc -c
 echo "@@GUEST rx_tx=$(cat /sys/class/net/eth0/statistics/rx_packets) $(cat /sys/class/net/eth0/statistics/tx_packets) dropped=$(cat /sys/class/net/eth0/statistics/rx_dropped)"
 echo "@@GUEST done=1"
 if grep -q net_unplug /proc/cmdline; then
+    i=0; while [ ! -e /sys/class/net/eth1 ] && [ $i -lt 1800 ]; do sleep 0.1; i=$((i+1)); done
+    echo "@@GUEST kata_mac=$(cat /sys/class/net/eth1/address 2>/dev/null)"
+    ip addr add 192.168.250.2/24 dev eth1 && ip link set eth1 up
+    i=0; while ! ping -c 1 -W 2 192.168.250.1 >/dev/null 2>&1 && [ $i -lt 30 ]; do i=$((i+1)); done
+    echo "@@GUEST kata_ping=$(ping -c 3 -W 10 192.168.250.1 2>&1 | grep -o '[0-9]* packets received')"
+    echo "@@GUEST kata_done=1"
     i=0; while [ -e /sys/class/net/eth0 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
     echo "@@GUEST unbound=$([ -e /sys/class/net/eth0 ] && echo no || echo yes)"
     # The host asks vm.info after the eject; the VM must still be there.
@@ -169,7 +183,20 @@ fn net_test(transport: &str) {
             "{tail}"
         );
         assert_eq!(run.guest("unbound"), Some("yes"), "{tail}");
-        assert_eq!(run.host("info_after"), Some("\"net\":[]"), "{tail}");
+        let after = run.host("info_after").unwrap_or_default();
+        assert!(
+            !after.contains("\"id\":\"net0\"") && after.contains("\"id\":\"_net1\""),
+            "{after}\n{tail}"
+        );
+        // Kata's tap fd: the device runs on it, its address is Kata's own.
+        let kata = run.host("kata_add").unwrap_or_default();
+        assert!(
+            kata.starts_with("status=200") && kata.contains("\"id\":\"_net1\""),
+            "{kata}\n{tail}"
+        );
+        assert_eq!(run.host("ktap"), Some("inet 192.168.250.1/24"), "{tail}");
+        assert_eq!(run.guest("kata_mac"), Some("52:54:00:12:34:57"), "{tail}");
+        assert_eq!(run.guest("kata_ping"), Some("3 packets received"), "{tail}");
         assert_eq!(run.host("tap_after_remove"), Some("gone"), "{tail}");
     }
     assert_eq!(run.guest("operstate"), Some("up"), "{tail}");

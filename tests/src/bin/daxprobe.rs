@@ -45,6 +45,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
+#[path = "daxprobe/kata_net.rs"]
+mod kata_net;
 #[path = "daxprobe/window_io.rs"]
 mod window_io;
 
@@ -429,6 +431,7 @@ fn main() {
         ["http", socket, method, path] => http(socket, method, path, ""),
         ["http", socket, method, path, body] => http(socket, method, path, body),
         ["sse", socket, path] => sse_counts(socket, path),
+        ["kata-add-net", socket, tap, body] => kata_net::add_net(socket, tap, body),
         ["power-button"] => power_button(),
         _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | window-io | bench | mktree | readtree | http | sse | power-button)".into()),
     }
