@@ -93,7 +93,6 @@ pub struct Net {
     queue_sizes: [u16; NUM_QUEUES],
     acked: u64,
     worker: Option<PairWorker>,
-    thread_kind: &'static str,
 }
 
 impl Net {
@@ -108,14 +107,7 @@ impl Net {
             queue_sizes: [c.queue_size; NUM_QUEUES],
             acked: 0,
             worker: None,
-            thread_kind: NET_WORKER_THREAD,
         }
-    }
-
-    /// Runs the worker under another seccomp kind (tests: the plain
-    /// device worker's, which is not registered either).
-    pub fn set_thread_kind(&mut self, kind: &'static str) {
-        self.thread_kind = kind;
     }
 
     pub fn mac(&self) -> MacAddr {
@@ -188,7 +180,7 @@ impl VirtioDevice for Net {
         };
         let io: Arc<dyn FrameIo> = Arc::new(TapFrames(self.tap.clone()));
         self.worker = Some(PairWorker::spawn(
-            self.thread_kind,
+            NET_WORKER_THREAD,
             format!("net-{}", self.id),
             PairSetup {
                 device: format!("virtio-net {}", self.id),
