@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 use tower::ServiceExt;
 
 use crate::connections::{Connections, Registered, Tracked};
+use crate::passed_fds::{FdStream, HeldFds, PassedFds};
 
 /// How long answers in flight may take to reach their clients once the
 /// server is told to stop (vmm.shutdown's own answer among them).
@@ -105,9 +106,17 @@ pub async fn serve(
 /// closes it, or a new connection past the cap evicts it.
 async fn connection(stream: UnixStream, app: Router, registered: Registered, limits: Limits) {
     let slot = registered.slot.clone();
-    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+    // Fds passed as SCM_RIGHTS go to the request parsed after them: Kata
+    // sends `vm.add-net` and its tap fds in one sendmsg.
+    let held = HeldFds::default();
+    let stream = FdStream::new(stream, held.clone());
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         let busy = slot.begin();
         let app = app.clone();
+        let fds = held.take();
+        if !fds.is_empty() {
+            req.extensions_mut().insert(PassedFds::new(fds));
+        }
         async move {
             let response = app
                 .oneshot(req.map(Body::new))

@@ -196,3 +196,115 @@ fn past_the_cap_the_oldest_silent_connection_makes_room() {
     assert!(closed_by_server(&mut oldest_silent));
     assert_eq!(ping(&mut kept).0, "HTTP/1.1 200 ");
 }
+
+/// The device and inode of an open file.
+fn file_id(fd: std::os::fd::RawFd) -> (u64, u64) {
+    // SAFETY: stat is plain data; fstat fills it from an fd the caller holds.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+    (st.st_dev, st.st_ino)
+}
+
+/// Kata's driver (clh.go, vmAddNetPutRequest): `httputil.DumpRequest` of
+/// its `PUT http://localhost/api/v1/vm.add-net` with the NetConfig JSON,
+/// written with the tap fds in one `sendmsg`. The VMM side must get the
+/// body and the fds together; the answer is read as Kata reads it.
+#[test]
+fn kata_add_net_with_its_tap_fd_in_one_sendmsg() {
+    use std::os::fd::AsRawFd;
+
+    let dir = std::env::temp_dir().join(format!("api-http1-katafd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("api.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let (tx, rx) = crate::vmm_channel().unwrap();
+    let app = crate::routes::router(
+        tx,
+        crate::EventBus::default(),
+        serde_json::json!({"version": "test"}),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::UnixListener::from_std(listener).unwrap();
+            let stopped = async {
+                let _ = stopped.await;
+            };
+            serve(listener, app, stopped, Limits::default()).await;
+        });
+    });
+    // The "VMM": takes the action and checks what came with it.
+    let tap = std::fs::File::open("/dev/null").unwrap();
+    let want = file_id(tap.as_raw_fd());
+    let vmm = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no request reached the VMM"
+            );
+            if let Some(req) = rx.drain().into_iter().next() {
+                let crate::VmmAction::AddNet(body, fds) = &req.action else {
+                    panic!("{:?}", req.action);
+                };
+                let got: Vec<(u64, u64)> = fds.iter().map(|fd| file_id(fd.as_raw_fd())).collect();
+                let mac = body["mac"].as_str().unwrap_or_default().to_string();
+                req.respond(Ok(crate::VmmReply::Json(
+                    serde_json::json!({"id": "_net0", "bdf": "0000:00:05.0"}),
+                )));
+                return (mac, got);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+    let body = r#"{"ip":"192.168.249.1","mask":"255.255.255.0","mac":"02:42:ac:11:00:02","iommu":false,"num_queues":2,"queue_size":256,"vhost_user":false,"vhost_mode":"Client","offload_tso":true,"offload_ufo":true,"offload_csum":true}"#;
+    // What Go's httputil.DumpRequest(req, true) writes for Kata's request.
+    let request = format!(
+        "PUT /api/v1/vm.add-net HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n\
+         Content-Length: {}\r\nContent-Type: application/json\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = UnixStream::connect(&path).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut control = [0u64; 4];
+    let iov = [std::io::IoSlice::new(request.as_bytes())];
+    let fd = tap.as_raw_fd();
+    // SAFETY: msghdr is plain data; the control buffer holds CMSG_SPACE(4)
+    // bytes and outlives the call; the iovec points at `request`.
+    let sent = unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(4) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), fd);
+        libc::sendmsg(s.as_raw_fd(), &msg, 0)
+    };
+    assert_eq!(sent, request.len() as isize);
+    let (mac, fds) = vmm.join().unwrap();
+    assert_eq!(mac, "02:42:ac:11:00:02");
+    assert_eq!(fds, vec![want], "the tap fd arrived with its request");
+    let mut reply = vec![0u8; 4096];
+    let n = s.read(&mut reply).unwrap();
+    let reply = String::from_utf8_lossy(&reply[..n]).to_string();
+    assert!(reply.starts_with("HTTP/1.1 200 \r\n"), "{reply}");
+    assert!(
+        reply.ends_with(r#"{"bdf":"0000:00:05.0","id":"_net0"}"#) || reply.contains("\"bdf\""),
+        "{reply}"
+    );
+    drop(s);
+    let _ = stop.send(());
+    server.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

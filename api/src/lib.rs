@@ -16,6 +16,7 @@ mod dax;
 pub mod events;
 mod http1;
 pub mod metrics;
+pub mod passed_fds;
 mod routes;
 pub mod server;
 mod window_notices;
@@ -63,6 +64,9 @@ pub enum VmmAction {
     AddDisk(Value),
     /// A `vm.add-vsock` body (VsockConfig JSON).
     AddVsock(Value),
+    /// A `vm.add-net` body (NetConfig JSON) and the tap fds sent with it
+    /// as SCM_RIGHTS (Kata's way; none when the body names a tap).
+    AddNet(Value, Vec<std::os::fd::OwnedFd>),
     RemoveDevice(String),
     Counters,
     /// The fs devices, configured or running; with `window_stats`, each window's counters too

@@ -90,6 +90,20 @@ async fn with_body(
     }
 }
 
+/// `vm.add-net`: the body, and the tap fds that came with it (Kata sends
+/// them as SCM_RIGHTS in the same sendmsg as the request).
+async fn add_net(
+    State(s): State<AppState>,
+    fds: Option<axum::Extension<crate::passed_fds::PassedFds>>,
+    body: Bytes,
+) -> Response {
+    let fds = fds.map(|f| f.0.take()).unwrap_or_default();
+    match json_body("vm.add-net", &body) {
+        Ok(v) => reply(s.vmm.call(VmmAction::AddNet(v, fds)).await),
+        Err(e) => e.into_response(),
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RemoveDevice {
@@ -116,7 +130,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
         "vm.add-generic-vhost-user",
         "only vhost-user-fs is supported (vm.add-fs)",
     ),
-    ("vm.add-net", "network devices are not supported"),
     ("vm.add-vdpa", "vDPA devices are not supported"),
     (
         "vm.add-user-device",
@@ -251,6 +264,7 @@ fn routes(state: AppState) -> Router {
                 with_body(&s, "vm.add-vsock", b, VmmAction::AddVsock).await
             }),
         )
+        .route("/api/v1/vm.add-net", put(add_net))
         .route("/api/v1/vm.remove-device", put(remove_device))
         .route(
             "/api/v1/vm.counters",

@@ -58,6 +58,9 @@ pub struct Guest {
     pub script: String,
     /// Guest kernel modules to load before the script, with their dependencies.
     pub guest_modules: Vec<String>,
+    /// Modules the emulated host loads besides KVM's (e.g. `tun` for a
+    /// net device's tap), with their dependencies.
+    pub host_modules: Vec<String>,
     pub guest_files: Vec<ImageFile>,
     /// Files put in `$WORK` on the VMM's host.
     pub host_files: Vec<ImageFile>,
@@ -89,6 +92,7 @@ impl Guest {
             cmdline: String::new(),
             script: script.into(),
             guest_modules: Vec::new(),
+            host_modules: Vec::new(),
             guest_files: Vec::new(),
             host_files: Vec::new(),
             host_before: String::new(),
@@ -647,7 +651,9 @@ fn emulated_host_initramfs(
     guest_initramfs: &[u8],
     host_script: &str,
 ) -> Result<Vec<u8>, RigError> {
-    let kvm = kernel.modules_with_deps(&["kvm_amd"])?;
+    let mut wanted = vec!["kvm_amd"];
+    wanted.extend(guest.host_modules.iter().map(String::as_str));
+    let kvm = kernel.modules_with_deps(&wanted)?;
     let mut image = base_image(busybox);
     let load = add_modules(&mut image, &kvm, |_| String::new());
     let vmm_bytes = std::fs::read(vmm).map_err(|e| RigError::io(vmm, e))?;

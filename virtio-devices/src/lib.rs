@@ -9,6 +9,7 @@ pub mod block;
 pub mod device;
 pub mod event_loop;
 pub mod log_limit;
+pub mod net;
 pub mod pmem;
 pub mod queue_worker;
 pub mod rng;

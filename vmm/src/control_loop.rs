@@ -19,8 +19,8 @@ use virtio_devices::vhost_user_fs::metrics::MAP_LATENCY_BUCKETS_US;
 use virtio_devices::vhost_user_fs::window::{WindowEvent, WindowObserver};
 
 use crate::config::json::{
-    disk_config_from_json, fs_config_from_json, pmem_config_from_json, vm_config_from_json,
-    vm_config_to_json, vsock_config_from_json,
+    disk_config_from_json, fs_config_from_json, net_config_from_json, pmem_config_from_json,
+    vm_config_from_json, vm_config_to_json, vsock_config_from_json,
 };
 use crate::config::ConfigError;
 use crate::config::VmConfig;
@@ -92,7 +92,7 @@ pub fn ping_info() -> Value {
         "build_version": env!("CARGO_PKG_VERSION"),
         "version": env!("CARGO_PKG_VERSION"),
         "pid": std::process::id(),
-        "features": ["kvm", "virtio-fs-dax", "virtio-pmem", "virtio-blk", "virtio-vsock", "virtio-mmio", "virtio-pci", "pci-hotplug"],
+        "features": ["kvm", "virtio-fs-dax", "virtio-pmem", "virtio-blk", "virtio-vsock", "virtio-net", "virtio-mmio", "virtio-pci", "pci-hotplug"],
     })
 }
 
@@ -102,6 +102,7 @@ enum AddedDevice {
     Pmem,
     Disk,
     Vsock,
+    Net,
 }
 
 /// How the loop ended.
@@ -277,6 +278,7 @@ impl ControlLoop {
             AddedDevice::Pmem => next.pmem.last().map(|p| (p.transport, vm.add_pmem(p))),
             AddedDevice::Disk => next.disks.last().map(|d| (d.transport, vm.add_disk(d))),
             AddedDevice::Vsock => next.vsock.as_ref().map(|v| (v.transport, vm.add_vsock(v))),
+            AddedDevice::Net => next.net.last().map(|n| (n.transport, vm.add_net(n))),
         };
         let info = match placed {
             Some((_, Ok(info))) => info,
@@ -448,6 +450,14 @@ impl ControlLoop {
                     )));
                 }
                 c.vsock = Some(v);
+                Ok(())
+            }),
+            VmmAction::AddNet(body, fds) => self.add_device("vm.add-net", AddedDevice::Net, |c| {
+                let n = net_config_from_json(&body, c.net.len())
+                    .map_err(|e| e.to_string())
+                    .and_then(|n| n.with_fds(fds).map_err(|e| e.to_string()))
+                    .map_err(|e| ApiError::bad_request(format!("vm.add-net: {e}")))?;
+                c.net.push(n);
                 Ok(())
             }),
             VmmAction::RemoveDevice(id) => self.remove_device(&id),

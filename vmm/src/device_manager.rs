@@ -3,7 +3,7 @@
 //! addresses, KVM memory slots and bus places.
 //!
 //! A hot-plugged device goes through:
-//! `add_fs`/`add_pmem`/`add_disk` → [`PciDeviceManager::add`] (slot, BARs, memory slot,
+//! `add_fs`/`add_pmem`/`add_disk`/`add_net` → [`PciDeviceManager::add`] (slot, BARs, memory slot,
 //! ioeventfds) → [`PciHotplug::announce_add`] + GED interrupt → the guest's
 //! `acpiphp` scans the slot and binds the driver. A removal:
 //! [`DeviceManager::request_removal`] → `PCID` bit + GED interrupt → the
@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use virtio_devices::block::{Block, BlockDeviceConfig};
+use virtio_devices::net::header::allowed_offloads;
+use virtio_devices::net::{Net, NetDeviceConfig, Tap, TapError};
 use virtio_devices::pmem::{Pmem, PmemBacking};
 use virtio_devices::rng::Rng;
 use virtio_devices::vhost_user_fs::window::{DaxWindow, GuestPrefaulter, WindowObserver};
@@ -25,7 +27,9 @@ use virtio_devices::VirtioDevice;
 use vm_memory::GuestMemoryAtomic;
 
 use crate::arch::x86_64::layout;
-use crate::config::{DiskConfig, FsConfig, PmemConfig, Transport, VmConfig, VsockConfig};
+use crate::config::{
+    DiskConfig, FsConfig, NetConfig, PmemConfig, Transport, VmConfig, VsockConfig,
+};
 use crate::devices::activator::DeviceActivator;
 use crate::devices::device_memory::{AddressSpace, Area, MemorySlot, SlotNumbers};
 use crate::devices::ged::{GedHandle, EVENT_PCI_HOTPLUG};
@@ -163,6 +167,9 @@ impl DeviceManager {
         if let Some(v) = &config.vsock {
             self.add_vsock_device(v)?;
         }
+        for n in &config.net {
+            self.add_net_device(n)?;
+        }
         Ok(())
     }
 
@@ -265,6 +272,24 @@ impl DeviceManager {
             v.cid,
             v.socket.display()
         );
+        Ok(slot)
+    }
+
+    /// Opens the device's tap and puts a virtio-net device on it on its
+    /// transport.
+    fn add_net_device(&mut self, n: &NetConfig) -> Result<Option<u8>, VmError> {
+        let tap = open_tap(n)?;
+        let tap_name = tap.name().to_string();
+        let device = Net::new(NetDeviceConfig {
+            id: n.id.clone(),
+            tap: Arc::new(tap),
+            mac: n.mac,
+            mtu: n.mtu,
+            queue_size: n.queue_size,
+            allowed_offloads: allowed_offloads(n.offload_csum, n.offload_tso),
+        });
+        let slot = self.place(&n.id, Box::new(device), n.transport, None)?;
+        log::info!("net {}: tap {tap_name}, guest MAC {}", n.id, n.mac);
         Ok(slot)
     }
 
@@ -381,6 +406,15 @@ impl DeviceManager {
         Ok(PciDeviceInfo::new(&v.id, slot))
     }
 
+    /// Hot-plugs a net device into the running guest.
+    pub fn hotplug_net(&mut self, n: &NetConfig) -> Result<PciDeviceInfo, VmError> {
+        Self::hotplug_only_over_pci(n.transport, &n.id)?;
+        self.id_is_free(&n.id)?;
+        let slot = self.add_net_device(n)?.expect("a PCI device has a slot");
+        self.announce(slot, true)?;
+        Ok(PciDeviceInfo::new(&n.id, slot))
+    }
+
     fn announce(&self, slot: u8, add: bool) -> Result<(), VmError> {
         {
             let mut hp = self.hotplug.lock().unwrap_or_else(|e| e.into_inner());
@@ -399,7 +433,7 @@ impl DeviceManager {
     pub fn request_removal(&self, id: &str) -> Result<(), VmError> {
         let slot = self.pci.slot_of(id).ok_or_else(|| {
             VmError::Hotplug(format!(
-                "{id}: not a hot-pluggable device (only virtio-PCI fs, pmem, disk and vsock devices can be removed from a running VM)"
+                "{id}: not a hot-pluggable device (only virtio-PCI fs, pmem, disk, vsock and net devices can be removed from a running VM)"
             ))
         })?;
         if id == "_rng" {
@@ -428,4 +462,42 @@ impl DeviceManager {
         }
         gone
     }
+}
+
+/// Opens the tap a net config names, creating it if it does not exist (a
+/// new `vmtap<N>` without a name), and gives its host side the configured
+/// address and MTU and brings it up. As in Cloud Hypervisor, a tap that
+/// existed before keeps the address it has.
+fn open_tap(n: &NetConfig) -> Result<Tap, TapError> {
+    if let Some(fd) = n.fds.0.first() {
+        // A tap someone else set up (Kata): its address is theirs, as in
+        // Cloud Hypervisor, which ignores ip/mask with fds.
+        let fd = fd.try_clone().map_err(|e| TapError::NotATap {
+            fd: std::os::fd::AsRawFd::as_raw_fd(fd),
+            why: format!("dup: {e}"),
+        })?;
+        return Tap::from_fd(fd);
+    }
+    let name = n.tap.as_deref().unwrap_or(crate::config::DEFAULT_TAP_NAME);
+    let existed = n
+        .tap
+        .as_ref()
+        .is_some_and(|t| std::path::Path::new("/sys/class/net").join(t).exists());
+    let tap = Tap::open_named(name)?;
+    if n.mask.is_some() && n.ip.is_none() {
+        log::warn!("net {}: mask= without ip= gives the tap no address", n.id);
+    }
+    let (ip, mask) = if existed {
+        if n.ip.is_some() {
+            log::warn!(
+                "net {}: tap {name} exists already; its address is left as it is",
+                n.id
+            );
+        }
+        (None, None)
+    } else {
+        (n.ip, n.mask)
+    };
+    tap.configure_host_side(ip, mask, n.mtu)?;
+    Ok(tap)
 }

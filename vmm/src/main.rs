@@ -7,8 +7,8 @@ use clap::Parser;
 
 use vmm::config::OptionValues;
 use vmm::config::{
-    parse_console, ConfigError, CpusConfig, DiskConfig, FsConfig, MemoryConfig, PayloadConfig,
-    PmemConfig, RngConfig, SerialMode, VmConfig, VsockConfig,
+    parse_console, ConfigError, CpusConfig, DiskConfig, FsConfig, MemoryConfig, NetConfig,
+    PayloadConfig, PmemConfig, RngConfig, SerialMode, VmConfig, VsockConfig,
 };
 use vmm::control_loop::{ControlLoop, LoopExit};
 use vmm::signals::StopSignals;
@@ -60,6 +60,11 @@ struct Cli {
     /// [,num_queues=<n>][,queue_size=<n>][,serial=<s>][,transport=pci|mmio]
     #[arg(long, value_name = "path=PATH", num_args = 1..)]
     disk: Vec<String>,
+    /// virtio-net on a tap: tap=<name>[,ip=<ipv4>,mask=<ipv4>][,mac=<mac>][,mtu=<n>]
+    /// [,num_queues=2][,queue_size=<n>][,id=<id>][,offload_tso=on|off][,offload_csum=on|off]
+    /// [,transport=pci|mmio]
+    #[arg(long, value_name = "tap=NAME", num_args = 1..)]
+    net: Vec<String>,
     /// virtio-rng: src=<path>[,transport=pci|mmio], or off.
     #[arg(long, value_name = "src=PATH|off", default_value = "src=/dev/urandom")]
     rng: String,
@@ -116,6 +121,7 @@ impl Cli {
                 ("fs", !self.fs.is_empty()),
                 ("disk", !self.disk.is_empty()),
                 ("vsock", self.vsock.is_some()),
+                ("net", !self.net.is_empty()),
             ];
             if let Some((option, _)) = given.iter().find(|(_, g)| *g) {
                 return Err(ConfigError::Unsupported {
@@ -156,6 +162,12 @@ impl Cli {
                 .iter()
                 .enumerate()
                 .map(|(i, d)| DiskConfig::parse(d, i))
+                .collect::<Result<_, _>>()?,
+            net: self
+                .net
+                .iter()
+                .enumerate()
+                .map(|(i, n)| NetConfig::parse(n, i))
                 .collect::<Result<_, _>>()?,
             rng: RngConfig::parse(&self.rng)?,
             vsock: self.vsock.as_deref().map(VsockConfig::parse).transpose()?,

@@ -24,6 +24,7 @@ pub const VCPU: &str = "vcpu";
 pub const SERIAL_INPUT: &str = "serial-input";
 pub const ACTIVATOR: &str = "device-activator";
 pub use api::API_THREAD as API;
+pub use virtio_devices::net::NET_WORKER_THREAD as NET_WORKER;
 pub use virtio_devices::vsock::VSOCK_WORKER_THREAD as VSOCK_WORKER;
 pub use virtio_devices::BLOCK_IO_THREAD as BLOCK_IO;
 pub use virtio_devices::DEVICE_WORKER_THREAD as DEVICE_WORKER;
@@ -137,6 +138,17 @@ const VSOCK_WORKER_CALLS: &[i64] = &[
     SYS_recvmsg,
     SYS_sendmsg,
 ];
+
+/// A virtio-net queue pair's thread (started by the device activator,
+/// so also under its filter): frames are read from and written to the tap
+/// with read/write and waited for with epoll, all in [`COMMON`]. No
+/// ioctl at all (the activator sets the tap's offloads), no sockets, no
+/// opens.
+const NET_WORKER_CALLS: &[i64] = &[];
+
+/// What the device activator may ask of a tap: which offloads it takes
+/// from the guest's acked features (`TUNSETOFFLOAD`), nothing else.
+const NET_OFFLOAD_IOCTL: Allow = Allow::Arg(SYS_ioctl, 1, &[TUNSETOFFLOAD]);
 
 /// The API thread: its socket, the daemons' control sockets (connect; the
 /// socket itself is [`API_SOCKETS`]). It opens no file: page-fault counts
@@ -330,7 +342,14 @@ const UNIX_STREAM_NONBLOCK: &[Cond] = &[
     Cond::eq(1, (SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK) as u32),
     Cond::eq(2, 0),
 ];
-pub const VMM_SOCKETS: &[&[Cond]] = &[UNIX_STREAM, UNIX_STREAM_NONBLOCK];
+/// The socket the main thread gives a tap its host address, netmask, MTU
+/// and link state through (SIOCSIF* ioctls); no data crosses it.
+const INET_DGRAM: &[Cond] = &[
+    Cond::eq(0, AF_INET as u32),
+    Cond::eq(1, (SOCK_DGRAM | SOCK_CLOEXEC) as u32),
+    Cond::eq(2, 0),
+];
+pub const VMM_SOCKETS: &[&[Cond]] = &[UNIX_STREAM, UNIX_STREAM_NONBLOCK, INET_DGRAM];
 pub const API_SOCKETS: &[&[Cond]] = &[UNIX_STREAM_NONBLOCK];
 pub const VSOCK_SOCKETS: &[&[Cond]] = &[UNIX_STREAM_NONBLOCK];
 
@@ -406,7 +425,13 @@ pub fn all_for(pid: u32) -> Vec<(&'static str, Vec<Allow>)> {
     let block_io = base(pid, BLOCK_IO_CALLS);
     let mut activator = base(pid, ACTIVATOR_CALLS);
     activator.extend(seccomp::calls(DEVICE_WORKER_CALLS));
-    activator.extend([fd_flags, PREFAULT_IOCTL, THREAD_START_PRCTL]);
+    activator.extend([
+        fd_flags,
+        PREFAULT_IOCTL,
+        THREAD_START_PRCTL,
+        NET_OFFLOAD_IOCTL,
+    ]);
+    let net_worker = base(pid, NET_WORKER_CALLS);
     vec![
         (VMM, vmm),
         (VCPU, vcpu),
@@ -416,6 +441,7 @@ pub fn all_for(pid: u32) -> Vec<(&'static str, Vec<Allow>)> {
         (SERIAL_INPUT, serial),
         (ACTIVATOR, activator),
         (BLOCK_IO, block_io),
+        (NET_WORKER, net_worker),
     ]
 }
 

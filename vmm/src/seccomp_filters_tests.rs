@@ -41,6 +41,8 @@ const ON_WORKER: &[&str] = &[VMM, ACTIVATOR, DEVICE_WORKER];
 const ON_BLOCK_IO: &[&str] = &[VMM, ACTIVATOR, BLOCK_IO];
 /// The vsock thread starts with its device, on the main thread.
 const ON_VSOCK: &[&str] = &[VMM, VSOCK_WORKER];
+/// A net queue pair's thread, started by the activator.
+const ON_NET: &[&str] = &[VMM, ACTIVATOR, NET_WORKER];
 
 fn ioctl(request: u64) -> impl FnOnce() -> i64 {
     // SAFETY: an ioctl on fd -1 touches no memory: EBADF if it gets past
@@ -583,4 +585,76 @@ fn the_vsock_thread_serves_both_directions_under_its_filters() {
         SIGSYS_
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The net worker's whole job under its filters, in a child: frames read
+/// and written on the tap (a real one where this test may create it, a
+/// datagram pair standing in otherwise). The tap's offloads are set on the
+/// activator; its address through an AF_INET socket on the main thread
+/// only; the worker has no ioctl and no socket at all.
+#[test]
+fn the_net_worker_moves_frames_and_nothing_else() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixDatagram;
+    use virtio_devices::net::{FrameIo, Tap};
+
+    let (guest_side, host_side) = UnixDatagram::pair().unwrap();
+    guest_side.set_nonblocking(true).unwrap();
+    // The worker reads and writes a tap with read(2)/write(2), as here.
+    let outcome = under(ON_NET, move || {
+        let mut buf = [0u8; 64];
+        let (g, h) = (guest_side.as_raw_fd(), host_side.as_raw_fd());
+        // SAFETY: reads and writes within buf on fds this child holds.
+        let (sent, got, empty) = unsafe {
+            (
+                libc::write(g, buf.as_ptr().cast(), 40),
+                libc::read(h, buf.as_mut_ptr().cast(), buf.len()),
+                libc::read(g, buf.as_mut_ptr().cast(), buf.len()),
+            )
+        };
+        let would_block = std::io::Error::last_os_error().raw_os_error() == Some(EAGAIN);
+        if (sent, got, empty) == (40, 40, -1) && would_block {
+            0
+        } else {
+            -1
+        }
+    });
+    assert_eq!(outcome, Outcome::Returned(0));
+    let offload = TUNSETOFFLOAD;
+    assert_eq!(under(ON_ACTIVATOR, ioctl(offload)), EBADF_);
+    for request in [offload, TUNSETIFF, SIOCSIFADDR, FIONBIO] {
+        assert_eq!(under(ON_NET, ioctl(request)), SIGSYS_, "{request:#x}");
+    }
+    let inet = SOCK_DGRAM | SOCK_CLOEXEC;
+    assert_eq!(under(MAIN, socket(AF_INET, inet)), Outcome::Returned(0));
+    for kinds in [ON_ACTIVATOR, ON_NET, ON_API, ON_VCPU] {
+        assert_eq!(under(kinds, socket(AF_INET, inet)), SIGSYS_, "{kinds:?}");
+    }
+    assert_eq!(
+        under(MAIN, socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC)),
+        SIGSYS_
+    );
+
+    // A real tap (needs CAP_NET_ADMIN): opened on the main thread, its
+    // offloads set on the activator, read on the worker.
+    let name = format!("daxsc{}", std::process::id() % 100000);
+    let tap = match Tap::open_named(&name) {
+        Ok(t) => std::sync::Arc::new(t),
+        Err(e) => return eprintln!("real tap part skipped: {e}"),
+    };
+    let t = tap.clone();
+    assert_eq!(
+        under(ON_ACTIVATOR, move || i64::from(
+            t.set_offload(TUN_F_CSUM).is_err()
+        )),
+        Outcome::Returned(0)
+    );
+    let outcome = under(ON_NET, move || {
+        let mut buf = [0u8; 64];
+        match tap.recv_frame(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+            _ => -1,
+        }
+    });
+    assert_eq!(outcome, Outcome::Returned(0));
 }

@@ -13,7 +13,9 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::terminal::Terminal;
 
 use crate::arch::x86_64::{acpi::AcpiTables, boot, layout};
-use crate::config::{DiskConfig, FsConfig, PmemConfig, SerialMode, VmConfig, VsockConfig};
+use crate::config::{
+    DiskConfig, FsConfig, NetConfig, PmemConfig, SerialMode, VmConfig, VsockConfig,
+};
 use crate::device_manager::DeviceManager;
 pub use crate::device_manager::{FsDeviceInfo, ObserverFactory, PciDeviceInfo};
 use crate::devices::{acpi_pm, ged, i8042, pvpanic, serial, Bus};
@@ -59,6 +61,8 @@ pub enum VmError {
     Disk(#[from] virtio_devices::block::DiskError),
     #[error(transparent)]
     Vsock(#[from] virtio_devices::vsock::BackendError),
+    #[error(transparent)]
+    Tap(#[from] virtio_devices::net::TapError),
     #[error(transparent)]
     VirtioMmio(#[from] crate::devices::virtio_mmio::VirtioMmioError),
     #[error(transparent)]
@@ -406,6 +410,11 @@ impl Vm {
     /// Hot-plugs the vsock device over virtio-PCI.
     pub fn add_vsock(&mut self, vsock: &VsockConfig) -> Result<PciDeviceInfo, VmError> {
         self.devices.hotplug_vsock(vsock)
+    }
+
+    /// Hot-plugs a net device over virtio-PCI.
+    pub fn add_net(&mut self, net: &NetConfig) -> Result<PciDeviceInfo, VmError> {
+        self.devices.hotplug_net(net)
     }
 
     /// Asks the guest to eject device `id`; see [`Vm::complete_ejects`].

@@ -48,6 +48,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
+#[path = "daxprobe/kata_net.rs"]
+mod kata_net;
 #[path = "daxprobe/vsock.rs"]
 mod vsock;
 #[path = "daxprobe/window_io.rs"]
@@ -434,6 +436,7 @@ fn main() {
         ["http", socket, method, path] => http(socket, method, path, ""),
         ["http", socket, method, path, body] => http(socket, method, path, body),
         ["sse", socket, path] => sse_counts(socket, path),
+        ["kata-add-net", socket, tap, body] => kata_net::add_net(socket, tap, body),
         ["power-button"] => power_button(),
         ["vsock-serve", port, reply, count] => vsock::vsock_serve(port, reply, count),
         ["vsock-connect", cid, port, bytes] => vsock::vsock_connect(cid, port, bytes),

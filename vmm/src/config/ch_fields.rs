@@ -77,6 +77,32 @@ const DEBUG_CONSOLE: &[(&str, Rule)] = &[
     ("iobase", Rule::Default(|| json!(0xe9))),
 ];
 
+/// Every field is passed on: the net parser checks those it does not
+/// implement itself, with the same messages as `--net`.
+const NET: &[(&str, Rule)] = &[
+    ("tap", Rule::Ours),
+    ("ip", Rule::Ours),
+    ("mask", Rule::Ours),
+    ("mac", Rule::Ours),
+    ("host_mac", Rule::Ours),
+    ("mtu", Rule::Ours),
+    ("iommu", Rule::Ours),
+    ("num_queues", Rule::Ours),
+    ("queue_size", Rule::Ours),
+    ("vhost_user", Rule::Ours),
+    ("vhost_socket", Rule::Ours),
+    ("vhost_mode", Rule::Ours),
+    ("id", Rule::Ours),
+    ("fds", Rule::Ours),
+    ("rate_limiter_config", Rule::Ours),
+    ("pci_segment", Rule::Ours),
+    ("pci_device_id", Rule::Ours),
+    ("offload_tso", Rule::Ours),
+    ("offload_ufo", Rule::Ours),
+    ("offload_csum", Rule::Ours),
+    ("transport", Rule::Ours),
+];
+
 const FS: &[(&str, Rule)] = &[
     ("tag", Rule::Ours),
     ("socket", Rule::Ours),
@@ -182,7 +208,7 @@ const VM_CONFIG: &[(&str, Rule)] = &[
     ("platform", Rule::Object(PLATFORM)),
     ("rate_limit_groups", Rule::Empty),
     ("disks", Rule::Array(DISK)),
-    ("net", Rule::Empty),
+    ("net", Rule::Array(NET)),
     ("balloon", Rule::Empty),
     ("generic_vhost_user", Rule::Empty),
     ("devices", Rule::Empty),

@@ -1,5 +1,5 @@
 //! The VM configuration as Cloud Hypervisor's REST API spells it (VmConfig,
-//! FsConfig, PmemConfig, DiskConfig JSON), converted through the same checks as the
+//! FsConfig, PmemConfig, DiskConfig, NetConfig JSON), converted through the same checks as the
 //! command line so both give the same limits and messages.
 //!
 //! Every field of Cloud Hypervisor's VmConfig is accepted ([`super::ch_fields`]):
@@ -21,6 +21,7 @@ use super::{
     SerialMode, Transport, VmConfig, VsockConfig, RNG_KEYS, VSOCK_KEYS,
 };
 use super::{DiskConfig, DISK_KEYS};
+use super::{NetConfig, NET_KEYS};
 
 /// A body that does not fit its schema; the text names the field.
 #[derive(Debug, thiserror::Error)]
@@ -142,6 +143,87 @@ impl PmemConfigJson {
         opt("pci_segment", self.pci_segment.map(|v| v.to_string()));
         opt("transport", self.transport);
         PmemConfig::from_values(&OptionValues::from_pairs("pmem", pairs, PMEM_KEYS)?, index)
+    }
+}
+
+/// Cloud Hypervisor's NetConfig, every field: Kata's driver sends
+/// `mac`, `ip`/`mask` (its defaults 192.168.249.1/255.255.255.0),
+/// `num_queues`, `queue_size`, `iommu`, `vhost_user`, `vhost_mode`, the
+/// `offload_*` toggles and, with `vm.add-net`, its tap fds.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetConfigJson {
+    tap: Option<String>,
+    ip: Option<String>,
+    mask: Option<String>,
+    mac: Option<String>,
+    host_mac: Option<String>,
+    mtu: Option<u32>,
+    iommu: Option<bool>,
+    num_queues: Option<u32>,
+    queue_size: Option<u32>,
+    vhost_user: Option<bool>,
+    vhost_socket: Option<String>,
+    vhost_mode: Option<String>,
+    id: Option<String>,
+    /// Numbers in the sender's process, meaningless here: the fds
+    /// themselves travel as SCM_RIGHTS with the request. Ignored, as
+    /// Cloud Hypervisor ignores them.
+    fds: Option<Vec<i32>>,
+    /// Only null: there is no rate limiter.
+    rate_limiter_config: Option<Value>,
+    pci_segment: Option<u16>,
+    pci_device_id: Option<u8>,
+    offload_tso: Option<bool>,
+    offload_ufo: Option<bool>,
+    offload_csum: Option<bool>,
+    transport: Option<String>,
+}
+
+impl NetConfigJson {
+    fn into_config(self, index: usize) -> Result<NetConfig, ConfigError> {
+        no_pci_device_id("net", self.pci_device_id)?;
+        let unsupported = |message: String| ConfigError::Unsupported {
+            option: "net",
+            message,
+        };
+        if self
+            .rate_limiter_config
+            .as_ref()
+            .is_some_and(|v| !v.is_null())
+        {
+            return Err(unsupported(
+                "rate_limiter_config is not supported (only null)".into(),
+            ));
+        }
+        if self.fds.as_ref().is_some_and(|f| !f.is_empty()) {
+            log::warn!("vm.add-net: fd numbers in the body are ignored; the fds come as SCM_RIGHTS with the request");
+        }
+        let mut pairs = Vec::new();
+        let mut opt = |k, v: Option<String>| {
+            if let Some(v) = v {
+                pairs.push((k, v));
+            }
+        };
+        opt("tap", self.tap);
+        opt("ip", self.ip);
+        opt("mask", self.mask);
+        opt("mac", self.mac);
+        opt("host_mac", self.host_mac);
+        opt("mtu", self.mtu.map(|v| v.to_string()));
+        opt("iommu", self.iommu.map(toggle));
+        opt("num_queues", self.num_queues.map(|v| v.to_string()));
+        opt("queue_size", self.queue_size.map(|v| v.to_string()));
+        opt("vhost_user", self.vhost_user.map(toggle));
+        opt("socket", self.vhost_socket);
+        opt("vhost_mode", self.vhost_mode);
+        opt("id", self.id);
+        opt("pci_segment", self.pci_segment.map(|v| v.to_string()));
+        opt("offload_tso", self.offload_tso.map(toggle));
+        opt("offload_ufo", self.offload_ufo.map(toggle));
+        opt("offload_csum", self.offload_csum.map(toggle));
+        opt("transport", self.transport);
+        NetConfig::from_values(&OptionValues::from_pairs("net", pairs, NET_KEYS)?, index)
     }
 }
 
@@ -341,6 +423,7 @@ struct VmConfigJson {
     fs: Option<Vec<FsConfigJson>>,
     pmem: Option<Vec<PmemConfigJson>>,
     disks: Option<Vec<DiskConfigJson>>,
+    net: Option<Vec<NetConfigJson>>,
     rng: Option<RngJson>,
     vsock: Option<VsockConfigJson>,
     pvpanic: Option<bool>,
@@ -425,6 +508,13 @@ pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
             .enumerate()
             .map(|(i, d)| d.into_config(i))
             .collect::<Result<_, _>>()?,
+        net: j
+            .net
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| n.into_config(i))
+            .collect::<Result<_, _>>()?,
         // On by default, as in Cloud Hypervisor, whose VmConfig always has one.
         rng: Some(
             j.rng
@@ -452,6 +542,15 @@ pub fn fs_config_from_json(body: &Value, index: usize) -> Result<FsConfig, JsonC
 pub fn pmem_config_from_json(body: &Value, index: usize) -> Result<PmemConfig, JsonConfigError> {
     let j = PmemConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape {
         what: "PmemConfig",
+        source,
+    })?;
+    Ok(j.into_config(index)?)
+}
+
+/// Parses a `vm.add-net` body; `index` names a device given without an id.
+pub fn net_config_from_json(body: &Value, index: usize) -> Result<NetConfig, JsonConfigError> {
+    let j = NetConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape {
+        what: "NetConfig",
         source,
     })?;
     Ok(j.into_config(index)?)
@@ -517,6 +616,13 @@ pub fn vm_config_to_json(c: &VmConfig) -> Value {
             "num_queues": d.num_queues, "queue_size": d.queue_size, "vhost_user": false,
             "id": d.id, "serial": d.serial, "pci_segment": 0, "backing_files": false, "sparse": true,
             "image_type": "Raw", "transport": transport(d.transport),
+        })).collect::<Vec<_>>(),
+        "net": c.net.iter().map(|n| json!({
+            "tap": n.tap, "ip": n.ip.map(|a| a.to_string()), "mask": n.mask.map(|a| a.to_string()),
+            "mac": n.mac.to_string(), "mtu": n.mtu, "iommu": false, "num_queues": n.num_queues,
+            "queue_size": n.queue_size, "vhost_user": false, "vhost_mode": "Client", "id": n.id,
+            "pci_segment": 0, "offload_tso": n.offload_tso, "offload_ufo": true,
+            "offload_csum": n.offload_csum, "transport": transport(n.transport),
         })).collect::<Vec<_>>(),
         "pvpanic": c.pvpanic,
         "iommu": false,
@@ -591,6 +697,59 @@ mod tests {
             0
         )
         .is_ok());
+    }
+
+    #[test]
+    fn net_bodies_as_kata_and_ch_remote_send_them() {
+        // Kata's clh.go: NewNetConfig's defaults plus the endpoint's MAC
+        // (its tap fds travel beside the body).
+        let kata = json!({"ip": "192.168.249.1", "mask": "255.255.255.0", "mac": "02:42:ac:11:00:02",
+            "iommu": false, "num_queues": 2, "queue_size": 256, "vhost_user": false,
+            "vhost_mode": "Client", "offload_tso": true, "offload_ufo": true, "offload_csum": true});
+        let n = net_config_from_json(&kata, 1).unwrap();
+        assert_eq!(
+            (n.mac.to_string().as_str(), n.id.as_str()),
+            ("02:42:ac:11:00:02", "_net1")
+        );
+        assert_eq!(
+            (n.num_queues, n.queue_size, n.tap.is_none()),
+            (2, 256, true)
+        );
+        // ch-remote add-net tap=tap0,mtu=1400.
+        let n = net_config_from_json(&json!({"tap": "tap0", "mtu": 1400, "pci_segment": 0}), 0)
+            .unwrap();
+        assert_eq!((n.tap.as_deref(), n.mtu), (Some("tap0"), Some(1400)));
+        let e = |b: Value| net_config_from_json(&b, 0).unwrap_err().to_string();
+        assert!(e(json!({"tap": "t", "num_queues": 4})).contains("num_queues=\"4\""));
+        // Fd numbers in a body mean nothing in this process: ignored.
+        let n = net_config_from_json(&json!({"tap": "t", "fds": [3, 4]}), 0).unwrap();
+        assert!(n.fds.is_empty());
+        let two = vec![
+            std::fs::File::open("/dev/null").unwrap().into(),
+            std::fs::File::open("/dev/null").unwrap().into(),
+        ];
+        assert!(n
+            .clone()
+            .with_fds(two)
+            .unwrap_err()
+            .to_string()
+            .contains("expected one tap fd"));
+        let one = vec![std::fs::File::open("/dev/null").unwrap().into()];
+        assert_eq!(n.with_fds(one).unwrap().fds.0.len(), 1);
+        assert!(e(json!({"tap": "t", "vhost_user": true})).contains("vhost_user=on"));
+        assert!(e(
+            json!({"tap": "t", "rate_limiter_config": {"bandwidth": {"size": 1, "refill_time": 1}}})
+        )
+        .contains("rate_limiter_config"));
+        assert!(e(json!({"tap": "t", "speed": 1})).contains("unknown field `speed`"));
+        assert!(e(json!({"tap": "t", "pci_device_id": 3})).contains("pci_device_id"));
+        // In a VmConfig, and back out of vm.info with the same MAC.
+        let body = json!({"payload": {"kernel": "/k"}, "net": [{"tap": "tap1", "ip": "10.0.0.1", "mask": "255.0.0.0"}]});
+        let c = vm_config_from_json(&body).unwrap();
+        assert_eq!(c.net[0].id, "_net0");
+        let info = vm_config_to_json(&c);
+        assert_eq!(info["net"][0]["vhost_mode"], "Client");
+        assert_eq!(vm_config_from_json(&info).unwrap(), c);
     }
 
     #[test]
@@ -724,8 +883,8 @@ mod tests {
         )
         .contains("--disk: vhost_user=on is not supported"));
         assert!(
-            e(json!({"payload": {"kernel": "/k"}, "net": [{"tap": "t0"}]}))
-                .contains("VmConfig.net=[{\"tap\":\"t0\"}] is not supported")
+            e(json!({"payload": {"kernel": "/k"}, "vdpa": [{"path": "/v"}]}))
+                .contains("VmConfig.vdpa=[{\"path\":\"/v\"}] is not supported")
         );
         assert!(e(json!({"payload": {}})).contains("payload.kernel"));
         assert!(

@@ -4,6 +4,7 @@ mod ch_fields;
 mod disk;
 mod fs;
 pub mod json;
+mod net;
 mod option_parser;
 mod pmem;
 mod rng;
@@ -11,6 +12,7 @@ mod vsock;
 
 pub use disk::{DiskConfig, DISK_KEYS};
 pub use fs::FsConfig;
+pub use net::{NetConfig, DEFAULT_TAP_NAME, NET_KEYS};
 pub use pmem::{PmemConfig, Transport};
 pub use rng::{RngConfig, DEFAULT_RNG_SOURCE, RNG_KEYS};
 pub use vsock::{VsockConfig, VSOCK_KEYS};
@@ -212,6 +214,8 @@ pub struct VmConfig {
     pub pmem: Vec<PmemConfig>,
     pub fs: Vec<FsConfig>,
     pub disks: Vec<DiskConfig>,
+    /// virtio-net devices on taps.
+    pub net: Vec<NetConfig>,
     /// The virtio-rng device (on by default, as in Cloud Hypervisor).
     pub rng: Option<RngConfig>,
     /// The virtio-vsock device (at most one, as in Cloud Hypervisor).
@@ -222,14 +226,17 @@ pub struct VmConfig {
 }
 
 impl VmConfig {
-    /// Drops the fs, pmem, disk or vsock device named `id`; false if there is none.
+    /// Drops the fs, pmem, disk, net or vsock device named `id`; false if
+    /// there is none.
     pub fn remove_device(&mut self, id: &str) -> bool {
-        let count =
-            |c: &Self| c.fs.len() + c.pmem.len() + c.disks.len() + usize::from(c.vsock.is_some());
+        let count = |c: &Self| {
+            c.fs.len() + c.pmem.len() + c.disks.len() + c.net.len() + usize::from(c.vsock.is_some())
+        };
         let before = count(self);
         self.fs.retain(|f| f.id != id);
         self.pmem.retain(|p| p.id != id);
         self.disks.retain(|d| d.id != id);
+        self.net.retain(|n| n.id != id);
         if self.vsock.as_ref().is_some_and(|v| v.id == id) {
             self.vsock = None;
         }
@@ -252,6 +259,7 @@ impl VmConfig {
             .chain(self.fs.iter().map(|f| (f.id.as_str(), "fs")))
             .chain(self.disks.iter().map(|d| (d.id.as_str(), "disk")))
             .chain(self.vsock.iter().map(|v| (v.id.as_str(), "vsock")))
+            .chain(self.net.iter().map(|n| (n.id.as_str(), "net")))
             .collect();
         ids.sort_unstable();
         if let Some(w) = ids.windows(2).find(|w| w[0].0 == w[1].0) {
@@ -336,6 +344,7 @@ mod tests {
             pmem: vec![PmemConfig::parse("file=p,id=dev0", 0).unwrap()],
             fs: vec![FsConfig::parse("tag=t,socket=s,id=dev1", 0).unwrap()],
             disks: vec![DiskConfig::parse("path=d,id=dev2", 0).unwrap()],
+            net: vec![NetConfig::parse("tap=t0,id=dev4", 0).unwrap()],
             rng: None,
             vsock: None,
             pvpanic: true,
@@ -366,11 +375,19 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("\"dev1\" is used twice"));
+        cfg.pmem[0].id = "dev4".into();
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("\"dev4\" is used twice"));
         cfg.pmem[0].id = "dev0".into();
         assert!(cfg.remove_device("dev0") && cfg.pmem.is_empty());
         cfg.fs.clear();
         assert!(cfg.remove_device("dev1") && cfg.disks.is_empty());
         assert!(!cfg.remove_device("dev1"));
+        assert!(cfg.remove_device("dev4") && cfg.net.is_empty());
+        assert!(!cfg.remove_device("dev4"));
     }
 
     #[test]

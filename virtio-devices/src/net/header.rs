@@ -1,0 +1,320 @@
+//! The virtio-net header (`virtio_net_hdr_v1`, virtio 1.2 §5.1.6, 12 bytes)
+//! that precedes every frame on both queues, and what it allows.
+//!
+//! The tap is opened with `IFF_VNET_HDR` and a header size of 12
+//! (`TUNSETVNETHDRSZ`), so the kernel reads and writes the same layout: a
+//! TX frame goes to the tap as the guest wrote it, header included, and an
+//! RX frame comes from the tap with its header. This module checks a TX
+//! header against what the guest negotiated (a GSO type the tap was not
+//! told to accept would be refused by the kernel anyway; here it is refused
+//! first with a reason), fills `num_buffers` on RX, and maps the acked
+//! guest offloads to the tap's `TUNSETOFFLOAD` flags.
+
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
+    VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_HOST_ECN, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6,
+    VIRTIO_NET_HDR_F_DATA_VALID, VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_ECN,
+    VIRTIO_NET_HDR_GSO_NONE, VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6,
+};
+
+/// Size of `virtio_net_hdr_v1`: flags, gso_type, hdr_len, gso_size,
+/// csum_start, csum_offset, num_buffers.
+pub const VNET_HDR_LEN: usize = 12;
+
+/// The largest frame either queue moves, header included: a 64 KiB TSO
+/// frame with its Ethernet and VLAN headers (as Firecracker bounds it).
+pub const MAX_FRAME_LEN: usize = 65562;
+
+/// The checksum offloads (`offload_csum`).
+pub const CSUM_FEATURES: u64 = (1 << VIRTIO_NET_F_CSUM) | (1 << VIRTIO_NET_F_GUEST_CSUM);
+
+/// Offloads this device offers where the tap accepts them: checksums and
+/// TCP segmentation both ways. UFO is left out (the kernel segments UDP).
+pub const OFFLOAD_FEATURES: u64 = (1 << VIRTIO_NET_F_CSUM)
+    | (1 << VIRTIO_NET_F_GUEST_CSUM)
+    | (1 << VIRTIO_NET_F_GUEST_TSO4)
+    | (1 << VIRTIO_NET_F_GUEST_TSO6)
+    | (1 << VIRTIO_NET_F_GUEST_ECN)
+    | (1 << VIRTIO_NET_F_HOST_TSO4)
+    | (1 << VIRTIO_NET_F_HOST_TSO6)
+    | (1 << VIRTIO_NET_F_HOST_ECN);
+
+/// The offloads a config allows (`offload_csum`, `offload_tso`): TSO
+/// needs checksum offload, so without it there is none.
+pub fn allowed_offloads(csum: bool, tso: bool) -> u64 {
+    match (csum, tso) {
+        (false, _) => 0,
+        (true, false) => CSUM_FEATURES,
+        (true, true) => OFFLOAD_FEATURES,
+    }
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    #[error("frame of {0} bytes is shorter than the {VNET_HDR_LEN}-byte virtio-net header")]
+    Short(usize),
+    #[error("header flags {0:#x}: only NEEDS_CSUM (1) and DATA_VALID (2) exist")]
+    Flags(u8),
+    #[error("NEEDS_CSUM without VIRTIO_NET_F_CSUM negotiated")]
+    ChecksumNotNegotiated,
+    #[error("checksum at {start}+{offset} lies past the {len}-byte frame")]
+    ChecksumOutside { start: u16, offset: u16, len: usize },
+    #[error(
+        "gso_type {0:#x} is not one this device accepts (none, TCPv4, TCPv6, with or without ECN)"
+    )]
+    GsoType(u8),
+    #[error("gso_type {0:#x} without the matching HOST_TSO/HOST_ECN feature negotiated")]
+    GsoNotNegotiated(u8),
+    #[error("GSO frame without NEEDS_CSUM or with gso_size 0")]
+    GsoIncomplete,
+}
+
+/// The fields of a `virtio_net_hdr_v1` (little-endian on the wire).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VnetHeader {
+    pub flags: u8,
+    pub gso_type: u8,
+    pub hdr_len: u16,
+    pub gso_size: u16,
+    pub csum_start: u16,
+    pub csum_offset: u16,
+    pub num_buffers: u16,
+}
+
+impl VnetHeader {
+    /// Reads the header at the start of `frame`.
+    pub fn parse(frame: &[u8]) -> Result<Self, HeaderError> {
+        let h = frame
+            .get(..VNET_HDR_LEN)
+            .ok_or(HeaderError::Short(frame.len()))?;
+        let u16_at = |i: usize| u16::from_le_bytes([h[i], h[i + 1]]);
+        Ok(VnetHeader {
+            flags: h[0],
+            gso_type: h[1],
+            hdr_len: u16_at(2),
+            gso_size: u16_at(4),
+            csum_start: u16_at(6),
+            csum_offset: u16_at(8),
+            num_buffers: u16_at(10),
+        })
+    }
+
+    pub fn to_bytes(self) -> [u8; VNET_HDR_LEN] {
+        let mut b = [0u8; VNET_HDR_LEN];
+        b[0] = self.flags;
+        b[1] = self.gso_type;
+        for (at, v) in [
+            (2, self.hdr_len),
+            (4, self.gso_size),
+            (6, self.csum_start),
+            (8, self.csum_offset),
+            (10, self.num_buffers),
+        ] {
+            b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+}
+
+/// Checks a guest's TX frame (header and packet) against the features it
+/// acked; the frame then goes to the tap unchanged.
+pub fn check_tx(frame: &[u8], acked: u64) -> Result<VnetHeader, HeaderError> {
+    let h = VnetHeader::parse(frame)?;
+    let has = |bit: u32| acked & (1 << bit) != 0;
+    let known = (VIRTIO_NET_HDR_F_NEEDS_CSUM | VIRTIO_NET_HDR_F_DATA_VALID) as u8;
+    if h.flags & !known != 0 {
+        return Err(HeaderError::Flags(h.flags));
+    }
+    let needs_csum = h.flags & VIRTIO_NET_HDR_F_NEEDS_CSUM as u8 != 0;
+    if needs_csum {
+        if !has(VIRTIO_NET_F_CSUM) {
+            return Err(HeaderError::ChecksumNotNegotiated);
+        }
+        // The kernel writes the 16-bit checksum at csum_start + csum_offset
+        // within the packet; it must lie inside it.
+        let packet_len = frame.len() - VNET_HDR_LEN;
+        let end = usize::from(h.csum_start) + usize::from(h.csum_offset) + 2;
+        if end > packet_len {
+            return Err(HeaderError::ChecksumOutside {
+                start: h.csum_start,
+                offset: h.csum_offset,
+                len: packet_len,
+            });
+        }
+    }
+    let ecn = h.gso_type & VIRTIO_NET_HDR_GSO_ECN as u8 != 0;
+    let gso = h.gso_type & !(VIRTIO_NET_HDR_GSO_ECN as u8);
+    let needed = match u32::from(gso) {
+        VIRTIO_NET_HDR_GSO_NONE if !ecn => return Ok(h),
+        VIRTIO_NET_HDR_GSO_TCPV4 => VIRTIO_NET_F_HOST_TSO4,
+        VIRTIO_NET_HDR_GSO_TCPV6 => VIRTIO_NET_F_HOST_TSO6,
+        _ => return Err(HeaderError::GsoType(h.gso_type)),
+    };
+    if !has(needed) || (ecn && !has(VIRTIO_NET_F_HOST_ECN)) {
+        return Err(HeaderError::GsoNotNegotiated(h.gso_type));
+    }
+    if !needs_csum || h.gso_size == 0 {
+        return Err(HeaderError::GsoIncomplete);
+    }
+    Ok(h)
+}
+
+/// Sets `num_buffers` in an RX frame's header: one buffer per frame, as
+/// the device does without `VIRTIO_NET_F_MRG_RXBUF` (the tap leaves it 0).
+pub fn set_num_buffers(frame: &mut [u8], n: u16) -> Result<(), HeaderError> {
+    let len = frame.len();
+    let field = frame
+        .get_mut(10..VNET_HDR_LEN)
+        .ok_or(HeaderError::Short(len))?;
+    field.copy_from_slice(&n.to_le_bytes());
+    Ok(())
+}
+
+/// The `TUNSETOFFLOAD` flags for what the guest acked: what the tap may
+/// hand the guest (partial checksums, TSO frames) is what the guest said
+/// it takes. Without them the kernel finishes checksums and segments
+/// before the frame reaches the tap's reader.
+pub fn tap_offload_flags(acked: u64) -> u32 {
+    let has = |bit: u32| acked & (1 << bit) != 0;
+    let mut flags = 0;
+    if has(VIRTIO_NET_F_GUEST_CSUM) {
+        flags |= libc::TUN_F_CSUM;
+        if has(VIRTIO_NET_F_GUEST_TSO4) {
+            flags |= libc::TUN_F_TSO4;
+        }
+        if has(VIRTIO_NET_F_GUEST_TSO6) {
+            flags |= libc::TUN_F_TSO6;
+        }
+        if has(VIRTIO_NET_F_GUEST_ECN) && flags & (libc::TUN_F_TSO4 | libc::TUN_F_TSO6) != 0 {
+            flags |= libc::TUN_F_TSO_ECN;
+        }
+    }
+    flags
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: u64 = OFFLOAD_FEATURES;
+
+    fn frame(h: VnetHeader, packet_len: usize) -> Vec<u8> {
+        let mut f = h.to_bytes().to_vec();
+        f.resize(VNET_HDR_LEN + packet_len, 0xab);
+        f
+    }
+
+    #[test]
+    fn header_bytes_round_trip_little_endian() {
+        let h = VnetHeader {
+            flags: 1,
+            gso_type: 4,
+            hdr_len: 0x1234,
+            gso_size: 1448,
+            csum_start: 54,
+            csum_offset: 16,
+            num_buffers: 1,
+        };
+        let b = h.to_bytes();
+        assert_eq!(&b[2..4], &[0x34, 0x12]);
+        assert_eq!(VnetHeader::parse(&b).unwrap(), h);
+        assert_eq!(VnetHeader::parse(&b[..11]), Err(HeaderError::Short(11)));
+    }
+
+    #[test]
+    fn tx_headers_are_checked_against_the_acked_features() {
+        let plain = VnetHeader::default();
+        assert!(check_tx(&frame(plain, 60), 0).is_ok());
+        assert_eq!(check_tx(&[0; 5], ALL), Err(HeaderError::Short(5)));
+        let csum = VnetHeader {
+            flags: 1,
+            csum_start: 34,
+            csum_offset: 16,
+            ..plain
+        };
+        assert!(check_tx(&frame(csum, 60), ALL).is_ok());
+        assert_eq!(
+            check_tx(&frame(csum, 60), 0),
+            Err(HeaderError::ChecksumNotNegotiated)
+        );
+        // The checksum field must lie inside the packet.
+        assert_eq!(
+            check_tx(&frame(csum, 51), ALL),
+            Err(HeaderError::ChecksumOutside {
+                start: 34,
+                offset: 16,
+                len: 51
+            })
+        );
+        assert!(check_tx(&frame(csum, 52), ALL).is_ok());
+        let max = VnetHeader {
+            csum_start: u16::MAX,
+            csum_offset: u16::MAX,
+            ..csum
+        };
+        assert!(check_tx(&frame(max, 100), ALL).is_err());
+        assert_eq!(
+            check_tx(&frame(VnetHeader { flags: 4, ..plain }, 60), ALL),
+            Err(HeaderError::Flags(4))
+        );
+        let tso4 = VnetHeader {
+            gso_type: VIRTIO_NET_HDR_GSO_TCPV4 as u8,
+            gso_size: 1448,
+            hdr_len: 66,
+            ..csum
+        };
+        assert!(check_tx(&frame(tso4, 9000), ALL).is_ok());
+        let no_tso = ALL & !(1 << VIRTIO_NET_F_HOST_TSO4);
+        assert_eq!(
+            check_tx(&frame(tso4, 9000), no_tso),
+            Err(HeaderError::GsoNotNegotiated(1))
+        );
+        let ecn = VnetHeader {
+            gso_type: tso4.gso_type | VIRTIO_NET_HDR_GSO_ECN as u8,
+            ..tso4
+        };
+        assert!(check_tx(&frame(ecn, 9000), ALL).is_ok());
+        assert!(check_tx(&frame(ecn, 9000), ALL & !(1 << VIRTIO_NET_F_HOST_ECN)).is_err());
+        // ECN alone, UDP (UFO is not offered), unknown types.
+        for t in [0x80u8, 3, 5, 2, 0x7f] {
+            let h = VnetHeader {
+                gso_type: t,
+                ..tso4
+            };
+            assert_eq!(check_tx(&frame(h, 9000), ALL), Err(HeaderError::GsoType(t)));
+        }
+        // GSO needs a partial checksum and a segment size.
+        for h in [
+            VnetHeader {
+                gso_size: 0,
+                ..tso4
+            },
+            VnetHeader { flags: 0, ..tso4 },
+        ] {
+            assert_eq!(
+                check_tx(&frame(h, 9000), ALL),
+                Err(HeaderError::GsoIncomplete)
+            );
+        }
+    }
+
+    #[test]
+    fn rx_num_buffers_and_tap_offloads_follow_the_guest() {
+        let mut f = frame(VnetHeader::default(), 10);
+        set_num_buffers(&mut f, 1).unwrap();
+        assert_eq!(VnetHeader::parse(&f).unwrap().num_buffers, 1);
+        assert!(set_num_buffers(&mut [0; 4], 1).is_err());
+
+        assert_eq!(tap_offload_flags(0), 0);
+        assert_eq!(
+            tap_offload_flags(ALL),
+            libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_TSO_ECN
+        );
+        // TSO is nothing without checksum offload.
+        assert_eq!(tap_offload_flags(ALL & !(1 << VIRTIO_NET_F_GUEST_CSUM)), 0);
+        assert_eq!(
+            tap_offload_flags((1 << VIRTIO_NET_F_GUEST_CSUM) | (1 << VIRTIO_NET_F_GUEST_ECN)),
+            libc::TUN_F_CSUM
+        );
+    }
+}

@@ -1,0 +1,226 @@
+//! virtio-net (virtio 1.2 §5.1) on a tap: one RX/TX queue pair served by
+//! its own thread ([`worker`]), the virtio-net header passed through to the
+//! tap ([`header`]) with the checksum and TSO offloads the tap accepts,
+//! the MAC from the config (or a random local one), link status up, and
+//! the MTU when one is configured.
+//!
+//! The tap is opened on the main thread ([`tap::Tap::open_named`], or taken
+//! from an fd); activation tells it which offloads the guest acked
+//! (`TUNSETOFFLOAD`) and starts the worker, whose seccomp kind is
+//! [`NET_WORKER_THREAD`].
+
+pub mod header;
+pub mod mac;
+pub mod queues;
+pub mod tap;
+pub mod worker;
+
+use std::sync::Arc;
+
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_MAC, VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
+};
+use vm_memory::GuestMemoryAtomic;
+
+use crate::device::{
+    read_config_bytes, ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt,
+};
+use crate::GuestMemoryMmap;
+pub use header::{MAX_FRAME_LEN, VNET_HDR_LEN};
+pub use mac::MacAddr;
+pub use tap::{FrameIo, Tap, TapError};
+use worker::{PairSetup, PairWorker};
+
+pub const VIRTIO_ID_NET: u32 = 1;
+/// The seccomp thread kind of a net device's queue-pair threads.
+pub const NET_WORKER_THREAD: &str = "net-worker";
+/// Queues this device has: one RX/TX pair (Cloud Hypervisor's
+/// `num_queues=2`).
+pub const NUM_QUEUES: usize = 2;
+/// Smallest MTU virtio-net allows (68, IPv4's minimum) and the largest a
+/// frame of [`MAX_FRAME_LEN`] can carry.
+pub const MIN_MTU: u16 = 68;
+pub const MAX_MTU: u16 = 65535 - 14 - 4;
+/// virtio_net_config up to `mtu`: mac[6], status, max_virtqueue_pairs, mtu.
+const CONFIG_LEN: usize = 12;
+
+/// What a virtio-net device is made from (the tap already open).
+pub struct NetDeviceConfig {
+    pub id: String,
+    pub tap: Arc<dyn TapLike>,
+    pub mac: MacAddr,
+    pub mtu: Option<u16>,
+    pub queue_size: u16,
+    /// Offload features the config allows (`offload_csum`, `offload_tso`);
+    /// offered where the tap takes them too.
+    pub allowed_offloads: u64,
+}
+
+/// The host side as the device uses it: frames, and the offload switch.
+/// A [`Tap`] in the VMM; a stand-in in tests.
+pub trait TapLike: FrameIo {
+    /// `TUNSETOFFLOAD` with these `TUN_F_*` flags.
+    fn set_offload(&self, flags: u32) -> std::io::Result<()>;
+    /// Offloads the host side can take, as virtio-net feature bits.
+    fn offload_features(&self) -> u64;
+}
+
+impl TapLike for Tap {
+    fn set_offload(&self, flags: u32) -> std::io::Result<()> {
+        Tap::set_offload(self, flags)
+    }
+
+    fn offload_features(&self) -> u64 {
+        // A tap that refuses the offloads (an old kernel, or an fd from
+        // elsewhere that is no real tap) gets none offered.
+        let all = header::tap_offload_flags(header::OFFLOAD_FEATURES);
+        let ok = Tap::set_offload(self, all).is_ok() && Tap::set_offload(self, 0).is_ok();
+        if ok {
+            header::OFFLOAD_FEATURES
+        } else {
+            0
+        }
+    }
+}
+
+pub struct Net {
+    id: String,
+    tap: Arc<dyn TapLike>,
+    mac: MacAddr,
+    mtu: Option<u16>,
+    offloads: u64,
+    queue_sizes: [u16; NUM_QUEUES],
+    acked: u64,
+    worker: Option<PairWorker>,
+}
+
+impl Net {
+    pub fn new(c: NetDeviceConfig) -> Self {
+        let offloads = c.tap.offload_features() & c.allowed_offloads;
+        Net {
+            id: c.id,
+            tap: c.tap,
+            mac: c.mac,
+            mtu: c.mtu,
+            offloads,
+            queue_sizes: [c.queue_size; NUM_QUEUES],
+            acked: 0,
+            worker: None,
+        }
+    }
+
+    pub fn mac(&self) -> MacAddr {
+        self.mac
+    }
+
+    fn config(&self) -> [u8; CONFIG_LEN] {
+        let mut c = [0u8; CONFIG_LEN];
+        c[..6].copy_from_slice(&self.mac.0);
+        c[6..8].copy_from_slice(&(VIRTIO_NET_S_LINK_UP as u16).to_le_bytes());
+        c[8..10].copy_from_slice(&1u16.to_le_bytes());
+        c[10..12].copy_from_slice(&self.mtu.unwrap_or(0).to_le_bytes());
+        c
+    }
+}
+
+impl VirtioDevice for Net {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_sizes
+    }
+
+    fn features(&self) -> u64 {
+        let mut f = (1 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_NET_F_MAC)
+            | (1 << VIRTIO_NET_F_STATUS)
+            | self.offloads;
+        if self.mtu.is_some() {
+            f |= 1 << VIRTIO_NET_F_MTU;
+        }
+        f
+    }
+
+    fn ack_features(&mut self, features: u64) {
+        self.acked = features & self.features();
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config(), offset, data);
+    }
+
+    fn activate(
+        &mut self,
+        mem: GuestMemoryAtomic<GuestMemoryMmap>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+        queues: Vec<ActivatedQueue>,
+    ) -> Result<(), ActivateError> {
+        if queues.len() != NUM_QUEUES {
+            return Err(ActivateError::QueueCount {
+                got: queues.len(),
+                needed: NUM_QUEUES,
+            });
+        }
+        // The previous worker (if any) stops before the new one starts.
+        self.worker = None;
+        let flags = header::tap_offload_flags(self.acked);
+        self.tap.set_offload(flags).map_err(|e| {
+            ActivateError::Device(format!(
+                "virtio-net {}: TUNSETOFFLOAD {flags:#x}: {e}",
+                self.id
+            ))
+        })?;
+        let mut queues = queues.into_iter();
+        let (rx, tx) = (queues.next(), queues.next());
+        let (Some(rx), Some(tx)) = (rx, tx) else {
+            unreachable!("two queues were counted");
+        };
+        let io: Arc<dyn FrameIo> = Arc::new(TapFrames(self.tap.clone()));
+        self.worker = Some(PairWorker::spawn(
+            NET_WORKER_THREAD,
+            format!("net-{}", self.id),
+            PairSetup {
+                device: format!("virtio-net {}", self.id),
+                rx,
+                tx,
+                io,
+                acked: self.acked,
+            },
+            mem,
+            interrupt,
+        )?);
+        Ok(())
+    }
+
+    fn reset(&mut self) -> bool {
+        self.worker = None;
+        self.acked = 0;
+        true
+    }
+}
+
+/// The tap seen as frames only, for the worker.
+struct TapFrames(Arc<dyn TapLike>);
+
+impl std::os::fd::AsRawFd for TapFrames {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+impl FrameIo for TapFrames {
+    fn recv_frame(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.recv_frame(buf)
+    }
+
+    fn send_frame(&self, frame: &[u8]) -> std::io::Result<usize> {
+        self.0.send_frame(frame)
+    }
+}
+
+#[cfg(test)]
+#[path = "device_tests.rs"]
+mod tests;

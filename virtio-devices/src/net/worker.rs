@@ -1,0 +1,193 @@
+//! The thread behind one queue pair: it waits on the guest's RX and TX
+//! kicks and on the tap, runs [`super::queues`], and interrupts the guest
+//! when it used buffers. It watches the tap only while the guest has RX
+//! buffers (or no frame is waiting), so a guest that stops taking frames
+//! costs neither CPU nor memory; its next RX kick starts the tap again.
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::queues::{NetCounters, RxPath, RxProgress, TxPath};
+use super::tap::FrameIo;
+use crate::device::{ActivatedQueue, Interrupt, VirtioInterrupt};
+use crate::event_loop::{EventLoop, Flow, WorkerThread};
+use crate::GuestMemoryMmap;
+
+const RX_KICK: u64 = 0;
+const TX_KICK: u64 = 1;
+const TAP: u64 = 2;
+
+/// What one worker serves.
+pub struct PairSetup {
+    pub device: String,
+    pub rx: ActivatedQueue,
+    pub tx: ActivatedQueue,
+    pub io: Arc<dyn FrameIo>,
+    pub acked: u64,
+}
+
+struct Pair {
+    device: String,
+    rx: Queue,
+    rx_index: u16,
+    rx_kick: EventFd,
+    tx: Queue,
+    tx_index: u16,
+    tx_kick: EventFd,
+    io: Arc<dyn FrameIo>,
+    acked: u64,
+    rx_path: RxPath,
+    tx_path: TxPath,
+    counters: NetCounters,
+    tap_watched: bool,
+    mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    interrupt: Arc<dyn VirtioInterrupt>,
+}
+
+pub struct PairWorker {
+    _thread: WorkerThread,
+}
+
+impl PairWorker {
+    /// Starts the thread `thread_name` under the seccomp kind `thread_kind`.
+    pub fn spawn(
+        thread_kind: &'static str,
+        thread_name: String,
+        s: PairSetup,
+        mem: GuestMemoryAtomic<GuestMemoryMmap>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+    ) -> std::io::Result<Self> {
+        let events = EventLoop::new()?;
+        events.add(s.rx.kick.as_raw_fd(), EventSet::IN, RX_KICK)?;
+        events.add(s.tx.kick.as_raw_fd(), EventSet::IN, TX_KICK)?;
+        events.add(s.io.as_raw_fd(), EventSet::IN, TAP)?;
+        let mut pair = Pair {
+            device: s.device.clone(),
+            rx: s.rx.queue,
+            rx_index: s.rx.index,
+            rx_kick: s.rx.kick,
+            tx: s.tx.queue,
+            tx_index: s.tx.index,
+            tx_kick: s.tx.kick,
+            io: s.io,
+            acked: s.acked,
+            rx_path: RxPath::default(),
+            tx_path: TxPath::default(),
+            counters: NetCounters::default(),
+            tap_watched: true,
+            mem,
+            interrupt,
+        };
+        let thread = events.spawn_as(thread_kind, thread_name, s.device, move |l, token, _| {
+            let ok = match token {
+                RX_KICK => {
+                    let _ = pair.rx_kick.read();
+                    pair.receive(l)
+                }
+                TX_KICK => {
+                    let _ = pair.tx_kick.read();
+                    // The host may answer at once: RX follows TX.
+                    pair.transmit() && pair.receive(l)
+                }
+                TAP => pair.receive(l),
+                _ => true,
+            };
+            if ok {
+                Flow::Continue
+            } else {
+                Flow::Stop
+            }
+        })?;
+        Ok(PairWorker { _thread: thread })
+    }
+}
+
+impl Pair {
+    /// Delivers what the tap has; false when the queue broke.
+    fn receive(&mut self, l: &EventLoop) -> bool {
+        let guard = self.mem.memory();
+        let (progress, used, drop) =
+            match self
+                .rx_path
+                .process(&mut self.rx, &*guard, &*self.io, &mut self.counters)
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    crate::error_limited!("{}: RX queue stopped: {e:?}", self.device);
+                    return false;
+                }
+            };
+        if let Some(e) = drop {
+            crate::warn_limited!(
+                "{}: RX frame dropped: {e} ({} dropped so far)",
+                self.device,
+                self.counters.rx_dropped
+            );
+        }
+        // Stop reading the tap while a frame waits for a buffer; the
+        // guest's next RX kick brings us back.
+        let watch = progress != RxProgress::NoBuffers;
+        if watch != self.tap_watched {
+            if watch {
+                if let Err(e) = l.add(self.io.as_raw_fd(), EventSet::IN, TAP) {
+                    crate::error_limited!("{}: watching the tap: {e}", self.device);
+                    return false;
+                }
+            } else {
+                l.remove(self.io.as_raw_fd());
+            }
+            self.tap_watched = watch;
+        }
+        self.notify(used, true)
+    }
+
+    /// Sends what the guest queued; false when the queue broke.
+    fn transmit(&mut self) -> bool {
+        let guard = self.mem.memory();
+        let (used, drop) = match self.tx_path.process(
+            &mut self.tx,
+            &*guard,
+            &*self.io,
+            self.acked,
+            &mut self.counters,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                crate::error_limited!("{}: TX queue stopped: {e:?}", self.device);
+                return false;
+            }
+        };
+        if let Some(e) = drop {
+            crate::warn_limited!(
+                "{}: TX frame dropped: {e} ({} dropped so far)",
+                self.device,
+                self.counters.tx_dropped
+            );
+        }
+        self.notify(used, false)
+    }
+
+    fn notify(&mut self, used: usize, rx: bool) -> bool {
+        if used == 0 {
+            return true;
+        }
+        let guard = self.mem.memory();
+        let (queue, index) = if rx {
+            (&mut self.rx, self.rx_index)
+        } else {
+            (&mut self.tx, self.tx_index)
+        };
+        if queue.needs_notification(&*guard).unwrap_or(true) {
+            if let Err(e) = self.interrupt.trigger(Interrupt::Queue(index)) {
+                crate::error_limited!("{}: interrupt: {e}", self.device);
+                return false;
+            }
+        }
+        true
+    }
+}
