@@ -66,55 +66,38 @@ impl DiskConfig {
     /// Checks and converts the values of `--disk` (or of an API DiskConfig).
     pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         o.check_ch_defaults()?;
-        let unsupported = |key: &str, why: &str| ConfigError::Unsupported {
-            option: "disk",
-            message: format!("{key}={} is not supported: {why}", o.get(key).unwrap_or("")),
-        };
         if o.convert("vhost_user", parse_toggle)?.unwrap_or(false) {
-            return Err(unsupported(
-                "vhost_user",
-                "only disk images the VMM opens itself",
-            ));
+            return Err(o.unsupported("vhost_user", "only disk images the VMM opens itself"));
         }
         if o.convert("backing_files", parse_toggle)?.unwrap_or(false) {
-            return Err(unsupported("backing_files", "raw images only"));
+            return Err(o.unsupported("backing_files", "raw images only"));
         }
         if !o.convert("sparse", parse_toggle)?.unwrap_or(true) {
-            return Err(unsupported(
-                "sparse",
-                "images are used as they are (sparse=on)",
-            ));
+            return Err(o.unsupported("sparse", "images are used as they are (sparse=on)"));
         }
         if o.get("image_type")
             .is_some_and(|t| !matches!(t, "raw" | "Raw" | "Unknown"))
         {
-            return Err(unsupported("image_type", "raw images only"));
+            return Err(o.unsupported("image_type", "raw images only"));
         }
-        for key in [
-            "socket",
-            "bw_size",
-            "bw_one_time_burst",
-            "bw_refill_time",
-            "ops_size",
-            "ops_one_time_burst",
-            "ops_refill_time",
-            "rate_limit_group",
-            "queue_affinity",
-        ] {
-            if o.get(key).is_some() {
-                return Err(unsupported(
-                    key,
-                    "no rate limits, queue affinity or vhost-user socket here",
-                ));
-            }
-        }
+        o.refuse_any(
+            &[
+                "socket",
+                "bw_size",
+                "bw_one_time_burst",
+                "bw_refill_time",
+                "ops_size",
+                "ops_one_time_burst",
+                "ops_refill_time",
+                "rate_limit_group",
+                "queue_affinity",
+            ],
+            "no rate limits, queue affinity or vhost-user socket here",
+        )?;
         if o.get("lock_granularity")
             .is_some_and(|v| !matches!(v, "byte-range" | "ByteRange"))
         {
-            return Err(unsupported(
-                "lock_granularity",
-                "only the default byte-range",
-            ));
+            return Err(o.unsupported("lock_granularity", "only the default byte-range"));
         }
         let path = o.get("path").ok_or(ConfigError::MissingKey {
             option: "disk",

@@ -141,36 +141,28 @@ impl NetConfig {
     /// Checks and converts the values of `--net` (or of an API NetConfig).
     pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         o.check_ch_defaults()?;
-        let unsupported = |key: &str, why: &str| ConfigError::Unsupported {
-            option: "net",
-            message: format!("{key}={} is not supported: {why}", o.get(key).unwrap_or("")),
-        };
         if o.convert("vhost_user", parse_toggle)?.unwrap_or(false) {
-            return Err(unsupported("vhost_user", "only taps the VMM serves itself"));
+            return Err(o.unsupported("vhost_user", "only taps the VMM serves itself"));
         }
         if o.get("vhost_mode")
             .is_some_and(|m| !matches!(m, "client" | "Client"))
         {
-            return Err(unsupported("vhost_mode", "no vhost-user net here"));
+            return Err(o.unsupported("vhost_mode", "no vhost-user net here"));
         }
-        for key in [
-            "socket",
-            "host_mac",
-            "fd",
-            "bw_size",
-            "bw_one_time_burst",
-            "bw_refill_time",
-            "ops_size",
-            "ops_one_time_burst",
-            "ops_refill_time",
-        ] {
-            if o.get(key).is_some() {
-                return Err(unsupported(
-                    key,
-                    "no vhost-user socket, host MAC, rate limits or inherited fds on the command line (vm.add-net takes fds)",
-                ));
-            }
-        }
+        o.refuse_any(
+            &[
+                "socket",
+                "host_mac",
+                "fd",
+                "bw_size",
+                "bw_one_time_burst",
+                "bw_refill_time",
+                "ops_size",
+                "ops_one_time_burst",
+                "ops_refill_time",
+            ],
+            "no vhost-user socket, host MAC, rate limits or inherited fds on the command line (vm.add-net takes fds)",
+        )?;
         let tap = o.get("tap").map(str::to_string);
         if let Some(t) = &tap {
             check_tap_name(t).map_err(|_| {

@@ -96,6 +96,26 @@ impl OptionValues {
         }
     }
 
+    /// `key=<value> is not supported: why`, naming this option.
+    pub fn unsupported(&self, key: &str, why: &str) -> ConfigError {
+        ConfigError::Unsupported {
+            option: self.option,
+            message: format!(
+                "{key}={} is not supported: {why}",
+                self.get(key).unwrap_or("")
+            ),
+        }
+    }
+
+    /// Refuses the first of `keys` that was given (Cloud Hypervisor keys
+    /// with no meaning here), saying `why`.
+    pub fn refuse_any(&self, keys: &[&str], why: &str) -> Result<(), ConfigError> {
+        match keys.iter().find(|k| self.get(k).is_some()) {
+            Some(key) => Err(self.unsupported(key, why)),
+            None => Ok(()),
+        }
+    }
+
     /// Cloud Hypervisor's `iommu` and `pci_segment` keys, which every device
     /// accepts: only their defaults (off, segment 0) exist here, and ch-remote
     /// sends them.
