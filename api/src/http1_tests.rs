@@ -19,14 +19,20 @@ struct Server {
 }
 
 impl Server {
+    /// A server whose VMM is gone (requests that reach it fail).
     fn start(name: &str, limits: Limits) -> Server {
+        Server::start_with_vmm(name, limits).0
+    }
+
+    /// A server, and the VMM end of its channel for the test to answer.
+    fn start_with_vmm(name: &str, limits: Limits) -> (Server, crate::VmmReceiver) {
         let dir = std::env::temp_dir().join(format!("api-http1-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("api.sock");
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
         listener.set_nonblocking(true).unwrap();
-        let (tx, _rx) = crate::vmm_channel().unwrap();
+        let (tx, rx) = crate::vmm_channel().unwrap();
         let app = crate::routes::router(
             tx,
             crate::EventBus::default(),
@@ -46,11 +52,12 @@ impl Server {
                 serve(listener, app, stopped, limits).await;
             });
         });
-        Server {
+        let server = Server {
             path,
             stop: Some(stop),
             thread: Some(thread),
-        }
+        };
+        (server, rx)
     }
 
     fn connect(&self) -> UnixStream {
@@ -214,32 +221,7 @@ fn file_id(fd: std::os::fd::RawFd) -> (u64, u64) {
 fn kata_add_net_with_its_tap_fd_in_one_sendmsg() {
     use std::os::fd::AsRawFd;
 
-    let dir = std::env::temp_dir().join(format!("api-http1-katafd-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("api.sock");
-    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let (tx, rx) = crate::vmm_channel().unwrap();
-    let app = crate::routes::router(
-        tx,
-        crate::EventBus::default(),
-        serde_json::json!({"version": "test"}),
-    );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::UnixListener::from_std(listener).unwrap();
-            let stopped = async {
-                let _ = stopped.await;
-            };
-            serve(listener, app, stopped, Limits::default()).await;
-        });
-    });
+    let (server, rx) = Server::start_with_vmm("katafd", Limits::default());
     // The "VMM": takes the action and checks what came with it.
     let tap = std::fs::File::open("/dev/null").unwrap();
     let want = file_id(tap.as_raw_fd());
@@ -271,8 +253,7 @@ fn kata_add_net_with_its_tap_fd_in_one_sendmsg() {
          Content-Length: {}\r\nContent-Type: application/json\r\n\r\n{body}",
         body.len()
     );
-    let mut s = UnixStream::connect(&path).unwrap();
-    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut s = server.connect();
     let mut control = [0u64; 4];
     let iov = [std::io::IoSlice::new(request.as_bytes())];
     let fd = tap.as_raw_fd();
@@ -304,7 +285,4 @@ fn kata_add_net_with_its_tap_fd_in_one_sendmsg() {
         "{reply}"
     );
     drop(s);
-    let _ = stop.send(());
-    server.join().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
 }
