@@ -84,6 +84,12 @@ impl Results {
     }
 
     pub fn save(&self) -> Result<PathBuf, RigError> {
+        self.save_with("")
+    }
+
+    /// [`Self::save`], with `tables` (markdown, as the docs quote them)
+    /// after the rows.
+    pub fn save_with(&self, tables: &str) -> Result<PathBuf, RigError> {
         let mut text = format!(
             "# rig results: {}\n\n| measurement | value |\n|---|---|\n",
             self.name
@@ -91,11 +97,14 @@ impl Results {
         for (k, v) in &self.rows {
             let _ = writeln!(text, "| {k} | {v} |");
         }
+        eprintln!("{text}");
+        if !tables.is_empty() {
+            let _ = write!(text, "\n{tables}");
+        }
         let path = self.path();
         let dir = path.parent().expect("has a parent");
         std::fs::create_dir_all(dir).map_err(|e| RigError::io(dir, e))?;
         std::fs::write(&path, &text).map_err(|e| RigError::io(&path, e))?;
-        eprintln!("{text}");
         Ok(path)
     }
 }

@@ -249,11 +249,9 @@ fn main() {
         "density" => density_report(&run),
         _ => windowcost_report(&run),
     };
-    let path = results.save().unwrap_or_else(|e| fail(e.to_string()));
-    // The tables too, as the docs quote them.
-    let mut text = std::fs::read_to_string(&path).unwrap_or_default();
-    text.push_str(&format!("\n{tables}"));
-    std::fs::write(&path, text).unwrap_or_else(|e| fail(format!("{}: {e}", path.display())));
+    let path = results
+        .save_with(&tables)
+        .unwrap_or_else(|e| fail(e.to_string()));
     println!("{tables}");
     println!(
         "results: {}  log: {}",

@@ -104,10 +104,9 @@ fn main() {
         fail(format!("timed out\n{}", run.tail(60)));
     }
     let (results, tables, failed) = report(&run);
-    let path = results.save().unwrap_or_else(|e| fail(e.to_string()));
-    let mut text = std::fs::read_to_string(&path).unwrap_or_default();
-    text.push_str(&format!("\n{tables}"));
-    std::fs::write(&path, text).unwrap_or_else(|e| fail(format!("{}: {e}", path.display())));
+    let path = results
+        .save_with(&tables)
+        .unwrap_or_else(|e| fail(e.to_string()));
     println!("{tables}");
     println!(
         "results: {}  log: {}",
