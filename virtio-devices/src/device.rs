@@ -108,6 +108,11 @@ pub trait VirtioDevice: Send {
     fn shm_regions(&self) -> Vec<SharedMemoryRegion> {
         Vec::new()
     }
+
+    /// The device's counters for `vm.counters`, if it keeps any.
+    fn counters(&self) -> Option<Arc<crate::DeviceCounters>> {
+        None
+    }
 }
 
 /// Copies `src[offset..]` into `data`, zero-filling past the end: the usual

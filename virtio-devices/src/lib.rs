@@ -6,6 +6,7 @@
 //! without the device knowing which transport carries it.
 
 pub mod block;
+pub mod counters;
 pub mod device;
 pub mod event_loop;
 pub mod log_limit;
@@ -17,6 +18,7 @@ pub mod transport;
 pub mod vhost_user_fs;
 pub mod vsock;
 
+pub use counters::DeviceCounters;
 pub use device::{ActivateError, Interrupt, SharedMemoryRegion, VirtioDevice, VirtioInterrupt};
 
 /// The seccomp thread kind of device worker threads (see the VMM's

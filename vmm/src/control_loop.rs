@@ -481,8 +481,19 @@ impl ControlLoop {
         }
     }
 
+    /// `vm.counters`: Cloud Hypervisor's shape, `{"<device id>":
+    /// {"<counter>": u64}}`; disks and NICs with Cloud Hypervisor's names,
+    /// fs devices with their DAX window's.
     fn counters(&self) -> Value {
         let mut out = serde_json::Map::new();
+        for (id, counters) in self.vm.iter().flat_map(|vm| vm.device_counters()) {
+            let values: serde_json::Map<String, Value> = counters
+                .snapshot()
+                .into_iter()
+                .map(|(name, v)| (name.to_string(), Value::from(v)))
+                .collect();
+            out.insert(id.clone(), Value::Object(values));
+        }
         for info in self.vm.iter().flat_map(|vm| vm.fs_devices()) {
             let Some(s) = window_stats(info) else {
                 continue;

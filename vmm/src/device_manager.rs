@@ -23,7 +23,7 @@ use virtio_devices::rng::Rng;
 use virtio_devices::vhost_user_fs::window::{DaxWindow, GuestPrefaulter, WindowObserver};
 use virtio_devices::vhost_user_fs::{FsDeviceConfig, VhostUserFs};
 use virtio_devices::vsock::Vsock;
-use virtio_devices::VirtioDevice;
+use virtio_devices::{DeviceCounters, VirtioDevice};
 use vm_memory::GuestMemoryAtomic;
 
 use crate::arch::x86_64::layout;
@@ -82,6 +82,8 @@ pub struct DeviceManager {
     ejects: Arc<EjectRequests>,
     ged: GedHandle,
     fs: Vec<FsDeviceInfo>,
+    /// Each device's counters for `vm.counters`, by device id.
+    counters: Vec<(String, Arc<DeviceCounters>)>,
     /// Memory slots of virtio-MMIO devices, kept until the VM goes.
     mmio_memory: Vec<MemorySlot>,
     /// Where the devices' activations and resets run (not on vCPUs).
@@ -138,6 +140,7 @@ impl DeviceManager {
             ejects,
             ged,
             fs: Vec::new(),
+            counters: Vec::new(),
             prefaulter: None,
             mmio_memory: Vec::new(),
             activator,
@@ -185,8 +188,28 @@ impl DeviceManager {
         &self.fs
     }
 
+    /// The counters of every device that keeps them, by device id.
+    pub fn device_counters(&self) -> &[(String, Arc<DeviceCounters>)] {
+        &self.counters
+    }
+
     /// Puts `device` on `transport`; on PCI returns its slot.
     fn place(
+        &mut self,
+        id: &str,
+        device: Box<dyn VirtioDevice>,
+        transport: Transport,
+        shm: Option<ShmBacking>,
+    ) -> Result<Option<u8>, VmError> {
+        let counters = device.counters();
+        let slot = self.place_on_transport(id, device, transport, shm)?;
+        if let Some(c) = counters {
+            self.counters.push((id.to_string(), c));
+        }
+        Ok(slot)
+    }
+
+    fn place_on_transport(
         &mut self,
         id: &str,
         device: Box<dyn VirtioDevice>,
@@ -457,6 +480,7 @@ impl DeviceManager {
                 continue; // an empty slot: nothing to do
             };
             self.fs.retain(|f| f.id != id);
+            self.counters.retain(|(c, _)| *c != id);
             log::info!("{id}: ejected by the guest from slot {slot}, removed");
             gone.push(id);
         }

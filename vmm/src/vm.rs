@@ -388,6 +388,11 @@ impl Vm {
         self.devices.fs_devices()
     }
 
+    /// The counters of every device that keeps them (disks, NICs), by id.
+    pub fn device_counters(&self) -> &[(String, Arc<virtio_devices::DeviceCounters>)] {
+        self.devices.device_counters()
+    }
+
     /// Hot-plugs an fs device (and its DAX window) over virtio-PCI.
     pub fn add_fs(
         &mut self,

@@ -114,6 +114,7 @@ struct Served {
     read: Vec<u8>,
     id: Vec<u8>,
     file: Vec<u8>,
+    counters: Vec<(&'static str, u64)>,
 }
 
 fn serve_three_requests(readonly: bool) -> Served {
@@ -187,6 +188,10 @@ fn serve_three_requests(readonly: bool) -> Served {
         read,
         id,
         file: std::fs::read(t.as_path()).unwrap(),
+        counters: dev
+            .counters()
+            .expect("virtio-blk keeps counters")
+            .snapshot(),
     }
 }
 
@@ -198,6 +203,7 @@ fn requests_are_served_off_the_calling_thread_and_answered() {
         read,
         id,
         file,
+        counters,
     } = serve_three_requests(false);
     assert_eq!(status, [0, 0, 0]);
     assert_eq!(
@@ -212,6 +218,16 @@ fn requests_are_served_off_the_calling_thread_and_answered() {
         file[..512].iter().all(|&b| b == 0xee),
         "the write reached the file"
     );
+    // GET_ID moves bytes too, but is neither a read nor a write of the disk.
+    assert_eq!(
+        counters,
+        [
+            ("read_bytes", 1024),
+            ("write_bytes", 512),
+            ("read_ops", 1),
+            ("write_ops", 1)
+        ]
+    );
 }
 
 #[test]
@@ -221,10 +237,21 @@ fn a_readonly_disk_answers_a_write_with_ioerr_and_keeps_its_bytes() {
         lens,
         read,
         file,
+        counters,
         ..
     } = serve_three_requests(true);
     assert_eq!(status, [0, 1, 0]);
     assert_eq!(lens[1], 1);
     assert!(read[..512].iter().all(|&b| b == 5));
     assert!(file[..512].iter().all(|&b| b == 0), "the file is unchanged");
+    assert_eq!(
+        counters,
+        [
+            ("read_bytes", 1024),
+            ("write_bytes", 0),
+            ("read_ops", 1),
+            ("write_ops", 0)
+        ],
+        "a refused write is not counted"
+    );
 }

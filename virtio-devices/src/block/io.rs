@@ -22,6 +22,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use virtio_bindings::virtio_blk::VIRTIO_BLK_S_OK;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
@@ -31,6 +32,7 @@ use super::disk::DiskFile;
 use super::request::{self, Action, DiskLimits, ID_BYTES};
 use crate::device::{ActivatedQueue, Interrupt, VirtioInterrupt};
 use crate::event_loop::{EventLoop, Flow, WorkerThread};
+use crate::DeviceCounters;
 use crate::GuestMemoryMmap;
 
 /// I/O threads per device.
@@ -42,6 +44,36 @@ pub struct Shared {
     pub disk: Arc<DiskFile>,
     pub limits: DiskLimits,
     pub serial: [u8; ID_BYTES],
+    /// [`COUNTER_NAMES`], for `vm.counters`.
+    pub counters: Arc<DeviceCounters>,
+}
+
+/// Cloud Hypervisor's virtio-blk counters: bytes and requests that
+/// completed, by direction.
+pub const COUNTER_NAMES: [&str; 4] = ["read_bytes", "write_bytes", "read_ops", "write_ops"];
+const READ_BYTES: usize = 0;
+const WRITE_BYTES: usize = 1;
+const READ_OPS: usize = 2;
+const WRITE_OPS: usize = 3;
+
+/// Adds a finished request to the counters: reads and writes that
+/// succeeded, with their lengths.
+fn count(counters: &DeviceCounters, action: &Action, status: u8) {
+    if u32::from(status) != VIRTIO_BLK_S_OK {
+        return;
+    }
+    let total = |segs: &[request::Segment]| segs.iter().fold(0u64, |t, s| t.saturating_add(s.len));
+    match action {
+        Action::Read { data, .. } => {
+            counters.add(READ_BYTES, total(data));
+            counters.add(READ_OPS, 1);
+        }
+        Action::Write { data, .. } => {
+            counters.add(WRITE_BYTES, total(data));
+            counters.add(WRITE_OPS, 1);
+        }
+        _ => {}
+    }
 }
 
 /// Chains the pool finished for one queue, and the eventfd that says so.
@@ -127,6 +159,7 @@ fn io_thread(
         };
         let guard = mem.memory();
         let (status, written) = shared.disk.execute(&*guard, &job.action, &shared.serial);
+        count(&shared.counters, &job.action, status);
         // The status byte was checked to be in guest memory when parsed.
         let used = match guard.write_obj(status, job.status) {
             Ok(()) => written.saturating_add(1),
@@ -294,6 +327,7 @@ mod tests {
             },
             disk: Arc::new(disk),
             serial: [0; ID_BYTES],
+            counters: DeviceCounters::new(&COUNTER_NAMES),
         };
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
         let vq = MockSplitQueue::new(&mem, 16);

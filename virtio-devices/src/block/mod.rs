@@ -21,7 +21,7 @@ use vm_memory::GuestMemoryAtomic;
 use crate::device::{
     read_config_bytes, ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt,
 };
-use crate::GuestMemoryMmap;
+use crate::{DeviceCounters, GuestMemoryMmap};
 pub use disk::{DiskError, DiskFile};
 use request::{DiskLimits, ID_BYTES, SECTOR_SIZE};
 
@@ -79,6 +79,7 @@ impl Block {
                 disk: Arc::new(disk),
                 limits,
                 serial,
+                counters: DeviceCounters::new(&io::COUNTER_NAMES),
             }),
             queue_sizes: vec![c.queue_size; usize::from(c.num_queues.max(1))],
             acked: 0,
@@ -175,6 +176,10 @@ impl VirtioDevice for Block {
         self.running = None;
         self.acked = 0;
         true
+    }
+
+    fn counters(&self) -> Option<Arc<DeviceCounters>> {
+        Some(self.shared.counters.clone())
     }
 }
 

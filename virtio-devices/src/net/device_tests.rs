@@ -203,4 +203,22 @@ fn frames_move_both_ways_through_the_devices_thread() {
     assert!(irx.recv_timeout(Duration::from_millis(200)).is_err());
     assert!(net.reset());
     let _ = rx_kick;
+
+    // vm.counters: one frame each way, the bytes with their vnet header;
+    // the waiting frame was neither delivered nor dropped.
+    let counters = net
+        .counters()
+        .expect("virtio-net keeps counters")
+        .snapshot();
+    assert_eq!(
+        counters,
+        [
+            ("rx_bytes", frame.len() as u64),
+            ("rx_frames", 1),
+            ("tx_bytes", hdr.len() as u64),
+            ("tx_frames", 1),
+            ("rx_dropped", 0),
+            ("tx_dropped", 0)
+        ]
+    );
 }

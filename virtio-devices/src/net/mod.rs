@@ -26,9 +26,10 @@ use vm_memory::GuestMemoryAtomic;
 use crate::device::{
     read_config_bytes, ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt,
 };
-use crate::GuestMemoryMmap;
+use crate::{DeviceCounters, GuestMemoryMmap};
 pub use header::{MAX_FRAME_LEN, VNET_HDR_LEN};
 pub use mac::MacAddr;
+use queues::NetCounters;
 pub use tap::{FrameIo, Tap, TapError};
 use worker::{PairSetup, PairWorker};
 
@@ -93,6 +94,7 @@ pub struct Net {
     queue_sizes: [u16; NUM_QUEUES],
     acked: u64,
     worker: Option<PairWorker>,
+    counters: Arc<DeviceCounters>,
 }
 
 impl Net {
@@ -107,6 +109,7 @@ impl Net {
             queue_sizes: [c.queue_size; NUM_QUEUES],
             acked: 0,
             worker: None,
+            counters: DeviceCounters::new(&NetCounters::NAMES),
         }
     }
 
@@ -188,6 +191,7 @@ impl VirtioDevice for Net {
                 tx,
                 io,
                 acked: self.acked,
+                counters: self.counters.clone(),
             },
             mem,
             interrupt,
@@ -199,6 +203,10 @@ impl VirtioDevice for Net {
         self.worker = None;
         self.acked = 0;
         true
+    }
+
+    fn counters(&self) -> Option<Arc<DeviceCounters>> {
+        Some(self.counters.clone())
     }
 }
 

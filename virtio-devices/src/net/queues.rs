@@ -46,6 +46,30 @@ pub struct NetCounters {
     pub tx_dropped: u64,
 }
 
+impl NetCounters {
+    /// The names `vm.counters` shows: Cloud Hypervisor's four, then the drops.
+    pub const NAMES: [&'static str; 6] = [
+        "rx_bytes",
+        "rx_frames",
+        "tx_bytes",
+        "tx_frames",
+        "rx_dropped",
+        "tx_dropped",
+    ];
+
+    /// The values in [`Self::NAMES`]'s order.
+    pub fn values(&self) -> [u64; 6] {
+        [
+            self.rx_bytes,
+            self.rx_frames,
+            self.tx_bytes,
+            self.tx_frames,
+            self.rx_dropped,
+            self.tx_dropped,
+        ]
+    }
+}
+
 /// Why an RX pass ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RxProgress {

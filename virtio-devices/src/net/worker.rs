@@ -16,7 +16,7 @@ use super::queues::{NetCounters, RxPath, RxProgress, TxPath};
 use super::tap::FrameIo;
 use crate::device::{ActivatedQueue, Interrupt, VirtioInterrupt};
 use crate::event_loop::{EventLoop, Flow, WorkerThread};
-use crate::GuestMemoryMmap;
+use crate::{DeviceCounters, GuestMemoryMmap};
 
 const RX_KICK: u64 = 0;
 const TX_KICK: u64 = 1;
@@ -29,6 +29,8 @@ pub struct PairSetup {
     pub tx: ActivatedQueue,
     pub io: Arc<dyn FrameIo>,
     pub acked: u64,
+    /// The device's counters, which outlive this worker.
+    pub counters: Arc<DeviceCounters>,
 }
 
 struct Pair {
@@ -44,6 +46,9 @@ struct Pair {
     rx_path: RxPath,
     tx_path: TxPath,
     counters: NetCounters,
+    /// `counters` as last added to `shared_counters`.
+    published: NetCounters,
+    shared_counters: Arc<DeviceCounters>,
     tap_watched: bool,
     mem: GuestMemoryAtomic<GuestMemoryMmap>,
     interrupt: Arc<dyn VirtioInterrupt>,
@@ -79,6 +84,8 @@ impl PairWorker {
             rx_path: RxPath::default(),
             tx_path: TxPath::default(),
             counters: NetCounters::default(),
+            published: NetCounters::default(),
+            shared_counters: s.counters,
             tap_watched: true,
             mem,
             interrupt,
@@ -97,6 +104,7 @@ impl PairWorker {
                 TAP => pair.receive(l),
                 _ => true,
             };
+            pair.publish();
             if ok {
                 Flow::Continue
             } else {
@@ -108,6 +116,19 @@ impl PairWorker {
 }
 
 impl Pair {
+    /// Adds what this worker counted since the last call to the device's
+    /// counters (this worker's own start from zero at each activation).
+    fn publish(&mut self) {
+        if self.counters == self.published {
+            return;
+        }
+        let (now, before) = (self.counters.values(), self.published.values());
+        for (i, (n, b)) in now.iter().zip(before).enumerate() {
+            self.shared_counters.add(i, n.wrapping_sub(b));
+        }
+        self.published = self.counters;
+    }
+
     /// Delivers what the tap has; false when the queue broke.
     fn receive(&mut self, l: &EventLoop) -> bool {
         let guard = self.mem.memory();

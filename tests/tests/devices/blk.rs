@@ -1,7 +1,7 @@
-//! virtio-blk in real guests, one boot per transport. Each boot has two
-//! disks: a read-only one holding an ext4 image built on the build host
-//! (`mke2fs -d`) and a writable raw one, both found by their serial
-//! numbers (GET_ID). The guest
+//! virtio-blk's part of the devices boot. Two disks at boot: a read-only
+//! one holding an ext4 image built on the build host (`mke2fs -d`) and a
+//! writable raw one with two queues, both found by their serial numbers
+//! (GET_ID). The guest
 //! - mounts the ext4 disk, reads a small file and a 4 MiB one (md5 as on
 //!   the host), cannot write to it (the kernel took `VIRTIO_BLK_F_RO`: the
 //!   disk shows read-only and opening it for writing fails) — and the
@@ -10,24 +10,24 @@
 //!   caches, discards a MiB of it (punched out of the host file), and
 //!   times 16 MiB each way.
 //!
-//! MMIO: both disks from the command line (`--disk … transport=mmio`), the
-//! raw one with two queues. PCI: the VM is created through the API with the
-//! disks in its VmConfig as Kata sends them, and a third disk is hot-added
-//! with `vm.add-disk` (200 with its id and PCI address), read by the guest,
-//! and removed with `vm.remove-device` (the guest ejects it); adding the
-//! writable disk's image a second time is refused (the image lock).
+//! PCI: the disks are in the VmConfig given to `vm.create`, as Kata's
+//! client fills DiskConfig; a third disk is hot-added with `vm.add-disk`
+//! (200 with its id and PCI address), read by the guest, and removed with
+//! `vm.remove-device` (the guest ejects it); adding the writable disk's
+//! image a second time is refused (the image lock).
 
 use std::process::Command;
-use std::time::Duration;
 
 use guest_tests::results::Results;
-use guest_tests::rig::{self, Guest, ImageFile};
+use guest_tests::rig::{self, ImageFile, Run};
 
 const MIB: u64 = 1 << 20;
 const PATTERN: &str = "blk-pattern-0042";
 const HOT_MARKER: &str = "hot-disk-marker7";
 
-const GUEST_SCRIPT: &str = r#"
+pub const GUEST_MODULES: &[&str] = &["virtio_blk"];
+
+const GUEST_BOOT: &str = r#"
 dev_of() { for b in /sys/block/vd*; do [ "$(cat $b/serial 2>/dev/null)" = "$1" ] && echo ${b##*/}; done; }
 wait_for() { i=0; until eval "$1"; do [ $i -ge 1200 ] && return 1; sleep 0.1; i=$((i+1)); done; }
 up() { cut -d' ' -f1 /proc/uptime; }
@@ -54,16 +54,21 @@ echo 3 > /proc/sys/vm/drop_caches
 dd if=/dev/$RW of=/dev/null bs=1M skip=2 count=16 2>/dev/null; t2=$(up)
 echo "@@GUEST write16_s=$(awk "BEGIN{print $t1-$t0}")"
 echo "@@GUEST read16_s=$(awk "BEGIN{print $t2-$t1}")"
-if grep -q hot=1 /proc/cmdline; then
-    echo "@@GUEST ready=1"
-    wait_for '[ -n "$(dev_of hot-raw)" ]'
-    HOT=$(dev_of hot-raw)
-    echo "@@GUEST hot_marker=$(head -c HOT_LEN /dev/$HOT)"
-    echo "@@GUEST hot_used=1"
-    wait_for '[ -z "$(dev_of hot-raw)" ]'
-    echo "@@GUEST hot_gone=$([ -z "$(dev_of hot-raw)" ] && echo yes || echo no)"
-    echo "@@GUEST hotplug_errors=$(dmesg | grep -i 'acpiphp\|pci 0000:00' | grep -ci 'fail\|error\|conflict\|no space')"
-fi
+"#;
+
+/// After the boot checks, PCI only: the hot-added disk (added by the host
+/// once the guest said `ready`) is read, then the host removes it.
+const GUEST_HOT: &str = r#"
+wait_for '[ -n "$(dev_of hot-raw)" ]'
+HOT=$(dev_of hot-raw)
+echo "@@GUEST hot_marker=$(head -c HOT_LEN /dev/$HOT)"
+echo "@@GUEST hot_used=1"
+wait_for '[ -z "$(dev_of hot-raw)" ]'
+echo "@@GUEST hot_gone=$([ -z "$(dev_of hot-raw)" ] && echo yes || echo no)"
+echo "@@GUEST hotplug_errors=$(dmesg | grep -i 'acpiphp\|pci 0000:00' | grep -ci 'fail\|error\|conflict\|no space')"
+"#;
+
+const GUEST_END: &str = r#"
 echo "@@GUEST blk_errors=$(dmesg | grep -ci 'virtio_blk.*\(error\|fail\)')"
 sync
 "#;
@@ -86,28 +91,80 @@ echo "@@HOST discarded_nonzero=$(dd if=/tmp/rw.img bs=1M skip=1 count=1 2>/dev/n
 echo "@@HOST rw_kib_used=$(du -k /tmp/rw.img | cut -f1)"
 "#;
 
-/// The PCI run: VM created through the API (the disks as Kata's client
-/// fills DiskConfig), a disk hot-added and removed.
-const API_SCRIPT: &str = r#"
-api() { daxprobe http /tmp/api.sock "$@"; }
-seen() { i=0; while ! grep -q "$1" serial.log 2>/dev/null && [ $i -lt 3000 ] && kill -0 $VMM_PID 2>/dev/null; do sleep 0.1; i=$((i+1)); done; }
-DISKS='[{"path":"/tmp/ro.img","readonly":true,"direct":false,"iommu":false,"num_queues":1,"queue_size":1024,"vhost_user":false,"image_type":"Raw","backing_files":false,"sparse":true,"pci_segment":0,"id":"ro","serial":"ro-ext4"},{"path":"/tmp/rw.img","num_queues":2,"queue_size":256,"id":"rw","serial":"rw-raw"}]'
-CREATE='{"payload":{"kernel":"'$KERNEL'","initramfs":"'$INITRAMFS'","cmdline":"'$CMDLINE'"},"cpus":{"boot_vcpus":2,"max_vcpus":2},"memory":{"size":536870912},"serial":{"mode":"File","file":"'$WORK'/serial.log"},"disks":'$DISKS'}'
-: > serial.log; tail -n +1 -f serial.log & TAIL=$!
-echo "@@HOST create=$(api PUT /api/v1/vm.create "$CREATE")"
-echo "@@HOST boot=$(api PUT /api/v1/vm.boot)"
-seen '@@GUEST ready=1'
+/// The boot disks as Kata's client fills DiskConfig (every field it sends).
+pub const CREATE_DISKS: &str = r#"[{"path":"/tmp/ro.img","readonly":true,"direct":false,"iommu":false,"num_queues":1,"queue_size":1024,"vhost_user":false,"image_type":"Raw","backing_files":false,"sparse":true,"pci_segment":0,"id":"ro","serial":"ro-ext4"},{"path":"/tmp/rw.img","num_queues":2,"queue_size":256,"id":"rw","serial":"rw-raw"}]"#;
+
+/// Once the guest runs: the hot disk and the refusals.
+const API_ADD: &str = r#"
 echo "@@HOST add_disk=$(api PUT /api/v1/vm.add-disk '{"path":"/tmp/hot.img","readonly":true,"num_queues":1,"queue_size":128,"vhost_user":false,"image_type":"Raw","id":"hot","serial":"hot-raw"}')"
-echo "@@HOST add_again=$(api PUT /api/v1/vm.add-disk '{"path":"/tmp/hot.img","id":"hot"}')"
+echo "@@HOST disk_add_again=$(api PUT /api/v1/vm.add-disk '{"path":"/tmp/hot.img","id":"hot"}')"
 echo "@@HOST add_mmio=$(api PUT /api/v1/vm.add-disk '{"path":"/tmp/hot.img","id":"hot9","transport":"mmio"}')"
 echo "@@HOST add_bad=$(api PUT /api/v1/vm.add-disk '{"path":"/tmp/hot.img","id":"hot8","queue_size":1000}')"
 echo "@@HOST add_locked=$(api PUT /api/v1/vm.add-disk '{"path":"/tmp/rw.img","id":"rw2"}')"
 echo "@@HOST info_plugged=$(api GET /api/v1/vm.info | grep -o '"id":"[a-z0-9_]*"' | tr '\n' ' ')"
+"#;
+
+/// In step with [`GUEST_HOT`].
+const API_HOT: &str = r#"
 seen '@@GUEST hot_used=1'
 echo "@@HOST remove_hot=$(api PUT /api/v1/vm.remove-device '{"id":"hot"}')"
 seen '@@GUEST hot_gone='
 echo "@@HOST info_removed=$(api GET /api/v1/vm.info | grep -o '"id":"[a-z0-9_]*"' | tr '\n' ' ')"
 "#;
+
+/// The script fragments with their placeholders filled.
+pub struct Scripts {
+    pub guest_boot: String,
+    pub guest_hot: String,
+    pub guest_end: String,
+    pub host_before: String,
+    pub host_after: String,
+    pub api_add: String,
+    pub api_hot: String,
+}
+
+pub fn scripts() -> Scripts {
+    let fill = |s: &str| {
+        s.replace("PATTERN_LEN", &PATTERN.len().to_string())
+            .replace("'PATTERN'", &format!("'{PATTERN}'"))
+            .replace("HOT_LEN", &HOT_MARKER.len().to_string())
+            .replace("'HOT_MARKER'", &format!("'{HOT_MARKER}'"))
+    };
+    Scripts {
+        guest_boot: fill(GUEST_BOOT),
+        guest_hot: fill(GUEST_HOT),
+        guest_end: GUEST_END.into(),
+        host_before: fill(HOST_BEFORE),
+        host_after: fill(HOST_AFTER),
+        api_add: API_ADD.into(),
+        api_hot: API_HOT.into(),
+    }
+}
+
+pub fn mmio_args() -> Vec<String> {
+    vec![
+        "--disk".into(),
+        "path=/tmp/ro.img,readonly=on,serial=ro-ext4,transport=mmio".into(),
+        "path=/tmp/rw.img,serial=rw-raw,num_queues=2,transport=mmio".into(),
+    ]
+}
+
+/// The ext4 image and the big file to compare it with, for `$WORK`.
+pub fn host_files() -> Vec<ImageFile> {
+    let big = big_file();
+    vec![
+        ImageFile {
+            path: "fs.img".into(),
+            perm: 0o644,
+            data: ext4_image(16 * MIB, &big),
+        },
+        ImageFile {
+            path: "big.bin".into(),
+            perm: 0o644,
+            data: big,
+        },
+    ]
+}
 
 fn ext4_image(size: u64, big: &[u8]) -> Vec<u8> {
     let dir = rig::target_dir().join("rig/blk-ext4-src");
@@ -145,61 +202,7 @@ fn big_file() -> Vec<u8> {
         .collect()
 }
 
-#[test]
-#[ignore = "boots real guests; run through scripts/test.sh"]
-fn block_over_mmio() {
-    block_test("mmio");
-}
-
-#[test]
-#[ignore = "boots real guests; run through scripts/test.sh"]
-fn block_over_pci_with_hot_plug() {
-    block_test("pci");
-}
-
-fn block_test(transport: &str) {
-    let fill = |s: &str| {
-        s.replace("PATTERN_LEN", &PATTERN.len().to_string())
-            .replace("'PATTERN'", &format!("'{PATTERN}'"))
-            .replace("HOT_LEN", &HOT_MARKER.len().to_string())
-            .replace("'HOT_MARKER'", &format!("'{HOT_MARKER}'"))
-    };
-    let pci = transport == "pci";
-    let mut guest = Guest::new(&format!("block-{transport}"), &fill(GUEST_SCRIPT));
-    guest.cpus = 2;
-    guest.cmdline = if pci { "hot=1" } else { "hot=0" }.into();
-    guest.guest_modules = vec!["virtio_mmio".into(), "virtio_blk".into()];
-    let big = big_file();
-    guest.host_files = vec![
-        ImageFile {
-            path: "fs.img".into(),
-            perm: 0o644,
-            data: ext4_image(16 * MIB, &big),
-        },
-        ImageFile {
-            path: "big.bin".into(),
-            perm: 0o644,
-            data: big,
-        },
-    ];
-    guest.host_before = fill(HOST_BEFORE);
-    guest.host_after = fill(HOST_AFTER);
-    if pci {
-        guest.host_tools = vec![rig::tool("guest-tests", "daxprobe").expect("daxprobe")];
-        guest.api_script = Some(API_SCRIPT.into());
-        guest.host_after = format!("sleep 1; kill $TAIL\n{}", guest.host_after);
-    } else {
-        guest.vmm_args = vec![
-            "--disk".into(),
-            "path=/tmp/ro.img,readonly=on,serial=ro-ext4,transport=mmio".into(),
-            "path=/tmp/rw.img,serial=rw-raw,num_queues=2,transport=mmio".into(),
-        ];
-    }
-    guest.timeout = Duration::from_secs(600);
-    let (run, _stalls) = rig::run_retrying_stall(&guest).expect("rig run");
-    let tail = run.tail(80);
-    assert!(!run.timed_out, "{tail}");
-    assert_eq!(run.guest("insmod_failed"), None, "{tail}");
+pub fn check(run: &Run, pci: bool, tail: &str) {
     assert_eq!(run.guest("found"), Some("ro:yes rw:yes"), "{tail}");
     assert_eq!(
         run.guest("ro_flags"),
@@ -228,62 +231,70 @@ fn block_test(transport: &str) {
     assert_eq!(run.host("rw_pattern"), Some(PATTERN), "{tail}");
     // Discard is offered where L1's tmpfs punches holes, and then the MiB
     // the guest filled with 0xff and discarded is zeroes in the host file.
-    let discard_max: u64 = run
-        .guest("discard_max")
-        .and_then(|v| v.parse().ok())
-        .expect(&tail);
-    if discard_max > 0 {
+    if discard_max(run, tail) > 0 {
         assert_eq!(run.guest("discard_rc"), Some("0"), "{tail}");
         assert_eq!(run.host("discarded_nonzero"), Some("0"), "{tail}");
     }
     assert_eq!(run.guest("blk_errors"), Some("0"), "{tail}");
-    assert_eq!(run.vmm_exit, Some(0), "{tail}");
     if pci {
-        assert_eq!(run.host("create"), Some("status=204 body="), "{tail}");
-        assert_eq!(run.host("boot"), Some("status=204 body="), "{tail}");
-        let added = run.host("add_disk").unwrap_or_default();
-        assert!(
-            added.starts_with("status=200")
-                && added.contains("\"id\":\"hot\"")
-                && added.contains("\"bdf\":\"0000:00:"),
-            "{added}\n{tail}"
-        );
-        assert!(
-            run.host("add_again")
-                .is_some_and(|r| r.starts_with("status=409")),
-            "{tail}"
-        );
-        assert!(
-            run.host("add_mmio")
-                .is_some_and(|r| r.starts_with("status=400") && r.contains("virtio-PCI only")),
-            "{tail}"
-        );
-        assert!(
-            run.host("add_bad")
-                .is_some_and(|r| r.starts_with("status=400") && r.contains("queue_size")),
-            "{tail}"
-        );
-        assert!(
-            run.host("info_plugged")
-                .is_some_and(|i| i.contains("\"id\":\"hot\"")),
-            "{tail}"
-        );
-        assert_eq!(run.guest("hot_marker"), Some(HOT_MARKER), "{tail}");
-        assert_eq!(run.host("remove_hot"), Some("status=204 body="), "{tail}");
-        assert_eq!(run.guest("hot_gone"), Some("yes"), "{tail}");
-        assert_eq!(run.guest("hotplug_errors"), Some("0"), "{tail}");
-        assert!(
-            run.host("info_removed")
-                .is_some_and(|i| !i.contains("\"id\":\"hot\"") && i.contains("\"id\":\"rw\"")),
-            "{tail}"
-        );
+        check_hot_plug(run, tail);
     }
+}
 
-    let mut results = Results::new(&format!("block-{transport}"));
-    results.record_run(&format!("virtio-blk over virtio-{transport}"), &run);
+fn discard_max(run: &Run, tail: &str) -> u64 {
+    run.guest("discard_max")
+        .and_then(|v| v.parse().ok())
+        .expect(tail)
+}
+
+fn check_hot_plug(run: &Run, tail: &str) {
+    let added = run.host("add_disk").unwrap_or_default();
+    assert!(
+        added.starts_with("status=200")
+            && added.contains("\"id\":\"hot\"")
+            && added.contains("\"bdf\":\"0000:00:"),
+        "{added}\n{tail}"
+    );
+    assert!(
+        run.host("disk_add_again")
+            .is_some_and(|r| r.starts_with("status=409")),
+        "{tail}"
+    );
+    assert!(
+        run.host("add_mmio")
+            .is_some_and(|r| r.starts_with("status=400") && r.contains("virtio-PCI only")),
+        "{tail}"
+    );
+    assert!(
+        run.host("add_bad")
+            .is_some_and(|r| r.starts_with("status=400") && r.contains("queue_size")),
+        "{tail}"
+    );
+    assert!(
+        run.host("add_locked")
+            .is_some_and(|r| r.contains("locked by another process")),
+        "{tail}"
+    );
+    assert!(
+        run.host("info_plugged")
+            .is_some_and(|i| i.contains("\"id\":\"hot\"")),
+        "{tail}"
+    );
+    assert_eq!(run.guest("hot_marker"), Some(HOT_MARKER), "{tail}");
+    assert_eq!(run.host("remove_hot"), Some("status=204 body="), "{tail}");
+    assert_eq!(run.guest("hot_gone"), Some("yes"), "{tail}");
+    assert_eq!(run.guest("hotplug_errors"), Some("0"), "{tail}");
+    assert!(
+        run.host("info_removed")
+            .is_some_and(|i| !i.contains("\"id\":\"hot\"") && i.contains("\"id\":\"rw\"")),
+        "{tail}"
+    );
+}
+
+pub fn record(results: &mut Results, run: &Run, transport: &str, tail: &str) {
     results.record(
-        &format!("virtio-{transport}: discard offered (discard_max_bytes)"),
-        discard_max.to_string(),
+        &format!("virtio-blk over virtio-{transport}: discard offered (discard_max_bytes)"),
+        discard_max(run, tail).to_string(),
     );
     for (k, what) in [
         (
@@ -296,9 +307,8 @@ fn block_test(transport: &str) {
         ),
     ] {
         results.record(
-            &format!("virtio-{transport}: {what}, guest clock"),
+            &format!("virtio-blk over virtio-{transport}: {what}, guest clock"),
             format!("{} s", run.guest(k).unwrap_or("n/a")),
         );
     }
-    results.save().expect("write results");
 }
