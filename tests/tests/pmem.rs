@@ -8,8 +8,7 @@
 //!
 //! The host checks its files afterwards.
 
-use std::process::Command;
-
+use guest_tests::images;
 use guest_tests::results::Results;
 use guest_tests::rig::{self, Guest, ImageFile};
 
@@ -51,28 +50,6 @@ echo "@@GUEST ecam=$(dmesg | grep -c 'ECAM \[mem 0xe0000000-0xe00fffff\].*reserv
 echo "@@GUEST msix_irqs=$(grep -c 'PCI-MSIX' /proc/interrupts)"
 "#;
 
-fn ext4_image(size: u64) -> Vec<u8> {
-    let dir = rig::target_dir().join("rig/ext4-src");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("hello.txt"), "hello from the host\n").unwrap();
-    let img = rig::target_dir().join("rig/ext4.img");
-    let _ = std::fs::remove_file(&img);
-    let out = Command::new("mke2fs")
-        .args(["-q", "-F", "-t", "ext4", "-b", "4096", "-d"])
-        .arg(&dir)
-        .arg(&img)
-        .arg(format!("{}k", size / 1024))
-        .output()
-        .expect("mke2fs (apt-get install e2fsprogs)");
-    assert!(
-        out.status.success(),
-        "mke2fs: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read(&img).unwrap()
-}
-
 #[test]
 #[ignore = "boots real guests; run through scripts/test.sh"]
 fn pmem_over_mmio() {
@@ -98,7 +75,7 @@ fn pmem_test(transport: &str, other: &str) {
     guest.host_files = vec![ImageFile {
         path: "fs.img".into(),
         perm: 0o644,
-        data: ext4_image(16 * MIB),
+        data: images::ext4_image("ext4", 16 * MIB, &[("hello.txt", b"hello from the host\n")]),
     }];
     guest.host_before = "dd if=/dev/zero of=pmem.img bs=1M count=16 2>/dev/null\n\
                          dd if=/dev/zero of=discard.img bs=1M count=4 2>/dev/null"

@@ -16,10 +16,9 @@
 //! `vm.remove-device` (the guest ejects it); adding the writable disk's
 //! image a second time is refused (the image lock).
 
-use std::process::Command;
-
+use guest_tests::images;
 use guest_tests::results::Results;
-use guest_tests::rig::{self, ImageFile, Run};
+use guest_tests::rig::{ImageFile, Run};
 
 const MIB: u64 = 1 << 20;
 const PATTERN: &str = "blk-pattern-0042";
@@ -151,12 +150,16 @@ pub fn mmio_args() -> Vec<String> {
 
 /// The ext4 image and the big file to compare it with, for `$WORK`.
 pub fn host_files() -> Vec<ImageFile> {
-    let big = big_file();
+    let big = images::incompressible(4 * MIB);
+    let files = [
+        ("hello.txt", &b"hello from a read-only disk\n"[..]),
+        ("big.bin", &big[..]),
+    ];
     vec![
         ImageFile {
             path: "fs.img".into(),
             perm: 0o644,
-            data: ext4_image(16 * MIB, &big),
+            data: images::ext4_image("blk-ext4", 16 * MIB, &files),
         },
         ImageFile {
             path: "big.bin".into(),
@@ -164,42 +167,6 @@ pub fn host_files() -> Vec<ImageFile> {
             data: big,
         },
     ]
-}
-
-fn ext4_image(size: u64, big: &[u8]) -> Vec<u8> {
-    let dir = rig::target_dir().join("rig/blk-ext4-src");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("hello.txt"), "hello from a read-only disk\n").unwrap();
-    std::fs::write(dir.join("big.bin"), big).unwrap();
-    let img = rig::target_dir().join("rig/blk-ext4.img");
-    let _ = std::fs::remove_file(&img);
-    let out = Command::new("mke2fs")
-        .args(["-q", "-F", "-t", "ext4", "-b", "4096", "-d"])
-        .arg(&dir)
-        .arg(&img)
-        .arg(format!("{}k", size / 1024))
-        .output()
-        .expect("mke2fs (apt-get install e2fsprogs)");
-    assert!(
-        out.status.success(),
-        "mke2fs: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read(&img).unwrap()
-}
-
-/// 4 MiB of bytes that do not compress to nothing (xorshift).
-fn big_file() -> Vec<u8> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    (0..4 * MIB)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 pub fn check(run: &Run, pci: bool, tail: &str) {
