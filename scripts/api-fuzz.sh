@@ -20,16 +20,18 @@ if ! [ -x "$venv/bin/st" ]; then
 fi
 
 cargo build --locked -q -p vmm -p daemon
+# Where cargo put them: CARGO_TARGET_DIR when set, as cargo reads it.
+target="${CARGO_TARGET_DIR:-target}"
 work="$(mktemp -d)"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
 mkdir "$work/share"
 echo data > "$work/share/file"
-./target/debug/dax-virtiofsd --socket-path "$work/fs.sock" --shared-dir "$work/share" --sandbox none \
+"$target/debug/dax-virtiofsd" --socket-path "$work/fs.sock" --shared-dir "$work/share" --sandbox none \
     --cache-size 64M --control-socket "$work/fs-control.sock" --log-level error &
 pids+=($!)
-./target/debug/dax-vmm --api-socket "$work/api.sock" 2>"$work/vmm.log" &
+"$target/debug/dax-vmm" --api-socket "$work/api.sock" 2>"$work/vmm.log" &
 vmm=$!
 pids+=($vmm)
 for _ in $(seq 100); do [ -S "$work/api.sock" ] && [ -S "$work/fs-control.sock" ] && break; sleep 0.1; done
@@ -48,7 +50,7 @@ set +e
 "$venv/bin/st" --config-file fuzz/api/schemathesis.toml run docs/openapi.yaml --url "http://127.0.0.1:$port/api/v1" \
     --max-examples "$examples" --workers 1 --seed 1 \
     --exclude-path /vmm.shutdown --exclude-path /vm.dax-events --exclude-path /vm.delete \
-    --report junit --report-dir target/api-fuzz
+    --report junit --report-dir "$target/api-fuzz"
 rc=$?
 set -e
 if ! kill -0 "$vmm" 2>/dev/null; then

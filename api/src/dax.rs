@@ -189,27 +189,78 @@ fn etag(generation: u64) -> String {
     format!("\"{generation}\"")
 }
 
-/// The generation an `If-Match` header asks for: None without the header
-/// or with `*` (any); 400 for anything but one quoted generation.
-fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
-    let Some(v) = headers.get(header::IF_MATCH) else {
-        return Ok(None);
-    };
-    let bad = || {
-        ApiError::bad_request(
-            "vm.dax-policy: If-Match must be one ETag from GET vm.dax-policy (\"<generation>\") or *",
-        )
-    };
-    let v = v.to_str().map_err(|_| bad())?.trim();
-    if v == "*" {
-        return Ok(None);
+/// What an `If-Match` header (RFC 9110, 13.1.1) asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum IfMatch {
+    /// `*`: any generation.
+    Any,
+    /// A list of entity tags: the opaque text of the strong ones. A weak
+    /// tag (`W/"…"`) never matches: If-Match compares strongly.
+    Tags(Vec<String>),
+}
+
+impl IfMatch {
+    fn matches(&self, generation: u64) -> bool {
+        match self {
+            IfMatch::Any => true,
+            IfMatch::Tags(tags) => tags.iter().any(|t| *t == generation.to_string()),
+        }
     }
-    let v = v.strip_prefix("W/").unwrap_or(v);
-    v.strip_prefix('"')
-        .and_then(|v| v.strip_suffix('"'))
-        .and_then(|n| n.parse().ok())
-        .map(Some)
-        .ok_or_else(bad)
+}
+
+/// The `If-Match` header(s), None without one. A value that is not `*` or
+/// a list of entity tags (`"<text>"` or `W/"<text>"`) names no entity tag
+/// of ours, so it matches no generation: the precondition fails (412, whose
+/// message shows how the tag is written) rather than the request being
+/// malformed; any string is a valid If-Match to send.
+fn if_match(headers: &HeaderMap) -> Option<IfMatch> {
+    let mut tags = Vec::new();
+    let mut seen = false;
+    for value in headers.get_all(header::IF_MATCH) {
+        seen = true;
+        let Ok(v) = value.to_str() else {
+            continue;
+        };
+        if v.trim() == "*" {
+            return Some(IfMatch::Any);
+        }
+        tags.extend(strong_entity_tags(v).unwrap_or_default());
+    }
+    seen.then_some(IfMatch::Tags(tags))
+}
+
+/// The opaque text of the strong tags in an RFC 9110 entity-tag list;
+/// None if `v` is not one.
+fn strong_entity_tags(v: &str) -> Option<Vec<String>> {
+    let mut tags = Vec::new();
+    let mut listed = false;
+    let mut rest = v;
+    loop {
+        rest = rest.trim_start_matches([' ', '\t', ',']);
+        if rest.is_empty() {
+            break;
+        }
+        let (weak, quoted) = match rest.strip_prefix("W/") {
+            Some(r) => (true, r),
+            None => (false, rest),
+        };
+        let opaque = quoted.strip_prefix('"')?;
+        let end = opaque.find('"')?;
+        let text = &opaque[..end];
+        // etagc: visible characters but DQUOTE.
+        if !text.bytes().all(|b| b.is_ascii_graphic()) {
+            return None;
+        }
+        if !weak {
+            tags.push(text.to_string());
+        }
+        listed = true;
+        rest = opaque[end + 1..].trim_start_matches([' ', '\t']);
+        if !rest.is_empty() && !rest.starts_with(',') {
+            return None;
+        }
+    }
+    listed.then_some(tags)
 }
 
 /// Keeps every daemon on its device's desired policy, for ever (a task on
@@ -354,20 +405,20 @@ async fn push(
     id: &str,
     policy: Option<Policy>,
     dry_run: bool,
-    expected: Option<u64>,
+    expected: Option<IfMatch>,
 ) -> Result<Response, ApiError> {
     let _push = s.push_lock.lock().await;
     let devices = dax_status(s).await?;
     let socket = control_socket_of(&devices, id)?;
-    if let Some(expected) = expected {
+    if let Some(expected) = expected.filter(|e| *e != IfMatch::Any) {
         let current: PolicyState = daemon_json(&socket, "GET", POLICY, None).await?;
-        if current.generation != expected {
+        if !expected.matches(current.generation) {
             return Err(ApiError {
                 status: 412,
                 message: format!(
-                    "vm.dax-policy: If-Match {} but the daemon of \"{id}\" is at generation {}: read it again",
-                    etag(expected),
-                    current.generation
+                    "vm.dax-policy: If-Match names no strong entity tag of the daemon of \"{id}\", which is at generation {}: read it again (it is given as ETag and written If-Match: {})",
+                    current.generation,
+                    etag(current.generation)
                 ),
             });
         }
@@ -433,7 +484,7 @@ pub(crate) async fn put_policy(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let id = q.id()?;
-    let expected = if_match(&headers)?;
+    let expected = if_match(&headers);
     let policy = parse_policy(&body)?;
     push(&s, id, Some(policy), q.dry_run, expected).await
 }
@@ -443,7 +494,7 @@ pub(crate) async fn delete_policy(
     Query(q): Query<PolicyQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let expected = if_match(&headers)?;
+    let expected = if_match(&headers);
     push(&s, q.id()?, None, q.dry_run, expected).await
 }
 
@@ -487,21 +538,84 @@ mod tests {
     use super::*;
 
     #[test]
-    fn if_match_reads_one_generation_or_any() {
-        let with = |v: &str| {
+    fn if_match_reads_rfc_9110_entity_tag_lists_and_matches_strongly() {
+        let with = |values: &[&str]| {
             let mut h = HeaderMap::new();
-            h.insert(header::IF_MATCH, v.parse().unwrap());
+            for v in values {
+                h.append(header::IF_MATCH, v.parse().unwrap());
+            }
             if_match(&h)
         };
-        assert_eq!(if_match(&HeaderMap::new()), Ok(None));
-        assert_eq!(with("\"7\""), Ok(Some(7)));
-        assert_eq!(with("W/\"7\""), Ok(Some(7)));
-        assert_eq!(with("*"), Ok(None));
-        for bad in ["7", "\"x\"", "\"1\", \"2\""] {
-            let e = with(bad).unwrap_err();
-            assert_eq!(e.status, 400, "{bad}");
-            assert!(e.message.contains("If-Match"), "{}", e.message);
+        let tags = |t: &[&str]| Some(IfMatch::Tags(t.iter().map(|s| s.to_string()).collect()));
+        assert_eq!(if_match(&HeaderMap::new()), None);
+        assert_eq!(with(&["\"7\""]), tags(&["7"]));
+        assert_eq!(with(&["*"]), Some(IfMatch::Any));
+        // What a generic client (or a fuzzer) may send: valid, and simply
+        // not the daemon's generation.
+        assert_eq!(with(&["\"x\", W/\"7\",\"a,b\""]), tags(&["x", "a,b"]));
+        assert_eq!(with(&["\"1\"", "\"2\""]), tags(&["1", "2"]));
+        assert_eq!(with(&["\"\""]), tags(&[""]));
+        let seven = with(&["\"9\", \"7\""]).unwrap();
+        assert!(seven.matches(7) && !seven.matches(8));
+        let weak = with(&["W/\"7\""]).unwrap();
+        assert!(!weak.matches(7), "If-Match compares strongly");
+        assert!(IfMatch::Any.matches(3));
+        // Not entity tags (the bare `0` is what the fuzzer sent): they
+        // match no generation, so the precondition fails (412), never a
+        // 400 for a string the schema allows.
+        for other in ["7", "0", "\"7", "\"1\" \"2\"", ",", "W/7", "\"a b\""] {
+            let got = with(&[other]).unwrap();
+            assert_eq!(got, IfMatch::Tags(Vec::new()), "{other}");
+            assert!(!got.matches(7) && !got.matches(0), "{other}");
         }
         assert_eq!(etag(7), "\"7\"");
+    }
+
+    /// A component schema's string pattern in docs/openapi.yaml.
+    fn schema_pattern(name: &str) -> regex::Regex {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.yaml");
+        let doc: serde_yaml::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let pattern = doc["components"]["schemas"][name]["oneOf"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find_map(|s| s["pattern"].as_str())
+            .unwrap();
+        regex::Regex::new(pattern).unwrap()
+    }
+
+    /// The schema's Percent and Duration strings are exactly those the
+    /// policy parser takes (the fuzzer's PUT with `"max_file_share": "0"`
+    /// was schema-valid and refused).
+    #[test]
+    fn percent_and_duration_patterns_agree_with_the_policy_parser() {
+        let numbers = [
+            "0", "00", "1", "01", "9", "10", "24", "25", "99", "100", "0100", "101", "999", "1000",
+            "1439", "1440", "1441", "9999", "86399", "86400", "86401", "99999", "9999999",
+            "86399999", "86400000", "86400001", "99999999", "",
+        ];
+        let percent = schema_pattern("Percent");
+        let duration = schema_pattern("Duration");
+        for n in numbers {
+            for suffix in ["", "%", "%%", ".5"] {
+                let v = format!("{n}{suffix}");
+                let doc = format!(r#"{{"adaptive": {{"max_file_share": "{v}"}}}}"#);
+                assert_eq!(
+                    percent.is_match(&v),
+                    Policy::parse_json(&doc).is_ok(),
+                    "max_file_share {v:?}"
+                );
+            }
+            for unit in ["", "ms", "s", "m", "h", "d", "mss"] {
+                let v = format!("{n}{unit}");
+                let doc = format!(r#"{{"adaptive": {{"cool_down": "{v}"}}}}"#);
+                assert_eq!(
+                    duration.is_match(&v),
+                    Policy::parse_json(&doc).is_ok(),
+                    "cool_down {v:?}"
+                );
+            }
+        }
     }
 }

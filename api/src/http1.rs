@@ -5,15 +5,26 @@
 //! writes `HTTP/1.1 200 \r\n`), and finds a body only through a header
 //! spelled exactly `Content-Length: `. So every reply gets an empty reason
 //! phrase and title-case header names.
+//!
+//! Every request body is read whole before the router sees the request
+//! ([`read_request_body`]): ch-remote writes its request line, its
+//! `Content-Length`, the blank line and the body in separate writes and
+//! reads nothing until all are written, so an answer given after the head
+//! (501 for what is not supported, 404, 405, a 400 on the query) and a
+//! close with the body unread would end its last write with a broken pipe
+//! instead of showing the answer. A body read whole also keeps a
+//! kept-alive connection in step for the next request.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{HeaderValue, Request, Response};
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderValue, Request, Response};
+use axum::response::IntoResponse;
 use axum::Router;
-use hyper::body::Incoming;
+use http_body_util::BodyExt;
+use hyper::body::{Body as _, Incoming};
 use hyper::ext::ReasonPhrase;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{UnixListener, UnixStream};
@@ -22,6 +33,17 @@ use tower::ServiceExt;
 
 use crate::connections::{Connections, Registered, Tracked};
 use crate::passed_fds::{FdStream, HeldFds, PassedFds};
+use crate::ApiError;
+
+/// The largest request body an endpoint gets (axum's own default limit for
+/// a body read whole; the largest real one, a `vm.create`, is a few KiB).
+pub const MAX_REQUEST_BODY: u64 = 2 << 20;
+
+/// A body over [`MAX_REQUEST_BODY`] but within this is still read, and
+/// dropped, before the 413: its client, writing the whole request before
+/// it reads, then gets the answer rather than a broken pipe. A larger one
+/// is answered at once with `Connection: close`.
+pub const MAX_DRAINED_BODY: u64 = 64 << 20;
 
 /// How long answers in flight may take to reach their clients once the
 /// server is told to stop (vmm.shutdown's own answer among them).
@@ -118,10 +140,14 @@ async fn connection(stream: UnixStream, app: Router, registered: Registered, lim
             req.extensions_mut().insert(PassedFds::new(fds));
         }
         async move {
-            let response = app
-                .oneshot(req.map(Body::new))
-                .await
-                .unwrap_or_else(|e| match e {});
+            let (parts, body) = req.into_parts();
+            let response = match read_request_body(body).await {
+                Ok(bytes) => app
+                    .oneshot(Request::from_parts(parts, Body::from(bytes)))
+                    .await
+                    .unwrap_or_else(|e| match e {}),
+                Err(refused) => refused.answer(),
+            };
             let response = as_cloud_hypervisor(response);
             Ok::<_, Infallible>(response.map(|body| Body::new(Tracked { body, _busy: busy })))
         }
@@ -164,6 +190,94 @@ async fn connection(stream: UnixStream, app: Router, registered: Registered, lim
     }
 }
 
+/// Why a request's body does not reach the router.
+enum RefusedBody {
+    /// Over [`MAX_REQUEST_BODY`]; `drained` if all of it was read.
+    TooLarge { size: Option<u64>, drained: bool },
+    /// The client hung up or sent a malformed chunked body.
+    Broken(hyper::Error),
+}
+
+/// Reads `body` whole, up to [`MAX_REQUEST_BODY`]; reads and drops a larger
+/// one up to [`MAX_DRAINED_BODY`] (see there).
+async fn read_request_body(mut body: Incoming) -> Result<Bytes, RefusedBody> {
+    let declared = body.size_hint().exact();
+    if declared.is_some_and(|n| n > MAX_DRAINED_BODY) {
+        return Err(RefusedBody::TooLarge {
+            size: declared,
+            drained: false,
+        });
+    }
+    let mut kept = Vec::new();
+    let mut total: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => return Err(RefusedBody::Broken(e)),
+        };
+        // Trailers carry nothing an endpoint reads.
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        total = total.saturating_add(data.len() as u64);
+        if total > MAX_DRAINED_BODY {
+            return Err(RefusedBody::TooLarge {
+                size: None,
+                drained: false,
+            });
+        }
+        if total <= MAX_REQUEST_BODY {
+            kept.extend_from_slice(&data);
+        }
+    }
+    if total > MAX_REQUEST_BODY {
+        return Err(RefusedBody::TooLarge {
+            size: Some(total),
+            drained: true,
+        });
+    }
+    Ok(Bytes::from(kept))
+}
+
+impl RefusedBody {
+    /// The answer to a body that does not reach the router.
+    fn answer(self) -> Response<Body> {
+        match self {
+            RefusedBody::TooLarge { size, drained } => {
+                let size = size.map_or_else(
+                    || format!("over {MAX_DRAINED_BODY} bytes"),
+                    |n| format!("{n} bytes"),
+                );
+                let mut response = ApiError {
+                    status: 413,
+                    message: format!(
+                        "the request body ({size}) is larger than the API's limit of {MAX_REQUEST_BODY} bytes"
+                    ),
+                }
+                .into_response();
+                if !drained {
+                    // The rest of the body is still coming: the connection
+                    // cannot carry another request.
+                    response
+                        .headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                response
+            }
+            RefusedBody::Broken(e) => {
+                log::debug!("API connection: reading a request body: {e}");
+                let mut response =
+                    ApiError::bad_request(format!("the request body could not be read: {e}"))
+                        .into_response();
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                response
+            }
+        }
+    }
+}
+
 /// The reply as micro-http would write it: no reason phrase, and its
 /// `Server` header.
 fn as_cloud_hypervisor(mut response: Response<Body>) -> Response<Body> {
@@ -180,3 +294,7 @@ fn as_cloud_hypervisor(mut response: Response<Body>) -> Response<Body> {
 #[cfg(test)]
 #[path = "http1_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "http1_body_tests.rs"]
+mod body_tests;

@@ -9,10 +9,10 @@ use super::{serve, Limits};
 
 /// A generous bound on waiting for the server, not a measure of its speed:
 /// it only keeps a broken server from hanging the test.
-const PATIENCE: Duration = Duration::from_secs(30);
+pub(super) const PATIENCE: Duration = Duration::from_secs(30);
 
 /// The server on a thread of its own; stopped when dropped.
-struct Server {
+pub(super) struct Server {
     path: PathBuf,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -20,7 +20,7 @@ struct Server {
 
 impl Server {
     /// A server whose VMM is gone (requests that reach it fail).
-    fn start(name: &str, limits: Limits) -> Server {
+    pub(super) fn start(name: &str, limits: Limits) -> Server {
         Server::start_with_vmm(name, limits).0
     }
 
@@ -60,7 +60,7 @@ impl Server {
         (server, rx)
     }
 
-    fn connect(&self) -> UnixStream {
+    pub(super) fn connect(&self) -> UnixStream {
         let s = UnixStream::connect(&self.path).unwrap();
         s.set_read_timeout(Some(PATIENCE)).unwrap();
         s
@@ -76,7 +76,7 @@ impl Drop for Server {
 }
 
 /// `vmm.ping` on `s`; the status line and body.
-fn ping(s: &mut UnixStream) -> (String, String) {
+pub(super) fn ping(s: &mut UnixStream) -> (String, String) {
     s.write_all(b"GET /api/v1/vmm.ping HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .unwrap();
     let mut got = Vec::new();
@@ -105,7 +105,7 @@ fn ping(s: &mut UnixStream) -> (String, String) {
 
 /// Whether the server closed `s` (EOF) rather than leaving it open until
 /// [`PATIENCE`] ran out.
-fn closed_by_server(s: &mut UnixStream) -> bool {
+pub(super) fn closed_by_server(s: &mut UnixStream) -> bool {
     let mut buf = [0u8; 64];
     matches!(s.read(&mut buf), Ok(0))
 }

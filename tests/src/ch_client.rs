@@ -7,6 +7,10 @@
 //!   `Accept: */*`, `Content-Length` only with a body, no Content-Type, no
 //!   `Connection: close` (the connection stays open; the client stops
 //!   reading once it has what the headers promised);
+//! - written in four writes, as `api_client` does: the request line with
+//!   `Host` and `Accept`, the `Content-Length` line, the blank line, the
+//!   body; nothing is read before the last (a server that answers after
+//!   the head and closes gives it a broken pipe);
 //! - the reply is read 256 bytes at a time, as UTF-8 (a reply that is not
 //!   makes ch-remote panic; here it is an error);
 //! - the status is the text between `HTTP/1.1 ` and the first `\r`,
@@ -56,16 +60,20 @@ pub fn request_path(
     body: Option<&str>,
 ) -> Result<Reply, ChError> {
     let mut s = UnixStream::connect(socket).map_err(|e| ChError::Socket(e.to_string()))?;
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n");
+    let mut writes = vec![format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n"
+    )];
     if let Some(b) = body {
-        req.push_str(&format!("Content-Length: {}\r\n", b.len()));
+        writes.push(format!("Content-Length: {}\r\n", b.len()));
     }
-    req.push_str("\r\n");
+    writes.push("\r\n".to_string());
     if let Some(b) = body {
-        req.push_str(b);
+        writes.push(b.to_string());
     }
-    s.write_all(req.as_bytes())
-        .map_err(|e| ChError::Socket(e.to_string()))?;
+    for w in writes {
+        s.write_all(w.as_bytes())
+            .map_err(|e| ChError::Socket(e.to_string()))?;
+    }
     parse_reply(&mut s)
 }
 
