@@ -14,10 +14,12 @@ pub mod dax;
 pub mod fuse;
 pub mod host_fs;
 pub mod limits;
+pub mod listen;
 pub mod passthrough;
 pub mod policy;
 pub mod sandbox;
 pub mod seccomp_filter;
+pub mod syslog;
 pub mod vring;
 pub mod workers;
 
