@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod caps;
+pub mod cli;
 pub mod control;
 pub mod dax;
 pub mod fuse;
