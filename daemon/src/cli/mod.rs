@@ -311,9 +311,11 @@ impl Cli {
             | ("writeback" | "allow_direct_io" | "posix_acl" | "security_label", None) => {
                 return Err(virtiofsd::refusal(&format!("-o {key}")))
             }
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "-o {opt}: not a virtiofsd option (see docs/virtiofs.md for the -o options taken)"
-            )),
+            ))
+            }
         }
         Ok(())
     }
