@@ -9,15 +9,18 @@
 
 pub mod backend;
 pub mod caps;
+pub mod cli;
 pub mod control;
 pub mod dax;
 pub mod fuse;
 pub mod host_fs;
 pub mod limits;
+pub mod listen;
 pub mod passthrough;
 pub mod policy;
 pub mod sandbox;
 pub mod seccomp_filter;
+pub mod syslog;
 pub mod vring;
 pub mod workers;
 

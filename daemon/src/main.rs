@@ -1,16 +1,18 @@
 //! `dax-virtiofsd`: serves one host directory to a guest over vhost-user,
-//! with DAX. Flags follow virtiofsd's where they mean the same thing.
+//! with DAX. The command line is in [`daemon::cli`].
 
-use std::path::PathBuf;
+use std::os::unix::net::UnixListener;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::GuestMemoryAtomic;
 
 use daemon::backend::FsBackend;
+use daemon::cli::{CacheArg, Cli, OnOff, SandboxArg, SeccompArg};
 use daemon::dax::DaxMapper;
 use daemon::fuse::server::Server;
 use daemon::limits::Limits;
@@ -20,186 +22,7 @@ use daemon::sandbox::{self, Sandbox};
 use daemon::workers::WorkerPool;
 use daemon::GuestMemoryMmap;
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum CacheArg {
-    Never,
-    Auto,
-    Always,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum SandboxArg {
-    Namespace,
-    Chroot,
-    None,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum SeccompArg {
-    Kill,
-    Trap,
-    Log,
-    None,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum LogLevel {
-    Error,
-    Warn,
-    Info,
-    Debug,
-    Trace,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-enum OnOff {
-    On,
-    Off,
-}
-
-#[derive(Parser, Debug)]
-#[command(
-    name = "dax-virtiofsd",
-    version,
-    about = "vhost-user virtio-fs daemon with DAX (SHMEM_MAP/SHMEM_UNMAP)"
-)]
-struct Cli {
-    /// vhost-user socket to listen on (the VMM connects to it).
-    #[arg(long, value_name = "PATH")]
-    socket_path: PathBuf,
-    /// Directory to share with the guest.
-    #[arg(long, value_name = "DIR")]
-    shared_dir: Option<PathBuf>,
-    /// How long the guest may cache entries, attributes and file data.
-    #[arg(long, value_enum, default_value = "auto")]
-    cache: CacheArg,
-    /// Worker threads shared by all queues; 0 serves each queue's requests
-    /// on that queue's own thread.
-    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
-    thread_pool_size: u16,
-    /// Confinement: own mount/pid/network namespaces with the share as the
-    /// root (namespace), a chroot into the share, or none. See docs/security.md.
-    #[arg(long, value_enum, default_value = "namespace")]
-    sandbox: SandboxArg,
-    /// What a system call outside the daemon's allowlist does: kill (report
-    /// it and end the daemon), trap (SIGSYS), log (kernel audit log), none.
-    #[arg(long, value_enum, default_value = "kill")]
-    seccomp: SeccompArg,
-    /// Serve extended attributes (off by default, as in virtiofsd); the
-    /// guest's non-`user.` names are stored as `user.virtiofs.<name>`.
-    #[arg(long, overrides_with = "no_xattr")]
-    xattr: bool,
-    /// Do not serve extended attributes (the default).
-    #[arg(long)]
-    no_xattr: bool,
-    /// Inodes the guest may hold at once (each an open fd); default: 1Mi,
-    /// or less to fit the open-file limit.
-    #[arg(long, value_name = "N")]
-    max_inodes: Option<u64>,
-    /// File and directory handles the guest may hold open at once; default
-    /// 64Ki, or less to fit the open-file limit.
-    #[arg(long, value_name = "N")]
-    max_handles: Option<u64>,
-    /// Largest extended attribute value served or stored (at most 65536).
-    #[arg(long, value_name = "BYTES")]
-    max_xattr_size: Option<u32>,
-    /// Requests that may wait for a --thread-pool-size worker at once; past
-    /// it the queue's own thread serves the request (default 1024).
-    #[arg(long, value_name = "N")]
-    worker_queue_depth: Option<usize>,
-    #[arg(long, value_enum, default_value = "info")]
-    log_level: LogLevel,
-    /// Offer a DAX window (vhost-user SHMEM) to the VMM.
-    #[arg(long, value_enum, default_value = "on")]
-    dax: OnOff,
-    /// DAX policy document (JSON, or YAML by extension): window size, mapping
-    /// granularity, which files get DAX. Default: see docs/policies.md.
-    #[arg(long, value_name = "FILE")]
-    dax_policy: Option<PathBuf>,
-    /// Control socket (HTTP/1.1 + JSON, mode 0600) for reading and replacing
-    /// the DAX policy while the guest runs; see docs/virtiofs.md.
-    #[arg(long, value_name = "PATH")]
-    control_socket: Option<PathBuf>,
-    /// Window size to declare, overriding the policy's cache_size (K/M/G suffixes).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    cache_size: Option<u64>,
-    /// Request queues served at most (the VMM's num_queues), plus the hiprio queue.
-    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=63))]
-    max_request_queues: u16,
-    /// Open-file limit to set (every inode the guest holds is an fd);
-    /// default: as high as the system allows.
-    #[arg(long, value_name = "N")]
-    rlimit_nofile: Option<u64>,
-    /// Tell the guest which directories are other host mounts, so it gives
-    /// each its own superblock (their inode numbers cannot collide).
-    #[arg(long)]
-    announce_submounts: bool,
-    /// Options in the legacy virtiofsd form, comma-separated, as Kata and
-    /// older configurations pass them: source=DIR, cache=never|auto|always,
-    /// announce_submounts, xattr.
-    #[arg(short = 'o', value_name = "OPT[,OPT...]")]
-    compat_options: Vec<String>,
-    /// Largest queue size accepted.
-    #[arg(long, value_name = "N", default_value_t = 32768)]
-    max_queue_size: u16,
-}
-
-fn parse_size(v: &str) -> Result<u64, String> {
-    let json = serde_json_like(v);
-    policies::parse_size("--cache-size", &json).map_err(|e| e.to_string())
-}
-
-/// The policy crate parses sizes from document values; a flag is a string.
-fn serde_json_like(v: &str) -> policies::Value {
-    match v.parse::<u64>() {
-        Ok(n) => policies::Value::from(n),
-        Err(_) => policies::Value::from(v),
-    }
-}
-
-/// Folds `-o` options into the flags they stand for.
-fn apply_compat_options(cli: &mut Cli) -> Result<(), String> {
-    for opt in cli
-        .compat_options
-        .iter()
-        .flat_map(|o| o.split(','))
-        .filter(|o| !o.is_empty())
-    {
-        let (key, value) = match opt.split_once('=') {
-            Some((k, v)) => (k, Some(v)),
-            None => (opt, None),
-        };
-        match (key, value) {
-            ("source", Some(dir)) => match &cli.shared_dir {
-                Some(given) if given != std::path::Path::new(dir) => {
-                    return Err(format!("-o source={dir}: the shared directory is already {}", given.display()))
-                }
-                _ => cli.shared_dir = Some(PathBuf::from(dir)),
-            },
-            ("cache", Some(v)) => {
-                cli.cache = CacheArg::from_str(v, true).map_err(|_| format!("-o cache={v}: expected never, auto or always"))?
-            }
-            ("announce_submounts", None) => cli.announce_submounts = true,
-            ("xattr", None) => {
-                cli.xattr = true;
-                cli.no_xattr = false;
-            }
-            ("no_xattr", None) => {
-                cli.xattr = false;
-                cli.no_xattr = true;
-            }
-            _ => {
-                return Err(format!(
-                    "-o {opt}: not a supported option (supported: source=DIR, cache=never|auto|always, announce_submounts, xattr, no_xattr)"
-                ))
-            }
-        }
-    }
-    Ok(())
-}
-
-fn run(mut cli: Cli) -> Result<(), String> {
-    apply_compat_options(&mut cli)?;
+fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
     let shared_dir = cli
         .shared_dir
         .clone()
@@ -217,6 +40,7 @@ fn run(mut cli: Cli) -> Result<(), String> {
     let window = policy.cache_size;
     let cache = match cli.cache {
         CacheArg::Never => CachePolicy::Never,
+        CacheArg::Metadata => CachePolicy::Metadata,
         CacheArg::Auto => CachePolicy::Auto,
         CacheArg::Always => CachePolicy::Always,
     };
@@ -243,8 +67,16 @@ fn run(mut cli: Cli) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     // The socket is bound before the sandbox closes the host's paths off.
-    let mut listener = Listener::new(&cli.socket_path, true)
-        .map_err(|e| format!("--socket-path {}: {e}", cli.socket_path.display()))?;
+    // An inherited one (--fd) is not: its file is the caller's to remove.
+    let (mut listener, listening_on) = match (inherited, &cli.socket_path) {
+        (Some(l), _) => (Listener::from(l), format!("fd {}", cli.fd.unwrap_or(-1))),
+        (None, Some(path)) => (
+            Listener::new(path, true)
+                .map_err(|e| format!("--socket-path {}: {e}", path.display()))?,
+            path.display().to_string(),
+        ),
+        (None, None) => return Err("--socket-path PATH or --fd N is required".into()),
+    };
     let control = cli
         .control_socket
         .as_deref()
@@ -270,6 +102,8 @@ fn run(mut cli: Cli) -> Result<(), String> {
     let mut fs = PassthroughFs::new(opened.root, opened.proc_self_fd, cache, policy.clone())
         .map_err(|e| format!("--shared-dir {}: {e}", shared_dir.display()))?;
     fs.announce_submounts = cli.announce_submounts;
+    fs.readdirplus = !cli.no_readdirplus;
+    fs.offer_killpriv_v2 = !cli.no_killpriv_v2;
     fs.xattr = if cli.xattr {
         XattrMode::Mapped
     } else {
@@ -304,13 +138,16 @@ fn run(mut cli: Cli) -> Result<(), String> {
     log::info!(
         "serving {} on {} (window {} MiB, sandbox {how}, seccomp {:?}, xattr {}, cache {:?}, thread pool {})",
         shared_dir.display(),
-        cli.socket_path.display(),
+        listening_on,
         window >> 20,
         cli.seccomp,
         if cli.xattr { "mapped" } else { "off" },
         cli.cache,
         cli.thread_pool_size
     );
+    // Kata's Rust runtime waits for this line on the daemon's stderr, as
+    // virtiofsd prints it, before it starts the VMM.
+    log::info!("Waiting for vhost-user socket connection...");
     daemon
         .start(&mut listener)
         .map_err(|e| format!("accepting the VMM's connection: {e}"))?;
@@ -339,96 +176,41 @@ fn run(mut cli: Cli) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let level = format!("{:?}", cli.log_level).to_lowercase();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
-    match run(cli) {
+    let mut cli = Cli::parse();
+    if cli.print_capabilities {
+        print!("{}", daemon::cli::virtiofsd::CAPABILITIES);
+        return ExitCode::SUCCESS;
+    }
+    if let Err(e) = cli.check() {
+        eprintln!("dax-virtiofsd: {e}");
+        return ExitCode::from(2);
+    }
+    // Claimed before anything else opens an fd, so a closed --fd is not
+    // mistaken for one the daemon opened itself (the syslog socket).
+    let inherited = match cli.fd.map(daemon::listen::inherited).transpose() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("dax-virtiofsd: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let level = cli.log_level.filter();
+    // Connected now, before the sandbox hides /dev/log.
+    let syslog = cli.syslog && daemon::syslog::install(Path::new(daemon::syslog::DEV_LOG), level);
+    if !syslog {
+        env_logger::Builder::from_env(
+            env_logger::Env::default().default_filter_or(level.to_string().to_lowercase()),
+        )
+        .init();
+    }
+    match run(cli, inherited) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if syslog {
+                log::error!("{e}");
+            }
             eprintln!("dax-virtiofsd: error: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cli(args: &[&str]) -> Result<Cli, String> {
-        let mut cli = Cli::try_parse_from(
-            [&["dax-virtiofsd", "--socket-path", "/run/fs.sock"], args].concat(),
-        )
-        .map_err(|e| e.to_string())?;
-        apply_compat_options(&mut cli)?;
-        Ok(cli)
-    }
-
-    #[test]
-    fn kata_style_arguments_are_understood() {
-        // What Kata's configuration passes, in both of its spellings.
-        let c = cli(&[
-            "--shared-dir",
-            "/s",
-            "--thread-pool-size=1",
-            "-o",
-            "announce_submounts",
-        ])
-        .unwrap();
-        assert!(c.announce_submounts);
-        assert_eq!(c.thread_pool_size, 1);
-        let c = cli(&[
-            "--shared-dir",
-            "/s",
-            "--thread-pool-size=1",
-            "--announce-submounts",
-        ])
-        .unwrap();
-        assert!(c.announce_submounts);
-        let c = cli(&["-o", "source=/s,cache=always,xattr"]).unwrap();
-        assert_eq!(c.shared_dir.as_deref(), Some(std::path::Path::new("/s")));
-        assert!(matches!(c.cache, CacheArg::Always));
-        assert!(c.xattr, "-o xattr turns extended attributes on");
-        assert!(
-            !cli(&["--shared-dir", "/s"]).unwrap().xattr,
-            "off by default"
-        );
-        assert!(matches!(
-            cli(&["--shared-dir", "/s"]).unwrap().sandbox,
-            SandboxArg::Namespace
-        ));
-        assert!(matches!(
-            cli(&["--shared-dir", "/s"]).unwrap().seccomp,
-            SeccompArg::Kill
-        ));
-        assert!(!c.announce_submounts);
-    }
-
-    #[test]
-    fn bad_legacy_options_are_refused_by_name() {
-        let e = cli(&[
-            "--shared-dir",
-            "/s",
-            "-o",
-            "announce_submounts,no_posix_lock",
-        ])
-        .err()
-        .unwrap();
-        assert!(
-            e.starts_with("-o no_posix_lock: not a supported option"),
-            "{e}"
-        );
-        let e = cli(&["-o", "cache=sometimes", "--shared-dir", "/s"])
-            .err()
-            .unwrap();
-        assert_eq!(e, "-o cache=sometimes: expected never, auto or always");
-        let e = cli(&["--shared-dir", "/s", "-o", "source=/t"])
-            .err()
-            .unwrap();
-        assert_eq!(e, "-o source=/t: the shared directory is already /s");
-        let e = cli(&["--shared-dir", "/s", "--thread-pool-size", "5000"])
-            .err()
-            .unwrap();
-        assert!(e.contains("5000") && e.contains("0..=1024"), "{e}");
     }
 }

@@ -499,9 +499,19 @@ fn drop_capabilities(last_cap: u32) -> io::Result<()> {
 }
 
 /// Raises the open-file limit: every inode the guest holds is an open fd.
-/// `wanted` None means as high as the system allows (`fs.nr_open`).
+/// `wanted` None means as high as the system allows (`fs.nr_open`); 0
+/// leaves the limit as it is (virtiofsd's `--rlimit-nofile 0`).
 /// Returns the soft limit now in force.
 pub fn raise_nofile_limit(wanted: Option<u64>) -> io::Result<u64> {
+    if wanted == Some(0) {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `lim` is a valid, writable rlimit.
+        cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+        return Ok(lim.rlim_cur);
+    }
     let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
@@ -534,6 +544,24 @@ pub fn raise_nofile_limit(wanted: Option<u64>) -> io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// virtiofsd's `--rlimit-nofile 0` leaves the limit unchanged; taken
+    /// as a limit it would leave the daemon no fd at all.
+    #[test]
+    fn an_open_file_limit_of_zero_leaves_the_limit_as_it_is() {
+        let read = || {
+            let mut lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: `lim` is a valid, writable rlimit.
+            assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+            (lim.rlim_cur, lim.rlim_max)
+        };
+        let before = read();
+        assert_eq!(raise_nofile_limit(Some(0)).unwrap(), before.0);
+        assert_eq!(read(), before);
+    }
 
     #[test]
     fn mountinfo_escapes_are_undone() {

@@ -654,3 +654,6 @@ mod http;
 /// The confined daemon seen from outside through /proc (needs root).
 #[path = "frontend/confinement.rs"]
 mod confinement;
+
+#[path = "frontend/kata.rs"]
+mod kata;

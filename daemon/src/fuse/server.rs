@@ -209,7 +209,7 @@ impl Server {
 
     pub(super) fn open_flags(&self) -> u32 {
         match self.fs.cache {
-            CachePolicy::Never => abi::FOPEN_DIRECT_IO,
+            CachePolicy::Never | CachePolicy::Metadata => abi::FOPEN_DIRECT_IO,
             CachePolicy::Auto => 0,
             CachePolicy::Always => abi::FOPEN_KEEP_CACHE,
         }
@@ -289,16 +289,19 @@ impl Server {
         // under it. Without it the guest checks first and truncates by SETATTR.
         let mut wanted = init::ASYNC_READ
             | init::BIG_WRITES
-            | init::DO_READDIRPLUS
-            | init::READDIRPLUS_AUTO
             | init::PARALLEL_DIROPS
             | init::MAX_PAGES
-            | init::HANDLE_KILLPRIV_V2
             | init::INIT_EXT;
+        if self.fs.readdirplus {
+            wanted |= init::DO_READDIRPLUS | init::READDIRPLUS_AUTO;
+        }
+        if self.fs.offer_killpriv_v2 {
+            wanted |= init::HANDLE_KILLPRIV_V2;
+        }
         match self.fs.cache {
             CachePolicy::Auto => wanted |= init::AUTO_INVAL_DATA,
             CachePolicy::Always => wanted |= init::CACHE_SYMLINKS,
-            CachePolicy::Never => {}
+            CachePolicy::Never | CachePolicy::Metadata => {}
         }
         let policy = self.policy.current();
         if self.dax.available() {

@@ -594,3 +594,30 @@ fn malformed_requests_get_errors_not_crashes() {
         -1
     );
 }
+
+/// virtiofsd's `--no-readdirplus`, `--no-killpriv-v2` and
+/// `--cache=metadata` (Kata's configuration accepts `metadata`).
+#[test]
+fn readdirplus_killpriv_v2_and_cache_metadata_change_what_is_offered() {
+    let mut rig = Rig::new(policy("{}"));
+    std::fs::write(rig.dir.as_path().join("f"), b"x").unwrap();
+    let asked = init::DO_READDIRPLUS | init::HANDLE_KILLPRIV_V2;
+    assert_eq!(rig.init_offering(asked).flags as u64 & asked, asked);
+    let open = abi::OpenIn {
+        flags: libc::O_RDONLY as u32,
+        ..Default::default()
+    };
+    let f = rig.lookup(ROOT_ID, "f").unwrap();
+    assert_eq!(f.entry_valid, 1, "auto: one second");
+    let out: abi::OpenOut = obj(&rig.ok(opcode::OPEN, f.nodeid, open.as_slice()));
+    assert_eq!(out.open_flags & abi::FOPEN_DIRECT_IO, 0);
+
+    rig.server.fs.readdirplus = false;
+    rig.server.fs.offer_killpriv_v2 = false;
+    rig.server.fs.cache = CachePolicy::Metadata;
+    assert_eq!(rig.init_offering(asked).flags as u64 & asked, 0);
+    let f = rig.lookup(ROOT_ID, "f").unwrap();
+    assert_eq!((f.entry_valid, f.attr_valid), (86_400, 86_400));
+    let out: abi::OpenOut = obj(&rig.ok(opcode::OPEN, f.nodeid, open.as_slice()));
+    assert_eq!(out.open_flags & abi::FOPEN_DIRECT_IO, abi::FOPEN_DIRECT_IO);
+}

@@ -37,6 +37,9 @@ pub use xattr::XattrMode;
 pub enum CachePolicy {
     /// No caching: attributes and entries expire at once, file I/O is direct.
     Never,
+    /// Attributes and entries cached as long as `Always`; file I/O is direct
+    /// (no page cache), as virtiofsd's `metadata`.
+    Metadata,
     /// Short timeouts; the page cache is dropped on open if the file changed.
     Auto,
     /// Long timeouts; the page cache is kept across opens.
@@ -48,7 +51,7 @@ impl CachePolicy {
         match self {
             CachePolicy::Never => Duration::ZERO,
             CachePolicy::Auto => Duration::from_secs(1),
-            CachePolicy::Always => Duration::from_secs(86_400),
+            CachePolicy::Metadata | CachePolicy::Always => Duration::from_secs(86_400),
         }
     }
 }
@@ -171,6 +174,10 @@ pub struct PassthroughFs {
     pub attrs_nodax: AtomicU64,
     /// `--announce-submounts`: offer FUSE_SUBMOUNTS at INIT.
     pub announce_submounts: bool,
+    /// Offer READDIRPLUS at INIT (not with `--no-readdirplus`).
+    pub readdirplus: bool,
+    /// Offer FUSE_HANDLE_KILLPRIV_V2 at INIT (not with `--no-killpriv-v2`).
+    pub offer_killpriv_v2: bool,
     /// The guest accepted FUSE_SUBMOUNTS at its last INIT.
     submounts_on: AtomicBool,
     /// `--xattr`: whether extended attributes are served at all.
@@ -243,6 +250,8 @@ impl PassthroughFs {
             attrs_dax: AtomicU64::new(0),
             attrs_nodax: AtomicU64::new(0),
             announce_submounts: false,
+            readdirplus: true,
+            offer_killpriv_v2: true,
             submounts_on: AtomicBool::new(false),
             xattr: XattrMode::Off,
             limits: Limits::default(),
