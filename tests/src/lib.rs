@@ -9,6 +9,7 @@
 pub mod ch_client;
 pub mod cpio;
 pub mod host;
+pub mod kata;
 pub mod kernel;
 pub mod monitor;
 pub mod results;
