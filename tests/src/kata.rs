@@ -37,6 +37,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
+pub mod conn;
+
 /// `configuration.go` `UserAgent` of the generated client.
 pub const USER_AGENT: &str = "OpenAPI-Generator/1.0.0/go";
 /// `kata_agent.go` `mountGuestTag`: the tag of the shared directory.
@@ -296,7 +298,7 @@ fn write_go_string(s: &str, out: &mut String) {
 pub struct Request {
     pub method: &'static str,
     /// e.g. `vm.info`.
-    pub call: &'static str,
+    pub call: String,
     /// The call returns a body: `Accept: application/json`.
     pub accept_json: bool,
     /// The JSON body (without Go's trailing newline); sent with
@@ -348,7 +350,12 @@ pub fn vm_info() -> Request {
 
 /// `CreateVM` with the sandbox's VmConfig.
 pub fn vm_create(sandbox: &Sandbox) -> Request {
-    put("vm.create", Some(go_json(&sandbox.vm_config())))
+    vm_create_with_body(go_json(&sandbox.vm_config()))
+}
+
+/// `CreateVM` with a VmConfig already in Go's JSON (no trailing newline).
+pub fn vm_create_with_body(body: String) -> Request {
+    put("vm.create", Some(body))
 }
 
 /// `BootVM`.
@@ -373,19 +380,19 @@ pub fn vmm_shutdown() -> Request {
 
 /// Another GET that returns JSON, written as the generated client writes
 /// vm.info (e.g. `vm.counters`).
-pub fn get(call: &'static str) -> Request {
+pub fn get(call: &str) -> Request {
     Request {
         method: "GET",
-        call,
+        call: call.into(),
         accept_json: true,
         body: None,
     }
 }
 
-fn put(call: &'static str, body: Option<String>) -> Request {
+fn put(call: &str, body: Option<String>) -> Request {
     Request {
         method: "PUT",
-        call,
+        call: call.into(),
         accept_json: false,
         body,
     }
@@ -485,5 +492,4 @@ fn field_u64(obj: &Value, key: &str, at: &str) -> Result<u64, String> {
 }
 
 #[cfg(test)]
-#[path = "kata_tests.rs"]
 mod tests;
