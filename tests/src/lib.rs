@@ -10,6 +10,7 @@ pub mod ch_client;
 pub mod cpio;
 pub mod host;
 pub mod images;
+pub mod kata;
 pub mod kernel;
 pub mod monitor;
 pub mod results;

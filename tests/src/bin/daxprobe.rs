@@ -30,6 +30,9 @@
 //! daxprobe roundtrip DAX_FILE FUSE_FILE PASSES  cold first touch per 2 MiB range (one
 //!                                        SETUPMAPPING) against 4 KiB O_DIRECT preads (one
 //!                                        FUSE READ); prints median/p90 µs (daxprobe/roundtrip.rs)
+//! daxprobe kata-replay SOCKET SCRIPT   Kata's sandbox start, as its Go runtime sends it, on one
+//!                                        kept-alive connection; prints "@@HOST kata_<step>=..."
+//!                                        per request (see daxprobe/kata_replay.rs)
 //! daxprobe power-button                  waits for the ACPI power button's KEY_POWER (evdev);
 //!                                        prints "pressed" (exit 0)
 //! daxprobe vsock-serve|vsock-connect|unix-serve|hybrid-connect ...
@@ -50,6 +53,8 @@ use std::time::Instant;
 
 #[path = "daxprobe/kata_net.rs"]
 mod kata_net;
+#[path = "daxprobe/kata_replay.rs"]
+mod kata_replay;
 #[path = "daxprobe/vsock.rs"]
 mod vsock;
 #[path = "daxprobe/window_io.rs"]
@@ -437,11 +442,12 @@ fn main() {
         ["http", socket, method, path, body] => http(socket, method, path, body),
         ["sse", socket, path] => sse_counts(socket, path),
         ["kata-add-net", socket, tap, body] => kata_net::add_net(socket, tap, body),
+        ["kata-replay", socket, script] => kata_replay::replay(socket, script),
         ["power-button"] => power_button(),
         ["vsock-serve", port, reply, count] => vsock::vsock_serve(port, reply, count),
         ["vsock-connect", cid, port, bytes] => vsock::vsock_connect(cid, port, bytes),
         ["unix-serve", path, reply] => vsock::unix_serve(path, reply),
         ["hybrid-connect", socket, port, bytes] => vsock::hybrid_connect(socket, port, bytes),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | window-io | bench | mktree | readtree | http | sse | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect)".into()),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect)".into()),
     }
 }

@@ -43,13 +43,16 @@ fn open_tap(name: &str) -> OwnedFd {
 }
 
 pub fn add_net(socket: &str, tap: &str, body: &str) {
+    let (status, body) = add_net_exchange(socket, tap, body);
+    println!("status={status} body={body}");
+}
+
+/// Sends vm.add-net with the tap's fd on a fresh connection; returns the
+/// answer's status and body.
+pub fn add_net_exchange(socket: &str, tap: &str, body: &str) -> (String, String) {
     let tap = open_tap(tap);
     let s = UnixStream::connect(socket).unwrap_or_else(|e| fail(format!("{socket}: {e}")));
-    let request = format!(
-        "PUT /api/v1/vm.add-net HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n\
-         Content-Length: {}\r\nContent-Type: application/json\r\n\r\n{body}",
-        body.len()
-    );
+    let request = guest_tests::kata::add_net_request(body);
     let mut control = [0u64; 4];
     let iov = [std::io::IoSlice::new(request.as_bytes())];
     // SAFETY: msghdr is plain data; the control buffer holds CMSG_SPACE of
@@ -88,8 +91,7 @@ pub fn add_net(socket: &str, tap: &str, body: &str) {
                 .unwrap_or(0);
             if rest.len() >= len {
                 let status = head.split(' ').nth(1).unwrap_or("0");
-                println!("status={status} body={}", &rest[..len]);
-                return;
+                return (status.to_string(), rest[..len].to_string());
             }
         }
         let n = s
