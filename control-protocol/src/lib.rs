@@ -20,6 +20,16 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// Where dax-virtiofsd serves its control socket unless told otherwise,
+/// and where the VMM looks for it when an fs device names none:
+/// `<vhost-user socket>.control`. Kata Containers' driver has no field
+/// for a control socket, so this is how its VMs get one.
+pub fn default_control_socket(vhost_user_socket: &std::path::Path) -> std::path::PathBuf {
+    let mut p = vhost_user_socket.as_os_str().to_owned();
+    p.push(".control");
+    p.into()
+}
+
 pub const POLICY: &str = "/api/v1/policy";
 pub const STATS: &str = "/api/v1/stats";
 pub const ADAPTIVE_EVENTS: &str = "/api/v1/adaptive/events";

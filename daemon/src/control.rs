@@ -254,6 +254,36 @@ pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ControlErro
     control_protocol::listener::bind_owner_only(path).map_err(|(_, e)| err(e))
 }
 
+/// Binds the control socket nobody asked for by name
+/// ([`control_protocol::default_control_socket`]).
+/// Nothing here is worth failing the daemon for: a path taken by anything
+/// but a socket, or too long for a socket address, is left alone and the
+/// daemon serves without a control socket, saying so.
+pub fn bind_default(vhost_user_socket: &Path) -> Option<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    let path = control_protocol::default_control_socket(vhost_user_socket);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if !m.file_type().is_socket() => {
+            log::warn!(
+                "no control socket: {} exists and is not a socket (give --control-socket PATH)",
+                path.display()
+            );
+            return None;
+        }
+        _ => {}
+    }
+    match bind(&path) {
+        Ok(l) => {
+            log::info!("control socket at {}", path.display());
+            Some(l)
+        }
+        Err(e) => {
+            log::warn!("no control socket: {e} (give --control-socket PATH)");
+            None
+        }
+    }
+}
+
 /// Serves the control API on a thread of its own until the process exits.
 pub fn serve(
     listener: std::os::unix::net::UnixListener,
@@ -286,4 +316,41 @@ pub fn serve(
             });
         })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileTypeExt;
+
+    #[test]
+    fn the_default_control_socket_is_bound_beside_the_vhost_user_socket() {
+        let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+        let vhost = dir.as_path().join("vhost-fs.sock");
+        let listener = bind_default(&vhost).expect("bound");
+        let path = dir.as_path().join("vhost-fs.sock.control");
+        assert!(std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_socket());
+        std::os::unix::net::UnixStream::connect(&path).expect("it listens there");
+        // A stale one (its daemon gone) is replaced.
+        drop(listener);
+        assert!(bind_default(&vhost).is_some());
+    }
+
+    #[test]
+    fn a_file_in_the_default_place_is_left_alone_and_no_control_socket_served() {
+        let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+        let vhost = dir.as_path().join("s");
+        std::fs::write(dir.as_path().join("s.control"), b"keep me").unwrap();
+        assert!(bind_default(&vhost).is_none());
+        assert_eq!(
+            std::fs::read(dir.as_path().join("s.control")).unwrap(),
+            b"keep me"
+        );
+        // Too long for a socket address: no control socket, no error.
+        let long = dir.as_path().join("x".repeat(120));
+        assert!(bind_default(&long).is_none());
+    }
 }

@@ -68,6 +68,13 @@ fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     // The socket is bound before the sandbox closes the host's paths off.
     // An inherited one (--fd) is not: its file is the caller's to remove.
+    let socket_file = match (&inherited, &cli.socket_path) {
+        (Some(l), _) => l
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_pathname().map(Path::to_path_buf)),
+        (None, path) => path.clone(),
+    };
     let (mut listener, listening_on) = match (inherited, &cli.socket_path) {
         (Some(l), _) => (Listener::from(l), format!("fd {}", cli.fd.unwrap_or(-1))),
         (None, Some(path)) => (
@@ -77,12 +84,11 @@ fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
         ),
         (None, None) => return Err("--socket-path PATH or --fd N is required".into()),
     };
-    let control = cli
-        .control_socket
-        .as_deref()
-        .map(daemon::control::bind)
-        .transpose()
-        .map_err(|e| e.to_string())?;
+    let control = match (&cli.control_socket, cli.no_control_socket) {
+        (Some(path), _) => Some(daemon::control::bind(path).map_err(|e| e.to_string())?),
+        (None, true) => None,
+        (None, false) => socket_file.as_deref().and_then(daemon::control::bind_default),
+    };
     // Before the sandbox: it needs the host's view of the mounts.
     let host_fs = daemon::host_fs::HostFs::probe(&shared_dir);
     log::info!(

@@ -527,7 +527,7 @@ impl ControlLoop {
                 let info = running.iter().find(|i| i.id == f.id);
                 FsDaxStatus {
                     id: f.id.clone(),
-                    control_socket: f.control_socket.clone(),
+                    control_socket: f.effective_control_socket(),
                     window: info.filter(|_| with_window_stats).and_then(window_stats),
                     window_location: info.and_then(window_location),
                     failed: info

@@ -136,9 +136,14 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub dax_policy: Option<PathBuf>,
     /// Control socket (HTTP/1.1 + JSON, mode 0600) for reading and replacing
-    /// the DAX policy while the guest runs; see docs/virtiofs.md.
-    #[arg(long, value_name = "PATH")]
+    /// the DAX policy while the guest runs; see docs/virtiofs.md. Default:
+    /// `<vhost-user socket>.control`, the path the VMM looks for when its
+    /// fs device names none (so Kata, which cannot name one, gets it).
+    #[arg(long, value_name = "PATH", conflicts_with = "no_control_socket")]
     pub control_socket: Option<PathBuf>,
+    /// Serve no control socket.
+    #[arg(long)]
+    pub no_control_socket: bool,
     /// Window size to declare, overriding the policy's cache_size (K/M/G suffixes).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub cache_size: Option<u64>,

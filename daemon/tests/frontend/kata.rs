@@ -191,6 +191,20 @@ fn kata_go_runtime_starts_the_daemon_on_fd_3_with_syslog_and_ends_it_with_sigkil
     assert_eq!(obj::<abi::EntryOut>(&p).attr.size, 13);
     assert_eq!(obj::<abi::EntryOut>(&p).entry_valid, 1, "--cache=auto");
 
+    // Kata names no control socket: the daemon serves one beside the
+    // inherited socket, where the VMM looks when its fs device names none.
+    let control = control_protocol::default_control_socket(&socket);
+    let mut c = std::os::unix::net::UnixStream::connect(&control)
+        .unwrap_or_else(|e| panic!("{}: {e}", control.display()));
+    std::io::Write::write_all(
+        &mut c,
+        b"GET /api/v1/stats HTTP/1.1\r\nHost: d\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut c, &mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
     // Records from before the sandbox and from the serving process in it,
     // under its seccomp filter, all with the pid Kata knows.
     let records = syslog_records(&syslogd);

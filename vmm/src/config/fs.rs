@@ -56,6 +56,21 @@ pub const FS_KEYS: &[&str] = &[
 ];
 
 impl FsConfig {
+    /// The daemon's control socket: the one given, else the one
+    /// dax-virtiofsd serves by default beside its vhost-user socket if a
+    /// socket is there now (a daemon without one, such as virtiofsd, has
+    /// none, and policy pushes say so).
+    pub fn effective_control_socket(&self) -> Option<PathBuf> {
+        use std::os::unix::fs::FileTypeExt;
+        if let Some(given) = &self.control_socket {
+            return Some(given.clone());
+        }
+        let default = control_protocol::default_control_socket(&self.socket);
+        std::fs::symlink_metadata(&default)
+            .is_ok_and(|m| m.file_type().is_socket())
+            .then_some(default)
+    }
+
     pub fn parse(input: &str, index: usize) -> Result<Self, ConfigError> {
         Self::from_values(&OptionValues::parse("fs", input, FS_KEYS)?, index)
     }
@@ -165,6 +180,23 @@ mod tests {
             .to_string()
             .contains("dax_prefault"));
         assert!(!FsConfig::parse("tag=t,socket=s,dax=off", 0).unwrap().dax);
+    }
+
+    #[test]
+    fn the_control_socket_is_the_given_one_or_the_daemons_default_if_there() {
+        let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+        let socket = dir.as_path().join("vhost-fs.sock");
+        let input = format!("tag=t,socket={}", socket.display());
+        let c = FsConfig::parse(&input, 0).unwrap();
+        assert_eq!(c.effective_control_socket(), None, "nothing there yet");
+        let default = dir.as_path().join("vhost-fs.sock.control");
+        std::fs::write(&default, b"").unwrap();
+        assert_eq!(c.effective_control_socket(), None, "not a socket");
+        std::fs::remove_file(&default).unwrap();
+        let _daemon = std::os::unix::net::UnixListener::bind(&default).unwrap();
+        assert_eq!(c.effective_control_socket(), Some(default));
+        let given = FsConfig::parse(&format!("{input},control_socket=/c"), 0).unwrap();
+        assert_eq!(given.effective_control_socket(), Some(PathBuf::from("/c")));
     }
 
     #[test]
