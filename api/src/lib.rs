@@ -214,7 +214,7 @@ pub fn control_socket_of(devices: &[FsDaxStatus], id: &str) -> Result<PathBuf, A
         .ok_or_else(|| ApiError::not_found(format!("no fs device with id \"{id}\"")))?;
     dev.control_socket.clone().ok_or_else(|| {
         ApiError::conflict(format!(
-            "fs device \"{id}\" has no control_socket: give the daemon --control-socket and the device control_socket=<path>"
+            "fs device \"{id}\" has no control socket: the device names none (control_socket=<path>) and no socket is at <its socket>.control, where dax-virtiofsd serves one unless started with --no-control-socket"
         ))
     })
 }
