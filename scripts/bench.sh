@@ -12,6 +12,10 @@
 #   bench.sh roundtrip   one SETUPMAPPING against one 4 KiB FUSE READ, in the
 #                        guest, with the daemon's and the VMM's map latency
 #                        (target/rig-results/roundtrip-bench.md)
+#   bench.sh devices     virtio-blk (fio) and virtio-net (iperf3) throughput of
+#                        the same guest under our VMM and, with
+#                        BASELINE_VMM=/path/to/cloud-hypervisor, under Cloud
+#                        Hypervisor, alternating (target/rig-results/devices-bench.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +25,11 @@ if ! [ -e /usr/lib/x86_64-linux-gnu/libseccomp.a ] || ! [ -e /usr/lib/x86_64-lin
     apt-get install -y --no-install-recommends libseccomp-dev libcap-ng-dev
 fi
 case "${1:-}" in
+    devices)
+        # Debian's, copied into the guests with their shared libraries.
+        command -v fio >/dev/null && command -v iperf3 >/dev/null ||
+            $([ "$(id -u)" -eq 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends fio iperf3
+        exec cargo run --release --locked -q -p guest-tests --bin bench-devices ;;
     density | windowcost) exec cargo run --release --locked -q -p guest-tests --bin bench-density -- "$1" ;;
     roundtrip) exec cargo run --release --locked -q -p guest-tests --bin bench-roundtrip ;;
 esac

@@ -87,7 +87,9 @@ fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
     let control = match (&cli.control_socket, cli.no_control_socket) {
         (Some(path), _) => Some(daemon::control::bind(path).map_err(|e| e.to_string())?),
         (None, true) => None,
-        (None, false) => socket_file.as_deref().and_then(daemon::control::bind_default),
+        (None, false) => socket_file
+            .as_deref()
+            .and_then(daemon::control::bind_default),
     };
     // Before the sandbox: it needs the host's view of the mounts.
     let host_fs = daemon::host_fs::HostFs::probe(&shared_dir);

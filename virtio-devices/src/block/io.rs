@@ -216,7 +216,7 @@ fn queue_thread(
             }
         }
         // After completions too: chains left waiting while the pool was full.
-        match serve_available(
+        match serve_until_idle(
             &shared,
             &mut queue,
             &guard,
@@ -239,6 +239,32 @@ fn queue_thread(
         }
         Flow::Continue
     })
+}
+
+/// [`serve_available`] with the guest's kicks off meanwhile: the guest
+/// does not kick for chains it publishes while this thread is serving
+/// (with EVENT_IDX it kicks only past the index this thread last asked
+/// for). Before returning, kicks are turned back on and chains that came
+/// in the meantime are served, unless `limit` requests are in flight: a
+/// completion brings the thread back then, and turns them on.
+fn serve_until_idle(
+    shared: &Shared,
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    completions: &Arc<Completions>,
+    jobs: &Sender<Job>,
+    in_flight: &mut usize,
+    limit: usize,
+) -> Result<usize, String> {
+    let ring = |e: virtio_queue::Error| format!("notification flags: {e:?}");
+    let mut used = 0;
+    loop {
+        queue.disable_notification(mem).map_err(ring)?;
+        used += serve_available(shared, queue, mem, completions, jobs, in_flight, limit)?;
+        if *in_flight >= limit || !queue.enable_notification(mem).map_err(ring)? {
+            return Ok(used);
+        }
+    }
 }
 
 /// Parses available chains while fewer than `limit` are in flight: valid
@@ -299,22 +325,20 @@ mod tests {
     use std::sync::mpsc::channel;
 
     use virtio_bindings::virtio_blk::VIRTIO_BLK_T_FLUSH;
-    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use virtio_bindings::virtio_ring::{
+        VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY,
+    };
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
 
     use super::*;
     use crate::block::request::{DiskLimits, SECTOR_SIZE};
 
-    /// Three flush requests published at once: with room for two in the
-    /// pool, two are handed over and the third waits in the ring until a
-    /// completion makes room (a driver cannot queue more than that).
-    #[test]
-    fn requests_in_flight_never_exceed_the_limit() {
+    fn shared() -> Shared {
         let t = vmm_sys_util::tempfile::TempFile::new().unwrap();
         std::fs::write(t.as_path(), vec![0u8; 4096]).unwrap();
         let disk = DiskFile::open(t.as_path(), false, false).unwrap();
-        let shared = Shared {
+        Shared {
             name: "test".into(),
             limits: DiskLimits {
                 capacity: 4096 / SECTOR_SIZE,
@@ -328,13 +352,16 @@ mod tests {
             disk: Arc::new(disk),
             serial: [0; ID_BYTES],
             counters: DeviceCounters::new(&COUNTER_NAMES),
-        };
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
-        let vq = MockSplitQueue::new(&mem, 16);
+        }
+    }
+
+    /// `count` flush requests published at once on a queue of 16.
+    fn flushes(mem: &GuestMemoryMmap, count: u16) -> MockSplitQueue<'_, GuestMemoryMmap> {
+        let vq = MockSplitQueue::new(mem, 16);
         mem.write_obj(VIRTIO_BLK_T_FLUSH, GuestAddress(0x1000))
             .unwrap();
         let mut descs = Vec::new();
-        for i in 0..3u16 {
+        for i in 0..count {
             let (n, w) = (VRING_DESC_F_NEXT as u16, VRING_DESC_F_WRITE as u16);
             descs.push(RawDescriptor::from(SplitDescriptor::new(
                 0x1000,
@@ -350,11 +377,26 @@ mod tests {
             )));
         }
         vq.build_multiple_desc_chains(&descs).unwrap();
-        let mut queue: Queue = vq.create_queue().unwrap();
-        let completions = Arc::new(Completions {
+        vq
+    }
+
+    fn completions() -> Arc<Completions> {
+        Arc::new(Completions {
             done: Mutex::new(Vec::new()),
             ready: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
-        });
+        })
+    }
+
+    /// Three flush requests published at once: with room for two in the
+    /// pool, two are handed over and the third waits in the ring until a
+    /// completion makes room (a driver cannot queue more than that).
+    #[test]
+    fn requests_in_flight_never_exceed_the_limit() {
+        let shared = shared();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+        let vq = flushes(&mem, 3);
+        let mut queue: Queue = vq.create_queue().unwrap();
+        let completions = completions();
         let (tx, rx) = channel();
         let mut in_flight = 0;
         let serve = |queue: &mut Queue, in_flight: &mut usize| {
@@ -379,5 +421,51 @@ mod tests {
             (2, 1),
             "the third one now"
         );
+    }
+
+    /// Without EVENT_IDX the device turns the guest's kicks off with the
+    /// used ring's NO_NOTIFY flag while it serves. Once idle with room in
+    /// the pool, they are back on; with the pool full they stay off (a
+    /// completion will serve the ring anyway), and the next pass with room
+    /// turns them on again.
+    #[test]
+    fn kicks_are_off_while_serving_and_back_on_when_idle() {
+        let shared = shared();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+        let vq = flushes(&mem, 3);
+        let mut queue: Queue = vq.create_queue().unwrap();
+        let completions = completions();
+        let (tx, rx) = channel();
+        let used_flags = || mem.read_obj::<u16>(vq.used_addr()).unwrap();
+        let no_notify = VRING_USED_F_NO_NOTIFY as u16;
+        let mut in_flight = 0;
+        serve_until_idle(
+            &shared,
+            &mut queue,
+            &mem,
+            &completions,
+            &tx,
+            &mut in_flight,
+            2,
+        )
+        .unwrap();
+        assert_eq!((in_flight, rx.try_iter().count()), (2, 2));
+        assert_eq!(used_flags(), no_notify, "pool full: kicks stay off");
+        in_flight = 0; // both completed
+        serve_until_idle(
+            &shared,
+            &mut queue,
+            &mem,
+            &completions,
+            &tx,
+            &mut in_flight,
+            2,
+        )
+        .unwrap();
+        assert_eq!((in_flight, rx.try_iter().count()), (1, 1));
+        assert_eq!(used_flags(), 0, "idle with room: kicks on");
+        // A chain published after the device went idle is found on the
+        // next kick, and the flag is still 0 afterwards.
+        assert!(!queue.enable_notification(&mem).unwrap());
     }
 }

@@ -16,6 +16,8 @@ use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES,
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::QueueT;
 use vm_memory::GuestMemoryAtomic;
 
 use crate::device::{
@@ -129,7 +131,13 @@ impl VirtioDevice for Block {
 
     fn features(&self) -> u64 {
         let l = &self.shared.limits;
+        // EVENT_IDX: the guest kicks and is interrupted once per batch,
+        // not per request (see io.rs). INDIRECT_DESC: a request takes one
+        // ring slot whatever its segments (a 1 MiB request of 4 KiB pages
+        // would otherwise fill a 128-slot ring by itself).
         let mut f = (1 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_RING_F_EVENT_IDX)
+            | (1 << VIRTIO_RING_F_INDIRECT_DESC)
             | (1 << VIRTIO_BLK_F_SEG_MAX)
             | (1 << VIRTIO_BLK_F_BLK_SIZE)
             | (1 << VIRTIO_BLK_F_FLUSH);
@@ -165,6 +173,11 @@ impl VirtioDevice for Block {
                 got: queues.len(),
                 needed: self.queue_sizes.len(),
             });
+        }
+        let event_idx = self.acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        let mut queues = queues;
+        for q in &mut queues {
+            q.queue.set_event_idx(event_idx);
         }
         // The previous threads (if any) finish before new ones start.
         self.running = None;

@@ -14,7 +14,7 @@ use virtio_bindings::virtio_net::{
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -221,4 +221,113 @@ fn frames_move_both_ways_through_the_devices_thread() {
             ("tx_dropped", 0)
         ]
     );
+}
+
+/// With EVENT_IDX the guest kicks only at the ring index the device last
+/// asked for (the used ring's `avail_event`, 0 until the device writes it):
+/// after sending a frame the device asks for the next TX chain, and once a
+/// frame waits with no RX buffer it asks for the next RX buffer — which,
+/// added and kicked, gets the frame.
+#[test]
+fn with_event_idx_the_device_asks_for_the_next_kicks() {
+    use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+    let (mut net, _tap, peer) = device(None, header::OFFLOAD_FEATURES);
+    assert_ne!(net.features() & (1 << VIRTIO_RING_F_EVENT_IDX), 0);
+    net.ack_features((1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_RING_F_EVENT_IDX));
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap();
+    let size = 16u16;
+    let rxq = MockSplitQueue::create(&mem, GuestAddress(0), size);
+    let txq = MockSplitQueue::create(&mem, GuestAddress(0x10_0000), size);
+    // The mock lays its used ring over the avail ring's `used_event`:
+    // each queue's used ring goes a page further instead.
+    let (rx_used, tx_used) = (GuestAddress(0x8000), GuestAddress(0x10_8000));
+    let relocated = |q: &MockSplitQueue<GuestMemoryMmap>, used: GuestAddress| {
+        let mut queue = q.create_queue::<Queue>().unwrap();
+        queue.set_used_ring_address(Some(used.0 as u32), Some(0));
+        queue
+    };
+    let avail_event = |used: GuestAddress| {
+        mem.read_obj::<u16>(used.unchecked_add(4 + 8 * u64::from(size)))
+            .unwrap()
+    };
+    rxq.build_multiple_desc_chains(&[desc(0x20_0000, 2048, VRING_DESC_F_WRITE, 0)])
+        .unwrap();
+    let mut frame = VnetHeader::default().to_bytes().to_vec();
+    frame.extend_from_slice(b"a frame");
+    mem.write_slice(&frame, GuestAddress(0x30_0000)).unwrap();
+    txq.build_multiple_desc_chains(&[desc(0x30_0000, frame.len() as u32, 0, 0)])
+        .unwrap();
+    let (rx_kick, tx_kick) = (
+        EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+        EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+    );
+    let (itx, irx) = channel();
+    net.activate(
+        GuestMemoryAtomic::new(mem.clone()),
+        Arc::new(TestInterrupt(Mutex::new(itx))),
+        vec![
+            ActivatedQueue {
+                index: 0,
+                queue: relocated(&rxq, rx_used),
+                kick: rx_kick.try_clone().unwrap(),
+            },
+            ActivatedQueue {
+                index: 1,
+                queue: relocated(&txq, tx_used),
+                kick: tx_kick.try_clone().unwrap(),
+            },
+        ],
+    )
+    .unwrap();
+    tx_kick.write(1).unwrap();
+    assert_eq!(
+        irx.recv_timeout(Duration::from_secs(5)).unwrap(),
+        Interrupt::Queue(1)
+    );
+    let mut buf = [0u8; 64];
+    let n = peer.recv(&mut buf).unwrap();
+    assert_eq!(&buf[12..n], b"a frame");
+    assert_eq!(avail_event(tx_used), 1, "the next TX chain is asked for");
+
+    // Two frames, one buffer: the first is delivered, the second waits
+    // and the device asks for a kick at the next buffer.
+    peer.send(&frame).unwrap();
+    peer.send(&frame).unwrap();
+    assert_eq!(
+        irx.recv_timeout(Duration::from_secs(5)).unwrap(),
+        Interrupt::Queue(0)
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while avail_event(rx_used) != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "RX avail_event stayed {}",
+            avail_event(rx_used)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The guest wants an interrupt once used entry 1 is in (`used_event`;
+    // left at 0 it would ask for none after the first, which the device
+    // honours too), adds a buffer at ring slot 1 and kicks, as Linux would.
+    let avail = rxq.avail_addr();
+    mem.write_obj(1u16, avail.unchecked_add(4 + 2 * u64::from(size)))
+        .unwrap();
+    let chain = desc(0x21_0000, 2048, VRING_DESC_F_WRITE, 0);
+    mem.write_obj(chain, rxq.desc_table_addr().unchecked_add(16))
+        .unwrap();
+    mem.write_obj(1u16, avail.unchecked_add(4 + 2)).unwrap();
+    mem.write_obj(2u16, avail.unchecked_add(2)).unwrap();
+    rx_kick.write(1).unwrap();
+    assert_eq!(
+        irx.recv_timeout(Duration::from_secs(5)).unwrap(),
+        Interrupt::Queue(0)
+    );
+    let mut got = vec![0u8; frame.len()];
+    mem.read_slice(&mut got, GuestAddress(0x21_0000)).unwrap();
+    assert_eq!(
+        got[12..],
+        frame[12..],
+        "the waiting frame reached the new buffer"
+    );
+    assert!(net.reset());
 }

@@ -21,6 +21,8 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_MAC, VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::QueueT;
 use vm_memory::GuestMemoryAtomic;
 
 use crate::device::{
@@ -137,7 +139,10 @@ impl VirtioDevice for Net {
     }
 
     fn features(&self) -> u64 {
+        // EVENT_IDX: the guest kicks and is interrupted once per batch
+        // (see worker.rs).
         let mut f = (1 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_RING_F_EVENT_IDX)
             | (1 << VIRTIO_NET_F_MAC)
             | (1 << VIRTIO_NET_F_STATUS)
             | self.offloads;
@@ -178,9 +183,12 @@ impl VirtioDevice for Net {
         })?;
         let mut queues = queues.into_iter();
         let (rx, tx) = (queues.next(), queues.next());
-        let (Some(rx), Some(tx)) = (rx, tx) else {
+        let (Some(mut rx), Some(mut tx)) = (rx, tx) else {
             unreachable!("two queues were counted");
         };
+        let event_idx = self.acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        rx.queue.set_event_idx(event_idx);
+        tx.queue.set_event_idx(event_idx);
         let io: Arc<dyn FrameIo> = Arc::new(TapFrames(self.tap.clone()));
         self.worker = Some(PairWorker::spawn(
             NET_WORKER_THREAD,

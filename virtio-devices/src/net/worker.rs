@@ -129,27 +129,49 @@ impl Pair {
         self.published = self.counters;
     }
 
-    /// Delivers what the tap has; false when the queue broke.
+    /// Delivers what the tap has; false when the queue broke. The guest's
+    /// RX kicks are off meanwhile: they are needed only once its buffers
+    /// ran out, and then turned on (with EVENT_IDX: asked for at the next
+    /// buffer) before the thread waits for one.
     fn receive(&mut self, l: &EventLoop) -> bool {
         let guard = self.mem.memory();
-        let (progress, used, drop) =
-            match self
-                .rx_path
-                .process(&mut self.rx, &*guard, &*self.io, &mut self.counters)
-            {
-                Ok(r) => r,
+        let mut used = 0;
+        let progress = loop {
+            if let Err(e) = self.rx.disable_notification(&*guard) {
+                crate::error_limited!("{}: RX queue stopped: {e:?}", self.device);
+                return false;
+            }
+            let (progress, n, drop) =
+                match self
+                    .rx_path
+                    .process(&mut self.rx, &*guard, &*self.io, &mut self.counters)
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        crate::error_limited!("{}: RX queue stopped: {e:?}", self.device);
+                        return false;
+                    }
+                };
+            used += n;
+            if let Some(e) = drop {
+                crate::warn_limited!(
+                    "{}: RX frame dropped: {e} ({} dropped so far)",
+                    self.device,
+                    self.counters.rx_dropped
+                );
+            }
+            if progress != RxProgress::NoBuffers {
+                break progress;
+            }
+            match self.rx.enable_notification(&*guard) {
+                Ok(true) => continue, // buffers came in meanwhile
+                Ok(false) => break progress,
                 Err(e) => {
                     crate::error_limited!("{}: RX queue stopped: {e:?}", self.device);
                     return false;
                 }
-            };
-        if let Some(e) = drop {
-            crate::warn_limited!(
-                "{}: RX frame dropped: {e} ({} dropped so far)",
-                self.device,
-                self.counters.rx_dropped
-            );
-        }
+            }
+        };
         // Stop reading the tap while a frame waits for a buffer; the
         // guest's next RX kick brings us back.
         let watch = progress != RxProgress::NoBuffers;
@@ -167,28 +189,46 @@ impl Pair {
         self.notify(used, true)
     }
 
-    /// Sends what the guest queued; false when the queue broke.
+    /// Sends what the guest queued, TX kicks off meanwhile (the guest
+    /// does not kick for frames it queues while this runs); false when the
+    /// queue broke.
     fn transmit(&mut self) -> bool {
         let guard = self.mem.memory();
-        let (used, drop) = match self.tx_path.process(
-            &mut self.tx,
-            &*guard,
-            &*self.io,
-            self.acked,
-            &mut self.counters,
-        ) {
-            Ok(r) => r,
-            Err(e) => {
+        let mut used = 0;
+        loop {
+            if let Err(e) = self.tx.disable_notification(&*guard) {
                 crate::error_limited!("{}: TX queue stopped: {e:?}", self.device);
                 return false;
             }
-        };
-        if let Some(e) = drop {
-            crate::warn_limited!(
-                "{}: TX frame dropped: {e} ({} dropped so far)",
-                self.device,
-                self.counters.tx_dropped
-            );
+            let (n, drop) = match self.tx_path.process(
+                &mut self.tx,
+                &*guard,
+                &*self.io,
+                self.acked,
+                &mut self.counters,
+            ) {
+                Ok(r) => r,
+                Err(e) => {
+                    crate::error_limited!("{}: TX queue stopped: {e:?}", self.device);
+                    return false;
+                }
+            };
+            used += n;
+            if let Some(e) = drop {
+                crate::warn_limited!(
+                    "{}: TX frame dropped: {e} ({} dropped so far)",
+                    self.device,
+                    self.counters.tx_dropped
+                );
+            }
+            match self.tx.enable_notification(&*guard) {
+                Ok(true) => {} // frames came in meanwhile
+                Ok(false) => break,
+                Err(e) => {
+                    crate::error_limited!("{}: TX queue stopped: {e:?}", self.device);
+                    return false;
+                }
+            }
         }
         self.notify(used, false)
     }
