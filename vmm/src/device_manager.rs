@@ -28,7 +28,7 @@ use vm_memory::GuestMemoryAtomic;
 
 use crate::arch::x86_64::layout;
 use crate::config::{
-    DiskConfig, FsConfig, NetConfig, PmemConfig, Transport, VmConfig, VsockConfig,
+    DiskConfig, FsConfig, MemoryConfig, NetConfig, PmemConfig, Transport, VmConfig, VsockConfig,
 };
 use crate::devices::activator::DeviceActivator;
 use crate::devices::device_memory::{AddressSpace, Area, MemorySlot, SlotNumbers};
@@ -102,10 +102,11 @@ impl DeviceManager {
         pio: &Bus,
         mmio: &Arc<Bus>,
         mem: GuestMemoryAtomic<GuestMemoryMmap>,
-        ram_size: u64,
+        memory: &MemoryConfig,
         ged: GedHandle,
     ) -> Result<Self, VmError> {
-        let space = Arc::new(Mutex::new(AddressSpace::new(ram_size)));
+        let (ram_size, hotplug_size) = (memory.size, memory.hotplug_size.unwrap_or(0));
+        let space = Arc::new(Mutex::new(AddressSpace::new(ram_size, hotplug_size)));
         let limit = kvm.check_extension_int(Cap::NrMemslots).max(0) as u32;
         let slots = SlotNumbers::new(limit);
         let activator = DeviceActivator::start()?;
@@ -116,7 +117,7 @@ impl DeviceManager {
             &mem,
             space.clone(),
             slots.clone(),
-            layout::device_memory_start(ram_size),
+            layout::device_memory_start(ram_size, hotplug_size),
             activator.activator(),
         )?;
         let hotplug = PciHotplug::new()?;

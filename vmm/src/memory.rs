@@ -137,6 +137,7 @@ mod tests {
             size: 64 << 20,
             shared: true,
             hugepages: false,
+            hotplug_size: None,
         };
         let mem = create_guest_memory(&cfg).unwrap();
         assert_eq!(mem.num_regions(), 1);
@@ -183,6 +184,7 @@ mod tests {
                 size: 32 << 20,
                 shared,
                 hugepages: false,
+                hotplug_size: None,
             })
             .unwrap();
             for region in mem.iter() {

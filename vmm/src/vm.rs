@@ -298,7 +298,7 @@ impl Vm {
             &pio,
             &mmio,
             guest_mem,
-            config.memory.size,
+            &config.memory,
             ged.clone(),
         )?;
         devices.add_boot_devices(config, observe)?;
