@@ -68,7 +68,7 @@ echo "@@GUEST ready=1"
 wait_for '[ $(mem_kib MemTotal) -gt $((BEFORE + 400 * 1024)) ]'
 echo "@@GUEST memtotal_after=$(mem_kib MemTotal)"
 # Hot-plugged RAM at 4 GiB: memory blocks 32..35 of 128 MiB.
-echo "@@GUEST blocks=$(for b in 32 33 34 35; do cat /sys/devices/system/memory/memory$b/state 2>/dev/null || echo missing; done | tr '\n' ' ')"
+echo "@@GUEST blocks=$(for b in 32 33 34 35; do cat /sys/devices/system/memory/memory$b/state 2>/dev/null || echo missing; done | tr '\n' ' ' | sed 's/ $//')"
 dmesg | grep -i 'memory' | grep -i 'fail\|error' | sed 's/^/memhp: /'
 echo "@@GUEST memhp_errors=$(dmesg | grep -i 'memory' | grep -ci 'fail\|error')"
 # Fill RAM past what boot RAM could hold.
