@@ -277,7 +277,7 @@ fn round() -> Vec<(String, u16)> {
     let too_large = padded("{}", usize::try_from(MAX_REQUEST_BODY).unwrap() + 1);
     vec![
         (go_request("GET", "vmm.ping", None), 200),
-        (go_request("PUT", "vm.resize", Some(resize)), 501),
+        (go_request("PUT", "vm.resize-zone", Some(resize)), 501),
         (
             go_request(
                 "PUT",

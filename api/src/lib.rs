@@ -68,6 +68,8 @@ pub enum VmmAction {
     /// as SCM_RIGHTS (Kata's way; none when the body names a tap).
     AddNet(Value, Vec<std::os::fd::OwnedFd>),
     RemoveDevice(String),
+    /// A `vm.resize` body (`desired_ram`, `desired_vcpus`, `desired_balloon`).
+    Resize(Value),
     Counters,
     /// The fs devices, configured or running; with `window_stats`, each window's counters too
     /// (which cost a `mincore` over its mappings).

@@ -648,6 +648,9 @@ fn a_thread_pool_serves_a_batch_of_requests_out_of_order_and_each_reply_lands_in
 #[path = "frontend/window_buffers.rs"]
 mod window_buffers;
 
+#[path = "frontend/hotplug_ram.rs"]
+mod hotplug_ram;
+
 #[path = "common/http.rs"]
 mod http;
 

@@ -20,15 +20,16 @@ use virtio_devices::net::header::allowed_offloads;
 use virtio_devices::net::{Net, NetDeviceConfig, Tap, TapError};
 use virtio_devices::pmem::{Pmem, PmemBacking};
 use virtio_devices::rng::Rng;
+use virtio_devices::vhost_user_fs::memory_table::DaemonMemory;
 use virtio_devices::vhost_user_fs::window::{DaxWindow, GuestPrefaulter, WindowObserver};
 use virtio_devices::vhost_user_fs::{FsDeviceConfig, VhostUserFs};
 use virtio_devices::vsock::Vsock;
 use virtio_devices::{DeviceCounters, VirtioDevice};
-use vm_memory::GuestMemoryAtomic;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryRegion};
 
 use crate::arch::x86_64::layout;
 use crate::config::{
-    DiskConfig, FsConfig, NetConfig, PmemConfig, Transport, VmConfig, VsockConfig,
+    DiskConfig, FsConfig, MemoryConfig, NetConfig, PmemConfig, Transport, VmConfig, VsockConfig,
 };
 use crate::devices::activator::DeviceActivator;
 use crate::devices::device_memory::{AddressSpace, Area, MemorySlot, SlotNumbers};
@@ -37,7 +38,7 @@ use crate::devices::pci_hotplug::{EjectRequests, PciHotplug};
 use crate::devices::virtio_mmio::MmioDeviceManager;
 use crate::devices::virtio_pci::{PciDeviceManager, ShmBacking};
 use crate::devices::Bus;
-use crate::memory::GuestMemoryMmap;
+use crate::memory::{GuestMemoryMmap, GuestRegionMmap};
 use crate::vm::VmError;
 
 /// Makes the DAX window observer of the fs device with the given id.
@@ -51,6 +52,8 @@ pub struct FsDeviceInfo {
     pub window: Option<Arc<DaxWindow>>,
     pub failed: Arc<AtomicBool>,
     pub control_socket: Option<std::path::PathBuf>,
+    /// The daemon's memory table, for RAM added while the guest runs.
+    pub memory: DaemonMemory,
 }
 
 /// Where a hot-plugged device landed, as Cloud Hypervisor reports it.
@@ -86,6 +89,8 @@ pub struct DeviceManager {
     counters: Vec<(String, Arc<DeviceCounters>)>,
     /// Memory slots of virtio-MMIO devices, kept until the VM goes.
     mmio_memory: Vec<MemorySlot>,
+    /// Memory slots of RAM added by hot-plug (never removed).
+    hotplugged_ram: Vec<MemorySlot>,
     /// Where the devices' activations and resets run (not on vCPUs).
     activator: DeviceActivator,
     /// Maps new DAX ranges into the guest's view (None until the vCPUs
@@ -102,10 +107,11 @@ impl DeviceManager {
         pio: &Bus,
         mmio: &Arc<Bus>,
         mem: GuestMemoryAtomic<GuestMemoryMmap>,
-        ram_size: u64,
+        memory: &MemoryConfig,
         ged: GedHandle,
     ) -> Result<Self, VmError> {
-        let space = Arc::new(Mutex::new(AddressSpace::new(ram_size)));
+        let (ram_size, hotplug_size) = (memory.size, memory.hotplug_size.unwrap_or(0));
+        let space = Arc::new(Mutex::new(AddressSpace::new(ram_size, hotplug_size)));
         let limit = kvm.check_extension_int(Cap::NrMemslots).max(0) as u32;
         let slots = SlotNumbers::new(limit);
         let activator = DeviceActivator::start()?;
@@ -116,7 +122,7 @@ impl DeviceManager {
             &mem,
             space.clone(),
             slots.clone(),
-            layout::device_memory_start(ram_size),
+            layout::device_memory_start(ram_size, hotplug_size),
             activator.activator(),
         )?;
         let hotplug = PciHotplug::new()?;
@@ -143,6 +149,7 @@ impl DeviceManager {
             counters: Vec::new(),
             prefaulter: None,
             mmio_memory: Vec::new(),
+            hotplugged_ram: Vec::new(),
             activator,
         })
     }
@@ -347,6 +354,7 @@ impl DeviceManager {
             window: window.clone(),
             failed: device.failed_flag(),
             control_socket: f.control_socket.clone(),
+            memory: device.daemon_memory(),
         };
         let shm = window.map(|w| {
             w.set_prefault(f.dax_prefault);
@@ -473,6 +481,50 @@ impl DeviceManager {
     }
 
     /// Removes the devices the guest ejected; returns their ids.
+    /// Gives `region` (new guest RAM) to KVM and to every device: the
+    /// memory they share, and each running vhost-user daemon's table, in
+    /// that order of risk so that a failure undoes what was done and
+    /// leaves the guest's memory as it was.
+    pub fn add_ram_region(&mut self, region: Arc<GuestRegionMmap>) -> Result<(), VmError> {
+        let (addr, size) = (region.start_addr().0, region.len());
+        let failed = |e: String| VmError::Device(format!("RAM at {addr:#x}+{size:#x}: {e}"));
+        // SAFETY: `owner` keeps the mapping alive for the life of the slot.
+        let slot = unsafe {
+            MemorySlot::new(
+                &self.vm,
+                &self.slots,
+                addr,
+                size,
+                region.as_ptr() as u64,
+                Box::new(region.clone()),
+            )
+        }
+        .map_err(|e| failed(e.to_string()))?;
+        let before = self.mem.memory().clone();
+        let after = before
+            .insert_region(region.clone())
+            .map_err(|e| failed(e.to_string()))?;
+        let daemons: Vec<&FsDeviceInfo> = self.fs.iter().filter(|f| f.memory.alive()).collect();
+        for (i, f) in daemons.iter().enumerate() {
+            if let Err(e) = f.memory.add_region(&after, &region) {
+                for done in &daemons[..i] {
+                    if let Err(e) = done.memory.remove_region(&before, &region) {
+                        log::warn!("fs {}: taking back RAM at {addr:#x}: {e}", done.id);
+                    }
+                }
+                return Err(failed(e.to_string()));
+            }
+        }
+        let told = daemons.len();
+        self.mem
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(after);
+        self.hotplugged_ram.push(slot);
+        log::info!("RAM: {size} bytes added at {addr:#x} ({told} daemon(s) told)");
+        Ok(())
+    }
+
     pub fn complete_ejects(&mut self) -> Vec<String> {
         let mut gone = Vec::new();
         for slot in self.ejects.take() {

@@ -9,6 +9,7 @@ pub mod exit;
 pub mod kvm_stats;
 pub mod memory;
 pub mod prefault;
+pub mod ram_hotplug;
 pub mod seccomp_filters;
 pub mod signals;
 pub mod vcpu;

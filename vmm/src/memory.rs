@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::os::fd::FromRawFd;
+use std::sync::Arc;
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
@@ -12,6 +13,7 @@ use crate::arch::x86_64::layout::ram_ranges;
 use crate::config::MemoryConfig;
 
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
+pub type GuestRegionMmap = vm_memory::GuestRegionMmap<()>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
@@ -83,28 +85,54 @@ pub fn create_guest_memory(cfg: &MemoryConfig) -> Result<GuestMemoryMmap, Memory
     Ok(mem)
 }
 
+/// RAM added while the guest runs (ACPI memory hot-plug): `size` bytes
+/// seen at `addr`, backed as boot RAM is (a memfd of its own when RAM is
+/// shared or on huge pages, so a vhost-user daemon can map it too).
+pub fn create_hotplug_region(
+    cfg: &MemoryConfig,
+    addr: u64,
+    size: u64,
+) -> Result<Arc<GuestRegionMmap>, MemoryError> {
+    let file = if cfg.shared || cfg.hugepages {
+        let file = memfd(cfg.hugepages).map_err(MemoryError::Memfd)?;
+        file.set_len(size)
+            .map_err(|source| MemoryError::Truncate { size, source })?;
+        Some(FileOffset::new(file, 0))
+    } else {
+        None
+    };
+    let region = GuestRegionMmap::from_range(GuestAddress(addr), size as usize, file)
+        .map_err(|source| MemoryError::Map { size, source })?;
+    exclude_region_from_core_dumps(&region);
+    Ok(Arc::new(region))
+}
+
 /// Keeps guest RAM out of the VMM's core dumps (`MADV_DONTDUMP`, as
 /// Firecracker does): a crash of the VMM must not write the guest's memory
 /// to wherever the host's `core_pattern` points. Best effort: a failure is
 /// logged and the VM still runs.
 fn exclude_from_core_dumps(mem: &GuestMemoryMmap) {
     for region in mem.iter() {
-        // SAFETY: the region is a live mapping of `len` bytes owned by
-        // `mem`; MADV_DONTDUMP changes only whether it is dumped.
-        let r = unsafe {
-            libc::madvise(
-                region.as_ptr().cast(),
-                region.len() as usize,
-                libc::MADV_DONTDUMP,
-            )
-        };
-        if r != 0 {
-            log::warn!(
-                "excluding guest RAM at {:#x} from core dumps: {}",
-                region.start_addr().0,
-                std::io::Error::last_os_error()
-            );
-        }
+        exclude_region_from_core_dumps(region);
+    }
+}
+
+fn exclude_region_from_core_dumps(region: &GuestRegionMmap) {
+    // SAFETY: the region is a live mapping of `len` bytes owned by the
+    // caller; MADV_DONTDUMP changes only whether it is dumped.
+    let r = unsafe {
+        libc::madvise(
+            region.as_ptr().cast(),
+            region.len() as usize,
+            libc::MADV_DONTDUMP,
+        )
+    };
+    if r != 0 {
+        log::warn!(
+            "excluding guest RAM at {:#x} from core dumps: {}",
+            region.start_addr().0,
+            std::io::Error::last_os_error()
+        );
     }
 }
 
@@ -137,6 +165,7 @@ mod tests {
             size: 64 << 20,
             shared: true,
             hugepages: false,
+            hotplug_size: None,
         };
         let mem = create_guest_memory(&cfg).unwrap();
         assert_eq!(mem.num_regions(), 1);
@@ -183,6 +212,7 @@ mod tests {
                 size: 32 << 20,
                 shared,
                 hugepages: false,
+                hotplug_size: None,
             })
             .unwrap();
             for region in mem.iter() {
@@ -192,6 +222,29 @@ mod tests {
                     "shared={shared}: {flags}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn hotplugged_ram_is_backed_like_boot_ram() {
+        for (shared, fd) in [(false, false), (true, true)] {
+            let cfg = MemoryConfig {
+                shared,
+                ..Default::default()
+            };
+            let region = create_hotplug_region(&cfg, 1 << 32, 128 << 20).unwrap();
+            assert_eq!(region.start_addr(), GuestAddress(1 << 32));
+            assert_eq!(region.len(), 128 << 20);
+            assert_eq!(region.file_offset().is_some(), fd, "shared={shared}");
+            let flags = vm_flags_at(region.as_ptr() as u64);
+            assert!(flags.split_whitespace().any(|f| f == "dd"), "{flags}");
+            let mem = create_guest_memory(&cfg).unwrap();
+            let mem = mem.insert_region(region).unwrap();
+            mem.write_obj(7u64, GuestAddress((1 << 32) + 4096)).unwrap();
+            assert_eq!(
+                mem.read_obj::<u64>(GuestAddress((1 << 32) + 4096)).unwrap(),
+                7
+            );
         }
     }
 

@@ -658,3 +658,56 @@ fn the_net_worker_moves_frames_and_nothing_else() {
     });
     assert_eq!(outcome, Outcome::Returned(0));
 }
+
+/// `vm.resize` with `desired_ram` on the control (main) thread: a memfd
+/// for shared RAM, its size, the mapping, MADV_DONTDUMP, and the new KVM
+/// memory slot.
+#[test]
+fn hotplugged_ram_is_made_and_given_to_kvm_under_the_main_threads_filter() {
+    use kvm_bindings::kvm_userspace_memory_region;
+    let kvm = kvm_ioctls::Kvm::new().ok();
+    let vm = kvm.as_ref().map(|k| k.create_vm().unwrap());
+    let programs: Vec<_> = all_for(std::process::id())
+        .into_iter()
+        .filter(|(k, _)| *k == VMM)
+        .map(|(k, l)| seccomp::build(k, &l, seccomp::Mode::Kill).unwrap().unwrap())
+        .collect();
+    let outcome = try_in_child(
+        || programs,
+        || {
+            for shared in [false, true] {
+                let cfg = crate::config::MemoryConfig {
+                    shared,
+                    ..Default::default()
+                };
+                let Ok(region) = crate::memory::create_hotplug_region(&cfg, 1 << 32, 128 << 20)
+                else {
+                    return 1;
+                };
+                let Some(vm) = &vm else {
+                    continue;
+                };
+                let slot = |size| kvm_userspace_memory_region {
+                    slot: 100,
+                    flags: 0,
+                    guest_phys_addr: 1 << 32,
+                    memory_size: size,
+                    userspace_addr: region.as_ptr() as u64,
+                };
+                // SAFETY: the region outlives the slot, deleted right after.
+                let made = unsafe {
+                    vm.set_user_memory_region(slot(128 << 20))
+                        .and_then(|_| vm.set_user_memory_region(slot(0)))
+                };
+                if made.is_err() {
+                    return 2;
+                }
+            }
+            0
+        },
+    );
+    if kvm.is_none() {
+        eprintln!("no /dev/kvm: the KVM slot was not tried");
+    }
+    assert_eq!(outcome, Outcome::Returned(0));
+}

@@ -23,6 +23,7 @@ use crate::exit::{ExitHandle, VmExit};
 use crate::kvm_stats::{KvmStatsFile, VmKvmStats};
 use crate::memory::{self, GuestMemoryMmap};
 use crate::prefault::KvmPrefaulter;
+use crate::ram_hotplug::{HotplugRam, ResizeError};
 use crate::signals::StopSignals;
 use crate::vcpu::{RunningVcpus, Vcpu, VcpuSetup};
 use api::KvmCounters;
@@ -190,6 +191,26 @@ fn add_platform_devices(
     Ok((serial_dev, ged::GedHandle(ged_dev), aml))
 }
 
+/// The ACPI memory hot-plug controller on the I/O bus (when the
+/// configuration has `hotplug_size`) and its DSDT part (always: the GED
+/// calls its `MSCN`).
+fn add_memory_hotplug(ram: &HotplugRam, pio: &Bus, aml: &mut Vec<u8>) -> Result<(), VmError> {
+    use crate::devices::memory_hotplug::{
+        MemoryHotplug, MEMORY_HOTPLUG_PORT, MEMORY_HOTPLUG_PORT_COUNT,
+    };
+    let controller = ram.controller();
+    if let Some(c) = &controller {
+        pio.insert(
+            c.clone(),
+            u64::from(MEMORY_HOTPLUG_PORT),
+            MEMORY_HOTPLUG_PORT_COUNT,
+        )
+        .map_err(|e| VmError::Device(e.to_string()))?;
+    }
+    MemoryHotplug::append_aml(controller.is_some(), aml);
+    Ok(())
+}
+
 fn create_vm(kvm: &Kvm) -> Result<VmFd, VmError> {
     for (cap, name) in [
         (Cap::Irqchip, "KVM_CAP_IRQCHIP"),
@@ -276,6 +297,8 @@ pub struct Vm {
     /// KVM's counters for this VM and its vCPUs (None where the host's KVM
     /// has no binary statistics).
     kvm_stats: Option<VmKvmStats>,
+    /// RAM added by `vm.resize`, and what may still be.
+    ram: HotplugRam,
 }
 
 impl Vm {
@@ -291,6 +314,8 @@ impl Vm {
         let pio = Arc::new(Bus::new());
         let mmio = Arc::new(Bus::new());
         let (serial_dev, ged, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
+        let ram = HotplugRam::new(&config.memory);
+        add_memory_hotplug(&ram, &pio, &mut device_aml)?;
         let guest_mem = GuestMemoryAtomic::new(mem.clone());
         let mut devices = DeviceManager::new(
             &kvm,
@@ -298,7 +323,7 @@ impl Vm {
             &pio,
             &mmio,
             guest_mem,
-            config.memory.size,
+            &config.memory,
             ged.clone(),
         )?;
         devices.add_boot_devices(config, observe)?;
@@ -355,6 +380,7 @@ impl Vm {
             vm,
             ged,
             kvm_stats,
+            ram,
         })
     }
 
@@ -436,6 +462,26 @@ impl Vm {
     /// Removes what the guest ejected; returns the ids.
     pub fn complete_ejects(&mut self) -> Vec<String> {
         self.devices.complete_ejects()
+    }
+
+    /// `vm.resize`'s `desired_ram`: grows guest RAM to `desired` bytes by
+    /// adding a region and announcing it (ACPI memory hot-plug); a size at
+    /// or below the current one changes nothing. Returns guest RAM after.
+    pub fn resize_memory(&mut self, desired: u64) -> Result<u64, ResizeError> {
+        let Some((base, size)) = self.ram.plan(desired)? else {
+            return Ok(self.ram.current());
+        };
+        let failed = |e: &dyn std::fmt::Display| ResizeError::Failed(e.to_string());
+        let region = memory::create_hotplug_region(self.ram.boot_config(), base, size)
+            .map_err(|e| failed(&e))?;
+        self.devices
+            .add_ram_region(region)
+            .map_err(|e| failed(&e))?;
+        self.ram.commit(base, size)?;
+        self.ged
+            .raise(ged::EVENT_MEMORY_HOTPLUG)
+            .map_err(|e| failed(&format!("interrupting the guest: {e}")))?;
+        Ok(self.ram.current())
     }
 
     /// Presses the ACPI power button: a guest that handles it shuts down,

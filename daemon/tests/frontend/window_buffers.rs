@@ -12,13 +12,13 @@ use super::*;
 const WINDOW_GPA: u64 = 0x1_0000_0000;
 const CHUNK: u32 = 64 * 1024;
 
-fn lookup(guest: &mut Guest, name: &str) -> abi::EntryOut {
+pub(super) fn lookup(guest: &mut Guest, name: &str) -> abi::EntryOut {
     let (e, p) = guest.call(opcode::LOOKUP, ROOT_ID, format!("{name}\0").as_bytes());
     assert_eq!(e, 0, "LOOKUP {name}");
     obj(&p)
 }
 
-fn open(guest: &mut Guest, nodeid: u64, flags: i32) -> u64 {
+pub(super) fn open(guest: &mut Guest, nodeid: u64, flags: i32) -> u64 {
     let o = abi::OpenIn {
         flags: flags as u32,
         open_flags: 0,
@@ -41,7 +41,13 @@ fn map(guest: &mut Guest, nodeid: u64, foffset: u64, moffset: u64, writable: boo
 
 /// READ of `len` bytes at `offset` into guest-physical `dest`: (errno,
 /// bytes the reply says were read).
-fn read_into(guest: &mut Guest, nodeid: u64, fh: u64, offset: u64, dest: u64) -> (i32, u32) {
+pub(super) fn read_into(
+    guest: &mut Guest,
+    nodeid: u64,
+    fh: u64,
+    offset: u64,
+    dest: u64,
+) -> (i32, u32) {
     let r = abi::ReadIn {
         fh,
         offset,

@@ -12,6 +12,7 @@
 pub mod backend_req;
 pub mod map_budget;
 pub mod mapped_files;
+pub mod memory_table;
 pub mod metrics;
 pub mod scratch;
 mod watchdog;
@@ -25,7 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::{Frontend, FrontendReqHandler, VhostUserFrontend};
-use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vhost::{VhostBackend, VringConfigData};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueT;
@@ -108,6 +109,10 @@ pub struct VhostUserFs {
     config_space: Vec<u8>,
     queue_sizes: Vec<u16>,
     frontend: Frontend,
+    /// `CONFIGURE_MEM_SLOTS` was negotiated (`ADD_MEM_REG`/`REM_MEM_REG`).
+    mem_slots: bool,
+    /// `REPLY_ACK` was negotiated.
+    reply_ack: bool,
     backend_features: u64,
     acked: u64,
     window: Option<Arc<DaxWindow>>,
@@ -286,6 +291,8 @@ impl VhostUserFs {
             config_space,
             queue_sizes: vec![cfg.queue_size; total_queues],
             frontend,
+            mem_slots: protocol.contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS),
+            reply_ack: protocol.contains(VhostUserProtocolFeatures::REPLY_ACK),
             backend_features,
             acked: 0,
             window,
@@ -300,6 +307,17 @@ impl VhostUserFs {
 
     pub fn window(&self) -> Option<&Arc<DaxWindow>> {
         self.window.as_ref()
+    }
+
+    /// What the VMM uses to give the daemon RAM added while the guest runs.
+    pub fn daemon_memory(&self) -> memory_table::DaemonMemory {
+        memory_table::DaemonMemory::new(
+            &self.id,
+            self.frontend.clone(),
+            self.mem_slots,
+            self.reply_ack,
+            self.failed.clone(),
+        )
     }
 
     /// The flag [`Self::failed`] reads, for whoever reports on the device.
@@ -337,19 +355,8 @@ impl VhostUserFs {
         self.frontend
             .set_features(features)
             .map_err(|e| err("SET_FEATURES", e))?;
-        let regions = mem
-            .iter()
-            .map(VhostUserMemoryRegionInfo::from_guest_region)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| {
-                err(
-                    "guest RAM has no fd to share (start the VM with --memory shared=on)",
-                    e,
-                )
-            })?;
-        self.frontend
-            .set_mem_table(&regions)
-            .map_err(|e| err("SET_MEM_TABLE", e))?;
+        memory_table::send_memory_table(&id, &mut self.frontend, self.mem_slots, mem)
+            .map_err(|e| ActivateError::Device(e.to_string()))?;
         let hva = |addr: GuestAddress, what: &str| {
             mem.get_host_address(addr).map(|p| p as u64).map_err(|e| {
                 ActivateError::Device(format!("fs {id}: queue {what} at {:#x}: {e}", addr.0))

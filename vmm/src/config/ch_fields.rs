@@ -62,7 +62,7 @@ const MEMORY: &[(&str, Rule)] = &[
     ("size", Rule::Ours),
     ("shared", Rule::Ours),
     ("hugepages", Rule::Ours),
-    ("hotplug_size", Rule::Empty(Shape::Null)),
+    ("hotplug_size", Rule::Ours),
     ("hotplugged_size", Rule::Empty(Shape::Null)),
     ("mergeable", Rule::Default(|| json!(false))),
     ("hotplug_method", Rule::Default(|| json!("Acpi"))),

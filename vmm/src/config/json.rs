@@ -403,6 +403,7 @@ struct MemoryJson {
     size: u64,
     shared: Option<bool>,
     hugepages: Option<bool>,
+    hotplug_size: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -475,10 +476,13 @@ pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
     let memory = match j.memory {
         None => MemoryConfig::default(),
         Some(m) => MemoryConfig::parse(&format!(
-            "size={},shared={},hugepages={}",
+            "size={},shared={},hugepages={}{}",
             m.size,
             toggle(m.shared.unwrap_or(false)),
-            toggle(m.hugepages.unwrap_or(false))
+            toggle(m.hugepages.unwrap_or(false)),
+            m.hotplug_size
+                .map(|h| format!(",hotplug_size={h}"))
+                .unwrap_or_default()
         ))?,
     };
     if let Some(c) = &j.console {
@@ -607,7 +611,7 @@ pub fn vm_config_to_json(c: &VmConfig) -> Value {
         "payload": {"kernel": c.payload.kernel, "initramfs": c.payload.initramfs, "cmdline": c.payload.cmdline},
         "cpus": {"boot_vcpus": c.cpus.boot_vcpus, "max_vcpus": c.cpus.boot_vcpus, "kvm_hyperv": false, "max_phys_bits": 46,
                  "features": {"amx": false}, "nested": true, "core_scheduling": "Vm", "profile": "Host"},
-        "memory": {"size": c.memory.size, "mergeable": false, "hotplug_method": "Acpi", "shared": c.memory.shared,
+        "memory": {"size": c.memory.size, "hotplug_size": c.memory.hotplug_size, "mergeable": false, "hotplug_method": "Acpi", "shared": c.memory.shared,
                    "hugepages": c.memory.hugepages, "prefault": false, "reserve": false, "thp": true},
         "serial": serial,
         "console": {"mode": "Off", "pci_segment": 0},
@@ -914,5 +918,29 @@ mod tests {
             e(json!({"payload": {"kernel": "/k"}, "console": {"mode": "Tty"}}))
                 .contains("virtio-console")
         );
+    }
+
+    #[test]
+    fn kata_memory_with_acpi_hotplug_is_accepted_and_round_trips() {
+        // clh.go: NewMemoryConfig(size)'s defaults, shared for virtio-fs,
+        // HotplugSize from default_maxmemory; Go's omitempty drops the rest.
+        let body = json!({"payload": {"kernel": "/k"},
+            "memory": {"size": 536870912u64, "hotplug_size": 1073741824u64, "mergeable": false,
+                       "hotplug_method": "Acpi", "shared": true, "hugepages": false,
+                       "prefault": false, "thp": true}});
+        let c = vm_config_from_json(&body).unwrap();
+        assert_eq!(c.memory.hotplug_size, Some(1 << 30));
+        let info = vm_config_to_json(&c);
+        assert_eq!(info["memory"]["hotplug_size"], 1u64 << 30);
+        assert_eq!(info["memory"]["hotplug_method"], "Acpi");
+        assert_eq!(vm_config_from_json(&info).unwrap(), c);
+        let mut virtio_mem = body.clone();
+        virtio_mem["memory"]["hotplug_method"] = json!("VirtioMem");
+        let e = vm_config_from_json(&virtio_mem).unwrap_err().to_string();
+        assert!(e.contains("memory.hotplug_method=\"VirtioMem\""), "{e}");
+        let mut small = body;
+        small["memory"]["hotplug_size"] = json!(64u64 << 20);
+        let e = vm_config_from_json(&small).unwrap_err().to_string();
+        assert!(e.contains("hotplug_size") && e.contains("128M"), "{e}");
     }
 }

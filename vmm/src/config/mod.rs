@@ -109,7 +109,14 @@ pub struct MemoryConfig {
     pub shared: bool,
     /// Back RAM with huge pages (`MFD_HUGETLB`); implies a memfd.
     pub hugepages: bool,
+    /// Guest-physical space reserved above RAM for ACPI memory hot-plug
+    /// (`vm.resize` with `desired_ram`); None: no hot-plug.
+    pub hotplug_size: Option<u64>,
 }
+
+/// ACPI memory hot-plug adds RAM in blocks of this size (Linux's memory
+/// block and section size on x86-64; Cloud Hypervisor's DIMM granularity).
+pub const HOTPLUG_BLOCK: u64 = 128 << 20;
 
 impl Default for MemoryConfig {
     fn default() -> Self {
@@ -118,13 +125,24 @@ impl Default for MemoryConfig {
             size: 512 << 20,
             shared: false,
             hugepages: false,
+            hotplug_size: None,
         }
     }
 }
 
 impl MemoryConfig {
     pub fn parse(input: &str) -> Result<Self, ConfigError> {
-        let o = OptionValues::parse("memory", input, &["size", "shared", "hugepages"])?;
+        let o = OptionValues::parse(
+            "memory",
+            input,
+            &[
+                "size",
+                "shared",
+                "hugepages",
+                "hotplug_size",
+                "hotplug_method",
+            ],
+        )?;
         let mut cfg = MemoryConfig::default();
         if let Some(size) = o.convert("size", parse_size)? {
             if !(MIN_MEMORY..=MAX_MEMORY).contains(&size) {
@@ -144,7 +162,47 @@ impl MemoryConfig {
                 "a multiple of 2M with hugepages=on",
             ));
         }
+        cfg.hotplug_size = Self::parse_hotplug(&o, cfg.size)?;
         Ok(cfg)
+    }
+
+    /// `hotplug_size` and `hotplug_method`: ACPI hot-plug only, at least
+    /// one block, and RAM plus the hot-plug area within [`MAX_MEMORY`].
+    fn parse_hotplug(o: &OptionValues, size: u64) -> Result<Option<u64>, ConfigError> {
+        match o.get("hotplug_method") {
+            None | Some("acpi") => {}
+            Some("virtio-mem") => {
+                return Err(o.unsupported(
+                    "hotplug_method",
+                    "there is no virtio-mem device; use hotplug_method=acpi",
+                ))
+            }
+            Some(other) => return Err(o.invalid("hotplug_method", other, "acpi")),
+        }
+        let Some(hotplug) = o.convert("hotplug_size", parse_size)? else {
+            return Ok(None);
+        };
+        let given = o.get("hotplug_size").unwrap_or("");
+        let limit = MAX_MEMORY - size;
+        if !(HOTPLUG_BLOCK..=limit).contains(&hotplug) {
+            return Err(o.invalid(
+                "hotplug_size",
+                given,
+                &format!(
+                    "between 128M (one hot-plug block) and {limit} bytes \
+                     (size plus hotplug_size at most 512G)"
+                ),
+            ));
+        }
+        if hotplug % 4096 != 0 {
+            return Err(o.invalid("hotplug_size", given, "a multiple of 4K"));
+        }
+        Ok(Some(hotplug))
+    }
+
+    /// RAM plus the whole hot-plug area: what `vm.resize` can grow RAM to.
+    pub fn max_size(&self) -> u64 {
+        self.size + self.hotplug_size.unwrap_or(0)
     }
 }
 
@@ -307,7 +365,8 @@ mod tests {
             MemoryConfig {
                 size: 1 << 30,
                 shared: true,
-                hugepages: false
+                hugepages: false,
+                hotplug_size: None,
             }
         );
         assert!(!MemoryConfig::parse("size=512M").unwrap().shared);
@@ -328,6 +387,38 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("2M"));
+    }
+
+    #[test]
+    fn memory_hotplug_keys() {
+        let m = MemoryConfig::parse("size=512M,hotplug_size=1G,hotplug_method=acpi").unwrap();
+        assert_eq!(m.hotplug_size, Some(1 << 30));
+        assert_eq!(m.max_size(), 3 << 29);
+        assert_eq!(
+            MemoryConfig::parse("size=512M,hotplug_size=1G")
+                .unwrap()
+                .hotplug_size,
+            Some(1 << 30),
+            "acpi is the default method"
+        );
+        let err = |s: &str| MemoryConfig::parse(s).unwrap_err().to_string();
+        let e = err("size=512M,hotplug_size=1G,hotplug_method=virtio-mem");
+        assert!(
+            e.contains("hotplug_method=virtio-mem") && e.contains("virtio-mem device"),
+            "{e}"
+        );
+        let e = err("hotplug_size=1G,hotplug_method=dimm");
+        assert!(e.contains("hotplug_method") && e.contains("acpi"), "{e}");
+        let e = err("size=512M,hotplug_size=64M");
+        assert!(e.contains("hotplug_size") && e.contains("128M"), "{e}");
+        let e = err("size=256G,hotplug_size=257G");
+        assert!(
+            e.contains("hotplug_size") && e.contains(&(256u64 << 30).to_string()),
+            "{e}"
+        );
+        let e = err("size=512M,hotplug_size=134218240");
+        assert!(e.contains("hotplug_size") && e.contains("4K"), "{e}");
+        assert!(MemoryConfig::parse("size=256G,hotplug_size=256G").is_ok());
     }
 
     #[test]

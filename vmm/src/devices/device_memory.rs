@@ -43,10 +43,11 @@ pub struct AddressSpace {
 }
 
 impl AddressSpace {
-    /// The areas for a VM with `ram_size` bytes of RAM: the 64-bit PCI
-    /// window starts above RAM, virtio-MMIO device memory right after it.
-    pub fn new(ram_size: u64) -> Self {
-        let pci64 = layout::device_memory_start(ram_size);
+    /// The areas for a VM with `ram_size` bytes of RAM and a memory hot-plug
+    /// area of `hotplug_size`: the 64-bit PCI window starts above both,
+    /// virtio-MMIO device memory right after it.
+    pub fn new(ram_size: u64, hotplug_size: u64) -> Self {
+        let pci64 = layout::device_memory_start(ram_size, hotplug_size);
         let alloc = |base, size| {
             AddressAllocator::new(base, size).expect("the layout's areas are valid ranges")
         };
@@ -268,7 +269,7 @@ mod tests {
 
     #[test]
     fn pci_ranges_are_handed_out_claimed_and_given_back() {
-        let mut space = AddressSpace::new(512 << 20);
+        let mut space = AddressSpace::new(512 << 20, 0);
         let a = space.allocate(Area::PciMmio32, 0x8000, 0x8000).unwrap();
         assert_eq!(a, layout::PCI_MMIO32_START);
         let b = space.allocate(Area::PciMmio32, 0x8000, 0x8000).unwrap();
@@ -289,7 +290,7 @@ mod tests {
         // A big shared memory BAR in the 64-bit window; virtio-MMIO device
         // memory lies past that window, where the guest cannot claim.
         let shm = space.allocate(Area::PciMmio64, 1 << 30, 1 << 30).unwrap();
-        assert_eq!(shm, layout::device_memory_start(512 << 20));
+        assert_eq!(shm, layout::device_memory_start(512 << 20, 0));
         let mmio_mem = space
             .allocate(Area::MmioDeviceMemory, 2 << 20, 2 << 20)
             .unwrap();

@@ -22,6 +22,9 @@ pub const GED_IRQ: u32 = 23;
 pub const EVENT_POWER_BUTTON: u8 = 1 << 0;
 /// Event bit: a PCI slot changed (see `pci_hotplug`).
 pub const EVENT_PCI_HOTPLUG: u8 = 1 << 1;
+/// Event bit: RAM was added (see `memory_hotplug`). Bit 2 is left for CPU
+/// hot-plug.
+pub const EVENT_MEMORY_HOTPLUG: u8 = 1 << 3;
 
 pub struct Ged {
     pending: Mutex<u8>,
@@ -98,6 +101,13 @@ impl Ged {
                             ),
                             vec![&aml::MethodCall::new("\\_SB_.PHPR.PSCN".into(), vec![])],
                         ),
+                        &aml::If::new(
+                            &aml::Equal::new(
+                                &aml::And::new(&aml::Zero {}, &events, &EVENT_MEMORY_HOTPLUG),
+                                &EVENT_MEMORY_HOTPLUG,
+                            ),
+                            vec![&aml::MethodCall::new("\\_SB_.MHPC.MSCN".into(), vec![])],
+                        ),
                     ],
                 ),
             ],
@@ -149,7 +159,7 @@ mod tests {
         assert_eq!(b[0], 0, "cleared by the read");
         let mut aml = Vec::new();
         Ged::append_aml(&mut aml);
-        for name in [b"_EVT", b"GDAT", b"PSCN"] {
+        for name in [b"_EVT", b"GDAT", b"PSCN", b"MSCN"] {
             assert!(aml.windows(4).any(|w| w == name));
         }
     }

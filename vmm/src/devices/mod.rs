@@ -7,6 +7,7 @@ pub mod device_memory;
 pub mod ged;
 pub mod gsi_routing;
 pub mod i8042;
+pub mod memory_hotplug;
 pub mod pci_hotplug;
 pub mod pci_root;
 pub mod pvpanic;

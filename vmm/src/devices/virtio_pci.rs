@@ -485,7 +485,7 @@ mod tests {
         vm.create_irq_chip().unwrap();
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
         let (pio, mmio) = (Bus::new(), Arc::new(Bus::new()));
-        let space = Arc::new(Mutex::new(AddressSpace::new(RAM)));
+        let space = Arc::new(Mutex::new(AddressSpace::new(RAM, 0)));
         let slots = SlotNumbers::new(kvm.check_extension_int(kvm_ioctls::Cap::NrMemslots) as u32);
         let pci = PciDeviceManager::new(
             &vm,
@@ -494,7 +494,7 @@ mod tests {
             &GuestMemoryAtomic::new(mem),
             space.clone(),
             slots.clone(),
-            layout::device_memory_start(RAM),
+            layout::device_memory_start(RAM, 0),
             Arc::new(virtio_devices::transport::common::Inline),
         )
         .unwrap();
@@ -566,7 +566,7 @@ mod tests {
     #[test]
     fn moved_bars_take_bus_range_ioeventfds_and_memory_slot_along_and_removal_frees_all() {
         let mut rig = rig();
-        let shm_start = layout::device_memory_start(RAM);
+        let shm_start = layout::device_memory_start(RAM, 0);
         let a = add_pmem(&mut rig, "pmem-a");
         let b = add_pmem(&mut rig, "pmem-b");
         assert_eq!((a, b), (1, 2));

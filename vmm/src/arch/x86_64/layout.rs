@@ -61,14 +61,37 @@ pub const VIRTIO_MMIO_IRQ_BASE: u32 = 5;
 /// 2 MiB so the guest can map it with PMD pages.
 pub const DEVICE_MEMORY_ALIGN: u64 = 2 << 20;
 
-/// First guest-physical address above RAM and above 4 GiB for device memory.
-pub fn device_memory_start(ram_size: u64) -> u64 {
-    let ram_end = ram_ranges(ram_size)
+/// Alignment of the ACPI memory hot-plug area and of each region added to
+/// it: Linux adds memory in sections of 128 MiB on x86-64.
+pub const HOTPLUG_MEMORY_ALIGN: u64 = 128 << 20;
+
+fn ram_end(ram_size: u64) -> u64 {
+    ram_ranges(ram_size)
         .iter()
         .map(|&(a, s)| a + s)
         .max()
-        .unwrap_or(0);
-    ram_end.max(1 << 32).next_multiple_of(DEVICE_MEMORY_ALIGN)
+        .unwrap_or(0)
+}
+
+/// Where RAM added by ACPI memory hot-plug starts: above boot RAM and above
+/// 4 GiB (as in Cloud Hypervisor, hot-plugged RAM never goes into the
+/// 32-bit hole's neighbourhood), on a section boundary.
+pub fn hotplug_memory_start(ram_size: u64) -> u64 {
+    ram_end(ram_size)
+        .max(1 << 32)
+        .next_multiple_of(HOTPLUG_MEMORY_ALIGN)
+}
+
+/// First guest-physical address above RAM, above 4 GiB and above the
+/// memory hot-plug area (`hotplug_size` bytes, none when 0) for device
+/// memory.
+pub fn device_memory_start(ram_size: u64, hotplug_size: u64) -> u64 {
+    let end = if hotplug_size == 0 {
+        ram_end(ram_size).max(1 << 32)
+    } else {
+        hotplug_memory_start(ram_size) + hotplug_size.next_multiple_of(HOTPLUG_MEMORY_ALIGN)
+    };
+    end.next_multiple_of(DEVICE_MEMORY_ALIGN)
 }
 pub const APIC_START: u64 = 0xfee0_0000;
 /// KVM needs three pages for the TSS on Intel hosts; placed at the top of the hole.
@@ -120,7 +143,22 @@ mod tests {
 
     #[test]
     fn device_memory_starts_above_ram_and_4g() {
-        assert_eq!(device_memory_start(512 << 20), 1 << 32);
-        assert_eq!(device_memory_start(4 << 30), (5 << 30));
+        assert_eq!(device_memory_start(512 << 20, 0), 1 << 32);
+        assert_eq!(device_memory_start(4 << 30, 0), (5 << 30));
+    }
+
+    #[test]
+    fn the_hotplug_area_lies_between_ram_and_device_memory() {
+        // Below the hole: from 4 GiB, as Cloud Hypervisor places it.
+        assert_eq!(hotplug_memory_start(512 << 20), 1 << 32);
+        assert_eq!(device_memory_start(512 << 20, 1 << 30), 5 << 30);
+        // Above it: from the end of RAM, rounded up to a section.
+        let ram = (4 << 30) + (1 << 20);
+        assert_eq!(hotplug_memory_start(ram), (5 << 30) + (128 << 20));
+        // A size that is not a whole section still leaves whole sections.
+        assert_eq!(
+            device_memory_start(512 << 20, (128 << 20) + 4096),
+            (4 << 30) + (256 << 20)
+        );
     }
 }

@@ -1,0 +1,197 @@
+//! Guest RAM as the daemon sees it: the memory table sent at activation,
+//! and RAM added while the guest runs (ACPI memory hot-plug).
+//!
+//! The daemon must map every RAM region the guest can put a buffer in, so
+//! a region added after activation reaches it before the guest is told of
+//! the new RAM: with `CONFIGURE_MEM_SLOTS` as one `ADD_MEM_REG`, otherwise
+//! as a whole new `SET_MEM_TABLE`. A memory table of more than
+//! [`BASELINE_REGIONS`] regions goes as a `SET_MEM_TABLE` of the first ones
+//! plus an `ADD_MEM_REG` for each other (backends built on libvhost-user
+//! take no more than 8 in one message).
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use vhost::vhost_user::message::VhostUserHeaderFlag;
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo};
+use vm_memory::GuestMemoryBackend;
+
+use super::{arm_watchdog, FsError, DAEMON_TIMEOUT};
+use crate::GuestMemoryMmap;
+
+type GuestRegionMmap = vm_memory::GuestRegionMmap<()>;
+
+/// Regions one `SET_MEM_TABLE` carries (the spec's baseline).
+pub const BASELINE_REGIONS: usize = 8;
+
+fn region_info(id: &str, region: &GuestRegionMmap) -> Result<VhostUserMemoryRegionInfo, FsError> {
+    VhostUserMemoryRegionInfo::from_guest_region(region).map_err(|source| FsError::Negotiate {
+        id: id.into(),
+        step: "guest RAM has no fd to share (start the VM with --memory shared=on)",
+        source,
+    })
+}
+
+/// Sends all of `mem` as the daemon's memory table.
+pub(super) fn send_memory_table(
+    id: &str,
+    frontend: &mut Frontend,
+    mem_slots: bool,
+    mem: &GuestMemoryMmap,
+) -> Result<(), FsError> {
+    let regions = mem
+        .iter()
+        .map(|r| region_info(id, r))
+        .collect::<Result<Vec<_>, _>>()?;
+    let first = regions.len().min(BASELINE_REGIONS);
+    if regions.len() > first && !mem_slots {
+        return Err(FsError::Missing {
+            id: id.into(),
+            what: format!(
+                "CONFIGURE_MEM_SLOTS, needed for guest RAM in {} regions (more than {BASELINE_REGIONS})",
+                regions.len()
+            ),
+        });
+    }
+    let step = |step, source| FsError::Negotiate {
+        id: id.into(),
+        step,
+        source,
+    };
+    frontend
+        .set_mem_table(&regions[..first])
+        .map_err(|e| step("SET_MEM_TABLE", e))?;
+    for r in &regions[first..] {
+        frontend
+            .add_mem_region(r)
+            .map_err(|e| step("ADD_MEM_REG", e))?;
+    }
+    Ok(())
+}
+
+/// A handle on one daemon's memory table for whoever adds guest RAM.
+#[derive(Clone)]
+pub struct DaemonMemory {
+    id: String,
+    frontend: Frontend,
+    /// `CONFIGURE_MEM_SLOTS` was negotiated: regions are added one by one.
+    mem_slots: bool,
+    /// `REPLY_ACK` was negotiated: the daemon can say when it is done.
+    reply_ack: bool,
+    failed: Arc<AtomicBool>,
+}
+
+impl DaemonMemory {
+    pub(super) fn new(
+        id: &str,
+        frontend: Frontend,
+        mem_slots: bool,
+        reply_ack: bool,
+        failed: Arc<AtomicBool>,
+    ) -> Self {
+        DaemonMemory {
+            id: id.into(),
+            frontend,
+            mem_slots,
+            reply_ack,
+            failed,
+        }
+    }
+
+    /// False once the daemon has gone away: there is nothing to tell it.
+    pub fn alive(&self) -> bool {
+        !self.failed.load(Ordering::SeqCst)
+    }
+
+    /// Runs `send` on the connection under the daemon watchdog and returns
+    /// once the daemon has handled it: the guest may use the RAM as soon
+    /// as it hears of it. A daemon that does not answer is marked failed,
+    /// as at activation.
+    fn exchange(
+        &self,
+        during: &str,
+        send: impl FnOnce(&mut Frontend) -> Result<(), FsError>,
+    ) -> Result<(), FsError> {
+        let mut frontend = self.frontend.clone();
+        let dog = arm_watchdog(frontend.as_raw_fd()).map_err(|e| FsError::Timeout {
+            id: self.id.clone(),
+            during: format!("arming the watchdog: {e}"),
+        })?;
+        let result = if self.reply_ack {
+            // Each request of `send` waits for the daemon's ack (and its
+            // verdict); the connection's other requests go on as before.
+            frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+            let result = send(&mut frontend);
+            frontend.set_hdr_flags(VhostUserHeaderFlag::empty());
+            result
+        } else {
+            // The daemon handles requests in order: once it answers this
+            // one, it has handled those of `send`.
+            send(&mut frontend).and_then(|()| {
+                frontend
+                    .get_features()
+                    .map(|_| ())
+                    .map_err(|source| FsError::Negotiate {
+                        id: self.id.clone(),
+                        step: "GET_FEATURES",
+                        source,
+                    })
+            })
+        };
+        if dog.fired() {
+            self.failed.store(true, Ordering::SeqCst);
+            return Err(FsError::Timeout {
+                id: self.id.clone(),
+                during: format!("{during} (over {}s)", DAEMON_TIMEOUT.as_secs()),
+            });
+        }
+        result
+    }
+
+    /// Gives the daemon `region`, which `after` (guest RAM with the region
+    /// in it) now holds.
+    pub fn add_region(
+        &self,
+        after: &GuestMemoryMmap,
+        region: &GuestRegionMmap,
+    ) -> Result<(), FsError> {
+        let id = self.id.as_str();
+        self.exchange("adding guest RAM", |f| {
+            if self.mem_slots {
+                f.add_mem_region(&region_info(id, region)?)
+                    .map(|_| ())
+                    .map_err(|source| FsError::Negotiate {
+                        id: id.into(),
+                        step: "ADD_MEM_REG",
+                        source,
+                    })
+            } else {
+                send_memory_table(id, f, false, after)
+            }
+        })
+    }
+
+    /// Takes `region` back (the RAM was not added after all); `before` is
+    /// guest RAM without it.
+    pub fn remove_region(
+        &self,
+        before: &GuestMemoryMmap,
+        region: &GuestRegionMmap,
+    ) -> Result<(), FsError> {
+        let id = self.id.as_str();
+        self.exchange("taking back guest RAM", |f| {
+            if self.mem_slots {
+                f.remove_mem_region(&region_info(id, region)?)
+                    .map_err(|source| FsError::Negotiate {
+                        id: id.into(),
+                        step: "REM_MEM_REG",
+                        source,
+                    })
+            } else {
+                send_memory_table(id, f, false, before)
+            }
+        })
+    }
+}

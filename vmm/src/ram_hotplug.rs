@@ -1,0 +1,270 @@
+//! Growing guest RAM while the guest runs (`vm.resize` with `desired_ram`),
+//! by ACPI memory hot-plug as Cloud Hypervisor does it:
+//!
+//! - RAM grows in multiples of 128 MiB, each `vm.resize` adding one region
+//!   in the hot-plug area above boot RAM (`layout::hotplug_memory_start`),
+//!   right after the previous one, up to `size + hotplug_size`;
+//! - a smaller `desired_ram` changes nothing and is no error: ACPI memory is
+//!   not unplugged (Cloud Hypervisor answers it the same way);
+//! - the new region is mapped, given to KVM and to every device (the
+//!   `GuestMemoryAtomic` they share, and each vhost-user daemon's memory
+//!   table), and only then announced to the guest.
+
+use std::sync::{Arc, Mutex};
+
+use serde::Deserialize;
+
+use crate::arch::x86_64::layout::{hotplug_memory_start, HOTPLUG_MEMORY_ALIGN};
+use crate::config::MemoryConfig;
+use crate::devices::memory_hotplug::{MemoryHotplug, NoFreeSlot};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ResizeError {
+    #[error(
+        "desired_ram={desired} is above the limit of {limit} bytes \
+         (memory.size {size} + memory.hotplug_size {hotplug})"
+    )]
+    AboveLimit {
+        desired: u64,
+        limit: u64,
+        size: u64,
+        hotplug: u64,
+    },
+    #[error(
+        "desired_ram={desired} would add {added} bytes to the current {current}: \
+         RAM grows in multiples of 128 MiB ({HOTPLUG_MEMORY_ALIGN} bytes)"
+    )]
+    NotBlockMultiple {
+        desired: u64,
+        current: u64,
+        added: u64,
+    },
+    #[error("desired_ram: {0}")]
+    NoSlot(#[from] NoFreeSlot),
+    #[error("desired_ram: adding RAM failed: {0}")]
+    Failed(String),
+}
+
+impl ResizeError {
+    /// The request was wrong (400), rather than the VMM failing (500).
+    pub fn is_refusal(&self) -> bool {
+        !matches!(self, ResizeError::Failed(_))
+    }
+}
+
+/// A `vm.resize` body, Cloud Hypervisor's VmResize: each field optional.
+#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeRequest {
+    pub desired_vcpus: Option<u32>,
+    pub desired_ram: Option<u64>,
+    pub desired_balloon: Option<u64>,
+}
+
+impl ResizeRequest {
+    pub fn parse(body: &serde_json::Value) -> Result<Self, String> {
+        let r = ResizeRequest::deserialize(body).map_err(|e| format!("vm.resize: {e}"))?;
+        if let Some(b) = r.desired_balloon {
+            return Err(format!(
+                "vm.resize: desired_balloon={b} is not supported: there is no virtio-balloon device"
+            ));
+        }
+        Ok(r)
+    }
+}
+
+/// RAM added to the guest so far, and the slots that announce it.
+pub struct HotplugRam {
+    /// The configuration at boot: `size` is boot RAM.
+    boot: MemoryConfig,
+    /// Where the hot-plug area starts.
+    start: u64,
+    /// Bytes added so far (regions are contiguous from `start`).
+    added: u64,
+    /// The register device, when the configuration has `hotplug_size`.
+    controller: Option<Arc<Mutex<MemoryHotplug>>>,
+}
+
+impl HotplugRam {
+    pub fn new(boot: &MemoryConfig) -> Self {
+        HotplugRam {
+            boot: boot.clone(),
+            start: hotplug_memory_start(boot.size),
+            added: 0,
+            controller: boot
+                .hotplug_size
+                .map(|_| Arc::new(Mutex::new(MemoryHotplug::new()))),
+        }
+    }
+
+    /// The register device to put on the I/O bus (None without hot-plug).
+    pub fn controller(&self) -> Option<Arc<Mutex<MemoryHotplug>>> {
+        self.controller.clone()
+    }
+
+    pub fn boot_config(&self) -> &MemoryConfig {
+        &self.boot
+    }
+
+    /// Guest RAM now: boot RAM plus what was added.
+    pub fn current(&self) -> u64 {
+        self.boot.size + self.added
+    }
+
+    fn lock(&self) -> Option<std::sync::MutexGuard<'_, MemoryHotplug>> {
+        self.controller
+            .as_ref()
+            .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The region (guest address, size) that takes RAM to `desired` bytes,
+    /// or None when RAM already has that much.
+    pub fn plan(&self, desired: u64) -> Result<Option<(u64, u64)>, ResizeError> {
+        let current = self.current();
+        if desired <= current {
+            return Ok(None);
+        }
+        let hotplug = self.boot.hotplug_size.unwrap_or(0);
+        let limit = self.boot.max_size();
+        if desired > limit {
+            return Err(ResizeError::AboveLimit {
+                desired,
+                limit,
+                size: self.boot.size,
+                hotplug,
+            });
+        }
+        let added = desired - current;
+        if !added.is_multiple_of(HOTPLUG_MEMORY_ALIGN) {
+            return Err(ResizeError::NotBlockMultiple {
+                desired,
+                current,
+                added,
+            });
+        }
+        if !self.lock().is_some_and(|c| c.has_free_slot()) {
+            return Err(NoFreeSlot.into());
+        }
+        Ok(Some((self.start + self.added, added)))
+    }
+
+    /// The region from [`Self::plan`] is in place: a slot announces it at
+    /// the guest's next scan.
+    pub fn commit(&mut self, base: u64, size: u64) -> Result<(), ResizeError> {
+        let mut controller = self.lock().ok_or(NoFreeSlot)?;
+        controller.insert(base, size)?;
+        drop(controller);
+        self.added += size;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn ram(size: u64, hotplug: Option<u64>) -> HotplugRam {
+        HotplugRam::new(&MemoryConfig {
+            size,
+            hotplug_size: hotplug,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn growth_is_placed_after_the_previous_region_up_to_the_limit() {
+        let mut r = ram(512 * MIB, Some(1024 * MIB));
+        assert_eq!(r.plan(512 * MIB), Ok(None), "no change");
+        assert_eq!(r.plan(256 * MIB), Ok(None), "shrinking: nothing to do");
+        assert_eq!(r.plan(1024 * MIB), Ok(Some((1 << 32, 512 * MIB))));
+        r.commit(1 << 32, 512 * MIB).unwrap();
+        assert_eq!(r.current(), 1024 * MIB);
+        assert_eq!(r.plan(1024 * MIB), Ok(None));
+        assert_eq!(
+            r.plan(1536 * MIB),
+            Ok(Some(((1 << 32) + 512 * MIB, 512 * MIB)))
+        );
+        assert_eq!(
+            r.plan(1536 * MIB + 128 * MIB),
+            Err(ResizeError::AboveLimit {
+                desired: 1664 * MIB,
+                limit: 1536 * MIB,
+                size: 512 * MIB,
+                hotplug: 1024 * MIB,
+            })
+        );
+        let e = r.plan(2048 * MIB).unwrap_err();
+        assert!(e.is_refusal());
+        let msg = e.to_string();
+        assert!(
+            msg.contains("desired_ram=2147483648") && msg.contains("1610612736"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn growth_is_in_whole_blocks() {
+        let r = ram(512 * MIB, Some(1024 * MIB));
+        let e = r.plan(600 * MIB).unwrap_err();
+        assert_eq!(
+            e,
+            ResizeError::NotBlockMultiple {
+                desired: 600 * MIB,
+                current: 512 * MIB,
+                added: 88 * MIB,
+            }
+        );
+        assert!(e.to_string().contains("128 MiB"));
+        // The block is counted from the current size, not from zero.
+        let r = ram(500 * MIB, Some(1024 * MIB));
+        assert_eq!(r.plan(628 * MIB), Ok(Some((1 << 32, 128 * MIB))));
+    }
+
+    #[test]
+    fn without_hotplug_size_ram_cannot_grow() {
+        let r = ram(512 * MIB, None);
+        assert!(r.controller().is_none());
+        assert_eq!(r.plan(512 * MIB), Ok(None));
+        let e = r.plan(640 * MIB).unwrap_err();
+        assert!(e.to_string().contains("memory.hotplug_size 0"), "{e}");
+    }
+
+    #[test]
+    fn resize_bodies_as_kata_and_ch_remote_send_them() {
+        use serde_json::json;
+        // Kata's ResizeMemory: VmResize with only DesiredRam (omitempty).
+        assert_eq!(
+            ResizeRequest::parse(&json!({"desired_ram": 1073741824u64})),
+            Ok(ResizeRequest {
+                desired_ram: Some(1 << 30),
+                ..Default::default()
+            })
+        );
+        let e = ResizeRequest::parse(&json!({"desired_balloon": 0})).unwrap_err();
+        assert!(
+            e.contains("desired_balloon") && e.contains("balloon device"),
+            "{e}"
+        );
+        let e = ResizeRequest::parse(&json!({"desired_ram": -1})).unwrap_err();
+        assert!(e.contains("vm.resize"), "{e}");
+        let e = ResizeRequest::parse(&json!({"desired_memory": 1})).unwrap_err();
+        assert!(e.contains("desired_memory"), "{e}");
+    }
+
+    #[test]
+    fn slots_run_out() {
+        let mut r = ram(512 * MIB, Some(64 << 30));
+        let slots = crate::devices::memory_hotplug::MEMORY_SLOTS;
+        for _ in 0..slots {
+            let (base, size) = r.plan(r.current() + 128 * MIB).unwrap().unwrap();
+            r.commit(base, size).unwrap();
+        }
+        assert_eq!(
+            r.plan(r.current() + 128 * MIB),
+            Err(ResizeError::NoSlot(NoFreeSlot))
+        );
+        assert_eq!(r.current(), 512 * MIB + slots as u64 * 128 * MIB);
+    }
+}
