@@ -175,7 +175,7 @@ const VSOCK: &[(&str, Rule)] = &[
 ];
 
 const PLATFORM: &[(&str, Rule)] = &[
-    ("num_pci_segments", Rule::Default(|| json!(1))),
+    ("num_pci_segments", Rule::Ours),
     ("iommu_segments", Rule::Empty),
     ("iommu_address_width_bits", Rule::Empty),
     ("system_serial_number", Rule::Empty),

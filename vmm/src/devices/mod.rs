@@ -9,6 +9,7 @@ pub mod gsi_routing;
 pub mod i8042;
 pub mod pci_hotplug;
 pub mod pci_root;
+pub mod pci_segment;
 pub mod pvpanic;
 pub mod serial;
 pub mod virtio_mmio;
