@@ -15,7 +15,6 @@ use acpi_tables::{aml, Aml};
 use super::device_memory::SegmentWindows;
 use super::pci_hotplug::{host_bridge_path, slot_aml, RawAml};
 use super::pci_root::{PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE};
-use crate::arch::x86_64::layout::{pci_ecam_start, PCI_ECAM_SIZE};
 
 /// Where a function sits: its segment and its slot on the segment's bus 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -32,8 +31,8 @@ impl fmt::Display for PciAddress {
 }
 
 /// Segment `segment`'s host bridge in the DSDT: `_SEG`, `_UID` and `_BBN 0`,
-/// its resources (bus 0, its ECAM range, the config ports on segment 0, its
-/// 32- and 64-bit windows) and its hot-plug slots.
+/// its resources (bus 0, the config ports on segment 0, its 32- and 64-bit
+/// windows) and its hot-plug slots.
 pub fn host_bridge_aml(segment: u16, windows: &SegmentWindows, sink: &mut Vec<u8>) {
     let mut slots = Vec::new();
     slot_aml(&mut slots, segment);
@@ -41,9 +40,6 @@ pub fn host_bridge_aml(segment: u16, windows: &SegmentWindows, sink: &mut Vec<u8
     let (m32_start, m32_size) = windows.mmio32;
     let (m64_start, m64_size) = windows.mmio64;
     let bus = aml::AddressSpace::new_bus_number(0x0u16, 0x0u16);
-    // Linux checks the MCFG range against the bridge's (or the
-    // motherboard's) resources; listing it here makes the check pass.
-    let ecam = aml::Memory32Fixed::new(true, pci_ecam_start(segment) as u32, PCI_ECAM_SIZE as u32);
     let ports = aml::IO::new(
         PCI_CONFIG_IO_PORT as u16,
         PCI_CONFIG_IO_PORT as u16,
@@ -64,7 +60,9 @@ pub fn host_bridge_aml(segment: u16, windows: &SegmentWindows, sink: &mut Vec<u8
         m64_start + m64_size - 1,
         None,
     );
-    let mut resources: Vec<&dyn Aml> = vec![&bus, &ecam];
+    // The ECAM range is the MCFG's to give (a range in _CRS would be a
+    // window the bridge forwards).
+    let mut resources: Vec<&dyn Aml> = vec![&bus];
     if segment == 0 {
         resources.push(&ports);
     }
@@ -115,7 +113,7 @@ mod tests {
     }
 
     #[test]
-    fn each_bridge_names_its_segment_ecam_and_windows() {
+    fn each_bridge_names_its_segment_and_windows() {
         let windows = segment_windows(512 << 20, 2);
         let mut seg1 = Vec::new();
         host_bridge_aml(1, &windows[1], &mut seg1);
@@ -124,11 +122,11 @@ mod tests {
         assert_eq!(after(&seg1, b"_SEG")[0], 0x01);
         assert_eq!(after(&seg1, b"_UID")[0], 0x01);
         assert_eq!(after(&seg1, b"_BBN")[0], 0x00);
-        // Its ECAM range, a Memory32Fixed descriptor (0x86): base, length.
-        let mut ecam = vec![0x86, 9, 0, 1];
-        ecam.extend_from_slice(&(pci_ecam_start(1) as u32).to_le_bytes());
-        ecam.extend_from_slice(&(PCI_ECAM_SIZE as u32).to_le_bytes());
-        assert!(seg1.windows(ecam.len()).any(|w| w == ecam.as_slice()));
+        // Its own 32-bit window (DWord address space descriptor, min/max).
+        let (start, size) = windows[1].mmio32;
+        let mut range = (start as u32).to_le_bytes().to_vec();
+        range.extend_from_slice(&((start + size - 1) as u32).to_le_bytes());
+        assert!(seg1.windows(8).any(|w| w == range.as_slice()));
         // Its own 64-bit window (QWord address space descriptor, min/max).
         let (start, size) = windows[1].mmio64;
         let mut range = start.to_le_bytes().to_vec();
