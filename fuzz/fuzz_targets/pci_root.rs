@@ -167,7 +167,12 @@ fuzz_target!(|data: &[u8]| {
             6 => {
                 let slot = (value % 32) as u8;
                 let segment = (value >> 8) as u16 % SEGMENTS;
-                if roots[usize::from(segment)].lock().unwrap().remove(slot).is_some() {
+                if roots[usize::from(segment)]
+                    .lock()
+                    .unwrap()
+                    .remove(slot)
+                    .is_some()
+                {
                     hotplug.lock().unwrap().announce_remove(segment, slot);
                     let _ = ged.lock().unwrap().raise(ged::EVENT_PCI_HOTPLUG);
                 }
