@@ -1,7 +1,8 @@
 //! The VMM's PCI root as a guest reaches it: ports 0xCF8/0xCFC, ECAM, the ACPI PCI hot-plug registers, the GED and ACPI PM ports, with devices coming and going.
 //!
 //! The buses are laid out as the VMM lays them out (vm.rs, device_manager.rs,
-//! devices/virtio_pci.rs); slot 1 holds a virtio-PCI function. Each input
+//! devices/virtio_pci.rs), with two PCI segments (segment 0 also behind the
+//! config ports); slot 1 of each holds a virtio-PCI function. Each input
 //! byte group is a port or memory access of any width KVM can exit with,
 //! at any offset in and around the devices, or a hot-plug (add, remove,
 //! GED notification, the control thread taking the ejections).
@@ -14,7 +15,7 @@ use libfuzzer_sys::fuzz_target;
 use pci::msix::MsixEntry;
 use virtio_devices::transport::pci::device::{MsiSender, VirtioPciDevice};
 use vm_memory::GuestMemoryAtomic;
-use vmm::arch::x86_64::layout::{PCI_ECAM_SIZE, PCI_ECAM_START};
+use vmm::arch::x86_64::layout::{pci_ecam_start, PCI_ECAM_SIZE, PCI_ECAM_START};
 use vmm::devices::acpi_pm::{self, AcpiPm};
 use vmm::devices::ged::{self, Ged};
 use vmm::devices::pci_hotplug::{self, PciHotplug, HOTPLUG_SLOTS};
@@ -70,11 +71,17 @@ const PORTS: [(u64, u64); 4] = [
     (ged::GED_PORT as u64, 1),
 ];
 
+/// PCI segments in the fuzzed VM.
+const SEGMENTS: u16 = 2;
+
 fuzz_target!(|data: &[u8]| {
     let pio = Bus::new();
     let mmio = Bus::new();
-    let root = Arc::new(Mutex::new(PciRoot::new()));
-    let hotplug = PciHotplug::new().unwrap();
+    let roots: Vec<Arc<Mutex<PciRoot>>> = (0..SEGMENTS)
+        .map(|_| Arc::new(Mutex::new(PciRoot::new())))
+        .collect();
+    let root = roots[0].clone();
+    let hotplug = PciHotplug::new(SEGMENTS).unwrap();
     let ejects = hotplug.eject_requests();
     let hotplug = Arc::new(Mutex::new(hotplug));
     let ged_irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
@@ -94,15 +101,18 @@ fuzz_target!(|data: &[u8]| {
     )
     .unwrap();
     pio.insert(ged.clone(), PORTS[3].0, PORTS[3].1).unwrap();
-    mmio.insert(
-        Arc::new(Mutex::new(PciEcam::new(root.clone()))),
-        PCI_ECAM_START,
-        PCI_ECAM_SIZE,
-    )
-    .unwrap();
-    if let Some(f) = function() {
-        root.lock().unwrap().add(f);
+    for (segment, r) in roots.iter().enumerate() {
+        mmio.insert(
+            Arc::new(Mutex::new(PciEcam::new(r.clone()))),
+            pci_ecam_start(segment as u16),
+            PCI_ECAM_SIZE,
+        )
+        .unwrap();
+        if let Some(f) = function() {
+            r.lock().unwrap().add(f);
+        }
     }
+    let ecam_span = PCI_ECAM_SIZE * u64::from(SEGMENTS);
 
     let mut pos = 0;
     while pos < data.len() {
@@ -124,7 +134,7 @@ fuzz_target!(|data: &[u8]| {
             }
             // ECAM: 1, 2, 4 or 8 bytes anywhere in (and past) the window.
             3 | 4 => {
-                let addr = PCI_ECAM_START + (value >> 32) % (PCI_ECAM_SIZE + 0x1000);
+                let addr = PCI_ECAM_START + (value >> 32) % (ecam_span + 0x1000);
                 let size = [1, 2, 4, 8][usize::from(op >> 5 & 3)];
                 let bytes = value.to_le_bytes();
                 if op & 7 == 3 {
@@ -140,12 +150,14 @@ fuzz_target!(|data: &[u8]| {
                     }
                 }
             }
-            // Hot-plug: a device into the first free slot, announced.
+            // Hot-plug: a device into the first free slot of a segment,
+            // announced.
             5 => {
+                let segment = (value >> 8) as u16 % SEGMENTS;
                 if let Some(f) = function() {
-                    if let Some(slot) = root.lock().unwrap().add(f) {
+                    if let Some(slot) = roots[usize::from(segment)].lock().unwrap().add(f) {
                         assert!(HOTPLUG_SLOTS.contains(&slot), "slot {slot}");
-                        hotplug.lock().unwrap().announce_add(slot);
+                        hotplug.lock().unwrap().announce_add(segment, slot);
                         let _ = ged.lock().unwrap().raise(ged::EVENT_PCI_HOTPLUG);
                     }
                 }
@@ -154,15 +166,22 @@ fuzz_target!(|data: &[u8]| {
             // taking the slots the guest ejected and removing them.
             6 => {
                 let slot = (value % 32) as u8;
-                if root.lock().unwrap().remove(slot).is_some() {
-                    hotplug.lock().unwrap().announce_remove(slot);
+                let segment = (value >> 8) as u16 % SEGMENTS;
+                if roots[usize::from(segment)]
+                    .lock()
+                    .unwrap()
+                    .remove(slot)
+                    .is_some()
+                {
+                    hotplug.lock().unwrap().announce_remove(segment, slot);
                     let _ = ged.lock().unwrap().raise(ged::EVENT_PCI_HOTPLUG);
                 }
             }
             _ => {
-                for slot in ejects.take() {
+                for (segment, slot) in ejects.take() {
                     assert!(HOTPLUG_SLOTS.contains(&slot), "ejected slot {slot}");
-                    root.lock().unwrap().remove(slot);
+                    assert!(segment < SEGMENTS, "ejected on segment {segment}");
+                    roots[usize::from(segment)].lock().unwrap().remove(slot);
                 }
             }
         }

@@ -121,6 +121,22 @@ pub struct ControlLoop {
     events: EventBus,
 }
 
+/// `vm.info`'s `device_tree` as Cloud Hypervisor shapes it, for the
+/// virtio-PCI devices of a running VM: each one's id and `pci_bdf`
+/// (`SSSS:00:DD.0`, with its segment).
+fn device_tree(vm: &Vm) -> Value {
+    let nodes: serde_json::Map<String, Value> = vm
+        .pci_addresses()
+        .into_iter()
+        .map(|(id, at)| {
+            let node =
+                json!({"id": id, "resources": [], "children": [], "pci_bdf": at.to_string()});
+            (id, node)
+        })
+        .collect();
+    Value::Object(nodes)
+}
+
 fn window_stats(info: &FsDeviceInfo) -> Option<WindowStats> {
     let w = info.window.as_ref()?;
     let m = w.metrics.snapshot();
@@ -419,11 +435,15 @@ impl ControlLoop {
                     .config
                     .as_ref()
                     .ok_or_else(|| ApiError::conflict("vm.info: no VM is created"))?;
-                Ok(VmmReply::Json(json!({
+                let mut info = json!({
                     "config": vm_config_to_json(config),
                     "state": self.state.as_str(),
                     "memory_actual_size": config.memory.size,
-                })))
+                });
+                if let Some(vm) = self.vm.as_ref().filter(|_| self.booted()) {
+                    info["device_tree"] = device_tree(vm);
+                }
+                Ok(VmmReply::Json(info))
             }
             VmmAction::ShutdownVm => {
                 if !self.booted() {

@@ -36,7 +36,7 @@ use crate::devices::device_memory::{AddressSpace, Area, MemorySlot, SlotNumbers}
 use crate::devices::ged::{GedHandle, EVENT_PCI_HOTPLUG};
 use crate::devices::pci_hotplug::{EjectRequests, PciHotplug};
 use crate::devices::virtio_mmio::MmioDeviceManager;
-use crate::devices::virtio_pci::{PciDeviceManager, ShmBacking};
+use crate::devices::virtio_pci::{PciAddress, PciDeviceManager, ShmBacking};
 use crate::devices::Bus;
 use crate::memory::{GuestMemoryMmap, GuestRegionMmap};
 use crate::vm::VmError;
@@ -60,15 +60,15 @@ pub struct FsDeviceInfo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PciDeviceInfo {
     pub id: String,
-    /// `0000:00:SS.0`
+    /// `SSSS:00:DD.0`: segment, bus 0, slot.
     pub bdf: String,
 }
 
 impl PciDeviceInfo {
-    fn new(id: &str, slot: u8) -> Self {
+    fn new(id: &str, at: PciAddress) -> Self {
         PciDeviceInfo {
             id: id.to_string(),
-            bdf: format!("0000:00:{slot:02x}.0"),
+            bdf: at.to_string(),
         }
     }
 }
@@ -99,8 +99,9 @@ pub struct DeviceManager {
 }
 
 impl DeviceManager {
-    /// The PCI bus (config ports, ECAM), the hot-plug controller on `pio`,
-    /// and no device yet.
+    /// The PCI segments (config ports, ECAM ranges), the hot-plug
+    /// controller on `pio`, and no device yet.
+    #[allow(clippy::too_many_arguments)] // each is a different piece of the VM
     pub fn new(
         kvm: &Kvm,
         vm: &Arc<VmFd>,
@@ -108,10 +109,15 @@ impl DeviceManager {
         mmio: &Arc<Bus>,
         mem: GuestMemoryAtomic<GuestMemoryMmap>,
         memory: &MemoryConfig,
+        pci_segments: u16,
         ged: GedHandle,
     ) -> Result<Self, VmError> {
         let (ram_size, hotplug_size) = (memory.size, memory.hotplug_size.unwrap_or(0));
-        let space = Arc::new(Mutex::new(AddressSpace::new(ram_size, hotplug_size)));
+        let space = Arc::new(Mutex::new(AddressSpace::new(
+            ram_size,
+            hotplug_size,
+            pci_segments,
+        )));
         let limit = kvm.check_extension_int(Cap::NrMemslots).max(0) as u32;
         let slots = SlotNumbers::new(limit);
         let activator = DeviceActivator::start()?;
@@ -122,10 +128,9 @@ impl DeviceManager {
             &mem,
             space.clone(),
             slots.clone(),
-            layout::device_memory_start(ram_size, hotplug_size),
             activator.activator(),
         )?;
-        let hotplug = PciHotplug::new()?;
+        let hotplug = PciHotplug::new(pci_segments)?;
         let ejects = hotplug.eject_requests();
         let hotplug = Arc::new(Mutex::new(hotplug));
         pio.insert(
@@ -162,7 +167,7 @@ impl DeviceManager {
     ) -> Result<(), VmError> {
         if let Some(r) = &config.rng {
             let device = Rng::new("_rng".into(), &r.src)?;
-            self.place("_rng", Box::new(device), r.transport, None)?;
+            self.place("_rng", Box::new(device), r.transport, r.pci_segment, None)?;
             log::info!("rng: virtio-rng from {}", r.src.display());
         }
         for p in &config.pmem {
@@ -184,11 +189,16 @@ impl DeviceManager {
     }
 
     /// The DSDT entries of the devices: virtio-MMIO devices, the PCI host
-    /// bridge with its slots, the hot-plug controller.
+    /// bridges with their slots, the hot-plug controller.
     pub fn append_aml(&self, sink: &mut Vec<u8>) {
         sink.extend_from_slice(self.mmio_devices.aml());
         self.pci.append_aml(sink);
-        PciHotplug::append_aml(sink);
+        PciHotplug::append_aml(sink, self.pci.segment_count());
+    }
+
+    /// Where each virtio-PCI device is, by id.
+    pub fn pci_addresses(&self) -> Vec<(String, PciAddress)> {
+        self.pci.addresses()
     }
 
     pub fn fs_devices(&self) -> &[FsDeviceInfo] {
@@ -200,16 +210,18 @@ impl DeviceManager {
         &self.counters
     }
 
-    /// Puts `device` on `transport`; on PCI returns its slot.
+    /// Puts `device` on `transport` (on PCI, on `segment`); on PCI returns
+    /// where it went.
     fn place(
         &mut self,
         id: &str,
         device: Box<dyn VirtioDevice>,
         transport: Transport,
+        segment: u16,
         shm: Option<ShmBacking>,
-    ) -> Result<Option<u8>, VmError> {
+    ) -> Result<Option<PciAddress>, VmError> {
         let counters = device.counters();
-        let slot = self.place_on_transport(id, device, transport, shm)?;
+        let slot = self.place_on_transport(id, device, transport, segment, shm)?;
         if let Some(c) = counters {
             self.counters.push((id.to_string(), c));
         }
@@ -221,10 +233,11 @@ impl DeviceManager {
         id: &str,
         device: Box<dyn VirtioDevice>,
         transport: Transport,
+        segment: u16,
         shm: Option<ShmBacking>,
-    ) -> Result<Option<u8>, VmError> {
+    ) -> Result<Option<PciAddress>, VmError> {
         match transport {
-            Transport::Pci => Ok(Some(self.pci.add(id, device, shm)?)),
+            Transport::Pci => Ok(Some(self.pci.add(id, segment, device, shm)?)),
             Transport::Mmio => {
                 let mut device = device;
                 if let Some(b) = shm {
@@ -255,7 +268,7 @@ impl DeviceManager {
 
     /// Opens and maps the pmem backing file and puts a virtio-pmem device
     /// for it on its transport.
-    fn add_pmem_device(&mut self, p: &PmemConfig) -> Result<Option<u8>, VmError> {
+    fn add_pmem_device(&mut self, p: &PmemConfig) -> Result<Option<PciAddress>, VmError> {
         let backing = PmemBacking::open(&p.file, p.size, p.discard_writes)?;
         let (size, host_addr) = (backing.size(), backing.host_addr());
         let device = Box::new(Pmem::new(p.id.clone(), &backing, 0)?);
@@ -264,14 +277,14 @@ impl DeviceManager {
             host_addr,
             owner: Box::new(backing),
         };
-        let slot = self.place(&p.id, device, p.transport, Some(shm))?;
+        let slot = self.place(&p.id, device, p.transport, p.pci_segment, Some(shm))?;
         log::info!("pmem {}: {size} bytes of {}", p.id, p.file.display());
         Ok(slot)
     }
 
     /// Opens the disk image and puts a virtio-blk device for it on its
     /// transport.
-    fn add_disk_device(&mut self, d: &DiskConfig) -> Result<Option<u8>, VmError> {
+    fn add_disk_device(&mut self, d: &DiskConfig) -> Result<Option<PciAddress>, VmError> {
         let device = Block::new(&BlockDeviceConfig {
             id: d.id.clone(),
             path: d.path.clone(),
@@ -282,7 +295,7 @@ impl DeviceManager {
             serial: d.serial.clone(),
         })?;
         let size = device.size();
-        let slot = self.place(&d.id, Box::new(device), d.transport, None)?;
+        let slot = self.place(&d.id, Box::new(device), d.transport, d.pci_segment, None)?;
         log::info!(
             "disk {}: {size} bytes of {}{}",
             d.id,
@@ -293,9 +306,9 @@ impl DeviceManager {
     }
 
     /// Binds the vsock device's socket and puts the device on its transport.
-    fn add_vsock_device(&mut self, v: &VsockConfig) -> Result<Option<u8>, VmError> {
+    fn add_vsock_device(&mut self, v: &VsockConfig) -> Result<Option<PciAddress>, VmError> {
         let device = Vsock::new(v.id.clone(), v.cid, v.socket.clone())?;
-        let slot = self.place(&v.id, Box::new(device), v.transport, None)?;
+        let slot = self.place(&v.id, Box::new(device), v.transport, v.pci_segment, None)?;
         log::info!(
             "vsock {}: guest cid {}, host socket {}",
             v.id,
@@ -307,7 +320,7 @@ impl DeviceManager {
 
     /// Opens the device's tap and puts a virtio-net device on it on its
     /// transport.
-    fn add_net_device(&mut self, n: &NetConfig) -> Result<Option<u8>, VmError> {
+    fn add_net_device(&mut self, n: &NetConfig) -> Result<Option<PciAddress>, VmError> {
         let tap = open_tap(n)?;
         let tap_name = tap.name().to_string();
         let device = Net::new(NetDeviceConfig {
@@ -318,7 +331,7 @@ impl DeviceManager {
             queue_size: n.queue_size,
             allowed_offloads: allowed_offloads(n.offload_csum, n.offload_tso),
         });
-        let slot = self.place(&n.id, Box::new(device), n.transport, None)?;
+        let slot = self.place(&n.id, Box::new(device), n.transport, n.pci_segment, None)?;
         log::info!("net {}: tap {tap_name}, guest MAC {}", n.id, n.mac);
         Ok(slot)
     }
@@ -338,7 +351,7 @@ impl DeviceManager {
         &mut self,
         f: &FsConfig,
         observe: Option<&ObserverFactory>,
-    ) -> Result<Option<u8>, VmError> {
+    ) -> Result<Option<PciAddress>, VmError> {
         let device = VhostUserFs::connect(&FsDeviceConfig {
             id: f.id.clone(),
             tag: f.tag.clone(),
@@ -371,7 +384,7 @@ impl DeviceManager {
                 owner: Box::new(w),
             }
         });
-        let slot = self.place(&f.id, Box::new(device), f.transport, shm)?;
+        let slot = self.place(&f.id, Box::new(device), f.transport, f.pci_segment, shm)?;
         self.fs.push(info);
         Ok(slot)
     }
@@ -387,9 +400,9 @@ impl DeviceManager {
 
     /// Refuses an id that a device still being ejected holds.
     fn id_is_free(&self, id: &str) -> Result<(), VmError> {
-        match self.pci.slot_of(id) {
-            Some(slot) => Err(VmError::Hotplug(format!(
-                "{id}: a device with this id is still in slot {slot} (its removal waits for the guest to eject it)"
+        match self.pci.address_of(id) {
+            Some(at) => Err(VmError::Hotplug(format!(
+                "{id}: a device with this id is still at {at} (its removal waits for the guest to eject it)"
             ))),
             None => Ok(()),
         }
@@ -446,13 +459,13 @@ impl DeviceManager {
         Ok(PciDeviceInfo::new(&n.id, slot))
     }
 
-    fn announce(&self, slot: u8, add: bool) -> Result<(), VmError> {
+    fn announce(&self, at: PciAddress, add: bool) -> Result<(), VmError> {
         {
             let mut hp = self.hotplug.lock().unwrap_or_else(|e| e.into_inner());
             if add {
-                hp.announce_add(slot);
+                hp.announce_add(at.segment, at.slot);
             } else {
-                hp.announce_remove(slot);
+                hp.announce_remove(at.segment, at.slot);
             }
         }
         self.ged.raise(EVENT_PCI_HOTPLUG)?;
@@ -462,7 +475,7 @@ impl DeviceManager {
     /// Asks the guest to eject the device named `id`; it goes when the
     /// guest has let go of it ([`Self::complete_ejects`]).
     pub fn request_removal(&self, id: &str) -> Result<(), VmError> {
-        let slot = self.pci.slot_of(id).ok_or_else(|| {
+        let slot = self.pci.address_of(id).ok_or_else(|| {
             VmError::Hotplug(format!(
                 "{id}: not a hot-pluggable device (only virtio-PCI fs, pmem, disk, vsock and net devices can be removed from a running VM)"
             ))
@@ -527,13 +540,14 @@ impl DeviceManager {
 
     pub fn complete_ejects(&mut self) -> Vec<String> {
         let mut gone = Vec::new();
-        for slot in self.ejects.take() {
-            let Some(id) = self.pci.remove(slot) else {
+        for (segment, slot) in self.ejects.take() {
+            let at = PciAddress { segment, slot };
+            let Some(id) = self.pci.remove(at) else {
                 continue; // an empty slot: nothing to do
             };
             self.fs.retain(|f| f.id != id);
             self.counters.retain(|(c, _)| *c != id);
-            log::info!("{id}: ejected by the guest from slot {slot}, removed");
+            log::info!("{id}: ejected by the guest from {at}, removed");
             gone.push(id);
         }
         gone

@@ -8,7 +8,7 @@ use clap::Parser;
 use vmm::config::OptionValues;
 use vmm::config::{
     parse_console, ConfigError, CpusConfig, DiskConfig, FsConfig, MemoryConfig, NetConfig,
-    PayloadConfig, PmemConfig, RngConfig, SerialMode, VmConfig, VsockConfig,
+    PayloadConfig, PlatformConfig, PmemConfig, RngConfig, SerialMode, VmConfig, VsockConfig,
 };
 use vmm::control_loop::{ControlLoop, LoopExit};
 use vmm::signals::StopSignals;
@@ -72,6 +72,14 @@ struct Cli {
     /// cid=<cid>,socket=<path>[,id=<id>][,transport=pci|mmio].
     #[arg(long, value_name = "cid=CID,socket=PATH")]
     vsock: Option<String>,
+    /// PCI segments: num_pci_segments=<1..96>. Devices choose theirs with
+    /// pci_segment=<n>.
+    #[arg(
+        long,
+        value_name = "num_pci_segments=N",
+        default_value = "num_pci_segments=1"
+    )]
+    platform: String,
     /// REST API socket: <path> or path=<path>.
     #[arg(long, value_name = "PATH")]
     api_socket: Option<String>,
@@ -172,6 +180,7 @@ impl Cli {
             rng: RngConfig::parse(&self.rng)?,
             vsock: self.vsock.as_deref().map(VsockConfig::parse).transpose()?,
             pvpanic: true,
+            platform: PlatformConfig::parse(&self.platform)?,
         };
         config.validate()?;
         Ok(Some(config))

@@ -251,7 +251,11 @@ fn load_payload(
     let cmdline_size = boot::load_command_line(mem, &config.payload.cmdline)?;
     mem.write_slice(&layout::RESET_STUB, GuestAddress(layout::RESET_VECTOR))
         .map_err(|e| VmError::Device(format!("writing the reset stub: {e}")))?;
-    let acpi = AcpiTables::build(config.cpus.boot_vcpus, device_aml)?;
+    let acpi = AcpiTables::build(
+        config.cpus.boot_vcpus,
+        device_aml,
+        config.platform.num_pci_segments,
+    )?;
     acpi.write(mem)?;
     let e820 = boot::e820_map(&layout::ram_ranges(config.memory.size));
     boot::write_boot_params(mem, &kernel, cmdline_size, initramfs, &e820, acpi.rsdp_addr)?;
@@ -324,6 +328,7 @@ impl Vm {
             &mmio,
             guest_mem,
             &config.memory,
+            config.platform.num_pci_segments,
             ged.clone(),
         )?;
         devices.add_boot_devices(config, observe)?;
@@ -412,6 +417,11 @@ impl Vm {
 
     pub fn fs_devices(&self) -> &[FsDeviceInfo] {
         self.devices.fs_devices()
+    }
+
+    /// Where each virtio-PCI device is, by id.
+    pub fn pci_addresses(&self) -> Vec<(String, crate::devices::virtio_pci::PciAddress)> {
+        self.devices.pci_addresses()
     }
 
     /// The counters of every device that keeps them (disks, NICs), by id.

@@ -186,7 +186,7 @@ const VSOCK: &[(&str, Rule)] = &[
 ];
 
 const PLATFORM: &[(&str, Rule)] = &[
-    ("num_pci_segments", Rule::Default(|| json!(1))),
+    ("num_pci_segments", Rule::Ours),
     ("iommu_segments", Rule::Empty(Shape::Array)),
     ("iommu_address_width_bits", Rule::Empty(Shape::Null)),
     ("system_serial_number", Rule::Empty(Shape::Null)),

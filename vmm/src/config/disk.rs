@@ -24,6 +24,8 @@ pub struct DiskConfig {
     pub queue_size: u16,
     pub serial: Option<String>,
     pub transport: Transport,
+    /// The PCI segment the device is on (virtio-PCI only).
+    pub pci_segment: u16,
 }
 
 /// Keys `--disk` accepts: Cloud Hypervisor's, and `transport`. Those after
@@ -66,6 +68,7 @@ impl DiskConfig {
     /// Checks and converts the values of `--disk` (or of an API DiskConfig).
     pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         o.check_ch_defaults()?;
+        let (transport, pci_segment) = o.transport_and_segment()?;
         if o.convert("vhost_user", parse_toggle)?.unwrap_or(false) {
             return Err(o.unsupported("vhost_user", "only disk images the VMM opens itself"));
         }
@@ -140,9 +143,8 @@ impl DiskConfig {
             num_queues: num_queues as u16,
             queue_size: queue_size as u16,
             serial,
-            transport: o
-                .convert("transport", Transport::parse)?
-                .unwrap_or_default(),
+            transport,
+            pci_segment,
         })
     }
 }
@@ -169,6 +171,7 @@ mod tests {
                 queue_size: 1024,
                 serial: Some("ABC".into()),
                 transport: Transport::Mmio,
+                pci_segment: 0,
             }
         );
         let c = DiskConfig::parse("path=/img", 2).unwrap();
@@ -213,7 +216,10 @@ mod tests {
             .contains("image_type=qcow2 is not supported: raw images only"));
         assert!(e("path=x,bw_size=1000").contains("bw_size=1000 is not supported"));
         assert!(e("path=x,iommu=on").contains("iommu=on"));
-        assert!(e("path=x,pci_segment=1").contains("pci_segment=0"));
+        assert!(e("path=x,pci_segment=1,transport=mmio").contains(
+            "pci_segment=1 is not supported: a transport=mmio device is on no PCI segment"
+        ));
+        assert!(e("path=x,pci_segment=-1").contains("pci_segment=\"-1\" is invalid"));
         assert!(e("path=x,cache=none").contains("unknown key \"cache\""));
         assert!(e("path=").contains("path=\"\" is invalid"));
     }

@@ -32,6 +32,8 @@ pub struct FsConfig {
     /// view when it is mapped, not page by page as the guest touches it.
     pub dax_prefault: bool,
     pub transport: Transport,
+    /// The PCI segment the device is on (virtio-PCI only).
+    pub pci_segment: u16,
     /// The daemon's control socket, through which the API pushes DAX policies.
     pub control_socket: Option<PathBuf>,
     /// The DAX policy this device's daemon should have (validated and
@@ -78,6 +80,7 @@ impl FsConfig {
     /// Checks and converts the values of `--fs` (or of an API FsConfig).
     pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         o.check_ch_defaults()?;
+        let (transport, pci_segment) = o.transport_and_segment()?;
         let tag = o.get("tag").ok_or(ConfigError::MissingKey {
             option: "fs",
             key: "tag",
@@ -131,9 +134,8 @@ impl FsConfig {
             dax,
             cache_size,
             dax_prefault: o.convert("dax_prefault", parse_toggle)?.unwrap_or(true),
-            transport: o
-                .convert("transport", Transport::parse)?
-                .unwrap_or_default(),
+            transport,
+            pci_segment,
             control_socket: match o.get("control_socket") {
                 Some("") => {
                     return Err(o.invalid(

@@ -17,8 +17,8 @@ use super::fs::FS_KEYS;
 use super::option_parser::OptionValues;
 use super::pmem::PMEM_KEYS;
 use super::{
-    ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PmemConfig, RngConfig,
-    SerialMode, Transport, VmConfig, VsockConfig, RNG_KEYS, VSOCK_KEYS,
+    ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PlatformConfig, PmemConfig,
+    RngConfig, SerialMode, Transport, VmConfig, VsockConfig, PLATFORM_KEYS, RNG_KEYS, VSOCK_KEYS,
 };
 use super::{DiskConfig, DISK_KEYS};
 use super::{NetConfig, NET_KEYS};
@@ -382,6 +382,25 @@ impl RngJson {
     }
 }
 
+/// The part of Cloud Hypervisor's PlatformConfig this VMM implements (the
+/// rest is checked by [`super::ch_fields`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlatformJson {
+    num_pci_segments: Option<u16>,
+}
+
+impl PlatformJson {
+    fn into_config(self) -> Result<PlatformConfig, ConfigError> {
+        let pairs = self
+            .num_pci_segments
+            .map(|n| ("num_pci_segments", n.to_string()))
+            .into_iter()
+            .collect();
+        PlatformConfig::from_values(&OptionValues::from_pairs("platform", pairs, PLATFORM_KEYS)?)
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PayloadJson {
@@ -428,6 +447,7 @@ struct VmConfigJson {
     rng: Option<RngJson>,
     vsock: Option<VsockConfigJson>,
     pvpanic: Option<bool>,
+    platform: Option<PlatformJson>,
 }
 
 fn serial_mode(c: &ConsoleJson, option: &'static str) -> Result<SerialMode, ConfigError> {
@@ -539,6 +559,11 @@ pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
         ),
         vsock: j.vsock.map(VsockConfigJson::into_config).transpose()?,
         pvpanic: j.pvpanic.unwrap_or(true),
+        platform: j
+            .platform
+            .map(PlatformJson::into_config)
+            .transpose()?
+            .unwrap_or_default(),
     };
     config.validate()?;
     Ok(config)
@@ -618,38 +643,39 @@ pub fn vm_config_to_json(c: &VmConfig) -> Value {
         "debug_console": {"mode": "Off", "iobase": 0xe9},
         "fs": c.fs.iter().map(|f| json!({
             "tag": f.tag, "socket": f.socket, "num_queues": f.num_queues, "queue_size": f.queue_size,
-            "id": f.id, "pci_segment": 0, "dax": f.dax, "cache_size": f.cache_size, "dax_prefault": f.dax_prefault,
+            "id": f.id, "pci_segment": f.pci_segment, "dax": f.dax, "cache_size": f.cache_size, "dax_prefault": f.dax_prefault,
             "transport": transport(f.transport), "control_socket": f.control_socket,
             "dax_policy": f.dax_policy,
         })).collect::<Vec<_>>(),
         "pmem": c.pmem.iter().map(|p| json!({
             "file": p.file, "size": p.size, "iommu": false, "discard_writes": p.discard_writes,
-            "id": p.id, "pci_segment": 0, "transport": transport(p.transport),
+            "id": p.id, "pci_segment": p.pci_segment, "transport": transport(p.transport),
         })).collect::<Vec<_>>(),
         "disks": c.disks.iter().map(|d| json!({
             "path": d.path, "readonly": d.readonly, "direct": d.direct, "iommu": false,
             "num_queues": d.num_queues, "queue_size": d.queue_size, "vhost_user": false,
-            "id": d.id, "serial": d.serial, "pci_segment": 0, "backing_files": false, "sparse": true,
+            "id": d.id, "serial": d.serial, "pci_segment": d.pci_segment, "backing_files": false, "sparse": true,
             "image_type": "Raw", "transport": transport(d.transport),
         })).collect::<Vec<_>>(),
         "net": c.net.iter().map(|n| json!({
             "tap": n.tap, "ip": n.ip.map(|a| a.to_string()), "mask": n.mask.map(|a| a.to_string()),
             "mac": n.mac.to_string(), "mtu": n.mtu, "iommu": false, "num_queues": n.num_queues,
             "queue_size": n.queue_size, "vhost_user": false, "vhost_mode": "Client", "id": n.id,
-            "pci_segment": 0, "offload_tso": n.offload_tso, "offload_ufo": true,
+            "pci_segment": n.pci_segment, "offload_tso": n.offload_tso, "offload_ufo": true,
             "offload_csum": n.offload_csum, "transport": transport(n.transport),
         })).collect::<Vec<_>>(),
         "pvpanic": c.pvpanic,
+        "platform": {"num_pci_segments": c.platform.num_pci_segments},
         "iommu": false,
         "watchdog": false,
         "landlock_enable": false,
     });
     if let Some(r) = &c.rng {
-        v["rng"] = json!({"src": r.src, "iommu": false, "pci_segment": 0, "transport": transport(r.transport)});
+        v["rng"] = json!({"src": r.src, "iommu": false, "pci_segment": r.pci_segment, "transport": transport(r.transport)});
     }
     if let Some(s) = &c.vsock {
         v["vsock"] = json!({"cid": s.cid, "socket": s.socket, "iommu": false, "id": s.id,
-                            "pci_segment": 0, "transport": transport(s.transport)});
+                            "pci_segment": s.pci_segment, "transport": transport(s.transport)});
     }
     v
 }
@@ -882,6 +908,48 @@ mod tests {
         // Without rng or pvpanic: both on.
         let c = vm_config_from_json(&json!({"payload": {"kernel": "/k"}})).unwrap();
         assert!(c.rng.is_some() && c.pvpanic);
+    }
+
+    #[test]
+    fn kata_puts_its_share_on_segment_one_of_two() {
+        // What Kata's clh driver sends: platform.num_pci_segments 2 and the
+        // virtio-fs share with pci_segment 1 (generated client's defaults).
+        let body = json!({
+            "payload": {"kernel": "/k"},
+            "memory": {"size": 536870912u64, "shared": true},
+            "platform": {"num_pci_segments": 2, "iommu_segments": null, "tdx": false},
+            "fs": [{"tag": "kataShared", "socket": "/run/vc/vm/x/vhost-fs.sock", "num_queues": 1,
+                    "queue_size": 1024, "pci_segment": 1}],
+            "disks": [{"path": "/d", "pci_segment": 0}],
+        });
+        let c = vm_config_from_json(&body).unwrap();
+        assert_eq!(c.platform.num_pci_segments, 2);
+        assert_eq!((c.fs[0].pci_segment, c.disks[0].pci_segment), (1, 0));
+        let info = vm_config_to_json(&c);
+        assert_eq!(info["platform"]["num_pci_segments"], 2);
+        assert_eq!(info["fs"][0]["pci_segment"], 1);
+        assert_eq!(vm_config_from_json(&info).unwrap(), c);
+
+        let e = |v: Value| vm_config_from_json(&v).unwrap_err().to_string();
+        let mut one = body.clone();
+        one["platform"] = json!({"num_pci_segments": 1});
+        assert!(e(one).starts_with("--fs: device \"_fs0\": pci_segment=1 does not exist"));
+        let mut many = body.clone();
+        many["platform"]["num_pci_segments"] = json!(97);
+        assert!(e(many).contains("num_pci_segments=\"97\" is invalid: expected 1 to 96"));
+        let mut apertures = body.clone();
+        apertures["pci_segments"] = json!([{"pci_segment": 1, "mmio32_aperture_weight": 2}]);
+        assert!(e(apertures).starts_with("VmConfig.pci_segments=[{"));
+        let mut iommu = body.clone();
+        iommu["platform"]["iommu_segments"] = json!([0]);
+        assert!(e(iommu).starts_with("VmConfig.platform.iommu_segments=[0] is not supported"));
+        let mut mmio = body;
+        mmio["fs"][0]["transport"] = json!("mmio");
+        assert!(e(mmio).contains("--fs: pci_segment=1 is not supported: a transport=mmio device"));
+        // A hot-plug body names its segment the same way.
+        let f =
+            fs_config_from_json(&json!({"tag": "t", "socket": "/s", "pci_segment": 1}), 0).unwrap();
+        assert_eq!(f.pci_segment, 1);
     }
 
     #[test]

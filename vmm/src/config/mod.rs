@@ -6,6 +6,7 @@ mod fs;
 pub mod json;
 mod net;
 mod option_parser;
+mod platform;
 mod pmem;
 mod rng;
 mod vsock;
@@ -13,6 +14,7 @@ mod vsock;
 pub use disk::{DiskConfig, DISK_KEYS};
 pub use fs::FsConfig;
 pub use net::{NetConfig, DEFAULT_TAP_NAME, NET_KEYS};
+pub use platform::{PlatformConfig, MAX_PCI_SEGMENTS, PLATFORM_KEYS};
 pub use pmem::{PmemConfig, Transport};
 pub use rng::{RngConfig, DEFAULT_RNG_SOURCE, RNG_KEYS};
 pub use vsock::{VsockConfig, VSOCK_KEYS};
@@ -281,6 +283,8 @@ pub struct VmConfig {
     /// The pvpanic device (I/O port 0x505): the guest reports a panic and
     /// the VMM exits with status 3. On unless a VmConfig says `false`.
     pub pvpanic: bool,
+    /// The PCI segments the devices' `pci_segment` choose from.
+    pub platform: PlatformConfig,
 }
 
 impl VmConfig {
@@ -325,6 +329,44 @@ impl VmConfig {
                 option: w[1].1,
                 id: w[0].0.to_string(),
             });
+        }
+        self.check_pci_segments()
+    }
+
+    /// Every device's `pci_segment` names a segment the VM has.
+    fn check_pci_segments(&self) -> Result<(), ConfigError> {
+        let segments = self
+            .pmem
+            .iter()
+            .map(|p| ("pmem", p.id.as_str(), p.pci_segment))
+            .chain(self.fs.iter().map(|f| ("fs", f.id.as_str(), f.pci_segment)))
+            .chain(
+                self.disks
+                    .iter()
+                    .map(|d| ("disk", d.id.as_str(), d.pci_segment)),
+            )
+            .chain(
+                self.net
+                    .iter()
+                    .map(|n| ("net", n.id.as_str(), n.pci_segment)),
+            )
+            .chain(
+                self.vsock
+                    .iter()
+                    .map(|v| ("vsock", v.id.as_str(), v.pci_segment)),
+            )
+            .chain(self.rng.iter().map(|r| ("rng", "_rng", r.pci_segment)));
+        let limit = self.platform.num_pci_segments;
+        for (option, id, segment) in segments {
+            if segment >= limit {
+                return Err(ConfigError::Unsupported {
+                    option,
+                    message: format!(
+                        "device \"{id}\": pci_segment={segment} does not exist: the VM has {limit} PCI segment(s), \
+                         so pci_segment must be below {limit} (raise platform num_pci_segments, at most {MAX_PCI_SEGMENTS})"
+                    ),
+                });
+            }
         }
         Ok(())
     }
@@ -422,6 +464,49 @@ mod tests {
     }
 
     #[test]
+    fn every_devices_segment_must_exist() {
+        let mut cfg = VmConfig {
+            payload: PayloadConfig {
+                kernel: "k".into(),
+                initramfs: None,
+                cmdline: String::new(),
+            },
+            cpus: CpusConfig::default(),
+            memory: MemoryConfig::parse("size=512M,shared=on").unwrap(),
+            serial: SerialMode::Off,
+            pmem: vec![PmemConfig::parse("file=p,id=pm", 0).unwrap()],
+            fs: vec![FsConfig::parse("tag=t,socket=s,id=share,pci_segment=1", 0).unwrap()],
+            disks: vec![DiskConfig::parse("path=d,id=root", 0).unwrap()],
+            net: vec![],
+            rng: RngConfig::parse("src=/dev/urandom,pci_segment=1").unwrap(),
+            vsock: None,
+            pvpanic: true,
+            platform: PlatformConfig::default(),
+        };
+        assert_eq!(
+            cfg.validate().unwrap_err().to_string(),
+            "--fs: device \"share\": pci_segment=1 does not exist: the VM has 1 PCI segment(s), \
+             so pci_segment must be below 1 (raise platform num_pci_segments, at most 96)"
+        );
+        cfg.platform = PlatformConfig::parse("num_pci_segments=2").unwrap();
+        assert!(cfg.validate().is_ok());
+        cfg.disks[0].pci_segment = 2;
+        let e = cfg.validate().unwrap_err().to_string();
+        assert!(
+            e.starts_with("--disk: device \"root\": pci_segment=2 does not exist")
+                && e.contains("below 2"),
+            "{e}"
+        );
+        cfg.disks[0].pci_segment = 0;
+        cfg.rng.as_mut().unwrap().pci_segment = 5;
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("--rng: device \"_rng\": pci_segment=5"));
+    }
+
+    #[test]
     fn fs_needs_shared_memory_and_ids_are_unique() {
         let mut cfg = VmConfig {
             payload: PayloadConfig {
@@ -439,6 +524,7 @@ mod tests {
             rng: None,
             vsock: None,
             pvpanic: true,
+            platform: PlatformConfig::default(),
         };
         assert!(cfg
             .validate()

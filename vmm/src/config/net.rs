@@ -69,6 +69,8 @@ pub struct NetConfig {
     pub offload_tso: bool,
     pub offload_csum: bool,
     pub transport: Transport,
+    /// The PCI segment the device is on (virtio-PCI only).
+    pub pci_segment: u16,
     /// Tap fds passed with the request; when there are any, the device
     /// uses them instead of opening `tap` (and leaves their address alone).
     pub fds: TapFds,
@@ -141,6 +143,7 @@ impl NetConfig {
     /// Checks and converts the values of `--net` (or of an API NetConfig).
     pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         o.check_ch_defaults()?;
+        let (transport, pci_segment) = o.transport_and_segment()?;
         if o.convert("vhost_user", parse_toggle)?.unwrap_or(false) {
             return Err(o.unsupported("vhost_user", "only taps the VMM serves itself"));
         }
@@ -230,9 +233,8 @@ impl NetConfig {
             id: o.device_id("net", index)?,
             offload_tso,
             offload_csum,
-            transport: o
-                .convert("transport", Transport::parse)?
-                .unwrap_or_default(),
+            transport,
+            pci_segment,
             fds: TapFds::default(),
         })
     }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::ConfigError;
+use super::{ConfigError, Transport, MAX_PCI_SEGMENTS};
 
 /// The parsed `key=value` pairs of one option, e.g. `--memory size=1G,shared=on`.
 #[derive(Debug)]
@@ -116,9 +116,8 @@ impl OptionValues {
         }
     }
 
-    /// Cloud Hypervisor's `iommu` and `pci_segment` keys, which every device
-    /// accepts: only their defaults (off, segment 0) exist here, and ch-remote
-    /// sends them.
+    /// Cloud Hypervisor's `iommu` key, which every device accepts: only its
+    /// default (off) exists here, and ch-remote sends it.
     pub fn check_ch_defaults(&self) -> Result<(), ConfigError> {
         if self
             .get("iommu")
@@ -129,13 +128,32 @@ impl OptionValues {
                 message: "iommu=on is not supported".into(),
             });
         }
-        if self.get("pci_segment").is_some_and(|v| v != "0") {
-            return Err(ConfigError::Unsupported {
-                option: self.option,
-                message: "only pci_segment=0 exists".into(),
-            });
-        }
         Ok(())
+    }
+
+    /// The `transport` key (virtio-PCI by default) and the PCI segment the
+    /// device goes on (`pci_segment`, 0 by default). Whether that segment
+    /// exists depends on the whole VM ([`super::VmConfig::validate`]); a
+    /// virtio-MMIO device is on no segment, so only 0 is accepted for it.
+    pub fn transport_and_segment(&self) -> Result<(Transport, u16), ConfigError> {
+        let transport = self
+            .convert("transport", Transport::parse)?
+            .unwrap_or_default();
+        let segment = self
+            .convert("pci_segment", |v| {
+                v.parse::<u16>()
+                    .ok()
+                    .filter(|s| *s < MAX_PCI_SEGMENTS)
+                    .ok_or("a PCI segment number below 96 (Cloud Hypervisor's limit)")
+            })?
+            .unwrap_or(0);
+        if transport == Transport::Mmio && segment != 0 {
+            return Err(self.unsupported(
+                "pci_segment",
+                "a transport=mmio device is on no PCI segment (only pci_segment=0 is accepted with it)",
+            ));
+        }
+        Ok((transport, segment))
     }
 
     /// The `id` key: given and non-empty, or `_<prefix><index>` when absent

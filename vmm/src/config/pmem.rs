@@ -32,6 +32,8 @@ pub struct PmemConfig {
     pub discard_writes: bool,
     pub id: String,
     pub transport: Transport,
+    /// The PCI segment the device is on (virtio-PCI only).
+    pub pci_segment: u16,
 }
 
 const TWO_MIB: u64 = 2 << 20;
@@ -58,6 +60,7 @@ impl PmemConfig {
     pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         // Cloud Hypervisor's defaults are accepted, since ch-remote sends them.
         o.check_ch_defaults()?;
+        let (transport, pci_segment) = o.transport_and_segment()?;
         let file = o.get("file").ok_or(ConfigError::MissingKey {
             option: "pmem",
             key: "file",
@@ -80,9 +83,8 @@ impl PmemConfig {
             size,
             discard_writes: o.convert("discard_writes", parse_toggle)?.unwrap_or(false),
             id: o.device_id("pmem", index)?,
-            transport: o
-                .convert("transport", Transport::parse)?
-                .unwrap_or_default(),
+            transport,
+            pci_segment,
         })
     }
 }

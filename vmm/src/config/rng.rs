@@ -14,6 +14,8 @@ pub const RNG_KEYS: &[&str] = &["src", "iommu", "transport", "pci_segment"];
 pub struct RngConfig {
     pub src: PathBuf,
     pub transport: Transport,
+    /// The PCI segment the device is on (virtio-PCI only).
+    pub pci_segment: u16,
 }
 
 impl Default for RngConfig {
@@ -21,6 +23,7 @@ impl Default for RngConfig {
         RngConfig {
             src: PathBuf::from(DEFAULT_RNG_SOURCE),
             transport: Transport::Pci,
+            pci_segment: 0,
         }
     }
 }
@@ -36,13 +39,13 @@ impl RngConfig {
 
     pub fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
         o.check_ch_defaults()?;
+        let (transport, pci_segment) = o.transport_and_segment()?;
         Ok(RngConfig {
             src: o
                 .get("src")
                 .map_or_else(|| PathBuf::from(DEFAULT_RNG_SOURCE), PathBuf::from),
-            transport: o
-                .convert("transport", Transport::parse)?
-                .unwrap_or_default(),
+            transport,
+            pci_segment,
         })
     }
 }

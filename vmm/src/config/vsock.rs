@@ -22,6 +22,8 @@ pub struct VsockConfig {
     pub socket: PathBuf,
     pub id: String,
     pub transport: Transport,
+    /// The PCI segment the device is on (virtio-PCI only).
+    pub pci_segment: u16,
 }
 
 impl VsockConfig {
@@ -31,6 +33,7 @@ impl VsockConfig {
 
     pub fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
         o.check_ch_defaults()?;
+        let (transport, pci_segment) = o.transport_and_segment()?;
         let cid_text = o.get("cid").ok_or(ConfigError::MissingKey {
             option: "vsock",
             key: "cid",
@@ -58,9 +61,8 @@ impl VsockConfig {
             socket: PathBuf::from(socket),
             // Cloud Hypervisor names it `_vsock0`.
             id: o.device_id("vsock", 0)?,
-            transport: o
-                .convert("transport", Transport::parse)?
-                .unwrap_or_default(),
+            transport,
+            pci_segment,
         })
     }
 }
@@ -78,7 +80,8 @@ mod tests {
                 cid: 3,
                 socket: "/tmp/v.sock".into(),
                 id: "_vsock0".into(),
-                transport: Transport::Pci
+                transport: Transport::Pci,
+                pci_segment: 0,
             }
         );
         let c = VsockConfig::parse(
@@ -107,7 +110,15 @@ mod tests {
         let m = e(&format!("cid=3,socket={long}"));
         assert!(m.contains("1 to 96 bytes"), "{m}");
         assert!(e("cid=3,socket=/s,iommu=on").contains("iommu=on"));
-        assert!(e("cid=3,socket=/s,pci_segment=1").contains("pci_segment=0"));
+        assert_eq!(
+            VsockConfig::parse("cid=3,socket=/s,pci_segment=1")
+                .unwrap()
+                .pci_segment,
+            1,
+            "whether segment 1 exists is the VM's to say"
+        );
+        assert!(e("cid=3,socket=/s,pci_segment=1,transport=mmio").contains("transport=mmio"));
+        assert!(e("cid=3,socket=/s,pci_segment=96").contains("below 96"));
         assert!(e("cid=3,socket=/s,transport=virtio").contains("pci or mmio"));
         assert!(e("cid=3,socket=/s,port=1").contains("unknown key \"port\""));
     }

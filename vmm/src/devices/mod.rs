@@ -10,6 +10,7 @@ pub mod i8042;
 pub mod memory_hotplug;
 pub mod pci_hotplug;
 pub mod pci_root;
+pub mod pci_segment;
 pub mod pvpanic;
 pub mod serial;
 pub mod virtio_mmio;

@@ -1,12 +1,13 @@
-//! Places virtio devices on PCI bus 0 through the virtio-PCI transport, at
-//! boot and while the guest runs:
+//! Places virtio devices on bus 0 of a PCI segment through the virtio-PCI
+//! transport, at boot and while the guest runs:
 //!
 //! - BAR 0 (registers, MSI-X) in the 32-bit window on the MMIO bus, with an
 //!   ioeventfd per queue notify address;
 //! - BAR 2, the shared memory BAR (DAX window, pmem), in the 64-bit window,
 //!   backed by a KVM memory slot;
 //! - MSI-X vectors as irqfds on routed GSIs;
-//! - the host bridge and its hot-plug slots described in the DSDT.
+//! - each segment's host bridge and its hot-plug slots described in the DSDT
+//!   (`pci_segment`).
 //!
 //! When the guest moves a BAR (Linux does when it assigns resources to a
 //! hot-plugged function), everything registered there moves with it: the
@@ -16,7 +17,6 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use acpi_tables::{aml, Aml};
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
 use virtio_devices::transport::common::Activator;
 use virtio_devices::transport::pci::device::{VirtioPciDevice, VirtioPciError, BAR0_SIZE, SHM_BAR};
@@ -26,17 +26,17 @@ use vm_memory::GuestMemoryAtomic;
 use super::device_memory::{AddressError, AddressSpace, Area, MemorySlot, SlotError, SlotNumbers};
 use super::gsi_routing::{GsiError, GsiRouter, IrqfdMsi};
 use super::pci_root::{PciFunction, PciRoot, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE};
+pub use super::pci_segment::PciAddress;
 use super::{Bus, BusDevice};
-use crate::arch::x86_64::layout::{
-    DEVICE_MEMORY_ALIGN, PCI_ECAM_SIZE, PCI_ECAM_START, PCI_MMIO32_SIZE, PCI_MMIO32_START,
-    PCI_MMIO64_SIZE,
-};
+use crate::arch::x86_64::layout::{pci_ecam_start, DEVICE_MEMORY_ALIGN, PCI_ECAM_SIZE};
 use crate::memory::GuestMemoryMmap;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VirtioPciSetupError {
-    #[error("PCI bus 0 is full (31 device slots)")]
-    BusFull,
+    #[error("bus 0 of PCI segment {0} is full (31 device slots)")]
+    BusFull(u16),
+    #[error("PCI segment {segment} does not exist (the VM has {count})")]
+    NoSegment { segment: u16, count: u16 },
     #[error("PCI address space: {0}")]
     Address(#[from] AddressError),
     #[error("shared memory BAR: {0}")]
@@ -66,9 +66,11 @@ struct Placer {
     space: Arc<Mutex<AddressSpace>>,
 }
 
-/// One function on the bus and what is registered for it.
+/// One function on a bus and what is registered for it.
 struct Placed {
     id: String,
+    /// The segment whose windows its BARs must stay in.
+    segment: u16,
     dev: Arc<Mutex<VirtioPciDevice>>,
     bar0: u64,
     bar0_area: Area,
@@ -131,7 +133,7 @@ impl Placed {
 
     fn move_bar0(&mut self, placer: &Placer, to: u64) -> Result<(), VirtioPciSetupError> {
         let from = self.bar0;
-        let area = lock(&placer.space).claim_pci(to, BAR0_SIZE)?;
+        let area = lock(&placer.space).claim_pci(self.segment, to, BAR0_SIZE)?;
         let handler = placer.mmio.remove(from);
         let handler = handler.unwrap_or_else(|| Arc::new(Mutex::new(Bar0(self.dev.clone()))) as _);
         if let Err(e) = placer.mmio.insert(handler.clone(), to, BAR0_SIZE) {
@@ -156,7 +158,7 @@ impl Placed {
             return Ok(());
         };
         let from = slot.guest_addr();
-        let area = lock(&placer.space).claim_pci(to, *bar_size)?;
+        let area = lock(&placer.space).claim_pci(self.segment, to, *bar_size)?;
         if let Err(e) = slot.move_to(to) {
             lock(&placer.space).free(area, to, *bar_size);
             return Err(e.into());
@@ -220,20 +222,25 @@ impl BusDevice for Bar0 {
     }
 }
 
-pub struct PciDeviceManager {
+/// One PCI segment: its bus 0 and the functions placed on it, by slot.
+struct Segment {
     root: Arc<Mutex<PciRoot>>,
+    functions: BTreeMap<u8, Arc<Mutex<Placed>>>,
+}
+
+pub struct PciDeviceManager {
+    /// Segment 0 first; as many as the address space has windows for.
+    segments: Vec<Segment>,
     router: Arc<GsiRouter>,
     placer: Arc<Placer>,
     slots: Arc<Mutex<SlotNumbers>>,
     mem: GuestMemoryAtomic<GuestMemoryMmap>,
-    functions: BTreeMap<u8, Arc<Mutex<Placed>>>,
-    mmio64_start: u64,
     activator: Arc<dyn Activator>,
 }
 
 impl PciDeviceManager {
-    /// Puts configuration access on the buses: ports 0xCF8/0xCFC and ECAM.
-    #[allow(clippy::too_many_arguments)] // each is a different piece of the VM
+    /// A bus 0 for each segment `space` has windows for, reached through
+    /// its ECAM range, and segment 0's through ports 0xCF8/0xCFC too.
     pub fn new(
         vm: &Arc<VmFd>,
         pio: &Bus,
@@ -241,24 +248,37 @@ impl PciDeviceManager {
         mem: &GuestMemoryAtomic<GuestMemoryMmap>,
         space: Arc<Mutex<AddressSpace>>,
         slots: Arc<Mutex<SlotNumbers>>,
-        mmio64_start: u64,
         activator: Arc<dyn Activator>,
     ) -> Result<Self, VirtioPciSetupError> {
         let router = GsiRouter::new(vm.clone()).map_err(VirtioPciSetupError::Gsi)?;
-        let root = Arc::new(Mutex::new(PciRoot::new()));
-        let io = super::pci_root::PciConfigIo::new(root.clone());
+        let count = lock(&space).pci_windows().len().max(1);
         let bus_err = |e: super::bus::BusError| VirtioPciSetupError::Bus(e.to_string());
+        let mut segments = Vec::with_capacity(count);
+        for segment in 0..count as u16 {
+            let root = Arc::new(Mutex::new(PciRoot::new()));
+            let ecam = super::pci_root::PciEcam::new(root.clone());
+            mmio.insert(
+                Arc::new(Mutex::new(ecam)),
+                pci_ecam_start(segment),
+                PCI_ECAM_SIZE,
+            )
+            .map_err(bus_err)?;
+            segments.push(Segment {
+                root,
+                functions: BTreeMap::new(),
+            });
+        }
+        // Type 1 configuration cycles reach segment 0 only, as on real
+        // hardware.
+        let io = super::pci_root::PciConfigIo::new(segments[0].root.clone());
         pio.insert(
             Arc::new(Mutex::new(io)),
             PCI_CONFIG_IO_PORT,
             PCI_CONFIG_IO_SIZE,
         )
         .map_err(bus_err)?;
-        let ecam = super::pci_root::PciEcam::new(root.clone());
-        mmio.insert(Arc::new(Mutex::new(ecam)), PCI_ECAM_START, PCI_ECAM_SIZE)
-            .map_err(bus_err)?;
         Ok(PciDeviceManager {
-            root,
+            segments,
             router,
             placer: Arc::new(Placer {
                 vm: vm.clone(),
@@ -267,28 +287,40 @@ impl PciDeviceManager {
             }),
             slots,
             mem: mem.clone(),
-            functions: BTreeMap::new(),
-            mmio64_start,
             activator,
         })
     }
 
-    /// Puts `device` (named `id`) in a free slot, its shared memory (if
-    /// any) in BAR 2, and returns the slot.
+    /// How many segments the VM has.
+    pub fn segment_count(&self) -> u16 {
+        self.segments.len() as u16
+    }
+
+    /// Puts `device` (named `id`) in a free slot of `segment`, its BARs in
+    /// that segment's windows, its shared memory (if any) in BAR 2, and
+    /// returns where it went.
     pub fn add(
         &mut self,
         id: &str,
+        segment: u16,
         mut device: Box<dyn VirtioDevice>,
         shm: Option<ShmBacking>,
-    ) -> Result<u8, VirtioPciSetupError> {
+    ) -> Result<PciAddress, VirtioPciSetupError> {
+        if usize::from(segment) >= self.segments.len() {
+            return Err(VirtioPciSetupError::NoSegment {
+                segment,
+                count: self.segment_count(),
+            });
+        }
+        let (mmio32, mmio64) = (Area::PciMmio32(segment), Area::PciMmio64(segment));
         let placer = &self.placer;
-        let bar0 = lock(&placer.space).allocate(Area::PciMmio32, BAR0_SIZE, BAR0_SIZE)?;
+        let bar0 = lock(&placer.space).allocate(mmio32, BAR0_SIZE, BAR0_SIZE)?;
         let mut placed_shm = None;
         if let Some(b) = shm {
             // A BAR is a power of two aligned to its size; at least 2 MiB so
             // the guest can map it with PMD pages.
             let bar_size = b.size.next_power_of_two().max(DEVICE_MEMORY_ALIGN);
-            let allocated = lock(&placer.space).allocate(Area::PciMmio64, bar_size, bar_size);
+            let allocated = lock(&placer.space).allocate(mmio64, bar_size, bar_size);
             let slot = allocated
                 .map_err(VirtioPciSetupError::from)
                 .and_then(|addr| {
@@ -298,14 +330,14 @@ impl PciDeviceManager {
                         MemorySlot::new(&placer.vm, &self.slots, addr, b.size, b.host_addr, b.owner)
                     }
                     .map_err(|e| {
-                        lock(&placer.space).free(Area::PciMmio64, addr, bar_size);
+                        lock(&placer.space).free(mmio64, addr, bar_size);
                         e.into()
                     })
                 });
             match slot {
-                Ok(slot) => placed_shm = Some((slot, bar_size, Area::PciMmio64)),
+                Ok(slot) => placed_shm = Some((slot, bar_size, mmio64)),
                 Err(e) => {
-                    lock(&placer.space).free(Area::PciMmio32, bar0, BAR0_SIZE);
+                    lock(&placer.space).free(mmio32, bar0, BAR0_SIZE);
                     return Err(e);
                 }
             }
@@ -334,6 +366,7 @@ impl PciDeviceManager {
         });
         let placed = Arc::new(Mutex::new(Placed {
             id: id.to_string(),
+            segment,
             dev: match built {
                 Ok(mut dev) => {
                     dev.set_activator(self.activator.clone());
@@ -341,7 +374,7 @@ impl PciDeviceManager {
                 }
                 Err(e) => {
                     let mut space = lock(&placer.space);
-                    space.free(Area::PciMmio32, bar0, BAR0_SIZE);
+                    space.free(mmio32, bar0, BAR0_SIZE);
                     if let Some(shm) = placed_shm {
                         release_shm(&mut space, shm);
                     }
@@ -349,13 +382,15 @@ impl PciDeviceManager {
                 }
             },
             bar0,
-            bar0_area: Area::PciMmio32,
+            bar0_area: mmio32,
             shm: placed_shm,
         }));
-        match self.plug(&placed) {
+        match self.plug(segment, &placed) {
             Ok(slot) => {
-                self.functions.insert(slot, placed);
-                Ok(slot)
+                self.segments[usize::from(segment)]
+                    .functions
+                    .insert(slot, placed);
+                Ok(PciAddress { segment, slot })
             }
             Err(e) => {
                 lock(&placed).unplug(placer);
@@ -364,8 +399,9 @@ impl PciDeviceManager {
         }
     }
 
-    /// Registers a built function: ioeventfds, bus range, a slot.
-    fn plug(&self, placed: &Arc<Mutex<Placed>>) -> Result<u8, VirtioPciSetupError> {
+    /// Registers a built function: ioeventfds, bus range, a slot on
+    /// `segment`'s bus.
+    fn plug(&self, segment: u16, placed: &Arc<Mutex<Placed>>) -> Result<u8, VirtioPciSetupError> {
         let p = lock(placed);
         p.ioevents(&self.placer.vm, p.bar0, true)
             .map_err(VirtioPciSetupError::Kvm)?;
@@ -378,84 +414,57 @@ impl PciDeviceManager {
             placed: placed.clone(),
             placer: self.placer.clone(),
         };
-        lock(&self.root)
+        lock(&self.segments[usize::from(segment)].root)
             .add(Arc::new(Mutex::new(config)))
-            .ok_or(VirtioPciSetupError::BusFull)
+            .ok_or(VirtioPciSetupError::BusFull(segment))
     }
 
-    /// The slot of the function named `id`.
-    pub fn slot_of(&self, id: &str) -> Option<u8> {
-        self.functions
-            .iter()
-            .find(|(_, p)| lock(p).id == id)
-            .map(|(slot, _)| *slot)
+    /// Where the function named `id` is.
+    pub fn address_of(&self, id: &str) -> Option<PciAddress> {
+        self.segments.iter().enumerate().find_map(|(segment, s)| {
+            s.functions
+                .iter()
+                .find(|(_, p)| lock(p).id == id)
+                .map(|(slot, _)| PciAddress {
+                    segment: segment as u16,
+                    slot: *slot,
+                })
+        })
     }
 
-    /// Takes the function in `slot` off the bus; returns its id. The device
+    /// Every function's id and address, segment by segment, slot by slot.
+    pub fn addresses(&self) -> Vec<(String, PciAddress)> {
+        let mut all = Vec::new();
+        for (segment, s) in self.segments.iter().enumerate() {
+            for (slot, p) in &s.functions {
+                let at = PciAddress {
+                    segment: segment as u16,
+                    slot: *slot,
+                };
+                all.push((lock(p).id.clone(), at));
+            }
+        }
+        all
+    }
+
+    /// Takes the function at `at` off its bus; returns its id. The device
     /// itself goes when the last reference (a vCPU mid-access) drops.
-    pub fn remove(&mut self, slot: u8) -> Option<String> {
-        let placed = self.functions.remove(&slot)?;
-        lock(&self.root).remove(slot);
+    pub fn remove(&mut self, at: PciAddress) -> Option<String> {
+        let segment = self.segments.get_mut(usize::from(at.segment))?;
+        let placed = segment.functions.remove(&at.slot)?;
+        lock(&segment.root).remove(at.slot);
         let mut p = lock(&placed);
         p.unplug(&self.placer);
         Some(p.id.clone())
     }
 
-    /// The host bridge: bus 0, the config ports, the 32- and 64-bit
-    /// windows, and its hot-plug slots.
+    /// Each segment's host bridge: its bus, ECAM range, windows and
+    /// hot-plug slots.
     pub fn append_aml(&self, sink: &mut Vec<u8>) {
-        let mmio64_end = self.mmio64_start + PCI_MMIO64_SIZE - 1;
-        let mut hotplug = Vec::new();
-        super::pci_hotplug::slot_aml(&mut hotplug);
-        let hotplug = RawAml(hotplug);
-        aml::Device::new(
-            "_SB_.PCI0".into(),
-            vec![
-                &aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0A08")),
-                &aml::Name::new("_CID".into(), &aml::EISAName::new("PNP0A03")),
-                &aml::Name::new("_ADR".into(), &aml::ZERO),
-                &aml::Name::new("_SEG".into(), &aml::ZERO),
-                &aml::Name::new("_UID".into(), &aml::ZERO),
-                &aml::Name::new("_BBN".into(), &aml::ZERO),
-                &aml::Name::new(
-                    "_CRS".into(),
-                    &aml::ResourceTemplate::new(vec![
-                        &aml::AddressSpace::new_bus_number(0x0u16, 0x0u16),
-                        &aml::IO::new(
-                            PCI_CONFIG_IO_PORT as u16,
-                            PCI_CONFIG_IO_PORT as u16,
-                            1,
-                            PCI_CONFIG_IO_SIZE as u8,
-                        ),
-                        &aml::AddressSpace::new_memory(
-                            aml::AddressSpaceCacheable::NotCacheable,
-                            true,
-                            PCI_MMIO32_START as u32,
-                            (PCI_MMIO32_START + PCI_MMIO32_SIZE - 1) as u32,
-                            None,
-                        ),
-                        &aml::AddressSpace::new_memory(
-                            aml::AddressSpaceCacheable::PreFetchable,
-                            true,
-                            self.mmio64_start,
-                            mmio64_end,
-                            None,
-                        ),
-                    ]),
-                ),
-                &hotplug,
-            ],
-        )
-        .to_aml_bytes(sink);
-    }
-}
-
-/// AML already encoded, placed as it is among a device's children.
-struct RawAml(Vec<u8>);
-
-impl Aml for RawAml {
-    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
-        sink.vec(&self.0);
+        let space = lock(&self.placer.space);
+        for (segment, windows) in space.pci_windows().iter().enumerate() {
+            super::pci_segment::host_bridge_aml(segment as u16, windows, sink);
+        }
     }
 }
 
@@ -473,6 +482,7 @@ mod tests {
 
     struct Rig {
         vm: Arc<VmFd>,
+        pio: Bus,
         mmio: Arc<Bus>,
         space: Arc<Mutex<AddressSpace>>,
         slots: Arc<Mutex<SlotNumbers>>,
@@ -480,12 +490,16 @@ mod tests {
     }
 
     fn rig() -> Rig {
+        rig_with(1)
+    }
+
+    fn rig_with(segments: u16) -> Rig {
         let kvm = Kvm::new().expect("/dev/kvm");
         let vm = Arc::new(kvm.create_vm().unwrap());
         vm.create_irq_chip().unwrap();
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
         let (pio, mmio) = (Bus::new(), Arc::new(Bus::new()));
-        let space = Arc::new(Mutex::new(AddressSpace::new(RAM, 0)));
+        let space = Arc::new(Mutex::new(AddressSpace::new(RAM, 0, segments)));
         let slots = SlotNumbers::new(kvm.check_extension_int(kvm_ioctls::Cap::NrMemslots) as u32);
         let pci = PciDeviceManager::new(
             &vm,
@@ -494,12 +508,12 @@ mod tests {
             &GuestMemoryAtomic::new(mem),
             space.clone(),
             slots.clone(),
-            layout::device_memory_start(RAM, 0),
             Arc::new(virtio_devices::transport::common::Inline),
         )
         .unwrap();
         Rig {
             vm,
+            pio,
             mmio,
             space,
             slots,
@@ -507,7 +521,15 @@ mod tests {
         }
     }
 
-    fn add_pmem(rig: &mut Rig, id: &str) -> u8 {
+    fn add_pmem(rig: &mut Rig, id: &str) -> PciAddress {
+        add_pmem_on(rig, id, 0).unwrap()
+    }
+
+    fn add_pmem_on(
+        rig: &mut Rig,
+        id: &str,
+        segment: u16,
+    ) -> Result<PciAddress, VirtioPciSetupError> {
         let backing = PmemBacking::open(&std::env::temp_dir(), Some(4 << 20), false).unwrap();
         let device = Pmem::new(id.into(), &backing, 0).unwrap();
         let shm = ShmBacking {
@@ -515,16 +537,20 @@ mod tests {
             host_addr: backing.host_addr(),
             owner: Box::new(backing),
         };
-        rig.pci.add(id, Box::new(device), Some(shm)).unwrap()
+        rig.pci.add(id, segment, Box::new(device), Some(shm))
+    }
+
+    /// The ECAM address of `at`'s configuration space.
+    fn ecam(at: PciAddress) -> u64 {
+        pci_ecam_start(at.segment) + (u64::from(at.slot) << 15)
     }
 
     /// A config write through ECAM, as the guest's would arrive.
-    fn cfg_write(rig: &Rig, slot: u8, reg: u64, value: u32) {
-        let addr = PCI_ECAM_START + (u64::from(slot) << 15) + reg;
-        assert!(rig.mmio.write(addr, &value.to_le_bytes()));
+    fn cfg_write(rig: &Rig, slot: PciAddress, reg: u64, value: u32) {
+        assert!(rig.mmio.write(ecam(slot) + reg, &value.to_le_bytes()));
     }
 
-    fn move_bars(rig: &Rig, slot: u8, bar0: u64, bar2: u64) {
+    fn move_bars(rig: &Rig, slot: PciAddress, bar0: u64, bar2: u64) {
         cfg_write(rig, slot, 0x04, 0); // decoding off, as Linux moves 64-bit BARs
         cfg_write(rig, slot, 0x10, bar0 as u32);
         cfg_write(rig, slot, 0x14, (bar0 >> 32) as u32);
@@ -569,7 +595,7 @@ mod tests {
         let shm_start = layout::device_memory_start(RAM, 0);
         let a = add_pmem(&mut rig, "pmem-a");
         let b = add_pmem(&mut rig, "pmem-b");
-        assert_eq!((a, b), (1, 2));
+        assert_eq!((a.slot, b.slot), (1, 2));
         let a_bar0 = layout::PCI_MMIO32_START;
         let b_bar0 = a_bar0 + BAR0_SIZE;
         assert_eq!(pmem_start(&rig, a_bar0), Some(shm_start));
@@ -608,10 +634,10 @@ mod tests {
         assert!(probe_slot(&rig, new_bar2).is_err());
         // The old guest range of BAR 2 is free in the allocator too.
         let free_again = lock(&rig.space)
-            .allocate(Area::PciMmio64, 4 << 20, 4 << 20)
+            .allocate(Area::PciMmio64(0), 4 << 20, 4 << 20)
             .unwrap();
         assert_eq!(free_again, shm_start);
-        lock(&rig.space).free(Area::PciMmio64, free_again, 4 << 20);
+        lock(&rig.space).free(Area::PciMmio64(0), free_again, 4 << 20);
 
         // A move onto device b's BAR 0 is refused: a stays where it is.
         move_bars(&rig, a, b_bar0, new_bar2);
@@ -626,21 +652,20 @@ mod tests {
         assert_eq!(pmem_start(&rig, new_bar0), Some(new_bar2));
 
         // Removal: the bus range, the addresses and the KVM slot all go.
-        assert_eq!(rig.pci.slot_of("pmem-a"), Some(a));
+        assert_eq!(rig.pci.address_of("pmem-a"), Some(a));
         assert_eq!(rig.pci.remove(a).as_deref(), Some("pmem-a"));
-        assert_eq!(rig.pci.slot_of("pmem-a"), None);
+        assert_eq!(rig.pci.address_of("pmem-a"), None);
         assert_eq!(pmem_start(&rig, new_bar0), None);
         assert!(rig
             .vm
             .register_ioevent(&probe, &at(new_bar0), NoDatamatch)
             .is_ok());
         let mut cfg = [0u8; 4];
-        rig.mmio
-            .read(PCI_ECAM_START + (u64::from(a) << 15), &mut cfg);
+        rig.mmio.read(ecam(a), &mut cfg);
         assert_eq!(cfg, [0xff; 4], "slot {a} is empty");
         assert_eq!(
-            lock(&rig.space).claim_pci(new_bar0, BAR0_SIZE).ok(),
-            Some(Area::PciMmio32)
+            lock(&rig.space).claim_pci(0, new_bar0, BAR0_SIZE).ok(),
+            Some(Area::PciMmio32(0))
         );
         let again = probe_slot(&rig, new_bar2);
         assert!(
@@ -650,5 +675,107 @@ mod tests {
         );
         // The freed slot number is used by the next device.
         assert_eq!(add_pmem(&mut rig, "pmem-c"), a);
+    }
+
+    /// Reads the 32-bit config register `reg` of (bus 0, `slot`) through
+    /// the legacy ports.
+    fn cf8_read(rig: &Rig, slot: u8, reg: u32) -> u32 {
+        let address = (1u32 << 31) | u32::from(slot) << 11 | reg;
+        assert!(rig.pio.write(PCI_CONFIG_IO_PORT, &address.to_le_bytes()));
+        let mut v = [0u8; 4];
+        assert!(rig.pio.read(PCI_CONFIG_IO_PORT + 4, &mut v));
+        u32::from_le_bytes(v)
+    }
+
+    #[test]
+    fn each_segment_has_its_own_bus_ecam_and_windows() {
+        let mut rig = rig_with(2);
+        let windows = lock(&rig.space).pci_windows().to_vec();
+        let on0 = add_pmem_on(&mut rig, "zero", 0).unwrap();
+        let on1 = add_pmem_on(&mut rig, "one", 1).unwrap();
+        let again1 = add_pmem_on(&mut rig, "one-b", 1).unwrap();
+        assert_eq!(on0.to_string(), "0000:00:01.0");
+        assert_eq!(on1.to_string(), "0001:00:01.0", "slots are per segment");
+        assert_eq!(again1.to_string(), "0001:00:02.0");
+        assert!(matches!(
+            add_pmem_on(&mut rig, "nowhere", 2),
+            Err(VirtioPciSetupError::NoSegment {
+                segment: 2,
+                count: 2
+            })
+        ));
+        // Segment 1's BARs are in segment 1's windows: BAR 0 at the start
+        // of its 32-bit window, the shared memory at the start of its
+        // 64-bit one.
+        assert_eq!(
+            pmem_start(&rig, windows[1].mmio32.0),
+            Some(windows[1].mmio64.0)
+        );
+        assert_eq!(
+            pmem_start(&rig, windows[0].mmio32.0),
+            Some(windows[0].mmio64.0)
+        );
+        // Each segment's ECAM reaches its own functions: vendor 0x1af4,
+        // device 0x105b (pmem) in slot 1 of both, the bridge in slot 0.
+        let read = |addr: u64| {
+            let mut v = [0u8; 4];
+            assert!(rig.mmio.read(addr, &mut v));
+            u32::from_le_bytes(v)
+        };
+        assert_eq!(read(ecam(on0)), 0x105b_1af4);
+        assert_eq!(read(ecam(on1)), 0x105b_1af4);
+        assert_eq!(
+            read(pci_ecam_start(1)),
+            0x0d57_8086,
+            "segment 1's host bridge"
+        );
+        // The legacy ports reach segment 0 only: its slot 2 is empty while
+        // segment 1's is taken.
+        assert_eq!(cf8_read(&rig, 1, 0), 0x105b_1af4);
+        assert_eq!(cf8_read(&rig, 2, 0), u32::MAX);
+        assert_eq!(read(ecam(again1)), 0x105b_1af4);
+        // The guest cannot move a segment 1 BAR into segment 0's window.
+        let into0 = windows[0].mmio32.0 + 0x10_0000;
+        move_bars(&rig, on1, into0, windows[1].mmio64.0);
+        assert_eq!(pmem_start(&rig, into0), None, "not followed");
+        assert_eq!(
+            pmem_start(&rig, windows[1].mmio32.0),
+            Some(windows[1].mmio64.0)
+        );
+        // Within its own windows it follows.
+        let (bar0, bar2) = (
+            windows[1].mmio32.0 + 0x10_0000,
+            windows[1].mmio64.0 + (1 << 30),
+        );
+        move_bars(&rig, on1, bar0, bar2);
+        assert_eq!(pmem_start(&rig, bar0), Some(bar2));
+        // Addresses by id, and removal by segment and slot.
+        assert_eq!(rig.pci.address_of("one"), Some(on1));
+        assert_eq!(
+            rig.pci.addresses(),
+            vec![
+                ("zero".to_string(), on0),
+                ("one".to_string(), on1),
+                ("one-b".to_string(), again1)
+            ]
+        );
+        let wrong = PciAddress {
+            segment: 1,
+            slot: 5,
+        };
+        assert_eq!(rig.pci.remove(wrong), None);
+        assert_eq!(rig.pci.remove(on1).as_deref(), Some("one"));
+        assert_eq!(read(ecam(on1)), u32::MAX);
+        assert_eq!(read(ecam(on0)), 0x105b_1af4, "segment 0 untouched");
+        assert_eq!(
+            add_pmem_on(&mut rig, "one-c", 1).unwrap(),
+            on1,
+            "slot reused"
+        );
+        // Both bridges are in the DSDT.
+        let mut aml = Vec::new();
+        rig.pci.append_aml(&mut aml);
+        assert!(aml.windows(8).any(|w| w == b"_SB_PCI0"));
+        assert!(aml.windows(8).any(|w| w == b"_SB_PC01"));
     }
 }

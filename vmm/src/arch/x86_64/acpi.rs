@@ -14,7 +14,7 @@ use acpi_tables::{
 };
 use vm_memory::{Bytes, GuestAddress};
 
-use super::layout::{ACPI_END, ACPI_START, APIC_START, IOAPIC_START, PCI_ECAM_START};
+use super::layout::{pci_ecam_start, ACPI_END, ACPI_START, APIC_START, IOAPIC_START};
 use crate::devices::acpi_pm;
 use crate::memory::GuestMemoryMmap;
 
@@ -43,7 +43,7 @@ mod fadt {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AcpiError {
-    #[error("ACPI tables need {needed} bytes but only {available} fit below 1 MiB")]
+    #[error("ACPI tables need {needed} bytes but only {available} fit below 1 MiB (each PCI segment's host bridge takes about 2 KiB: fewer platform num_pci_segments fit)")]
     TooLarge { needed: u64, available: u64 },
     #[error("writing the ACPI tables into guest memory failed: {0}")]
     GuestWrite(vm_memory::GuestMemoryError),
@@ -119,6 +119,17 @@ fn create_madt(cpus: u32) -> Sdt {
     madt
 }
 
+/// One ECAM range per PCI segment, bus 0 only.
+fn create_mcfg(pci_segments: u16) -> Vec<u8> {
+    let mut mcfg = MCFG::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+    for segment in 0..pci_segments.max(1) {
+        mcfg.add_ecam(pci_ecam_start(segment), segment, 0, 0);
+    }
+    let mut bytes = Vec::new();
+    mcfg.to_aml_bytes(&mut bytes);
+    bytes
+}
+
 fn create_xsdt(entries: &[u64]) -> Sdt {
     let mut xsdt = Sdt::new(*b"XSDT", 36, 1, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
     for e in entries {
@@ -132,8 +143,9 @@ fn align8(v: u64) -> u64 {
 }
 
 impl AcpiTables {
-    /// Lays out the tables from `ACPI_START` for `cpus` vCPUs and the DSDT device AML.
-    pub fn build(cpus: u32, device_aml: &[u8]) -> Result<Self, AcpiError> {
+    /// Lays out the tables from `ACPI_START` for `cpus` vCPUs, the DSDT
+    /// device AML and `pci_segments` PCI segments.
+    pub fn build(cpus: u32, device_aml: &[u8], pci_segments: u16) -> Result<Self, AcpiError> {
         let rsdp_addr = ACPI_START;
         let dsdt_addr = align8(rsdp_addr + Rsdp::len() as u64);
         let dsdt = create_dsdt(device_aml);
@@ -142,10 +154,7 @@ impl AcpiTables {
         let madt_addr = align8(fadt_addr + fadt.len() as u64);
         let madt = create_madt(cpus);
         let mcfg_addr = align8(madt_addr + madt.len() as u64);
-        let mut mcfg_table = MCFG::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION);
-        mcfg_table.add_ecam(PCI_ECAM_START, 0, 0, 0);
-        let mut mcfg = Vec::new();
-        mcfg_table.to_aml_bytes(&mut mcfg);
+        let mcfg = create_mcfg(pci_segments);
         let xsdt_addr = align8(mcfg_addr + mcfg.len() as u64);
         let xsdt = create_xsdt(&[fadt_addr, madt_addr, mcfg_addr]);
         let end = xsdt_addr + xsdt.len() as u64;
@@ -221,7 +230,7 @@ mod tests {
 
     #[test]
     fn tables_parse_back_with_valid_checksums() {
-        let t = AcpiTables::build(2, &[]).unwrap();
+        let t = AcpiTables::build(2, &[], 1).unwrap();
         let r = Reader(&t);
         let rsdp = r.at(t.rsdp_addr);
         assert_eq!(&rsdp[0..8], b"RSD PTR ");
@@ -239,9 +248,10 @@ mod tests {
         let mcfg = r.table(entries[2]);
         assert_eq!(
             Reader::u64(mcfg, 44),
-            PCI_ECAM_START,
+            super::super::layout::PCI_ECAM_START,
             "ECAM base of segment 0"
         );
+        assert_eq!(mcfg.len(), 44 + 16, "one segment");
         assert_eq!((mcfg[54], mcfg[55]), (0, 0), "buses 0..=0");
 
         let fadt = r.table(entries[0]);
@@ -299,7 +309,7 @@ mod tests {
 
     #[test]
     fn device_aml_lands_in_the_dsdt_and_everything_fits() {
-        let t = AcpiTables::build(254, b"\x5b\x82MARK").unwrap();
+        let t = AcpiTables::build(254, b"\x5b\x82MARK", 1).unwrap();
         let r = Reader(&t);
         let dsdt = t
             .blobs
@@ -310,8 +320,40 @@ mod tests {
         assert!(dsdt.windows(4).any(|w| w == b"MARK"));
         let too_big = vec![0u8; (ACPI_END - ACPI_START) as usize];
         assert!(matches!(
-            AcpiTables::build(1, &too_big),
+            AcpiTables::build(1, &too_big, 1),
             Err(AcpiError::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn mcfg_lists_each_segments_ecam_range() {
+        let mcfg = create_mcfg(3);
+        assert_eq!(&mcfg[0..4], b"MCFG");
+        assert_eq!(Reader::u32(&mcfg, 4) as usize, mcfg.len());
+        assert_eq!(sum(&mcfg), 0);
+        // Allocation entries from offset 44, 16 bytes each: base, segment,
+        // start bus, end bus.
+        let entries: Vec<(u64, u16, u8, u8)> = mcfg[44..]
+            .chunks(16)
+            .map(|e| {
+                (
+                    Reader::u64(e, 0),
+                    u16::from_le_bytes([e[8], e[9]]),
+                    e[10],
+                    e[11],
+                )
+            })
+            .collect();
+        assert_eq!(
+            entries,
+            vec![
+                (pci_ecam_start(0), 0, 0, 0),
+                (pci_ecam_start(1), 1, 0, 0),
+                (pci_ecam_start(2), 2, 0, 0)
+            ]
+        );
+        assert_eq!(pci_ecam_start(1) - pci_ecam_start(0), 1 << 20);
+        let t = AcpiTables::build(1, &[], 2).unwrap();
+        assert!(t.blobs.iter().any(|(_, b)| *b == create_mcfg(2)));
     }
 }

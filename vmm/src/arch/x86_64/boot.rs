@@ -158,7 +158,7 @@ pub fn e820_map(ram: &[(u64, u64)]) -> Vec<(u64, u64, u32)> {
         }
     }
     // Linux uses ECAM only where firmware reserved it.
-    map.push((PCI_ECAM_START, PCI_ECAM_SIZE, E820_RESERVED));
+    map.push((PCI_ECAM_START, PCI_ECAM_AREA_SIZE, E820_RESERVED));
     map.sort_by_key(|e| e.0);
     map
 }
@@ -225,7 +225,7 @@ mod tests {
             vec![
                 (0, EBDA_START, E820_RAM),
                 (HIGH_RAM_START, (512 << 20) - HIGH_RAM_START, E820_RAM),
-                (PCI_ECAM_START, PCI_ECAM_SIZE, E820_RESERVED)
+                (PCI_ECAM_START, PCI_ECAM_AREA_SIZE, E820_RESERVED)
             ]
         );
     }
@@ -242,7 +242,7 @@ mod tests {
                 E820_RAM
             )
         );
-        assert_eq!(map[2], (PCI_ECAM_START, PCI_ECAM_SIZE, E820_RESERVED));
+        assert_eq!(map[2], (PCI_ECAM_START, PCI_ECAM_AREA_SIZE, E820_RESERVED));
         assert_eq!(map[3], (RAM_64BIT_START, 3 << 30, E820_RAM));
         let total: u64 = map.iter().filter(|e| e.2 == E820_RAM).map(|e| e.1).sum();
         assert!(total < 6 << 30 && total > (6 << 30) - (1 << 20));

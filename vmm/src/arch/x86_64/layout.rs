@@ -8,6 +8,8 @@
 //! RAM up to 3 GiB, then the 32-bit device hole, then the rest of RAM from 4 GiB.
 //! ```
 
+use crate::config::MAX_PCI_SEGMENTS;
+
 pub const GDT_START: u64 = 0x500;
 pub const IDT_START: u64 = 0x520;
 pub const ZERO_PAGE_START: u64 = 0x7000;
@@ -48,10 +50,19 @@ pub const PCI_MMIO64_SIZE: u64 = 1 << 39;
 /// Device memory of virtio-MMIO devices, right after the 64-bit PCI window
 /// so that no BAR the guest places can land on it.
 pub const MMIO_DEVICE_MEMORY_SIZE: u64 = 1 << 39;
-/// PCI Express enhanced configuration (ECAM) for bus 0: 32 devices × 8
-/// functions × 4 KiB.
+/// PCI Express enhanced configuration (ECAM) of bus 0 of each PCI segment:
+/// 32 devices × 8 functions × 4 KiB, segment `n`'s at
+/// `PCI_ECAM_START + n * PCI_ECAM_SIZE` ([`pci_ecam_start`]).
 pub const PCI_ECAM_START: u64 = 0xe000_0000;
 pub const PCI_ECAM_SIZE: u64 = 1 << 20;
+/// Room for the ECAM ranges of as many segments as a VM may have; the e820
+/// map reserves all of it (Linux uses an MCFG range only when it is).
+pub const PCI_ECAM_AREA_SIZE: u64 = PCI_ECAM_SIZE * MAX_PCI_SEGMENTS as u64;
+
+/// Where PCI segment `segment`'s ECAM range starts.
+pub fn pci_ecam_start(segment: u16) -> u64 {
+    PCI_ECAM_START + u64::from(segment) * PCI_ECAM_SIZE
+}
 /// virtio-MMIO register pages, one 4 KiB page per device, in the 32-bit hole.
 pub const VIRTIO_MMIO_START: u64 = 0xd000_0000;
 pub const VIRTIO_MMIO_MAX_DEVICES: u64 = 16;
@@ -120,7 +131,7 @@ const _: () = {
     assert!(ACPI_END <= HIGH_RAM_START);
     assert!(PCI_MMIO32_START + PCI_MMIO32_SIZE <= VIRTIO_MMIO_START);
     assert!(VIRTIO_MMIO_START + VIRTIO_MMIO_MAX_DEVICES * 0x1000 <= PCI_ECAM_START);
-    assert!(PCI_ECAM_START + PCI_ECAM_SIZE <= IOAPIC_START);
+    assert!(PCI_ECAM_START + PCI_ECAM_AREA_SIZE <= IOAPIC_START);
     assert!(
         VIRTIO_MMIO_IRQ_BASE + VIRTIO_MMIO_MAX_DEVICES as u32 <= 24,
         "the IOAPIC has 24 pins"
