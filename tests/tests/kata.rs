@@ -186,7 +186,6 @@ fn katas_vm_create_is_refused_only_for_issue_25s_fields() {
 }
 
 #[test]
-#[ignore = "needs ACPI memory hot-plug (hotplug_size): issue 25"]
 fn katas_memory_hotplug_size_is_accepted() {
     let (_vmm, dir, mut c) = start("kata-memory");
     let r = create(&mut c, &body_keeping(&dir, &[MEMORY_HOTPLUG]));
@@ -215,7 +214,6 @@ fn katas_max_vcpus_is_accepted() {
 }
 
 #[test]
-#[ignore = "needs PCI segments (num_pci_segments 2, fs on segment 1): issue 25"]
 fn katas_pci_segments_are_accepted() {
     let (_vmm, dir, mut c) = start("kata-segments");
     let r = create(&mut c, &body_keeping(&dir, &[PCI_SEGMENTS]));
