@@ -135,7 +135,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
         "vm.add-user-device",
         "userspace (vfio-user) devices are not supported",
     ),
-    ("vm.resize", "CPU and memory hot-plug are not supported"),
     ("vm.resize-disk", "disks cannot be resized"),
     ("vm.resize-zone", "memory zones are not supported"),
     ("vm.snapshot", "snapshots are not supported"),
@@ -256,6 +255,12 @@ fn routes(state: AppState) -> Router {
             "/api/v1/vm.add-disk",
             put(|State(s): State<AppState>, b: Bytes| async move {
                 with_body(&s, "vm.add-disk", b, VmmAction::AddDisk).await
+            }),
+        )
+        .route(
+            "/api/v1/vm.resize",
+            put(|State(s): State<AppState>, b: Bytes| async move {
+                with_body(&s, "vm.resize", b, VmmAction::Resize).await
             }),
         )
         .route(

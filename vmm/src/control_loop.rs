@@ -199,6 +199,7 @@ impl ControlLoop {
             if let Some(vm) = &self.vm {
                 fds.push(vm.exit_eventfd().as_raw_fd());
                 fds.push(vm.eject_eventfd().as_raw_fd());
+                fds.push(vm.vcpu_eject_eventfd().as_raw_fd());
             }
             if let Some(sig) = signals.wait(&fds)? {
                 self.stop_vm();
@@ -209,6 +210,9 @@ impl ControlLoop {
                 return Ok(LoopExit::Vm(reason));
             }
             self.complete_ejects();
+            if let Some(vm) = &self.vm {
+                vm.complete_vcpu_ejects();
+            }
             for req in requests.drain() {
                 let api::ApiRequest { action, reply } = req;
                 if matches!(action, VmmAction::ShutdownVmm) {
@@ -314,6 +318,17 @@ impl ControlLoop {
         }
         self.config = Some(next);
         Ok(VmmReply::NoContent)
+    }
+
+    /// `vm.resize`: see [`crate::resize`].
+    fn resize(&mut self, body: &Value) -> VmmResult {
+        let booted = self.booted();
+        let config = self
+            .config
+            .as_mut()
+            .ok_or_else(|| ApiError::conflict("vm.resize: no VM is created (vm.create first)"))?;
+        let vm = self.vm.as_mut().filter(|_| booted);
+        crate::resize::resize(body, config, vm)
     }
 
     /// Takes away the devices the guest ejected. One the guest ejected on
@@ -461,6 +476,7 @@ impl ControlLoop {
                 Ok(())
             }),
             VmmAction::RemoveDevice(id) => self.remove_device(&id),
+            VmmAction::Resize(body) => self.resize(&body),
             VmmAction::Counters => Ok(VmmReply::Json(self.counters())),
             VmmAction::SetDesiredPolicy { id, policy } => {
                 let fs = self
