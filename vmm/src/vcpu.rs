@@ -78,6 +78,11 @@ impl Vcpu {
         Ok(Vcpu { index, fd })
     }
 
+    #[cfg(test)]
+    pub(crate) fn fd(&self) -> &VcpuFd {
+        &self.fd
+    }
+
     /// This vCPU's KVM statistics, readable while it runs.
     pub fn stats(&self) -> Result<crate::kvm_stats::KvmStatsFile, crate::kvm_stats::KvmStatsError> {
         crate::kvm_stats::KvmStatsFile::open(&self.fd)
