@@ -279,11 +279,20 @@ impl RefusedBody {
 }
 
 /// The reply as micro-http would write it: no reason phrase, and its
-/// `Server` header.
+/// `Server` header. Except 429: Kata's Cloud Hypervisor driver retries a
+/// `vm.resize` only when the error its Go client makes of the reply (the
+/// status line's text) contains "Too Many Requests", so 429 carries that
+/// reason (ch-remote, which wants the bare code, then reports a status it
+/// cannot parse instead of TooManyRequests).
 fn as_cloud_hypervisor(mut response: Response<Body>) -> Response<Body> {
+    let reason: &'static [u8] = if response.status() == axum::http::StatusCode::TOO_MANY_REQUESTS {
+        b"Too Many Requests"
+    } else {
+        b""
+    };
     response
         .extensions_mut()
-        .insert(ReasonPhrase::from_static(b""));
+        .insert(ReasonPhrase::from_static(reason));
     response.headers_mut().insert(
         "server",
         HeaderValue::from_static("Cloud Hypervisor API (dax-vmm)"),

@@ -5,7 +5,10 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{serve, Limits};
+use super::{as_cloud_hypervisor, serve, Limits};
+use axum::body::Body;
+use axum::http::Response;
+use hyper::ext::ReasonPhrase;
 
 /// A generous bound on waiting for the server, not a measure of its speed:
 /// it only keeps a broken server from hanging the test.
@@ -285,4 +288,20 @@ fn kata_add_net_with_its_tap_fd_in_one_sendmsg() {
         "{reply}"
     );
     drop(s);
+}
+
+#[test]
+fn only_429_carries_a_reason_phrase_the_one_kata_retries_on() {
+    let reason = |status: u16| {
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = axum::http::StatusCode::from_u16(status).unwrap();
+        let r = as_cloud_hypervisor(r);
+        r.extensions()
+            .get::<ReasonPhrase>()
+            .map(|p| String::from_utf8_lossy(p.as_bytes()).into_owned())
+    };
+    assert_eq!(reason(429).as_deref(), Some("Too Many Requests"));
+    for status in [200, 204, 400, 404, 409, 500, 501] {
+        assert_eq!(reason(status).as_deref(), Some(""), "{status}");
+    }
 }

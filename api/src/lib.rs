@@ -68,7 +68,7 @@ pub enum VmmAction {
     /// as SCM_RIGHTS (Kata's way; none when the body names a tap).
     AddNet(Value, Vec<std::os::fd::OwnedFd>),
     RemoveDevice(String),
-    /// A `vm.resize` body (`desired_ram`, `desired_vcpus`, `desired_balloon`).
+    /// A `vm.resize` body (Cloud Hypervisor's VmResize JSON).
     Resize(Value),
     Counters,
     /// The fs devices, configured or running; with `window_stats`, each window's counters too
@@ -127,6 +127,15 @@ impl ApiError {
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError {
             status: 500,
+            message: message.into(),
+        }
+    }
+    /// Busy with an earlier request that has not finished: Cloud
+    /// Hypervisor's answer to a resize while a vCPU removal waits for the
+    /// guest, which Kata retries (and no other failure).
+    pub fn too_many_requests(message: impl Into<String>) -> Self {
+        ApiError {
+            status: 429,
             message: message.into(),
         }
     }

@@ -121,14 +121,6 @@ async fn remove_device(State(s): State<AppState>, body: Bytes) -> Response {
     }
 }
 
-/// `vm.resize`: the body goes to the VMM, which knows what can change.
-async fn resize(State(s): State<AppState>, body: Bytes) -> Response {
-    match json_body("vm.resize", &body) {
-        Ok(v) => reply(s.vmm.call(VmmAction::Resize(v)).await),
-        Err(e) => e.into_response(),
-    }
-}
-
 /// Cloud Hypervisor endpoints this VMM does not serve, with why. They answer
 /// 501 Not Implemented (a code ch-remote names) with that reason, so a user
 /// sees what is missing rather than "no such endpoint".
@@ -266,6 +258,12 @@ fn routes(state: AppState) -> Router {
             }),
         )
         .route(
+            "/api/v1/vm.resize",
+            put(|State(s): State<AppState>, b: Bytes| async move {
+                with_body(&s, "vm.resize", b, VmmAction::Resize).await
+            }),
+        )
+        .route(
             "/api/v1/vm.add-vsock",
             put(|State(s): State<AppState>, b: Bytes| async move {
                 with_body(&s, "vm.add-vsock", b, VmmAction::AddVsock).await
@@ -273,7 +271,6 @@ fn routes(state: AppState) -> Router {
         )
         .route("/api/v1/vm.add-net", put(add_net))
         .route("/api/v1/vm.remove-device", put(remove_device))
-        .route("/api/v1/vm.resize", put(resize))
         .route(
             "/api/v1/vm.counters",
             get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Counters).await }),

@@ -2,12 +2,12 @@
 //! (`guest_tests::kata`), against the real VMM with only `--api-socket`,
 //! on one kept-alive connection as Go's transport keeps it.
 //!
-//! Issue 25's gap finder: Kata's default vm.create is sent, and every
-//! field refused is recorded (printed as `@@gap`), given what today's main
-//! accepts in its place, and sent again, until the VM is created. A
-//! refusal of a field issue 25 does not list fails the test. The tests
-//! that need Kata's own values accepted are `#[ignore]`d, one per feature,
-//! until that feature lands.
+//! Kata's default vm.create is sent, and every field refused is recorded
+//! (printed as `@@gap`), given what the VMM accepts in its place, and sent
+//! again, until the VM is created; a refusal of a field issue 25 does not
+//! list fails the test. The other tests send Kata's own values for each
+//! feature (CPU and memory hot-plug, PCI segments, topology) and the
+//! whole body as Kata sends it.
 
 use std::path::Path;
 
@@ -202,7 +202,6 @@ fn katas_memory_hotplug_size_is_accepted() {
 }
 
 #[test]
-#[ignore = "needs ACPI CPU hot-plug (max_vcpus above boot_vcpus): issue 25"]
 fn katas_max_vcpus_is_accepted() {
     let (_vmm, dir, mut c) = start("kata-cpus");
     let r = create(&mut c, &body_keeping(&dir, &[CPU_HOTPLUG]));
@@ -222,17 +221,18 @@ fn katas_pci_segments_are_accepted() {
     assert_eq!(v["config"]["fs"][0]["pci_segment"], 1);
 }
 
+/// Kata's topology (1 thread x max cores x 1 die x 1 package) goes with
+/// its max_vcpus: the product must equal it, as in Cloud Hypervisor.
 #[test]
-#[ignore = "needs cpus.topology: issue 25 (no helper has it yet)"]
 fn katas_cpu_topology_is_accepted() {
     let (_vmm, dir, mut c) = start("kata-topology");
-    let r = create(&mut c, &body_keeping(&dir, &[TOPOLOGY]));
+    let r = create(&mut c, &body_keeping(&dir, &[CPU_HOTPLUG, TOPOLOGY]));
     assert_eq!(r.status, 204, "{}", r.body);
-    info(&mut c, "Created");
+    let v = info(&mut c, "Created");
+    assert_eq!(v["config"]["cpus"]["topology"]["cores_per_die"], 4);
 }
 
 #[test]
-#[ignore = "needs every VmConfig field of issue 25 (CPU and memory hot-plug, PCI segments, topology)"]
 fn katas_whole_vm_create_is_accepted_as_sent() {
     let (_vmm, dir, mut c) = start("kata-whole");
     assert_eq!(c.send(&kata::vmm_ping()).unwrap().status, 200);

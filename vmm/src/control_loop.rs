@@ -23,9 +23,8 @@ use crate::config::json::{
     vm_config_from_json, vm_config_to_json, vsock_config_from_json,
 };
 use crate::config::ConfigError;
-use crate::config::{MemoryConfig, VmConfig};
+use crate::config::VmConfig;
 use crate::exit::VmExit;
-use crate::ram_hotplug::ResizeRequest;
 use crate::signals::StopSignals;
 use crate::vm::{FsDeviceInfo, Vm, VmError};
 
@@ -216,6 +215,7 @@ impl ControlLoop {
             if let Some(vm) = &self.vm {
                 fds.push(vm.exit_eventfd().as_raw_fd());
                 fds.push(vm.eject_eventfd().as_raw_fd());
+                fds.push(vm.vcpu_eject_eventfd().as_raw_fd());
             }
             if let Some(sig) = signals.wait(&fds)? {
                 self.stop_vm();
@@ -226,6 +226,9 @@ impl ControlLoop {
                 return Ok(LoopExit::Vm(reason));
             }
             self.complete_ejects();
+            if let Some(vm) = &self.vm {
+                vm.complete_vcpu_ejects();
+            }
             for req in requests.drain() {
                 let api::ApiRequest { action, reply } = req;
                 if matches!(action, VmmAction::ShutdownVmm) {
@@ -333,53 +336,15 @@ impl ControlLoop {
         Ok(VmmReply::NoContent)
     }
 
-    /// `vm.resize`. `desired_ram`: before boot it becomes the configured
-    /// size (as in Cloud Hypervisor); on a booted VM RAM grows by ACPI
-    /// hot-plug, and `config.memory.size` follows what the guest has.
+    /// `vm.resize`: see [`crate::resize`].
     fn resize(&mut self, body: &Value) -> VmmResult {
-        let endpoint = "vm.resize";
-        let r = ResizeRequest::parse(body).map_err(ApiError::bad_request)?;
-        let config = self.config.as_ref().ok_or_else(|| {
-            ApiError::conflict(format!("{endpoint}: no VM is created (vm.create first)"))
-        })?;
-        if let Some(n) = r.desired_vcpus.filter(|&n| n != config.cpus.boot_vcpus) {
-            return Err(ApiError::bad_request(format!(
-                "{endpoint}: desired_vcpus={n} is not supported: vCPU hot-plug does not exist here"
-            )));
-        }
-        let Some(desired) = r.desired_ram else {
-            return Ok(VmmReply::NoContent);
-        };
         let booted = self.booted();
-        let Some(vm) = self.vm.as_mut().filter(|_| booted) else {
-            let next = self.changed_config(endpoint, |c| {
-                let m = &c.memory;
-                let toggle = |b: bool| if b { "on" } else { "off" };
-                let hotplug = m.hotplug_size.map(|h| format!(",hotplug_size={h}"));
-                c.memory = MemoryConfig::parse(&format!(
-                    "size={desired},shared={},hugepages={}{}",
-                    toggle(m.shared),
-                    toggle(m.hugepages),
-                    hotplug.unwrap_or_default()
-                ))
-                .map_err(|e| ApiError::bad_request(format!("{endpoint}: desired_ram: {e}")))?;
-                Ok(())
-            })?;
-            self.config = Some(next);
-            return Ok(VmmReply::NoContent);
-        };
-        let size = vm.resize_memory(desired).map_err(|e| {
-            let message = format!("{endpoint}: {e}");
-            if e.is_refusal() {
-                ApiError::bad_request(message)
-            } else {
-                ApiError::internal(message)
-            }
-        })?;
-        if let Some(c) = self.config.as_mut() {
-            c.memory.size = size;
-        }
-        Ok(VmmReply::NoContent)
+        let config = self
+            .config
+            .as_mut()
+            .ok_or_else(|| ApiError::conflict("vm.resize: no VM is created (vm.create first)"))?;
+        let vm = self.vm.as_mut().filter(|_| booted);
+        crate::resize::resize(body, config, vm)
     }
 
     /// Takes away the devices the guest ejected. One the guest ejected on

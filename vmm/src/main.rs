@@ -33,7 +33,7 @@ struct Cli {
     /// Kernel command line.
     #[arg(long, value_name = "STRING", default_value = "")]
     cmdline: String,
-    /// vCPUs: boot=<n>[,max=<n>].
+    /// vCPUs: boot=<n>[,max=<n>][,topology=<threads>:<cores>:<dies>:<packages>]; those above boot are hot-pluggable (vm.resize).
     #[arg(long, value_name = "boot=N", default_value = "boot=1")]
     cpus: String,
     /// Guest RAM: size=<bytes|K|M|G>[,shared=on|off][,hugepages=on|off].

@@ -12,14 +12,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use serde::Deserialize;
-
 use crate::arch::x86_64::layout::{hotplug_memory_start, HOTPLUG_MEMORY_ALIGN};
 use crate::config::MemoryConfig;
 use crate::devices::memory_hotplug::{MemoryHotplug, NoFreeSlot};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ResizeError {
+pub enum RamResizeError {
     #[error(
         "desired_ram={desired} is above the limit of {limit} bytes \
          (memory.size {size} + memory.hotplug_size {hotplug})"
@@ -45,31 +43,10 @@ pub enum ResizeError {
     Failed(String),
 }
 
-impl ResizeError {
+impl RamResizeError {
     /// The request was wrong (400), rather than the VMM failing (500).
     pub fn is_refusal(&self) -> bool {
-        !matches!(self, ResizeError::Failed(_))
-    }
-}
-
-/// A `vm.resize` body, Cloud Hypervisor's VmResize: each field optional.
-#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct ResizeRequest {
-    pub desired_vcpus: Option<u32>,
-    pub desired_ram: Option<u64>,
-    pub desired_balloon: Option<u64>,
-}
-
-impl ResizeRequest {
-    pub fn parse(body: &serde_json::Value) -> Result<Self, String> {
-        let r = ResizeRequest::deserialize(body).map_err(|e| format!("vm.resize: {e}"))?;
-        if let Some(b) = r.desired_balloon {
-            return Err(format!(
-                "vm.resize: desired_balloon={b} is not supported: there is no virtio-balloon device"
-            ));
-        }
-        Ok(r)
+        !matches!(self, RamResizeError::Failed(_))
     }
 }
 
@@ -119,7 +96,7 @@ impl HotplugRam {
 
     /// The region (guest address, size) that takes RAM to `desired` bytes,
     /// or None when RAM already has that much.
-    pub fn plan(&self, desired: u64) -> Result<Option<(u64, u64)>, ResizeError> {
+    pub fn plan(&self, desired: u64) -> Result<Option<(u64, u64)>, RamResizeError> {
         let current = self.current();
         if desired <= current {
             return Ok(None);
@@ -127,7 +104,7 @@ impl HotplugRam {
         let hotplug = self.boot.hotplug_size.unwrap_or(0);
         let limit = self.boot.max_size();
         if desired > limit {
-            return Err(ResizeError::AboveLimit {
+            return Err(RamResizeError::AboveLimit {
                 desired,
                 limit,
                 size: self.boot.size,
@@ -136,7 +113,7 @@ impl HotplugRam {
         }
         let added = desired - current;
         if !added.is_multiple_of(HOTPLUG_MEMORY_ALIGN) {
-            return Err(ResizeError::NotBlockMultiple {
+            return Err(RamResizeError::NotBlockMultiple {
                 desired,
                 current,
                 added,
@@ -150,7 +127,7 @@ impl HotplugRam {
 
     /// The region from [`Self::plan`] is in place: a slot announces it at
     /// the guest's next scan.
-    pub fn commit(&mut self, base: u64, size: u64) -> Result<(), ResizeError> {
+    pub fn commit(&mut self, base: u64, size: u64) -> Result<(), RamResizeError> {
         let mut controller = self.lock().ok_or(NoFreeSlot)?;
         controller.insert(base, size)?;
         drop(controller);
@@ -188,7 +165,7 @@ mod tests {
         );
         assert_eq!(
             r.plan(1536 * MIB + 128 * MIB),
-            Err(ResizeError::AboveLimit {
+            Err(RamResizeError::AboveLimit {
                 desired: 1664 * MIB,
                 limit: 1536 * MIB,
                 size: 512 * MIB,
@@ -210,7 +187,7 @@ mod tests {
         let e = r.plan(600 * MIB).unwrap_err();
         assert_eq!(
             e,
-            ResizeError::NotBlockMultiple {
+            RamResizeError::NotBlockMultiple {
                 desired: 600 * MIB,
                 current: 512 * MIB,
                 added: 88 * MIB,
@@ -232,28 +209,6 @@ mod tests {
     }
 
     #[test]
-    fn resize_bodies_as_kata_and_ch_remote_send_them() {
-        use serde_json::json;
-        // Kata's ResizeMemory: VmResize with only DesiredRam (omitempty).
-        assert_eq!(
-            ResizeRequest::parse(&json!({"desired_ram": 1073741824u64})),
-            Ok(ResizeRequest {
-                desired_ram: Some(1 << 30),
-                ..Default::default()
-            })
-        );
-        let e = ResizeRequest::parse(&json!({"desired_balloon": 0})).unwrap_err();
-        assert!(
-            e.contains("desired_balloon") && e.contains("balloon device"),
-            "{e}"
-        );
-        let e = ResizeRequest::parse(&json!({"desired_ram": -1})).unwrap_err();
-        assert!(e.contains("vm.resize"), "{e}");
-        let e = ResizeRequest::parse(&json!({"desired_memory": 1})).unwrap_err();
-        assert!(e.contains("desired_memory"), "{e}");
-    }
-
-    #[test]
     fn slots_run_out() {
         let mut r = ram(512 * MIB, Some(64 << 30));
         let slots = crate::devices::memory_hotplug::MEMORY_SLOTS;
@@ -263,7 +218,7 @@ mod tests {
         }
         assert_eq!(
             r.plan(r.current() + 128 * MIB),
-            Err(ResizeError::NoSlot(NoFreeSlot))
+            Err(RamResizeError::NoSlot(NoFreeSlot))
         );
         assert_eq!(r.current(), 512 * MIB + slots as u64 * 128 * MIB);
     }

@@ -711,3 +711,54 @@ fn hotplugged_ram_is_made_and_given_to_kvm_under_the_main_threads_filter() {
     }
     assert_eq!(outcome, Outcome::Returned(0));
 }
+
+/// `vm.resize` creates vCPUs after boot on the control (main) thread: the
+/// KVM vCPU and its CPUID, MSRs, FPU and LAPIC set up under the main
+/// thread's filter, then its thread started and entering the vCPU filter,
+/// where it runs KVM requests on the new vCPU. Against real KVM.
+#[test]
+fn a_vcpu_created_at_runtime_by_the_main_thread_passes_its_filters() {
+    use crate::vcpu::{Vcpu, VcpuSetup};
+    use kvm_ioctls::Kvm;
+    let Ok(kvm) = Kvm::new() else {
+        return eprintln!("no /dev/kvm; skipped");
+    };
+    let vm = kvm.create_vm().unwrap();
+    vm.create_irq_chip().unwrap();
+    let cpuid = kvm
+        .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+        .unwrap();
+    let mem = crate::memory::create_guest_memory(&crate::config::MemoryConfig {
+        size: 32 << 20,
+        ..Default::default()
+    })
+    .unwrap();
+    let programs: Vec<_> = all_for(std::process::id())
+        .into_iter()
+        .filter(|(k, _)| [VMM, VCPU].contains(k))
+        .map(|(k, l)| seccomp::build(k, &l, seccomp::Mode::Kill).unwrap().unwrap())
+        .collect();
+    let (main_filter, vcpu_filter) = (&programs[0], &programs[1]);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            seccomp::apply_filter(main_filter).unwrap();
+            let setup = VcpuSetup {
+                topology: crate::config::CpuTopology::flat(4),
+                base_cpuid: &cpuid,
+                tsc_deadline: false,
+                entry: 0,
+                mem: &mem,
+            };
+            // A hot-added vCPU: not the boot one, so no boot registers.
+            let vcpu = Vcpu::new(&vm, 2, &setup).unwrap();
+            // Its thread, started from here, enters the vCPU filter and
+            // makes a vCPU's requests on it.
+            std::thread::scope(|t| {
+                t.spawn(move || {
+                    seccomp::apply_filter(vcpu_filter).unwrap();
+                    vcpu.fd().get_regs().unwrap();
+                });
+            });
+        });
+    });
+}

@@ -11,6 +11,7 @@ use kvm_bindings::{
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 
 use crate::arch::x86_64::{cpuid, regs};
+use crate::config::CpuTopology;
 use crate::devices::Bus;
 use crate::exit::{ExitHandle, VmExit};
 use crate::memory::GuestMemoryMmap;
@@ -40,7 +41,8 @@ pub struct Vcpu {
 
 /// What every vCPU needs to be configured.
 pub struct VcpuSetup<'a> {
-    pub cpus: u32,
+    /// How the possible vCPUs are laid out (their APIC ids and CPUID topology).
+    pub topology: CpuTopology,
     pub base_cpuid: &'a CpuId,
     pub tsc_deadline: bool,
     /// The bzImage 64-bit entry point; only the boot vCPU starts there, the
@@ -51,11 +53,17 @@ pub struct VcpuSetup<'a> {
 
 impl Vcpu {
     pub fn new(vm: &VmFd, index: u32, setup: &VcpuSetup) -> Result<Self, VcpuError> {
+        // KVM's vCPU id is the in-kernel LAPIC's APIC id.
         let fd = vm
-            .create_vcpu(u64::from(index))
+            .create_vcpu(u64::from(setup.topology.apic_id(index)))
             .map_err(|source| VcpuError::Create { index, source })?;
         let mut cpuid = setup.base_cpuid.clone();
-        cpuid::patch_cpuid(cpuid.as_mut_slice(), index, setup.cpus, setup.tsc_deadline);
+        cpuid::patch_cpuid(
+            cpuid.as_mut_slice(),
+            index,
+            setup.topology,
+            setup.tsc_deadline,
+        );
         fd.set_cpuid2(&cpuid)
             .map_err(|source| VcpuError::Cpuid { index, source })?;
         let r = |source| VcpuError::Regs { index, source };
@@ -70,21 +78,32 @@ impl Vcpu {
         Ok(Vcpu { index, fd })
     }
 
+    #[cfg(test)]
+    pub(crate) fn fd(&self) -> &VcpuFd {
+        &self.fd
+    }
+
     /// This vCPU's KVM statistics, readable while it runs.
     pub fn stats(&self) -> Result<crate::kvm_stats::KvmStatsFile, crate::kvm_stats::KvmStatsError> {
         crate::kvm_stats::KvmStatsFile::open(&self.fd)
     }
 
     /// Runs the guest until an exit that ends the VM (Some) or until asked
-    /// to stop (None).
-    fn run(&mut self, pio: &Bus, mmio: &Bus, control: &VcpuControl) -> Option<VmExit> {
+    /// to stop (None). Parks while the VM is paused or this vCPU ejected.
+    fn run(
+        &mut self,
+        pio: &Bus,
+        mmio: &Bus,
+        control: &VcpuControl,
+        slot: &VcpuSlot,
+    ) -> Option<VmExit> {
         let cpu = self.index;
         loop {
             if control.stop.load(Ordering::SeqCst) {
                 return None;
             }
-            if control.pause.load(Ordering::SeqCst) {
-                control.park_while_paused();
+            if control.pause.load(Ordering::SeqCst) || slot.ejected.load(Ordering::SeqCst) {
+                control.park(slot);
                 continue;
             }
             return Some(match self.fd.run() {
@@ -211,21 +230,36 @@ pub(crate) fn install_kick_handler() {
 struct VcpuControl {
     stop: AtomicBool,
     pause: AtomicBool,
-    /// Threads parked in [`VcpuControl::park_while_paused`]. Changes to
+    /// Threads parked in [`VcpuControl::park`]. Changes to
     /// `pause` and `stop` are made under this lock, so a parking thread
     /// cannot miss the wake-up.
     parked: Mutex<usize>,
     changed: Condvar,
 }
 
+/// One vCPU thread's own state: ejected by the guest (after a `vm.resize`
+/// down) it parks, keeping its KVM vCPU (which KVM cannot destroy) for a
+/// later re-add.
+#[derive(Default)]
+struct VcpuSlot {
+    ejected: AtomicBool,
+    /// The thread is in [`VcpuControl::park`].
+    parked: AtomicBool,
+}
+
 impl VcpuControl {
-    fn park_while_paused(&self) {
+    /// Waits while the VM is paused or `slot` is ejected, unless stopped.
+    fn park(&self, slot: &VcpuSlot) {
         let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
         *parked += 1;
+        slot.parked.store(true, Ordering::SeqCst);
         self.changed.notify_all();
-        while self.pause.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
+        while (self.pause.load(Ordering::SeqCst) || slot.ejected.load(Ordering::SeqCst))
+            && !self.stop.load(Ordering::SeqCst)
+        {
             parked = self.changed.wait(parked).unwrap_or_else(|p| p.into_inner());
         }
+        slot.parked.store(false, Ordering::SeqCst);
         *parked -= 1;
     }
 
@@ -240,10 +274,16 @@ impl VcpuControl {
     }
 }
 
+struct VcpuThread {
+    index: u32,
+    handle: JoinHandle<()>,
+    slot: Arc<VcpuSlot>,
+}
+
 /// The vCPU threads of one VM.
 #[derive(Default)]
 pub struct RunningVcpus {
-    threads: Vec<JoinHandle<()>>,
+    threads: Vec<VcpuThread>,
     control: Arc<VcpuControl>,
 }
 
@@ -259,7 +299,9 @@ impl RunningVcpus {
         let index = vcpu.index;
         install_kick_handler();
         let control = self.control.clone();
-        let thread = std::thread::Builder::new()
+        let slot = Arc::new(VcpuSlot::default());
+        let thread_slot = slot.clone();
+        let handle = std::thread::Builder::new()
             .name(format!("vcpu{index}"))
             .spawn(move || {
                 if let Err(e) = seccomp::enter_thread(crate::seccomp_filters::VCPU) {
@@ -269,19 +311,53 @@ impl RunningVcpus {
                         message: e.to_string(),
                     });
                 }
-                if let Some(reason) = vcpu.run(&pio, &mmio, &control) {
+                if let Some(reason) = vcpu.run(&pio, &mmio, &control, &thread_slot) {
                     exit.request(reason);
                 }
             })
             .map_err(|source| VcpuError::Spawn { index, source })?;
-        self.threads.push(thread);
+        self.threads.push(VcpuThread {
+            index,
+            handle,
+            slot,
+        });
         Ok(())
+    }
+
+    /// Whether vCPU `index` has a thread (running, or parked after an eject).
+    pub fn has(&self, index: u32) -> bool {
+        self.threads.iter().any(|t| t.index == index)
+    }
+
+    /// Parks vCPU `index` for good (the guest ejected it) and returns once
+    /// it runs no guest code.
+    pub fn eject(&self, index: u32) {
+        let Some(t) = self.threads.iter().find(|t| t.index == index) else {
+            return;
+        };
+        self.control.set(&t.slot.ejected, true);
+        self.kick_until(
+            |t| t.index == index,
+            || t.slot.parked.load(Ordering::SeqCst) || t.handle.is_finished(),
+        );
+    }
+
+    /// Wakes the parked thread of ejected vCPU `index` (re-added): false if
+    /// it has no thread.
+    pub fn readd(&self, index: u32) -> bool {
+        match self.threads.iter().find(|t| t.index == index) {
+            Some(t) => {
+                self.control.set(&t.slot.ejected, false);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Parks every vCPU and returns once none is running guest code.
     pub fn pause(&self) {
         self.control.set(&self.control.pause, true);
-        self.kick_until(|| self.control.parked() >= self.live());
+        self.kick_until(|_| true, || self.control.parked() >= self.live());
     }
 
     pub fn resume(&self) {
@@ -291,24 +367,32 @@ impl RunningVcpus {
     /// Asks every vCPU to stop and waits for the threads.
     pub fn stop(&mut self) {
         self.control.set(&self.control.stop, true);
-        self.kick_until(|| self.live() == 0);
+        self.kick_until(|_| true, || self.live() == 0);
         for t in self.threads.drain(..) {
-            let _ = t.join();
+            let _ = t.handle.join();
         }
     }
 
     fn live(&self) -> usize {
-        self.threads.iter().filter(|t| !t.is_finished()).count()
+        self.threads
+            .iter()
+            .filter(|t| !t.handle.is_finished())
+            .count()
     }
 
-    /// Kicks the threads still running until `done`. A kick is sent again
-    /// and again: one that lands just before a thread enters KVM_RUN is
-    /// lost, and a halted guest might not exit on its own for a long time.
-    fn kick_until(&self, done: impl Fn() -> bool) {
+    /// Kicks the threads still running that `which` picks until `done`. A
+    /// kick is sent again and again: one that lands just before a thread
+    /// enters KVM_RUN is lost, and a halted guest might not exit on its own
+    /// for a long time.
+    fn kick_until(&self, which: impl Fn(&VcpuThread) -> bool, done: impl Fn() -> bool) {
         use vmm_sys_util::signal::Killable;
         while !done() {
-            for t in self.threads.iter().filter(|t| !t.is_finished()) {
-                if let Err(e) = t.kill(kick_signal()) {
+            for t in self
+                .threads
+                .iter()
+                .filter(|t| which(t) && !t.handle.is_finished())
+            {
+                if let Err(e) = t.handle.kill(kick_signal()) {
                     log::warn!("kicking a vCPU thread: {e}");
                 }
             }
@@ -322,11 +406,11 @@ mod tests {
     use super::*;
 
     /// Pauses, and returns a thread once it is parked.
-    fn parked_thread(control: &Arc<VcpuControl>) -> JoinHandle<()> {
+    fn parked_thread(control: &Arc<VcpuControl>, slot: &Arc<VcpuSlot>) -> JoinHandle<()> {
         control.set(&control.pause, true);
-        let c = control.clone();
-        let t = std::thread::spawn(move || c.park_while_paused());
-        while control.parked() == 0 {
+        let (c, s) = (control.clone(), slot.clone());
+        let t = std::thread::spawn(move || c.park(&s));
+        while !slot.parked.load(Ordering::SeqCst) {
             std::thread::yield_now();
         }
         t
@@ -335,13 +419,35 @@ mod tests {
     #[test]
     fn a_parked_thread_wakes_on_resume_and_on_stop() {
         let control = Arc::new(VcpuControl::default());
-        let t = parked_thread(&control);
+        let slot = Arc::new(VcpuSlot::default());
+        let t = parked_thread(&control, &slot);
+        assert_eq!(control.parked(), 1);
         control.set(&control.pause, false);
         t.join().unwrap();
         assert_eq!(control.parked(), 0);
 
-        let t = parked_thread(&control);
+        let t = parked_thread(&control, &slot);
         control.set(&control.stop, true);
         t.join().unwrap();
+    }
+
+    #[test]
+    fn an_ejected_vcpu_stays_parked_across_resume_until_readded() {
+        let control = Arc::new(VcpuControl::default());
+        let slot = Arc::new(VcpuSlot::default());
+        control.set(&slot.ejected, true);
+        let t = parked_thread(&control, &slot);
+        control.set(&control.pause, false);
+        // Resumed, but ejected: the thread must still be waiting. Another
+        // thread parking and leaving proves the resume was seen.
+        let other = Arc::new(VcpuSlot::default());
+        let t2 = parked_thread(&control, &other);
+        control.set(&control.pause, false);
+        t2.join().unwrap();
+        assert!(slot.parked.load(Ordering::SeqCst) && !t.is_finished());
+        control.set(&slot.ejected, false);
+        t.join().unwrap();
+        assert!(!slot.parked.load(Ordering::SeqCst));
+        assert_eq!(control.parked(), 0);
     }
 }

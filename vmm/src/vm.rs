@@ -23,9 +23,10 @@ use crate::exit::{ExitHandle, VmExit};
 use crate::kvm_stats::{KvmStatsFile, VmKvmStats};
 use crate::memory::{self, GuestMemoryMmap};
 use crate::prefault::KvmPrefaulter;
-use crate::ram_hotplug::{HotplugRam, ResizeError};
+use crate::ram_hotplug::{HotplugRam, RamResizeError};
 use crate::signals::StopSignals;
 use crate::vcpu::{RunningVcpus, Vcpu, VcpuSetup};
+use crate::vcpu_hotplug::{VcpuHotplug, VcpuWiring};
 use api::KvmCounters;
 
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +71,10 @@ pub enum VmError {
     Address(#[from] crate::devices::device_memory::AddressError),
     #[error("hot-plug: {0}")]
     Hotplug(String),
+    #[error(transparent)]
+    VcpuResize(#[from] crate::devices::cpu_hotplug::ResizeError),
+    #[error("cpus.max_vcpus={max} is above what this host's KVM allows ({limit} vCPUs per VM)")]
+    TooManyVcpus { max: u32, limit: u32 },
     #[error(transparent)]
     Fs(#[from] virtio_devices::vhost_user_fs::FsError),
     #[error(transparent)]
@@ -251,11 +256,7 @@ fn load_payload(
     let cmdline_size = boot::load_command_line(mem, &config.payload.cmdline)?;
     mem.write_slice(&layout::RESET_STUB, GuestAddress(layout::RESET_VECTOR))
         .map_err(|e| VmError::Device(format!("writing the reset stub: {e}")))?;
-    let acpi = AcpiTables::build(
-        config.cpus.boot_vcpus,
-        device_aml,
-        config.platform.num_pci_segments,
-    )?;
+    let acpi = AcpiTables::build(&config.cpus, device_aml, config.platform.num_pci_segments)?;
     acpi.write(mem)?;
     let e820 = boot::e820_map(&layout::ram_ranges(config.memory.size));
     boot::write_boot_params(mem, &kernel, cmdline_size, initramfs, &e820, acpi.rsdp_addr)?;
@@ -303,6 +304,8 @@ pub struct Vm {
     kvm_stats: Option<VmKvmStats>,
     /// RAM added by `vm.resize`, and what may still be.
     ram: HotplugRam,
+    /// `vm.resize` of the vCPUs.
+    vcpu_hotplug: VcpuHotplug,
 }
 
 impl Vm {
@@ -333,26 +336,40 @@ impl Vm {
         )?;
         devices.add_boot_devices(config, observe)?;
         devices.append_aml(&mut device_aml);
+        let cpu_state = crate::vcpu_hotplug::install(&config.cpus, &pio, &mut device_aml)?;
         let entry = load_payload(&mem, config, &device_aml)?;
 
         let base_cpuid = kvm_setup(
             "KVM_GET_SUPPORTED_CPUID",
             kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES),
         )?;
+        // KVM_CAP_MAX_VCPUS (kvm-ioctls falls back to KVM_CAP_NR_VCPUS).
+        let limit = u32::try_from(kvm.get_max_vcpus()).unwrap_or(u32::MAX);
+        if config.cpus.max_vcpus > limit {
+            return Err(VmError::TooManyVcpus {
+                max: config.cpus.max_vcpus,
+                limit,
+            });
+        }
         let setup = VcpuSetup {
-            cpus: config.cpus.boot_vcpus,
+            topology: config.cpus.effective_topology(),
             base_cpuid: &base_cpuid,
             tsc_deadline: kvm.check_extension(Cap::TscDeadlineTimer),
             entry: entry.0,
             mem: &mem,
         };
-        let vcpus = (0..setup.cpus)
+        let boot_vcpus = config.cpus.boot_vcpus;
+        let vcpus = (0..boot_vcpus)
             .map(|i| Vcpu::new(&vm, i, &setup))
             .collect::<Result<Vec<_>, _>>()?;
         let kvm_stats = open_kvm_stats(&vm, &vcpus);
-        if let Some(p) = KvmPrefaulter::new(&kvm, &vm, u64::from(setup.cpus), &base_cpuid) {
+        // The pre-fault vCPUs take ids above every possible vCPU's APIC id.
+        let first_free_id = setup.topology.apic_id(config.cpus.max_vcpus - 1) + 1;
+        if let Some(p) = KvmPrefaulter::new(&kvm, &vm, u64::from(first_free_id), &base_cpuid) {
             devices.set_guest_prefaulter(Arc::new(p));
         }
+        let vcpu_hotplug =
+            VcpuHotplug::new(cpu_state, &config.cpus, &base_cpuid, setup.tsc_deadline);
 
         let (raw_terminal, stdin) = match (&config.serial, &serial_dev) {
             (SerialMode::Tty, Some(s)) => {
@@ -362,8 +379,8 @@ impl Vm {
             _ => (None, None),
         };
         log::info!(
-            "booting {} vCPU(s), {} MiB RAM",
-            setup.cpus,
+            "booting {boot_vcpus} vCPU(s) (at most {}), {} MiB RAM",
+            config.cpus.max_vcpus,
             config.memory.size >> 20
         );
         let mut running = RunningVcpus::default();
@@ -386,7 +403,32 @@ impl Vm {
             ged,
             kvm_stats,
             ram,
+            vcpu_hotplug,
         })
+    }
+
+    /// `vm.resize` of the vCPUs: see [`VcpuHotplug::resize`].
+    pub fn resize_vcpus(&mut self, desired: u32) -> Result<bool, VmError> {
+        let wiring = VcpuWiring {
+            vm: &self.vm,
+            mem: &self._mem,
+            pio: &self._buses.0,
+            mmio: &self._buses.1,
+            exit: &self.exit,
+        };
+        self.vcpu_hotplug
+            .resize(desired, &mut self.vcpus, &wiring, &self.ged)
+    }
+
+    /// Readable when the guest has ejected a vCPU: then call
+    /// [`Vm::complete_vcpu_ejects`].
+    pub fn vcpu_eject_eventfd(&self) -> &EventFd {
+        self.vcpu_hotplug.eject_eventfd()
+    }
+
+    /// Parks the vCPUs the guest ejected; returns their indexes.
+    pub fn complete_vcpu_ejects(&self) -> Vec<u32> {
+        self.vcpu_hotplug.complete_ejects(&self.vcpus)
     }
 
     /// KVM's counters that the metrics publish: exits and page faults summed
@@ -477,11 +519,11 @@ impl Vm {
     /// `vm.resize`'s `desired_ram`: grows guest RAM to `desired` bytes by
     /// adding a region and announcing it (ACPI memory hot-plug); a size at
     /// or below the current one changes nothing. Returns guest RAM after.
-    pub fn resize_memory(&mut self, desired: u64) -> Result<u64, ResizeError> {
+    pub fn resize_memory(&mut self, desired: u64) -> Result<u64, RamResizeError> {
         let Some((base, size)) = self.ram.plan(desired)? else {
             return Ok(self.ram.current());
         };
-        let failed = |e: &dyn std::fmt::Display| ResizeError::Failed(e.to_string());
+        let failed = |e: &dyn std::fmt::Display| RamResizeError::Failed(e.to_string());
         let region = memory::create_hotplug_region(self.ram.boot_config(), base, size)
             .map_err(|e| failed(&e))?;
         self.devices

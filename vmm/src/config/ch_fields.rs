@@ -45,7 +45,7 @@ const PAYLOAD: &[(&str, Rule)] = &[
 const CPUS: &[(&str, Rule)] = &[
     ("boot_vcpus", Rule::Ours),
     ("max_vcpus", Rule::Ours),
-    ("topology", Rule::Empty(Shape::Object)),
+    ("topology", Rule::Ours),
     ("kvm_hyperv", Rule::Default(|| json!(false))),
     ("max_phys_bits", Rule::Default(|| json!(46))),
     ("affinity", Rule::Empty(Shape::Array)),

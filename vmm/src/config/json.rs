@@ -17,8 +17,9 @@ use super::fs::FS_KEYS;
 use super::option_parser::OptionValues;
 use super::pmem::PMEM_KEYS;
 use super::{
-    ConfigError, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PlatformConfig, PmemConfig,
-    RngConfig, SerialMode, Transport, VmConfig, VsockConfig, PLATFORM_KEYS, RNG_KEYS, VSOCK_KEYS,
+    ConfigError, CpuTopology, CpusConfig, FsConfig, MemoryConfig, PayloadConfig, PlatformConfig,
+    PmemConfig, RngConfig, SerialMode, Transport, VmConfig, VsockConfig, CPUS_KEYS, PLATFORM_KEYS,
+    RNG_KEYS, VSOCK_KEYS,
 };
 use super::{DiskConfig, DISK_KEYS};
 use super::{NetConfig, NET_KEYS};
@@ -414,6 +415,36 @@ struct PayloadJson {
 struct CpusJson {
     boot_vcpus: u32,
     max_vcpus: Option<u32>,
+    topology: Option<CpuTopologyJson>,
+}
+
+/// Cloud Hypervisor's CpuTopology: every part is required, as there.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CpuTopologyJson {
+    threads_per_core: u16,
+    cores_per_die: u16,
+    dies_per_package: u16,
+    packages: u16,
+}
+
+impl CpusJson {
+    fn into_config(self) -> Result<CpusConfig, ConfigError> {
+        let mut pairs = vec![("boot", self.boot_vcpus.to_string())];
+        if let Some(m) = self.max_vcpus {
+            pairs.push(("max", m.to_string()));
+        }
+        if let Some(t) = self.topology {
+            let t = CpuTopology {
+                threads_per_core: t.threads_per_core,
+                cores_per_die: t.cores_per_die,
+                dies_per_package: t.dies_per_package,
+                packages: t.packages,
+            };
+            pairs.push(("topology", t.to_option()));
+        }
+        CpusConfig::from_values(&OptionValues::from_pairs("cpus", pairs, CPUS_KEYS)?)
+    }
 }
 
 #[derive(Deserialize)]
@@ -488,10 +519,7 @@ pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
     }
     let cpus = match j.cpus {
         None => CpusConfig::default(),
-        Some(c) => {
-            let max = c.max_vcpus.map(|m| format!(",max={m}")).unwrap_or_default();
-            CpusConfig::parse(&format!("boot={}{max}", c.boot_vcpus))?
-        }
+        Some(c) => c.into_config()?,
     };
     let memory = match j.memory {
         None => MemoryConfig::default(),
@@ -634,7 +662,7 @@ pub fn vm_config_to_json(c: &VmConfig) -> Value {
     };
     let mut v = json!({
         "payload": {"kernel": c.payload.kernel, "initramfs": c.payload.initramfs, "cmdline": c.payload.cmdline},
-        "cpus": {"boot_vcpus": c.cpus.boot_vcpus, "max_vcpus": c.cpus.boot_vcpus, "kvm_hyperv": false, "max_phys_bits": 46,
+        "cpus": {"boot_vcpus": c.cpus.boot_vcpus, "max_vcpus": c.cpus.max_vcpus, "kvm_hyperv": false, "max_phys_bits": 46,
                  "features": {"amx": false}, "nested": true, "core_scheduling": "Vm", "profile": "Host"},
         "memory": {"size": c.memory.size, "hotplug_size": c.memory.hotplug_size, "mergeable": false, "hotplug_method": "Acpi", "shared": c.memory.shared,
                    "hugepages": c.memory.hugepages, "prefault": false, "reserve": false, "thp": true},
@@ -670,6 +698,10 @@ pub fn vm_config_to_json(c: &VmConfig) -> Value {
         "watchdog": false,
         "landlock_enable": false,
     });
+    if let Some(t) = c.cpus.topology {
+        v["cpus"]["topology"] = json!({"threads_per_core": t.threads_per_core, "cores_per_die": t.cores_per_die,
+                                       "dies_per_package": t.dies_per_package, "packages": t.packages});
+    }
     if let Some(r) = &c.rng {
         v["rng"] = json!({"src": r.src, "iommu": false, "pci_segment": r.pci_segment, "transport": transport(r.transport)});
     }
@@ -858,6 +890,39 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("\"vs\" is used twice"));
+    }
+
+    /// The cpus part of the VmConfig Kata's Cloud Hypervisor driver sends
+    /// (clh.go: NewCpusConfig(boot, DefaultMaxVCPUs) and a topology of
+    /// 1 thread x max cores x 1 die x 1 package), as its generated client
+    /// writes it.
+    #[test]
+    fn katas_cpus_with_max_and_topology_are_taken_and_reported() {
+        let kata = json!({"boot_vcpus": 1, "max_vcpus": 4, "kvm_hyperv": false, "nested": true,
+            "topology": {"threads_per_core": 1, "cores_per_die": 4, "dies_per_package": 1, "packages": 1}});
+        let body = json!({"payload": {"kernel": "/k"}, "cpus": kata});
+        let c = vm_config_from_json(&body).unwrap();
+        assert_eq!((c.cpus.boot_vcpus, c.cpus.max_vcpus), (1, 4));
+        assert_eq!(c.cpus.topology, Some(CpuTopology::flat(4)));
+        let info = vm_config_to_json(&c);
+        assert_eq!(info["cpus"]["max_vcpus"], 4);
+        assert_eq!(info["cpus"]["topology"], kata["topology"]);
+        assert_eq!(vm_config_from_json(&info).unwrap(), c);
+
+        let e = |cpus: Value| {
+            vm_config_from_json(&json!({"payload": {"kernel": "/k"}, "cpus": cpus}))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(e(json!({"boot_vcpus": 1, "max_vcpus": 4,
+            "topology": {"threads_per_core": 1, "cores_per_die": 2, "dies_per_package": 1, "packages": 1}}))
+        .contains("topology=\"1:2:1:1\" is invalid: expected parts whose product (2) equals max=4"));
+        assert!(
+            e(json!({"boot_vcpus": 1, "max_vcpus": 4, "topology": {"threads_per_core": 1}}))
+                .contains("missing field `cores_per_die`")
+        );
+        assert!(e(json!({"boot_vcpus": 5, "max_vcpus": 4})).contains("at most max=4"));
+        assert!(e(json!({"boot_vcpus": 1, "max_vcpus": 300})).contains("1 to 254 vCPUs"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The VM configuration and its parsing from Cloud Hypervisor's command-line syntax.
 
 mod ch_fields;
+mod cpus;
 mod disk;
 mod fs;
 pub mod json;
@@ -11,6 +12,7 @@ mod pmem;
 mod rng;
 mod vsock;
 
+pub use cpus::{CpuTopology, CpusConfig, CPUS_KEYS, MAX_VCPUS};
 pub use disk::{DiskConfig, DISK_KEYS};
 pub use fs::FsConfig;
 pub use net::{NetConfig, DEFAULT_TAP_NAME, NET_KEYS};
@@ -21,11 +23,8 @@ pub use vsock::{VsockConfig, VSOCK_KEYS};
 
 use std::path::PathBuf;
 
-use option_parser::parse_u32;
 pub use option_parser::{parse_size, parse_toggle, OptionValues};
 
-/// Largest vCPU count: APIC ids are 8 bits in the MADT and 0xff is broadcast.
-pub const MAX_VCPUS: u32 = 254;
 /// Smallest guest RAM a Linux kernel plus initramfs can sensibly boot in.
 pub const MIN_MEMORY: u64 = 32 << 20;
 /// Largest guest RAM: keeps every guest-physical address below 1 TiB, well
@@ -67,41 +66,6 @@ pub enum ConfigError {
     },
     #[error("--{option}: device id \"{id}\" is used twice")]
     DuplicateId { option: &'static str, id: String },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CpusConfig {
-    pub boot_vcpus: u32,
-}
-
-impl Default for CpusConfig {
-    fn default() -> Self {
-        CpusConfig { boot_vcpus: 1 }
-    }
-}
-
-impl CpusConfig {
-    pub fn parse(input: &str) -> Result<Self, ConfigError> {
-        let o = OptionValues::parse("cpus", input, &["boot", "max"])?;
-        let boot = o.convert("boot", parse_u32)?.unwrap_or(1);
-        if boot == 0 || boot > MAX_VCPUS {
-            return Err(o.invalid("boot", &boot.to_string(), "1 to 254 vCPUs"));
-        }
-        // vCPU hot-plug does not exist here: `max` is accepted only when it
-        // changes nothing, so a config written for Cloud Hypervisor still works.
-        if let Some(max) = o.convert("max", parse_u32)? {
-            if max != boot {
-                return Err(ConfigError::Unsupported {
-                    option: "cpus",
-                    message: format!(
-                        "max={max} differs from boot={boot}, but vCPU hot-plug is not supported; \
-                         omit max or set it equal to boot"
-                    ),
-                });
-            }
-        }
-        Ok(CpusConfig { boot_vcpus: boot })
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -375,29 +339,6 @@ impl VmConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cpus() {
-        assert_eq!(CpusConfig::parse("boot=2").unwrap().boot_vcpus, 2);
-        assert_eq!(CpusConfig::parse("boot=4,max=4").unwrap().boot_vcpus, 4);
-        assert_eq!(
-            CpusConfig::parse("boot=0").unwrap_err().to_string(),
-            "--cpus: boot=\"0\" is invalid: expected 1 to 254 vCPUs"
-        );
-        assert!(CpusConfig::parse("boot=255").is_err());
-        assert!(CpusConfig::parse("boot=two")
-            .unwrap_err()
-            .to_string()
-            .contains("unsigned integer"));
-        assert!(CpusConfig::parse("boot=2,max=4")
-            .unwrap_err()
-            .to_string()
-            .contains("hot-plug"));
-        assert!(CpusConfig::parse("topology=1:1:1:1")
-            .unwrap_err()
-            .to_string()
-            .contains("accepted keys: boot, max"));
-    }
 
     #[test]
     fn memory() {

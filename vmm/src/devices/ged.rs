@@ -5,7 +5,8 @@
 //! pending events from an I/O port and notifies the button device; the
 //! guest's ACPI button driver then reports KEY_POWER, and whatever the guest
 //! runs on it (systemd-logind, acpid, a test's watcher) powers off.
-//! The same interrupt announces PCI hot-plug (`pci_hotplug`).
+//! The same interrupt announces PCI hot-plug (`pci_hotplug`) and CPU
+//! hot-plug (`cpu_hotplug`).
 
 use std::sync::Mutex;
 
@@ -22,8 +23,9 @@ pub const GED_IRQ: u32 = 23;
 pub const EVENT_POWER_BUTTON: u8 = 1 << 0;
 /// Event bit: a PCI slot changed (see `pci_hotplug`).
 pub const EVENT_PCI_HOTPLUG: u8 = 1 << 1;
-/// Event bit: RAM was added (see `memory_hotplug`). Bit 2 is left for CPU
-/// hot-plug.
+/// Event bit: vCPUs were added or are to be removed (see `cpu_hotplug`).
+pub const EVENT_CPU_HOTPLUG: u8 = 1 << 2;
+/// Event bit: RAM was added (see `memory_hotplug`).
 pub const EVENT_MEMORY_HOTPLUG: u8 = 1 << 3;
 
 pub struct Ged {
@@ -103,6 +105,13 @@ impl Ged {
                         ),
                         &aml::If::new(
                             &aml::Equal::new(
+                                &aml::And::new(&aml::Zero {}, &events, &EVENT_CPU_HOTPLUG),
+                                &EVENT_CPU_HOTPLUG,
+                            ),
+                            vec![&aml::MethodCall::new("\\_SB_.CPUS.CSCN".into(), vec![])],
+                        ),
+                        &aml::If::new(
+                            &aml::Equal::new(
                                 &aml::And::new(&aml::Zero {}, &events, &EVENT_MEMORY_HOTPLUG),
                                 &EVENT_MEMORY_HOTPLUG,
                             ),
@@ -159,7 +168,7 @@ mod tests {
         assert_eq!(b[0], 0, "cleared by the read");
         let mut aml = Vec::new();
         Ged::append_aml(&mut aml);
-        for name in [b"_EVT", b"GDAT", b"PSCN", b"MSCN"] {
+        for name in [b"_EVT", b"GDAT", b"PSCN", b"CSCN", b"MSCN"] {
             assert!(aml.windows(4).any(|w| w == name));
         }
     }

@@ -3,6 +3,7 @@
 pub mod acpi_pm;
 pub mod activator;
 pub mod bus;
+pub mod cpu_hotplug;
 pub mod device_memory;
 pub mod ged;
 pub mod gsi_routing;

@@ -15,6 +15,7 @@ use acpi_tables::{
 use vm_memory::{Bytes, GuestAddress};
 
 use super::layout::{pci_ecam_start, ACPI_END, ACPI_START, APIC_START, IOAPIC_START};
+use crate::config::CpusConfig;
 use crate::devices::acpi_pm;
 use crate::memory::GuestMemoryMmap;
 
@@ -103,13 +104,34 @@ fn create_fadt(dsdt_addr: u64) -> Sdt {
     f
 }
 
-fn create_madt(cpus: u32) -> Sdt {
+/// MADT Local APIC flags: the CPU is enabled now; or it is not, but may
+/// be brought online later (ACPI 6.3; Linux then counts it as possible).
+pub const LAPIC_ENABLED: u32 = 1 << 0;
+pub const LAPIC_ONLINE_CAPABLE: u32 = 1 << 1;
+
+/// A Processor Local APIC structure (MADT type 0): also what a CPU
+/// device's `_MAT` returns.
+pub fn local_apic_entry(uid: u8, apic_id: u8, flags: u32) -> [u8; 8] {
+    let f = flags.to_le_bytes();
+    [0, 8, uid, apic_id, f[0], f[1], f[2], f[3]]
+}
+
+/// One Local APIC per possible vCPU: the boot ones enabled, the
+/// hot-pluggable ones online-capable (as Cloud Hypervisor lists them).
+fn create_madt(cpus: &CpusConfig) -> Sdt {
     let mut madt = Sdt::new(*b"APIC", 44, 5, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
     madt.write_u32(36, APIC_START as u32);
     madt.write_u32(40, 1); // PCAT_COMPAT: dual 8259s are present
-    for cpu in 0..cpus {
-        // Processor Local APIC: type 0, length 8, uid, APIC id, flags (enabled).
-        madt.append_slice(&[0, 8, cpu as u8, cpu as u8, 1, 0, 0, 0]);
+    let topology = cpus.effective_topology();
+    for cpu in 0..cpus.max_vcpus {
+        let flags = if cpu < cpus.boot_vcpus {
+            LAPIC_ENABLED
+        } else {
+            LAPIC_ONLINE_CAPABLE
+        };
+        // The config keeps max_vcpus and every APIC id at or below 254.
+        let (uid, id) = (cpu as u8, topology.apic_id(cpu) as u8);
+        madt.append_slice(&local_apic_entry(uid, id, flags));
     }
     // I/O APIC: type 1, length 12, id, reserved, address, GSI base.
     let mut ioapic = vec![1, 12, 0, 0];
@@ -143,9 +165,13 @@ fn align8(v: u64) -> u64 {
 }
 
 impl AcpiTables {
-    /// Lays out the tables from `ACPI_START` for `cpus` vCPUs, the DSDT
-    /// device AML and `pci_segments` PCI segments.
-    pub fn build(cpus: u32, device_aml: &[u8], pci_segments: u16) -> Result<Self, AcpiError> {
+    /// Lays out the tables from `ACPI_START` for the vCPUs of `cpus`, the
+    /// DSDT device AML and `pci_segments` PCI segments.
+    pub fn build(
+        cpus: &CpusConfig,
+        device_aml: &[u8],
+        pci_segments: u16,
+    ) -> Result<Self, AcpiError> {
         let rsdp_addr = ACPI_START;
         let dsdt_addr = align8(rsdp_addr + Rsdp::len() as u64);
         let dsdt = create_dsdt(device_aml);
@@ -230,7 +256,7 @@ mod tests {
 
     #[test]
     fn tables_parse_back_with_valid_checksums() {
-        let t = AcpiTables::build(2, &[], 1).unwrap();
+        let t = AcpiTables::build(&CpusConfig::parse("boot=2").unwrap(), &[], 1).unwrap();
         let r = Reader(&t);
         let rsdp = r.at(t.rsdp_addr);
         assert_eq!(&rsdp[0..8], b"RSD PTR ");
@@ -307,9 +333,58 @@ mod tests {
         assert_eq!(ioapics, 1);
     }
 
+    /// The Local APIC entries of the MADT: (uid, APIC id, flags).
+    fn madt_lapics(t: &AcpiTables) -> Vec<(u8, u8, u32)> {
+        let r = Reader(t);
+        let madt = t
+            .blobs
+            .iter()
+            .map(|(a, _)| r.at(*a))
+            .find(|b| &b[0..4] == b"APIC")
+            .unwrap();
+        let mut off = 44;
+        let mut out = vec![];
+        while off < madt.len() {
+            if madt[off] == 0 {
+                out.push((madt[off + 2], madt[off + 3], Reader::u32(madt, off + 4)));
+            }
+            off += madt[off + 1] as usize;
+        }
+        out
+    }
+
+    #[test]
+    fn the_madt_lists_every_possible_vcpu_and_enables_the_boot_ones() {
+        let cpus = CpusConfig::parse("boot=2,max=4").unwrap();
+        let t = AcpiTables::build(&cpus, &[], 1).unwrap();
+        assert_eq!(
+            madt_lapics(&t),
+            vec![
+                (0, 0, LAPIC_ENABLED),
+                (1, 1, LAPIC_ENABLED),
+                (2, 2, LAPIC_ONLINE_CAPABLE),
+                (3, 3, LAPIC_ONLINE_CAPABLE),
+            ]
+        );
+        // With a topology, the APIC ids are the topology's.
+        let cpus = CpusConfig::parse("boot=1,max=6,topology=2:3:1:1").unwrap();
+        let t = AcpiTables::build(&cpus, &[], 1).unwrap();
+        let ids: Vec<u8> = madt_lapics(&t).iter().map(|l| l.1).collect();
+        assert_eq!(ids, [0, 1, 2, 3, 4, 5]);
+        let cpus = CpusConfig::parse("boot=1,max=4,topology=1:2:1:2").unwrap();
+        let t = AcpiTables::build(&cpus, &[], 1).unwrap();
+        let ids: Vec<u8> = madt_lapics(&t).iter().map(|l| l.1).collect();
+        assert_eq!(ids, [0, 1, 2, 3]);
+        let cpus = CpusConfig::parse("boot=1,max=6,topology=1:3:1:2").unwrap();
+        let t = AcpiTables::build(&cpus, &[], 1).unwrap();
+        let ids: Vec<u8> = madt_lapics(&t).iter().map(|l| l.1).collect();
+        assert_eq!(ids, [0, 1, 2, 4, 5, 6], "3 cores take 2 bits");
+    }
+
     #[test]
     fn device_aml_lands_in_the_dsdt_and_everything_fits() {
-        let t = AcpiTables::build(254, b"\x5b\x82MARK", 1).unwrap();
+        let t =
+            AcpiTables::build(&CpusConfig::parse("boot=254").unwrap(), b"\x5b\x82MARK", 1).unwrap();
         let r = Reader(&t);
         let dsdt = t
             .blobs
@@ -320,7 +395,7 @@ mod tests {
         assert!(dsdt.windows(4).any(|w| w == b"MARK"));
         let too_big = vec![0u8; (ACPI_END - ACPI_START) as usize];
         assert!(matches!(
-            AcpiTables::build(1, &too_big, 1),
+            AcpiTables::build(&CpusConfig::default(), &too_big, 1),
             Err(AcpiError::TooLarge { .. })
         ));
     }
@@ -353,7 +428,7 @@ mod tests {
             ]
         );
         assert_eq!(pci_ecam_start(1) - pci_ecam_start(0), 1 << 20);
-        let t = AcpiTables::build(1, &[], 2).unwrap();
+        let t = AcpiTables::build(&CpusConfig::default(), &[], 2).unwrap();
         assert!(t.blobs.iter().any(|(_, b)| *b == create_mcfg(2)));
     }
 }

@@ -1,0 +1,469 @@
+//! ACPI CPU hot-plug, the way Cloud Hypervisor (and QEMU's modern CPU
+//! hot-plug interface) signal it to a guest:
+//!
+//! - the MADT lists every possible vCPU (`max_vcpus`), the boot ones
+//!   enabled and the others online-capable, so Linux counts them possible;
+//! - the DSDT describes each as a processor device `\_SB_.CPUS.Cnnn` whose
+//!   `_STA` asks this device whether it is there, whose `_MAT` gives its
+//!   Local APIC, and (all but CPU 0) whose `_EJ0` tells this device the
+//!   guest has let go of it;
+//! - to add or remove CPUs the VMM marks them "inserting" or "removing"
+//!   and raises the GED interrupt; the GED's `_EVT` calls `CSCN`, which
+//!   walks the CPUs through the selector register and notifies each marked
+//!   one: "device check" (1) to add, "eject request" (3) to remove, and
+//!   acknowledges the mark by writing it back;
+//! - on a device check Linux registers the CPU (offline: a guest brings it
+//!   online itself, e.g. a udev rule writing `cpuN/online`); on an eject
+//!   request Linux offlines the CPU and calls `_EJ0`: only then is the vCPU
+//!   gone, and the VMM parks its thread ([`CpuHotplugState::take_ejected`]).
+//!
+//! Registers in I/O space at [`CPU_HOTPLUG_PORT`]: offset 0 the selected
+//! CPU (32 bits, read/write), offset 4 its status (one byte): bit 0
+//! enabled (read), bit 1 inserting and bit 2 removing (read; a 1 written
+//! acknowledges), bit 3 eject (write).
+
+use std::sync::{Arc, Mutex};
+
+use acpi_tables::{aml, Aml};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::BusDevice;
+use crate::arch::x86_64::acpi::{local_apic_entry, LAPIC_ENABLED};
+use crate::config::CpusConfig;
+
+/// QEMU's CPU hot-plug port; free on this platform's I/O bus.
+pub const CPU_HOTPLUG_PORT: u16 = 0x0cd8;
+pub const CPU_HOTPLUG_PORT_COUNT: u64 = 8;
+
+const SELECT_OFFSET: u64 = 0;
+const STATUS_OFFSET: u64 = 4;
+const STATUS_ENABLED: u8 = 1 << 0;
+const STATUS_INSERTING: u8 = 1 << 1;
+const STATUS_REMOVING: u8 = 1 << 2;
+const STATUS_EJECT: u8 = 1 << 3;
+
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+struct CpuSlot {
+    /// The vCPU exists and runs: `_STA` says present.
+    present: bool,
+    /// Added, and the guest has not been told yet.
+    inserting: bool,
+    /// To be removed, and the guest has not been told yet.
+    removing: bool,
+    /// Removal asked for; the vCPU goes when the guest ejects it.
+    eject_awaited: bool,
+}
+
+/// What `vm.resize` is to do with the vCPUs.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ResizePlan {
+    /// The guest has this count already (answered 204, as Cloud Hypervisor does).
+    Unchanged,
+    /// Start (or wake) these vCPUs and tell the guest.
+    Add(std::ops::Range<u32>),
+    /// Ask the guest to eject these vCPUs.
+    Remove(std::ops::Range<u32>),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ResizeError {
+    #[error("desired_vcpus=0 is invalid: expected 1 to max_vcpus={max}")]
+    Zero { max: u32 },
+    #[error("desired_vcpus={desired} is above max_vcpus={max} (the hot-pluggable limit)")]
+    AboveMax { desired: u32, max: u32 },
+    /// Cloud Hypervisor's `VcpuPendingRemovedVcpu`, which it answers 429
+    /// (and Kata retries).
+    #[error("vCPU {cpu} is still being removed: the guest has not ejected it yet")]
+    RemovalPending { cpu: u32 },
+}
+
+/// The vCPUs' hot-plug state, shared by the register device (on the vCPU
+/// that runs the guest's ACPI code) and the VMM's control thread.
+pub struct CpuHotplugState {
+    slots: Mutex<Vec<CpuSlot>>,
+    /// vCPUs the guest ejected, for the control thread to park.
+    ejected: Mutex<Vec<u32>>,
+    evt: EventFd,
+}
+
+impl CpuHotplugState {
+    /// `max` possible vCPUs of which the first `boot` are present.
+    pub fn new(boot: u32, max: u32) -> std::io::Result<Arc<Self>> {
+        let slots = (0..max)
+            .map(|i| CpuSlot {
+                present: i < boot,
+                ..CpuSlot::default()
+            })
+            .collect();
+        Ok(Arc::new(CpuHotplugState {
+            slots: Mutex::new(slots),
+            ejected: Mutex::new(Vec::new()),
+            evt: EventFd::new(libc::EFD_NONBLOCK)?,
+        }))
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, Vec<CpuSlot>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The vCPUs present (removals the guest has not done yet included).
+    pub fn present(&self) -> u32 {
+        self.slots().iter().filter(|s| s.present).count() as u32
+    }
+
+    /// Checks `desired` and says what reaching it takes; changes nothing.
+    pub fn plan_resize(&self, desired: u32) -> Result<ResizePlan, ResizeError> {
+        let slots = self.slots();
+        let max = slots.len() as u32;
+        if desired == 0 {
+            return Err(ResizeError::Zero { max });
+        }
+        if desired > max {
+            return Err(ResizeError::AboveMax { desired, max });
+        }
+        let present = slots.iter().filter(|s| s.present).count() as u32;
+        if desired == present {
+            return Ok(ResizePlan::Unchanged);
+        }
+        if let Some(cpu) = slots.iter().position(|s| s.eject_awaited) {
+            return Err(ResizeError::RemovalPending { cpu: cpu as u32 });
+        }
+        Ok(if desired > present {
+            ResizePlan::Add(present..desired)
+        } else {
+            ResizePlan::Remove(desired..present)
+        })
+    }
+
+    /// vCPU `cpu` runs: the next scan tells the guest.
+    pub fn announce_add(&self, cpu: u32) {
+        if let Some(s) = self.slots().get_mut(cpu as usize) {
+            *s = CpuSlot {
+                present: true,
+                inserting: true,
+                ..CpuSlot::default()
+            };
+        }
+    }
+
+    /// vCPU `cpu` is to go: the next scan asks the guest to eject it.
+    pub fn announce_remove(&self, cpu: u32) {
+        if let Some(s) = self.slots().get_mut(cpu as usize) {
+            s.removing = true;
+            s.eject_awaited = true;
+        }
+    }
+
+    /// Readable when the guest has ejected a vCPU.
+    pub fn eventfd(&self) -> &EventFd {
+        &self.evt
+    }
+
+    /// The vCPUs ejected since the last call. Each stays "being removed"
+    /// (a resize answers [`ResizeError::RemovalPending`]) until
+    /// [`Self::removal_done`].
+    pub fn take_ejected(&self) -> Vec<u32> {
+        let _ = self.evt.read();
+        std::mem::take(&mut *self.ejected.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The thread of ejected vCPU `cpu` is parked.
+    pub fn removal_done(&self, cpu: u32) {
+        if let Some(s) = self.slots().get_mut(cpu as usize) {
+            s.eject_awaited = false;
+        }
+    }
+}
+
+/// The register block on the I/O bus.
+pub struct CpuHotplug {
+    selected: u32,
+    state: Arc<CpuHotplugState>,
+}
+
+impl CpuHotplug {
+    pub fn new(state: Arc<CpuHotplugState>) -> Self {
+        CpuHotplug { selected: 0, state }
+    }
+
+    fn status(&self) -> u8 {
+        let slots = self.state.slots();
+        let Some(s) = slots.get(self.selected as usize) else {
+            return 0;
+        };
+        [
+            (s.present, STATUS_ENABLED),
+            (s.inserting, STATUS_INSERTING),
+            (s.removing, STATUS_REMOVING),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .fold(0, |acc, (_, bit)| acc | bit)
+    }
+
+    fn write_status(&mut self, value: u8) {
+        let cpu = self.selected;
+        let mut slots = self.state.slots();
+        let Some(s) = slots.get_mut(cpu as usize) else {
+            return;
+        };
+        if value & STATUS_INSERTING != 0 {
+            s.inserting = false;
+        }
+        if value & STATUS_REMOVING != 0 {
+            s.removing = false;
+        }
+        if value & STATUS_EJECT == 0 {
+            return;
+        }
+        // Only a vCPU the VMM asked to remove goes (never CPU 0): a guest
+        // cannot take away vCPUs on its own.
+        if cpu == 0 || !s.eject_awaited || !s.present {
+            virtio_devices::warn_limited!(
+                "CPU hot-plug: the guest ejected vCPU {cpu}, which was not being removed; ignored"
+            );
+            return;
+        }
+        // Not present from now on: Linux reads _STA right after _EJ0.
+        s.present = false;
+        drop(slots);
+        self.state
+            .ejected
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(cpu);
+        if let Err(e) = self.state.evt.write(1) {
+            virtio_devices::error_limited!("CPU hot-plug: signalling an eject: {e}");
+        }
+    }
+}
+
+impl BusDevice for CpuHotplug {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        match (offset, data.len()) {
+            (SELECT_OFFSET, 4) => data.copy_from_slice(&self.selected.to_le_bytes()),
+            (STATUS_OFFSET, 1) => data[0] = self.status(),
+            _ => {}
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        match (offset, data) {
+            (SELECT_OFFSET, &[a, b, c, d]) => self.selected = u32::from_le_bytes([a, b, c, d]),
+            (STATUS_OFFSET, &[v]) => self.write_status(v),
+            _ => {}
+        }
+    }
+}
+
+fn cpu_name(cpu: u32) -> String {
+    format!("C{cpu:03X}")
+}
+
+/// The DSDT's part: the register device `\_SB_.PRES` and the processor
+/// container `\_SB_.CPUS` with a device per possible vCPU and the methods
+/// `CSTA` (status), `CTFY` (notify one), `CEJ0` (eject one) and `CSCN`
+/// (scan, called by the GED).
+pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
+    let port = usize::from(CPU_HOTPLUG_PORT);
+    let len = CPU_HOTPLUG_PORT_COUNT as usize;
+    let lock = || aml::Path::new("\\_SB_.PRES.CPLK");
+    let reg = aml::Path::new;
+    aml::Device::new(
+        "\\_SB_.PRES".into(),
+        vec![
+            &aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0A06")),
+            &aml::Name::new("_UID".into(), &"CPU Hotplug Controller"),
+            &aml::Mutex::new("CPLK".into(), 0),
+            &aml::Name::new(
+                "_CRS".into(),
+                &aml::ResourceTemplate::new(vec![&aml::IO::new(
+                    CPU_HOTPLUG_PORT,
+                    CPU_HOTPLUG_PORT,
+                    1,
+                    len as u8,
+                )]),
+            ),
+            &aml::OpRegion::new("PRST".into(), aml::OpRegionSpace::SystemIO, &port, &len),
+            &aml::Field::new(
+                "PRST".into(),
+                aml::FieldAccessType::DWord,
+                aml::FieldLockRule::NoLock,
+                aml::FieldUpdateRule::WriteAsZeroes,
+                vec![aml::FieldEntry::Named(*b"CSEL", 32)],
+            ),
+            &aml::Field::new(
+                "PRST".into(),
+                aml::FieldAccessType::Byte,
+                aml::FieldLockRule::NoLock,
+                aml::FieldUpdateRule::WriteAsZeroes,
+                vec![
+                    aml::FieldEntry::Reserved(32),
+                    aml::FieldEntry::Named(*b"CPEN", 1),
+                    aml::FieldEntry::Named(*b"CINS", 1),
+                    aml::FieldEntry::Named(*b"CRMV", 1),
+                    aml::FieldEntry::Named(*b"CEJ0", 1),
+                    aml::FieldEntry::Reserved(4),
+                ],
+            ),
+        ],
+    )
+    .to_aml_bytes(sink);
+
+    let max = cpus.max_vcpus;
+    let topology = cpus.effective_topology();
+    let csta = Raw::of(&aml::Method::new(
+        "CSTA".into(),
+        1,
+        true,
+        vec![
+            &aml::Acquire::new(lock(), 0xffff),
+            &aml::Store::new(&reg("\\_SB_.PRES.CSEL"), &aml::Arg(0)),
+            &aml::Store::new(&aml::Local(0), &aml::ZERO),
+            &aml::If::new(
+                &aml::Equal::new(&reg("\\_SB_.PRES.CPEN"), &aml::ONE),
+                vec![&aml::Store::new(&aml::Local(0), &0xfu8)],
+            ),
+            &aml::Release::new(lock()),
+            &aml::Return::new(&aml::Local(0)),
+        ],
+    ));
+    let names: Vec<aml::Path> = (0..max).map(|c| aml::Path::new(&cpu_name(c))).collect();
+    let notifies: Vec<aml::Notify> = names
+        .iter()
+        .map(|p| aml::Notify::new(p, &aml::Arg(1)))
+        .collect();
+    let ids: Vec<u32> = (0..max).collect();
+    let tests: Vec<aml::Equal> = ids
+        .iter()
+        .map(|c| aml::Equal::new(&aml::Arg(0), c))
+        .collect();
+    let ifs: Vec<aml::If> = tests
+        .iter()
+        .zip(&notifies)
+        .map(|(t, n)| aml::If::new(t, vec![n]))
+        .collect();
+    let ctfy = Raw::of(&aml::Method::new(
+        "CTFY".into(),
+        2,
+        true,
+        ifs.iter().map(|i| i as &dyn Aml).collect(),
+    ));
+    let cej0 = Raw::of(&aml::Method::new(
+        "CEJ0".into(),
+        1,
+        true,
+        vec![
+            &aml::Acquire::new(lock(), 0xffff),
+            &aml::Store::new(&reg("\\_SB_.PRES.CSEL"), &aml::Arg(0)),
+            &aml::Store::new(&reg("\\_SB_.PRES.CEJ0"), &aml::ONE),
+            &aml::Release::new(lock()),
+        ],
+    ));
+    let (cpu, device_check, eject_request) = (aml::Local(0), 1u8, 3u8);
+    // For each CPU: select it; notify what is marked and acknowledge it.
+    let scan_one_cpu = [
+        Raw::of(&aml::Store::new(&reg("\\_SB_.PRES.CSEL"), &cpu)),
+        Raw::of(&aml::If::new(
+            &aml::Equal::new(&reg("\\_SB_.PRES.CINS"), &aml::ONE),
+            vec![
+                &aml::MethodCall::new("CTFY".into(), vec![&cpu, &device_check]),
+                &aml::Store::new(&reg("\\_SB_.PRES.CINS"), &aml::ONE),
+            ],
+        )),
+        Raw::of(&aml::If::new(
+            &aml::Equal::new(&reg("\\_SB_.PRES.CRMV"), &aml::ONE),
+            vec![
+                &aml::MethodCall::new("CTFY".into(), vec![&cpu, &eject_request]),
+                &aml::Store::new(&reg("\\_SB_.PRES.CRMV"), &aml::ONE),
+            ],
+        )),
+        Raw::of(&aml::Add::new(&cpu, &cpu, &aml::ONE)),
+    ];
+    let cscn = Raw::of(&aml::Method::new(
+        "CSCN".into(),
+        0,
+        true,
+        vec![
+            &aml::Acquire::new(lock(), 0xffff),
+            &aml::Store::new(&cpu, &aml::ZERO),
+            &aml::While::new(
+                &aml::LessThan::new(&cpu, &max),
+                scan_one_cpu.iter().map(|a| a as &dyn Aml).collect(),
+            ),
+            &aml::Release::new(lock()),
+        ],
+    ));
+    let devices: Vec<CpuDevice> = (0..max)
+        .map(|c| CpuDevice {
+            cpu: c,
+            apic_id: topology.apic_id(c),
+        })
+        .collect();
+    let hid = aml::Name::new("_HID".into(), &"ACPI0010");
+    let cid = aml::Name::new("_CID".into(), &aml::EISAName::new("PNP0A05"));
+    let mut children: Vec<&dyn Aml> = vec![&hid, &cid, &csta, &ctfy, &cej0, &cscn];
+    children.extend(devices.iter().map(|d| d as &dyn Aml));
+    aml::Device::new("\\_SB_.CPUS".into(), children).to_aml_bytes(sink);
+}
+
+/// AML already encoded: lets a method be built in one statement (the
+/// crate's objects borrow their parts) and placed in another.
+struct Raw(Vec<u8>);
+
+impl Raw {
+    fn of(a: &dyn Aml) -> Self {
+        let mut v = Vec::new();
+        a.to_aml_bytes(&mut v);
+        Raw(v)
+    }
+}
+
+impl Aml for Raw {
+    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
+        sink.vec(&self.0);
+    }
+}
+
+/// One processor device inside `\_SB_.CPUS`.
+struct CpuDevice {
+    cpu: u32,
+    apic_id: u32,
+}
+
+impl Aml for CpuDevice {
+    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
+        // Linux takes the APIC id from _MAT, and only from an enabled
+        // entry: the MADT's entry of a hot-pluggable vCPU is not.
+        let mat = local_apic_entry(self.cpu as u8, self.apic_id as u8, LAPIC_ENABLED).to_vec();
+        let sta = Raw::of(&aml::Method::new(
+            "_STA".into(),
+            0,
+            false,
+            vec![&aml::Return::new(&aml::MethodCall::new(
+                "CSTA".into(),
+                vec![&self.cpu],
+            ))],
+        ));
+        let ej0 = Raw::of(&aml::Method::new(
+            "_EJ0".into(),
+            1,
+            false,
+            vec![&aml::MethodCall::new("CEJ0".into(), vec![&self.cpu])],
+        ));
+        let hid = aml::Name::new("_HID".into(), &"ACPI0007");
+        let uid = aml::Name::new("_UID".into(), &self.cpu);
+        let mat = aml::Name::new("_MAT".into(), &aml::BufferData::new(mat));
+        let mut children: Vec<&dyn Aml> = vec![&hid, &uid, &sta, &mat];
+        // CPU 0 cannot be removed: no _EJ0, so the guest never offers to.
+        if self.cpu != 0 {
+            children.push(&ej0);
+        }
+        aml::Device::new(cpu_name(self.cpu).as_str().into(), children).to_aml_bytes(sink);
+    }
+}
+
+#[cfg(test)]
+#[path = "cpu_hotplug_tests.rs"]
+mod tests;

@@ -1,0 +1,128 @@
+//! `vm.resize` of the vCPUs: starting hot-added vCPUs (or waking the
+//! parked thread of one ejected before: KVM cannot destroy a vCPU), asking
+//! the guest to eject removed ones, and parking them once it has. The
+//! guest's side is `devices::cpu_hotplug`; this runs on the VMM's control
+//! thread, never on a vCPU.
+
+use std::sync::Arc;
+
+use kvm_bindings::CpuId;
+use kvm_ioctls::VmFd;
+
+use crate::config::CpusConfig;
+use crate::devices::cpu_hotplug::{
+    CpuHotplug, CpuHotplugState, ResizePlan, CPU_HOTPLUG_PORT, CPU_HOTPLUG_PORT_COUNT,
+};
+use crate::devices::ged::{GedHandle, EVENT_CPU_HOTPLUG};
+use crate::devices::Bus;
+use crate::exit::ExitHandle;
+use crate::memory::GuestMemoryMmap;
+use crate::vcpu::{RunningVcpus, Vcpu, VcpuSetup};
+use crate::vm::VmError;
+
+/// What making a vCPU after boot takes, kept from the boot.
+pub struct VcpuHotplug {
+    state: Arc<CpuHotplugState>,
+    cpus: CpusConfig,
+    base_cpuid: CpuId,
+    tsc_deadline: bool,
+}
+
+/// What a new vCPU thread is wired to.
+pub struct VcpuWiring<'a> {
+    pub vm: &'a VmFd,
+    pub mem: &'a GuestMemoryMmap,
+    pub pio: &'a Arc<Bus>,
+    pub mmio: &'a Arc<Bus>,
+    pub exit: &'a Arc<ExitHandle>,
+}
+
+/// Puts the CPU hot-plug registers on `pio` and appends their AML and the
+/// processor devices to `aml`.
+pub fn install(
+    cpus: &CpusConfig,
+    pio: &Bus,
+    aml: &mut Vec<u8>,
+) -> Result<Arc<CpuHotplugState>, VmError> {
+    let state = CpuHotplugState::new(cpus.boot_vcpus, cpus.max_vcpus)?;
+    pio.insert(
+        Arc::new(std::sync::Mutex::new(CpuHotplug::new(state.clone()))),
+        u64::from(CPU_HOTPLUG_PORT),
+        CPU_HOTPLUG_PORT_COUNT,
+    )
+    .map_err(|e| VmError::Device(e.to_string()))?;
+    crate::devices::cpu_hotplug::append_aml(cpus, aml);
+    Ok(state)
+}
+
+impl VcpuHotplug {
+    /// `base_cpuid` and `tsc_deadline`: what the boot vCPUs were given.
+    pub fn new(
+        state: Arc<CpuHotplugState>,
+        cpus: &CpusConfig,
+        base_cpuid: &CpuId,
+        tsc_deadline: bool,
+    ) -> Self {
+        VcpuHotplug {
+            state,
+            cpus: cpus.clone(),
+            base_cpuid: base_cpuid.clone(),
+            tsc_deadline,
+        }
+    }
+
+    /// Brings the guest to `desired` vCPUs: added ones run at once and the
+    /// guest is told; removed ones go when the guest ejects them. Whether
+    /// anything changed.
+    pub fn resize(
+        &self,
+        desired: u32,
+        vcpus: &mut RunningVcpus,
+        w: &VcpuWiring,
+        ged: &GedHandle,
+    ) -> Result<bool, VmError> {
+        match self.state.plan_resize(desired)? {
+            ResizePlan::Unchanged => return Ok(false),
+            ResizePlan::Add(new) => {
+                for index in new {
+                    if !vcpus.readd(index) {
+                        let setup = VcpuSetup {
+                            topology: self.cpus.effective_topology(),
+                            base_cpuid: &self.base_cpuid,
+                            tsc_deadline: self.tsc_deadline,
+                            entry: 0,
+                            mem: w.mem,
+                        };
+                        let vcpu = Vcpu::new(w.vm, index, &setup)?;
+                        vcpus.spawn(vcpu, w.pio.clone(), w.mmio.clone(), w.exit.clone())?;
+                    }
+                    self.state.announce_add(index);
+                }
+            }
+            ResizePlan::Remove(gone) => gone.for_each(|i| self.state.announce_remove(i)),
+        }
+        ged.raise(EVENT_CPU_HOTPLUG)?;
+        Ok(true)
+    }
+
+    /// Readable when the guest has ejected a vCPU.
+    pub fn eject_eventfd(&self) -> &vmm_sys_util::eventfd::EventFd {
+        self.state.eventfd()
+    }
+
+    /// Parks the vCPUs the guest ejected; returns their indexes.
+    pub fn complete_ejects(&self, vcpus: &RunningVcpus) -> Vec<u32> {
+        let ejected = self.state.take_ejected();
+        for &cpu in &ejected {
+            vcpus.eject(cpu);
+            self.state.removal_done(cpu);
+            log::info!("vCPU {cpu}: ejected by the guest, its thread parked");
+        }
+        ejected
+    }
+
+    /// The vCPUs the guest has (those being removed included).
+    pub fn present(&self) -> u32 {
+        self.state.present()
+    }
+}
