@@ -58,7 +58,11 @@ pub struct Limits {
     /// A kept-alive connection may wait this long for its next request
     /// head to be complete (hyper's header read timeout, whose timer runs
     /// from the moment hyper waits for a head: the idle time included).
-    /// Generous: Kata keeps one connection for a long sequence of calls.
+    /// Generous: Kata keeps one connection for the life of a sandbox and
+    /// calls minutes apart (a container start), and Go's transport keeps an
+    /// idle connection as long as the server does. An idle connection
+    /// costs an fd and a task, and the connection cap closes idle ones
+    /// first, so a long wait here cannot crowd other clients out.
     pub idle_timeout: Duration,
     /// Open connections at most; past it a new one closes an idle one
     /// (see [`crate::connections`]).
@@ -69,7 +73,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             header_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(600),
             max_connections: 256,
         }
     }

@@ -22,6 +22,9 @@
 //!                                (NAME_info<i>) and vm.resize with desired_ram (NAME<i>)
 //! NAME get CALL                  any GET, written as vm.info is (e.g. vm.counters)
 //! NAME shutdown                  terminate: vmm.ping (NAME_ping), then vmm.shutdown
+//! NAME wait FILE TEXT SECONDS     no request: waits until FILE holds TEXT (a guest marker in
+//!                                the serial log, standing in for Kata's wait on its agent);
+//!                                prints NAME=seen or NAME=timeout
 //! ```
 //!
 //! Prints `@@HOST kata_NAME=status=<code> body=<body>` per request (body
@@ -157,6 +160,23 @@ pub fn replay(socket: &str, script: &str) {
             }
             [step, "get", call] => {
                 send(&mut c, step, &kata::get(call));
+            }
+            [step, "wait", file, text, secs] => {
+                let end = std::time::Instant::now() + Duration::from_secs(number(secs));
+                let seen = loop {
+                    let now = std::fs::read_to_string(file).unwrap_or_default();
+                    if now.contains(text) {
+                        break true;
+                    }
+                    if std::time::Instant::now() > end {
+                        break false;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                };
+                println!(
+                    "@@HOST kata_{step}={}",
+                    if seen { "seen" } else { "timeout" }
+                );
             }
             [step, "shutdown"] => {
                 send(&mut c, &format!("{step}_ping"), &kata::vmm_ping());
