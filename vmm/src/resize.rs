@@ -24,7 +24,8 @@ use serde_json::Value;
 use crate::config::{MemoryConfig, VmConfig};
 use crate::devices::cpu_hotplug::ResizeError;
 use crate::ram_hotplug::RamResizeError;
-use crate::vm::{Vm, VmError};
+use crate::vcpu_hotplug::VcpuHotplugError;
+use crate::vm::Vm;
 
 const ENDPOINT: &str = "vm.resize";
 
@@ -74,13 +75,13 @@ impl VmResize {
 /// What a booted VM does with `desired_vcpus` and `desired_ram` (a trait
 /// so the answers can be tested without a guest).
 pub trait VmResizer {
-    fn resize_vcpus(&mut self, desired: u32) -> Result<bool, VmError>;
+    fn resize_vcpus(&mut self, desired: u32) -> Result<bool, VcpuHotplugError>;
     /// Guest RAM after growing it towards `desired` bytes.
     fn resize_memory(&mut self, desired: u64) -> Result<u64, RamResizeError>;
 }
 
 impl VmResizer for Vm {
-    fn resize_vcpus(&mut self, desired: u32) -> Result<bool, VmError> {
+    fn resize_vcpus(&mut self, desired: u32) -> Result<bool, VcpuHotplugError> {
         Vm::resize_vcpus(self, desired)
     }
 
@@ -153,10 +154,10 @@ fn check_vcpus(desired: u32, max: u32) -> Result<(), ApiError> {
 fn resize_vcpus(vm: &mut impl VmResizer, desired: u32) -> Result<(), ApiError> {
     match vm.resize_vcpus(desired) {
         Ok(_) => Ok(()),
-        Err(VmError::VcpuResize(e @ ResizeError::RemovalPending { .. })) => {
+        Err(VcpuHotplugError::Resize(e @ ResizeError::RemovalPending { .. })) => {
             Err(ApiError::too_many_requests(format!("{ENDPOINT}: {e}")))
         }
-        Err(VmError::VcpuResize(e)) => Err(ApiError::bad_request(format!("{ENDPOINT}: {e}"))),
+        Err(VcpuHotplugError::Resize(e)) => Err(ApiError::bad_request(format!("{ENDPOINT}: {e}"))),
         Err(e) => Err(ApiError::internal(format!("{ENDPOINT}: {e}"))),
     }
 }
@@ -212,7 +213,7 @@ mod tests {
             Ok(self.ram)
         }
 
-        fn resize_vcpus(&mut self, desired: u32) -> Result<bool, VmError> {
+        fn resize_vcpus(&mut self, desired: u32) -> Result<bool, VcpuHotplugError> {
             self.asked.push(desired);
             if desired > self.max {
                 return Err(ResizeError::AboveMax {

@@ -10,15 +10,28 @@ use kvm_bindings::CpuId;
 use kvm_ioctls::VmFd;
 
 use crate::config::CpusConfig;
+use crate::devices::bus::BusError;
 use crate::devices::cpu_hotplug::{
-    CpuHotplug, CpuHotplugState, ResizePlan, CPU_HOTPLUG_PORT, CPU_HOTPLUG_PORT_COUNT,
+    CpuHotplug, CpuHotplugState, ResizeError, ResizePlan, CPU_HOTPLUG_PORT, CPU_HOTPLUG_PORT_COUNT,
 };
 use crate::devices::ged::{GedHandle, EVENT_CPU_HOTPLUG};
 use crate::devices::Bus;
 use crate::exit::ExitHandle;
 use crate::memory::GuestMemoryMmap;
-use crate::vcpu::{RunningVcpus, Vcpu, VcpuSetup};
-use crate::vm::VmError;
+use crate::vcpu::{RunningVcpus, Vcpu, VcpuError, VcpuSetup};
+
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuHotplugError {
+    /// The count asked for cannot be had (a bound, or a removal pending).
+    #[error(transparent)]
+    Resize(#[from] ResizeError),
+    #[error("a hot-added vCPU: {0}")]
+    Vcpu(#[from] VcpuError),
+    #[error("CPU hot-plug registers: {0}")]
+    Registers(#[from] BusError),
+    #[error("CPU hot-plug: {0}")]
+    Io(#[from] std::io::Error),
+}
 
 /// What making a vCPU after boot takes, kept from the boot.
 pub struct VcpuHotplug {
@@ -43,14 +56,13 @@ pub fn install(
     cpus: &CpusConfig,
     pio: &Bus,
     aml: &mut Vec<u8>,
-) -> Result<Arc<CpuHotplugState>, VmError> {
+) -> Result<Arc<CpuHotplugState>, VcpuHotplugError> {
     let state = CpuHotplugState::new(cpus.boot_vcpus, cpus.max_vcpus)?;
     pio.insert(
         Arc::new(std::sync::Mutex::new(CpuHotplug::new(state.clone()))),
         u64::from(CPU_HOTPLUG_PORT),
         CPU_HOTPLUG_PORT_COUNT,
-    )
-    .map_err(|e| VmError::Device(e.to_string()))?;
+    )?;
     crate::devices::cpu_hotplug::append_aml(cpus, aml);
     Ok(state)
 }
@@ -80,7 +92,7 @@ impl VcpuHotplug {
         vcpus: &mut RunningVcpus,
         w: &VcpuWiring,
         ged: &GedHandle,
-    ) -> Result<bool, VmError> {
+    ) -> Result<bool, VcpuHotplugError> {
         match self.state.plan_resize(desired)? {
             ResizePlan::Unchanged => return Ok(false),
             ResizePlan::Add(new) => {

@@ -26,7 +26,7 @@ use crate::prefault::KvmPrefaulter;
 use crate::ram_hotplug::{HotplugRam, RamResizeError};
 use crate::signals::StopSignals;
 use crate::vcpu::{RunningVcpus, Vcpu, VcpuSetup};
-use crate::vcpu_hotplug::{VcpuHotplug, VcpuWiring};
+use crate::vcpu_hotplug::{VcpuHotplug, VcpuHotplugError, VcpuWiring};
 use api::KvmCounters;
 
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +72,7 @@ pub enum VmError {
     #[error("hot-plug: {0}")]
     Hotplug(String),
     #[error(transparent)]
-    VcpuResize(#[from] crate::devices::cpu_hotplug::ResizeError),
+    VcpuHotplug(#[from] crate::vcpu_hotplug::VcpuHotplugError),
     #[error("cpus.max_vcpus={max} is above what this host's KVM allows ({limit} vCPUs per VM)")]
     TooManyVcpus { max: u32, limit: u32 },
     #[error(transparent)]
@@ -408,7 +408,7 @@ impl Vm {
     }
 
     /// `vm.resize` of the vCPUs: see [`VcpuHotplug::resize`].
-    pub fn resize_vcpus(&mut self, desired: u32) -> Result<bool, VmError> {
+    pub fn resize_vcpus(&mut self, desired: u32) -> Result<bool, VcpuHotplugError> {
         let wiring = VcpuWiring {
             vm: &self.vm,
             mem: &self._mem,
