@@ -44,7 +44,11 @@ impl VmResize {
             .ok_or_else(|| format!("VmResize: expected an object, got {body}"))?;
         let mut r = VmResize::default();
         for (key, value) in obj {
-            if value.is_null() {
+            // null is "not given" (ch-remote sends the fields it leaves
+            // out as null), but only for a field that exists.
+            if value.is_null()
+                && ["desired_vcpus", "desired_ram", "desired_balloon"].contains(&key.as_str())
+            {
                 continue;
             }
             let n = || {
@@ -340,6 +344,7 @@ mod tests {
                 "expected at most 4294967295",
             ),
             (json!([1]), 400, "expected an object"),
+            (json!({"": null}), 400, "VmResize.: unknown field"),
         ] {
             let (got, msg) = status(resize(&body, &mut c, Some(&mut vm)));
             assert_eq!(got, code, "{msg}");
