@@ -78,6 +78,10 @@ echo "@@GUEST mtu=$(cat /sys/class/net/eth0/mtu 2>/dev/null)"
 ip addr add 192.168.249.2/24 dev eth0 && ip link set eth0 up
 i=0; while [ "$(cat /sys/class/net/eth0/operstate 2>/dev/null)" != up ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
 echo "@@GUEST operstate=$(cat /sys/class/net/eth0/operstate)"
+# The first echo waits on ARP, which the emulated host may answer late:
+# one reply first, then three counted (as for Kata's NIC below).
+i=0; while ! ping -c 1 -W 2 HOST_IP >/dev/null 2>&1 && [ $i -lt 30 ]; do i=$((i+1)); done
+echo "@@GUEST ping_tries=$i"
 echo "@@GUEST ping=$(ping -c 3 -W 10 HOST_IP 2>&1 | grep -o '[0-9]* packets received')"
 sleep 100000 | nc -l -p 5002 > /tmp/h2g.bin &
 dd if=/dev/urandom of=/tmp/g2h.bin bs=1M count=MIB 2>/dev/null
