@@ -106,6 +106,29 @@ impl Guest {
         }
     }
 
+    /// A guest created and driven through the API (`api_script`), with
+    /// shared RAM for a virtio-fs daemon, `dax-virtiofsd` and `daxprobe` on
+    /// the VMM's host, `daxprobe` in the guest, and the VMM logging at info.
+    pub fn through_api_with_daemon(
+        name: &str,
+        script: &str,
+        host_before: &str,
+        api_script: &str,
+        host_after: &str,
+    ) -> Result<Self, RigError> {
+        let mut guest = Guest::new(name, script);
+        guest.memory = "512M,shared=on".into();
+        let daxprobe = tool("guest-tests", "daxprobe")?;
+        guest.guest_tools = vec![daxprobe.clone()];
+        guest.host_tools = vec![tool("daemon", "dax-virtiofsd")?, daxprobe];
+        guest.host_before = host_before.into();
+        guest.host_after = host_after.into();
+        guest.vmm_args = vec!["-v".into()];
+        guest.api_script = Some(api_script.into());
+        guest.timeout = Duration::from_secs(600);
+        Ok(guest)
+    }
+
     pub fn cmdline(&self) -> String {
         format!("{GUEST_BASE_CMDLINE} {}", self.cmdline)
             .trim()

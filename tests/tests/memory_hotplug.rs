@@ -13,8 +13,6 @@
 //!
 //! Run with `cargo test -p guest-tests --test memory_hotplug -- --ignored`.
 
-use std::time::Duration;
-
 use guest_tests::results::Results;
 use guest_tests::rig::{self, Guest};
 
@@ -104,19 +102,14 @@ fn pair(s: Option<&str>) -> (u64, u64) {
 #[test]
 #[ignore = "boots real guests; run through scripts/test.sh"]
 fn ram_grows_by_acpi_hotplug_as_kata_resizes_it() {
-    let mut guest = Guest::new("memory_hotplug", GUEST_SCRIPT);
-    guest.memory = "512M,shared=on".into();
-    let daxprobe = rig::tool("guest-tests", "daxprobe").expect("daxprobe");
-    guest.guest_tools = vec![daxprobe.clone()];
-    guest.host_tools = vec![
-        rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd"),
-        daxprobe,
-    ];
-    guest.host_before = HOST_BEFORE.into();
-    guest.host_after = HOST_AFTER.into();
-    guest.vmm_args = vec!["-v".into()];
-    guest.api_script = Some(API_SCRIPT.into());
-    guest.timeout = Duration::from_secs(600);
+    let guest = Guest::through_api_with_daemon(
+        "memory_hotplug",
+        GUEST_SCRIPT,
+        HOST_BEFORE,
+        API_SCRIPT,
+        HOST_AFTER,
+    )
+    .expect("rig tools");
     let (run, _stalls) = rig::run_retrying_stall(&guest).expect("rig run");
     let tail = run.tail(80);
     assert!(!run.timed_out, "{tail}");

@@ -15,8 +15,6 @@
 //!
 //! Run with `cargo test -p guest-tests --test pci_segments -- --ignored`.
 
-use std::time::Duration;
-
 use guest_tests::results::Results;
 use guest_tests::rig::{self, Guest};
 
@@ -96,20 +94,15 @@ poweroff -f
 #[test]
 #[ignore = "boots real guests; run through scripts/test.sh"]
 fn kata_share_on_segment_one_and_hot_plug_there() {
-    let mut guest = Guest::new("pci-segments", GUEST_SCRIPT);
-    guest.memory = "512M,shared=on".into();
+    let mut guest = Guest::through_api_with_daemon(
+        "pci-segments",
+        GUEST_SCRIPT,
+        HOST_BEFORE,
+        API_SCRIPT,
+        HOST_AFTER,
+    )
+    .expect("rig tools");
     guest.guest_modules = vec!["nd_pmem".into(), "virtio_pmem".into()];
-    let daxprobe = rig::tool("guest-tests", "daxprobe").expect("daxprobe");
-    guest.guest_tools = vec![daxprobe.clone()];
-    guest.host_tools = vec![
-        rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd"),
-        daxprobe,
-    ];
-    guest.host_before = HOST_BEFORE.into();
-    guest.host_after = HOST_AFTER.into();
-    guest.vmm_args = vec!["-v".into()];
-    guest.api_script = Some(API_SCRIPT.into());
-    guest.timeout = Duration::from_secs(600);
     let (run, _stalls) = rig::run_retrying_stall(&guest).expect("rig run");
     let tail = run.tail(80);
     assert!(!run.timed_out, "{tail}");
