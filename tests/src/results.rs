@@ -87,6 +87,26 @@ impl Results {
         self.save_with("")
     }
 
+    /// How a benchmark ends: saves the rows with `tables`, prints the
+    /// tables and where they and `run`'s log are; an error when a
+    /// measurement was `missing`.
+    pub fn finish_bench(&self, tables: &str, missing: bool, run: &Run) -> Result<(), String> {
+        let path = self.save_with(tables).map_err(|e| e.to_string())?;
+        println!("{tables}");
+        println!(
+            "results: {}  log: {}",
+            path.display(),
+            run.log_path.display()
+        );
+        if missing {
+            return Err(format!(
+                "some measurements are missing; see the log\n{}",
+                run.tail(60)
+            ));
+        }
+        Ok(())
+    }
+
     /// [`Self::save`], with `tables` (markdown, as the docs quote them)
     /// after the rows.
     pub fn save_with(&self, tables: &str) -> Result<PathBuf, RigError> {

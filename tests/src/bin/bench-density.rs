@@ -249,20 +249,8 @@ fn main() {
         "density" => density_report(&run),
         _ => windowcost_report(&run),
     };
-    let path = results
-        .save_with(&tables)
-        .unwrap_or_else(|e| fail(e.to_string()));
-    println!("{tables}");
-    println!(
-        "results: {}  log: {}",
-        path.display(),
-        run.log_path.display()
-    );
-    if failed {
-        fail(format!(
-            "some measurements are missing; see the log\n{}",
-            run.tail(60)
-        ));
+    if let Err(e) = results.finish_bench(&tables, failed, &run) {
+        fail(e);
     }
 }
 

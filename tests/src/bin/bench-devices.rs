@@ -304,20 +304,8 @@ fn main() {
     }
     let ch_version = baseline.as_deref().map(version).unwrap_or_default();
     let (results, tables, failed) = report(&run, &boots, &ch_version);
-    let path = results
-        .save_with(&tables)
-        .unwrap_or_else(|e| fail(e.to_string()));
-    println!("{tables}");
-    println!(
-        "results: {}  log: {}",
-        path.display(),
-        run.log_path.display()
-    );
-    if failed {
-        fail(format!(
-            "some measurements are missing; see the log\n{}",
-            run.tail(60)
-        ));
+    if let Err(e) = results.finish_bench(&tables, failed, &run) {
+        fail(e);
     }
 }
 

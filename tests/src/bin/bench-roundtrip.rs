@@ -104,20 +104,8 @@ fn main() {
         fail(format!("timed out\n{}", run.tail(60)));
     }
     let (results, tables, failed) = report(&run);
-    let path = results
-        .save_with(&tables)
-        .unwrap_or_else(|e| fail(e.to_string()));
-    println!("{tables}");
-    println!(
-        "results: {}  log: {}",
-        path.display(),
-        run.log_path.display()
-    );
-    if failed {
-        fail(format!(
-            "some measurements are missing; see the log\n{}",
-            run.tail(60)
-        ));
+    if let Err(e) = results.finish_bench(&tables, failed, &run) {
+        fail(e);
     }
 }
 
