@@ -414,49 +414,43 @@ impl DeviceManager {
         f: &FsConfig,
         observe: Option<&ObserverFactory>,
     ) -> Result<PciDeviceInfo, VmError> {
-        Self::hotplug_only_over_pci(f.transport, &f.id)?;
-        self.id_is_free(&f.id)?;
-        let slot = self
-            .add_fs_device(f, observe)?
-            .expect("a PCI device has a slot");
-        self.announce(slot, true)?;
-        Ok(PciDeviceInfo::new(&f.id, slot))
+        self.hotplug(&f.id, f.transport, |dm| dm.add_fs_device(f, observe))
     }
 
     /// Hot-plugs a pmem device into the running guest.
     pub fn hotplug_pmem(&mut self, p: &PmemConfig) -> Result<PciDeviceInfo, VmError> {
-        Self::hotplug_only_over_pci(p.transport, &p.id)?;
-        self.id_is_free(&p.id)?;
-        let slot = self.add_pmem_device(p)?.expect("a PCI device has a slot");
-        self.announce(slot, true)?;
-        Ok(PciDeviceInfo::new(&p.id, slot))
+        self.hotplug(&p.id, p.transport, |dm| dm.add_pmem_device(p))
     }
 
     /// Hot-plugs a disk into the running guest.
     pub fn hotplug_disk(&mut self, d: &DiskConfig) -> Result<PciDeviceInfo, VmError> {
-        Self::hotplug_only_over_pci(d.transport, &d.id)?;
-        self.id_is_free(&d.id)?;
-        let slot = self.add_disk_device(d)?.expect("a PCI device has a slot");
-        self.announce(slot, true)?;
-        Ok(PciDeviceInfo::new(&d.id, slot))
+        self.hotplug(&d.id, d.transport, |dm| dm.add_disk_device(d))
     }
 
     /// Hot-plugs the vsock device into the running guest.
     pub fn hotplug_vsock(&mut self, v: &VsockConfig) -> Result<PciDeviceInfo, VmError> {
-        Self::hotplug_only_over_pci(v.transport, &v.id)?;
-        self.id_is_free(&v.id)?;
-        let slot = self.add_vsock_device(v)?.expect("a PCI device has a slot");
-        self.announce(slot, true)?;
-        Ok(PciDeviceInfo::new(&v.id, slot))
+        self.hotplug(&v.id, v.transport, |dm| dm.add_vsock_device(v))
     }
 
     /// Hot-plugs a net device into the running guest.
     pub fn hotplug_net(&mut self, n: &NetConfig) -> Result<PciDeviceInfo, VmError> {
-        Self::hotplug_only_over_pci(n.transport, &n.id)?;
-        self.id_is_free(&n.id)?;
-        let slot = self.add_net_device(n)?.expect("a PCI device has a slot");
+        self.hotplug(&n.id, n.transport, |dm| dm.add_net_device(n))
+    }
+
+    /// What every hot-plug does around `add` (which puts the device on
+    /// its transport): refuse MMIO and an id still in use, then tell the
+    /// guest about the new slot.
+    fn hotplug(
+        &mut self,
+        id: &str,
+        transport: Transport,
+        add: impl FnOnce(&mut Self) -> Result<Option<PciAddress>, VmError>,
+    ) -> Result<PciDeviceInfo, VmError> {
+        Self::hotplug_only_over_pci(transport, id)?;
+        self.id_is_free(id)?;
+        let slot = add(self)?.expect("a PCI device has a slot");
         self.announce(slot, true)?;
-        Ok(PciDeviceInfo::new(&n.id, slot))
+        Ok(PciDeviceInfo::new(id, slot))
     }
 
     fn announce(&self, at: PciAddress, add: bool) -> Result<(), VmError> {
