@@ -588,6 +588,16 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// Passes the VMM's standard output (the guest's serial) on a line at a
+/// time. The VMM writes the serial byte by byte, as the guest sends it, and
+/// the host script's own marker lines share the console (or pipe) with it: a
+/// marker written while a guest line was half out split that line in two
+/// (`@` then `@GUEST rw_queues=2`), and the guest's value was lost. One
+/// `write` per whole line keeps each writer's lines whole, since a `write`
+/// to a tty or a short one to a pipe is not interleaved with another.
+const WHOLE_LINES: &str = "rm -f \"$WORK/.serial\"; mkfifo \"$WORK/.serial\"\n\
+     awk '{print; fflush()}' <\"$WORK/.serial\" &\nLINES_PID=$!\n";
+
 fn host_script(guest: &Guest) -> String {
     let mut args = vec![
         "--kernel".to_string(),
@@ -609,9 +619,10 @@ fn host_script(guest: &Guest) -> String {
         api_args.extend(guest.vmm_args.iter().map(|a| sh_quote(a)));
         return format!(
             "cd \"$WORK\"\nexport PATH=\"$WORK/bin:$PATH\" RUST_LOG_STYLE=never CMDLINE={cmdline}\n{before}\n\
-             echo '@@RIG vmm_start'\n\"$VMM\" {api_args} </dev/null &\nVMM_PID=$!\n\
+             {lines}echo '@@RIG vmm_start'\n\"$VMM\" {api_args} </dev/null >\"$WORK/.serial\" &\nVMM_PID=$!\n\
              i=0; while [ ! -S /tmp/api.sock ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done\n\
-             {api}\nwait $VMM_PID\necho \"@@RIG vmm_exit=$?\"\n{after}\n",
+             {api}\nwait $VMM_PID\necho \"@@RIG vmm_exit=$?\"\nwait $LINES_PID\n{after}\n",
+            lines = WHOLE_LINES,
             cmdline = sh_quote(&guest.cmdline()),
             before = guest.host_before,
             api_args = api_args.join(" "),
@@ -619,8 +630,9 @@ fn host_script(guest: &Guest) -> String {
         );
     }
     format!(
-        "cd \"$WORK\"\nexport PATH=\"$WORK/bin:$PATH\" RUST_LOG_STYLE=never\n{before}\necho '@@RIG vmm_start'\n\"$VMM\" {args} </dev/null\necho \"@@RIG vmm_exit=$?\"\n{after}\n",
+        "cd \"$WORK\"\nexport PATH=\"$WORK/bin:$PATH\" RUST_LOG_STYLE=never\n{before}\n{lines}echo '@@RIG vmm_start'\n\"$VMM\" {args} </dev/null >\"$WORK/.serial\"\necho \"@@RIG vmm_exit=$?\"\nwait $LINES_PID\n{after}\n",
         before = guest.host_before,
+        lines = WHOLE_LINES,
         args = args.join(" "),
         after = guest.host_after,
     )
@@ -921,6 +933,30 @@ mod tests {
     }
 
     #[test]
+    fn a_marker_written_mid_line_does_not_split_the_guest_line() {
+        // The guest's line goes out a byte at a time, as the VMM writes the
+        // serial; the host's marker is written while it is half out.
+        let work = std::env::temp_dir().join(format!("rig-lines-{}", std::process::id()));
+        std::fs::create_dir_all(&work).unwrap();
+        let script = format!(
+            "{WHOLE_LINES}(for c in @ @ G U E S T ' ' k = 2; do printf '%s' \"$c\"; sleep 0.02; done; echo) >\"$WORK/.serial\" &\n\
+             sleep 0.1; echo '@@HOST mid=1'\nwait $LINES_PID\n"
+        );
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .env("WORK", &work)
+            .output()
+            .unwrap();
+        std::fs::remove_dir_all(&work).unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines.contains(&"@@GUEST k=2"), "{text:?}");
+        assert!(lines.contains(&"@@HOST mid=1"), "{text:?}");
+        assert_eq!(lines.len(), 2, "{text:?}");
+    }
+
+    #[test]
     fn api_mode_starts_the_vmm_with_only_its_socket_and_runs_the_api_script() {
         let mut g = Guest::new("a", "true");
         g.vmm_args = vec!["-v".into()];
@@ -929,7 +965,7 @@ mod tests {
         g.host_after = "AFTER".into();
         let s = host_script(&g);
         assert!(
-            s.contains("\"$VMM\" --api-socket /tmp/api.sock '-v' </dev/null &"),
+            s.contains("\"$VMM\" --api-socket /tmp/api.sock '-v' </dev/null >\"$WORK/.serial\" &"),
             "{s}"
         );
         assert!(
