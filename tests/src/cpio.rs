@@ -98,12 +98,13 @@ impl CpioArchive {
             0, // gid
             nlink,
             0, // mtime
-            data.len() as u32,
+            u32::try_from(data.len())
+                .expect("a newc member is under 4 GiB (its size field is 32 bits)"),
             0, // devmajor
             0, // devminor
             rdev.0,
             rdev.1,
-            name.len() as u32 + 1,
+            u32::try_from(name.len() + 1).expect("a newc name fits its 32-bit field"),
             0, // check
         ];
         self.buf.extend_from_slice(b"070701");

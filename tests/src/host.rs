@@ -50,7 +50,8 @@ pub fn is_static_elf(path: &Path) -> Result<bool, RigError> {
         )));
     }
     let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
-    let phoff = u64::from_le_bytes(bytes[0x20..0x28].try_into().unwrap()) as usize;
+    let phoff = usize::try_from(u64::from_le_bytes(bytes[0x20..0x28].try_into().unwrap()))
+        .map_err(|_| RigError::Setup(format!("{}: e_phoff out of range", path.display())))?;
     let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
     const PT_INTERP: u32 = 3;
     for i in 0..phnum {

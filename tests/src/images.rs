@@ -78,12 +78,14 @@ pub fn ext4_tree(name: &str, size: u64, entries: &[Entry]) -> Vec<u8> {
 /// `partition` from 1 MiB on, as Kata's guest images are laid out (its
 /// kernel command line says `root=/dev/vda1`).
 pub fn mbr_disk(partition: &[u8]) -> Vec<u8> {
-    const START: usize = 1 << 20;
+    // The partition starts at 1 MiB, as fdisk puts it.
+    const START_SECTOR: u32 = 2048;
+    const START: usize = START_SECTOR as usize * 512;
     let sectors = u32::try_from(partition.len().div_ceil(512)).expect("a partition under 2 TiB");
     let mut disk = vec![0u8; START + sectors as usize * 512];
     let entry = &mut disk[446..462];
     entry[4] = 0x83;
-    entry[8..12].copy_from_slice(&((START / 512) as u32).to_le_bytes());
+    entry[8..12].copy_from_slice(&START_SECTOR.to_le_bytes());
     entry[12..16].copy_from_slice(&sectors.to_le_bytes());
     disk[510] = 0x55;
     disk[511] = 0xaa;
@@ -100,7 +102,7 @@ pub fn incompressible(len: u64) -> Vec<u8> {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            x as u8
+            x.to_le_bytes()[0]
         })
         .collect()
 }

@@ -128,3 +128,32 @@ impl Results {
         Ok(path)
     }
 }
+
+/// The nearest-rank position (1-based) of quantile `q` among `n` samples:
+/// the smallest rank with at least `q` of the samples at or below it.
+pub fn nearest_rank(n: usize, q: f64) -> usize {
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "q is clamped to 0..=1, so the product is within 0..=n and fits usize"
+    )]
+    let rank = (q.clamp(0.0, 1.0) * n as f64).ceil() as usize;
+    rank.clamp(1, n.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nearest_rank;
+
+    #[test]
+    fn nearest_rank_is_the_smallest_rank_covering_the_quantile() {
+        assert_eq!(nearest_rank(10, 0.5), 5);
+        assert_eq!(nearest_rank(10, 0.9), 9);
+        assert_eq!(nearest_rank(10, 0.91), 10);
+        assert_eq!(nearest_rank(10, 1.0), 10);
+        assert_eq!(nearest_rank(10, 0.0), 1);
+        assert_eq!(nearest_rank(1, 0.5), 1);
+        assert_eq!(nearest_rank(10, 7.0), 10, "q is clamped");
+        assert_eq!(nearest_rank(10, -1.0), 1, "q is clamped");
+    }
+}

@@ -62,8 +62,7 @@ fn converge(store: &mut Store, revision: i64, since: Instant) -> Duration {
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+    sorted[guest_tests::results::nearest_rank(sorted.len(), p) - 1]
 }
 
 #[test]

@@ -43,7 +43,7 @@ fn request(sock: &Path, method: &str, path: &str, body: &str) -> Result<(u16, St
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
+    sorted[guest_tests::results::nearest_rank(sorted.len(), p) - 1]
 }
 
 fn us(d: Duration) -> String {
@@ -55,9 +55,9 @@ fn main() {
         .skip(1)
         .map(|a| a.parse().expect("numbers"))
         .collect();
-    let pushes = *args.first().unwrap_or(&500) as usize;
+    let pushes = usize::try_from(*args.first().unwrap_or(&500)).expect("pushes fits usize");
     let seconds = *args.get(1).unwrap_or(&5);
-    let connections = *args.get(2).unwrap_or(&8) as usize;
+    let connections = usize::try_from(*args.get(2).unwrap_or(&8)).expect("connections fits usize");
 
     let vmm = rig::tool("vmm", "dax-vmm").expect("dax-vmm");
     let daemon = rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd");

@@ -122,7 +122,11 @@ fn quantile_bucket(buckets: &[(Option<u64>, u64)], q: f64) -> String {
     if total == 0 {
         return "n/a (none)".into();
     }
-    let want = (q * total as f64).ceil() as u64;
+    let want = u64::try_from(guest_tests::results::nearest_rank(
+        usize::try_from(total).unwrap_or(usize::MAX),
+        q,
+    ))
+    .unwrap_or(u64::MAX);
     let mut below = 0;
     for &(le, count) in buckets {
         if count >= want {
@@ -162,7 +166,8 @@ fn vmm_histogram(text: &str, device: &str) -> (Histogram, f64) {
                 .parse::<f64>()
                 .ok()
                 .filter(|s| s.is_finite())
-                .map(|s| (s * 1e6).round() as u64);
+                .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+                .and_then(|d| u64::try_from(d.as_nanos().div_ceil(1000)).ok());
             if let Ok(count) = value.parse() {
                 buckets.push((bound, count));
             }

@@ -73,9 +73,17 @@ fn fail(msg: String) -> ! {
     std::process::exit(1)
 }
 
-fn num(s: &str) -> u64 {
+/// An argument as a number of the type it is used as (a length is a
+/// `usize`, a port a `u32`), so an out-of-range one fails here by name.
+fn num<T: std::str::FromStr>(s: &str) -> T {
     s.parse()
-        .unwrap_or_else(|_| fail(format!("{s:?} is not a number")))
+        .unwrap_or_else(|_| fail(format!("{s:?} is not a number in range")))
+}
+
+/// A file's length as the `usize` a mapping of it needs (0 if unknown).
+fn file_len(f: &std::fs::File) -> usize {
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    usize::try_from(len).unwrap_or_else(|_| fail(format!("a file of {len} bytes cannot be mapped")))
 }
 
 fn statx_dax(path: &str) -> bool {
@@ -143,7 +151,7 @@ impl Drop for Mapping {
 /// touch reaches the VMM's mapping of pages that no longer exist.
 fn mmap_truncated(path: &str, ready: &str, go: &str) {
     let f = open(path, false);
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0) as usize;
+    let len = file_len(&f);
     if len == 0 {
         fail(format!("{path} is empty"));
     }
@@ -187,44 +195,46 @@ fn open(path: &str, write: bool) -> File {
         .unwrap_or_else(|e| fail(format!("{path}: {e}")))
 }
 
-fn bench(path: &str, mode: &str, block_kib: u64, total_mib: u64) {
+fn bench(path: &str, mode: &str, block_kib: usize, total_mib: u64) {
     let file = open(path, false);
-    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let block = (block_kib * 1024) as usize;
+    let size = file_len(&file);
+    let block = block_kib
+        .checked_mul(1024)
+        .unwrap_or_else(|| fail(format!("{block_kib} KiB blocks are too large")));
     let total = total_mib << 20;
-    if size < block as u64 {
+    if block == 0 || size < block {
         fail(format!("{path} is smaller than one block"));
     }
-    let blocks = size / block as u64;
+    let blocks = size / block;
     let mut buf = vec![0u8; block];
     let mut sum = 0u64;
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let start = Instant::now();
     let mut done = 0u64;
-    let map = (mode == "mmap").then(|| Mapping::new(&file, size as usize, false));
-    let mut i = 0u64;
+    let map = (mode == "mmap").then(|| Mapping::new(&file, size, false));
+    let mut i = 0usize;
     while done < total {
         let idx = match mode {
             "rand" | "mmap" => {
                 seed ^= seed << 13;
                 seed ^= seed >> 7;
                 seed ^= seed << 17;
-                seed % blocks
+                usize::try_from(seed % blocks as u64).expect("an index below the block count")
             }
             _ => i % blocks,
         };
-        let off = idx * block as u64;
+        let off = idx * block;
         match &map {
             Some(m) => {
                 // Touch every 4 KiB page of the block.
-                let b = &m.bytes()[off as usize..off as usize + block];
+                let b = &m.bytes()[off..off + block];
                 sum = b
                     .iter()
                     .step_by(4096)
                     .fold(sum, |a, &x| a.wrapping_add(u64::from(x)));
             }
             None => {
-                file.read_exact_at(&mut buf, off)
+                file.read_exact_at(&mut buf, off as u64)
                     .unwrap_or_else(|e| fail(format!("pread: {e}")));
                 sum = sum.wrapping_add(u64::from(buf[0]));
             }
@@ -259,10 +269,13 @@ fn mktree(dir: &str, dirs: u64, files: u64) {
             } else {
                 (1 + next(&mut seed) % 12) << 10
             };
-            let fill = (next(&mut seed) & 0xff) as u8;
+            let fill = next(&mut seed).to_le_bytes()[0];
             let path = format!("{sub}/f{f}.c");
-            std::fs::write(&path, vec![fill; size as usize])
-                .unwrap_or_else(|e| fail(format!("{path}: {e}")));
+            std::fs::write(
+                &path,
+                vec![fill; usize::try_from(size).expect("a file under 321 KiB")],
+            )
+            .unwrap_or_else(|e| fail(format!("{path}: {e}")));
             count += 1;
             bytes += size;
             over += u64::from(size > 32 << 10);
@@ -393,7 +406,7 @@ fn main() {
         }
         ["mmap-copy", src, dst] => {
             let f = open(src, false);
-            let len = f.metadata().map(|m| m.len()).unwrap_or(0) as usize;
+            let len = file_len(&f);
             let mut out = File::create(dst).unwrap_or_else(|e| fail(format!("{dst}: {e}")));
             if len > 0 {
                 let m = Mapping::new(&f, len, false);
@@ -402,8 +415,8 @@ fn main() {
         }
         ["mmap-fill", path, off, len, byte] => {
             let f = open(path, true);
-            let size = f.metadata().map(|m| m.len()).unwrap_or(0) as usize;
-            let (off, len, byte) = (num(off) as usize, num(len) as usize, num(byte) as u8);
+            let size = file_len(&f);
+            let (off, len, byte): (usize, usize, u8) = (num(off), num(len), num(byte));
             if off + len > size {
                 fail(format!("{off}+{len} is past the end of {path} ({size} bytes)"));
             }
@@ -417,7 +430,7 @@ fn main() {
         }
         ["mmap-scan", path, secs] => {
             let f = open(path, false);
-            let len = f.metadata().map(|m| m.len()).unwrap_or(0) as usize;
+            let len = file_len(&f);
             if len == 0 {
                 fail(format!("{path} is empty"));
             }

@@ -100,7 +100,7 @@ pub(super) fn collect_output(
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if let Some(probe) = stall_probe {
-            let due = probe.silence + STAGE_GAP * stages as u32;
+            let due = probe.silence + STAGE_GAP * u32::try_from(stages).unwrap_or(u32::MAX);
             if stages < KICKS.len() && last_line.elapsed() >= due {
                 for text in probe.probe(stages, last_line.elapsed()) {
                     let line = Line {

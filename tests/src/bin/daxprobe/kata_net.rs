@@ -28,10 +28,11 @@ fn open_tap(name: &str) -> OwnedFd {
         .iter_mut()
         .zip(name.bytes().take(libc::IFNAMSIZ - 1))
     {
-        *d = s as libc::c_char;
+        *d = s.cast_signed();
     }
     req.ifr_ifru.ifru_flags =
-        (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR | libc::IFF_MULTI_QUEUE) as i16;
+        i16::try_from(libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR | libc::IFF_MULTI_QUEUE)
+            .expect("the tap flags fit ifr_flags");
     // SAFETY: TUNSETIFF reads and writes an ifreq.
     if unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF, &mut req) } < 0 {
         fail(format!(
@@ -70,7 +71,7 @@ pub fn add_net_exchange(socket: &str, tap: &str, body: &str) -> (String, String)
         std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), tap.as_raw_fd());
         libc::sendmsg(s.as_raw_fd(), &msg, 0)
     };
-    if sent != request.len() as isize {
+    if usize::try_from(sent).ok() != Some(request.len()) {
         fail(format!(
             "sendmsg: {sent}: {}",
             std::io::Error::last_os_error()

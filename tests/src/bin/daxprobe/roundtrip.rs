@@ -37,9 +37,15 @@ fn open(path: &str, flags: libc::c_int) -> std::fs::File {
         .unwrap_or_else(|e| fail(format!("{path}: {e}")))
 }
 
+/// `off` as pread takes it; a file offset past `i64::MAX` cannot exist.
+fn offset(off: u64) -> libc::off_t {
+    libc::off_t::try_from(off).unwrap_or_else(|_| fail(format!("offset {off} is past i64::MAX")))
+}
+
 fn size_of(file: &std::fs::File, path: &str) -> usize {
     file.metadata()
-        .map(|m| m.len() as usize)
+        .map_err(|e| e.to_string())
+        .and_then(|m| usize::try_from(m.len()).map_err(|e| e.to_string()))
         .unwrap_or_else(|e| fail(format!("{path}: {e}")))
 }
 
@@ -106,10 +112,9 @@ fn direct_reads(path: &str, count: usize, seed: &mut u64) -> Vec<Duration> {
         let off = (*seed % blocks) * READ_BLOCK as u64;
         let start = Instant::now();
         // SAFETY: `buf` holds READ_BLOCK writable bytes.
-        let n =
-            unsafe { libc::pread(file.as_raw_fd(), buf.cast(), READ_BLOCK, off as libc::off_t) };
+        let n = unsafe { libc::pread(file.as_raw_fd(), buf.cast(), READ_BLOCK, offset(off)) };
         times.push(start.elapsed());
-        if n != READ_BLOCK as isize {
+        if usize::try_from(n).ok() != Some(READ_BLOCK) {
             fail(format!(
                 "pread {path} at {off}: {}",
                 if n < 0 {
@@ -131,7 +136,7 @@ fn summary(name: &str, times: &mut [Duration]) -> String {
         return format!("{name}_n=0");
     }
     times.sort_unstable();
-    let rank = |q: f64| times[((q * times.len() as f64).ceil() as usize).clamp(1, times.len()) - 1];
+    let rank = |q: f64| times[guest_tests::results::nearest_rank(times.len(), q) - 1];
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let mean = times.iter().map(|&d| us(d)).sum::<f64>() / times.len() as f64;
     format!(

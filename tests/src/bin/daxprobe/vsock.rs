@@ -40,7 +40,9 @@ fn send_pattern(s: &mut impl Write, len: u64, pattern: fn(u64) -> u8) -> u64 {
     let mut sent = 0;
     let mut buf = vec![0u8; 64 * 1024];
     while sent < len {
-        let n = (len - sent).min(buf.len() as u64) as usize;
+        let n = buf
+            .len()
+            .min(usize::try_from(len - sent).unwrap_or(usize::MAX));
         for (i, b) in buf[..n].iter_mut().enumerate() {
             *b = pattern(sent + i as u64);
         }
@@ -107,17 +109,18 @@ fn vsock_socket() -> File {
 fn vsock_addr(cid: u32, port: u32) -> libc::sockaddr_vm {
     // SAFETY: sockaddr_vm is plain data; zeroed is valid.
     let mut a: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
-    a.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+    a.svm_family = libc::sa_family_t::try_from(libc::AF_VSOCK).expect("AF_VSOCK fits sa_family_t");
     a.svm_cid = cid;
     a.svm_port = port;
     a
 }
 
+#[expect(clippy::cast_possible_truncation, reason = "a sockaddr_vm is 16 bytes")]
 const VM_ADDR_LEN: libc::socklen_t = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
 
 pub fn vsock_serve(port: &str, reply: &str, count: &str) {
     let s = vsock_socket();
-    let addr = vsock_addr(libc::VMADDR_CID_ANY, num(port) as u32);
+    let addr = vsock_addr(libc::VMADDR_CID_ANY, num(port));
     // SAFETY: `addr` is a valid sockaddr_vm of the length given.
     let bound = unsafe { libc::bind(s.as_raw_fd(), std::ptr::addr_of!(addr).cast(), VM_ADDR_LEN) };
     // SAFETY: listen on an fd this process owns.
@@ -155,7 +158,7 @@ pub fn vsock_serve(port: &str, reply: &str, count: &str) {
 
 pub fn vsock_connect(cid: &str, port: &str, bytes: &str) {
     let mut s = vsock_socket();
-    let addr = vsock_addr(num(cid) as u32, num(port) as u32);
+    let addr = vsock_addr(num(cid), num(port));
     // SAFETY: `addr` is a valid sockaddr_vm of the length given.
     if unsafe { libc::connect(s.as_raw_fd(), std::ptr::addr_of!(addr).cast(), VM_ADDR_LEN) } != 0 {
         fail(format!(

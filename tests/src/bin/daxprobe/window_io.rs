@@ -12,17 +12,17 @@ use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 
-use super::{fail, num, open, statx_dax, Mapping};
+use super::{fail, file_len, num, open, statx_dax, Mapping};
 
 pub fn window_io(map: &str, src: &str, out: &str, offset: &str, len: &str, mode: &str) {
-    let (offset, len) = (num(offset) as usize, num(len) as usize);
+    let (offset, len): (usize, usize) = (num(offset), num(len));
     let direct = match mode {
         "direct" => libc::O_DIRECT,
         "buffered" => 0,
         m => fail(format!("{m:?}: say direct or buffered")),
     };
     let target = open(map, true);
-    let size = target.metadata().map(|m| m.len()).unwrap_or(0) as usize;
+    let size = file_len(&target);
     if offset.checked_add(len).is_none_or(|end| end > size) {
         fail(format!(
             "{offset}+{len} is past the end of {map} ({size} bytes)"
@@ -38,10 +38,11 @@ pub fn window_io(map: &str, src: &str, out: &str, offset: &str, len: &str, mode:
     // SAFETY: [offset, offset + len) is inside the writable mapping
     // (checked above); the kernel writes at most `len` bytes there.
     let n = unsafe { libc::read(source.as_raw_fd(), m.ptr.add(offset).cast(), len) };
-    if n < 0 {
+    // Negative is the error; anything else is at most `len`.
+    let Ok(n) = usize::try_from(n) else {
         println!("dax={dax} read_err={}", errno_name());
         return;
-    }
+    };
     let sink = OpenOptions::new()
         .write(true)
         .create(true)
@@ -50,17 +51,17 @@ pub fn window_io(map: &str, src: &str, out: &str, offset: &str, len: &str, mode:
         .open(out)
         .unwrap_or_else(|e| fail(format!("{out}: {e}")));
     // SAFETY: as above; the kernel only reads the buffer.
-    let w = unsafe { libc::write(sink.as_raw_fd(), m.ptr.add(offset).cast(), n as usize) };
+    let w = unsafe { libc::write(sink.as_raw_fd(), m.ptr.add(offset).cast(), n) };
     if w < 0 {
         println!("dax={dax} read={n} write_err={}", errno_name());
         return;
     }
-    let mut want = vec![0u8; n as usize];
+    let mut want = vec![0u8; n];
     let plain = open(src, false);
     plain
         .read_exact_at(&mut want, 0)
         .unwrap_or_else(|e| fail(format!("{src}: {e}")));
-    let matches = u8::from(m.bytes()[offset..offset + n as usize] == want[..]);
+    let matches = u8::from(m.bytes()[offset..offset + n] == want[..]);
     println!("dax={dax} read={n} write={w} match={matches}");
 }
 
