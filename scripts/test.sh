@@ -16,6 +16,7 @@ else
 fi
 if cargo clippy --version >/dev/null 2>&1 || rustup component add clippy >/dev/null 2>&1; then
     cargo clippy --workspace --tests --benches --locked -- -D warnings
+    cargo clippy --manifest-path fuzz/Cargo.toml --bins --locked -- -D warnings
 else
     echo "test.sh: WARNING: clippy is not installed; lints not checked" >&2
 fi

@@ -19,7 +19,8 @@ use virtio_devices::vhost_user_fs::worker;
 use vmm_sys_util::epoll::EventSet;
 
 const PAGE: u64 = 4096;
-const WINDOW_PAGES: u64 = 64;
+const WINDOW_PAGES: u64 = WINDOW_PAGES_USIZE as u64;
+const WINDOW_PAGES_USIZE: usize = 64;
 
 /// Pages of the window mapped, as the window's events tell it.
 struct Shadow(Mutex<Vec<bool>>);
@@ -42,7 +43,7 @@ impl WindowObserver for Shadow {
             "{event:?} reported outside the window or unaligned"
         );
         for p in offset / PAGE..end / PAGE {
-            pages[p as usize] = mapped;
+            pages[usize::try_from(p).expect("a page of the window")] = mapped;
         }
     }
 }
@@ -59,7 +60,7 @@ fuzz_target!(|data: &[u8]| {
     let mut window = DaxWindow::new(WINDOW_PAGES * PAGE).unwrap();
     window.set_max_mappings(if options & 2 != 0 { 4 } else { 64 });
     let window = Arc::new(window);
-    let shadow = Arc::new(Shadow(Mutex::new(vec![false; WINDOW_PAGES as usize])));
+    let shadow = Arc::new(Shadow(Mutex::new(vec![false; WINDOW_PAGES_USIZE])));
     window.set_observer(shadow.clone());
     let handler = DaxRequestHandler::new("fuzz".into(), window.clone());
     let mut requests = FrontendReqHandler::new(Arc::new(handler)).unwrap();

@@ -51,7 +51,7 @@ fuzz_target!(|data: &[u8]| {
         match &action {
             Action::Read { offset, data } | Action::Write { offset, data } => {
                 let len: u64 = data.iter().map(|s| s.len).sum();
-                assert!(offset + len <= end && len % SECTOR_SIZE == 0);
+                assert!(offset + len <= end && len.is_multiple_of(SECTOR_SIZE));
                 assert!(!(limits.readonly && matches!(action, Action::Write { .. })));
             }
             Action::Discard(r) | Action::WriteZeroes(r) => {

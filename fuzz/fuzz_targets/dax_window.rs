@@ -18,7 +18,7 @@ fn file() -> &'static std::fs::File {
     static FILE: OnceLock<std::fs::File> = OnceLock::new();
     FILE.get_or_init(|| {
         let f = vmm_sys_util::tempfile::TempFile::new().unwrap().into_file();
-        (&f).write_all(&vec![0xab; (16 * PAGE) as usize]).unwrap();
+        (&f).write_all(&[0xab; 16 * 4096]).unwrap();
         f
     })
 }
@@ -54,7 +54,7 @@ fuzz_target!(|data: &[u8]| {
         };
         let (shm_offset, len, fd_offset) = (val(WINDOW_PAGES), val(WINDOW_PAGES / 4 + 1), val(24));
         let req = VhostUserMMap {
-            shmid: (op >> 4 & 1) as u8,
+            shmid: u8::from(op >> 4 & 1 == 1),
             shm_offset,
             len,
             fd_offset,

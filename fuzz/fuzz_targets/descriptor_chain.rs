@@ -7,7 +7,7 @@
 
 use api::WindowLocation;
 use daemon::fuse::chain::{split, Buf};
-use dax_vmm_fuzz::{memory, queue_from, take};
+use dax_vmm_fuzz::{memory, queue_from, take, take_u16};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::QueueOwnedT;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
@@ -22,8 +22,8 @@ fuzz_target!(|data: &[u8]| {
             continue;
         };
         let (a, b) = (
-            take::<2>(data, &mut pos) as usize,
-            take::<2>(data, &mut pos) as usize,
+            usize::from(take_u16(data, &mut pos)),
+            usize::from(take_u16(data, &mut pos)),
         );
         let window = WindowLocation {
             gpa: take::<2>(data, &mut pos) << 12,

@@ -48,7 +48,7 @@ fuzz_target!(|data: &[u8]| {
     for (i, pair) in parts.chunks(2).take(3).enumerate() {
         let name = String::from_utf8_lossy(pair[0]).into_owned();
         let value = pair.get(1).copied().unwrap_or_default();
-        let parsed = check_one(&name, value, i as i64 + 1);
+        let parsed = check_one(&name, value, i64::try_from(i).expect("at most 3") + 1);
         objects.insert(name, parsed);
     }
     // A VM labelled as the first valid selector asks, plus one more label.

@@ -18,7 +18,7 @@ use daemon::fuse::chain::split;
 use daemon::fuse::server::Server;
 use daemon::passthrough::{openat, CachePolicy, PassthroughFs};
 use daemon::policy::DaxPolicy;
-use dax_vmm_fuzz::{memory, queue_of, take, Memory, DATA};
+use dax_vmm_fuzz::{memory, queue_of, take, take_u8, Memory, DATA};
 use libfuzzer_sys::fuzz_target;
 use vhost::vhost_user::{Backend, FrontendReqHandler};
 use virtio_devices::vhost_user_fs::backend_req::DaxRequestHandler;
@@ -120,17 +120,15 @@ impl Rig {
     /// Sends one request; returns the reply's error (0 on success).
     fn call(&self, opcode: u32, nodeid: u64, body: &[u8]) -> i32 {
         let mut req = Vec::with_capacity(40 + body.len());
-        req.extend_from_slice(&(40 + body.len() as u32).to_le_bytes());
+        let len = u32::try_from(40 + body.len()).expect("a request under 4 GiB");
+        req.extend_from_slice(&len.to_le_bytes());
         req.extend_from_slice(&opcode.to_le_bytes());
         req.extend_from_slice(&7u64.to_le_bytes()); // unique
         req.extend_from_slice(&nodeid.to_le_bytes());
         req.extend_from_slice(&[0; 16]); // uid, gid, pid, total_extlen, padding
         req.extend_from_slice(body);
         self.mem.write_slice(&req, GuestAddress(DATA)).unwrap();
-        let mut q = queue_of(
-            &self.mem,
-            &[(DATA, req.len() as u32, false), (REPLY, 4096, true)],
-        );
+        let mut q = queue_of(&self.mem, &[(DATA, len, false), (REPLY, 4096, true)]);
         let chain = q.iter(&self.mem).unwrap().next().unwrap();
         let (r, w) = split(&self.mem, chain).unwrap();
         assert!(self.server.handle(r, w) >= 16, "opcode {opcode}: no reply");
@@ -173,7 +171,7 @@ fuzz_target!(|data: &[u8]| {
     let rig = rig();
     let mut pos = 0;
     while pos < data.len() {
-        let op = take::<1>(data, &mut pos) as u8;
+        let op = take_u8(data, &mut pos);
         let raw = op & 0x80 != 0;
         let val = |pos: &mut usize, pages| value(data, pos, raw, pages);
         let nodeid = match op >> 1 & 3 {
@@ -193,13 +191,9 @@ fuzz_target!(|data: &[u8]| {
             }
             opcode::SETUPMAPPING
         } else {
-            let n = take::<1>(data, &mut pos);
+            let n = take_u8(data, &mut pos);
             let entries = if raw { n % 8 } else { n % 4 + 1 };
-            let count = if op & 0x40 != 0 {
-                n as u32
-            } else {
-                entries as u32
-            };
+            let count = u32::from(if op & 0x40 != 0 { n } else { entries });
             body.extend_from_slice(&count.to_le_bytes());
             for _ in 0..entries {
                 body.extend_from_slice(&val(&mut pos, pages).to_le_bytes());

@@ -67,11 +67,11 @@ fuzz_target!(|data: &[u8]| {
     let mut addr = DATA;
     for &cut in &shape[..usize::from(shape[0] % 4)] {
         let len = usize::from(cut).min(request.len() - at);
-        bufs.push((addr, len as u32, false));
+        bufs.push((addr, piece_len(len), false));
         at += len;
         addr += (len as u64 + 64).next_multiple_of(8);
     }
-    bufs.push((addr, (request.len() - at) as u32, false));
+    bufs.push((addr, piece_len(request.len() - at), false));
     rig.mem.write_slice(request, GuestAddress(DATA)).unwrap();
     // Re-lay the pieces where the descriptors point.
     let mut off = 0;
@@ -94,3 +94,9 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+/// A descriptor's length for `n` bytes of the request (which libFuzzer
+/// keeps far below 4 GiB).
+fn piece_len(n: usize) -> u32 {
+    u32::try_from(n).expect("a fuzz input under 4 GiB")
+}

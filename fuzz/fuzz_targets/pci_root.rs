@@ -10,7 +10,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use dax_vmm_fuzz::{memory, take, FuzzDevice};
+use dax_vmm_fuzz::{memory, take, take_u8, FuzzDevice};
 use libfuzzer_sys::fuzz_target;
 use pci::msix::MsixEntry;
 use virtio_devices::transport::pci::device::{MsiSender, VirtioPciDevice};
@@ -104,7 +104,7 @@ fuzz_target!(|data: &[u8]| {
     for (segment, r) in roots.iter().enumerate() {
         mmio.insert(
             Arc::new(Mutex::new(PciEcam::new(r.clone()))),
-            pci_ecam_start(segment as u16),
+            pci_ecam_start(u16::try_from(segment).expect("SEGMENTS roots")),
             PCI_ECAM_SIZE,
         )
         .unwrap();
@@ -116,7 +116,7 @@ fuzz_target!(|data: &[u8]| {
 
     let mut pos = 0;
     while pos < data.len() {
-        let op = take::<1>(data, &mut pos) as u8;
+        let op = take_u8(data, &mut pos);
         let value = take::<8>(data, &mut pos);
         match op & 7 {
             // Port I/O: 1, 2 or 4 bytes, in and just around each device.
@@ -153,7 +153,7 @@ fuzz_target!(|data: &[u8]| {
             // Hot-plug: a device into the first free slot of a segment,
             // announced.
             5 => {
-                let segment = (value >> 8) as u16 % SEGMENTS;
+                let segment = segment_of(value);
                 if let Some(f) = function() {
                     if let Some(slot) = roots[usize::from(segment)].lock().unwrap().add(f) {
                         assert!(HOTPLUG_SLOTS.contains(&slot), "slot {slot}");
@@ -165,8 +165,8 @@ fuzz_target!(|data: &[u8]| {
             // Hot-unplug of any slot, announced; or the control thread
             // taking the slots the guest ejected and removing them.
             6 => {
-                let slot = (value % 32) as u8;
-                let segment = (value >> 8) as u16 % SEGMENTS;
+                let slot = u8::try_from(value % 32).expect("below 32");
+                let segment = segment_of(value);
                 if roots[usize::from(segment)]
                     .lock()
                     .unwrap()
@@ -188,3 +188,10 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = (ged_irq.read(), exit.reason());
 });
+
+/// The segment an operation's `value` names: bits 8..24, modulo the
+/// segment count.
+fn segment_of(value: u64) -> u16 {
+    let b = value.to_le_bytes();
+    u16::from_le_bytes([b[1], b[2]]) % SEGMENTS
+}

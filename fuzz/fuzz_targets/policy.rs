@@ -10,13 +10,14 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    for parsed in [Policy::parse_json(text), Policy::parse_yaml(text)] {
-        if let Ok(p) = parsed {
-            let again = Policy::from_value(&p.to_value()).expect("a policy's own document parses");
-            assert!(
-                policies::diff(&p, &again).is_empty(),
-                "round trip changed the policy"
-            );
-        }
+    for p in [Policy::parse_json(text), Policy::parse_yaml(text)]
+        .into_iter()
+        .flatten()
+    {
+        let again = Policy::from_value(&p.to_value()).expect("a policy's own document parses");
+        assert!(
+            policies::diff(&p, &again).is_empty(),
+            "round trip changed the policy"
+        );
     }
 });

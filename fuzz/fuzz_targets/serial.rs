@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use dax_vmm_fuzz::take;
+use dax_vmm_fuzz::{take_u32, take_u8};
 use libfuzzer_sys::fuzz_target;
 use vmm::devices::serial::{SerialDevice, COM1_PORT, PORT_COUNT};
 use vmm::devices::Bus;
@@ -35,8 +35,8 @@ fuzz_target!(|data: &[u8]| {
     let mut writes = 0;
     let mut pos = 0;
     while pos < data.len() {
-        let op = take::<1>(data, &mut pos) as u8;
-        let value = take::<4>(data, &mut pos) as u32;
+        let op = take_u8(data, &mut pos);
+        let value = take_u32(data, &mut pos);
         // In and just around the eight registers.
         let addr = COM1_PORT - 2 + u64::from(op >> 4) % (PORT_COUNT + 4);
         let size = [1, 2, 4, 1][usize::from(op >> 2 & 3)];

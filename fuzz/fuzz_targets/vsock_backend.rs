@@ -83,7 +83,7 @@ fuzz_target!(|data: &[u8]| {
                     h.src_port %= 8;
                 }
                 if steer & 8 == 0 {
-                    h.op = h.op % 8;
+                    h.op %= 8;
                 }
                 let len = usize::from(input.byte()) * 16;
                 let payload = input.bytes(len).to_vec();

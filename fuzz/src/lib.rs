@@ -10,7 +10,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 pub type Memory = GuestMemoryMmap<()>;
 
 /// Guest memory: 1 MiB at 0.
-pub const MEM_SIZE: u64 = 1 << 20;
+pub const MEM_SIZE: u64 = MEM_BYTES as u64;
+const MEM_BYTES: usize = 1 << 20;
 pub const QUEUE_SIZE: u16 = 16;
 pub const DESC_TABLE: u64 = 0x0;
 pub const AVAIL_RING: u64 = 0x1000;
@@ -18,9 +19,13 @@ pub const USED_RING: u64 = 0x2000;
 /// Where the input's payload bytes are written.
 pub const DATA: u64 = 0x4000;
 
+/// The low 32 bits of `v`.
+pub fn low_half(v: u64) -> u32 {
+    u32::try_from(v & u64::from(u32::MAX)).expect("masked to 32 bits")
+}
+
 pub fn memory() -> Memory {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)])
-        .expect("1 MiB of guest memory")
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_BYTES)]).expect("1 MiB of guest memory")
 }
 
 /// Lays `input` out as a queue: the first 256 bytes are the descriptor
@@ -44,7 +49,9 @@ pub fn queue_from(mem: &Memory, input: &[u8]) -> Queue {
     let rest = input.get(table_len..).unwrap_or_default();
     let heads = usize::from(rest.first().copied().unwrap_or(1) % 8).max(1);
     let mut avail = vec![0u8; 4 + 2 * usize::from(QUEUE_SIZE)];
-    avail[2..4].copy_from_slice(&(heads as u16).to_le_bytes());
+    // `heads` is 1..=7 (a byte modulo 8).
+    let idx = u16::try_from(heads).expect("at most 7 heads");
+    avail[2..4].copy_from_slice(&idx.to_le_bytes());
     for i in 0..heads {
         let head = u16::from(rest.get(1 + i).copied().unwrap_or(0));
         avail[4 + 2 * i..6 + 2 * i].copy_from_slice(&head.to_le_bytes());
@@ -52,19 +59,38 @@ pub fn queue_from(mem: &Memory, input: &[u8]) -> Queue {
     mem.write_slice(&avail, GuestAddress(AVAIL_RING))
         .expect("avail ring in memory");
     let payload = rest.get(1 + heads..).unwrap_or_default();
-    let payload = &payload[..payload.len().min((MEM_SIZE - DATA) as usize)];
+    let payload = &payload[..payload
+        .len()
+        .min(usize::try_from(MEM_SIZE - DATA).expect("under 1 MiB"))];
     mem.write_slice(payload, GuestAddress(DATA))
         .expect("payload in memory");
     let mut q = Queue::new(QUEUE_SIZE).expect("queue size is a power of two");
     q.set_size(QUEUE_SIZE);
-    q.set_desc_table_address(Some(DESC_TABLE as u32), Some(0));
-    q.set_avail_ring_address(Some(AVAIL_RING as u32), Some(0));
-    q.set_used_ring_address(Some(USED_RING as u32), Some(0));
+    // The rings sit in the first MiB: the high halves are zero.
+    q.set_desc_table_address(Some(low_half(DESC_TABLE)), Some(0));
+    q.set_avail_ring_address(Some(low_half(AVAIL_RING)), Some(0));
+    q.set_used_ring_address(Some(low_half(USED_RING)), Some(0));
     q.set_ready(true);
     q
 }
 
 /// Reads a little-endian integer of `N` bytes from `data` at `*pos`, or 0.
+/// The next byte (0 past the end).
+pub fn take_u8(data: &[u8], pos: &mut usize) -> u8 {
+    take::<1>(data, pos).to_le_bytes()[0]
+}
+
+/// The next two bytes, little-endian (0 past the end).
+pub fn take_u16(data: &[u8], pos: &mut usize) -> u16 {
+    let b = take::<2>(data, pos).to_le_bytes();
+    u16::from_le_bytes([b[0], b[1]])
+}
+
+/// The next four bytes, little-endian (0 past the end).
+pub fn take_u32(data: &[u8], pos: &mut usize) -> u32 {
+    low_half(take::<4>(data, pos))
+}
+
 pub fn take<const N: usize>(data: &[u8], pos: &mut usize) -> u64 {
     let mut b = [0u8; 8];
     for (i, slot) in b.iter_mut().enumerate().take(N) {
@@ -136,8 +162,8 @@ pub fn accesses(data: &[u8], span: u64) -> impl Iterator<Item = (bool, u64, Vec<
         let mut pos = 0;
         let op = take::<1>(c, &mut pos);
         let offset = take::<2>(c, &mut pos) % span;
-        let size = [1usize, 2, 4, 8][(op >> 1 & 3) as usize];
-        let value = take::<4>(c, &mut pos) as u32;
+        let size = [1usize, 2, 4, 8][usize::from(op.to_le_bytes()[0] >> 1 & 3)];
+        let value = low_half(take::<4>(c, &mut pos));
         let mut bytes = vec![0u8; size];
         let v = (u64::from(value) | u64::from(value) << 32).to_le_bytes();
         bytes.copy_from_slice(&v[..size]);
@@ -158,7 +184,8 @@ pub fn queue_of(mem: &Memory, bufs: &[(u64, u32, bool)]) -> Queue {
         table.extend_from_slice(&(addr - DATA).to_le_bytes());
         table.extend_from_slice(&len.to_le_bytes());
         table.extend_from_slice(&flags.to_le_bytes());
-        table.extend_from_slice(&(i as u16 + 1).to_le_bytes());
+        let next = u16::try_from(i + 1).expect("a chain shorter than the queue");
+        table.extend_from_slice(&next.to_le_bytes());
     }
     let mut input = table;
     input.resize(16 * usize::from(QUEUE_SIZE), 0);

@@ -50,7 +50,8 @@ struct Files {
 }
 
 /// Size of the mappable file: 16 pages.
-pub const FILE_SIZE: u64 = 16 * 4096;
+pub const FILE_SIZE: u64 = FILE_BYTES as u64;
+const FILE_BYTES: usize = 16 * 4096;
 
 fn files() -> &'static Files {
     static FILES: OnceLock<Files> = OnceLock::new();
@@ -59,7 +60,7 @@ fn files() -> &'static Files {
             .expect("a temporary file")
             .into_file();
         (&memfd)
-            .write_all(&vec![0xab; FILE_SIZE as usize])
+            .write_all(&[0xab; FILE_BYTES])
             .expect("its contents");
         let tmp = vmm_sys_util::tempfile::TempFile::new().expect("a temporary file");
         let mut writer = tmp.as_file();
@@ -107,11 +108,12 @@ pub fn send(fd: RawFd, piece: &Piece<'_>) -> bool {
         return true;
     }
     let fd_bytes = std::mem::size_of_val(piece.fds.as_slice());
+    let fd_bytes_u32 = u32::try_from(fd_bytes).expect("a few fds");
     let space = if piece.fds.is_empty() {
         0
     } else {
         // SAFETY: CMSG_SPACE only computes a size.
-        unsafe { libc::CMSG_SPACE(fd_bytes as u32) as usize }
+        unsafe { libc::CMSG_SPACE(fd_bytes_u32) as usize }
     };
     // u64 elements keep the control buffer aligned for cmsghdr.
     let mut control = vec![0u64; space.div_ceil(8)];
@@ -132,7 +134,7 @@ pub fn send(fd: RawFd, piece: &Piece<'_>) -> bool {
             let cmsg = libc::CMSG_FIRSTHDR(&msg);
             (*cmsg).cmsg_level = libc::SOL_SOCKET;
             (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as usize;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes_u32) as usize;
             std::ptr::copy_nonoverlapping(
                 piece.fds.as_ptr().cast::<u8>(),
                 libc::CMSG_DATA(cmsg),
