@@ -33,7 +33,7 @@ use crate::config::CpusConfig;
 
 /// QEMU's CPU hot-plug port; free on this platform's I/O bus.
 pub const CPU_HOTPLUG_PORT: u16 = 0x0cd8;
-pub const CPU_HOTPLUG_PORT_COUNT: u64 = 8;
+pub const CPU_HOTPLUG_PORT_COUNT: u8 = 8;
 
 const SELECT_OFFSET: u64 = 0;
 const STATUS_OFFSET: u64 = 4;
@@ -266,10 +266,38 @@ fn cpu_name(cpu: u32) -> String {
 /// `CSTA` (status), `CTFY` (notify one), `CEJ0` (eject one) and `CSCN`
 /// (scan, called by the GED).
 pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
+    register_device_aml(sink);
+    let max = cpus.max_vcpus;
+    let topology = cpus.effective_topology();
+    let (csta, ctfy, cej0, cscn) = (csta(), ctfy(max), cej0(), cscn(max));
+    let devices: Vec<CpuDevice> = (0..max)
+        .map(|c| CpuDevice {
+            cpu: c,
+            apic_id: topology.apic_id(c),
+        })
+        .collect();
+    let hid = aml::Name::new("_HID".into(), &"ACPI0010");
+    let cid = aml::Name::new("_CID".into(), &aml::EISAName::new("PNP0A05"));
+    let mut children: Vec<&dyn Aml> = vec![&hid, &cid, &csta, &ctfy, &cej0, &cscn];
+    children.extend(devices.iter().map(|d| d as &dyn Aml));
+    aml::Device::new("\\_SB_.CPUS".into(), children).to_aml_bytes(sink);
+}
+
+/// The lock every method holds while it selects a vCPU and reads or
+/// writes its bits: selection and access are two register writes.
+fn lock() -> aml::Path {
+    aml::Path::new("\\_SB_.PRES.CPLK")
+}
+
+fn reg(name: &str) -> aml::Path {
+    aml::Path::new(name)
+}
+
+/// `\_SB_.PRES`: the I/O ports at [`CPU_HOTPLUG_PORT`] as the fields
+/// `CSEL` (select a vCPU) and its bits `CPEN`, `CINS`, `CRMV`, `CEJ0`.
+fn register_device_aml(sink: &mut Vec<u8>) {
     let port = usize::from(CPU_HOTPLUG_PORT);
-    let len = CPU_HOTPLUG_PORT_COUNT as usize;
-    let lock = || aml::Path::new("\\_SB_.PRES.CPLK");
-    let reg = aml::Path::new;
+    let len = usize::from(CPU_HOTPLUG_PORT_COUNT);
     aml::Device::new(
         "\\_SB_.PRES".into(),
         vec![
@@ -282,7 +310,7 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
                     CPU_HOTPLUG_PORT,
                     CPU_HOTPLUG_PORT,
                     1,
-                    len as u8,
+                    CPU_HOTPLUG_PORT_COUNT,
                 )]),
             ),
             &aml::OpRegion::new("PRST".into(), aml::OpRegionSpace::SystemIO, &port, &len),
@@ -310,10 +338,11 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
         ],
     )
     .to_aml_bytes(sink);
+}
 
-    let max = cpus.max_vcpus;
-    let topology = cpus.effective_topology();
-    let csta = Raw::of(&aml::Method::new(
+/// `CSTA(cpu)`: 0xf (present, enabled, shown, working) if enabled, else 0.
+fn csta() -> Raw {
+    Raw::of(&aml::Method::new(
         "CSTA".into(),
         1,
         true,
@@ -328,7 +357,12 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
             &aml::Release::new(lock()),
             &aml::Return::new(&aml::Local(0)),
         ],
-    ));
+    ))
+}
+
+/// `CTFY(cpu, event)`: notifies the device of vCPU `cpu` (AML cannot name
+/// a device by a computed value, so one test per possible vCPU).
+fn ctfy(max: u32) -> Raw {
     let names: Vec<aml::Path> = (0..max).map(|c| aml::Path::new(&cpu_name(c))).collect();
     let notifies: Vec<aml::Notify> = names
         .iter()
@@ -344,13 +378,17 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
         .zip(&notifies)
         .map(|(t, n)| aml::If::new(t, vec![n]))
         .collect();
-    let ctfy = Raw::of(&aml::Method::new(
+    Raw::of(&aml::Method::new(
         "CTFY".into(),
         2,
         true,
         ifs.iter().map(|i| i as &dyn Aml).collect(),
-    ));
-    let cej0 = Raw::of(&aml::Method::new(
+    ))
+}
+
+/// `CEJ0(cpu)`: the guest has offlined vCPU `cpu`; the VMM may remove it.
+fn cej0() -> Raw {
+    Raw::of(&aml::Method::new(
         "CEJ0".into(),
         1,
         true,
@@ -360,9 +398,13 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
             &aml::Store::new(&reg("\\_SB_.PRES.CEJ0"), &aml::ONE),
             &aml::Release::new(lock()),
         ],
-    ));
+    ))
+}
+
+/// `CSCN()`: for each vCPU, select it; notify what is marked inserted or
+/// to be removed, and acknowledge it.
+fn cscn(max: u32) -> Raw {
     let (cpu, device_check, eject_request) = (aml::Local(0), 1u8, 3u8);
-    // For each CPU: select it; notify what is marked and acknowledge it.
     let scan_one_cpu = [
         Raw::of(&aml::Store::new(&reg("\\_SB_.PRES.CSEL"), &cpu)),
         Raw::of(&aml::If::new(
@@ -381,7 +423,7 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
         )),
         Raw::of(&aml::Add::new(&cpu, &cpu, &aml::ONE)),
     ];
-    let cscn = Raw::of(&aml::Method::new(
+    Raw::of(&aml::Method::new(
         "CSCN".into(),
         0,
         true,
@@ -394,18 +436,7 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
             ),
             &aml::Release::new(lock()),
         ],
-    ));
-    let devices: Vec<CpuDevice> = (0..max)
-        .map(|c| CpuDevice {
-            cpu: c,
-            apic_id: topology.apic_id(c),
-        })
-        .collect();
-    let hid = aml::Name::new("_HID".into(), &"ACPI0010");
-    let cid = aml::Name::new("_CID".into(), &aml::EISAName::new("PNP0A05"));
-    let mut children: Vec<&dyn Aml> = vec![&hid, &cid, &csta, &ctfy, &cej0, &cscn];
-    children.extend(devices.iter().map(|d| d as &dyn Aml));
-    aml::Device::new("\\_SB_.CPUS".into(), children).to_aml_bytes(sink);
+    ))
 }
 
 /// AML already encoded: lets a method be built in one statement (the

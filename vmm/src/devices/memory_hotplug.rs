@@ -189,9 +189,23 @@ fn slot_aml(i: usize, sink: &mut Vec<u8>) {
 
 /// `MTFY(slot, event)`, `MSCN()`, `MSTA(slot)`, `MCRS(slot)`.
 fn methods_aml(sink: &mut Vec<u8>) {
-    let path = aml::Path::new;
-    let lock = || path("MLCK");
-    // MTFY: Notify needs the device by name, so one If per slot.
+    mtfy_aml(sink);
+    mscn_aml(sink);
+    msta_aml(sink);
+    mcrs_aml(sink);
+}
+
+fn path(name: &str) -> aml::Path {
+    aml::Path::new(name)
+}
+
+/// The lock every method holds while it selects a slot and reads it.
+fn lock() -> aml::Path {
+    path("MLCK")
+}
+
+/// MTFY: Notify needs the device by name, so one If per slot.
+fn mtfy_aml(sink: &mut Vec<u8>) {
     let names: Vec<aml::Path> = (0..MEMORY_SLOTS).map(|i| path(&slot_name(i))).collect();
     let numbers: Vec<usize> = (0..MEMORY_SLOTS).collect();
     let event = aml::Arg(1);
@@ -210,8 +224,11 @@ fn methods_aml(sink: &mut Vec<u8>) {
         ifs.iter().map(|i| i as &dyn Aml).collect(),
     )
     .to_aml_bytes(sink);
-    // MSCN: notify every inserting slot with "device check" (1), then
-    // acknowledge it.
+}
+
+/// MSCN: notify every inserting slot with "device check" (1), then
+/// acknowledge it.
+fn mscn_aml(sink: &mut Vec<u8>) {
     let slot = aml::Local(0);
     aml::Method::new(
         "MSCN".into(),
@@ -238,7 +255,10 @@ fn methods_aml(sink: &mut Vec<u8>) {
         ],
     )
     .to_aml_bytes(sink);
-    // MSTA: 0xf (present, enabled, shown, working) or 0.
+}
+
+/// MSTA: 0xf (present, enabled, shown, working) or 0.
+fn msta_aml(sink: &mut Vec<u8>) {
     aml::Method::new(
         "MSTA".into(),
         1,
@@ -256,8 +276,11 @@ fn methods_aml(sink: &mut Vec<u8>) {
         ],
     )
     .to_aml_bytes(sink);
-    // MCRS: a QWord memory range [base, base + length - 1], from the
-    // 32-bit halves (the DSDT's revision makes integers 64-bit).
+}
+
+/// MCRS: a QWord memory range [base, base + length - 1], from the
+/// 32-bit halves (the DSDT's revision makes integers 64-bit).
+fn mcrs_aml(sink: &mut Vec<u8>) {
     let (min, max, len) = (path("MINL"), path("MAXL"), path("LENL"));
     let buf = path("MR64");
     let tmp = aml::Local(1);
