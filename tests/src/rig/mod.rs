@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::host::{has_hardware_virtualization, static_busybox};
@@ -304,100 +304,20 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
     let log_path = work.join("serial.log");
 
     let start = Instant::now();
-    let mut stall_probe = None;
-    let mut child = if nested {
-        let image = emulated_host_initramfs(
+    let (mut child, stall_probe) = if nested {
+        let (child, probe) = start_emulated_host(
             guest,
             &kernel,
             &busybox,
             &vmm,
             &guest_initramfs,
             &host_script,
+            &work,
         )?;
-        let image_path = work.join("l1-initramfs.cpio");
-        std::fs::write(&image_path, image).map_err(|e| RigError::io(&image_path, e))?;
-        let monitor_path = monitor::socket_path(&guest.name);
-        let _ = std::fs::remove_file(&monitor_path);
-        let child = Command::new("qemu-system-x86_64")
-            // One emulated CPU: with two (MTTCG) the emulated host's kernel was
-            // seen to oops on an int3 left by cross-CPU code patching early in
-            // its boot, and single-threaded TCG with two stalled a 2-vCPU
-            // guest. The guest's vCPUs share it, as on an overcommitted host.
-            .args([
-                "-accel",
-                "tcg",
-                "-cpu",
-                "max",
-                "-smp",
-                "1",
-                "-m",
-                EMULATED_HOST_MEMORY,
-            ])
-            .args([
-                "-nodefaults",
-                "-display",
-                "none",
-                "-serial",
-                "stdio",
-                "-no-reboot",
-            ])
-            .arg("-kernel")
-            .arg(&kernel.bzimage)
-            .arg("-initrd")
-            .arg(&image_path)
-            .arg("-monitor")
-            .arg(format!(
-                "unix:{},server=on,wait=off",
-                monitor_path.display()
-            ))
-            // nokaslr: a stalled CPU's address means the same in every run (Debian's
-            // System.map is a stub; the -dbg package's names it).
-            .args(["-append", "console=ttyS0 panic=-1 quiet loglevel=3 nokaslr"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                RigError::Setup(format!(
-                    "starting qemu-system-x86_64 (apt-get install qemu-system-x86): {e}"
-                ))
-            })?;
-        stall_probe = Some(StallProbe {
-            monitor: monitor_path,
-            silence: guest.stall_silence,
-        });
-        child
+        (child, Some(probe))
     } else {
-        let files = work.join("host");
-        std::fs::create_dir_all(&files).map_err(|e| RigError::io(&files, e))?;
-        for f in &guest.host_files {
-            write_file(&files.join(&f.path), f)?;
-        }
-        for tool in &guest.host_tools {
-            write_file(
-                &files.join("bin").join(tool_name(tool)?),
-                &ImageFile {
-                    path: String::new(),
-                    perm: 0o755,
-                    data: read_tool(tool)?,
-                },
-            )?;
-        }
-        let initramfs = work.join("guest-initramfs.cpio");
-        std::fs::write(&initramfs, &guest_initramfs).map_err(|e| RigError::io(&initramfs, e))?;
-        Command::new("sh")
-            .arg("-c")
-            .arg(&host_script)
-            .env("VMM", &vmm)
-            .env("KERNEL", &kernel.bzimage)
-            .env("INITRAMFS", &initramfs)
-            .env("WORK", &files)
-            .current_dir(&files)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| RigError::Setup(format!("starting the host script: {e}")))?
+        let child = start_direct(guest, &kernel, &vmm, &guest_initramfs, &host_script, &work)?;
+        (child, None)
     };
 
     let (lines, timed_out) = collect_output(&mut child, start, guest.timeout, stall_probe.as_ref());
@@ -423,6 +343,114 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
         .marker("@@RIG", "vmm_exit")
         .and_then(|(_, v)| v.trim().parse().ok());
     Ok(run)
+}
+
+/// Starts QEMU (TCG) with the emulated host: its initramfs holds the VMM,
+/// the guest's kernel and initramfs, the host files and the host script.
+fn start_emulated_host(
+    guest: &Guest,
+    kernel: &GuestKernel,
+    busybox: &[u8],
+    vmm: &Path,
+    guest_initramfs: &[u8],
+    host_script: &str,
+    work: &Path,
+) -> Result<(Child, StallProbe), RigError> {
+    let image = emulated_host_initramfs(guest, kernel, busybox, vmm, guest_initramfs, host_script)?;
+    let image_path = work.join("l1-initramfs.cpio");
+    std::fs::write(&image_path, image).map_err(|e| RigError::io(&image_path, e))?;
+    let monitor_path = monitor::socket_path(&guest.name);
+    let _ = std::fs::remove_file(&monitor_path);
+    let child = Command::new("qemu-system-x86_64")
+        // One emulated CPU: with two (MTTCG) the emulated host's kernel was
+        // seen to oops on an int3 left by cross-CPU code patching early in
+        // its boot, and single-threaded TCG with two stalled a 2-vCPU
+        // guest. The guest's vCPUs share it, as on an overcommitted host.
+        .args([
+            "-accel",
+            "tcg",
+            "-cpu",
+            "max",
+            "-smp",
+            "1",
+            "-m",
+            EMULATED_HOST_MEMORY,
+        ])
+        .args([
+            "-nodefaults",
+            "-display",
+            "none",
+            "-serial",
+            "stdio",
+            "-no-reboot",
+        ])
+        .arg("-kernel")
+        .arg(&kernel.bzimage)
+        .arg("-initrd")
+        .arg(&image_path)
+        .arg("-monitor")
+        .arg(format!(
+            "unix:{},server=on,wait=off",
+            monitor_path.display()
+        ))
+        // nokaslr: a stalled CPU's address means the same in every run (Debian's
+        // System.map is a stub; the -dbg package's names it).
+        .args(["-append", "console=ttyS0 panic=-1 quiet loglevel=3 nokaslr"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            RigError::Setup(format!(
+                "starting qemu-system-x86_64 (apt-get install qemu-system-x86): {e}"
+            ))
+        })?;
+    let probe = StallProbe {
+        monitor: monitor_path,
+        silence: guest.stall_silence,
+    };
+    Ok((child, probe))
+}
+
+/// Runs the host script on this machine, whose KVM boots the guest.
+fn start_direct(
+    guest: &Guest,
+    kernel: &GuestKernel,
+    vmm: &Path,
+    guest_initramfs: &[u8],
+    host_script: &str,
+    work: &Path,
+) -> Result<Child, RigError> {
+    let files = work.join("host");
+    std::fs::create_dir_all(&files).map_err(|e| RigError::io(&files, e))?;
+    for f in &guest.host_files {
+        write_file(&files.join(&f.path), f)?;
+    }
+    for tool in &guest.host_tools {
+        write_file(
+            &files.join("bin").join(tool_name(tool)?),
+            &ImageFile {
+                path: String::new(),
+                perm: 0o755,
+                data: read_tool(tool)?,
+            },
+        )?;
+    }
+    let initramfs = work.join("guest-initramfs.cpio");
+    std::fs::write(&initramfs, guest_initramfs).map_err(|e| RigError::io(&initramfs, e))?;
+    Command::new("sh")
+        .arg("-c")
+        .arg(host_script)
+        .env("VMM", vmm)
+        .env("KERNEL", &kernel.bzimage)
+        .env("INITRAMFS", &initramfs)
+        .env("WORK", &files)
+        .current_dir(&files)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| RigError::Setup(format!("starting the host script: {e}")))
 }
 
 #[cfg(test)]
