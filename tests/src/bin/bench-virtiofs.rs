@@ -23,7 +23,7 @@
 use std::path::PathBuf;
 
 use guest_tests::results::Results;
-use guest_tests::rig::{self, Guest};
+use guest_tests::rig::{self, Guest, Run};
 
 const VIRTIOFSD_VERSION: &str = "1.14.0";
 const FILE_MIB: u32 = 64;
@@ -112,27 +112,16 @@ fn virtiofsd() -> Result<PathBuf, String> {
     .map_err(|e| format!("{e} (virtiofsd needs libseccomp-dev and libcap-ng-dev)"))
 }
 
-fn main() {
-    let fail = |e: String| -> ! {
-        eprintln!("bench-virtiofs: {e}");
-        std::process::exit(1)
-    };
-    let virtiofsd = virtiofsd().unwrap_or_else(|e| fail(e));
-    let tool = |pkg, bin| rig::tool(pkg, bin).unwrap_or_else(|e| fail(e.to_string()));
-    let mut guest = Guest::new(
-        "virtiofs-bench",
-        &GUEST_SCRIPT.replace("FILE_MIB", &FILE_MIB.to_string()),
-    );
-    guest.cpus = 1;
-    guest.memory = "512M,shared=on".into();
-    let base_cmdline = guest.cmdline();
-    guest.guest_tools = vec![tool("guest-tests", "daxprobe")];
-    guest.host_tools = vec![
-        tool("daemon", "dax-virtiofsd"),
-        tool("guest-tests", "daxprobe"),
-        virtiofsd,
-    ];
-    guest.timeout = std::time::Duration::from_secs(2400);
+/// One dax-virtiofsd run: its name, (guest mount options, daemon
+/// arguments, `--fs` options), and the unconfined switches or "".
+type Phase = (
+    &'static str,
+    (&'static str, &'static str, &'static str),
+    &'static str,
+);
+
+/// Every dax-virtiofsd phase, in the order they run.
+fn phases() -> Vec<Phase> {
     // Confined (the default) and unconfined runs alternate A B B A, so the
     // order in the emulated host (the first run is often slower) does not
     // pass for the cost of confinement.
@@ -183,7 +172,7 @@ fn main() {
         "--cache-size 128M --dax-policy gran2m.json",
         "cache_size=128M",
     );
-    let phases: Vec<(&str, (&str, &str, &str), &str)> = vec![
+    vec![
         ("ours", nodax, ""),
         ("oursopen", nodax, OPEN),
         ("oursopenb", nodax, OPEN),
@@ -203,7 +192,95 @@ fn main() {
         ("treeours", tree, ""),
         ("treefixed", tree_fixed, ""),
         ("treenodax", nodax, ""),
+    ]
+}
+
+/// The phases virtiofsd itself runs in (name, its `--cache`), after ours.
+const VIRTIOFSD_PHASES: [(&str, &str); 3] = [
+    ("virtiofsd", "auto"),
+    ("virtiofsdnever", "never"),
+    ("treevirtiofsd", "auto"),
+];
+
+/// A pass's throughput, from its `mib_per_s=` word.
+fn mib(run: &Run, key: &str) -> Option<f64> {
+    run.guest(key)?
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("mib_per_s="))?
+        .parse()
+        .ok()
+}
+
+fn shown(v: Option<f64>) -> String {
+    v.map_or("failed".to_string(), |v| format!("{v:.1}"))
+}
+
+/// KVM's counters each VMM run logs when it ends, by phase.
+struct KvmCounters {
+    by_phase: Vec<(&'static str, String)>,
+}
+
+impl KvmCounters {
+    /// The runs log in the order they ran: ours, then virtiofsd's.
+    fn of(run: &Run, phases: &[Phase], wanted: &dyn Fn(&str) -> bool) -> Self {
+        let lines = run
+            .lines
+            .iter()
+            .filter_map(|l| l.text.split_once("KVM counters at the end: "))
+            .map(|(_, c)| c.to_string());
+        let order = phases.iter().map(|(p, _, _)| *p).chain(
+            VIRTIOFSD_PHASES
+                .iter()
+                .map(|(p, _)| *p)
+                .filter(|p| wanted(p)),
+        );
+        KvmCounters {
+            by_phase: order.zip(lines).collect(),
+        }
+    }
+
+    fn summary(&self, phase: &str) -> String {
+        let field = |line: &str, key: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .unwrap_or("?")
+                .to_string()
+        };
+        self.by_phase
+            .iter()
+            .find(|(p, _)| *p == phase)
+            .map_or("n/a".into(), |(_, l)| {
+                format!(
+                    "{} exits, {} page faults",
+                    field(l, "exits="),
+                    field(l, "page_faults=")
+                )
+            })
+    }
+}
+
+fn main() {
+    let fail = |e: String| -> ! {
+        eprintln!("bench-virtiofs: {e}");
+        std::process::exit(1)
+    };
+    let virtiofsd = virtiofsd().unwrap_or_else(|e| fail(e));
+    let tool = |pkg, bin| rig::tool(pkg, bin).unwrap_or_else(|e| fail(e.to_string()));
+    let mut guest = Guest::new(
+        "virtiofs-bench",
+        &GUEST_SCRIPT.replace("FILE_MIB", &FILE_MIB.to_string()),
+    );
+    guest.cpus = 1;
+    guest.memory = "512M,shared=on".into();
+    let base_cmdline = guest.cmdline();
+    guest.guest_tools = vec![tool("guest-tests", "daxprobe")];
+    guest.host_tools = vec![
+        tool("daemon", "dax-virtiofsd"),
+        tool("guest-tests", "daxprobe"),
+        virtiofsd,
     ];
+    guest.timeout = std::time::Duration::from_secs(2400);
+    let phases = phases();
     // `scripts/bench.sh PHASE...` runs only those (names as in the rows).
     let only: Vec<String> = std::env::args().skip(1).collect();
     let wanted = |p: &str| only.is_empty() || only.iter().any(|o| o == p);
@@ -259,14 +336,7 @@ fn main() {
             vmm_extra,
         ));
     }
-    for (phase, cache) in [
-        ("virtiofsd", "auto"),
-        ("virtiofsdnever", "never"),
-        ("treevirtiofsd", "auto"),
-    ]
-    .into_iter()
-    .filter(|(p, _)| wanted(p))
-    {
+    for &(phase, cache) in VIRTIOFSD_PHASES.iter().filter(|(p, _)| wanted(p)) {
         host_after.push(start(&format!("virtiofsd --socket-path=/tmp/c.sock --shared-dir=share --sandbox=none --cache={cache} --log-level=warn"), "/tmp/c.sock"));
         host_after.push(another_run(
             &guest,
@@ -284,49 +354,34 @@ fn main() {
     }
     let mut results = Results::new("virtiofs-bench");
     results.record_run("virtio-fs read benchmark", &run);
-    // Each VMM run logs KVM's counters when it ends, in the order of the runs.
-    let kvm_lines: Vec<String> = run
-        .lines
-        .iter()
-        .filter_map(|l| l.text.split_once("KVM counters at the end: "))
-        .map(|(_, c)| c.to_string())
-        .collect();
-    let phase_order: Vec<&str> = phases
-        .iter()
-        .map(|(p, _, _)| *p)
-        .chain(
-            ["virtiofsd", "virtiofsdnever", "treevirtiofsd"]
-                .into_iter()
-                .filter(|p| wanted(p)),
-        )
-        .collect();
-    let kvm_of = |phase: &str| -> String {
-        let field = |line: &str, key: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(key))
-                .unwrap_or("?")
-                .to_string()
-        };
-        phase_order
-            .iter()
-            .position(|p| *p == phase)
-            .and_then(|i| kvm_lines.get(i))
-            .map_or("n/a".into(), |l| {
-                format!(
-                    "{} exits, {} page faults",
-                    field(l, "exits="),
-                    field(l, "page_faults=")
-                )
-            })
-    };
-    let mib = |key: &str| -> Option<f64> {
-        run.guest(key)?
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("mib_per_s="))?
-            .parse()
-            .ok()
-    };
-    let shown = |v: Option<f64>| v.map_or("failed".to_string(), |v| format!("{v:.1}"));
+    let kvm = KvmCounters::of(&run, &phases, &wanted);
+    let (table, pass_failed) = pass_table(&run, &kvm, &mut results, &wanted);
+    let (tree_table, tree_failed) = tree_table(&run, &mut results, &wanted);
+    let ratio_table = ratio_table(&run, &mut results);
+    let path = results.save().unwrap_or_else(|e| fail(e.to_string()));
+    println!("{FILE_MIB} MiB file, each pass cold (guest caches dropped) then warm, 1 vCPU, guest clock, MiB/s:\n\n{table}");
+    println!("Tree ({TREE_DIRS} x {TREE_FILES} files) + {HOT_MIB} MiB hot file, 64 MiB window:\n\n{tree_table}");
+    println!("Ratios:\n\n{ratio_table}");
+    println!(
+        "results: {}  log: {}",
+        path.display(),
+        run.log_path.display()
+    );
+    if pass_failed || tree_failed {
+        fail(format!(
+            "some measurements failed; see the log\n{}",
+            run.tail(40)
+        ));
+    }
+}
+
+/// The six passes of each server, cold and warm; whether any failed.
+fn pass_table(
+    run: &Run,
+    kvm: &KvmCounters,
+    results: &mut Results,
+    wanted: &dyn Fn(&str) -> bool,
+) -> (String, bool) {
     let mut table = String::from("| server | DAX in the guest | seq 1 MiB pread cold / warm | rand 4 KiB pread cold / warm | rand 4 KiB mmap cold / warm | KVM, whole run (boot + 6 passes) |\n|---|---|---|---|---|---|\n");
     let mut failed = false;
     for &(phase, label) in PASS_ROWS.iter().filter(|(p, _)| wanted(p)) {
@@ -347,22 +402,28 @@ fn main() {
                 row.push("unsupported (direct I/O)".into());
                 continue;
             }
-            let cold = mib(&format!("{phase}_{mode}"));
-            let warm = mib(&format!("{phase}_{mode}_warm"));
+            let cold = mib(run, &format!("{phase}_{mode}"));
+            let warm = mib(run, &format!("{phase}_{mode}_warm"));
             failed |= cold.is_none() || warm.is_none();
             results.record(&format!("{label}: {mode} cold, MiB/s"), shown(cold));
             results.record(&format!("{label}: {mode} warm, MiB/s"), shown(warm));
             row.push(format!("{} / {}", shown(cold), shown(warm)));
         }
-        row.push(kvm_of(phase));
-        results.record(&format!("{label}: KVM"), kvm_of(phase));
+        row.push(kvm.summary(phase));
+        results.record(&format!("{label}: KVM"), kvm.summary(phase));
         table.push_str(&format!("| {} |\n", row.join(" | ")));
     }
+    (table, failed)
+}
+
+/// The hot file before and after a tree read; whether any failed.
+fn tree_table(run: &Run, results: &mut Results, wanted: &dyn Fn(&str) -> bool) -> (String, bool) {
+    let mut failed = false;
     let mut tree_table = String::from("| server | hot file warm, rand 4 KiB | tree read once | hot file after the tree | after / warm |\n|---|---|---|---|---|\n");
     for &(phase, label) in TREE_ROWS.iter().filter(|(p, _)| wanted(p)) {
-        let warm = mib(&format!("{phase}_hotwarm"));
-        let tree = mib(&format!("{phase}_tree"));
-        let after = mib(&format!("{phase}_hotafter"));
+        let warm = mib(run, &format!("{phase}_hotwarm"));
+        let tree = mib(run, &format!("{phase}_tree"));
+        let after = mib(run, &format!("{phase}_hotafter"));
         failed |= warm.is_none() || tree.is_none() || after.is_none();
         for (what, v) in [("hot warm", warm), ("tree", tree), ("hot after", after)] {
             results.record(&format!("{label}: {what}, MiB/s"), shown(v));
@@ -375,57 +436,65 @@ fn main() {
             ratio(after, warm)
         ));
     }
-    let mean = |a: &str, b: &str| Some((mib(a)? + mib(b)?) / 2.0);
+    (tree_table, failed)
+}
+
+/// The ratios the targets are stated in.
+fn ratio_table(run: &Run, results: &mut Results) -> String {
+    let mean = |a: &str, b: &str| Some((mib(run, a)? + mib(run, b)?) / 2.0);
     let dax = |m: &str| mean(&format!("dax_{m}"), &format!("daxb_{m}"));
     let nodax = |m: &str| mean(&format!("ours_{m}"), &format!("oursb_{m}"));
     let ratios = [
         (
             "rand 4 KiB pread, DAX on 4 KiB host pages / virtiofsd cache=never (target 30x)",
-            ratio(dax("rand"), mib("virtiofsdnever_rand")),
+            ratio(dax("rand"), mib(run, "virtiofsdnever_rand")),
         ),
         (
             "rand 4 KiB pread, DAX on 2 MiB host pages / virtiofsd cache=never (target 30x)",
-            ratio(mib("daxhuge_rand"), mib("virtiofsdnever_rand")),
+            ratio(mib(run, "daxhuge_rand"), mib(run, "virtiofsdnever_rand")),
         ),
         (
             "rand 4 KiB mmap, DAX on 4 KiB host pages / guest tmpfs (target 0.5x)",
-            ratio(dax("mmap"), mib("guesttmpfs_mmap")),
+            ratio(dax("mmap"), mib(run, "guesttmpfs_mmap")),
         ),
         (
             "rand 4 KiB mmap, DAX on 2 MiB host pages / guest tmpfs (target 0.5x)",
-            ratio(mib("daxhuge_mmap"), mib("guesttmpfs_mmap")),
+            ratio(mib(run, "daxhuge_mmap"), mib(run, "guesttmpfs_mmap")),
         ),
         (
             "seq 1 MiB pread, DAX on 4 KiB host pages / virtiofsd cache=never (target 1.0x)",
-            ratio(dax("seq"), mib("virtiofsdnever_seq")),
+            ratio(dax("seq"), mib(run, "virtiofsdnever_seq")),
         ),
         (
             "seq 1 MiB pread, DAX on 2 MiB host pages / virtiofsd cache=never (target 1.0x)",
-            ratio(mib("daxhuge_seq"), mib("virtiofsdnever_seq")),
+            ratio(mib(run, "daxhuge_seq"), mib(run, "virtiofsdnever_seq")),
         ),
         (
             "file twice the window, default policy / no DAX: rand 4 KiB pread (target 1.0x)",
-            ratio(mib("daxsmallinode_rand"), nodax("rand")),
+            ratio(mib(run, "daxsmallinode_rand"), nodax("rand")),
         ),
         (
             "file twice the window, default policy / no DAX: seq 1 MiB pread (target 1.0x)",
-            ratio(mib("daxsmallinode_seq"), nodax("seq")),
+            ratio(mib(run, "daxsmallinode_seq"), nodax("seq")),
         ),
         (
             "file twice the window, DAX forced (dax=always) / no DAX: rand 4 KiB pread",
-            ratio(mib("daxsmall_rand"), nodax("rand")),
+            ratio(mib(run, "daxsmall_rand"), nodax("rand")),
         ),
         (
             "tree read, default policy / virtiofsd cache=auto, by time (target 1.0x or less)",
-            ratio(mib("treevirtiofsd_tree"), mib("treeours_tree")),
+            ratio(mib(run, "treevirtiofsd_tree"), mib(run, "treeours_tree")),
         ),
         (
             "hot file after the tree / before, default policy (target 0.8x)",
-            ratio(mib("treeours_hotafter"), mib("treeours_hotwarm")),
+            ratio(mib(run, "treeours_hotafter"), mib(run, "treeours_hotwarm")),
         ),
         (
             "hot file after the tree / before, adaptive part off",
-            ratio(mib("treefixed_hotafter"), mib("treefixed_hotwarm")),
+            ratio(
+                mib(run, "treefixed_hotafter"),
+                mib(run, "treefixed_hotwarm"),
+            ),
         ),
     ];
     let mut ratio_table = String::from("| ratio | measured |\n|---|---|\n");
@@ -433,21 +502,7 @@ fn main() {
         results.record(what, r.clone());
         ratio_table.push_str(&format!("| {what} | {r} |\n"));
     }
-    let path = results.save().unwrap_or_else(|e| fail(e.to_string()));
-    println!("{FILE_MIB} MiB file, each pass cold (guest caches dropped) then warm, 1 vCPU, guest clock, MiB/s:\n\n{table}");
-    println!("Tree ({TREE_DIRS} x {TREE_FILES} files) + {HOT_MIB} MiB hot file, 64 MiB window:\n\n{tree_table}");
-    println!("Ratios:\n\n{ratio_table}");
-    println!(
-        "results: {}  log: {}",
-        path.display(),
-        run.log_path.display()
-    );
-    if failed {
-        fail(format!(
-            "some measurements failed; see the log\n{}",
-            run.tail(40)
-        ));
-    }
+    ratio_table
 }
 
 /// `a / b` as "12.3x", or why not.
