@@ -6,7 +6,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use super::tests::{cat, cstr, obj, Rig};
 use super::*;
-use crate::fuse::abi::ROOT_ID;
+use crate::fuse::abi::{init, opcode, ROOT_ID};
 use crate::limits::Cap;
 use crate::passthrough::XattrMode;
 

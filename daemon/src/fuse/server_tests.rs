@@ -8,9 +8,10 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::tempdir::TempDir;
 
 use super::*;
-use crate::fuse::abi::ROOT_ID;
+use crate::fuse::abi::{init, opcode, InHeader, OutHeader, ROOT_ID};
 use crate::fuse::chain::split;
 use crate::fuse::chain::tests::{chain_of, memory};
+use crate::fuse::handlers::MAX_WRITE;
 use crate::passthrough::openat;
 use crate::policy::DaxPolicy;
 use crate::GuestMemoryMmap;
