@@ -22,7 +22,6 @@ use vmm_sys_util::event::{
 
 use crate::fuse::chain;
 use crate::fuse::server::Server;
-use crate::limits::Cap;
 use crate::vring::FsVring;
 use crate::workers::WorkerPool;
 use crate::GuestMemoryMmap;
@@ -32,7 +31,7 @@ type MemGuard = GuestMemoryLoadGuard<GuestMemoryMmap>;
 pub type Vring = FsVring<Mem>;
 
 pub struct FsBackend {
-    pub server: Arc<Server>,
+    server: Arc<Server>,
     num_queues: usize,
     queue_size: usize,
     dax: bool,
@@ -108,10 +107,7 @@ impl FsBackend {
             };
             let (server, worker_vring) = (self.server.clone(), vring.clone());
             if let Err(job) = pool.submit(move || serve(&server, chain, queue, &worker_vring)) {
-                self.server
-                    .fs
-                    .caps
-                    .hit(Cap::WorkerQueue, pool.depth() as u64);
+                self.server.count_worker_queue_full(pool.depth() as u64);
                 job();
             }
         }
@@ -188,7 +184,7 @@ impl VhostUserBackend for FsBackend {
     }
 
     fn set_backend_req_fd(&self, backend: Backend) {
-        self.server.dax.set_backend(backend);
+        self.server.connect_vmm_channel(backend);
     }
 
     /// One thread per queue: requests on different queues are served in
@@ -204,10 +200,7 @@ impl VhostUserBackend for FsBackend {
     }
 
     fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
-        Ok(VhostUserShMemConfig::new(
-            1,
-            &[self.server.dax.window_size()],
-        ))
+        Ok(VhostUserShMemConfig::new(1, &[self.server.window_size()]))
     }
 
     fn handle_event(

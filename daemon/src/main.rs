@@ -118,9 +118,9 @@ fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
         XattrMode::Off
     };
     fs.limits = limits;
-    let server = Arc::new(Server::new(fs, DaxMapper::new(window), policy));
+    let server = Arc::new(Server::new(fs, DaxMapper::new(window), policy.clone()));
     if let Some(listener) = control {
-        daemon::control::serve(listener, server.clone())
+        daemon::control::serve(listener, server.clone(), policy.clone())
             .map_err(|e| format!("--control-socket: {e}"))?;
     }
     let pool = match cli.thread_pool_size {
@@ -160,18 +160,16 @@ fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
         .start(&mut listener)
         .map_err(|e| format!("accepting the VMM's connection: {e}"))?;
     let result = daemon.wait();
-    let s = &server.stats;
-    let d = &server.dax.stats;
-    use std::sync::atomic::Ordering::Relaxed;
+    let s = server.report();
     log::info!(
         "VMM disconnected after {} requests ({} errors); {} FUSE reads, {} FUSE writes; {} setupmappings, {} removemappings, {} DAX failures",
-        s.requests.load(Relaxed),
-        s.errors.load(Relaxed),
-        s.fuse_reads.load(Relaxed),
-        s.fuse_writes.load(Relaxed),
-        d.setupmappings.load(Relaxed),
-        d.removemappings.load(Relaxed),
-        d.failures.load(Relaxed)
+        s.requests,
+        s.errors,
+        s.fuse_reads,
+        s.fuse_writes,
+        s.setupmappings,
+        s.removemappings,
+        s.dax_failures
     );
     match result {
         // The VMM closing its end is how a VM ends.

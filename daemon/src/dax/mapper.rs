@@ -125,6 +125,12 @@ impl DaxMapper {
         Ok(())
     }
 
+    /// The VMM found `len` window bytes of a mapped file truncated on the host.
+    pub fn count_truncation(&self, len: u64) {
+        self.stats.truncations.fetch_add(1, Relaxed);
+        self.stats.truncated_bytes.fetch_add(len, Relaxed);
+    }
+
     pub fn location(&self) -> Option<WindowLocation> {
         self.window().location
     }

@@ -7,13 +7,16 @@
 use std::ffi::CString;
 use std::io;
 use std::mem::size_of;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use control_protocol::{DaemonStats, WindowLocation};
+use vhost::vhost_user::Backend;
 use vm_memory::ByteValued;
 
 use super::abi;
 use crate::dax::DaxMapper;
+use crate::limits::Cap;
 use crate::passthrough::{component, errno_error, CachePolicy, PassthroughFs};
 use crate::policy::DaxPolicy;
 
@@ -30,12 +33,12 @@ pub struct ServerStats {
 }
 
 pub struct Server {
-    pub fs: PassthroughFs,
-    pub dax: DaxMapper,
+    pub(super) fs: PassthroughFs,
+    pub(super) dax: DaxMapper,
     /// The DAX policy: FUSE_INIT's alignment, the control socket's swaps;
     /// `fs` asks it per file through `DaxDecision`.
-    pub policy: Arc<DaxPolicy>,
-    pub stats: ServerStats,
+    pub(super) policy: Arc<DaxPolicy>,
+    pub(super) stats: ServerStats,
 }
 
 /// The request body after the header (except WRITE data), with a cursor.
@@ -123,6 +126,73 @@ impl Server {
             policy,
             stats: ServerStats::default(),
         }
+    }
+
+    /// What the server, its filesystem and its DAX window have done and
+    /// hold, and the policy in force: the control socket's `stats`.
+    pub fn report(&self) -> DaemonStats {
+        let (s, d, fs) = (&self.stats, &self.dax.stats, &self.fs);
+        let (map_latency_buckets, map_latency_sum_us) = d.map_latency();
+        let policy = self.policy.current();
+        DaemonStats {
+            requests: s.requests.load(Relaxed),
+            errors: s.errors.load(Relaxed),
+            fuse_reads: s.fuse_reads.load(Relaxed),
+            fuse_read_bytes: s.fuse_read_bytes.load(Relaxed),
+            fuse_writes: s.fuse_writes.load(Relaxed),
+            fuse_write_bytes: s.fuse_write_bytes.load(Relaxed),
+            setupmappings: d.setupmappings.load(Relaxed),
+            removemappings: d.removemappings.load(Relaxed),
+            dax_failures: d.failures.load(Relaxed),
+            inodes: fs.inode_count() as u64,
+            policy_generation: policy.generation,
+            file_attrs_dax: fs.attrs_dax.load(Relaxed),
+            file_attrs_nodax: fs.attrs_nodax.load(Relaxed),
+            handles: fs.handle_count() as u64,
+            cap_refusals: Cap::ALL
+                .iter()
+                .map(|&c| (c.name().to_string(), fs.caps.get(c)))
+                .collect(),
+            map_latency_buckets,
+            map_latency_sum_us,
+            map_alignment: policy.map_alignment(),
+            host_fs: self.policy.host_fs.describe(),
+            adaptive: self.policy.adaptive.stats(),
+            window_truncations: d.truncations.load(Relaxed),
+            window_truncated_bytes: d.truncated_bytes.load(Relaxed),
+            window_location: self.dax.location(),
+            window_buffer_ios: d.window_buffer_ios.load(Relaxed),
+            window_buffer_bytes: d.window_buffer_bytes.load(Relaxed),
+            window_buffer_refusals: d.window_buffer_refusals.load(Relaxed),
+        }
+    }
+
+    /// The VMM's backend request channel (SET_BACKEND_REQ_FD): from now on
+    /// SETUPMAPPING and REMOVEMAPPING reach the VMM, and INIT offers DAX.
+    pub fn connect_vmm_channel(&self, backend: Backend) {
+        self.dax.set_backend(backend);
+    }
+
+    /// The DAX window's size, as GET_SHMEM_CONFIG declares it to the VMM.
+    pub fn window_size(&self) -> u64 {
+        self.dax.window_size()
+    }
+
+    /// Where the VMM placed the window in guest-physical memory; refused
+    /// (and the old place kept) when it is empty, unaligned or wraps.
+    pub fn set_window_location(&self, loc: WindowLocation) -> Result<(), String> {
+        self.dax.set_location(loc)
+    }
+
+    /// The VMM found `len` window bytes of a mapped file truncated on the host.
+    pub fn count_window_truncation(&self, len: u64) {
+        self.dax.count_truncation(len);
+    }
+
+    /// A request was served by its queue's thread because the worker pool's
+    /// queue was full at `depth`.
+    pub fn count_worker_queue_full(&self, depth: u64) {
+        self.fs.caps.hit(Cap::WorkerQueue, depth);
     }
 
     pub(super) fn entry(&self, (nodeid, st): (u64, libc::stat64)) -> abi::EntryOut {
