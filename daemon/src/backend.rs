@@ -283,7 +283,11 @@ mod tests {
         let policy = Arc::new(DaxPolicy::new(policies::Policy::default()));
         let fs = PassthroughFs::new(root, proc_fd, CachePolicy::Never, policy.clone()).unwrap();
         let backend = Arc::new(FsBackend::new(
-            Arc::new(Server::new(fs, DaxMapper::new(2 << 20), policy)),
+            Arc::new(Server::new(
+                fs,
+                DaxMapper::new(2 << 20, policy.clone()),
+                policy,
+            )),
             1,
             64,
             false,

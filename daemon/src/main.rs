@@ -118,7 +118,11 @@ fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
         XattrMode::Off
     };
     fs.limits = limits;
-    let server = Arc::new(Server::new(fs, DaxMapper::new(window), policy.clone()));
+    let server = Arc::new(Server::new(
+        fs,
+        DaxMapper::new(window, policy.clone()),
+        policy.clone(),
+    ));
     if let Some(listener) = control {
         daemon::control::serve(listener, server.clone(), policy.clone())
             .map_err(|e| format!("--control-socket: {e}"))?;

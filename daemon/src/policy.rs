@@ -13,6 +13,7 @@ use std::sync::{Arc, RwLock};
 use policies::{Evaluator, Mode, Policy};
 
 use crate::dax::adaptive::AdaptiveDax;
+use crate::dax::WindowUse;
 use crate::host_fs::HostFs;
 use crate::passthrough::DaxDecision;
 
@@ -84,6 +85,17 @@ impl DaxDecision for DaxPolicy {
 
     fn reset(&self) {
         self.adaptive.reset();
+    }
+}
+
+/// What the VMM mapped and unmapped feeds the adaptive part.
+impl WindowUse for DaxPolicy {
+    fn mapped(&self, nodeid: u64, moffset: u64, len: u64) {
+        self.adaptive.mapped(nodeid, moffset, len);
+    }
+
+    fn unmapped(&self, moffset: u64, len: u64) {
+        self.adaptive.unmapped(moffset, len);
     }
 }
 

@@ -100,7 +100,7 @@ fn rig() -> &'static Rig {
         backend.set_reply_ack_flag(true);
         backend.set_shmem_flag(true);
         serve_vmm_side(requests);
-        let mapper = DaxMapper::new(WINDOW);
+        let mapper = DaxMapper::new(WINDOW, policy.clone());
         mapper.set_backend(backend);
         let mut rig = Rig {
             mem: memory(),

@@ -335,7 +335,8 @@ fn create(s: &Server, q: &mut Request) -> io::Result<Reply> {
 }
 
 /// INIT: agrees on the protocol version and flags, and starts a session:
-/// what the last guest left (inodes, handles, mappings) is dropped.
+/// what the last guest left (inodes, handles, mappings) is dropped, and the
+/// DAX window's alignment is fixed for the session at what is announced.
 fn init(s: &Server, q: &mut Request) -> io::Result<Reply> {
     let a = q
         .body
@@ -361,7 +362,7 @@ fn init(s: &Server, q: &mut Request) -> io::Result<Reply> {
     let enabled = offered_flags(&a) & wanted_flags(s);
     let map_alignment_log2 = s.policy.current().map_alignment_log2();
     s.fs.reset();
-    s.dax.forget_mappings();
+    s.dax.begin_session(map_alignment_log2);
     s.fs.set_submounts(enabled & init::SUBMOUNTS != 0);
     s.fs.set_killpriv_v2(enabled & init::HANDLE_KILLPRIV_V2 != 0);
     let minor = a.minor.min(abi::KERNEL_MINOR_VERSION);
@@ -584,10 +585,7 @@ fn lseek(s: &Server, q: &mut Request) -> io::Result<Reply> {
 
 fn setupmapping(s: &Server, q: &mut Request) -> io::Result<Reply> {
     let a = q.body.obj::<abi::SetupmappingIn>()?;
-    let align = s.policy.current().map_alignment_log2();
-    s.dax.setup_mapping(&s.fs, q.nodeid, &a, align)?;
-    s.policy.adaptive.mapped(q.nodeid, a.moffset, a.len);
-    done(Ok(()))
+    done(s.dax.setup_mapping(&s.fs, q.nodeid, &a))
 }
 
 fn removemapping(s: &Server, q: &mut Request) -> io::Result<Reply> {
@@ -597,11 +595,5 @@ fn removemapping(s: &Server, q: &mut Request) -> io::Result<Reply> {
     for _ in 0..count.min(crate::dax::MAX_REMOVEMAPPING_ENTRIES + 1) {
         ranges.push(q.body.obj::<abi::RemovemappingOne>()?);
     }
-    let result = s.dax.remove_mappings(count, &ranges);
-    if ranges.len() == count as usize {
-        for r in &ranges {
-            s.policy.adaptive.unmapped(r.moffset, r.len);
-        }
-    }
-    done(result)
+    done(s.dax.remove_mappings(count, &ranges))
 }

@@ -119,7 +119,10 @@ pub(super) fn data<T: ByteValued>(v: T) -> Reply {
 }
 
 impl Server {
+    /// `dax` reports the window's use to `policy` (they were made so).
     pub fn new(fs: PassthroughFs, dax: DaxMapper, policy: Arc<DaxPolicy>) -> Self {
+        // Until the guest's INIT, the alignment INIT would announce now.
+        dax.begin_session(policy.current().map_alignment_log2());
         Server {
             fs,
             dax,
@@ -155,7 +158,7 @@ impl Server {
                 .collect(),
             map_latency_buckets,
             map_latency_sum_us,
-            map_alignment: policy.map_alignment(),
+            map_alignment: self.dax.map_alignment(),
             host_fs: self.policy.host_fs.describe(),
             adaptive: self.policy.adaptive.stats(),
             window_truncations: d.truncations.load(Relaxed),
@@ -242,3 +245,7 @@ mod security_tests;
 #[cfg(test)]
 #[path = "posix_tests.rs"]
 mod posix_tests;
+
+#[cfg(test)]
+#[path = "mapping_tests.rs"]
+mod mapping_tests;

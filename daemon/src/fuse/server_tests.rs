@@ -58,7 +58,7 @@ impl Rig {
         fs.announce_submounts = announce_submounts;
         Rig {
             mem: memory(),
-            server: Server::new(fs, DaxMapper::new(32 << 20), policy),
+            server: Server::new(fs, DaxMapper::new(32 << 20, policy.clone()), policy),
             dir,
             unique: 0,
         }
