@@ -229,10 +229,6 @@ impl<'a> Writer<'a> {
         Ok(())
     }
 
-    pub fn write_obj<T: ByteValued>(&mut self, v: T) -> io::Result<()> {
-        self.write_all(v.as_slice())
-    }
-
     /// `len` bytes starting `skip` bytes past the cursor, as guest RAM or
     /// window stretches.
     pub fn bufs(
