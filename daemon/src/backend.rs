@@ -126,8 +126,10 @@ fn serve(server: &Server, chain: DescriptorChain<MemGuard>, queue: u16, vring: &
             0
         }
     };
+    // `handle` never writes more than its reply header's u32 length says.
+    let written = u32::try_from(written).unwrap_or(u32::MAX);
     let mut state = vring.get_mut();
-    if let Err(e) = state.add_used(head, written as u32) {
+    if let Err(e) = state.add_used(head, written) {
         drop(state);
         return broken(
             vring,

@@ -27,6 +27,10 @@ pub struct LoadedPolicy {
 
 impl LoadedPolicy {
     /// log2 of the mapping alignment, as FUSE_INIT's `map_alignment`.
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "a u64 has at most 64 trailing zeros"
+    )]
     pub fn map_alignment_log2(&self) -> u16 {
         self.map_alignment.trailing_zeros() as u16
     }

@@ -101,7 +101,7 @@ impl State {
         let (path, nodeid) = file.unzip();
         let at_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let occupancy_pct = self.occupancy();
         self.events.push_back(AdaptiveEvent {
             seq: self.next_seq,

@@ -258,11 +258,13 @@ pub(crate) mod tests {
             .iter()
             .enumerate()
             .map(|(i, &(addr, len, w))| {
-                let mut flags = if w { VRING_DESC_F_WRITE as u16 } else { 0 };
+                let bit = |f: u32| u16::try_from(f).unwrap();
+                let mut flags = if w { bit(VRING_DESC_F_WRITE) } else { 0 };
                 if i + 1 < bufs.len() {
-                    flags |= VRING_DESC_F_NEXT as u16;
+                    flags |= bit(VRING_DESC_F_NEXT);
                 }
-                RawDescriptor::from(SplitDescriptor::new(addr, len, flags, i as u16 + 1))
+                let next = u16::try_from(i + 1).unwrap();
+                RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
             })
             .collect();
         q.build_desc_chain(&descs).unwrap();

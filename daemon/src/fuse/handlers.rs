@@ -25,6 +25,9 @@ use crate::passthrough::{errno_error, CachePolicy, Caller, DirEntry, SetattrRequ
 const MAX_BODY: usize = 128 * 1024;
 /// Largest WRITE the guest is told it may send.
 pub(super) const MAX_WRITE: u32 = 1 << 20;
+/// MAX_WRITE in 4 KiB pages, as INIT's `max_pages`.
+#[expect(clippy::cast_possible_truncation, reason = "MAX_WRITE / 4096 is 256")]
+const MAX_PAGES: u16 = (MAX_WRITE / 4096) as u16;
 
 /// A request after its header: what every handler gets.
 pub(super) struct Request<'r, 'm> {
@@ -149,7 +152,8 @@ fn write(s: &Server, h: &InHeader, r: &mut Reader, body_len: usize) -> io::Resul
     s.stats.fuse_writes.fetch_add(1, Relaxed);
     s.stats.fuse_write_bytes.fetch_add(n as u64, Relaxed);
     Ok(data(abi::WriteOut {
-        size: n as u32,
+        // At most the u32 size the guest asked for.
+        size: u32::try_from(n).map_err(|_| errno_error(libc::EIO))?,
         padding: 0,
     }))
 }
@@ -370,22 +374,23 @@ fn init(s: &Server, q: &mut Request) -> io::Result<Reply> {
         "FUSE INIT: guest 7.{}, serving 7.{minor}, flags {enabled:#x}",
         a.minor
     );
+    let (flags, flags2) = split_flags(enabled);
     let out = abi::InitOut {
         major: abi::KERNEL_VERSION,
         minor,
         max_readahead: a.max_readahead,
-        flags: enabled as u32,
+        flags,
         max_background: 64,
         congestion_threshold: 48,
         max_write: MAX_WRITE,
         time_gran: 1,
-        max_pages: (MAX_WRITE / 4096) as u16,
+        max_pages: MAX_PAGES,
         map_alignment: if enabled & init::MAP_ALIGNMENT != 0 {
             map_alignment_log2
         } else {
             0
         },
-        flags2: (enabled >> 32) as u32,
+        flags2,
         ..Default::default()
     };
     let mut bytes = out.as_slice().to_vec();
@@ -403,6 +408,15 @@ fn offered_flags(a: &abi::InitIn) -> u64 {
         } else {
             0
         }
+}
+
+/// INIT's 64 flag bits as the wire's `flags` (low half) and `flags2`.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "the low half on purpose; the high half is `flags2`"
+)]
+fn split_flags(enabled: u64) -> (u32, u32) {
+    (enabled as u32, (enabled >> 32) as u32)
 }
 
 /// The INIT flags this server would enable, by its options.
@@ -480,13 +494,7 @@ fn readdir(s: &Server, q: &mut Request) -> io::Result<Reply> {
     };
     let mut out = Vec::new();
     let push = |out: &mut Vec<u8>, e: &DirEntry| {
-        let d = abi::Dirent {
-            ino: e.ino,
-            off: e.next_offset,
-            namelen: e.name.len() as u32,
-            typ: u32::from(e.kind),
-        };
-        out.extend_from_slice(d.as_slice());
+        out.extend_from_slice(dirent(e).as_slice());
         out.extend_from_slice(&e.name);
         out.resize(pad8(out.len()), 0);
     };
@@ -504,17 +512,32 @@ fn readdir(s: &Server, q: &mut Request) -> io::Result<Reply> {
     Ok(Reply::Data(out))
 }
 
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "a name from getdents64 is at most NAME_MAX (255) bytes"
+)]
+fn dirent(e: &DirEntry) -> abi::Dirent {
+    abi::Dirent {
+        ino: e.ino,
+        off: e.next_offset,
+        namelen: e.name.len() as u32,
+        typ: u32::from(e.kind),
+    }
+}
+
 fn statfs(s: &Server, q: &mut Request) -> io::Result<Reply> {
     let st = s.fs.statfs(q.nodeid)?;
+    // EOVERFLOW, as statfs(2) answers for a value its struct cannot hold.
+    let u32_of = |v: u64| u32::try_from(v).map_err(|_| errno_error(libc::EOVERFLOW));
     Ok(data(abi::Kstatfs {
         blocks: st.f_blocks,
         bfree: st.f_bfree,
         bavail: st.f_bavail,
         files: st.f_files,
         ffree: st.f_ffree,
-        bsize: st.f_bsize as u32,
-        namelen: st.f_namemax as u32,
-        frsize: st.f_frsize as u32,
+        bsize: u32_of(st.f_bsize)?,
+        namelen: u32_of(st.f_namemax)?,
+        frsize: u32_of(st.f_frsize)?,
         ..Default::default()
     }))
 }
