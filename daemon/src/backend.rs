@@ -22,7 +22,6 @@ use vmm_sys_util::event::{
 
 use crate::fuse::chain;
 use crate::fuse::server::Server;
-use crate::limits::Cap;
 use crate::vring::FsVring;
 use crate::workers::WorkerPool;
 use crate::GuestMemoryMmap;
@@ -32,7 +31,7 @@ type MemGuard = GuestMemoryLoadGuard<GuestMemoryMmap>;
 pub type Vring = FsVring<Mem>;
 
 pub struct FsBackend {
-    pub server: Arc<Server>,
+    server: Arc<Server>,
     num_queues: usize,
     queue_size: usize,
     dax: bool,
@@ -108,10 +107,7 @@ impl FsBackend {
             };
             let (server, worker_vring) = (self.server.clone(), vring.clone());
             if let Err(job) = pool.submit(move || serve(&server, chain, queue, &worker_vring)) {
-                self.server
-                    .fs
-                    .caps
-                    .hit(Cap::WorkerQueue, pool.depth() as u64);
+                self.server.count_worker_queue_full(pool.depth() as u64);
                 job();
             }
         }
@@ -130,8 +126,10 @@ fn serve(server: &Server, chain: DescriptorChain<MemGuard>, queue: u16, vring: &
             0
         }
     };
+    // `handle` never writes more than its reply header's u32 length says.
+    let written = u32::try_from(written).unwrap_or(u32::MAX);
     let mut state = vring.get_mut();
-    if let Err(e) = state.add_used(head, written as u32) {
+    if let Err(e) = state.add_used(head, written) {
         drop(state);
         return broken(
             vring,
@@ -188,7 +186,7 @@ impl VhostUserBackend for FsBackend {
     }
 
     fn set_backend_req_fd(&self, backend: Backend) {
-        self.server.dax.set_backend(backend);
+        self.server.connect_vmm_channel(backend);
     }
 
     /// One thread per queue: requests on different queues are served in
@@ -204,10 +202,7 @@ impl VhostUserBackend for FsBackend {
     }
 
     fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
-        Ok(VhostUserShMemConfig::new(
-            1,
-            &[self.server.dax.window_size()],
-        ))
+        Ok(VhostUserShMemConfig::new(1, &[self.server.window_size()]))
     }
 
     fn handle_event(
@@ -290,7 +285,11 @@ mod tests {
         let policy = Arc::new(DaxPolicy::new(policies::Policy::default()));
         let fs = PassthroughFs::new(root, proc_fd, CachePolicy::Never, policy.clone()).unwrap();
         let backend = Arc::new(FsBackend::new(
-            Arc::new(Server::new(fs, DaxMapper::new(2 << 20), policy)),
+            Arc::new(Server::new(
+                fs,
+                DaxMapper::new(2 << 20, policy.clone()),
+                policy,
+            )),
             1,
             64,
             false,

@@ -84,6 +84,10 @@ pub fn set(sets: CapSets) -> io::Result<()> {
         version: VERSION_3,
         pid: 0,
     };
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the low half on purpose: the kernel takes each set as two u32 halves"
+    )]
     let split = |v: u64| (v as u32, (v >> 32) as u32);
     let (e, p, i) = (
         split(sets.effective),

@@ -18,7 +18,6 @@
 //! (`cache_size`: the window was sized when the VMM connected).
 
 use std::path::Path;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use axum::extract::{Query, State};
@@ -34,7 +33,7 @@ use policies::Policy;
 use serde::Deserialize;
 
 use crate::fuse::server::Server;
-use crate::limits::Cap;
+use crate::policy::DaxPolicy;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -66,12 +65,20 @@ fn effect(e: policies::Effect) -> Effect {
     }
 }
 
+/// What the control socket serves: the DAX policy (read and swapped here)
+/// and the FUSE server (its report, and the VMM's notices about the window).
+#[derive(Clone)]
+struct Control {
+    policy: Arc<DaxPolicy>,
+    server: Arc<Server>,
+}
+
 fn error(status: StatusCode, message: String) -> Response {
     (status, message + "\n").into_response()
 }
 
-fn policy_state(server: &Server) -> PolicyState {
-    let cur = server.policy.current();
+fn policy_state(policy: &DaxPolicy) -> PolicyState {
+    let cur = policy.current();
     PolicyState {
         generation: cur.generation,
         policy: cur.policy.to_value(),
@@ -79,8 +86,8 @@ fn policy_state(server: &Server) -> PolicyState {
 }
 
 /// Validates, diffs and (unless `dry_run`) swaps in `new`.
-fn apply(server: &Server, new: Policy, dry_run: bool) -> PolicyUpdate {
-    let cur = server.policy.current();
+fn apply(policy: &DaxPolicy, new: Policy, dry_run: bool) -> PolicyUpdate {
+    let cur = policy.current();
     let diff = policies::diff(&cur.policy, &new);
     let changes: Vec<PolicyChange> = diff
         .changes
@@ -95,7 +102,7 @@ fn apply(server: &Server, new: Policy, dry_run: bool) -> PolicyUpdate {
     let generation = if dry_run || diff.is_empty() {
         cur.generation
     } else {
-        server.policy.replace(new)
+        policy.replace(new)
     };
     if !dry_run && !diff.is_empty() {
         log::info!(
@@ -110,76 +117,41 @@ fn apply(server: &Server, new: Policy, dry_run: bool) -> PolicyUpdate {
     }
 }
 
-async fn get_policy(State(server): State<Arc<Server>>) -> Json<PolicyState> {
-    Json(policy_state(&server))
+async fn get_policy(State(c): State<Control>) -> Json<PolicyState> {
+    Json(policy_state(&c.policy))
 }
 
 async fn put_policy(
-    State(server): State<Arc<Server>>,
+    State(c): State<Control>,
     Query(q): Query<PutParams>,
     body: String,
 ) -> Response {
     match Policy::parse_json(&body) {
-        Ok(p) => Json(apply(&server, p, q.dry_run)).into_response(),
+        Ok(p) => Json(apply(&c.policy, p, q.dry_run)).into_response(),
         Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
     }
 }
 
 /// Back to the policy the daemon started with (its `--dax-policy`, or the
 /// default, with its `--cache-size`).
-async fn delete_policy(
-    State(server): State<Arc<Server>>,
-    Query(q): Query<PutParams>,
-) -> Json<PolicyUpdate> {
-    let startup = server.policy.startup();
-    Json(apply(&server, startup, q.dry_run))
+async fn delete_policy(State(c): State<Control>, Query(q): Query<PutParams>) -> Json<PolicyUpdate> {
+    let startup = c.policy.startup();
+    Json(apply(&c.policy, startup, q.dry_run))
 }
 
-async fn stats(State(server): State<Arc<Server>>) -> Json<DaemonStats> {
-    let (s, d) = (&server.stats, &server.dax.stats);
-    let (map_latency_buckets, map_latency_sum_us) = d.map_latency();
-    Json(DaemonStats {
-        requests: s.requests.load(Relaxed),
-        errors: s.errors.load(Relaxed),
-        fuse_reads: s.fuse_reads.load(Relaxed),
-        fuse_read_bytes: s.fuse_read_bytes.load(Relaxed),
-        fuse_writes: s.fuse_writes.load(Relaxed),
-        fuse_write_bytes: s.fuse_write_bytes.load(Relaxed),
-        setupmappings: d.setupmappings.load(Relaxed),
-        removemappings: d.removemappings.load(Relaxed),
-        dax_failures: d.failures.load(Relaxed),
-        inodes: server.fs.inode_count() as u64,
-        policy_generation: server.policy.current().generation,
-        file_attrs_dax: server.fs.attrs_dax.load(Relaxed),
-        file_attrs_nodax: server.fs.attrs_nodax.load(Relaxed),
-        handles: server.fs.handle_count() as u64,
-        cap_refusals: Cap::ALL
-            .iter()
-            .map(|&c| (c.name().to_string(), server.fs.caps.get(c)))
-            .collect(),
-        map_latency_buckets,
-        map_latency_sum_us,
-        map_alignment: server.policy.current().map_alignment(),
-        host_fs: server.policy.host_fs.describe(),
-        adaptive: server.policy.adaptive.stats(),
-        window_truncations: d.truncations.load(Relaxed),
-        window_truncated_bytes: d.truncated_bytes.load(Relaxed),
-        window_location: server.dax.location(),
-        window_buffer_ios: d.window_buffer_ios.load(Relaxed),
-        window_buffer_bytes: d.window_buffer_bytes.load(Relaxed),
-        window_buffer_refusals: d.window_buffer_refusals.load(Relaxed),
-    })
+async fn stats(State(c): State<Control>) -> Json<DaemonStats> {
+    Json(c.server.report())
 }
 
 /// The VMM says where the window sits in guest-physical memory (at boot,
 /// and again when the guest moves the device's BAR): from now on a READ or
 /// WRITE buffer there is served through the file mapped at that offset.
-async fn window_location(State(server): State<Arc<Server>>, body: String) -> Response {
+async fn window_location(State(c): State<Control>, body: String) -> Response {
     let loc: WindowLocation = match serde_json::from_str(&body) {
         Ok(l) => l,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("{WINDOW_LOCATION}: {e}")),
     };
-    match server.dax.set_location(loc) {
+    match c.server.set_window_location(loc) {
         Ok(()) => {
             log::info!(
                 "the DAX window is at guest-physical {:#x}, {:#x} bytes",
@@ -196,14 +168,12 @@ async fn window_location(State(server): State<Arc<Server>>, body: String) -> Res
 /// vanished range: counted, and logged for the operator (the guest still
 /// believes the range maps the file; it learns the new size at its next
 /// GETATTR).
-async fn window_truncated(State(server): State<Arc<Server>>, body: String) -> Response {
+async fn window_truncated(State(c): State<Control>, body: String) -> Response {
     let t: WindowTruncated = match serde_json::from_str(&body) {
         Ok(t) => t,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("{WINDOW_TRUNCATED}: {e}")),
     };
-    let d = &server.dax.stats;
-    d.truncations.fetch_add(1, Relaxed);
-    d.truncated_bytes.fetch_add(t.len, Relaxed);
+    c.server.count_window_truncation(t.len);
     log::warn!(
         "the VMM reports window offset {:#x}+{:#x} truncated: a file mapped there shrank on the host (the guest reads zeros there until it remaps)",
         t.offset,
@@ -213,13 +183,14 @@ async fn window_truncated(State(server): State<Arc<Server>>, body: String) -> Re
 }
 
 async fn adaptive_events(
-    State(server): State<Arc<Server>>,
+    State(c): State<Control>,
     Query(q): Query<EventsParams>,
 ) -> Json<AdaptiveEvents> {
-    Json(server.policy.adaptive.events_after(q.after))
+    Json(c.policy.adaptive.events_after(q.after))
 }
 
-pub fn router(server: Arc<Server>) -> Router {
+/// `policy` is the one `server` answers by.
+pub fn router(server: Arc<Server>, policy: Arc<DaxPolicy>) -> Router {
     Router::new()
         .route(
             "/api/v1/policy",
@@ -235,7 +206,7 @@ pub fn router(server: Arc<Server>) -> Router {
                 "no such endpoint (see docs/virtiofs.md)".into(),
             )
         })
-        .with_state(server)
+        .with_state(Control { policy, server })
 }
 
 /// Binds the socket now (before any sandbox hides the path), readable and
@@ -284,10 +255,12 @@ pub fn bind_default(vhost_user_socket: &Path) -> Option<std::os::unix::net::Unix
     }
 }
 
-/// Serves the control API on a thread of its own until the process exits.
+/// Serves the control API on a thread of its own until the process exits;
+/// `policy` is the one `server` answers by.
 pub fn serve(
     listener: std::os::unix::net::UnixListener,
     server: Arc<Server>,
+    policy: Arc<DaxPolicy>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("control".into())
@@ -310,7 +283,7 @@ pub fn serve(
                         return;
                     }
                 };
-                if let Err(e) = axum::serve(listener, router(server)).await {
+                if let Err(e) = axum::serve(listener, router(server, policy)).await {
                     log::error!("control socket: {e}");
                 }
             });

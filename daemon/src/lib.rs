@@ -2,8 +2,9 @@
 //! directory and maps files into the guest's DAX window.
 //!
 //! A FUSE_SETUPMAPPING travels: [`backend`] (queue kick) →
-//! [`fuse::server`] (parse, dispatch) → [`dax::mapper`] (open the file,
-//! SHMEM_MAP with its fd) → the VMM's `virtio_devices::vhost_user_fs::window`.
+//! [`fuse::server::Server::handle`] (`fuse/handlers.rs`: parse, dispatch,
+//! reply) → [`dax::mapper`] (open the file, SHMEM_MAP with its fd) → the
+//! VMM's `virtio_devices::vhost_user_fs::window`.
 //! Which files get DAX at all: [`policy`] (the operator's rules), refined
 //! at run time by [`dax::adaptive`] (what the window's use shows).
 

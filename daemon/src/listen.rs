@@ -10,6 +10,7 @@ use crate::passthrough::cvt;
 
 fn socket_option(fd: RawFd, option: libc::c_int) -> io::Result<libc::c_int> {
     let mut value: libc::c_int = 0;
+    #[expect(clippy::cast_possible_truncation, reason = "an int is 4 bytes")]
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `value` and `len` are writable and sized for an int option;
     // on an fd that is not a socket the call fails without writing.

@@ -2,7 +2,7 @@
 //! with DAX. The command line is in [`daemon::cli`].
 
 use std::os::unix::net::UnixListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -22,11 +22,9 @@ use daemon::sandbox::{self, Sandbox};
 use daemon::workers::WorkerPool;
 use daemon::GuestMemoryMmap;
 
-fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
-    let shared_dir = cli
-        .shared_dir
-        .clone()
-        .ok_or("--shared-dir (or -o source=DIR) is required")?;
+/// The DAX policy the daemon starts with: `--dax-policy` (or the
+/// default), its window sized by `--cache-size` when given.
+fn startup_policy(cli: &Cli) -> Result<policies::Policy, String> {
     let mut policy = match &cli.dax_policy {
         Some(p) => DaxPolicy::from_file(p).map_err(|e| e.to_string())?,
         None => policies::Policy::default(),
@@ -37,78 +35,121 @@ fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
         }
         policy.cache_size = size;
     }
-    let window = policy.cache_size;
-    let cache = match cli.cache {
+    Ok(policy)
+}
+
+fn cache_policy(arg: CacheArg) -> CachePolicy {
+    match arg {
         CacheArg::Never => CachePolicy::Never,
         CacheArg::Metadata => CachePolicy::Metadata,
         CacheArg::Auto => CachePolicy::Auto,
         CacheArg::Always => CachePolicy::Always,
-    };
-    let sandbox_mode = match cli.sandbox {
+    }
+}
+
+fn sandbox_mode(arg: SandboxArg) -> Sandbox {
+    match arg {
         SandboxArg::Namespace => Sandbox::Namespace,
         SandboxArg::Chroot => Sandbox::Chroot,
         SandboxArg::None => Sandbox::None,
-    };
-    let seccomp_mode = match cli.seccomp {
+    }
+}
+
+fn seccomp_mode(arg: SeccompArg) -> seccomp::Mode {
+    match arg {
         SeccompArg::Kill => seccomp::Mode::Kill,
         SeccompArg::Trap => seccomp::Mode::Trap,
         SeccompArg::Log => seccomp::Mode::Log,
         SeccompArg::None => seccomp::Mode::None,
-    };
+    }
+}
+
+/// Raises the open-file limit (`--rlimit-nofile`) and sizes the inode,
+/// handle, xattr and worker-queue caps within it.
+fn limits(cli: &Cli) -> Result<Limits, String> {
     let nofile = sandbox::raise_nofile_limit(cli.rlimit_nofile)
         .map_err(|e| format!("--rlimit-nofile: {e}"))?;
     log::debug!("open-file limit {nofile}");
-    let limits = Limits::for_nofile(
+    Limits::for_nofile(
         nofile,
         cli.max_inodes,
         cli.max_handles,
         cli.max_xattr_size,
         cli.worker_queue_depth,
     )
-    .map_err(|e| e.to_string())?;
-    // The socket is bound before the sandbox closes the host's paths off.
-    // An inherited one (--fd) is not: its file is the caller's to remove.
-    let socket_file = match (&inherited, &cli.socket_path) {
-        (Some(l), _) => l
-            .local_addr()
-            .ok()
-            .and_then(|a| a.as_pathname().map(Path::to_path_buf)),
-        (None, path) => path.clone(),
-    };
-    let (mut listener, listening_on) = match (inherited, &cli.socket_path) {
-        (Some(l), _) => (Listener::from(l), format!("fd {}", cli.fd.unwrap_or(-1))),
-        (None, Some(path)) => (
-            Listener::new(path, true)
+    .map_err(|e| e.to_string())
+}
+
+/// Where the VMM connects: the vhost-user listener, how to name it in the
+/// log, and its socket file (the default control socket goes beside it).
+struct VhostSocket {
+    listener: Listener,
+    shown: String,
+    file: Option<PathBuf>,
+}
+
+/// The socket is bound before the sandbox closes the host's paths off.
+/// An inherited one (--fd) is not: its file is the caller's to remove.
+fn vhost_socket(cli: &Cli, inherited: Option<UnixListener>) -> Result<VhostSocket, String> {
+    match (inherited, &cli.socket_path) {
+        (Some(l), _) => Ok(VhostSocket {
+            file: l
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(Path::to_path_buf)),
+            listener: Listener::from(l),
+            shown: format!("fd {}", cli.fd.unwrap_or(-1)),
+        }),
+        (None, Some(path)) => Ok(VhostSocket {
+            listener: Listener::new(path, true)
                 .map_err(|e| format!("--socket-path {}: {e}", path.display()))?,
-            path.display().to_string(),
-        ),
-        (None, None) => return Err("--socket-path PATH or --fd N is required".into()),
-    };
-    let control = match (&cli.control_socket, cli.no_control_socket) {
+            shown: path.display().to_string(),
+            file: Some(path.clone()),
+        }),
+        (None, None) => Err("--socket-path PATH or --fd N is required".into()),
+    }
+}
+
+/// `--control-socket`, or the default beside the vhost-user socket
+/// unless `--no-control-socket`.
+fn control_socket(cli: &Cli, vhost_file: Option<&Path>) -> Result<Option<UnixListener>, String> {
+    Ok(match (&cli.control_socket, cli.no_control_socket) {
         (Some(path), _) => Some(daemon::control::bind(path).map_err(|e| e.to_string())?),
         (None, true) => None,
-        (None, false) => socket_file
-            .as_deref()
-            .and_then(daemon::control::bind_default),
-    };
-    // Before the sandbox: it needs the host's view of the mounts.
-    let host_fs = daemon::host_fs::HostFs::probe(&shared_dir);
-    log::info!(
-        "shared directory on {}; window_granularity auto is {}",
-        host_fs.describe(),
-        if host_fs.large_folios { "2M" } else { "4K" }
-    );
-    let opened = sandbox::enter(&shared_dir, sandbox_mode).map_err(|e| e.to_string())?;
+        (None, false) => vhost_file.and_then(daemon::control::bind_default),
+    })
+}
+
+/// Enters the sandbox and installs the seccomp filter; returns the share's
+/// root as the sandbox opened it.
+fn confine(shared_dir: &Path, cli: &Cli) -> Result<sandbox::Opened, String> {
+    let opened =
+        sandbox::enter(shared_dir, sandbox_mode(cli.sandbox)).map_err(|e| e.to_string())?;
+    let seccomp_mode = seccomp_mode(cli.seccomp);
     // Before the first thread: every thread inherits the filter.
     if seccomp_mode == seccomp::Mode::Kill {
         seccomp::install_sigsys_report().map_err(|e| format!("--seccomp: SIGSYS handler: {e}"))?;
     }
     seccomp::apply("daemon", &daemon::seccomp_filter::serving(), seccomp_mode)
         .map_err(|e| format!("--seccomp: {e}"))?;
-    let how = opened.how;
-    let policy = Arc::new(DaxPolicy::for_host(policy, host_fs));
-    let mut fs = PassthroughFs::new(opened.root, opened.proc_self_fd, cache, policy.clone())
-        .map_err(|e| format!("--shared-dir {}: {e}", shared_dir.display()))?;
+    Ok(opened)
+}
+
+/// The passthrough filesystem over the share, with the options that shape it.
+fn filesystem(
+    cli: &Cli,
+    shared_dir: &Path,
+    opened: sandbox::Opened,
+    policy: Arc<DaxPolicy>,
+    limits: Limits,
+) -> Result<PassthroughFs, String> {
+    let mut fs = PassthroughFs::new(
+        opened.root,
+        opened.proc_self_fd,
+        cache_policy(cli.cache),
+        policy,
+    )
+    .map_err(|e| format!("--shared-dir {}: {e}", shared_dir.display()))?;
     fs.announce_submounts = cli.announce_submounts;
     fs.readdirplus = !cli.no_readdirplus;
     fs.offer_killpriv_v2 = !cli.no_killpriv_v2;
@@ -118,60 +159,42 @@ fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
         XattrMode::Off
     };
     fs.limits = limits;
-    let server = Arc::new(Server::new(fs, DaxMapper::new(window), policy));
-    if let Some(listener) = control {
-        daemon::control::serve(listener, server.clone())
-            .map_err(|e| format!("--control-socket: {e}"))?;
+    Ok(fs)
+}
+
+/// `--thread-pool-size` workers, or none (each queue serves its own).
+fn worker_pool(cli: &Cli, limits: &Limits) -> Result<Option<WorkerPool>, String> {
+    match cli.thread_pool_size {
+        0 => Ok(None),
+        n => WorkerPool::new(usize::from(n), limits.worker_queue_depth)
+            .map(Some)
+            .map_err(|e| format!("--thread-pool-size {n}: starting workers: {e}")),
     }
-    let pool = match cli.thread_pool_size {
-        0 => None,
-        n => Some(
-            WorkerPool::new(usize::from(n), limits.worker_queue_depth)
-                .map_err(|e| format!("--thread-pool-size {n}: starting workers: {e}"))?,
-        ),
-    };
-    let backend = Arc::new(FsBackend::new(
-        server.clone(),
-        usize::from(cli.max_request_queues),
-        usize::from(cli.max_queue_size),
-        cli.dax == OnOff::On,
-        pool,
-    ));
-    let mut daemon = VhostUserDaemon::new(
-        "dax-virtiofsd".into(),
-        backend,
-        GuestMemoryAtomic::new(GuestMemoryMmap::new()),
-    )
-    .map_err(|e| format!("starting the vhost-user daemon: {e}"))?;
-    log::info!(
-        "serving {} on {} (window {} MiB, sandbox {how}, seccomp {:?}, xattr {}, cache {:?}, thread pool {})",
-        shared_dir.display(),
-        listening_on,
-        window >> 20,
-        cli.seccomp,
-        if cli.xattr { "mapped" } else { "off" },
-        cli.cache,
-        cli.thread_pool_size
-    );
+}
+
+/// Serves the VMM's connection until it ends, then logs what was done.
+fn serve_vmm(
+    mut daemon: VhostUserDaemon<Arc<FsBackend>>,
+    listener: &mut Listener,
+    server: &Server,
+) -> Result<(), String> {
     // Kata's Rust runtime waits for this line on the daemon's stderr, as
     // virtiofsd prints it, before it starts the VMM.
     log::info!("Waiting for vhost-user socket connection...");
     daemon
-        .start(&mut listener)
+        .start(listener)
         .map_err(|e| format!("accepting the VMM's connection: {e}"))?;
     let result = daemon.wait();
-    let s = &server.stats;
-    let d = &server.dax.stats;
-    use std::sync::atomic::Ordering::Relaxed;
+    let s = server.report();
     log::info!(
         "VMM disconnected after {} requests ({} errors); {} FUSE reads, {} FUSE writes; {} setupmappings, {} removemappings, {} DAX failures",
-        s.requests.load(Relaxed),
-        s.errors.load(Relaxed),
-        s.fuse_reads.load(Relaxed),
-        s.fuse_writes.load(Relaxed),
-        d.setupmappings.load(Relaxed),
-        d.removemappings.load(Relaxed),
-        d.failures.load(Relaxed)
+        s.requests,
+        s.errors,
+        s.fuse_reads,
+        s.fuse_writes,
+        s.setupmappings,
+        s.removemappings,
+        s.dax_failures
     );
     match result {
         // The VMM closing its end is how a VM ends.
@@ -181,6 +204,61 @@ fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
         }
         Err(e) => Err(format!("vhost-user connection: {e}")),
     }
+}
+
+/// Everything that may need the host's view (the policy file, the sockets,
+/// the mounts) happens before [`confine`]; threads start only after it.
+fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
+    let shared_dir = cli
+        .shared_dir
+        .clone()
+        .ok_or("--shared-dir (or -o source=DIR) is required")?;
+    let policy = startup_policy(&cli)?;
+    let window = policy.cache_size;
+    let limits = limits(&cli)?;
+    let mut socket = vhost_socket(&cli, inherited)?;
+    let control = control_socket(&cli, socket.file.as_deref())?;
+    // Before the sandbox: it needs the host's view of the mounts.
+    let host_fs = daemon::host_fs::HostFs::probe(&shared_dir);
+    log::info!(
+        "shared directory on {}; window_granularity auto is {}",
+        host_fs.describe(),
+        if host_fs.large_folios { "2M" } else { "4K" }
+    );
+    let opened = confine(&shared_dir, &cli)?;
+    let how = opened.how;
+    let policy = Arc::new(DaxPolicy::for_host(policy, host_fs));
+    let fs = filesystem(&cli, &shared_dir, opened, policy.clone(), limits)?;
+    let dax = DaxMapper::new(window, policy.clone());
+    let server = Arc::new(Server::new(fs, dax, policy.clone()));
+    if let Some(listener) = control {
+        daemon::control::serve(listener, server.clone(), policy)
+            .map_err(|e| format!("--control-socket: {e}"))?;
+    }
+    let backend = Arc::new(FsBackend::new(
+        server.clone(),
+        usize::from(cli.max_request_queues),
+        usize::from(cli.max_queue_size),
+        cli.dax == OnOff::On,
+        worker_pool(&cli, &limits)?,
+    ));
+    let daemon = VhostUserDaemon::new(
+        "dax-virtiofsd".into(),
+        backend,
+        GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+    )
+    .map_err(|e| format!("starting the vhost-user daemon: {e}"))?;
+    log::info!(
+        "serving {} on {} (window {} MiB, sandbox {how}, seccomp {:?}, xattr {}, cache {:?}, thread pool {})",
+        shared_dir.display(),
+        socket.shown,
+        window >> 20,
+        cli.seccomp,
+        if cli.xattr { "mapped" } else { "off" },
+        cli.cache,
+        cli.thread_pool_size
+    );
+    serve_vmm(daemon, &mut socket.listener, &server)
 }
 
 fn main() -> ExitCode {

@@ -13,6 +13,7 @@ use std::sync::{Arc, RwLock};
 use policies::{Evaluator, Mode, Policy};
 
 use crate::dax::adaptive::AdaptiveDax;
+use crate::dax::WindowUse;
 use crate::host_fs::HostFs;
 use crate::passthrough::DaxDecision;
 
@@ -26,6 +27,10 @@ pub struct LoadedPolicy {
 
 impl LoadedPolicy {
     /// log2 of the mapping alignment, as FUSE_INIT's `map_alignment`.
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "a u64 has at most 64 trailing zeros"
+    )]
     pub fn map_alignment_log2(&self) -> u16 {
         self.map_alignment.trailing_zeros() as u16
     }
@@ -84,6 +89,17 @@ impl DaxDecision for DaxPolicy {
 
     fn reset(&self) {
         self.adaptive.reset();
+    }
+}
+
+/// What the VMM mapped and unmapped feeds the adaptive part.
+impl WindowUse for DaxPolicy {
+    fn mapped(&self, nodeid: u64, moffset: u64, len: u64) {
+        self.adaptive.mapped(nodeid, moffset, len);
+    }
+
+    fn unmapped(&self, moffset: u64, len: u64) {
+        self.adaptive.unmapped(moffset, len);
     }
 }
 

@@ -93,7 +93,7 @@ impl Guest<'_> {
         // The request is everything readable: header, body, the extra buffers.
         let extra: u32 = readable.iter().map(|&(_, l)| l).sum();
         let hdr = InHeader {
-            len: 40 + body.len() as u32 + extra,
+            len: u32::try_from(40 + body.len()).unwrap() + extra,
             opcode: op,
             unique: self.unique,
             nodeid,
@@ -101,14 +101,14 @@ impl Guest<'_> {
         };
         let req = [hdr.as_slice(), body].concat();
         self.mem.write_slice(&req, GuestAddress(req_addr)).unwrap();
-        let bufs: Vec<(u64, u32, u16)> = [(req_addr, req.len() as u32, 0)]
+        let bufs: Vec<(u64, u32, u16)> = [(req_addr, u32::try_from(req.len()).unwrap(), 0)]
             .into_iter()
             .chain(readable.iter().map(|&(a, l)| (a, l, 0)))
-            .chain([(reply_addr, reply_len, VRING_DESC_F_WRITE as u16)])
+            .chain([(reply_addr, reply_len, desc_flag(VRING_DESC_F_WRITE))])
             .chain(
                 writable
                     .iter()
-                    .map(|&(a, l)| (a, l, VRING_DESC_F_WRITE as u16)),
+                    .map(|&(a, l)| (a, l, desc_flag(VRING_DESC_F_WRITE))),
             )
             .collect();
         // Two descriptors per slot, as most requests use; a longer chain
@@ -123,7 +123,8 @@ impl Guest<'_> {
             .enumerate()
             .map(|(i, &(addr, len, flags))| {
                 let (flags, next) = if i < last {
-                    (flags | VRING_DESC_F_NEXT as u16, first + i as u16 + 1)
+                    let next = first + u16::try_from(i + 1).unwrap();
+                    (flags | desc_flag(VRING_DESC_F_NEXT), next)
                 } else {
                     (flags, 0)
                 };
@@ -176,6 +177,16 @@ impl Guest<'_> {
         assert_eq!(unique, self.unique);
         (errno, payload)
     }
+}
+
+/// A virtio descriptor flag as the descriptor's 16-bit field.
+fn desc_flag(flag: u32) -> u16 {
+    u16::try_from(flag).unwrap()
+}
+
+/// A test's byte offset as a slice index.
+fn index(offset: u64) -> usize {
+    usize::try_from(offset).unwrap()
 }
 
 fn obj<T: ByteValued + Default>(b: &[u8]) -> T {
@@ -244,7 +255,7 @@ fn guest_memory() -> GuestMemoryMmap {
     ram.set_len(16 * MIB).unwrap();
     GuestMemoryMmap::from_ranges_with_files(&[(
         GuestAddress(0),
-        (16 * MIB) as usize,
+        usize::try_from(16 * MIB).unwrap(),
         Some(FileOffset::new(ram, 0)),
     )])
     .unwrap()
@@ -257,7 +268,9 @@ fn guest_memory() -> GuestMemoryMmap {
 /// would read the used index as a descriptor head.
 fn queue_of(ring: &MockSplitQueue<GuestMemoryMmap>, used_ring: GuestAddress) -> Queue {
     let mut queue = ring.create_queue::<Queue>().unwrap();
-    queue.set_used_ring_address(Some(used_ring.0 as u32), Some((used_ring.0 >> 32) as u32));
+    let low = u32::try_from(used_ring.0 & u64::from(u32::MAX)).unwrap();
+    let high = u32::try_from(used_ring.0 >> 32).unwrap();
+    queue.set_used_ring_address(Some(low), Some(high));
     queue
 }
 
@@ -316,7 +329,7 @@ fn init_in() -> abi::InitIn {
     abi::InitIn {
         major: 7,
         minor: 38,
-        flags: (init::INIT_EXT | init::MAP_ALIGNMENT) as u32,
+        flags: u32::try_from(init::INIT_EXT | init::MAP_ALIGNMENT).unwrap(),
         flags2: (init::HAS_INODE_DAX >> 32) as u32,
         ..Default::default()
     }
@@ -445,7 +458,7 @@ fn setupmapping_maps_the_file_into_the_window_and_a_dead_daemon_fails_only_the_d
     for off in [0, 1, 4095, 4096, MIB + 17, 2 * MIB - 1] {
         assert_eq!(
             window_byte(&fs, 4 * MIB + off),
-            pattern[(2 * MIB + off) as usize],
+            pattern[index(2 * MIB + off)],
             "offset {off}"
         );
     }
@@ -496,7 +509,7 @@ fn setupmapping_maps_the_file_into_the_window_and_a_dead_daemon_fails_only_the_d
         libc::EINVAL,
         "a directory cannot be mapped"
     );
-    assert_eq!(window_byte(&fs, 4 * MIB), pattern[(2 * MIB) as usize]);
+    assert_eq!(window_byte(&fs, 4 * MIB), pattern[index(2 * MIB)]);
 
     // REMOVEMAPPING of both ranges puts the scratch back.
     let rm = [
@@ -542,10 +555,7 @@ fn setupmapping_maps_the_file_into_the_window_and_a_dead_daemon_fails_only_the_d
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(window_byte(&fs, 5 * MIB + 4096), 0);
-    assert_eq!(
-        window_byte(&fs, 4 * MIB + 1),
-        pattern[(2 * MIB + 1) as usize]
-    );
+    assert_eq!(window_byte(&fs, 4 * MIB + 1), pattern[index(2 * MIB + 1)]);
     assert_eq!(fs.window().unwrap().metrics.snapshot().truncated_bytes, MIB);
     daemon.kill().unwrap();
     daemon.wait().unwrap();
@@ -603,7 +613,7 @@ fn a_thread_pool_serves_a_batch_of_requests_out_of_order_and_each_reply_lands_in
             let read = abi::ReadIn {
                 fh,
                 offset,
-                size: LEN as u32,
+                size: u32::try_from(LEN).unwrap(),
                 ..Default::default()
             };
             let slot = guest.post(opcode::READ, nodeid, read.as_slice());
@@ -616,7 +626,7 @@ fn a_thread_pool_serves_a_batch_of_requests_out_of_order_and_each_reply_lands_in
         assert_eq!((got_unique, e), (unique, 0), "slot {slot}");
         assert_eq!(
             payload,
-            &pattern[offset as usize..(offset + LEN) as usize],
+            &pattern[index(offset)..index(offset + LEN)],
             "read at {offset}"
         );
     }

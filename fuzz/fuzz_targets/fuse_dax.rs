@@ -9,7 +9,6 @@
 use std::ffi::CString;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 
 use daemon::dax::DaxMapper;
@@ -101,7 +100,7 @@ fn rig() -> &'static Rig {
         backend.set_reply_ack_flag(true);
         backend.set_shmem_flag(true);
         serve_vmm_side(requests);
-        let mapper = DaxMapper::new(WINDOW);
+        let mapper = DaxMapper::new(WINDOW, policy.clone());
         mapper.set_backend(backend);
         let mut rig = Rig {
             mem: memory(),
@@ -144,15 +143,9 @@ impl Rig {
 
     /// (successful maps, successful unmaps) on the daemon's and the VMM's side.
     fn counts(&self) -> [(u64, u64); 2] {
-        let d = &self.server.dax.stats;
+        let d = self.server.report();
         let w = self.window.metrics.snapshot();
-        [
-            (
-                d.setupmappings.load(Relaxed),
-                d.removemappings.load(Relaxed),
-            ),
-            (w.maps, w.unmaps),
-        ]
+        [(d.setupmappings, d.removemappings), (w.maps, w.unmaps)]
     }
 }
 

@@ -52,7 +52,7 @@ fn rig() -> &'static Rig {
         fs.limits.max_handles = 64;
         Rig {
             mem: memory(),
-            server: Server::new(fs, DaxMapper::new(2 << 20), policy),
+            server: Server::new(fs, DaxMapper::new(2 << 20, policy.clone()), policy),
         }
     })
 }

@@ -1,8 +1,9 @@
 //! The adaptive part of the DAX policy: refines, at run time, the answer
 //! for files no rule names (those the policy's `default` gives DAX).
 //!
-//! It watches the window the way the guest uses it — every SETUPMAPPING
-//! and REMOVEMAPPING, by 2 MiB range, and which file holds each — and how
+//! It watches the window the way the guest uses it — every range the VMM
+//! mapped or unmapped for a SETUPMAPPING or REMOVEMAPPING (the mapper
+//! reports them), by 2 MiB range, and which file holds each — and how
 //! each file is read through FUSE when it has no DAX:
 //!
 //! - **larger than the window's share** (`max_file_share`): no DAX from
@@ -100,7 +101,7 @@ impl State {
         let (path, nodeid) = file.unzip();
         let at_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let occupancy_pct = self.occupancy();
         self.events.push_back(AdaptiveEvent {
             seq: self.next_seq,
@@ -272,7 +273,8 @@ impl AdaptiveDax {
         s.update_pressure(now);
     }
 
-    /// The guest removed the mappings of `[moffset, moffset + len)`.
+    /// The mappings of `[moffset, moffset + len)` are gone (a REMOVEMAPPING
+    /// range the VMM unmapped; the range was checked).
     pub fn unmapped(&self, moffset: u64, len: u64) {
         self.unmapped_at(moffset, len, Instant::now())
     }

@@ -4,10 +4,16 @@
 //! the fd) or to unmap it (SHMEM_UNMAP). The VMM checks and performs the
 //! mmap; this side checks what it can first so a bad guest request is
 //! refused without a round trip.
+//!
+//! What the VMM did — each range it mapped, each it unmapped, after its
+//! answer — is reported to the [`WindowUse`] the mapper was given (the
+//! adaptive policy), never what the guest merely asked for. The mapping
+//! alignment is fixed per FUSE session ([`DaxMapper::begin_session`]): what
+//! INIT announced holds until the next INIT, whatever the policy becomes.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use control_protocol::WindowLocation;
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
@@ -24,6 +30,16 @@ use crate::passthrough::{errno_error, PassthroughFs};
 pub const MAX_REMOVEMAPPING_ENTRIES: u32 = 4096 / 16;
 /// Shared memory region id of the DAX window.
 const WINDOW_SHMID: u8 = 0;
+/// log2 of the alignment a mapper checks before its first session: a page.
+const PAGE_SHIFT: u16 = 12;
+
+/// Told what the VMM did to the window: only ranges it acknowledged.
+pub trait WindowUse: Send + Sync {
+    /// Window bytes `[moffset, moffset + len)` now map file `nodeid`.
+    fn mapped(&self, nodeid: u64, moffset: u64, len: u64);
+    /// Window bytes `[moffset, moffset + len)` are unmapped.
+    fn unmapped(&self, moffset: u64, len: u64);
+}
 
 /// Upper bounds (µs) of the SETUPMAPPING latency buckets (the VMM's map
 /// histogram has the same); the last bucket is +Inf.
@@ -80,23 +96,33 @@ pub struct DaxMapper {
     backend: Mutex<Option<Backend>>,
     window_size: u64,
     window: Mutex<WindowState>,
+    /// Told each range the VMM mapped or unmapped.
+    window_use: Arc<dyn WindowUse>,
     pub stats: DaxStats,
 }
 
-/// Where the window is and what this daemon mapped in it.
-#[derive(Default)]
+/// Where the window is, what this daemon mapped in it, and the alignment
+/// of this FUSE session.
 struct WindowState {
     /// From the VMM ([`control_protocol::WINDOW_LOCATION`]); None until it says.
     location: Option<WindowLocation>,
     mapped: WindowMap,
+    /// log2 of the mapping alignment the guest was told at INIT.
+    map_alignment_log2: u16,
 }
 
 impl DaxMapper {
-    pub fn new(window_size: u64) -> Self {
+    /// `window_use` hears of every range the VMM maps or unmaps.
+    pub fn new(window_size: u64, window_use: Arc<dyn WindowUse>) -> Self {
         DaxMapper {
             backend: Mutex::new(None),
             window_size,
-            window: Mutex::default(),
+            window: Mutex::new(WindowState {
+                location: None,
+                mapped: WindowMap::default(),
+                map_alignment_log2: PAGE_SHIFT,
+            }),
+            window_use,
             stats: DaxStats::default(),
         }
     }
@@ -125,6 +151,12 @@ impl DaxMapper {
         Ok(())
     }
 
+    /// The VMM found `len` window bytes of a mapped file truncated on the host.
+    pub fn count_truncation(&self, len: u64) {
+        self.stats.truncations.fetch_add(1, Relaxed);
+        self.stats.truncated_bytes.fetch_add(len, Relaxed);
+    }
+
     pub fn location(&self) -> Option<WindowLocation> {
         self.window().location
     }
@@ -133,6 +165,21 @@ impl DaxMapper {
     /// so nothing recorded for the old one may serve a request.
     pub fn forget_mappings(&self) {
         self.window().mapped.clear();
+    }
+
+    /// A new FUSE session whose INIT announced mappings aligned to
+    /// `2^map_alignment_log2` bytes: every SETUPMAPPING until the next one
+    /// is checked against it (a policy swapped meanwhile waits for the
+    /// guest to remount). The old session's mappings are forgotten.
+    pub fn begin_session(&self, map_alignment_log2: u16) {
+        let mut w = self.window();
+        w.mapped.clear();
+        w.map_alignment_log2 = map_alignment_log2;
+    }
+
+    /// The mapping alignment of this session, bytes.
+    pub fn map_alignment(&self) -> u64 {
+        1 << self.window().map_alignment_log2
     }
 
     /// The files behind window bytes `[offset, offset + len)`; EFAULT when
@@ -182,29 +229,23 @@ impl DaxMapper {
         Ok(())
     }
 
-    /// `align_log2`: the mapping alignment announced in FUSE_INIT.
+    /// Checks the range against the window and this session's alignment,
+    /// opens the file and has the VMM map it.
     pub fn setup_mapping(
         &self,
         fs: &PassthroughFs,
         nodeid: u64,
         a: &SetupmappingIn,
-        align_log2: u16,
     ) -> io::Result<()> {
-        let r = self.try_setup(fs, nodeid, a, align_log2);
+        let r = self.try_setup(fs, nodeid, a);
         if r.is_err() {
             self.stats.failures.fetch_add(1, Relaxed);
         }
         r
     }
 
-    fn try_setup(
-        &self,
-        fs: &PassthroughFs,
-        nodeid: u64,
-        a: &SetupmappingIn,
-        align_log2: u16,
-    ) -> io::Result<()> {
-        let align = 1u64 << align_log2;
+    fn try_setup(&self, fs: &PassthroughFs, nodeid: u64, a: &SetupmappingIn) -> io::Result<()> {
+        let align = self.map_alignment();
         self.check_range(a.moffset, a.len, align)?;
         if !a.foffset.is_multiple_of(align)
             || a.foffset
@@ -249,6 +290,7 @@ impl DaxMapper {
             writable,
         };
         self.window().mapped.insert(a.moffset, a.len, mapped);
+        self.window_use.mapped(nodeid, a.moffset, a.len);
         Ok(())
     }
 
@@ -271,14 +313,16 @@ impl DaxMapper {
                     len: one.len,
                     ..Default::default()
                 };
-                backend.shmem_unmap(&msg).map(|_| ()).map_err(|e| {
+                backend.shmem_unmap(&msg).map_err(|e| {
                     log::warn!(
                         "SHMEM_UNMAP of {:#x} bytes at window offset {:#x} refused: {e}",
                         one.len,
                         one.moffset
                     );
                     errno_error(libc::EIO)
-                })
+                })?;
+                self.window_use.unmapped(one.moffset, one.len);
+                Ok(())
             });
             match r {
                 Ok(()) => {

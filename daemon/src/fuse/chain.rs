@@ -229,10 +229,6 @@ impl<'a> Writer<'a> {
         Ok(())
     }
 
-    pub fn write_obj<T: ByteValued>(&mut self, v: T) -> io::Result<()> {
-        self.write_all(v.as_slice())
-    }
-
     /// `len` bytes starting `skip` bytes past the cursor, as guest RAM or
     /// window stretches.
     pub fn bufs(
@@ -262,11 +258,13 @@ pub(crate) mod tests {
             .iter()
             .enumerate()
             .map(|(i, &(addr, len, w))| {
-                let mut flags = if w { VRING_DESC_F_WRITE as u16 } else { 0 };
+                let bit = |f: u32| u16::try_from(f).unwrap();
+                let mut flags = if w { bit(VRING_DESC_F_WRITE) } else { 0 };
                 if i + 1 < bufs.len() {
-                    flags |= VRING_DESC_F_NEXT as u16;
+                    flags |= bit(VRING_DESC_F_NEXT);
                 }
-                RawDescriptor::from(SplitDescriptor::new(addr, len, flags, i as u16 + 1))
+                let next = u16::try_from(i + 1).unwrap();
+                RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
             })
             .collect();
         q.build_desc_chain(&descs).unwrap();

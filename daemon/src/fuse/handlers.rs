@@ -1,18 +1,33 @@
-//! One handler per FUSE opcode: each takes the parsed request (node,
-//! caller, body, the guest's reply buffers) and answers it through the
-//! passthrough filesystem or the DAX mapper. [`handler`] is the table;
-//! an opcode it does not list gets ENOSYS. WRITE, whose data is read
-//! straight from the guest's buffers, is handled by the server itself.
+//! The request layer: one FUSE request in, one reply out.
+//! [`Server::handle`] parses the request from its descriptor chain, finds
+//! its handler in [`handler`]'s table (an opcode it does not list gets
+//! ENOSYS) and writes the reply. Each handler takes the parsed request
+//! (node, caller, body, the guest's reply buffers) and answers it through
+//! the passthrough filesystem or the DAX mapper; WRITE, whose data is read
+//! straight from the guest's buffers, is parsed before the table. A request
+//! that cannot be parsed or served gets an errno; nothing here panics on
+//! guest input.
 
 use std::ffi::CString;
 use std::io;
+use std::mem::size_of;
+use std::sync::atomic::Ordering::Relaxed;
 
 use vm_memory::ByteValued;
 
-use super::abi::{self, opcode};
-use super::chain::Writer;
+use super::abi::{self, init, opcode, InHeader, OutHeader};
+use super::chain::{Reader, Writer};
 use super::server::{data, Body, Reply, Server};
-use crate::passthrough::{errno_error, Caller, SetattrRequest};
+use crate::dax::window_io;
+use crate::passthrough::{errno_error, CachePolicy, Caller, DirEntry, SetattrRequest};
+
+/// Largest request body other than WRITE data (names, xattr values).
+const MAX_BODY: usize = 128 * 1024;
+/// Largest WRITE the guest is told it may send.
+pub(super) const MAX_WRITE: u32 = 1 << 20;
+/// MAX_WRITE in 4 KiB pages, as INIT's `max_pages`.
+#[expect(clippy::cast_possible_truncation, reason = "MAX_WRITE / 4096 is 256")]
+const MAX_PAGES: u16 = (MAX_WRITE / 4096) as u16;
 
 /// A request after its header: what every handler gets.
 pub(super) struct Request<'r, 'm> {
@@ -26,12 +41,129 @@ pub(super) struct Request<'r, 'm> {
 
 pub(super) type Handler = fn(&Server, &mut Request<'_, '_>) -> io::Result<Reply>;
 
+impl Server {
+    /// Serves one request; returns the bytes written to the guest's buffers.
+    pub fn handle(&self, mut r: Reader, mut w: Writer) -> usize {
+        self.stats.requests.fetch_add(1, Relaxed);
+        let Ok(hdr) = r.read_obj::<InHeader>() else {
+            log::warn!("request too short for a FUSE header; dropped");
+            return 0;
+        };
+        let result = dispatch(self, &hdr, &mut r, &mut w);
+        let (error, payload) = match result {
+            Ok(Reply::None) => return 0,
+            Ok(Reply::Data(d)) => (0, Some(d)),
+            Ok(Reply::Direct(n)) => {
+                return match write_header(&mut w, hdr.unique, 0, n) {
+                    Ok(()) => size_of::<OutHeader>() + n,
+                    Err(_) => 0,
+                };
+            }
+            Err(e) => {
+                self.stats.errors.fetch_add(1, Relaxed);
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                log::debug!("opcode {} nodeid {}: errno {errno}", hdr.opcode, hdr.nodeid);
+                (errno, None)
+            }
+        };
+        let len = payload.as_ref().map_or(0, Vec::len);
+        if len + size_of::<OutHeader>() > w.available() {
+            log::warn!(
+                "opcode {}: reply buffer too small ({} bytes)",
+                hdr.opcode,
+                w.available()
+            );
+            let _ = write_header(&mut w, hdr.unique, libc::ERANGE, 0);
+            return if w.available() >= size_of::<OutHeader>() {
+                size_of::<OutHeader>()
+            } else {
+                0
+            };
+        }
+        if write_header(&mut w, hdr.unique, error, len).is_err() {
+            return 0;
+        }
+        if let Some(d) = payload {
+            if w.write_at(size_of::<OutHeader>(), &d).is_err() {
+                return 0;
+            }
+        }
+        size_of::<OutHeader>() + len
+    }
+}
+
+fn write_header(w: &mut Writer, unique: u64, errno: i32, payload: usize) -> io::Result<()> {
+    let len =
+        u32::try_from(size_of::<OutHeader>() + payload).map_err(|_| errno_error(libc::EINVAL))?;
+    w.write_at(
+        0,
+        OutHeader {
+            len,
+            error: -errno,
+            unique,
+        }
+        .as_slice(),
+    )
+}
+
+fn dispatch(s: &Server, h: &InHeader, r: &mut Reader, w: &mut Writer) -> io::Result<Reply> {
+    let body_len = (h.len as usize)
+        .checked_sub(size_of::<InHeader>())
+        .ok_or_else(|| errno_error(libc::EINVAL))?;
+    if body_len > r.available() {
+        return Err(errno_error(libc::EINVAL));
+    }
+    if h.opcode == opcode::WRITE {
+        return write(s, h, r, body_len);
+    }
+    if body_len > MAX_BODY {
+        return Err(errno_error(libc::E2BIG));
+    }
+    let b = Body::new(r.read_bytes(body_len)?);
+    let Some(handler) = handler(h.opcode) else {
+        return Err(errno_error(libc::ENOSYS));
+    };
+    handler(
+        s,
+        &mut Request {
+            opcode: h.opcode,
+            nodeid: h.nodeid,
+            caller: Caller {
+                uid: h.uid,
+                gid: h.gid,
+            },
+            body: b,
+            out: w,
+        },
+    )
+}
+
+/// WRITE: its data is taken from the guest's buffers where they are.
+fn write(s: &Server, h: &InHeader, r: &mut Reader, body_len: usize) -> io::Result<Reply> {
+    let a = r.read_obj::<abi::WriteIn>()?;
+    let size = a.size as usize;
+    if size > body_len.saturating_sub(size_of::<abi::WriteIn>()) || a.size > MAX_WRITE {
+        return Err(errno_error(libc::EINVAL));
+    }
+    let bufs = r.bufs(size, s.dax.location())?;
+    let targets = window_io::targets(&s.fs, &s.dax, bufs, false)?;
+    let kill = a.write_flags & abi::WRITE_KILL_SUIDGID != 0;
+    let n = s.fs.write_from(h.nodeid, a.fh, a.offset, &targets, kill)?;
+    s.stats.fuse_writes.fetch_add(1, Relaxed);
+    s.stats.fuse_write_bytes.fetch_add(n as u64, Relaxed);
+    Ok(data(abi::WriteOut {
+        // At most the u32 size the guest asked for.
+        size: u32::try_from(n).map_err(|_| errno_error(libc::EIO))?,
+        padding: 0,
+    }))
+}
+
 /// The handler of `op`. Not listed: ACCESS (the guest checks permissions
 /// itself: virtio-fs mounts with default_permissions), locks (they stay
 /// local to the guest), and whatever this server does not implement.
 pub(super) fn handler(op: u32) -> Option<Handler> {
     Some(match op {
-        opcode::INIT => |s, q| s.init(&mut q.body),
+        opcode::INIT => init,
         opcode::DESTROY => destroy,
         opcode::LOOKUP => lookup,
         opcode::FORGET => forget,
@@ -49,7 +181,7 @@ pub(super) fn handler(op: u32) -> Option<Handler> {
         opcode::LINK => link,
         opcode::OPEN => open,
         opcode::CREATE => create,
-        opcode::READ => |s, q| s.read(q.nodeid, &mut q.body, q.out),
+        opcode::READ => read,
         opcode::STATFS => statfs,
         opcode::RELEASE | opcode::RELEASEDIR => release,
         opcode::FLUSH => flush,
@@ -58,14 +190,7 @@ pub(super) fn handler(op: u32) -> Option<Handler> {
         opcode::GETXATTR | opcode::LISTXATTR => getxattr,
         opcode::REMOVEXATTR => removexattr,
         opcode::OPENDIR => opendir,
-        opcode::READDIR | opcode::READDIRPLUS => |s, q| {
-            s.readdir(
-                q.opcode == opcode::READDIRPLUS,
-                q.nodeid,
-                &mut q.body,
-                q.out,
-            )
-        },
+        opcode::READDIR | opcode::READDIRPLUS => readdir,
         opcode::FALLOCATE => fallocate,
         opcode::LSEEK => lseek,
         opcode::SYNCFS => |s, _| done(s.fs.syncfs()),
@@ -213,17 +338,206 @@ fn create(s: &Server, q: &mut Request) -> io::Result<Reply> {
     Ok(Reply::Data(out))
 }
 
+/// INIT: agrees on the protocol version and flags, and starts a session:
+/// what the last guest left (inodes, handles, mappings) is dropped, and the
+/// DAX window's alignment is fixed for the session at what is announced.
+fn init(s: &Server, q: &mut Request) -> io::Result<Reply> {
+    let a = q
+        .body
+        .obj_at_least::<abi::InitIn>(abi::INIT_IN_COMPAT_SIZE)?;
+    if a.major < abi::KERNEL_VERSION
+        || (a.major == abi::KERNEL_VERSION && a.minor < abi::MIN_KERNEL_MINOR_VERSION)
+    {
+        log::error!(
+            "guest FUSE {}.{} is too old (need 7.{})",
+            a.major,
+            a.minor,
+            abi::MIN_KERNEL_MINOR_VERSION
+        );
+        return Err(errno_error(libc::EPROTO));
+    }
+    if a.major > abi::KERNEL_VERSION {
+        // The guest retries with our major version.
+        return Ok(data(abi::InitOut {
+            major: abi::KERNEL_VERSION,
+            ..Default::default()
+        }));
+    }
+    let enabled = offered_flags(&a) & wanted_flags(s);
+    let map_alignment_log2 = s.policy.current().map_alignment_log2();
+    s.fs.reset();
+    s.dax.begin_session(map_alignment_log2);
+    s.fs.set_submounts(enabled & init::SUBMOUNTS != 0);
+    s.fs.set_killpriv_v2(enabled & init::HANDLE_KILLPRIV_V2 != 0);
+    let minor = a.minor.min(abi::KERNEL_MINOR_VERSION);
+    log::info!(
+        "FUSE INIT: guest 7.{}, serving 7.{minor}, flags {enabled:#x}",
+        a.minor
+    );
+    let (flags, flags2) = split_flags(enabled);
+    let out = abi::InitOut {
+        major: abi::KERNEL_VERSION,
+        minor,
+        max_readahead: a.max_readahead,
+        flags,
+        max_background: 64,
+        congestion_threshold: 48,
+        max_write: MAX_WRITE,
+        time_gran: 1,
+        max_pages: MAX_PAGES,
+        map_alignment: if enabled & init::MAP_ALIGNMENT != 0 {
+            map_alignment_log2
+        } else {
+            0
+        },
+        flags2,
+        ..Default::default()
+    };
+    let mut bytes = out.as_slice().to_vec();
+    if a.minor < 23 {
+        bytes.truncate(abi::INIT_OUT_COMPAT_SIZE);
+    }
+    Ok(Reply::Data(bytes))
+}
+
+/// The INIT flags the guest offers: `flags2` counts only with INIT_EXT.
+fn offered_flags(a: &abi::InitIn) -> u64 {
+    u64::from(a.flags)
+        | if u64::from(a.flags) & init::INIT_EXT != 0 {
+            u64::from(a.flags2) << 32
+        } else {
+            0
+        }
+}
+
+/// INIT's 64 flag bits as the wire's `flags` (low half) and `flags2`.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "the low half on purpose; the high half is `flags2`"
+)]
+fn split_flags(enabled: u64) -> (u32, u32) {
+    (enabled as u32, (enabled >> 32) as u32)
+}
+
+/// The INIT flags this server would enable, by its options.
+fn wanted_flags(s: &Server) -> u64 {
+    // Not ATOMIC_O_TRUNC: with it the guest sends O_TRUNC inside OPEN,
+    // and the host file is truncated before the guest's VFS checks that
+    // nobody executes it (ETXTBSY) — a running program's text was cut
+    // under it. Without it the guest checks first and truncates by SETATTR.
+    let mut wanted = init::ASYNC_READ
+        | init::BIG_WRITES
+        | init::PARALLEL_DIROPS
+        | init::MAX_PAGES
+        | init::INIT_EXT;
+    if s.fs.readdirplus {
+        wanted |= init::DO_READDIRPLUS | init::READDIRPLUS_AUTO;
+    }
+    if s.fs.offer_killpriv_v2 {
+        wanted |= init::HANDLE_KILLPRIV_V2;
+    }
+    match s.fs.cache {
+        CachePolicy::Auto => wanted |= init::AUTO_INVAL_DATA,
+        CachePolicy::Always => wanted |= init::CACHE_SYMLINKS,
+        CachePolicy::Never | CachePolicy::Metadata => {}
+    }
+    if s.dax.available() {
+        wanted |= init::MAP_ALIGNMENT | init::HAS_INODE_DAX;
+    }
+    if s.fs.announce_submounts {
+        wanted |= init::SUBMOUNTS;
+    }
+    wanted
+}
+
+/// READ through the queue: straight into the guest's reply buffers (or,
+/// for buffers in the DAX window, into the files mapped there).
+fn read(s: &Server, q: &mut Request) -> io::Result<Reply> {
+    let a = q.body.obj::<abi::ReadIn>()?;
+    let room = q
+        .out
+        .available()
+        .checked_sub(size_of::<OutHeader>())
+        .ok_or_else(|| errno_error(libc::EINVAL))?;
+    let size = (a.size as usize).min(room);
+    let bufs = q.out.bufs(size_of::<OutHeader>(), size, s.dax.location())?;
+    let targets = window_io::targets(&s.fs, &s.dax, bufs, true)?;
+    let n = s.fs.read_into(q.nodeid, a.fh, a.offset, &targets)?;
+    s.stats.fuse_reads.fetch_add(1, Relaxed);
+    s.stats.fuse_read_bytes.fetch_add(n as u64, Relaxed);
+    s.policy.adaptive.fuse_read(q.nodeid, a.offset, n as u64);
+    Ok(Reply::Direct(n))
+}
+
+fn pad8(n: usize) -> usize {
+    n.next_multiple_of(8)
+}
+
+/// READDIR and READDIRPLUS: as many entries as fit the guest's buffer.
+fn readdir(s: &Server, q: &mut Request) -> io::Result<Reply> {
+    let plus = q.opcode == opcode::READDIRPLUS;
+    let a = q.body.obj::<abi::ReadIn>()?;
+    let room = q
+        .out
+        .available()
+        .saturating_sub(size_of::<OutHeader>())
+        .min(a.size as usize);
+    let fixed = size_of::<abi::Dirent>() + if plus { size_of::<abi::EntryOut>() } else { 0 };
+    let mut used = 0usize;
+    let mut fits = |e: &DirEntry| {
+        let need = pad8(fixed + e.name.len());
+        if used + need > room {
+            return false;
+        }
+        used += need;
+        true
+    };
+    let mut out = Vec::new();
+    let push = |out: &mut Vec<u8>, e: &DirEntry| {
+        out.extend_from_slice(dirent(e).as_slice());
+        out.extend_from_slice(&e.name);
+        out.resize(pad8(out.len()), 0);
+    };
+    if plus {
+        for p in s.fs.readdirplus(q.nodeid, a.fh, a.offset, &mut fits)? {
+            let entry = p.lookup.map(|l| s.entry(l)).unwrap_or_default();
+            out.extend_from_slice(entry.as_slice());
+            push(&mut out, &p.entry);
+        }
+    } else {
+        for e in s.fs.readdir(q.nodeid, a.fh, a.offset, &mut fits)? {
+            push(&mut out, &e);
+        }
+    }
+    Ok(Reply::Data(out))
+}
+
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "a name from getdents64 is at most NAME_MAX (255) bytes"
+)]
+fn dirent(e: &DirEntry) -> abi::Dirent {
+    abi::Dirent {
+        ino: e.ino,
+        off: e.next_offset,
+        namelen: e.name.len() as u32,
+        typ: u32::from(e.kind),
+    }
+}
+
 fn statfs(s: &Server, q: &mut Request) -> io::Result<Reply> {
     let st = s.fs.statfs(q.nodeid)?;
+    // EOVERFLOW, as statfs(2) answers for a value its struct cannot hold.
+    let u32_of = |v: u64| u32::try_from(v).map_err(|_| errno_error(libc::EOVERFLOW));
     Ok(data(abi::Kstatfs {
         blocks: st.f_blocks,
         bfree: st.f_bfree,
         bavail: st.f_bavail,
         files: st.f_files,
         ffree: st.f_ffree,
-        bsize: st.f_bsize as u32,
-        namelen: st.f_namemax as u32,
-        frsize: st.f_frsize as u32,
+        bsize: u32_of(st.f_bsize)?,
+        namelen: u32_of(st.f_namemax)?,
+        frsize: u32_of(st.f_frsize)?,
         ..Default::default()
     }))
 }
@@ -294,10 +608,7 @@ fn lseek(s: &Server, q: &mut Request) -> io::Result<Reply> {
 
 fn setupmapping(s: &Server, q: &mut Request) -> io::Result<Reply> {
     let a = q.body.obj::<abi::SetupmappingIn>()?;
-    let align = s.policy.current().map_alignment_log2();
-    s.dax.setup_mapping(&s.fs, q.nodeid, &a, align)?;
-    s.policy.adaptive.mapped(q.nodeid, a.moffset, a.len);
-    done(Ok(()))
+    done(s.dax.setup_mapping(&s.fs, q.nodeid, &a))
 }
 
 fn removemapping(s: &Server, q: &mut Request) -> io::Result<Reply> {
@@ -307,11 +618,5 @@ fn removemapping(s: &Server, q: &mut Request) -> io::Result<Reply> {
     for _ in 0..count.min(crate::dax::MAX_REMOVEMAPPING_ENTRIES + 1) {
         ranges.push(q.body.obj::<abi::RemovemappingOne>()?);
     }
-    let result = s.dax.remove_mappings(count, &ranges);
-    if ranges.len() == count as usize {
-        for r in &ranges {
-            s.policy.adaptive.unmapped(r.moffset, r.len);
-        }
-    }
-    done(result)
+    done(s.dax.remove_mappings(count, &ranges))
 }

@@ -8,7 +8,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use super::tests::{cat, cstr, obj, Rig};
 use super::*;
-use crate::fuse::abi::{setattr, ROOT_ID};
+use crate::fuse::abi::{init, opcode, setattr, ROOT_ID};
 
 fn mknod(
     rig: &mut Rig,

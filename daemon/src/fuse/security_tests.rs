@@ -6,7 +6,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use super::tests::{cat, cstr, obj, Rig};
 use super::*;
-use crate::fuse::abi::ROOT_ID;
+use crate::fuse::abi::{init, opcode, ROOT_ID};
 use crate::limits::Cap;
 use crate::passthrough::XattrMode;
 
@@ -19,13 +19,13 @@ fn host_getxattr(path: &std::path::Path, name: &str) -> Result<Vec<u8>, i32> {
     if r < 0 {
         return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
     }
-    buf.truncate(r as usize);
+    buf.truncate(usize::try_from(r).unwrap());
     Ok(buf)
 }
 
 fn create(rig: &mut Rig, name: &str, flags: i32) -> (i32, Vec<u8>) {
     let c = abi::CreateIn {
-        flags: flags as u32,
+        flags: flags.cast_unsigned(),
         mode: 0o644,
         ..Default::default()
     };
@@ -91,7 +91,7 @@ fn create_never_opens_an_existing_device_node_fifo_or_socket() {
 
 fn setxattr(rig: &mut Rig, nodeid: u64, name: &str, value: &[u8]) -> i32 {
     let a = abi::SetxattrIn {
-        size: value.len() as u32,
+        size: u32::try_from(value.len()).unwrap(),
         flags: 0,
     };
     rig.call(
@@ -392,7 +392,7 @@ fn create_and_open_refuse_o_path_o_directory_and_o_tmpfile() {
     std::fs::write(root.join("plain"), b"x").unwrap();
     let plain = rig.lookup(ROOT_ID, "plain").unwrap().nodeid;
     let open = |flags: i32| abi::OpenIn {
-        flags: flags as u32,
+        flags: flags.cast_unsigned(),
         open_flags: 0,
     };
     for flags in [libc::O_PATH, libc::O_RDONLY | libc::O_DIRECTORY] {

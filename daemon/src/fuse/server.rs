@@ -1,7 +1,8 @@
-//! One FUSE request in, one reply out: parses the request from its
-//! descriptor chain, calls the filesystem, and writes the reply. A request
-//! that cannot be parsed or served gets an errno; nothing here panics on
-//! guest input.
+//! The FUSE server: what serving a guest's requests owns — the
+//! passthrough filesystem, the DAX window's mapper, the DAX policy and the
+//! request counters — and the pieces every reply is built from. The
+//! requests themselves are parsed, dispatched and answered by
+//! [`super::handlers`] ([`Server::handle`]).
 
 use std::ffi::CString;
 use std::io;
@@ -9,19 +10,15 @@ use std::mem::size_of;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use control_protocol::{DaemonStats, WindowLocation};
+use vhost::vhost_user::Backend;
 use vm_memory::ByteValued;
 
-use super::abi::{self, init, opcode, InHeader, OutHeader};
-use super::chain::{Reader, Writer};
-use super::handlers::Request;
-use crate::dax::{window_io, DaxMapper};
-use crate::passthrough::{component, errno_error, CachePolicy, Caller, PassthroughFs};
+use super::abi;
+use crate::dax::DaxMapper;
+use crate::limits::Cap;
+use crate::passthrough::{component, errno_error, CachePolicy, PassthroughFs};
 use crate::policy::DaxPolicy;
-
-/// Largest request body other than WRITE data (names, xattr values).
-const MAX_BODY: usize = 128 * 1024;
-/// Largest WRITE the guest is told it may send.
-pub const MAX_WRITE: u32 = 1 << 20;
 
 /// What the server has done, for logs and metrics.
 #[derive(Default)]
@@ -36,12 +33,12 @@ pub struct ServerStats {
 }
 
 pub struct Server {
-    pub fs: PassthroughFs,
-    pub dax: DaxMapper,
+    pub(super) fs: PassthroughFs,
+    pub(super) dax: DaxMapper,
     /// The DAX policy: FUSE_INIT's alignment, the control socket's swaps;
     /// `fs` asks it per file through `DaxDecision`.
-    pub policy: Arc<DaxPolicy>,
-    pub stats: ServerStats,
+    pub(super) policy: Arc<DaxPolicy>,
+    pub(super) stats: ServerStats,
 }
 
 /// The request body after the header (except WRITE data), with a cursor.
@@ -51,6 +48,24 @@ pub(super) struct Body {
 }
 
 impl Body {
+    pub(super) fn new(buf: Vec<u8>) -> Self {
+        Body { buf, pos: 0 }
+    }
+
+    /// A struct an older guest may send shorter: at least `min` bytes of
+    /// it, the fields it did not send zero. Takes what is there.
+    pub(super) fn obj_at_least<T: ByteValued + Default>(&mut self, min: usize) -> io::Result<T> {
+        let rest = self.buf.get(self.pos..).unwrap_or_default();
+        let given = rest.len().min(size_of::<T>());
+        if given < min {
+            return Err(errno_error(libc::EINVAL));
+        }
+        let mut v = T::default();
+        v.as_mut_slice()[..given].copy_from_slice(&rest[..given]);
+        self.pos += given;
+        Ok(v)
+    }
+
     pub(super) fn obj<T: ByteValued + Default>(&mut self) -> io::Result<T> {
         let end = self
             .pos
@@ -103,12 +118,11 @@ pub(super) fn data<T: ByteValued>(v: T) -> Reply {
     Reply::Data(v.as_slice().to_vec())
 }
 
-fn pad8(n: usize) -> usize {
-    n.next_multiple_of(8)
-}
-
 impl Server {
+    /// `dax` reports the window's use to `policy` (they were made so).
     pub fn new(fs: PassthroughFs, dax: DaxMapper, policy: Arc<DaxPolicy>) -> Self {
+        // Until the guest's INIT, the alignment INIT would announce now.
+        dax.begin_session(policy.current().map_alignment_log2());
         Server {
             fs,
             dax,
@@ -117,67 +131,71 @@ impl Server {
         }
     }
 
-    /// Serves one request; returns the bytes written to the guest's buffers.
-    pub fn handle(&self, mut r: Reader, mut w: Writer) -> usize {
-        self.stats.requests.fetch_add(1, Relaxed);
-        let Ok(hdr) = r.read_obj::<InHeader>() else {
-            log::warn!("request too short for a FUSE header; dropped");
-            return 0;
-        };
-        let result = self.dispatch(&hdr, &mut r, &mut w);
-        let (error, payload) = match result {
-            Ok(Reply::None) => return 0,
-            Ok(Reply::Data(d)) => (0, Some(d)),
-            Ok(Reply::Direct(n)) => {
-                return match Self::write_header(&mut w, hdr.unique, 0, n) {
-                    Ok(()) => size_of::<OutHeader>() + n,
-                    Err(_) => 0,
-                };
-            }
-            Err(e) => {
-                self.stats.errors.fetch_add(1, Relaxed);
-                let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                log::debug!("opcode {} nodeid {}: errno {errno}", hdr.opcode, hdr.nodeid);
-                (errno, None)
-            }
-        };
-        let len = payload.as_ref().map_or(0, Vec::len);
-        if len + size_of::<OutHeader>() > w.available() {
-            log::warn!(
-                "opcode {}: reply buffer too small ({} bytes)",
-                hdr.opcode,
-                w.available()
-            );
-            let _ = Self::write_header(&mut w, hdr.unique, libc::ERANGE, 0);
-            return if w.available() >= size_of::<OutHeader>() {
-                size_of::<OutHeader>()
-            } else {
-                0
-            };
+    /// What the server, its filesystem and its DAX window have done and
+    /// hold, and the policy in force: the control socket's `stats`.
+    pub fn report(&self) -> DaemonStats {
+        let (s, d, fs) = (&self.stats, &self.dax.stats, &self.fs);
+        let (map_latency_buckets, map_latency_sum_us) = d.map_latency();
+        let policy = self.policy.current();
+        DaemonStats {
+            requests: s.requests.load(Relaxed),
+            errors: s.errors.load(Relaxed),
+            fuse_reads: s.fuse_reads.load(Relaxed),
+            fuse_read_bytes: s.fuse_read_bytes.load(Relaxed),
+            fuse_writes: s.fuse_writes.load(Relaxed),
+            fuse_write_bytes: s.fuse_write_bytes.load(Relaxed),
+            setupmappings: d.setupmappings.load(Relaxed),
+            removemappings: d.removemappings.load(Relaxed),
+            dax_failures: d.failures.load(Relaxed),
+            inodes: fs.inode_count() as u64,
+            policy_generation: policy.generation,
+            file_attrs_dax: fs.attrs_dax.load(Relaxed),
+            file_attrs_nodax: fs.attrs_nodax.load(Relaxed),
+            handles: fs.handle_count() as u64,
+            cap_refusals: Cap::ALL
+                .iter()
+                .map(|&c| (c.name().to_string(), fs.caps.get(c)))
+                .collect(),
+            map_latency_buckets,
+            map_latency_sum_us,
+            map_alignment: self.dax.map_alignment(),
+            host_fs: self.policy.host_fs.describe(),
+            adaptive: self.policy.adaptive.stats(),
+            window_truncations: d.truncations.load(Relaxed),
+            window_truncated_bytes: d.truncated_bytes.load(Relaxed),
+            window_location: self.dax.location(),
+            window_buffer_ios: d.window_buffer_ios.load(Relaxed),
+            window_buffer_bytes: d.window_buffer_bytes.load(Relaxed),
+            window_buffer_refusals: d.window_buffer_refusals.load(Relaxed),
         }
-        if Self::write_header(&mut w, hdr.unique, error, len).is_err() {
-            return 0;
-        }
-        if let Some(d) = payload {
-            if w.write_at(size_of::<OutHeader>(), &d).is_err() {
-                return 0;
-            }
-        }
-        size_of::<OutHeader>() + len
     }
 
-    fn write_header(w: &mut Writer, unique: u64, errno: i32, payload: usize) -> io::Result<()> {
-        let len = u32::try_from(size_of::<OutHeader>() + payload)
-            .map_err(|_| errno_error(libc::EINVAL))?;
-        w.write_at(
-            0,
-            OutHeader {
-                len,
-                error: -errno,
-                unique,
-            }
-            .as_slice(),
-        )
+    /// The VMM's backend request channel (SET_BACKEND_REQ_FD): from now on
+    /// SETUPMAPPING and REMOVEMAPPING reach the VMM, and INIT offers DAX.
+    pub fn connect_vmm_channel(&self, backend: Backend) {
+        self.dax.set_backend(backend);
+    }
+
+    /// The DAX window's size, as GET_SHMEM_CONFIG declares it to the VMM.
+    pub fn window_size(&self) -> u64 {
+        self.dax.window_size()
+    }
+
+    /// Where the VMM placed the window in guest-physical memory; refused
+    /// (and the old place kept) when it is empty, unaligned or wraps.
+    pub fn set_window_location(&self, loc: WindowLocation) -> Result<(), String> {
+        self.dax.set_location(loc)
+    }
+
+    /// The VMM found `len` window bytes of a mapped file truncated on the host.
+    pub fn count_window_truncation(&self, len: u64) {
+        self.dax.count_truncation(len);
+    }
+
+    /// A request was served by its queue's thread because the worker pool's
+    /// queue was full at `depth`.
+    pub fn count_worker_queue_full(&self, depth: u64) {
+        self.fs.caps.hit(Cap::WorkerQueue, depth);
     }
 
     pub(super) fn entry(&self, (nodeid, st): (u64, libc::stat64)) -> abi::EntryOut {
@@ -214,221 +232,6 @@ impl Server {
             CachePolicy::Always => abi::FOPEN_KEEP_CACHE,
         }
     }
-
-    fn dispatch(&self, h: &InHeader, r: &mut Reader, w: &mut Writer) -> io::Result<Reply> {
-        let body_len = (h.len as usize)
-            .checked_sub(size_of::<InHeader>())
-            .ok_or_else(|| errno_error(libc::EINVAL))?;
-        if body_len > r.available() {
-            return Err(errno_error(libc::EINVAL));
-        }
-        if h.opcode == opcode::WRITE {
-            return self.write(h, r, body_len);
-        }
-        if body_len > MAX_BODY {
-            return Err(errno_error(libc::E2BIG));
-        }
-        let b = Body {
-            buf: r.read_bytes(body_len)?,
-            pos: 0,
-        };
-        let Some(handler) = super::handlers::handler(h.opcode) else {
-            return Err(errno_error(libc::ENOSYS));
-        };
-        handler(
-            self,
-            &mut Request {
-                opcode: h.opcode,
-                nodeid: h.nodeid,
-                caller: Caller {
-                    uid: h.uid,
-                    gid: h.gid,
-                },
-                body: b,
-                out: w,
-            },
-        )
-    }
-
-    pub(super) fn init(&self, b: &mut Body) -> io::Result<Reply> {
-        let mut raw = [0u8; size_of::<abi::InitIn>()];
-        let given = b.buf.len().min(raw.len());
-        if given < abi::INIT_IN_COMPAT_SIZE {
-            return Err(errno_error(libc::EINVAL));
-        }
-        raw[..given].copy_from_slice(&b.buf[..given]);
-        let mut a = abi::InitIn::default();
-        a.as_mut_slice().copy_from_slice(&raw);
-        if a.major < abi::KERNEL_VERSION
-            || (a.major == abi::KERNEL_VERSION && a.minor < abi::MIN_KERNEL_MINOR_VERSION)
-        {
-            log::error!(
-                "guest FUSE {}.{} is too old (need 7.{})",
-                a.major,
-                a.minor,
-                abi::MIN_KERNEL_MINOR_VERSION
-            );
-            return Err(errno_error(libc::EPROTO));
-        }
-        if a.major > abi::KERNEL_VERSION {
-            // The guest retries with our major version.
-            return Ok(data(abi::InitOut {
-                major: abi::KERNEL_VERSION,
-                ..Default::default()
-            }));
-        }
-        let offered = u64::from(a.flags)
-            | if a.flags as u64 & init::INIT_EXT != 0 {
-                u64::from(a.flags2) << 32
-            } else {
-                0
-            };
-        // Not ATOMIC_O_TRUNC: with it the guest sends O_TRUNC inside OPEN,
-        // and the host file is truncated before the guest's VFS checks that
-        // nobody executes it (ETXTBSY) — a running program's text was cut
-        // under it. Without it the guest checks first and truncates by SETATTR.
-        let mut wanted = init::ASYNC_READ
-            | init::BIG_WRITES
-            | init::PARALLEL_DIROPS
-            | init::MAX_PAGES
-            | init::INIT_EXT;
-        if self.fs.readdirplus {
-            wanted |= init::DO_READDIRPLUS | init::READDIRPLUS_AUTO;
-        }
-        if self.fs.offer_killpriv_v2 {
-            wanted |= init::HANDLE_KILLPRIV_V2;
-        }
-        match self.fs.cache {
-            CachePolicy::Auto => wanted |= init::AUTO_INVAL_DATA,
-            CachePolicy::Always => wanted |= init::CACHE_SYMLINKS,
-            CachePolicy::Never | CachePolicy::Metadata => {}
-        }
-        let policy = self.policy.current();
-        if self.dax.available() {
-            wanted |= init::MAP_ALIGNMENT | init::HAS_INODE_DAX;
-        }
-        if self.fs.announce_submounts {
-            wanted |= init::SUBMOUNTS;
-        }
-        let enabled = offered & wanted;
-        self.fs.reset();
-        self.dax.forget_mappings();
-        self.fs.set_submounts(enabled & init::SUBMOUNTS != 0);
-        self.fs
-            .set_killpriv_v2(enabled & init::HANDLE_KILLPRIV_V2 != 0);
-        let minor = a.minor.min(abi::KERNEL_MINOR_VERSION);
-        log::info!(
-            "FUSE INIT: guest 7.{}, serving 7.{minor}, flags {enabled:#x}",
-            a.minor
-        );
-        let out = abi::InitOut {
-            major: abi::KERNEL_VERSION,
-            minor,
-            max_readahead: a.max_readahead,
-            flags: enabled as u32,
-            max_background: 64,
-            congestion_threshold: 48,
-            max_write: MAX_WRITE,
-            time_gran: 1,
-            max_pages: (MAX_WRITE / 4096) as u16,
-            map_alignment: if enabled & init::MAP_ALIGNMENT != 0 {
-                policy.map_alignment_log2()
-            } else {
-                0
-            },
-            flags2: (enabled >> 32) as u32,
-            ..Default::default()
-        };
-        let mut bytes = out.as_slice().to_vec();
-        if a.minor < 23 {
-            bytes.truncate(abi::INIT_OUT_COMPAT_SIZE);
-        }
-        Ok(Reply::Data(bytes))
-    }
-
-    pub(super) fn read(&self, nodeid: u64, b: &mut Body, w: &mut Writer) -> io::Result<Reply> {
-        let a = b.obj::<abi::ReadIn>()?;
-        let room = w
-            .available()
-            .checked_sub(size_of::<OutHeader>())
-            .ok_or_else(|| errno_error(libc::EINVAL))?;
-        let size = (a.size as usize).min(room);
-        let bufs = w.bufs(size_of::<OutHeader>(), size, self.dax.location())?;
-        let targets = window_io::targets(&self.fs, &self.dax, bufs, true)?;
-        let n = self.fs.read_into(nodeid, a.fh, a.offset, &targets)?;
-        self.stats.fuse_reads.fetch_add(1, Relaxed);
-        self.stats.fuse_read_bytes.fetch_add(n as u64, Relaxed);
-        self.policy.adaptive.fuse_read(nodeid, a.offset, n as u64);
-        Ok(Reply::Direct(n))
-    }
-
-    fn write(&self, h: &InHeader, r: &mut Reader, body_len: usize) -> io::Result<Reply> {
-        let a = r.read_obj::<abi::WriteIn>()?;
-        let size = a.size as usize;
-        if size > body_len.saturating_sub(size_of::<abi::WriteIn>()) || a.size > MAX_WRITE {
-            return Err(errno_error(libc::EINVAL));
-        }
-        let bufs = r.bufs(size, self.dax.location())?;
-        let targets = window_io::targets(&self.fs, &self.dax, bufs, false)?;
-        let kill = a.write_flags & abi::WRITE_KILL_SUIDGID != 0;
-        let n = self
-            .fs
-            .write_from(h.nodeid, a.fh, a.offset, &targets, kill)?;
-        self.stats.fuse_writes.fetch_add(1, Relaxed);
-        self.stats.fuse_write_bytes.fetch_add(n as u64, Relaxed);
-        Ok(data(abi::WriteOut {
-            size: n as u32,
-            padding: 0,
-        }))
-    }
-
-    pub(super) fn readdir(
-        &self,
-        plus: bool,
-        nodeid: u64,
-        b: &mut Body,
-        w: &Writer,
-    ) -> io::Result<Reply> {
-        let a = b.obj::<abi::ReadIn>()?;
-        let room = w
-            .available()
-            .saturating_sub(size_of::<OutHeader>())
-            .min(a.size as usize);
-        let fixed = size_of::<abi::Dirent>() + if plus { size_of::<abi::EntryOut>() } else { 0 };
-        let mut used = 0usize;
-        let mut fits = |e: &crate::passthrough::DirEntry| {
-            let need = pad8(fixed + e.name.len());
-            if used + need > room {
-                return false;
-            }
-            used += need;
-            true
-        };
-        let mut out = Vec::new();
-        let push = |out: &mut Vec<u8>, e: &crate::passthrough::DirEntry| {
-            let d = abi::Dirent {
-                ino: e.ino,
-                off: e.next_offset,
-                namelen: e.name.len() as u32,
-                typ: u32::from(e.kind),
-            };
-            out.extend_from_slice(d.as_slice());
-            out.extend_from_slice(&e.name);
-            out.resize(pad8(out.len()), 0);
-        };
-        if plus {
-            for p in self.fs.readdirplus(nodeid, a.fh, a.offset, &mut fits)? {
-                let entry = p.lookup.map(|l| self.entry(l)).unwrap_or_default();
-                out.extend_from_slice(entry.as_slice());
-                push(&mut out, &p.entry);
-            }
-        } else {
-            for e in self.fs.readdir(nodeid, a.fh, a.offset, &mut fits)? {
-                push(&mut out, &e);
-            }
-        }
-        Ok(Reply::Data(out))
-    }
 }
 
 #[cfg(test)]
@@ -442,3 +245,7 @@ mod security_tests;
 #[cfg(test)]
 #[path = "posix_tests.rs"]
 mod posix_tests;
+
+#[cfg(test)]
+#[path = "mapping_tests.rs"]
+mod mapping_tests;

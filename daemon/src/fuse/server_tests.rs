@@ -8,9 +8,10 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::tempdir::TempDir;
 
 use super::*;
-use crate::fuse::abi::ROOT_ID;
+use crate::fuse::abi::{init, opcode, InHeader, OutHeader, ROOT_ID};
 use crate::fuse::chain::split;
 use crate::fuse::chain::tests::{chain_of, memory};
+use crate::fuse::handlers::MAX_WRITE;
 use crate::passthrough::openat;
 use crate::policy::DaxPolicy;
 use crate::GuestMemoryMmap;
@@ -57,7 +58,7 @@ impl Rig {
         fs.announce_submounts = announce_submounts;
         Rig {
             mem: memory(),
-            server: Server::new(fs, DaxMapper::new(32 << 20), policy),
+            server: Server::new(fs, DaxMapper::new(32 << 20, policy.clone()), policy),
             dir,
             unique: 0,
         }
@@ -67,7 +68,7 @@ impl Rig {
     pub fn call(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> (i32, Vec<u8>) {
         self.unique += 1;
         let hdr = InHeader {
-            len: (40 + body.len()) as u32,
+            len: u32::try_from(40 + body.len()).unwrap(),
             opcode,
             unique: self.unique,
             nodeid,
@@ -83,7 +84,10 @@ impl Rig {
             .unwrap();
         let chain = chain_of(
             &self.mem,
-            &[(REQ, req.len() as u32, false), (REPLY, REPLY_LEN, true)],
+            &[
+                (REQ, u32::try_from(req.len()).unwrap(), false),
+                (REPLY, REPLY_LEN, true),
+            ],
         );
         let (r, w) = split(&self.mem, chain).unwrap();
         let n = self.server.handle(r, w);
@@ -116,11 +120,14 @@ impl Rig {
             major: 7,
             minor: 38,
             max_readahead: 1 << 17,
-            flags: (init::INIT_EXT
-                | init::MAP_ALIGNMENT
-                | init::DO_READDIRPLUS
-                | init::ASYNC_READ
-                | extra) as u32,
+            flags: u32::try_from(
+                init::INIT_EXT
+                    | init::MAP_ALIGNMENT
+                    | init::DO_READDIRPLUS
+                    | init::ASYNC_READ
+                    | extra,
+            )
+            .unwrap(),
             flags2: (init::HAS_INODE_DAX >> 32) as u32,
             ..Default::default()
         };
@@ -276,7 +283,7 @@ fn files_round_trip_through_create_write_read_readdir() {
     let write = abi::WriteIn {
         fh: open.fh,
         offset: 3,
-        size: data.len() as u32,
+        size: u32::try_from(data.len()).unwrap(),
         ..Default::default()
     };
     let out: abi::WriteOut =

@@ -21,14 +21,24 @@ pub struct SetattrRequest {
     pub gid: u32,
 }
 
+/// The wire's attributes from a host `stat`. The times' seconds go as the
+/// bits of the signed value (the guest reads them back as signed); the rest
+/// fit the wire's fields on Linux.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "sizes and block counts are never negative; nanoseconds are below 10^9; \
+              the low 32 bits of st_rdev are the kernel's 32-bit device encoding, the \
+              wire's; link counts and block sizes fit 32 bits on every Linux file system"
+)]
 pub fn to_attr(st: &libc::stat64, flags: u32) -> Attr {
     Attr {
         ino: st.st_ino,
         size: st.st_size as u64,
         blocks: st.st_blocks as u64,
-        atime: st.st_atime as u64,
-        mtime: st.st_mtime as u64,
-        ctime: st.st_ctime as u64,
+        atime: st.st_atime.cast_unsigned(),
+        mtime: st.st_mtime.cast_unsigned(),
+        ctime: st.st_ctime.cast_unsigned(),
         atimensec: st.st_atime_nsec as u32,
         mtimensec: st.st_mtime_nsec as u32,
         ctimensec: st.st_ctime_nsec as u32,
@@ -47,9 +57,11 @@ impl PassthroughFs {
     pub fn attr_of(&self, nodeid: u64, st: &libc::stat64) -> Attr {
         let is_reg = st.st_mode & libc::S_IFMT == libc::S_IFREG;
         let dax = is_reg
-            && self
-                .dax
-                .dax(nodeid, &|| self.path_of(nodeid), st.st_size as u64);
+            && self.dax.dax(
+                nodeid,
+                &|| self.path_of(nodeid),
+                u64::try_from(st.st_size).unwrap_or(0),
+            );
         if is_reg {
             let counter = if dax {
                 &self.attrs_dax
@@ -152,8 +164,9 @@ impl PassthroughFs {
                 }
             } else if req.valid & set != 0 {
                 libc::timespec {
-                    tv_sec: sec as libc::time_t,
-                    tv_nsec: libc::c_long::from(nsec as i32),
+                    // The wire carries the signed seconds as unsigned bits.
+                    tv_sec: sec.cast_signed(),
+                    tv_nsec: libc::c_long::from(nsec),
                 }
             } else {
                 libc::timespec {

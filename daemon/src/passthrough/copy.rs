@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 
-use super::{cvt, errno_error};
+use super::{cvt_count, errno_error};
 
 /// The bounce buffer of the fallback copy: a READ or WRITE moves at most
 /// `MAX_WRITE` (1 MiB) in all, so a request costs a few rounds of this.
@@ -73,9 +73,9 @@ fn copy_in_kernel(
                 0,
             )
         };
-        match cvt(n) {
+        match cvt_count::<_, usize>(n) {
             Ok(0) => break,
-            Ok(n) => done += n as usize,
+            Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err((done, e)),
         }

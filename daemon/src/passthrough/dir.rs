@@ -5,7 +5,7 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::AsRawFd;
 
-use super::{cvt, errno_error, Caller, PassthroughFs};
+use super::{cvt, cvt_count, errno_error, Caller, PassthroughFs};
 
 /// One directory entry as getdents64 returned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,7 +162,7 @@ impl PassthroughFs {
         let mut buf = vec![0u8; libc::PATH_MAX as usize];
         // SAFETY: `buf` is writable for its length; an empty path reads the
         // link the O_PATH fd refers to.
-        let n = cvt(unsafe {
+        let n: usize = cvt_count(unsafe {
             libc::readlinkat(
                 inode.fd.as_raw_fd(),
                 c"".as_ptr(),
@@ -170,7 +170,7 @@ impl PassthroughFs {
                 buf.len(),
             )
         })?;
-        buf.truncate(n as usize);
+        buf.truncate(n);
         Ok(buf)
     }
 
@@ -195,16 +195,19 @@ impl PassthroughFs {
         let h = self.handle(fh, nodeid)?;
         let _guard = h.dir_lock.lock().unwrap_or_else(|p| p.into_inner());
         let fd = h.file.as_raw_fd();
+        // The guest hands back d_off as it got it: an opaque cookie whose
+        // bits are the kernel's signed offset.
+        let offset = offset.cast_signed();
         // SAFETY: plain lseek on a directory fd we own; offsets are the
         // opaque d_off values getdents returned.
-        cvt(unsafe { libc::lseek64(fd, offset as i64, libc::SEEK_SET) })?;
+        cvt(unsafe { libc::lseek64(fd, offset, libc::SEEK_SET) })?;
         let mut out = Vec::new();
         let mut buf = vec![0u8; 32 * 1024];
         loop {
             // SAFETY: `buf` is writable for its length.
-            let n = cvt(unsafe {
+            let n: usize = cvt_count(unsafe {
                 libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len())
-            })? as usize;
+            })?;
             if n == 0 {
                 return Ok(out);
             }

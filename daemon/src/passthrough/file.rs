@@ -8,7 +8,7 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::AsRawFd;
 
-use super::{copy, cvt, errno_error, Caller, PassthroughFs};
+use super::{copy, cvt, cvt_count, errno_error, Caller, PassthroughFs};
 
 /// The open flags of a guest's OPEN or CREATE that reach `openat`: the
 /// access mode, and what only changes how the file is written or waited on.
@@ -38,7 +38,8 @@ const REFUSED_OPEN_FLAGS: i32 = libc::O_PATH | libc::O_DIRECTORY | libc::O_TMPFI
 /// `O_NOCTTY`, `FASYNC`; the daemon adds `O_NOFOLLOW` itself and never
 /// opens with `O_DIRECT`).
 fn guest_open_flags(flags: u32) -> io::Result<i32> {
-    let flags = flags as i32;
+    // The wire carries open(2)'s int flags as unsigned bits.
+    let flags = flags.cast_signed();
     if flags & REFUSED_OPEN_FLAGS != 0 {
         return Err(errno_error(libc::EINVAL));
     }
@@ -116,7 +117,7 @@ impl PassthroughFs {
                 let entry = self.lookup(parent, name)?;
                 match self.open(
                     entry.0,
-                    (flags & !(libc::O_CREAT | libc::O_EXCL)) as u32,
+                    (flags & !(libc::O_CREAT | libc::O_EXCL)).cast_unsigned(),
                     kill_priv,
                 ) {
                     Ok(fh) => Ok((entry, fh)),
@@ -215,23 +216,25 @@ impl PassthroughFs {
         let (Ok(offset), Ok(len)) = (offset, len) else {
             return Err(errno_error(libc::EINVAL));
         };
+        // The guest's mode bits are fallocate(2)'s int flags, unsigned on the wire.
+        let mode = mode.cast_signed();
         // SAFETY: plain syscall on an fd we own.
-        cvt(unsafe { libc::fallocate64(h.file.as_raw_fd(), mode as i32, offset, len) })?;
+        cvt(unsafe { libc::fallocate64(h.file.as_raw_fd(), mode, offset, len) })?;
         Ok(())
     }
 
     pub fn lseek(&self, nodeid: u64, fh: u64, offset: u64, whence: u32) -> io::Result<u64> {
         let h = self.handle(fh, nodeid)?;
-        if whence != libc::SEEK_DATA as u32 && whence != libc::SEEK_HOLE as u32 {
-            // The guest keeps the file position itself; only data/hole
-            // queries need the host.
-            return Err(errno_error(libc::EINVAL));
-        }
+        // The guest keeps the file position itself; only data/hole
+        // queries need the host.
+        let whence = i32::try_from(whence)
+            .ok()
+            .filter(|&w| w == libc::SEEK_DATA || w == libc::SEEK_HOLE)
+            .ok_or_else(|| errno_error(libc::EINVAL))?;
         let offset = i64::try_from(offset).map_err(|_| errno_error(libc::EINVAL))?;
         // SAFETY: plain syscall; a shared file position is not relied upon
         // (reads and writes use explicit offsets).
-        let r = cvt(unsafe { libc::lseek64(h.file.as_raw_fd(), offset, whence as i32) })?;
-        Ok(r as u64)
+        cvt_count(unsafe { libc::lseek64(h.file.as_raw_fd(), offset, whence) })
     }
 
     pub fn statfs(&self, nodeid: u64) -> io::Result<libc::statvfs64> {
@@ -380,13 +383,11 @@ fn preadv(file: &std::fs::File, iovs: &[libc::iovec], offset: u64) -> io::Result
     // SAFETY: each iovec points into the guest memory mapping, which stays
     // mapped for this request; the kernel writes at most iov_len bytes to
     // each. No Rust reference aliases guest memory.
-    let n = cvt(unsafe { libc::preadv64(file.as_raw_fd(), iovs.as_ptr(), count, offset) })?;
-    Ok(n as usize)
+    cvt_count(unsafe { libc::preadv64(file.as_raw_fd(), iovs.as_ptr(), count, offset) })
 }
 
 fn pwritev(file: &std::fs::File, iovs: &[libc::iovec], offset: u64) -> io::Result<usize> {
     let (count, offset) = (iov_count(iovs)?, file_offset(offset)?);
     // SAFETY: as in preadv; the kernel only reads the buffers.
-    let n = cvt(unsafe { libc::pwritev64(file.as_raw_fd(), iovs.as_ptr(), count, offset) })?;
-    Ok(n as usize)
+    cvt_count(unsafe { libc::pwritev64(file.as_raw_fd(), iovs.as_ptr(), count, offset) })
 }

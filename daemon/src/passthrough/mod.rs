@@ -73,6 +73,12 @@ pub fn cvt<T: Default + PartialOrd>(ret: T) -> io::Result<T> {
     }
 }
 
+/// A libc call's byte count or offset: the error when it failed (it is
+/// negative then), else the value, which is never negative.
+pub fn cvt_count<T, U: TryFrom<T>>(ret: T) -> io::Result<U> {
+    U::try_from(ret).map_err(|_| last_error())
+}
+
 /// The longest name component Linux file systems take (`NAME_MAX`).
 pub const NAME_MAX: usize = 255;
 

@@ -20,7 +20,7 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::AsRawFd;
 
-use super::{cvt, errno_error, PassthroughFs};
+use super::{cvt, cvt_count, errno_error, PassthroughFs};
 use crate::limits::{Cap, XATTR_LIST_MAX};
 
 /// `--xattr`: whether extended attributes are served.
@@ -80,6 +80,8 @@ impl PassthroughFs {
             return Err(errno_error(libc::E2BIG));
         }
         let host = Self::host_name(name)?;
+        // setxattr(2)'s int flags, unsigned on the wire.
+        let flags = flags.cast_signed();
         // SAFETY: `host` is NUL-terminated and `value` readable for its length.
         cvt(unsafe {
             libc::fsetxattr(
@@ -87,7 +89,7 @@ impl PassthroughFs {
                 host.as_ptr(),
                 value.as_ptr().cast(),
                 value.len(),
-                flags as i32,
+                flags,
             )
         })?;
         Ok(())
@@ -101,7 +103,7 @@ impl PassthroughFs {
         let host = Self::host_name(name)?;
         let mut buf = vec![0u8; size.min(self.limits.max_xattr_size) as usize];
         // SAFETY: `buf` is writable for its length (a null pointer is fine with length 0).
-        let n = cvt(unsafe {
+        let n: usize = cvt_count(unsafe {
             libc::fgetxattr(
                 file.as_raw_fd(),
                 host.as_ptr(),
@@ -109,14 +111,15 @@ impl PassthroughFs {
                 buf.len(),
             )
         })?;
-        let n = n as usize;
         if size == 0 && n > self.limits.max_xattr_size as usize {
             self.caps
                 .hit(Cap::XattrSize, u64::from(self.limits.max_xattr_size));
             return Err(errno_error(libc::E2BIG));
         }
         buf.truncate(n);
-        Ok((n as u32, buf))
+        // Linux caps a value at XATTR_SIZE_MAX (64 KiB).
+        let len = u32::try_from(n).map_err(|_| errno_error(libc::E2BIG))?;
+        Ok((len, buf))
     }
 
     /// LISTXATTR: the host's names, mapped and filtered; answered like
@@ -129,9 +132,9 @@ impl PassthroughFs {
         };
         let mut buf = vec![0u8; XATTR_LIST_MAX as usize];
         // SAFETY: `buf` is writable for its length.
-        let n =
-            cvt(unsafe { libc::flistxattr(file.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })?
-                as usize;
+        let n: usize = cvt_count(unsafe {
+            libc::flistxattr(file.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len())
+        })?;
         let mut out = Vec::new();
         for host in buf[..n].split(|&b| b == 0).filter(|s| !s.is_empty()) {
             if let Some(guest) = to_guest(host) {
@@ -142,7 +145,9 @@ impl PassthroughFs {
         if size != 0 && out.len() > size as usize {
             return Err(errno_error(libc::ERANGE));
         }
-        Ok((out.len() as u32, out))
+        // At most the XATTR_LIST_MAX bytes the host listed.
+        let len = u32::try_from(out.len()).map_err(|_| errno_error(libc::E2BIG))?;
+        Ok((len, out))
     }
 
     pub fn removexattr(&self, nodeid: u64, name: &CStr) -> io::Result<()> {

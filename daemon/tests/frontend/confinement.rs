@@ -97,7 +97,7 @@ fn the_default_daemon_is_confined_on_every_thread_and_serves_a_dax_mapping() {
             .0,
         0
     );
-    assert_eq!(window_byte(&fs, MIB + 5), pattern[(MIB + 5) as usize]);
+    assert_eq!(window_byte(&fs, MIB + 5), pattern[index(MIB + 5)]);
     // Nothing above the share can be looked up: ".." is refused, and the
     // root is the share itself.
     assert_ne!(guest.call(opcode::LOOKUP, ROOT_ID, b"..\0").0, 0);

@@ -18,7 +18,7 @@ fn ram_region(gpa: u64, size: u64) -> Arc<vm_memory::GuestRegionMmap<()>> {
     Arc::new(
         vm_memory::GuestRegionMmap::from_range(
             GuestAddress(gpa),
-            size as usize,
+            usize::try_from(size).unwrap(),
             Some(FileOffset::new(file, 0)),
         )
         .unwrap(),
@@ -27,7 +27,9 @@ fn ram_region(gpa: u64, size: u64) -> Arc<vm_memory::GuestRegionMmap<()>> {
 
 fn share_with_data() -> (TempDir, Vec<u8>) {
     let share = TempDir::new().unwrap();
-    let data: Vec<u8> = (0..CHUNK).map(|i| (i * 31 % 251) as u8).collect();
+    let data: Vec<u8> = (0..CHUNK)
+        .map(|i| u8::try_from(i * 31 % 251).unwrap())
+        .collect();
     std::fs::write(share.as_path().join("data.bin"), &data).unwrap();
     (share, data)
 }
@@ -56,7 +58,7 @@ fn a_read_into_ram_added_after_activation_is_served_once_the_daemon_has_it() {
         .expect("ADD_MEM_REG");
     assert_eq!(
         read_into(&mut guest, node, fh, 0, ADDED_GPA),
-        (0, CHUNK as u32)
+        (0, u32::try_from(CHUNK).unwrap())
     );
     let mut got = vec![0u8; CHUNK];
     after.read_slice(&mut got, GuestAddress(ADDED_GPA)).unwrap();
@@ -96,7 +98,10 @@ fn a_memory_table_of_more_regions_than_one_message_carries_reaches_the_daemon_wh
     let node = lookup(&mut guest, "data.bin").nodeid;
     let fh = open(&mut guest, node, libc::O_RDONLY);
     let last = ADDED_GPA + 38 * ADDED_SIZE;
-    assert_eq!(read_into(&mut guest, node, fh, 0, last), (0, CHUNK as u32));
+    assert_eq!(
+        read_into(&mut guest, node, fh, 0, last),
+        (0, u32::try_from(CHUNK).unwrap())
+    );
     let mut got = vec![0u8; CHUNK];
     mem.read_slice(&mut got, GuestAddress(last)).unwrap();
     assert!(got == data, "the file's bytes landed in the last region");

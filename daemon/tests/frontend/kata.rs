@@ -110,8 +110,9 @@ fn syslog_records(syslogd: &UnixDatagram) -> Vec<String> {
 }
 
 fn kill(child: &mut Child) {
+    let pid = i32::try_from(child.id()).unwrap();
     // SAFETY: signals the child this test spawned and has not yet reaped.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGKILL) }, 0);
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let status = child.wait().unwrap();
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&status),
@@ -175,7 +176,7 @@ fn kata_go_runtime_starts_the_daemon_on_fd_3_with_syslog_and_ends_it_with_sigkil
     let mut fs = VhostUserFs::connect(&fs_config(&socket)).expect("handshake on fd 3");
     let mut guest = activate(&mut fs, &mem);
     let asked = abi::InitIn {
-        flags: init_in().flags | init::SUBMOUNTS as u32,
+        flags: init_in().flags | u32::try_from(init::SUBMOUNTS).unwrap(),
         ..init_in()
     };
     let (e, p) = guest.call(opcode::INIT, 0, asked.as_slice());

@@ -20,7 +20,7 @@ pub(super) fn lookup(guest: &mut Guest, name: &str) -> abi::EntryOut {
 
 pub(super) fn open(guest: &mut Guest, nodeid: u64, flags: i32) -> u64 {
     let o = abi::OpenIn {
-        flags: flags as u32,
+        flags: flags.cast_unsigned(),
         open_flags: 0,
     };
     let (e, p) = guest.call(opcode::OPEN, nodeid, o.as_slice());
@@ -113,11 +113,7 @@ fn reads_and_writes_with_buffers_in_the_window_go_through_the_files_mapped_there
     let share = TempDir::new().unwrap();
     let src: Vec<u8> = (0..MIB).map(|i| (i * 13 % 251) as u8).collect();
     std::fs::write(share.as_path().join("src.bin"), &src).unwrap();
-    std::fs::write(
-        share.as_path().join("map.bin"),
-        vec![0u8; (4 * MIB) as usize],
-    )
-    .unwrap();
+    std::fs::write(share.as_path().join("map.bin"), vec![0u8; index(4 * MIB)]).unwrap();
     std::fs::write(share.as_path().join("out.bin"), b"").unwrap();
     let sockdir = TempDir::new().unwrap();
     let socket = sockdir.as_path().join("fs.sock");
@@ -167,7 +163,7 @@ fn reads_and_writes_with_buffers_in_the_window_go_through_the_files_mapped_there
         (0, CHUNK)
     );
     let host_map = std::fs::read(share.as_path().join("map.bin")).unwrap();
-    let want = &src[at as usize..at as usize + CHUNK as usize];
+    let want = &src[index(at)..index(at + u64::from(CHUNK))];
     assert_eq!(&host_map[0x3000..0x3000 + CHUNK as usize], want);
     assert_eq!(window_byte(&fs, 0x3000 + 77), want[77]);
 

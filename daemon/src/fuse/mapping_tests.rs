@@ -1,0 +1,163 @@
+//! SETUPMAPPING and REMOVEMAPPING through the server to a stand-in for the
+//! VMM on a real backend request channel (REPLY_ACK, as the VMM
+//! negotiates it): what the adaptive policy is told is what the VMM did,
+//! and the alignment INIT announced holds for the session.
+
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+
+use vhost::vhost_user::message::VhostUserMMap;
+use vhost::vhost_user::{
+    Backend, Error as VhostError, FrontendReqHandler, HandlerResult, VhostUserFrontendReqHandler,
+};
+
+use super::tests::{policy, Rig};
+use super::*;
+use crate::fuse::abi::{opcode, ROOT_ID};
+
+const MIB: u64 = 1 << 20;
+
+/// The VMM's end of the channel: acknowledges every SHMEM_MAP and
+/// SHMEM_UNMAP, or refuses them while told to.
+#[derive(Default)]
+struct Vmm {
+    refuse_maps: AtomicBool,
+    refuse_unmaps: AtomicBool,
+}
+
+fn refused() -> std::io::Error {
+    std::io::Error::from_raw_os_error(libc::EINVAL)
+}
+
+impl VhostUserFrontendReqHandler for Vmm {
+    fn shmem_map(&self, _req: &VhostUserMMap, _fd: &dyn AsRawFd) -> HandlerResult<u64> {
+        if self.refuse_maps.load(SeqCst) {
+            return Err(refused());
+        }
+        Ok(0)
+    }
+
+    fn shmem_unmap(&self, _req: &VhostUserMMap) -> HandlerResult<u64> {
+        if self.refuse_unmaps.load(SeqCst) {
+            return Err(refused());
+        }
+        Ok(0)
+    }
+}
+
+/// Gives the server a channel to `vmm`, served on a thread of its own (the
+/// daemon waits for each ack).
+fn connect(rig: &Rig, vmm: Arc<Vmm>) {
+    let mut requests = FrontendReqHandler::new(vmm).unwrap();
+    requests.set_reply_ack_flag(true);
+    // SAFETY: `dup` of an fd the handler keeps open; the result is checked.
+    let daemon_end = unsafe { libc::dup(requests.get_tx_raw_fd()) };
+    assert!(daemon_end >= 0);
+    // SAFETY: `daemon_end` is a fresh fd nothing else owns.
+    let stream = unsafe { UnixStream::from_raw_fd(daemon_end) };
+    let backend = Backend::from_stream(stream);
+    backend.set_reply_ack_flag(true);
+    backend.set_shmem_flag(true);
+    rig.server.connect_vmm_channel(backend);
+    // A refusal is answered (with its errno) and the channel lives on;
+    // the thread ends when the channel does.
+    std::thread::spawn(move || {
+        while let Ok(_) | Err(VhostError::ReqHandlerError(_)) = requests.handle_request() {}
+    });
+}
+
+fn setupmapping(rig: &mut Rig, nodeid: u64, moffset: u64, len: u64) -> i32 {
+    let map = abi::SetupmappingIn {
+        fh: u64::MAX,
+        foffset: 0,
+        len,
+        flags: abi::SETUPMAPPING_FLAG_READ,
+        moffset,
+    };
+    rig.call(opcode::SETUPMAPPING, nodeid, map.as_slice()).0
+}
+
+fn removemapping(rig: &mut Rig, moffset: u64, len: u64) -> i32 {
+    let mut body = abi::RemovemappingIn { count: 1 }.as_slice().to_vec();
+    body.extend_from_slice(abi::RemovemappingOne { moffset, len }.as_slice());
+    rig.call(opcode::REMOVEMAPPING, ROOT_ID, &body).0
+}
+
+fn mapped_ranges(rig: &Rig) -> u64 {
+    rig.server.policy.adaptive.stats().mapped_ranges
+}
+
+/// A 32 MiB window (the rig's mapper) with a 4 MiB file in it, after an
+/// INIT with the VMM's channel up: the rig, the VMM, the file's node id and
+/// what INIT answered.
+fn rig_with_vmm(json: &str) -> (Rig, Arc<Vmm>, u64, abi::InitOut) {
+    let mut rig = Rig::new(policy(json));
+    let vmm = Arc::new(Vmm::default());
+    connect(&rig, vmm.clone());
+    let init = rig.init();
+    let f = std::fs::File::create(rig.dir.as_path().join("data")).unwrap();
+    f.set_len(4 * MIB).unwrap();
+    let file = rig.lookup(ROOT_ID, "data").unwrap().nodeid;
+    (rig, vmm, file, init)
+}
+
+#[test]
+fn only_what_the_vmm_mapped_and_unmapped_is_counted_in_the_window() {
+    let (mut rig, vmm, file, _) = rig_with_vmm(r#"{"cache_size": "32M"}"#);
+
+    // The VMM refuses the map: the guest gets EIO, nothing is counted.
+    vmm.refuse_maps.store(true, SeqCst);
+    assert_eq!(setupmapping(&mut rig, file, 0, 2 * MIB), libc::EIO);
+    assert_eq!(
+        mapped_ranges(&rig),
+        0,
+        "a refused SETUPMAPPING maps nothing"
+    );
+
+    vmm.refuse_maps.store(false, SeqCst);
+    assert_eq!(setupmapping(&mut rig, file, 0, 4 * MIB), 0);
+    assert_eq!(mapped_ranges(&rig), 2);
+
+    // The VMM refuses the unmap: the window there may still map the file.
+    vmm.refuse_unmaps.store(true, SeqCst);
+    assert_eq!(removemapping(&mut rig, 0, 2 * MIB), libc::EIO);
+    assert_eq!(mapped_ranges(&rig), 2, "a refused unmap unmaps nothing");
+    // A range the daemon refuses itself never reaches the VMM.
+    vmm.refuse_unmaps.store(false, SeqCst);
+    assert_eq!(removemapping(&mut rig, 0, 2 * MIB + 1), libc::EINVAL);
+    assert_eq!(mapped_ranges(&rig), 2, "a malformed unmap unmaps nothing");
+
+    assert_eq!(removemapping(&mut rig, 0, 2 * MIB), 0);
+    assert_eq!(mapped_ranges(&rig), 1);
+    let report = rig.server.report();
+    assert_eq!((report.setupmappings, report.removemappings), (1, 1));
+}
+
+#[test]
+fn the_alignment_announced_at_init_holds_until_the_next_init() {
+    let (mut rig, _vmm, file, out) = rig_with_vmm(r#"{"window_granularity": "2M"}"#);
+    assert_eq!(out.map_alignment, 21);
+
+    // A policy of 4 KiB granularity takes hold at the next remount only:
+    // this session still refuses what is not 2 MiB-aligned...
+    rig.server
+        .policy
+        .replace(policy(r#"{"window_granularity": "4K"}"#));
+    assert_eq!(setupmapping(&mut rig, file, 4096, 4096), libc::EINVAL);
+    assert_eq!(rig.server.report().map_alignment, 2 * MIB);
+    assert_eq!(setupmapping(&mut rig, file, 2 * MIB, 2 * MIB), 0);
+
+    // ...and the next session is told, and held to, the new one.
+    let out = rig.init();
+    assert_eq!(out.map_alignment, 12);
+    assert_eq!(rig.server.report().map_alignment, 4096);
+    let file = rig.lookup(ROOT_ID, "data").unwrap().nodeid;
+    assert_eq!(setupmapping(&mut rig, file, 4096, 4096), 0);
+
+    // A coarser policy does not refuse what this session was promised.
+    rig.server
+        .policy
+        .replace(policy(r#"{"window_granularity": "2M"}"#));
+    assert_eq!(setupmapping(&mut rig, file, 8192, 4096), 0);
+}
