@@ -27,7 +27,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use control_protocol::{
-    AdaptiveEvents, DaemonStats, Effect, PolicyChange, PolicyState, PolicyUpdate, WindowLocation,
+    AdaptiveEvents, DaemonStats, PolicyChange, PolicyState, PolicyUpdate, WindowLocation,
     WindowTruncated, WINDOW_LOCATION, WINDOW_TRUNCATED,
 };
 use policies::Policy;
@@ -58,14 +58,6 @@ struct PutParams {
     dry_run: bool,
 }
 
-fn effect(e: policies::Effect) -> Effect {
-    match e {
-        policies::Effect::Live => Effect::Live,
-        policies::Effect::Remount => Effect::Remount,
-        policies::Effect::Recreate => Effect::Recreate,
-    }
-}
-
 fn error(status: StatusCode, message: String) -> Response {
     (status, message + "\n").into_response()
 }
@@ -89,7 +81,7 @@ fn apply(server: &Server, new: Policy, dry_run: bool) -> PolicyUpdate {
             field: c.field.to_string(),
             from: c.from.clone(),
             to: c.to.clone(),
-            effect: effect(c.effect),
+            effect: c.effect,
         })
         .collect();
     let generation = if dry_run || diff.is_empty() {

@@ -27,6 +27,7 @@ use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use dax_abi::{DAX_SHM_REGION_ID, GUEST_RANGE_SIZE, MAX_WINDOW_SIZE};
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 
 use super::map_budget::{vmas_for, MapBudget};
@@ -34,16 +35,13 @@ use super::mapped_files::{FileKey, FileWatch, MappedFiles, MappedRanges};
 use super::metrics::{DaxMetrics, FailureReason};
 use super::scratch::Scratch;
 
-/// Shared memory region id of the DAX window (`VIRTIO_FS_SHMCAP_ID_CACHE`).
-pub const DAX_SHM_REGION_ID: u8 = 0;
-
 #[derive(Debug, thiserror::Error)]
 pub enum WindowError {
     #[error("reserving {size} bytes of address space for the DAX window: {source}")]
     Reserve { size: u64, source: std::io::Error },
     #[error("the DAX window size must be a non-zero multiple of the host page size ({page} bytes), got {size}")]
     Size { size: u64, page: u64 },
-    #[error("the DAX window size {size} is over the limit of {MAX_WINDOW_SIZE} bytes (256 GiB)")]
+    #[error("the DAX window size {size} is over the limit of {MAX_WINDOW_SIZE} bytes ({} GiB)", MAX_WINDOW_SIZE >> 30)]
     TooLarge { size: u64 },
     #[error("no mapping left for another DAX window: the windows use {used} of the {limit} mappings vm.max_map_count leaves them")]
     MapBudget { used: usize, limit: usize },
@@ -116,14 +114,6 @@ pub trait GuestPrefaulter: Send + Sync {
         true
     }
 }
-
-/// The guest maps the window in ranges of this size (`FUSE_DAX_SZ`).
-pub const GUEST_RANGE_SIZE: u64 = 2 << 20;
-
-/// Largest window a device may have, whoever sizes it (`cache_size`, or the
-/// daemon's GET_SHMEM_CONFIG when that is omitted): address space and a KVM
-/// memory slot are reserved for all of it.
-pub const MAX_WINDOW_SIZE: u64 = 256 << 30;
 
 /// Default cap on separate mappings in one window. Each mapping is a VMA of
 /// this process, and a split range up to three; Linux refuses new mappings
@@ -246,8 +236,11 @@ impl DaxWindow {
         Self::with_budget(size, MapBudget::process())
     }
 
-    /// A window drawing its mappings from `budget`.
-    pub fn with_budget(size: u64, budget: Arc<MapBudget>) -> Result<Self, WindowError> {
+    /// Whether a window of `size` bytes may be made: a non-zero multiple of
+    /// the host page size, at most [`MAX_WINDOW_SIZE`]; checked before
+    /// anything is reserved. Any size the daemon may announce (a policy's
+    /// `cache_size`) passes. Returns the host page size.
+    pub fn check_size(size: u64) -> Result<u64, WindowError> {
         let page_size = host_page_size();
         if size == 0 || !size.is_multiple_of(page_size) || usize::try_from(size).is_err() {
             return Err(WindowError::Size {
@@ -258,6 +251,12 @@ impl DaxWindow {
         if size > MAX_WINDOW_SIZE {
             return Err(WindowError::TooLarge { size });
         }
+        Ok(page_size)
+    }
+
+    /// A window drawing its mappings from `budget`.
+    pub fn with_budget(size: u64, budget: Arc<MapBudget>) -> Result<Self, WindowError> {
+        let page_size = Self::check_size(size)?;
         let reserve = |source| WindowError::Reserve { size, source };
         // The scratch and the budget first: neither needs undoing if the
         // reservation fails, but the charge is given back.
@@ -460,7 +459,7 @@ impl DaxWindow {
         if shmid != DAX_SHM_REGION_ID {
             return Err(einval(
                 FailureReason::UnknownRegion,
-                format!("shmid {shmid}: this device has only region 0"),
+                format!("shmid {shmid}: this device has only region {DAX_SHM_REGION_ID}"),
             ));
         }
         if len == 0 {

@@ -287,6 +287,28 @@ fn window_size_is_bounded_whoever_declares_it() {
 }
 
 #[test]
+fn every_window_the_daemon_may_announce_is_accepted() {
+    // The daemon announces its policy's cache_size, which validation keeps
+    // to dax_abi::window_size_fits; the VMM must not refuse any of those.
+    for size in [
+        dax_abi::MIN_WINDOW_SIZE,
+        64 * GUEST_RANGE_SIZE,
+        MAX_WINDOW_SIZE,
+    ] {
+        assert!(dax_abi::window_size_fits(size));
+        assert!(DaxWindow::check_size(size).is_ok(), "{size}");
+    }
+    assert!(matches!(
+        DaxWindow::check_size(MAX_WINDOW_SIZE + GUEST_RANGE_SIZE),
+        Err(WindowError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        DaxWindow::check_size(0),
+        Err(WindowError::Size { .. })
+    ));
+}
+
+#[test]
 fn mapped_ranges_split_and_merge() {
     let mut m = MappedRanges::default();
     assert_eq!(m.insert(0, 100), 0);
