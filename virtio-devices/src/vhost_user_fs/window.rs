@@ -21,6 +21,11 @@
 //! Every request comes from the daemon, which is not trusted: it is checked
 //! (region id, zero length, overflow, bounds, page alignment, flags, fd type)
 //! before any mmap, and a refused request changes nothing.
+//!
+//! Here: the reservation, the checks and the map path. Giving ranges back
+//! (SHMEM_UNMAP, a reset) and the estimate of the guest's reclaiming are in
+//! `window/reclaim.rs`, pre-faulting new mappings in `window/prefault.rs`,
+//! truncated files in `window/repair.rs`.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -145,7 +150,7 @@ pub struct DaxWindow {
     /// The file and the end offset of the last map: a map that continues it
     /// is part of a sequential read.
     last_map: Mutex<Option<((u64, u64), u64)>>,
-    reclaim_pressure: prefault::ReclaimPressure,
+    reclaim_pressure: reclaim::ReclaimPressure,
     guest_prefaulter: OnceLock<Arc<dyn GuestPrefaulter>>,
     /// A pre-fault left for after the daemon's ack
     /// ([`Self::map_deferring_prefault`]).
@@ -291,38 +296,13 @@ impl DaxWindow {
             prefault: std::sync::atomic::AtomicBool::new(false),
             guest_base: std::sync::atomic::AtomicU64::new(0),
             last_map: Mutex::new(None),
-            reclaim_pressure: prefault::ReclaimPressure::default(),
+            reclaim_pressure: reclaim::ReclaimPressure::default(),
             guest_prefaulter: OnceLock::new(),
             deferred_prefault: Mutex::default(),
         };
         // (On failure, dropping the window gives the reservation back.)
         window.show_scratch(0, size).map_err(reserve)?;
         Ok(window)
-    }
-
-    /// Shows the scratch, emptied, over `[start, end)` of the window
-    /// (callers check bounds).
-    fn show_scratch(&self, start: u64, end: u64) -> std::io::Result<()> {
-        if let Err(e) = self.scratch.forget(start, end) {
-            log::debug!("DAX window: emptying the scratch at {start:#x}..{end:#x}: {e}");
-        }
-        self.scratch.show(self.host_addr, start, end)
-    }
-
-    /// Bytes of the scratch that guest accesses outside any mapping have
-    /// touched since the window was made (also those emptied since).
-    pub fn stray_bytes(&self) -> std::io::Result<u64> {
-        self.scratch.stray_bytes()
-    }
-
-    /// What the guest may keep in the scratch before it is emptied.
-    pub fn stray_budget(&self) -> u64 {
-        self.scratch.budget()
-    }
-
-    /// Times the scratch went over its budget and was emptied.
-    pub fn stray_resets(&self) -> u64 {
-        self.scratch.resets()
     }
 
     pub fn host_addr(&self) -> u64 {
@@ -665,106 +645,15 @@ impl DaxWindow {
         // Outside the lock: it may read the file. A concurrent unmap of the
         // range only leaves the scratch populated instead.
         drop(mapped);
-        let follows = self.follows_last_map(info.file, fd_offset, len);
-        if self.prefault.load(std::sync::atomic::Ordering::Relaxed) && (!reclaiming || follows) {
-            let job = prefault::Deferred {
-                addr,
-                shm_offset,
-                len,
-                fd_offset,
-                file_size: info.size,
-            };
-            if defer {
-                // A pre-fault still queued for what this map replaced is moot.
-                self.forget_deferred(shm_offset, shm_offset + len);
-                self.defer_prefault(job);
-            } else {
-                self.prefault(job);
-            }
-        }
+        let job = prefault::Deferred {
+            addr,
+            shm_offset,
+            len,
+            fd_offset,
+            file_size: info.size,
+        };
+        self.prefault_new_mapping(job, info.file, reclaiming, defer);
         Ok(())
-    }
-
-    /// SHMEM_UNMAP: shows the scratch again over the range.
-    pub fn unmap(&self, req: &VhostUserMMap) -> Result<(), RequestError> {
-        let result = self
-            .check(req)
-            .and_then(|end| self.unmap_range(req.shm_offset, end, true));
-        let (offset, len) = (req.shm_offset, req.len);
-        match &result {
-            Ok(()) => {
-                self.metrics
-                    .unmaps
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.notify(WindowEvent::Unmap { offset, len });
-            }
-            Err(e) => {
-                self.metrics.record_failure(e.reason);
-                self.notify(WindowEvent::Refused {
-                    request: "unmap",
-                    reason: e.reason,
-                    offset,
-                    len,
-                });
-            }
-        }
-        result
-    }
-
-    /// `capped`: refuse an unmap that would split ranges past the cap (a
-    /// reset, which unmaps everything, never is).
-    fn unmap_range(&self, start: u64, end: u64, capped: bool) -> Result<(), RequestError> {
-        let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
-        if capped {
-            self.check_count(&mut mapped, start, end, false)?;
-        }
-        let (removed, in_use) = self.drop_mappings(&mut mapped, start, end).map_err(|e| {
-            RequestError::new(
-                FailureReason::MapFailed,
-                e.raw_os_error().unwrap_or(libc::EIO),
-                format!("unmapping window offset {start:#x}..{end:#x}: {e}"),
-            )
-        })?;
-        // The guest reclaims only a nearly full window (under 20 % free);
-        // unmaps of a roomy one are inodes going away, not pressure.
-        if removed > 0 && in_use >= self.size / 4 * 3 {
-            self.reclaim_pressure.on_unmap();
-        }
-        Ok(())
-    }
-
-    /// Shows the (emptied) scratch over `[start, end)` and forgets what was
-    /// mapped there (ranges, files, budget, bytes mapped): what an unmap
-    /// and a truncation repair both do. Returns the bytes that were mapped
-    /// there and the bytes mapped before.
-    fn drop_mappings(
-        &self,
-        mapped: &mut Mappings,
-        start: u64,
-        end: u64,
-    ) -> std::io::Result<(u64, u64)> {
-        self.forget_deferred(start, end);
-        self.show_scratch(start, end)?;
-        let removed = mapped.ranges.remove(start, end);
-        mapped.files.remove(start, end, self.file_watch.as_ref());
-        self.settle_charge(mapped);
-        let in_use = self
-            .metrics
-            .bytes_mapped
-            .fetch_sub(removed, std::sync::atomic::Ordering::Relaxed);
-        Ok((removed, in_use))
-    }
-
-    /// Drops every mapping (device reset, daemon gone).
-    pub fn clear(&self) {
-        if self.unmap_range(0, self.size, false).is_ok() {
-            self.metrics
-                .resets
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.notify(WindowEvent::Reset);
-        } else {
-            log::error!("could not clear the DAX window; its mappings stay until the VMM exits");
-        }
     }
 }
 
@@ -790,6 +679,7 @@ impl Drop for DaxWindow {
 }
 
 mod prefault;
+mod reclaim;
 mod repair;
 
 #[cfg(test)]
