@@ -197,10 +197,13 @@ fn reserve_aligned(size: u64, align: u64) -> std::io::Result<u64> {
     // one else knows of; what stays is [start, start + size).
     unsafe {
         if head > 0 {
-            libc::munmap(base as *mut libc::c_void, head as usize);
+            libc::munmap(base as *mut libc::c_void, crate::narrow::usize_from(head));
         }
         if tail > 0 {
-            libc::munmap((start + size) as *mut libc::c_void, tail as usize);
+            libc::munmap(
+                (start + size) as *mut libc::c_void,
+                crate::narrow::usize_from(tail),
+            );
         }
     }
     Ok(start)
@@ -221,7 +224,7 @@ fn reserve(len: u64) -> std::io::Result<u64> {
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            len as usize,
+            crate::narrow::usize_from(len),
             libc::PROT_NONE,
             flags,
             -1,
@@ -410,13 +413,13 @@ impl DaxWindow {
             let mut off = start;
             while off < end {
                 let len = CHUNK.min(end - off);
-                vec.resize(len.div_ceil(self.page_size) as usize, 0u8);
+                vec.resize(crate::narrow::usize_from(len.div_ceil(self.page_size)), 0u8);
                 // SAFETY: [host_addr + off, + len) lies inside the window this
                 // process reserved; `vec` has one byte per page of it.
                 let r = unsafe {
                     libc::mincore(
                         (self.host_addr + off) as *mut libc::c_void,
-                        len as usize,
+                        crate::narrow::usize_from(len),
                         vec.as_mut_ptr(),
                     )
                 };
@@ -580,6 +583,14 @@ impl DaxWindow {
         let end = self.check(req)?;
         let info = Self::check_fd(fd)?;
         let (shm_offset, len, fd_offset) = (req.shm_offset, req.len, req.fd_offset);
+        // Fits: check() refused an fd_offset + len past off_t.
+        let file_offset = libc::off_t::try_from(fd_offset).map_err(|_| {
+            RequestError::new(
+                FailureReason::OutOfBounds,
+                libc::EINVAL,
+                format!("fd_offset {fd_offset:#x} overflows off_t"),
+            )
+        })?;
         let writable = VhostUserMMapFlags::from_bits_truncate(req.flags)
             .contains(VhostUserMMapFlags::WRITABLE);
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
@@ -607,11 +618,11 @@ impl DaxWindow {
         let p = unsafe {
             libc::mmap(
                 addr as *mut libc::c_void,
-                len as usize,
+                crate::narrow::usize_from(len),
                 prot,
                 libc::MAP_SHARED | libc::MAP_FIXED,
                 fd,
-                fd_offset as libc::off_t,
+                file_offset,
             )
         };
         if p == libc::MAP_FAILED {
@@ -672,7 +683,12 @@ impl Drop for DaxWindow {
     fn drop(&mut self) {
         // SAFETY: the window is this object's own reservation; KVM no longer
         // uses it once the device (and so the VM) is gone.
-        unsafe { libc::munmap(self.host_addr as *mut libc::c_void, self.size as usize) };
+        unsafe {
+            libc::munmap(
+                self.host_addr as *mut libc::c_void,
+                crate::narrow::usize_from(self.size),
+            )
+        };
         let mapped = self.mapped.get_mut().unwrap_or_else(|p| p.into_inner());
         self.budget.recharge(mapped.charge, 0);
     }
