@@ -64,17 +64,9 @@ pub struct PolicyState {
     pub policy: Value,
 }
 
-/// When a changed policy field takes hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Effect {
-    /// At the next LOOKUP/GETATTR of each inode.
-    Live,
-    /// When the guest mounts the share again (`window_granularity`).
-    Remount,
-    /// Only when the device is created again (`cache_size`).
-    Recreate,
-}
+/// When a changed policy field takes hold: the policy's own diff decides
+/// it, and the messages carry it as it is.
+pub use policies::Effect;
 
 /// One changed field of a policy.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -163,16 +163,9 @@ impl VhostUserBackend for FsBackend {
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
     }
 
+    /// What the VMM's frontend asks for (the two sides share the set).
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        let mut f = VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
-        if self.dax {
-            f |= VhostUserProtocolFeatures::BACKEND_REQ
-                | VhostUserProtocolFeatures::BACKEND_SEND_FD
-                | VhostUserProtocolFeatures::SHMEM;
-        }
-        f
+        dax_abi::protocol_features(self.dax)
     }
 
     fn set_event_idx(&self, enabled: bool) {

@@ -26,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use control_protocol::{
-    AdaptiveEvents, DaemonStats, Effect, PolicyChange, PolicyState, PolicyUpdate, WindowLocation,
+    AdaptiveEvents, DaemonStats, PolicyChange, PolicyState, PolicyUpdate, WindowLocation,
     WindowTruncated, WINDOW_LOCATION, WINDOW_TRUNCATED,
 };
 use policies::Policy;
@@ -55,14 +55,6 @@ struct EventsParams {
 struct PutParams {
     #[serde(default)]
     dry_run: bool,
-}
-
-fn effect(e: policies::Effect) -> Effect {
-    match e {
-        policies::Effect::Live => Effect::Live,
-        policies::Effect::Remount => Effect::Remount,
-        policies::Effect::Recreate => Effect::Recreate,
-    }
 }
 
 /// What the control socket serves: the DAX policy (read and swapped here)
@@ -96,7 +88,7 @@ fn apply(policy: &DaxPolicy, new: Policy, dry_run: bool) -> PolicyUpdate {
             field: c.field.to_string(),
             from: c.from.clone(),
             to: c.to.clone(),
-            effect: effect(c.effect),
+            effect: c.effect,
         })
         .collect();
     let generation = if dry_run || diff.is_empty() {

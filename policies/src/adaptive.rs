@@ -49,7 +49,8 @@ pub struct Adaptive {
 
 impl Default for Adaptive {
     /// Pressure starts at 75 % so that it is seen before Linux's own
-    /// reclaim, which starts when fewer than 20 % of the ranges are free.
+    /// reclaim, which starts when fewer than 20 % of the ranges are free
+    /// ([`dax_abi::GUEST_RECLAIM_OCCUPANCY_PCT`]).
     fn default() -> Self {
         Adaptive {
             enabled: true,
@@ -250,6 +251,13 @@ mod tests {
 
     fn err(doc: &str) -> String {
         Policy::parse_json(doc).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn default_pressure_comes_before_the_guest_reclaims() {
+        let d = Adaptive::default();
+        assert!(u64::from(d.pressure_high) < dax_abi::GUEST_RECLAIM_OCCUPANCY_PCT);
+        assert!(d.pressure_low < d.pressure_high);
     }
 
     #[test]

@@ -3,15 +3,21 @@
 //! announced in FUSE_INIT), `cache_size` only when the device is re-created
 //! (the window is guest-physical memory the guest sized at boot).
 
+use serde::{Deserialize, Serialize};
+
 use crate::Policy;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// When a changed policy field takes hold. Decided here, and sent as is
+/// (`live`, `remount`, `recreate`) by the daemon's control socket and the
+/// VMM's API (`control_protocol::PolicyChange`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Effect {
-    /// Takes effect on the daemon's next answer.
+    /// On the daemon's next answer: the next LOOKUP/GETATTR of each inode.
     Live,
-    /// Takes effect when the guest mounts the share again.
+    /// When the guest mounts the share again (`window_granularity`).
     Remount,
-    /// Needs the fs device removed and added again.
+    /// Only when the fs device is removed and added again (`cache_size`).
     Recreate,
 }
 

@@ -104,13 +104,11 @@ pub struct Policy {
 pub const KIB: u64 = 1 << 10;
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
-/// Limits checked by validation.
-pub const MIN_CACHE_SIZE: u64 = 2 * MIB;
-/// The VMM reserves address space and a KVM slot for the whole window and
-/// refuses more than this (`virtio_devices::vhost_user_fs::window::MAX_WINDOW_SIZE`).
-pub const MAX_CACHE_SIZE: u64 = 256 * GIB;
+/// Limits checked by validation. `cache_size`: what the VMM accepts too
+/// ([`dax_abi::window_size_fits`]). The mapping alignment: from a host page
+/// up to the guest's range, past which Linux turns DAX off.
 pub const MIN_GRANULARITY: u64 = 4 * KIB;
-pub const MAX_GRANULARITY: u64 = 2 * MIB;
+pub const MAX_GRANULARITY: u64 = dax_abi::GUEST_RANGE_SIZE;
 pub const MAX_RULES: usize = 100_000;
 
 impl Default for Policy {

@@ -5,8 +5,7 @@
 use serde_json::{Map, Value};
 
 use crate::{
-    Adaptive, Granularity, Mode, Policy, Rule, MAX_CACHE_SIZE, MAX_GRANULARITY, MAX_RULES,
-    MIN_CACHE_SIZE, MIN_GRANULARITY,
+    Adaptive, Granularity, Mode, Policy, Rule, MAX_GRANULARITY, MAX_RULES, MIN_GRANULARITY,
 };
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -131,14 +130,15 @@ impl Policy {
         let mut p = Policy::default();
         if let Some(v) = obj.get("cache_size") {
             p.cache_size = parse_size("cache_size", v)?;
-            if !(MIN_CACHE_SIZE..=MAX_CACHE_SIZE).contains(&p.cache_size)
-                || p.cache_size % MIN_CACHE_SIZE != 0
-            {
+            if !dax_abi::window_size_fits(p.cache_size) {
                 return Err(field_err(
                     "cache_size",
                     format!(
-                        "{} must be a multiple of 2 MiB between 2M and 256G",
-                        shown(v)
+                        "{} must be a multiple of {} MiB between {} and {}",
+                        shown(v),
+                        dax_abi::GUEST_RANGE_SIZE >> 20,
+                        dax_abi::size_text(dax_abi::MIN_WINDOW_SIZE),
+                        dax_abi::size_text(dax_abi::MAX_WINDOW_SIZE)
                     ),
                 ));
             }
@@ -156,7 +156,12 @@ impl Policy {
                 if !g.is_power_of_two() || !(MIN_GRANULARITY..=MAX_GRANULARITY).contains(&g) {
                     return Err(field_err(
                         "window_granularity",
-                        format!("{} must be auto or a power of two from 4K to 2M", shown(v)),
+                        format!(
+                            "{} must be auto or a power of two from {} to {}",
+                            shown(v),
+                            dax_abi::size_text(MIN_GRANULARITY),
+                            dax_abi::size_text(MAX_GRANULARITY)
+                        ),
                     ));
                 }
                 Granularity::Fixed(g)

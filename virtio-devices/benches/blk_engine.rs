@@ -40,7 +40,11 @@ struct Rig {
 
 fn rig() -> Rig {
     let image = vmm_sys_util::tempfile::TempFile::new().unwrap();
-    std::fs::write(image.as_path(), vec![0x5au8; IMAGE as usize]).unwrap();
+    std::fs::write(
+        image.as_path(),
+        vec![0x5au8; usize::try_from(IMAGE).unwrap()],
+    )
+    .unwrap();
     let disk = Arc::new(DiskFile::open(image.as_path(), true, false).unwrap());
     let file = std::fs::File::open(image.as_path()).unwrap();
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
@@ -118,13 +122,13 @@ fn uring(r: &Rig, ops: u64, block: u64, depth: u64, random: bool) -> Duration {
             let host = r.mem.get_host_address(addr).unwrap();
             libc::iovec {
                 iov_base: host.cast(),
-                iov_len: block as usize,
+                iov_len: usize::try_from(block).unwrap(),
             }
         })
         .collect();
     let push = |ring: &mut IoUring, i: u64| {
         let (offset, _) = request(i, block, random, depth);
-        let slot = (i % depth) as usize;
+        let slot = usize::try_from(i % depth).unwrap();
         let read = opcode::Readv::new(fd, &iovecs[slot], 1)
             .offset(offset)
             .build()

@@ -14,8 +14,8 @@ use api::{
     ApiError, DaxEvent, EventBus, FsDaxStatus, VmmAction, VmmReceiver, VmmReply, VmmResult,
     WindowStats,
 };
+use dax_abi::MAP_LATENCY_BUCKETS_US;
 use serde_json::{json, Value};
-use virtio_devices::vhost_user_fs::metrics::MAP_LATENCY_BUCKETS_US;
 use virtio_devices::vhost_user_fs::window::{WindowEvent, WindowObserver};
 
 use crate::config::json::{

@@ -38,12 +38,12 @@ use control_protocol::{AdaptiveEvent, AdaptiveEvents, AdaptiveStats};
 use policies::Adaptive;
 
 /// Linux maps its DAX window in ranges of this size (`FUSE_DAX_SHIFT`).
-pub const RANGE_SHIFT: u32 = 21;
+pub const RANGE_SHIFT: u32 = dax_abi::GUEST_RANGE_SHIFT;
 /// Events kept for readers of `adaptive/events`.
 pub const EVENT_RING: usize = 1024;
-/// Linux starts reclaiming ranges when fewer than 20 % are free: unmaps
-/// above this occupancy are reclaim even when `pressure_high` is higher.
-const GUEST_RECLAIM_PCT: u64 = 80;
+// Linux starts reclaiming ranges when fewer than 20 % are free: unmaps at
+// this occupancy or above are reclaim even when `pressure_high` is higher.
+use dax_abi::GUEST_RECLAIM_OCCUPANCY_PCT;
 
 #[derive(Default)]
 struct FileUse {
@@ -282,7 +282,7 @@ impl AdaptiveDax {
     fn unmapped_at(&self, moffset: u64, len: u64, now: Instant) {
         let mut s = self.state();
         let occ = s.occupancy();
-        let reclaim = occ >= u64::from(s.tuning.pressure_high).min(GUEST_RECLAIM_PCT);
+        let reclaim = occ >= u64::from(s.tuning.pressure_high).min(GUEST_RECLAIM_OCCUPANCY_PCT);
         let thrash_reclaims = u64::from(s.tuning.thrash_reclaims);
         let mut newly_thrashing = 0;
         let gone: Vec<u64> = s

@@ -16,6 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use control_protocol::WindowLocation;
+// What the VMM agrees on: the window's region id, and the buckets of its
+// own map histogram, which this one mirrors.
+use dax_abi::{DAX_SHM_REGION_ID as WINDOW_SHMID, MAP_LATENCY_BUCKETS_US as LATENCY_BUCKETS_US};
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 
@@ -28,8 +31,6 @@ use crate::passthrough::{errno_error, PassthroughFs};
 
 /// The guest sends at most a page of entries per REMOVEMAPPING.
 pub const MAX_REMOVEMAPPING_ENTRIES: u32 = 4096 / 16;
-/// Shared memory region id of the DAX window.
-const WINDOW_SHMID: u8 = 0;
 /// log2 of the alignment a mapper checks before its first session: a page.
 const PAGE_SHIFT: u16 = 12;
 
@@ -40,11 +41,6 @@ pub trait WindowUse: Send + Sync {
     /// Window bytes `[moffset, moffset + len)` are unmapped.
     fn unmapped(&self, moffset: u64, len: u64);
 }
-
-/// Upper bounds (µs) of the SETUPMAPPING latency buckets (the VMM's map
-/// histogram has the same); the last bucket is +Inf.
-pub const LATENCY_BUCKETS_US: [u64; 10] =
-    [10, 25, 50, 100, 250, 500, 1_000, 2_500, 10_000, 100_000];
 
 #[derive(Default)]
 pub struct DaxStats {

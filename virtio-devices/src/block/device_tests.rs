@@ -30,7 +30,9 @@ impl VirtioInterrupt for TestInterrupt {
 
 fn image(sectors: usize) -> vmm_sys_util::tempfile::TempFile {
     let t = vmm_sys_util::tempfile::TempFile::new().unwrap();
-    let data: Vec<u8> = (0..sectors * 512).map(|i| (i / 512) as u8).collect();
+    let data: Vec<u8> = (0..sectors * 512)
+        .map(|i| (i / 512).to_le_bytes()[0])
+        .collect();
     std::fs::write(t.as_path(), data).unwrap();
     t
 }
@@ -48,7 +50,12 @@ fn config(path: &std::path::Path, readonly: bool) -> BlockDeviceConfig {
 }
 
 fn desc(addr: u64, len: u32, flags: u32, next: u16) -> RawDescriptor {
-    RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, next))
+    RawDescriptor::from(SplitDescriptor::new(
+        addr,
+        len,
+        u16::try_from(flags).unwrap(),
+        next,
+    ))
 }
 
 fn header(mem: &GuestMemoryMmap, at: u64, kind: u32, sector: u64) {
@@ -279,7 +286,10 @@ fn an_indirect_chain_is_served_and_the_device_asks_for_the_next_kick() {
     let size = 16u16;
     let vq = MockSplitQueue::new(&mem, size);
     header(&mem, 0x1000, VIRTIO_BLK_T_IN, 3);
-    let (n, w) = (VRING_DESC_F_NEXT as u16, VRING_DESC_F_WRITE as u16);
+    let (n, w) = (
+        const { crate::narrow::to_u16(VRING_DESC_F_NEXT) },
+        const { crate::narrow::to_u16(VRING_DESC_F_WRITE) },
+    );
     let table = [
         SplitDescriptor::new(0x1000, 16, n, 1),
         SplitDescriptor::new(0x4000, 512, n | w, 2),
@@ -293,7 +303,7 @@ fn an_indirect_chain_is_served_and_the_device_asks_for_the_next_kick() {
     vq.build_desc_chain(&[RawDescriptor::from(SplitDescriptor::new(
         0x8000,
         48,
-        VRING_DESC_F_INDIRECT as u16,
+        const { crate::narrow::to_u16(VRING_DESC_F_INDIRECT) },
         0,
     ))])
     .unwrap();

@@ -70,12 +70,12 @@ fn fallocate_works(file: &File, end: u64, mode: libc::c_int) -> bool {
 fn lock(file: &File, readonly: bool, path: &Path) -> bool {
     // SAFETY: an all-zero flock is valid; the fields that matter are set below.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = if readonly {
+    fl.l_type = crate::narrow::to_c_short(if readonly {
         libc::F_RDLCK
     } else {
         libc::F_WRLCK
-    } as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    });
+    fl.l_whence = const { crate::narrow::to_c_short(libc::SEEK_SET) };
     // l_start = l_len = 0: the whole file, however it grows.
     // SAFETY: fcntl on our fd with a pointer to a live flock.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) } == 0 {
@@ -173,9 +173,9 @@ impl DiskFile {
         serial: &[u8; ID_BYTES],
     ) -> (u8, u32) {
         let result = match action {
-            Action::Read { offset, data } => {
-                self.transfer(mem, data, *offset, false).map(|n| n as u32)
-            }
+            Action::Read { offset, data } => self
+                .transfer(mem, data, *offset, false)
+                .map(crate::narrow::sat_u32),
             Action::Write { offset, data } => self.transfer(mem, data, *offset, true).map(|_| 0),
             Action::Flush => self.file.sync_data().map(|()| 0),
             Action::GetId { data } => write_id(mem, data, serial),
@@ -189,10 +189,10 @@ impl DiskFile {
             }),
         };
         match result {
-            Ok(n) => (VIRTIO_BLK_S_OK as u8, n),
+            Ok(n) => (const { crate::narrow::to_u8(VIRTIO_BLK_S_OK) }, n),
             Err(e) => {
                 crate::warn_limited!("virtio-blk: I/O error: {e}");
-                (VIRTIO_BLK_S_IOERR as u8, 0)
+                (const { crate::narrow::to_u8(VIRTIO_BLK_S_IOERR) }, 0)
             }
         }
     }
@@ -239,7 +239,7 @@ impl DiskFile {
         // from one guest memory region into another comes as two pieces.
         let mut slices = Vec::with_capacity(data.len());
         for s in data {
-            for slice in mem.get_slices(s.addr, s.len as usize) {
+            for slice in mem.get_slices(s.addr, crate::narrow::usize_from(s.len)) {
                 slices
                     .push(slice.map_err(|e| std::io::Error::other(format!("guest memory: {e}")))?);
             }
@@ -263,7 +263,7 @@ impl DiskFile {
                 .and_then(|p| libc::off_t::try_from(p).ok())
                 .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
             // The kernel takes at most IOV_MAX (1024) vectors per call.
-            let count = (iovecs.len() - first).min(1024) as libc::c_int;
+            let count = libc::c_int::try_from((iovecs.len() - first).min(1024)).unwrap_or(1024);
             let fd = self.file.as_raw_fd();
             let iov = iovecs[first..].as_ptr();
             // SAFETY: each iovec points into guest memory that `mem` keeps
@@ -287,7 +287,7 @@ impl DiskFile {
                 // The file shrank under us (a read past its new end).
                 return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
             }
-            let mut n = n as usize;
+            let mut n = n.unsigned_abs();
             done += n;
             while n > 0 && first < iovecs.len() {
                 let v = &mut iovecs[first];
@@ -319,12 +319,12 @@ fn write_id<M: GuestMemoryBackend>(
         if written == ID_BYTES {
             break;
         }
-        let n = (ID_BYTES - written).min(s.len as usize);
+        let n = (ID_BYTES - written).min(crate::narrow::usize_from(s.len));
         mem.write_slice(&serial[written..written + n], s.addr)
             .map_err(|e| std::io::Error::other(format!("guest memory: {e}")))?;
         written += n;
     }
-    Ok(written as u32)
+    Ok(crate::narrow::sat_u32(written))
 }
 
 #[cfg(test)]
@@ -334,7 +334,7 @@ mod tests {
 
     fn image(bytes: usize) -> (vmm_sys_util::tempfile::TempFile, PathBuf) {
         let t = vmm_sys_util::tempfile::TempFile::new().unwrap();
-        let data: Vec<u8> = (0..bytes).map(|i| (i / 512) as u8).collect();
+        let data: Vec<u8> = (0..bytes).map(|i| (i / 512).to_le_bytes()[0]).collect();
         std::fs::write(t.as_path(), data).unwrap();
         let p = t.as_path().to_path_buf();
         (t, p)
@@ -409,7 +409,7 @@ mod tests {
         };
         assert_eq!(
             disk.execute(&mem, &bad, &serial).0,
-            VIRTIO_BLK_S_IOERR as u8
+            const { crate::narrow::to_u8(VIRTIO_BLK_S_IOERR) }
         );
 
         // The writable disk holds the image: no second user, not even a reader.

@@ -362,7 +362,10 @@ mod tests {
             .unwrap();
         let mut descs = Vec::new();
         for i in 0..count {
-            let (n, w) = (VRING_DESC_F_NEXT as u16, VRING_DESC_F_WRITE as u16);
+            let (n, w) = (
+                const { crate::narrow::to_u16(VRING_DESC_F_NEXT) },
+                const { crate::narrow::to_u16(VRING_DESC_F_WRITE) },
+            );
             descs.push(RawDescriptor::from(SplitDescriptor::new(
                 0x1000,
                 16,
@@ -437,7 +440,7 @@ mod tests {
         let completions = completions();
         let (tx, rx) = channel();
         let used_flags = || mem.read_obj::<u16>(vq.used_addr()).unwrap();
-        let no_notify = VRING_USED_F_NO_NOTIFY as u16;
+        let no_notify = const { crate::narrow::to_u16(VRING_USED_F_NO_NOTIFY) };
         let mut in_flight = 0;
         serve_until_idle(
             &shared,

@@ -21,7 +21,8 @@ fn limits() -> DiskLimits {
 }
 
 fn mem_with_header(kind: u32, sector: u64) -> GuestMemoryMmap<()> {
-    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_END as usize)]).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), usize::try_from(MEM_END).unwrap())])
+        .unwrap();
     let mut h = [0u8; 16];
     h[0..4].copy_from_slice(&kind.to_le_bytes());
     h[8..16].copy_from_slice(&sector.to_le_bytes());
@@ -167,7 +168,10 @@ fn lengths_and_sectors_are_checked_against_the_disk() {
             capacity: 64
         }
     );
-    assert_eq!(past.status(), VIRTIO_BLK_S_IOERR as u8);
+    assert_eq!(
+        past.status(),
+        const { crate::narrow::to_u8(VIRTIO_BLK_S_IOERR) }
+    );
     // Sector numbers that overflow when added to or shifted.
     assert!(matches!(
         io(VIRTIO_BLK_T_OUT, u64::MAX, 512),
@@ -239,7 +243,10 @@ fn malformed_chains_are_refused_and_answered_where_possible() {
     let mem = mem_with_header(99, 0);
     let r = parse_with(&mem, &[d(HDR, 16, false), d(STATUS, 1, true)], &l);
     assert_eq!(r.action, Err(RequestError::Unsupported(99)));
-    assert_eq!(r.action.unwrap_err().status(), VIRTIO_BLK_S_UNSUPP as u8);
+    assert_eq!(
+        r.action.unwrap_err().status(),
+        const { crate::narrow::to_u8(VIRTIO_BLK_S_UNSUPP) }
+    );
 }
 
 fn range(sector: u64, num: u32, flags: u32) -> [u8; 16] {
@@ -261,7 +268,7 @@ fn discard_and_write_zeroes_ranges() {
             &mem,
             &[
                 d(HDR, 16, false),
-                d(DATA, bytes.len() as u32, false),
+                d(DATA, u32::try_from(bytes.len()).unwrap(), false),
                 d(STATUS, 1, true),
             ],
             l,
@@ -301,7 +308,10 @@ fn discard_and_write_zeroes_ranges() {
     );
     // Unmap is not a discard flag; unknown flags are UNSUPP.
     let e = run(VIRTIO_BLK_T_DISCARD, &[range(0, 1, RANGE_FLAG_UNMAP)], &l).unwrap_err();
-    assert_eq!(e.status(), VIRTIO_BLK_S_UNSUPP as u8);
+    assert_eq!(
+        e.status(),
+        const { crate::narrow::to_u8(VIRTIO_BLK_S_UNSUPP) }
+    );
     assert!(run(VIRTIO_BLK_T_WRITE_ZEROES, &[range(0, 1, 4)], &l).is_err());
     // Past the end, too long, too many.
     assert!(matches!(
@@ -371,7 +381,10 @@ fn a_readonly_disk_refuses_every_write_with_ioerr() {
             &ro,
         );
         assert_eq!(r.action, Err(RequestError::ReadOnly), "type {kind}");
-        assert_eq!(RequestError::ReadOnly.status(), VIRTIO_BLK_S_IOERR as u8);
+        assert_eq!(
+            RequestError::ReadOnly.status(),
+            const { crate::narrow::to_u8(VIRTIO_BLK_S_IOERR) }
+        );
     }
     let mem = mem_with_header(VIRTIO_BLK_T_IN, 0);
     let r = parse_with(

@@ -86,7 +86,12 @@ fn device(mtu: Option<u16>, offers: u64) -> (Net, Arc<FakeTap>, UnixDatagram) {
 }
 
 fn desc(addr: u64, len: u32, flags: u32, next: u16) -> RawDescriptor {
-    RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, next))
+    RawDescriptor::from(SplitDescriptor::new(
+        addr,
+        len,
+        u16::try_from(flags).unwrap(),
+        next,
+    ))
 }
 
 #[test]
@@ -243,7 +248,7 @@ fn with_event_idx_the_device_asks_for_the_next_kicks() {
     let (rx_used, tx_used) = (GuestAddress(0x8000), GuestAddress(0x10_8000));
     let relocated = |q: &MockSplitQueue<GuestMemoryMmap>, used: GuestAddress| {
         let mut queue = q.create_queue::<Queue>().unwrap();
-        queue.set_used_ring_address(Some(used.0 as u32), Some(0));
+        queue.set_used_ring_address(Some(u32::try_from(used.0).unwrap()), Some(0));
         queue
     };
     let avail_event = |used: GuestAddress| {
@@ -255,7 +260,7 @@ fn with_event_idx_the_device_asks_for_the_next_kicks() {
     let mut frame = VnetHeader::default().to_bytes().to_vec();
     frame.extend_from_slice(b"a frame");
     mem.write_slice(&frame, GuestAddress(0x30_0000)).unwrap();
-    txq.build_multiple_desc_chains(&[desc(0x30_0000, frame.len() as u32, 0, 0)])
+    txq.build_multiple_desc_chains(&[desc(0x30_0000, u32::try_from(frame.len()).unwrap(), 0, 0)])
         .unwrap();
     let (rx_kick, tx_kick) = (
         EventFd::new(libc::EFD_NONBLOCK).unwrap(),

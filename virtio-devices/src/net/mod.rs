@@ -122,7 +122,9 @@ impl Net {
     fn config(&self) -> [u8; CONFIG_LEN] {
         let mut c = [0u8; CONFIG_LEN];
         c[..6].copy_from_slice(&self.mac.0);
-        c[6..8].copy_from_slice(&(VIRTIO_NET_S_LINK_UP as u16).to_le_bytes());
+        c[6..8].copy_from_slice(
+            &(const { crate::narrow::to_u16(VIRTIO_NET_S_LINK_UP) }).to_le_bytes(),
+        );
         c[8..10].copy_from_slice(&1u16.to_le_bytes());
         c[10..12].copy_from_slice(&self.mtu.unwrap_or(0).to_le_bytes());
         c

@@ -15,7 +15,12 @@ use super::*;
 use crate::GuestMemoryMmap;
 
 fn desc(addr: u64, len: u32, flags: u32, next: u16) -> RawDescriptor {
-    RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, next))
+    RawDescriptor::from(SplitDescriptor::new(
+        addr,
+        len,
+        u16::try_from(flags).unwrap(),
+        next,
+    ))
 }
 
 fn pair() -> (UnixDatagram, UnixDatagram) {
@@ -134,7 +139,7 @@ fn tx_gathers_checks_and_sends_each_chain_once() {
     let n = VRING_DESC_F_NEXT;
     let tso = VnetHeader {
         flags: 1,
-        gso_type: VIRTIO_NET_HDR_GSO_TCPV4 as u8,
+        gso_type: const { crate::narrow::to_u8(VIRTIO_NET_HDR_GSO_TCPV4) },
         gso_size: 1448,
         hdr_len: 54,
         csum_start: 34,
@@ -145,7 +150,7 @@ fn tx_gathers_checks_and_sends_each_chain_once() {
         .unwrap();
     mem.write_slice(&tso.to_bytes(), GuestAddress(0x11000))
         .unwrap();
-    let payload: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+    let payload: Vec<u8> = (0..3000u32).map(|i| i.to_le_bytes()[0]).collect();
     mem.write_slice(&payload, GuestAddress(0x20000)).unwrap();
     vq.build_multiple_desc_chains(&[
         // 0: header, then the payload in two pieces.
@@ -160,7 +165,7 @@ fn tx_gathers_checks_and_sends_each_chain_once() {
         desc(0x20000, 100, VRING_DESC_F_WRITE, 0),
         // 3: longer than a frame may be.
         desc(0x10000, 12, n, 8),
-        desc(0x20000, MAX_FRAME_LEN as u32, 0, 0),
+        desc(0x20000, u32::try_from(MAX_FRAME_LEN).unwrap(), 0, 0),
         // 4: outside guest memory.
         desc(0x10000, 12, n, 10),
         desc(0x4000_0000, 100, 0, 0),

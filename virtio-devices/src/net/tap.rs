@@ -52,7 +52,7 @@ fn ifreq_named(name: &str) -> libc::ifreq {
     // addresses); all zeroes is a valid value of it.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes()) {
-        *dst = src as libc::c_char;
+        *dst = libc::c_char::from_ne_bytes([src]);
     }
     req
 }
@@ -62,7 +62,7 @@ fn ifreq_name(req: &libc::ifreq) -> String {
         .ifr_name
         .iter()
         .take_while(|c| **c != 0)
-        .map(|c| *c as u8)
+        .map(|c| u8::from_ne_bytes(c.to_ne_bytes()))
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
@@ -130,7 +130,9 @@ impl Tap {
         // SAFETY: fd was just opened and is owned by nothing else.
         let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
         let mut req = ifreq_named(name);
-        req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as i16;
+        req.ifr_ifru.ifru_flags = const {
+            crate::narrow::to_c_short(libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR)
+        };
         // SAFETY: TUNSETIFF reads and writes an ifreq.
         unsafe { ioctl_ptr(file.as_raw_fd(), libc::TUNSETIFF, &mut req) }
             .map_err(|e| fail("TUNSETIFF", e))?;
@@ -176,7 +178,7 @@ impl Tap {
     }
 
     fn set_vnet_hdr_len(&self) -> io::Result<()> {
-        let mut len = VNET_HDR_LEN as libc::c_int;
+        let mut len = libc::c_int::try_from(VNET_HDR_LEN).unwrap_or(libc::c_int::MAX);
         // SAFETY: TUNSETVNETHDRSZ reads an int.
         unsafe { ioctl_ptr(self.file.as_raw_fd(), libc::TUNSETVNETHDRSZ, &mut len) }
     }
@@ -224,7 +226,7 @@ impl Tap {
             unsafe {
                 let sin =
                     &mut req.ifr_ifru.ifru_addr as *mut libc::sockaddr as *mut libc::sockaddr_in;
-                (*sin).sin_family = libc::AF_INET as libc::sa_family_t;
+                (*sin).sin_family = const { crate::narrow::to_sa_family(libc::AF_INET) };
                 (*sin).sin_addr.s_addr = u32::from_ne_bytes(addr.octets());
             }
             // SAFETY: SIOCSIFADDR/SIOCSIFNETMASK read an ifreq.
@@ -250,7 +252,8 @@ impl Tap {
             .map_err(self.fail("SIOCGIFFLAGS"))?;
         // SAFETY: SIOCGIFFLAGS filled the flags member; then SIOCSIFFLAGS reads it.
         unsafe {
-            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as i16;
+            req.ifr_ifru.ifru_flags |=
+                const { crate::narrow::to_c_short(libc::IFF_UP | libc::IFF_RUNNING) };
             ioctl_ptr(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut req)
         }
         .map_err(self.fail("SIOCSIFFLAGS"))

@@ -102,7 +102,7 @@ impl PmemBacking {
         let addr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                size as usize,
+                crate::narrow::usize_from(size),
                 prot,
                 flags,
                 file.as_raw_fd(),
@@ -140,7 +140,12 @@ impl PmemBacking {
 impl Drop for PmemBacking {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the mapping `open` created, once.
-        unsafe { libc::munmap(self.host_addr as *mut libc::c_void, self.size as usize) };
+        unsafe {
+            libc::munmap(
+                self.host_addr as *mut libc::c_void,
+                crate::narrow::usize_from(self.size),
+            )
+        };
     }
 }
 
@@ -161,7 +166,7 @@ mod tests {
     fn sizes_are_checked_and_named() {
         let dir = scratch("sizes");
         let f = dir.join("f");
-        std::fs::write(&f, vec![0u8; 3 * MIB as usize]).unwrap();
+        std::fs::write(&f, vec![0u8; 3 * usize::try_from(MIB).unwrap()]).unwrap();
         let e = PmemBacking::open(&f, Some(3 * MIB), false)
             .unwrap_err()
             .to_string();
@@ -198,7 +203,7 @@ mod tests {
     fn discard_writes_leaves_the_file_alone() {
         let dir = scratch("discard");
         let f = dir.join("f");
-        std::fs::write(&f, vec![7u8; 2 * MIB as usize]).unwrap();
+        std::fs::write(&f, vec![7u8; 2 * usize::try_from(MIB).unwrap()]).unwrap();
         let b = PmemBacking::open(&f, None, true).unwrap();
         assert_eq!(b.size(), 2 * MIB);
         // SAFETY: the private mapping is 2 MiB long and writable.

@@ -105,7 +105,11 @@ mod tests {
     const RESP: u64 = 0x11_000;
 
     fn desc(addr: u64, len: u32, write: bool) -> RawDescriptor {
-        let flags = if write { VRING_DESC_F_WRITE as u16 } else { 0 };
+        let flags = if write {
+            const { crate::narrow::to_u16(VRING_DESC_F_WRITE) }
+        } else {
+            0
+        };
         RawDescriptor::from(SplitDescriptor::new(addr, len, flags, 0))
     }
 

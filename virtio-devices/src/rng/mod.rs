@@ -167,7 +167,7 @@ pub fn process_queue<M: GuestMemory>(
                 break;
             }
         }
-        queue.add_used(mem, head, written as u32)?;
+        queue.add_used(mem, head, crate::narrow::sat_u32(written))?;
         used += 1;
     }
     Ok(used)
@@ -191,19 +191,19 @@ mod tests {
             RawDescriptor::from(SplitDescriptor::new(
                 0x10000,
                 100,
-                VRING_DESC_F_WRITE as u16,
+                const { crate::narrow::to_u16(VRING_DESC_F_WRITE) },
                 0,
             )),
             RawDescriptor::from(SplitDescriptor::new(
                 0x20000,
                 48 << 10,
-                (VRING_DESC_F_WRITE | VRING_DESC_F_NEXT) as u16,
+                const { crate::narrow::to_u16(VRING_DESC_F_WRITE | VRING_DESC_F_NEXT) },
                 2,
             )),
             RawDescriptor::from(SplitDescriptor::new(
                 0x40000,
                 48 << 10,
-                VRING_DESC_F_WRITE as u16,
+                const { crate::narrow::to_u16(VRING_DESC_F_WRITE) },
                 0,
             )),
         ];
@@ -222,7 +222,7 @@ mod tests {
         };
         assert_eq!(
             (used_len(0), used_len(1)),
-            (100, MAX_BYTES_PER_REQUEST as u32)
+            (100, u32::try_from(MAX_BYTES_PER_REQUEST).unwrap())
         );
         assert!(Rng::new("rng0".into(), std::path::Path::new("/dev/urandom")).is_ok());
         assert!(Rng::new("rng0".into(), std::path::Path::new("/"))

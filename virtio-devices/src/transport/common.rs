@@ -218,7 +218,7 @@ impl VirtioState {
                 }
             };
             activated.push(ActivatedQueue {
-                index: i as u16,
+                index: crate::narrow::sat_u16(i),
                 queue,
                 kick,
             });

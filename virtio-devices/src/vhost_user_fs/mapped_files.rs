@@ -346,7 +346,11 @@ impl FileWatch {
                         buf[at + i + 3],
                     ])
                 };
-                let (wd, mask, len) = (word(0) as i32, word(4), word(12) as usize);
+                let (wd, mask, len) = (
+                    i32::from_ne_bytes(word(0).to_ne_bytes()),
+                    word(4),
+                    crate::narrow::usize_from(u64::from(word(12))),
+                );
                 if mask & libc::IN_Q_OVERFLOW != 0 {
                     overflow = true;
                 } else if !wds.contains(&wd) {

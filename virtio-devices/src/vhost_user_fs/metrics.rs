@@ -5,6 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use dax_abi::MAP_LATENCY_BUCKETS_US;
+
 /// Why a SHMEM_MAP/SHMEM_UNMAP was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FailureReason {
@@ -58,10 +60,6 @@ impl FailureReason {
             .expect("listed in ALL")
     }
 }
-
-/// Upper bounds (µs) of the map-latency histogram buckets; the last bucket is +Inf.
-pub const MAP_LATENCY_BUCKETS_US: [u64; 10] =
-    [10, 25, 50, 100, 250, 500, 1_000, 2_500, 10_000, 100_000];
 
 #[derive(Default)]
 pub struct DaxMetrics {

@@ -39,7 +39,8 @@ use crate::device::{
 };
 use crate::GuestMemoryMmap;
 use backend_req::DaxRequestHandler;
-use window::{DaxWindow, DAX_SHM_REGION_ID};
+use dax_abi::DAX_SHM_REGION_ID;
+use window::DaxWindow;
 
 pub const VIRTIO_ID_FS: u32 = 26;
 /// Bytes of the tag in config space.
@@ -191,13 +192,10 @@ impl VhostUserFs {
             "GET_PROTOCOL_FEATURES",
             frontend.get_protocol_features(),
         )?;
-        let mut wanted = VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        let wanted = dax_abi::protocol_features(cfg.dax);
         if cfg.dax {
-            wanted |= VhostUserProtocolFeatures::BACKEND_REQ
-                | VhostUserProtocolFeatures::BACKEND_SEND_FD
-                | VhostUserProtocolFeatures::SHMEM;
+            // Only memory slots may be missing: without them the memory
+            // table goes whole (SET_MEM_TABLE).
             let missing = (wanted - VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS) - offered;
             if !missing.is_empty() {
                 return Err(FsError::Missing {

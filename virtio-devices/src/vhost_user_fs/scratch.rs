@@ -28,7 +28,7 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// The smallest budget: one guest DAX range (`FUSE_DAX_SZ`, 2 MiB).
-const MIN_STRAY_BUDGET: u64 = 2 << 20;
+const MIN_STRAY_BUDGET: u64 = dax_abi::GUEST_RANGE_SIZE;
 
 /// What the guest may keep in a `window_size` window's scratch: 2 MiB, or
 /// 1/2048 of the window when that is more (128 MiB for the largest window).

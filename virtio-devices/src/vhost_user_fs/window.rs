@@ -21,12 +21,18 @@
 //! Every request comes from the daemon, which is not trusted: it is checked
 //! (region id, zero length, overflow, bounds, page alignment, flags, fd type)
 //! before any mmap, and a refused request changes nothing.
+//!
+//! Here: the reservation, the checks and the map path. Giving ranges back
+//! (SHMEM_UNMAP, a reset) and the estimate of the guest's reclaiming are in
+//! `window/reclaim.rs`, pre-faulting new mappings in `window/prefault.rs`,
+//! truncated files in `window/repair.rs`.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use dax_abi::{DAX_SHM_REGION_ID, GUEST_RANGE_SIZE, MAX_WINDOW_SIZE};
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 
 use super::map_budget::{vmas_for, MapBudget};
@@ -34,16 +40,13 @@ use super::mapped_files::{FileKey, FileWatch, MappedFiles, MappedRanges};
 use super::metrics::{DaxMetrics, FailureReason};
 use super::scratch::Scratch;
 
-/// Shared memory region id of the DAX window (`VIRTIO_FS_SHMCAP_ID_CACHE`).
-pub const DAX_SHM_REGION_ID: u8 = 0;
-
 #[derive(Debug, thiserror::Error)]
 pub enum WindowError {
     #[error("reserving {size} bytes of address space for the DAX window: {source}")]
     Reserve { size: u64, source: std::io::Error },
     #[error("the DAX window size must be a non-zero multiple of the host page size ({page} bytes), got {size}")]
     Size { size: u64, page: u64 },
-    #[error("the DAX window size {size} is over the limit of {MAX_WINDOW_SIZE} bytes (256 GiB)")]
+    #[error("the DAX window size {size} is over the limit of {MAX_WINDOW_SIZE} bytes ({} GiB)", MAX_WINDOW_SIZE >> 30)]
     TooLarge { size: u64 },
     #[error("no mapping left for another DAX window: the windows use {used} of the {limit} mappings vm.max_map_count leaves them")]
     MapBudget { used: usize, limit: usize },
@@ -117,14 +120,6 @@ pub trait GuestPrefaulter: Send + Sync {
     }
 }
 
-/// The guest maps the window in ranges of this size (`FUSE_DAX_SZ`).
-pub const GUEST_RANGE_SIZE: u64 = 2 << 20;
-
-/// Largest window a device may have, whoever sizes it (`cache_size`, or the
-/// daemon's GET_SHMEM_CONFIG when that is omitted): address space and a KVM
-/// memory slot are reserved for all of it.
-pub const MAX_WINDOW_SIZE: u64 = 256 << 30;
-
 /// Default cap on separate mappings in one window. Each mapping is a VMA of
 /// this process, and a split range up to three; Linux refuses new mappings
 /// past `vm.max_map_count` (65530 by default), after which the VMM's own
@@ -155,7 +150,7 @@ pub struct DaxWindow {
     /// The file and the end offset of the last map: a map that continues it
     /// is part of a sequential read.
     last_map: Mutex<Option<((u64, u64), u64)>>,
-    reclaim_pressure: prefault::ReclaimPressure,
+    reclaim_pressure: reclaim::ReclaimPressure,
     guest_prefaulter: OnceLock<Arc<dyn GuestPrefaulter>>,
     /// A pre-fault left for after the daemon's ack
     /// ([`Self::map_deferring_prefault`]).
@@ -202,10 +197,13 @@ fn reserve_aligned(size: u64, align: u64) -> std::io::Result<u64> {
     // one else knows of; what stays is [start, start + size).
     unsafe {
         if head > 0 {
-            libc::munmap(base as *mut libc::c_void, head as usize);
+            libc::munmap(base as *mut libc::c_void, crate::narrow::usize_from(head));
         }
         if tail > 0 {
-            libc::munmap((start + size) as *mut libc::c_void, tail as usize);
+            libc::munmap(
+                (start + size) as *mut libc::c_void,
+                crate::narrow::usize_from(tail),
+            );
         }
     }
     Ok(start)
@@ -226,7 +224,7 @@ fn reserve(len: u64) -> std::io::Result<u64> {
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            len as usize,
+            crate::narrow::usize_from(len),
             libc::PROT_NONE,
             flags,
             -1,
@@ -246,8 +244,11 @@ impl DaxWindow {
         Self::with_budget(size, MapBudget::process())
     }
 
-    /// A window drawing its mappings from `budget`.
-    pub fn with_budget(size: u64, budget: Arc<MapBudget>) -> Result<Self, WindowError> {
+    /// Whether a window of `size` bytes may be made: a non-zero multiple of
+    /// the host page size, at most [`MAX_WINDOW_SIZE`]; checked before
+    /// anything is reserved. Any size the daemon may announce (a policy's
+    /// `cache_size`) passes. Returns the host page size.
+    pub fn check_size(size: u64) -> Result<u64, WindowError> {
         let page_size = host_page_size();
         if size == 0 || !size.is_multiple_of(page_size) || usize::try_from(size).is_err() {
             return Err(WindowError::Size {
@@ -258,6 +259,12 @@ impl DaxWindow {
         if size > MAX_WINDOW_SIZE {
             return Err(WindowError::TooLarge { size });
         }
+        Ok(page_size)
+    }
+
+    /// A window drawing its mappings from `budget`.
+    pub fn with_budget(size: u64, budget: Arc<MapBudget>) -> Result<Self, WindowError> {
+        let page_size = Self::check_size(size)?;
         let reserve = |source| WindowError::Reserve { size, source };
         // The scratch and the budget first: neither needs undoing if the
         // reservation fails, but the charge is given back.
@@ -292,38 +299,13 @@ impl DaxWindow {
             prefault: std::sync::atomic::AtomicBool::new(false),
             guest_base: std::sync::atomic::AtomicU64::new(0),
             last_map: Mutex::new(None),
-            reclaim_pressure: prefault::ReclaimPressure::default(),
+            reclaim_pressure: reclaim::ReclaimPressure::default(),
             guest_prefaulter: OnceLock::new(),
             deferred_prefault: Mutex::default(),
         };
         // (On failure, dropping the window gives the reservation back.)
         window.show_scratch(0, size).map_err(reserve)?;
         Ok(window)
-    }
-
-    /// Shows the scratch, emptied, over `[start, end)` of the window
-    /// (callers check bounds).
-    fn show_scratch(&self, start: u64, end: u64) -> std::io::Result<()> {
-        if let Err(e) = self.scratch.forget(start, end) {
-            log::debug!("DAX window: emptying the scratch at {start:#x}..{end:#x}: {e}");
-        }
-        self.scratch.show(self.host_addr, start, end)
-    }
-
-    /// Bytes of the scratch that guest accesses outside any mapping have
-    /// touched since the window was made (also those emptied since).
-    pub fn stray_bytes(&self) -> std::io::Result<u64> {
-        self.scratch.stray_bytes()
-    }
-
-    /// What the guest may keep in the scratch before it is emptied.
-    pub fn stray_budget(&self) -> u64 {
-        self.scratch.budget()
-    }
-
-    /// Times the scratch went over its budget and was emptied.
-    pub fn stray_resets(&self) -> u64 {
-        self.scratch.resets()
     }
 
     pub fn host_addr(&self) -> u64 {
@@ -431,13 +413,13 @@ impl DaxWindow {
             let mut off = start;
             while off < end {
                 let len = CHUNK.min(end - off);
-                vec.resize(len.div_ceil(self.page_size) as usize, 0u8);
+                vec.resize(crate::narrow::usize_from(len.div_ceil(self.page_size)), 0u8);
                 // SAFETY: [host_addr + off, + len) lies inside the window this
                 // process reserved; `vec` has one byte per page of it.
                 let r = unsafe {
                     libc::mincore(
                         (self.host_addr + off) as *mut libc::c_void,
-                        len as usize,
+                        crate::narrow::usize_from(len),
                         vec.as_mut_ptr(),
                     )
                 };
@@ -460,7 +442,7 @@ impl DaxWindow {
         if shmid != DAX_SHM_REGION_ID {
             return Err(einval(
                 FailureReason::UnknownRegion,
-                format!("shmid {shmid}: this device has only region 0"),
+                format!("shmid {shmid}: this device has only region {DAX_SHM_REGION_ID}"),
             ));
         }
         if len == 0 {
@@ -601,6 +583,14 @@ impl DaxWindow {
         let end = self.check(req)?;
         let info = Self::check_fd(fd)?;
         let (shm_offset, len, fd_offset) = (req.shm_offset, req.len, req.fd_offset);
+        // Fits: check() refused an fd_offset + len past off_t.
+        let file_offset = libc::off_t::try_from(fd_offset).map_err(|_| {
+            RequestError::new(
+                FailureReason::OutOfBounds,
+                libc::EINVAL,
+                format!("fd_offset {fd_offset:#x} overflows off_t"),
+            )
+        })?;
         let writable = VhostUserMMapFlags::from_bits_truncate(req.flags)
             .contains(VhostUserMMapFlags::WRITABLE);
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
@@ -628,11 +618,11 @@ impl DaxWindow {
         let p = unsafe {
             libc::mmap(
                 addr as *mut libc::c_void,
-                len as usize,
+                crate::narrow::usize_from(len),
                 prot,
                 libc::MAP_SHARED | libc::MAP_FIXED,
                 fd,
-                fd_offset as libc::off_t,
+                file_offset,
             )
         };
         if p == libc::MAP_FAILED {
@@ -666,106 +656,15 @@ impl DaxWindow {
         // Outside the lock: it may read the file. A concurrent unmap of the
         // range only leaves the scratch populated instead.
         drop(mapped);
-        let follows = self.follows_last_map(info.file, fd_offset, len);
-        if self.prefault.load(std::sync::atomic::Ordering::Relaxed) && (!reclaiming || follows) {
-            let job = prefault::Deferred {
-                addr,
-                shm_offset,
-                len,
-                fd_offset,
-                file_size: info.size,
-            };
-            if defer {
-                // A pre-fault still queued for what this map replaced is moot.
-                self.forget_deferred(shm_offset, shm_offset + len);
-                self.defer_prefault(job);
-            } else {
-                self.prefault(job);
-            }
-        }
+        let job = prefault::Deferred {
+            addr,
+            shm_offset,
+            len,
+            fd_offset,
+            file_size: info.size,
+        };
+        self.prefault_new_mapping(job, info.file, reclaiming, defer);
         Ok(())
-    }
-
-    /// SHMEM_UNMAP: shows the scratch again over the range.
-    pub fn unmap(&self, req: &VhostUserMMap) -> Result<(), RequestError> {
-        let result = self
-            .check(req)
-            .and_then(|end| self.unmap_range(req.shm_offset, end, true));
-        let (offset, len) = (req.shm_offset, req.len);
-        match &result {
-            Ok(()) => {
-                self.metrics
-                    .unmaps
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.notify(WindowEvent::Unmap { offset, len });
-            }
-            Err(e) => {
-                self.metrics.record_failure(e.reason);
-                self.notify(WindowEvent::Refused {
-                    request: "unmap",
-                    reason: e.reason,
-                    offset,
-                    len,
-                });
-            }
-        }
-        result
-    }
-
-    /// `capped`: refuse an unmap that would split ranges past the cap (a
-    /// reset, which unmaps everything, never is).
-    fn unmap_range(&self, start: u64, end: u64, capped: bool) -> Result<(), RequestError> {
-        let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
-        if capped {
-            self.check_count(&mut mapped, start, end, false)?;
-        }
-        let (removed, in_use) = self.drop_mappings(&mut mapped, start, end).map_err(|e| {
-            RequestError::new(
-                FailureReason::MapFailed,
-                e.raw_os_error().unwrap_or(libc::EIO),
-                format!("unmapping window offset {start:#x}..{end:#x}: {e}"),
-            )
-        })?;
-        // The guest reclaims only a nearly full window (under 20 % free);
-        // unmaps of a roomy one are inodes going away, not pressure.
-        if removed > 0 && in_use >= self.size / 4 * 3 {
-            self.reclaim_pressure.on_unmap();
-        }
-        Ok(())
-    }
-
-    /// Shows the (emptied) scratch over `[start, end)` and forgets what was
-    /// mapped there (ranges, files, budget, bytes mapped): what an unmap
-    /// and a truncation repair both do. Returns the bytes that were mapped
-    /// there and the bytes mapped before.
-    fn drop_mappings(
-        &self,
-        mapped: &mut Mappings,
-        start: u64,
-        end: u64,
-    ) -> std::io::Result<(u64, u64)> {
-        self.forget_deferred(start, end);
-        self.show_scratch(start, end)?;
-        let removed = mapped.ranges.remove(start, end);
-        mapped.files.remove(start, end, self.file_watch.as_ref());
-        self.settle_charge(mapped);
-        let in_use = self
-            .metrics
-            .bytes_mapped
-            .fetch_sub(removed, std::sync::atomic::Ordering::Relaxed);
-        Ok((removed, in_use))
-    }
-
-    /// Drops every mapping (device reset, daemon gone).
-    pub fn clear(&self) {
-        if self.unmap_range(0, self.size, false).is_ok() {
-            self.metrics
-                .resets
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.notify(WindowEvent::Reset);
-        } else {
-            log::error!("could not clear the DAX window; its mappings stay until the VMM exits");
-        }
     }
 }
 
@@ -784,13 +683,19 @@ impl Drop for DaxWindow {
     fn drop(&mut self) {
         // SAFETY: the window is this object's own reservation; KVM no longer
         // uses it once the device (and so the VM) is gone.
-        unsafe { libc::munmap(self.host_addr as *mut libc::c_void, self.size as usize) };
+        unsafe {
+            libc::munmap(
+                self.host_addr as *mut libc::c_void,
+                crate::narrow::usize_from(self.size),
+            )
+        };
         let mapped = self.mapped.get_mut().unwrap_or_else(|p| p.into_inner());
         self.budget.recharge(mapped.charge, 0);
     }
 }
 
 mod prefault;
+mod reclaim;
 mod repair;
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ fn map_req(fd_offset: u64, shm_offset: u64, len: u64) -> VhostUserMMap {
 fn file_of(pages: u64, byte: u8) -> TempFile {
     let f = TempFile::new().unwrap();
     f.as_file()
-        .write_all(&vec![byte; (pages * PAGE) as usize])
+        .write_all(&vec![byte; usize::try_from(pages * PAGE).unwrap()])
         .unwrap();
     f
 }
@@ -131,7 +131,7 @@ fn the_scratch_is_emptied_past_its_budget() {
     let w = DaxWindow::new(window).unwrap();
     let budget = w.stray_budget();
     let at = |o: u64| (w.host_addr() + o) as *mut u8;
-    for o in (0..budget).step_by(PAGE as usize) {
+    for o in (0..budget).step_by(usize::try_from(PAGE).unwrap()) {
         // SAFETY: inside the window, which shows the scratch everywhere.
         unsafe { std::ptr::write_volatile(at(o), 1) };
     }

@@ -24,7 +24,10 @@ fn file_with(pages: u64) -> TempFile {
     let f = TempFile::new().unwrap();
     let mut data = Vec::new();
     for p in 0..pages {
-        data.extend(std::iter::repeat_n(b'a' + p as u8, PAGE as usize));
+        data.extend(std::iter::repeat_n(
+            b'a' + u8::try_from(p).unwrap(),
+            usize::try_from(PAGE).unwrap(),
+        ));
     }
     f.as_file().write_all(&data).unwrap();
     f
@@ -186,7 +189,7 @@ fn maps_file_bytes_and_unmaps_back_to_the_scratch() {
     // SAFETY: window page 8 is mapped read-write above.
     unsafe { std::ptr::write_volatile((w.host_addr() + 8 * PAGE) as *mut u8, b'X') };
     let content = std::fs::read(f.as_path()).unwrap();
-    assert_eq!(content[PAGE as usize], b'X');
+    assert_eq!(content[usize::try_from(PAGE).unwrap()], b'X');
     assert_eq!(w.metrics.snapshot().bytes_mapped, 2 * PAGE);
 
     // Remapping an overlapping range counts only the new bytes.
@@ -284,6 +287,28 @@ fn window_size_is_bounded_whoever_declares_it() {
             .contains("over the limit of 274877906944 bytes (256 GiB)"),
         "{e}"
     );
+}
+
+#[test]
+fn every_window_the_daemon_may_announce_is_accepted() {
+    // The daemon announces its policy's cache_size, which validation keeps
+    // to dax_abi::window_size_fits; the VMM must not refuse any of those.
+    for size in [
+        dax_abi::MIN_WINDOW_SIZE,
+        64 * GUEST_RANGE_SIZE,
+        MAX_WINDOW_SIZE,
+    ] {
+        assert!(dax_abi::window_size_fits(size));
+        assert!(DaxWindow::check_size(size).is_ok(), "{size}");
+    }
+    assert!(matches!(
+        DaxWindow::check_size(MAX_WINDOW_SIZE + GUEST_RANGE_SIZE),
+        Err(WindowError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        DaxWindow::check_size(0),
+        Err(WindowError::Size { .. })
+    ));
 }
 
 #[test]

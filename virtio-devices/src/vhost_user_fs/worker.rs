@@ -103,7 +103,8 @@ fn handle(ctx: &WorkerContext, events: &EventLoop, token: u64, set: EventSet) {
             }
         }
         slot if slot >= ERROR_BASE => {
-            let Some((queue, error)) = ctx.errors.get((slot - ERROR_BASE) as usize) else {
+            let Some((queue, error)) = ctx.errors.get(crate::narrow::usize_from(slot - ERROR_BASE))
+            else {
                 return;
             };
             if error.read().is_ok() {
@@ -111,7 +112,7 @@ fn handle(ctx: &WorkerContext, events: &EventLoop, token: u64, set: EventSet) {
             }
         }
         slot => {
-            let Some((queue, call)) = ctx.calls.get(slot as usize) else {
+            let Some((queue, call)) = ctx.calls.get(crate::narrow::usize_from(slot)) else {
                 return;
             };
             if call.read().is_ok() {

@@ -129,9 +129,9 @@ fn connect_nonblocking(path: &Path) -> std::io::Result<UnixStream> {
     if bytes.len() >= addr.sun_path.len() {
         return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
     }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    addr.sun_family = const { crate::narrow::to_sa_family(libc::AF_UNIX) };
     for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
-        *dst = *src as libc::c_char;
+        *dst = libc::c_char::from_ne_bytes([*src]);
     }
     // SAFETY: integer arguments; the fd is owned right below.
     let fd = unsafe {
@@ -147,7 +147,8 @@ fn connect_nonblocking(path: &Path) -> std::io::Result<UnixStream> {
     // SAFETY: a fresh fd nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // The path is NUL-terminated (zeroed tail); the length is the struct's.
-    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_un>())
+        .unwrap_or(libc::socklen_t::MAX);
     // SAFETY: `addr` is a valid sockaddr_un for the call's duration.
     let rc = unsafe {
         libc::connect(

@@ -262,7 +262,7 @@ fn unknown_connections_and_bad_packets_get_rst_wrong_cids_nothing() {
     assert!(e.is_err());
     assert_eq!(r.drain(4096).len(), 0);
     // The RST backlog is bounded.
-    for port in 0..(MAX_PENDING_RESETS as u32 + 10) {
+    for port in 0..(u32::try_from(MAX_PENDING_RESETS).unwrap() + 10) {
         r.send(guest(OP_RW, port, 2, 0), &[]);
     }
     assert_eq!(r.drain(4096).len(), MAX_PENDING_RESETS);
@@ -366,7 +366,7 @@ fn credit_updates_follow_the_host_reading() {
 fn connections_are_bounded_and_many_run_at_once() {
     let mut r = Rig::new("many");
     let listener = UnixListener::bind(format!("{}_7000", r.path().display())).unwrap();
-    for port in 0..MAX_CONNECTIONS as u32 {
+    for port in 0..u32::try_from(MAX_CONNECTIONS).unwrap() {
         r.send(guest(OP_REQUEST, port, 7000, 0), &[]);
     }
     let got = r.drain(4096);
@@ -378,7 +378,7 @@ fn connections_are_bounded_and_many_run_at_once() {
     let mut hosts: Vec<UnixStream> = (0..MAX_CONNECTIONS)
         .map(|_| listener.accept().unwrap().0)
         .collect();
-    for port in 0..MAX_CONNECTIONS as u32 {
+    for port in 0..u32::try_from(MAX_CONNECTIONS).unwrap() {
         r.send(guest(OP_RW, port, 7000, 4), &port.to_le_bytes());
     }
     let mut seen: Vec<u32> = hosts
@@ -390,7 +390,10 @@ fn connections_are_bounded_and_many_run_at_once() {
         })
         .collect();
     seen.sort_unstable();
-    assert_eq!(seen, (0..MAX_CONNECTIONS as u32).collect::<Vec<_>>());
+    assert_eq!(
+        seen,
+        (0..u32::try_from(MAX_CONNECTIONS).unwrap()).collect::<Vec<_>>()
+    );
     // An inactive device (driver reset) ends them all.
     r.b.set_active(false);
     assert_eq!(r.b.connection_count(), 0);

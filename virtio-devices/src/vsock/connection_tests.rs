@@ -101,7 +101,12 @@ fn the_guests_full_close_waits_for_the_host_then_resets() {
     let big = vec![0u8; 60_000];
     let mut sent = 0;
     while c.buffered() == 0 {
-        c.on_guest_packet(&from_guest(OP_RW, big.len() as u32), &big, now, T);
+        c.on_guest_packet(
+            &from_guest(OP_RW, u32::try_from(big.len()).unwrap()),
+            &big,
+            now,
+            T,
+        );
         sent += big.len();
         assert!(sent < 10 << 20);
     }

@@ -74,7 +74,7 @@ fn a_driver_connects_to_a_host_listener_and_bytes_flow_both_ways() {
         RawDescriptor::from(SplitDescriptor::new(
             RX_BUF + i * 0x2000,
             BUF_LEN,
-            VRING_DESC_F_WRITE as u16,
+            const { crate::narrow::to_u16(VRING_DESC_F_WRITE) },
             0,
         ))
     };
@@ -83,7 +83,7 @@ fn a_driver_connects_to_a_host_listener_and_bytes_flow_both_ways() {
         let addr = TX_BUF + u64::from(slot) * 0x2000;
         mem.write_slice(&h.to_bytes(), GuestAddress(addr)).unwrap();
         mem.write_slice(data, GuestAddress(addr + 44)).unwrap();
-        let len = 44 + data.len() as u32;
+        let len = 44 + u32::try_from(data.len()).unwrap();
         txq.add_desc_chains(
             &[RawDescriptor::from(SplitDescriptor::new(addr, len, 0, 0))],
             slot,
@@ -113,7 +113,7 @@ fn a_driver_connects_to_a_host_listener_and_bytes_flow_both_ways() {
         .zip(&kicks)
         .enumerate()
         .map(|(i, (q, k))| ActivatedQueue {
-            index: i as u16,
+            index: u16::try_from(i).unwrap(),
             queue: q.create_queue().unwrap(),
             kick: k.try_clone().unwrap(),
         })
@@ -140,7 +140,7 @@ fn a_driver_connects_to_a_host_listener_and_bytes_flow_both_ways() {
         .unwrap();
     mem.write_slice(b"hel", GuestAddress(at + 0x100)).unwrap();
     mem.write_slice(b"lo", GuestAddress(at + 0x200)).unwrap();
-    let next = VRING_DESC_F_NEXT as u16;
+    let next = const { crate::narrow::to_u16(VRING_DESC_F_NEXT) };
     txq.add_desc_chains(
         &[
             RawDescriptor::from(SplitDescriptor::new(at, 44, next, 2)),

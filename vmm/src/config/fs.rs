@@ -13,10 +13,15 @@ pub const MAX_TAG_LEN: usize = 36;
 pub const MAX_NUM_QUEUES: u32 = 64;
 /// Largest split virtqueue.
 pub const MAX_QUEUE_SIZE: u32 = 32768;
-/// Smallest useful window: the guest maps it in 2 MiB ranges.
-pub const MIN_CACHE_SIZE: u64 = 2 << 20;
-/// Largest window: it lives in the 1 TiB 64-bit device area.
-pub const MAX_CACHE_SIZE: u64 = 256 << 30;
+
+// The largest window (`cache_size`, or what the daemon announces) has room
+// in either area a window is placed in: the 64-bit PCI window and the
+// virtio-MMIO device area. Checked when the VMM is built.
+const _: () = {
+    use crate::arch::x86_64::layout::{MMIO_DEVICE_MEMORY_SIZE, PCI_MMIO64_SIZE};
+    assert!(dax_abi::MAX_WINDOW_SIZE <= PCI_MMIO64_SIZE);
+    assert!(dax_abi::MAX_WINDOW_SIZE <= MMIO_DEVICE_MEMORY_SIZE);
+};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FsConfig {
@@ -121,8 +126,15 @@ impl FsConfig {
                     message: "cache_size= needs dax=on".into(),
                 });
             }
-            if !(MIN_CACHE_SIZE..=MAX_CACHE_SIZE).contains(&size) || size % MIN_CACHE_SIZE != 0 {
-                return Err(o.invalid("cache_size", shown, "a multiple of 2M between 2M and 256G"));
+            // The bounds the daemon's policy has too (dax_abi).
+            if !dax_abi::window_size_fits(size) {
+                let limits = format!(
+                    "a multiple of {} between {} and {}",
+                    dax_abi::size_text(dax_abi::GUEST_RANGE_SIZE),
+                    dax_abi::size_text(dax_abi::MIN_WINDOW_SIZE),
+                    dax_abi::size_text(dax_abi::MAX_WINDOW_SIZE)
+                );
+                return Err(o.invalid("cache_size", shown, &limits));
             }
         }
         Ok(FsConfig {
@@ -217,5 +229,14 @@ mod tests {
         assert!(e("tag=t,socket=s,dax=off,cache_size=8M").contains("needs dax=on"));
         assert!(e("tag=t,socket=s,transport=vsock").contains("pci or mmio"));
         assert!(e("tag=t,socket=s,cache=always").contains("unknown key \"cache\""));
+    }
+
+    #[test]
+    fn the_largest_window_the_daemon_may_announce_is_taken_and_placed() {
+        // The daemon's policy is held to dax_abi's bounds; the VMM takes
+        // the same as cache_size (and has room for it: see the `const _` above).
+        let largest = dax_abi::size_text(dax_abi::MAX_WINDOW_SIZE);
+        let c = FsConfig::parse(&format!("tag=t,socket=s,cache_size={largest}"), 0).unwrap();
+        assert_eq!(c.cache_size, Some(dax_abi::MAX_WINDOW_SIZE));
     }
 }

@@ -158,7 +158,14 @@ pub enum VirtioPciError {
 /// Writes a virtio_pci_cap body (after id and next): cap_len, cfg_type, bar,
 /// id, padding, offset, length, then `extra`.
 fn virtio_cap(cfg_type: u8, bar: u8, id: u8, offset: u32, length: u32, extra: &[u8]) -> Vec<u8> {
-    let mut body = vec![(16 + extra.len()) as u8, cfg_type, bar, id, 0, 0];
+    let mut body = vec![
+        u8::try_from(16 + extra.len()).expect("a virtio capability is under 256 bytes"),
+        cfg_type,
+        bar,
+        id,
+        0,
+        0,
+    ];
     body.extend_from_slice(&offset.to_le_bytes());
     body.extend_from_slice(&length.to_le_bytes());
     body.extend_from_slice(extra);
@@ -182,7 +189,8 @@ impl VirtioPciDevice {
         let regions = device.shm_regions();
         let mut config = PciConfiguration::new(PciIds {
             vendor: VIRTIO_PCI_VENDOR_ID,
-            device: VIRTIO_PCI_DEVICE_ID_BASE + device_type as u16,
+            device: VIRTIO_PCI_DEVICE_ID_BASE
+                + u16::try_from(device_type).expect("virtio device types fit 16 bits"),
             subsystem_vendor: VIRTIO_PCI_VENDOR_ID,
             subsystem: 0x40,
             class: 0xff, // unclassified; the driver matches on ids
@@ -212,15 +220,22 @@ impl VirtioPciDevice {
                 CAP_COMMON,
                 0,
                 0,
-                COMMON_CFG_OFFSET as u32,
-                COMMON_CFG_SIZE as u32,
+                const { crate::narrow::to_u32(COMMON_CFG_OFFSET) },
+                const { crate::narrow::to_u32(COMMON_CFG_SIZE) },
                 &[],
             ),
             &[],
         )?;
         config.add_capability(
             PCI_CAP_ID_VNDR,
-            &virtio_cap(CAP_ISR, 0, 0, ISR_OFFSET as u32, 1, &[]),
+            &virtio_cap(
+                CAP_ISR,
+                0,
+                0,
+                const { crate::narrow::to_u32(ISR_OFFSET) },
+                1,
+                &[],
+            ),
             &[],
         )?;
         config.add_capability(
@@ -229,20 +244,20 @@ impl VirtioPciDevice {
                 CAP_DEVICE,
                 0,
                 0,
-                DEVICE_CFG_OFFSET as u32,
-                DEVICE_CFG_SIZE as u32,
+                const { crate::narrow::to_u32(DEVICE_CFG_OFFSET) },
+                const { crate::narrow::to_u32(DEVICE_CFG_SIZE) },
                 &[],
             ),
             &[],
         )?;
-        let notify_len = (queues as u32).max(1) * NOTIFY_OFF_MULTIPLIER;
+        let notify_len = crate::narrow::sat_u32(queues).max(1) * NOTIFY_OFF_MULTIPLIER;
         config.add_capability(
             PCI_CAP_ID_VNDR,
             &virtio_cap(
                 CAP_NOTIFY,
                 0,
                 0,
-                NOTIFY_OFFSET as u32,
+                const { crate::narrow::to_u32(NOTIFY_OFFSET) },
                 notify_len,
                 &NOTIFY_OFF_MULTIPLIER.to_le_bytes(),
             ),
@@ -258,8 +273,8 @@ impl VirtioPciDevice {
                     CAP_SHARED_MEMORY,
                     SHM_BAR,
                     r.id,
-                    offset as u32,
-                    r.len as u32,
+                    crate::narrow::lo32(offset),
+                    crate::narrow::lo32(r.len),
                     &extra,
                 );
                 config.add_capability(PCI_CAP_ID_VNDR, &body, &[])?;
@@ -278,8 +293,10 @@ impl VirtioPciDevice {
         let msix = MsixConfig::new(msix_vectors);
         let mut msix_body = Vec::new();
         msix_body.extend_from_slice(&(msix_vectors - 1).to_le_bytes()); // table size - 1; enable/mask start clear
-        msix_body.extend_from_slice(&(MSIX_TABLE_OFFSET as u32).to_le_bytes()); // BIR 0
-        msix_body.extend_from_slice(&(MSIX_PBA_OFFSET as u32).to_le_bytes());
+        msix_body
+            .extend_from_slice(&const { crate::narrow::to_u32(MSIX_TABLE_OFFSET) }.to_le_bytes()); // BIR 0
+        msix_body
+            .extend_from_slice(&const { crate::narrow::to_u32(MSIX_PBA_OFFSET) }.to_le_bytes());
         let msix_cap = config.add_capability(PCI_CAP_ID_MSIX, &msix_body, &[0, 0, 0, 0xc0])?;
 
         let interrupt = Arc::new(PciInterrupt {
@@ -315,7 +332,7 @@ impl VirtioPciDevice {
                 (
                     fd,
                     NOTIFY_OFFSET + i as u64 * u64::from(NOTIFY_OFF_MULTIPLIER),
-                    i as u16,
+                    crate::narrow::sat_u16(i),
                 )
             })
             .collect()
@@ -499,7 +516,7 @@ impl VirtioPciDevice {
             o if (NOTIFY_OFFSET..MSIX_TABLE_OFFSET).contains(&o) => {
                 // Reached only when no ioeventfd caught the write.
                 let index = (o - NOTIFY_OFFSET) / u64::from(NOTIFY_OFF_MULTIPLIER);
-                if let Some(kick) = self.state.kicks().get(index as usize) {
+                if let Some(kick) = self.state.kicks().get(crate::narrow::usize_from(index)) {
                     let _ = kick.write(1);
                 }
             }
@@ -536,7 +553,7 @@ impl VirtioPciDevice {
             },
             (0x10, 2) => u64::from(self.interrupt.config_vector.load(Ordering::SeqCst)),
             (0x12, 2) => self.state.device().queue_max_sizes().len() as u64,
-            (0x14, 1) => u64::from(self.state.status() as u8),
+            (0x14, 1) => u64::from(self.state.status().to_le_bytes()[0]),
             (0x15, 1) => u64::from(self.config_generation),
             (0x16, 2) => u64::from(self.queue_select),
             (0x18, 2) => q.map_or(0, |q| u64::from(q.size())),
@@ -580,29 +597,30 @@ impl VirtioPciDevice {
         let v = u64::from_le_bytes(buf);
         let sel = u32::from(self.queue_select);
         match (offset, data.len()) {
-            (0x00, 4) => self.device_feature_select = v as u32,
-            (0x08, 4) => self.driver_feature_select = v as u32,
+            (0x00, 4) => self.device_feature_select = crate::narrow::lo32(v),
+            (0x08, 4) => self.driver_feature_select = crate::narrow::lo32(v),
             (0x0c, 4) => self
                 .state
-                .write_driver_features(self.driver_feature_select, v as u32),
-            (0x10, 2) => self
-                .interrupt
-                .config_vector
-                .store(self.checked_vector(v as u16), Ordering::SeqCst),
+                .write_driver_features(self.driver_feature_select, crate::narrow::lo32(v)),
+            (0x10, 2) => self.interrupt.config_vector.store(
+                self.checked_vector(crate::narrow::lo16(v)),
+                Ordering::SeqCst,
+            ),
             (0x14, 1) => {
-                self.state.write_status(v as u32, &self.device_interrupt);
+                self.state
+                    .write_status(crate::narrow::lo32(v), &self.device_interrupt);
                 if v == 0 && self.state.status() == 0 {
                     self.reset_registers();
                 }
             }
-            (0x16, 2) => self.queue_select = v as u16,
+            (0x16, 2) => self.queue_select = crate::narrow::lo16(v),
             (0x18, 2) => {
                 if let Some(q) = self.state.configurable_queue(sel) {
-                    q.set_size(v as u16);
+                    q.set_size(crate::narrow::lo16(v));
                 }
             }
             (0x1a, 2) => {
-                let vector = self.checked_vector(v as u16);
+                let vector = self.checked_vector(crate::narrow::lo16(v));
                 if let Some(slot) = self
                     .interrupt
                     .queue_vectors
@@ -621,9 +639,9 @@ impl VirtioPciDevice {
                     return;
                 };
                 let (lo, hi) = match (data.len(), offset % 8) {
-                    (8, _) => (Some(v as u32), Some((v >> 32) as u32)),
-                    (_, 0) => (Some(v as u32), None),
-                    _ => (None, Some(v as u32)),
+                    (8, _) => (Some(crate::narrow::lo32(v)), Some((v >> 32) as u32)),
+                    (_, 0) => (Some(crate::narrow::lo32(v)), None),
+                    _ => (None, Some(crate::narrow::lo32(v))),
                 };
                 set_queue_address(q, offset & !7, lo, hi);
             }

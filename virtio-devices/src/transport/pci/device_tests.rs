@@ -215,10 +215,14 @@ fn ids_bars_and_every_capability_field() {
     assert_eq!(cfg32(&d, msix) >> 16 & 0x7ff, 2, "table size - 1");
     assert_eq!(
         cfg32(&d, msix + 4),
-        MSIX_TABLE_OFFSET as u32,
+        u32::try_from(MSIX_TABLE_OFFSET).unwrap(),
         "table in BAR 0"
     );
-    assert_eq!(cfg32(&d, msix + 8), MSIX_PBA_OFFSET as u32, "PBA in BAR 0");
+    assert_eq!(
+        cfg32(&d, msix + 8),
+        u32::try_from(MSIX_PBA_OFFSET).unwrap(),
+        "PBA in BAR 0"
+    );
 }
 
 #[test]
@@ -244,7 +248,7 @@ fn common_config_brings_the_device_up() {
         1,
     );
     assert_ne!(
-        bar_r(&mut d, 0x14, 1) as u32 & VIRTIO_CONFIG_S_FEATURES_OK,
+        crate::narrow::lo32(bar_r(&mut d, 0x14, 1)) & VIRTIO_CONFIG_S_FEATURES_OK,
         0
     );
     bar_w(&mut d, 0x16, 1, 2);
@@ -261,7 +265,7 @@ fn common_config_brings_the_device_up() {
     bar_w(&mut d, 0x30, 0x3_0000, 8);
     assert_eq!(bar_r(&mut d, 0x28, 8), 0x2_0000);
     bar_w(&mut d, 0x1c, 1, 2);
-    let s = bar_r(&mut d, 0x14, 1) as u32;
+    let s = crate::narrow::lo32(bar_r(&mut d, 0x14, 1));
     bar_w(&mut d, 0x14, u64::from(s | VIRTIO_CONFIG_S_DRIVER_OK), 1);
     assert!(d.is_activated());
     assert_eq!(*activated.lock().unwrap(), vec![1]);

@@ -1,7 +1,8 @@
-//! Pre-faulting new DAX mappings (see [`DaxWindow::prefault`]) and the
-//! guest-reclaim estimate that decides when not to.
+//! Pre-faulting new DAX mappings (see [`DaxWindow::prefault`]); whether
+//! the guest is reclaiming, which decides when not to, is counted in
+//! [`super::reclaim`].
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::{DaxWindow, GuestPrefaulter};
 
@@ -19,31 +20,6 @@ const DEFERRED_MAX: usize = 8;
 /// (512 pages at 4 KiB, milliseconds under nested virtualization: measured
 /// in docs/benchmarks.md, "The SETUPMAPPING round trip").
 const PREFAULT_STEP: u64 = 128 << 10;
-
-/// How much the guest is reclaiming ranges to map new ones: unmaps of a
-/// window at least three quarters full counted up, decaying by 1/32 at
-/// each map, in sixteenths. When every map comes
-/// with an unmap it settles at 32 (512); one unmap in ten maps keeps it
-/// near 3; the guest counts as reclaiming above 8.
-#[derive(Default)]
-pub(super) struct ReclaimPressure(Mutex<u32>);
-
-impl ReclaimPressure {
-    const ONE: u32 = 16;
-    const RECLAIMING: u32 = 8 * Self::ONE;
-
-    pub(super) fn on_unmap(&self) {
-        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *p = p.saturating_add(Self::ONE).min(64 * Self::ONE);
-    }
-
-    /// Decays the score for one more map; whether the guest is reclaiming.
-    pub(super) fn on_map(&self) -> bool {
-        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *p -= *p / 32;
-        *p > Self::RECLAIMING
-    }
-}
 
 /// Puts guest bytes `[gpa, gpa + len)` into KVM's page tables; the bytes it
 /// did (KVM may do a range in several calls).
@@ -94,7 +70,7 @@ impl DaxWindow {
     }
 
     /// Queues a new mapping's pre-fault for [`Self::run_deferred_prefault`].
-    pub(super) fn defer_prefault(&self, job: Deferred) {
+    fn defer_prefault(&self, job: Deferred) {
         let mut queue = self.deferred();
         queue.push(job);
         if queue.len() > DEFERRED_MAX {
@@ -128,6 +104,30 @@ impl DaxWindow {
         let _ = self.guest_prefaulter.set(prefaulter);
     }
 
+    /// What a new mapping gets, once the window's lock is dropped (this
+    /// may read the file; a concurrent unmap of the range only leaves the
+    /// scratch populated): its pre-fault now, or queued when `defer`; none
+    /// when pre-faulting is off, or when the guest is `reclaiming` and the
+    /// map does not continue the last one.
+    pub(super) fn prefault_new_mapping(
+        &self,
+        job: Deferred,
+        file: (u64, u64),
+        reclaiming: bool,
+        defer: bool,
+    ) {
+        let follows = self.follows_last_map(file, job.fd_offset, job.len);
+        if self.prefault.load(std::sync::atomic::Ordering::Relaxed) && (!reclaiming || follows) {
+            if defer {
+                // A pre-fault still queued for what this map replaced is moot.
+                self.forget_deferred(job.shm_offset, job.shm_offset + job.len);
+                self.defer_prefault(job);
+            } else {
+                self.prefault(job);
+            }
+        }
+    }
+
     /// Pre-faults a new mapping `[addr, addr + len)` at window offset
     /// `shm_offset`, up to the end of the file (past it there are no pages,
     /// and faulting them would fail). Best effort: a failure is counted and
@@ -144,12 +144,12 @@ impl DaxWindow {
     /// faulted for reading, so nothing the guest did not write is dirtied.
     ///
     /// Not while the guest is reclaiming ranges to map new ones
-    /// ([`ReclaimPressure`]), unless the map continues the last one: a
+    /// ([`super::reclaim::ReclaimPressure`]), unless the map continues the last one: a
     /// random reader then uses a page or two of each range before it goes
     /// again, so pre-faulting the whole range only costs (random 4 KiB reads
     /// of a file twice the window's size ran at half the speed with it). A
     /// sequential reader uses all of it.
-    pub(super) fn prefault(&self, job: Deferred) {
+    fn prefault(&self, job: Deferred) {
         self.prefault_steps(job, &|| false);
     }
 
@@ -182,7 +182,7 @@ impl DaxWindow {
                     let r = unsafe {
                         libc::madvise(
                             (job.addr + done) as *mut libc::c_void,
-                            step as usize,
+                            crate::narrow::usize_from(step),
                             MADV_POPULATE_READ,
                         )
                     };
@@ -214,7 +214,7 @@ impl DaxWindow {
 
     /// Whether a map of `file` at `fd_offset` continues the last map (the
     /// guest reads the file in order); remembers this one.
-    pub(super) fn follows_last_map(&self, file: (u64, u64), fd_offset: u64, len: u64) -> bool {
+    fn follows_last_map(&self, file: (u64, u64), fd_offset: u64, len: u64) -> bool {
         let mut last = self.last_map.lock().unwrap_or_else(|p| p.into_inner());
         let follows = *last == Some((file, fd_offset));
         *last = fd_offset.checked_add(len).map(|end| (file, end));
