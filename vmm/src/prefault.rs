@@ -68,7 +68,7 @@ impl ThreadTimer {
         // SAFETY: an all-zero sigevent is valid; the fields that matter are set below.
         let mut ev: libc::sigevent = unsafe { std::mem::zeroed() };
         ev.sigev_notify = libc::SIGEV_THREAD_ID;
-        ev.sigev_signo = crate::vcpu::kick_signal();
+        ev.sigev_signo = crate::signals::kick_signal();
         // SAFETY: gettid has no preconditions.
         ev.sigev_notify_thread_id = unsafe { libc::gettid() };
         let mut id: libc::timer_t = std::ptr::null_mut();
@@ -122,7 +122,7 @@ impl KvmPrefaulter {
             .map_err(|e| log::warn!("no pre-fault vCPUs ({e}): DAX ranges fault in page by page"))
             .ok()?;
         // The timer's signal must find its (no-op) handler in place.
-        crate::vcpu::install_kick_handler();
+        crate::signals::install_kick_handler();
         Some(KvmPrefaulter {
             vcpus: Mutex::new(vcpus),
             working: AtomicBool::new(true),
