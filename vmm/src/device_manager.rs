@@ -487,7 +487,6 @@ impl DeviceManager {
         &self.ejects
     }
 
-    /// Removes the devices the guest ejected; returns their ids.
     /// Gives `region` (new guest RAM) to KVM and to every device: the
     /// memory they share, and each running vhost-user daemon's table, in
     /// that order of risk so that a failure undoes what was done and
@@ -532,6 +531,7 @@ impl DeviceManager {
         Ok(())
     }
 
+    /// Removes the devices the guest ejected; returns their ids.
     pub fn complete_ejects(&mut self) -> Vec<String> {
         let mut gone = Vec::new();
         for (segment, slot) in self.ejects.take() {

@@ -55,7 +55,7 @@ const PASSTHROUGH_FEATURES: u64 =
 /// connection and then stops answering fails the operation after this
 /// instead of holding the thread that asked (boot, hot-plug, a vCPU) for
 /// ever (see `watchdog`). A daemon's real answers take microseconds.
-pub const DAEMON_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub const VHOST_USER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
@@ -67,7 +67,7 @@ pub enum FsError {
     },
     #[error(
         "fs {id}: the daemon did not answer within {}s (is it stuck?); the connection is closed ({during})",
-        DAEMON_TIMEOUT.as_secs()
+        VHOST_USER_TIMEOUT.as_secs()
     )]
     Timeout { id: String, during: String },
     #[error("fs {id}: vhost-user {step}: {source}")]
@@ -136,12 +136,12 @@ fn step<T>(id: &str, step: &'static str, r: vhost::Result<T>) -> Result<T, FsErr
     })
 }
 
-/// Arms a [`watchdog::Watchdog`] of [`DAEMON_TIMEOUT`] on the connection `fd`.
+/// Arms a [`watchdog::Watchdog`] of [`VHOST_USER_TIMEOUT`] on the connection `fd`.
 fn arm_watchdog(fd: std::os::fd::RawFd) -> std::io::Result<watchdog::Watchdog> {
     // SAFETY: `fd` is the open vhost-user socket the caller holds for the
     // whole call; it is only borrowed here to be duplicated.
     let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    watchdog::Watchdog::arm(borrowed.try_clone_to_owned()?, DAEMON_TIMEOUT)
+    watchdog::Watchdog::arm(borrowed.try_clone_to_owned()?, VHOST_USER_TIMEOUT)
 }
 
 impl VhostUserFs {
@@ -499,7 +499,7 @@ impl VirtioDevice for VhostUserFs {
                 crate::error_limited!(
                     "fs {}: the daemon did not answer the reset within {}s; the device is failed",
                     self.id,
-                    DAEMON_TIMEOUT.as_secs()
+                    VHOST_USER_TIMEOUT.as_secs()
                 );
                 self.failed.store(true, Ordering::SeqCst);
             }
