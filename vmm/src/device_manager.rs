@@ -727,3 +727,7 @@ fn open_tap(n: &NetConfig) -> Result<Tap, TapError> {
     tap.configure_host_side(ip, mask, n.mtu)?;
     Ok(tap)
 }
+
+#[cfg(test)]
+#[path = "device_manager_tests.rs"]
+mod tests;

@@ -602,3 +602,7 @@ pub fn run(config: &VmConfig, signals: &StopSignals) -> Result<VmExit, VmError> 
         }
     }
 }
+
+#[cfg(test)]
+#[path = "vm_tests.rs"]
+mod tests;
