@@ -175,12 +175,13 @@ impl VirtioDevice for Net {
         // The previous worker (if any) stops before the new one starts.
         self.worker = None;
         let flags = header::tap_offload_flags(self.acked);
-        self.tap.set_offload(flags).map_err(|e| {
-            ActivateError::Device(format!(
-                "virtio-net {}: TUNSETOFFLOAD {flags:#x}: {e}",
-                self.id
-            ))
-        })?;
+        self.tap
+            .set_offload(flags)
+            .map_err(|source| ActivateError::TapOffload {
+                device: format!("virtio-net {}", self.id),
+                flags,
+                source,
+            })?;
         let mut queues = queues.into_iter();
         let (rx, tx) = (queues.next(), queues.next());
         let (Some(mut rx), Some(mut tx)) = (rx, tx) else {

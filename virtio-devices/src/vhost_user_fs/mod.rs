@@ -348,19 +348,27 @@ impl VhostUserFs {
         interrupt: &dyn VirtioInterrupt,
     ) -> Result<(Vec<(u16, EventFd)>, Vec<(u16, EventFd)>), ActivateError> {
         let id = self.id.clone();
-        let err =
-            |what: &str, e: vhost::Error| ActivateError::Device(format!("fs {id}: {what}: {e}"));
+        let err = |request: &'static str, source: vhost::Error| ActivateError::VhostUser {
+            device: format!("fs {id}"),
+            request,
+            source,
+        };
         let features = self.acked
             | (self.backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
         self.frontend
             .set_features(features)
             .map_err(|e| err("SET_FEATURES", e))?;
         memory_table::send_memory_table(&id, &mut self.frontend, self.mem_slots, mem)
-            .map_err(|e| ActivateError::Device(e.to_string()))?;
-        let hva = |addr: GuestAddress, what: &str| {
-            mem.get_host_address(addr).map(|p| p as u64).map_err(|e| {
-                ActivateError::Device(format!("fs {id}: queue {what} at {:#x}: {e}", addr.0))
-            })
+            .map_err(|e| ActivateError::Fs(Box::new(e)))?;
+        let hva = |addr: GuestAddress, ring: &'static str| {
+            mem.get_host_address(addr)
+                .map(|p| p as u64)
+                .map_err(|source| ActivateError::RingAddress {
+                    device: format!("fs {id}"),
+                    ring,
+                    addr: addr.0,
+                    source,
+                })
         };
         let mut relayed = Vec::new();
         let mut errors = Vec::new();
@@ -450,22 +458,19 @@ impl VirtioDevice for VhostUserFs {
         queues: Vec<ActivatedQueue>,
     ) -> Result<(), ActivateError> {
         if self.failed() {
-            return Err(ActivateError::Device(format!(
-                "fs {}: the daemon has gone away",
-                self.id
-            )));
+            return Err(ActivateError::BackendGone {
+                device: format!("fs {}", self.id),
+                why: "the daemon has gone away",
+            });
         }
         let dog = arm_watchdog(self.frontend.as_raw_fd())?;
         let rings = self.setup_rings(&mem.memory(), &queues, interrupt.as_ref());
         if dog.fired() {
             self.failed.store(true, Ordering::SeqCst);
-            return Err(ActivateError::Device(
-                FsError::Timeout {
-                    id: self.id.clone(),
-                    during: "activation".into(),
-                }
-                .to_string(),
-            ));
+            return Err(ActivateError::Fs(Box::new(FsError::Timeout {
+                id: self.id.clone(),
+                during: "activation".into(),
+            })));
         }
         drop(dog);
         let (calls, errors) = rings?;
