@@ -1,8 +1,11 @@
 //! The device model both transports serve.
 
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 
-use virtio_queue::Queue;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+
+use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -83,6 +86,29 @@ pub struct ActivatedQueue {
     pub index: u16,
     pub queue: Queue,
     pub kick: EventFd,
+}
+
+/// The queues an activation gets, checked and set up as the devices that
+/// offer `VIRTIO_RING_F_EVENT_IDX` (virtio-blk, virtio-net) need them: the
+/// driver set up between `counts.start()` and `counts.end()` of them, and
+/// each suppresses notifications the EVENT_IDX way exactly when the driver
+/// accepted that feature (in `acked`).
+pub(crate) fn event_idx_queues(
+    mut queues: Vec<ActivatedQueue>,
+    counts: RangeInclusive<usize>,
+    acked: u64,
+) -> Result<Vec<ActivatedQueue>, ActivateError> {
+    if !counts.contains(&queues.len()) {
+        return Err(ActivateError::QueueCount {
+            got: queues.len(),
+            needed: *counts.end(),
+        });
+    }
+    let event_idx = acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+    for q in &mut queues {
+        q.queue.set_event_idx(event_idx);
+    }
+    Ok(queues)
 }
 
 pub trait VirtioDevice: Send {
@@ -172,6 +198,35 @@ mod tests {
         assert_eq!(d, [0; 4]);
         read_config_bytes(&cfg, u64::MAX, &mut d);
         assert_eq!(d, [0; 4]);
+    }
+
+    fn queues(n: u16) -> Vec<ActivatedQueue> {
+        (0..n)
+            .map(|index| ActivatedQueue {
+                index,
+                queue: Queue::new(16).expect("queue"),
+                kick: EventFd::new(libc::EFD_NONBLOCK).expect("eventfd"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn event_idx_queues_checks_the_count_and_follows_the_driver() {
+        let e = event_idx_queues(queues(0), 1..=4, 0).err();
+        assert!(matches!(
+            e,
+            Some(ActivateError::QueueCount { got: 0, needed: 4 })
+        ));
+        let e = event_idx_queues(queues(3), 2..=2, 0).err();
+        assert!(matches!(
+            e,
+            Some(ActivateError::QueueCount { got: 3, needed: 2 })
+        ));
+        let on = event_idx_queues(queues(2), 1..=2, 1 << VIRTIO_RING_F_EVENT_IDX).expect("two");
+        assert!(on.iter().all(|q| q.queue.state().event_idx_enabled));
+        assert_eq!(on.iter().map(|q| q.index).collect::<Vec<_>>(), [0, 1]);
+        let off = event_idx_queues(queues(1), 1..=2, !(1 << VIRTIO_RING_F_EVENT_IDX)).expect("one");
+        assert!(!off[0].queue.state().event_idx_enabled);
     }
 
     /// Each activation failure says which device, what step and why, in
