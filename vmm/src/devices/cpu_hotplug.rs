@@ -266,10 +266,28 @@ fn cpu_name(cpu: u32) -> String {
 /// `CSTA` (status), `CTFY` (notify one), `CEJ0` (eject one) and `CSCN`
 /// (scan, called by the GED).
 pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
+    append_controller_aml(sink);
+    let max = cpus.max_vcpus;
+    let topology = cpus.effective_topology();
+    let (csta, ctfy, cej0, cscn) = (csta(), ctfy(max), cej0(), cscn(max));
+    let devices: Vec<CpuDevice> = (0..max)
+        .map(|c| CpuDevice {
+            cpu: c,
+            apic_id: topology.apic_id(c),
+        })
+        .collect();
+    let hid = aml::Name::new("_HID".into(), &"ACPI0010");
+    let cid = aml::Name::new("_CID".into(), &aml::EISAName::new("PNP0A05"));
+    let mut children: Vec<&dyn Aml> = vec![&hid, &cid, &csta, &ctfy, &cej0, &cscn];
+    children.extend(devices.iter().map(|d| d as &dyn Aml));
+    aml::Device::new("\\_SB_.CPUS".into(), children).to_aml_bytes(sink);
+}
+
+/// The controller's device, `\_SB_.PRES`: its ports and registers, and the
+/// mutex its methods take.
+fn append_controller_aml(sink: &mut Vec<u8>) {
     let port = usize::from(CPU_HOTPLUG_PORT);
     let len = CPU_HOTPLUG_PORT_COUNT as usize;
-    let lock = || aml::Path::new("\\_SB_.PRES.CPLK");
-    let reg = aml::Path::new;
     aml::Device::new(
         "\\_SB_.PRES".into(),
         vec![
@@ -310,10 +328,17 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
         ],
     )
     .to_aml_bytes(sink);
+}
 
-    let max = cpus.max_vcpus;
-    let topology = cpus.effective_topology();
-    let csta = Raw::of(&aml::Method::new(
+/// The mutex the controller's methods take.
+fn lock() -> aml::Path {
+    aml::Path::new("\\_SB_.PRES.CPLK")
+}
+
+/// `CSTA(cpu)`: the `_STA` of a CPU, present and enabled (0xf) or absent.
+fn csta() -> Raw {
+    let reg = aml::Path::new;
+    Raw::of(&aml::Method::new(
         "CSTA".into(),
         1,
         true,
@@ -328,7 +353,11 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
             &aml::Release::new(lock()),
             &aml::Return::new(&aml::Local(0)),
         ],
-    ));
+    ))
+}
+
+/// `CTFY(cpu, event)`: notifies CPU `cpu`'s device of `event`.
+fn ctfy(max: u32) -> Raw {
     let names: Vec<aml::Path> = (0..max).map(|c| aml::Path::new(&cpu_name(c))).collect();
     let notifies: Vec<aml::Notify> = names
         .iter()
@@ -344,13 +373,18 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
         .zip(&notifies)
         .map(|(t, n)| aml::If::new(t, vec![n]))
         .collect();
-    let ctfy = Raw::of(&aml::Method::new(
+    Raw::of(&aml::Method::new(
         "CTFY".into(),
         2,
         true,
         ifs.iter().map(|i| i as &dyn Aml).collect(),
-    ));
-    let cej0 = Raw::of(&aml::Method::new(
+    ))
+}
+
+/// `CEJ0(cpu)`: the guest has let go of CPU `cpu`; the VMM may take it.
+fn cej0() -> Raw {
+    let reg = aml::Path::new;
+    Raw::of(&aml::Method::new(
         "CEJ0".into(),
         1,
         true,
@@ -360,7 +394,13 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
             &aml::Store::new(&reg("\\_SB_.PRES.CEJ0"), &aml::ONE),
             &aml::Release::new(lock()),
         ],
-    ));
+    ))
+}
+
+/// `CSCN`: for each CPU, notifies what the VMM marked as inserted or to be
+/// removed, and acknowledges it.
+fn cscn(max: u32) -> Raw {
+    let reg = aml::Path::new;
     let (cpu, device_check, eject_request) = (aml::Local(0), 1u8, 3u8);
     // For each CPU: select it; notify what is marked and acknowledge it.
     let scan_one_cpu = [
@@ -381,7 +421,7 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
         )),
         Raw::of(&aml::Add::new(&cpu, &cpu, &aml::ONE)),
     ];
-    let cscn = Raw::of(&aml::Method::new(
+    Raw::of(&aml::Method::new(
         "CSCN".into(),
         0,
         true,
@@ -394,18 +434,7 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
             ),
             &aml::Release::new(lock()),
         ],
-    ));
-    let devices: Vec<CpuDevice> = (0..max)
-        .map(|c| CpuDevice {
-            cpu: c,
-            apic_id: topology.apic_id(c),
-        })
-        .collect();
-    let hid = aml::Name::new("_HID".into(), &"ACPI0010");
-    let cid = aml::Name::new("_CID".into(), &aml::EISAName::new("PNP0A05"));
-    let mut children: Vec<&dyn Aml> = vec![&hid, &cid, &csta, &ctfy, &cej0, &cscn];
-    children.extend(devices.iter().map(|d| d as &dyn Aml));
-    aml::Device::new("\\_SB_.CPUS".into(), children).to_aml_bytes(sink);
+    ))
 }
 
 /// AML already encoded: lets a method be built in one statement (the

@@ -189,9 +189,16 @@ fn slot_aml(i: usize, sink: &mut Vec<u8>) {
 
 /// `MTFY(slot, event)`, `MSCN()`, `MSTA(slot)`, `MCRS(slot)`.
 fn methods_aml(sink: &mut Vec<u8>) {
+    mtfy(sink);
+    mscn(sink);
+    msta(sink);
+    mcrs(sink);
+}
+
+/// `MTFY(slot, event)`: notifies slot `slot`'s device of `event`. Notify
+/// needs the device by name, so one If per slot.
+fn mtfy(sink: &mut Vec<u8>) {
     let path = aml::Path::new;
-    let lock = || path("MLCK");
-    // MTFY: Notify needs the device by name, so one If per slot.
     let names: Vec<aml::Path> = (0..MEMORY_SLOTS).map(|i| path(&slot_name(i))).collect();
     let numbers: Vec<usize> = (0..MEMORY_SLOTS).collect();
     let event = aml::Arg(1);
@@ -210,8 +217,13 @@ fn methods_aml(sink: &mut Vec<u8>) {
         ifs.iter().map(|i| i as &dyn Aml).collect(),
     )
     .to_aml_bytes(sink);
-    // MSCN: notify every inserting slot with "device check" (1), then
-    // acknowledge it.
+}
+
+/// `MSCN`: notify every inserting slot with "device check" (1), then
+/// acknowledge it.
+fn mscn(sink: &mut Vec<u8>) {
+    let path = aml::Path::new;
+    let lock = || path("MLCK");
     let slot = aml::Local(0);
     aml::Method::new(
         "MSCN".into(),
@@ -238,7 +250,12 @@ fn methods_aml(sink: &mut Vec<u8>) {
         ],
     )
     .to_aml_bytes(sink);
-    // MSTA: 0xf (present, enabled, shown, working) or 0.
+}
+
+/// `MSTA(slot)`: 0xf (present, enabled, shown, working) or 0.
+fn msta(sink: &mut Vec<u8>) {
+    let path = aml::Path::new;
+    let lock = || path("MLCK");
     aml::Method::new(
         "MSTA".into(),
         1,
@@ -256,8 +273,13 @@ fn methods_aml(sink: &mut Vec<u8>) {
         ],
     )
     .to_aml_bytes(sink);
-    // MCRS: a QWord memory range [base, base + length - 1], from the
-    // 32-bit halves (the DSDT's revision makes integers 64-bit).
+}
+
+/// `MCRS(slot)`: a QWord memory range [base, base + length - 1], from the
+/// 32-bit halves (the DSDT's revision makes integers 64-bit).
+fn mcrs(sink: &mut Vec<u8>) {
+    let path = aml::Path::new;
+    let lock = || path("MLCK");
     let (min, max, len) = (path("MINL"), path("MAXL"), path("LENL"));
     let buf = path("MR64");
     let tmp = aml::Local(1);
