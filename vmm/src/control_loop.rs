@@ -46,7 +46,7 @@ impl WindowObserver for EventPublisher {
                 took,
             } => (
                 "map",
-                json!({"offset": offset, "len": len, "fd_offset": fd_offset, "writable": writable, "micros": took.as_micros() as u64}),
+                json!({"offset": offset, "len": len, "fd_offset": fd_offset, "writable": writable, "micros": u64::try_from(took.as_micros()).unwrap_or(u64::MAX)}),
             ),
             WindowEvent::Unmap { offset, len } => ("unmap", json!({"offset": offset, "len": len})),
             WindowEvent::Reset => ("reset", json!({})),

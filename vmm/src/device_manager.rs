@@ -224,7 +224,8 @@ impl DeviceManager {
             hotplug_size,
             pci_segments,
         )));
-        let limit = kvm.check_extension_int(Cap::NrMemslots).max(0) as u32;
+        // A negative answer (an error) counts as no slots.
+        let limit = u32::try_from(kvm.check_extension_int(Cap::NrMemslots)).unwrap_or(0);
         let slots = SlotNumbers::new(limit);
         let activator = DeviceActivator::start().map_err(DeviceManagerError::Activator)?;
         let pci = PciDeviceManager::new(

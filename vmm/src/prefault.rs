@@ -83,8 +83,8 @@ impl ThreadTimer {
                 tv_nsec: 0,
             },
             it_value: libc::timespec {
-                tv_sec: after.as_secs() as libc::time_t,
-                tv_nsec: libc::c_long::from(after.subsec_nanos() as i32),
+                tv_sec: libc::time_t::try_from(after.as_secs()).unwrap_or(libc::time_t::MAX),
+                tv_nsec: libc::c_long::from(after.subsec_nanos()),
             },
         };
         // SAFETY: `timer.0` was just created; `spec` is valid for the call.

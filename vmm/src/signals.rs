@@ -84,7 +84,13 @@ impl StopSignals {
             let mut info = [0u8; std::mem::size_of::<libc::signalfd_siginfo>()];
             (&self.fd).read_exact(&mut info)?;
             let signo = u32::from_ne_bytes(info[0..4].try_into().expect("4 bytes"));
-            return Ok(Some(signo as i32));
+            let signo = i32::try_from(signo).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("signalfd gave signal number {signo}"),
+                )
+            })?;
+            return Ok(Some(signo));
         }
         Ok(None)
     }

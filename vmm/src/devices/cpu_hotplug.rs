@@ -30,6 +30,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::BusDevice;
 use crate::arch::x86_64::acpi::{local_apic_entry, LAPIC_ENABLED};
 use crate::config::CpusConfig;
+use crate::narrow;
 
 /// QEMU's CPU hot-plug port; free on this platform's I/O bus.
 pub const CPU_HOTPLUG_PORT: u16 = 0x0cd8;
@@ -108,25 +109,27 @@ impl CpuHotplugState {
 
     /// The vCPUs present (removals the guest has not done yet included).
     pub fn present(&self) -> u32 {
-        self.slots().iter().filter(|s| s.present).count() as u32
+        slot_count(self.slots().iter().filter(|s| s.present).count())
     }
 
     /// Checks `desired` and says what reaching it takes; changes nothing.
     pub fn plan_resize(&self, desired: u32) -> Result<ResizePlan, ResizeError> {
         let slots = self.slots();
-        let max = slots.len() as u32;
+        let max = slot_count(slots.len());
         if desired == 0 {
             return Err(ResizeError::Zero { max });
         }
         if desired > max {
             return Err(ResizeError::AboveMax { desired, max });
         }
-        let present = slots.iter().filter(|s| s.present).count() as u32;
+        let present = slot_count(slots.iter().filter(|s| s.present).count());
         if desired == present {
             return Ok(ResizePlan::Unchanged);
         }
         if let Some(cpu) = slots.iter().position(|s| s.eject_awaited) {
-            return Err(ResizeError::RemovalPending { cpu: cpu as u32 });
+            return Err(ResizeError::RemovalPending {
+                cpu: slot_count(cpu),
+            });
         }
         Ok(if desired > present {
             ResizePlan::Add(present..desired)
@@ -287,7 +290,7 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
 /// mutex its methods take.
 fn append_controller_aml(sink: &mut Vec<u8>) {
     let port = usize::from(CPU_HOTPLUG_PORT);
-    let len = CPU_HOTPLUG_PORT_COUNT as usize;
+    let len = const { narrow::usize_of(CPU_HOTPLUG_PORT_COUNT) };
     aml::Device::new(
         "\\_SB_.PRES".into(),
         vec![
@@ -300,7 +303,7 @@ fn append_controller_aml(sink: &mut Vec<u8>) {
                     CPU_HOTPLUG_PORT,
                     CPU_HOTPLUG_PORT,
                     1,
-                    len as u8,
+                    const { narrow::u8_of(CPU_HOTPLUG_PORT_COUNT) },
                 )]),
             ),
             &aml::OpRegion::new("PRST".into(), aml::OpRegionSpace::SystemIO, &port, &len),
@@ -328,6 +331,17 @@ fn append_controller_aml(sink: &mut Vec<u8>) {
         ],
     )
     .to_aml_bytes(sink);
+}
+
+/// A number of vCPU slots, or a slot's index, as the u32 vCPUs are counted
+/// in.
+fn slot_count(n: usize) -> u32 {
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "there is one slot per possible vCPU, at most MAX_VCPUS (254)"
+    )]
+    let n = n as u32;
+    n
 }
 
 /// The mutex the controller's methods take.
@@ -465,7 +479,7 @@ impl Aml for CpuDevice {
     fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
         // Linux takes the APIC id from _MAT, and only from an enabled
         // entry: the MADT's entry of a hot-pluggable vCPU is not.
-        let mat = local_apic_entry(self.cpu as u8, self.apic_id as u8, LAPIC_ENABLED).to_vec();
+        let mat = local_apic_entry(self.cpu, self.apic_id, LAPIC_ENABLED).to_vec();
         let sta = Raw::of(&aml::Method::new(
             "_STA".into(),
             0,

@@ -23,6 +23,7 @@
 use acpi_tables::{aml, Aml};
 
 use super::BusDevice;
+use crate::narrow;
 
 pub const MEMORY_HOTPLUG_PORT: u16 = 0xa00;
 pub const MEMORY_HOTPLUG_PORT_COUNT: u64 = 24;
@@ -104,14 +105,14 @@ impl MemoryHotplug {
             return;
         }
         let port = usize::from(MEMORY_HOTPLUG_PORT);
-        let len = MEMORY_HOTPLUG_PORT_COUNT as usize;
+        let len = const { narrow::usize_of(MEMORY_HOTPLUG_PORT_COUNT) };
         let crs = aml::Name::new(
             "_CRS".into(),
             &aml::ResourceTemplate::new(vec![&aml::IO::new(
                 MEMORY_HOTPLUG_PORT,
                 MEMORY_HOTPLUG_PORT,
                 1,
-                len as u8,
+                const { narrow::u8_of(MEMORY_HOTPLUG_PORT_COUNT) },
             )]),
         );
         let lock = aml::Mutex::new("MLCK".into(), 0);
