@@ -22,7 +22,7 @@ use libfuzzer_sys::fuzz_target;
 use vhost::vhost_user::{Backend, FrontendReqHandler};
 use virtio_devices::vhost_user_fs::backend_req::DaxRequestHandler;
 use virtio_devices::vhost_user_fs::window::DaxWindow;
-use virtio_devices::vhost_user_fs::{worker, DAEMON_TIMEOUT};
+use virtio_devices::vhost_user_fs::{worker, VHOST_USER_TIMEOUT};
 use virtio_queue::QueueOwnedT;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::epoll::EventSet;
@@ -53,7 +53,7 @@ fn serve_vmm_side(mut requests: FrontendReqHandler<DaxRequestHandler>) {
         };
         // SAFETY: one pollfd, valid for the call.
         unsafe { libc::poll(&mut p, 1, -1) };
-        if !worker::serve_one("fuzz", &mut requests, EventSet::IN, DAEMON_TIMEOUT) {
+        if !worker::serve_one("fuzz", &mut requests, EventSet::IN, VHOST_USER_TIMEOUT) {
             panic!("the VMM gave up the backend channel of a well-behaved daemon");
         }
     });

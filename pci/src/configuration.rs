@@ -116,15 +116,16 @@ impl PciConfiguration {
                 if addr + size > 1 << 32 {
                     return Err(PciConfigError::BarAbove4G { index });
                 }
-                self.regs[BAR0_REG + index] = addr as u32;
-                self.writable[BAR0_REG + index] = mask as u32;
+                // Below 4 GiB (checked above): the low halves are the values.
+                self.regs[BAR0_REG + index] = low_half(addr);
+                self.writable[BAR0_REG + index] = low_half(mask);
             }
             BarKind::Mem64 { prefetchable } => {
                 let flags = BAR_MEM64 | if prefetchable { BAR_PREFETCHABLE } else { 0 };
-                self.regs[BAR0_REG + index] = addr as u32 | flags;
-                self.regs[BAR0_REG + index + 1] = (addr >> 32) as u32;
-                self.writable[BAR0_REG + index] = mask as u32 & !0xf;
-                self.writable[BAR0_REG + index + 1] = (mask >> 32) as u32;
+                self.regs[BAR0_REG + index] = low_half(addr) | flags;
+                self.regs[BAR0_REG + index + 1] = low_half(addr >> 32);
+                self.writable[BAR0_REG + index] = low_half(mask) & !0xf;
+                self.writable[BAR0_REG + index + 1] = low_half(mask >> 32);
             }
         }
         self.bars[index] = Some(Bar { size, kind });
@@ -167,9 +168,12 @@ impl PciConfiguration {
     ) -> Result<usize, PciConfigError> {
         let len = 2 + body.len();
         let offset = self.next_cap;
-        if offset + len > LAST_CAP_END {
-            return Err(PciConfigError::CapabilitySpace { len });
-        }
+        // A capability pointer is a byte: the capabilities end in the first
+        // 256 bytes of config space.
+        let pointer = u8::try_from(offset)
+            .ok()
+            .filter(|_| offset + len <= LAST_CAP_END)
+            .ok_or(PciConfigError::CapabilitySpace { len })?;
         let mut bytes = vec![id, 0];
         bytes.extend_from_slice(body);
         for (i, b) in bytes.iter().enumerate() {
@@ -179,9 +183,9 @@ impl PciConfiguration {
             self.writable[reg] = (self.writable[reg] & !(0xff << shift)) | u32::from(w) << shift;
         }
         match self.last_cap {
-            Some(prev) => self.set_byte(prev + 1, offset as u8),
+            Some(prev) => self.set_byte(prev + 1, pointer),
             None => {
-                self.regs[CAP_PTR_REG] = offset as u32;
+                self.regs[CAP_PTR_REG] = u32::from(pointer);
                 self.regs[COMMAND_REG] |= STATUS_CAP_LIST;
             }
         }
@@ -201,7 +205,8 @@ impl PciConfiguration {
 
     /// Reads `data.len()` (1, 2 or 4) bytes at `offset`; anything else reads all ones.
     pub fn read(&self, offset: u64, data: &mut [u8]) {
-        let off = offset as usize;
+        // An offset past usize is past the config space: all ones.
+        let off = usize::try_from(offset).unwrap_or(CONFIG_SPACE_SIZE);
         if !matches!(data.len(), 1 | 2 | 4)
             || !off.is_multiple_of(data.len())
             || off + data.len() > CONFIG_SPACE_SIZE
@@ -219,7 +224,8 @@ impl PciConfiguration {
     /// registered there. (Drivers size BARs with decoding off, writing all
     /// ones and then the old address back: that is not a move.)
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Option<usize> {
-        let off = offset as usize;
+        // An offset past usize is past the config space: ignored.
+        let off = usize::try_from(offset).unwrap_or(CONFIG_SPACE_SIZE);
         if !matches!(data.len(), 1 | 2 | 4)
             || !off.is_multiple_of(data.len())
             || off + data.len() > CONFIG_SPACE_SIZE
@@ -262,6 +268,17 @@ impl PciConfiguration {
     pub fn memory_enabled(&self) -> bool {
         self.regs[COMMAND_REG] & 0x2 != 0
     }
+}
+
+/// The low 32 bits of `value`: a 64-bit BAR's address and mask are two
+/// 32-bit registers.
+fn low_half(value: u64) -> u32 {
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "keeping the low half is the point"
+    )]
+    let low = value as u32;
+    low
 }
 
 #[cfg(test)]
@@ -412,7 +429,7 @@ mod tests {
         while ptr != 0 {
             let mut hdr = [0u8; 2];
             c.read(ptr, &mut hdr);
-            found.push((ptr as usize, hdr[0]));
+            found.push((usize::try_from(ptr).unwrap(), hdr[0]));
             ptr = u64::from(hdr[1]);
         }
         assert_eq!(found, vec![(a, 0x09), (b, 0x11)]);

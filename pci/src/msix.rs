@@ -52,6 +52,16 @@ pub struct MsixConfig {
     function_masked: bool,
 }
 
+/// A table index (or the table's length) as the vector number it is.
+fn vector_number(index: usize) -> u16 {
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the table is made from a u16 count in MsixConfig::new, so every index and its length fit"
+    )]
+    let vector = index as u16;
+    vector
+}
+
 impl MsixConfig {
     pub fn new(vectors: u16) -> Self {
         let n = usize::from(vectors);
@@ -71,7 +81,7 @@ impl MsixConfig {
     }
 
     pub fn vectors(&self) -> u16 {
-        self.table.len() as u16
+        vector_number(self.table.len())
     }
 
     pub fn entry(&self, vector: u16) -> Option<MsixEntry> {
@@ -141,8 +151,9 @@ impl MsixConfig {
                 8 => e.data = v,
                 _ => e.control = v & VECTOR_CONTROL_MASKED,
             }
-            if updates.last() != Some(&MsixUpdate::Entry(index as u16)) {
-                updates.push(MsixUpdate::Entry(index as u16));
+            let vector = vector_number(index);
+            if updates.last() != Some(&MsixUpdate::Entry(vector)) {
+                updates.push(MsixUpdate::Entry(vector));
             }
         }
         updates.extend(self.release_pending());
@@ -200,7 +211,7 @@ impl MsixConfig {
             let bit = 1u64 << (i % 64);
             if self.pba[i / 64] & bit != 0 && !e.masked() {
                 self.pba[i / 64] &= !bit;
-                out.push(MsixUpdate::DeliverPending(i as u16, *e));
+                out.push(MsixUpdate::DeliverPending(vector_number(i), *e));
             }
         }
         out

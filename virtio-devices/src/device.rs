@@ -1,8 +1,11 @@
 //! The device model both transports serve.
 
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 
-use virtio_queue::Queue;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+
+use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -41,8 +44,38 @@ pub struct SharedMemoryRegion {
 pub enum ActivateError {
     #[error("the driver set up {got} queues; the device needs {needed}")]
     QueueCount { got: usize, needed: usize },
+    /// What serves the device (its vhost-user daemon, its worker thread)
+    /// is gone; `device` is its kind and id.
+    #[error("activating the device: {device}: {why}")]
+    BackendGone { device: String, why: &'static str },
+    /// The vhost-user daemon failed one of the requests that set up the
+    /// rings.
+    #[error("activating the device: {device}: {request}: {source}")]
+    VhostUser {
+        device: String,
+        request: &'static str,
+        source: vhost::Error,
+    },
+    /// A ring the driver set up is not in guest RAM.
+    #[error("activating the device: {device}: queue {ring} at {addr:#x}: {source}")]
+    RingAddress {
+        device: String,
+        ring: &'static str,
+        addr: u64,
+        source: vm_memory::GuestMemoryError,
+    },
+    /// The tap refused the offloads the driver accepted.
+    #[error("activating the device: {device}: TUNSETOFFLOAD {flags:#x}: {source}")]
+    TapOffload {
+        device: String,
+        flags: u32,
+        source: std::io::Error,
+    },
+    /// The vhost-user-fs device's own error (its daemon's memory table, a
+    /// daemon that stopped answering), which names the device. Boxed: that
+    /// type lives with the device, which implements this trait.
     #[error("activating the device: {0}")]
-    Device(String),
+    Fs(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -53,6 +86,29 @@ pub struct ActivatedQueue {
     pub index: u16,
     pub queue: Queue,
     pub kick: EventFd,
+}
+
+/// The queues an activation gets, checked and set up as the devices that
+/// offer `VIRTIO_RING_F_EVENT_IDX` (virtio-blk, virtio-net) need them: the
+/// driver set up between `counts.start()` and `counts.end()` of them, and
+/// each suppresses notifications the EVENT_IDX way exactly when the driver
+/// accepted that feature (in `acked`).
+pub(crate) fn event_idx_queues(
+    mut queues: Vec<ActivatedQueue>,
+    counts: RangeInclusive<usize>,
+    acked: u64,
+) -> Result<Vec<ActivatedQueue>, ActivateError> {
+    if !counts.contains(&queues.len()) {
+        return Err(ActivateError::QueueCount {
+            got: queues.len(),
+            needed: *counts.end(),
+        });
+    }
+    let event_idx = acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+    for q in &mut queues {
+        q.queue.set_event_idx(event_idx);
+    }
+    Ok(queues)
 }
 
 pub trait VirtioDevice: Send {
@@ -142,5 +198,85 @@ mod tests {
         assert_eq!(d, [0; 4]);
         read_config_bytes(&cfg, u64::MAX, &mut d);
         assert_eq!(d, [0; 4]);
+    }
+
+    fn queues(n: u16) -> Vec<ActivatedQueue> {
+        (0..n)
+            .map(|index| ActivatedQueue {
+                index,
+                queue: Queue::new(16).expect("queue"),
+                kick: EventFd::new(libc::EFD_NONBLOCK).expect("eventfd"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn event_idx_queues_checks_the_count_and_follows_the_driver() {
+        let e = event_idx_queues(queues(0), 1..=4, 0).err();
+        assert!(matches!(
+            e,
+            Some(ActivateError::QueueCount { got: 0, needed: 4 })
+        ));
+        let e = event_idx_queues(queues(3), 2..=2, 0).err();
+        assert!(matches!(
+            e,
+            Some(ActivateError::QueueCount { got: 3, needed: 2 })
+        ));
+        let on = event_idx_queues(queues(2), 1..=2, 1 << VIRTIO_RING_F_EVENT_IDX).expect("two");
+        assert!(on.iter().all(|q| q.queue.state().event_idx_enabled));
+        assert_eq!(on.iter().map(|q| q.index).collect::<Vec<_>>(), [0, 1]);
+        let off = event_idx_queues(queues(1), 1..=2, !(1 << VIRTIO_RING_F_EVENT_IDX)).expect("one");
+        assert!(!off[0].queue.state().event_idx_enabled);
+    }
+
+    /// Each activation failure says which device, what step and why, in
+    /// the words the logs had before the variants were typed, and keeps
+    /// its cause as the error's source.
+    #[test]
+    fn activation_errors_name_the_device_the_step_and_keep_the_cause() {
+        use std::error::Error;
+        let e = ActivateError::TapOffload {
+            device: "virtio-net net0".into(),
+            flags: 0x11,
+            source: std::io::Error::from_raw_os_error(libc::EINVAL),
+        };
+        assert!(
+            e.to_string()
+                .starts_with("activating the device: virtio-net net0: TUNSETOFFLOAD 0x11: "),
+            "{e}"
+        );
+        assert!(e.source().is_some());
+        let e = ActivateError::VhostUser {
+            device: "fs fs0".into(),
+            request: "SET_VRING_ADDR",
+            source: vhost::Error::UsedAddress,
+        };
+        assert!(
+            e.to_string()
+                .starts_with("activating the device: fs fs0: SET_VRING_ADDR: "),
+            "{e}"
+        );
+        assert!(e.source().is_some());
+        let e = ActivateError::BackendGone {
+            device: "virtio-vsock vsock0".into(),
+            why: "its thread is gone",
+        };
+        assert_eq!(
+            e.to_string(),
+            "activating the device: virtio-vsock vsock0: its thread is gone"
+        );
+        let e = ActivateError::RingAddress {
+            device: "fs fs0".into(),
+            ring: "used ring",
+            addr: 0x1000,
+            source: vm_memory::GuestMemoryError::InvalidGuestAddress(vm_memory::GuestAddress(
+                0x1000,
+            )),
+        };
+        assert!(
+            e.to_string()
+                .starts_with("activating the device: fs fs0: queue used ring at 0x1000: "),
+            "{e}"
+        );
     }
 }

@@ -24,9 +24,10 @@ use crate::config::json::{
 };
 use crate::config::ConfigError;
 use crate::config::VmConfig;
+use crate::device_manager::{DeviceManagerError, FsDeviceInfo};
 use crate::exit::VmExit;
 use crate::signals::StopSignals;
-use crate::vm::{FsDeviceInfo, Vm, VmError};
+use crate::vm::{Vm, VmError};
 
 /// Publishes one fs device's window events on the API's event stream.
 struct EventPublisher {
@@ -45,7 +46,7 @@ impl WindowObserver for EventPublisher {
                 took,
             } => (
                 "map",
-                json!({"offset": offset, "len": len, "fd_offset": fd_offset, "writable": writable, "micros": took.as_micros() as u64}),
+                json!({"offset": offset, "len": len, "fd_offset": fd_offset, "writable": writable, "micros": u64::try_from(took.as_micros()).unwrap_or(u64::MAX)}),
             ),
             WindowEvent::Unmap { offset, len } => ("unmap", json!({"offset": offset, "len": len})),
             WindowEvent::Reset => ("reset", json!({})),
@@ -134,6 +135,33 @@ fn device_tree(vm: &Vm) -> Value {
         })
         .collect();
     Value::Object(nodes)
+}
+
+/// `vm.add-vsock`'s change to the configuration: one vsock device per VM,
+/// as in Cloud Hypervisor.
+fn add_vsock(c: &mut VmConfig, body: &Value) -> Result<(), ApiError> {
+    let v = vsock_config_from_json(body)
+        .map_err(|e| ApiError::bad_request(format!("vm.add-vsock: {e}")))?;
+    if let Some(old) = &c.vsock {
+        return Err(ApiError::conflict(format!(
+            "vm.add-vsock: the VM has a vsock device already (\"{}\"); remove it first",
+            old.id
+        )));
+    }
+    c.vsock = Some(v);
+    Ok(())
+}
+
+/// The API's answer to a hot-plug that did not happen: 400 for a transport
+/// without hot-plug (the request itself is wrong), 409 for one the VM's
+/// state refuses (an id still in use), 500 for one that failed.
+fn hotplug_error(endpoint: &str, e: &DeviceManagerError) -> ApiError {
+    let message = format!("{endpoint}: {e}");
+    match e {
+        DeviceManagerError::HotplugOverMmio { .. } => ApiError::bad_request(message),
+        e if e.is_refusal() => ApiError::conflict(message),
+        _ => ApiError::internal(message),
+    }
 }
 
 fn window_stats(info: &FsDeviceInfo) -> Option<WindowStats> {
@@ -291,24 +319,15 @@ impl ControlLoop {
             return Ok(VmmReply::NoContent);
         };
         let placed = match device {
-            AddedDevice::Fs => next
-                .fs
-                .last()
-                .map(|f| (f.transport, vm.add_fs(f, Some(&observe)))),
-            AddedDevice::Pmem => next.pmem.last().map(|p| (p.transport, vm.add_pmem(p))),
-            AddedDevice::Disk => next.disks.last().map(|d| (d.transport, vm.add_disk(d))),
-            AddedDevice::Vsock => next.vsock.as_ref().map(|v| (v.transport, vm.add_vsock(v))),
-            AddedDevice::Net => next.net.last().map(|n| (n.transport, vm.add_net(n))),
+            AddedDevice::Fs => next.fs.last().map(|f| vm.add_fs(f, Some(&observe))),
+            AddedDevice::Pmem => next.pmem.last().map(|p| vm.add_pmem(p)),
+            AddedDevice::Disk => next.disks.last().map(|d| vm.add_disk(d)),
+            AddedDevice::Vsock => next.vsock.as_ref().map(|v| vm.add_vsock(v)),
+            AddedDevice::Net => next.net.last().map(|n| vm.add_net(n)),
         };
         let info = match placed {
-            Some((_, Ok(info))) => info,
-            Some((crate::config::Transport::Mmio, Err(e))) => {
-                return Err(ApiError::bad_request(format!("{endpoint}: {e}")))
-            }
-            Some((_, Err(e @ VmError::Hotplug(_)))) => {
-                return Err(ApiError::conflict(format!("{endpoint}: {e}")))
-            }
-            Some((_, Err(e))) => return Err(ApiError::internal(format!("{endpoint}: {e}"))),
+            Some(Ok(info)) => info,
+            Some(Err(e)) => return Err(hotplug_error(endpoint, &e)),
             None => return Err(ApiError::internal(format!("{endpoint}: no device added"))),
         };
         self.config = Some(next);
@@ -360,56 +379,19 @@ impl ControlLoop {
         }
     }
 
+    /// Answers one API action.
     fn handle(&mut self, action: VmmAction) -> VmmResult {
         match action {
             VmmAction::ShutdownVmm => Ok(VmmReply::NoContent),
-            VmmAction::Create(body) => {
-                if self.config.is_some() {
-                    return Err(ApiError::conflict(
-                        "vm.create: a VM is already created (vm.delete it first)",
-                    ));
-                }
-                let config = vm_config_from_json(&body)
-                    .map_err(|e| ApiError::bad_request(format!("vm.create: {e}")))?;
-                self.config = Some(config);
-                self.state = State::Created;
-                Ok(VmmReply::NoContent)
-            }
+            VmmAction::Create(body) => self.create(&body),
             VmmAction::Delete => {
                 self.stop_vm();
                 self.config = None;
                 self.state = State::Created;
                 Ok(VmmReply::NoContent)
             }
-            VmmAction::Boot => match (&self.config, self.state) {
-                (None, _) => Err(ApiError::conflict(
-                    "vm.boot: no VM is created (vm.create first)",
-                )),
-                (Some(_), State::Running | State::Paused) => Err(ApiError::conflict(format!(
-                    "vm.boot: the VM is already booted (it is {})",
-                    self.state.as_str()
-                ))),
-                (Some(_), _) => {
-                    self.boot()
-                        .map_err(|e| ApiError::internal(format!("vm.boot: {e}")))?;
-                    Ok(VmmReply::NoContent)
-                }
-            },
-            VmmAction::Info => {
-                let config = self
-                    .config
-                    .as_ref()
-                    .ok_or_else(|| ApiError::conflict("vm.info: no VM is created"))?;
-                let mut info = json!({
-                    "config": vm_config_to_json(config),
-                    "state": self.state.as_str(),
-                    "memory_actual_size": config.memory.size,
-                });
-                if let Some(vm) = self.vm.as_ref().filter(|_| self.booted()) {
-                    info["device_tree"] = device_tree(vm);
-                }
-                Ok(VmmReply::Json(info))
-            }
+            VmmAction::Boot => self.boot_action(),
+            VmmAction::Info => self.info(),
             VmmAction::ShutdownVm => {
                 if !self.booted() {
                     return Err(self.not_running("vm.shutdown"));
@@ -417,45 +399,10 @@ impl ControlLoop {
                 self.stop_vm();
                 Ok(VmmReply::NoContent)
             }
-            VmmAction::Reboot => {
-                if !self.booted() {
-                    return Err(self.not_running("vm.reboot"));
-                }
-                self.stop_vm();
-                self.boot().map_err(|e| {
-                    ApiError::internal(format!(
-                        "vm.reboot: the VM stopped but did not boot again: {e}"
-                    ))
-                })?;
-                Ok(VmmReply::NoContent)
-            }
-            VmmAction::PowerButton => match (&self.vm, self.state) {
-                (Some(vm), State::Running) => {
-                    vm.power_button()
-                        .map_err(|e| ApiError::internal(format!("vm.power-button: {e}")))?;
-                    Ok(VmmReply::NoContent)
-                }
-                _ => Err(self.not_running("vm.power-button")),
-            },
-            VmmAction::Pause => match (&mut self.vm, self.state) {
-                (Some(vm), State::Running) => {
-                    vm.pause();
-                    self.state = State::Paused;
-                    Ok(VmmReply::NoContent)
-                }
-                _ => Err(self.not_running("vm.pause")),
-            },
-            VmmAction::Resume => match (&mut self.vm, self.state) {
-                (Some(vm), State::Paused) => {
-                    vm.resume();
-                    self.state = State::Running;
-                    Ok(VmmReply::NoContent)
-                }
-                _ => Err(ApiError::conflict(format!(
-                    "vm.resume: the VM is not paused (it is {})",
-                    self.state.as_str()
-                ))),
-            },
+            VmmAction::Reboot => self.reboot(),
+            VmmAction::PowerButton => self.power_button(),
+            VmmAction::Pause => self.pause(),
+            VmmAction::Resume => self.resume(),
             VmmAction::AddFs(body) => self.add_device("vm.add-fs", AddedDevice::Fs, |c| {
                 let fs = fs_config_from_json(&body, c.fs.len())
                     .map_err(|e| ApiError::bad_request(format!("vm.add-fs: {e}")))?;
@@ -474,19 +421,9 @@ impl ControlLoop {
                 c.disks.push(d);
                 Ok(())
             }),
-            VmmAction::AddVsock(body) => self.add_device("vm.add-vsock", AddedDevice::Vsock, |c| {
-                let v = vsock_config_from_json(&body)
-                    .map_err(|e| ApiError::bad_request(format!("vm.add-vsock: {e}")))?;
-                if let Some(old) = &c.vsock {
-                    // As Cloud Hypervisor: one vsock device per VM.
-                    return Err(ApiError::conflict(format!(
-                        "vm.add-vsock: the VM has a vsock device already (\"{}\"); remove it first",
-                        old.id
-                    )));
-                }
-                c.vsock = Some(v);
-                Ok(())
-            }),
+            VmmAction::AddVsock(body) => {
+                self.add_device("vm.add-vsock", AddedDevice::Vsock, |c| add_vsock(c, &body))
+            }
             VmmAction::AddNet(body, fds) => self.add_device("vm.add-net", AddedDevice::Net, |c| {
                 let n = net_config_from_json(&body, c.net.len())
                     .map_err(|e| e.to_string())
@@ -514,6 +451,109 @@ impl ControlLoop {
             VmmAction::KvmCounters => Ok(VmmReply::Kvm(
                 self.vm.as_ref().and_then(|vm| vm.kvm_counters()),
             )),
+        }
+    }
+
+    /// `vm.create`: takes a configuration when there is none.
+    fn create(&mut self, body: &Value) -> VmmResult {
+        if self.config.is_some() {
+            return Err(ApiError::conflict(
+                "vm.create: a VM is already created (vm.delete it first)",
+            ));
+        }
+        let config = vm_config_from_json(body)
+            .map_err(|e| ApiError::bad_request(format!("vm.create: {e}")))?;
+        self.config = Some(config);
+        self.state = State::Created;
+        Ok(VmmReply::NoContent)
+    }
+
+    /// `vm.boot`: boots a created VM that is not booted.
+    fn boot_action(&mut self) -> VmmResult {
+        match (&self.config, self.state) {
+            (None, _) => Err(ApiError::conflict(
+                "vm.boot: no VM is created (vm.create first)",
+            )),
+            (Some(_), State::Running | State::Paused) => Err(ApiError::conflict(format!(
+                "vm.boot: the VM is already booted (it is {})",
+                self.state.as_str()
+            ))),
+            (Some(_), _) => {
+                self.boot()
+                    .map_err(|e| ApiError::internal(format!("vm.boot: {e}")))?;
+                Ok(VmmReply::NoContent)
+            }
+        }
+    }
+
+    /// `vm.info`: the configuration, the state and, booted, where the
+    /// virtio-PCI devices are.
+    fn info(&self) -> VmmResult {
+        let config = self
+            .config
+            .as_ref()
+            .ok_or_else(|| ApiError::conflict("vm.info: no VM is created"))?;
+        let mut info = json!({
+            "config": vm_config_to_json(config),
+            "state": self.state.as_str(),
+            "memory_actual_size": config.memory.size,
+        });
+        if let Some(vm) = self.vm.as_ref().filter(|_| self.booted()) {
+            info["device_tree"] = device_tree(vm);
+        }
+        Ok(VmmReply::Json(info))
+    }
+
+    /// `vm.reboot`: stops the booted VM and boots it again.
+    fn reboot(&mut self) -> VmmResult {
+        if !self.booted() {
+            return Err(self.not_running("vm.reboot"));
+        }
+        self.stop_vm();
+        self.boot().map_err(|e| {
+            ApiError::internal(format!(
+                "vm.reboot: the VM stopped but did not boot again: {e}"
+            ))
+        })?;
+        Ok(VmmReply::NoContent)
+    }
+
+    /// `vm.power-button`: only a running guest can see the press.
+    fn power_button(&self) -> VmmResult {
+        match (&self.vm, self.state) {
+            (Some(vm), State::Running) => {
+                vm.power_button()
+                    .map_err(|e| ApiError::internal(format!("vm.power-button: {e}")))?;
+                Ok(VmmReply::NoContent)
+            }
+            _ => Err(self.not_running("vm.power-button")),
+        }
+    }
+
+    /// `vm.pause`: parks a running VM's vCPUs.
+    fn pause(&mut self) -> VmmResult {
+        match (&mut self.vm, self.state) {
+            (Some(vm), State::Running) => {
+                vm.pause();
+                self.state = State::Paused;
+                Ok(VmmReply::NoContent)
+            }
+            _ => Err(self.not_running("vm.pause")),
+        }
+    }
+
+    /// `vm.resume`: runs a paused VM's vCPUs again.
+    fn resume(&mut self) -> VmmResult {
+        match (&mut self.vm, self.state) {
+            (Some(vm), State::Paused) => {
+                vm.resume();
+                self.state = State::Running;
+                Ok(VmmReply::NoContent)
+            }
+            _ => Err(ApiError::conflict(format!(
+                "vm.resume: the VM is not paused (it is {})",
+                self.state.as_str()
+            ))),
         }
     }
 
@@ -574,3 +614,7 @@ impl ControlLoop {
             .collect()
     }
 }
+
+#[cfg(test)]
+#[path = "control_loop_tests.rs"]
+mod tests;

@@ -32,14 +32,120 @@ use crate::config::{
     DiskConfig, FsConfig, MemoryConfig, NetConfig, PmemConfig, Transport, VmConfig, VsockConfig,
 };
 use crate::devices::activator::DeviceActivator;
-use crate::devices::device_memory::{AddressSpace, Area, MemorySlot, SlotNumbers};
+use crate::devices::bus::BusError;
+use crate::devices::device_memory::{
+    AddressError, AddressSpace, Area, MemorySlot, SlotError, SlotNumbers,
+};
 use crate::devices::ged::{GedHandle, EVENT_PCI_HOTPLUG};
 use crate::devices::pci_hotplug::{EjectRequests, PciHotplug};
-use crate::devices::virtio_mmio::MmioDeviceManager;
-use crate::devices::virtio_pci::{PciAddress, PciDeviceManager, ShmBacking};
+use crate::devices::virtio_mmio::{MmioDeviceManager, VirtioMmioError};
+use crate::devices::virtio_pci::{PciAddress, PciDeviceManager, ShmBacking, VirtioPciSetupError};
 use crate::devices::Bus;
 use crate::memory::{GuestMemoryMmap, GuestRegionMmap};
-use crate::vm::VmError;
+
+/// What failed in making, placing, hot-plugging or removing a device, or in
+/// giving the devices new RAM.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceManagerError {
+    /// The thread the devices' activations run on could not start.
+    #[error("device setup: the device activator thread: {0}")]
+    Activator(#[source] std::io::Error),
+    /// The PCI segments (config ports, ECAM ranges) could not be set up.
+    #[error(transparent)]
+    PciSegments(VirtioPciSetupError),
+    /// The hot-plug controller could not be made or put on the I/O bus.
+    #[error("device setup: the PCI hot-plug controller: {0}")]
+    HotplugController(#[source] std::io::Error),
+    #[error("device setup: {0}")]
+    HotplugPorts(#[source] BusError),
+    // A device's backend could not be opened; each names its own field.
+    #[error(transparent)]
+    Pmem(#[from] virtio_devices::pmem::PmemError),
+    /// The pmem device `id` could not keep its own handle on its file.
+    #[error("pmem {id}: duplicating the file's descriptor: {source}")]
+    PmemFile { id: String, source: std::io::Error },
+    #[error(transparent)]
+    Rng(#[from] virtio_devices::rng::RngError),
+    #[error(transparent)]
+    Disk(#[from] virtio_devices::block::DiskError),
+    #[error(transparent)]
+    Vsock(#[from] virtio_devices::vsock::BackendError),
+    #[error(transparent)]
+    Tap(#[from] TapError),
+    #[error(transparent)]
+    Fs(#[from] virtio_devices::vhost_user_fs::FsError),
+    /// Device `id` found no place on virtio-PCI.
+    #[error("{id}: {source}")]
+    PciPlace {
+        id: String,
+        source: VirtioPciSetupError,
+    },
+    /// Device `id` found no place on virtio-MMIO.
+    #[error("{id}: {source}")]
+    MmioPlace { id: String, source: VirtioMmioError },
+    /// No guest addresses for the shared memory of MMIO device `id`.
+    #[error("{id}: {source}")]
+    MmioShmAddress { id: String, source: AddressError },
+    /// KVM refused the memory slot of MMIO device `id`'s shared memory.
+    #[error("device setup: {id}: {source}")]
+    MmioShmSlot { id: String, source: SlotError },
+    /// KVM refused the memory slot of new RAM.
+    #[error("device setup: RAM at {addr:#x}+{size:#x}: {source}")]
+    RamSlot {
+        addr: u64,
+        size: u64,
+        source: SlotError,
+    },
+    /// New RAM overlaps the guest memory there is.
+    #[error("device setup: RAM at {addr:#x}+{size:#x}: {source}")]
+    RamRegion {
+        addr: u64,
+        size: u64,
+        source: vm_memory::GuestRegionCollectionError,
+    },
+    /// A daemon did not take new RAM into its memory table.
+    #[error("device setup: RAM at {addr:#x}+{size:#x}: {source}")]
+    RamDaemon {
+        addr: u64,
+        size: u64,
+        source: virtio_devices::vhost_user_fs::FsError,
+    },
+    /// A hot-plug asked for virtio-MMIO, which has no hot-plug.
+    #[error("hot-plug: {id}: hot-plug is over virtio-PCI only (transport=mmio has no hot-plug)")]
+    HotplugOverMmio { id: String },
+    /// A hot-plug reused the id of a device the guest has not ejected yet.
+    #[error(
+        "hot-plug: {id}: a device with this id is still at {at} (its removal waits for the guest to eject it)"
+    )]
+    IdStillPlaced { id: String, at: PciAddress },
+    /// A removal named no hot-pluggable device.
+    #[error(
+        "hot-plug: {id}: not a hot-pluggable device (only virtio-PCI fs, pmem, disk, vsock and net devices can be removed from a running VM)"
+    )]
+    NotHotpluggable { id: String },
+    /// A removal named the virtio-rng device, which stays.
+    #[error("hot-plug: _rng: the virtio-rng device cannot be removed")]
+    RngNotRemovable,
+    /// The guest could not be told about slot `at` (the GED interrupt).
+    #[error("hot-plug: telling the guest about {at}: {source}")]
+    Announce {
+        at: PciAddress,
+        source: std::io::Error,
+    },
+}
+
+impl DeviceManagerError {
+    /// A hot-plug or removal the VM's state refuses (as opposed to one that
+    /// failed): the API answers it with 409 Conflict.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            DeviceManagerError::IdStillPlaced { .. }
+                | DeviceManagerError::NotHotpluggable { .. }
+                | DeviceManagerError::RngNotRemovable
+        )
+    }
+}
 
 /// Makes the DAX window observer of the fs device with the given id.
 pub type ObserverFactory = dyn Fn(&str) -> Arc<dyn WindowObserver>;
@@ -111,16 +217,17 @@ impl DeviceManager {
         memory: &MemoryConfig,
         pci_segments: u16,
         ged: GedHandle,
-    ) -> Result<Self, VmError> {
+    ) -> Result<Self, DeviceManagerError> {
         let (ram_size, hotplug_size) = (memory.size, memory.hotplug_size.unwrap_or(0));
         let space = Arc::new(Mutex::new(AddressSpace::new(
             ram_size,
             hotplug_size,
             pci_segments,
         )));
-        let limit = kvm.check_extension_int(Cap::NrMemslots).max(0) as u32;
+        // A negative answer (an error) counts as no slots.
+        let limit = u32::try_from(kvm.check_extension_int(Cap::NrMemslots)).unwrap_or(0);
         let slots = SlotNumbers::new(limit);
-        let activator = DeviceActivator::start()?;
+        let activator = DeviceActivator::start().map_err(DeviceManagerError::Activator)?;
         let pci = PciDeviceManager::new(
             vm,
             pio,
@@ -129,8 +236,10 @@ impl DeviceManager {
             space.clone(),
             slots.clone(),
             activator.activator(),
-        )?;
-        let hotplug = PciHotplug::new(pci_segments)?;
+        )
+        .map_err(DeviceManagerError::PciSegments)?;
+        let hotplug =
+            PciHotplug::new(pci_segments).map_err(DeviceManagerError::HotplugController)?;
         let ejects = hotplug.eject_requests();
         let hotplug = Arc::new(Mutex::new(hotplug));
         pio.insert(
@@ -138,7 +247,7 @@ impl DeviceManager {
             u64::from(crate::devices::pci_hotplug::PCI_HOTPLUG_PORT),
             crate::devices::pci_hotplug::PCI_HOTPLUG_PORT_COUNT,
         )
-        .map_err(|e| VmError::Device(e.to_string()))?;
+        .map_err(DeviceManagerError::HotplugPorts)?;
         Ok(DeviceManager {
             vm: vm.clone(),
             mmio: mmio.clone(),
@@ -164,7 +273,7 @@ impl DeviceManager {
         &mut self,
         config: &VmConfig,
         observe: Option<&ObserverFactory>,
-    ) -> Result<(), VmError> {
+    ) -> Result<(), DeviceManagerError> {
         if let Some(r) = &config.rng {
             let device = Rng::new("_rng".into(), &r.src)?;
             self.place("_rng", Box::new(device), r.transport, r.pci_segment, None)?;
@@ -219,7 +328,7 @@ impl DeviceManager {
         transport: Transport,
         segment: u16,
         shm: Option<ShmBacking>,
-    ) -> Result<Option<PciAddress>, VmError> {
+    ) -> Result<Option<PciAddress>, DeviceManagerError> {
         let counters = device.counters();
         let slot = self.place_on_transport(id, device, transport, segment, shm)?;
         if let Some(c) = counters {
@@ -235,9 +344,17 @@ impl DeviceManager {
         transport: Transport,
         segment: u16,
         shm: Option<ShmBacking>,
-    ) -> Result<Option<PciAddress>, VmError> {
+    ) -> Result<Option<PciAddress>, DeviceManagerError> {
         match transport {
-            Transport::Pci => Ok(Some(self.pci.add(id, segment, device, shm)?)),
+            Transport::Pci => {
+                let at = self.pci.add(id, segment, device, shm).map_err(|source| {
+                    DeviceManagerError::PciPlace {
+                        id: id.to_string(),
+                        source,
+                    }
+                })?;
+                Ok(Some(at))
+            }
             Transport::Mmio => {
                 let mut device = device;
                 if let Some(b) = shm {
@@ -245,22 +362,34 @@ impl DeviceManager {
                         .space
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .allocate(Area::MmioDeviceMemory, b.size, layout::DEVICE_MEMORY_ALIGN)?;
+                        .allocate(Area::MmioDeviceMemory, b.size, layout::DEVICE_MEMORY_ALIGN)
+                        .map_err(|source| DeviceManagerError::MmioShmAddress {
+                            id: id.to_string(),
+                            source,
+                        })?;
                     // SAFETY: `owner` keeps the mapping for the life of the slot.
                     let slot = unsafe {
                         MemorySlot::new(&self.vm, &self.slots, addr, b.size, b.host_addr, b.owner)
                     }
-                    .map_err(|e| VmError::Device(format!("{id}: {e}")))?;
+                    .map_err(|source| DeviceManagerError::MmioShmSlot {
+                        id: id.to_string(),
+                        source,
+                    })?;
                     device.set_shm_base(addr);
                     self.mmio_memory.push(slot);
                 }
-                self.mmio_devices.add(
-                    &self.vm,
-                    &self.mmio,
-                    &self.mem,
-                    device,
-                    self.activator.activator(),
-                )?;
+                self.mmio_devices
+                    .add(
+                        &self.vm,
+                        &self.mmio,
+                        &self.mem,
+                        device,
+                        self.activator.activator(),
+                    )
+                    .map_err(|source| DeviceManagerError::MmioPlace {
+                        id: id.to_string(),
+                        source,
+                    })?;
                 Ok(None)
             }
         }
@@ -268,10 +397,19 @@ impl DeviceManager {
 
     /// Opens and maps the pmem backing file and puts a virtio-pmem device
     /// for it on its transport.
-    fn add_pmem_device(&mut self, p: &PmemConfig) -> Result<Option<PciAddress>, VmError> {
+    fn add_pmem_device(
+        &mut self,
+        p: &PmemConfig,
+    ) -> Result<Option<PciAddress>, DeviceManagerError> {
         let backing = PmemBacking::open(&p.file, p.size, p.discard_writes)?;
         let (size, host_addr) = (backing.size(), backing.host_addr());
-        let device = Box::new(Pmem::new(p.id.clone(), &backing, 0)?);
+        let device = Pmem::new(p.id.clone(), &backing, 0).map_err(|source| {
+            DeviceManagerError::PmemFile {
+                id: p.id.clone(),
+                source,
+            }
+        })?;
+        let device = Box::new(device);
         let shm = ShmBacking {
             size,
             host_addr,
@@ -284,7 +422,10 @@ impl DeviceManager {
 
     /// Opens the disk image and puts a virtio-blk device for it on its
     /// transport.
-    fn add_disk_device(&mut self, d: &DiskConfig) -> Result<Option<PciAddress>, VmError> {
+    fn add_disk_device(
+        &mut self,
+        d: &DiskConfig,
+    ) -> Result<Option<PciAddress>, DeviceManagerError> {
         let device = Block::new(&BlockDeviceConfig {
             id: d.id.clone(),
             path: d.path.clone(),
@@ -306,7 +447,10 @@ impl DeviceManager {
     }
 
     /// Binds the vsock device's socket and puts the device on its transport.
-    fn add_vsock_device(&mut self, v: &VsockConfig) -> Result<Option<PciAddress>, VmError> {
+    fn add_vsock_device(
+        &mut self,
+        v: &VsockConfig,
+    ) -> Result<Option<PciAddress>, DeviceManagerError> {
         let device = Vsock::new(v.id.clone(), v.cid, v.socket.clone())?;
         let slot = self.place(&v.id, Box::new(device), v.transport, v.pci_segment, None)?;
         log::info!(
@@ -320,7 +464,7 @@ impl DeviceManager {
 
     /// Opens the device's tap and puts a virtio-net device on it on its
     /// transport.
-    fn add_net_device(&mut self, n: &NetConfig) -> Result<Option<PciAddress>, VmError> {
+    fn add_net_device(&mut self, n: &NetConfig) -> Result<Option<PciAddress>, DeviceManagerError> {
         let tap = open_tap(n)?;
         let tap_name = tap.name().to_string();
         let device = Net::new(NetDeviceConfig {
@@ -351,7 +495,7 @@ impl DeviceManager {
         &mut self,
         f: &FsConfig,
         observe: Option<&ObserverFactory>,
-    ) -> Result<Option<PciAddress>, VmError> {
+    ) -> Result<Option<PciAddress>, DeviceManagerError> {
         let device = VhostUserFs::connect(&FsDeviceConfig {
             id: f.id.clone(),
             tag: f.tag.clone(),
@@ -389,21 +533,20 @@ impl DeviceManager {
         Ok(slot)
     }
 
-    fn hotplug_only_over_pci(transport: Transport, id: &str) -> Result<(), VmError> {
+    fn hotplug_only_over_pci(transport: Transport, id: &str) -> Result<(), DeviceManagerError> {
         match transport {
             Transport::Pci => Ok(()),
-            Transport::Mmio => Err(VmError::Hotplug(format!(
-                "{id}: hot-plug is over virtio-PCI only (transport=mmio has no hot-plug)"
-            ))),
+            Transport::Mmio => Err(DeviceManagerError::HotplugOverMmio { id: id.to_string() }),
         }
     }
 
     /// Refuses an id that a device still being ejected holds.
-    fn id_is_free(&self, id: &str) -> Result<(), VmError> {
+    fn id_is_free(&self, id: &str) -> Result<(), DeviceManagerError> {
         match self.pci.address_of(id) {
-            Some(at) => Err(VmError::Hotplug(format!(
-                "{id}: a device with this id is still at {at} (its removal waits for the guest to eject it)"
-            ))),
+            Some(at) => Err(DeviceManagerError::IdStillPlaced {
+                id: id.to_string(),
+                at,
+            }),
             None => Ok(()),
         }
     }
@@ -413,27 +556,27 @@ impl DeviceManager {
         &mut self,
         f: &FsConfig,
         observe: Option<&ObserverFactory>,
-    ) -> Result<PciDeviceInfo, VmError> {
+    ) -> Result<PciDeviceInfo, DeviceManagerError> {
         self.hotplug(&f.id, f.transport, |dm| dm.add_fs_device(f, observe))
     }
 
     /// Hot-plugs a pmem device into the running guest.
-    pub fn hotplug_pmem(&mut self, p: &PmemConfig) -> Result<PciDeviceInfo, VmError> {
+    pub fn hotplug_pmem(&mut self, p: &PmemConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
         self.hotplug(&p.id, p.transport, |dm| dm.add_pmem_device(p))
     }
 
     /// Hot-plugs a disk into the running guest.
-    pub fn hotplug_disk(&mut self, d: &DiskConfig) -> Result<PciDeviceInfo, VmError> {
+    pub fn hotplug_disk(&mut self, d: &DiskConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
         self.hotplug(&d.id, d.transport, |dm| dm.add_disk_device(d))
     }
 
     /// Hot-plugs the vsock device into the running guest.
-    pub fn hotplug_vsock(&mut self, v: &VsockConfig) -> Result<PciDeviceInfo, VmError> {
+    pub fn hotplug_vsock(&mut self, v: &VsockConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
         self.hotplug(&v.id, v.transport, |dm| dm.add_vsock_device(v))
     }
 
     /// Hot-plugs a net device into the running guest.
-    pub fn hotplug_net(&mut self, n: &NetConfig) -> Result<PciDeviceInfo, VmError> {
+    pub fn hotplug_net(&mut self, n: &NetConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
         self.hotplug(&n.id, n.transport, |dm| dm.add_net_device(n))
     }
 
@@ -444,8 +587,8 @@ impl DeviceManager {
         &mut self,
         id: &str,
         transport: Transport,
-        add: impl FnOnce(&mut Self) -> Result<Option<PciAddress>, VmError>,
-    ) -> Result<PciDeviceInfo, VmError> {
+        add: impl FnOnce(&mut Self) -> Result<Option<PciAddress>, DeviceManagerError>,
+    ) -> Result<PciDeviceInfo, DeviceManagerError> {
         Self::hotplug_only_over_pci(transport, id)?;
         self.id_is_free(id)?;
         let slot = add(self)?.expect("a PCI device has a slot");
@@ -453,7 +596,7 @@ impl DeviceManager {
         Ok(PciDeviceInfo::new(id, slot))
     }
 
-    fn announce(&self, at: PciAddress, add: bool) -> Result<(), VmError> {
+    fn announce(&self, at: PciAddress, add: bool) -> Result<(), DeviceManagerError> {
         {
             let mut hp = self.hotplug.lock().unwrap_or_else(|e| e.into_inner());
             if add {
@@ -462,22 +605,20 @@ impl DeviceManager {
                 hp.announce_remove(at.segment, at.slot);
             }
         }
-        self.ged.raise(EVENT_PCI_HOTPLUG)?;
-        Ok(())
+        self.ged
+            .raise(EVENT_PCI_HOTPLUG)
+            .map_err(|source| DeviceManagerError::Announce { at, source })
     }
 
     /// Asks the guest to eject the device named `id`; it goes when the
     /// guest has let go of it ([`Self::complete_ejects`]).
-    pub fn request_removal(&self, id: &str) -> Result<(), VmError> {
-        let slot = self.pci.address_of(id).ok_or_else(|| {
-            VmError::Hotplug(format!(
-                "{id}: not a hot-pluggable device (only virtio-PCI fs, pmem, disk, vsock and net devices can be removed from a running VM)"
-            ))
-        })?;
+    pub fn request_removal(&self, id: &str) -> Result<(), DeviceManagerError> {
+        let slot = self
+            .pci
+            .address_of(id)
+            .ok_or_else(|| DeviceManagerError::NotHotpluggable { id: id.to_string() })?;
         if id == "_rng" {
-            return Err(VmError::Hotplug(
-                "_rng: the virtio-rng device cannot be removed".into(),
-            ));
+            return Err(DeviceManagerError::RngNotRemovable);
         }
         self.announce(slot, false)
     }
@@ -487,14 +628,15 @@ impl DeviceManager {
         &self.ejects
     }
 
-    /// Removes the devices the guest ejected; returns their ids.
     /// Gives `region` (new guest RAM) to KVM and to every device: the
     /// memory they share, and each running vhost-user daemon's table, in
     /// that order of risk so that a failure undoes what was done and
     /// leaves the guest's memory as it was.
-    pub fn add_ram_region(&mut self, region: Arc<GuestRegionMmap>) -> Result<(), VmError> {
+    pub fn add_ram_region(
+        &mut self,
+        region: Arc<GuestRegionMmap>,
+    ) -> Result<(), DeviceManagerError> {
         let (addr, size) = (region.start_addr().0, region.len());
-        let failed = |e: String| VmError::Device(format!("RAM at {addr:#x}+{size:#x}: {e}"));
         // SAFETY: `owner` keeps the mapping alive for the life of the slot.
         let slot = unsafe {
             MemorySlot::new(
@@ -506,20 +648,20 @@ impl DeviceManager {
                 Box::new(region.clone()),
             )
         }
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|source| DeviceManagerError::RamSlot { addr, size, source })?;
         let before = self.mem.memory().clone();
         let after = before
             .insert_region(region.clone())
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|source| DeviceManagerError::RamRegion { addr, size, source })?;
         let daemons: Vec<&FsDeviceInfo> = self.fs.iter().filter(|f| f.memory.alive()).collect();
         for (i, f) in daemons.iter().enumerate() {
-            if let Err(e) = f.memory.add_region(&after, &region) {
+            if let Err(source) = f.memory.add_region(&after, &region) {
                 for done in &daemons[..i] {
                     if let Err(e) = done.memory.remove_region(&before, &region) {
                         log::warn!("fs {}: taking back RAM at {addr:#x}: {e}", done.id);
                     }
                 }
-                return Err(failed(e.to_string()));
+                return Err(DeviceManagerError::RamDaemon { addr, size, source });
             }
         }
         let told = daemons.len();
@@ -532,6 +674,7 @@ impl DeviceManager {
         Ok(())
     }
 
+    /// Removes the devices the guest ejected; returns their ids.
     pub fn complete_ejects(&mut self) -> Vec<String> {
         let mut gone = Vec::new();
         for (segment, slot) in self.ejects.take() {
@@ -585,3 +728,7 @@ fn open_tap(n: &NetConfig) -> Result<Tap, TapError> {
     tap.configure_host_side(ip, mask, n.mtu)?;
     Ok(tap)
 }
+
+#[cfg(test)]
+#[path = "device_manager_tests.rs"]
+mod tests;

@@ -23,7 +23,7 @@ pub enum VmExit {
 impl VmExit {
     /// The VMM's exit status: 0 when the guest or the operator ended the VM
     /// on purpose, 1 for a failure, 3 for a guest kernel panic.
-    pub fn status(&self) -> i32 {
+    pub fn status(&self) -> u8 {
         match self {
             VmExit::PowerOff | VmExit::Reset | VmExit::Signal(_) => 0,
             VmExit::GuestPanic => 3,

@@ -254,7 +254,7 @@ fn main() -> ExitCode {
     match vmm::vm::run(&config, &signals) {
         Ok(exit) => {
             eprintln!("dax-vmm: {}", exit.message());
-            ExitCode::from(exit.status() as u8)
+            ExitCode::from(exit.status())
         }
         Err(e) => {
             eprintln!("dax-vmm: error: {e}");
@@ -321,7 +321,7 @@ fn serve_api(path: &std::path::Path, config: Option<VmConfig>, signals: &StopSig
         }
         Ok(LoopExit::Vm(exit)) => {
             eprintln!("dax-vmm: {}", exit.message());
-            ExitCode::from(exit.status() as u8)
+            ExitCode::from(exit.status())
         }
         Err(e) => {
             eprintln!("dax-vmm: error: {e}");

@@ -26,11 +26,20 @@ pub enum MemoryError {
         size: u64,
         source: vm_memory::mmap::FromRangesError,
     },
+    #[error("--memory: {size} bytes of guest RAM do not fit in this host's address space")]
+    TooLarge { size: u64 },
+    #[error("guest RAM has more regions ({count}) than KVM has slot numbers")]
+    TooManyRegions { count: usize },
     #[error("registering guest RAM slot {slot} with KVM failed: {source}")]
     Register {
         slot: u32,
         source: kvm_ioctls::Error,
     },
+}
+
+/// `size` bytes of RAM as the length of a mapping in this process.
+fn host_len(size: u64) -> Result<usize, MemoryError> {
+    usize::try_from(size).map_err(|_| MemoryError::TooLarge { size })
 }
 
 fn memfd(hugepages: bool) -> std::io::Result<File> {
@@ -55,10 +64,10 @@ pub fn create_guest_memory(cfg: &MemoryConfig) -> Result<GuestMemoryMmap, Memory
         source,
     };
     if !cfg.shared && !cfg.hugepages {
-        let r: Vec<_> = ranges
+        let r = ranges
             .iter()
-            .map(|&(a, s)| (GuestAddress(a), s as usize))
-            .collect();
+            .map(|&(a, s)| Ok((GuestAddress(a), host_len(s)?)))
+            .collect::<Result<Vec<_>, MemoryError>>()?;
         let mem = GuestMemoryMmap::from_ranges(&r).map_err(map_err)?;
         exclude_from_core_dumps(&mem);
         return Ok(mem);
@@ -75,7 +84,7 @@ pub fn create_guest_memory(cfg: &MemoryConfig) -> Result<GuestMemoryMmap, Memory
         let f = file.try_clone().map_err(MemoryError::Memfd)?;
         regions.push((
             GuestAddress(addr),
-            size as usize,
+            host_len(size)?,
             Some(FileOffset::new(f, offset)),
         ));
         offset += size;
@@ -101,7 +110,7 @@ pub fn create_hotplug_region(
     } else {
         None
     };
-    let region = GuestRegionMmap::from_range(GuestAddress(addr), size as usize, file)
+    let region = GuestRegionMmap::from_range(GuestAddress(addr), host_len(size)?, file)
         .map_err(|source| MemoryError::Map { size, source })?;
     exclude_region_from_core_dumps(&region);
     Ok(Arc::new(region))
@@ -123,7 +132,8 @@ fn exclude_region_from_core_dumps(region: &GuestRegionMmap) {
     let r = unsafe {
         libc::madvise(
             region.as_ptr().cast(),
-            region.len() as usize,
+            // A region's length is a mapping's, so it fits in usize.
+            crate::narrow::usize_of(region.len()),
             libc::MADV_DONTDUMP,
         )
     };
@@ -138,7 +148,7 @@ fn exclude_region_from_core_dumps(region: &GuestRegionMmap) {
 
 pub fn register_with_kvm(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), MemoryError> {
     for (slot, region) in mem.iter().enumerate() {
-        let slot = slot as u32;
+        let slot = u32::try_from(slot).map_err(|_| MemoryError::TooManyRegions { count: slot })?;
         let r = kvm_userspace_memory_region {
             slot,
             flags: 0,

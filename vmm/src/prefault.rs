@@ -68,7 +68,7 @@ impl ThreadTimer {
         // SAFETY: an all-zero sigevent is valid; the fields that matter are set below.
         let mut ev: libc::sigevent = unsafe { std::mem::zeroed() };
         ev.sigev_notify = libc::SIGEV_THREAD_ID;
-        ev.sigev_signo = crate::vcpu::kick_signal();
+        ev.sigev_signo = crate::signals::kick_signal();
         // SAFETY: gettid has no preconditions.
         ev.sigev_notify_thread_id = unsafe { libc::gettid() };
         let mut id: libc::timer_t = std::ptr::null_mut();
@@ -83,8 +83,8 @@ impl ThreadTimer {
                 tv_nsec: 0,
             },
             it_value: libc::timespec {
-                tv_sec: after.as_secs() as libc::time_t,
-                tv_nsec: libc::c_long::from(after.subsec_nanos() as i32),
+                tv_sec: libc::time_t::try_from(after.as_secs()).unwrap_or(libc::time_t::MAX),
+                tv_nsec: libc::c_long::from(after.subsec_nanos()),
             },
         };
         // SAFETY: `timer.0` was just created; `spec` is valid for the call.
@@ -122,7 +122,7 @@ impl KvmPrefaulter {
             .map_err(|e| log::warn!("no pre-fault vCPUs ({e}): DAX ranges fault in page by page"))
             .ok()?;
         // The timer's signal must find its (no-op) handler in place.
-        crate::vcpu::install_kick_handler();
+        crate::signals::install_kick_handler();
         Some(KvmPrefaulter {
             vcpus: Mutex::new(vcpus),
             working: AtomicBool::new(true),

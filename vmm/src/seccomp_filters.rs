@@ -361,7 +361,8 @@ const OPEN_EFFECT_BITS: u32 =
     (O_ACCMODE | O_CREAT | O_EXCL | O_TRUNC | O_APPEND | O_PATH | (O_TMPFILE & !O_DIRECTORY))
         as u32;
 const fn open_as(flags: c_int) -> [Cond; 1] {
-    [Cond::masked(2, OPEN_EFFECT_BITS, flags as u32)]
+    // The kernel compares the flags' bits: reinterpreted, not converted.
+    [Cond::masked(2, OPEN_EFFECT_BITS, flags.cast_unsigned())]
 }
 /// Kernel, initramfs, the rng source, a read-only (discard_writes) pmem file.
 const OPEN_READ: &[Cond] = &open_as(O_RDONLY);

@@ -1,9 +1,33 @@
-//! SIGINT and SIGTERM are blocked in every thread and read from a signalfd
-//! by the main loop, so a stop request is handled like any other VM exit.
+//! The VMM's signals. SIGINT and SIGTERM are blocked in every thread and
+//! read from a signalfd by the main loop, so a stop request is handled like
+//! any other VM exit. The kick signal interrupts a blocking KVM ioctl on one
+//! thread: a vCPU's KVM_RUN (to park or stop it) and a pre-fault's
+//! KVM_PRE_FAULT_MEMORY (when its timer fires).
 
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd};
+use std::sync::Once;
+
+/// The signal that kicks a vCPU thread out of KVM_RUN (and a pre-fault
+/// out of KVM_PRE_FAULT_MEMORY).
+pub(crate) fn kick_signal() -> libc::c_int {
+    vmm_sys_util::signal::SIGRTMIN()
+}
+
+extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+/// Installs the kick signal's handler (once per process): without one the
+/// signal would end the process instead of interrupting the ioctl.
+pub(crate) fn install_kick_handler() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // The handler does nothing: its only job is to make KVM_RUN return EINTR.
+        if let Err(e) = vmm_sys_util::signal::register_signal_handler(kick_signal(), on_kick) {
+            log::error!("installing the vCPU kick handler: {e}; stopping a VM will wait for its vCPUs to exit");
+        }
+    });
+}
 
 pub struct StopSignals {
     fd: File,
@@ -60,8 +84,49 @@ impl StopSignals {
             let mut info = [0u8; std::mem::size_of::<libc::signalfd_siginfo>()];
             (&self.fd).read_exact(&mut info)?;
             let signo = u32::from_ne_bytes(info[0..4].try_into().expect("4 bytes"));
-            return Ok(Some(signo as i32));
+            let signo = i32::try_from(signo).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("signalfd gave signal number {signo}"),
+                )
+            })?;
+            return Ok(Some(signo));
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use vmm_sys_util::signal::Killable;
+
+    /// The kick interrupts a blocking syscall on the thread it is sent to
+    /// (EINTR, as KVM_RUN returns it) and leaves the process running.
+    #[test]
+    fn a_kick_interrupts_a_blocking_call_on_its_thread() {
+        install_kick_handler();
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: both descriptors are fresh and owned only here.
+        let (read_end, write_end) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let reader = std::thread::spawn(move || {
+            let mut byte = 0u8;
+            // SAFETY: reads at most one byte into `byte`, which outlives the call.
+            let n = unsafe { libc::read(read_end.as_raw_fd(), (&raw mut byte).cast(), 1) };
+            (n, std::io::Error::last_os_error().raw_os_error())
+        });
+        // The reader may not be in read(2) yet: kick until it has returned
+        // (nothing is ever written, so only a kick ends the read).
+        while !reader.is_finished() {
+            reader.kill(kick_signal()).expect("pthread_kill");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let (n, errno) = reader.join().expect("reader thread");
+        assert_eq!((n, errno), (-1, Some(libc::EINTR)));
+        drop(write_end);
     }
 }

@@ -1,7 +1,7 @@
 //! vCPU creation, initial state and the run loop that dispatches exits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Once};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use crate::config::CpuTopology;
 use crate::devices::Bus;
 use crate::exit::{ExitHandle, VmExit};
 use crate::memory::GuestMemoryMmap;
+use crate::signals::{install_kick_handler, kick_signal};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VcpuError {
@@ -203,24 +204,6 @@ fn memory_fault_repaired(cpu: u32, gpa: Option<u64>) -> bool {
         );
     }
     repaired > 0
-}
-
-/// The signal that kicks a vCPU thread out of KVM_RUN (and a pre-fault
-/// out of KVM_PRE_FAULT_MEMORY).
-pub(crate) fn kick_signal() -> libc::c_int {
-    vmm_sys_util::signal::SIGRTMIN()
-}
-
-extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
-
-pub(crate) fn install_kick_handler() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // The handler does nothing: its only job is to make KVM_RUN return EINTR.
-        if let Err(e) = vmm_sys_util::signal::register_signal_handler(kick_signal(), on_kick) {
-            log::error!("installing the vCPU kick handler: {e}; stopping a VM will wait for its vCPUs to exit");
-        }
-    });
 }
 
 /// What the VMM asks of the vCPU threads of one VM: to park until resumed,

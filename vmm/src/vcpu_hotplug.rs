@@ -61,7 +61,7 @@ pub fn install(
     pio.insert(
         Arc::new(std::sync::Mutex::new(CpuHotplug::new(state.clone()))),
         u64::from(CPU_HOTPLUG_PORT),
-        u64::from(CPU_HOTPLUG_PORT_COUNT),
+        CPU_HOTPLUG_PORT_COUNT,
     )?;
     crate::devices::cpu_hotplug::append_aml(cpus, aml);
     Ok(state)

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Cap, Kvm, VmFd};
-use virtio_devices::rng::RngError;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::terminal::Terminal;
@@ -16,8 +15,9 @@ use crate::arch::x86_64::{acpi::AcpiTables, boot, layout};
 use crate::config::{
     DiskConfig, FsConfig, NetConfig, PmemConfig, SerialMode, VmConfig, VsockConfig,
 };
-use crate::device_manager::DeviceManager;
-pub use crate::device_manager::{FsDeviceInfo, ObserverFactory, PciDeviceInfo};
+use crate::device_manager::{
+    DeviceManager, DeviceManagerError, FsDeviceInfo, ObserverFactory, PciDeviceInfo,
+};
 use crate::devices::{acpi_pm, ged, i8042, pvpanic, serial, Bus};
 use crate::exit::{ExitHandle, VmExit};
 use crate::kvm_stats::{KvmStatsFile, VmKvmStats};
@@ -53,32 +53,21 @@ pub enum VmError {
         path: String,
         source: std::io::Error,
     },
-    #[error("device setup: {0}")]
-    Device(String),
+    /// A platform device (serial port, i8042, ACPI PM, pvpanic, GED, the
+    /// memory hot-plug controller) found its I/O ports taken.
+    #[error("device setup: {device}: {source}")]
+    PlatformPorts {
+        device: &'static str,
+        source: crate::devices::bus::BusError,
+    },
+    #[error("device setup: writing the reset stub: {0}")]
+    ResetStub(#[source] vm_memory::GuestMemoryError),
     #[error(transparent)]
-    Pmem(#[from] virtio_devices::pmem::PmemError),
-    #[error(transparent)]
-    Rng(#[from] RngError),
-    #[error(transparent)]
-    Disk(#[from] virtio_devices::block::DiskError),
-    #[error(transparent)]
-    Vsock(#[from] virtio_devices::vsock::BackendError),
-    #[error(transparent)]
-    Tap(#[from] virtio_devices::net::TapError),
-    #[error(transparent)]
-    VirtioMmio(#[from] crate::devices::virtio_mmio::VirtioMmioError),
-    #[error(transparent)]
-    Address(#[from] crate::devices::device_memory::AddressError),
-    #[error("hot-plug: {0}")]
-    Hotplug(String),
+    Device(#[from] DeviceManagerError),
     #[error(transparent)]
     VcpuHotplug(#[from] crate::vcpu_hotplug::VcpuHotplugError),
     #[error("cpus.max_vcpus={max} is above what this host's KVM allows ({limit} vCPUs per VM)")]
     TooManyVcpus { max: u32, limit: u32 },
-    #[error(transparent)]
-    Fs(#[from] virtio_devices::vhost_user_fs::FsError),
-    #[error(transparent)]
-    VirtioPci(#[from] crate::devices::virtio_pci::VirtioPciSetupError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -148,7 +137,7 @@ fn add_platform_devices(
     pio: &Bus,
     exit: &Arc<ExitHandle>,
 ) -> Result<(Option<SharedSerial>, ged::GedHandle, Vec<u8>), VmError> {
-    let dev = |e: crate::devices::bus::BusError| VmError::Device(e.to_string());
+    let ports = |device: &'static str| move |source| VmError::PlatformPorts { device, source };
     let mut serial_dev = None;
     let mut aml = Vec::new();
     if let Some(out) = serial_output(&config.serial)? {
@@ -159,7 +148,7 @@ fn add_platform_devices(
         )?;
         let s = Arc::new(Mutex::new(serial::SerialDevice::new(irq, out)));
         pio.insert(s.clone(), serial::COM1_PORT, serial::PORT_COUNT)
-            .map_err(dev)?;
+            .map_err(ports("serial port"))?;
         serial_dev = Some(s);
         serial::SerialDevice::append_aml(&mut aml);
     }
@@ -168,20 +157,20 @@ fn add_platform_devices(
         i8042::I8042_PORT,
         i8042::PORT_COUNT,
     )
-    .map_err(dev)?;
+    .map_err(ports("i8042"))?;
     pio.insert(
         Arc::new(Mutex::new(acpi_pm::AcpiPm::new(exit.clone()))),
         u64::from(acpi_pm::SLEEP_CONTROL_PORT),
         acpi_pm::PORT_COUNT,
     )
-    .map_err(dev)?;
+    .map_err(ports("ACPI PM"))?;
     if config.pvpanic {
         pio.insert(
             Arc::new(Mutex::new(pvpanic::PvPanic::new(exit.clone()))),
             u64::from(pvpanic::PVPANIC_PORT),
             1,
         )
-        .map_err(dev)?;
+        .map_err(ports("pvpanic"))?;
         pvpanic::PvPanic::append_aml(&mut aml);
     }
     let irq = EventFd::new(libc::EFD_NONBLOCK)?;
@@ -191,7 +180,7 @@ fn add_platform_devices(
     )?;
     let ged_dev = Arc::new(Mutex::new(ged::Ged::new(irq)));
     pio.insert(ged_dev.clone(), u64::from(ged::GED_PORT), 1)
-        .map_err(dev)?;
+        .map_err(ports("GED"))?;
     ged::Ged::append_aml(&mut aml);
     Ok((serial_dev, ged::GedHandle(ged_dev), aml))
 }
@@ -210,7 +199,10 @@ fn add_memory_hotplug(ram: &HotplugRam, pio: &Bus, aml: &mut Vec<u8>) -> Result<
             u64::from(MEMORY_HOTPLUG_PORT),
             MEMORY_HOTPLUG_PORT_COUNT,
         )
-        .map_err(|e| VmError::Device(e.to_string()))?;
+        .map_err(|source| VmError::PlatformPorts {
+            device: "memory hot-plug controller",
+            source,
+        })?;
     }
     MemoryHotplug::append_aml(controller.is_some(), aml);
     Ok(())
@@ -231,7 +223,7 @@ fn create_vm(kvm: &Kvm) -> Result<VmFd, VmError> {
     let vm = kvm.create_vm().map_err(VmError::Kvm)?;
     kvm_setup(
         "KVM_SET_TSS_ADDR",
-        vm.set_tss_address(layout::KVM_TSS_ADDRESS as usize),
+        vm.set_tss_address(const { crate::narrow::usize_of(layout::KVM_TSS_ADDRESS) }),
     )?;
     kvm_setup("KVM_CREATE_IRQCHIP", vm.create_irq_chip())?;
     let pit = kvm_pit_config {
@@ -255,7 +247,7 @@ fn load_payload(
     };
     let cmdline_size = boot::load_command_line(mem, &config.payload.cmdline)?;
     mem.write_slice(&layout::RESET_STUB, GuestAddress(layout::RESET_VECTOR))
-        .map_err(|e| VmError::Device(format!("writing the reset stub: {e}")))?;
+        .map_err(VmError::ResetStub)?;
     let acpi = AcpiTables::build(&config.cpus, device_aml, config.platform.num_pci_segments)?;
     acpi.write(mem)?;
     let e820 = boot::e820_map(&layout::ram_ranges(config.memory.size));
@@ -476,32 +468,32 @@ impl Vm {
         &mut self,
         fs: &FsConfig,
         observe: Option<&ObserverFactory>,
-    ) -> Result<PciDeviceInfo, VmError> {
+    ) -> Result<PciDeviceInfo, DeviceManagerError> {
         self.devices.hotplug_fs(fs, observe)
     }
 
     /// Hot-plugs a pmem device over virtio-PCI.
-    pub fn add_pmem(&mut self, pmem: &PmemConfig) -> Result<PciDeviceInfo, VmError> {
+    pub fn add_pmem(&mut self, pmem: &PmemConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
         self.devices.hotplug_pmem(pmem)
     }
 
     /// Hot-plugs a disk over virtio-PCI.
-    pub fn add_disk(&mut self, disk: &DiskConfig) -> Result<PciDeviceInfo, VmError> {
+    pub fn add_disk(&mut self, disk: &DiskConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
         self.devices.hotplug_disk(disk)
     }
 
     /// Hot-plugs the vsock device over virtio-PCI.
-    pub fn add_vsock(&mut self, vsock: &VsockConfig) -> Result<PciDeviceInfo, VmError> {
+    pub fn add_vsock(&mut self, vsock: &VsockConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
         self.devices.hotplug_vsock(vsock)
     }
 
     /// Hot-plugs a net device over virtio-PCI.
-    pub fn add_net(&mut self, net: &NetConfig) -> Result<PciDeviceInfo, VmError> {
+    pub fn add_net(&mut self, net: &NetConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
         self.devices.hotplug_net(net)
     }
 
     /// Asks the guest to eject device `id`; see [`Vm::complete_ejects`].
-    pub fn remove_device(&self, id: &str) -> Result<(), VmError> {
+    pub fn remove_device(&self, id: &str) -> Result<(), DeviceManagerError> {
         self.devices.request_removal(id)
     }
 
@@ -610,3 +602,7 @@ pub fn run(config: &VmConfig, signals: &StopSignals) -> Result<VmExit, VmError> 
         }
     }
 }
+
+#[cfg(test)]
+#[path = "vm_tests.rs"]
+mod tests;

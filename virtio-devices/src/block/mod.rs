@@ -17,11 +17,11 @@ use virtio_bindings::virtio_blk::{
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use virtio_queue::QueueT;
 use vm_memory::GuestMemoryAtomic;
 
 use crate::device::{
-    read_config_bytes, ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt,
+    event_idx_queues, read_config_bytes, ActivateError, ActivatedQueue, VirtioDevice,
+    VirtioInterrupt,
 };
 use crate::{DeviceCounters, GuestMemoryMmap};
 pub use disk::{DiskError, DiskFile};
@@ -174,17 +174,7 @@ impl VirtioDevice for Block {
         queues: Vec<ActivatedQueue>,
     ) -> Result<(), ActivateError> {
         // Without MQ the driver sets up only the first queue.
-        if queues.is_empty() || queues.len() > self.queue_sizes.len() {
-            return Err(ActivateError::QueueCount {
-                got: queues.len(),
-                needed: self.queue_sizes.len(),
-            });
-        }
-        let event_idx = self.acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
-        let mut queues = queues;
-        for q in &mut queues {
-            q.queue.set_event_idx(event_idx);
-        }
+        let queues = event_idx_queues(queues, 1..=self.queue_sizes.len(), self.acked)?;
         // The previous threads (if any) finish before new ones start.
         self.running = None;
         self.running = Some(io::start(self.shared.clone(), queues, mem, interrupt)?);

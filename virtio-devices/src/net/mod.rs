@@ -22,11 +22,11 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_MAC, VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use virtio_queue::QueueT;
 use vm_memory::GuestMemoryAtomic;
 
 use crate::device::{
-    read_config_bytes, ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt,
+    event_idx_queues, read_config_bytes, ActivateError, ActivatedQueue, VirtioDevice,
+    VirtioInterrupt,
 };
 use crate::{DeviceCounters, GuestMemoryMmap};
 pub use header::{MAX_FRAME_LEN, VNET_HDR_LEN};
@@ -168,29 +168,20 @@ impl VirtioDevice for Net {
         interrupt: Arc<dyn VirtioInterrupt>,
         queues: Vec<ActivatedQueue>,
     ) -> Result<(), ActivateError> {
-        if queues.len() != NUM_QUEUES {
-            return Err(ActivateError::QueueCount {
-                got: queues.len(),
-                needed: NUM_QUEUES,
-            });
-        }
+        let queues = event_idx_queues(queues, NUM_QUEUES..=NUM_QUEUES, self.acked)?;
         // The previous worker (if any) stops before the new one starts.
         self.worker = None;
         let flags = header::tap_offload_flags(self.acked);
-        self.tap.set_offload(flags).map_err(|e| {
-            ActivateError::Device(format!(
-                "virtio-net {}: TUNSETOFFLOAD {flags:#x}: {e}",
-                self.id
-            ))
-        })?;
-        let mut queues = queues.into_iter();
-        let (rx, tx) = (queues.next(), queues.next());
-        let (Some(mut rx), Some(mut tx)) = (rx, tx) else {
+        self.tap
+            .set_offload(flags)
+            .map_err(|source| ActivateError::TapOffload {
+                device: format!("virtio-net {}", self.id),
+                flags,
+                source,
+            })?;
+        let Ok([rx, tx]) = <[ActivatedQueue; NUM_QUEUES]>::try_from(queues) else {
             unreachable!("two queues were counted");
         };
-        let event_idx = self.acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
-        rx.queue.set_event_idx(event_idx);
-        tx.queue.set_event_idx(event_idx);
         let io: Arc<dyn FrameIo> = Arc::new(TapFrames(self.tap.clone()));
         self.worker = Some(PairWorker::spawn(
             NET_WORKER_THREAD,

@@ -50,7 +50,10 @@ impl VirtioDevice for TestDevice {
         queues: Vec<ActivatedQueue>,
     ) -> Result<(), ActivateError> {
         if self.fail_activation {
-            return Err(ActivateError::Device("test failure".into()));
+            return Err(ActivateError::BackendGone {
+                device: "test".into(),
+                why: "test failure",
+            });
         }
         self.seen.lock().unwrap().activated_queues = queues.iter().map(|q| q.index).collect();
         Ok(())

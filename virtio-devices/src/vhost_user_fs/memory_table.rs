@@ -18,7 +18,7 @@ use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo};
 use vm_memory::GuestMemoryBackend;
 
-use super::{arm_watchdog, FsError, DAEMON_TIMEOUT};
+use super::{arm_watchdog, FsError, VHOST_USER_TIMEOUT};
 use crate::GuestMemoryMmap;
 
 type GuestRegionMmap = vm_memory::GuestRegionMmap<()>;
@@ -144,7 +144,7 @@ impl DaemonMemory {
             self.failed.store(true, Ordering::SeqCst);
             return Err(FsError::Timeout {
                 id: self.id.clone(),
-                during: format!("{during} (over {}s)", DAEMON_TIMEOUT.as_secs()),
+                during: format!("{during} (over {}s)", VHOST_USER_TIMEOUT.as_secs()),
             });
         }
         result

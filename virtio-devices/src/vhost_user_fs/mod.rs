@@ -56,7 +56,7 @@ const PASSTHROUGH_FEATURES: u64 =
 /// connection and then stops answering fails the operation after this
 /// instead of holding the thread that asked (boot, hot-plug, a vCPU) for
 /// ever (see `watchdog`). A daemon's real answers take microseconds.
-pub const DAEMON_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub const VHOST_USER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
@@ -68,7 +68,7 @@ pub enum FsError {
     },
     #[error(
         "fs {id}: the daemon did not answer within {}s (is it stuck?); the connection is closed ({during})",
-        DAEMON_TIMEOUT.as_secs()
+        VHOST_USER_TIMEOUT.as_secs()
     )]
     Timeout { id: String, during: String },
     #[error("fs {id}: vhost-user {step}: {source}")]
@@ -137,12 +137,12 @@ fn step<T>(id: &str, step: &'static str, r: vhost::Result<T>) -> Result<T, FsErr
     })
 }
 
-/// Arms a [`watchdog::Watchdog`] of [`DAEMON_TIMEOUT`] on the connection `fd`.
+/// Arms a [`watchdog::Watchdog`] of [`VHOST_USER_TIMEOUT`] on the connection `fd`.
 fn arm_watchdog(fd: std::os::fd::RawFd) -> std::io::Result<watchdog::Watchdog> {
     // SAFETY: `fd` is the open vhost-user socket the caller holds for the
     // whole call; it is only borrowed here to be duplicated.
     let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    watchdog::Watchdog::arm(borrowed.try_clone_to_owned()?, DAEMON_TIMEOUT)
+    watchdog::Watchdog::arm(borrowed.try_clone_to_owned()?, VHOST_USER_TIMEOUT)
 }
 
 impl VhostUserFs {
@@ -179,103 +179,13 @@ impl VhostUserFs {
     fn handshake(cfg: &FsDeviceConfig, mut frontend: Frontend) -> Result<Self, FsError> {
         let id = cfg.id.as_str();
         let total_queues = usize::from(cfg.num_request_queues) + 1;
-        step(id, "SET_OWNER", frontend.set_owner())?;
-        let backend_features = step(id, "GET_FEATURES", frontend.get_features())?;
-        if backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0 {
-            return Err(FsError::Missing {
-                id: id.into(),
-                what: "VHOST_USER_F_PROTOCOL_FEATURES".into(),
-            });
-        }
-        let offered = step(
-            id,
-            "GET_PROTOCOL_FEATURES",
-            frontend.get_protocol_features(),
-        )?;
-        let wanted = dax_abi::protocol_features(cfg.dax);
-        if cfg.dax {
-            // Only memory slots may be missing: without them the memory
-            // table goes whole (SET_MEM_TABLE).
-            let missing = (wanted - VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS) - offered;
-            if !missing.is_empty() {
-                return Err(FsError::Missing {
-                    id: id.into(),
-                    what: format!(
-                        "protocol features {missing:?} needed for dax=on (SHMEM is bit 22, SHMEM_MAP/SHMEM_UNMAP); \
-                         use dax=off or a DAX-capable daemon"
-                    ),
-                });
-            }
-        }
-        let protocol = wanted & offered;
-        step(
-            id,
-            "SET_PROTOCOL_FEATURES",
-            frontend.set_protocol_features(protocol),
-        )?;
-        if protocol.contains(VhostUserProtocolFeatures::MQ) {
-            let n = step(id, "GET_QUEUE_NUM", frontend.get_queue_num())?;
-            if n < total_queues as u64 {
-                return Err(FsError::Missing {
-                    id: id.into(),
-                    what: format!(
-                        "{total_queues} queues (num_queues={} + hiprio); it serves {n}",
-                        cfg.num_request_queues
-                    ),
-                });
-            }
-        }
-
+        let (backend_features, protocol) = negotiate(cfg, &mut frontend)?;
         let (window, requests) = if cfg.dax {
-            let declared = step(id, "GET_SHMEM_CONFIG", frontend.get_shmem_config())?;
-            let theirs = if declared.nregions >= 1 {
-                declared.memory_sizes[usize::from(DAX_SHM_REGION_ID)]
-            } else {
-                0
-            };
-            if theirs == 0 {
-                return Err(FsError::Missing {
-                    id: id.into(),
-                    what: "a DAX window in GET_SHMEM_CONFIG (region 0 has size 0)".into(),
-                });
-            }
-            let size = match cfg.cache_size {
-                Some(ours) if ours != theirs => {
-                    return Err(FsError::WindowMismatch {
-                        id: id.into(),
-                        ours,
-                        theirs,
-                    })
-                }
-                _ => theirs,
-            };
-            let window = Arc::new(DaxWindow::new(size).map_err(|source| FsError::Window {
-                id: id.into(),
-                source,
-            })?);
-            register_window(&window);
-            let handler = DaxRequestHandler::new(id.to_string(), window.clone());
-            let mut requests = FrontendReqHandler::new(Arc::new(handler)).map_err(|source| {
-                FsError::Negotiate {
-                    id: id.into(),
-                    step: "backend request channel",
-                    source: source.into(),
-                }
-            })?;
-            requests.set_reply_ack_flag(protocol.contains(VhostUserProtocolFeatures::REPLY_ACK));
-            step(
-                id,
-                "SET_BACKEND_REQ_FD",
-                frontend.set_backend_request_fd(&requests.get_tx_raw_fd()),
-            )?;
-            (Some(window), Some(Arc::new(Mutex::new(requests))))
+            let (window, requests) = open_dax_window(cfg, &mut frontend, protocol)?;
+            (Some(window), Some(requests))
         } else {
             (None, None)
         };
-
-        let mut config_space = vec![0u8; TAG_LEN + 4];
-        config_space[..cfg.tag.len()].copy_from_slice(cfg.tag.as_bytes());
-        config_space[TAG_LEN..].copy_from_slice(&u32::from(cfg.num_request_queues).to_le_bytes());
         log::info!(
             "fs {id}: daemon at {} (features {backend_features:#x}, protocol {protocol:?}){}",
             cfg.socket.display(),
@@ -286,7 +196,7 @@ impl VhostUserFs {
         );
         Ok(VhostUserFs {
             id: id.to_string(),
-            config_space,
+            config_space: config_space(&cfg.tag, cfg.num_request_queues),
             queue_sizes: vec![cfg.queue_size; total_queues],
             frontend,
             mem_slots: protocol.contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS),
@@ -346,19 +256,27 @@ impl VhostUserFs {
         interrupt: &dyn VirtioInterrupt,
     ) -> Result<(Vec<(u16, EventFd)>, Vec<(u16, EventFd)>), ActivateError> {
         let id = self.id.clone();
-        let err =
-            |what: &str, e: vhost::Error| ActivateError::Device(format!("fs {id}: {what}: {e}"));
+        let err = |request: &'static str, source: vhost::Error| ActivateError::VhostUser {
+            device: format!("fs {id}"),
+            request,
+            source,
+        };
         let features = self.acked
             | (self.backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
         self.frontend
             .set_features(features)
             .map_err(|e| err("SET_FEATURES", e))?;
         memory_table::send_memory_table(&id, &mut self.frontend, self.mem_slots, mem)
-            .map_err(|e| ActivateError::Device(e.to_string()))?;
-        let hva = |addr: GuestAddress, what: &str| {
-            mem.get_host_address(addr).map(|p| p as u64).map_err(|e| {
-                ActivateError::Device(format!("fs {id}: queue {what} at {:#x}: {e}", addr.0))
-            })
+            .map_err(|e| ActivateError::Fs(Box::new(e)))?;
+        let hva = |addr: GuestAddress, ring: &'static str| {
+            mem.get_host_address(addr)
+                .map(|p| p as u64)
+                .map_err(|source| ActivateError::RingAddress {
+                    device: format!("fs {id}"),
+                    ring,
+                    addr: addr.0,
+                    source,
+                })
         };
         let mut relayed = Vec::new();
         let mut errors = Vec::new();
@@ -448,22 +366,19 @@ impl VirtioDevice for VhostUserFs {
         queues: Vec<ActivatedQueue>,
     ) -> Result<(), ActivateError> {
         if self.failed() {
-            return Err(ActivateError::Device(format!(
-                "fs {}: the daemon has gone away",
-                self.id
-            )));
+            return Err(ActivateError::BackendGone {
+                device: format!("fs {}", self.id),
+                why: "the daemon has gone away",
+            });
         }
         let dog = arm_watchdog(self.frontend.as_raw_fd())?;
         let rings = self.setup_rings(&mem.memory(), &queues, interrupt.as_ref());
         if dog.fired() {
             self.failed.store(true, Ordering::SeqCst);
-            return Err(ActivateError::Device(
-                FsError::Timeout {
-                    id: self.id.clone(),
-                    during: "activation".into(),
-                }
-                .to_string(),
-            ));
+            return Err(ActivateError::Fs(Box::new(FsError::Timeout {
+                id: self.id.clone(),
+                during: "activation".into(),
+            })));
         }
         drop(dog);
         let (calls, errors) = rings?;
@@ -497,7 +412,7 @@ impl VirtioDevice for VhostUserFs {
                 crate::error_limited!(
                     "fs {}: the daemon did not answer the reset within {}s; the device is failed",
                     self.id,
-                    DAEMON_TIMEOUT.as_secs()
+                    VHOST_USER_TIMEOUT.as_secs()
                 );
                 self.failed.store(true, Ordering::SeqCst);
             }
@@ -548,6 +463,133 @@ impl Drop for VhostUserFs {
 /// `KVM_CAP_MEMORY_FAULT_INFO`, not even that).
 static WINDOWS: std::sync::Mutex<Vec<std::sync::Weak<DaxWindow>>> =
     std::sync::Mutex::new(Vec::new());
+
+/// The handshake's first part: takes ownership of the daemon, and agrees
+/// on features and protocol features (those dax=on needs, refused if the
+/// daemon lacks them) and on the number of queues. Returns the daemon's
+/// features and the protocol features in use.
+fn negotiate(
+    cfg: &FsDeviceConfig,
+    frontend: &mut Frontend,
+) -> Result<(u64, VhostUserProtocolFeatures), FsError> {
+    let id = cfg.id.as_str();
+    let total_queues = usize::from(cfg.num_request_queues) + 1;
+    step(id, "SET_OWNER", frontend.set_owner())?;
+    let backend_features = step(id, "GET_FEATURES", frontend.get_features())?;
+    if backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0 {
+        return Err(FsError::Missing {
+            id: id.into(),
+            what: "VHOST_USER_F_PROTOCOL_FEATURES".into(),
+        });
+    }
+    let offered = step(
+        id,
+        "GET_PROTOCOL_FEATURES",
+        frontend.get_protocol_features(),
+    )?;
+    let wanted = dax_abi::protocol_features(cfg.dax);
+    if cfg.dax {
+        // Only memory slots may be missing: without them the memory
+        // table goes whole (SET_MEM_TABLE).
+        let missing = (wanted - VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS) - offered;
+        if !missing.is_empty() {
+            return Err(FsError::Missing {
+                id: id.into(),
+                what: format!(
+                    "protocol features {missing:?} needed for dax=on (SHMEM is bit 22, SHMEM_MAP/SHMEM_UNMAP); \
+                     use dax=off or a DAX-capable daemon"
+                ),
+            });
+        }
+    }
+    let protocol = wanted & offered;
+    step(
+        id,
+        "SET_PROTOCOL_FEATURES",
+        frontend.set_protocol_features(protocol),
+    )?;
+    if protocol.contains(VhostUserProtocolFeatures::MQ) {
+        let n = step(id, "GET_QUEUE_NUM", frontend.get_queue_num())?;
+        if n < total_queues as u64 {
+            return Err(FsError::Missing {
+                id: id.into(),
+                what: format!(
+                    "{total_queues} queues (num_queues={} + hiprio); it serves {n}",
+                    cfg.num_request_queues
+                ),
+            });
+        }
+    }
+    Ok((backend_features, protocol))
+}
+
+/// The handshake's dax=on part: the window of the size the daemon declares
+/// (GET_SHMEM_CONFIG; a `cache_size` that differs is refused), and the
+/// channel its SHMEM_MAP/UNMAP requests come on.
+#[allow(clippy::type_complexity)]
+fn open_dax_window(
+    cfg: &FsDeviceConfig,
+    frontend: &mut Frontend,
+    protocol: VhostUserProtocolFeatures,
+) -> Result<
+    (
+        Arc<DaxWindow>,
+        Arc<Mutex<FrontendReqHandler<DaxRequestHandler>>>,
+    ),
+    FsError,
+> {
+    let id = cfg.id.as_str();
+    let declared = step(id, "GET_SHMEM_CONFIG", frontend.get_shmem_config())?;
+    let theirs = if declared.nregions >= 1 {
+        declared.memory_sizes[usize::from(DAX_SHM_REGION_ID)]
+    } else {
+        0
+    };
+    if theirs == 0 {
+        return Err(FsError::Missing {
+            id: id.into(),
+            what: "a DAX window in GET_SHMEM_CONFIG (region 0 has size 0)".into(),
+        });
+    }
+    let size = match cfg.cache_size {
+        Some(ours) if ours != theirs => {
+            return Err(FsError::WindowMismatch {
+                id: id.into(),
+                ours,
+                theirs,
+            })
+        }
+        _ => theirs,
+    };
+    let window = Arc::new(DaxWindow::new(size).map_err(|source| FsError::Window {
+        id: id.into(),
+        source,
+    })?);
+    register_window(&window);
+    let handler = DaxRequestHandler::new(id.to_string(), window.clone());
+    let mut requests =
+        FrontendReqHandler::new(Arc::new(handler)).map_err(|source| FsError::Negotiate {
+            id: id.into(),
+            step: "backend request channel",
+            source: source.into(),
+        })?;
+    requests.set_reply_ack_flag(protocol.contains(VhostUserProtocolFeatures::REPLY_ACK));
+    step(
+        id,
+        "SET_BACKEND_REQ_FD",
+        frontend.set_backend_request_fd(&requests.get_tx_raw_fd()),
+    )?;
+    Ok((window, Arc::new(Mutex::new(requests))))
+}
+
+/// virtio-fs config space: the tag (NUL-padded) and the number of request
+/// queues.
+fn config_space(tag: &str, num_request_queues: u16) -> Vec<u8> {
+    let mut config_space = vec![0u8; TAG_LEN + 4];
+    config_space[..tag.len()].copy_from_slice(tag.as_bytes());
+    config_space[TAG_LEN..].copy_from_slice(&u32::from(num_request_queues).to_le_bytes());
+    config_space
+}
 
 fn register_window(window: &Arc<DaxWindow>) {
     let mut windows = WINDOWS.lock().unwrap_or_else(|p| p.into_inner());

@@ -129,7 +129,7 @@ const HEADER_LEN: usize = 12;
 /// Largest payload a vhost-user message may carry (the crate's MAX_MSG_SIZE).
 const MAX_PAYLOAD: usize = 0x1000;
 
-/// Waits (at most `patience`, [`super::DAEMON_TIMEOUT`] in use) until a whole message is queued
+/// Waits (at most `patience`, [`super::VHOST_USER_TIMEOUT`] in use) until a whole message is queued
 /// on the request channel `fd`: `handle_request` reads until it has one and
 /// retries on its own, so a daemon that sent half a message and stopped
 /// would hold this thread, and the lock a reset takes, for ever. Anything
@@ -179,7 +179,7 @@ fn serve_request(ctx: &WorkerContext, loop_: &EventLoop, events: EventSet) -> bo
         return true;
     };
     let mut requests = requests.lock().unwrap_or_else(|p| p.into_inner());
-    let served = serve_one(&ctx.id, &mut requests, events, super::DAEMON_TIMEOUT);
+    let served = serve_one(&ctx.id, &mut requests, events, super::VHOST_USER_TIMEOUT);
     let fd = requests.as_raw_fd();
     drop(requests);
     // The daemon has its ack: now the new range's pre-fault, off the

@@ -134,8 +134,9 @@ impl Vsock {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .send(c)
-            .map_err(|_| {
-                ActivateError::Device(format!("virtio-vsock {}: its thread is gone", self.id))
+            .map_err(|_| ActivateError::BackendGone {
+                device: format!("virtio-vsock {}", self.id),
+                why: "its thread is gone",
             })?;
         self.wake.write(1)?;
         Ok(())

@@ -110,18 +110,20 @@ impl DiskConfig {
             return Err(o.invalid("path", "", "the path of a raw disk image"));
         }
         let num_queues = o.convert("num_queues", parse_u32)?.unwrap_or(1);
-        if num_queues == 0 || num_queues > MAX_NUM_QUEUES {
-            return Err(o.invalid("num_queues", &num_queues.to_string(), "1 to 64 queues"));
-        }
+        let num_queues = o.checked_u16(
+            "num_queues",
+            num_queues,
+            (1..=MAX_NUM_QUEUES).contains(&num_queues),
+            "1 to 64 queues",
+        )?;
         // Cloud Hypervisor's default.
         let queue_size = o.convert("queue_size", parse_u32)?.unwrap_or(128);
-        if !queue_size.is_power_of_two() || !(4..=MAX_QUEUE_SIZE).contains(&queue_size) {
-            return Err(o.invalid(
-                "queue_size",
-                &queue_size.to_string(),
-                "a power of two from 4 to 32768",
-            ));
-        }
+        let queue_size = o.checked_u16(
+            "queue_size",
+            queue_size,
+            queue_size.is_power_of_two() && (4..=MAX_QUEUE_SIZE).contains(&queue_size),
+            "a power of two from 4 to 32768",
+        )?;
         let serial = match o.get("serial") {
             Some(s)
                 if s.len() > MAX_SERIAL_LEN || !s.bytes().all(|b| (0x20..0x7f).contains(&b)) =>
@@ -140,8 +142,8 @@ impl DiskConfig {
             readonly: o.convert("readonly", parse_toggle)?.unwrap_or(false),
             direct: o.convert("direct", parse_toggle)?.unwrap_or(false),
             id: o.device_id("disk", index)?,
-            num_queues: num_queues as u16,
-            queue_size: queue_size as u16,
+            num_queues,
+            queue_size,
             serial,
             transport,
             pci_segment,

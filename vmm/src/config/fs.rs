@@ -101,21 +101,19 @@ impl FsConfig {
             return Err(o.invalid("socket", "", "the path of the daemon's vhost-user socket"));
         }
         let num_queues = o.convert("num_queues", parse_u32)?.unwrap_or(1);
-        if num_queues == 0 || num_queues > MAX_NUM_QUEUES {
-            return Err(o.invalid(
-                "num_queues",
-                &num_queues.to_string(),
-                "1 to 64 request queues",
-            ));
-        }
+        let num_queues = o.checked_u16(
+            "num_queues",
+            num_queues,
+            (1..=MAX_NUM_QUEUES).contains(&num_queues),
+            "1 to 64 request queues",
+        )?;
         let queue_size = o.convert("queue_size", parse_u32)?.unwrap_or(1024);
-        if !queue_size.is_power_of_two() || queue_size > MAX_QUEUE_SIZE {
-            return Err(o.invalid(
-                "queue_size",
-                &queue_size.to_string(),
-                "a power of two up to 32768",
-            ));
-        }
+        let queue_size = o.checked_u16(
+            "queue_size",
+            queue_size,
+            queue_size.is_power_of_two() && queue_size <= MAX_QUEUE_SIZE,
+            "a power of two up to 32768",
+        )?;
         let dax = o.convert("dax", parse_toggle)?.unwrap_or(true);
         let cache_size = o.convert("cache_size", parse_size)?;
         if let Some(size) = cache_size {
@@ -140,8 +138,8 @@ impl FsConfig {
         Ok(FsConfig {
             tag: tag.to_string(),
             socket: PathBuf::from(socket),
-            num_queues: num_queues as u16,
-            queue_size: queue_size as u16,
+            num_queues,
+            queue_size,
             id: o.device_id("fs", index)?,
             dax,
             cache_size,

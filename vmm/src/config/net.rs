@@ -190,34 +190,33 @@ impl NetConfig {
                 mac
             }
         };
-        let mtu = o.convert("mtu", parse_u32)?;
-        if let Some(m) = mtu {
-            if !(u32::from(MIN_MTU)..=u32::from(MAX_MTU)).contains(&m) {
-                return Err(o.invalid(
+        let mtu = o
+            .convert("mtu", parse_u32)?
+            .map(|m| {
+                o.checked_u16(
                     "mtu",
-                    &m.to_string(),
+                    m,
+                    (u32::from(MIN_MTU)..=u32::from(MAX_MTU)).contains(&m),
                     &format!("{MIN_MTU} to {MAX_MTU} bytes"),
-                ));
-            }
-        }
+                )
+            })
+            .transpose()?;
         let num_queues = o.convert("num_queues", parse_u32)?.unwrap_or(2);
-        if num_queues as usize != NUM_QUEUES {
-            return Err(o.invalid(
-                "num_queues",
-                &num_queues.to_string(),
-                "2 (one RX/TX queue pair; multiqueue taps are not supported)",
-            ));
-        }
+        let num_queues = o.checked_u16(
+            "num_queues",
+            num_queues,
+            num_queues as usize == NUM_QUEUES,
+            "2 (one RX/TX queue pair; multiqueue taps are not supported)",
+        )?;
         let queue_size = o
             .convert("queue_size", parse_u32)?
             .unwrap_or(u32::from(DEFAULT_QUEUE_SIZE));
-        if !queue_size.is_power_of_two() || !(2..=MAX_QUEUE_SIZE).contains(&queue_size) {
-            return Err(o.invalid(
-                "queue_size",
-                &queue_size.to_string(),
-                "a power of two from 2 to 32768",
-            ));
-        }
+        let queue_size = o.checked_u16(
+            "queue_size",
+            queue_size,
+            queue_size.is_power_of_two() && (2..=MAX_QUEUE_SIZE).contains(&queue_size),
+            "a power of two from 2 to 32768",
+        )?;
         let offload_tso = o.convert("offload_tso", parse_toggle)?.unwrap_or(true);
         let offload_csum = o.convert("offload_csum", parse_toggle)?.unwrap_or(true);
         // UFO is never offered (the kernel segments UDP); on or off changes nothing.
@@ -227,9 +226,9 @@ impl NetConfig {
             ip,
             mask,
             mac,
-            mtu: mtu.map(|m| m as u16),
-            num_queues: num_queues as u16,
-            queue_size: queue_size as u16,
+            mtu,
+            num_queues,
+            queue_size,
             id: o.device_id("net", index)?,
             offload_tso,
             offload_csum,

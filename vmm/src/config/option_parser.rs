@@ -87,6 +87,22 @@ impl OptionValues {
         }
     }
 
+    /// `value` of `key` as the u16 a device takes, if `valid` (the caller's
+    /// checks, which `expected` describes, all passed); otherwise the error
+    /// naming the key, the value and `expected`.
+    pub fn checked_u16(
+        &self,
+        key: &'static str,
+        value: u32,
+        valid: bool,
+        expected: &str,
+    ) -> Result<u16, ConfigError> {
+        u16::try_from(value)
+            .ok()
+            .filter(|_| valid)
+            .ok_or_else(|| self.invalid(key, &value.to_string(), expected))
+    }
+
     pub fn invalid(&self, key: &'static str, value: &str, expected: &str) -> ConfigError {
         ConfigError::InvalidValue {
             option: self.option,
@@ -228,6 +244,32 @@ mod tests {
         );
         let e = OptionValues::parse("cpus", "boot=1,boot=2", &["boot"]).unwrap_err();
         assert_eq!(e.to_string(), "--cpus: key \"boot\" given twice");
+    }
+
+    /// A value the caller's checks pass but a u16 cannot hold is refused
+    /// like one the checks fail, never cut.
+    #[test]
+    fn checked_u16_refuses_what_fails_the_checks_or_does_not_fit() {
+        let o = OptionValues::parse("disk", "queue_size=8", &["queue_size"]).unwrap();
+        assert_eq!(
+            o.checked_u16("queue_size", 8, true, "a power of two")
+                .unwrap(),
+            8
+        );
+        let e = o
+            .checked_u16("queue_size", 6, false, "a power of two")
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--disk: queue_size=\"6\" is invalid: expected a power of two"
+        );
+        let e = o
+            .checked_u16("queue_size", 1 << 16, true, "a power of two")
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--disk: queue_size=\"65536\" is invalid: expected a power of two"
+        );
     }
 
     #[test]

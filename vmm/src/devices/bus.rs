@@ -98,7 +98,7 @@ mod tests {
     struct Recorder(Vec<(u64, u8)>);
     impl BusDevice for Recorder {
         fn read(&mut self, offset: u64, data: &mut [u8]) {
-            data.fill(offset as u8);
+            data.fill(offset.to_le_bytes()[0]);
         }
         fn write(&mut self, offset: u64, data: &[u8]) {
             self.0.push((offset, data[0]));

@@ -30,10 +30,11 @@ use vmm_sys_util::eventfd::EventFd;
 use super::BusDevice;
 use crate::arch::x86_64::acpi::{local_apic_entry, LAPIC_ENABLED};
 use crate::config::CpusConfig;
+use crate::narrow;
 
 /// QEMU's CPU hot-plug port; free on this platform's I/O bus.
 pub const CPU_HOTPLUG_PORT: u16 = 0x0cd8;
-pub const CPU_HOTPLUG_PORT_COUNT: u8 = 8;
+pub const CPU_HOTPLUG_PORT_COUNT: u64 = 8;
 
 const SELECT_OFFSET: u64 = 0;
 const STATUS_OFFSET: u64 = 4;
@@ -108,25 +109,27 @@ impl CpuHotplugState {
 
     /// The vCPUs present (removals the guest has not done yet included).
     pub fn present(&self) -> u32 {
-        self.slots().iter().filter(|s| s.present).count() as u32
+        slot_count(self.slots().iter().filter(|s| s.present).count())
     }
 
     /// Checks `desired` and says what reaching it takes; changes nothing.
     pub fn plan_resize(&self, desired: u32) -> Result<ResizePlan, ResizeError> {
         let slots = self.slots();
-        let max = slots.len() as u32;
+        let max = slot_count(slots.len());
         if desired == 0 {
             return Err(ResizeError::Zero { max });
         }
         if desired > max {
             return Err(ResizeError::AboveMax { desired, max });
         }
-        let present = slots.iter().filter(|s| s.present).count() as u32;
+        let present = slot_count(slots.iter().filter(|s| s.present).count());
         if desired == present {
             return Ok(ResizePlan::Unchanged);
         }
         if let Some(cpu) = slots.iter().position(|s| s.eject_awaited) {
-            return Err(ResizeError::RemovalPending { cpu: cpu as u32 });
+            return Err(ResizeError::RemovalPending {
+                cpu: slot_count(cpu),
+            });
         }
         Ok(if desired > present {
             ResizePlan::Add(present..desired)
@@ -266,7 +269,7 @@ fn cpu_name(cpu: u32) -> String {
 /// `CSTA` (status), `CTFY` (notify one), `CEJ0` (eject one) and `CSCN`
 /// (scan, called by the GED).
 pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
-    register_device_aml(sink);
+    append_controller_aml(sink);
     let max = cpus.max_vcpus;
     let topology = cpus.effective_topology();
     let (csta, ctfy, cej0, cscn) = (csta(), ctfy(max), cej0(), cscn(max));
@@ -283,21 +286,11 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
     aml::Device::new("\\_SB_.CPUS".into(), children).to_aml_bytes(sink);
 }
 
-/// The lock every method holds while it selects a vCPU and reads or
-/// writes its bits: selection and access are two register writes.
-fn lock() -> aml::Path {
-    aml::Path::new("\\_SB_.PRES.CPLK")
-}
-
-fn reg(name: &str) -> aml::Path {
-    aml::Path::new(name)
-}
-
-/// `\_SB_.PRES`: the I/O ports at [`CPU_HOTPLUG_PORT`] as the fields
-/// `CSEL` (select a vCPU) and its bits `CPEN`, `CINS`, `CRMV`, `CEJ0`.
-fn register_device_aml(sink: &mut Vec<u8>) {
+/// The controller's device, `\_SB_.PRES`: its ports and registers, and the
+/// mutex its methods take.
+fn append_controller_aml(sink: &mut Vec<u8>) {
     let port = usize::from(CPU_HOTPLUG_PORT);
-    let len = usize::from(CPU_HOTPLUG_PORT_COUNT);
+    let len = const { narrow::usize_of(CPU_HOTPLUG_PORT_COUNT) };
     aml::Device::new(
         "\\_SB_.PRES".into(),
         vec![
@@ -310,7 +303,7 @@ fn register_device_aml(sink: &mut Vec<u8>) {
                     CPU_HOTPLUG_PORT,
                     CPU_HOTPLUG_PORT,
                     1,
-                    CPU_HOTPLUG_PORT_COUNT,
+                    const { narrow::u8_of(CPU_HOTPLUG_PORT_COUNT) },
                 )]),
             ),
             &aml::OpRegion::new("PRST".into(), aml::OpRegionSpace::SystemIO, &port, &len),
@@ -340,8 +333,25 @@ fn register_device_aml(sink: &mut Vec<u8>) {
     .to_aml_bytes(sink);
 }
 
-/// `CSTA(cpu)`: 0xf (present, enabled, shown, working) if enabled, else 0.
+/// A number of vCPU slots, or a slot's index, as the u32 vCPUs are counted
+/// in.
+fn slot_count(n: usize) -> u32 {
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "there is one slot per possible vCPU, at most MAX_VCPUS (254)"
+    )]
+    let n = n as u32;
+    n
+}
+
+/// The mutex the controller's methods take.
+fn lock() -> aml::Path {
+    aml::Path::new("\\_SB_.PRES.CPLK")
+}
+
+/// `CSTA(cpu)`: the `_STA` of a CPU, present and enabled (0xf) or absent.
 fn csta() -> Raw {
+    let reg = aml::Path::new;
     Raw::of(&aml::Method::new(
         "CSTA".into(),
         1,
@@ -360,8 +370,7 @@ fn csta() -> Raw {
     ))
 }
 
-/// `CTFY(cpu, event)`: notifies the device of vCPU `cpu` (AML cannot name
-/// a device by a computed value, so one test per possible vCPU).
+/// `CTFY(cpu, event)`: notifies CPU `cpu`'s device of `event`.
 fn ctfy(max: u32) -> Raw {
     let names: Vec<aml::Path> = (0..max).map(|c| aml::Path::new(&cpu_name(c))).collect();
     let notifies: Vec<aml::Notify> = names
@@ -386,8 +395,9 @@ fn ctfy(max: u32) -> Raw {
     ))
 }
 
-/// `CEJ0(cpu)`: the guest has offlined vCPU `cpu`; the VMM may remove it.
+/// `CEJ0(cpu)`: the guest has let go of CPU `cpu`; the VMM may take it.
 fn cej0() -> Raw {
+    let reg = aml::Path::new;
     Raw::of(&aml::Method::new(
         "CEJ0".into(),
         1,
@@ -401,10 +411,12 @@ fn cej0() -> Raw {
     ))
 }
 
-/// `CSCN()`: for each vCPU, select it; notify what is marked inserted or
-/// to be removed, and acknowledge it.
+/// `CSCN`: for each CPU, notifies what the VMM marked as inserted or to be
+/// removed, and acknowledges it.
 fn cscn(max: u32) -> Raw {
+    let reg = aml::Path::new;
     let (cpu, device_check, eject_request) = (aml::Local(0), 1u8, 3u8);
+    // For each CPU: select it; notify what is marked and acknowledge it.
     let scan_one_cpu = [
         Raw::of(&aml::Store::new(&reg("\\_SB_.PRES.CSEL"), &cpu)),
         Raw::of(&aml::If::new(
@@ -467,7 +479,7 @@ impl Aml for CpuDevice {
     fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
         // Linux takes the APIC id from _MAT, and only from an enabled
         // entry: the MADT's entry of a hot-pluggable vCPU is not.
-        let mat = local_apic_entry(self.cpu as u8, self.apic_id as u8, LAPIC_ENABLED).to_vec();
+        let mat = local_apic_entry(self.cpu, self.apic_id, LAPIC_ENABLED).to_vec();
         let sta = Raw::of(&aml::Method::new(
             "_STA".into(),
             0,

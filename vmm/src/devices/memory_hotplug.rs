@@ -23,6 +23,7 @@
 use acpi_tables::{aml, Aml};
 
 use super::BusDevice;
+use crate::narrow;
 
 pub const MEMORY_HOTPLUG_PORT: u16 = 0xa00;
 pub const MEMORY_HOTPLUG_PORT_COUNT: u64 = 24;
@@ -104,14 +105,14 @@ impl MemoryHotplug {
             return;
         }
         let port = usize::from(MEMORY_HOTPLUG_PORT);
-        let len = MEMORY_HOTPLUG_PORT_COUNT as usize;
+        let len = const { narrow::usize_of(MEMORY_HOTPLUG_PORT_COUNT) };
         let crs = aml::Name::new(
             "_CRS".into(),
             &aml::ResourceTemplate::new(vec![&aml::IO::new(
                 MEMORY_HOTPLUG_PORT,
                 MEMORY_HOTPLUG_PORT,
                 1,
-                len as u8,
+                const { narrow::u8_of(MEMORY_HOTPLUG_PORT_COUNT) },
             )]),
         );
         let lock = aml::Mutex::new("MLCK".into(), 0);
@@ -189,23 +190,16 @@ fn slot_aml(i: usize, sink: &mut Vec<u8>) {
 
 /// `MTFY(slot, event)`, `MSCN()`, `MSTA(slot)`, `MCRS(slot)`.
 fn methods_aml(sink: &mut Vec<u8>) {
-    mtfy_aml(sink);
-    mscn_aml(sink);
-    msta_aml(sink);
-    mcrs_aml(sink);
+    mtfy(sink);
+    mscn(sink);
+    msta(sink);
+    mcrs(sink);
 }
 
-fn path(name: &str) -> aml::Path {
-    aml::Path::new(name)
-}
-
-/// The lock every method holds while it selects a slot and reads it.
-fn lock() -> aml::Path {
-    path("MLCK")
-}
-
-/// MTFY: Notify needs the device by name, so one If per slot.
-fn mtfy_aml(sink: &mut Vec<u8>) {
+/// `MTFY(slot, event)`: notifies slot `slot`'s device of `event`. Notify
+/// needs the device by name, so one If per slot.
+fn mtfy(sink: &mut Vec<u8>) {
+    let path = aml::Path::new;
     let names: Vec<aml::Path> = (0..MEMORY_SLOTS).map(|i| path(&slot_name(i))).collect();
     let numbers: Vec<usize> = (0..MEMORY_SLOTS).collect();
     let event = aml::Arg(1);
@@ -226,9 +220,11 @@ fn mtfy_aml(sink: &mut Vec<u8>) {
     .to_aml_bytes(sink);
 }
 
-/// MSCN: notify every inserting slot with "device check" (1), then
+/// `MSCN`: notify every inserting slot with "device check" (1), then
 /// acknowledge it.
-fn mscn_aml(sink: &mut Vec<u8>) {
+fn mscn(sink: &mut Vec<u8>) {
+    let path = aml::Path::new;
+    let lock = || path("MLCK");
     let slot = aml::Local(0);
     aml::Method::new(
         "MSCN".into(),
@@ -257,8 +253,10 @@ fn mscn_aml(sink: &mut Vec<u8>) {
     .to_aml_bytes(sink);
 }
 
-/// MSTA: 0xf (present, enabled, shown, working) or 0.
-fn msta_aml(sink: &mut Vec<u8>) {
+/// `MSTA(slot)`: 0xf (present, enabled, shown, working) or 0.
+fn msta(sink: &mut Vec<u8>) {
+    let path = aml::Path::new;
+    let lock = || path("MLCK");
     aml::Method::new(
         "MSTA".into(),
         1,
@@ -278,9 +276,11 @@ fn msta_aml(sink: &mut Vec<u8>) {
     .to_aml_bytes(sink);
 }
 
-/// MCRS: a QWord memory range [base, base + length - 1], from the
+/// `MCRS(slot)`: a QWord memory range [base, base + length - 1], from the
 /// 32-bit halves (the DSDT's revision makes integers 64-bit).
-fn mcrs_aml(sink: &mut Vec<u8>) {
+fn mcrs(sink: &mut Vec<u8>) {
+    let path = aml::Path::new;
+    let lock = || path("MLCK");
     let (min, max, len) = (path("MINL"), path("MAXL"), path("LENL"));
     let buf = path("MR64");
     let tmp = aml::Local(1);

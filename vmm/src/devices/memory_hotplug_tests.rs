@@ -58,7 +58,7 @@ fn the_guest_cannot_change_a_range_or_reach_past_the_slots() {
     dev.write(STATUS, &[STATUS_ENABLED]);
     assert_eq!(read8(&mut dev, STATUS), STATUS_ENABLED | STATUS_INSERTING);
     // A selector past the slots reads zeroes and its writes go nowhere.
-    for sel in [MEMORY_SLOTS as u32, u32::MAX] {
+    for sel in [u32::try_from(MEMORY_SLOTS).unwrap(), u32::MAX] {
         select(&mut dev, sel);
         dev.write(STATUS, &[STATUS_INSERTING]);
         assert_eq!(read8(&mut dev, STATUS), 0);
@@ -125,7 +125,7 @@ fn the_aml_has_the_controller_its_registers_and_a_device_per_slot() {
         "MHPR".into(),
         aml::OpRegionSpace::SystemIO,
         &usize::from(MEMORY_HOTPLUG_PORT),
-        &(MEMORY_HOTPLUG_PORT_COUNT as usize),
+        &crate::narrow::usize_of(MEMORY_HOTPLUG_PORT_COUNT),
     )
     .to_aml_bytes(&mut region);
     assert_eq!(count(&aml, &region), 1);

@@ -27,6 +27,7 @@ use acpi_tables::{aml, Aml};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::BusDevice;
+use crate::narrow;
 
 pub const PCI_HOTPLUG_PORT: u16 = 0xae00;
 pub const PCI_HOTPLUG_PORT_COUNT: u64 = 16;
@@ -131,7 +132,7 @@ impl PciHotplug {
     /// go inside each host bridge: see [`slot_aml`].
     pub fn append_aml(sink: &mut Vec<u8>, segments: u16) {
         let port = usize::from(PCI_HOTPLUG_PORT);
-        let len = PCI_HOTPLUG_PORT_COUNT as usize;
+        let len = const { narrow::usize_of(PCI_HOTPLUG_PORT_COUNT) };
         let lock = || aml::Path::new("BLCK");
         // PSCN(): for each segment, what changed, told to its slots.
         let mut scan = Vec::new();
@@ -163,7 +164,7 @@ impl PciHotplug {
                         PCI_HOTPLUG_PORT,
                         PCI_HOTPLUG_PORT,
                         1,
-                        len as u8,
+                        const { narrow::u8_of(PCI_HOTPLUG_PORT_COUNT) },
                     )]),
                 ),
                 &aml::OpRegion::new("PCST".into(), aml::OpRegionSpace::SystemIO, &port, &len),

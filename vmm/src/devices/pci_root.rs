@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use pci::configuration::{PciConfiguration, PciIds};
 
 use super::BusDevice;
+use crate::narrow;
 
 pub const PCI_CONFIG_IO_PORT: u64 = 0xcf8;
 pub const PCI_CONFIG_IO_SIZE: u64 = 8;
@@ -60,9 +61,10 @@ impl PciRoot {
 
     /// Puts `function` in the first free slot and returns the slot number.
     pub fn add(&mut self, function: Arc<Mutex<dyn PciFunction>>) -> Option<u8> {
-        let slot = self.devices.iter().position(Option::is_none)?;
-        self.devices[slot] = Some(function);
-        Some(slot as u8)
+        let index = self.devices.iter().position(Option::is_none)?;
+        let slot = u8::try_from(index).ok()?;
+        self.devices[index] = Some(function);
+        Some(slot)
     }
 
     /// Empties `slot` (hot-unplug); the host bridge's slot 0 stays.
@@ -121,7 +123,7 @@ impl PciConfigIo {
         if self.address & ENABLE_BIT == 0 {
             return None;
         }
-        let bus = (self.address >> 16) as u8;
+        let bus = narrow::low_u8(u64::from(self.address >> 16));
         let device = ((self.address >> 11) & 0x1f) as u8;
         let function = ((self.address >> 8) & 0x7) as u8;
         let reg = u64::from(self.address & 0xfc) + data_offset;
@@ -173,7 +175,7 @@ impl PciEcam {
     }
 
     fn target(offset: u64) -> ((u8, u8, u8), u64) {
-        let bus = (offset >> 20) as u8;
+        let bus = narrow::low_u8(offset >> 20);
         let device = ((offset >> 15) & 0x1f) as u8;
         let function = ((offset >> 12) & 0x7) as u8;
         ((bus, device, function), offset & 0xfff)

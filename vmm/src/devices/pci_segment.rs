@@ -15,6 +15,7 @@ use acpi_tables::{aml, Aml};
 use super::device_memory::SegmentWindows;
 use super::pci_hotplug::{host_bridge_path, slot_aml, RawAml};
 use super::pci_root::{PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE};
+use crate::narrow;
 
 /// Where a function sits: its segment and its slot on the segment's bus 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -33,6 +34,16 @@ impl fmt::Display for PciAddress {
 /// Segment `segment`'s host bridge in the DSDT: `_SEG`, `_UID` and `_BBN 0`,
 /// its resources (bus 0, the config ports on segment 0, its 32- and 64-bit
 /// windows) and its hot-plug slots.
+/// An address in a segment's 32-bit window as the descriptor's 32-bit field.
+fn below_4g(addr: u64) -> u32 {
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the 32-bit windows are carved from PCI_MMIO32, below 4 GiB (a layout assert)"
+    )]
+    let addr = addr as u32;
+    addr
+}
+
 pub fn host_bridge_aml(segment: u16, windows: &SegmentWindows, sink: &mut Vec<u8>) {
     let mut slots = Vec::new();
     slot_aml(&mut slots, segment);
@@ -41,16 +52,16 @@ pub fn host_bridge_aml(segment: u16, windows: &SegmentWindows, sink: &mut Vec<u8
     let (m64_start, m64_size) = windows.mmio64;
     let bus = aml::AddressSpace::new_bus_number(0x0u16, 0x0u16);
     let ports = aml::IO::new(
-        PCI_CONFIG_IO_PORT as u16,
-        PCI_CONFIG_IO_PORT as u16,
+        const { narrow::u16_of(PCI_CONFIG_IO_PORT) },
+        const { narrow::u16_of(PCI_CONFIG_IO_PORT) },
         1,
-        PCI_CONFIG_IO_SIZE as u8,
+        const { narrow::u8_of(PCI_CONFIG_IO_SIZE) },
     );
     let mmio32 = aml::AddressSpace::new_memory(
         aml::AddressSpaceCacheable::NotCacheable,
         true,
-        m32_start as u32,
-        (m32_start + m32_size - 1) as u32,
+        below_4g(m32_start),
+        below_4g(m32_start + m32_size - 1),
         None,
     );
     let mmio64 = aml::AddressSpace::new_memory(
@@ -124,8 +135,8 @@ mod tests {
         assert_eq!(after(&seg1, b"_BBN")[0], 0x00);
         // Its own 32-bit window (DWord address space descriptor, min/max).
         let (start, size) = windows[1].mmio32;
-        let mut range = (start as u32).to_le_bytes().to_vec();
-        range.extend_from_slice(&((start + size - 1) as u32).to_le_bytes());
+        let mut range = below_4g(start).to_le_bytes().to_vec();
+        range.extend_from_slice(&below_4g(start + size - 1).to_le_bytes());
         assert!(seg1.windows(8).any(|w| w == range.as_slice()));
         // Its own 64-bit window (QWord address space descriptor, min/max).
         let (start, size) = windows[1].mmio64;

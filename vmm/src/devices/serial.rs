@@ -9,6 +9,7 @@ use vm_superio::{serial::NoEvents, Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::BusDevice;
+use crate::narrow;
 
 pub const COM1_PORT: u64 = 0x3f8;
 pub const COM1_IRQ: u32 = 4;
@@ -40,7 +41,7 @@ impl SerialDevice {
     /// (and its interrupt) the 8250 driver cannot get IRQ 4 and user space
     /// cannot open the console.
     pub fn append_aml(sink: &mut Vec<u8>) {
-        let port = COM1_PORT as u16;
+        let port = const { narrow::u16_of(COM1_PORT) };
         aml::Device::new(
             "_SB_.COM1".into(),
             vec![
@@ -51,7 +52,7 @@ impl SerialDevice {
                     "_CRS".into(),
                     &aml::ResourceTemplate::new(vec![
                         &aml::Interrupt::new(true, true, false, false, COM1_IRQ),
-                        &aml::IO::new(port, port, 1, PORT_COUNT as u8),
+                        &aml::IO::new(port, port, 1, const { narrow::u8_of(PORT_COUNT) }),
                     ]),
                 ),
             ],
@@ -67,15 +68,16 @@ impl SerialDevice {
 
 impl BusDevice for SerialDevice {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
-        if let Some(first) = data.first_mut() {
-            *first = self.serial.read(offset as u8);
+        // The bus hands out offsets within the device's PORT_COUNT ports.
+        if let (Some(first), Ok(offset)) = (data.first_mut(), u8::try_from(offset)) {
+            *first = self.serial.read(offset);
         }
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
-        if let Some(&v) = data.first() {
+        if let (Some(&v), Ok(offset)) = (data.first(), u8::try_from(offset)) {
             // An output error (a closed stdout) must not stop the guest.
-            if let Err(e) = self.serial.write(offset as u8, v) {
+            if let Err(e) = self.serial.write(offset, v) {
                 log::debug!("serial write: {e:?}");
             }
         }

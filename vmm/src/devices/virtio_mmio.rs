@@ -78,7 +78,12 @@ impl MmioDeviceManager {
             return Err(VirtioMmioError::TooMany);
         }
         let base = VIRTIO_MMIO_START + index * MMIO_REGION_SIZE;
-        let gsi = VIRTIO_MMIO_IRQ_BASE + index as u32;
+        // Below VIRTIO_MMIO_MAX_DEVICES, the index, its GSI and its
+        // registers (below the PCI ECAM, a layout assert) fit in 32 bits.
+        let too_many = |_| VirtioMmioError::TooMany;
+        let index32 = u32::try_from(index).map_err(too_many)?;
+        let base32 = u32::try_from(base).map_err(too_many)?;
+        let gsi = VIRTIO_MMIO_IRQ_BASE + index32;
         let io = |source| VirtioMmioError::Io { index, source };
         let irqfd = EventFd::new(libc::EFD_NONBLOCK).map_err(io)?;
         vm.register_irqfd(&irqfd, gsi)
@@ -106,7 +111,7 @@ impl MmioDeviceManager {
             index,
             message: e.to_string(),
         })?;
-        append_aml(&mut self.aml, index, base, gsi);
+        append_aml(&mut self.aml, index32, base32, gsi);
         self.next_index += 1;
         Ok(())
     }
@@ -116,16 +121,20 @@ impl MmioDeviceManager {
     }
 }
 
-fn append_aml(sink: &mut Vec<u8>, index: u64, base: u64, gsi: u32) {
+fn append_aml(sink: &mut Vec<u8>, index: u32, base: u32, gsi: u32) {
     aml::Device::new(
         format!("_SB_.VM{index:02X}").as_str().into(),
         vec![
             &aml::Name::new("_HID".into(), &"LNRO0005"),
-            &aml::Name::new("_UID".into(), &(index as u32)),
+            &aml::Name::new("_UID".into(), &index),
             &aml::Name::new(
                 "_CRS".into(),
                 &aml::ResourceTemplate::new(vec![
-                    &aml::Memory32Fixed::new(true, base as u32, MMIO_REGION_SIZE as u32),
+                    &aml::Memory32Fixed::new(
+                        true,
+                        base,
+                        const { crate::narrow::u32_of(MMIO_REGION_SIZE) },
+                    ),
                     &aml::Interrupt::new(true, true, false, false, gsi),
                 ]),
             ),
@@ -144,7 +153,7 @@ mod tests {
         append_aml(
             &mut aml,
             1,
-            VIRTIO_MMIO_START + 0x1000,
+            crate::narrow::u32_of(VIRTIO_MMIO_START + 0x1000),
             VIRTIO_MMIO_IRQ_BASE + 1,
         );
         assert!(aml.windows(8).any(|w| w == b"LNRO0005"));

@@ -49,6 +49,19 @@ pub enum VirtioPciSetupError {
     Bus(String),
     #[error("MSI-X routing: {0}")]
     Gsi(GsiError),
+    #[error("a device with {queues} queues needs more MSI-X vectors than a u16 counts")]
+    TooManyQueues { queues: usize },
+}
+
+/// A segment's index as its number: the segments are made from a u16 count
+/// (`--platform num_pci_segments`).
+fn segment_number(index: usize) -> u16 {
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "there are at most num_pci_segments (a u16) segments, so every index fits"
+    )]
+    let number = index as u16;
+    number
 }
 
 /// The host memory behind a device's shared memory BAR.
@@ -254,7 +267,7 @@ impl PciDeviceManager {
         let count = lock(&space).pci_windows().len().max(1);
         let bus_err = |e: super::bus::BusError| VirtioPciSetupError::Bus(e.to_string());
         let mut segments = Vec::with_capacity(count);
-        for segment in 0..count as u16 {
+        for segment in (0..count).map(segment_number) {
             let root = Arc::new(Mutex::new(PciRoot::new()));
             let ecam = super::pci_root::PciEcam::new(root.clone());
             mmio.insert(
@@ -293,7 +306,7 @@ impl PciDeviceManager {
 
     /// How many segments the VM has.
     pub fn segment_count(&self) -> u16 {
-        self.segments.len() as u16
+        segment_number(self.segments.len())
     }
 
     /// Puts `device` (named `id`) in a free slot of `segment`, its BARs in
@@ -348,22 +361,22 @@ impl PciDeviceManager {
         if let Some((addr, _)) = shm_bar {
             device.set_shm_base(addr);
         }
-        let built = IrqfdMsi::new(
-            self.router.clone(),
-            device.queue_max_sizes().len() as u16 + 1,
-        )
-        .map_err(VirtioPciSetupError::Gsi)
-        .and_then(|msi| {
-            let vectors = device.queue_max_sizes().len() as u16 + 1;
-            Ok(VirtioPciDevice::new(
-                device,
-                self.mem.clone(),
-                bar0,
-                shm_bar,
-                vectors,
-                Arc::new(msi),
-            )?)
-        });
+        // One MSI-X vector per queue and one for configuration changes.
+        let queues = device.queue_max_sizes().len();
+        let vectors =
+            u16::try_from(queues + 1).map_err(|_| VirtioPciSetupError::TooManyQueues { queues })?;
+        let built = IrqfdMsi::new(self.router.clone(), vectors)
+            .map_err(VirtioPciSetupError::Gsi)
+            .and_then(|msi| {
+                Ok(VirtioPciDevice::new(
+                    device,
+                    self.mem.clone(),
+                    bar0,
+                    shm_bar,
+                    vectors,
+                    Arc::new(msi),
+                )?)
+            });
         let placed = Arc::new(Mutex::new(Placed {
             id: id.to_string(),
             segment,
@@ -426,7 +439,7 @@ impl PciDeviceManager {
                 .iter()
                 .find(|(_, p)| lock(p).id == id)
                 .map(|(slot, _)| PciAddress {
-                    segment: segment as u16,
+                    segment: segment_number(segment),
                     slot: *slot,
                 })
         })
@@ -438,7 +451,7 @@ impl PciDeviceManager {
         for (segment, s) in self.segments.iter().enumerate() {
             for (slot, p) in &s.functions {
                 let at = PciAddress {
-                    segment: segment as u16,
+                    segment: segment_number(segment),
                     slot: *slot,
                 };
                 all.push((lock(p).id.clone(), at));
@@ -463,7 +476,7 @@ impl PciDeviceManager {
     pub fn append_aml(&self, sink: &mut Vec<u8>) {
         let space = lock(&self.placer.space);
         for (segment, windows) in space.pci_windows().iter().enumerate() {
-            super::pci_segment::host_bridge_aml(segment as u16, windows, sink);
+            super::pci_segment::host_bridge_aml(segment_number(segment), windows, sink);
         }
     }
 }
@@ -497,10 +510,13 @@ mod tests {
         let kvm = Kvm::new().expect("/dev/kvm");
         let vm = Arc::new(kvm.create_vm().unwrap());
         vm.create_irq_chip().unwrap();
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), crate::narrow::usize_of(RAM))])
+            .unwrap();
         let (pio, mmio) = (Bus::new(), Arc::new(Bus::new()));
         let space = Arc::new(Mutex::new(AddressSpace::new(RAM, 0, segments)));
-        let slots = SlotNumbers::new(kvm.check_extension_int(kvm_ioctls::Cap::NrMemslots) as u32);
+        let slots = SlotNumbers::new(
+            u32::try_from(kvm.check_extension_int(kvm_ioctls::Cap::NrMemslots)).unwrap(),
+        );
         let pci = PciDeviceManager::new(
             &vm,
             &pio,
@@ -552,9 +568,9 @@ mod tests {
 
     fn move_bars(rig: &Rig, slot: PciAddress, bar0: u64, bar2: u64) {
         cfg_write(rig, slot, 0x04, 0); // decoding off, as Linux moves 64-bit BARs
-        cfg_write(rig, slot, 0x10, bar0 as u32);
+        cfg_write(rig, slot, 0x10, crate::narrow::low_u32(bar0));
         cfg_write(rig, slot, 0x14, (bar0 >> 32) as u32);
-        cfg_write(rig, slot, 0x18, bar2 as u32);
+        cfg_write(rig, slot, 0x18, crate::narrow::low_u32(bar2));
         cfg_write(rig, slot, 0x1c, (bar2 >> 32) as u32);
         cfg_write(rig, slot, 0x04, 0x6); // memory + bus master on
     }

@@ -10,7 +10,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::device::{Interrupt, VirtioDevice, VirtioInterrupt};
+use crate::device::{Interrupt, SharedMemoryRegion, VirtioDevice, VirtioInterrupt};
 use crate::transport::common::VirtioState;
 use crate::GuestMemoryMmap;
 use pci::configuration::{BarKind, PciConfigError, PciConfiguration, PciIds};
@@ -172,6 +172,151 @@ fn virtio_cap(cfg_type: u8, bar: u8, id: u8, offset: u32, length: u32, extra: &[
     body
 }
 
+/// The ids of a modern-only virtio device of type `device_type`.
+fn pci_ids(device_type: u32) -> PciIds {
+    PciIds {
+        vendor: VIRTIO_PCI_VENDOR_ID,
+        device: VIRTIO_PCI_DEVICE_ID_BASE
+            + u16::try_from(device_type).expect("virtio device types fit 16 bits"),
+        subsystem_vendor: VIRTIO_PCI_VENDOR_ID,
+        subsystem: 0x40,
+        class: 0xff, // unclassified; the driver matches on ids
+        subclass: 0,
+        prog_if: 0,
+        revision: 1, // modern-only device
+    }
+}
+
+/// BAR 0 (registers, MSI-X) and, for a device with shared memory, the
+/// prefetchable shared-memory BAR.
+fn add_bars(
+    config: &mut PciConfiguration,
+    bar0: u64,
+    shm_bar: Option<(u64, u64)>,
+) -> Result<(), PciConfigError> {
+    config.add_bar(
+        0,
+        bar0,
+        BAR0_SIZE,
+        BarKind::Mem64 {
+            prefetchable: false,
+        },
+    )?;
+    if let Some((addr, size)) = shm_bar {
+        config.add_bar(
+            usize::from(SHM_BAR),
+            addr,
+            size.max(SHM_BAR_MIN_ALIGN),
+            BarKind::Mem64 { prefetchable: true },
+        )?;
+    }
+    Ok(())
+}
+
+/// The capabilities that say where in BAR 0 the common configuration, the
+/// ISR, the device configuration and the notifications of `queues` queues
+/// are.
+fn add_virtio_caps(config: &mut PciConfiguration, queues: usize) -> Result<(), PciConfigError> {
+    let vendor = |config: &mut PciConfiguration, body: Vec<u8>| {
+        config.add_capability(PCI_CAP_ID_VNDR, &body, &[]).map(drop)
+    };
+    vendor(
+        config,
+        virtio_cap(
+            CAP_COMMON,
+            0,
+            0,
+            const { crate::narrow::to_u32(COMMON_CFG_OFFSET) },
+            const { crate::narrow::to_u32(COMMON_CFG_SIZE) },
+            &[],
+        ),
+    )?;
+    vendor(
+        config,
+        virtio_cap(
+            CAP_ISR,
+            0,
+            0,
+            const { crate::narrow::to_u32(ISR_OFFSET) },
+            1,
+            &[],
+        ),
+    )?;
+    vendor(
+        config,
+        virtio_cap(
+            CAP_DEVICE,
+            0,
+            0,
+            const { crate::narrow::to_u32(DEVICE_CFG_OFFSET) },
+            const { crate::narrow::to_u32(DEVICE_CFG_SIZE) },
+            &[],
+        ),
+    )?;
+    let notify_len = crate::narrow::sat_u32(queues).max(1) * NOTIFY_OFF_MULTIPLIER;
+    vendor(
+        config,
+        virtio_cap(
+            CAP_NOTIFY,
+            0,
+            0,
+            const { crate::narrow::to_u32(NOTIFY_OFFSET) },
+            notify_len,
+            &NOTIFY_OFF_MULTIPLIER.to_le_bytes(),
+        ),
+    )
+}
+
+/// One shared-memory capability per region, each at its offset from the
+/// shared-memory BAR at `bar_addr` (64-bit offset and length: the high
+/// halves follow the standard body).
+fn add_shm_caps(
+    config: &mut PciConfiguration,
+    bar_addr: u64,
+    regions: &[SharedMemoryRegion],
+) -> Result<(), PciConfigError> {
+    for r in regions {
+        let offset = r.guest_addr - bar_addr;
+        let mut extra = Vec::new();
+        extra.extend_from_slice(&((offset >> 32) as u32).to_le_bytes());
+        extra.extend_from_slice(&((r.len >> 32) as u32).to_le_bytes());
+        let body = virtio_cap(
+            CAP_SHARED_MEMORY,
+            SHM_BAR,
+            r.id,
+            crate::narrow::lo32(offset),
+            crate::narrow::lo32(r.len),
+            &extra,
+        );
+        config.add_capability(PCI_CAP_ID_VNDR, &body, &[])?;
+    }
+    Ok(())
+}
+
+/// The PCI configuration access capability; returns its offset.
+fn add_pci_cfg_cap(config: &mut PciConfiguration) -> Result<usize, PciConfigError> {
+    // Bar, offset and length are writable, then the data window.
+    let pci_cfg_writable = [
+        0, 0, 0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        0xff, 0xff,
+    ];
+    config.add_capability(
+        PCI_CAP_ID_VNDR,
+        &virtio_cap(CAP_PCI_CFG, 0, 0, 0, 0, &[0; 4]),
+        &pci_cfg_writable,
+    )
+}
+
+/// The MSI-X capability for `msix_vectors` vectors, table and PBA in BAR 0;
+/// returns its offset.
+fn add_msix_cap(config: &mut PciConfiguration, msix_vectors: u16) -> Result<usize, PciConfigError> {
+    let mut msix_body = Vec::new();
+    msix_body.extend_from_slice(&(msix_vectors - 1).to_le_bytes()); // table size - 1; enable/mask start clear
+    msix_body.extend_from_slice(&const { crate::narrow::to_u32(MSIX_TABLE_OFFSET) }.to_le_bytes()); // BIR 0
+    msix_body.extend_from_slice(&const { crate::narrow::to_u32(MSIX_PBA_OFFSET) }.to_le_bytes());
+    config.add_capability(PCI_CAP_ID_MSIX, &msix_body, &[0, 0, 0, 0xc0])
+}
+
 impl VirtioPciDevice {
     /// `bar0` must be aligned to BAR0_SIZE; `shm_bar` (address, size) to its
     /// size and at least 2 MiB; the device's regions are laid out in it by id
@@ -184,123 +329,17 @@ impl VirtioPciDevice {
         msix_vectors: u16,
         sender: Arc<dyn MsiSender>,
     ) -> Result<Self, VirtioPciError> {
-        let device_type = device.device_type();
         let queues = device.queue_max_sizes().len();
-        let regions = device.shm_regions();
-        let mut config = PciConfiguration::new(PciIds {
-            vendor: VIRTIO_PCI_VENDOR_ID,
-            device: VIRTIO_PCI_DEVICE_ID_BASE
-                + u16::try_from(device_type).expect("virtio device types fit 16 bits"),
-            subsystem_vendor: VIRTIO_PCI_VENDOR_ID,
-            subsystem: 0x40,
-            class: 0xff, // unclassified; the driver matches on ids
-            subclass: 0,
-            prog_if: 0,
-            revision: 1, // modern-only device
-        });
-        config.add_bar(
-            0,
-            bar0,
-            BAR0_SIZE,
-            BarKind::Mem64 {
-                prefetchable: false,
-            },
-        )?;
-        if let Some((addr, size)) = shm_bar {
-            config.add_bar(
-                usize::from(SHM_BAR),
-                addr,
-                size.max(SHM_BAR_MIN_ALIGN),
-                BarKind::Mem64 { prefetchable: true },
-            )?;
-        }
-        config.add_capability(
-            PCI_CAP_ID_VNDR,
-            &virtio_cap(
-                CAP_COMMON,
-                0,
-                0,
-                const { crate::narrow::to_u32(COMMON_CFG_OFFSET) },
-                const { crate::narrow::to_u32(COMMON_CFG_SIZE) },
-                &[],
-            ),
-            &[],
-        )?;
-        config.add_capability(
-            PCI_CAP_ID_VNDR,
-            &virtio_cap(
-                CAP_ISR,
-                0,
-                0,
-                const { crate::narrow::to_u32(ISR_OFFSET) },
-                1,
-                &[],
-            ),
-            &[],
-        )?;
-        config.add_capability(
-            PCI_CAP_ID_VNDR,
-            &virtio_cap(
-                CAP_DEVICE,
-                0,
-                0,
-                const { crate::narrow::to_u32(DEVICE_CFG_OFFSET) },
-                const { crate::narrow::to_u32(DEVICE_CFG_SIZE) },
-                &[],
-            ),
-            &[],
-        )?;
-        let notify_len = crate::narrow::sat_u32(queues).max(1) * NOTIFY_OFF_MULTIPLIER;
-        config.add_capability(
-            PCI_CAP_ID_VNDR,
-            &virtio_cap(
-                CAP_NOTIFY,
-                0,
-                0,
-                const { crate::narrow::to_u32(NOTIFY_OFFSET) },
-                notify_len,
-                &NOTIFY_OFF_MULTIPLIER.to_le_bytes(),
-            ),
-            &[],
-        )?;
+        let mut config = PciConfiguration::new(pci_ids(device.device_type()));
+        add_bars(&mut config, bar0, shm_bar)?;
+        add_virtio_caps(&mut config, queues)?;
         if let Some((bar_addr, _)) = shm_bar {
-            for r in &regions {
-                let offset = r.guest_addr - bar_addr;
-                let mut extra = Vec::new();
-                extra.extend_from_slice(&((offset >> 32) as u32).to_le_bytes());
-                extra.extend_from_slice(&((r.len >> 32) as u32).to_le_bytes());
-                let body = virtio_cap(
-                    CAP_SHARED_MEMORY,
-                    SHM_BAR,
-                    r.id,
-                    crate::narrow::lo32(offset),
-                    crate::narrow::lo32(r.len),
-                    &extra,
-                );
-                config.add_capability(PCI_CAP_ID_VNDR, &body, &[])?;
-            }
+            add_shm_caps(&mut config, bar_addr, &device.shm_regions())?;
         }
-        // PCI configuration access: bar, offset and length are writable, then the data window.
-        let pci_cfg_writable = [
-            0, 0, 0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-            0xff, 0xff,
-        ];
-        let pci_cfg_cap = config.add_capability(
-            PCI_CAP_ID_VNDR,
-            &virtio_cap(CAP_PCI_CFG, 0, 0, 0, 0, &[0; 4]),
-            &pci_cfg_writable,
-        )?;
-        let msix = MsixConfig::new(msix_vectors);
-        let mut msix_body = Vec::new();
-        msix_body.extend_from_slice(&(msix_vectors - 1).to_le_bytes()); // table size - 1; enable/mask start clear
-        msix_body
-            .extend_from_slice(&const { crate::narrow::to_u32(MSIX_TABLE_OFFSET) }.to_le_bytes()); // BIR 0
-        msix_body
-            .extend_from_slice(&const { crate::narrow::to_u32(MSIX_PBA_OFFSET) }.to_le_bytes());
-        let msix_cap = config.add_capability(PCI_CAP_ID_MSIX, &msix_body, &[0, 0, 0, 0xc0])?;
-
+        let pci_cfg_cap = add_pci_cfg_cap(&mut config)?;
+        let msix_cap = add_msix_cap(&mut config, msix_vectors)?;
         let interrupt = Arc::new(PciInterrupt {
-            msix: Arc::new(Mutex::new(msix)),
+            msix: Arc::new(Mutex::new(MsixConfig::new(msix_vectors))),
             isr: AtomicU8::new(0),
             config_vector: AtomicU16::new(VIRTIO_MSI_NO_VECTOR),
             queue_vectors: (0..queues)

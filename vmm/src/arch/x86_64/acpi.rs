@@ -18,6 +18,7 @@ use super::layout::{pci_ecam_start, ACPI_END, ACPI_START, APIC_START, IOAPIC_STA
 use crate::config::CpusConfig;
 use crate::devices::acpi_pm;
 use crate::memory::GuestMemoryMmap;
+use crate::narrow;
 
 pub const OEM_ID: [u8; 6] = *b"DAXVMM";
 const OEM_TABLE_ID: [u8; 8] = *b"DAXVMM01";
@@ -111,7 +112,14 @@ pub const LAPIC_ONLINE_CAPABLE: u32 = 1 << 1;
 
 /// A Processor Local APIC structure (MADT type 0): also what a CPU
 /// device's `_MAT` returns.
-pub fn local_apic_entry(uid: u8, apic_id: u8, flags: u32) -> [u8; 8] {
+/// `uid` and `apic_id` are a vCPU's index and APIC id, which the entry
+/// holds in a byte each.
+pub fn local_apic_entry(uid: u32, apic_id: u32, flags: u32) -> [u8; 8] {
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the config keeps max_vcpus and every APIC id at or below 254 (MAX_VCPUS, MAX_APIC_ID)"
+    )]
+    let (uid, apic_id) = (uid as u8, apic_id as u8);
     let f = flags.to_le_bytes();
     [0, 8, uid, apic_id, f[0], f[1], f[2], f[3]]
 }
@@ -120,7 +128,7 @@ pub fn local_apic_entry(uid: u8, apic_id: u8, flags: u32) -> [u8; 8] {
 /// hot-pluggable ones online-capable (as Cloud Hypervisor lists them).
 fn create_madt(cpus: &CpusConfig) -> Sdt {
     let mut madt = Sdt::new(*b"APIC", 44, 5, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
-    madt.write_u32(36, APIC_START as u32);
+    madt.write_u32(36, const { narrow::u32_of(APIC_START) });
     madt.write_u32(40, 1); // PCAT_COMPAT: dual 8259s are present
     let topology = cpus.effective_topology();
     for cpu in 0..cpus.max_vcpus {
@@ -129,13 +137,11 @@ fn create_madt(cpus: &CpusConfig) -> Sdt {
         } else {
             LAPIC_ONLINE_CAPABLE
         };
-        // The config keeps max_vcpus and every APIC id at or below 254.
-        let (uid, id) = (cpu as u8, topology.apic_id(cpu) as u8);
-        madt.append_slice(&local_apic_entry(uid, id, flags));
+        madt.append_slice(&local_apic_entry(cpu, topology.apic_id(cpu), flags));
     }
     // I/O APIC: type 1, length 12, id, reserved, address, GSI base.
     let mut ioapic = vec![1, 12, 0, 0];
-    ioapic.extend_from_slice(&(IOAPIC_START as u32).to_le_bytes());
+    ioapic.extend_from_slice(&const { narrow::u32_of(IOAPIC_START) }.to_le_bytes());
     ioapic.extend_from_slice(&0u32.to_le_bytes());
     madt.append_slice(&ioapic);
     madt
@@ -309,7 +315,7 @@ mod tests {
         assert_eq!(&dsdt[s5 + 7..s5 + 9], &[0x0a, acpi_pm::S5_SLEEP_TYPE]);
 
         let madt = r.table(entries[1]);
-        assert_eq!(Reader::u32(madt, 36), APIC_START as u32);
+        assert_eq!(Reader::u32(madt, 36), narrow::u32_of(APIC_START));
         let mut off = 44;
         let mut lapic_ids = vec![];
         let mut ioapics = 0;
@@ -321,7 +327,7 @@ mod tests {
                     lapic_ids.push(madt[off + 3]);
                 }
                 1 => {
-                    assert_eq!(Reader::u32(madt, off + 4), IOAPIC_START as u32);
+                    assert_eq!(Reader::u32(madt, off + 4), narrow::u32_of(IOAPIC_START));
                     ioapics += 1;
                 }
                 _ => panic!("unexpected MADT entry {kind}"),
@@ -393,7 +399,7 @@ mod tests {
             .find(|b| &b[0..4] == b"DSDT")
             .unwrap();
         assert!(dsdt.windows(4).any(|w| w == b"MARK"));
-        let too_big = vec![0u8; (ACPI_END - ACPI_START) as usize];
+        let too_big = vec![0u8; narrow::usize_of(ACPI_END - ACPI_START)];
         assert!(matches!(
             AcpiTables::build(&CpusConfig::default(), &too_big, 1),
             Err(AcpiError::TooLarge { .. })

@@ -11,6 +11,7 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::layout::*;
 use crate::memory::GuestMemoryMmap;
+use crate::narrow;
 
 pub const E820_RAM: u32 = 1;
 pub const E820_RESERVED: u32 = 2;
@@ -128,7 +129,12 @@ pub fn load_initramfs(
             size,
             limit,
         })?;
-    mem.read_exact_volatile_from(GuestAddress(addr), &mut file, size as usize)
+    let len = usize::try_from(size).map_err(|_| BootError::InitramfsTooLarge {
+        path: display.clone(),
+        size,
+        limit,
+    })?;
+    mem.read_exact_volatile_from(GuestAddress(addr), &mut file, len)
         .map_err(|source| BootError::WriteInitramfs {
             path: display,
             source,
@@ -142,7 +148,13 @@ pub fn load_command_line(mem: &GuestMemoryMmap, cmdline: &str) -> Result<u32, Bo
         .map_err(|e| BootError::Cmdline(format!("{e} (at most {} bytes)", CMDLINE_MAX_SIZE - 1)))?;
     load_cmdline(mem, GuestAddress(CMDLINE_START), &c)
         .map_err(|e| BootError::Cmdline(e.to_string()))?;
-    Ok(cmdline.len() as u32)
+    u32::try_from(cmdline.len()).map_err(|_| {
+        BootError::Cmdline(format!(
+            "{} bytes (at most {} bytes)",
+            cmdline.len(),
+            CMDLINE_MAX_SIZE - 1
+        ))
+    })
 }
 
 /// The e820 map for the given RAM ranges: low RAM up to the EBDA, the rest
@@ -194,11 +206,16 @@ pub fn build_boot_params(
     params.hdr.type_of_loader = KERNEL_LOADER_OTHER;
     params.hdr.boot_flag = KERNEL_BOOT_FLAG_MAGIC;
     params.hdr.header = KERNEL_HDR_MAGIC;
-    params.hdr.cmd_line_ptr = CMDLINE_START as u32;
+    params.hdr.cmd_line_ptr = const { narrow::u32_of(CMDLINE_START) };
     params.hdr.cmdline_size = cmdline_size + 1;
     if let Some((addr, size)) = initramfs {
-        params.hdr.ramdisk_image = addr as u32;
-        params.hdr.ramdisk_size = size as u32;
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "load_initramfs places it below initrd_addr_max, a 32-bit address, so its address and size fit"
+        )]
+        let (image, size) = (addr as u32, size as u32);
+        params.hdr.ramdisk_image = image;
+        params.hdr.ramdisk_size = size;
     }
     params.acpi_rsdp_addr = rsdp_addr;
     for (i, &(addr, size, type_)) in e820.iter().take(params.e820_table.len()).enumerate() {
@@ -208,7 +225,12 @@ pub fn build_boot_params(
             r#type: type_,
         };
     }
-    params.e820_entries = e820.len().min(params.e820_table.len()) as u8;
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the zero page's table has 128 entries, so the count fits in its byte"
+    )]
+    let entries = e820.len().min(params.e820_table.len()) as u8;
+    params.e820_entries = entries;
     params
 }
 
@@ -285,7 +307,7 @@ mod tests {
         );
         assert_eq!(
             &bytes[0x228..0x22c],
-            &(CMDLINE_START as u32).to_le_bytes(),
+            &narrow::u32_of(CMDLINE_START).to_le_bytes(),
             "cmd_line_ptr"
         );
         assert_eq!(&bytes[0x238..0x23c], &12u32.to_le_bytes(), "cmdline_size");

@@ -133,12 +133,13 @@ const _: () = {
     assert!(VIRTIO_MMIO_START + VIRTIO_MMIO_MAX_DEVICES * 0x1000 <= PCI_ECAM_START);
     assert!(PCI_ECAM_START + PCI_ECAM_AREA_SIZE <= IOAPIC_START);
     assert!(
-        VIRTIO_MMIO_IRQ_BASE + VIRTIO_MMIO_MAX_DEVICES as u32 <= 24,
+        VIRTIO_MMIO_IRQ_BASE + crate::narrow::u32_of(VIRTIO_MMIO_MAX_DEVICES) <= 24,
         "the IOAPIC has 24 pins"
     );
     assert!(RESET_VECTOR + RESET_STUB.len() as u64 <= HIGH_RAM_START);
-    // The jmp's displacement lands on the first byte of the stub.
-    assert!(RESET_STUB.len() as i64 + (RESET_STUB[6] as i8) as i64 == 0);
+    // The jmp's displacement lands on the first byte of the stub: it is
+    // minus the stub's length, as an i8.
+    assert!(0u8.wrapping_sub(RESET_STUB[6]) as usize == RESET_STUB.len());
 };
 
 #[cfg(test)]

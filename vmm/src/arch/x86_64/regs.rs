@@ -9,6 +9,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::layout::*;
 use crate::memory::GuestMemoryMmap;
+use crate::narrow;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegsError {
@@ -42,9 +43,9 @@ const GDT: [(u16, u32, u32); 4] = [
     (0xc093, 0, 0xfffff),
     (0x808b, 0, 0xfffff),
 ];
-const CODE_SELECTOR: usize = 1;
-const DATA_SELECTOR: usize = 2;
-const TSS_SELECTOR: usize = 3;
+const CODE_SELECTOR: u16 = 1;
+const DATA_SELECTOR: u16 = 2;
+const TSS_SELECTOR: u16 = 3;
 
 pub fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
     let (flags, base, limit) = (u64::from(flags), u64::from(base), u64::from(limit));
@@ -56,9 +57,9 @@ pub fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
 }
 
 /// Decodes a GDT entry into the segment KVM wants, with the limit scaled by G.
-pub fn segment_from_gdt(entry: u64, index: usize) -> kvm_segment {
+pub fn segment_from_gdt(entry: u64, index: u16) -> kvm_segment {
     let g = ((entry >> 55) & 1) as u8;
-    let raw_limit = ((entry & 0xffff) | ((entry >> 32) & 0xf_0000)) as u32;
+    let raw_limit = narrow::low_u32((entry & 0xffff) | ((entry >> 32) & 0xf_0000));
     kvm_segment {
         base: ((entry >> 16) & 0xff_ffff) | ((entry >> 32) & 0xff00_0000),
         limit: if g == 1 {
@@ -66,7 +67,7 @@ pub fn segment_from_gdt(entry: u64, index: usize) -> kvm_segment {
         } else {
             raw_limit
         },
-        selector: (index * 8) as u16,
+        selector: index * 8,
         type_: ((entry >> 40) & 0xf) as u8,
         present: ((entry >> 47) & 1) as u8,
         dpl: ((entry >> 45) & 3) as u8,
@@ -111,13 +112,13 @@ pub fn setup_sregs(vcpu: &VcpuFd) -> Result<(), RegsError> {
     })?;
     let gdt: Vec<u64> = GDT.iter().map(|&(f, b, l)| gdt_entry(f, b, l)).collect();
     sregs.gdt.base = GDT_START;
-    sregs.gdt.limit = (gdt.len() * 8 - 1) as u16;
+    sregs.gdt.limit = const { narrow::u16_of(GDT.len() as u64 * 8 - 1) };
     sregs.idt.base = IDT_START;
     sregs.idt.limit = 7;
-    sregs.cs = segment_from_gdt(gdt[CODE_SELECTOR], CODE_SELECTOR);
-    let data = segment_from_gdt(gdt[DATA_SELECTOR], DATA_SELECTOR);
+    sregs.cs = segment_from_gdt(gdt[usize::from(CODE_SELECTOR)], CODE_SELECTOR);
+    let data = segment_from_gdt(gdt[usize::from(DATA_SELECTOR)], DATA_SELECTOR);
     (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
-    sregs.tr = segment_from_gdt(gdt[TSS_SELECTOR], TSS_SELECTOR);
+    sregs.tr = segment_from_gdt(gdt[usize::from(TSS_SELECTOR)], TSS_SELECTOR);
     sregs.cr3 = PML4_START;
     sregs.cr4 |= X86_CR4_PAE;
     sregs.cr0 = (sregs.cr0 | X86_CR0_PE | X86_CR0_PG) & !(X86_CR0_CD | X86_CR0_NW);
@@ -215,10 +216,11 @@ const APIC_MODE_NMI: u32 = 0x4;
 const APIC_MODE_EXTINT: u32 = 0x7;
 
 fn set_delivery_mode(lapic: &mut kvm_lapic_state, reg: usize, mode: u32) {
-    let bytes: [u8; 4] = std::array::from_fn(|i| lapic.regs[reg + i] as u8);
+    // The registers are C chars (i8): the bytes are reinterpreted, not converted.
+    let bytes: [u8; 4] = std::array::from_fn(|i| lapic.regs[reg + i].cast_unsigned());
     let value = (u32::from_le_bytes(bytes) & !0x700) | (mode << 8);
     for (i, b) in value.to_le_bytes().iter().enumerate() {
-        lapic.regs[reg + i] = *b as _;
+        lapic.regs[reg + i] = b.cast_signed();
     }
 }
 
@@ -268,13 +270,17 @@ mod tests {
     #[test]
     fn lint_delivery_modes() {
         let mut lapic = kvm_lapic_state::default();
-        lapic.regs[APIC_LVT0] = 0xff_u8 as _;
+        lapic.regs[APIC_LVT0] = 0xff_u8.cast_signed();
         lapic.regs[APIC_LVT0 + 1] = 0x07;
         set_delivery_mode(&mut lapic, APIC_LVT1, APIC_MODE_NMI);
         set_delivery_mode(&mut lapic, APIC_LVT0, APIC_MODE_EXTINT);
-        assert_eq!(lapic.regs[APIC_LVT0 + 1] as u8, 0x07);
-        assert_eq!(lapic.regs[APIC_LVT0] as u8, 0xff, "vector bits kept");
-        assert_eq!(lapic.regs[APIC_LVT1 + 1] as u8, 0x04);
+        assert_eq!(lapic.regs[APIC_LVT0 + 1].cast_unsigned(), 0x07);
+        assert_eq!(
+            lapic.regs[APIC_LVT0].cast_unsigned(),
+            0xff,
+            "vector bits kept"
+        );
+        assert_eq!(lapic.regs[APIC_LVT1 + 1].cast_unsigned(), 0x04);
     }
 
     #[test]

@@ -1,0 +1,267 @@
+//! The control loop's answers without a booted VM: the states and the
+//! refusals Cloud Hypervisor's API gives, and what a device added before
+//! boot does to the configuration. Booted paths are the guest tests'.
+
+use super::*;
+use crate::devices::virtio_pci::PciAddress;
+
+/// A configuration `vm.create` accepts (nothing is opened before boot).
+fn create_body() -> Value {
+    json!({
+        "payload": {"kernel": "/nonexistent/bzImage", "cmdline": "console=ttyS0"},
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+        "memory": {"size": 268_435_456u64},
+        "serial": {"mode": "Null"},
+    })
+}
+
+fn control() -> ControlLoop {
+    ControlLoop::new(None, EventBus::with_capacity(4))
+}
+
+fn created() -> ControlLoop {
+    let mut c = control();
+    assert!(matches!(
+        c.handle(VmmAction::Create(create_body())),
+        Ok(VmmReply::NoContent)
+    ));
+    c
+}
+
+/// The status and message of a refused action.
+fn refused(c: &mut ControlLoop, action: VmmAction) -> (u16, String) {
+    match c.handle(action) {
+        Err(e) => (e.status, e.message),
+        Ok(_) => panic!("the action was not refused"),
+    }
+}
+
+fn info(c: &mut ControlLoop) -> Value {
+    match c.handle(VmmAction::Info) {
+        Ok(VmmReply::Json(v)) => v,
+        Ok(_) => panic!("vm.info answered without JSON"),
+        Err(e) => panic!("vm.info: {}", e.message),
+    }
+}
+
+fn disk_ids(c: &mut ControlLoop) -> Vec<String> {
+    info(c)["config"]["disks"]
+        .as_array()
+        .map(|d| {
+            d.iter()
+                .map(|d| d["id"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn without_a_configuration_every_vm_action_is_refused_with_409() {
+    let mut c = control();
+    for (action, text) in [
+        (
+            VmmAction::Boot,
+            "vm.boot: no VM is created (vm.create first)",
+        ),
+        (VmmAction::Info, "vm.info: no VM is created"),
+        (
+            VmmAction::Resize(json!({"desired_vcpus": 2})),
+            "vm.resize: no VM is created (vm.create first)",
+        ),
+        (
+            VmmAction::RemoveDevice("disk0".into()),
+            "vm.remove-device: no VM is created (vm.create first)",
+        ),
+        (
+            VmmAction::AddDisk(json!({"path": "/d", "id": "disk0"})),
+            "vm.add-disk: no VM is created (vm.create first)",
+        ),
+    ] {
+        assert_eq!(refused(&mut c, action), (409, text.to_string()));
+    }
+    assert!(c.config.is_none());
+}
+
+#[test]
+fn create_makes_a_created_vm_and_a_second_create_is_refused() {
+    let mut c = created();
+    let v = info(&mut c);
+    assert_eq!(v["state"], "Created");
+    assert_eq!(v["memory_actual_size"], 268_435_456u64);
+    assert!(v.get("device_tree").is_none(), "no device tree before boot");
+    assert_eq!(
+        refused(&mut c, VmmAction::Create(create_body())),
+        (
+            409,
+            "vm.create: a VM is already created (vm.delete it first)".into()
+        )
+    );
+}
+
+#[test]
+fn a_bad_configuration_is_refused_with_400_and_nothing_is_created() {
+    let mut c = control();
+    let (status, message) = refused(
+        &mut c,
+        VmmAction::Create(json!({"payload": {"kernel": "/k"}, "memory": {"size": 4096}})),
+    );
+    assert_eq!(status, 400);
+    assert!(message.starts_with("vm.create: "), "{message}");
+    assert!(c.config.is_none());
+}
+
+#[test]
+fn a_created_vm_refuses_what_needs_it_running() {
+    let mut c = created();
+    for (action, endpoint) in [
+        (VmmAction::ShutdownVm, "vm.shutdown"),
+        (VmmAction::Reboot, "vm.reboot"),
+        (VmmAction::PowerButton, "vm.power-button"),
+        (VmmAction::Pause, "vm.pause"),
+    ] {
+        assert_eq!(
+            refused(&mut c, action),
+            (
+                409,
+                format!("{endpoint}: the VM is not running (it is Created)")
+            )
+        );
+    }
+    assert_eq!(
+        refused(&mut c, VmmAction::Resume),
+        (
+            409,
+            "vm.resume: the VM is not paused (it is Created)".into()
+        )
+    );
+    assert_eq!(c.state, State::Created);
+}
+
+/// Without /dev/kvm the boot fails at once; with it, at the missing
+/// kernel: either way 500, and the VM stays created, not booted.
+#[test]
+fn a_boot_that_fails_answers_500_and_leaves_the_vm_created() {
+    let mut c = created();
+    let (status, message) = refused(&mut c, VmmAction::Boot);
+    assert_eq!(status, 500);
+    assert!(message.starts_with("vm.boot: "), "{message}");
+    assert!(c.vm.is_none());
+    assert_eq!(info(&mut c)["state"], "Created");
+}
+
+#[test]
+fn a_device_added_before_boot_joins_the_configuration_only_if_it_checks_out() {
+    let mut c = created();
+    let disk = json!({"path": "/nonexistent/disk.img", "id": "disk0"});
+    assert!(matches!(
+        c.handle(VmmAction::AddDisk(disk.clone())),
+        Ok(VmmReply::NoContent)
+    ));
+    assert_eq!(disk_ids(&mut c), ["disk0"]);
+    // The same id again: 409, as Cloud Hypervisor answers.
+    let (status, message) = refused(&mut c, VmmAction::AddDisk(disk));
+    assert_eq!(status, 409);
+    assert!(message.starts_with("vm.add-disk: "), "{message}");
+    // A body the parser refuses: 400.
+    let (status, message) = refused(
+        &mut c,
+        VmmAction::AddDisk(json!({"path": "/d", "rate_limiter_config": {}})),
+    );
+    assert_eq!(status, 400);
+    assert!(message.starts_with("vm.add-disk: "), "{message}");
+    // Neither refusal changed the configuration.
+    assert_eq!(disk_ids(&mut c), ["disk0"]);
+}
+
+#[test]
+fn a_second_vsock_device_is_refused_and_the_first_stays() {
+    let mut c = created();
+    let vsock = |id: &str| json!({"cid": 3, "socket": "/nonexistent/v.sock", "id": id});
+    assert!(c.handle(VmmAction::AddVsock(vsock("vsock0"))).is_ok());
+    assert_eq!(
+        refused(&mut c, VmmAction::AddVsock(vsock("vsock1"))),
+        (
+            409,
+            "vm.add-vsock: the VM has a vsock device already (\"vsock0\"); remove it first".into()
+        )
+    );
+    assert_eq!(info(&mut c)["config"]["vsock"]["id"], "vsock0");
+}
+
+#[test]
+fn remove_device_before_boot_takes_it_out_of_the_configuration() {
+    let mut c = created();
+    let disk = json!({"path": "/nonexistent/disk.img", "id": "disk0"});
+    assert!(c.handle(VmmAction::AddDisk(disk)).is_ok());
+    assert!(matches!(
+        c.handle(VmmAction::RemoveDevice("disk0".into())),
+        Ok(VmmReply::NoContent)
+    ));
+    assert!(disk_ids(&mut c).is_empty());
+    assert_eq!(
+        refused(&mut c, VmmAction::RemoveDevice("disk0".into())),
+        (404, "vm.remove-device: no device with id \"disk0\"".into())
+    );
+}
+
+#[test]
+fn delete_forgets_the_configuration_and_create_works_again() {
+    let mut c = created();
+    assert!(matches!(
+        c.handle(VmmAction::Delete),
+        Ok(VmmReply::NoContent)
+    ));
+    assert!(c.config.is_none());
+    assert_eq!(refused(&mut c, VmmAction::Info).0, 409);
+    assert!(c.handle(VmmAction::Create(create_body())).is_ok());
+    assert_eq!(info(&mut c)["state"], "Created");
+}
+
+#[test]
+fn without_a_vm_there_are_no_counters() {
+    let mut c = created();
+    assert!(matches!(
+        c.handle(VmmAction::Counters),
+        Ok(VmmReply::Json(v)) if v == json!({})
+    ));
+    assert!(matches!(
+        c.handle(VmmAction::KvmCounters),
+        Ok(VmmReply::Kvm(None))
+    ));
+}
+
+/// What the API answers for each way a hot-plug can fail; the guest tests
+/// assert the MMIO refusal's status and text.
+#[test]
+fn hotplug_errors_become_400_409_or_500() {
+    let at = PciAddress {
+        segment: 0,
+        slot: 3,
+    };
+    let mmio = DeviceManagerError::HotplugOverMmio { id: "pmem9".into() };
+    let e = hotplug_error("vm.add-pmem", &mmio);
+    assert_eq!(
+        (e.status, e.message.as_str()),
+        (
+            400,
+            "vm.add-pmem: hot-plug: pmem9: hot-plug is over virtio-PCI only (transport=mmio has no hot-plug)"
+        )
+    );
+    let in_use = DeviceManagerError::IdStillPlaced {
+        id: "fs0".into(),
+        at,
+    };
+    let e = hotplug_error("vm.add-fs", &in_use);
+    assert_eq!(
+        (e.status, e.message.as_str()),
+        (
+            409,
+            "vm.add-fs: hot-plug: fs0: a device with this id is still at 0000:00:03.0 (its removal waits for the guest to eject it)"
+        )
+    );
+    let failed = DeviceManagerError::Announce {
+        at,
+        source: std::io::Error::from_raw_os_error(libc::EAGAIN),
+    };
+    assert_eq!(hotplug_error("vm.add-disk", &failed).status, 500);
+}

@@ -1,0 +1,171 @@
+//! The parts of building a VM that can be checked without running a guest:
+//! the serial output, the platform devices' ports, the memory hot-plug
+//! controller and what a boot that cannot load its kernel reports. The
+//! ones that need a VM fd are skipped where /dev/kvm cannot be opened.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use super::*;
+use crate::config::json::vm_config_from_json;
+use crate::config::MemoryConfig;
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vm-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("test directory");
+    dir
+}
+
+/// A VM fd with its interrupt controller, or None (skipped) without KVM.
+fn kvm_vm() -> Option<VmFd> {
+    let Ok(kvm) = Kvm::new() else {
+        eprintln!("no /dev/kvm; skipped");
+        return None;
+    };
+    Some(create_vm(&kvm).expect("a VM with the capabilities the VMM needs"))
+}
+
+fn config(extra: serde_json::Value) -> VmConfig {
+    let mut body =
+        json!({"payload": {"kernel": "/nonexistent/bzImage"}, "serial": {"mode": "Null"}});
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    vm_config_from_json(&body).expect("config")
+}
+
+#[test]
+fn serial_output_is_none_when_off_and_appends_to_a_file() {
+    assert!(serial_output(&SerialMode::Off).expect("off").is_none());
+    let dir = scratch_dir("serial");
+    let path = dir.join("console.log");
+    std::fs::write(&path, "before\n").expect("log");
+    let mut out = serial_output(&SerialMode::File(path.clone()))
+        .expect("file")
+        .expect("a writer");
+    out.write_all(b"after\n").expect("write");
+    drop(out);
+    assert_eq!(
+        std::fs::read_to_string(&path).expect("read"),
+        "before\nafter\n"
+    );
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn a_serial_file_that_cannot_be_opened_names_its_path() {
+    let path = PathBuf::from("/nonexistent/dir/console.log");
+    let e = serial_output(&SerialMode::File(path))
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(&e, VmError::SerialFile { path, .. } if path == "/nonexistent/dir/console.log"),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .starts_with("--serial file=/nonexistent/dir/console.log: "),
+        "{e}"
+    );
+}
+
+#[test]
+fn kvm_setup_names_the_step_that_failed() {
+    let r: Result<(), _> = Err(kvm_ioctls::Error::new(libc::EINVAL));
+    let e = kvm_setup("KVM_CREATE_PIT2", r).expect_err("failed");
+    assert!(matches!(
+        e,
+        VmError::KvmSetup {
+            what: "KVM_CREATE_PIT2",
+            ..
+        }
+    ));
+    assert!(e.to_string().starts_with("KVM_CREATE_PIT2: "), "{e}");
+}
+
+#[test]
+fn platform_devices_take_their_ports_and_a_second_set_names_the_one_refused() {
+    let Some(vm) = kvm_vm() else {
+        return;
+    };
+    let pio = Bus::new();
+    let exit = Arc::new(ExitHandle::new().expect("exit handle"));
+    let config = config(json!({}));
+    let (serial_dev, _ged, aml) =
+        add_platform_devices(&vm, &config, &pio, &exit).expect("platform devices");
+    assert!(serial_dev.is_some(), "serial mode Null still has a port");
+    assert!(!aml.is_empty(), "the DSDT describes them");
+    // The serial port comes first, and its ports are taken now.
+    let e = add_platform_devices(&vm, &config, &pio, &exit)
+        .err()
+        .expect("ports taken");
+    assert!(
+        matches!(
+            e,
+            VmError::PlatformPorts {
+                device: "serial port",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_memory_hotplug_controller_is_on_the_bus_only_with_hotplug_size() {
+    let memory = |hotplug_size| MemoryConfig {
+        hotplug_size,
+        ..MemoryConfig::default()
+    };
+    let port = u64::from(crate::devices::memory_hotplug::MEMORY_HOTPLUG_PORT);
+    let pio = Bus::new();
+    let mut aml = Vec::new();
+    add_memory_hotplug(&HotplugRam::new(&memory(None)), &pio, &mut aml).expect("no controller");
+    assert!(
+        !aml.is_empty(),
+        "the DSDT has the MSCN the GED calls anyway"
+    );
+    assert!(
+        !pio.read(port, &mut [0u8; 4]),
+        "no controller without hotplug_size"
+    );
+
+    let ram = HotplugRam::new(&memory(Some(crate::config::HOTPLUG_BLOCK)));
+    add_memory_hotplug(&ram, &pio, &mut Vec::new()).expect("controller");
+    assert!(
+        pio.read(port, &mut [0u8; 4]),
+        "the controller answers at its port"
+    );
+    let e = add_memory_hotplug(&ram, &pio, &mut Vec::new()).expect_err("ports taken");
+    assert!(
+        matches!(
+            e,
+            VmError::PlatformPorts {
+                device: "memory hot-plug controller",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_missing_kernel_fails_the_payload_with_its_path() {
+    let config = config(json!({}));
+    let mem = memory::create_guest_memory(&config.memory).expect("guest RAM");
+    let e = load_payload(&mem, &config, &[]).expect_err("no kernel");
+    assert!(matches!(e, VmError::Boot(_)), "{e}");
+    assert!(e.to_string().contains("/nonexistent/bzImage"), "{e}");
+}
+
+#[test]
+fn a_whole_boot_without_its_kernel_fails_naming_it() {
+    if Kvm::new().is_err() {
+        return eprintln!("no /dev/kvm; skipped");
+    }
+    let config = config(json!({"memory": {"size": crate::config::MIN_MEMORY}}));
+    let e = Vm::boot(&config, None).err().expect("no kernel");
+    assert!(matches!(e, VmError::Boot(_)), "{e}");
+    assert!(e.to_string().contains("/nonexistent/bzImage"), "{e}");
+}
