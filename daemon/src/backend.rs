@@ -195,7 +195,11 @@ impl VhostUserBackend for FsBackend {
     }
 
     fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
-        Ok(VhostUserShMemConfig::new(1, &[self.server.window_size()]))
+        // One region, the DAX window, at the id the VMM reads it from.
+        const REGIONS: u32 = dax_abi::DAX_SHM_REGION_ID as u32 + 1;
+        let mut sizes = [0; REGIONS as usize];
+        sizes[usize::from(dax_abi::DAX_SHM_REGION_ID)] = self.server.window_size();
+        Ok(VhostUserShMemConfig::new(REGIONS, &sizes))
     }
 
     fn handle_event(

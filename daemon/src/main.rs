@@ -30,8 +30,15 @@ fn startup_policy(cli: &Cli) -> Result<policies::Policy, String> {
         None => policies::Policy::default(),
     };
     if let Some(size) = cli.cache_size {
-        if size == 0 || size % (2 << 20) != 0 {
-            return Err(format!("--cache-size {size}: must be a non-zero multiple of 2M (the guest maps 2 MiB ranges)"));
+        if !dax_abi::window_size_fits(size) {
+            return Err(format!(
+                "--cache-size {size}: must be a multiple of {} from {} to {} (the guest maps {} ranges; \
+                 the VMM refuses a larger window)",
+                dax_abi::size_text(dax_abi::GUEST_RANGE_SIZE),
+                dax_abi::size_text(dax_abi::MIN_WINDOW_SIZE),
+                dax_abi::size_text(dax_abi::MAX_WINDOW_SIZE),
+                dax_abi::size_text(dax_abi::GUEST_RANGE_SIZE),
+            ));
         }
         policy.cache_size = size;
     }
@@ -297,6 +304,32 @@ fn main() -> ExitCode {
             }
             eprintln!("dax-virtiofsd: error: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn cache_size(arg: &str) -> Result<u64, String> {
+        let cli =
+            Cli::try_parse_from(["dax-virtiofsd", "--socket-path=/s", "--shared-dir=/d", arg])
+                .map_err(|e| e.to_string())?;
+        startup_policy(&cli).map(|p| p.cache_size)
+    }
+
+    #[test]
+    fn cache_size_is_a_window_the_vmm_accepts() {
+        assert_eq!(cache_size("--cache-size=64M"), Ok(64 << 20));
+        assert_eq!(cache_size("--cache-size=256G"), Ok(256 << 30));
+        for refused in ["--cache-size=3M", "--cache-size=512G", "--cache-size=4K"] {
+            let e = cache_size(refused).unwrap_err();
+            assert!(
+                e.contains("--cache-size") && e.contains("from 2M to 256G"),
+                "{refused}: {e}"
+            );
         }
     }
 }
