@@ -10,7 +10,6 @@ pub mod counters;
 pub mod device;
 pub mod event_loop;
 pub mod log_limit;
-mod narrow;
 pub mod net;
 pub mod pmem;
 pub mod queue_worker;

@@ -8,7 +8,6 @@ pub mod devices;
 pub mod exit;
 pub mod kvm_stats;
 pub mod memory;
-pub mod narrow;
 pub mod prefault;
 pub mod ram_hotplug;
 pub mod resize;

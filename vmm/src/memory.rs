@@ -133,7 +133,7 @@ fn exclude_region_from_core_dumps(region: &GuestRegionMmap) {
         libc::madvise(
             region.as_ptr().cast(),
             // A region's length is a mapping's, so it fits in usize.
-            crate::narrow::usize_of(region.len()),
+            narrow::usize_of(region.len()),
             libc::MADV_DONTDUMP,
         )
     };

@@ -223,7 +223,7 @@ fn create_vm(kvm: &Kvm) -> Result<VmFd, VmError> {
     let vm = kvm.create_vm().map_err(VmError::Kvm)?;
     kvm_setup(
         "KVM_SET_TSS_ADDR",
-        vm.set_tss_address(const { crate::narrow::usize_of(layout::KVM_TSS_ADDRESS) }),
+        vm.set_tss_address(const { narrow::usize_of(layout::KVM_TSS_ADDRESS) }),
     )?;
     kvm_setup("KVM_CREATE_IRQCHIP", vm.create_irq_chip())?;
     let pit = kvm_pit_config {

@@ -287,8 +287,8 @@ fn an_indirect_chain_is_served_and_the_device_asks_for_the_next_kick() {
     let vq = MockSplitQueue::new(&mem, size);
     header(&mem, 0x1000, VIRTIO_BLK_T_IN, 3);
     let (n, w) = (
-        const { crate::narrow::to_u16(VRING_DESC_F_NEXT) },
-        const { crate::narrow::to_u16(VRING_DESC_F_WRITE) },
+        const { narrow::u16_of(VRING_DESC_F_NEXT as u64) },
+        const { narrow::u16_of(VRING_DESC_F_WRITE as u64) },
     );
     let table = [
         SplitDescriptor::new(0x1000, 16, n, 1),
@@ -303,7 +303,7 @@ fn an_indirect_chain_is_served_and_the_device_asks_for_the_next_kick() {
     vq.build_desc_chain(&[RawDescriptor::from(SplitDescriptor::new(
         0x8000,
         48,
-        const { crate::narrow::to_u16(VRING_DESC_F_INDIRECT) },
+        const { narrow::u16_of(VRING_DESC_F_INDIRECT as u64) },
         0,
     ))])
     .unwrap();

@@ -70,12 +70,12 @@ fn fallocate_works(file: &File, end: u64, mode: libc::c_int) -> bool {
 fn lock(file: &File, readonly: bool, path: &Path) -> bool {
     // SAFETY: an all-zero flock is valid; the fields that matter are set below.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = crate::narrow::to_c_short(if readonly {
+    fl.l_type = narrow::c_short_of(if readonly {
         libc::F_RDLCK
     } else {
         libc::F_WRLCK
     });
-    fl.l_whence = const { crate::narrow::to_c_short(libc::SEEK_SET) };
+    fl.l_whence = const { narrow::c_short_of(libc::SEEK_SET) };
     // l_start = l_len = 0: the whole file, however it grows.
     // SAFETY: fcntl on our fd with a pointer to a live flock.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) } == 0 {
@@ -175,7 +175,7 @@ impl DiskFile {
         let result = match action {
             Action::Read { offset, data } => self
                 .transfer(mem, data, *offset, false)
-                .map(crate::narrow::sat_u32),
+                .map(narrow::sat_u32),
             Action::Write { offset, data } => self.transfer(mem, data, *offset, true).map(|_| 0),
             Action::Flush => self.file.sync_data().map(|()| 0),
             Action::GetId { data } => write_id(mem, data, serial),
@@ -189,10 +189,10 @@ impl DiskFile {
             }),
         };
         match result {
-            Ok(n) => (const { crate::narrow::to_u8(VIRTIO_BLK_S_OK) }, n),
+            Ok(n) => (const { narrow::u8_of(VIRTIO_BLK_S_OK as u64) }, n),
             Err(e) => {
                 crate::warn_limited!("virtio-blk: I/O error: {e}");
-                (const { crate::narrow::to_u8(VIRTIO_BLK_S_IOERR) }, 0)
+                (const { narrow::u8_of(VIRTIO_BLK_S_IOERR as u64) }, 0)
             }
         }
     }
@@ -239,7 +239,7 @@ impl DiskFile {
         // from one guest memory region into another comes as two pieces.
         let mut slices = Vec::with_capacity(data.len());
         for s in data {
-            for slice in mem.get_slices(s.addr, crate::narrow::usize_from(s.len)) {
+            for slice in mem.get_slices(s.addr, narrow::usize_of(s.len)) {
                 slices
                     .push(slice.map_err(|e| std::io::Error::other(format!("guest memory: {e}")))?);
             }
@@ -319,12 +319,12 @@ fn write_id<M: GuestMemoryBackend>(
         if written == ID_BYTES {
             break;
         }
-        let n = (ID_BYTES - written).min(crate::narrow::usize_from(s.len));
+        let n = (ID_BYTES - written).min(narrow::usize_of(s.len));
         mem.write_slice(&serial[written..written + n], s.addr)
             .map_err(|e| std::io::Error::other(format!("guest memory: {e}")))?;
         written += n;
     }
-    Ok(crate::narrow::sat_u32(written))
+    Ok(narrow::sat_u32(written))
 }
 
 #[cfg(test)]
@@ -409,7 +409,7 @@ mod tests {
         };
         assert_eq!(
             disk.execute(&mem, &bad, &serial).0,
-            const { crate::narrow::to_u8(VIRTIO_BLK_S_IOERR) }
+            const { narrow::u8_of(VIRTIO_BLK_S_IOERR as u64) }
         );
 
         // The writable disk holds the image: no second user, not even a reader.

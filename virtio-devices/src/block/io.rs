@@ -363,8 +363,8 @@ mod tests {
         let mut descs = Vec::new();
         for i in 0..count {
             let (n, w) = (
-                const { crate::narrow::to_u16(VRING_DESC_F_NEXT) },
-                const { crate::narrow::to_u16(VRING_DESC_F_WRITE) },
+                const { narrow::u16_of(VRING_DESC_F_NEXT as u64) },
+                const { narrow::u16_of(VRING_DESC_F_WRITE as u64) },
             );
             descs.push(RawDescriptor::from(SplitDescriptor::new(
                 0x1000,
@@ -440,7 +440,7 @@ mod tests {
         let completions = completions();
         let (tx, rx) = channel();
         let used_flags = || mem.read_obj::<u16>(vq.used_addr()).unwrap();
-        let no_notify = const { crate::narrow::to_u16(VRING_USED_F_NO_NOTIFY) };
+        let no_notify = const { narrow::u16_of(VRING_USED_F_NO_NOTIFY as u64) };
         let mut in_flight = 0;
         serve_until_idle(
             &shared,

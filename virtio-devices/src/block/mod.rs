@@ -103,14 +103,8 @@ impl Block {
         // seg_max: data descriptors per request (the chain less header and status).
         let seg_max = u32::from(self.queue_sizes[0]).saturating_sub(2).max(1);
         put(12, &seg_max.to_le_bytes());
-        put(
-            20,
-            &const { crate::narrow::to_u32(SECTOR_SIZE) }.to_le_bytes(),
-        );
-        put(
-            34,
-            &crate::narrow::sat_u16(self.queue_sizes.len()).to_le_bytes(),
-        );
+        put(20, &const { narrow::u32_of(SECTOR_SIZE) }.to_le_bytes());
+        put(34, &narrow::sat_u16(self.queue_sizes.len()).to_le_bytes());
         if l.discard {
             put(36, &MAX_RANGE_SECTORS.to_le_bytes());
             put(40, &MAX_RANGES.to_le_bytes());

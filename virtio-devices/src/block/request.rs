@@ -74,9 +74,9 @@ impl RequestError {
     pub fn status(&self) -> u8 {
         match self {
             RequestError::Unsupported(_) | RequestError::BadRangeFlags { .. } => {
-                const { crate::narrow::to_u8(VIRTIO_BLK_S_UNSUPP) }
+                const { narrow::u8_of(VIRTIO_BLK_S_UNSUPP as u64) }
             }
-            _ => const { crate::narrow::to_u8(VIRTIO_BLK_S_IOERR) },
+            _ => const { narrow::u8_of(VIRTIO_BLK_S_IOERR as u64) },
         }
     }
 }
@@ -257,7 +257,7 @@ fn action<M: GuestMemoryBackend>(
     if got < HEADER_LEN {
         return Err(RequestError::ShortHeader { got });
     }
-    let mut header = [0u8; crate::narrow::usize_from(HEADER_LEN)];
+    let mut header = [0u8; narrow::usize_of(HEADER_LEN)];
     read_from_segments(mem, readable, &mut header)?;
     let kind = u32::from_le_bytes(header[0..4].try_into().unwrap_or_default());
     let sector = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
@@ -336,9 +336,9 @@ fn ranges<M: GuestMemoryBackend>(
         });
     }
     // `count` ≤ max_ranges, so this buffer is small and bounded.
-    let mut raw = vec![0u8; crate::narrow::usize_from(len)];
+    let mut raw = vec![0u8; narrow::usize_of(len)];
     read_from_segments(mem, data, &mut raw)?;
-    raw.chunks_exact(crate::narrow::usize_from(RANGE_LEN))
+    raw.chunks_exact(narrow::usize_of(RANGE_LEN))
         .map(|r| {
             let sector = u64::from_le_bytes(r[0..8].try_into().unwrap_or_default());
             let num = u32::from_le_bytes(r[8..12].try_into().unwrap_or_default());

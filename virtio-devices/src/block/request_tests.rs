@@ -170,7 +170,7 @@ fn lengths_and_sectors_are_checked_against_the_disk() {
     );
     assert_eq!(
         past.status(),
-        const { crate::narrow::to_u8(VIRTIO_BLK_S_IOERR) }
+        const { narrow::u8_of(VIRTIO_BLK_S_IOERR as u64) }
     );
     // Sector numbers that overflow when added to or shifted.
     assert!(matches!(
@@ -245,7 +245,7 @@ fn malformed_chains_are_refused_and_answered_where_possible() {
     assert_eq!(r.action, Err(RequestError::Unsupported(99)));
     assert_eq!(
         r.action.unwrap_err().status(),
-        const { crate::narrow::to_u8(VIRTIO_BLK_S_UNSUPP) }
+        const { narrow::u8_of(VIRTIO_BLK_S_UNSUPP as u64) }
     );
 }
 
@@ -310,7 +310,7 @@ fn discard_and_write_zeroes_ranges() {
     let e = run(VIRTIO_BLK_T_DISCARD, &[range(0, 1, RANGE_FLAG_UNMAP)], &l).unwrap_err();
     assert_eq!(
         e.status(),
-        const { crate::narrow::to_u8(VIRTIO_BLK_S_UNSUPP) }
+        const { narrow::u8_of(VIRTIO_BLK_S_UNSUPP as u64) }
     );
     assert!(run(VIRTIO_BLK_T_WRITE_ZEROES, &[range(0, 1, 4)], &l).is_err());
     // Past the end, too long, too many.
@@ -383,7 +383,7 @@ fn a_readonly_disk_refuses_every_write_with_ioerr() {
         assert_eq!(r.action, Err(RequestError::ReadOnly), "type {kind}");
         assert_eq!(
             RequestError::ReadOnly.status(),
-            const { crate::narrow::to_u8(VIRTIO_BLK_S_IOERR) }
+            const { narrow::u8_of(VIRTIO_BLK_S_IOERR as u64) }
         );
     }
     let mem = mem_with_header(VIRTIO_BLK_T_IN, 0);

@@ -122,11 +122,11 @@ pub fn check_tx(frame: &[u8], acked: u64) -> Result<VnetHeader, HeaderError> {
     let h = VnetHeader::parse(frame)?;
     let has = |bit: u32| acked & (1 << bit) != 0;
     let known =
-        const { crate::narrow::to_u8(VIRTIO_NET_HDR_F_NEEDS_CSUM | VIRTIO_NET_HDR_F_DATA_VALID) };
+        const { narrow::u8_of((VIRTIO_NET_HDR_F_NEEDS_CSUM | VIRTIO_NET_HDR_F_DATA_VALID) as u64) };
     if h.flags & !known != 0 {
         return Err(HeaderError::Flags(h.flags));
     }
-    let needs_csum = h.flags & const { crate::narrow::to_u8(VIRTIO_NET_HDR_F_NEEDS_CSUM) } != 0;
+    let needs_csum = h.flags & const { narrow::u8_of(VIRTIO_NET_HDR_F_NEEDS_CSUM as u64) } != 0;
     if needs_csum {
         if !has(VIRTIO_NET_F_CSUM) {
             return Err(HeaderError::ChecksumNotNegotiated);
@@ -143,8 +143,8 @@ pub fn check_tx(frame: &[u8], acked: u64) -> Result<VnetHeader, HeaderError> {
             });
         }
     }
-    let ecn = h.gso_type & const { crate::narrow::to_u8(VIRTIO_NET_HDR_GSO_ECN) } != 0;
-    let gso = h.gso_type & !(const { crate::narrow::to_u8(VIRTIO_NET_HDR_GSO_ECN) });
+    let ecn = h.gso_type & const { narrow::u8_of(VIRTIO_NET_HDR_GSO_ECN as u64) } != 0;
+    let gso = h.gso_type & !(const { narrow::u8_of(VIRTIO_NET_HDR_GSO_ECN as u64) });
     let needed = match u32::from(gso) {
         VIRTIO_NET_HDR_GSO_NONE if !ecn => return Ok(h),
         VIRTIO_NET_HDR_GSO_TCPV4 => VIRTIO_NET_F_HOST_TSO4,
@@ -259,7 +259,7 @@ mod tests {
             Err(HeaderError::Flags(4))
         );
         let tso4 = VnetHeader {
-            gso_type: const { crate::narrow::to_u8(VIRTIO_NET_HDR_GSO_TCPV4) },
+            gso_type: const { narrow::u8_of(VIRTIO_NET_HDR_GSO_TCPV4 as u64) },
             gso_size: 1448,
             hdr_len: 66,
             ..csum
@@ -271,7 +271,7 @@ mod tests {
             Err(HeaderError::GsoNotNegotiated(1))
         );
         let ecn = VnetHeader {
-            gso_type: tso4.gso_type | const { crate::narrow::to_u8(VIRTIO_NET_HDR_GSO_ECN) },
+            gso_type: tso4.gso_type | const { narrow::u8_of(VIRTIO_NET_HDR_GSO_ECN as u64) },
             ..tso4
         };
         assert!(check_tx(&frame(ecn, 9000), ALL).is_ok());

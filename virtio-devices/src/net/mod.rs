@@ -123,7 +123,7 @@ impl Net {
         let mut c = [0u8; CONFIG_LEN];
         c[..6].copy_from_slice(&self.mac.0);
         c[6..8].copy_from_slice(
-            &(const { crate::narrow::to_u16(VIRTIO_NET_S_LINK_UP) }).to_le_bytes(),
+            &(const { narrow::u16_of(VIRTIO_NET_S_LINK_UP as u64) }).to_le_bytes(),
         );
         c[8..10].copy_from_slice(&1u16.to_le_bytes());
         c[10..12].copy_from_slice(&self.mtu.unwrap_or(0).to_le_bytes());

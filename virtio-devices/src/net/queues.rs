@@ -147,7 +147,7 @@ impl RxPath {
                 Ok(()) => {
                     counters.rx_frames += 1;
                     counters.rx_bytes += len as u64;
-                    crate::narrow::sat_u32(len)
+                    narrow::sat_u32(len)
                 }
                 Err(e) => {
                     counters.rx_dropped += 1;

@@ -139,7 +139,7 @@ fn tx_gathers_checks_and_sends_each_chain_once() {
     let n = VRING_DESC_F_NEXT;
     let tso = VnetHeader {
         flags: 1,
-        gso_type: const { crate::narrow::to_u8(VIRTIO_NET_HDR_GSO_TCPV4) },
+        gso_type: const { narrow::u8_of(VIRTIO_NET_HDR_GSO_TCPV4 as u64) },
         gso_size: 1448,
         hdr_len: 54,
         csum_start: 34,

@@ -130,9 +130,8 @@ impl Tap {
         // SAFETY: fd was just opened and is owned by nothing else.
         let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
         let mut req = ifreq_named(name);
-        req.ifr_ifru.ifru_flags = const {
-            crate::narrow::to_c_short(libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR)
-        };
+        req.ifr_ifru.ifru_flags =
+            const { narrow::c_short_of(libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) };
         // SAFETY: TUNSETIFF reads and writes an ifreq.
         unsafe { ioctl_ptr(file.as_raw_fd(), libc::TUNSETIFF, &mut req) }
             .map_err(|e| fail("TUNSETIFF", e))?;
@@ -226,7 +225,7 @@ impl Tap {
             unsafe {
                 let sin =
                     &mut req.ifr_ifru.ifru_addr as *mut libc::sockaddr as *mut libc::sockaddr_in;
-                (*sin).sin_family = const { crate::narrow::to_sa_family(libc::AF_INET) };
+                (*sin).sin_family = const { narrow::sa_family_of(libc::AF_INET) };
                 (*sin).sin_addr.s_addr = u32::from_ne_bytes(addr.octets());
             }
             // SAFETY: SIOCSIFADDR/SIOCSIFNETMASK read an ifreq.
@@ -253,7 +252,7 @@ impl Tap {
         // SAFETY: SIOCGIFFLAGS filled the flags member; then SIOCSIFFLAGS reads it.
         unsafe {
             req.ifr_ifru.ifru_flags |=
-                const { crate::narrow::to_c_short(libc::IFF_UP | libc::IFF_RUNNING) };
+                const { narrow::c_short_of(libc::IFF_UP | libc::IFF_RUNNING) };
             ioctl_ptr(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut req)
         }
         .map_err(self.fail("SIOCSIFFLAGS"))

@@ -102,7 +102,7 @@ impl PmemBacking {
         let addr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                crate::narrow::usize_from(size),
+                narrow::usize_of(size),
                 prot,
                 flags,
                 file.as_raw_fd(),
@@ -143,7 +143,7 @@ impl Drop for PmemBacking {
         unsafe {
             libc::munmap(
                 self.host_addr as *mut libc::c_void,
-                crate::narrow::usize_from(self.size),
+                narrow::usize_of(self.size),
             )
         };
     }

@@ -106,7 +106,7 @@ mod tests {
 
     fn desc(addr: u64, len: u32, write: bool) -> RawDescriptor {
         let flags = if write {
-            const { crate::narrow::to_u16(VRING_DESC_F_WRITE) }
+            const { narrow::u16_of(VRING_DESC_F_WRITE as u64) }
         } else {
             0
         };

@@ -167,7 +167,7 @@ pub fn process_queue<M: GuestMemory>(
                 break;
             }
         }
-        queue.add_used(mem, head, crate::narrow::sat_u32(written))?;
+        queue.add_used(mem, head, narrow::sat_u32(written))?;
         used += 1;
     }
     Ok(used)
@@ -191,19 +191,19 @@ mod tests {
             RawDescriptor::from(SplitDescriptor::new(
                 0x10000,
                 100,
-                const { crate::narrow::to_u16(VRING_DESC_F_WRITE) },
+                const { narrow::u16_of(VRING_DESC_F_WRITE as u64) },
                 0,
             )),
             RawDescriptor::from(SplitDescriptor::new(
                 0x20000,
                 48 << 10,
-                const { crate::narrow::to_u16(VRING_DESC_F_WRITE | VRING_DESC_F_NEXT) },
+                const { narrow::u16_of((VRING_DESC_F_WRITE | VRING_DESC_F_NEXT) as u64) },
                 2,
             )),
             RawDescriptor::from(SplitDescriptor::new(
                 0x40000,
                 48 << 10,
-                const { crate::narrow::to_u16(VRING_DESC_F_WRITE) },
+                const { narrow::u16_of(VRING_DESC_F_WRITE as u64) },
                 0,
             )),
         ];

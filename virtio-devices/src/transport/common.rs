@@ -218,7 +218,7 @@ impl VirtioState {
                 }
             };
             activated.push(ActivatedQueue {
-                index: crate::narrow::sat_u16(i),
+                index: narrow::sat_u16(i),
                 queue,
                 kick,
             });

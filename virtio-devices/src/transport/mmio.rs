@@ -132,7 +132,7 @@ impl MmioTransport {
             .kicks()
             .iter()
             .enumerate()
-            .map(|(i, fd)| (fd, reg::QUEUE_NOTIFY, crate::narrow::sat_u32(i)))
+            .map(|(i, fd)| (fd, reg::QUEUE_NOTIFY, narrow::sat_u32(i)))
             .collect()
     }
 
@@ -166,7 +166,7 @@ impl MmioTransport {
             reg::DEVICE_ID => self.state.device().device_type(),
             reg::VENDOR_ID => VENDOR_ID,
             reg::DEVICE_FEATURES => match self.device_features_sel {
-                0 => crate::narrow::lo32(self.state.device().features()),
+                0 => narrow::low_u32(self.state.device().features()),
                 1 => (self.state.device().features() >> 32) as u32,
                 _ => 0,
             },
@@ -200,9 +200,9 @@ impl MmioTransport {
             .find(|r| u32::from(r.id) == self.shm_sel);
         let (len, base) = region.map_or((u64::MAX, u64::MAX), |r| (r.len, r.guest_addr));
         match offset {
-            reg::SHM_LEN_LOW => crate::narrow::lo32(len),
+            reg::SHM_LEN_LOW => narrow::low_u32(len),
             reg::SHM_LEN_HIGH => (len >> 32) as u32,
-            reg::SHM_BASE_LOW => crate::narrow::lo32(base),
+            reg::SHM_BASE_LOW => narrow::low_u32(base),
             _ => (base >> 32) as u32,
         }
     }
@@ -232,7 +232,7 @@ impl MmioTransport {
             reg::QUEUE_SEL => self.queue_sel = v,
             reg::QUEUE_NUM => {
                 if let Some(q) = self.state.configurable_queue(self.queue_sel) {
-                    q.set_size(crate::narrow::lo16(u64::from(v)));
+                    q.set_size(narrow::low_u16(u64::from(v)));
                 }
             }
             reg::QUEUE_READY => {

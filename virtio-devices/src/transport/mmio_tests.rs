@@ -116,7 +116,7 @@ impl Rig {
             VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER,
         );
         self.w(reg::DRIVER_FEATURES_SEL, 0);
-        self.w(reg::DRIVER_FEATURES, crate::narrow::lo32(features));
+        self.w(reg::DRIVER_FEATURES, narrow::low_u32(features));
         self.w(reg::DRIVER_FEATURES_SEL, 1);
         self.w(reg::DRIVER_FEATURES, (features >> 32) as u32);
         self.w(
@@ -127,11 +127,11 @@ impl Rig {
     fn setup_queue(&mut self, index: u32, base: u64) {
         self.w(reg::QUEUE_SEL, index);
         self.w(reg::QUEUE_NUM, 16);
-        self.w(reg::QUEUE_DESC_LOW, crate::narrow::lo32(base));
+        self.w(reg::QUEUE_DESC_LOW, narrow::low_u32(base));
         self.w(reg::QUEUE_DESC_HIGH, (base >> 32) as u32);
-        self.w(reg::QUEUE_DRIVER_LOW, crate::narrow::lo32(base + 0x1000));
+        self.w(reg::QUEUE_DRIVER_LOW, narrow::low_u32(base + 0x1000));
         self.w(reg::QUEUE_DRIVER_HIGH, 0);
-        self.w(reg::QUEUE_DEVICE_LOW, crate::narrow::lo32(base + 0x2000));
+        self.w(reg::QUEUE_DEVICE_LOW, narrow::low_u32(base + 0x2000));
         self.w(reg::QUEUE_DEVICE_HIGH, 0);
         self.w(reg::QUEUE_READY, 1);
     }
@@ -162,10 +162,7 @@ fn identity_registers() {
 fn device_features_by_select() {
     let mut r = rig();
     r.w(reg::DEVICE_FEATURES_SEL, 0);
-    assert_eq!(
-        r.r(reg::DEVICE_FEATURES),
-        crate::narrow::lo32(DEVICE_FEATURE)
-    );
+    assert_eq!(r.r(reg::DEVICE_FEATURES), narrow::low_u32(DEVICE_FEATURE));
     r.w(reg::DEVICE_FEATURES_SEL, 1);
     assert_eq!(r.r(reg::DEVICE_FEATURES), (VERSION_1 >> 32) as u32);
     r.w(reg::DEVICE_FEATURES_SEL, 2);
@@ -176,7 +173,7 @@ fn device_features_by_select() {
 fn shared_memory_registers_and_the_id_past_the_last() {
     let mut r = rig();
     r.w(reg::SHM_SEL, 0);
-    assert_eq!(r.r(reg::SHM_LEN_LOW), crate::narrow::lo32(SHM_LEN));
+    assert_eq!(r.r(reg::SHM_LEN_LOW), narrow::low_u32(SHM_LEN));
     assert_eq!(r.r(reg::SHM_LEN_HIGH), 0);
     assert_eq!(r.r(reg::SHM_BASE_LOW), 0);
     assert_eq!(r.r(reg::SHM_BASE_HIGH), 1);
@@ -262,7 +259,7 @@ fn reset_stops_the_device_and_clears_state() {
     assert_eq!(r.r(reg::QUEUE_READY), 0);
     assert_eq!(
         r.r(reg::SHM_LEN_LOW),
-        crate::narrow::lo32(SHM_LEN),
+        narrow::low_u32(SHM_LEN),
         "SHMSel is back to 0"
     );
     // And it comes up again.

@@ -349,7 +349,7 @@ impl FileWatch {
                 let (wd, mask, len) = (
                     i32::from_ne_bytes(word(0).to_ne_bytes()),
                     word(4),
-                    crate::narrow::usize_from(u64::from(word(12))),
+                    narrow::usize_of(u64::from(word(12))),
                 );
                 if mask & libc::IN_Q_OVERFLOW != 0 {
                     overflow = true;

@@ -197,13 +197,10 @@ fn reserve_aligned(size: u64, align: u64) -> std::io::Result<u64> {
     // one else knows of; what stays is [start, start + size).
     unsafe {
         if head > 0 {
-            libc::munmap(base as *mut libc::c_void, crate::narrow::usize_from(head));
+            libc::munmap(base as *mut libc::c_void, narrow::usize_of(head));
         }
         if tail > 0 {
-            libc::munmap(
-                (start + size) as *mut libc::c_void,
-                crate::narrow::usize_from(tail),
-            );
+            libc::munmap((start + size) as *mut libc::c_void, narrow::usize_of(tail));
         }
     }
     Ok(start)
@@ -224,7 +221,7 @@ fn reserve(len: u64) -> std::io::Result<u64> {
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            crate::narrow::usize_from(len),
+            narrow::usize_of(len),
             libc::PROT_NONE,
             flags,
             -1,
@@ -413,13 +410,13 @@ impl DaxWindow {
             let mut off = start;
             while off < end {
                 let len = CHUNK.min(end - off);
-                vec.resize(crate::narrow::usize_from(len.div_ceil(self.page_size)), 0u8);
+                vec.resize(narrow::usize_of(len.div_ceil(self.page_size)), 0u8);
                 // SAFETY: [host_addr + off, + len) lies inside the window this
                 // process reserved; `vec` has one byte per page of it.
                 let r = unsafe {
                     libc::mincore(
                         (self.host_addr + off) as *mut libc::c_void,
-                        crate::narrow::usize_from(len),
+                        narrow::usize_of(len),
                         vec.as_mut_ptr(),
                     )
                 };
@@ -618,7 +615,7 @@ impl DaxWindow {
         let p = unsafe {
             libc::mmap(
                 addr as *mut libc::c_void,
-                crate::narrow::usize_from(len),
+                narrow::usize_of(len),
                 prot,
                 libc::MAP_SHARED | libc::MAP_FIXED,
                 fd,
@@ -686,7 +683,7 @@ impl Drop for DaxWindow {
         unsafe {
             libc::munmap(
                 self.host_addr as *mut libc::c_void,
-                crate::narrow::usize_from(self.size),
+                narrow::usize_of(self.size),
             )
         };
         let mapped = self.mapped.get_mut().unwrap_or_else(|p| p.into_inner());

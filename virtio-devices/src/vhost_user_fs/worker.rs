@@ -103,8 +103,7 @@ fn handle(ctx: &WorkerContext, events: &EventLoop, token: u64, set: EventSet) {
             }
         }
         slot if slot >= ERROR_BASE => {
-            let Some((queue, error)) = ctx.errors.get(crate::narrow::usize_from(slot - ERROR_BASE))
-            else {
+            let Some((queue, error)) = ctx.errors.get(narrow::usize_of(slot - ERROR_BASE)) else {
                 return;
             };
             if error.read().is_ok() {
@@ -112,7 +111,7 @@ fn handle(ctx: &WorkerContext, events: &EventLoop, token: u64, set: EventSet) {
             }
         }
         slot => {
-            let Some((queue, call)) = ctx.calls.get(crate::narrow::usize_from(slot)) else {
+            let Some((queue, call)) = ctx.calls.get(narrow::usize_of(slot)) else {
                 return;
             };
             if call.read().is_ok() {

@@ -129,7 +129,7 @@ fn connect_nonblocking(path: &Path) -> std::io::Result<UnixStream> {
     if bytes.len() >= addr.sun_path.len() {
         return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
     }
-    addr.sun_family = const { crate::narrow::to_sa_family(libc::AF_UNIX) };
+    addr.sun_family = const { narrow::sa_family_of(libc::AF_UNIX) };
     for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
         *dst = libc::c_char::from_ne_bytes([*src]);
     }

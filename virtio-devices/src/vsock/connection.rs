@@ -283,7 +283,7 @@ impl Connection {
             }
             Ok(n) => {
                 // n <= room <= credit <= u32::MAX.
-                let len = crate::narrow::sat_u32(n);
+                let len = narrow::sat_u32(n);
                 self.tx_cnt = self.tx_cnt.wrapping_add(len);
                 let h = self.header(OP_RW, len, 0);
                 self.fwd_cnt_told = self.fwd_cnt;
@@ -368,7 +368,7 @@ impl Connection {
                     let reply = n.min(self.reply_left);
                     self.reply_left -= reply;
                     // n - reply <= CONN_BUF.
-                    self.fwd_cnt = self.fwd_cnt.wrapping_add(crate::narrow::sat_u32(n - reply));
+                    self.fwd_cnt = self.fwd_cnt.wrapping_add(narrow::sat_u32(n - reply));
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,

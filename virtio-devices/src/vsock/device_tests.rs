@@ -74,7 +74,7 @@ fn a_driver_connects_to_a_host_listener_and_bytes_flow_both_ways() {
         RawDescriptor::from(SplitDescriptor::new(
             RX_BUF + i * 0x2000,
             BUF_LEN,
-            const { crate::narrow::to_u16(VRING_DESC_F_WRITE) },
+            const { narrow::u16_of(VRING_DESC_F_WRITE as u64) },
             0,
         ))
     };
@@ -140,7 +140,7 @@ fn a_driver_connects_to_a_host_listener_and_bytes_flow_both_ways() {
         .unwrap();
     mem.write_slice(b"hel", GuestAddress(at + 0x100)).unwrap();
     mem.write_slice(b"lo", GuestAddress(at + 0x200)).unwrap();
-    let next = const { crate::narrow::to_u16(VRING_DESC_F_NEXT) };
+    let next = const { narrow::u16_of(VRING_DESC_F_NEXT as u64) };
     txq.add_desc_chains(
         &[
             RawDescriptor::from(SplitDescriptor::new(at, 44, next, 2)),

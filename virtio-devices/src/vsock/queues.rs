@@ -135,7 +135,7 @@ pub fn fill_rx(
                 packet.data_slice()?.write_slice(&q.scratch[..n], 0).ok()?;
             }
             // HEADER_LEN + n <= 44 + 64 KiB.
-            Some(crate::narrow::sat_u32(HEADER_LEN + n))
+            Some(narrow::sat_u32(HEADER_LEN + n))
         })();
         q.rx.add_used(mem, head, written.unwrap_or(0))?;
         used += 1;

@@ -30,7 +30,6 @@ use vmm_sys_util::eventfd::EventFd;
 use super::BusDevice;
 use crate::arch::x86_64::acpi::{local_apic_entry, LAPIC_ENABLED};
 use crate::config::CpusConfig;
-use crate::narrow;
 
 /// QEMU's CPU hot-plug port; free on this platform's I/O bus.
 pub const CPU_HOTPLUG_PORT: u16 = 0x0cd8;

@@ -23,7 +23,6 @@
 use acpi_tables::{aml, Aml};
 
 use super::BusDevice;
-use crate::narrow;
 
 pub const MEMORY_HOTPLUG_PORT: u16 = 0xa00;
 pub const MEMORY_HOTPLUG_PORT_COUNT: u64 = 24;

@@ -125,7 +125,7 @@ fn the_aml_has_the_controller_its_registers_and_a_device_per_slot() {
         "MHPR".into(),
         aml::OpRegionSpace::SystemIO,
         &usize::from(MEMORY_HOTPLUG_PORT),
-        &crate::narrow::usize_of(MEMORY_HOTPLUG_PORT_COUNT),
+        &narrow::usize_of(MEMORY_HOTPLUG_PORT_COUNT),
     )
     .to_aml_bytes(&mut region);
     assert_eq!(count(&aml, &region), 1);

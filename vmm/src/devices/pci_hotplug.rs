@@ -27,7 +27,6 @@ use acpi_tables::{aml, Aml};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::BusDevice;
-use crate::narrow;
 
 pub const PCI_HOTPLUG_PORT: u16 = 0xae00;
 pub const PCI_HOTPLUG_PORT_COUNT: u64 = 16;

@@ -15,7 +15,6 @@ use acpi_tables::{aml, Aml};
 use super::device_memory::SegmentWindows;
 use super::pci_hotplug::{host_bridge_path, slot_aml, RawAml};
 use super::pci_root::{PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE};
-use crate::narrow;
 
 /// Where a function sits: its segment and its slot on the segment's bus 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

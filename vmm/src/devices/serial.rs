@@ -9,7 +9,6 @@ use vm_superio::{serial::NoEvents, Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::BusDevice;
-use crate::narrow;
 
 pub const COM1_PORT: u64 = 0x3f8;
 pub const COM1_IRQ: u32 = 4;

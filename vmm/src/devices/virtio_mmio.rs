@@ -133,7 +133,7 @@ fn append_aml(sink: &mut Vec<u8>, index: u32, base: u32, gsi: u32) {
                     &aml::Memory32Fixed::new(
                         true,
                         base,
-                        const { crate::narrow::u32_of(MMIO_REGION_SIZE) },
+                        const { narrow::u32_of(MMIO_REGION_SIZE) },
                     ),
                     &aml::Interrupt::new(true, true, false, false, gsi),
                 ]),
@@ -153,7 +153,7 @@ mod tests {
         append_aml(
             &mut aml,
             1,
-            crate::narrow::u32_of(VIRTIO_MMIO_START + 0x1000),
+            narrow::u32_of(VIRTIO_MMIO_START + 0x1000),
             VIRTIO_MMIO_IRQ_BASE + 1,
         );
         assert!(aml.windows(8).any(|w| w == b"LNRO0005"));

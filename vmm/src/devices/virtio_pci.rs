@@ -510,8 +510,8 @@ mod tests {
         let kvm = Kvm::new().expect("/dev/kvm");
         let vm = Arc::new(kvm.create_vm().unwrap());
         vm.create_irq_chip().unwrap();
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), crate::narrow::usize_of(RAM))])
-            .unwrap();
+        let mem =
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), narrow::usize_of(RAM))]).unwrap();
         let (pio, mmio) = (Bus::new(), Arc::new(Bus::new()));
         let space = Arc::new(Mutex::new(AddressSpace::new(RAM, 0, segments)));
         let slots = SlotNumbers::new(
@@ -568,9 +568,9 @@ mod tests {
 
     fn move_bars(rig: &Rig, slot: PciAddress, bar0: u64, bar2: u64) {
         cfg_write(rig, slot, 0x04, 0); // decoding off, as Linux moves 64-bit BARs
-        cfg_write(rig, slot, 0x10, crate::narrow::low_u32(bar0));
+        cfg_write(rig, slot, 0x10, narrow::low_u32(bar0));
         cfg_write(rig, slot, 0x14, (bar0 >> 32) as u32);
-        cfg_write(rig, slot, 0x18, crate::narrow::low_u32(bar2));
+        cfg_write(rig, slot, 0x18, narrow::low_u32(bar2));
         cfg_write(rig, slot, 0x1c, (bar2 >> 32) as u32);
         cfg_write(rig, slot, 0x04, 0x6); // memory + bus master on
     }

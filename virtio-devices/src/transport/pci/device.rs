@@ -226,21 +226,14 @@ fn add_virtio_caps(config: &mut PciConfiguration, queues: usize) -> Result<(), P
             CAP_COMMON,
             0,
             0,
-            const { crate::narrow::to_u32(COMMON_CFG_OFFSET) },
-            const { crate::narrow::to_u32(COMMON_CFG_SIZE) },
+            const { narrow::u32_of(COMMON_CFG_OFFSET) },
+            const { narrow::u32_of(COMMON_CFG_SIZE) },
             &[],
         ),
     )?;
     vendor(
         config,
-        virtio_cap(
-            CAP_ISR,
-            0,
-            0,
-            const { crate::narrow::to_u32(ISR_OFFSET) },
-            1,
-            &[],
-        ),
+        virtio_cap(CAP_ISR, 0, 0, const { narrow::u32_of(ISR_OFFSET) }, 1, &[]),
     )?;
     vendor(
         config,
@@ -248,19 +241,19 @@ fn add_virtio_caps(config: &mut PciConfiguration, queues: usize) -> Result<(), P
             CAP_DEVICE,
             0,
             0,
-            const { crate::narrow::to_u32(DEVICE_CFG_OFFSET) },
-            const { crate::narrow::to_u32(DEVICE_CFG_SIZE) },
+            const { narrow::u32_of(DEVICE_CFG_OFFSET) },
+            const { narrow::u32_of(DEVICE_CFG_SIZE) },
             &[],
         ),
     )?;
-    let notify_len = crate::narrow::sat_u32(queues).max(1) * NOTIFY_OFF_MULTIPLIER;
+    let notify_len = narrow::sat_u32(queues).max(1) * NOTIFY_OFF_MULTIPLIER;
     vendor(
         config,
         virtio_cap(
             CAP_NOTIFY,
             0,
             0,
-            const { crate::narrow::to_u32(NOTIFY_OFFSET) },
+            const { narrow::u32_of(NOTIFY_OFFSET) },
             notify_len,
             &NOTIFY_OFF_MULTIPLIER.to_le_bytes(),
         ),
@@ -284,8 +277,8 @@ fn add_shm_caps(
             CAP_SHARED_MEMORY,
             SHM_BAR,
             r.id,
-            crate::narrow::lo32(offset),
-            crate::narrow::lo32(r.len),
+            narrow::low_u32(offset),
+            narrow::low_u32(r.len),
             &extra,
         );
         config.add_capability(PCI_CAP_ID_VNDR, &body, &[])?;
@@ -312,8 +305,8 @@ fn add_pci_cfg_cap(config: &mut PciConfiguration) -> Result<usize, PciConfigErro
 fn add_msix_cap(config: &mut PciConfiguration, msix_vectors: u16) -> Result<usize, PciConfigError> {
     let mut msix_body = Vec::new();
     msix_body.extend_from_slice(&(msix_vectors - 1).to_le_bytes()); // table size - 1; enable/mask start clear
-    msix_body.extend_from_slice(&const { crate::narrow::to_u32(MSIX_TABLE_OFFSET) }.to_le_bytes()); // BIR 0
-    msix_body.extend_from_slice(&const { crate::narrow::to_u32(MSIX_PBA_OFFSET) }.to_le_bytes());
+    msix_body.extend_from_slice(&const { narrow::u32_of(MSIX_TABLE_OFFSET) }.to_le_bytes()); // BIR 0
+    msix_body.extend_from_slice(&const { narrow::u32_of(MSIX_PBA_OFFSET) }.to_le_bytes());
     config.add_capability(PCI_CAP_ID_MSIX, &msix_body, &[0, 0, 0, 0xc0])
 }
 
@@ -371,7 +364,7 @@ impl VirtioPciDevice {
                 (
                     fd,
                     NOTIFY_OFFSET + i as u64 * u64::from(NOTIFY_OFF_MULTIPLIER),
-                    crate::narrow::sat_u16(i),
+                    narrow::sat_u16(i),
                 )
             })
             .collect()
@@ -555,7 +548,7 @@ impl VirtioPciDevice {
             o if (NOTIFY_OFFSET..MSIX_TABLE_OFFSET).contains(&o) => {
                 // Reached only when no ioeventfd caught the write.
                 let index = (o - NOTIFY_OFFSET) / u64::from(NOTIFY_OFF_MULTIPLIER);
-                if let Some(kick) = self.state.kicks().get(crate::narrow::usize_from(index)) {
+                if let Some(kick) = self.state.kicks().get(narrow::usize_of(index)) {
                     let _ = kick.write(1);
                 }
             }
@@ -636,30 +629,30 @@ impl VirtioPciDevice {
         let v = u64::from_le_bytes(buf);
         let sel = u32::from(self.queue_select);
         match (offset, data.len()) {
-            (0x00, 4) => self.device_feature_select = crate::narrow::lo32(v),
-            (0x08, 4) => self.driver_feature_select = crate::narrow::lo32(v),
+            (0x00, 4) => self.device_feature_select = narrow::low_u32(v),
+            (0x08, 4) => self.driver_feature_select = narrow::low_u32(v),
             (0x0c, 4) => self
                 .state
-                .write_driver_features(self.driver_feature_select, crate::narrow::lo32(v)),
-            (0x10, 2) => self.interrupt.config_vector.store(
-                self.checked_vector(crate::narrow::lo16(v)),
-                Ordering::SeqCst,
-            ),
+                .write_driver_features(self.driver_feature_select, narrow::low_u32(v)),
+            (0x10, 2) => self
+                .interrupt
+                .config_vector
+                .store(self.checked_vector(narrow::low_u16(v)), Ordering::SeqCst),
             (0x14, 1) => {
                 self.state
-                    .write_status(crate::narrow::lo32(v), &self.device_interrupt);
+                    .write_status(narrow::low_u32(v), &self.device_interrupt);
                 if v == 0 && self.state.status() == 0 {
                     self.reset_registers();
                 }
             }
-            (0x16, 2) => self.queue_select = crate::narrow::lo16(v),
+            (0x16, 2) => self.queue_select = narrow::low_u16(v),
             (0x18, 2) => {
                 if let Some(q) = self.state.configurable_queue(sel) {
-                    q.set_size(crate::narrow::lo16(v));
+                    q.set_size(narrow::low_u16(v));
                 }
             }
             (0x1a, 2) => {
-                let vector = self.checked_vector(crate::narrow::lo16(v));
+                let vector = self.checked_vector(narrow::low_u16(v));
                 if let Some(slot) = self
                     .interrupt
                     .queue_vectors
@@ -678,9 +671,9 @@ impl VirtioPciDevice {
                     return;
                 };
                 let (lo, hi) = match (data.len(), offset % 8) {
-                    (8, _) => (Some(crate::narrow::lo32(v)), Some((v >> 32) as u32)),
-                    (_, 0) => (Some(crate::narrow::lo32(v)), None),
-                    _ => (None, Some(crate::narrow::lo32(v))),
+                    (8, _) => (Some(narrow::low_u32(v)), Some((v >> 32) as u32)),
+                    (_, 0) => (Some(narrow::low_u32(v)), None),
+                    _ => (None, Some(narrow::low_u32(v))),
                 };
                 set_queue_address(q, offset & !7, lo, hi);
             }

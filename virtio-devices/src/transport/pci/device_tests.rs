@@ -248,7 +248,7 @@ fn common_config_brings_the_device_up() {
         1,
     );
     assert_ne!(
-        crate::narrow::lo32(bar_r(&mut d, 0x14, 1)) & VIRTIO_CONFIG_S_FEATURES_OK,
+        narrow::low_u32(bar_r(&mut d, 0x14, 1)) & VIRTIO_CONFIG_S_FEATURES_OK,
         0
     );
     bar_w(&mut d, 0x16, 1, 2);
@@ -265,7 +265,7 @@ fn common_config_brings_the_device_up() {
     bar_w(&mut d, 0x30, 0x3_0000, 8);
     assert_eq!(bar_r(&mut d, 0x28, 8), 0x2_0000);
     bar_w(&mut d, 0x1c, 1, 2);
-    let s = crate::narrow::lo32(bar_r(&mut d, 0x14, 1));
+    let s = narrow::low_u32(bar_r(&mut d, 0x14, 1));
     bar_w(&mut d, 0x14, u64::from(s | VIRTIO_CONFIG_S_DRIVER_OK), 1);
     assert!(d.is_activated());
     assert_eq!(*activated.lock().unwrap(), vec![1]);

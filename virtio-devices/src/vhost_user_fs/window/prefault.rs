@@ -182,7 +182,7 @@ impl DaxWindow {
                     let r = unsafe {
                         libc::madvise(
                             (job.addr + done) as *mut libc::c_void,
-                            crate::narrow::usize_from(step),
+                            narrow::usize_of(step),
                             MADV_POPULATE_READ,
                         )
                     };

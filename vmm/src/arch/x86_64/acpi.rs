@@ -18,7 +18,6 @@ use super::layout::{pci_ecam_start, ACPI_END, ACPI_START, APIC_START, IOAPIC_STA
 use crate::config::CpusConfig;
 use crate::devices::acpi_pm;
 use crate::memory::GuestMemoryMmap;
-use crate::narrow;
 
 pub const OEM_ID: [u8; 6] = *b"DAXVMM";
 const OEM_TABLE_ID: [u8; 8] = *b"DAXVMM01";

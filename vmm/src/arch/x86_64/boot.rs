@@ -11,7 +11,6 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::layout::*;
 use crate::memory::GuestMemoryMmap;
-use crate::narrow;
 
 pub const E820_RAM: u32 = 1;
 pub const E820_RESERVED: u32 = 2;

@@ -133,7 +133,7 @@ const _: () = {
     assert!(VIRTIO_MMIO_START + VIRTIO_MMIO_MAX_DEVICES * 0x1000 <= PCI_ECAM_START);
     assert!(PCI_ECAM_START + PCI_ECAM_AREA_SIZE <= IOAPIC_START);
     assert!(
-        VIRTIO_MMIO_IRQ_BASE + crate::narrow::u32_of(VIRTIO_MMIO_MAX_DEVICES) <= 24,
+        VIRTIO_MMIO_IRQ_BASE + narrow::u32_of(VIRTIO_MMIO_MAX_DEVICES) <= 24,
         "the IOAPIC has 24 pins"
     );
     assert!(RESET_VECTOR + RESET_STUB.len() as u64 <= HIGH_RAM_START);

@@ -9,7 +9,6 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::layout::*;
 use crate::memory::GuestMemoryMmap;
-use crate::narrow;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegsError {
