@@ -726,6 +726,74 @@ mod tests {
         assert!(text.contains("daxvmm_kvm_mapped_pages{size=\"2m\"} 4\n"));
     }
 
+    /// The whole text for a fixed snapshot, byte for byte: two devices (one
+    /// with daemon stats, one without), KVM's counters, page faults. Pinned
+    /// from the renderer as it was before it became table-driven.
+    #[test]
+    fn the_text_for_a_fixed_snapshot_is_pinned() {
+        let stats = DaemonStats {
+            file_attrs_dax: 5,
+            file_attrs_nodax: 7,
+            fuse_reads: 2,
+            fuse_read_bytes: 8192,
+            fuse_writes: 1,
+            fuse_write_bytes: 4096,
+            requests: 40,
+            setupmappings: 6,
+            removemappings: 2,
+            handles: 3,
+            policy_generation: 4,
+            cap_refusals: [("inodes".to_string(), 4), ("handles".to_string(), 0)].into(),
+            map_alignment: 2 << 20,
+            map_latency_buckets: vec![(Some(100), 2), (Some(2500), 3), (None, 3)],
+            map_latency_sum_us: 500,
+            adaptive: control_protocol::AdaptiveStats {
+                pressure: true,
+                pressure_episodes: 2,
+                reclaims: 9,
+                thrashing_files: 1,
+                withdrawn: [("thrashing".to_string(), 2)].into(),
+                granted: [("reread".to_string(), 1)].into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut failed = device("fs\"1");
+        failed.failed = true;
+        let text = render(
+            &[device("fs0"), failed],
+            &[Some(stats), None],
+            PageFaults {
+                minor: 10,
+                major: 1,
+            },
+            Some(&KvmCounters {
+                exits: 1000,
+                halt_exits: 10,
+                page_faults: 600,
+                page_faults_fixed: 512,
+                pages: vec![("4k", 300), ("2m", 4), ("1g", 0)],
+            }),
+        );
+        assert_eq!(text, include_str!("metrics_pinned.prom"));
+        let none = render(&[], &[], PageFaults::default(), None);
+        assert_eq!(none, include_str!("metrics_pinned_empty.prom"));
+        // A window with no failure reasons and no latency buckets, a daemon
+        // with empty maps and no round-trip histogram: which headers stay.
+        let sparse = FsDaxStatus {
+            id: "fs0".into(),
+            window: Some(WindowStats::default()),
+            ..Default::default()
+        };
+        let text = render(
+            &[sparse],
+            &[Some(DaemonStats::default())],
+            PageFaults::default(),
+            None,
+        );
+        assert_eq!(text, include_str!("metrics_pinned_sparse.prom"));
+    }
+
     #[test]
     fn a_device_before_boot_has_only_its_up_gauge() {
         let d = FsDaxStatus {
