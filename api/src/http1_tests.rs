@@ -241,7 +241,7 @@ fn kata_add_net_with_its_tap_fd_in_one_sendmsg() {
                 };
                 let got: Vec<(u64, u64)> = fds.iter().map(|fd| file_id(fd.as_raw_fd())).collect();
                 let mac = body["mac"].as_str().unwrap_or_default().to_string();
-                req.respond(Ok(crate::VmmReply::Json(
+                let _ = req.reply.send(Ok(crate::VmmReply::Json(
                     serde_json::json!({"id": "_net0", "bdf": "0000:00:05.0"}),
                 )));
                 return (mac, got);
