@@ -1,5 +1,6 @@
 //! What the DAX window did, counted where it happens (the backend request
-//! handler) and read by whoever publishes it (logs now, the API later).
+//! handler) and read by whoever publishes it (the API: `vm.dax-metrics`,
+//! `vm.counters`).
 //! Plain atomics: the request thread writes, readers take a snapshot.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
