@@ -275,7 +275,7 @@ fn kata_add_net_with_its_tap_fd_in_one_sendmsg() {
         std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), fd);
         libc::sendmsg(s.as_raw_fd(), &msg, 0)
     };
-    assert_eq!(sent, request.len() as isize);
+    assert_eq!(usize::try_from(sent).ok(), Some(request.len()));
     let (mac, fds) = vmm.join().unwrap();
     assert_eq!(mac, "02:42:ac:11:00:02");
     assert_eq!(fds, vec![want], "the tap fd arrived with its request");
