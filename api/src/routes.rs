@@ -3,6 +3,12 @@
 //!
 //! Bodies are read as bytes whatever the Content-Type: ch-remote sends none,
 //! and a server insisting on `application/json` would answer it 415.
+//!
+//! The handlers only translate HTTP: a request becomes a [`VmmAction`] for
+//! the VMM's control loop, or a call of the DAX policy controller
+//! ([`crate::dax`]) for `vm.dax-policy` and `vm.dax-metrics`; the endpoints
+//! that add or remove devices go through the controller's
+//! [`PolicyController::device_change`] so it sees the device set change.
 
 use std::sync::Arc;
 
