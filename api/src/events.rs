@@ -33,7 +33,7 @@ impl DaxEvent {
     pub fn new(kind: &'static str, device: &str, fields: Value) -> Self {
         let at_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         DaxEvent {
             kind,
             device: device.to_string(),

@@ -241,7 +241,7 @@ fn kata_add_net_with_its_tap_fd_in_one_sendmsg() {
                 };
                 let got: Vec<(u64, u64)> = fds.iter().map(|fd| file_id(fd.as_raw_fd())).collect();
                 let mac = body["mac"].as_str().unwrap_or_default().to_string();
-                req.respond(Ok(crate::VmmReply::Json(
+                let _ = req.reply.send(Ok(crate::VmmReply::Json(
                     serde_json::json!({"id": "_net0", "bdf": "0000:00:05.0"}),
                 )));
                 return (mac, got);
@@ -275,7 +275,7 @@ fn kata_add_net_with_its_tap_fd_in_one_sendmsg() {
         std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), fd);
         libc::sendmsg(s.as_raw_fd(), &msg, 0)
     };
-    assert_eq!(sent, request.len() as isize);
+    assert_eq!(usize::try_from(sent).ok(), Some(request.len()));
     let (mac, fds) = vmm.join().unwrap();
     assert_eq!(mac, "02:42:ac:11:00:02");
     assert_eq!(fds, vec![want], "the tap fd arrived with its request");

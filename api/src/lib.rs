@@ -4,8 +4,11 @@
 //! - `routes`: Cloud Hypervisor's endpoints (`/api/v1/vmm.*`, `/api/v1/vm.*`),
 //!   so `ch-remote` works unchanged. Each becomes a [`VmmAction`] sent to the
 //!   VMM's control loop, which owns the VM and answers on a oneshot channel.
-//! - `dax`: per fs device DAX policy (pushed to the device's daemon over its
-//!   control socket), Prometheus metrics and the event stream.
+//! - `dax`: the DAX policy controller, the one owner of each fs device's
+//!   desired policy, its generation, the reconcile loop and the client of
+//!   the device's daemon (its control socket); the routes call it.
+//! - `metrics`: Prometheus metrics from one snapshot; `events`: the event
+//!   stream.
 //!
 //! The crate knows nothing of the VMM's types: bodies travel as JSON values
 //! and the VMM checks them with the same code as its command line.
@@ -15,11 +18,11 @@ mod connections;
 mod dax;
 pub mod events;
 mod http1;
+mod if_match;
 pub mod metrics;
 pub mod passed_fds;
 mod routes;
 pub mod server;
-mod window_notices;
 
 /// The seccomp thread kind of the API thread (see the VMM's `seccomp_filters`).
 pub const API_THREAD: &str = "api";
@@ -34,7 +37,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 pub use control_protocol::WindowLocation;
 pub use events::{DaxEvent, EventBus};
-pub use metrics::{FsDaxStatus, KvmCounters, WindowStats};
+pub use metrics::{KvmCounters, WindowStats};
 /// The router alone, for the fuzz target (`fuzz/fuzz_targets/api_router.rs`).
 #[doc(hidden)]
 pub use routes::router;
@@ -78,12 +81,25 @@ pub enum VmmAction {
     },
     /// KVM's counters for the running VM, if there is one and KVM has them.
     KvmCounters,
-    /// Record (normalized) `policy` as what fs device `id`'s daemon should
-    /// have; the daemon accepted it.
-    SetDesiredPolicy {
-        id: String,
-        policy: Value,
-    },
+}
+
+/// What the VMM knows of one fs device.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FsDaxStatus {
+    pub id: String,
+    pub control_socket: Option<PathBuf>,
+    /// None before boot, without DAX, or when not asked for (it costs a
+    /// `mincore` over the window's mappings).
+    pub window: Option<WindowStats>,
+    /// Where the window sits in guest-physical memory (None before boot,
+    /// without DAX, or before the transport placed it).
+    pub window_location: Option<control_protocol::WindowLocation>,
+    /// The daemon went away while the VM ran.
+    pub failed: bool,
+    /// The policy the device was configured with (`vm.create`,
+    /// `vm.add-fs`), normalized: where the API's policy controller starts
+    /// the desired one. None without one.
+    pub configured_policy: Option<serde_json::Value>,
 }
 
 /// The VMM's answer.
@@ -156,13 +172,6 @@ pub struct ApiRequest {
     pub reply: oneshot::Sender<VmmResult>,
 }
 
-impl ApiRequest {
-    /// Answers; a client that went away is no error.
-    pub fn respond(self, result: VmmResult) {
-        let _ = self.reply.send(result);
-    }
-}
-
 /// The API's end of the channel to the VMM: requests go in the queue and
 /// the eventfd wakes the control loop, which polls it with its other fds.
 #[derive(Clone)]
@@ -215,17 +224,4 @@ impl VmmReceiver {
         let _ = self.wake.read();
         self.rx.try_iter().collect()
     }
-}
-
-/// Where the daemon of an fs device listens for policy pushes.
-pub fn control_socket_of(devices: &[FsDaxStatus], id: &str) -> Result<PathBuf, ApiError> {
-    let dev = devices
-        .iter()
-        .find(|d| d.id == id)
-        .ok_or_else(|| ApiError::not_found(format!("no fs device with id \"{id}\"")))?;
-    dev.control_socket.clone().ok_or_else(|| {
-        ApiError::conflict(format!(
-            "fs device \"{id}\" has no control socket: the device names none (control_socket=<path>) and no socket is at <its socket>.control, where dax-virtiofsd serves one unless started with --no-control-socket"
-        ))
-    })
 }

@@ -1,60 +1,29 @@
 //! `GET /api/v1/vm.dax-metrics`: per fs device, in the Prometheus text
 //! exposition format (version 0.0.4). Window counters come from the VMM,
 //! file and FUSE counters from each daemon's control socket, page faults
-//! from this process.
+//! from this process; they meet in one [`MetricsSnapshot`], and [`render`]
+//! writes it through one table of families ([`FAMILIES`]), in its order.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
-use control_protocol::DaemonStats;
+use control_protocol::{AdaptiveStats, DaemonStats, WindowCounters};
 
-/// What the VMM knows of one fs device.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct FsDaxStatus {
-    pub id: String,
-    pub control_socket: Option<PathBuf>,
-    /// None before boot, or without DAX.
-    pub window: Option<WindowStats>,
-    /// Where the window sits in guest-physical memory (None before boot,
-    /// without DAX, or before the transport placed it).
-    pub window_location: Option<control_protocol::WindowLocation>,
-    /// The daemon went away while the VM ran.
-    pub failed: bool,
-    /// The policy its daemon should have (kept with the device's
-    /// configuration in the VMM); None until one is given.
-    pub desired_policy: Option<serde_json::Value>,
-}
-
-/// A DAX window's counters at one moment.
+/// A DAX window at one moment: its counters as the window keeps them, and
+/// what the VMM reads off the window itself.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WindowStats {
     pub size: u64,
-    pub bytes_mapped: u64,
     /// 2 MiB guest ranges with something mapped.
     pub ranges_mapped: u64,
-    pub maps: u64,
-    pub unmaps: u64,
-    pub resets: u64,
-    /// Bytes of new mappings whose host page tables were filled at map time.
-    pub prefaulted_bytes: u64,
-    /// Bytes of new mappings put into KVM's page tables at map time.
-    pub guest_prefaulted_bytes: u64,
-    pub prefault_failures: u64,
-    /// Bytes of mappings whose file shrank on the host (scratch shown since).
-    pub truncated_bytes: u64,
     /// Times the scratch went over its budget and was emptied.
     pub stray_resets: u64,
-    pub failures: Vec<(String, u64)>,
-    /// (upper bound in µs, None for +Inf; cumulative count).
-    pub latency_buckets: Vec<(Option<u64>, u64)>,
-    pub latency_sum_us: u64,
     /// Resident bytes of the window's file mappings (mincore); None if it
     /// could not be read.
     pub resident_bytes: Option<u64>,
     /// Bytes of the window's scratch that guest accesses outside any
     /// mapping touched; None if it could not be read.
     pub stray_bytes: Option<u64>,
+    pub counters: WindowCounters,
 }
 
 /// KVM's own counters for the running VM (its binary statistics).
@@ -89,12 +58,403 @@ impl PageFaults {
         if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
             return PageFaults::default();
         }
+        // Counts of faults since the process started: never negative.
         PageFaults {
-            minor: usage.ru_minflt as u64,
-            major: usage.ru_majflt as u64,
+            minor: u64::try_from(usage.ru_minflt).unwrap_or(0),
+            major: u64::try_from(usage.ru_majflt).unwrap_or(0),
         }
     }
 }
+
+/// One fs device in a [`MetricsSnapshot`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceMetrics {
+    pub id: String,
+    /// False once the device's daemon went away while the VM ran.
+    pub up: bool,
+    /// None before boot, or without DAX.
+    pub window: Option<WindowStats>,
+    /// What the daemon reported (`GET /api/v1/stats`), if it could be asked.
+    pub daemon: Option<DaemonStats>,
+}
+
+/// Everything one metrics text is rendered from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MetricsSnapshot {
+    /// None without a running VM (or without KVM's statistics).
+    pub kvm: Option<KvmCounters>,
+    pub devices: Vec<DeviceMetrics>,
+    pub faults: PageFaults,
+}
+
+/// A histogram's samples for one device: cumulative `buckets` by upper
+/// bound in µs (None: +Inf), the sum in µs, the count.
+pub struct Histogram<'a> {
+    buckets: &'a [(Option<u64>, u64)],
+    sum_us: u64,
+    count: u64,
+}
+
+/// Label values and their samples.
+pub type Entries<'a> = Vec<(&'a str, u64)>;
+
+/// Where a family's samples come from.
+pub enum Samples {
+    /// One unlabelled sample for the VM, if there is one.
+    Vm(fn(&MetricsSnapshot) -> Option<u64>),
+    /// Samples for the VM labelled `key`, if there are any.
+    VmLabelled(
+        &'static str,
+        fn(&MetricsSnapshot) -> Option<Entries<'static>>,
+    ),
+    /// One sample per device that has the value.
+    Device(fn(&DeviceMetrics) -> Option<u64>),
+    /// Per device that has the source, one sample per entry, labelled `key`.
+    DeviceLabelled(&'static str, fn(&DeviceMetrics) -> Option<Entries<'_>>),
+    /// Per device that has the source, a latency histogram.
+    DeviceHistogram(fn(&DeviceMetrics) -> Option<Histogram<'_>>),
+}
+
+/// When a family's `# HELP`/`# TYPE` header is written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Shown {
+    Always,
+    /// When some device (or the VM) has the source, even with no samples.
+    WithSource,
+    WithSamples,
+}
+
+/// One metric family: its name, type, help text, samples, and when it is shown.
+pub struct Family {
+    pub name: &'static str,
+    pub kind: &'static str,
+    pub help: &'static str,
+    pub samples: Samples,
+    pub shown: Shown,
+}
+
+const fn family(
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    samples: Samples,
+) -> Family {
+    Family {
+        name,
+        kind,
+        help,
+        samples,
+        shown: Shown::WithSamples,
+    }
+}
+
+fn kvm(s: &MetricsSnapshot) -> Option<&KvmCounters> {
+    s.kvm.as_ref()
+}
+
+fn window(d: &DeviceMetrics) -> Option<&WindowStats> {
+    d.window.as_ref()
+}
+
+fn counters(d: &DeviceMetrics) -> Option<&WindowCounters> {
+    d.window.as_ref().map(|w| &w.counters)
+}
+
+fn daemon(d: &DeviceMetrics) -> Option<&DaemonStats> {
+    d.daemon.as_ref()
+}
+
+fn adaptive(d: &DeviceMetrics) -> Option<&AdaptiveStats> {
+    d.daemon.as_ref().map(|s| &s.adaptive)
+}
+
+fn entries(m: &std::collections::BTreeMap<String, u64>) -> Entries<'_> {
+    m.iter().map(|(k, n)| (k.as_str(), *n)).collect()
+}
+
+/// Every family, in the order the text has them.
+pub const FAMILIES: &[Family] = &[
+    family(
+        "daxvmm_kvm_exits_total",
+        "counter",
+        "vCPU exits to KVM, of any kind, over all vCPUs",
+        Samples::Vm(|s| kvm(s).map(|k| k.exits)),
+    ),
+    family(
+        "daxvmm_kvm_halt_exits_total",
+        "counter",
+        "vCPU exits because the guest halted",
+        Samples::Vm(|s| kvm(s).map(|k| k.halt_exits)),
+    ),
+    family(
+        "daxvmm_kvm_page_faults_total",
+        "counter",
+        "Guest page faults KVM handled (nested paging: first touches of unmapped guest pages, DAX ones among them)",
+        Samples::Vm(|s| kvm(s).map(|k| k.page_faults)),
+    ),
+    family(
+        "daxvmm_kvm_page_faults_fixed_total",
+        "counter",
+        "Guest page faults KVM resolved by mapping a page",
+        Samples::Vm(|s| kvm(s).map(|k| k.page_faults_fixed)),
+    ),
+    family(
+        "daxvmm_kvm_mapped_pages",
+        "gauge",
+        "Guest memory KVM maps now, in pages of each size (DAX on 2 MiB host pages shows in size=\"2m\")",
+        Samples::VmLabelled("size", |s| kvm(s).map(|k| k.pages.clone())),
+    ),
+    Family {
+        shown: Shown::Always,
+        ..family(
+            "daxvmm_fs_up",
+            "gauge",
+            "1 while the fs device's daemon is connected (or the VM not booted yet)",
+            Samples::Device(|d| Some(u64::from(d.up))),
+        )
+    },
+    family(
+        "daxvmm_dax_window_bytes",
+        "gauge",
+        "Size of the DAX cache window",
+        Samples::Device(|d| window(d).map(|w| w.size)),
+    ),
+    family(
+        "daxvmm_dax_mapped_bytes",
+        "gauge",
+        "Bytes of the window backed by a file mapping now",
+        Samples::Device(|d| counters(d).map(|c| c.bytes_mapped)),
+    ),
+    family(
+        "daxvmm_dax_mapped_ranges",
+        "gauge",
+        "2 MiB guest ranges of the window with a file mapping now",
+        Samples::Device(|d| window(d).map(|w| w.ranges_mapped)),
+    ),
+    family(
+        "daxvmm_dax_maps_total",
+        "counter",
+        "SHMEM_MAP requests served",
+        Samples::Device(|d| counters(d).map(|c| c.maps)),
+    ),
+    family(
+        "daxvmm_dax_unmaps_total",
+        "counter",
+        "SHMEM_UNMAP requests served (the guest's reclaim and inode eviction)",
+        Samples::Device(|d| counters(d).map(|c| c.unmaps)),
+    ),
+    family(
+        "daxvmm_dax_resets_total",
+        "counter",
+        "Times every mapping was dropped at once (device reset, daemon gone)",
+        Samples::Device(|d| counters(d).map(|c| c.resets)),
+    ),
+    family(
+        "daxvmm_dax_prefaulted_bytes_total",
+        "counter",
+        "Bytes of new mappings whose host page tables the VMM filled when mapping (dax_prefault, where KVM cannot pre-fault)",
+        Samples::Device(|d| counters(d).map(|c| c.prefaulted_bytes)),
+    ),
+    family(
+        "daxvmm_dax_guest_prefaulted_bytes_total",
+        "counter",
+        "Bytes of new mappings the VMM put into KVM's page tables when mapping (dax_prefault): no nested page fault on the guest's first touch",
+        Samples::Device(|d| counters(d).map(|c| c.guest_prefaulted_bytes)),
+    ),
+    family(
+        "daxvmm_dax_prefault_failures_total",
+        "counter",
+        "New mappings whose pre-fault failed (they fault page by page instead)",
+        Samples::Device(|d| counters(d).map(|c| c.prefault_failures)),
+    ),
+    family(
+        "daxvmm_dax_truncated_bytes_total",
+        "counter",
+        "Bytes of mappings whose file shrank on the host; the window shows zeros there since",
+        Samples::Device(|d| counters(d).map(|c| c.truncated_bytes)),
+    ),
+    family(
+        "daxvmm_dax_stray_resets_total",
+        "counter",
+        "Times the guest kept more than the budget in the window's scratch and it was emptied",
+        Samples::Device(|d| window(d).map(|w| w.stray_resets)),
+    ),
+    family(
+        "daxvmm_dax_resident_bytes",
+        "gauge",
+        "Bytes of the window's file mappings resident in host memory (mincore)",
+        Samples::Device(|d| window(d).and_then(|w| w.resident_bytes)),
+    ),
+    family(
+        "daxvmm_dax_stray_bytes",
+        "gauge",
+        "Bytes of the window's scratch touched by guest accesses where nothing was mapped",
+        Samples::Device(|d| window(d).and_then(|w| w.stray_bytes)),
+    ),
+    Family {
+        shown: Shown::WithSource,
+        ..family(
+            "daxvmm_dax_failures_total",
+            "counter",
+            "SHMEM_MAP/UNMAP requests refused, by reason",
+            Samples::DeviceLabelled("reason", |d| counters(d).map(|c| c.failures.clone())),
+        )
+    },
+    Family {
+        shown: Shown::WithSource,
+        ..family(
+            "daxvmm_dax_map_latency_seconds",
+            "histogram",
+            "Time to serve a SHMEM_MAP (checks and mmap)",
+            Samples::DeviceHistogram(|d| {
+                counters(d).map(|c| Histogram {
+                    buckets: &c.latency_buckets,
+                    sum_us: c.latency_sum_us,
+                    count: c.maps,
+                })
+            }),
+        )
+    },
+    family(
+        "daxvmm_fs_file_attrs_dax_total",
+        "counter",
+        "Regular-file attributes the daemon answered with FUSE_ATTR_DAX",
+        Samples::Device(|d| daemon(d).map(|s| s.file_attrs_dax)),
+    ),
+    family(
+        "daxvmm_fs_file_attrs_nodax_total",
+        "counter",
+        "Regular-file attributes the daemon answered without FUSE_ATTR_DAX",
+        Samples::Device(|d| daemon(d).map(|s| s.file_attrs_nodax)),
+    ),
+    family(
+        "daxvmm_fs_fuse_reads_total",
+        "counter",
+        "FUSE READ requests (data copied through the queue, not DAX)",
+        Samples::Device(|d| daemon(d).map(|s| s.fuse_reads)),
+    ),
+    family(
+        "daxvmm_fs_fuse_read_bytes_total",
+        "counter",
+        "Bytes read through FUSE READ",
+        Samples::Device(|d| daemon(d).map(|s| s.fuse_read_bytes)),
+    ),
+    family(
+        "daxvmm_fs_fuse_writes_total",
+        "counter",
+        "FUSE WRITE requests (data copied through the queue, not DAX)",
+        Samples::Device(|d| daemon(d).map(|s| s.fuse_writes)),
+    ),
+    family(
+        "daxvmm_fs_fuse_write_bytes_total",
+        "counter",
+        "Bytes written through FUSE WRITE",
+        Samples::Device(|d| daemon(d).map(|s| s.fuse_write_bytes)),
+    ),
+    family(
+        "daxvmm_fs_requests_total",
+        "counter",
+        "FUSE requests the daemon served",
+        Samples::Device(|d| daemon(d).map(|s| s.requests)),
+    ),
+    family(
+        "daxvmm_fs_setupmappings_total",
+        "counter",
+        "FUSE_SETUPMAPPING requests the daemon served",
+        Samples::Device(|d| daemon(d).map(|s| s.setupmappings)),
+    ),
+    family(
+        "daxvmm_fs_removemappings_total",
+        "counter",
+        "FUSE_REMOVEMAPPING requests the daemon served",
+        Samples::Device(|d| daemon(d).map(|s| s.removemappings)),
+    ),
+    family(
+        "daxvmm_fs_cap_refusals_total",
+        "counter",
+        "Guest requests the daemon refused because a cap was reached, by cap",
+        Samples::DeviceLabelled("cap", |d| daemon(d).map(|s| entries(&s.cap_refusals))),
+    ),
+    family(
+        "daxvmm_fs_handles",
+        "gauge",
+        "File and directory handles the guest holds open in the daemon",
+        Samples::Device(|d| daemon(d).map(|s| s.handles)),
+    ),
+    family(
+        "daxvmm_fs_policy_generation",
+        "gauge",
+        "Generation of the DAX policy the daemon has in force",
+        Samples::Device(|d| daemon(d).map(|s| s.policy_generation)),
+    ),
+    family(
+        "daxvmm_fs_map_alignment_bytes",
+        "gauge",
+        "Mapping alignment the daemon announced (window_granularity, auto resolved by the host file system)",
+        Samples::Device(|d| daemon(d).map(|s| s.map_alignment)),
+    ),
+    family(
+        "daxvmm_dax_adaptive_pressure",
+        "gauge",
+        "1 while the daemon sees the window under pressure (mapped ranges at pressure_high, or the guest reclaiming)",
+        Samples::Device(|d| adaptive(d).map(|a| u64::from(a.pressure))),
+    ),
+    family(
+        "daxvmm_dax_adaptive_pressure_episodes_total",
+        "counter",
+        "Times the window came under pressure",
+        Samples::Device(|d| adaptive(d).map(|a| a.pressure_episodes)),
+    ),
+    family(
+        "daxvmm_dax_adaptive_reclaims_total",
+        "counter",
+        "Ranges the guest unmapped while the window was under pressure (its reclaim)",
+        Samples::Device(|d| adaptive(d).map(|a| a.reclaims)),
+    ),
+    family(
+        "daxvmm_dax_adaptive_thrashing_files",
+        "gauge",
+        "Files kept off DAX now because their ranges kept being reclaimed",
+        Samples::Device(|d| adaptive(d).map(|a| a.thrashing_files)),
+    ),
+    family(
+        "daxvmm_dax_adaptive_withdrawn_total",
+        "counter",
+        "Files the adaptive policy answered without DAX where the policy's default gave it, by reason",
+        Samples::DeviceLabelled("reason", |d| adaptive(d).map(|a| entries(&a.withdrawn))),
+    ),
+    family(
+        "daxvmm_dax_adaptive_granted_total",
+        "counter",
+        "Files given DAX back by the adaptive policy, by reason",
+        Samples::DeviceLabelled("reason", |d| adaptive(d).map(|a| entries(&a.granted))),
+    ),
+    family(
+        "daxvmm_fs_map_roundtrip_seconds",
+        "histogram",
+        "SETUPMAPPING as the daemon sees it: SHMEM_MAP sent, the VMM's checks, mmap and pre-fault, ack received",
+        Samples::DeviceHistogram(|d| {
+            daemon(d)
+                .filter(|s| !s.map_latency_buckets.is_empty())
+                .map(|s| Histogram {
+                    buckets: &s.map_latency_buckets,
+                    sum_us: s.map_latency_sum_us,
+                    count: s.map_latency_buckets.last().map_or(0, |b| b.1),
+                })
+        }),
+    ),
+    Family {
+        shown: Shown::Always,
+        ..family(
+            "daxvmm_process_page_faults_total",
+            "counter",
+            "Page faults taken by the VMM process (guest accesses to the window fault here)",
+            Samples::VmLabelled("kind", |s| {
+                Some(vec![("minor", s.faults.minor), ("major", s.faults.major)])
+            }),
+        )
+    },
+];
 
 /// Escapes a label value (backslash, quote, newline).
 fn label(v: &str) -> String {
@@ -103,15 +463,17 @@ fn label(v: &str) -> String {
         .replace('\n', r"\n")
 }
 
+/// µs as the seconds Prometheus expects.
+fn seconds(us: u64) -> f64 {
+    us as f64 / 1e6
+}
+
+#[derive(Default)]
 struct Writer {
     out: String,
 }
 
 impl Writer {
-    fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    }
-
     fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
         let labels: Vec<String> = labels
             .iter()
@@ -124,18 +486,9 @@ impl Writer {
         }
     }
 
-    /// One device's samples of a latency histogram family: cumulative
-    /// `buckets` by upper bound in µs (None: +Inf), the sum in µs, the count.
-    fn histogram(
-        &mut self,
-        name: &str,
-        device: &str,
-        buckets: &[(Option<u64>, u64)],
-        sum_us: u64,
-        count: u64,
-    ) {
-        for (le, n) in buckets {
-            let le = le.map_or_else(|| "+Inf".to_string(), |us| format!("{}", us as f64 / 1e6));
+    fn histogram(&mut self, name: &str, device: &str, h: &Histogram) {
+        for (le, n) in h.buckets {
+            let le = le.map_or_else(|| "+Inf".to_string(), |us| seconds(us).to_string());
             self.sample(
                 &format!("{name}_bucket"),
                 &[("device", device), ("le", &le)],
@@ -145,597 +498,79 @@ impl Writer {
         self.sample(
             &format!("{name}_sum"),
             &[("device", device)],
-            sum_us as f64 / 1e6,
+            seconds(h.sum_us),
         );
-        self.sample(&format!("{name}_count"), &[("device", device)], count);
+        self.sample(&format!("{name}_count"), &[("device", device)], h.count);
     }
-}
 
-/// One metric family over all devices: `get` gives a device's value, if it has one.
-fn per_device(
-    w: &mut Writer,
-    devices: &[(&FsDaxStatus, Option<&DaemonStats>)],
-    name: &str,
-    kind: &str,
-    help: &str,
-    get: impl Fn(&FsDaxStatus, Option<&DaemonStats>) -> Option<u64>,
-) {
-    let values: Vec<(&str, u64)> = devices
-        .iter()
-        .filter_map(|(d, s)| get(d, *s).map(|v| (d.id.as_str(), v)))
-        .collect();
-    if values.is_empty() {
-        return;
-    }
-    w.family(name, kind, help);
-    for (id, v) in values {
-        w.sample(name, &[("device", id)], v);
-    }
-}
-
-/// A counter family with one sample per device and key of a daemon map.
-fn labelled(
-    w: &mut Writer,
-    rows: &[(&FsDaxStatus, Option<&DaemonStats>)],
-    (name, key): (&str, &str),
-    help: &str,
-    get: impl Fn(&DaemonStats) -> &BTreeMap<String, u64>,
-) {
-    let samples: Vec<(&str, &str, u64)> = rows
-        .iter()
-        .filter_map(|(d, s)| s.map(|s| (d.id.as_str(), get(s))))
-        .flat_map(|(id, m)| m.iter().map(move |(k, n)| (id, k.as_str(), *n)))
-        .collect();
-    if samples.is_empty() {
-        return;
-    }
-    w.family(name, "counter", help);
-    for (id, k, n) in samples {
-        w.sample(name, &[("device", id), (key, k)], n);
-    }
-}
-
-/// The daemon's adaptive DAX policy: pressure, reclaim, its decisions.
-fn render_adaptive(w: &mut Writer, rows: &[(&FsDaxStatus, Option<&DaemonStats>)]) {
-    let adaptive = |f: fn(&control_protocol::AdaptiveStats) -> u64| {
-        move |_: &FsDaxStatus, s: Option<&DaemonStats>| s.map(|s| f(&s.adaptive))
-    };
-    for (name, kind, help, get) in [
-        (
-            "daxvmm_dax_adaptive_pressure",
-            "gauge",
-            "1 while the daemon sees the window under pressure (mapped ranges at pressure_high, or the guest reclaiming)",
-            (|a: &control_protocol::AdaptiveStats| u64::from(a.pressure))
-                as fn(&control_protocol::AdaptiveStats) -> u64,
-        ),
-        (
-            "daxvmm_dax_adaptive_pressure_episodes_total",
-            "counter",
-            "Times the window came under pressure",
-            |a| a.pressure_episodes,
-        ),
-        (
-            "daxvmm_dax_adaptive_reclaims_total",
-            "counter",
-            "Ranges the guest unmapped while the window was under pressure (its reclaim)",
-            |a| a.reclaims,
-        ),
-        (
-            "daxvmm_dax_adaptive_thrashing_files",
-            "gauge",
-            "Files kept off DAX now because their ranges kept being reclaimed",
-            |a| a.thrashing_files,
-        ),
-    ] {
-        per_device(w, rows, name, kind, help, adaptive(get));
-    }
-    labelled(
-        w,
-        rows,
-        ("daxvmm_dax_adaptive_withdrawn_total", "reason"),
-        "Files the adaptive policy answered without DAX where the policy's default gave it, by reason",
-        |s| &s.adaptive.withdrawn,
-    );
-    labelled(
-        w,
-        rows,
-        ("daxvmm_dax_adaptive_granted_total", "reason"),
-        "Files given DAX back by the adaptive policy, by reason",
-        |s| &s.adaptive.granted,
-    );
-}
-
-fn render_kvm(w: &mut Writer, k: &KvmCounters) {
-    for (name, help, value) in [
-        (
-            "daxvmm_kvm_exits_total",
-            "vCPU exits to KVM, of any kind, over all vCPUs",
-            k.exits,
-        ),
-        (
-            "daxvmm_kvm_halt_exits_total",
-            "vCPU exits because the guest halted",
-            k.halt_exits,
-        ),
-        (
-            "daxvmm_kvm_page_faults_total",
-            "Guest page faults KVM handled (nested paging: first touches of unmapped guest pages, DAX ones among them)",
-            k.page_faults,
-        ),
-        (
-            "daxvmm_kvm_page_faults_fixed_total",
-            "Guest page faults KVM resolved by mapping a page",
-            k.page_faults_fixed,
-        ),
-    ] {
-        w.family(name, "counter", help);
-        w.sample(name, &[], value);
-    }
-    if !k.pages.is_empty() {
-        w.family(
-            "daxvmm_kvm_mapped_pages",
-            "gauge",
-            "Guest memory KVM maps now, in pages of each size (DAX on 2 MiB host pages shows in size=\"2m\")",
-        );
-        for (size, n) in &k.pages {
-            w.sample("daxvmm_kvm_mapped_pages", &[("size", size)], n);
-        }
-    }
-}
-
-/// Renders the metrics of `devices`; `daemon_stats[i]` is what device i's
-/// daemon reported (`GET /api/v1/stats`), if it could be asked.
-pub fn render(
-    devices: &[FsDaxStatus],
-    daemon_stats: &[Option<DaemonStats>],
-    faults: PageFaults,
-    kvm: Option<&KvmCounters>,
-) -> String {
-    let mut w = Writer { out: String::new() };
-    if let Some(k) = kvm {
-        render_kvm(&mut w, k);
-    }
-    let rows: Vec<(&FsDaxStatus, Option<&DaemonStats>)> = devices
-        .iter()
-        .zip(
-            daemon_stats
-                .iter()
-                .map(Option::as_ref)
-                .chain(std::iter::repeat(None)),
-        )
-        .collect();
-    let win = |f: fn(&WindowStats) -> u64| {
-        move |d: &FsDaxStatus, _: Option<&DaemonStats>| d.window.as_ref().map(f)
-    };
-    let daemon =
-        |f: fn(&DaemonStats) -> u64| move |_: &FsDaxStatus, s: Option<&DaemonStats>| s.map(f);
-
-    w.family(
-        "daxvmm_fs_up",
-        "gauge",
-        "1 while the fs device's daemon is connected (or the VM not booted yet)",
-    );
-    for d in devices {
-        w.sample("daxvmm_fs_up", &[("device", &d.id)], u8::from(!d.failed));
-    }
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_dax_window_bytes",
-        "gauge",
-        "Size of the DAX cache window",
-        win(|s| s.size),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_dax_mapped_bytes",
-        "gauge",
-        "Bytes of the window backed by a file mapping now",
-        win(|s| s.bytes_mapped),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_dax_mapped_ranges",
-        "gauge",
-        "2 MiB guest ranges of the window with a file mapping now",
-        win(|s| s.ranges_mapped),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_dax_maps_total",
-        "counter",
-        "SHMEM_MAP requests served",
-        win(|s| s.maps),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_dax_unmaps_total",
-        "counter",
-        "SHMEM_UNMAP requests served (the guest's reclaim and inode eviction)",
-        win(|s| s.unmaps),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_dax_resets_total",
-        "counter",
-        "Times every mapping was dropped at once (device reset, daemon gone)",
-        win(|s| s.resets),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_dax_prefaulted_bytes_total",
-        "counter",
-        "Bytes of new mappings whose host page tables the VMM filled when mapping (dax_prefault, where KVM cannot pre-fault)",
-        win(|s| s.prefaulted_bytes),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_dax_guest_prefaulted_bytes_total",
-        "counter",
-        "Bytes of new mappings the VMM put into KVM's page tables when mapping (dax_prefault): no nested page fault on the guest's first touch",
-        win(|s| s.guest_prefaulted_bytes),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_dax_prefault_failures_total",
-        "counter",
-        "New mappings whose pre-fault failed (they fault page by page instead)",
-        win(|s| s.prefault_failures),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_dax_truncated_bytes_total",
-        "counter",
-        "Bytes of mappings whose file shrank on the host; the window shows zeros there since",
-        win(|s| s.truncated_bytes),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_dax_stray_resets_total",
-        "counter",
-        "Times the guest kept more than the budget in the window's scratch and it was emptied",
-        win(|s| s.stray_resets),
-    );
-    for (name, help, get) in [
-        (
-            "daxvmm_dax_resident_bytes",
-            "Bytes of the window's file mappings resident in host memory (mincore)",
-            (|s: &WindowStats| s.resident_bytes) as fn(&WindowStats) -> Option<u64>,
-        ),
-        (
-            "daxvmm_dax_stray_bytes",
-            "Bytes of the window's scratch touched by guest accesses where nothing was mapped",
-            |s: &WindowStats| s.stray_bytes,
-        ),
-    ] {
-        let samples: Vec<(&str, u64)> = devices
-            .iter()
-            .filter_map(|d| d.window.as_ref().and_then(get).map(|v| (d.id.as_str(), v)))
-            .collect();
-        if !samples.is_empty() {
-            w.family(name, "gauge", help);
-            for (id, v) in samples {
-                w.sample(name, &[("device", id)], v);
+    /// `f`'s samples from `snapshot`, and whether any device (or the VM)
+    /// had their source.
+    fn samples(&mut self, f: &Family, snapshot: &MetricsSnapshot) -> bool {
+        let mut sourced = false;
+        match &f.samples {
+            Samples::Vm(get) => {
+                if let Some(v) = get(snapshot) {
+                    sourced = true;
+                    self.sample(f.name, &[], v);
+                }
+            }
+            Samples::VmLabelled(key, get) => {
+                for (k, v) in get(snapshot).into_iter().flatten() {
+                    sourced = true;
+                    self.sample(f.name, &[(key, k)], v);
+                }
+            }
+            Samples::Device(get) => {
+                for d in &snapshot.devices {
+                    if let Some(v) = get(d) {
+                        sourced = true;
+                        self.sample(f.name, &[("device", &d.id)], v);
+                    }
+                }
+            }
+            Samples::DeviceLabelled(key, get) => {
+                for d in &snapshot.devices {
+                    let Some(entries) = get(d) else { continue };
+                    sourced = true;
+                    for (k, v) in entries {
+                        self.sample(f.name, &[("device", &d.id), (key, k)], v);
+                    }
+                }
+            }
+            Samples::DeviceHistogram(get) => {
+                for d in &snapshot.devices {
+                    if let Some(h) = get(d) {
+                        sourced = true;
+                        self.histogram(f.name, &d.id, &h);
+                    }
+                }
             }
         }
+        sourced
     }
-    if devices.iter().any(|d| d.window.is_some()) {
-        w.family(
-            "daxvmm_dax_failures_total",
-            "counter",
-            "SHMEM_MAP/UNMAP requests refused, by reason",
-        );
-        for d in devices {
-            for (reason, n) in d.window.iter().flat_map(|s| &s.failures) {
-                w.sample(
-                    "daxvmm_dax_failures_total",
-                    &[("device", &d.id), ("reason", reason)],
-                    n,
-                );
-            }
-        }
-        w.family(
-            "daxvmm_dax_map_latency_seconds",
-            "histogram",
-            "Time to serve a SHMEM_MAP (checks and mmap)",
-        );
-        for d in devices {
-            let Some(s) = &d.window else { continue };
-            w.histogram(
-                "daxvmm_dax_map_latency_seconds",
-                &d.id,
-                &s.latency_buckets,
-                s.latency_sum_us,
-                s.maps,
-            );
-        }
-    }
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_fs_file_attrs_dax_total",
-        "counter",
-        "Regular-file attributes the daemon answered with FUSE_ATTR_DAX",
-        daemon(|s| s.file_attrs_dax),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_fs_file_attrs_nodax_total",
-        "counter",
-        "Regular-file attributes the daemon answered without FUSE_ATTR_DAX",
-        daemon(|s| s.file_attrs_nodax),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_fs_fuse_reads_total",
-        "counter",
-        "FUSE READ requests (data copied through the queue, not DAX)",
-        daemon(|s| s.fuse_reads),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_fs_fuse_read_bytes_total",
-        "counter",
-        "Bytes read through FUSE READ",
-        daemon(|s| s.fuse_read_bytes),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_fs_fuse_writes_total",
-        "counter",
-        "FUSE WRITE requests (data copied through the queue, not DAX)",
-        daemon(|s| s.fuse_writes),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_fs_fuse_write_bytes_total",
-        "counter",
-        "Bytes written through FUSE WRITE",
-        daemon(|s| s.fuse_write_bytes),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_fs_requests_total",
-        "counter",
-        "FUSE requests the daemon served",
-        daemon(|s| s.requests),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_fs_setupmappings_total",
-        "counter",
-        "FUSE_SETUPMAPPING requests the daemon served",
-        daemon(|s| s.setupmappings),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_fs_removemappings_total",
-        "counter",
-        "FUSE_REMOVEMAPPING requests the daemon served",
-        daemon(|s| s.removemappings),
-    );
-    labelled(
-        &mut w,
-        &rows,
-        ("daxvmm_fs_cap_refusals_total", "cap"),
-        "Guest requests the daemon refused because a cap was reached, by cap",
-        |s| &s.cap_refusals,
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_fs_handles",
-        "gauge",
-        "File and directory handles the guest holds open in the daemon",
-        daemon(|s| s.handles),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_fs_policy_generation",
-        "gauge",
-        "Generation of the DAX policy the daemon has in force",
-        daemon(|s| s.policy_generation),
-    );
-    per_device(
-        &mut w,
-        &rows,
-        "daxvmm_fs_map_alignment_bytes",
-        "gauge",
-        "Mapping alignment the daemon announced (window_granularity, auto resolved by the host file system)",
-        daemon(|s| s.map_alignment),
-    );
-    render_adaptive(&mut w, &rows);
-    let with_maps: Vec<(&str, &DaemonStats)> = rows
-        .iter()
-        .filter_map(|(d, s)| s.map(|s| (d.id.as_str(), s)))
-        .filter(|(_, s)| !s.map_latency_buckets.is_empty())
-        .collect();
-    if !with_maps.is_empty() {
-        let name = "daxvmm_fs_map_roundtrip_seconds";
-        w.family(
-            name,
-            "histogram",
-            "SETUPMAPPING as the daemon sees it: SHMEM_MAP sent, the VMM's checks, mmap and pre-fault, ack received",
-        );
-        for (id, s) in with_maps {
-            let count = s.map_latency_buckets.last().map_or(0, |b| b.1);
-            w.histogram(
-                name,
-                id,
-                &s.map_latency_buckets,
-                s.map_latency_sum_us,
-                count,
-            );
-        }
-    }
+}
 
-    w.family(
-        "daxvmm_process_page_faults_total",
-        "counter",
-        "Page faults taken by the VMM process (guest accesses to the window fault here)",
-    );
-    w.sample(
-        "daxvmm_process_page_faults_total",
-        &[("kind", "minor")],
-        faults.minor,
-    );
-    w.sample(
-        "daxvmm_process_page_faults_total",
-        &[("kind", "major")],
-        faults.major,
-    );
-    w.out
+/// The text of `snapshot`: each of [`FAMILIES`] that is shown, its header
+/// then its samples.
+pub fn render(snapshot: &MetricsSnapshot) -> String {
+    let mut out = String::new();
+    for f in FAMILIES {
+        let mut samples = Writer::default();
+        let sourced = samples.samples(f, snapshot);
+        let shown = match f.shown {
+            Shown::Always => true,
+            Shown::WithSource => sourced,
+            Shown::WithSamples => !samples.out.is_empty(),
+        };
+        if shown {
+            let name = f.name;
+            let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} {}", f.help, f.kind);
+            out.push_str(&samples.out);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn device(id: &str) -> FsDaxStatus {
-        FsDaxStatus {
-            id: id.into(),
-            control_socket: None,
-            window: Some(WindowStats {
-                size: 32 << 20,
-                bytes_mapped: 4 << 20,
-                ranges_mapped: 2,
-                maps: 3,
-                unmaps: 1,
-                resets: 0,
-                prefaulted_bytes: 3 << 20,
-                guest_prefaulted_bytes: 2 << 20,
-                prefault_failures: 1,
-                truncated_bytes: 3 << 20,
-                stray_resets: 2,
-                failures: vec![("misaligned".into(), 1), ("bad_fd".into(), 0)],
-                latency_buckets: vec![(Some(10), 1), (Some(100), 3), (None, 3)],
-                latency_sum_us: 150,
-                resident_bytes: Some(8192),
-                stray_bytes: Some(4096),
-            }),
-            window_location: None,
-            failed: false,
-            desired_policy: None,
-        }
-    }
-
-    #[test]
-    fn renders_families_once_with_device_labels() {
-        let stats = DaemonStats {
-            file_attrs_dax: 5,
-            file_attrs_nodax: 7,
-            fuse_reads: 2,
-            requests: 40,
-            handles: 3,
-            cap_refusals: [("inodes".to_string(), 4), ("handles".to_string(), 0)].into(),
-            map_alignment: 2 << 20,
-            map_latency_buckets: vec![(Some(100), 2), (None, 3)],
-            map_latency_sum_us: 500,
-            adaptive: control_protocol::AdaptiveStats {
-                pressure: true,
-                reclaims: 9,
-                withdrawn: [("thrashing".to_string(), 2)].into(),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let text = render(
-            &[device("fs0"), device("fs\"1")],
-            &[Some(stats), None],
-            PageFaults {
-                minor: 10,
-                major: 1,
-            },
-            Some(&KvmCounters {
-                exits: 1000,
-                halt_exits: 10,
-                page_faults: 600,
-                page_faults_fixed: 512,
-                pages: vec![("4k", 300), ("2m", 4), ("1g", 0)],
-            }),
-        );
-        assert_eq!(
-            text.matches("# TYPE daxvmm_dax_maps_total counter").count(),
-            1
-        );
-        assert!(text.contains("daxvmm_dax_maps_total{device=\"fs0\"} 3\n"));
-        assert!(
-            text.contains("daxvmm_dax_mapped_ranges{device=\"fs\\\"1\"} 2\n"),
-            "label escaped"
-        );
-        assert!(
-            text.contains("daxvmm_dax_failures_total{device=\"fs0\",reason=\"misaligned\"} 1\n")
-        );
-        assert!(text
-            .contains("daxvmm_dax_map_latency_seconds_bucket{device=\"fs0\",le=\"0.00001\"} 1\n"));
-        assert!(
-            text.contains("daxvmm_dax_map_latency_seconds_bucket{device=\"fs0\",le=\"+Inf\"} 3\n")
-        );
-        assert!(text.contains("daxvmm_dax_map_latency_seconds_sum{device=\"fs0\"} 0.00015\n"));
-        assert!(text.contains("daxvmm_fs_file_attrs_dax_total{device=\"fs0\"} 5\n"));
-        assert!(
-            !text.contains("daxvmm_fs_file_attrs_dax_total{device=\"fs\\\"1\"}"),
-            "no daemon stats, no sample"
-        );
-        assert!(text.contains("daxvmm_process_page_faults_total{kind=\"major\"} 1\n"));
-        assert!(text.contains("daxvmm_dax_resident_bytes{device=\"fs0\"} 8192\n"));
-        assert!(text.contains("daxvmm_dax_stray_bytes{device=\"fs0\"} 4096\n"));
-        assert_eq!(
-            text.matches("# TYPE daxvmm_dax_stray_bytes gauge").count(),
-            1
-        );
-        assert!(text.contains("daxvmm_fs_cap_refusals_total{device=\"fs0\",cap=\"inodes\"} 4\n"));
-        assert!(text.contains("daxvmm_fs_handles{device=\"fs0\"} 3\n"));
-        assert!(text.contains("daxvmm_fs_map_alignment_bytes{device=\"fs0\"} 2097152\n"));
-        assert!(text.contains("daxvmm_dax_adaptive_pressure{device=\"fs0\"} 1\n"));
-        assert!(text
-            .contains("daxvmm_fs_map_roundtrip_seconds_bucket{device=\"fs0\",le=\"0.0001\"} 2\n"));
-        assert!(text.contains("daxvmm_fs_map_roundtrip_seconds_count{device=\"fs0\"} 3\n"));
-        assert!(text.contains("daxvmm_dax_adaptive_reclaims_total{device=\"fs0\"} 9\n"));
-        assert!(text.contains(
-            "daxvmm_dax_adaptive_withdrawn_total{device=\"fs0\",reason=\"thrashing\"} 2\n"
-        ));
-        assert!(text.contains("daxvmm_dax_prefaulted_bytes_total{device=\"fs0\"} 3145728\n"));
-        assert!(text.contains("daxvmm_dax_prefault_failures_total{device=\"fs0\"} 1\n"));
-        assert!(text.contains("daxvmm_dax_truncated_bytes_total{device=\"fs0\"} 3145728\n"));
-        assert!(text.contains("daxvmm_dax_stray_resets_total{device=\"fs0\"} 2\n"));
-        assert!(text.contains("daxvmm_dax_guest_prefaulted_bytes_total{device=\"fs0\"} 2097152\n"));
-        assert!(
-            text.contains("# TYPE daxvmm_kvm_exits_total counter\ndaxvmm_kvm_exits_total 1000\n")
-        );
-        assert!(text.contains("daxvmm_kvm_page_faults_total 600\n"));
-        assert!(text.contains("daxvmm_kvm_mapped_pages{size=\"2m\"} 4\n"));
-    }
-
-    #[test]
-    fn a_device_before_boot_has_only_its_up_gauge() {
-        let d = FsDaxStatus {
-            id: "fs0".into(),
-            ..Default::default()
-        };
-        let text = render(&[d], &[], PageFaults::default(), None);
-        assert!(text.contains("daxvmm_fs_up{device=\"fs0\"} 1\n"));
-        assert!(!text.contains("daxvmm_kvm_"), "no VM, no KVM counters");
-        assert!(!text.contains("daxvmm_dax_maps_total"));
-        assert!(!text.contains("daxvmm_dax_map_latency_seconds"));
-    }
-}
+#[path = "metrics_tests.rs"]
+mod tests;

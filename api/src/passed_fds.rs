@@ -195,7 +195,7 @@ mod tests {
             let mut msg: libc::msghdr = std::mem::zeroed();
             msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
             msg.msg_iovlen = 1;
-            let payload = std::mem::size_of_val(fds) as u32;
+            let payload = u32::try_from(std::mem::size_of_val(fds)).expect("a few fds");
             msg.msg_control = control.as_mut_ptr().cast();
             msg.msg_controllen = libc::CMSG_SPACE(payload) as usize;
             let cmsg = libc::CMSG_FIRSTHDR(&msg);
@@ -203,10 +203,8 @@ mod tests {
             (*cmsg).cmsg_type = libc::SCM_RIGHTS;
             (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as usize;
             std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast(), fds.len());
-            assert_eq!(
-                libc::sendmsg(sock.as_raw_fd(), &msg, 0),
-                bytes.len() as isize
-            );
+            let sent = libc::sendmsg(sock.as_raw_fd(), &msg, 0);
+            assert_eq!(usize::try_from(sent).ok(), Some(bytes.len()));
         }
     }
 

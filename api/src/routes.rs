@@ -3,20 +3,27 @@
 //!
 //! Bodies are read as bytes whatever the Content-Type: ch-remote sends none,
 //! and a server insisting on `application/json` would answer it 415.
+//!
+//! The handlers only translate HTTP: a request becomes a [`VmmAction`] for
+//! the VMM's control loop, or a call of the DAX policy controller
+//! ([`crate::dax`]) for `vm.dax-policy` and `vm.dax-metrics`; the endpoints
+//! that add or remove devices go through the controller's
+//! [`PolicyController::device_change`] so it sees the device set change.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
+use control_protocol::{Effect, PolicyChange, PolicyUpdate};
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use crate::dax;
+use crate::dax::{self, PolicyController, PolicyRequest};
+use crate::if_match::{etag, if_match};
 use crate::{ApiError, EventBus, VmmAction, VmmChannel, VmmReply, VmmResult};
 
 /// What every handler can reach.
@@ -24,21 +31,11 @@ use crate::{ApiError, EventBus, VmmAction, VmmChannel, VmmReply, VmmResult};
 pub(crate) struct AppState {
     pub vmm: VmmChannel,
     pub events: EventBus,
-    /// The generation the daemon gave the desired policy, per fs device id
-    /// (the policy itself is kept with the device's configuration in the VMM).
-    pub accepted_generation: Arc<Mutex<HashMap<String, u64>>>,
     /// `vmm.ping`'s answer, given by the VMM at start: answered here, so a
     /// VMM thread busy with a slow daemon does not make the VMM look dead.
     pub ping: Arc<serde_json::Value>,
-    /// How the reconcile loop last found each device's daemon.
-    pub reconcile: Arc<Mutex<HashMap<String, dax::ReconcileState>>>,
-    /// Held while a policy is pushed and the desired one recorded, so the
-    /// reconcile loop never pushes a policy a request is replacing.
-    pub push_lock: Arc<tokio::sync::Mutex<()>>,
-    /// Per device: the last adaptive-policy event relayed from its daemon.
-    pub adaptive_cursor: Arc<Mutex<HashMap<String, u64>>>,
-    /// Per device: the window location its daemon last took.
-    pub window_locations: Arc<Mutex<HashMap<String, control_protocol::WindowLocation>>>,
+    /// The owner of every DAX policy fact (see [`crate::dax`]).
+    pub dax: Arc<PolicyController>,
 }
 
 /// Errors as Cloud Hypervisor writes them: a JSON array of strings, the
@@ -76,6 +73,12 @@ pub(crate) fn json_body(endpoint: &str, body: &Bytes) -> Result<Value, ApiError>
 
 async fn simple(state: &AppState, action: VmmAction) -> Response {
     reply(state.vmm.call(action).await)
+}
+
+/// An action that may add or remove fs devices: the policy controller
+/// takes the device list before and after it.
+async fn device_change(state: &AppState, action: VmmAction) -> Response {
+    reply(state.dax.device_change(state.vmm.call(action)).await)
 }
 
 async fn with_body(
@@ -116,7 +119,7 @@ async fn remove_device(State(s): State<AppState>, body: Bytes) -> Response {
             .map_err(|e| ApiError::bad_request(format!("vm.remove-device: {e}")))
     });
     match parsed {
-        Ok(r) => reply(s.vmm.call(VmmAction::RemoveDevice(r.id)).await),
+        Ok(r) => device_change(&s, VmmAction::RemoveDevice(r.id)).await,
         Err(e) => e.into_response(),
     }
 }
@@ -158,23 +161,117 @@ pub fn router(vmm: VmmChannel, events: EventBus, ping: serde_json::Value) -> Rou
     app(vmm, events, ping).0
 }
 
-/// The routes, and the state the reconcile loop ([`dax::reconcile`]) runs on.
+/// The routes, and the policy controller whose loops ([`dax::run`],
+/// [`dax::relay_truncations`]) the server runs beside them.
 pub(crate) fn app(
     vmm: VmmChannel,
     events: EventBus,
     ping: serde_json::Value,
-) -> (Router, AppState) {
+) -> (Router, Arc<PolicyController>) {
+    let dax = PolicyController::new(vmm.clone(), events.clone());
     let state = AppState {
         vmm,
         events,
-        accepted_generation: Arc::default(),
         ping: Arc::new(ping),
-        reconcile: Arc::default(),
-        push_lock: Arc::default(),
-        adaptive_cursor: Arc::default(),
-        window_locations: Arc::default(),
+        dax: dax.clone(),
     };
-    (routes(state.clone()), state)
+    (routes(state), dax)
+}
+
+async fn ping(State(s): State<AppState>) -> Json<Value> {
+    Json((*s.ping).clone())
+}
+
+async fn shutdown_vmm(State(s): State<AppState>) -> Response {
+    simple(&s, VmmAction::ShutdownVmm).await
+}
+
+async fn create(State(s): State<AppState>, body: Bytes) -> Response {
+    match json_body("vm.create", &body) {
+        Ok(v) => device_change(&s, VmmAction::Create(v)).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn delete(State(s): State<AppState>) -> Response {
+    device_change(&s, VmmAction::Delete).await
+}
+
+async fn boot(State(s): State<AppState>) -> Response {
+    simple(&s, VmmAction::Boot).await
+}
+
+/// `vm.info`, with each fs device's desired DAX policy (the controller's).
+async fn info(State(s): State<AppState>) -> Response {
+    match s.vmm.call(VmmAction::Info).await {
+        Ok(VmmReply::Json(mut info)) => {
+            s.dax.show_desired(&mut info);
+            Json(info).into_response()
+        }
+        other => reply(other),
+    }
+}
+
+async fn shutdown_vm(State(s): State<AppState>) -> Response {
+    simple(&s, VmmAction::ShutdownVm).await
+}
+
+async fn reboot(State(s): State<AppState>) -> Response {
+    simple(&s, VmmAction::Reboot).await
+}
+
+async fn power_button(State(s): State<AppState>) -> Response {
+    simple(&s, VmmAction::PowerButton).await
+}
+
+async fn pause(State(s): State<AppState>) -> Response {
+    simple(&s, VmmAction::Pause).await
+}
+
+async fn resume(State(s): State<AppState>) -> Response {
+    simple(&s, VmmAction::Resume).await
+}
+
+async fn add_fs(State(s): State<AppState>, body: Bytes) -> Response {
+    match json_body("vm.add-fs", &body) {
+        Ok(v) => device_change(&s, VmmAction::AddFs(v)).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn add_pmem(State(s): State<AppState>, body: Bytes) -> Response {
+    with_body(&s, "vm.add-pmem", body, VmmAction::AddPmem).await
+}
+
+async fn add_disk(State(s): State<AppState>, body: Bytes) -> Response {
+    with_body(&s, "vm.add-disk", body, VmmAction::AddDisk).await
+}
+
+async fn resize(State(s): State<AppState>, body: Bytes) -> Response {
+    with_body(&s, "vm.resize", body, VmmAction::Resize).await
+}
+
+async fn add_vsock(State(s): State<AppState>, body: Bytes) -> Response {
+    with_body(&s, "vm.add-vsock", body, VmmAction::AddVsock).await
+}
+
+async fn counters(State(s): State<AppState>) -> Response {
+    simple(&s, VmmAction::Counters).await
+}
+
+async fn dax_events(State(s): State<AppState>) -> Response {
+    s.events.sse().into_response()
+}
+
+async fn no_endpoint(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("no endpoint {} (see docs/api.md)", uri.path()))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError {
+        status: 405,
+        message: format!("{} does not take {method} (see docs/api.md)", uri.path()),
+    }
 }
 
 fn routes(state: AppState) -> Router {
@@ -189,116 +286,143 @@ fn routes(state: AppState) -> Router {
         router = router.route(&format!("/api/v1/{endpoint}"), route);
     }
     router
-        .route(
-            "/api/v1/vmm.ping",
-            get(|State(s): State<AppState>| async move { Json((*s.ping).clone()) }),
-        )
-        .route(
-            "/api/v1/vmm.shutdown",
-            put(
-                |State(s): State<AppState>| async move { simple(&s, VmmAction::ShutdownVmm).await },
-            ),
-        )
-        .route(
-            "/api/v1/vm.create",
-            put(|State(s): State<AppState>, b: Bytes| async move {
-                with_body(&s, "vm.create", b, VmmAction::Create).await
-            }),
-        )
-        .route(
-            "/api/v1/vm.delete",
-            put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Delete).await }),
-        )
-        .route(
-            "/api/v1/vm.boot",
-            put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Boot).await }),
-        )
-        .route(
-            "/api/v1/vm.info",
-            get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Info).await }),
-        )
-        .route(
-            "/api/v1/vm.shutdown",
-            put(|State(s): State<AppState>| async move { simple(&s, VmmAction::ShutdownVm).await }),
-        )
-        .route(
-            "/api/v1/vm.reboot",
-            put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Reboot).await }),
-        )
-        .route(
-            "/api/v1/vm.power-button",
-            put(
-                |State(s): State<AppState>| async move { simple(&s, VmmAction::PowerButton).await },
-            ),
-        )
-        .route(
-            "/api/v1/vm.pause",
-            put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Pause).await }),
-        )
-        .route(
-            "/api/v1/vm.resume",
-            put(|State(s): State<AppState>| async move { simple(&s, VmmAction::Resume).await }),
-        )
-        .route(
-            "/api/v1/vm.add-fs",
-            put(|State(s): State<AppState>, b: Bytes| async move {
-                with_body(&s, "vm.add-fs", b, VmmAction::AddFs).await
-            }),
-        )
-        .route(
-            "/api/v1/vm.add-pmem",
-            put(|State(s): State<AppState>, b: Bytes| async move {
-                with_body(&s, "vm.add-pmem", b, VmmAction::AddPmem).await
-            }),
-        )
-        .route(
-            "/api/v1/vm.add-disk",
-            put(|State(s): State<AppState>, b: Bytes| async move {
-                with_body(&s, "vm.add-disk", b, VmmAction::AddDisk).await
-            }),
-        )
-        .route(
-            "/api/v1/vm.resize",
-            put(|State(s): State<AppState>, b: Bytes| async move {
-                with_body(&s, "vm.resize", b, VmmAction::Resize).await
-            }),
-        )
-        .route(
-            "/api/v1/vm.add-vsock",
-            put(|State(s): State<AppState>, b: Bytes| async move {
-                with_body(&s, "vm.add-vsock", b, VmmAction::AddVsock).await
-            }),
-        )
+        .route("/api/v1/vmm.ping", get(ping))
+        .route("/api/v1/vmm.shutdown", put(shutdown_vmm))
+        .route("/api/v1/vm.create", put(create))
+        .route("/api/v1/vm.delete", put(delete))
+        .route("/api/v1/vm.boot", put(boot))
+        .route("/api/v1/vm.info", get(info))
+        .route("/api/v1/vm.shutdown", put(shutdown_vm))
+        .route("/api/v1/vm.reboot", put(reboot))
+        .route("/api/v1/vm.power-button", put(power_button))
+        .route("/api/v1/vm.pause", put(pause))
+        .route("/api/v1/vm.resume", put(resume))
+        .route("/api/v1/vm.add-fs", put(add_fs))
+        .route("/api/v1/vm.add-pmem", put(add_pmem))
+        .route("/api/v1/vm.add-disk", put(add_disk))
+        .route("/api/v1/vm.resize", put(resize))
+        .route("/api/v1/vm.add-vsock", put(add_vsock))
         .route("/api/v1/vm.add-net", put(add_net))
         .route("/api/v1/vm.remove-device", put(remove_device))
-        .route(
-            "/api/v1/vm.counters",
-            get(|State(s): State<AppState>| async move { simple(&s, VmmAction::Counters).await }),
-        )
+        .route("/api/v1/vm.counters", get(counters))
         .route(
             "/api/v1/vm.dax-policy",
-            get(dax::get_policy)
-                .put(dax::put_policy)
-                .delete(dax::delete_policy),
+            get(get_policy).put(put_policy).delete(delete_policy),
         )
-        .route("/api/v1/vm.dax-metrics", get(dax::metrics))
-        .route(
-            "/api/v1/vm.dax-events",
-            get(|State(s): State<AppState>| async move { s.events.sse() }),
-        )
-        .fallback(|uri: axum::http::Uri| async move {
-            ApiError::not_found(format!("no endpoint {} (see docs/api.md)", uri.path()))
-        })
-        .method_not_allowed_fallback(
-            |method: axum::http::Method, uri: axum::http::Uri| async move {
-                ApiError {
-                    status: 405,
-                    message: format!("{} does not take {method} (see docs/api.md)", uri.path()),
-                }
-            },
-        )
+        .route("/api/v1/vm.dax-metrics", get(metrics))
+        .route("/api/v1/vm.dax-events", get(dax_events))
+        .fallback(no_endpoint)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::map_response(errors_as_json))
         .with_state(state)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyQuery {
+    id: Option<String>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+impl PolicyQuery {
+    fn id(&self) -> Result<&str, ApiError> {
+        self.id.as_deref().ok_or_else(|| {
+            ApiError::bad_request("vm.dax-policy: the query needs id=<fs device id>")
+        })
+    }
+}
+
+/// `GET vm.dax-policy?id=`: the desired policy, what the daemon has in
+/// force (its generation as the ETag), how the last reconcile went.
+async fn get_policy(
+    State(s): State<AppState>,
+    Query(q): Query<PolicyQuery>,
+) -> Result<Response, ApiError> {
+    let id = q.id()?;
+    let view = s.dax.policy(id).await?;
+    let (acknowledged, daemon_error) = match &view.acknowledged {
+        Ok(state) => (json!(state), Value::Null),
+        Err(e) => (Value::Null, Value::String(e.clone())),
+    };
+    let body = Json(json!({
+        "id": id,
+        "desired": view.desired,
+        "desired_generation": view.desired_generation,
+        "acknowledged": acknowledged,
+        "daemon_error": daemon_error,
+        "reconcile": view.reconcile,
+    }));
+    Ok(match &view.acknowledged {
+        Ok(state) => ([(header::ETAG, etag(state.generation))], body).into_response(),
+        Err(_) => body.into_response(),
+    })
+}
+
+/// A PUT or DELETE's answer: what changed, grouped by when it takes effect.
+fn policy_update(id: &str, dry_run: bool, answer: PolicyUpdate) -> Response {
+    let by_effect = |effect: Effect| -> Vec<&PolicyChange> {
+        answer
+            .changes
+            .iter()
+            .filter(|c| c.effect == effect)
+            .collect()
+    };
+    let body = Json(json!({
+        "id": id,
+        "generation": answer.generation,
+        "applied": !dry_run,
+        "changes": answer.changes,
+        "live": by_effect(Effect::Live),
+        "remount": by_effect(Effect::Remount),
+        "recreate": by_effect(Effect::Recreate),
+    }));
+    ([(header::ETAG, etag(answer.generation))], body).into_response()
+}
+
+/// `PUT vm.dax-policy?id=[&dry_run=true]` with a policy document.
+async fn put_policy(
+    State(s): State<AppState>,
+    Query(q): Query<PolicyQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let id = q.id()?;
+    let request = PolicyRequest {
+        dry_run: q.dry_run,
+        expected: if_match(&headers),
+    };
+    let policy = dax::parse_policy(&body)?;
+    let answer = s.dax.put(id, Some(policy), request).await?;
+    Ok(policy_update(id, q.dry_run, answer))
+}
+
+/// `DELETE vm.dax-policy?id=`: back to the daemon's default policy.
+async fn delete_policy(
+    State(s): State<AppState>,
+    Query(q): Query<PolicyQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let request = PolicyRequest {
+        dry_run: q.dry_run,
+        expected: if_match(&headers),
+    };
+    let id = q.id()?;
+    let answer = s.dax.put(id, None, request).await?;
+    Ok(policy_update(id, q.dry_run, answer))
+}
+
+/// `GET vm.dax-metrics`: Prometheus text.
+async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
+    let text = crate::metrics::render(&s.dax.metrics().await?);
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }
 
 /// Errors that axum's extractors produce themselves (a malformed query

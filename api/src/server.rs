@@ -75,7 +75,7 @@ impl ApiServer {
             .build()
             .map_err(|e| io("starting the runtime", e))?;
         let (shutdown, stop) = oneshot::channel::<()>();
-        let (app, state) = crate::routes::app(vmm, events, ping);
+        let (app, controller) = crate::routes::app(vmm, events, ping);
         let thread = std::thread::Builder::new()
             .name("api".into())
             .spawn(move || {
@@ -90,9 +90,8 @@ impl ApiServer {
                             return;
                         }
                     };
-                    tokio::spawn(crate::window_notices::relay_truncations(state.clone()));
-                    tokio::spawn(crate::window_notices::keep_locations(state.clone()));
-                    tokio::spawn(crate::dax::reconcile(state));
+                    tokio::spawn(crate::dax::relay_truncations(controller.clone()));
+                    tokio::spawn(crate::dax::run(controller));
                     let stop = async {
                         let _ = stop.await;
                     };

@@ -56,6 +56,34 @@ pub struct WindowTruncated {
     pub len: u64,
 }
 
+/// A DAX window's counters at one moment, as the VMM's window keeps them
+/// (`virtio_devices::vhost_user_fs::metrics`) and the VMM's API publishes
+/// them (`vm.dax-metrics`, `vm.counters`): one type from where they are
+/// counted to where they are rendered. Not a control-socket message.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WindowCounters {
+    pub maps: u64,
+    pub unmaps: u64,
+    /// Bytes of the window backed by a file mapping right now.
+    pub bytes_mapped: u64,
+    /// Unmaps that dropped every mapping at once (device reset, daemon gone).
+    pub resets: u64,
+    /// Bytes of new mappings whose host page tables were filled at map time.
+    pub prefaulted_bytes: u64,
+    /// Bytes of new mappings put into KVM's page tables at map time.
+    pub guest_prefaulted_bytes: u64,
+    /// Maps whose pre-fault failed (the mapping stayed; pages fault later).
+    pub prefault_failures: u64,
+    /// Bytes of mappings whose file shrank on the host, shown as scratch since.
+    pub truncated_bytes: u64,
+    /// Refused SHMEM_MAP/UNMAP requests, by reason label.
+    pub failures: Vec<(&'static str, u64)>,
+    /// SHMEM_MAP latency: cumulative counts per upper bound in µs (None:
+    /// +Inf), as [`DaemonStats::map_latency_buckets`] gives the daemon's.
+    pub latency_buckets: Vec<(Option<u64>, u64)>,
+    pub latency_sum_us: u64,
+}
+
 /// The policy in force and its generation (1 at start, +1 per change).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PolicyState {

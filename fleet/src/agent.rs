@@ -44,7 +44,10 @@ impl Backoff {
     fn new() -> Self {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
+            // The low 64 bits of the nanoseconds: the part that varies.
+            .map_or(1, |d| {
+                u64::try_from(d.as_nanos() & u128::from(u64::MAX)).unwrap_or(1)
+            })
             ^ u64::from(std::process::id()) << 32;
         Backoff {
             next: BACKOFF_MIN,

@@ -174,7 +174,12 @@ mod tests {
     fn objects(list: &[(&str, &str)]) -> BTreeMap<String, Parsed> {
         list.iter()
             .enumerate()
-            .map(|(i, (n, v))| (n.to_string(), parse_object(n, v.as_bytes(), i as i64 + 1)))
+            .map(|(i, (n, v))| {
+                (
+                    n.to_string(),
+                    parse_object(n, v.as_bytes(), i64::try_from(i + 1).unwrap()),
+                )
+            })
             .collect()
     }
 

@@ -116,7 +116,7 @@ fn answer(dir: &std::path::Path, action: VmmAction) -> Result<VmmReply, ApiError
                 size: 1 << 30,
             }),
             failed: false,
-            desired_policy: None,
+            configured_policy: None,
         }]),
         VmmAction::KvmCounters => VmmReply::Kvm(None),
         _ => VmmReply::NoContent,

@@ -36,7 +36,7 @@ fn big_policy() -> Policy {
 }
 
 fn paths() -> Vec<(String, u64)> {
-    (0..1024)
+    (0..1024u64)
         .map(|i| {
             let path = match i % 4 {
                 0 => format!("dir{}/sub{}/file{i}.ext{}", i % 1200, i % 7, i % 3),
@@ -44,7 +44,7 @@ fn paths() -> Vec<(String, u64)> {
                 2 => format!("other/deep/path/file{i}.bin"),
                 _ => format!("dir{}/x/y/z/file{i}.t{}", i % 1500, i % 60),
             };
-            (path, (i as u64) << 12)
+            (path, i << 12)
         })
         .collect()
 }

@@ -16,7 +16,8 @@ const CALLS: u32 = 2_000_000;
 /// that checks in number order reaches getppid last), plus what the
 /// thread needs to finish.
 fn allowlist(size: usize) -> Vec<Allow> {
-    let mut v: Vec<Allow> = (0..size as i64).map(|i| Allow::Call(1000 + i)).collect();
+    let size = i64::try_from(size).expect("an allowlist size fits i64");
+    let mut v: Vec<Allow> = (0..size).map(|i| Allow::Call(1000 + i)).collect();
     for nr in [
         libc::SYS_getppid,
         libc::SYS_futex,

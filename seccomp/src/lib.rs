@@ -278,11 +278,13 @@ extern "C" fn sigsys_handler(
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) };
     let (mut a, mut b) = ([0u8; 20], [0u8; 20]);
+    // Neither a system call number nor a thread id is negative; if one
+    // were, u64::MAX stands out in the message rather than a wrong number.
     let parts: [&[u8]; 5] = [
         b"seccomp: blocked system call ",
-        decimal(nr as u64, &mut a),
+        decimal(u64::try_from(nr).unwrap_or(u64::MAX), &mut a),
         b" on thread ",
-        decimal(tid as u64, &mut b),
+        decimal(u64::try_from(tid).unwrap_or(u64::MAX), &mut b),
         b"; ending the process\n",
     ];
     for p in parts {

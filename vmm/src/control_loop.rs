@@ -14,7 +14,6 @@ use api::{
     ApiError, DaxEvent, EventBus, FsDaxStatus, VmmAction, VmmReceiver, VmmReply, VmmResult,
     WindowStats,
 };
-use dax_abi::MAP_LATENCY_BUCKETS_US;
 use serde_json::{json, Value};
 use virtio_devices::vhost_user_fs::window::{WindowEvent, WindowObserver};
 
@@ -164,34 +163,17 @@ fn hotplug_error(endpoint: &str, e: &DeviceManagerError) -> ApiError {
     }
 }
 
+/// A window's stats for `vm.dax-metrics`: its counters as the window keeps
+/// them, and what is read off the window (`mincore` over its mappings).
 fn window_stats(info: &FsDeviceInfo) -> Option<WindowStats> {
     let w = info.window.as_ref()?;
-    let m = w.metrics.snapshot();
-    let bounds = MAP_LATENCY_BUCKETS_US
-        .iter()
-        .map(|&b| Some(b))
-        .chain(std::iter::once(None));
     Some(WindowStats {
         size: w.size(),
-        bytes_mapped: m.bytes_mapped,
         ranges_mapped: w.mapped_guest_ranges(),
-        maps: m.maps,
-        unmaps: m.unmaps,
-        resets: m.resets,
-        prefaulted_bytes: m.prefaulted_bytes,
-        guest_prefaulted_bytes: m.guest_prefaulted_bytes,
-        prefault_failures: m.prefault_failures,
-        truncated_bytes: m.truncated_bytes,
         stray_resets: w.stray_resets(),
-        failures: m
-            .failures
-            .iter()
-            .map(|(r, n)| (r.to_string(), *n))
-            .collect(),
-        latency_buckets: bounds.zip(m.latency_buckets.iter().copied()).collect(),
-        latency_sum_us: m.latency_sum_us,
         resident_bytes: w.resident_bytes().ok(),
         stray_bytes: w.stray_bytes().ok(),
+        counters: w.metrics.snapshot(),
     })
 }
 
@@ -435,16 +417,6 @@ impl ControlLoop {
             VmmAction::RemoveDevice(id) => self.remove_device(&id),
             VmmAction::Resize(body) => self.resize(&body),
             VmmAction::Counters => Ok(VmmReply::Json(self.counters())),
-            VmmAction::SetDesiredPolicy { id, policy } => {
-                let fs = self
-                    .config
-                    .iter_mut()
-                    .flat_map(|c| c.fs.iter_mut())
-                    .find(|f| f.id == id)
-                    .ok_or_else(|| ApiError::not_found(format!("no fs device with id \"{id}\"")))?;
-                fs.dax_policy = Some(policy);
-                Ok(VmmReply::NoContent)
-            }
             VmmAction::DaxStatus { window_stats } => {
                 Ok(VmmReply::Dax(self.dax_status(window_stats)))
             }
@@ -571,7 +543,7 @@ impl ControlLoop {
             out.insert(id.clone(), Value::Object(values));
         }
         for info in self.vm.iter().flat_map(|vm| vm.fs_devices()) {
-            let Some(s) = window_stats(info) else {
+            let Some(s) = info.window.as_ref().map(|w| w.metrics.snapshot()) else {
                 continue;
             };
             let failures: u64 = s.failures.iter().map(|(_, n)| n).sum();
@@ -608,7 +580,7 @@ impl ControlLoop {
                     window_location: info.and_then(window_location),
                     failed: info
                         .is_some_and(|i| i.failed.load(std::sync::atomic::Ordering::SeqCst)),
-                    desired_policy: f.dax_policy.clone(),
+                    configured_policy: f.dax_policy.clone(),
                 }
             })
             .collect()

@@ -1,11 +1,16 @@
 //! What the DAX window did, counted where it happens (the backend request
-//! handler) and read by whoever publishes it (logs now, the API later).
+//! handler) and read by whoever publishes it (the API: `vm.dax-metrics`,
+//! `vm.counters`).
 //! Plain atomics: the request thread writes, readers take a snapshot.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use dax_abi::MAP_LATENCY_BUCKETS_US;
+
+/// What [`DaxMetrics::snapshot`] takes: the type the API renders, so the
+/// counters reach it without being copied into another struct.
+pub use control_protocol::WindowCounters;
 
 /// Why a SHMEM_MAP/SHMEM_UNMAP was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,23 +87,6 @@ pub struct DaxMetrics {
     latency_sum_us: AtomicU64,
 }
 
-/// A copy of the counters at one moment.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DaxMetricsSnapshot {
-    pub maps: u64,
-    pub unmaps: u64,
-    pub bytes_mapped: u64,
-    pub resets: u64,
-    pub prefaulted_bytes: u64,
-    pub guest_prefaulted_bytes: u64,
-    pub prefault_failures: u64,
-    pub truncated_bytes: u64,
-    pub failures: Vec<(&'static str, u64)>,
-    /// Cumulative counts per bucket of [`MAP_LATENCY_BUCKETS_US`], then +Inf.
-    pub latency_buckets: Vec<u64>,
-    pub latency_sum_us: u64,
-}
-
 impl DaxMetrics {
     pub fn record_failure(&self, reason: FailureReason) {
         self.failures[reason.index()].fetch_add(1, Relaxed);
@@ -115,9 +103,13 @@ impl DaxMetrics {
         self.latency_sum_us.fetch_add(us, Relaxed);
     }
 
-    pub fn snapshot(&self) -> DaxMetricsSnapshot {
+    pub fn snapshot(&self) -> WindowCounters {
         let mut cumulative = 0;
-        DaxMetricsSnapshot {
+        let bounds = MAP_LATENCY_BUCKETS_US
+            .iter()
+            .map(|&b| Some(b))
+            .chain(std::iter::once(None));
+        WindowCounters {
             maps: self.maps.load(Relaxed),
             unmaps: self.unmaps.load(Relaxed),
             bytes_mapped: self.bytes_mapped.load(Relaxed),
@@ -130,13 +122,11 @@ impl DaxMetrics {
                 .iter()
                 .map(|r| (r.as_str(), self.failures[r.index()].load(Relaxed)))
                 .collect(),
-            latency_buckets: self
-                .latency_buckets
-                .iter()
-                .map(|b| {
+            latency_buckets: bounds
+                .zip(self.latency_buckets.iter().map(|b| {
                     cumulative += b.load(Relaxed);
                     cumulative
-                })
+                }))
                 .collect(),
             latency_sum_us: self.latency_sum_us.load(Relaxed),
         }
@@ -157,9 +147,9 @@ mod tests {
         m.record_failure(FailureReason::Misaligned);
         let s = m.snapshot();
         assert_eq!(s.maps, 3);
-        assert_eq!(s.latency_buckets[0], 1);
-        assert_eq!(s.latency_buckets[2], 2);
-        assert_eq!(*s.latency_buckets.last().unwrap(), 3);
+        assert_eq!(s.latency_buckets[0], (Some(10), 1));
+        assert_eq!(s.latency_buckets[2], (Some(50), 2));
+        assert_eq!(*s.latency_buckets.last().unwrap(), (None, 3));
         assert_eq!(s.latency_sum_us, 1_000_035);
         assert!(s.failures.contains(&("misaligned", 2)));
         assert!(s.failures.contains(&("bad_fd", 0)));

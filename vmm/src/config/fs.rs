@@ -41,9 +41,10 @@ pub struct FsConfig {
     pub pci_segment: u16,
     /// The daemon's control socket, through which the API pushes DAX policies.
     pub control_socket: Option<PathBuf>,
-    /// The DAX policy this device's daemon should have (validated and
-    /// normalized): set by `vm.dax-policy` or given in `vm.add-fs`, and kept
-    /// there by the API's reconcile loop.
+    /// The DAX policy the device was configured with (`vm.create`,
+    /// `vm.add-fs`), validated and normalized. The API's policy controller
+    /// starts the device's desired policy from it and owns it from then on
+    /// (`vm.dax-policy` changes it there; `vm.info` shows the desired one).
     pub dax_policy: Option<serde_json::Value>,
 }
 

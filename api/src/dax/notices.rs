@@ -1,78 +1,103 @@
-//! What the VMM tells each fs device's daemon about its DAX window, over
-//! the daemon's control socket: where the window sits in guest-physical
-//! memory ([`keep_locations`]), and each range whose file shrank on the
-//! host ([`relay_truncations`]). Both are best effort: a daemon that does not
-//! hear refuses requests with buffers in the window (EFAULT, as before it
-//! knew) or misses a notice the VMM's own metrics still count.
+//! What the controller tells each fs device's daemon besides its policy,
+//! over the daemon's control socket: where the window sits in
+//! guest-physical memory ([`PolicyController::tell_locations`]), and each
+//! range whose file shrank on the host ([`relay_truncations`]); and what it
+//! relays from the daemon: its adaptive policy's decisions, as
+//! `vm.dax-events` ([`PolicyController::relay_adaptive`]). All best effort:
+//! a daemon that does not hear refuses requests with buffers in the window
+//! (EFAULT, as before it knew) or misses a notice the VMM's own metrics
+//! still count.
 
-use control_protocol::{WindowLocation, WindowTruncated, WINDOW_LOCATION, WINDOW_TRUNCATED};
+use std::sync::Arc;
 
-use crate::client;
-use crate::dax::fs_devices;
-use crate::routes::AppState;
+use control_protocol::WindowTruncated;
+use serde_json::json;
 
-/// How often [`keep_locations`] compares each window's place with what its
-/// daemon was told.
-pub const LOCATION_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+use super::daemon::NoticeFailure;
+use super::PolicyController;
+use crate::events::DaxEvent;
 
-/// Tells each daemon where its window is, at start and whenever the guest
-/// moves the window's BAR (for ever, a task on the API's runtime). Only a
-/// change is sent; a daemon that did not take it is asked again next tick.
-pub(crate) async fn keep_locations(s: AppState) {
-    let mut tick = tokio::time::interval(LOCATION_PERIOD);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        push_locations(&s).await;
+impl PolicyController {
+    /// Tells each daemon where its window is, at start and whenever the
+    /// guest moves the window's BAR. Only a change is sent; a daemon that
+    /// did not take it is asked again next time.
+    pub(crate) async fn tell_locations(&self) {
+        let devices = self.devices().clone();
+        for (id, d) in devices {
+            let (Some(socket), Some(loc)) = (&d.control_socket, d.window_location) else {
+                self.told_location(&id, None);
+                continue;
+            };
+            if d.told_location == Some(loc) {
+                continue;
+            }
+            match super::Daemon::at(socket).tell_location(loc).await {
+                Ok(()) => {
+                    log::info!(
+                        "fs {id}: told the daemon its window is at guest-physical {:#x}",
+                        loc.gpa
+                    );
+                    self.told_location(&id, Some(loc));
+                }
+                Err(NoticeFailure::Answered { status, body }) => {
+                    log::warn!(
+                        "fs {id}: the daemon answered {status} to the window's location: {body}"
+                    );
+                    self.told_location(&id, None);
+                }
+                Err(e @ NoticeFailure::Unreachable(_)) => {
+                    log::debug!("fs {id}: telling the daemon the window's location: {e}");
+                    self.told_location(&id, None);
+                }
+            }
+        }
     }
-}
 
-async fn push_locations(s: &AppState) {
-    let Ok(devices) = fs_devices(s, false).await else {
-        return;
-    };
-    let told = s
-        .window_locations
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    let mut now_told = std::collections::HashMap::new();
-    for d in &devices {
-        let (Some(socket), Some(loc)) = (&d.control_socket, d.window_location) else {
-            continue;
-        };
-        if told.get(&d.id) == Some(&loc) {
-            now_told.insert(d.id.clone(), loc);
-            continue;
-        }
-        if tell_location(&d.id, socket, loc).await {
-            now_told.insert(d.id.clone(), loc);
+    fn told_location(&self, id: &str, loc: Option<control_protocol::WindowLocation>) {
+        if let Some(d) = self.devices().get_mut(id) {
+            d.told_location = loc;
         }
     }
-    *s.window_locations.lock().unwrap_or_else(|p| p.into_inner()) = now_told;
-}
 
-async fn tell_location(device: &str, socket: &std::path::Path, loc: WindowLocation) -> bool {
-    let body = serde_json::to_string(&loc).unwrap_or_default();
-    match client::request(socket, "PUT", WINDOW_LOCATION, Some(body)).await {
-        Ok(a) if a.status == 204 => {
-            log::info!(
-                "fs {device}: told the daemon its window is at guest-physical {:#x}",
-                loc.gpa
-            );
-            true
-        }
-        Ok(a) => {
-            log::warn!(
-                "fs {device}: the daemon answered {} to the window's location: {}",
-                a.status,
-                a.body
-            );
-            false
-        }
-        Err(e) => {
-            log::debug!("fs {device}: telling the daemon the window's location: {e}");
-            false
+    /// Publishes, as `adaptive` events, what each daemon's adaptive policy
+    /// decided since the last call. The first contact with a daemon only
+    /// takes its cursor (what it decided before is history, in its stats);
+    /// a daemon that restarted numbers from 1 again and answers all it has.
+    pub(crate) async fn relay_adaptive(&self) {
+        let devices = self.devices().clone();
+        for (id, d) in devices {
+            let Some(socket) = &d.control_socket else {
+                continue;
+            };
+            let known = d.adaptive_cursor;
+            let daemon = super::Daemon::at(socket);
+            let Ok(answer) = daemon.adaptive_events(known.unwrap_or(u64::MAX)).await else {
+                continue;
+            };
+            if let Some(d) = self.devices().get_mut(&id) {
+                d.adaptive_cursor = Some(answer.next);
+            }
+            if known.is_none() {
+                continue;
+            }
+            if answer.missed > 0 {
+                self.events.publish(DaxEvent::new(
+                    "adaptive",
+                    &id,
+                    json!({"decision": "missed", "count": answer.missed}),
+                ));
+            }
+            for e in answer.events {
+                self.events.publish(DaxEvent::new(
+                    "adaptive",
+                    &id,
+                    json!({
+                        "decision": e.kind, "path": e.path, "nodeid": e.nodeid,
+                        "reason": e.reason, "occupancy_pct": e.occupancy_pct,
+                        "seq": e.seq, "daemon_at_ms": e.at_ms,
+                    }),
+                ));
+            }
         }
     }
 }
@@ -81,9 +106,9 @@ async fn tell_location(device: &str, socket: &std::path::Path, loc: WindowLocati
 /// window shrunk on the host (a `truncated` event), so the daemon's stats
 /// and log say so beside its own requests. Best effort: a daemon that does
 /// not answer misses the notice (the VMM's metrics still count it).
-pub(crate) async fn relay_truncations(s: AppState) {
+pub(crate) async fn relay_truncations(controller: Arc<PolicyController>) {
     use tokio::sync::broadcast::error::RecvError;
-    let mut rx = s.events.subscribe();
+    let mut rx = controller.events.subscribe();
     loop {
         let event = match rx.recv().await {
             Ok(e) if e.kind == "truncated" => e,
@@ -98,25 +123,23 @@ pub(crate) async fn relay_truncations(s: AppState) {
             offset: event.fields["offset"].as_u64().unwrap_or(0),
             len: event.fields["len"].as_u64().unwrap_or(0),
         };
-        let Ok(devices) = fs_devices(&s, false).await else {
+        if controller.sync().await.is_err() {
             continue;
-        };
-        let Some(socket) = devices
-            .iter()
-            .find(|d| d.id == event.device)
+        }
+        let Some(socket) = controller
+            .devices()
+            .get(&event.device)
             .and_then(|d| d.control_socket.clone())
         else {
             continue;
         };
-        let body = serde_json::to_string(&notice).unwrap_or_default();
-        match client::request(&socket, "POST", WINDOW_TRUNCATED, Some(body)).await {
-            Ok(a) if a.status == 204 => {}
-            Ok(a) => log::debug!(
-                "fs {}: the daemon answered {} to a truncation notice",
-                event.device,
-                a.status
+        match super::Daemon::at(&socket).tell_truncated(notice).await {
+            Ok(()) => {}
+            Err(NoticeFailure::Answered { status, .. }) => log::debug!(
+                "fs {}: the daemon answered {status} to a truncation notice",
+                event.device
             ),
-            Err(e) => log::debug!(
+            Err(e @ NoticeFailure::Unreachable(_)) => log::debug!(
                 "fs {}: telling the daemon of a truncation: {e}",
                 event.device
             ),
@@ -128,8 +151,9 @@ pub(crate) async fn relay_truncations(s: AppState) {
 mod tests {
     use super::*;
     use crate::{vmm_channel, FsDaxStatus, VmmAction, VmmReply};
+    use control_protocol::{WindowLocation, WINDOW_LOCATION};
     use std::io::{Read, Write};
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
 
     /// A daemon's control socket (a thread) that records each request's
     /// first line and body, and answers `status`.
@@ -160,11 +184,11 @@ mod tests {
     }
 
     /// The stand-in VMM: one fs device with `socket` as its control socket,
-    /// placed where `placed` says; the API state that asks it.
+    /// placed where `placed` says; the controller that asks it.
     fn stand_in_vmm(
         socket: std::path::PathBuf,
         placed: Arc<Mutex<Option<WindowLocation>>>,
-    ) -> AppState {
+    ) -> Arc<PolicyController> {
         let (channel, receiver) = vmm_channel().unwrap();
         std::thread::spawn(move || loop {
             std::thread::sleep(std::time::Duration::from_millis(5));
@@ -184,8 +208,13 @@ mod tests {
                 let _ = req.reply.send(Ok(VmmReply::Dax(vec![status])));
             }
         });
-        let ping = serde_json::json!({});
-        crate::routes::app(channel, crate::EventBus::default(), ping).1
+        PolicyController::new(channel, crate::EventBus::default())
+    }
+
+    /// One tick of the loop, as far as locations go.
+    async fn push_locations(controller: &PolicyController) {
+        controller.sync().await.unwrap();
+        controller.tell_locations().await;
     }
 
     const AT_4G: WindowLocation = WindowLocation {
@@ -238,6 +267,6 @@ mod tests {
         push_locations(&state).await;
         push_locations(&state).await;
         assert_eq!(seen.lock().unwrap().len(), 2);
-        assert!(state.window_locations.lock().unwrap().is_empty());
+        assert_eq!(state.devices()["fs0"].told_location, None);
     }
 }
