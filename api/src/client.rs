@@ -15,9 +15,10 @@ use hyper::Request;
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
-/// How long a daemon has to answer: connecting, the headers and the whole
-/// body.
-pub const DAEMON_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a daemon's control socket has to answer one request:
+/// connecting, the headers and the whole body. (The vhost-user socket's
+/// bound is `virtio_devices::vhost_user_fs::VHOST_USER_TIMEOUT`.)
+pub const CONTROL_SOCKET_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The largest answer body read from a peer, bytes. The largest legitimate
 /// answer is a daemon's adaptive-event ring (1024 events, each with a path
@@ -71,11 +72,11 @@ pub async fn request_limited(
 ) -> Result<Answer, ClientError> {
     let path = socket.display().to_string();
     let exchange = exchange(socket, &path, method, uri, body, limit);
-    match tokio::time::timeout(DAEMON_TIMEOUT, exchange).await {
+    match tokio::time::timeout(CONTROL_SOCKET_TIMEOUT, exchange).await {
         Ok(r) => r,
         Err(_) => Err(ClientError::Timeout {
             path,
-            timeout: DAEMON_TIMEOUT,
+            timeout: CONTROL_SOCKET_TIMEOUT,
         }),
     }
 }

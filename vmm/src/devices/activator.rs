@@ -4,7 +4,7 @@
 //! A vCPU that writes DRIVER_OK (or 0, a reset) to a status register only
 //! queues the work here and returns to the guest: a vhost-user device's
 //! activation is a run of round trips to its daemon, which may be slow or
-//! stuck (each run is bounded by `vhost_user_fs::DAEMON_TIMEOUT`). Meanwhile
+//! stuck (each run is bounded by `vhost_user_fs::VHOST_USER_TIMEOUT`). Meanwhile
 //! the vCPU, the bus and the VMM's other threads keep going; the device's
 //! queues fill and are served once the activation is done (guest kicks wait
 //! in their ioeventfds).
