@@ -117,15 +117,15 @@ impl PciConfiguration {
                     return Err(PciConfigError::BarAbove4G { index });
                 }
                 // Below 4 GiB (checked above): the low halves are the values.
-                self.regs[BAR0_REG + index] = low_half(addr);
-                self.writable[BAR0_REG + index] = low_half(mask);
+                self.regs[BAR0_REG + index] = narrow::low_u32(addr);
+                self.writable[BAR0_REG + index] = narrow::low_u32(mask);
             }
             BarKind::Mem64 { prefetchable } => {
                 let flags = BAR_MEM64 | if prefetchable { BAR_PREFETCHABLE } else { 0 };
-                self.regs[BAR0_REG + index] = low_half(addr) | flags;
-                self.regs[BAR0_REG + index + 1] = low_half(addr >> 32);
-                self.writable[BAR0_REG + index] = low_half(mask) & !0xf;
-                self.writable[BAR0_REG + index + 1] = low_half(mask >> 32);
+                self.regs[BAR0_REG + index] = narrow::low_u32(addr) | flags;
+                self.regs[BAR0_REG + index + 1] = narrow::low_u32(addr >> 32);
+                self.writable[BAR0_REG + index] = narrow::low_u32(mask) & !0xf;
+                self.writable[BAR0_REG + index + 1] = narrow::low_u32(mask >> 32);
             }
         }
         self.bars[index] = Some(Bar { size, kind });
@@ -268,17 +268,6 @@ impl PciConfiguration {
     pub fn memory_enabled(&self) -> bool {
         self.regs[COMMAND_REG] & 0x2 != 0
     }
-}
-
-/// The low 32 bits of `value`: a 64-bit BAR's address and mask are two
-/// 32-bit registers.
-fn low_half(value: u64) -> u32 {
-    #[expect(
-        clippy::cast_possible_truncation,
-        reason = "keeping the low half is the point"
-    )]
-    let low = value as u32;
-    low
 }
 
 #[cfg(test)]

@@ -33,14 +33,11 @@ impl fmt::Display for PciAddress {
 /// Segment `segment`'s host bridge in the DSDT: `_SEG`, `_UID` and `_BBN 0`,
 /// its resources (bus 0, the config ports on segment 0, its 32- and 64-bit
 /// windows) and its hot-plug slots.
-/// An address in a segment's 32-bit window as the descriptor's 32-bit field.
+/// An address in a segment's 32-bit window as the descriptor's 32-bit
+/// field: the windows are carved from PCI_MMIO32, below 4 GiB (a layout
+/// assert), so this never refuses.
 fn below_4g(addr: u64) -> u32 {
-    #[expect(
-        clippy::cast_possible_truncation,
-        reason = "the 32-bit windows are carved from PCI_MMIO32, below 4 GiB (a layout assert)"
-    )]
-    let addr = addr as u32;
-    addr
+    narrow::u32_of(addr)
 }
 
 pub fn host_bridge_aml(segment: u16, windows: &SegmentWindows, sink: &mut Vec<u8>) {
