@@ -1,7 +1,12 @@
 //! How a virtio-blk device serves its queues: one thread per queue parses
-//! the guest's chains and hands each request to a pool of I/O threads,
-//! which run it against the disk and hand back a completion; the queue
-//! thread then puts the chain in the used ring and interrupts the guest.
+//! the guest's chains and hands each request to a pool of I/O threads; the
+//! I/O thread that runs a request against the disk also completes it: it
+//! puts the chain in the used ring and interrupts the guest when the
+//! guest's `used_event` asks for it. A request thus crosses one thread
+//! hand-off, not two (the queue thread sleeps until the next kick rather
+//! than waking for every completion). The queue's two rings are shared
+//! under one lock ([`SharedQueue`]), held only to take a chain or to use
+//! one, never across I/O.
 //!
 //! Why a pool and not io_uring: the pool's threads make only `preadv`,
 //! `pwritev`, `fdatasync` and `fallocate`, each checked by their own
@@ -76,28 +81,96 @@ fn count(counters: &DeviceCounters, action: &Action, status: u8) {
     }
 }
 
-/// Chains the pool finished for one queue, and the eventfd that says so.
-struct Completions {
-    done: Mutex<Vec<(u16, u32)>>,
-    ready: EventFd,
+/// One queue as its queue thread and the I/O threads share it: the queue
+/// thread takes chains from the available ring, the I/O thread that
+/// finishes a request puts it in the used ring and interrupts the guest.
+/// Both sides of the ring go through `state`'s lock.
+struct SharedQueue {
+    index: u16,
+    name: String,
+    state: Mutex<QueueState>,
+    /// Most requests in flight at once: the queue's size.
+    limit: usize,
+    /// Written by a completion that makes room while the queue thread
+    /// waits for room (see [`QueueState::stalled`]).
+    room: EventFd,
+    interrupt: Arc<dyn VirtioInterrupt>,
+}
+
+struct QueueState {
+    queue: Queue,
+    /// Chains taken from the available ring and not yet used. A driver may
+    /// publish the same chain again while it is in flight; counting keeps
+    /// what is queued for the pool within the queue's size regardless.
+    in_flight: usize,
+    /// The queue thread stopped taking chains at `limit` and left the
+    /// guest's kicks off: the next completion wakes it through `room`.
+    stalled: bool,
+    /// The device is stopping: nothing more goes into the rings and no
+    /// more interrupts are raised (requests still running finish their
+    /// I/O, as the guest's memory stays mapped until the threads are
+    /// joined).
+    stopped: bool,
+}
+
+impl SharedQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Puts `head` in the used ring with `len` bytes written, frees its
+    /// place, and raises the queue's interrupt if the guest asked for it
+    /// (EVENT_IDX: only when the used index passes its `used_event`, so
+    /// completions the guest has not yet asked about raise nothing).
+    /// Nothing happens once the queue is stopped.
+    fn complete(&self, mem: &GuestMemoryMmap, head: u16, len: u32) -> Result<(), String> {
+        let mut st = self.lock();
+        if st.stopped {
+            return Ok(());
+        }
+        st.in_flight = st.in_flight.saturating_sub(1);
+        let wake = std::mem::take(&mut st.stalled);
+        if let Err(e) = st.queue.add_used(mem, head, len) {
+            // A broken used ring: the queue serves nothing more.
+            st.stopped = true;
+            return Err(format!("stopped: used ring: {e:?}"));
+        }
+        let notify = st.queue.needs_notification(mem).unwrap_or(true);
+        drop(st);
+        if notify {
+            self.interrupt
+                .trigger(Interrupt::Queue(self.index))
+                .map_err(|e| format!("interrupt: {e}"))?;
+        }
+        if wake {
+            self.room
+                .write(1)
+                .map_err(|e| format!("room eventfd: {e}"))?;
+        }
+        Ok(())
+    }
 }
 
 struct Job {
     head: u16,
     status: GuestAddress,
     action: Action,
-    to: Arc<Completions>,
+    queue: Arc<SharedQueue>,
 }
 
-/// The running threads; dropping stops the queue threads, lets the pool
-/// finish the jobs it holds, and joins everything.
+/// The running threads; dropping stops the queues, lets the pool finish
+/// the jobs it holds without touching the rings, and joins everything.
 pub struct BlockQueues {
+    queues: Vec<Arc<SharedQueue>>,
     queue_threads: Vec<WorkerThread>,
     io_threads: Vec<JoinHandle<()>>,
 }
 
 impl Drop for BlockQueues {
     fn drop(&mut self) {
+        for q in &self.queues {
+            q.lock().stopped = true;
+        }
         // The queue threads hold every job sender; when they are gone the
         // pool's channel disconnects once drained.
         self.queue_threads.clear();
@@ -108,7 +181,7 @@ impl Drop for BlockQueues {
 }
 
 const KICK: u64 = 0;
-const DONE: u64 = 1;
+const ROOM: u64 = 1;
 
 /// Starts the pool and one thread per queue.
 pub fn start(
@@ -120,6 +193,7 @@ pub fn start(
     // Declared first so it drops last: on an early return the sender and
     // receiver below are gone before its Drop joins the I/O threads.
     let mut running = BlockQueues {
+        queues: Vec::new(),
         queue_threads: Vec::new(),
         io_threads: Vec::new(),
     };
@@ -133,15 +207,38 @@ pub fn start(
         running.io_threads.push(t);
     }
     for q in queues {
+        let queue = shared_queue(&shared, q.index, q.queue, interrupt.clone())?;
+        running.queues.push(queue.clone());
         running.queue_threads.push(queue_thread(
             shared.clone(),
-            q,
+            queue,
+            q.kick,
             mem.clone(),
-            interrupt.clone(),
             tx.clone(),
         )?);
     }
     Ok(running)
+}
+
+fn shared_queue(
+    shared: &Shared,
+    index: u16,
+    queue: Queue,
+    interrupt: Arc<dyn VirtioInterrupt>,
+) -> std::io::Result<Arc<SharedQueue>> {
+    Ok(Arc::new(SharedQueue {
+        index,
+        name: format!("{} queue {index}", shared.name),
+        limit: usize::from(queue.size()),
+        state: Mutex::new(QueueState {
+            queue,
+            in_flight: 0,
+            stalled: false,
+            stopped: false,
+        }),
+        room: EventFd::new(libc::EFD_NONBLOCK)?,
+        interrupt,
+    }))
 }
 
 fn io_thread(
@@ -165,74 +262,48 @@ fn io_thread(
             Ok(()) => written.saturating_add(1),
             Err(_) => 0,
         };
-        job.to
-            .done
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((job.head, used));
-        if let Err(e) = job.to.ready.write(1) {
-            crate::error_limited!("{}: completion eventfd: {e}", shared.name);
+        if let Err(e) = job.queue.complete(&guard, job.head, used) {
+            crate::error_limited!("{}: {e}", job.queue.name);
         }
     }
 }
 
 fn queue_thread(
     shared: Arc<Shared>,
-    q: ActivatedQueue,
+    queue: Arc<SharedQueue>,
+    kick: EventFd,
     mem: GuestMemoryAtomic<GuestMemoryMmap>,
-    interrupt: Arc<dyn VirtioInterrupt>,
     jobs: Sender<Job>,
 ) -> std::io::Result<WorkerThread> {
-    let completions = Arc::new(Completions {
-        done: Mutex::new(Vec::new()),
-        ready: EventFd::new(libc::EFD_NONBLOCK)?,
-    });
     let events = EventLoop::new()?;
-    events.add(q.kick.as_raw_fd(), EventSet::IN, KICK)?;
-    events.add(completions.ready.as_raw_fd(), EventSet::IN, DONE)?;
-    let (index, mut queue, kick) = (q.index, q.queue, q.kick);
-    let name = format!("{} queue {index}", shared.name);
-    // Requests handed to the pool and not yet completed. A driver may
-    // publish the same chain again while it is in flight; counting keeps
-    // what is queued for the pool within the queue's size regardless.
-    let mut in_flight = 0usize;
-    let limit = usize::from(queue.size());
+    events.add(kick.as_raw_fd(), EventSet::IN, KICK)?;
+    events.add(queue.room.as_raw_fd(), EventSet::IN, ROOM)?;
+    let name = queue.name.clone();
+    let index = queue.index;
     events.spawn(format!("blk-q{index}"), name.clone(), move |_, token, _| {
         let guard = mem.memory();
-        let mut used = 0usize;
-        if token == KICK {
-            let _ = kick.read();
+        let _ = if token == KICK {
+            kick.read()
         } else {
-            let _ = completions.ready.read();
-            let done =
-                std::mem::take(&mut *completions.done.lock().unwrap_or_else(|p| p.into_inner()));
-            for (head, len) in done {
-                if let Err(e) = queue.add_used(&*guard, head, len) {
-                    crate::error_limited!("{name}: stopped: used ring: {e:?}");
-                    return Flow::Stop;
-                }
-                in_flight = in_flight.saturating_sub(1);
-                used += 1;
-            }
-        }
-        // After completions too: chains left waiting while the pool was full.
-        match serve_until_idle(
-            &shared,
-            &mut queue,
-            &guard,
-            &completions,
-            &jobs,
-            &mut in_flight,
-            limit,
-        ) {
-            Ok(n) => used += n,
+            queue.room.read()
+        };
+        let used = match serve_until_idle(&shared, &queue, &guard, &jobs) {
+            Ok(n) => n,
             Err(e) => {
                 crate::error_limited!("{name}: stopped: {e}");
                 return Flow::Stop;
             }
-        }
-        if used > 0 && queue.needs_notification(&*guard).unwrap_or(true) {
-            if let Err(e) = interrupt.trigger(Interrupt::Queue(index)) {
+        };
+        // Chains answered here (bad requests); the I/O threads signal
+        // their own.
+        let notify = used > 0
+            && queue
+                .lock()
+                .queue
+                .needs_notification(&*guard)
+                .unwrap_or(true);
+        if notify {
+            if let Err(e) = queue.interrupt.trigger(Interrupt::Queue(index)) {
                 crate::error_limited!("{name}: stopped: interrupt: {e}");
                 return Flow::Stop;
             }
@@ -245,45 +316,53 @@ fn queue_thread(
 /// does not kick for chains it publishes while this thread is serving
 /// (with EVENT_IDX it kicks only past the index this thread last asked
 /// for). Before returning, kicks are turned back on and chains that came
-/// in the meantime are served, unless `limit` requests are in flight: a
-/// completion brings the thread back then, and turns them on.
+/// in the meantime are served, unless the queue's limit of requests is in
+/// flight: then the queue is marked stalled and the completion that makes
+/// room wakes this thread, which turns them on.
 fn serve_until_idle(
     shared: &Shared,
-    queue: &mut Queue,
+    queue: &Arc<SharedQueue>,
     mem: &GuestMemoryMmap,
-    completions: &Arc<Completions>,
     jobs: &Sender<Job>,
-    in_flight: &mut usize,
-    limit: usize,
 ) -> Result<usize, String> {
     let ring = |e: virtio_queue::Error| format!("notification flags: {e:?}");
     let mut used = 0;
     loop {
-        queue.disable_notification(mem).map_err(ring)?;
-        used += serve_available(shared, queue, mem, completions, jobs, in_flight, limit)?;
-        if *in_flight >= limit || !queue.enable_notification(mem).map_err(ring)? {
+        queue.lock().queue.disable_notification(mem).map_err(ring)?;
+        used += serve_available(shared, queue, mem, jobs)?;
+        let mut st = queue.lock();
+        if st.in_flight >= queue.limit {
+            st.stalled = true;
+            return Ok(used);
+        }
+        if !st.queue.enable_notification(mem).map_err(ring)? {
             return Ok(used);
         }
     }
 }
 
-/// Parses available chains while fewer than `limit` are in flight: valid
-/// requests go to the pool, the others are answered here. Returns how many
-/// chains were used here.
+/// Parses available chains while fewer than the queue's limit are in
+/// flight: valid requests go to the pool, the others are answered here.
+/// Returns how many chains were used here. The queue's lock is held only
+/// to take each chain, not while parsing it.
 fn serve_available(
     shared: &Shared,
-    queue: &mut Queue,
+    queue: &Arc<SharedQueue>,
     mem: &GuestMemoryMmap,
-    completions: &Arc<Completions>,
     jobs: &Sender<Job>,
-    in_flight: &mut usize,
-    limit: usize,
 ) -> Result<usize, String> {
     let mut used = 0;
-    let mut pending = *in_flight;
-    while pending < limit {
-        let Some(chain) = queue.pop_descriptor_chain(mem) else {
-            break;
+    loop {
+        let chain = {
+            let mut st = queue.lock();
+            if st.in_flight >= queue.limit {
+                break;
+            }
+            let Some(chain) = st.queue.pop_descriptor_chain(mem) else {
+                break;
+            };
+            st.in_flight += 1;
+            chain
         };
         let head = chain.head_index();
         let descriptors = chain.map(|d| (d.addr(), d.len(), d.is_write_only()));
@@ -294,11 +373,10 @@ fn serve_available(
                     head,
                     status,
                     action,
-                    to: completions.clone(),
+                    queue: Arc::clone(queue),
                 };
                 jobs.send(job)
                     .map_err(|_| "the I/O threads are gone".to_string())?;
-                pending += 1;
                 continue;
             }
             (status, Err(e)) => {
@@ -311,12 +389,13 @@ fn serve_available(
             Some((at, status)) if mem.write_obj(status, at).is_ok() => 1,
             _ => 0,
         };
-        queue
+        let mut st = queue.lock();
+        st.in_flight = st.in_flight.saturating_sub(1);
+        st.queue
             .add_used(mem, head, len)
             .map_err(|e| format!("used ring: {e:?}"))?;
         used += 1;
     }
-    *in_flight = pending;
     Ok(used)
 }
 
@@ -383,11 +462,41 @@ mod tests {
         vq
     }
 
-    fn completions() -> Arc<Completions> {
-        Arc::new(Completions {
-            done: Mutex::new(Vec::new()),
-            ready: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
-        })
+    /// Counts the interrupts the device raises.
+    #[derive(Default)]
+    struct Counted(std::sync::atomic::AtomicUsize);
+
+    impl VirtioInterrupt for Counted {
+        fn trigger(&self, _: Interrupt) -> std::io::Result<()> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+        fn notifier(&self, _: Interrupt) -> Option<EventFd> {
+            None
+        }
+    }
+
+    /// The queue of `vq` shared as the device shares it, with room for
+    /// `limit` requests in flight.
+    fn shared_queue(
+        vq: &MockSplitQueue<'_, GuestMemoryMmap>,
+        limit: usize,
+    ) -> (Arc<SharedQueue>, Arc<Counted>) {
+        let counted = Arc::new(Counted::default());
+        let q =
+            super::shared_queue(&shared(), 0, vq.create_queue().unwrap(), counted.clone()).unwrap();
+        let mut q = Arc::into_inner(q).unwrap();
+        q.limit = limit;
+        (Arc::new(q), counted)
+    }
+
+    fn interrupts(counted: &Counted) -> usize {
+        counted.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn used_idx(mem: &GuestMemoryMmap, vq: &MockSplitQueue<'_, GuestMemoryMmap>) -> u16 {
+        use vm_memory::Address;
+        mem.read_obj(vq.used_addr().unchecked_add(2)).unwrap()
     }
 
     /// Three flush requests published at once: with room for two in the
@@ -398,29 +507,21 @@ mod tests {
         let shared = shared();
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
         let vq = flushes(&mem, 3);
-        let mut queue: Queue = vq.create_queue().unwrap();
-        let completions = completions();
+        let (queue, _) = shared_queue(&vq, 2);
         let (tx, rx) = channel();
-        let mut in_flight = 0;
-        let serve = |queue: &mut Queue, in_flight: &mut usize| {
-            serve_available(&shared, queue, &mem, &completions, &tx, in_flight, 2).unwrap()
-        };
+        let serve = || serve_available(&shared, &queue, &mem, &tx).unwrap();
+        assert_eq!(serve(), 0, "nothing answered here");
+        assert_eq!((queue.lock().in_flight, rx.try_iter().count()), (2, 2));
+        assert_eq!(serve(), 0);
         assert_eq!(
-            serve(&mut queue, &mut in_flight),
-            0,
-            "nothing answered here"
-        );
-        assert_eq!((in_flight, rx.try_iter().count()), (2, 2));
-        assert_eq!(serve(&mut queue, &mut in_flight), 0);
-        assert_eq!(
-            (in_flight, rx.try_iter().count()),
+            (queue.lock().in_flight, rx.try_iter().count()),
             (2, 0),
             "the pool is full"
         );
-        in_flight = 1; // one completed
-        serve(&mut queue, &mut in_flight);
+        queue.complete(&mem, 0, 1).unwrap();
+        serve();
         assert_eq!(
-            (in_flight, rx.try_iter().count()),
+            (queue.lock().in_flight, rx.try_iter().count()),
             (2, 1),
             "the third one now"
         );
@@ -428,47 +529,78 @@ mod tests {
 
     /// Without EVENT_IDX the device turns the guest's kicks off with the
     /// used ring's NO_NOTIFY flag while it serves. Once idle with room in
-    /// the pool, they are back on; with the pool full they stay off (a
-    /// completion will serve the ring anyway), and the next pass with room
-    /// turns them on again.
+    /// the pool, they are back on; with the pool full they stay off and
+    /// the queue is stalled: the completion that makes room wakes the
+    /// queue thread (`room`), and the next pass turns them on again.
     #[test]
     fn kicks_are_off_while_serving_and_back_on_when_idle() {
         let shared = shared();
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
         let vq = flushes(&mem, 3);
-        let mut queue: Queue = vq.create_queue().unwrap();
-        let completions = completions();
+        let (queue, _) = shared_queue(&vq, 2);
         let (tx, rx) = channel();
         let used_flags = || mem.read_obj::<u16>(vq.used_addr()).unwrap();
         let no_notify = const { narrow::u16_of(VRING_USED_F_NO_NOTIFY as u64) };
-        let mut in_flight = 0;
-        serve_until_idle(
-            &shared,
-            &mut queue,
-            &mem,
-            &completions,
-            &tx,
-            &mut in_flight,
-            2,
-        )
-        .unwrap();
-        assert_eq!((in_flight, rx.try_iter().count()), (2, 2));
+        serve_until_idle(&shared, &queue, &mem, &tx).unwrap();
+        assert_eq!((queue.lock().in_flight, rx.try_iter().count()), (2, 2));
         assert_eq!(used_flags(), no_notify, "pool full: kicks stay off");
-        in_flight = 0; // both completed
-        serve_until_idle(
-            &shared,
-            &mut queue,
-            &mem,
-            &completions,
-            &tx,
-            &mut in_flight,
-            2,
-        )
-        .unwrap();
-        assert_eq!((in_flight, rx.try_iter().count()), (1, 1));
+        assert!(queue.lock().stalled);
+        assert!(queue.room.read().is_err(), "no wake-up before a completion");
+        queue.complete(&mem, 0, 1).unwrap();
+        assert_eq!(queue.room.read().unwrap(), 1, "the completion woke it");
+        queue.complete(&mem, 2, 1).unwrap();
+        assert!(queue.room.read().is_err(), "one wake-up per stall");
+        serve_until_idle(&shared, &queue, &mem, &tx).unwrap();
+        assert_eq!((queue.lock().in_flight, rx.try_iter().count()), (1, 1));
         assert_eq!(used_flags(), 0, "idle with room: kicks on");
+        assert!(!queue.lock().stalled);
         // A chain published after the device went idle is found on the
         // next kick, and the flag is still 0 afterwards.
-        assert!(!queue.enable_notification(&mem).unwrap());
+        assert!(!queue.lock().queue.enable_notification(&mem).unwrap());
+    }
+
+    /// The I/O thread's side: a completion goes into the used ring with
+    /// its length, and interrupts only when the guest's `used_event`
+    /// (EVENT_IDX) lies behind the new used index: with `used_event` = 1,
+    /// the first completion (used index 1) raises nothing, the second
+    /// (index 2) raises one.
+    #[test]
+    fn a_completion_is_used_and_interrupts_only_when_the_guest_asks() {
+        use vm_memory::Address;
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+        let vq = flushes(&mem, 2);
+        let (queue, counted) = shared_queue(&vq, 16);
+        queue.lock().queue.set_event_idx(true);
+        let used_event_at = vq.avail_addr().unchecked_add(4 + 2 * 16);
+        mem.write_obj(1u16, used_event_at).unwrap();
+        let (shared, (tx, _rx)) = (shared(), channel());
+        serve_available(&shared, &queue, &mem, &tx).unwrap();
+        queue.complete(&mem, 2, 1).unwrap();
+        assert_eq!((used_idx(&mem, &vq), interrupts(&counted)), (1, 0));
+        let entry = vq.used_addr().unchecked_add(4);
+        assert_eq!(mem.read_obj::<u32>(entry).unwrap(), 2, "the chain's head");
+        assert_eq!(mem.read_obj::<u32>(entry.unchecked_add(4)).unwrap(), 1);
+        queue.complete(&mem, 0, 1).unwrap();
+        assert_eq!((used_idx(&mem, &vq), interrupts(&counted)), (2, 1));
+        assert_eq!(queue.lock().in_flight, 0);
+    }
+
+    /// A reset stops the queue before the threads are joined: a request
+    /// that finishes its I/O afterwards (it was in flight) writes neither
+    /// ring nor raises an interrupt, and a stalled queue thread is not
+    /// woken (it is being stopped).
+    #[test]
+    fn completions_after_a_stop_touch_no_ring_and_raise_nothing() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+        let vq = flushes(&mem, 2);
+        let (queue, counted) = shared_queue(&vq, 1);
+        let (shared, (tx, _rx)) = (shared(), channel());
+        serve_until_idle(&shared, &queue, &mem, &tx).unwrap();
+        assert!(queue.lock().stalled);
+        queue.lock().stopped = true;
+        queue.complete(&mem, 0, 1).unwrap();
+        assert_eq!((used_idx(&mem, &vq), interrupts(&counted)), (0, 0));
+        assert!(queue.room.read().is_err(), "not woken");
+        assert_eq!(queue.lock().in_flight, 1, "nothing changed");
     }
 }
