@@ -108,9 +108,11 @@ const DEVICE_WORKER_CALLS: &[i64] = &[
 
 /// A virtio-blk I/O thread (`virtio_devices::block::io`): positioned
 /// reads and writes between the image and guest memory, flushes, and
-/// fallocate for DISCARD / WRITE_ZEROES. No sockets, no KVM, no mmap of
-/// files, no opens: the image was opened by the main thread. Started by
-/// the device activator, so also under its filter.
+/// fallocate for DISCARD / WRITE_ZEROES; completing a request, it writes
+/// the guest's irqfd and the queue thread's eventfd (`write`, in
+/// [`COMMON`]). No sockets, no KVM, no mmap of files, no opens: the image
+/// was opened by the main thread. Started by the device activator, so
+/// also under its filter.
 const BLOCK_IO_CALLS: &[i64] = &[
     SYS_pread64,
     SYS_pwrite64,

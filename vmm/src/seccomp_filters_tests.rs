@@ -387,7 +387,8 @@ fn device_workers_calls_pass_the_filter_of_the_thread_that_starts_them() {
 }
 
 /// A virtio-blk I/O thread under its three filters: the I/O a request
-/// turns into passes (on a real file), and nothing else a compromised
+/// turns into passes (on a real file), and so does the eventfd write that
+/// completes it, and nothing else a compromised
 /// thread would want does — no opens, sockets, ioctls, mmap of new files
 /// or new processes.
 #[test]
@@ -400,6 +401,10 @@ fn a_block_io_thread_does_positioned_io_and_nothing_more() {
         .open(t.as_path())
         .unwrap();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    // The I/O thread completes the request itself: it raises the guest's
+    // interrupt (an irqfd) and wakes a stalled queue thread (an eventfd).
+    let irqfd = vmm_sys_util::eventfd::EventFd::new(EFD_NONBLOCK).unwrap();
+    let irq = std::os::fd::AsRawFd::as_raw_fd(&irqfd);
     let io = move || {
         let mut buf = [0u8; 512];
         let iov = libc::iovec {
@@ -425,7 +430,10 @@ fn a_block_io_thread_does_positioned_io_and_nothing_more() {
         // EOPNOTSUPP, which is not the filter's doing.
         let punch_ok = punched == 0
             || std::io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP);
-        if (read, written, flushed) != (512, 512, 0) || !punch_ok {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: an 8-byte buffer written to an eventfd this process owns.
+        let signalled = unsafe { libc::write(irq, one.as_ptr().cast(), one.len()) };
+        if (read, written, flushed, signalled) != (512, 512, 0, 8) || !punch_ok {
             // SAFETY: ends the forked child at once with a status the
             // parent reads as "returned 98".
             unsafe { libc::_exit(98) };
