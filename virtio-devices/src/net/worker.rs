@@ -7,6 +7,7 @@
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
+use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
@@ -81,8 +82,8 @@ impl PairWorker {
             tx_kick: s.tx.kick,
             io: s.io,
             acked: s.acked,
-            rx_path: RxPath::default(),
-            tx_path: TxPath::default(),
+            rx_path: RxPath::new(s.acked & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0),
+            tx_path: TxPath,
             counters: NetCounters::default(),
             published: NetCounters::default(),
             shared_counters: s.counters,
