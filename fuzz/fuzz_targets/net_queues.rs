@@ -1,24 +1,45 @@
 //! virtio-net's TX and RX paths on arbitrary descriptor chains, with a
 //! datagram pair standing in for the tap: every TX chain is used once
 //! (sent or dropped), a sent frame is exactly what the header check let
-//! through and never longer than the bound; RX fills what fits and drops
-//! the rest; never a crash. The header check is also run on the raw input.
+//! through and never longer than the bound; RX, with or without
+//! MRG_RXBUF, reads frames straight into the guest's chains or copies
+//! them, fills what fits, drops the rest, and the used lengths add up to
+//! the bytes it counted; never a crash. The header check is also run on
+//! the raw input.
 #![no_main]
 
 use std::os::unix::net::UnixDatagram;
 
-use dax_vmm_fuzz::{memory, queue_from};
+use dax_vmm_fuzz::{memory, queue_from, Memory, DATA, DESC_TABLE, MEM_SIZE, QUEUE_SIZE, USED_RING};
 use libfuzzer_sys::fuzz_target;
 use virtio_devices::net::header::{check_tx, OFFLOAD_FEATURES};
 use virtio_devices::net::queues::{NetCounters, RxPath, TxPath};
 use virtio_devices::net::MAX_FRAME_LEN;
+use vm_memory::{Bytes, GuestAddress};
+
+/// Gives every descriptor a length under 68 KiB and an address that keeps
+/// it inside guest memory past the rings, so chains are often whole and
+/// large enough to be read into directly.
+fn fold_lengths(mem: &Memory) {
+    for i in 0..u64::from(QUEUE_SIZE) {
+        let at = GuestAddress(DESC_TABLE + 16 * i);
+        let addr: u64 = mem.read_obj(at).expect("descriptor in memory");
+        let len: u32 = mem
+            .read_obj(GuestAddress(at.0 + 8))
+            .expect("descriptor in memory");
+        let len = len % 0x1_1000;
+        let room = MEM_SIZE - DATA - u64::from(len);
+        mem.write_obj(DATA + addr % room, at)
+            .expect("descriptor in memory");
+        mem.write_obj(len, GuestAddress(at.0 + 8))
+            .expect("descriptor in memory");
+    }
+}
 
 fuzz_target!(|data: &[u8]| {
-    let acked = if data.first().is_some_and(|b| b & 1 == 1) {
-        OFFLOAD_FEATURES
-    } else {
-        0
-    };
+    let flags = data.first().copied().unwrap_or(0);
+    let acked = if flags & 1 == 1 { OFFLOAD_FEATURES } else { 0 };
+    let mergeable = flags & 2 == 2;
     let _ = check_tx(data, acked);
 
     let (tap, peer) = UnixDatagram::pair().expect("socket pair");
@@ -28,8 +49,10 @@ fuzz_target!(|data: &[u8]| {
     let mut counters = NetCounters::default();
 
     let mut q = queue_from(&mem, data);
-    let mut tx = TxPath::default();
-    if let Ok((used, _)) = tx.process(&mut q, &mem, &tap, acked, &mut counters) {
+    if flags & 4 == 4 {
+        fold_lengths(&mem);
+    }
+    if let Ok((used, _)) = TxPath.process(&mut q, &mem, &tap, acked, &mut counters) {
         assert_eq!(used as u64, counters.tx_frames + counters.tx_dropped);
     }
     let mut buf = vec![0u8; MAX_FRAME_LEN + 1];
@@ -38,14 +61,38 @@ fuzz_target!(|data: &[u8]| {
         assert!(check_tx(&buf[..n], acked).is_ok());
     }
 
-    // The same chains as RX buffers, for two frames from the "tap".
+    // The same chains as RX buffers, for three frames from the "tap": one
+    // of the input's length, a runt, one up to the largest there is.
     let mut q = queue_from(&mem, data);
-    let len = data.len().clamp(12, 4096);
-    let _ = peer.send(&data.iter().copied().cycle().take(len).collect::<Vec<_>>());
+    if flags & 4 == 4 {
+        fold_lengths(&mem);
+    }
+    let frame = |len: usize| data.iter().copied().cycle().take(len).collect::<Vec<_>>();
+    let _ = peer.send(&frame(data.len().clamp(12, 4096)));
     let _ = peer.send(&[0u8; 5]);
-    let mut rx = RxPath::default();
+    let big = (usize::from(data.get(1).copied().unwrap_or(0)) * 300).clamp(12, MAX_FRAME_LEN);
+    let _ = peer.send(&frame(big));
+    let mut rx = RxPath::new(mergeable);
     let mut counters = NetCounters::default();
-    if let Ok((_, used, _)) = rx.process(&mut q, &mem, &tap, &mut counters) {
+    let mut used = 0;
+    // Twice: the second pass finds no new buffer, a frame may be waiting.
+    for _ in 0..2 {
+        let Ok((_, n, _)) = rx.process(&mut q, &mem, &tap, &mut counters) else {
+            return;
+        };
+        used += n;
+    }
+    // queue_from publishes at most 7 chains: the used ring does not wrap.
+    let mut used_bytes = 0u64;
+    for i in 0..used as u64 {
+        let len: u32 = mem
+            .read_obj(GuestAddress(USED_RING + 4 + 8 * i + 4))
+            .expect("used ring in memory");
+        used_bytes += u64::from(len);
+    }
+    assert_eq!(used_bytes, counters.rx_bytes);
+    assert!(counters.rx_frames <= used as u64);
+    if !mergeable {
         assert!(used as u64 <= counters.rx_frames + counters.rx_dropped);
     }
 });

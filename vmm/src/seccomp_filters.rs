@@ -143,7 +143,8 @@ const VSOCK_WORKER_CALLS: &[i64] = &[
 
 /// A virtio-net queue pair's thread (started by the device activator,
 /// so also under its filter): frames are read from and written to the tap
-/// with read/write and waited for with epoll, all in [`COMMON`]. No
+/// with readv/writev (straight between the tap and guest memory) and
+/// waited for with epoll, all in [`COMMON`]. No
 /// ioctl at all (the activator sets the tap's offloads), no sockets, no
 /// opens.
 const NET_WORKER_CALLS: &[i64] = &[];

@@ -608,16 +608,22 @@ fn the_net_worker_moves_frames_and_nothing_else() {
 
     let (guest_side, host_side) = UnixDatagram::pair().unwrap();
     guest_side.set_nonblocking(true).unwrap();
-    // The worker reads and writes a tap with read(2)/write(2), as here.
+    // The worker reads and writes a tap with readv(2)/writev(2), as here.
     let outcome = under(ON_NET, move || {
         let mut buf = [0u8; 64];
         let (g, h) = (guest_side.as_raw_fd(), host_side.as_raw_fd());
-        // SAFETY: reads and writes within buf on fds this child holds.
+        let at = buf.as_mut_ptr();
+        let iov = |len: usize| libc::iovec {
+            iov_base: at.cast(),
+            iov_len: len,
+        };
+        let (out, whole) = (iov(40), iov(64));
+        // SAFETY: the vectors cover buf, on fds this child holds.
         let (sent, got, empty) = unsafe {
             (
-                libc::write(g, buf.as_ptr().cast(), 40),
-                libc::read(h, buf.as_mut_ptr().cast(), buf.len()),
-                libc::read(g, buf.as_mut_ptr().cast(), buf.len()),
+                libc::writev(g, &out, 1),
+                libc::readv(h, &whole, 1),
+                libc::readv(g, &whole, 1),
             )
         };
         let would_block = std::io::Error::last_os_error().raw_os_error() == Some(EAGAIN);

@@ -78,6 +78,7 @@ echo "@@GUEST mtu=$(cat /sys/class/net/eth0/mtu 2>/dev/null)"
 ip addr add 192.168.249.2/24 dev eth0 && ip link set eth0 up
 i=0; while [ "$(cat /sys/class/net/eth0/operstate 2>/dev/null)" != up ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
 echo "@@GUEST operstate=$(cat /sys/class/net/eth0/operstate)"
+echo "@@GUEST features=$(cat /sys/class/net/eth0/device/features 2>/dev/null)"
 # The first echo waits on ARP, which the emulated host may answer late:
 # one reply first, then three counted (as for Kata's NIC below).
 i=0; while ! ping -c 1 -W 2 HOST_IP >/dev/null 2>&1 && [ $i -lt 30 ]; do i=$((i+1)); done
@@ -152,6 +153,14 @@ pub fn check(run: &Run, pci: bool, tail: &str) {
         "the VMM gave the tap its address: {tap}\n{tail}"
     );
     assert_eq!(run.guest("operstate"), Some("up"), "{tail}");
+    // Linux's driver took mergeable receive buffers (feature bit 15, one
+    // character a bit): its frames span page-sized buffers.
+    let features = run.guest("features").unwrap_or_default();
+    assert_eq!(
+        features.as_bytes().get(15),
+        Some(&b'1'),
+        "VIRTIO_NET_F_MRG_RXBUF in {features}\n{tail}"
+    );
     assert_eq!(run.guest("ping"), Some("3 packets received"), "{tail}");
     // Guest → host: the host's sink got the guest's bytes.
     let g2h = run.guest("g2h_md5").unwrap_or("guest");

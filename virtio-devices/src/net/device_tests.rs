@@ -47,14 +47,7 @@ impl AsRawFd for FakeTap {
     }
 }
 
-impl FrameIo for FakeTap {
-    fn recv_frame(&self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.sock.recv(buf)
-    }
-    fn send_frame(&self, frame: &[u8]) -> std::io::Result<usize> {
-        self.sock.send(frame)
-    }
-}
+impl FrameIo for FakeTap {}
 
 impl TapLike for FakeTap {
     fn set_offload(&self, flags: u32) -> std::io::Result<()> {
@@ -105,6 +98,7 @@ fn config_space_and_features() {
         VIRTIO_NET_F_STATUS,
         VIRTIO_NET_F_CSUM,
         VIRTIO_NET_F_GUEST_TSO4,
+        VIRTIO_NET_F_MRG_RXBUF,
     ] {
         assert_ne!(f & (1 << bit), 0, "bit {bit}");
     }
@@ -334,5 +328,60 @@ fn with_event_idx_the_device_asks_for_the_next_kicks() {
         frame[12..],
         "the waiting frame reached the new buffer"
     );
+    assert!(net.reset());
+}
+
+/// With MRG_RXBUF acked, the worker's RX path merges: a frame larger than
+/// one buffer spans two chains (without it, it would be dropped).
+#[test]
+fn with_mrg_rxbuf_acked_a_frame_spans_two_receive_chains() {
+    let (mut net, _tap, peer) = device(None, 0);
+    net.ack_features((1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_NET_F_MRG_RXBUF));
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap();
+    let rxq = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+    let txq = MockSplitQueue::create(&mem, GuestAddress(0x10_0000), 16);
+    rxq.build_multiple_desc_chains(&[
+        desc(0x20_0000, 2048, VRING_DESC_F_WRITE, 0),
+        desc(0x21_0000, 2048, VRING_DESC_F_WRITE, 0),
+    ])
+    .unwrap();
+    let kick = || EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let (itx, irx) = channel();
+    net.activate(
+        GuestMemoryAtomic::new(mem.clone()),
+        Arc::new(TestInterrupt(Mutex::new(itx))),
+        vec![
+            ActivatedQueue {
+                index: 0,
+                queue: rxq.create_queue::<Queue>().unwrap(),
+                kick: kick(),
+            },
+            ActivatedQueue {
+                index: 1,
+                queue: txq.create_queue::<Queue>().unwrap(),
+                kick: kick(),
+            },
+        ],
+    )
+    .unwrap();
+    let mut frame = VnetHeader::default().to_bytes().to_vec();
+    frame.resize(3000, 0x42);
+    peer.send(&frame).unwrap();
+    assert_eq!(
+        irx.recv_timeout(Duration::from_secs(5)).unwrap(),
+        Interrupt::Queue(0)
+    );
+    let used = |i: u64| {
+        let at = rxq.used_addr().unchecked_add(4 + 8 * i);
+        (
+            mem.read_obj::<u32>(at).unwrap(),
+            mem.read_obj::<u32>(at.unchecked_add(4)).unwrap(),
+        )
+    };
+    assert_eq!([used(0), used(1)], [(0, 2048), (1, 952)]);
+    let mut header = [0u8; 12];
+    mem.read_slice(&mut header, GuestAddress(0x20_0000))
+        .unwrap();
+    assert_eq!(VnetHeader::parse(&header).unwrap().num_buffers, 2);
     assert!(net.reset());
 }

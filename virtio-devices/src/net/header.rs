@@ -120,6 +120,16 @@ impl VnetHeader {
 /// acked; the frame then goes to the tap unchanged.
 pub fn check_tx(frame: &[u8], acked: u64) -> Result<VnetHeader, HeaderError> {
     let h = VnetHeader::parse(frame)?;
+    check_tx_header(h, frame.len() - VNET_HDR_LEN, acked)
+}
+
+/// [`check_tx`] on a header already read, before a packet of
+/// `packet_len` bytes.
+pub fn check_tx_header(
+    h: VnetHeader,
+    packet_len: usize,
+    acked: u64,
+) -> Result<VnetHeader, HeaderError> {
     let has = |bit: u32| acked & (1 << bit) != 0;
     let known =
         const { narrow::u8_of((VIRTIO_NET_HDR_F_NEEDS_CSUM | VIRTIO_NET_HDR_F_DATA_VALID) as u64) };
@@ -133,7 +143,6 @@ pub fn check_tx(frame: &[u8], acked: u64) -> Result<VnetHeader, HeaderError> {
         }
         // The kernel writes the 16-bit checksum at csum_start + csum_offset
         // within the packet; it must lie inside it.
-        let packet_len = frame.len() - VNET_HDR_LEN;
         let end = usize::from(h.csum_start) + usize::from(h.csum_offset) + 2;
         if end > packet_len {
             return Err(HeaderError::ChecksumOutside {
@@ -160,12 +169,16 @@ pub fn check_tx(frame: &[u8], acked: u64) -> Result<VnetHeader, HeaderError> {
     Ok(h)
 }
 
-/// Sets `num_buffers` in an RX frame's header: one buffer per frame, as
-/// the device does without `VIRTIO_NET_F_MRG_RXBUF` (the tap leaves it 0).
+/// The byte offset of `num_buffers` in the header.
+pub const NUM_BUFFERS_OFFSET: usize = 10;
+
+/// Sets `num_buffers` in an RX frame's header: how many chains the frame
+/// spans (always 1 without `VIRTIO_NET_F_MRG_RXBUF`). The tap does not
+/// write the field: it skips the last 2 bytes of the 12-byte header.
 pub fn set_num_buffers(frame: &mut [u8], n: u16) -> Result<(), HeaderError> {
     let len = frame.len();
     let field = frame
-        .get_mut(10..VNET_HDR_LEN)
+        .get_mut(NUM_BUFFERS_OFFSET..VNET_HDR_LEN)
         .ok_or(HeaderError::Short(len))?;
     field.copy_from_slice(&n.to_le_bytes());
     Ok(())

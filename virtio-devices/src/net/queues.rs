@@ -2,22 +2,24 @@
 //! ([`FrameIo`]), without threads: the worker calls them on events, tests
 //! and the fuzz target call them directly.
 //!
-//! RX holds at most one frame read from the tap and not yet placed: when
-//! the guest has no receive buffer left, the path says so
-//! ([`RxProgress::NoBuffers`]) and the worker stops watching the tap until
-//! the guest kicks the RX queue; the tap's own queue (bounded by the
-//! kernel) holds the rest. TX gathers a chain into one bounded buffer and
-//! writes it to the tap. A malformed chain (a descriptor the wrong way, a
-//! frame too long or too short, an address outside guest memory, a header
-//! the guest did not negotiate) loses that packet, is used with length 0
-//! and is counted; the device goes on.
+//! TX writes each chain's frame to the tap with one `writev` over the
+//! guest's buffers; only the 12-byte header is copied out first (it is
+//! checked, and the copy is what goes to the tap, so the guest cannot
+//! change it after the check). RX ([`super::rx`]) reads frames from the
+//! tap straight into the guest's buffers. A malformed chain (a descriptor
+//! the wrong way, a frame too long or too short, an address outside guest
+//! memory or across two of its regions, a header the guest did not
+//! negotiate) loses that packet, is used with length 0 and is counted;
+//! the device goes on.
 
 use std::io;
 
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
-use vm_memory::{Address, Bytes, GuestMemory};
+use vm_memory::{GuestMemory, Permissions};
 
-use super::header::{check_tx, set_num_buffers, HeaderError, MAX_FRAME_LEN, VNET_HDR_LEN};
+use super::header::{check_tx_header, HeaderError, VnetHeader, MAX_FRAME_LEN, VNET_HDR_LEN};
+use super::iov::{GuestBuf, IoVecs, MAX_IOVECS};
+pub use super::rx::RxPath;
 use super::tap::FrameIo;
 
 #[derive(Debug, thiserror::Error)]
@@ -28,8 +30,12 @@ pub enum ChainError {
     TxTooLong,
     #[error("RX frame of {frame} bytes does not fit the chain's {room} bytes")]
     RxNoRoom { frame: usize, room: usize },
-    #[error("descriptor at {addr:#x}+{len} is outside guest memory")]
+    #[error("descriptor at {addr:#x}+{len} is outside guest memory or spans two of its regions")]
     Memory { addr: u64, len: u32 },
+    #[error("chain of more than {MAX_IOVECS} buffers")]
+    TooManyBuffers,
+    #[error("RX chain of {0} bytes cannot hold the {VNET_HDR_LEN}-byte header")]
+    RxChainShort(usize),
     #[error(transparent)]
     Header(#[from] HeaderError),
 }
@@ -41,7 +47,9 @@ pub struct NetCounters {
     pub rx_bytes: u64,
     pub tx_frames: u64,
     pub tx_bytes: u64,
-    /// Chains used with length 0: malformed, or a frame that did not fit.
+    /// RX: frames lost (shorter than the header, or larger than every
+    /// buffer the guest could give) and malformed chains, each used with
+    /// length 0. TX: chains not sent (malformed, or refused by the tap).
     pub rx_dropped: u64,
     pub tx_dropped: u64,
 }
@@ -75,7 +83,8 @@ impl NetCounters {
 pub enum RxProgress {
     /// The tap has nothing more to read.
     TapDrained,
-    /// A frame is waiting and the guest has no buffer for it.
+    /// The guest's buffers ran out: none is left, or a frame waits for
+    /// more than those left hold.
     NoBuffers,
 }
 
@@ -86,130 +95,9 @@ pub type QueueError = virtio_queue::Error;
 /// What went wrong with the last dropped packet, for the worker's log.
 pub type LastDrop = Option<ChainError>;
 
-pub struct RxPath {
-    frame: Vec<u8>,
-    /// Bytes of `frame` read from the tap and not yet given to the guest.
-    pending: Option<usize>,
-}
-
-impl Default for RxPath {
-    fn default() -> Self {
-        RxPath {
-            frame: vec![0; MAX_FRAME_LEN],
-            pending: None,
-        }
-    }
-}
-
-impl RxPath {
-    /// Moves frames from `io` into the queue's buffers until the tap is
-    /// drained or the buffers run out. Returns why it stopped, how many
-    /// chains were used, and the last drop's reason.
-    pub fn process<M: GuestMemory>(
-        &mut self,
-        queue: &mut Queue,
-        mem: &M,
-        io: &dyn FrameIo,
-        counters: &mut NetCounters,
-    ) -> Result<(RxProgress, usize, LastDrop), QueueError> {
-        let mut used = 0;
-        let mut last_drop = None;
-        loop {
-            let len = match self.pending {
-                Some(len) => len,
-                None => match io.recv_frame(&mut self.frame) {
-                    // A frame without a header cannot be given to the guest.
-                    Ok(n) if n < VNET_HDR_LEN => {
-                        counters.rx_dropped += 1;
-                        last_drop = Some(HeaderError::Short(n).into());
-                        continue;
-                    }
-                    Ok(n) => {
-                        self.pending = Some(n);
-                        n
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    // WouldBlock, or the tap failing (e.g. its link went
-                    // down): either way there is nothing to read now.
-                    Err(_) => return Ok((RxProgress::TapDrained, used, last_drop)),
-                },
-            };
-            let Some(chain) = queue.iter(mem)?.next() else {
-                return Ok((RxProgress::NoBuffers, used, last_drop));
-            };
-            let head = chain.head_index();
-            self.pending = None;
-            let frame = &mut self.frame[..len];
-            let written = match set_num_buffers(frame, 1)
-                .map_err(ChainError::from)
-                .and_then(|()| write_frame(chain, mem, frame))
-            {
-                Ok(()) => {
-                    counters.rx_frames += 1;
-                    counters.rx_bytes += len as u64;
-                    narrow::sat_u32(len)
-                }
-                Err(e) => {
-                    counters.rx_dropped += 1;
-                    last_drop = Some(e);
-                    0
-                }
-            };
-            queue.add_used(mem, head, written)?;
-            used += 1;
-        }
-    }
-
-    /// True while a frame waits for a guest buffer.
-    pub fn has_pending(&self) -> bool {
-        self.pending.is_some()
-    }
-}
-
-/// Copies `frame` into the chain's buffers, all device-writable.
-fn write_frame<M: GuestMemory>(
-    chain: DescriptorChain<&M>,
-    mem: &M,
-    frame: &[u8],
-) -> Result<(), ChainError> {
-    let mut done = 0usize;
-    let mut room = 0usize;
-    for desc in chain {
-        if !desc.is_write_only() {
-            return Err(ChainError::Direction("device-readable", "RX"));
-        }
-        room = room.saturating_add(desc.len() as usize);
-        if done == frame.len() {
-            continue;
-        }
-        let n = (desc.len() as usize).min(frame.len() - done);
-        mem.write_slice(&frame[done..done + n], desc.addr())
-            .map_err(|_| ChainError::Memory {
-                addr: desc.addr().raw_value(),
-                len: desc.len(),
-            })?;
-        done += n;
-    }
-    if done < frame.len() {
-        return Err(ChainError::RxNoRoom {
-            frame: frame.len(),
-            room,
-        });
-    }
-    Ok(())
-}
-
-pub struct TxPath {
-    frame: Vec<u8>,
-}
-
-impl Default for TxPath {
-    fn default() -> Self {
-        TxPath {
-            frame: vec![0; MAX_FRAME_LEN],
-        }
-    }
-}
+/// The TX path; it keeps nothing between calls.
+#[derive(Default)]
+pub struct TxPath;
 
 impl TxPath {
     /// Sends every available chain's frame to `io`; returns how many
@@ -226,15 +114,9 @@ impl TxPath {
         let mut last_drop = None;
         while let Some(chain) = queue.iter(mem)?.next() {
             let head = chain.head_index();
-            let sent = gather(chain, mem, &mut self.frame)
-                .and_then(|len| Ok((len, check_tx(&self.frame[..len], acked)?)))
-                .map(|(len, _)| {
-                    // The tap takes the header with the frame. A write the
-                    // tap refuses (its queue full, its link down) loses the
-                    // frame, as a cable would.
-                    io.send_frame(&self.frame[..len]).map(|_| len)
-                });
-            match sent {
+            // A write the tap refuses (its queue full, its link down)
+            // loses the frame, as a cable would.
+            match send_chain(chain, mem, io, acked) {
                 Ok(Ok(len)) => {
                     counters.tx_frames += 1;
                     counters.tx_bytes += len as u64;
@@ -253,30 +135,64 @@ impl TxPath {
     }
 }
 
-/// Copies the chain's buffers, all device-readable, into `buf`; returns
-/// the frame's length.
-fn gather<M: GuestMemory>(
+/// Checks one chain (all device-readable, at most [`MAX_FRAME_LEN`] bytes
+/// and [`MAX_IOVECS`] buffers, each in guest memory) and its header, then
+/// writes the frame to `io`: the checked copy of the header, then the
+/// guest's buffers past it. Returns the frame's length.
+fn send_chain<M: GuestMemory>(
     chain: DescriptorChain<&M>,
     mem: &M,
-    buf: &mut [u8],
-) -> Result<usize, ChainError> {
+    io: &dyn FrameIo,
+    acked: u64,
+) -> Result<io::Result<usize>, ChainError> {
+    let mut bufs = Vec::new();
     let mut len = 0usize;
     for desc in chain {
         if desc.is_write_only() {
             return Err(ChainError::Direction("device-writable", "TX"));
         }
-        let end = len
-            .checked_add(desc.len() as usize)
-            .filter(|end| *end <= buf.len())
+        let b = GuestBuf {
+            addr: desc.addr(),
+            len: desc.len(),
+        };
+        len = len
+            .checked_add(b.len())
+            .filter(|end| *end <= MAX_FRAME_LEN)
             .ok_or(ChainError::TxTooLong)?;
-        mem.read_slice(&mut buf[len..end], desc.addr())
-            .map_err(|_| ChainError::Memory {
-                addr: desc.addr().raw_value(),
-                len: desc.len(),
-            })?;
-        len = end;
+        if b.is_empty() {
+            continue;
+        }
+        // One vector more for the header's copy.
+        if bufs.len() + 1 >= MAX_IOVECS {
+            return Err(ChainError::TooManyBuffers);
+        }
+        bufs.push(b);
     }
-    Ok(len)
+    let mut header = [0u8; VNET_HDR_LEN];
+    let mut header_len = 0;
+    let mut rest = Vec::with_capacity(bufs.len());
+    for b in &bufs {
+        let s = b.slice(mem, 0, b.len(), Permissions::Read)?;
+        let take = (VNET_HDR_LEN - header_len).min(b.len());
+        if take > 0 {
+            let part = s.subslice(0, take).map_err(|_| b.memory_error())?;
+            part.copy_to(&mut header[header_len..header_len + take]);
+            header_len += take;
+        }
+        if take < b.len() {
+            rest.push(s.offset(take).map_err(|_| b.memory_error())?);
+        }
+    }
+    if header_len < VNET_HDR_LEN {
+        return Err(HeaderError::Short(len).into());
+    }
+    check_tx_header(VnetHeader::parse(&header)?, len - VNET_HDR_LEN, acked)?;
+    let mut iov = IoVecs::new();
+    iov.push_bytes(&mut header);
+    for s in &rest {
+        iov.push_guest(s);
+    }
+    Ok(io.write_frame(&iov).map(|_| len))
 }
 
 #[cfg(test)]

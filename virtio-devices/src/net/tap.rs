@@ -10,6 +10,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use super::header::VNET_HDR_LEN;
+use super::iov::IoVecs;
 
 /// The kernel's limit on an interface name (IFNAMSIZ less the NUL).
 pub const MAX_TAP_NAME_LEN: usize = libc::IFNAMSIZ - 1;
@@ -31,12 +32,36 @@ pub enum TapError {
 }
 
 /// What the RX and TX paths need of the host side: whole frames (header
-/// included) in and out, non-blocking, and an fd to wait on.
+/// included) in and out, non-blocking, and an fd to wait on. A frame moves
+/// with one `readv`/`writev` on that fd, straight between the tap and the
+/// guest's buffers.
 pub trait FrameIo: AsRawFd + Send + Sync {
-    /// Reads one frame into `buf`; `WouldBlock` when none is waiting.
-    fn recv_frame(&self, buf: &mut [u8]) -> io::Result<usize>;
-    /// Writes one frame.
-    fn send_frame(&self, frame: &[u8]) -> io::Result<usize>;
+    /// Reads one frame into the vectors; `WouldBlock` when none is waiting.
+    fn read_frame(&self, iov: &mut IoVecs<'_>) -> io::Result<usize> {
+        let count = libc::c_int::try_from(iov.count())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: every vector points at memory `iov` borrows mutably (a
+        // checked guest range or a buffer of ours), mapped for the call;
+        // the kernel writes only within the vectors' lengths.
+        let n = unsafe { libc::readv(self.as_raw_fd(), iov.as_iovecs().as_ptr(), count) };
+        usize::try_from(n).map_err(|_| io::Error::last_os_error())
+    }
+
+    /// Writes one frame from the vectors.
+    fn write_frame(&self, iov: &IoVecs<'_>) -> io::Result<usize> {
+        let count = libc::c_int::try_from(iov.count())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: as in read_frame; the kernel only reads the vectors.
+        let n = unsafe { libc::writev(self.as_raw_fd(), iov.as_iovecs().as_ptr(), count) };
+        usize::try_from(n).map_err(|_| io::Error::last_os_error())
+    }
+
+    /// Reads one frame into `buf`.
+    fn recv_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut iov = IoVecs::new();
+        iov.push_bytes(buf);
+        self.read_frame(&mut iov)
+    }
 }
 
 /// An open tap queue.
@@ -265,31 +290,11 @@ impl AsRawFd for Tap {
     }
 }
 
-impl FrameIo for Tap {
-    fn recv_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
-        // SAFETY: reads at most buf.len() bytes into buf.
-        let n = unsafe { libc::read(self.file.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        usize::try_from(n).map_err(|_| io::Error::last_os_error())
-    }
-
-    fn send_frame(&self, frame: &[u8]) -> io::Result<usize> {
-        // SAFETY: writes frame.len() bytes from frame.
-        let n = unsafe { libc::write(self.file.as_raw_fd(), frame.as_ptr().cast(), frame.len()) };
-        usize::try_from(n).map_err(|_| io::Error::last_os_error())
-    }
-}
+impl FrameIo for Tap {}
 
 /// A datagram socket keeps frame boundaries as a tap does: tests and the
 /// fuzz target use a non-blocking pair in its place.
-impl FrameIo for std::os::unix::net::UnixDatagram {
-    fn recv_frame(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.recv(buf)
-    }
-
-    fn send_frame(&self, frame: &[u8]) -> io::Result<usize> {
-        self.send(frame)
-    }
-}
+impl FrameIo for std::os::unix::net::UnixDatagram {}
 
 #[cfg(test)]
 mod tests {

@@ -1,12 +1,13 @@
 //! The thread behind one queue pair: it waits on the guest's RX and TX
 //! kicks and on the tap, runs [`super::queues`], and interrupts the guest
 //! when it used buffers. It watches the tap only while the guest has RX
-//! buffers (or no frame is waiting), so a guest that stops taking frames
-//! costs neither CPU nor memory; its next RX kick starts the tap again.
+//! buffers for the next frame, so a guest that stops taking frames costs
+//! neither CPU nor memory; its next RX kick starts the tap again.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
+use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
@@ -81,8 +82,8 @@ impl PairWorker {
             tx_kick: s.tx.kick,
             io: s.io,
             acked: s.acked,
-            rx_path: RxPath::default(),
-            tx_path: TxPath::default(),
+            rx_path: RxPath::new(s.acked & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0),
+            tx_path: TxPath,
             counters: NetCounters::default(),
             published: NetCounters::default(),
             shared_counters: s.counters,
@@ -172,8 +173,8 @@ impl Pair {
                 }
             }
         };
-        // Stop reading the tap while a frame waits for a buffer; the
-        // guest's next RX kick brings us back.
+        // Stop reading the tap while the guest's buffers are out (or too
+        // few for the frame that waits); its next RX kick brings us back.
         let watch = progress != RxProgress::NoBuffers;
         if watch != self.tap_watched {
             if watch {
