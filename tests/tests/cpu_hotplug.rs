@@ -25,7 +25,7 @@ seen() { i=0; while ! grep -q "$1" serial.log 2>/dev/null && [ $i -lt 3000 ] && 
 resize() { api PUT /api/v1/vm.resize "{\"desired_vcpus\":$1}"; }
 CPUS='{"boot_vcpus":1,"max_vcpus":4,"topology":{"threads_per_core":1,"cores_per_die":4,"dies_per_package":1,"packages":1},"kvm_hyperv":false,"nested":true}'
 CREATE='{"payload":{"kernel":"'$KERNEL'","initramfs":"'$INITRAMFS'","cmdline":"'$CMDLINE'"},"cpus":'$CPUS',"memory":{"size":536870912},"serial":{"mode":"File","file":"'$WORK'/serial.log"}}'
-: > serial.log; tail -n +1 -f serial.log & TAIL=$!
+follow serial.log
 echo "@@HOST create=$(api PUT /api/v1/vm.create "$CREATE")"
 echo "@@HOST boot=$(api PUT /api/v1/vm.boot)"
 seen '@@GUEST ready=1'

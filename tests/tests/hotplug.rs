@@ -45,7 +45,7 @@ const API_SCRIPT: &str = r#"
 api() { daxprobe http /tmp/api.sock "$@"; }
 seen() { i=0; while ! grep -q "$1" serial.log 2>/dev/null && [ $i -lt 3000 ] && kill -0 $VMM_PID 2>/dev/null; do sleep 0.1; i=$((i+1)); done; }
 CREATE='{"payload":{"kernel":"'$KERNEL'","initramfs":"'$INITRAMFS'","cmdline":"'$CMDLINE'"},"cpus":{"boot_vcpus":1,"max_vcpus":1},"memory":{"size":536870912,"shared":true},"serial":{"mode":"File","file":"'$WORK'/serial.log"}}'
-: > serial.log; tail -n +1 -f serial.log & TAIL=$!
+follow serial.log
 echo "@@HOST create=$(api PUT /api/v1/vm.create "$CREATE")"
 echo "@@HOST boot=$(api PUT /api/v1/vm.boot)"
 seen '@@GUEST ready=1'

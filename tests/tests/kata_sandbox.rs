@@ -120,7 +120,7 @@ AGENT_CHECK=$!
 "#;
 
 const API_SCRIPT: &str = r#"
-: > serial.log; tail -n +1 -f serial.log & TAIL=$!
+follow serial.log
 daxprobe kata-replay /tmp/api.sock kata.script
 "#;
 

@@ -17,8 +17,13 @@ use crate::RigError;
 /// (`@` then `@GUEST rw_queues=2`), and the guest's value was lost. One
 /// `write` per whole line keeps each writer's lines whole, since a `write`
 /// to a tty or a short one to a pipe is not interleaved with another.
+/// `follow FILE` does the same for a serial the VMM writes to a file
+/// (`serial.mode=File`, as Kata sends it): it empties FILE and passes what
+/// is appended to it on a line at a time; `kill $TAIL` stops it.
 pub(super) const WHOLE_LINES: &str = "rm -f \"$WORK/.serial\"; mkfifo \"$WORK/.serial\"\n\
-     awk '{print; fflush()}' <\"$WORK/.serial\" &\nLINES_PID=$!\n";
+     awk '{print; fflush()}' <\"$WORK/.serial\" &\nLINES_PID=$!\n\
+     follow() { : > \"$1\"; rm -f \"$WORK/.follow\"; mkfifo \"$WORK/.follow\"; \
+     awk '{print; fflush()}' <\"$WORK/.follow\" & tail -n +1 -f \"$1\" >\"$WORK/.follow\" & TAIL=$!; }\n";
 
 pub(super) fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
@@ -209,6 +214,30 @@ mod tests {
         let script = format!(
             "{WHOLE_LINES}(for c in @ @ G U E S T ' ' k = 2; do printf '%s' \"$c\"; sleep 0.02; done; echo) >\"$WORK/.serial\" &\n\
              sleep 0.1; echo '@@HOST mid=1'\nwait $LINES_PID\n"
+        );
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .env("WORK", &work)
+            .output()
+            .unwrap();
+        std::fs::remove_dir_all(&work).unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines.contains(&"@@GUEST k=2"), "{text:?}");
+        assert!(lines.contains(&"@@HOST mid=1"), "{text:?}");
+        assert_eq!(lines.len(), 2, "{text:?}");
+    }
+
+    #[test]
+    fn a_serial_file_followed_reaches_the_console_a_line_at_a_time() {
+        // `serial.mode=File`: the VMM appends to the file a byte at a time.
+        let work = std::env::temp_dir().join(format!("rig-follow-{}", std::process::id()));
+        std::fs::create_dir_all(&work).unwrap();
+        let script = format!(
+            "{WHOLE_LINES}: > \"$WORK/.serial\"; cd \"$WORK\"; follow serial.log\n\
+             (for c in @ @ G U E S T ' ' k = 2; do printf '%s' \"$c\" >> serial.log; sleep 0.05; done; echo >> serial.log) &\n\
+             sleep 0.2; echo '@@HOST mid=1'; sleep 1; kill $TAIL; wait\n"
         );
         let out = Command::new("sh")
             .arg("-c")

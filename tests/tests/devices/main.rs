@@ -42,7 +42,7 @@ const API_PRELUDE: &str = r#"
 api() { daxprobe http /tmp/api.sock "$@"; }
 seen() { i=0; while ! grep -q "$1" serial.log 2>/dev/null && [ $i -lt 6000 ] && kill -0 $VMM_PID 2>/dev/null; do sleep 0.1; i=$((i+1)); done; }
 CREATE='{"payload":{"kernel":"'$KERNEL'","initramfs":"'$INITRAMFS'","cmdline":"'$CMDLINE'"},"cpus":{"boot_vcpus":2,"max_vcpus":2},"memory":{"size":536870912},"serial":{"mode":"File","file":"'$WORK'/serial.log"},"disks":DISKS}'
-: > serial.log; tail -n +1 -f serial.log & TAIL=$!
+follow serial.log
 echo "@@HOST create=$(api PUT /api/v1/vm.create "$CREATE")"
 echo "@@HOST boot=$(api PUT /api/v1/vm.boot)"
 seen '@@GUEST ready=1'
