@@ -12,7 +12,26 @@ use vm_memory::bitmap::BitmapSlice;
 use vm_memory::volatile_memory::PtrGuardMut;
 use vm_memory::{Address, GuestAddress, GuestMemory, Permissions, VolatileSlice};
 
-use super::queues::ChainError;
+use super::header::{HeaderError, MAX_FRAME_LEN, VNET_HDR_LEN};
+
+/// Why a chain was dropped: its shape, its buffers or its header.
+#[derive(Debug, thiserror::Error)]
+pub enum ChainError {
+    #[error("{0} descriptor in a {1} chain")]
+    Direction(&'static str, &'static str),
+    #[error("TX frame longer than {MAX_FRAME_LEN} bytes")]
+    TxTooLong,
+    #[error("RX frame of {frame} bytes does not fit the chain's {room} bytes")]
+    RxNoRoom { frame: usize, room: usize },
+    #[error("descriptor at {addr:#x}+{len} is outside guest memory or spans two of its regions")]
+    Memory { addr: u64, len: u32 },
+    #[error("chain of more than {MAX_IOVECS} buffers")]
+    TooManyBuffers,
+    #[error("RX chain of {0} bytes cannot hold the {VNET_HDR_LEN}-byte header")]
+    RxChainShort(usize),
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+}
 
 /// The kernel's limit on vectors in one `readv`/`writev` (`IOV_MAX`).
 pub const MAX_IOVECS: usize = 1024;

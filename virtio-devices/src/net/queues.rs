@@ -18,27 +18,9 @@ use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestMemory, Permissions};
 
 use super::header::{check_tx_header, HeaderError, VnetHeader, MAX_FRAME_LEN, VNET_HDR_LEN};
+pub use super::iov::ChainError;
 use super::iov::{GuestBuf, IoVecs, MAX_IOVECS};
-pub use super::rx::RxPath;
 use super::tap::FrameIo;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ChainError {
-    #[error("{0} descriptor in a {1} chain")]
-    Direction(&'static str, &'static str),
-    #[error("TX frame longer than {MAX_FRAME_LEN} bytes")]
-    TxTooLong,
-    #[error("RX frame of {frame} bytes does not fit the chain's {room} bytes")]
-    RxNoRoom { frame: usize, room: usize },
-    #[error("descriptor at {addr:#x}+{len} is outside guest memory or spans two of its regions")]
-    Memory { addr: u64, len: u32 },
-    #[error("chain of more than {MAX_IOVECS} buffers")]
-    TooManyBuffers,
-    #[error("RX chain of {0} bytes cannot hold the {VNET_HDR_LEN}-byte header")]
-    RxChainShort(usize),
-    #[error(transparent)]
-    Header(#[from] HeaderError),
-}
 
 /// Counters the worker keeps and logs from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

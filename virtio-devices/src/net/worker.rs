@@ -13,7 +13,8 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::queues::{NetCounters, RxPath, RxProgress, TxPath};
+use super::queues::{NetCounters, RxProgress, TxPath};
+use super::rx::RxPath;
 use super::tap::FrameIo;
 use crate::device::{ActivatedQueue, Interrupt, VirtioInterrupt};
 use crate::event_loop::{EventLoop, Flow, WorkerThread};
