@@ -13,7 +13,8 @@ use std::os::unix::net::UnixDatagram;
 use dax_vmm_fuzz::{memory, queue_from, Memory, DATA, DESC_TABLE, MEM_SIZE, QUEUE_SIZE, USED_RING};
 use libfuzzer_sys::fuzz_target;
 use virtio_devices::net::header::{check_tx, OFFLOAD_FEATURES};
-use virtio_devices::net::queues::{NetCounters, RxPath, TxPath};
+use virtio_devices::net::queues::{NetCounters, TxPath};
+use virtio_devices::net::rx::RxPath;
 use virtio_devices::net::MAX_FRAME_LEN;
 use vm_memory::{Bytes, GuestAddress};
 
