@@ -25,7 +25,8 @@ pub const RESERVED_FDS: u64 = 1024;
 pub struct Limits {
     /// Inodes the guest may hold at once (root included).
     pub max_inodes: u64,
-    /// Open file and directory handles at once.
+    /// Open file and directory handles at once, and the descriptors
+    /// window-buffer I/O holds while its requests are served.
     pub max_handles: u64,
     /// Largest extended attribute value served or stored.
     pub max_xattr_size: u32,
@@ -126,10 +127,19 @@ pub enum Cap {
     Handles,
     XattrSize,
     WorkerQueue,
+    /// Window stretches of one READ or WRITE
+    /// ([`crate::dax::window_io::MAX_WINDOW_PIECES`]).
+    WindowPieces,
 }
 
 impl Cap {
-    pub const ALL: [Cap; 4] = [Cap::Inodes, Cap::Handles, Cap::XattrSize, Cap::WorkerQueue];
+    pub const ALL: [Cap; 5] = [
+        Cap::Inodes,
+        Cap::Handles,
+        Cap::XattrSize,
+        Cap::WorkerQueue,
+        Cap::WindowPieces,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -137,13 +147,14 @@ impl Cap {
             Cap::Handles => "handles",
             Cap::XattrSize => "xattr_size",
             Cap::WorkerQueue => "worker_queue",
+            Cap::WindowPieces => "window_pieces",
         }
     }
 }
 
 /// Counts requests refused by each cap and rate-limits the warnings.
 pub struct CapCounters {
-    hits: [AtomicU64; 4],
+    hits: [AtomicU64; Cap::ALL.len()],
     log: RateLimitedLog,
 }
 

@@ -335,3 +335,12 @@ impl DaxMapper {
         result
     }
 }
+
+#[cfg(test)]
+impl DaxMapper {
+    /// Records `[moffset, moffset + len)` as mapping `file`, as an
+    /// acknowledged SETUPMAPPING does.
+    pub(crate) fn record_mapping(&self, moffset: u64, len: u64, file: MappedFile) {
+        self.window().mapped.insert(moffset, len, file);
+    }
+}

@@ -276,24 +276,17 @@ impl PassthroughFs {
         Ok((file, inode.key()))
     }
 
-    /// `len` bytes at `offset` of a file mapped in the DAX window, opened to
-    /// be copied to (`write`) or from. EFAULT where the node is no longer
-    /// that file or the bytes are not all inside it: a window page past a
-    /// file's end is not file data (the guest sees zeros or a fault there),
-    /// and copying into it would grow the file.
-    pub fn open_mapped(
-        &self,
-        nodeid: u64,
-        key: (u64, u64),
-        offset: u64,
-        len: u64,
-        write: bool,
-    ) -> io::Result<IoTarget> {
+    /// A file mapped in the DAX window, opened to be copied to (`write`)
+    /// or from by one request's window-buffer I/O; takes one of
+    /// `--max-handles`' slots while open (ENFILE past it). EFAULT where the
+    /// node is no longer that file.
+    pub fn open_mapped(&self, nodeid: u64, key: (u64, u64), write: bool) -> io::Result<MappedFd> {
         let efault = || errno_error(libc::EFAULT);
         let inode = self.inode(nodeid).map_err(|_| efault())?;
         if inode.key() != key || !inode.is_reg() {
             return Err(efault());
         }
+        let slot = self.charge_window_fd()?;
         let file = self.reopen(
             &inode,
             if write {
@@ -303,15 +296,47 @@ impl PassthroughFs {
             },
         )?;
         let size = u64::try_from(super::stat_fd(file.as_raw_fd())?.st_size).unwrap_or(0);
+        Ok(MappedFd {
+            file,
+            size,
+            _slot: slot,
+        })
+    }
+}
+
+/// A file mapped in the DAX window, open for one request's window-buffer
+/// I/O: every stretch of the request in that file shares it.
+pub struct MappedFd {
+    file: std::fs::File,
+    /// Its size when opened.
+    size: u64,
+    _slot: super::WindowFdSlot,
+}
+
+impl MappedFd {
+    /// `len` bytes at `offset` of this file as a target; EFAULT unless
+    /// they all lie inside it: a window page past a file's end is not file
+    /// data (the guest sees zeros or a fault there), and copying into it
+    /// would grow the file.
+    pub fn target(self: &std::sync::Arc<Self>, offset: u64, len: u64) -> io::Result<IoTarget> {
+        let efault = || errno_error(libc::EFAULT);
         let len_usize = usize::try_from(len).map_err(|_| efault())?;
-        if offset.checked_add(len).is_none_or(|end| end > size) {
+        if offset.checked_add(len).is_none_or(|end| end > self.size) {
             return Err(efault());
         }
         Ok(IoTarget::File {
-            file,
+            file: self.clone(),
             offset,
             len: len_usize,
         })
+    }
+}
+
+impl std::ops::Deref for MappedFd {
+    type Target = std::fs::File;
+
+    fn deref(&self) -> &std::fs::File {
+        &self.file
     }
 }
 
@@ -323,7 +348,8 @@ pub enum IoTarget {
     /// pages are that file's page cache, so copying to or from the file is
     /// reading or writing the guest's buffer.
     File {
-        file: std::fs::File,
+        /// Shared by every stretch of the request in that file.
+        file: std::sync::Arc<MappedFd>,
         offset: u64,
         len: usize,
     },

@@ -29,7 +29,7 @@ use crate::limits::{Cap, CapCounters, Limits};
 
 pub use attr::SetattrRequest;
 pub use dir::{DirEntry, DirEntryPlus};
-pub use file::IoTarget;
+pub use file::{IoTarget, MappedFd};
 pub use xattr::XattrMode;
 
 /// `--cache`: how long the guest may trust what it was told.
@@ -194,6 +194,19 @@ pub struct PassthroughFs {
     pub caps: CapCounters,
     /// The guest accepted FUSE_HANDLE_KILLPRIV_V2 at its last INIT.
     killpriv_v2: AtomicBool,
+    /// Descriptors open now for window-buffer I/O ([`MappedFd`]): counted
+    /// with the handles against `--max-handles`.
+    window_fds: Arc<AtomicU64>,
+}
+
+/// One of `--max-handles`' slots, taken by a window-buffer descriptor
+/// ([`PassthroughFs::charge_window_fd`]) and given back when dropped.
+pub struct WindowFdSlot(Arc<AtomicU64>);
+
+impl Drop for WindowFdSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The identity of the guest process making a request.
@@ -260,6 +273,7 @@ impl PassthroughFs {
             offer_killpriv_v2: true,
             submounts_on: AtomicBool::new(false),
             xattr: XattrMode::Off,
+            window_fds: Arc::default(),
             limits: Limits::default(),
             caps: CapCounters::default(),
             killpriv_v2: AtomicBool::new(false),
@@ -291,11 +305,13 @@ impl PassthroughFs {
         Ok(h)
     }
 
-    /// Registers an open file; past `--max-handles` the file is closed
-    /// and the guest gets ENFILE.
+    /// Registers an open file; past `--max-handles` (handles and
+    /// window-buffer descriptors together) the file is closed and the
+    /// guest gets ENFILE.
     fn add_handle(&self, file: std::fs::File, nodeid: u64) -> io::Result<u64> {
         let mut handles = self.handles.write().unwrap_or_else(|p| p.into_inner());
-        if handles.len() as u64 >= self.limits.max_handles {
+        let in_use = (handles.len() as u64).saturating_add(self.window_fds.load(Ordering::SeqCst));
+        if in_use >= self.limits.max_handles {
             drop(handles);
             self.caps.hit(Cap::Handles, self.limits.max_handles);
             return Err(errno_error(libc::ENFILE));
@@ -310,6 +326,27 @@ impl PassthroughFs {
             }),
         );
         Ok(fh)
+    }
+
+    /// Takes a `--max-handles` slot for a descriptor that window-buffer
+    /// I/O opens; ENFILE (counted, warned at most every 10 s) when handles
+    /// and such descriptors already fill the cap. Under the handles' lock,
+    /// so the two kinds never pass the cap together.
+    pub fn charge_window_fd(&self) -> io::Result<WindowFdSlot> {
+        let handles = self.handles.write().unwrap_or_else(|p| p.into_inner());
+        let in_use = (handles.len() as u64).saturating_add(self.window_fds.load(Ordering::SeqCst));
+        if in_use >= self.limits.max_handles {
+            drop(handles);
+            self.caps.hit(Cap::Handles, self.limits.max_handles);
+            return Err(errno_error(libc::ENFILE));
+        }
+        self.window_fds.fetch_add(1, Ordering::SeqCst);
+        Ok(WindowFdSlot(self.window_fds.clone()))
+    }
+
+    /// Window-buffer descriptors open now.
+    pub fn window_fd_count(&self) -> u64 {
+        self.window_fds.load(Ordering::SeqCst)
     }
 
     /// Open handles now.
