@@ -7,15 +7,17 @@
 //! into `-EFAULT` from KVM_RUN, or (Linux before 6.13) into an async page
 //! fault it retries for ever, so the vCPU never comes back and the VM
 //! hangs without a word. The window therefore keeps a descriptor of every
-//! file it maps and an inotify watch on it: when the file is modified the
-//! window compares each mapping with the file's size and shows the scratch
-//! over pages past the end ([`super::window::DaxWindow::repair_truncated`]),
-//! after which the guest's access completes (reading zeros).
+//! file it maps and follows its size ([`super::file_watch`]): when the file
+//! shrinks the window compares each mapping with the file's size and shows
+//! the scratch over pages past the end
+//! ([`super::window::DaxWindow::repair_truncated`]), after which the
+//! guest's access completes (reading zeros).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::sync::Arc;
+
+pub use super::file_watch::FileWatch;
 
 /// The file ranges currently mapped, as disjoint `[start, end)` offsets.
 #[derive(Default, Debug)]
@@ -98,10 +100,9 @@ struct Piece {
 }
 
 struct TrackedFile {
-    file: File,
+    file: Arc<File>,
     /// Pieces that show it.
     pieces: usize,
-    watch: Option<i32>,
 }
 
 /// The window's mappings, one piece per `mmap` still (partly) in place.
@@ -109,7 +110,8 @@ struct TrackedFile {
 pub struct MappedFiles {
     pieces: BTreeMap<u64, Piece>,
     files: HashMap<FileKey, TrackedFile>,
-    watches: HashMap<i32, FileKey>,
+    /// Walks over every piece looking for pages past a file's end.
+    walks: u64,
 }
 
 impl MappedFiles {
@@ -182,11 +184,9 @@ impl MappedFiles {
         };
         f.pieces -= 1;
         if f.pieces == 0 {
-            if let Some(f) = self.files.remove(&key) {
-                if let (Some(wd), Some(w)) = (f.watch, watch) {
-                    self.watches.remove(&wd);
-                    w.remove(wd);
-                }
+            self.files.remove(&key);
+            if let Some(w) = watch {
+                w.unfollow(key);
             }
         }
     }
@@ -196,34 +196,35 @@ impl MappedFiles {
         self.files.contains_key(&key)
     }
 
-    /// Records a new mapping of file `key` at `[start, end)`; `file` is a
-    /// descriptor of its own, kept while any piece shows the file, needed
-    /// only when the file is not [`Self::tracks`]ed yet.
+    /// Records a new mapping of file `key` at `[start, end)`, which was
+    /// `size` bytes long when mapped; `file` is a descriptor of its own,
+    /// kept while any piece shows the file, needed only when the file is
+    /// not [`Self::tracks`]ed yet. `watch` follows the file's size.
+    #[expect(clippy::too_many_arguments, reason = "one mapping's facts")]
     pub fn insert(
         &mut self,
         start: u64,
         end: u64,
         key: FileKey,
         file: Option<File>,
+        size: u64,
         fd_offset: u64,
         watch: Option<&FileWatch>,
     ) {
         self.remove(start, end, watch);
         match (self.files.get_mut(&key), file) {
-            (Some(tracked), _) => tracked.pieces += 1,
-            (None, Some(file)) => {
-                let wd = watch.and_then(|w| w.add(file.as_raw_fd()));
-                if let Some(wd) = wd {
-                    self.watches.insert(wd, key);
+            (Some(tracked), _) => {
+                tracked.pieces += 1;
+                if let Some(w) = watch {
+                    w.saw_size(key, size);
                 }
-                self.files.insert(
-                    key,
-                    TrackedFile {
-                        file,
-                        pieces: 1,
-                        watch: wd,
-                    },
-                );
+            }
+            (None, Some(file)) => {
+                let file = Arc::new(file);
+                if let Some(w) = watch {
+                    w.follow(key, file.clone(), size);
+                }
+                self.files.insert(key, TrackedFile { file, pieces: 1 });
             }
             // (A caller that checked `tracks` under the same lock never
             // gets here; the piece is then simply not watched.)
@@ -239,26 +240,10 @@ impl MappedFiles {
         );
     }
 
-    /// The files behind inotify watch descriptors.
-    pub fn keys_of(&self, wds: &[i32]) -> Vec<FileKey> {
-        wds.iter()
-            .filter_map(|wd| self.watches.get(wd))
-            .copied()
-            .collect()
-    }
-
-    /// Files mapped with no inotify watch (checked on every tick instead).
-    pub fn unwatched(&self) -> Vec<FileKey> {
-        self.files
-            .iter()
-            .filter(|(_, f)| f.watch.is_none())
-            .map(|(k, _)| *k)
-            .collect()
-    }
-
     /// Window ranges whose file pages are gone: past the end (rounded up
     /// to `page`) of the file as it is now. `only`: just those files.
-    pub fn past_eof(&self, only: Option<&[FileKey]>, page: u64) -> Vec<(u64, u64)> {
+    pub fn past_eof(&mut self, only: Option<&[FileKey]>, page: u64) -> Vec<(u64, u64)> {
+        self.walks += 1;
         let mut eof = HashMap::new();
         for (key, f) in &self.files {
             if only.is_some_and(|keys| !keys.contains(key)) {
@@ -284,82 +269,10 @@ impl MappedFiles {
         }
         gone
     }
-}
 
-/// An inotify instance watching the window's files for modification (a
-/// truncate is one).
-pub struct FileWatch {
-    inotify: File,
-}
-
-impl FileWatch {
-    pub fn new() -> std::io::Result<Self> {
-        // SAFETY: no pointers; the returned fd is checked and then owned.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh descriptor no one else owns.
-        let inotify = unsafe { File::from_raw_fd(fd) };
-        Ok(FileWatch { inotify })
-    }
-
-    pub fn as_raw_fd(&self) -> RawFd {
-        self.inotify.as_raw_fd()
-    }
-
-    /// Watches the file open at `fd`; None when the host's watch limit
-    /// (`fs.inotify.max_user_watches`) is reached.
-    fn add(&self, fd: RawFd) -> Option<i32> {
-        let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).ok()?;
-        // SAFETY: `path` is NUL-terminated and outlives the call.
-        let wd = unsafe {
-            libc::inotify_add_watch(self.inotify.as_raw_fd(), path.as_ptr(), libc::IN_MODIFY)
-        };
-        (wd >= 0).then_some(wd)
-    }
-
-    fn remove(&self, wd: i32) {
-        // SAFETY: no pointers; a stale wd just fails.
-        unsafe { libc::inotify_rm_watch(self.inotify.as_raw_fd(), wd) };
-    }
-
-    /// Reads every queued event: the watch descriptors named, and whether
-    /// the queue overflowed (then every file must be checked).
-    pub fn drain(&self) -> (Vec<i32>, bool) {
-        const EVENT_HEADER: usize = 16; // wd, mask, cookie, len
-        let mut wds = Vec::new();
-        let mut overflow = false;
-        let mut buf = [0u8; 4096];
-        loop {
-            let n = match (&self.inotify).read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            let mut at = 0;
-            while at + EVENT_HEADER <= n {
-                let word = |i: usize| {
-                    u32::from_ne_bytes([
-                        buf[at + i],
-                        buf[at + i + 1],
-                        buf[at + i + 2],
-                        buf[at + i + 3],
-                    ])
-                };
-                let (wd, mask, len) = (
-                    i32::from_ne_bytes(word(0).to_ne_bytes()),
-                    word(4),
-                    narrow::usize_of(u64::from(word(12))),
-                );
-                if mask & libc::IN_Q_OVERFLOW != 0 {
-                    overflow = true;
-                } else if !wds.contains(&wd) {
-                    wds.push(wd);
-                }
-                at += EVENT_HEADER + len;
-            }
-        }
-        (wds, overflow)
+    /// Walks [`Self::past_eof`] made (each under the window's lock).
+    pub fn walks(&self) -> u64 {
+        self.walks
     }
 }
 
@@ -374,8 +287,8 @@ mod tests {
     #[test]
     fn pieces_are_cut_and_files_released_with_their_last_piece() {
         let mut m = MappedFiles::default();
-        m.insert(0, 100, (1, 1), Some(file()), 1000, None);
-        m.insert(100, 200, (1, 2), Some(file()), 0, None);
+        m.insert(0, 100, (1, 1), Some(file()), 0, 1000, None);
+        m.insert(100, 200, (1, 2), Some(file()), 0, 0, None);
         assert_eq!((m.len(), m.files()), (2, 2));
         // A hole in the middle of the first: two pieces, one file.
         assert_eq!(m.count_after(40, 60, false), 3);
@@ -383,7 +296,7 @@ mod tests {
         assert_eq!((m.len(), m.files()), (3, 2));
         assert_eq!(m.pieces[&60].fd_offset, 1060);
         // Mapping over both pieces of file 1 releases it.
-        m.insert(0, 100, (1, 3), Some(file()), 0, None);
+        m.insert(0, 100, (1, 3), Some(file()), 0, 0, None);
         assert_eq!((m.len(), m.files()), (2, 2));
         m.remove(0, 200, None);
         assert!(m.is_empty() && m.files() == 0);
@@ -396,36 +309,11 @@ mod tests {
         let mut m = MappedFiles::default();
         let dup = f.as_file().try_clone().unwrap();
         // Window [0, 4 pages) shows file pages 4..8.
-        m.insert(0, 4 * 4096, (9, 9), Some(dup), 4 * 4096, None);
+        m.insert(0, 4 * 4096, (9, 9), Some(dup), 10 * 4096, 4 * 4096, None);
         assert!(m.past_eof(None, 4096).is_empty());
         f.as_file().set_len(5 * 4096 + 1).unwrap();
         // File pages 6.. are gone: window pages 2..4.
         assert_eq!(m.past_eof(None, 4096), vec![(2 * 4096, 4 * 4096)]);
         assert!(m.past_eof(Some(&[(1, 1)]), 4096).is_empty());
-    }
-
-    #[test]
-    fn a_truncate_is_reported_by_the_watch() {
-        let f = vmm_sys_util::tempfile::TempFile::new().unwrap();
-        f.as_file().set_len(4096).unwrap();
-        let w = FileWatch::new().unwrap();
-        let mut m = MappedFiles::default();
-        m.insert(
-            0,
-            4096,
-            (3, 3),
-            Some(f.as_file().try_clone().unwrap()),
-            0,
-            Some(&w),
-        );
-        assert_eq!(w.drain(), (vec![], false));
-        f.as_file().set_len(0).unwrap();
-        let (wds, overflow) = w.drain();
-        assert!(!overflow);
-        assert_eq!(m.keys_of(&wds), vec![(3, 3)]);
-        // Released with its last piece: no more events.
-        m.remove(0, 4096, Some(&w));
-        f.as_file().set_len(8192).unwrap();
-        assert!(m.keys_of(&w.drain().0).is_empty());
     }
 }

@@ -10,11 +10,13 @@
 //! translates as guest memory.
 
 pub mod backend_req;
+pub mod file_watch;
 pub mod map_budget;
 pub mod mapped_files;
 pub mod memory_table;
 pub mod metrics;
 pub mod scratch;
+pub mod watch_budget;
 mod watchdog;
 pub mod window;
 pub mod worker;

@@ -8,11 +8,13 @@
 //! page of its own per window page, its cost capped and counted
 //! ([`DaxWindow::stray_bytes`]).
 //!
-//! The window keeps a descriptor and an inotify watch of every file it maps
-//! ([`super::mapped_files`]): a file shrunk on the host gets the scratch
-//! shown over its vanished pages ([`DaxWindow::repair_truncated`]) before a
-//! guest access there can hang a vCPU. Every window of the VMM draws its
-//! mappings from one budget ([`super::map_budget`]).
+//! The window keeps a descriptor of every file it maps and follows its size
+//! ([`super::mapped_files`], [`super::file_watch`]): a file shrunk on the
+//! host gets the scratch shown over its vanished pages
+//! ([`DaxWindow::repair_truncated`]) before a guest access there can hang a
+//! vCPU. Every window of the VMM draws its mappings from one budget
+//! ([`super::map_budget`]) and its inotify watches from another
+//! ([`super::watch_budget`]).
 //!
 //! The window is never `munmap`ed while the device lives, so the address
 //! range cannot be handed to another mapping in this process while KVM still
@@ -39,6 +41,7 @@ use super::map_budget::{vmas_for, MapBudget};
 use super::mapped_files::{FileKey, FileWatch, MappedFiles, MappedRanges};
 use super::metrics::{DaxMetrics, FailureReason};
 use super::scratch::Scratch;
+use super::watch_budget::WatchBudget;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WindowError {
@@ -138,9 +141,8 @@ pub struct DaxWindow {
     scratch: Scratch,
     /// Shared by every window of the VMM.
     budget: Arc<MapBudget>,
-    /// Tells of modified (maybe truncated) mapped files; None where inotify
-    /// is unavailable (every file is then checked on each tick).
-    file_watch: Option<FileWatch>,
+    /// Follows the mapped files' sizes, to tell of those that shrank.
+    file_watch: FileWatch,
     pub metrics: DaxMetrics,
     observer: OnceLock<Arc<dyn WindowObserver>>,
     /// Pre-fault each new mapping ([`Self::prefault`]).
@@ -261,6 +263,16 @@ impl DaxWindow {
 
     /// A window drawing its mappings from `budget`.
     pub fn with_budget(size: u64, budget: Arc<MapBudget>) -> Result<Self, WindowError> {
+        Self::with_budgets(size, budget, WatchBudget::process())
+    }
+
+    /// A window drawing its mappings from `budget` and its inotify watches
+    /// from `watches`.
+    pub fn with_budgets(
+        size: u64,
+        budget: Arc<MapBudget>,
+        watches: Arc<WatchBudget>,
+    ) -> Result<Self, WindowError> {
         let page_size = Self::check_size(size)?;
         let reserve = |source| WindowError::Reserve { size, source };
         // The scratch and the budget first: neither needs undoing if the
@@ -288,9 +300,7 @@ impl DaxWindow {
             }),
             scratch,
             budget,
-            file_watch: FileWatch::new()
-                .inspect_err(|e| log::warn!("DAX window: no inotify ({e}); mapped files are checked for truncation once a second"))
-                .ok(),
+            file_watch: FileWatch::new(watches),
             metrics: DaxMetrics::default(),
             observer: OnceLock::new(),
             prefault: std::sync::atomic::AtomicBool::new(false),
@@ -642,8 +652,9 @@ impl DaxWindow {
             end,
             info.file,
             own,
+            info.size,
             fd_offset,
-            self.file_watch.as_ref(),
+            Some(&self.file_watch),
         );
         self.settle_charge(&mut mapped);
         self.metrics
@@ -702,3 +713,7 @@ mod tests;
 #[cfg(test)]
 #[path = "window_hostile_tests.rs"]
 mod hostile_tests;
+
+#[cfg(test)]
+#[path = "window_watch_tests.rs"]
+mod watch_tests;

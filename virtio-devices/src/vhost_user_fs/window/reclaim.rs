@@ -110,7 +110,7 @@ impl DaxWindow {
         self.forget_deferred(start, end);
         self.show_scratch(start, end)?;
         let removed = mapped.ranges.remove(start, end);
-        mapped.files.remove(start, end, self.file_watch.as_ref());
+        mapped.files.remove(start, end, Some(&self.file_watch));
         self.settle_charge(mapped);
         let in_use = self
             .metrics

@@ -3,33 +3,25 @@
 
 use std::os::fd::RawFd;
 
-use super::{DaxWindow, FileKey, FileWatch, WindowEvent};
+use super::{DaxWindow, FileKey, WindowEvent};
 
 impl DaxWindow {
     /// The inotify descriptor that becomes readable when a mapped file is
     /// modified: the device worker polls it and calls
     /// [`Self::on_file_events`].
     pub fn file_watch_fd(&self) -> Option<RawFd> {
-        self.file_watch.as_ref().map(FileWatch::as_raw_fd)
+        self.file_watch.as_raw_fd()
     }
 
-    /// Mapped files were modified: checks those for truncation.
+    /// Mapped files were modified: repairs those that shrank. Their sizes
+    /// are read without the window's lock; it is taken only for a file
+    /// that shrank (a write, however small and frequent, takes nothing).
     pub fn on_file_events(&self) -> u64 {
-        let Some(watch) = &self.file_watch else {
-            return 0;
-        };
-        let (wds, overflow) = watch.drain();
-        if overflow {
-            return self.repair_truncated(None);
-        }
-        let keys = {
-            let mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
-            mapped.files.keys_of(&wds)
-        };
-        if keys.is_empty() {
+        let shrunk = self.file_watch.shrunk_after_events();
+        if shrunk.is_empty() {
             return 0;
         }
-        self.repair_truncated(Some(&keys))
+        self.repair_truncated(Some(&shrunk))
     }
 
     /// Once a second, from the device worker: empties the scratch when the
@@ -44,12 +36,9 @@ impl DaxWindow {
             Ok(false) => {}
             Err(e) => log::debug!("DAX window: checking the scratch: {e}"),
         }
-        let unwatched = {
-            let mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
-            mapped.files.unwatched()
-        };
-        if !unwatched.is_empty() {
-            self.repair_truncated(Some(&unwatched));
+        let shrunk = self.file_watch.shrunk_unwatched();
+        if !shrunk.is_empty() {
+            self.repair_truncated(Some(&shrunk));
         }
     }
 
@@ -81,6 +70,18 @@ impl DaxWindow {
             );
         }
         repaired
+    }
+
+    /// Mapped files followed now, and how many of them have an inotify
+    /// watch (the others are read every tick).
+    pub fn watched_files(&self) -> (usize, usize) {
+        self.file_watch.followed()
+    }
+
+    /// Files left without an inotify watch because the VMM's watch budget
+    /// was spent.
+    pub fn watch_refusals(&self) -> u64 {
+        self.file_watch.refused()
     }
 
     /// Distinct files mapped now: the descriptors the window keeps.
