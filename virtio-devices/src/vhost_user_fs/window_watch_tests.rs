@@ -106,3 +106,26 @@ fn files_past_the_watch_budget_are_checked_every_tick() {
     drop(w);
     assert_eq!(watches.used(), 0);
 }
+
+/// A file mapped past its end (a small file in a whole range) and then
+/// appended to, a write at a time, as a guest's file-extending writes go
+/// through the daemon: each appended page shows through the mapping. (Any
+/// modification used to replace the pages past the file's end with the
+/// scratch, so the next append's bytes read as zeros in the window.)
+#[test]
+fn appends_to_a_file_mapped_past_its_end_show_through_the_window() {
+    let w = DaxWindow::new(64 * PAGE).unwrap();
+    let f = file_of(1, b'a');
+    w.map(&map_req(0, 4 * PAGE), f.as_file()).unwrap();
+    for (page, byte) in (1u64..4).zip(b'b'..) {
+        f.as_file()
+            .write_at(&vec![byte; usize::try_from(PAGE).unwrap()], page * PAGE)
+            .unwrap();
+        assert_eq!(w.on_file_events(), 0);
+    }
+    assert_eq!(
+        (0..4).map(|p| peek(&w, p * PAGE)).collect::<Vec<u8>>(),
+        b"abcd"
+    );
+    assert_eq!(w.metrics.snapshot().truncated_bytes, 0);
+}
