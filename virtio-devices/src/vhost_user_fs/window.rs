@@ -393,6 +393,18 @@ impl DaxWindow {
         }
     }
 
+    /// Mapped files followed now, and how many of them have an inotify
+    /// watch (the others are read every tick).
+    pub fn watched_files(&self) -> (usize, usize) {
+        self.file_watch.followed()
+    }
+
+    /// Files left without an inotify watch because the VMM's watch budget
+    /// was spent.
+    pub fn watch_refusals(&self) -> u64 {
+        self.file_watch.refused()
+    }
+
     /// 2 MiB guest ranges with something mapped in them now.
     pub fn mapped_guest_ranges(&self) -> u64 {
         self.mapped

@@ -72,18 +72,6 @@ impl DaxWindow {
         repaired
     }
 
-    /// Mapped files followed now, and how many of them have an inotify
-    /// watch (the others are read every tick).
-    pub fn watched_files(&self) -> (usize, usize) {
-        self.file_watch.followed()
-    }
-
-    /// Files left without an inotify watch because the VMM's watch budget
-    /// was spent.
-    pub fn watch_refusals(&self) -> u64 {
-        self.file_watch.refused()
-    }
-
     /// Distinct files mapped now: the descriptors the window keeps.
     pub fn mapped_files(&self) -> usize {
         self.mapped
