@@ -7,6 +7,7 @@
 
 pub mod block;
 pub mod counters;
+pub mod dependency_log;
 pub mod device;
 pub mod event_loop;
 pub mod log_limit;
