@@ -12,31 +12,11 @@ use std::os::unix::net::UnixListener;
 use std::path::Path;
 
 use super::backend::{connect_nonblocking, BackendError};
+use crate::file_type::describe;
 
 /// Which socket file a backend bound: (device, inode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SocketId(u64, u64);
-
-/// What a file type is, for an error message.
-fn describe(t: std::fs::FileType) -> &'static str {
-    if t.is_file() {
-        "a regular file"
-    } else if t.is_dir() {
-        "a directory"
-    } else if t.is_symlink() {
-        "a symbolic link"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_socket() {
-        "a socket"
-    } else {
-        "a file of unknown type"
-    }
-}
 
 fn socket_id(path: &Path) -> std::io::Result<Option<SocketId>> {
     let m = std::fs::symlink_metadata(path)?;
