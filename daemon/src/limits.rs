@@ -141,17 +141,18 @@ impl Cap {
     }
 }
 
-/// Counts requests refused by each cap and rate-limits the warnings.
+/// Counts requests refused by each cap and rate-limits the warnings, one
+/// limiter per cap (a flood of one cap's refusals does not hide another's).
 pub struct CapCounters {
     hits: [AtomicU64; 4],
-    log: RateLimitedLog,
+    log: [RateLimitedLog; 4],
 }
 
 impl Default for CapCounters {
     fn default() -> Self {
         CapCounters {
             hits: Default::default(),
-            log: RateLimitedLog::new(PERIOD),
+            log: std::array::from_fn(|_| RateLimitedLog::new(PERIOD)),
         }
     }
 }
@@ -160,7 +161,7 @@ impl CapCounters {
     /// Records one refusal by `cap` (whose value is `limit`).
     pub fn hit(&self, cap: Cap, limit: u64) {
         self.hits[cap as usize].fetch_add(1, Relaxed);
-        self.log.warn(|suppressed| {
+        self.log[cap as usize].warn(|suppressed| {
             format!(
                 "guest request refused: the {} cap ({limit}) is reached{}",
                 cap.name(),
@@ -226,5 +227,31 @@ mod tests {
         counters.hit(Cap::Handles, 5);
         assert_eq!(counters.get(Cap::Handles), 2);
         assert_eq!(counters.get(Cap::Inodes), 0);
+    }
+
+    /// Each cap warns on its own: handles refused in a flood do not keep
+    /// the first inodes refusal out of the log.
+    #[test]
+    fn each_cap_has_its_own_warning_limit() {
+        crate::log_limit::capture::start();
+        let counters = CapCounters::default();
+        for _ in 0..100 {
+            counters.hit(Cap::Handles, 5);
+        }
+        counters.hit(Cap::Inodes, 7);
+        counters.hit(Cap::Inodes, 7);
+        assert_eq!(
+            crate::log_limit::capture::take(),
+            [
+                (
+                    log::Level::Warn,
+                    "guest request refused: the handles cap (5) is reached".to_string()
+                ),
+                (
+                    log::Level::Warn,
+                    "guest request refused: the inodes cap (7) is reached".to_string()
+                ),
+            ]
+        );
     }
 }
