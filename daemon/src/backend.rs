@@ -45,7 +45,7 @@ pub struct FsBackend {
 /// up again, and the VMM hears of it through the queue's error eventfd.
 fn broken(vring: &Vring, queue: u16, why: &str) {
     if vring.mark_broken() {
-        log::error!(
+        crate::error_limited!(
             "queue {queue}: {why}; the queue is stopped and the VMM told (DEVICE_NEEDS_RESET)"
         );
     }
@@ -122,7 +122,7 @@ fn serve(server: &Server, chain: DescriptorChain<MemGuard>, queue: u16, vring: &
     let written = match chain::split(mem, chain.clone()) {
         Ok((r, w)) => server.handle(r, w),
         Err(e) => {
-            log::warn!("malformed descriptor chain {head}: {e}");
+            crate::warn_limited!("malformed descriptor chain {head}: {e}");
             0
         }
     };
@@ -139,7 +139,7 @@ fn serve(server: &Server, chain: DescriptorChain<MemGuard>, queue: u16, vring: &
     }
     if state.needs_notification().unwrap_or(true) {
         if let Err(e) = state.signal_used_queue() {
-            log::warn!("queue {queue}: interrupting the guest: {e}");
+            crate::warn_limited!("queue {queue}: interrupting the guest: {e}");
         }
     }
 }

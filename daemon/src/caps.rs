@@ -130,7 +130,7 @@ pub fn without_fsetid<T>(f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
     if let Err(e) = set(sets) {
         // Leaving the thread without CAP_FSETID only makes later writes clear
         // setuid bits more often; it grants nothing.
-        log::error!("restoring CAP_FSETID after a kill-suid write: {e}");
+        crate::error_limited!("restoring CAP_FSETID after a kill-suid write: {e}");
     }
     result
 }

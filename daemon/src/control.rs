@@ -166,7 +166,7 @@ async fn window_truncated(State(c): State<Control>, body: String) -> Response {
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("{WINDOW_TRUNCATED}: {e}")),
     };
     c.server.count_window_truncation(t.len);
-    log::warn!(
+    crate::warn_limited!(
         "the VMM reports window offset {:#x}+{:#x} truncated: a file mapped there shrank on the host (the guest reads zeros there until it remaps)",
         t.offset,
         t.len

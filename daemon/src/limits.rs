@@ -10,8 +10,8 @@
 //! CVE-2020-10717 class: a guest exhausting the daemon's fds).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+
+use crate::log_limit::{RateLimitedLog, PERIOD};
 
 /// Linux's own cap on one extended attribute value (`XATTR_SIZE_MAX`).
 pub const XATTR_SIZE_MAX: u32 = 64 * 1024;
@@ -152,17 +152,18 @@ impl Cap {
     }
 }
 
-/// Counts requests refused by each cap and rate-limits the warnings.
+/// Counts requests refused by each cap and rate-limits the warnings, one
+/// limiter per cap (a flood of one cap's refusals does not hide another's).
 pub struct CapCounters {
     hits: [AtomicU64; Cap::ALL.len()],
-    log: RateLimitedLog,
+    log: [RateLimitedLog; Cap::ALL.len()],
 }
 
 impl Default for CapCounters {
     fn default() -> Self {
         CapCounters {
             hits: Default::default(),
-            log: RateLimitedLog::new(Duration::from_secs(10)),
+            log: std::array::from_fn(|_| RateLimitedLog::new(PERIOD)),
         }
     }
 }
@@ -171,7 +172,7 @@ impl CapCounters {
     /// Records one refusal by `cap` (whose value is `limit`).
     pub fn hit(&self, cap: Cap, limit: u64) {
         self.hits[cap as usize].fetch_add(1, Relaxed);
-        self.log.warn(|suppressed| {
+        self.log[cap as usize].warn(|suppressed| {
             format!(
                 "guest request refused: the {} cap ({limit}) is reached{}",
                 cap.name(),
@@ -186,39 +187,6 @@ impl CapCounters {
 
     pub fn get(&self, cap: Cap) -> u64 {
         self.hits[cap as usize].load(Relaxed)
-    }
-}
-
-/// Logs at most one warning per interval; counts the ones it held back.
-pub struct RateLimitedLog {
-    interval: Duration,
-    state: Mutex<(Option<Instant>, u64)>,
-}
-
-impl RateLimitedLog {
-    pub fn new(interval: Duration) -> Self {
-        RateLimitedLog {
-            interval,
-            state: Mutex::new((None, 0)),
-        }
-    }
-
-    /// Logs `message(suppressed_since_last)` unless one was logged within
-    /// the interval; returns whether it logged.
-    pub fn warn(&self, message: impl FnOnce(u64) -> String) -> bool {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        if state
-            .0
-            .is_some_and(|last| now.duration_since(last) < self.interval)
-        {
-            state.1 += 1;
-            return false;
-        }
-        let suppressed = std::mem::take(&mut state.1);
-        state.0 = Some(now);
-        log::warn!("{}", message(suppressed));
-        true
     }
 }
 
@@ -260,15 +228,41 @@ mod tests {
 
     #[test]
     fn warnings_are_rate_limited_and_count_what_they_held_back() {
-        let log = RateLimitedLog::new(Duration::from_secs(3600));
+        let log = RateLimitedLog::new(std::time::Duration::from_secs(3600));
         assert!(log.warn(|n| format!("{n}")));
         assert!(!log.warn(|_| unreachable!("held back")));
         assert!(!log.warn(|_| unreachable!("held back")));
-        assert_eq!(log.state.lock().unwrap().1, 2);
+        assert_eq!(log.suppressed(), 2);
         let counters = CapCounters::default();
         counters.hit(Cap::Handles, 5);
         counters.hit(Cap::Handles, 5);
         assert_eq!(counters.get(Cap::Handles), 2);
         assert_eq!(counters.get(Cap::Inodes), 0);
+    }
+
+    /// Each cap warns on its own: handles refused in a flood do not keep
+    /// the first inodes refusal out of the log.
+    #[test]
+    fn each_cap_has_its_own_warning_limit() {
+        crate::log_limit::capture::start();
+        let counters = CapCounters::default();
+        for _ in 0..100 {
+            counters.hit(Cap::Handles, 5);
+        }
+        counters.hit(Cap::Inodes, 7);
+        counters.hit(Cap::Inodes, 7);
+        assert_eq!(
+            crate::log_limit::capture::take(),
+            [
+                (
+                    log::Level::Warn,
+                    "guest request refused: the handles cap (5) is reached".to_string()
+                ),
+                (
+                    log::Level::Warn,
+                    "guest request refused: the inodes cap (7) is reached".to_string()
+                ),
+            ]
+        );
     }
 }

@@ -10,11 +10,23 @@
 use libc::*;
 use seccomp::Allow;
 
-/// The daemon's allowlist.
+/// The daemon's allowlist, for the process that installs it (signals go
+/// to its own threads only; see [`serving_for`]).
 pub fn serving() -> Vec<Allow> {
+    serving_for(std::process::id())
+}
+
+/// The allowlist for the process `pid`: `tgkill` (std's and glibc's
+/// `pthread_kill`, `abort`'s `raise`) only with `pid` as the thread group,
+/// so a compromised daemon cannot signal the VMM or any other process its
+/// user may (in `--sandbox chroot` or `none`, every process of that user,
+/// or every process when it runs as root). In the namespace sandbox `pid`
+/// is the daemon's id in its own pid namespace, as `tgkill` reads it.
+pub fn serving_for(pid: u32) -> Vec<Allow> {
     let mut v = seccomp::calls(SERVING);
     v.push(seccomp::IOCTL_FD_FLAGS_ONLY);
     v.push(PRCTL_THREAD_NAME_ONLY);
+    v.push(Allow::ArgIs(SYS_tgkill, 0, u64::from(pid)));
     v
 }
 
@@ -46,7 +58,6 @@ const SERVING: &[i64] = &[
     SYS_exit_group,
     SYS_gettid,
     SYS_getpid,
-    SYS_tgkill,
     SYS_rt_sigaction,
     SYS_rt_sigprocmask,
     SYS_rt_sigreturn,
@@ -178,6 +189,47 @@ mod tests {
                 prctl_under_the_filter(option, 1),
                 Outcome::Signalled(SIGSYS),
                 "prctl option {option}"
+            );
+        }
+    }
+
+    /// `tgkill(tgid, tid, 0)` (signal 0: checks only) under the filter.
+    fn tgkill_under_the_filter(target: impl FnOnce() -> (i32, i32)) -> Outcome {
+        try_in_child(
+            || {
+                vec![seccomp::build("daemon", &serving(), seccomp::Mode::Kill)
+                    .unwrap()
+                    .unwrap()]
+            },
+            move || {
+                let (tgid, tid) = target();
+                // SAFETY: a raw syscall with integer arguments, in the child.
+                let rc = unsafe { libc::syscall(SYS_tgkill, tgid, tid, 0) };
+                if rc == 0 {
+                    0
+                } else {
+                    std::io::Error::last_os_error()
+                        .raw_os_error()
+                        .map_or(-1, i64::from)
+                }
+            },
+        )
+    }
+
+    /// A compromised daemon could signal any process it may: the VMM, or
+    /// with root any process on the host.
+    #[test]
+    fn tgkill_reaches_the_daemons_own_threads_only() {
+        // SAFETY: getpid and gettid take no arguments.
+        let own = || unsafe { (libc::getpid(), libc::gettid()) };
+        assert_eq!(tgkill_under_the_filter(own), Outcome::Returned(0));
+        // The parent (the test process), and init.
+        let parent = std::process::id().cast_signed();
+        for tgid in [parent, 1] {
+            assert_eq!(
+                tgkill_under_the_filter(move || (tgid, tgid)),
+                Outcome::Signalled(SIGSYS),
+                "tgkill to {tgid}"
             );
         }
     }

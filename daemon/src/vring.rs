@@ -38,7 +38,7 @@ impl<M: GuestAddressSpace> FsVring<M> {
             let one = 1u64.to_ne_bytes();
             // SAFETY: writes 8 bytes from a live buffer to an eventfd we own.
             if unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), one.len()) } != 8 {
-                log::error!(
+                crate::error_limited!(
                     "telling the VMM about a broken queue: {}",
                     io::Error::last_os_error()
                 );

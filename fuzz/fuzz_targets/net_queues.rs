@@ -5,14 +5,18 @@
 //! MRG_RXBUF, reads frames straight into the guest's chains or copies
 //! them, fills what fits, drops the rest, and the used lengths add up to
 //! the bytes it counted; never a crash. The header check is also run on
-//! the raw input.
+//! the raw input. Every header let through (raw, or reaching the "tap")
+//! passes what Linux's `virtio_net_hdr_to_skb` and tun check: the checksum
+//! field, and for TCP GSO a whole TCP header, inside the frame, at the TCP
+//! checksum's offset, past the smallest network header; a real segment
+//! size; `hdr_len` inside the frame.
 #![no_main]
 
 use std::os::unix::net::UnixDatagram;
 
 use dax_vmm_fuzz::{memory, queue_from, Memory, DATA, DESC_TABLE, MEM_SIZE, QUEUE_SIZE, USED_RING};
 use libfuzzer_sys::fuzz_target;
-use virtio_devices::net::header::{check_tx, OFFLOAD_FEATURES};
+use virtio_devices::net::header::{check_tx, VnetHeader, OFFLOAD_FEATURES, VNET_HDR_LEN};
 use virtio_devices::net::queues::{NetCounters, TxPath};
 use virtio_devices::net::rx::RxPath;
 use virtio_devices::net::MAX_FRAME_LEN;
@@ -37,11 +41,34 @@ fn fold_lengths(mem: &Memory) {
     }
 }
 
+/// What the tap's kernel requires of a header before a packet of
+/// `packet_len` bytes (see the module).
+fn assert_linux_takes(h: VnetHeader, packet_len: usize) {
+    let start = usize::from(h.csum_start);
+    if h.flags & 1 == 1 {
+        assert!(
+            start + usize::from(h.csum_offset) + 2 <= packet_len,
+            "{h:?}"
+        );
+        assert!(h.csum_start >= 20, "{h:?}");
+    }
+    let gso = h.gso_type & 0x7f;
+    if gso == 1 || gso == 4 {
+        assert_eq!(h.csum_offset, 16, "{h:?}");
+        assert!(start + 20 <= packet_len, "{h:?}");
+        assert!(h.gso_size != 0 && h.gso_size != 0xffff, "{h:?}");
+        assert!(gso == 1 || h.csum_start >= 40, "{h:?}");
+    }
+    assert!(usize::from(h.hdr_len) <= packet_len, "{h:?}");
+}
+
 fuzz_target!(|data: &[u8]| {
     let flags = data.first().copied().unwrap_or(0);
     let acked = if flags & 1 == 1 { OFFLOAD_FEATURES } else { 0 };
     let mergeable = flags & 2 == 2;
-    let _ = check_tx(data, acked);
+    if let Ok(h) = check_tx(data, acked) {
+        assert_linux_takes(h, data.len() - VNET_HDR_LEN);
+    }
 
     let (tap, peer) = UnixDatagram::pair().expect("socket pair");
     tap.set_nonblocking(true).expect("non-blocking");
@@ -59,7 +86,8 @@ fuzz_target!(|data: &[u8]| {
     let mut buf = vec![0u8; MAX_FRAME_LEN + 1];
     while let Ok(n) = peer.recv(&mut buf) {
         assert!(n <= MAX_FRAME_LEN);
-        assert!(check_tx(&buf[..n], acked).is_ok());
+        let h = check_tx(&buf[..n], acked).expect("a sent frame passes the check");
+        assert_linux_takes(h, n - VNET_HDR_LEN);
     }
 
     // The same chains as RX buffers, for three frames from the "tap": one

@@ -7,8 +7,10 @@
 
 pub mod block;
 pub mod counters;
+pub mod dependency_log;
 pub mod device;
 pub mod event_loop;
+pub mod file_type;
 pub mod log_limit;
 pub mod net;
 pub mod pmem;

@@ -270,7 +270,7 @@ impl DaxMapper {
         };
         let started = std::time::Instant::now();
         self.backend()?.shmem_map(&msg, &file).map_err(|e| {
-            log::warn!(
+            crate::warn_limited!(
                 "SHMEM_MAP of {:#x} bytes at window offset {:#x} refused: {e}",
                 a.len,
                 a.moffset
@@ -310,7 +310,7 @@ impl DaxMapper {
                     ..Default::default()
                 };
                 backend.shmem_unmap(&msg).map_err(|e| {
-                    log::warn!(
+                    crate::warn_limited!(
                         "SHMEM_UNMAP of {:#x} bytes at window offset {:#x} refused: {e}",
                         one.len,
                         one.moffset

@@ -46,7 +46,7 @@ impl Server {
     pub fn handle(&self, mut r: Reader, mut w: Writer) -> usize {
         self.stats.requests.fetch_add(1, Relaxed);
         let Ok(hdr) = r.read_obj::<InHeader>() else {
-            log::warn!("request too short for a FUSE header; dropped");
+            crate::warn_limited!("request too short for a FUSE header; dropped");
             return 0;
         };
         let result = dispatch(self, &hdr, &mut r, &mut w);
@@ -68,7 +68,7 @@ impl Server {
         };
         let len = payload.as_ref().map_or(0, Vec::len);
         if len + size_of::<OutHeader>() > w.available() {
-            log::warn!(
+            crate::warn_limited!(
                 "opcode {}: reply buffer too small ({} bytes)",
                 hdr.opcode,
                 w.available()
@@ -348,7 +348,7 @@ fn init(s: &Server, q: &mut Request) -> io::Result<Reply> {
     if a.major < abi::KERNEL_VERSION
         || (a.major == abi::KERNEL_VERSION && a.minor < abi::MIN_KERNEL_MINOR_VERSION)
     {
-        log::error!(
+        crate::error_limited!(
             "guest FUSE {}.{} is too old (need 7.{})",
             a.major,
             a.minor,
@@ -370,7 +370,7 @@ fn init(s: &Server, q: &mut Request) -> io::Result<Reply> {
     s.fs.set_submounts(enabled & init::SUBMOUNTS != 0);
     s.fs.set_killpriv_v2(enabled & init::HANDLE_KILLPRIV_V2 != 0);
     let minor = a.minor.min(abi::KERNEL_MINOR_VERSION);
-    log::info!(
+    crate::info_limited!(
         "FUSE INIT: guest 7.{}, serving 7.{minor}, flags {enabled:#x}",
         a.minor
     );

@@ -161,3 +161,41 @@ fn the_alignment_announced_at_init_holds_until_the_next_init() {
         .replace(policy(r#"{"window_granularity": "2M"}"#));
     assert_eq!(setupmapping(&mut rig, file, 8192, 4096), 0);
 }
+
+/// A guest repeating requests the VMM refuses (or an INIT the daemon
+/// refuses) gets each refusal answered, but the log gets at most one line
+/// per call site per period, not one per request.
+#[test]
+fn repeated_refused_mappings_and_inits_log_a_bounded_count() {
+    const REPEATS: usize = 1000;
+    let (mut rig, vmm, file, _) = rig_with_vmm(r#"{"cache_size": "32M"}"#);
+    assert_eq!(setupmapping(&mut rig, file, 0, 2 * MIB), 0);
+    vmm.refuse_maps.store(true, SeqCst);
+    vmm.refuse_unmaps.store(true, SeqCst);
+    let too_old = abi::InitIn {
+        major: 7,
+        minor: 1,
+        ..Default::default()
+    };
+    crate::log_limit::capture::start();
+    for _ in 0..REPEATS {
+        assert_eq!(setupmapping(&mut rig, file, 2 * MIB, 2 * MIB), libc::EIO);
+        assert_eq!(removemapping(&mut rig, 0, 2 * MIB), libc::EIO);
+        let (e, _) = rig.call(opcode::INIT, 0, too_old.as_slice());
+        assert_eq!(e, libc::EPROTO);
+    }
+    // What the daemon logs by default (per-request errnos are debug).
+    let logged: Vec<_> = crate::log_limit::capture::take()
+        .into_iter()
+        .filter(|(level, _)| *level <= log::Level::Info)
+        .collect();
+    // Three call sites, each logging at most once in a period (none if
+    // another test in this process logged there within it).
+    assert!(
+        logged.len() <= 3,
+        "{} lines, first {:?}",
+        logged.len(),
+        &logged[..4]
+    );
+    assert_eq!(rig.server.report().dax_failures, 2 * REPEATS as u64);
+}

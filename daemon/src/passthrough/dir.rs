@@ -35,7 +35,7 @@ impl PassthroughFs {
         let dir = self.inode(parent)?;
         cvt(make(dir.fd.as_raw_fd()))?;
         if let Err(e) = self.chown_new_entry(dir.fd.as_raw_fd(), name, caller) {
-            log::warn!(
+            crate::warn_limited!(
                 "giving a new entry to uid {} gid {}: {e}",
                 caller.uid,
                 caller.gid

@@ -98,7 +98,7 @@ impl PassthroughFs {
         match created {
             Ok(fd) => {
                 if let Err(e) = self.chown_new_entry(dir.fd.as_raw_fd(), name, caller) {
-                    log::warn!(
+                    crate::warn_limited!(
                         "giving a new file to uid {} gid {}: {e}",
                         caller.uid,
                         caller.gid

@@ -26,8 +26,10 @@ pub enum DiskError {
     },
     #[error("disk path={path}: {size} bytes, smaller than one 512-byte sector")]
     Empty { path: PathBuf, size: u64 },
-    #[error("disk path={path}: not a regular file or block device")]
-    Kind { path: PathBuf },
+    #[error("disk path={path}: {what}, not a regular file or block device")]
+    Kind { path: PathBuf, what: &'static str },
+    #[error("disk path={path}: the file was replaced while it was being opened")]
+    Replaced { path: PathBuf },
     #[error("disk path={path}: locked by another process (a writable disk needs the image to itself; read-only disks share it)")]
     Locked { path: PathBuf },
 }
@@ -62,6 +64,20 @@ fn fallocate_works(file: &File, end: u64, mode: libc::c_int) -> bool {
     }
 }
 
+/// Clears `O_NONBLOCK` on `file`.
+fn set_blocking(file: &File) -> std::io::Result<()> {
+    // SAFETY: fcntl on an fd `file` owns; F_GETFL takes no argument.
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above; F_SETFL takes the flags as an int.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Takes an open-file-description lock on the whole image, as Cloud
 /// Hypervisor does: shared for a read-only disk (many VMs may boot from one
 /// image), exclusive for a writable one. It goes when the file is closed.
@@ -93,25 +109,61 @@ fn lock(file: &File, readonly: bool, path: &Path) -> bool {
 
 impl DiskFile {
     /// Opens `path` read-only or read-write, with `O_DIRECT` when `direct`.
+    ///
+    /// Its type is checked before it is opened: opening a FIFO blocks until
+    /// a writer comes (the VMM's control loop with it), and opening a
+    /// character device can act on it. The open itself is non-blocking,
+    /// and must find the file that was checked.
     pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Self, DiskError> {
+        let named = std::fs::metadata(path).map_err(|source| DiskError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::open_checked(path, &named, readonly, direct)
+    }
+
+    /// [`Self::open`] once `path` was found to be `named`.
+    fn open_checked(
+        path: &Path,
+        named: &std::fs::Metadata,
+        readonly: bool,
+        direct: bool,
+    ) -> Result<Self, DiskError> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let err = |source| DiskError::Open {
             path: path.to_path_buf(),
             source,
         };
+        let kind_of = |m: &std::fs::Metadata| {
+            let kind = m.file_type();
+            if kind.is_file() || kind.is_block_device() {
+                Ok(kind.is_file())
+            } else {
+                Err(DiskError::Kind {
+                    path: path.to_path_buf(),
+                    what: crate::file_type::describe(kind),
+                })
+            }
+        };
+        kind_of(named)?;
+        let direct = if direct { libc::O_DIRECT } else { 0 };
         let mut file = OpenOptions::new()
             .read(true)
             .write(!readonly)
-            .custom_flags(if direct { libc::O_DIRECT } else { 0 })
+            // A FIFO put in its place since: the open returns, not waits.
+            .custom_flags(libc::O_NONBLOCK | direct)
             .open(path)
             .map_err(err)?;
-        let kind = file.metadata().map_err(err)?.file_type();
-        use std::os::unix::fs::FileTypeExt;
-        let regular = kind.is_file();
-        if !regular && !kind.is_block_device() {
-            return Err(DiskError::Kind {
+        let opened = file.metadata().map_err(err)?;
+        if (opened.dev(), opened.ino()) != (named.dev(), named.ino()) {
+            return Err(DiskError::Replaced {
                 path: path.to_path_buf(),
             });
         }
+        let regular = kind_of(&opened)?;
+        // I/O then blocks as it should (io_uring, for one, answers EAGAIN
+        // on a non-blocking file instead of waiting).
+        set_blocking(&file).map_err(err)?;
         if !lock(&file, readonly, path) {
             return Err(DiskError::Locked {
                 path: path.to_path_buf(),
@@ -440,5 +492,52 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("disk path=/nonexistent/disk:"), "{e}");
+    }
+
+    /// Opens `path` on a thread of its own; an open that blocks (a FIFO
+    /// opened for reading waits for a writer) fails the test instead of
+    /// hanging it.
+    fn open_or_block(path: &Path, readonly: bool) -> Result<DiskFile, DiskError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = path.to_path_buf();
+        std::thread::spawn(move || tx.send(DiskFile::open(&path, readonly, false)));
+        rx.recv_timeout(std::time::Duration::from_secs(60))
+            .expect("DiskFile::open blocked")
+    }
+
+    #[test]
+    fn a_fifo_or_a_character_device_is_refused_by_type_without_blocking() {
+        let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+        let fifo = dir.as_path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path for the call's duration.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        for readonly in [true, false] {
+            let e = open_or_block(&fifo, readonly).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!(
+                    "disk path={}: a FIFO, not a regular file or block device",
+                    fifo.display()
+                )
+            );
+        }
+        let e = open_or_block(Path::new("/dev/null"), false)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "disk path=/dev/null: a character device, not a regular file or block device"
+        );
+    }
+
+    #[test]
+    fn a_file_replaced_between_the_check_and_the_open_is_refused() {
+        let (_a, checked) = image(4096);
+        let (_b, swapped) = image(4096);
+        let named = std::fs::metadata(&checked).unwrap();
+        let e = DiskFile::open_checked(&swapped, &named, true, false).unwrap_err();
+        assert!(matches!(e, DiskError::Replaced { .. }), "{e}");
+        assert!(DiskFile::open_checked(&checked, &named, true, false).is_ok());
     }
 }

@@ -67,7 +67,29 @@ pub enum HeaderError {
     GsoNotNegotiated(u8),
     #[error("GSO frame without NEEDS_CSUM or with gso_size 0")]
     GsoIncomplete,
+    #[error("gso_size {0:#x} is GSO_BY_FRAGS, not a segment size")]
+    GsoByFrags(u16),
+    #[error("csum_start {start} lies inside the minimal {min}-byte network header")]
+    ChecksumStart { start: u16, min: u16 },
+    #[error("TCP GSO with csum_offset {0}: the TCP checksum is at offset {TCP_CSUM_OFFSET}")]
+    TcpChecksumOffset(u16),
+    #[error(
+        "TCP header at csum_start {start} ({TCP_HDR_LEN} bytes) lies past the {len}-byte frame"
+    )]
+    TransportOutside { start: u16, len: usize },
+    #[error("hdr_len {hdr_len} lies past the {len}-byte frame")]
+    HdrLen { hdr_len: u16, len: usize },
 }
+
+/// Where a TCP header's checksum lies (`offsetof(struct tcphdr, check)`).
+pub const TCP_CSUM_OFFSET: u16 = 16;
+/// A TCP header without options (`sizeof(struct tcphdr)`).
+pub const TCP_HDR_LEN: u16 = 20;
+/// The smallest network headers: IPv4 without options, IPv6.
+const IPV4_HDR_LEN: u16 = 20;
+const IPV6_HDR_LEN: u16 = 40;
+/// `GSO_BY_FRAGS`: a kernel-internal gso_size no guest may give.
+const GSO_BY_FRAGS: u16 = 0xffff;
 
 /// The fields of a `virtio_net_hdr_v1` (little-endian on the wire).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -125,6 +147,13 @@ pub fn check_tx(frame: &[u8], acked: u64) -> Result<VnetHeader, HeaderError> {
 
 /// [`check_tx`] on a header already read, before a packet of
 /// `packet_len` bytes.
+///
+/// What Linux's `virtio_net_hdr_to_skb` (and tun's `hdr_len` check)
+/// refuses is refused here first, so a frame the tap would reject, or one
+/// whose offsets point outside it, never reaches it: the checksum field
+/// and (for TCP GSO) a whole TCP header inside the frame, `csum_start`
+/// past the smallest network header, a TCP GSO checksum at the TCP
+/// header's checksum field, a real segment size, `hdr_len` inside the frame.
 pub fn check_tx_header(
     h: VnetHeader,
     packet_len: usize,
@@ -137,34 +166,62 @@ pub fn check_tx_header(
         return Err(HeaderError::Flags(h.flags));
     }
     let needs_csum = h.flags & const { narrow::u8_of(VIRTIO_NET_HDR_F_NEEDS_CSUM as u64) } != 0;
-    if needs_csum {
-        if !has(VIRTIO_NET_F_CSUM) {
-            return Err(HeaderError::ChecksumNotNegotiated);
+    if needs_csum && !has(VIRTIO_NET_F_CSUM) {
+        return Err(HeaderError::ChecksumNotNegotiated);
+    }
+    let ecn = h.gso_type & const { narrow::u8_of(VIRTIO_NET_HDR_GSO_ECN as u64) } != 0;
+    let gso = h.gso_type & !(const { narrow::u8_of(VIRTIO_NET_HDR_GSO_ECN as u64) });
+    // (feature needed, smallest network header) for a TCP GSO frame.
+    let tcp_gso = match u32::from(gso) {
+        VIRTIO_NET_HDR_GSO_NONE if !ecn => None,
+        VIRTIO_NET_HDR_GSO_TCPV4 => Some((VIRTIO_NET_F_HOST_TSO4, IPV4_HDR_LEN)),
+        VIRTIO_NET_HDR_GSO_TCPV6 => Some((VIRTIO_NET_F_HOST_TSO6, IPV6_HDR_LEN)),
+        _ => return Err(HeaderError::GsoType(h.gso_type)),
+    };
+    if let Some((needed, _)) = tcp_gso {
+        if !has(needed) || (ecn && !has(VIRTIO_NET_F_HOST_ECN)) {
+            return Err(HeaderError::GsoNotNegotiated(h.gso_type));
         }
+        if !needs_csum || h.gso_size == 0 {
+            return Err(HeaderError::GsoIncomplete);
+        }
+        if h.gso_size == GSO_BY_FRAGS {
+            return Err(HeaderError::GsoByFrags(h.gso_size));
+        }
+        if h.csum_offset != TCP_CSUM_OFFSET {
+            return Err(HeaderError::TcpChecksumOffset(h.csum_offset));
+        }
+    }
+    if needs_csum {
         // The kernel writes the 16-bit checksum at csum_start + csum_offset
         // within the packet; it must lie inside it.
-        let end = usize::from(h.csum_start) + usize::from(h.csum_offset) + 2;
-        if end > packet_len {
+        let start = usize::from(h.csum_start);
+        if start + usize::from(h.csum_offset) + 2 > packet_len {
             return Err(HeaderError::ChecksumOutside {
                 start: h.csum_start,
                 offset: h.csum_offset,
                 len: packet_len,
             });
         }
+        let min = tcp_gso.map_or(IPV4_HDR_LEN, |(_, min)| min);
+        if h.csum_start < min {
+            return Err(HeaderError::ChecksumStart {
+                start: h.csum_start,
+                min,
+            });
+        }
+        if tcp_gso.is_some() && start + usize::from(TCP_HDR_LEN) > packet_len {
+            return Err(HeaderError::TransportOutside {
+                start: h.csum_start,
+                len: packet_len,
+            });
+        }
     }
-    let ecn = h.gso_type & const { narrow::u8_of(VIRTIO_NET_HDR_GSO_ECN as u64) } != 0;
-    let gso = h.gso_type & !(const { narrow::u8_of(VIRTIO_NET_HDR_GSO_ECN as u64) });
-    let needed = match u32::from(gso) {
-        VIRTIO_NET_HDR_GSO_NONE if !ecn => return Ok(h),
-        VIRTIO_NET_HDR_GSO_TCPV4 => VIRTIO_NET_F_HOST_TSO4,
-        VIRTIO_NET_HDR_GSO_TCPV6 => VIRTIO_NET_F_HOST_TSO6,
-        _ => return Err(HeaderError::GsoType(h.gso_type)),
-    };
-    if !has(needed) || (ecn && !has(VIRTIO_NET_F_HOST_ECN)) {
-        return Err(HeaderError::GsoNotNegotiated(h.gso_type));
-    }
-    if !needs_csum || h.gso_size == 0 {
-        return Err(HeaderError::GsoIncomplete);
+    if usize::from(h.hdr_len) > packet_len {
+        return Err(HeaderError::HdrLen {
+            hdr_len: h.hdr_len,
+            len: packet_len,
+        });
     }
     Ok(h)
 }
@@ -310,6 +367,124 @@ mod tests {
                 Err(HeaderError::GsoIncomplete)
             );
         }
+    }
+
+    /// The rules Linux's `virtio_net_hdr_to_skb` and tun apply, one by one,
+    /// each on a TSO frame that passes but for the one field.
+    #[test]
+    fn tx_offsets_are_checked_as_linux_checks_them() {
+        let tso4 = VnetHeader {
+            flags: 1,
+            gso_type: const { narrow::u8_of(VIRTIO_NET_HDR_GSO_TCPV4 as u64) },
+            hdr_len: 66,
+            gso_size: 1448,
+            csum_start: 34,
+            csum_offset: 16,
+            num_buffers: 0,
+        };
+        let tso6 = VnetHeader {
+            gso_type: const { narrow::u8_of(VIRTIO_NET_HDR_GSO_TCPV6 as u64) },
+            csum_start: 54,
+            hdr_len: 86,
+            ..tso4
+        };
+        assert!(check_tx(&frame(tso4, 9000), ALL).is_ok());
+        assert!(check_tx(&frame(tso6, 9000), ALL).is_ok());
+        // TCP GSO: the checksum is the TCP header's (UDP's 6, or any other
+        // offset inside the frame, is refused).
+        for offset in [0, 6, 10, 17, 100] {
+            let h = VnetHeader {
+                csum_offset: offset,
+                ..tso4
+            };
+            assert_eq!(
+                check_tx(&frame(h, 9000), ALL),
+                Err(HeaderError::TcpChecksumOffset(offset))
+            );
+        }
+        // csum_start past the smallest network header: 20 bytes (IPv4,
+        // and any partial checksum), 40 for TCPv6.
+        let h = VnetHeader {
+            csum_start: 19,
+            ..tso4
+        };
+        assert_eq!(
+            check_tx(&frame(h, 9000), ALL),
+            Err(HeaderError::ChecksumStart { start: 19, min: 20 })
+        );
+        let h = VnetHeader {
+            csum_start: 39,
+            ..tso6
+        };
+        assert_eq!(
+            check_tx(&frame(h, 9000), ALL),
+            Err(HeaderError::ChecksumStart { start: 39, min: 40 })
+        );
+        let plain_csum = VnetHeader {
+            flags: 1,
+            csum_start: 10,
+            csum_offset: 6,
+            ..VnetHeader::default()
+        };
+        assert_eq!(
+            check_tx(&frame(plain_csum, 100), ALL),
+            Err(HeaderError::ChecksumStart { start: 10, min: 20 })
+        );
+        // A whole TCP header at csum_start: the checksum field alone
+        // inside the frame is not enough.
+        assert_eq!(
+            check_tx(&frame(tso4, 34 + 19), ALL),
+            Err(HeaderError::TransportOutside { start: 34, len: 53 })
+        );
+        assert!(check_tx(
+            &frame(
+                VnetHeader {
+                    hdr_len: 54,
+                    ..tso4
+                },
+                54
+            ),
+            ALL
+        )
+        .is_ok());
+        // The checksum field inside the frame, whatever csum_start says.
+        let h = VnetHeader {
+            csum_start: 8990,
+            ..tso4
+        };
+        assert!(matches!(
+            check_tx(&frame(h, 9000), ALL),
+            Err(HeaderError::ChecksumOutside { .. })
+        ));
+        // A real segment size.
+        let h = VnetHeader {
+            gso_size: 0xffff,
+            ..tso4
+        };
+        assert_eq!(
+            check_tx(&frame(h, 9000), ALL),
+            Err(HeaderError::GsoByFrags(0xffff))
+        );
+        // hdr_len inside the frame (tun refuses it past), GSO or not.
+        let h = VnetHeader {
+            hdr_len: 9001,
+            ..tso4
+        };
+        assert_eq!(
+            check_tx(&frame(h, 9000), ALL),
+            Err(HeaderError::HdrLen {
+                hdr_len: 9001,
+                len: 9000
+            })
+        );
+        let h = VnetHeader {
+            hdr_len: 61,
+            ..VnetHeader::default()
+        };
+        assert!(matches!(
+            check_tx(&frame(h, 60), ALL),
+            Err(HeaderError::HdrLen { .. })
+        ));
     }
 
     #[test]

@@ -178,3 +178,42 @@ fn tx_chains_across_regions_or_of_too_many_buffers_are_dropped() {
     assert_eq!(peer.recv(&mut buf).unwrap(), 12 + 1022);
     assert!(peer.recv(&mut buf).is_err());
 }
+
+/// A TSO header the tap's kernel would take with its offsets pointing
+/// elsewhere (the checksum at UDP's offset 6) is dropped and counted, and
+/// never reaches the tap.
+#[test]
+fn tx_tso_with_a_wrong_checksum_offset_is_dropped_and_counted() {
+    let mem = memory();
+    let vq = MockSplitQueue::new(&mem, 16);
+    let bad = VnetHeader {
+        flags: 1,
+        gso_type: const { narrow::u8_of(VIRTIO_NET_HDR_GSO_TCPV4 as u64) },
+        gso_size: 1448,
+        hdr_len: 54,
+        csum_start: 34,
+        csum_offset: 6,
+        num_buffers: 0,
+    };
+    mem.write_slice(&bad.to_bytes(), GuestAddress(0x10000))
+        .unwrap();
+    vq.build_multiple_desc_chains(&[
+        desc(0x10000, 12, VRING_DESC_F_NEXT, 1),
+        desc(0x20000, 3000, 0, 0),
+    ])
+    .unwrap();
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (tap, peer) = pair();
+    let mut c = NetCounters::default();
+    let (used_n, drop) = TxPath
+        .process(&mut q, &mem, &tap, OFFLOAD_FEATURES, &mut c)
+        .unwrap();
+    assert_eq!(used_n, 1);
+    assert!(matches!(
+        drop,
+        Some(ChainError::Header(HeaderError::TcpChecksumOffset(6)))
+    ));
+    assert_eq!((c.tx_frames, c.tx_dropped), (0, 1));
+    let mut buf = vec![0u8; MAX_FRAME_LEN];
+    assert!(peer.recv(&mut buf).is_err(), "nothing reached the tap");
+}

@@ -27,6 +27,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use super::connection::{Connection, State};
 use super::packet::{validate, Header, PacketError, HOST_CID, OP_REQUEST, OP_RST, TYPE_STREAM};
+use super::socket_path::{self, SocketId};
 
 /// Connections (and host streams still owing their CONNECT line) at most:
 /// each holds at most [`super::connection::CONN_BUF`] bytes.
@@ -59,6 +60,15 @@ pub enum BackendError {
     },
     #[error("vsock socket={path}: a process listens on it already")]
     InUse { path: String },
+    #[error("vsock socket={path}: {what} is there, not a socket; it is left alone (remove it, or name another path)")]
+    NotASocket { path: String, what: &'static str },
+    #[error(
+        "vsock socket={path}: a socket is there and probing it failed ({source}); it is left alone"
+    )]
+    Unprobed {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("vsock: host socket set: {0}")]
     Epoll(std::io::Error),
 }
@@ -81,6 +91,8 @@ enum Slot {
 pub struct UnixBackend {
     guest_cid: u64,
     path: PathBuf,
+    /// The socket file bound at `path`: the one removed at the end.
+    socket_id: Option<SocketId>,
     listener: UnixListener,
     epoll: Epoll,
     timer: TimerFd,
@@ -98,31 +110,9 @@ pub struct UnixBackend {
     active: bool,
 }
 
-/// Binds `path`; a socket file left by a VMM that is gone (nobody
-/// accepts on it) is replaced.
-fn bind(path: &Path) -> Result<UnixListener, BackendError> {
-    let err = |source| BackendError::Bind {
-        path: path.display().to_string(),
-        source,
-    };
-    match UnixListener::bind(path) {
-        Ok(l) => Ok(l),
-        Err(e) if e.kind() == ErrorKind::AddrInUse => {
-            if UnixStream::connect(path).is_ok() {
-                return Err(BackendError::InUse {
-                    path: path.display().to_string(),
-                });
-            }
-            std::fs::remove_file(path).map_err(err)?;
-            UnixListener::bind(path).map_err(err)
-        }
-        Err(e) => Err(err(e)),
-    }
-}
-
 /// Connects to the unix listener `path` without blocking: a listener
 /// whose queue is full refuses (EAGAIN) rather than stalling the device.
-fn connect_nonblocking(path: &Path) -> std::io::Result<UnixStream> {
+pub(super) fn connect_nonblocking(path: &Path) -> std::io::Result<UnixStream> {
     let bytes = path.as_os_str().as_bytes();
     // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
@@ -175,7 +165,7 @@ pub fn parse_connect_line(line: &[u8]) -> Option<u32> {
 
 impl UnixBackend {
     pub fn new(guest_cid: u64, path: &Path) -> Result<Self, BackendError> {
-        let listener = bind(path)?;
+        let (listener, socket_id) = socket_path::bind(path)?;
         let setup = |r: std::io::Result<()>| r.map_err(BackendError::Epoll);
         setup(listener.set_nonblocking(true))?;
         let epoll = Epoll::new().map_err(BackendError::Epoll)?;
@@ -185,6 +175,7 @@ impl UnixBackend {
         let b = UnixBackend {
             guest_cid,
             path: path.to_path_buf(),
+            socket_id,
             listener,
             epoll,
             timer,
@@ -594,12 +585,12 @@ impl UnixBackend {
     }
 }
 
-/// The socket's name goes with the backend (a later VMM may bind it). The
-/// backend is dropped on the device's own thread when it stops, whichever
-/// thread drops the device.
+/// The socket's name goes with the backend (a later VMM may bind it), if
+/// it still is the socket bound. The backend is dropped on the device's own
+/// thread when it stops, whichever thread drops the device.
 impl Drop for UnixBackend {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        socket_path::remove_if_bound(&self.path, self.socket_id);
     }
 }
 

@@ -14,6 +14,7 @@ pub mod backend;
 pub mod connection;
 pub mod packet;
 pub mod queues;
+pub mod socket_path;
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;

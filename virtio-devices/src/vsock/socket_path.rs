@@ -1,0 +1,147 @@
+//! The hybrid vsock's listening socket on the host: bound at the path the
+//! operator gave (`vsock.socket`, `vm.add-vsock`), and removed with the
+//! device. Only a socket is ever removed: a stale one left by a VMM that
+//! is gone (nothing accepts on it: a connect gets `ECONNREFUSED`) is
+//! replaced at bind, and at removal only the socket this backend bound
+//! (same device and inode) goes. Anything else at the path, a regular
+//! file, a directory, a live socket, is refused by name and left alone.
+
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+
+use super::backend::{connect_nonblocking, BackendError};
+use crate::file_type::describe;
+
+/// Which socket file a backend bound: (device, inode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SocketId(u64, u64);
+
+fn socket_id(path: &Path) -> std::io::Result<Option<SocketId>> {
+    let m = std::fs::symlink_metadata(path)?;
+    Ok(m.file_type()
+        .is_socket()
+        .then(|| SocketId(m.dev(), m.ino())))
+}
+
+/// Binds `path`. Something there already: a socket nothing listens on is
+/// replaced; a live socket, or anything that is not a socket, is an error
+/// naming the path and what is there.
+pub fn bind(path: &Path) -> Result<(UnixListener, Option<SocketId>), BackendError> {
+    let name = || path.display().to_string();
+    let err = |source| BackendError::Bind {
+        path: name(),
+        source,
+    };
+    let listener = match UnixListener::bind(path) {
+        Ok(l) => l,
+        Err(e) if e.kind() == ErrorKind::AddrInUse => {
+            let there = std::fs::symlink_metadata(path).map_err(err)?.file_type();
+            if !there.is_socket() {
+                return Err(BackendError::NotASocket {
+                    path: name(),
+                    what: describe(there),
+                });
+            }
+            match connect_nonblocking(path) {
+                // A full queue (EAGAIN) is a live listener too.
+                Ok(_) => return Err(BackendError::InUse { path: name() }),
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    return Err(BackendError::InUse { path: name() })
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {}
+                Err(source) => {
+                    return Err(BackendError::Unprobed {
+                        path: name(),
+                        source,
+                    })
+                }
+            }
+            std::fs::remove_file(path).map_err(err)?;
+            UnixListener::bind(path).map_err(err)?
+        }
+        Err(e) => return Err(err(e)),
+    };
+    // Not knowing it (the path already renamed away) only means the name
+    // is not removed at the end.
+    Ok((listener, socket_id(path).ok().flatten()))
+}
+
+/// Removes `path` if it still is the socket `bound` names (not a file the
+/// operator put there since).
+pub fn remove_if_bound(path: &Path, bound: Option<SocketId>) {
+    if bound.is_some() && socket_id(path).ok().flatten() == bound {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmm_sys_util::tempdir::TempDir;
+
+    fn refused(path: &Path) -> String {
+        match bind(path) {
+            Ok(_) => panic!("{} bound", path.display()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_regular_file_or_directory_at_the_path_is_refused_by_name_and_kept() {
+        let dir = TempDir::new().unwrap();
+        let file = dir.as_path().join("precious");
+        std::fs::write(&file, b"keep me").unwrap();
+        let e = refused(&file);
+        assert_eq!(
+            e,
+            format!(
+                "vsock socket={}: a regular file is there, not a socket; \
+                 it is left alone (remove it, or name another path)",
+                file.display()
+            )
+        );
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+
+        let sub = dir.as_path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(refused(&sub).contains("a directory is there"));
+        assert!(sub.is_dir());
+
+        let link = dir.as_path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(refused(&link).contains("a symbolic link is there"));
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    }
+
+    #[test]
+    fn a_stale_socket_is_replaced_a_live_one_refused_and_kept() {
+        let dir = TempDir::new().unwrap();
+        let path = dir.as_path().join("s");
+        drop(UnixListener::bind(&path).unwrap());
+        let (live, id) = bind(&path).unwrap();
+        assert!(id.is_some());
+        let e = refused(&path);
+        assert!(e.contains("listens on it already"), "{e}");
+        assert_eq!(socket_id(&path).unwrap(), id, "the live socket is kept");
+        drop(live);
+    }
+
+    #[test]
+    fn only_the_socket_bound_is_removed_at_the_end() {
+        let dir = TempDir::new().unwrap();
+        let path = dir.as_path().join("s");
+        let (_listener, id) = bind(&path).unwrap();
+        // The operator replaced the name with a file meanwhile: kept.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"new").unwrap();
+        remove_if_bound(&path, id);
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        // Our own socket goes.
+        std::fs::remove_file(&path).unwrap();
+        let (_listener, id) = bind(&path).unwrap();
+        remove_if_bound(&path, id);
+        assert!(std::fs::symlink_metadata(&path).is_err());
+    }
+}
