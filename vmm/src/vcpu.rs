@@ -216,7 +216,7 @@ fn memory_fault_repaired(cpu: u32, gpa: Option<u64>) -> bool {
     let repaired = virtio_devices::vhost_user_fs::repair_windows_after_fault(gpa);
     if repaired > 0 {
         virtio_devices::warn_limited!(
-            "vCPU {cpu}: a DAX-mapped file shrank on the host; {repaired} bytes of its mapping now read zeros{}",
+            "vCPU {cpu}: a DAX mapping reached past its file's end (cut short on the host, or grown since); {repaired} bytes of the window show the file again or read zeros now{}",
             gpa.map_or(String::new(), |g| format!(" (fault at {g:#x})"))
         );
     }
