@@ -15,7 +15,11 @@
 //! - a DAX-mapped file cut short on the host while a guest process has it
 //!   mapped (issue 22): the process reads zeros where the pages vanished,
 //!   and the VM lives on (the VMM shows the scratch there; without it the
-//!   vCPU hung in KVM or KVM_RUN failed and the VM ended).
+//!   vCPU hung in KVM or KVM_RUN failed and the VM ended);
+//! - (a boot of its own, over MMIO) a page of a file cut short on the host,
+//!   then read and written by a forked child and through a new mapping,
+//!   which the guest maps again (writable, for a write): zeros or SIGBUS,
+//!   and the VM lives on (issue 31).
 //!
 //! The PCI run also starts the daemon the way Kata does
 //! (`--thread-pool-size=2 -o announce_submounts`) with a tmpfs mounted
@@ -637,4 +641,90 @@ fn check_api_run(run: &rig::Run, tail: &str) {
         count("adaptive") >= 1,
         "the adaptive decision for big.bin, relayed from the daemon: {events}"
     );
+}
+
+/// A DAX page whose file the host cut short, then read and written by a
+/// forked child and by a new mapping (daxprobe mmap-truncated-rw). On the
+/// host: the 8 MiB file goes to 4 KiB once the guest has touched its page
+/// at 6 MiB; a minute on, what the VMM's threads wait on and how often KVM
+/// retried an async page fault, for the log.
+const TRUNC_RW_HOST: &str = r#"
+mkdir -p share
+dd if=/dev/urandom of=share/trw.bin bs=1M count=8 2>/dev/null
+mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null
+echo 1 > /sys/kernel/tracing/events/kvm/kvm_try_async_get_page/enable 2>/dev/null
+dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --log-level warn &
+DAEMON=$!
+i=0; while [ ! -S /tmp/fs.sock ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
+( i=0; while [ ! -e share/.trw-ready ] && [ $i -lt 6000 ] && { [ $i -lt 300 ] || pidof dax-vmm >/dev/null; }; do sleep 0.1; i=$((i+1)); done
+  truncate -s 4096 share/trw.bin; echo "@@HOST truncated_rc=$?"
+  sleep 1
+  touch share/.trw-go
+  sleep 60
+  for p in $(pidof dax-vmm); do
+    for t in /proc/$p/task/*; do echo "@@DIAG thread=$(cat $t/comm) state=$(cut -d' ' -f3 $t/stat) wchan=$(cat $t/wchan)"; done
+  done
+  echo "@@DIAG async_pf_tries=$(grep -c kvm_try_async_get_page /sys/kernel/tracing/trace 2>/dev/null)" ) &
+"#;
+
+const TRUNC_RW_HOST_AFTER: &str = r#"
+wait $DAEMON; echo "@@HOST daemon_exit=$?"
+"#;
+
+const TRUNC_RW_GUEST: &str = r#"
+mkdir -p /mnt
+mount -t virtiofs share /mnt -o dax=always; echo "@@GUEST mount_rc=$?"
+cd /mnt
+echo "@@GUEST statx=$(daxprobe statx trw.bin)"
+daxprobe mmap-truncated-rw trw.bin 6291456 .trw-ready .trw-go | while read -r l; do echo "@@GUEST trw_$l"; done
+echo "@@GUEST alive=yes"
+cd /; umount /mnt; echo "@@GUEST umount_rc=$?"
+"#;
+
+/// Issue 31: after the host truncation the touching processes read zeros
+/// or get SIGBUS, their writes complete or get SIGBUS, and the VM goes on
+/// and powers off (a write once made the guest's fault set up a new,
+/// writable mapping of the vanished range, which hung the vCPU in KVM).
+#[test]
+#[ignore = "boots real guests; run through scripts/test.sh"]
+fn virtiofs_dax_truncated_then_written() {
+    let mut guest = Guest::new("virtiofs-truncated-rw", TRUNC_RW_GUEST);
+    guest.cpus = 1;
+    guest.memory = "512M,shared=on".into();
+    guest.guest_modules = vec!["virtio_mmio".into()];
+    guest.guest_tools = vec![rig::tool("guest-tests", "daxprobe").expect("daxprobe")];
+    guest.host_tools = vec![rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd")];
+    guest.host_before = TRUNC_RW_HOST.into();
+    guest.host_after = TRUNC_RW_HOST_AFTER.into();
+    guest.vmm_args = vec![
+        "-v".into(),
+        "--fs".into(),
+        "tag=share,socket=/tmp/fs.sock,num_queues=1,queue_size=1024,cache_size=32M,transport=mmio,id=fs0".into(),
+    ];
+    guest.timeout = std::time::Duration::from_secs(420);
+    let run = rig::run(&guest).expect("rig run");
+    let tail = run.tail(80);
+    assert!(!run.timed_out, "{tail}");
+    assert_eq!(run.guest("mount_rc"), Some("0"), "{tail}");
+    assert_eq!(run.guest("statx"), Some("trw.bin:1"), "{tail}");
+    assert_eq!(run.host("truncated_rc"), Some("0"), "{tail}");
+    assert_eq!(run.guest("trw_touched"), Some("data"), "{tail}");
+    for (step, allowed) in [
+        ("fork_read", ["zeros", "sigbus"]),
+        ("new_read", ["zeros", "sigbus"]),
+        ("fork_write", ["wrote", "sigbus"]),
+        ("new_write", ["wrote", "sigbus"]),
+        ("reopen_read", ["zeros", "sigbus"]),
+    ] {
+        let got = run.guest(&format!("trw_{step}"));
+        assert!(
+            got.is_some_and(|g| allowed.contains(&g)),
+            "{step}: {got:?}, expected one of {allowed:?}\n{tail}"
+        );
+    }
+    assert_eq!(run.guest("alive"), Some("yes"), "{tail}");
+    assert_eq!(run.guest("umount_rc"), Some("0"), "{tail}");
+    assert_eq!(run.vmm_message(), Some("guest powered off"), "{tail}");
+    assert_eq!(run.vmm_exit, Some(0), "{tail}");
+    assert_eq!(run.host("daemon_exit"), Some("0"), "{tail}");
 }

@@ -99,6 +99,7 @@ impl Vcpu {
         slot: &VcpuSlot,
     ) -> Option<VmExit> {
         let cpu = self.index;
+        let mut repairs = FaultRepairs::default();
         loop {
             if control.stop.load(Ordering::SeqCst) {
                 return None;
@@ -107,7 +108,12 @@ impl Vcpu {
                 control.park(slot);
                 continue;
             }
-            return Some(match self.fd.run() {
+            let result = self.fd.run();
+            // Any exit but a memory fault means the guest got somewhere.
+            if result.is_ok() && !matches!(result, Ok(VcpuExit::MemoryFault { .. })) {
+                repairs.reset();
+            }
+            return Some(match result {
                 Ok(VcpuExit::IoIn(port, data)) => {
                     if !pio.read(u64::from(port), data) {
                         data.fill(0xff); // an empty ISA bus floats high
@@ -156,18 +162,29 @@ impl Vcpu {
                 // repaired (the scratch shown over its vanished pages) and
                 // the vCPU resumes; anything else ends the VM as before.
                 Ok(VcpuExit::MemoryFault { gpa, size, .. }) => {
-                    if memory_fault_repaired(cpu, Some(gpa)) {
+                    if repairs.allow(Some(gpa)) && memory_fault_repaired(cpu, Some(gpa)) {
                         continue;
                     }
                     VmExit::VcpuError {
                         cpu,
                         message: format!(
-                            "KVM could not map guest-physical {gpa:#x} (+{size:#x}) at {}",
-                            self.rip()
+                            "KVM could not map guest-physical {gpa:#x} (+{size:#x}) at {}{}",
+                            self.rip(),
+                            repairs.gave_up()
                         ),
                     }
                 }
-                Err(e) if e.errno() == libc::EFAULT && memory_fault_repaired(cpu, None) => continue,
+                Err(e)
+                    if e.errno() == libc::EFAULT
+                        && repairs.allow(None)
+                        && memory_fault_repaired(cpu, None) =>
+                {
+                    continue
+                }
+                Err(e) if e.errno() == libc::EFAULT => VmExit::VcpuError {
+                    cpu,
+                    message: format!("KVM_RUN failed: {e} at {}{}", self.rip(), repairs.gave_up()),
+                },
                 Ok(other) => {
                     let message = format!("unhandled exit {other:?}");
                     VmExit::VcpuError {
@@ -199,11 +216,55 @@ fn memory_fault_repaired(cpu: u32, gpa: Option<u64>) -> bool {
     let repaired = virtio_devices::vhost_user_fs::repair_windows_after_fault(gpa);
     if repaired > 0 {
         virtio_devices::warn_limited!(
-            "vCPU {cpu}: a DAX-mapped file shrank on the host; {repaired} bytes of its mapping now read zeros{}",
+            "vCPU {cpu}: a DAX mapping reached past its file's end (cut short on the host, or grown since); {repaired} bytes of the window show the file again or read zeros now{}",
             gpa.map_or(String::new(), |g| format!(" (fault at {g:#x})"))
         );
     }
     repaired > 0
+}
+
+/// Repairs a vCPU may try in a row for the same fault (the same page, or
+/// a fault KVM gave no address for) with no other exit between: one
+/// resolves a guarded page, a second and third show the scratch where the
+/// first could not (see [`virtio_devices::vhost_user_fs::repair_windows_after_fault`]).
+/// A fault that comes back after that is not the windows' to fix; looping
+/// on it would spin the vCPU thread for as long as the guest likes.
+const MAX_REPAIRS_IN_A_ROW: u32 = 16;
+
+/// Counts the repairs of one fault in a row ([`MAX_REPAIRS_IN_A_ROW`]).
+#[derive(Default, Debug)]
+struct FaultRepairs {
+    /// The page of the last fault (None: KVM did not say where), and how
+    /// many times in a row it came.
+    last: Option<(Option<u64>, u32)>,
+}
+
+impl FaultRepairs {
+    /// A fault at `gpa`: whether a repair may be tried once more.
+    fn allow(&mut self, gpa: Option<u64>) -> bool {
+        let page = gpa.map(|g| g & !0xfff);
+        let count = match self.last {
+            Some((last, n)) if last == page => n.saturating_add(1),
+            _ => 1,
+        };
+        self.last = Some((page, count));
+        count <= MAX_REPAIRS_IN_A_ROW
+    }
+
+    /// The guest got somewhere: the next fault starts a new count.
+    fn reset(&mut self) {
+        self.last = None;
+    }
+
+    /// Words for the VM's end when the repairs were given up.
+    fn gave_up(&self) -> String {
+        match self.last {
+            Some((_, n)) if n > MAX_REPAIRS_IN_A_ROW => {
+                format!(" (the same fault came back after {MAX_REPAIRS_IN_A_ROW} repairs in a row)")
+            }
+            _ => String::new(),
+        }
+    }
 }
 
 /// What the VMM asks of the vCPU threads of one VM: to park until resumed,
@@ -397,6 +458,29 @@ mod tests {
             std::thread::yield_now();
         }
         t
+    }
+
+    /// A fault the repair does not fix comes back at once: after
+    /// MAX_REPAIRS_IN_A_ROW tries the vCPU gives up (and the VM ends with
+    /// why) instead of spinning; another page, or any other exit between,
+    /// starts a new count.
+    #[test]
+    fn the_same_fault_is_repaired_a_bounded_number_of_times_in_a_row() {
+        let mut r = FaultRepairs::default();
+        for _ in 0..MAX_REPAIRS_IN_A_ROW {
+            assert!(r.allow(Some(0x1000_0010)));
+        }
+        assert!(!r.allow(Some(0x1000_0ff0)), "same page");
+        assert!(r.gave_up().contains("repairs in a row"));
+        assert!(r.allow(Some(0x1000_1000)), "another page");
+        r.reset();
+        for _ in 0..MAX_REPAIRS_IN_A_ROW {
+            assert!(r.allow(None));
+        }
+        assert!(!r.allow(None), "no address: counted alike");
+        r.reset();
+        assert!(r.allow(None));
+        assert_eq!(r.gave_up(), "");
     }
 
     #[test]

@@ -14,6 +14,9 @@
 //!                                        file meanwhile), then a child reads every page again
 //!                                        through the same mapping; prints "zeros=N data=M" or
 //!                                        "sigbus" (the child was killed by SIGBUS)
+//! daxprobe mmap-truncated-rw PATH OFFSET READY GO  the same for the page at OFFSET of a writable
+//!                                        mapping, then read and written by a forked child and by
+//!                                        a new mapping; a line per step (daxprobe/truncated_rw.rs)
 //! daxprobe window-io MAP SRC OUT OFFSET LEN direct|buffered
 //!                                        read() SRC into a shared mapping of MAP, write() it
 //!                                        from there to OUT (see daxprobe/window_io.rs)
@@ -60,6 +63,8 @@ mod kata_net;
 mod kata_replay;
 #[path = "daxprobe/listen_exec.rs"]
 mod listen_exec;
+#[path = "daxprobe/truncated_rw.rs"]
+mod truncated_rw;
 #[path = "daxprobe/vsock.rs"]
 mod vsock;
 #[path = "daxprobe/window_io.rs"]
@@ -451,6 +456,7 @@ fn main() {
             println!("passes={passes} changed={changed}");
         }
         ["mmap-truncated", path, ready, go] => mmap_truncated(path, ready, go),
+        ["mmap-truncated-rw", path, offset, ready, go] => truncated_rw::run(path, offset, ready, go),
         ["window-io", map, src, out, off, len, mode] => window_io::window_io(map, src, out, off, len, mode),
         ["bench", path, mode @ ("seq" | "rand" | "mmap"), block_kib, total_mib] => bench(path, mode, num(block_kib), num(total_mib)),
         ["mktree", dir, dirs, files] => mktree(dir, num(dirs), num(files)),
@@ -467,6 +473,6 @@ fn main() {
         ["vsock-connect", cid, port, bytes] => vsock::vsock_connect(cid, port, bytes),
         ["unix-serve", path, reply] => vsock::unix_serve(path, reply),
         ["hybrid-connect", socket, port, bytes] => vsock::hybrid_connect(socket, port, bytes),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect)".into()),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect)".into()),
     }
 }

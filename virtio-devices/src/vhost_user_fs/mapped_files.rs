@@ -211,7 +211,9 @@ impl MappedFiles {
         fd_offset: u64,
         watch: Option<&FileWatch>,
     ) {
-        self.remove(start, end, watch);
+        // The new piece counts before the pieces it replaces go: when it
+        // replaces the file's last one (the guest remapping a range
+        // writable), the file's descriptor and watch must stay.
         match (self.files.get_mut(&key), file) {
             (Some(tracked), _) => {
                 tracked.pieces += 1;
@@ -230,6 +232,7 @@ impl MappedFiles {
             // gets here; the piece is then simply not watched.)
             (None, None) => {}
         }
+        self.remove(start, end, watch);
         self.pieces.insert(
             start,
             Piece {
@@ -300,6 +303,25 @@ mod tests {
         assert_eq!((m.len(), m.files()), (2, 2));
         m.remove(0, 200, None);
         assert!(m.is_empty() && m.files() == 0);
+    }
+
+    /// The guest upgrades a range to writable: the same file over its only
+    /// piece. The file stays tracked (its descriptor, its watch), so a
+    /// later truncation is still seen.
+    #[test]
+    fn remapping_a_files_only_piece_keeps_the_file() {
+        let f = vmm_sys_util::tempfile::TempFile::new().unwrap();
+        f.as_file().set_len(2 * 4096).unwrap();
+        let mut m = MappedFiles::default();
+        let dup = f.as_file().try_clone().unwrap();
+        m.insert(0, 2 * 4096, (5, 5), Some(dup), 2 * 4096, 0, None);
+        assert!(m.tracks((5, 5)));
+        m.insert(0, 2 * 4096, (5, 5), None, 2 * 4096, 0, None);
+        assert_eq!((m.len(), m.files()), (1, 1));
+        f.as_file().set_len(4096).unwrap();
+        assert_eq!(m.past_eof(None, 4096), vec![(4096, 2 * 4096)]);
+        m.remove(0, 2 * 4096, None);
+        assert_eq!(m.files(), 0, "released with its last piece");
     }
 
     #[test]

@@ -599,10 +599,11 @@ fn register_window(window: &Arc<DaxWindow>) {
     windows.push(Arc::downgrade(window));
 }
 
-/// KVM could not fault in guest memory: shows the scratch over every DAX
-/// page whose file shrank on the host (only in the window holding `gpa`,
-/// when KVM said where). Returns the bytes repaired; 0 means the fault was
-/// not a DAX truncation.
+/// KVM could not fault in guest memory: resolves the DAX windows' guarded
+/// pages and shows the scratch over every DAX page whose file shrank on the
+/// host (only in the window holding `gpa`, when KVM said where; see
+/// [`DaxWindow::repair_after_fault`]). Returns the bytes repaired; 0 means
+/// the fault was not the windows' doing.
 pub fn repair_windows_after_fault(gpa: Option<u64>) -> u64 {
     let windows: Vec<Arc<DaxWindow>> = WINDOWS
         .lock()
@@ -613,6 +614,6 @@ pub fn repair_windows_after_fault(gpa: Option<u64>) -> u64 {
     windows
         .iter()
         .filter(|w| gpa.is_none_or(|gpa| w.contains_gpa(gpa)))
-        .map(|w| w.repair_truncated(None))
+        .map(|w| w.repair_after_fault(gpa))
         .sum()
 }

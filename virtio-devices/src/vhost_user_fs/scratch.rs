@@ -2,8 +2,9 @@
 //!
 //! One memfd as large as the window, mapped at the same offset it shows
 //! (window offset `o` is scratch offset `o`), shared, read-write, never
-//! `PROT_NONE`: KVM could not serve a `PROT_NONE` page (KVM_RUN would fail
-//! and the VM end), so a guest that touches a range with no mapping (a
+//! `PROT_NONE`: KVM cannot serve a `PROT_NONE` page (KVM_RUN fails; only
+//! the window's guards, see `window/guard.rs`, rely on that on purpose),
+//! so a guest that touches a range with no mapping (a
 //! hostile or buggy guest, any guest after its daemon died and the device
 //! reset, or a range whose file was truncated on the host) reads zeros and
 //! its writes land in the scratch.

@@ -12,9 +12,10 @@
 //! ([`super::mapped_files`], [`super::file_watch`]): a file shrunk on the
 //! host gets the scratch shown over its vanished pages
 //! ([`DaxWindow::repair_truncated`]) before a guest access there can hang a
-//! vCPU. Every window of the VMM draws its mappings from one budget
-//! ([`super::map_budget`]) and its inotify watches from another
-//! ([`super::watch_budget`]).
+//! vCPU; pages a new mapping shows past its file's end are guarded until
+//! touched (`window/guard.rs`). Every window of the VMM draws its mappings
+//! from one budget ([`super::map_budget`]) and its inotify watches from
+//! another ([`super::watch_budget`]).
 //!
 //! The window is never `munmap`ed while the device lives, so the address
 //! range cannot be handed to another mapping in this process while KVM still
@@ -27,7 +28,8 @@
 //! Here: the reservation, the checks and the map path. Giving ranges back
 //! (SHMEM_UNMAP, a reset) and the estimate of the guest's reclaiming are in
 //! `window/reclaim.rs`, pre-faulting new mappings in `window/prefault.rs`,
-//! truncated files in `window/repair.rs`.
+//! truncated files in `window/repair.rs`, pages past a file's end in
+//! `window/guard.rs`.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -165,6 +167,9 @@ pub struct DaxWindow {
 struct Mappings {
     ranges: MappedRanges,
     files: MappedFiles,
+    /// File pages past the file's end, `PROT_NONE` until touched
+    /// ([`guard`]); each a VMA of its own, charged to the budget.
+    guarded: guard::Guards,
     /// VMAs taken from [`DaxWindow::budget`].
     charge: usize,
 }
@@ -325,12 +330,14 @@ impl DaxWindow {
     }
 
     /// Refuses a request that would leave more than `max_mappings` ranges.
+    /// `guard`: a map whose tail lies past its file's end ([`guard`]).
     fn check_count(
         &self,
         mapped: &mut Mappings,
         start: u64,
         end: u64,
         map: bool,
+        guard: bool,
     ) -> Result<(), RequestError> {
         let after = mapped.ranges.count_after(start, end, map);
         if after > self.max_mappings && after > mapped.ranges.0.len() {
@@ -345,7 +352,8 @@ impl DaxWindow {
             ));
         }
         // The VMM-wide budget counts every mmap, merged or not.
-        let charge = vmas_for(mapped.files.count_after(start, end, map));
+        let charge = vmas_for(mapped.files.count_after(start, end, map))
+            + mapped.guarded.count_after(start, end, guard);
         if charge > mapped.charge && !self.budget.recharge(mapped.charge, charge) {
             return Err(RequestError::new(
                 FailureReason::TooManyMappings,
@@ -365,7 +373,7 @@ impl DaxWindow {
 
     /// Gives back what the window no longer needs of the budget.
     fn settle_charge(&self, mapped: &mut Mappings) {
-        let charge = vmas_for(mapped.files.len());
+        let charge = vmas_for(mapped.files.len()) + mapped.guarded.len();
         if charge < mapped.charge {
             self.budget.recharge(mapped.charge, charge);
             mapped.charge = charge;
@@ -628,7 +636,9 @@ impl DaxWindow {
                 )
             })?)
         };
-        self.check_count(&mut mapped, shm_offset, end, true)?;
+        // Pages past the file's end are guarded, not left for KVM to fault.
+        let tail = guard::tail_past_eof(shm_offset, len, fd_offset, info.size, self.page_size);
+        self.check_count(&mut mapped, shm_offset, end, true, tail.is_some())?;
         let addr = self.host_addr + shm_offset;
         // SAFETY: [addr, addr + len) lies inside the reserved window (checked
         // above), which this process owns and no Rust reference points into;
@@ -659,6 +669,7 @@ impl DaxWindow {
             log::debug!("DAX window: emptying the scratch under a new mapping: {e}");
         }
         let replaced = mapped.ranges.insert(shm_offset, end);
+        mapped.guarded.remove(shm_offset, end);
         mapped.files.insert(
             shm_offset,
             end,
@@ -668,10 +679,13 @@ impl DaxWindow {
             fd_offset,
             Some(&self.file_watch),
         );
-        self.settle_charge(&mut mapped);
         self.metrics
             .bytes_mapped
             .fetch_add(len - replaced, std::sync::atomic::Ordering::Relaxed);
+        if let Some(from) = tail {
+            self.guard_tail(&mut mapped, from, end, writable);
+        }
+        self.settle_charge(&mut mapped);
         let reclaiming = self.reclaim_pressure.on_map();
         // Outside the lock: it may read the file. A concurrent unmap of the
         // range only leaves the scratch populated instead.
@@ -714,6 +728,7 @@ impl Drop for DaxWindow {
     }
 }
 
+mod guard;
 mod prefault;
 mod reclaim;
 mod repair;

@@ -3,6 +3,7 @@
 //! across windows, fill the scratch.
 
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::sync::Mutex as StdMutex;
 
 use vmm_sys_util::tempfile::TempFile;
@@ -178,4 +179,108 @@ fn the_window_is_left_out_of_core_dumps() {
     assert!(dont_dump_at(w.host_addr() + 8 * PAGE), "file mapping");
     w.unmap(&map_req(0, 8 * PAGE, 4 * PAGE)).unwrap();
     assert!(dont_dump_at(w.host_addr() + 8 * PAGE), "scratch again");
+}
+
+/// The permissions and the name of the mapping holding `addr`.
+fn mapping_at(addr: u64) -> (String, String) {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    for l in maps.lines() {
+        let mut words = l.split_whitespace();
+        let (range, perms) = (words.next().unwrap(), words.next().unwrap());
+        let (s, e) = range.split_once('-').unwrap();
+        let (s, e) = (
+            u64::from_str_radix(s, 16).unwrap(),
+            u64::from_str_radix(e, 16).unwrap(),
+        );
+        if (s..e).contains(&addr) {
+            return (perms.into(), words.nth(3).unwrap_or("").into());
+        }
+    }
+    panic!("no mapping at {addr:#x}");
+}
+
+/// Issue 31: the guest, not yet aware that the host cut a file short,
+/// writes to a page it had read: its fault maps the same vanished range
+/// again, writable. Left to KVM, the first touch of such a page hung the
+/// vCPU for good (Linux 6.12 retried the fault as an async page fault for
+/// ever) and no inotify event came to repair it. The pages past the end are
+/// guarded instead; the vCPU's failed access shows the scratch there,
+/// writable, once, and a second fault finds nothing left to do.
+#[test]
+fn a_map_of_pages_past_the_end_is_guarded_and_a_touch_shows_writable_zeros() {
+    let w = DaxWindow::new(64 * PAGE).unwrap();
+    let events = Arc::new(Events::default());
+    w.set_observer(events.clone());
+    let f = file_of(8, b'x');
+    w.map(&map_req(0, 0, 8 * PAGE), f.as_file()).unwrap();
+    f.as_file().set_len(PAGE).unwrap();
+    assert_eq!(w.on_file_events(), 7 * PAGE);
+    // The guest's write upgrade: the whole range again, writable.
+    w.map(&map_req(0, 0, 8 * PAGE), f.as_file()).unwrap();
+    let tail = w.host_addr() + 3 * PAGE;
+    assert_eq!(mapping_at(tail).0, "---s", "past the end: guarded");
+    assert_eq!(mapping_at(w.host_addr()).0, "rw-s", "the file's page");
+    assert_eq!(peek(&w, 0), b'x');
+    // What a vCPU's EFAULT runs, KVM not saying where.
+    let truncated_before = w.metrics.snapshot().truncated_bytes;
+    assert_eq!(w.repair_after_fault(None), 7 * PAGE);
+    let (perms, name) = mapping_at(tail);
+    assert_eq!(perms, "rw-s");
+    assert!(name.contains("dax-window-scratch"), "{name}");
+    // SAFETY: inside the window, which shows the scratch there now.
+    unsafe { std::ptr::write_volatile(tail as *mut u8, 7) };
+    assert_eq!(peek(&w, 3 * PAGE), 7, "the guest's write lands");
+    assert_eq!(peek(&w, 7 * PAGE), 0);
+    assert_eq!(peek(&w, 0), b'x', "the file's page stays");
+    assert_eq!(
+        w.metrics.snapshot().truncated_bytes,
+        truncated_before + 7 * PAGE
+    );
+    assert!(events.0.lock().unwrap().contains(&WindowEvent::Truncated {
+        offset: PAGE,
+        len: 7 * PAGE
+    }));
+    assert_eq!(w.repair_after_fault(None), 0, "nothing left to repair");
+}
+
+/// The last range of a file reaches past its end as the guest maps it, and
+/// the guest may extend the file (FUSE WRITE) and then use those pages
+/// through the same mapping: a guarded page the file has grown into shows
+/// the file when touched, and the file's growth is no truncation.
+#[test]
+fn a_guarded_page_the_file_grew_into_shows_the_file_when_touched() {
+    let w = DaxWindow::new(64 * PAGE).unwrap();
+    let base = 0x10_0000_0000;
+    w.set_guest_base(base);
+    let events = Arc::new(Events::default());
+    w.set_observer(events.clone());
+    let f = file_of(1, b'x');
+    let mut req = map_req(0, 16 * PAGE, 4 * PAGE);
+    req.flags = 0;
+    w.map(&req, f.as_file()).unwrap();
+    assert_eq!(mapping_at(w.host_addr() + 17 * PAGE).0, "---s");
+    f.as_file().write_all_at(&[b'y'; 4096], PAGE).unwrap();
+    assert_eq!(w.on_file_events(), 0, "growing is no truncation");
+    assert_eq!(w.repair_truncated(None), 0);
+    assert!(events
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|e| !matches!(e, WindowEvent::Truncated { .. })));
+    // A touch of the grown page, KVM saying where.
+    assert_eq!(w.repair_after_fault(Some(base + 17 * PAGE)), PAGE);
+    assert_eq!(mapping_at(w.host_addr() + 17 * PAGE).0, "r--s");
+    assert_eq!(peek(&w, 17 * PAGE), b'y');
+    assert_eq!(
+        mapping_at(w.host_addr() + 18 * PAGE).0,
+        "---s",
+        "still past the end"
+    );
+    // A touch past the end: zeros.
+    assert_eq!(w.repair_after_fault(Some(base + 19 * PAGE)), 2 * PAGE);
+    assert_eq!(peek(&w, 19 * PAGE), 0);
+    assert_eq!(peek(&w, 16 * PAGE), b'x');
+    // A fault elsewhere in the window is none of the guards' doing.
+    assert_eq!(w.repair_after_fault(Some(base + 40 * PAGE)), 0);
 }

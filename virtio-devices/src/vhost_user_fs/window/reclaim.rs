@@ -81,7 +81,7 @@ impl DaxWindow {
     fn unmap_range(&self, start: u64, end: u64, capped: bool) -> Result<(), RequestError> {
         let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
         if capped {
-            self.check_count(&mut mapped, start, end, false)?;
+            self.check_count(&mut mapped, start, end, false, false)?;
         }
         let (removed, in_use) = self.drop_mappings(&mut mapped, start, end).map_err(|e| {
             RequestError::new(
@@ -110,6 +110,7 @@ impl DaxWindow {
         self.forget_deferred(start, end);
         self.show_scratch(start, end)?;
         let removed = mapped.ranges.remove(start, end);
+        mapped.guarded.remove(start, end);
         mapped.files.remove(start, end, Some(&self.file_watch));
         self.settle_charge(mapped);
         let in_use = self

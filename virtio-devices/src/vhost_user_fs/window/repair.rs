@@ -1,5 +1,6 @@
 //! What the window does about mapped files shrinking on the host (see
-//! [`super::super::mapped_files`]) and about its scratch's budget.
+//! [`super::super::mapped_files`]), about a vCPU's failed access to the
+//! window (see [`super::guard`]) and about its scratch's budget.
 
 use std::os::fd::RawFd;
 
@@ -42,13 +43,36 @@ impl DaxWindow {
         }
     }
 
+    /// KVM could not fault in a page of this window (at guest-physical
+    /// `gpa`, when KVM said where): guarded pages ([`super::guard`]) get the
+    /// file back where it grew, or the scratch; failing that, pages of
+    /// shrunk files show the scratch ([`Self::repair_truncated`]). Returns
+    /// the bytes changed; 0: the fault was none of the window's doing.
+    pub fn repair_after_fault(&self, gpa: Option<u64>) -> u64 {
+        let at = gpa.and_then(|g| {
+            let base = self.guest_base.load(std::sync::atomic::Ordering::Relaxed);
+            g.checked_sub(base).filter(|&o| base != 0 && o < self.size)
+        });
+        match self.resolve_guards(at) {
+            0 => self.repair_truncated(None),
+            n => n,
+        }
+    }
+
     /// Shows the scratch over every mapped page whose file page is gone
     /// (the file shrank on the host), so a guest access there reads zeros
     /// instead of hanging or failing its vCPU. `only`: just those files.
-    /// Returns the bytes repaired; each range is counted and announced.
+    /// Guarded pages are left as they are: they were past the end already,
+    /// and a guest access there is resolved when it comes. Returns the
+    /// bytes repaired; each range is counted and announced.
     pub fn repair_truncated(&self, only: Option<&[FileKey]>) -> u64 {
         let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
-        let gone = mapped.files.past_eof(only, self.page_size);
+        let gone: Vec<(u64, u64)> = mapped
+            .files
+            .past_eof(only, self.page_size)
+            .into_iter()
+            .flat_map(|(s, e)| mapped.guarded.uncovered(s, e))
+            .collect();
         let mut repaired = 0;
         for (start, end) in gone {
             if let Err(e) = self.drop_mappings(&mut mapped, start, end) {
