@@ -67,10 +67,18 @@ const PAYLOAD: &[(&str, Rule)] = &[
     ("host_data", Rule::Empty(Shape::Null)),
 ];
 
+/// Cloud Hypervisor's CpuTopology: every part required, as there.
+const TOPOLOGY: &[(&str, Rule)] = &[
+    ("threads_per_core", OURS_SET),
+    ("cores_per_die", OURS_SET),
+    ("dies_per_package", OURS_SET),
+    ("packages", OURS_SET),
+];
+
 const CPUS: &[(&str, Rule)] = &[
     ("boot_vcpus", OURS_SET),
     ("max_vcpus", OURS_SET),
-    ("topology", OURS),
+    ("topology", Rule::Object(TOPOLOGY, Null::Allowed)),
     ("kvm_hyperv", Rule::Default(|| json!(false), Null::Refused)),
     ("max_phys_bits", Rule::Default(|| json!(46), Null::Refused)),
     ("affinity", Rule::Empty(Shape::Array)),
@@ -492,8 +500,13 @@ pub(crate) mod tests {
         c["cpus"]["features"]["future"] = json!(true);
         c["fs"][0]["frob"] = json!({"x": 1});
         c["serial"]["iommu"] = json!(false);
+        c["cpus"]["topology"] = json!({"threads_per_core": 1, "cores_per_die": 1,
+                                       "dies_per_package": 1, "packages": 1, "modules": 1});
         let reduced = reduce_vm_config(&c).unwrap();
-        assert_eq!(reduced, reduce_vm_config(&ch_vm_info_config()).unwrap());
+        let mut want = ch_vm_info_config();
+        want["cpus"]["topology"] = json!({"threads_per_core": 1, "cores_per_die": 1,
+                                          "dies_per_package": 1, "packages": 1});
+        assert_eq!(reduced, reduce_vm_config(&want).unwrap());
         // Where Cloud Hypervisor's field is optional, null is "not given".
         c["debug_console"]["iobase"] = Value::Null;
         c["platform"] = Value::Null;
