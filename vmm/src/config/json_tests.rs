@@ -54,6 +54,32 @@ fn runtime_rs_default_sandbox_body_is_accepted() {
         Some(u64::from(runtime_rs::GUEST_VSOCK_CID))
     );
     assert_eq!(c.serial, SerialMode::Off);
+    // runtime-rs reads vm.info into its own VmInfo (ch-config's structs),
+    // whose fields without a serde default must be there and not null.
+    let info = vm_config_to_json(&c);
+    for (object, field) in [
+        ("cpus", "boot_vcpus"),
+        ("cpus", "max_vcpus"),
+        ("cpus", "max_phys_bits"),
+        ("memory", "size"),
+        ("serial", "mode"),
+        ("console", "mode"),
+        ("rng", "src"),
+        ("vsock", "cid"),
+        ("vsock", "socket"),
+        ("platform", "num_pci_segments"),
+    ] {
+        assert!(!info[object][field].is_null(), "vm.info {object}.{field}");
+    }
+    for field in ["path", "num_queues", "queue_size"] {
+        assert!(
+            !info["disks"][0][field].is_null(),
+            "vm.info disks[0].{field}"
+        );
+    }
+    for field in ["tag", "socket", "num_queues", "queue_size"] {
+        assert!(!info["fs"][0][field].is_null(), "vm.info fs[0].{field}");
+    }
     // A host with more RAM: a larger hot-plug reserve, still accepted.
     let big = runtime_rs::DefaultSandbox {
         host_ram: 256 << 30,
