@@ -200,8 +200,11 @@ impl NetConfigJson {
                 "rate_limiter_config is not supported (only null)".into(),
             ));
         }
+        // Cloud Hypervisor's api_client (runtime-rs, ch-remote) lists the
+        // numbers of the fds it passes with every such request: normal,
+        // so not worth more than a debug line.
         if self.fds.as_ref().is_some_and(|f| !f.is_empty()) {
-            log::warn!("vm.add-net: fd numbers in the body are ignored; the fds come as SCM_RIGHTS with the request");
+            log::debug!("vm.add-net: fd numbers in the body are ignored; the fds come as SCM_RIGHTS with the request");
         }
         let mut pairs = Vec::new();
         let mut opt = |k, v: Option<String>| {
