@@ -1,12 +1,17 @@
 //! The API socket's open connections: how many there are, which are idle
-//! (no request in progress), and which one to close when a new connection
-//! comes past the cap.
+//! (no request in progress), whether a request head has started arriving,
+//! and which one to close when a new connection comes past the cap.
 //!
-//! A client that opens connections and sends nothing must not keep
-//! `vmm.ping` from answering: past the cap, a new connection closes an idle
-//! one (one that never sent a complete request first, oldest first; then
-//! the kept-alive one idle the longest), and is refused only when every
-//! open connection has a request in progress.
+//! An idle connection is never closed for being idle: Kata's runtime-rs
+//! opens one API connection when a sandbox starts and sends its last
+//! request (`vmm.shutdown`) on it hours later, without ever redialling.
+//! What is bounded is a request that has started: once its first bytes
+//! arrive, the rest of its head must follow within the header timeout
+//! ([`Slot::head_started`]). A client that opens connections and sends
+//! nothing must not keep `vmm.ping` from answering: past the cap, a new
+//! connection closes an idle one (one that never sent a complete request
+//! first, oldest first; then the kept-alive one idle the longest), and is
+//! refused only when every open connection has a request in progress.
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -17,6 +22,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use hyper::body::{Bytes, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 
 /// One open connection.
@@ -28,8 +34,14 @@ pub(crate) struct Slot {
     served: AtomicBool,
     /// When its last answer ended (or it was accepted).
     last_active: Mutex<Instant>,
+    /// When the first bytes of a request head arrived, while no request
+    /// was in progress; cleared when the head is complete.
+    head_started: Mutex<Option<Instant>>,
     /// Told when the connection is to be closed to make room.
     pub evict: Notify,
+    /// Told when [`Slot::head_started`] is set, so the connection's task
+    /// arms the header timeout.
+    pub head_begun: Notify,
 }
 
 impl Slot {
@@ -38,7 +50,27 @@ impl Slot {
     pub fn begin(self: &Arc<Self>) -> Busy {
         self.served.store(true, Ordering::SeqCst);
         self.busy.fetch_add(1, Ordering::SeqCst);
+        *lock(&self.head_started) = None;
         Busy(self.clone())
+    }
+
+    /// Bytes came in. With no request in progress they start a head,
+    /// which must be complete within the header timeout; bytes of a body,
+    /// or of a request pipelined behind one in progress, start nothing.
+    pub fn bytes_arrived(&self) {
+        if !self.idle() {
+            return;
+        }
+        let mut started = lock(&self.head_started);
+        if started.is_none() {
+            *started = Some(Instant::now());
+            self.head_begun.notify_one();
+        }
+    }
+
+    /// When the head now arriving began, if one is.
+    pub fn head_started(&self) -> Option<Instant> {
+        *lock(&self.head_started)
     }
 
     pub fn served(&self) -> bool {
@@ -95,7 +127,9 @@ impl Connections {
             busy: AtomicUsize::new(0),
             served: AtomicBool::new(false),
             last_active: Mutex::new(Instant::now()),
+            head_started: Mutex::new(None),
             evict: Notify::new(),
+            head_begun: Notify::new(),
         });
         lock(&self.open).insert(id, slot.clone());
         Registered {
@@ -128,6 +162,57 @@ impl Connections {
             slot.evict.notify_one();
         }
         true
+    }
+}
+
+/// A connection's stream, telling its [`Slot`] when bytes arrive.
+pub(crate) struct Watched<S> {
+    pub inner: S,
+    pub slot: Arc<Slot>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.slot.bytes_arrived();
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -181,5 +266,26 @@ mod tests {
         // Only the connection with a request in progress is left.
         assert!(!c.evict_one());
         assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn a_head_starts_with_bytes_between_requests_and_ends_when_parsed() {
+        let c = Arc::new(Connections::default());
+        let r = c.register();
+        assert_eq!(r.slot.head_started(), None, "a silent connection has none");
+        r.slot.bytes_arrived();
+        let started = r.slot.head_started().expect("the first bytes start a head");
+        r.slot.bytes_arrived();
+        assert_eq!(
+            r.slot.head_started(),
+            Some(started),
+            "more bytes of it do not restart it"
+        );
+        let request = r.slot.begin();
+        assert_eq!(r.slot.head_started(), None, "a parsed head ends it");
+        r.slot.bytes_arrived();
+        assert_eq!(r.slot.head_started(), None, "a body's bytes start no head");
+        drop(request);
+        assert_eq!(r.slot.head_started(), None, "an idle connection has none");
     }
 }

@@ -31,7 +31,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 
-use crate::connections::{Connections, Registered, Tracked};
+use crate::connections::{Connections, Registered, Tracked, Watched};
 use crate::passed_fds::{FdStream, HeldFds, PassedFds};
 use crate::ApiError;
 
@@ -50,20 +50,18 @@ pub const MAX_DRAINED_BODY: u64 = 64 << 20;
 const DRAIN: Duration = Duration::from_secs(2);
 
 /// What the API socket allows its clients.
+///
+/// There is no idle timeout: a connection between two requests is not an
+/// attack, and Kata's runtime-rs keeps one connection for a sandbox's whole
+/// life (it never redials, and a sandbox whose `vmm.shutdown` fails is
+/// leaked). An idle connection costs an fd and a task; the cap bounds
+/// them, closing the idle ones first when a new connection needs room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// A new connection's first request head must be complete within this
-    /// (a client that connects and sends nothing, or half a head, is closed).
+    /// Once the first bytes of a request head arrive, the rest of the head
+    /// must come within this, or the connection is closed (a head
+    /// trickled in byte by byte cannot hold a connection).
     pub header_timeout: Duration,
-    /// A kept-alive connection may wait this long for its next request
-    /// head to be complete (hyper's header read timeout, whose timer runs
-    /// from the moment hyper waits for a head: the idle time included).
-    /// Generous: Kata keeps one connection for the life of a sandbox and
-    /// calls minutes apart (a container start), and Go's transport keeps an
-    /// idle connection as long as the server does. An idle connection
-    /// costs an fd and a task, and the connection cap closes idle ones
-    /// first, so a long wait here cannot crowd other clients out.
-    pub idle_timeout: Duration,
     /// Open connections at most; past it a new one closes an idle one
     /// (see [`crate::connections`]).
     pub max_connections: usize,
@@ -73,7 +71,6 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             header_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(600),
             max_connections: 256,
         }
     }
@@ -128,14 +125,18 @@ pub async fn serve(
     .await;
 }
 
-/// Serves one connection until the client hangs up, a timeout of `limits`
-/// closes it, or a new connection past the cap evicts it.
+/// Serves one connection until the client hangs up, a request head that
+/// started is not complete within the header timeout, or a new connection
+/// past the cap evicts it.
 async fn connection(stream: UnixStream, app: Router, registered: Registered, limits: Limits) {
     let slot = registered.slot.clone();
     // Fds passed as SCM_RIGHTS go to the request parsed after them: Kata
     // sends `vm.add-net` and its tap fds in one sendmsg.
     let held = HeldFds::default();
-    let stream = FdStream::new(stream, held.clone());
+    let stream = Watched {
+        inner: FdStream::new(stream, held.clone()),
+        slot: slot.clone(),
+    };
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         let busy = slot.begin();
         let app = app.clone();
@@ -156,16 +157,19 @@ async fn connection(stream: UnixStream, app: Router, registered: Registered, lim
             Ok::<_, Infallible>(response.map(|body| Body::new(Tracked { body, _busy: busy })))
         }
     });
+    // hyper's own header read timeout runs from the moment it waits for a
+    // head, idle time included: off, and [`Slot::head_started`] times heads.
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.idle_timeout)
+        .header_read_timeout(None)
         .title_case_headers(true)
         .serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
     let slot = &registered.slot;
-    let first_head = tokio::time::sleep(limits.header_timeout);
-    tokio::pin!(first_head);
     loop {
+        let head_deadline = slot
+            .head_started()
+            .map(|t| tokio::time::Instant::from_std(t + limits.header_timeout));
         tokio::select! {
             // The connection first: a request it reads now marks it busy
             // before an eviction is looked at.
@@ -184,9 +188,12 @@ async fn connection(stream: UnixStream, app: Router, registered: Registered, lim
                 // A request came meanwhile: answer it, then close.
                 conn.as_mut().graceful_shutdown();
             }
-            () = &mut first_head, if !slot.served() => {
-                if !slot.served() {
-                    log::debug!("API connection: no complete request within {:?}; closed", limits.header_timeout);
+            // A head began: loop to arm its deadline.
+            () = slot.head_begun.notified() => {}
+            () = tokio::time::sleep_until(head_deadline.unwrap_or_else(tokio::time::Instant::now)),
+                if head_deadline.is_some() => {
+                if slot.head_started().is_some_and(|t| t.elapsed() >= limits.header_timeout) {
+                    log::debug!("API connection: a request head not complete within {:?}; closed", limits.header_timeout);
                     return;
                 }
             }

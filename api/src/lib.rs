@@ -19,6 +19,7 @@ mod dax;
 pub mod events;
 mod http1;
 mod if_match;
+pub mod ignored_fields;
 pub mod metrics;
 pub mod passed_fds;
 mod routes;

@@ -107,14 +107,20 @@ async fn add_net(
     }
 }
 
+/// Cloud Hypervisor's VmRemoveDeviceData: open, like its other bodies
+/// ([`crate::ignored_fields`]).
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RemoveDevice {
     id: String,
 }
 
 async fn remove_device(State(s): State<AppState>, body: Bytes) -> Response {
     let parsed = json_body("vm.remove-device", &body).and_then(|v| {
+        for key in v.as_object().into_iter().flat_map(|o| o.keys()) {
+            if key != "id" {
+                crate::ignored_fields::ignore("VmRemoveDevice", key);
+            }
+        }
         RemoveDevice::deserialize(&v)
             .map_err(|e| ApiError::bad_request(format!("vm.remove-device: {e}")))
     });

@@ -28,7 +28,12 @@ pub struct Adaptive {
     pub max_file_share: u8,
     /// Percent of the window's 2 MiB ranges mapped at which pressure starts.
     pub pressure_high: u8,
-    /// Percent below which pressure ends, once `cool_down_ms` passed.
+    /// Percent below which pressure ends, once `cool_down_ms` passed; at
+    /// most `pressure_high`. Equal marks are one threshold, with the
+    /// cool-down as the only hysteresis (pressure_high 100%, pressure_low
+    /// 100%: pressure only while the window is full, and for cool_down
+    /// after). A low mark above the high one would never be reached while
+    /// the window is above the high mark, so it is refused.
     pub pressure_low: u8,
     pub cool_down_ms: u64,
     /// Under pressure, files below this many bytes get no new DAX: each
@@ -197,11 +202,11 @@ impl Adaptive {
                 _ => unreachable!("check_keys accepted only FIELDS"),
             }
         }
-        if a.pressure_low >= a.pressure_high {
+        if a.pressure_low > a.pressure_high {
             return Err(field_err(
                 &f("pressure_low"),
                 format!(
-                    "{}% must be below pressure_high ({}%)",
+                    "{}% must not be above pressure_high ({}%)",
                     a.pressure_low, a.pressure_high
                 ),
             ));
@@ -251,6 +256,19 @@ mod tests {
 
     fn err(doc: &str) -> String {
         Policy::parse_json(doc).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn equal_pressure_marks_are_one_threshold_and_accepted() {
+        let p =
+            Policy::parse_json(r#"{"adaptive": {"pressure_low": 100, "pressure_high": "100%"}}"#)
+                .unwrap();
+        assert_eq!(
+            (p.adaptive.pressure_low, p.adaptive.pressure_high),
+            (100, 100)
+        );
+        let p = Policy::parse_json(r#"{"adaptive": {"pressure_low": 75}}"#).unwrap();
+        assert_eq!(p.adaptive.pressure_low, p.adaptive.pressure_high);
     }
 
     #[test]
@@ -305,7 +323,11 @@ mod tests {
             ),
             (
                 r#"{"adaptive": {"pressure_low": 80}}"#,
-                "adaptive.pressure_low: 80% must be below pressure_high (75%)",
+                "adaptive.pressure_low: 80% must not be above pressure_high (75%)",
+            ),
+            (
+                r#"{"adaptive": {"pressure_low": 100, "pressure_high": 99}}"#,
+                "adaptive.pressure_low: 100% must not be above pressure_high (99%)",
             ),
             (
                 r#"{"adaptive": {"cool_down": "5 days"}}"#,

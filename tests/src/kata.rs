@@ -38,6 +38,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 pub mod conn;
+pub mod runtime_rs;
 
 /// `configuration.go` `UserAgent` of the generated client.
 pub const USER_AGENT: &str = "OpenAPI-Generator/1.0.0/go";

@@ -111,9 +111,9 @@ fn rest_api_over_a_unix_socket() {
         &api,
         "PUT",
         "/api/v1/vm.create",
-        r#"{"payload":{"kernel":"/k"},"rngs":{}}"#,
+        r#"{"payload":{"kernel":"/k"},"landlock_enable":null}"#,
         400,
-        "VmConfig.rngs: unknown field",
+        "VmConfig.landlock_enable=null is invalid",
     );
     refused(
         &api,
@@ -162,9 +162,9 @@ fn rest_api_over_a_unix_socket() {
         &api,
         "PUT",
         "/api/v1/vm.add-fs",
-        r#"{"tag":"t","socket":"/s","cache":"always"}"#,
+        r#"{"tag":"t","socket":"/s","num_queues":null}"#,
         400,
-        "unknown field `cache`",
+        "FsConfig.num_queues=null is invalid",
     );
     refused(
         &api,
@@ -220,7 +220,7 @@ fn rest_api_over_a_unix_socket() {
         "/api/v1/vm.remove-device",
         r#"{"name":"x"}"#,
         400,
-        "unknown field `name`",
+        "missing field `id`",
     );
     assert_eq!(
         http(

@@ -60,16 +60,17 @@ impl VmResize {
                 "desired_vcpus" => {
                     let v = n()?;
                     r.desired_vcpus = Some(u32::try_from(v).map_err(|_| {
-                        format!("VmResize.desired_vcpus={v} is invalid: expected at most {}", u32::MAX)
+                        format!(
+                            "VmResize.desired_vcpus={v} is invalid: expected at most {}",
+                            u32::MAX
+                        )
                     })?);
                 }
                 "desired_ram" => r.desired_ram = Some(n()?),
                 "desired_balloon" => r.desired_balloon = Some(n()?),
-                other => {
-                    return Err(format!(
-                        "VmResize.{other}: unknown field (accepted: desired_vcpus, desired_ram, desired_balloon)"
-                    ))
-                }
+                // Cloud Hypervisor's VmResizeData ignores a field it does
+                // not have, and so does this VMM (logged once).
+                other => api::ignored_fields::ignore("VmResize", other),
             }
         }
         Ok(r)
@@ -320,18 +321,13 @@ mod tests {
     }
 
     #[test]
-    fn balloon_and_unknown_fields_are_refused_and_change_nothing() {
+    fn balloon_and_bad_values_are_refused_and_change_nothing() {
         let (mut c, mut vm) = (config(), fake());
         for (body, code, want) in [
             (
                 json!({"desired_vcpus": 2, "desired_balloon": 0}),
                 501,
                 "desired_balloon=0",
-            ),
-            (
-                json!({"desired_cpus": 2}),
-                400,
-                "VmResize.desired_cpus: unknown field",
             ),
             (
                 json!({"desired_vcpus": -1}),
@@ -344,7 +340,6 @@ mod tests {
                 "expected at most 4294967295",
             ),
             (json!([1]), 400, "expected an object"),
-            (json!({"": null}), 400, "VmResize.: unknown field"),
         ] {
             let (got, msg) = status(resize(&body, &mut c, Some(&mut vm)));
             assert_eq!(got, code, "{msg}");
@@ -354,6 +349,12 @@ mod tests {
         assert_eq!(c.cpus.boot_vcpus, 1);
         // An empty body asks for nothing: 204, as in Cloud Hypervisor.
         assert_eq!(status(resize(&json!({}), &mut c, Some(&mut vm))).0, 204);
+        // So does one with only fields Cloud Hypervisor's VmResizeData
+        // does not have: they are ignored, as it ignores them.
+        for body in [json!({"desired_cpus": 2}), json!({"": null})] {
+            assert_eq!(status(resize(&body, &mut c, Some(&mut vm))).0, 204);
+        }
+        assert!(vm.asked.is_empty(), "no vCPU was touched");
     }
 
     #[test]

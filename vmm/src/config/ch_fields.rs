@@ -1,9 +1,19 @@
-//! Every field of Cloud Hypervisor's VmConfig (v53 line: what its `vm.info`
-//! returns, and what generated clients send back to `vm.create`), with what
-//! this VMM does with it. A field this VMM implements is passed on; one it
-//! does not is accepted only with Cloud Hypervisor's default (or an empty or
-//! "off" value), and otherwise refused with its path and value — no setting
-//! is dropped silently. A field Cloud Hypervisor does not have is refused.
+//! Every field of Cloud Hypervisor's VmConfig and of its `vm.add-*` bodies
+//! (v53 line: what its `vm.info` returns, and what generated clients send
+//! back to `vm.create`), with what this VMM does with it — the one place
+//! that decides which fields a Cloud Hypervisor body may carry:
+//!
+//! - a field this VMM implements is passed on to the typed parser;
+//! - one Cloud Hypervisor has and this VMM does not is accepted only with
+//!   Cloud Hypervisor's default (or an empty or "off" value), and otherwise
+//!   refused with its path and value — no setting is dropped silently;
+//! - null is accepted where Cloud Hypervisor's field is optional, and
+//!   refused by name where it is not (its serde refuses null for a plain
+//!   `bool` or number even when the field may be left out);
+//! - a field Cloud Hypervisor does not have is ignored, as its serde
+//!   structs ignore it ([`api::ignored_fields`] logs it once): Kata's
+//!   runtime-rs sends `payload.mrconfigid`, which no current Cloud
+//!   Hypervisor has.
 
 use serde_json::{json, Map, Value};
 
@@ -11,184 +21,227 @@ use serde_json::{json, Map, Value};
 /// implement (docs/openapi.yaml gives each its type): `[]` is no empty
 /// value of an object field, as Cloud Hypervisor's own parser refuses it.
 #[derive(Clone, Copy)]
-enum Shape {
+pub(super) enum Shape {
     /// A string or a number: only null.
     Null,
     Array,
     Object,
 }
 
+/// Whether a field may be null: where Cloud Hypervisor's field is an
+/// `Option`, null is "not given"; where it is not, its serde refuses null.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Null {
+    Allowed,
+    Refused,
+}
+
 /// What a field may hold.
 #[derive(Clone, Copy)]
-enum Rule {
+pub(super) enum Rule {
     /// Implemented here: passed on to the typed parser.
-    Ours,
-    /// Not implemented: only this value (or null) is accepted.
-    Default(fn() -> Value),
+    Ours(Null),
+    /// Not implemented: only this value is accepted.
+    Default(fn() -> Value, Null),
     /// Not implemented: only null, or the empty value of its shape.
     Empty(Shape),
     /// An object with its own rules.
-    Object(&'static [(&'static str, Rule)]),
-    /// An array of objects with these rules.
+    Object(&'static [(&'static str, Rule)], Null),
+    /// An array of objects with these rules (null allowed: every such
+    /// field of Cloud Hypervisor's is an `Option`).
     Array(&'static [(&'static str, Rule)]),
 }
 
+/// Ours, null allowed (an `Option` in Cloud Hypervisor, or one of this
+/// VMM's own fields).
+const OURS: Rule = Rule::Ours(Null::Allowed);
+/// Ours, and not an `Option` in Cloud Hypervisor: null is refused.
+const OURS_SET: Rule = Rule::Ours(Null::Refused);
+
 const PAYLOAD: &[(&str, Rule)] = &[
-    ("kernel", Rule::Ours),
-    ("initramfs", Rule::Ours),
-    ("cmdline", Rule::Ours),
+    ("kernel", OURS),
+    ("initramfs", OURS),
+    ("cmdline", OURS),
     ("firmware", Rule::Empty(Shape::Null)),
     ("igvm", Rule::Empty(Shape::Null)),
     ("host_data", Rule::Empty(Shape::Null)),
 ];
 
+/// Cloud Hypervisor's CpuTopology: every part required, as there.
+const TOPOLOGY: &[(&str, Rule)] = &[
+    ("threads_per_core", OURS_SET),
+    ("cores_per_die", OURS_SET),
+    ("dies_per_package", OURS_SET),
+    ("packages", OURS_SET),
+];
+
 const CPUS: &[(&str, Rule)] = &[
-    ("boot_vcpus", Rule::Ours),
-    ("max_vcpus", Rule::Ours),
-    ("topology", Rule::Ours),
-    ("kvm_hyperv", Rule::Default(|| json!(false))),
-    ("max_phys_bits", Rule::Default(|| json!(46))),
+    ("boot_vcpus", OURS_SET),
+    ("max_vcpus", OURS_SET),
+    ("topology", Rule::Object(TOPOLOGY, Null::Allowed)),
+    ("kvm_hyperv", Rule::Default(|| json!(false), Null::Refused)),
+    ("max_phys_bits", Rule::Default(|| json!(46), Null::Refused)),
     ("affinity", Rule::Empty(Shape::Array)),
     (
         "features",
-        Rule::Object(&[("amx", Rule::Default(|| json!(false)))]),
+        Rule::Object(
+            &[("amx", Rule::Default(|| json!(false), Null::Refused))],
+            Null::Refused,
+        ),
     ),
-    ("nested", Rule::Default(|| json!(true))),
-    ("core_scheduling", Rule::Default(|| json!("Vm"))),
-    ("profile", Rule::Default(|| json!("Host"))),
+    ("nested", Rule::Default(|| json!(true), Null::Refused)),
+    (
+        "core_scheduling",
+        Rule::Default(|| json!("Vm"), Null::Refused),
+    ),
+    ("profile", Rule::Default(|| json!("Host"), Null::Refused)),
 ];
 
 const MEMORY: &[(&str, Rule)] = &[
-    ("size", Rule::Ours),
-    ("shared", Rule::Ours),
-    ("hugepages", Rule::Ours),
-    ("hotplug_size", Rule::Ours),
+    ("size", OURS_SET),
+    ("shared", OURS_SET),
+    ("hugepages", OURS_SET),
+    ("hotplug_size", OURS),
     ("hotplugged_size", Rule::Empty(Shape::Null)),
-    ("mergeable", Rule::Default(|| json!(false))),
-    ("hotplug_method", Rule::Default(|| json!("Acpi"))),
+    ("mergeable", Rule::Default(|| json!(false), Null::Refused)),
+    (
+        "hotplug_method",
+        Rule::Default(|| json!("Acpi"), Null::Refused),
+    ),
     ("hugepage_size", Rule::Empty(Shape::Null)),
-    ("prefault", Rule::Default(|| json!(false))),
-    ("reserve", Rule::Default(|| json!(false))),
-    ("thp", Rule::Default(|| json!(true))),
+    ("prefault", Rule::Default(|| json!(false), Null::Refused)),
+    ("reserve", Rule::Default(|| json!(false), Null::Refused)),
+    ("thp", Rule::Default(|| json!(true), Null::Refused)),
     ("zones", Rule::Empty(Shape::Array)),
 ];
 
+/// The serial port and the console (Cloud Hypervisor's console also has
+/// the PCI fields; its serial ignores them, so they are harmless there).
 const CONSOLE: &[(&str, Rule)] = &[
-    ("mode", Rule::Ours),
-    ("file", Rule::Ours),
+    ("mode", OURS_SET),
+    ("file", OURS),
     ("socket", Rule::Empty(Shape::Null)),
-    ("iommu", Rule::Default(|| json!(false))),
-    ("pci_segment", Rule::Default(|| json!(0))),
     ("url", Rule::Empty(Shape::Null)),
+    ("id", Rule::Empty(Shape::Null)),
+    ("iommu", Rule::Default(|| json!(false), Null::Refused)),
+    ("pci_segment", Rule::Default(|| json!(0), Null::Refused)),
+    ("pci_device_id", Rule::Empty(Shape::Null)),
 ];
 
 const DEBUG_CONSOLE: &[(&str, Rule)] = &[
-    ("mode", Rule::Default(|| json!("Off"))),
+    ("mode", Rule::Default(|| json!("Off"), Null::Refused)),
     ("file", Rule::Empty(Shape::Null)),
-    ("iobase", Rule::Default(|| json!(0xe9))),
+    ("socket", Rule::Empty(Shape::Null)),
+    ("iobase", Rule::Default(|| json!(0xe9), Null::Allowed)),
 ];
 
 /// Every field is passed on: the net parser checks those it does not
 /// implement itself, with the same messages as `--net`.
-const NET: &[(&str, Rule)] = &[
-    ("tap", Rule::Ours),
-    ("ip", Rule::Ours),
-    ("mask", Rule::Ours),
-    ("mac", Rule::Ours),
-    ("host_mac", Rule::Ours),
-    ("mtu", Rule::Ours),
-    ("iommu", Rule::Ours),
-    ("num_queues", Rule::Ours),
-    ("queue_size", Rule::Ours),
-    ("vhost_user", Rule::Ours),
-    ("vhost_socket", Rule::Ours),
-    ("vhost_mode", Rule::Ours),
-    ("id", Rule::Ours),
-    ("fds", Rule::Ours),
-    ("rate_limiter_config", Rule::Ours),
-    ("pci_segment", Rule::Ours),
-    ("pci_device_id", Rule::Ours),
-    ("offload_tso", Rule::Ours),
-    ("offload_ufo", Rule::Ours),
-    ("offload_csum", Rule::Ours),
-    ("transport", Rule::Ours),
+pub(super) const NET: &[(&str, Rule)] = &[
+    ("tap", OURS),
+    ("ip", OURS),
+    ("mask", OURS),
+    ("mac", OURS),
+    ("host_mac", OURS),
+    ("mtu", OURS),
+    ("iommu", OURS_SET),
+    ("num_queues", OURS_SET),
+    ("queue_size", OURS_SET),
+    ("vhost_user", OURS_SET),
+    ("vhost_socket", OURS),
+    ("vhost_mode", OURS_SET),
+    ("id", OURS),
+    ("fds", OURS),
+    ("rate_limiter_config", OURS),
+    ("pci_segment", OURS_SET),
+    ("pci_device_id", OURS),
+    ("offload_tso", OURS_SET),
+    ("offload_ufo", OURS_SET),
+    ("offload_csum", OURS_SET),
+    ("transport", OURS),
 ];
 
-const FS: &[(&str, Rule)] = &[
-    ("tag", Rule::Ours),
-    ("socket", Rule::Ours),
-    ("num_queues", Rule::Ours),
-    ("queue_size", Rule::Ours),
-    ("id", Rule::Ours),
-    ("pci_segment", Rule::Ours),
+pub(super) const FS: &[(&str, Rule)] = &[
+    ("tag", OURS_SET),
+    ("socket", OURS_SET),
+    ("num_queues", OURS_SET),
+    ("queue_size", OURS_SET),
+    ("id", OURS),
+    ("iommu", Rule::Default(|| json!(false), Null::Refused)),
+    ("pci_segment", OURS_SET),
     ("pci_device_id", Rule::Empty(Shape::Null)),
-    ("dax", Rule::Ours),
-    ("cache_size", Rule::Ours),
-    ("dax_prefault", Rule::Ours),
-    ("transport", Rule::Ours),
-    ("control_socket", Rule::Ours),
-    ("dax_policy", Rule::Ours),
+    ("dax", OURS),
+    ("cache_size", OURS),
+    ("dax_prefault", OURS),
+    ("transport", OURS),
+    ("control_socket", OURS),
+    ("dax_policy", OURS),
 ];
 
-const PMEM: &[(&str, Rule)] = &[
-    ("file", Rule::Ours),
-    ("size", Rule::Ours),
-    ("iommu", Rule::Ours),
-    ("discard_writes", Rule::Ours),
-    ("id", Rule::Ours),
-    ("pci_segment", Rule::Ours),
+pub(super) const PMEM: &[(&str, Rule)] = &[
+    ("file", OURS_SET),
+    ("size", OURS),
+    ("iommu", OURS_SET),
+    ("discard_writes", OURS_SET),
+    ("id", OURS),
+    ("pci_segment", OURS_SET),
     ("pci_device_id", Rule::Empty(Shape::Null)),
-    ("transport", Rule::Ours),
+    ("transport", OURS),
 ];
 
 /// Every field is passed on: the disk parser checks those it does not
 /// implement itself, with the same messages as `--disk`.
-const DISK: &[(&str, Rule)] = &[
-    ("path", Rule::Ours),
-    ("readonly", Rule::Ours),
-    ("direct", Rule::Ours),
-    ("iommu", Rule::Ours),
-    ("num_queues", Rule::Ours),
-    ("queue_size", Rule::Ours),
-    ("vhost_user", Rule::Ours),
-    ("vhost_socket", Rule::Ours),
-    ("rate_limit_group", Rule::Ours),
-    ("rate_limiter_config", Rule::Ours),
-    ("pci_segment", Rule::Ours),
-    ("pci_device_id", Rule::Ours),
-    ("id", Rule::Ours),
-    ("serial", Rule::Ours),
-    ("queue_affinity", Rule::Ours),
-    ("backing_files", Rule::Ours),
-    ("sparse", Rule::Ours),
-    ("image_type", Rule::Ours),
-    ("lock_granularity", Rule::Ours),
-    ("disable_io_uring", Rule::Ours),
-    ("disable_aio", Rule::Ours),
-    ("transport", Rule::Ours),
+pub(super) const DISK: &[(&str, Rule)] = &[
+    ("path", OURS),
+    ("readonly", OURS_SET),
+    ("direct", OURS_SET),
+    ("iommu", OURS_SET),
+    ("num_queues", OURS_SET),
+    ("queue_size", OURS_SET),
+    ("vhost_user", OURS_SET),
+    ("vhost_socket", OURS),
+    ("rate_limit_group", OURS),
+    ("rate_limiter_config", OURS),
+    ("pci_segment", OURS_SET),
+    ("pci_device_id", OURS),
+    ("id", OURS),
+    ("serial", OURS),
+    ("queue_affinity", OURS),
+    ("backing_files", OURS_SET),
+    ("sparse", OURS_SET),
+    ("image_type", OURS_SET),
+    ("lock_granularity", OURS_SET),
+    ("disable_io_uring", OURS_SET),
+    ("disable_aio", OURS_SET),
+    ("transport", OURS),
 ];
 
 const RNG: &[(&str, Rule)] = &[
-    ("src", Rule::Ours),
-    ("iommu", Rule::Ours),
-    ("pci_segment", Rule::Ours),
-    ("transport", Rule::Ours),
+    ("src", OURS_SET),
+    ("iommu", OURS_SET),
+    ("pci_segment", OURS_SET),
+    ("id", Rule::Empty(Shape::Null)),
+    ("pci_device_id", Rule::Empty(Shape::Null)),
+    ("transport", OURS),
 ];
 
-const VSOCK: &[(&str, Rule)] = &[
-    ("cid", Rule::Ours),
-    ("socket", Rule::Ours),
-    ("iommu", Rule::Ours),
-    ("id", Rule::Ours),
-    ("pci_segment", Rule::Ours),
+pub(super) const VSOCK: &[(&str, Rule)] = &[
+    ("cid", OURS_SET),
+    ("socket", OURS_SET),
+    ("iommu", OURS_SET),
+    ("id", OURS),
+    ("pci_segment", OURS_SET),
     ("pci_device_id", Rule::Empty(Shape::Null)),
-    ("transport", Rule::Ours),
+    ("transport", OURS),
 ];
 
 const PLATFORM: &[(&str, Rule)] = &[
-    ("num_pci_segments", Rule::Ours),
+    ("num_pci_segments", OURS_SET),
     ("iommu_segments", Rule::Empty(Shape::Array)),
-    ("iommu_address_width_bits", Rule::Empty(Shape::Null)),
+    (
+        "iommu_address_width_bits",
+        Rule::Default(|| json!(64), Null::Refused),
+    ),
     ("system_serial_number", Rule::Empty(Shape::Null)),
     ("serial_number", Rule::Empty(Shape::Null)),
     ("system_uuid", Rule::Empty(Shape::Null)),
@@ -200,23 +253,24 @@ const PLATFORM: &[(&str, Rule)] = &[
     ("system_family", Rule::Empty(Shape::Null)),
     ("system_sku_number", Rule::Empty(Shape::Null)),
     ("chassis_asset_tag", Rule::Empty(Shape::Null)),
-    ("tdx", Rule::Default(|| json!(false))),
-    ("sev_snp", Rule::Default(|| json!(false))),
-    ("iommufd", Rule::Default(|| json!(false))),
-    ("vfio_p2p_dma", Rule::Default(|| json!(true))),
+    ("tdx", Rule::Default(|| json!(false), Null::Refused)),
+    ("sev_snp", Rule::Default(|| json!(false), Null::Refused)),
+    ("iommufd", Rule::Default(|| json!(false), Null::Refused)),
+    ("iommufd_fd", Rule::Empty(Shape::Null)),
+    ("vfio_p2p_dma", Rule::Default(|| json!(true), Null::Refused)),
 ];
 
 const VM_CONFIG: &[(&str, Rule)] = &[
-    ("payload", Rule::Object(PAYLOAD)),
-    ("cpus", Rule::Object(CPUS)),
-    ("memory", Rule::Object(MEMORY)),
-    ("serial", Rule::Object(CONSOLE)),
-    ("console", Rule::Object(CONSOLE)),
-    ("debug_console", Rule::Object(DEBUG_CONSOLE)),
+    ("payload", Rule::Object(PAYLOAD, Null::Allowed)),
+    ("cpus", Rule::Object(CPUS, Null::Refused)),
+    ("memory", Rule::Object(MEMORY, Null::Refused)),
+    ("serial", Rule::Object(CONSOLE, Null::Refused)),
+    ("console", Rule::Object(CONSOLE, Null::Refused)),
+    ("debug_console", Rule::Object(DEBUG_CONSOLE, Null::Refused)),
     ("fs", Rule::Array(FS)),
     ("pmem", Rule::Array(PMEM)),
-    ("rng", Rule::Object(RNG)),
-    ("platform", Rule::Object(PLATFORM)),
+    ("rng", Rule::Object(RNG, Null::Refused)),
+    ("platform", Rule::Object(PLATFORM, Null::Allowed)),
     ("rate_limit_groups", Rule::Empty(Shape::Array)),
     ("disks", Rule::Array(DISK)),
     ("net", Rule::Array(NET)),
@@ -225,16 +279,23 @@ const VM_CONFIG: &[(&str, Rule)] = &[
     ("devices", Rule::Empty(Shape::Array)),
     ("user_devices", Rule::Empty(Shape::Array)),
     ("vdpa", Rule::Empty(Shape::Array)),
-    ("vsock", Rule::Object(VSOCK)),
+    ("vsock", Rule::Object(VSOCK, Null::Allowed)),
     ("numa", Rule::Empty(Shape::Array)),
     ("pci_segments", Rule::Empty(Shape::Array)),
     ("tpm", Rule::Empty(Shape::Object)),
+    ("rtc", Rule::Empty(Shape::Null)),
+    ("ivshmem", Rule::Empty(Shape::Null)),
+    ("pvmemcontrol", Rule::Empty(Shape::Null)),
     ("landlock_rules", Rule::Empty(Shape::Array)),
     ("sgx_epc", Rule::Empty(Shape::Array)),
-    ("iommu", Rule::Default(|| json!(false))),
-    ("watchdog", Rule::Default(|| json!(false))),
-    ("pvpanic", Rule::Ours),
-    ("landlock_enable", Rule::Default(|| json!(false))),
+    ("iommu", Rule::Default(|| json!(false), Null::Refused)),
+    ("watchdog", Rule::Default(|| json!(false), Null::Refused)),
+    ("gdb", Rule::Default(|| json!(false), Null::Refused)),
+    ("pvpanic", OURS_SET),
+    (
+        "landlock_enable",
+        Rule::Default(|| json!(false), Null::Refused),
+    ),
 ];
 
 fn is_empty(v: &Value, shape: Shape) -> bool {
@@ -248,7 +309,11 @@ fn is_empty(v: &Value, shape: Shape) -> bool {
 
 /// Checks `v` against `rules`; returns it with only the fields this VMM
 /// implements (and the nested objects it implements fields of).
-fn reduce_object(path: &str, v: &Value, rules: &[(&str, Rule)]) -> Result<Value, String> {
+pub(super) fn reduce_object(
+    path: &str,
+    v: &Value,
+    rules: &[(&str, Rule)],
+) -> Result<Value, String> {
     let Some(obj) = v.as_object() else {
         return Err(format!("{path}: expected an object, got {v}"));
     };
@@ -256,15 +321,29 @@ fn reduce_object(path: &str, v: &Value, rules: &[(&str, Rule)]) -> Result<Value,
     for (key, value) in obj {
         let here = format!("{path}.{key}");
         let Some((_, rule)) = rules.iter().find(|(k, _)| k == key) else {
-            let known: Vec<&str> = rules.iter().map(|(k, _)| *k).collect();
-            return Err(format!("{here}: unknown field (Cloud Hypervisor's VmConfig has no such field here; known: {})", known.join(", ")));
+            api::ignored_fields::ignore(path, key);
+            continue;
         };
+        let null = match *rule {
+            Rule::Ours(null) | Rule::Default(_, null) | Rule::Object(_, null) => null,
+            Rule::Empty(_) | Rule::Array(_) => Null::Allowed,
+        };
+        if value.is_null() {
+            if null == Null::Refused {
+                return Err(format!(
+                    "{here}=null is invalid: the field is not optional (leave it out for its default)"
+                ));
+            }
+            if !matches!(rule, Rule::Ours(_)) {
+                continue;
+            }
+        }
         match *rule {
-            Rule::Ours => {
+            Rule::Ours(_) => {
                 kept.insert(key.clone(), value.clone());
             }
-            Rule::Default(default) => {
-                if !value.is_null() && *value != default() {
+            Rule::Default(default, _) => {
+                if *value != default() {
                     return Err(format!(
                         "{here}={value} is not supported (only the default {} is)",
                         default()
@@ -283,19 +362,13 @@ fn reduce_object(path: &str, v: &Value, rules: &[(&str, Rule)]) -> Result<Value,
                     ));
                 }
             }
-            Rule::Object(inner) => {
-                if value.is_null() {
-                    continue;
-                }
+            Rule::Object(inner, _) => {
                 let reduced = reduce_object(&here, value, inner)?;
-                if inner.iter().any(|(_, r)| matches!(r, Rule::Ours)) {
+                if inner.iter().any(|(_, r)| matches!(r, Rule::Ours(_))) {
                     kept.insert(key.clone(), reduced);
                 }
             }
             Rule::Array(inner) => {
-                if value.is_null() {
-                    continue;
-                }
                 let Some(items) = value.as_array() else {
                     return Err(format!("{here}: expected an array, got {value}"));
                 };
@@ -369,12 +442,38 @@ pub(crate) mod tests {
             with(&["memory", "thp"], json!(false)),
             "VmConfig.memory.thp=false is not supported (only the default true is)"
         );
-        assert!(with(&["disks"], json!([{"path": "/d", "frob": 1}]))
-            .starts_with("VmConfig.disks[0].frob: unknown field"));
         assert!(with(&["watchdog"], json!(true)).starts_with("VmConfig.watchdog=true"));
         assert!(with(&["cpus", "features", "amx"], json!(true))
             .starts_with("VmConfig.cpus.features.amx=true"));
-        assert!(with(&["bogus"], json!(1)).starts_with("VmConfig.bogus: unknown field"));
+        // Null where Cloud Hypervisor's field is not optional (its serde
+        // refuses it): refused by name, whatever the field's rule.
+        for path in [
+            &["landlock_enable"][..],
+            &["cpus"],
+            &["cpus", "max_vcpus"],
+            &["cpus", "kvm_hyperv"],
+            &["memory", "shared"],
+            &["fs", "0", "num_queues"],
+        ] {
+            let mut c = ch_vm_info_config();
+            let mut at = &mut c;
+            for p in &path[..path.len() - 1] {
+                at = match p.parse::<usize>() {
+                    Ok(i) => &mut at[i],
+                    Err(_) => &mut at[*p],
+                };
+            }
+            at[path[path.len() - 1]] = Value::Null;
+            let e = reduce_vm_config(&c).unwrap_err();
+            assert!(
+                e.ends_with(
+                    "=null is invalid: the field is not optional (leave it out for its default)"
+                ),
+                "{path:?}: {e}"
+            );
+        }
+        assert!(with(&["landlock_enable"], json!("false"))
+            .starts_with("VmConfig.landlock_enable=\"false\" is not supported"));
         // Empty, but of another type than Cloud Hypervisor's field (the
         // fuzzer's vm.create with `"landlock_rules": {}` was accepted).
         assert_eq!(
@@ -390,5 +489,36 @@ pub(crate) mod tests {
         .is_ok());
         assert!(with(&["debug_console", "mode"], json!("Tty"))
             .starts_with("VmConfig.debug_console.mode=\"Tty\""));
+    }
+
+    #[test]
+    fn fields_cloud_hypervisor_does_not_have_are_ignored_at_every_level() {
+        let mut c = ch_vm_info_config();
+        c["bogus"] = json!(1);
+        c["payload"]["mrconfigid"] = Value::Null;
+        c["payload"]["host_data"] = Value::Null;
+        c["cpus"]["features"]["future"] = json!(true);
+        c["fs"][0]["frob"] = json!({"x": 1});
+        c["serial"]["iommu"] = json!(false);
+        c["cpus"]["topology"] = json!({"threads_per_core": 1, "cores_per_die": 1,
+                                       "dies_per_package": 1, "packages": 1, "modules": 1});
+        let reduced = reduce_vm_config(&c).unwrap();
+        let mut want = ch_vm_info_config();
+        want["cpus"]["topology"] = json!({"threads_per_core": 1, "cores_per_die": 1,
+                                          "dies_per_package": 1, "packages": 1});
+        assert_eq!(reduced, reduce_vm_config(&want).unwrap());
+        // Where Cloud Hypervisor's field is optional, null is "not given".
+        c["debug_console"]["iobase"] = Value::Null;
+        c["platform"] = Value::Null;
+        c["vsock"] = Value::Null;
+        assert!(reduce_vm_config(&c).is_ok());
+        // A device body on its own, as vm.add-fs sends it.
+        let fs = reduce_object(
+            "FsConfig",
+            &json!({"tag": "t", "socket": "/s", "frob": 1, "id": null}),
+            FS,
+        )
+        .unwrap();
+        assert_eq!(fs, json!({"tag": "t", "socket": "/s", "id": null}));
     }
 }

@@ -2,17 +2,20 @@
 //! FsConfig, PmemConfig, DiskConfig, NetConfig JSON), converted through the same checks as the
 //! command line so both give the same limits and messages.
 //!
-//! Every field of Cloud Hypervisor's VmConfig is accepted ([`super::ch_fields`]):
-//! those this VMM implements are parsed here; the others only with Cloud
-//! Hypervisor's default, and refused with their path and value otherwise.
-//! Fields Cloud Hypervisor does not have are refused with their name, so a
-//! setting is never silently dropped.
+//! Every body first goes through [`super::ch_fields`], which decides what
+//! a Cloud Hypervisor body may carry: fields this VMM implements are parsed
+//! here; Cloud Hypervisor's others only with its default, and refused with
+//! their path and value otherwise; fields Cloud Hypervisor does not have
+//! are ignored, as it ignores them. The typed structs below then see only
+//! the fields they implement (`deny_unknown_fields` on them catches a table
+//! and a struct that disagree, not a client's extra field).
 
 use std::path::PathBuf;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::ch_fields::{self, reduce_object};
 use super::fs::FS_KEYS;
 use super::option_parser::OptionValues;
 use super::pmem::PMEM_KEYS;
@@ -197,8 +200,11 @@ impl NetConfigJson {
                 "rate_limiter_config is not supported (only null)".into(),
             ));
         }
+        // Cloud Hypervisor's api_client (runtime-rs, ch-remote) lists the
+        // numbers of the fds it passes with every such request: normal,
+        // so not worth more than a debug line.
         if self.fds.as_ref().is_some_and(|f| !f.is_empty()) {
-            log::warn!("vm.add-net: fd numbers in the body are ignored; the fds come as SCM_RIGHTS with the request");
+            log::debug!("vm.add-net: fd numbers in the body are ignored; the fds come as SCM_RIGHTS with the request");
         }
         let mut pairs = Vec::new();
         let mut opt = |k, v: Option<String>| {
@@ -599,7 +605,9 @@ pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
 
 /// Parses a `vm.add-fs` body; `index` names a device given without an id.
 pub fn fs_config_from_json(body: &Value, index: usize) -> Result<FsConfig, JsonConfigError> {
-    let j = FsConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape {
+    let body =
+        reduce_object("FsConfig", body, ch_fields::FS).map_err(JsonConfigError::Unsupported)?;
+    let j = FsConfigJson::deserialize(&body).map_err(|source| JsonConfigError::Shape {
         what: "FsConfig",
         source,
     })?;
@@ -608,7 +616,9 @@ pub fn fs_config_from_json(body: &Value, index: usize) -> Result<FsConfig, JsonC
 
 /// Parses a `vm.add-pmem` body; `index` names a device given without an id.
 pub fn pmem_config_from_json(body: &Value, index: usize) -> Result<PmemConfig, JsonConfigError> {
-    let j = PmemConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape {
+    let body =
+        reduce_object("PmemConfig", body, ch_fields::PMEM).map_err(JsonConfigError::Unsupported)?;
+    let j = PmemConfigJson::deserialize(&body).map_err(|source| JsonConfigError::Shape {
         what: "PmemConfig",
         source,
     })?;
@@ -617,7 +627,9 @@ pub fn pmem_config_from_json(body: &Value, index: usize) -> Result<PmemConfig, J
 
 /// Parses a `vm.add-net` body; `index` names a device given without an id.
 pub fn net_config_from_json(body: &Value, index: usize) -> Result<NetConfig, JsonConfigError> {
-    let j = NetConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape {
+    let body =
+        reduce_object("NetConfig", body, ch_fields::NET).map_err(JsonConfigError::Unsupported)?;
+    let j = NetConfigJson::deserialize(&body).map_err(|source| JsonConfigError::Shape {
         what: "NetConfig",
         source,
     })?;
@@ -626,7 +638,9 @@ pub fn net_config_from_json(body: &Value, index: usize) -> Result<NetConfig, Jso
 
 /// Parses a `vm.add-disk` body; `index` names a device given without an id.
 pub fn disk_config_from_json(body: &Value, index: usize) -> Result<DiskConfig, JsonConfigError> {
-    let j = DiskConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape {
+    let body =
+        reduce_object("DiskConfig", body, ch_fields::DISK).map_err(JsonConfigError::Unsupported)?;
+    let j = DiskConfigJson::deserialize(&body).map_err(|source| JsonConfigError::Shape {
         what: "DiskConfig",
         source,
     })?;
@@ -635,7 +649,9 @@ pub fn disk_config_from_json(body: &Value, index: usize) -> Result<DiskConfig, J
 
 /// Parses a `vm.add-vsock` body.
 pub fn vsock_config_from_json(body: &Value) -> Result<VsockConfig, JsonConfigError> {
-    let j = VsockConfigJson::deserialize(body).map_err(|source| JsonConfigError::Shape {
+    let body = reduce_object("VsockConfig", body, ch_fields::VSOCK)
+        .map_err(JsonConfigError::Unsupported)?;
+    let j = VsockConfigJson::deserialize(&body).map_err(|source| JsonConfigError::Shape {
         what: "VsockConfig",
         source,
     })?;

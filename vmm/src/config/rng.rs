@@ -40,10 +40,14 @@ impl RngConfig {
     pub fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
         o.check_ch_defaults()?;
         let (transport, pci_segment) = o.transport_and_segment()?;
+        let src = o.get("src").unwrap_or(DEFAULT_RNG_SOURCE);
+        // An empty path would pass here and fail only at boot, after the
+        // VM was reported created.
+        if src.is_empty() {
+            return Err(o.invalid("src", src, "a path to the entropy source (not empty)"));
+        }
         Ok(RngConfig {
-            src: o
-                .get("src")
-                .map_or_else(|| PathBuf::from(DEFAULT_RNG_SOURCE), PathBuf::from),
+            src: PathBuf::from(src),
             transport,
             pci_segment,
         })
@@ -76,5 +80,9 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("unknown key \"source\""));
+        assert!(RngConfig::parse("src=")
+            .unwrap_err()
+            .to_string()
+            .contains("src=\"\" is invalid"));
     }
 }
