@@ -37,7 +37,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
+pub mod api_client;
 pub mod conn;
+pub mod rs;
 
 /// `configuration.go` `UserAgent` of the generated client.
 pub const USER_AGENT: &str = "OpenAPI-Generator/1.0.0/go";
