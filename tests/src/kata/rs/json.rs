@@ -31,6 +31,14 @@ impl Json {
         n.map_or(Json::Null, Json::uint)
     }
 
+    /// The value at `key` of an object (None for anything else).
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut Json> {
+        match self {
+            Json::Obj(fields) => fields.iter_mut().find(|(k, _)| *k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
     /// The same value as `serde_json` sees it (keys sorted).
     pub fn to_value(&self) -> Value {
         match self {
@@ -159,5 +167,9 @@ mod tests {
         let j = Json::Obj(vec![("z", Json::Int(1)), ("a", Json::Int(2))]);
         assert_eq!(j.compact(), r#"{"z":1,"a":2}"#);
         assert_eq!(j.pretty(), "{\n  \"z\": 1,\n  \"a\": 2\n}");
+        let mut j = j;
+        *j.get_mut("a").unwrap() = Json::Null;
+        assert_eq!(j.compact(), r#"{"z":1,"a":null}"#);
+        assert!(j.get_mut("b").is_none());
     }
 }
