@@ -186,14 +186,18 @@ impl Run {
         if n == "dynamic" {
             // The pause container (no limits): the vCPU count is unchanged
             // (no call), resize_memory reads vm.info and sends nothing.
-            // Then the container with a quota and a limit.
+            // Then the container with a quota and a limit; then a second
+            // container without limits: resize_memory's vm.info must show
+            // the grown size (Cloud Hypervisor sets memory.size to
+            // desired_ram), or runtime-rs would grow the VM again.
             let vcpus = rs::vcpus_required(1.0, &[CONTAINER_QUOTA]);
             let mib = rs::memory_required_mib(BOOT_MIB, &[CONTAINER_MIB << 20]);
             script.push_str(&format!(
                 "{p}_pause_mem resize-memory {BOOT_MIB} {block} {HOST_RAM_MIB}\n\
                  {p}_ctr_cpus resize-vcpus 1 {vcpus} {max}\n\
                  {p}_ctr_mem resize-memory {mib} {block} {HOST_RAM_MIB}\n\
-                 {p}_resized wait {serial} {n}_resized=1 {GUEST_SECS}\n",
+                 {p}_resized wait {serial} {n}_resized=1 {GUEST_SECS}\n\
+                 {p}_ctr2_mem resize-memory {mib} {block} {HOST_RAM_MIB}\n",
                 block = rs::X86_MEMORY_BLOCK_MIB,
                 max = s.max_vcpus,
                 serial = self.serial(),
@@ -522,6 +526,12 @@ fn a_runtime_rs_sandbox_starts_and_resizes_with_per_file_dax() {
     assert!(ok("d_ctr_mem_info").contains("\"state\":\"Running\""));
     assert_eq!(ok("d_ctr_mem"), "ok body=-", "{tail}");
     assert_eq!(run.host("krs_d_resized"), Some("seen"), "{tail}");
+    assert_eq!(
+        run.host("krs_d_ctr2_mem_info_vm"),
+        Some("state=Running memory_size=1073741824 boot_vcpus=2 max_vcpus=4"),
+        "{tail}"
+    );
+    assert_eq!(run.host("krs_d_ctr2_mem"), Some("unchanged"), "{tail}");
     let before = run.guest("dynamic_before").unwrap_or_default();
     let after = run.guest("dynamic_after").unwrap_or_default();
     assert!(after.starts_with("cpus=0-1 "), "{after}\n{tail}");
