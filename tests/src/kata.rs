@@ -1,4 +1,8 @@
-//! Kata Containers' Cloud Hypervisor driver, byte for byte: the requests
+//! Kata Containers' Cloud Hypervisor drivers, byte for byte. This module
+//! is the Go runtime's; [`rs`] is the Rust runtime's (runtime-rs, Kata 4's
+//! default) and [`api_client`] the HTTP client it uses.
+//!
+//! The Go runtime's Cloud Hypervisor driver: the requests
 //! its runtime sends to start a sandbox, and the decisions it takes from
 //! the answers, so tests can replay a Kata start against this VMM without
 //! Kata. Written from reading Kata's source (`src/runtime/virtcontainers/

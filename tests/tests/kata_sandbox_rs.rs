@@ -6,8 +6,9 @@
 //!
 //! - `runtime_rs_calls_on_one_connection_end_the_vmm` (host, fast): the
 //!   calls that need no guest — ping, create with runtime-rs's default
-//!   VmConfig, vm.info read as runtime-rs's serde structs read it,
-//!   vmm.shutdown — on one connection, and the VMM ends.
+//!   VmConfig (static and dynamic sizing; the vm.delete between them is
+//!   the test's, not runtime-rs's), vm.info read as runtime-rs's serde
+//!   structs read it, vmm.shutdown — on one connection, and the VMM ends.
 //! - `a_runtime_rs_sandbox_starts_and_resizes_with_per_file_dax` (guest,
 //!   ignored): see its note.
 
