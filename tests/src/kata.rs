@@ -1,4 +1,8 @@
-//! Kata Containers' Cloud Hypervisor driver, byte for byte: the requests
+//! Kata Containers' Cloud Hypervisor drivers, byte for byte. This module
+//! is the Go runtime's; [`rs`] is the Rust runtime's (runtime-rs, Kata 4's
+//! default) and [`api_client`] the HTTP client it uses.
+//!
+//! The Go runtime's Cloud Hypervisor driver: the requests
 //! its runtime sends to start a sandbox, and the decisions it takes from
 //! the answers, so tests can replay a Kata start against this VMM without
 //! Kata. Written from reading Kata's source (`src/runtime/virtcontainers/
@@ -37,8 +41,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
+pub mod api_client;
 pub mod conn;
-pub mod runtime_rs;
+pub mod rs;
 
 /// `configuration.go` `UserAgent` of the generated client.
 pub const USER_AGENT: &str = "OpenAPI-Generator/1.0.0/go";

@@ -36,6 +36,8 @@
 //! daxprobe kata-replay SOCKET SCRIPT   Kata's sandbox start, as its Go runtime sends it, on one
 //!                                        kept-alive connection; prints "@@HOST kata_<step>=..."
 //!                                        per request (see daxprobe/kata_replay.rs)
+//! daxprobe kata-rs-replay SOCKET SCRIPT  the same as Kata's Rust runtime sends it (one connection
+//!                                        for the sandbox's life; daxprobe/kata_rs_replay.rs)
 //! daxprobe listen-exec SOCKET PROG ARGS...  binds and listens on SOCKET, then execs PROG with it
 //!                                        as fd 3, as Kata starts its virtio-fs daemon
 //!                                        (daxprobe/listen_exec.rs)
@@ -61,6 +63,8 @@ use std::time::Instant;
 mod kata_net;
 #[path = "daxprobe/kata_replay.rs"]
 mod kata_replay;
+#[path = "daxprobe/kata_rs_replay.rs"]
+mod kata_rs_replay;
 #[path = "daxprobe/listen_exec.rs"]
 mod listen_exec;
 #[path = "daxprobe/truncated_rw.rs"]
@@ -467,12 +471,13 @@ fn main() {
         ["sse", socket, path] => sse_counts(socket, path),
         ["kata-add-net", socket, tap, body] => kata_net::add_net(socket, tap, body),
         ["kata-replay", socket, script] => kata_replay::replay(socket, script),
+        ["kata-rs-replay", socket, script] => kata_rs_replay::replay(socket, script),
         ["listen-exec", socket, prog, args @ ..] => listen_exec::listen_exec(socket, prog, args),
         ["power-button"] => power_button(),
         ["vsock-serve", port, reply, count] => vsock::vsock_serve(port, reply, count),
         ["vsock-connect", cid, port, bytes] => vsock::vsock_connect(cid, port, bytes),
         ["unix-serve", path, reply] => vsock::unix_serve(path, reply),
         ["hybrid-connect", socket, port, bytes] => vsock::hybrid_connect(socket, port, bytes),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect)".into()),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | kata-rs-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect)".into()),
     }
 }

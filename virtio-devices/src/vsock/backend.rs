@@ -153,10 +153,17 @@ pub(super) fn connect_nonblocking(path: &Path) -> std::io::Result<UnixStream> {
     Ok(UnixStream::from(fd))
 }
 
-/// `CONNECT <port>` (without its newline) → the port.
+/// `CONNECT <port>` (without its newline) → the port. The word is matched
+/// without regard to case, as Cloud Hypervisor's muxer matches it: Kata's
+/// Rust runtime dials with `connect 1024`, its Go runtime and Firecracker's
+/// tools with `CONNECT 1024`.
 pub fn parse_connect_line(line: &[u8]) -> Option<u32> {
-    let text = std::str::from_utf8(line).ok()?;
-    let port = text.strip_prefix("CONNECT ")?;
+    const WORD: &[u8] = b"CONNECT ";
+    let (word, port) = line.split_at_checked(WORD.len())?;
+    if !word.eq_ignore_ascii_case(WORD) {
+        return None;
+    }
+    let port = std::str::from_utf8(port).ok()?;
     if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }

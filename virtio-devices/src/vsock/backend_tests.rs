@@ -428,12 +428,50 @@ fn connect_lines() {
         b"CONNECT ",
         b"CONNECT -1",
         b"CONNECT 4294967296",
-        b"connect 1",
         b"CONNECT 1 ",
         b"CONNECT +1",
+        b"CONNECT\t1",
+        b"CONNECTX1",
+        b"CONNEC 1",
+        b"connect",
+        b"connect ",
+        b" connect 1",
+        b"\xc3\xa9onnect 1",
     ] {
         assert_eq!(parse_connect_line(bad), None, "{bad:?}");
     }
+}
+
+/// Kata's Rust runtime dials its agent with `connect 1024`
+/// (runtime-rs `hybrid_vsock.rs`); Cloud Hypervisor's muxer matches the
+/// word without regard to case, so any mix of cases is a CONNECT.
+#[test]
+fn connect_lines_in_any_case() {
+    assert_eq!(parse_connect_line(b"connect 1024"), Some(1024));
+    assert_eq!(parse_connect_line(b"Connect 1024"), Some(1024));
+    assert_eq!(parse_connect_line(b"cOnNeCt 7"), Some(7));
+    assert_eq!(parse_connect_line(b"connect 4294967295"), Some(u32::MAX));
+    assert_eq!(parse_connect_line(b"connect 4294967296"), None);
+    assert_eq!(parse_connect_line(b"connect -1"), None);
+}
+
+/// The whole dial as runtime-rs makes it: `connect 1024\n` on the socket
+/// reaches the guest as a REQUEST for port 1024 and, answered, gives the
+/// dialler its `OK` line.
+#[test]
+fn a_lower_case_connect_reaches_the_guest() {
+    let mut r = Rig::new("lowercase");
+    let mut s = UnixStream::connect(r.path()).unwrap();
+    s.write_all(b"connect 1024\n").unwrap();
+    r.poll_until(|b| b.has_packet());
+    let got = r.drain(4096);
+    assert_eq!(got.len(), 1);
+    let req = got[0].0;
+    assert_eq!((req.op, req.dst_port), (OP_REQUEST, 1024));
+    r.send(guest(OP_RESPONSE, 1024, req.src_port, 0), &[]);
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).unwrap();
+    assert_eq!(line, format!("OK {}\n", req.src_port));
 }
 
 /// A guest RX buffer with no room for data must not make the backend spin

@@ -13,7 +13,7 @@ use std::os::unix::net::UnixStream;
 use super::fail;
 
 /// Opens (creating) the tap `name` as Kata's endpoints have it.
-fn open_tap(name: &str) -> OwnedFd {
+pub(super) fn open_tap(name: &str) -> OwnedFd {
     // SAFETY: a NUL-terminated path; the fd is checked and owned below.
     let fd = unsafe { libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if fd < 0 {

@@ -80,7 +80,7 @@ fn shutdown_write(fd: &impl AsRawFd) {
     }
 }
 
-fn client(s: &mut (impl Read + Write + AsRawFd), bytes: u64) -> String {
+pub(super) fn client(s: &mut (impl Read + Write + AsRawFd), bytes: u64) -> String {
     let sent = send_pattern(s, bytes, client_byte);
     shutdown_write(s);
     let (received, ok) = receive_pattern(s, server_byte);
