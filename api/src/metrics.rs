@@ -17,6 +17,11 @@ pub struct WindowStats {
     pub ranges_mapped: u64,
     /// Times the scratch went over its budget and was emptied.
     pub stray_resets: u64,
+    /// Mapped files followed now without an inotify watch (the VMM's
+    /// watch budget was spent): their size is read every second instead.
+    pub unwatched_files: u64,
+    /// Files refused a watch by that budget since the window was made.
+    pub watch_refusals: u64,
     /// Resident bytes of the window's file mappings (mincore); None if it
     /// could not be read.
     pub resident_bytes: Option<u64>,
@@ -278,6 +283,18 @@ pub const FAMILIES: &[Family] = &[
         "counter",
         "Times the guest kept more than the budget in the window's scratch and it was emptied",
         Samples::Device(|d| window(d).map(|w| w.stray_resets)),
+    ),
+    family(
+        "daxvmm_dax_unwatched_files",
+        "gauge",
+        "Mapped files without an inotify watch (the VMM's watch budget is spent); their size is read every second instead",
+        Samples::Device(|d| window(d).map(|w| w.unwatched_files)),
+    ),
+    family(
+        "daxvmm_dax_watch_refusals_total",
+        "counter",
+        "Mapped files refused an inotify watch by the VMM's watch budget",
+        Samples::Device(|d| window(d).map(|w| w.watch_refusals)),
     ),
     family(
         "daxvmm_dax_resident_bytes",

@@ -10,6 +10,8 @@ fn device(id: &str) -> DeviceMetrics {
             size: 32 << 20,
             ranges_mapped: 2,
             stray_resets: 2,
+            unwatched_files: 1,
+            watch_refusals: 5,
             resident_bytes: Some(8192),
             stray_bytes: Some(4096),
             counters: WindowCounters {
@@ -126,6 +128,8 @@ fn renders_families_once_with_device_labels() {
     assert!(text.contains("daxvmm_dax_prefault_failures_total{device=\"fs0\"} 1\n"));
     assert!(text.contains("daxvmm_dax_truncated_bytes_total{device=\"fs0\"} 3145728\n"));
     assert!(text.contains("daxvmm_dax_stray_resets_total{device=\"fs0\"} 2\n"));
+    assert!(text.contains("daxvmm_dax_unwatched_files{device=\"fs0\"} 1\n"));
+    assert!(text.contains("daxvmm_dax_watch_refusals_total{device=\"fs0\"} 5\n"));
     assert!(text.contains("daxvmm_dax_guest_prefaulted_bytes_total{device=\"fs0\"} 2097152\n"));
     assert!(text.contains("# TYPE daxvmm_kvm_exits_total counter\ndaxvmm_kvm_exits_total 1000\n"));
     assert!(text.contains("daxvmm_kvm_page_faults_total 600\n"));

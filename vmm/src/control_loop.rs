@@ -171,6 +171,11 @@ fn window_stats(info: &FsDeviceInfo) -> Option<WindowStats> {
         size: w.size(),
         ranges_mapped: w.mapped_guest_ranges(),
         stray_resets: w.stray_resets(),
+        unwatched_files: {
+            let (followed, watched) = w.watched_files();
+            u64::try_from(followed.saturating_sub(watched)).unwrap_or(u64::MAX)
+        },
+        watch_refusals: w.watch_refusals(),
         resident_bytes: w.resident_bytes().ok(),
         stray_bytes: w.stray_bytes().ok(),
         counters: w.metrics.snapshot(),
