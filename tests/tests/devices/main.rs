@@ -17,6 +17,7 @@
 //! (scripts/test.sh does).
 
 mod blk;
+mod hostile;
 mod net;
 mod vsock;
 

@@ -291,18 +291,63 @@ fn io_thread(
             Ok(job) => job,
             Err(_) => return, // the queue threads are gone
         };
-        let guard = mem.memory();
-        let (status, written) = shared.disk.execute(&*guard, &job.action, &shared.serial);
-        count(&shared.counters, &job.action, status);
-        // The status byte was checked to be in guest memory when parsed.
-        let used = match guard.write_obj(status, job.status) {
-            Ok(()) => written.saturating_add(1),
-            Err(_) => 0,
-        };
-        if let Err(e) = job.queue.complete(&guard, job.head, used) {
-            shared.mark_broken(&*job.queue.interrupt, &format!("{}: {e}", job.queue.name));
+        run_job(shared, &mem.memory(), job);
+    }
+}
+
+/// Runs a request against the disk and completes it (an I/O thread's work).
+fn run_job(shared: &Shared, mem: &GuestMemoryMmap, job: Job) {
+    let (status, written) = shared.disk.execute(mem, &job.action, &shared.serial);
+    count(&shared.counters, &job.action, status);
+    // The status byte was checked to be in guest memory when parsed.
+    let used = match mem.write_obj(status, job.status) {
+        Ok(()) => written.saturating_add(1),
+        Err(_) => 0,
+    };
+    if let Err(e) = job.queue.complete(mem, job.head, used) {
+        shared.mark_broken(&*job.queue.interrupt, &format!("{}: {e}", job.queue.name));
+    }
+}
+
+/// Serves `queue` on the calling thread as the device's threads serve it
+/// (the queue thread's [`serve_until_idle`], then each request it handed
+/// over run and completed as an I/O thread does), until the queue is idle
+/// or stopped, for at most `passes` passes. The fuzz targets drive the
+/// real serve loop through it without threads. Returns the chains used,
+/// or why the queue stopped (the device is then marked broken).
+#[doc(hidden)]
+pub fn serve_inline(
+    shared: &Shared,
+    queue: Queue,
+    mem: &GuestMemoryMmap,
+    interrupt: Arc<dyn VirtioInterrupt>,
+    passes: usize,
+) -> Result<usize, String> {
+    let queue = shared_queue(shared, 0, queue, interrupt).map_err(|e| e.to_string())?;
+    let (tx, rx) = channel();
+    let mut used = 0;
+    for _ in 0..passes {
+        match serve_until_idle(shared, &queue, mem, &tx) {
+            Ok(n) => used += n,
+            Err(e) => {
+                queue.lock().stopped = true;
+                shared.mark_broken(&*queue.interrupt, &e);
+                return Err(e);
+            }
+        }
+        let jobs: Vec<Job> = rx.try_iter().collect();
+        if jobs.is_empty() {
+            break;
+        }
+        used += jobs.len();
+        for job in jobs {
+            run_job(shared, mem, job);
+        }
+        if shared.broken.load(Ordering::SeqCst) {
+            return Err("a completion stopped the queue".into());
         }
     }
+    Ok(used)
 }
 
 fn queue_thread(
