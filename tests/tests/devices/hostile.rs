@@ -42,7 +42,7 @@ exec 2>&3 3>&-
 echo "@@HOST stderr_lines=$(wc -l < "$WORK/vmm.err")"
 echo "@@HOST stderr_queue_size_lines=$(grep -c 'invalid size' "$WORK/vmm.err")"
 echo "@@HOST stderr_avail_lines=$(grep -ci 'avail' "$WORK/vmm.err")"
-head -n 20 "$WORK/vmm.err" | sed 's/^/vmm stderr: /'
+grep -v 'invalid size' "$WORK/vmm.err" | head -n 20 | sed 's/^/vmm stderr: /'
 "#;
 
 #[test]
