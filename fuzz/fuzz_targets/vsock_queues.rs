@@ -42,14 +42,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     backend.set_active(true);
-    // The driver may well point both queues at the same rings.
+    // The driver may well point the queues at the same rings; TX's
+    // indices are written last, so they are the ones in memory.
+    let (rx, event) = (queue_from(&mem, data), queue_from(&mem, data));
     let (tx, impossible) = queue_at_indices(&mem, data);
-    let mut q = ActiveQueues::new(
-        queue_from(&mem, data),
-        tx,
-        queue_from(&mem, data),
-        Arc::new(NoInterrupt),
-    );
+    let mut q = ActiveQueues::new(rx, tx, event, Arc::new(NoInterrupt));
     let sent = process_tx(&mut q, &mem, &mut backend);
     if impossible {
         assert!(sent.is_err(), "an impossible available index was served");
