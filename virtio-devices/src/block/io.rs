@@ -305,7 +305,10 @@ fn run_job(shared: &Shared, mem: &GuestMemoryMmap, job: Job) {
         Err(_) => 0,
     };
     if let Err(e) = job.queue.complete(mem, job.head, used) {
-        shared.mark_broken(&*job.queue.interrupt, &format!("{}: {e}", job.queue.name));
+        shared.mark_broken(
+            &*job.queue.interrupt,
+            &format!("queue {}: {e}", job.queue.index),
+        );
     }
 }
 
@@ -331,7 +334,7 @@ pub fn serve_inline(
             Ok(n) => used += n,
             Err(e) => {
                 queue.lock().stopped = true;
-                shared.mark_broken(&*queue.interrupt, &e);
+                shared.mark_broken(&*queue.interrupt, &format!("queue 0: {e}"));
                 return Err(e);
             }
         }
@@ -373,7 +376,7 @@ fn queue_thread(
             Ok(n) => n,
             Err(e) => {
                 queue.lock().stopped = true;
-                shared.mark_broken(&*queue.interrupt, &format!("{name}: {e}"));
+                shared.mark_broken(&*queue.interrupt, &format!("queue {index}: {e}"));
                 return Flow::Stop;
             }
         };
@@ -388,7 +391,7 @@ fn queue_thread(
         if notify {
             if let Err(e) = queue.interrupt.trigger(Interrupt::Queue(index)) {
                 queue.lock().stopped = true;
-                shared.mark_broken(&*queue.interrupt, &format!("{name}: interrupt: {e}"));
+                shared.mark_broken(&*queue.interrupt, &format!("queue {index}: interrupt: {e}"));
                 return Flow::Stop;
             }
         }
