@@ -74,6 +74,23 @@ pub fn queue_from(mem: &Memory, input: &[u8]) -> Queue {
     q
 }
 
+/// The device's position and the driver's available index, both from the
+/// input's first four bytes, then [`queue_from`] on the rest: the index
+/// may be anything a hostile driver writes, up to 65,535 chains ahead of
+/// the device, or behind it. Returns the queue and whether the index is
+/// one a queue must refuse (more than [`QUEUE_SIZE`] ahead).
+pub fn queue_at_indices(mem: &Memory, input: &[u8]) -> (Queue, bool) {
+    let mut pos = 0;
+    let next_avail = take_u16(input, &mut pos);
+    let avail_idx = take_u16(input, &mut pos);
+    let mut q = queue_from(mem, input.get(pos..).unwrap_or_default());
+    q.set_next_avail(next_avail);
+    q.set_next_used(next_avail);
+    mem.write_obj(avail_idx, GuestAddress(AVAIL_RING + 2))
+        .expect("avail ring in memory");
+    (q, avail_idx.wrapping_sub(next_avail) > QUEUE_SIZE)
+}
+
 /// Reads a little-endian integer of `N` bytes from `data` at `*pos`, or 0.
 /// The next byte (0 past the end).
 pub fn take_u8(data: &[u8], pos: &mut usize) -> u8 {

@@ -46,6 +46,10 @@
 //! daxprobe vsock-serve|vsock-connect|unix-serve|hybrid-connect ...
 //!                                        both ends of a vsock connection, guest (AF_VSOCK) and
 //!                                        host (the VMM's hybrid unix socket); see daxprobe/vsock.rs
+//! daxprobe virtio-hostile pci|mmio SERIAL MARKER
+//!                                        unbinds the kernel's driver from the virtio-blk disk SERIAL
+//!                                        and drives it through its registers as a hostile driver:
+//!                                        an impossible available index, resets (daxprobe/hostile.rs)
 //! ```
 //!
 //! `statx` forces a GETATTR (`AT_STATX_FORCE_SYNC`), so it sees what the
@@ -59,6 +63,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
+#[path = "daxprobe/hostile.rs"]
+mod hostile;
 #[path = "daxprobe/kata_net.rs"]
 mod kata_net;
 #[path = "daxprobe/kata_replay.rs"]
@@ -478,6 +484,7 @@ fn main() {
         ["vsock-connect", cid, port, bytes] => vsock::vsock_connect(cid, port, bytes),
         ["unix-serve", path, reply] => vsock::unix_serve(path, reply),
         ["hybrid-connect", socket, port, bytes] => vsock::hybrid_connect(socket, port, bytes),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | kata-rs-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect)".into()),
+        ["virtio-hostile", transport, serial, marker] => hostile::run(transport, serial, marker),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | kata-rs-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect | virtio-hostile)".into()),
     }
 }

@@ -13,10 +13,14 @@
 //! The guest runs the parts in order (disks, vsock, net), then `done=1`;
 //! the host's API script waits for the guest's markers before each step.
 //!
+//! [`hostile`] boots a guest of its own: a hostile driver programming a
+//! PCI and an MMIO disk through their registers.
+//!
 //! Run with `cargo test -p guest-tests --test devices -- --ignored`
 //! (scripts/test.sh does).
 
 mod blk;
+mod hostile;
 mod net;
 mod vsock;
 

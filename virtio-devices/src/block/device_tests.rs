@@ -349,3 +349,75 @@ fn an_indirect_chain_is_served_and_the_device_asks_for_the_next_kick() {
     assert!(read.iter().all(|&b| b == 3), "sector 3's bytes");
     assert_eq!(avail_event, 1, "the next kick is asked for at chain 1");
 }
+
+/// A driver reads sector 0, then publishes an available index 16 + 5
+/// past the device's position on a queue of 16 and kicks: the queue
+/// thread stops instead of spinning on an index it cannot serve, the
+/// device shows DEVICE_NEEDS_RESET and raises a configuration interrupt,
+/// nothing more is used, and a reset returns and clears it.
+#[test]
+fn an_impossible_available_index_stops_the_queue_until_a_reset() {
+    let t = image(64);
+    let mut dev = Block::new(&config(t.as_path(), false)).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+    let vq = MockSplitQueue::new(&mem, 16);
+    header(&mem, 0x1000, VIRTIO_BLK_T_IN, 0);
+    let (n, w) = (VRING_DESC_F_NEXT, VRING_DESC_F_WRITE);
+    let descs = [
+        desc(0x1000, 16, n, 1),
+        desc(0x4000, 512, n | w, 2),
+        desc(0x9000, 1, w, 0),
+    ];
+    vq.build_multiple_desc_chains(&descs).unwrap();
+    let kick = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let (tx, rx) = channel();
+    dev.ack_features(dev.features());
+    dev.activate(
+        GuestMemoryAtomic::new(mem.clone()),
+        Arc::new(TestInterrupt(Mutex::new(tx))),
+        vec![ActivatedQueue {
+            index: 0,
+            queue: vq.create_queue().unwrap(),
+            kick: kick.try_clone().unwrap(),
+        }],
+    )
+    .unwrap();
+    let used_idx = || {
+        mem.read_obj::<u16>(vq.used_addr().unchecked_add(2))
+            .unwrap()
+    };
+    // Bounds for a hang, not speed figures.
+    let wait_for = |what: Interrupt| loop {
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(i) if i == what => return,
+            Ok(_) => {}
+            Err(e) => panic!("no {what:?} interrupt: {e}"),
+        }
+    };
+    kick.write(1).unwrap();
+    wait_for(Interrupt::Queue(0));
+    assert_eq!(used_idx(), 1);
+    assert!(!dev.needs_reset());
+
+    mem.write_obj(1u16 + 16 + 5, vq.avail_addr().unchecked_add(2))
+        .unwrap();
+    kick.write(1).unwrap();
+    wait_for(Interrupt::Config);
+    assert!(dev.needs_reset(), "DEVICE_NEEDS_RESET");
+    let running = dev.running.as_ref().expect("activated");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !running.queue_threads_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the queue thread runs on"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Further kicks find no thread: nothing used, no second interrupt.
+    kick.write(1).unwrap();
+    assert_eq!(used_idx(), 1);
+    assert!(rx.try_recv().is_err());
+
+    assert!(dev.reset());
+    assert!(!dev.needs_reset(), "a reset clears it");
+}

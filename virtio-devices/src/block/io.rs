@@ -16,6 +16,13 @@
 //! kernel setting (io_uring can be disabled by sysctl). Several requests
 //! are in flight at once, up to [`IO_THREADS`].
 //!
+//! A queue the guest broke (an available index more than the queue's
+//! size ahead of the device, a used ring the device cannot write) is not
+//! served any more: its thread stops, the device shows DEVICE_NEEDS_RESET
+//! and raises a configuration interrupt, once, until the driver resets it
+//! (virtio 1.2 §2.1.2). Nothing retries it, so nothing spins or floods the
+//! log.
+//!
 //! Bounds: a queue thread hands the pool at most its queue's size of
 //! requests at a time (a driver that publishes chains faster, or the same
 //! chain again while it is in flight, waits for completions), so jobs never
@@ -23,12 +30,13 @@
 //! longer than its chain, which the parser bounds by the queue's size.
 
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use virtio_bindings::virtio_blk::VIRTIO_BLK_S_OK;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
@@ -36,7 +44,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::disk::DiskFile;
 use super::request::{self, Action, DiskLimits, ID_BYTES};
 use crate::device::{ActivatedQueue, Interrupt, VirtioInterrupt};
-use crate::event_loop::{EventLoop, Flow, WorkerThread};
+use crate::event_loop::{join_bounded, EventLoop, Flow, WorkerThread};
 use crate::DeviceCounters;
 use crate::GuestMemoryMmap;
 
@@ -51,6 +59,25 @@ pub struct Shared {
     pub serial: [u8; ID_BYTES],
     /// [`COUNTER_NAMES`], for `vm.counters`.
     pub counters: Arc<DeviceCounters>,
+    /// A queue stopped on the guest's error: the device needs a reset.
+    pub broken: AtomicBool,
+}
+
+impl Shared {
+    /// Marks the device broken (DEVICE_NEEDS_RESET) and tells the driver
+    /// with a configuration interrupt; logs `why` the first time only.
+    pub fn mark_broken(&self, interrupt: &dyn VirtioInterrupt, why: &str) {
+        if self.broken.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        crate::error_limited!(
+            "{}: {why}; the queue is stopped until the driver resets the device (DEVICE_NEEDS_RESET)",
+            self.name
+        );
+        if let Err(e) = interrupt.trigger(Interrupt::Config) {
+            crate::error_limited!("{}: configuration interrupt: {e}", self.name);
+        }
+    }
 }
 
 /// Cloud Hypervisor's virtio-blk counters: bytes and requests that
@@ -173,10 +200,20 @@ impl Drop for BlockQueues {
         }
         // The queue threads hold every job sender; when they are gone the
         // pool's channel disconnects once drained.
+        // Bounded: an I/O stuck in the host's kernel leaves its thread
+        // detached rather than hanging a reset.
         self.queue_threads.clear();
         for t in self.io_threads.drain(..) {
-            let _ = t.join();
+            join_bounded("virtio-blk I/O thread".into(), t);
         }
+    }
+}
+
+impl BlockQueues {
+    /// Whether every queue thread has ended (tests).
+    #[cfg(test)]
+    pub(super) fn queue_threads_finished(&self) -> bool {
+        self.queue_threads.iter().all(WorkerThread::is_finished)
     }
 }
 
@@ -254,18 +291,66 @@ fn io_thread(
             Ok(job) => job,
             Err(_) => return, // the queue threads are gone
         };
-        let guard = mem.memory();
-        let (status, written) = shared.disk.execute(&*guard, &job.action, &shared.serial);
-        count(&shared.counters, &job.action, status);
-        // The status byte was checked to be in guest memory when parsed.
-        let used = match guard.write_obj(status, job.status) {
-            Ok(()) => written.saturating_add(1),
-            Err(_) => 0,
-        };
-        if let Err(e) = job.queue.complete(&guard, job.head, used) {
-            crate::error_limited!("{}: {e}", job.queue.name);
+        run_job(shared, &mem.memory(), job);
+    }
+}
+
+/// Runs a request against the disk and completes it (an I/O thread's work).
+fn run_job(shared: &Shared, mem: &GuestMemoryMmap, job: Job) {
+    let (status, written) = shared.disk.execute(mem, &job.action, &shared.serial);
+    count(&shared.counters, &job.action, status);
+    // The status byte was checked to be in guest memory when parsed.
+    let used = match mem.write_obj(status, job.status) {
+        Ok(()) => written.saturating_add(1),
+        Err(_) => 0,
+    };
+    if let Err(e) = job.queue.complete(mem, job.head, used) {
+        shared.mark_broken(
+            &*job.queue.interrupt,
+            &format!("queue {}: {e}", job.queue.index),
+        );
+    }
+}
+
+/// Serves `queue` on the calling thread as the device's threads serve it
+/// (the queue thread's [`serve_until_idle`], then each request it handed
+/// over run and completed as an I/O thread does), until the queue is idle
+/// or stopped, for at most `passes` passes. The fuzz targets drive the
+/// real serve loop through it without threads. Returns the chains used,
+/// or why the queue stopped (the device is then marked broken).
+#[doc(hidden)]
+pub fn serve_inline(
+    shared: &Shared,
+    queue: Queue,
+    mem: &GuestMemoryMmap,
+    interrupt: Arc<dyn VirtioInterrupt>,
+    passes: usize,
+) -> Result<usize, String> {
+    let queue = shared_queue(shared, 0, queue, interrupt).map_err(|e| e.to_string())?;
+    let (tx, rx) = channel();
+    let mut used = 0;
+    for _ in 0..passes {
+        match serve_until_idle(shared, &queue, mem, &tx) {
+            Ok(n) => used += n,
+            Err(e) => {
+                queue.lock().stopped = true;
+                shared.mark_broken(&*queue.interrupt, &format!("queue 0: {e}"));
+                return Err(e);
+            }
+        }
+        let jobs: Vec<Job> = rx.try_iter().collect();
+        if jobs.is_empty() {
+            break;
+        }
+        used += jobs.len();
+        for job in jobs {
+            run_job(shared, mem, job);
+        }
+        if shared.broken.load(Ordering::SeqCst) {
+            return Err("a completion stopped the queue".into());
         }
     }
+    Ok(used)
 }
 
 fn queue_thread(
@@ -290,7 +375,8 @@ fn queue_thread(
         let used = match serve_until_idle(&shared, &queue, &guard, &jobs) {
             Ok(n) => n,
             Err(e) => {
-                crate::error_limited!("{name}: stopped: {e}");
+                queue.lock().stopped = true;
+                shared.mark_broken(&*queue.interrupt, &format!("queue {index}: {e}"));
                 return Flow::Stop;
             }
         };
@@ -304,7 +390,8 @@ fn queue_thread(
                 .unwrap_or(true);
         if notify {
             if let Err(e) = queue.interrupt.trigger(Interrupt::Queue(index)) {
-                crate::error_limited!("{name}: stopped: interrupt: {e}");
+                queue.lock().stopped = true;
+                shared.mark_broken(&*queue.interrupt, &format!("queue {index}: interrupt: {e}"));
                 return Flow::Stop;
             }
         }
@@ -331,6 +418,9 @@ fn serve_until_idle(
         queue.lock().queue.disable_notification(mem).map_err(ring)?;
         used += serve_available(shared, queue, mem, jobs)?;
         let mut st = queue.lock();
+        if st.stopped {
+            return Ok(used);
+        }
         if st.in_flight >= queue.limit {
             st.stalled = true;
             return Ok(used);
@@ -344,7 +434,10 @@ fn serve_until_idle(
 /// Parses available chains while fewer than the queue's limit are in
 /// flight: valid requests go to the pool, the others are answered here.
 /// Returns how many chains were used here. The queue's lock is held only
-/// to take each chain, not while parsing it.
+/// to take each chain, not while parsing it. An available index the queue
+/// refuses (more than its size ahead) is an error: the caller stops the
+/// queue (`pop_descriptor_chain` would say "nothing" and leave the index
+/// unchanged, so the caller's loop would find work again at once).
 fn serve_available(
     shared: &Shared,
     queue: &Arc<SharedQueue>,
@@ -355,10 +448,15 @@ fn serve_available(
     loop {
         let chain = {
             let mut st = queue.lock();
-            if st.in_flight >= queue.limit {
+            if st.in_flight >= queue.limit || st.stopped {
                 break;
             }
-            let Some(chain) = st.queue.pop_descriptor_chain(mem) else {
+            let next = st
+                .queue
+                .iter(mem)
+                .map_err(|e| format!("available ring: {e}"))?
+                .next();
+            let Some(chain) = next else {
                 break;
             };
             st.in_flight += 1;
@@ -431,6 +529,7 @@ mod tests {
             disk: Arc::new(disk),
             serial: [0; ID_BYTES],
             counters: DeviceCounters::new(&COUNTER_NAMES),
+            broken: AtomicBool::new(false),
         }
     }
 

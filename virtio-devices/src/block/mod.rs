@@ -9,6 +9,7 @@ pub mod io;
 pub mod request;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use virtio_bindings::virtio_blk::{
@@ -82,6 +83,7 @@ impl Block {
                 limits,
                 serial,
                 counters: DeviceCounters::new(&io::COUNTER_NAMES),
+                broken: AtomicBool::new(false),
             }),
             queue_sizes: vec![c.queue_size; usize::from(c.num_queues.max(1))],
             acked: 0,
@@ -178,7 +180,12 @@ impl VirtioDevice for Block {
     fn reset(&mut self) -> bool {
         self.running = None;
         self.acked = 0;
+        self.shared.broken.store(false, Ordering::SeqCst);
         true
+    }
+
+    fn needs_reset(&self) -> bool {
+        self.shared.broken.load(Ordering::SeqCst)
     }
 
     fn counters(&self) -> Option<Arc<DeviceCounters>> {

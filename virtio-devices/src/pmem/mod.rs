@@ -112,6 +112,10 @@ impl VirtioDevice for Pmem {
         true
     }
 
+    fn needs_reset(&self) -> bool {
+        self.worker.as_ref().is_some_and(QueueWorker::is_broken)
+    }
+
     fn set_shm_base(&mut self, base: u64) {
         self.guest_addr = base;
     }
@@ -165,5 +169,15 @@ mod tests {
             0x2_0000_0000
         );
         assert_eq!(dev.shm_regions()[0].guest_addr, 0x2_0000_0000);
+    }
+
+    /// The flush queue with an available index the queue refuses: the
+    /// worker stops and the device asks for a reset instead of serving
+    /// (or logging) it on every kick.
+    #[test]
+    fn an_impossible_available_index_stops_the_queue_until_a_reset() {
+        let backing = PmemBacking::open(&std::env::temp_dir(), Some(2 << 20), false).unwrap();
+        let mut dev = Pmem::new("pmem0".into(), &backing, 0x1_4000_0000).unwrap();
+        crate::queue_worker::hostile::an_impossible_index_stops_the_queue(&mut dev);
     }
 }

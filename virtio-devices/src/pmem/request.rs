@@ -3,7 +3,7 @@
 //! if the fsync failed. A malformed chain from the guest gets no flush and,
 //! where it has room for one, an error answer; the queue keeps serving.
 
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
 pub const VIRTIO_PMEM_REQ_TYPE_FLUSH: u32 = 0;
@@ -57,7 +57,9 @@ pub fn process_queue<M: GuestMemory>(
     mut flush: impl FnMut() -> std::io::Result<()>,
 ) -> Result<usize, virtio_queue::Error> {
     let mut used = 0;
-    while let Some(chain) = queue.pop_descriptor_chain(mem) {
+    // `iter` refuses an available index more than the queue's size ahead
+    // (an error: the queue stops); `pop_descriptor_chain` would only log.
+    while let Some(chain) = queue.iter(mem)?.next() {
         let head = chain.head_index();
         let parsed = parse(mem, chain);
         let answer = match parsed.request.and_then(|t| {

@@ -124,6 +124,10 @@ impl VirtioDevice for Rng {
         self.acked = 0;
         true
     }
+
+    fn needs_reset(&self) -> bool {
+        self.worker.as_ref().is_some_and(QueueWorker::is_broken)
+    }
 }
 
 /// Fills every available chain's writable buffers from `source`; returns
@@ -230,5 +234,13 @@ mod tests {
             .unwrap()
             .to_string()
             .contains("not a character device"));
+    }
+
+    /// The request queue with an available index the queue refuses: the
+    /// worker stops and the device asks for a reset.
+    #[test]
+    fn an_impossible_available_index_stops_the_queue_until_a_reset() {
+        let mut dev = Rng::new("rng0".into(), std::path::Path::new("/dev/urandom")).unwrap();
+        crate::queue_worker::hostile::an_impossible_index_stops_the_queue(&mut dev);
     }
 }

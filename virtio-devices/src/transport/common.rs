@@ -20,6 +20,7 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::device::{ActivatedQueue, Interrupt, VirtioDevice, VirtioInterrupt};
+use crate::event_loop::deferring_joins;
 use crate::GuestMemoryMmap;
 
 /// Runs activations and resets, in the order given.
@@ -272,7 +273,10 @@ impl VirtioState {
             let phase = self.phase.clone();
             self.activator.run(Box::new(move || {
                 let mut dev = lock(&device);
-                if !dev.reset() {
+                // The device's threads are told to stop under the lock
+                // and waited for (bounded) after it is released.
+                let (reset, stopping) = deferring_joins(|| dev.reset());
+                if !reset {
                     crate::warn_limited!(
                         "virtio device type {} cannot be reset",
                         dev.device_type()
@@ -281,6 +285,8 @@ impl VirtioState {
                     let _ =
                         phase.compare_exchange(IDLE, FAILED, Ordering::SeqCst, Ordering::SeqCst);
                 }
+                drop(dev);
+                drop(stopping);
             }));
         }
         for q in &mut self.queues {
@@ -288,5 +294,132 @@ impl VirtioState {
         }
         self.status = 0;
         self.driver_features = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::mpsc::channel;
+    use std::time::Duration;
+
+    use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_ACKNOWLEDGE;
+    use vm_memory::GuestAddress;
+
+    use super::*;
+    use crate::event_loop::tests::stuck_worker;
+    use crate::event_loop::WorkerThread;
+
+    /// A device whose worker's handler never returns (until released).
+    struct StuckDevice {
+        worker: Option<WorkerThread>,
+        /// What releases the worker's handler, for the test.
+        release: Arc<Mutex<Option<Arc<AtomicBool>>>>,
+        reset: Arc<AtomicBool>,
+    }
+
+    impl VirtioDevice for StuckDevice {
+        fn device_type(&self) -> u32 {
+            2
+        }
+        fn queue_max_sizes(&self) -> &[u16] {
+            &[16]
+        }
+        fn features(&self) -> u64 {
+            1 << VIRTIO_F_VERSION_1
+        }
+        fn ack_features(&mut self, _: u64) {}
+        fn read_config(&self, _: u64, data: &mut [u8]) {
+            data.fill(0);
+        }
+        fn activate(
+            &mut self,
+            _: GuestMemoryAtomic<GuestMemoryMmap>,
+            _: Arc<dyn VirtioInterrupt>,
+            _: Vec<ActivatedQueue>,
+        ) -> Result<(), crate::ActivateError> {
+            let (mut worker, release) = stuck_worker();
+            // As good as never: only the test's release ends it.
+            worker.set_stop_timeout(Duration::from_secs(3600));
+            self.worker = Some(worker);
+            *self.release.lock().unwrap() = Some(release);
+            Ok(())
+        }
+        fn reset(&mut self) -> bool {
+            self.reset.store(true, Ordering::SeqCst);
+            self.worker = None;
+            true
+        }
+    }
+
+    /// Runs each job on a thread of its own, as the VMM's activator runs
+    /// them off the vCPU.
+    struct Spawn;
+
+    impl Activator for Spawn {
+        fn run(&self, job: Box<dyn FnOnce() + Send>) {
+            std::thread::spawn(job);
+        }
+    }
+
+    struct NoInterrupt;
+
+    impl VirtioInterrupt for NoInterrupt {
+        fn trigger(&self, _: Interrupt) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn notifier(&self, _: Interrupt) -> Option<EventFd> {
+            None
+        }
+    }
+
+    /// The driver resets a device whose worker thread is stuck: the reset
+    /// waits for that thread only after releasing the device's lock, so a
+    /// vCPU reading the config space meanwhile is not held up.
+    #[test]
+    fn a_reset_waits_for_a_stuck_worker_without_holding_the_device() {
+        let reset = Arc::new(AtomicBool::new(false));
+        let release = Arc::new(Mutex::new(None));
+        let dev = StuckDevice {
+            worker: None,
+            release: release.clone(),
+            reset: reset.clone(),
+        };
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let mut state = VirtioState::new(Box::new(dev), GuestMemoryAtomic::new(mem)).unwrap();
+        state.set_activator(Arc::new(Spawn));
+        let irq: Arc<dyn VirtioInterrupt> = Arc::new(NoInterrupt);
+        let mut status = VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER;
+        state.write_status(status, &irq);
+        state.write_driver_features(1, 1);
+        status |= VIRTIO_CONFIG_S_FEATURES_OK;
+        state.write_status(status, &irq);
+        state.write_status(status | VIRTIO_CONFIG_S_DRIVER_OK, &irq);
+        // Bounds for a hang, not speed figures.
+        let waited = |done: &dyn Fn() -> bool| {
+            let end = std::time::Instant::now() + Duration::from_secs(30);
+            while !done() {
+                assert!(std::time::Instant::now() < end, "timed out");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        waited(&|| state.is_activated());
+        let release = release
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("activated: a worker");
+        state.write_status(0, &irq);
+        waited(&|| reset.load(Ordering::SeqCst));
+        let device = state.device.clone();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            let mut c = [0u8; 4];
+            lock(&device).read_config(0, &mut c);
+            let _ = tx.send(());
+        });
+        let read = rx.recv_timeout(Duration::from_secs(30));
+        release.store(true, Ordering::SeqCst);
+        assert!(read.is_ok(), "a config read waited for the stuck thread");
     }
 }

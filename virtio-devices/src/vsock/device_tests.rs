@@ -177,3 +177,68 @@ fn a_driver_connects_to_a_host_listener_and_bytes_flow_both_ways() {
     assert!(!path.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+struct SentInterrupt(std::sync::Mutex<std::sync::mpsc::Sender<Interrupt>>);
+
+impl VirtioInterrupt for SentInterrupt {
+    fn trigger(&self, i: Interrupt) -> std::io::Result<()> {
+        let _ = self.0.lock().unwrap().send(i);
+        Ok(())
+    }
+    fn notifier(&self, _: Interrupt) -> Option<EventFd> {
+        None
+    }
+}
+
+/// A driver publishes a TX available index 16 + 5 ahead of the device on
+/// a queue of 16 and kicks: the device stops its queues (no retry on each
+/// kick or host event), shows DEVICE_NEEDS_RESET after one configuration
+/// interrupt, and a reset clears it.
+#[test]
+fn an_impossible_available_index_stops_the_queues_until_a_reset() {
+    let dir = std::env::temp_dir().join(format!("vsock-hostile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut dev = Vsock::new("vs".into(), 3, dir.join("v.sock")).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+    let qs = [0, 0x1_0000, 0x2_0000].map(|at| MockSplitQueue::create(&mem, GuestAddress(at), 16));
+    mem.write_obj(16u16 + 5, qs[1].avail_addr().unchecked_add(2))
+        .unwrap();
+    let kicks: Vec<EventFd> = (0..3)
+        .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
+        .collect();
+    let queues = qs
+        .iter()
+        .zip(&kicks)
+        .enumerate()
+        .map(|(i, (q, k))| ActivatedQueue {
+            index: u16::try_from(i).unwrap(),
+            queue: q.create_queue().unwrap(),
+            kick: k.try_clone().unwrap(),
+        })
+        .collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let interrupt = Arc::new(SentInterrupt(std::sync::Mutex::new(tx)));
+    dev.activate(GuestMemoryAtomic::new(mem.clone()), interrupt, queues)
+        .unwrap();
+    assert!(!dev.needs_reset());
+    kicks[1].write(1).unwrap();
+    // A bound for a hang, not a speed figure.
+    let got = rx.recv_timeout(Duration::from_secs(30));
+    assert_eq!(
+        got.ok(),
+        Some(Interrupt::Config),
+        "no configuration interrupt"
+    );
+    assert!(dev.needs_reset(), "DEVICE_NEEDS_RESET");
+    kicks[1].write(1).unwrap();
+    assert!(
+        rx.recv_timeout(Duration::from_millis(50)).is_err(),
+        "one interrupt"
+    );
+    assert_eq!(used_idx(&mem, &qs[1]), 0);
+    assert!(dev.reset());
+    assert!(!dev.needs_reset(), "a reset clears it");
+    drop(dev);
+    let _ = std::fs::remove_dir_all(&dir);
+}

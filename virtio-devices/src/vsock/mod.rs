@@ -18,6 +18,7 @@ pub mod socket_path;
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -72,6 +73,8 @@ pub struct Vsock {
     acked: u64,
     commands: Mutex<Sender<Command>>,
     wake: EventFd,
+    /// The queues stopped on the guest's error: the device needs a reset.
+    broken: Arc<AtomicBool>,
     _thread: WorkerThread,
 }
 
@@ -83,6 +86,7 @@ struct Worker {
     mem: Option<GuestMemoryAtomic<GuestMemoryMmap>>,
     queues: Option<Box<ActiveQueues>>,
     kicks: Vec<EventFd>,
+    broken: Arc<AtomicBool>,
 }
 
 impl Vsock {
@@ -99,7 +103,9 @@ impl Vsock {
             .map_err(BackendError::Epoll)?;
         let (tx, rx) = channel();
         let wake_in_thread = wake.try_clone().map_err(BackendError::Epoll)?;
+        let broken = Arc::new(AtomicBool::new(false));
         let mut worker = Worker {
+            broken: broken.clone(),
             id: id.clone(),
             backend,
             commands: rx,
@@ -126,6 +132,7 @@ impl Vsock {
             acked: 0,
             commands: Mutex::new(tx),
             wake,
+            broken,
             _thread: thread,
         })
     }
@@ -180,9 +187,15 @@ impl Worker {
         match served {
             Ok(()) => Flow::Continue,
             Err(e) => {
-                crate::error_limited!("virtio-vsock {}: queues stopped: {e}", self.id);
+                crate::error_limited!(
+                    "virtio-vsock {}: queues stopped until the driver resets the device \
+                     (DEVICE_NEEDS_RESET): {e}",
+                    self.id
+                );
                 // The device is broken until the driver resets it; the
                 // host side stays, so a reset brings it back.
+                self.broken.store(true, Ordering::SeqCst);
+                let _ = q.interrupt.trigger(crate::device::Interrupt::Config);
                 self.drop_queues(events);
                 Flow::Continue
             }
@@ -215,6 +228,7 @@ impl Worker {
             }
             Command::Reset(done) => {
                 self.drop_queues(events);
+                self.broken.store(false, Ordering::SeqCst);
                 let _ = done.send(());
             }
         }
@@ -273,6 +287,10 @@ impl VirtioDevice for Vsock {
         self.acked = 0;
         // Until the thread answers it may still touch guest memory.
         self.send(Command::Reset(done)).is_ok() && wait.recv_timeout(RESET_TIMEOUT).is_ok()
+    }
+
+    fn needs_reset(&self) -> bool {
+        self.broken.load(Ordering::SeqCst)
     }
 }
 

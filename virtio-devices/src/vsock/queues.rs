@@ -58,7 +58,10 @@ pub fn process_tx(
     backend: &mut UnixBackend,
 ) -> Result<usize, virtio_queue::Error> {
     let mut used = 0;
-    while let Some(chain) = q.tx.pop_descriptor_chain(mem) {
+    // `iter` refuses an available index more than the queue's size ahead:
+    // an error, the queues stop (`pop_descriptor_chain` would only log,
+    // once per kick).
+    while let Some(chain) = q.tx.iter(mem)?.next() {
         let head = chain.head_index();
         match read_tx_packet(mem, chain, &mut q.scratch) {
             Ok((h, n)) => {
@@ -106,7 +109,7 @@ pub fn fill_rx(
 ) -> Result<usize, virtio_queue::Error> {
     let mut used = 0;
     while backend.has_packet() {
-        let Some(mut chain) = q.rx.pop_descriptor_chain(mem) else {
+        let Some(mut chain) = q.rx.iter(mem)?.next() else {
             break;
         };
         let head = chain.head_index();
