@@ -25,8 +25,10 @@ use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::mapped_files::FileKey;
 use super::watch_budget::WatchBudget;
+
+/// A file's identity: (st_dev, st_ino).
+pub type FileKey = (u64, u64);
 
 /// Reads of the inotify queue per wake-up, 4 KiB each (at least 16 bytes
 /// an event): what is still queued after them waits for the next wake-up

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::sync::Arc;
 
-pub use super::file_watch::FileWatch;
+use super::file_watch::{FileKey, FileWatch};
 
 /// The file ranges currently mapped, as disjoint `[start, end)` offsets.
 #[derive(Default, Debug)]
@@ -88,9 +88,6 @@ impl MappedRanges {
         count
     }
 }
-
-/// A file's identity: (st_dev, st_ino).
-pub type FileKey = (u64, u64);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Piece {

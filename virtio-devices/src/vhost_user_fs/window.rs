@@ -39,8 +39,9 @@ use std::time::{Duration, Instant};
 use dax_abi::{DAX_SHM_REGION_ID, GUEST_RANGE_SIZE, MAX_WINDOW_SIZE};
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 
+use super::file_watch::{FileKey, FileWatch};
 use super::map_budget::{vmas_for, MapBudget};
-use super::mapped_files::{FileKey, FileWatch, MappedFiles, MappedRanges};
+use super::mapped_files::{MappedFiles, MappedRanges};
 use super::metrics::{DaxMetrics, FailureReason};
 use super::scratch::Scratch;
 use super::watch_budget::WatchBudget;

@@ -16,8 +16,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -27,7 +26,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use super::connection::{Connection, State};
 use super::packet::{validate, Header, PacketError, HOST_CID, OP_REQUEST, OP_RST, TYPE_STREAM};
-use super::socket_path::{self, SocketId};
+use super::socket_path::{self, connect_nonblocking, SocketId, SocketPathError};
 
 /// Connections (and host streams still owing their CONNECT line) at most:
 /// each holds at most [`super::connection::CONN_BUF`] bytes.
@@ -53,22 +52,8 @@ const FIRST_STREAM_TOKEN: u64 = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
-    #[error("vsock socket={path}: {source}")]
-    Bind {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("vsock socket={path}: a process listens on it already")]
-    InUse { path: String },
-    #[error("vsock socket={path}: {what} is there, not a socket; it is left alone (remove it, or name another path)")]
-    NotASocket { path: String, what: &'static str },
-    #[error(
-        "vsock socket={path}: a socket is there and probing it failed ({source}); it is left alone"
-    )]
-    Unprobed {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Socket(#[from] SocketPathError),
     #[error("vsock: host socket set: {0}")]
     Epoll(std::io::Error),
 }
@@ -108,49 +93,6 @@ pub struct UnixBackend {
     /// While the guest's driver is not running, host connections are
     /// closed as they arrive.
     active: bool,
-}
-
-/// Connects to the unix listener `path` without blocking: a listener
-/// whose queue is full refuses (EAGAIN) rather than stalling the device.
-pub(super) fn connect_nonblocking(path: &Path) -> std::io::Result<UnixStream> {
-    let bytes = path.as_os_str().as_bytes();
-    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.len() >= addr.sun_path.len() {
-        return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
-    }
-    addr.sun_family = const { narrow::sa_family_of(libc::AF_UNIX) };
-    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
-        *dst = libc::c_char::from_ne_bytes([*src]);
-    }
-    // SAFETY: integer arguments; the fd is owned right below.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            0,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // The path is NUL-terminated (zeroed tail); the length is the struct's.
-    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_un>())
-        .unwrap_or(libc::socklen_t::MAX);
-    // SAFETY: `addr` is a valid sockaddr_un for the call's duration.
-    let rc = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            std::ptr::addr_of!(addr).cast::<libc::sockaddr>(),
-            len,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(UnixStream::from(fd))
 }
 
 /// `CONNECT <port>` (without its newline) → the port. The word is matched

@@ -7,12 +7,34 @@
 //! file, a directory, a live socket, is refused by name and left alone.
 
 use std::io::ErrorKind;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::os::unix::net::UnixListener;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 
-use super::backend::{connect_nonblocking, BackendError};
 use crate::file_type::describe;
+
+/// Why the socket path could not be bound.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketPathError {
+    #[error("vsock socket={path}: {source}")]
+    Bind {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("vsock socket={path}: a process listens on it already")]
+    InUse { path: String },
+    #[error("vsock socket={path}: {what} is there, not a socket; it is left alone (remove it, or name another path)")]
+    NotASocket { path: String, what: &'static str },
+    #[error(
+        "vsock socket={path}: a socket is there and probing it failed ({source}); it is left alone"
+    )]
+    Unprobed {
+        path: String,
+        source: std::io::Error,
+    },
+}
 
 /// Which socket file a backend bound: (device, inode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,9 +50,9 @@ fn socket_id(path: &Path) -> std::io::Result<Option<SocketId>> {
 /// Binds `path`. Something there already: a socket nothing listens on is
 /// replaced; a live socket, or anything that is not a socket, is an error
 /// naming the path and what is there.
-pub fn bind(path: &Path) -> Result<(UnixListener, Option<SocketId>), BackendError> {
+pub fn bind(path: &Path) -> Result<(UnixListener, Option<SocketId>), SocketPathError> {
     let name = || path.display().to_string();
-    let err = |source| BackendError::Bind {
+    let err = |source| SocketPathError::Bind {
         path: name(),
         source,
     };
@@ -39,20 +61,20 @@ pub fn bind(path: &Path) -> Result<(UnixListener, Option<SocketId>), BackendErro
         Err(e) if e.kind() == ErrorKind::AddrInUse => {
             let there = std::fs::symlink_metadata(path).map_err(err)?.file_type();
             if !there.is_socket() {
-                return Err(BackendError::NotASocket {
+                return Err(SocketPathError::NotASocket {
                     path: name(),
                     what: describe(there),
                 });
             }
             match connect_nonblocking(path) {
                 // A full queue (EAGAIN) is a live listener too.
-                Ok(_) => return Err(BackendError::InUse { path: name() }),
+                Ok(_) => return Err(SocketPathError::InUse { path: name() }),
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                    return Err(BackendError::InUse { path: name() })
+                    return Err(SocketPathError::InUse { path: name() })
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {}
                 Err(source) => {
-                    return Err(BackendError::Unprobed {
+                    return Err(SocketPathError::Unprobed {
                         path: name(),
                         source,
                     })
@@ -74,6 +96,49 @@ pub fn remove_if_bound(path: &Path, bound: Option<SocketId>) {
     if bound.is_some() && socket_id(path).ok().flatten() == bound {
         let _ = std::fs::remove_file(path);
     }
+}
+
+/// Connects to the unix listener `path` without blocking: a listener
+/// whose queue is full refuses (EAGAIN) rather than stalling the device.
+pub(super) fn connect_nonblocking(path: &Path) -> std::io::Result<UnixStream> {
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    addr.sun_family = const { narrow::sa_family_of(libc::AF_UNIX) };
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = libc::c_char::from_ne_bytes([*src]);
+    }
+    // SAFETY: integer arguments; the fd is owned right below.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // The path is NUL-terminated (zeroed tail); the length is the struct's.
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_un>())
+        .unwrap_or(libc::socklen_t::MAX);
+    // SAFETY: `addr` is a valid sockaddr_un for the call's duration.
+    let rc = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            std::ptr::addr_of!(addr).cast::<libc::sockaddr>(),
+            len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(UnixStream::from(fd))
 }
 
 #[cfg(test)]
