@@ -6,7 +6,7 @@
 //!
 //! One emulated host starts Kata runtime-rs's default sandbox
 //! (`static_sandbox_resource_mgmt = true`) [`ROUNDS`] times per VMM, in
-//! the order ours, CH, CH, ours, ours, CH — so drift over the emulated
+//! the order ours, CH, CH, ours, ours, CH, CH, … — so drift over the emulated
 //! host's life shows rather than passing for a difference between the
 //! VMMs. Each start is runtime-rs's, byte for byte
 //! (`daxprobe kata-rs-replay`, `guest_tests::kata::rs`): the daemon on
@@ -49,7 +49,7 @@ use guest_tests::rig::{self, Guest, ImageFile, Run};
 const BASELINE_VMM_ENV: &str = "BASELINE_VMM";
 const BASELINE_VIRTIOFSD_ENV: &str = "BASELINE_VIRTIOFSD";
 /// Sandbox starts per VMM.
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 /// The sandbox's memory (runtime-rs's default is 2048; the emulated host has 3072).
 const SANDBOX_MIB: u64 = 512;
 /// What the replay takes for the host's RAM (MemoryConfig's hotplug_size).
@@ -94,6 +94,10 @@ mount -t virtiofs -o nodev kataShared $S; echo "@@GUEST share_mount=$?"
 echo "@@GUEST share_mounted=$(up)"
 echo "@@GUEST share_file=$(cat $S/small.txt)"
 echo "@@GUEST share_done=1"
+# For the log only (after every measured step): where the kernel's boot went.
+dmesg | sed 's/^/@@DMESG /'
+grep -i 'pci\|virtio' /proc/iomem | sed 's/^/@@IOMEM /'
+echo "@@GUEST dmesg_done=1"
 sleep 600
 "#;
 
@@ -137,8 +141,11 @@ start() {
     i=0; while kill -0 $VMM 2>/dev/null && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
     kill -0 $VMM 2>/dev/null && { echo "@@HOST ${label}_vmm_left=1"; kill -9 $VMM; }
     wait $VMM; echo "@@HOST ${label}_vmm_exit=$?"
+    # The daemon ends once its VMM is gone (runtime-rs would SIGKILL it).
+    i=0; while kill -0 $DAEMON 2>/dev/null && [ $i -lt 20 ]; do sleep 0.1; i=$((i+1)); done
     kill -0 $DAEMON 2>/dev/null && echo "@@HOST ${label}_daemon_left=1"; kill -9 $DAEMON 2>/dev/null; wait $DAEMON 2>/dev/null
     grep -a '@@GUEST' serial-$label.log | sed "s/.*@@GUEST /@@GUEST ${label}_/"
+    grep -a '@@DMESG\|@@IOMEM' serial-$label.log | sed "s/^\(@@[A-Z]*\) /\1 ${label} /"
     grep -a -i 'error' $label-vmm.out | head -3 | sed "s/^/@@HOST ${label}_vmm_said=/"
     grep -a -i 'error\|panic' $label-daemon.log | head -3 | sed "s/^/@@HOST ${label}_daemon_said=/"
     umount $share/ro; rm -rf $dir $share
@@ -234,6 +241,7 @@ fn replay_script(label: &str) -> String {
          {label}_boot boot\n\
          {label}_agent agent {vsock} {port} {EXCHANGE_BYTES} {GUEST_SECS}\n\
          {label}_share wait /work/serial-{label}.log share_done=1 {GUEST_SECS}\n\
+         {label}_dmesg wait /work/serial-{label}.log dmesg_done=1 60\n\
          {label}_end shutdown\n",
         vsock = s.vsock_socket(),
         port = rs::AGENT_PORT,
@@ -261,7 +269,7 @@ fn root_disk(daxprobe: &Path) -> Vec<u8> {
     let daxprobe = std::fs::read(daxprobe).unwrap_or_else(|e| fail(format!("daxprobe: {e}")));
     let agent = AGENT.replace("EXCHANGE_BYTES", &EXCHANGE_BYTES.to_string());
     let applets = [
-        "sh", "cat", "cut", "grep", "ls", "mkdir", "mount", "sleep", "kill",
+        "sh", "cat", "cut", "grep", "ls", "mkdir", "mount", "sleep", "kill", "dmesg", "sed",
     ];
     let links: Vec<String> = applets.iter().map(|a| format!("bin/{a}")).collect();
     let mut entries = vec![
@@ -630,9 +638,9 @@ mod tests {
         let labels = |c| order(c).into_iter().map(|(l, _)| l).collect::<Vec<_>>();
         assert_eq!(
             labels(true),
-            ["ours1", "ch1", "ch2", "ours2", "ours3", "ch3"]
+            ["ours1", "ch1", "ch2", "ours2", "ours3", "ch3", "ch4", "ours4", "ours5", "ch5"]
         );
-        assert_eq!(labels(false), ["ours1", "ours2", "ours3"]);
+        assert_eq!(labels(false), ["ours1", "ours2", "ours3", "ours4", "ours5"]);
         assert!(order(true).iter().all(|(l, s)| l.starts_with(s.name)));
     }
 
@@ -652,7 +660,7 @@ mod tests {
             .collect();
         assert_eq!(
             calls,
-            ["ping", "create", "add-net", "boot", "agent", "wait", "shutdown"]
+            ["ping", "create", "add-net", "boot", "agent", "wait", "wait", "shutdown"]
         );
         assert!(script.contains("agent /run/kata/kbench-ch2/ch-vm.sock 1024 4096 "));
         let line = start_line("ch2", &CH);
