@@ -48,6 +48,10 @@ use guest_tests::rig::{self, Guest, ImageFile, Run};
 /// The Cloud Hypervisor and virtiofsd binaries to compare with.
 const BASELINE_VMM_ENV: &str = "BASELINE_VMM";
 const BASELINE_VIRTIOFSD_ENV: &str = "BASELINE_VIRTIOFSD";
+/// Words added to our daemon's command line only, as runtime-rs's
+/// `virtio_fs_extra_args` would add them (e.g. `--cache-size=64M`, to see
+/// what the DAX window's size costs the start).
+const OURS_EXTRA_ARGS_ENV: &str = "KATA_START_OURS_DAEMON_ARGS";
 /// Sandbox starts per VMM.
 const ROUNDS: usize = 5;
 /// The sandbox's memory (runtime-rs's default is 2048; the emulated host has 3072).
@@ -248,17 +252,21 @@ fn replay_script(label: &str) -> String {
     )
 }
 
-/// The shell line that runs one start.
-fn start_line(label: &str, side: &Side) -> String {
+/// The shell line that runs one start; `extra` goes to our daemon only.
+fn start_line(label: &str, side: &Side, extra: &[String]) -> String {
     let s = sandbox(label);
     let share = s.shared_dir();
     let share_root = share.trim_end_matches("/ro");
+    let mut args = s.virtiofsd_args();
+    if side.name == OURS.name {
+        args.extend(extra.iter().cloned());
+    }
     format!(
         "start {label} {} {} {} {share_root} {}\n",
         side.vmm,
         side.daemon,
         s.dir(),
-        s.virtiofsd_args().join(" ")
+        args.join(" ")
     )
 }
 
@@ -339,6 +347,19 @@ fn main() {
         )),
     };
     let starts = order(compare);
+    let extra: Vec<String> = std::env::var(OURS_EXTRA_ARGS_ENV)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    if extra
+        .iter()
+        .any(|w| !w.starts_with('-') || w.contains(['\'', '"', ';', '$', '`']))
+    {
+        fail(format!(
+            "{OURS_EXTRA_ARGS_ENV}: options only, no shell characters"
+        ));
+    }
     let daxprobe = rig::tool("guest-tests", "daxprobe").unwrap_or_else(|e| fail(e));
     let daemon = rig::tool("daemon", "dax-virtiofsd").unwrap_or_else(|e| fail(e));
     let mut guest = Guest::new("bench-kata-start", GUEST_SCRIPT);
@@ -377,7 +398,7 @@ fn main() {
             perm: 0o644,
             data: replay_script(label).into_bytes(),
         });
-        lines.push_str(&start_line(label, side));
+        lines.push_str(&start_line(label, side, &extra));
     }
     let bench = BENCH_SCRIPT
         .replace("READY_LINE", rs::DAEMON_READY_LINE)
@@ -397,7 +418,10 @@ fn main() {
         .as_deref()
         .zip(virtiofsd.as_deref())
         .map(|(c, v)| (version(c), version(v)));
-    let (results, tables, failed) = report(&run, &starts, versions);
+    let (mut results, tables, failed) = report(&run, &starts, versions);
+    if !extra.is_empty() {
+        results.record("our daemon's extra arguments", extra.join(" "));
+    }
     if let Err(e) = results.finish_bench(&tables, failed, &run) {
         fail(e);
     }
@@ -663,7 +687,15 @@ mod tests {
             ["ping", "create", "add-net", "boot", "agent", "wait", "wait", "shutdown"]
         );
         assert!(script.contains("agent /run/kata/kbench-ch2/ch-vm.sock 1024 4096 "));
-        let line = start_line("ch2", &CH);
+        let extra = ["--cache-size=64M".to_string()];
+        let line = start_line("ch2", &CH, &extra);
+        assert!(!line.contains("cache-size"), "{line}");
+        let ours = start_line("ours1", &OURS, &extra);
+        assert!(
+            ours.trim_end()
+                .ends_with("announce_submounts --cache-size=64M"),
+            "{ours}"
+        );
         assert!(line.starts_with(
             "start ch2 /work/baseline/cloud-hypervisor /work/baseline/virtiofsd /run/kata/kbench-ch2 \
              /run/kata-containers/shared/sandboxes/kbench-ch2 --socket-path /run/kata/kbench-ch2/root/virtiofsd.sock"
