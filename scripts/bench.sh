@@ -21,7 +21,9 @@
 #                        with BASELINE_VMM=/path/to/cloud-hypervisor and
 #                        BASELINE_VIRTIOFSD=/path/to/virtiofsd (both static), under
 #                        Cloud Hypervisor and virtiofsd, alternating
-#                        (target/rig-results/kata-start-bench.md)
+#                        (target/rig-results/kata-start-bench.md);
+#                        KATA_START_OURS_DAEMON_ARGS='--cache-size=64M' adds
+#                        words to our daemon's command line only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
