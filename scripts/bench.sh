@@ -16,6 +16,14 @@
 #                        the same guest under our VMM and, with
 #                        BASELINE_VMM=/path/to/cloud-hypervisor, under Cloud
 #                        Hypervisor, alternating (target/rig-results/devices-bench.md)
+#   bench.sh kata-start  Kata runtime-rs's sandbox start, vm.create to the agent's
+#                        answer, with where it goes, under our VMM and daemon and,
+#                        with BASELINE_VMM=/path/to/cloud-hypervisor and
+#                        BASELINE_VIRTIOFSD=/path/to/virtiofsd (both static), under
+#                        Cloud Hypervisor and virtiofsd, alternating
+#                        (target/rig-results/kata-start-bench.md);
+#                        KATA_START_OURS_DAEMON_ARGS='--cache-size=64M' adds
+#                        words to our daemon's command line only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,5 +40,6 @@ case "${1:-}" in
         exec cargo run --release --locked -q -p guest-tests --bin bench-devices ;;
     density | windowcost) exec cargo run --release --locked -q -p guest-tests --bin bench-density -- "$1" ;;
     roundtrip) exec cargo run --release --locked -q -p guest-tests --bin bench-roundtrip ;;
+    kata-start) exec cargo run --release --locked -q -p guest-tests --bin bench-kata-start ;;
 esac
 exec cargo run --release --locked -q -p guest-tests --bin bench-virtiofs -- "$@"
