@@ -497,5 +497,43 @@ fn field_u64(obj: &Value, key: &str, at: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("vm.info has no {at}.{key} (got {})", obj[key]))
 }
 
+/// A stand-in agent's read-only root image, as both runtimes' sandboxes
+/// boot it: busybox with `applets` linked to it, daxprobe, the agent's
+/// script as `/agent.sh`, and the mount points; one ext4 partition of
+/// 64 MiB named `name`.
+pub fn agent_root_disk(
+    name: &str,
+    busybox: &[u8],
+    daxprobe: &[u8],
+    agent: &str,
+    applets: &[&str],
+) -> Vec<u8> {
+    use crate::images::{self, Entry};
+    let links: Vec<String> = applets.iter().map(|a| format!("bin/{a}")).collect();
+    let mut entries = vec![
+        Entry::File {
+            path: "bin/busybox",
+            mode: 0o755,
+            data: busybox,
+        },
+        Entry::File {
+            path: "bin/daxprobe",
+            mode: 0o755,
+            data: daxprobe,
+        },
+        Entry::File {
+            path: "agent.sh",
+            mode: 0o755,
+            data: agent.as_bytes(),
+        },
+    ];
+    entries.extend(links.iter().map(|path| Entry::Symlink {
+        path,
+        target: "busybox",
+    }));
+    entries.extend(["proc", "sys", "dev", "run", "tmp"].map(Entry::Dir));
+    images::mbr_disk(&images::ext4_tree(name, 64 << 20, &entries))
+}
+
 #[cfg(test)]
 mod tests;

@@ -42,7 +42,7 @@
 use std::time::Duration;
 
 use guest_tests::host::static_busybox;
-use guest_tests::images::{self, Entry};
+use guest_tests::images;
 use guest_tests::kata::{self, RootAsset, Sandbox};
 use guest_tests::results::Results;
 use guest_tests::rig::{self, Guest, ImageFile};
@@ -181,30 +181,7 @@ fn root_disk() -> Vec<u8> {
         "sh", "cat", "cut", "grep", "sed", "ls", "mkdir", "mount", "touch", "ping", "ip", "md5sum",
         "sleep", "kill", "tail", "head", "tr",
     ];
-    let links: Vec<String> = applets.iter().map(|a| format!("bin/{a}")).collect();
-    let mut entries = vec![
-        Entry::File {
-            path: "bin/busybox",
-            mode: 0o755,
-            data: &busybox,
-        },
-        Entry::File {
-            path: "bin/daxprobe",
-            mode: 0o755,
-            data: &daxprobe,
-        },
-        Entry::File {
-            path: "agent.sh",
-            mode: 0o755,
-            data: AGENT.as_bytes(),
-        },
-    ];
-    entries.extend(links.iter().map(|path| Entry::Symlink {
-        path,
-        target: "busybox",
-    }));
-    entries.extend(["proc", "sys", "dev", "run", "tmp"].map(Entry::Dir));
-    images::mbr_disk(&images::ext4_tree("kata-root", 64 * MIB, &entries))
+    kata::agent_root_disk("kata-root", &busybox, &daxprobe, AGENT, &applets)
 }
 
 #[test]

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use guest_tests::host::static_busybox;
-use guest_tests::images::{self, Entry};
+use guest_tests::images;
 use guest_tests::kata::api_client::call;
 use guest_tests::kata::rs::json::Json;
 use guest_tests::kata::rs::{self, info, RsSandbox};
@@ -313,30 +313,7 @@ fn root_disk() -> Vec<u8> {
         "sh", "cat", "cut", "grep", "sed", "ls", "mkdir", "mount", "touch", "ping", "ip", "md5sum",
         "sleep", "kill", "tail", "head", "tr",
     ];
-    let links: Vec<String> = applets.iter().map(|a| format!("bin/{a}")).collect();
-    let mut entries = vec![
-        Entry::File {
-            path: "bin/busybox",
-            mode: 0o755,
-            data: &busybox,
-        },
-        Entry::File {
-            path: "bin/daxprobe",
-            mode: 0o755,
-            data: &daxprobe,
-        },
-        Entry::File {
-            path: "agent.sh",
-            mode: 0o755,
-            data: AGENT.as_bytes(),
-        },
-    ];
-    entries.extend(links.iter().map(|path| Entry::Symlink {
-        path,
-        target: "busybox",
-    }));
-    entries.extend(["proc", "sys", "dev", "run", "tmp"].map(Entry::Dir));
-    images::mbr_disk(&images::ext4_tree("kata-root", 64 << 20, &entries))
+    guest_tests::kata::agent_root_disk("kata-root", &busybox, &daxprobe, AGENT, &applets)
 }
 
 /// The host side: the static sandbox's VMM is the rig's (started with only

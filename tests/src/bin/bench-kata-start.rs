@@ -39,7 +39,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use guest_tests::host::{is_static_elf, static_busybox};
-use guest_tests::images::{self, Entry};
 use guest_tests::kata::rs::json::Json;
 use guest_tests::kata::rs::{self, RsSandbox};
 use guest_tests::results::Results;
@@ -281,30 +280,7 @@ fn root_disk(daxprobe: &Path) -> Vec<u8> {
     let applets = [
         "sh", "cat", "cut", "grep", "ls", "mkdir", "mount", "sleep", "kill", "dmesg", "sed",
     ];
-    let links: Vec<String> = applets.iter().map(|a| format!("bin/{a}")).collect();
-    let mut entries = vec![
-        Entry::File {
-            path: "bin/busybox",
-            mode: 0o755,
-            data: &busybox,
-        },
-        Entry::File {
-            path: "bin/daxprobe",
-            mode: 0o755,
-            data: &daxprobe,
-        },
-        Entry::File {
-            path: "agent.sh",
-            mode: 0o755,
-            data: agent.as_bytes(),
-        },
-    ];
-    entries.extend(links.iter().map(|path| Entry::Symlink {
-        path,
-        target: "busybox",
-    }));
-    entries.extend(["proc", "sys", "dev", "run", "tmp"].map(Entry::Dir));
-    images::mbr_disk(&images::ext4_tree("kata-start-root", 64 << 20, &entries))
+    guest_tests::kata::agent_root_disk("kata-start-root", &busybox, &daxprobe, &agent, &applets)
 }
 
 /// A baseline binary from `env`, which must be static (the emulated host
