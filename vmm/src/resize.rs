@@ -9,7 +9,7 @@
 //! - while a removed vCPU still waits for the guest to eject it: 429, as
 //!   Cloud Hypervisor answers (`VcpuPendingRemovedVcpu`); Kata retries;
 //! - `desired_ram` on a booted VM grows RAM by ACPI memory hot-plug
-//!   ([`crate::ram_hotplug`]); a size at or below the current one changes
+//!   ([`crate::memory::hotplug`]); a size at or below the current one changes
 //!   nothing (ACPI memory is never unplugged); `memory.size` then reports
 //!   what the guest has;
 //! - before boot both only set the configuration (Cloud Hypervisor does the
@@ -22,9 +22,9 @@ use api::{ApiError, VmmReply, VmmResult};
 use serde_json::Value;
 
 use crate::config::{MemoryConfig, VmConfig};
-use crate::devices::cpu_hotplug::ResizeError;
-use crate::ram_hotplug::RamResizeError;
-use crate::vcpu_hotplug::VcpuHotplugError;
+use crate::memory::hotplug::RamResizeError;
+use crate::vcpu::hotplug::VcpuHotplugError;
+use crate::vcpu::hotplug_controller::ResizeError;
 use crate::vm::Vm;
 
 const ENDPOINT: &str = "vm.resize";

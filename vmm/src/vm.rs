@@ -12,21 +12,22 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::terminal::Terminal;
 
 use crate::arch::x86_64::{acpi::AcpiTables, boot, layout};
+use crate::bus::Bus;
 use crate::config::{
     DiskConfig, FsConfig, NetConfig, PmemConfig, SerialMode, VmConfig, VsockConfig,
 };
 use crate::device_manager::{
     DeviceManager, DeviceManagerError, FsDeviceInfo, ObserverFactory, PciDeviceInfo,
 };
-use crate::devices::{acpi_pm, ged, i8042, pvpanic, serial, Bus};
 use crate::exit::{ExitHandle, VmExit};
 use crate::kvm_stats::{KvmStatsFile, VmKvmStats};
+use crate::legacy::{acpi_pm, ged, i8042, pvpanic, serial};
+use crate::memory::hotplug::{HotplugRam, RamResizeError};
+use crate::memory::prefault::KvmPrefaulter;
 use crate::memory::{self, GuestMemoryMmap};
-use crate::prefault::KvmPrefaulter;
-use crate::ram_hotplug::{HotplugRam, RamResizeError};
 use crate::signals::StopSignals;
+use crate::vcpu::hotplug::{VcpuHotplug, VcpuHotplugError, VcpuWiring};
 use crate::vcpu::{RunningVcpus, Vcpu, VcpuSetup};
-use crate::vcpu_hotplug::{VcpuHotplug, VcpuHotplugError, VcpuWiring};
 use api::KvmCounters;
 
 #[derive(Debug, thiserror::Error)]
@@ -58,14 +59,14 @@ pub enum VmError {
     #[error("device setup: {device}: {source}")]
     PlatformPorts {
         device: &'static str,
-        source: crate::devices::bus::BusError,
+        source: crate::bus::BusError,
     },
     #[error("device setup: writing the reset stub: {0}")]
     ResetStub(#[source] vm_memory::GuestMemoryError),
     #[error(transparent)]
     Device(#[from] DeviceManagerError),
     #[error(transparent)]
-    VcpuHotplug(#[from] crate::vcpu_hotplug::VcpuHotplugError),
+    VcpuHotplug(#[from] crate::vcpu::hotplug::VcpuHotplugError),
     #[error("cpus.max_vcpus={max} is above what this host's KVM allows ({limit} vCPUs per VM)")]
     TooManyVcpus { max: u32, limit: u32 },
     #[error("{0}")]
@@ -189,7 +190,7 @@ fn add_platform_devices(
 /// configuration has `hotplug_size`) and its DSDT part (always: the GED
 /// calls its `MSCN`).
 fn add_memory_hotplug(ram: &HotplugRam, pio: &Bus, aml: &mut Vec<u8>) -> Result<(), VmError> {
-    use crate::devices::memory_hotplug::{
+    use crate::memory::hotplug_controller::{
         MemoryHotplug, MEMORY_HOTPLUG_PORT, MEMORY_HOTPLUG_PORT_COUNT,
     };
     let controller = ram.controller();
@@ -328,7 +329,7 @@ impl Vm {
         )?;
         devices.add_boot_devices(config, observe)?;
         devices.append_aml(&mut device_aml);
-        let cpu_state = crate::vcpu_hotplug::install(&config.cpus, &pio, &mut device_aml)?;
+        let cpu_state = crate::vcpu::hotplug::install(&config.cpus, &pio, &mut device_aml)?;
         let entry = load_payload(&mem, config, &device_aml)?;
 
         let base_cpuid = kvm_setup(
@@ -454,7 +455,7 @@ impl Vm {
     }
 
     /// Where each virtio-PCI device is, by id.
-    pub fn pci_addresses(&self) -> Vec<(String, crate::devices::virtio_pci::PciAddress)> {
+    pub fn pci_addresses(&self) -> Vec<(String, crate::device_manager::virtio_pci::PciAddress)> {
         self.devices.pci_addresses()
     }
 

@@ -118,7 +118,7 @@ fn the_memory_hotplug_controller_is_on_the_bus_only_with_hotplug_size() {
         hotplug_size,
         ..MemoryConfig::default()
     };
-    let port = u64::from(crate::devices::memory_hotplug::MEMORY_HOTPLUG_PORT);
+    let port = u64::from(crate::memory::hotplug_controller::MEMORY_HOTPLUG_PORT);
     let pio = Bus::new();
     let mut aml = Vec::new();
     add_memory_hotplug(&HotplugRam::new(&memory(None)), &pio, &mut aml).expect("no controller");

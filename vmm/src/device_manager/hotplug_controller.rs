@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use acpi_tables::{aml, Aml};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::BusDevice;
+use crate::bus::BusDevice;
 
 pub const PCI_HOTPLUG_PORT: u16 = 0xae00;
 pub const PCI_HOTPLUG_PORT_COUNT: u64 = 16;

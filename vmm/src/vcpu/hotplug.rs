@@ -1,7 +1,7 @@
 //! `vm.resize` of the vCPUs: starting hot-added vCPUs (or waking the
 //! parked thread of one ejected before: KVM cannot destroy a vCPU), asking
 //! the guest to eject removed ones, and parking them once it has. The
-//! guest's side is `devices::cpu_hotplug`; this runs on the VMM's control
+//! guest's side is `vcpu::hotplug_controller`; this runs on the VMM's control
 //! thread, never on a vCPU.
 
 use std::sync::Arc;
@@ -9,15 +9,15 @@ use std::sync::Arc;
 use kvm_bindings::CpuId;
 use kvm_ioctls::VmFd;
 
+use crate::bus::Bus;
+use crate::bus::BusError;
 use crate::config::CpusConfig;
-use crate::devices::bus::BusError;
-use crate::devices::cpu_hotplug::{
+use crate::exit::ExitHandle;
+use crate::legacy::ged::{GedHandle, EVENT_CPU_HOTPLUG};
+use crate::memory::GuestMemoryMmap;
+use crate::vcpu::hotplug_controller::{
     CpuHotplug, CpuHotplugState, ResizeError, ResizePlan, CPU_HOTPLUG_PORT, CPU_HOTPLUG_PORT_COUNT,
 };
-use crate::devices::ged::{GedHandle, EVENT_CPU_HOTPLUG};
-use crate::devices::Bus;
-use crate::exit::ExitHandle;
-use crate::memory::GuestMemoryMmap;
 use crate::vcpu::{RunningVcpus, Vcpu, VcpuError, VcpuSetup};
 
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +63,7 @@ pub fn install(
         u64::from(CPU_HOTPLUG_PORT),
         CPU_HOTPLUG_PORT_COUNT,
     )?;
-    crate::devices::cpu_hotplug::append_aml(cpus, aml);
+    crate::vcpu::hotplug_controller::append_aml(cpus, aml);
     Ok(state)
 }
 

@@ -9,12 +9,15 @@
 //! - the new region is mapped, given to KVM and to every device (the
 //!   `GuestMemoryAtomic` they share, and each vhost-user daemon's memory
 //!   table), and only then announced to the guest.
+//!
+//! This runs on the VMM's control thread; the guest's side is
+//! [`super::hotplug_controller`].
 
 use std::sync::{Arc, Mutex};
 
 use crate::arch::x86_64::layout::{hotplug_memory_start, HOTPLUG_MEMORY_ALIGN};
 use crate::config::MemoryConfig;
-use crate::devices::memory_hotplug::{MemoryHotplug, NoFreeSlot};
+use crate::memory::hotplug_controller::{MemoryHotplug, NoFreeSlot};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RamResizeError {
@@ -211,7 +214,7 @@ mod tests {
     #[test]
     fn slots_run_out() {
         let mut r = ram(512 * MIB, Some(64 << 30));
-        let slots = crate::devices::memory_hotplug::MEMORY_SLOTS;
+        let slots = crate::memory::hotplug_controller::MEMORY_SLOTS;
         for _ in 0..slots {
             let (base, size) = r.plan(r.current() + 128 * MIB).unwrap().unwrap();
             r.commit(base, size).unwrap();

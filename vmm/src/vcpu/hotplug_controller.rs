@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex};
 use acpi_tables::{aml, Aml};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::BusDevice;
 use crate::arch::x86_64::acpi::{local_apic_entry, LAPIC_ENABLED};
+use crate::bus::BusDevice;
 use crate::config::CpusConfig;
 
 /// QEMU's CPU hot-plug port; free on this platform's I/O bus.
@@ -507,5 +507,5 @@ impl Aml for CpuDevice {
 }
 
 #[cfg(test)]
-#[path = "cpu_hotplug_tests.rs"]
+#[path = "hotplug_controller_tests.rs"]
 mod tests;

@@ -6,7 +6,7 @@
 //!   `_STA` and `_CRS` ask the controller's registers about that slot;
 //! - to add RAM the VMM maps it, gives it to KVM and the devices, fills a
 //!   free slot with its range and marks it "inserting", then raises the
-//!   GED interrupt with [`super::ged::EVENT_MEMORY_HOTPLUG`]; the GED's
+//!   GED interrupt with [`crate::legacy::ged::EVENT_MEMORY_HOTPLUG`]; the GED's
 //!   `_EVT` calls `MSCN`, which notifies each inserting slot with "device
 //!   check" and acknowledges it; Linux then evaluates `_CRS`, adds the range
 //!   and (with the usual auto-online policy) onlines its memory blocks.
@@ -22,7 +22,7 @@
 
 use acpi_tables::{aml, Aml};
 
-use super::BusDevice;
+use crate::bus::BusDevice;
 
 pub const MEMORY_HOTPLUG_PORT: u16 = 0xa00;
 pub const MEMORY_HOTPLUG_PORT_COUNT: u64 = 24;
@@ -372,5 +372,5 @@ impl BusDevice for MemoryHotplug {
 }
 
 #[cfg(test)]
-#[path = "memory_hotplug_tests.rs"]
+#[path = "hotplug_controller_tests.rs"]
 mod tests;
