@@ -22,7 +22,7 @@ use crate::device_manager::{
 use crate::exit::{ExitHandle, VmExit};
 use crate::kvm_stats::{KvmStatsFile, VmKvmStats};
 use crate::legacy::{acpi_pm, ged, i8042, pvpanic, serial};
-use crate::memory::hotplug::{HotplugRam, RamResizeError};
+use crate::memory::hotplug::{RamHotplug, RamHotplugError};
 use crate::memory::prefault::KvmPrefaulter;
 use crate::memory::{self, GuestMemoryMmap};
 use crate::signals::StopSignals;
@@ -189,9 +189,9 @@ fn add_platform_devices(
 /// The ACPI memory hot-plug controller on the I/O bus (when the
 /// configuration has `hotplug_size`) and its DSDT part (always: the GED
 /// calls its `MSCN`).
-fn add_memory_hotplug(ram: &HotplugRam, pio: &Bus, aml: &mut Vec<u8>) -> Result<(), VmError> {
+fn add_memory_hotplug(ram: &RamHotplug, pio: &Bus, aml: &mut Vec<u8>) -> Result<(), VmError> {
     use crate::memory::hotplug_controller::{
-        MemoryHotplug, MEMORY_HOTPLUG_PORT, MEMORY_HOTPLUG_PORT_COUNT,
+        MemoryHotplugController, MEMORY_HOTPLUG_PORT, MEMORY_HOTPLUG_PORT_COUNT,
     };
     let controller = ram.controller();
     if let Some(c) = &controller {
@@ -205,7 +205,7 @@ fn add_memory_hotplug(ram: &HotplugRam, pio: &Bus, aml: &mut Vec<u8>) -> Result<
             source,
         })?;
     }
-    MemoryHotplug::append_aml(controller.is_some(), aml);
+    MemoryHotplugController::append_aml(controller.is_some(), aml);
     Ok(())
 }
 
@@ -296,7 +296,7 @@ pub struct Vm {
     /// has no binary statistics).
     kvm_stats: Option<VmKvmStats>,
     /// RAM added by `vm.resize`, and what may still be.
-    ram: HotplugRam,
+    ram: RamHotplug,
     /// `vm.resize` of the vCPUs.
     vcpu_hotplug: VcpuHotplug,
 }
@@ -314,7 +314,7 @@ impl Vm {
         let pio = Arc::new(Bus::new());
         let mmio = Arc::new(Bus::new());
         let (serial_dev, ged, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
-        let ram = HotplugRam::new(&config.memory);
+        let ram = RamHotplug::new(&config.memory);
         add_memory_hotplug(&ram, &pio, &mut device_aml)?;
         let guest_mem = GuestMemoryAtomic::new(mem.clone());
         let mut devices = DeviceManager::new(
@@ -512,11 +512,11 @@ impl Vm {
     /// `vm.resize`'s `desired_ram`: grows guest RAM to `desired` bytes by
     /// adding a region and announcing it (ACPI memory hot-plug); a size at
     /// or below the current one changes nothing. Returns guest RAM after.
-    pub fn resize_memory(&mut self, desired: u64) -> Result<u64, RamResizeError> {
+    pub fn resize_memory(&mut self, desired: u64) -> Result<u64, RamHotplugError> {
         let Some((base, size)) = self.ram.plan(desired)? else {
             return Ok(self.ram.current());
         };
-        let failed = |e: &dyn std::fmt::Display| RamResizeError::Failed(e.to_string());
+        let failed = |e: &dyn std::fmt::Display| RamHotplugError::Failed(e.to_string());
         let region = memory::create_hotplug_region(self.ram.boot_config(), base, size)
             .map_err(|e| failed(&e))?;
         self.devices

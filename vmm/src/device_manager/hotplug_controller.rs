@@ -82,7 +82,7 @@ impl EjectRequests {
 }
 
 /// The register block on the I/O bus.
-pub struct PciHotplug {
+pub struct PciHotplugController {
     /// Per segment: slots to announce as added, and as to be removed.
     up: Vec<u32>,
     down: Vec<u32>,
@@ -91,11 +91,11 @@ pub struct PciHotplug {
     ejects: Arc<EjectRequests>,
 }
 
-impl PciHotplug {
+impl PciHotplugController {
     /// The controller of `segments` PCI segments (at least one).
     pub fn new(segments: u16) -> std::io::Result<Self> {
         let n = usize::from(segments.max(1));
-        Ok(PciHotplug {
+        Ok(PciHotplugController {
             up: vec![0; n],
             down: vec![0; n],
             selected: 0,
@@ -284,7 +284,7 @@ pub fn slot_aml(sink: &mut Vec<u8>, segment: u16) {
     .to_aml_bytes(sink);
 }
 
-impl BusDevice for PciHotplug {
+impl BusDevice for PciHotplugController {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         let s = self.selected as usize;
         let value = match offset {
@@ -316,7 +316,7 @@ impl BusDevice for PciHotplug {
     }
 }
 
-impl PciHotplug {
+impl PciHotplugController {
     /// `B0EJ`: the guest let go of the slots in `bits` of the selected segment.
     fn eject(&mut self, bits: u32) {
         let slots = bits & SLOT_MASK;
@@ -343,19 +343,19 @@ impl PciHotplug {
 mod tests {
     use super::*;
 
-    fn r32(dev: &mut PciHotplug, offset: u64) -> u32 {
+    fn r32(dev: &mut PciHotplugController, offset: u64) -> u32 {
         let mut b = [0u8; 4];
         dev.read(offset, &mut b);
         u32::from_le_bytes(b)
     }
 
-    fn w32(dev: &mut PciHotplug, offset: u64, v: u32) {
+    fn w32(dev: &mut PciHotplugController, offset: u64, v: u32) {
         dev.write(offset, &v.to_le_bytes());
     }
 
     #[test]
     fn up_and_down_are_read_once_and_ejects_reach_the_control_thread() {
-        let mut dev = PciHotplug::new(1).unwrap();
+        let mut dev = PciHotplugController::new(1).unwrap();
         let ejects = dev.eject_requests();
         dev.announce_add(0, 3);
         dev.announce_add(0, 5);
@@ -378,7 +378,7 @@ mod tests {
 
     #[test]
     fn each_segment_keeps_its_own_slot_bits() {
-        let mut dev = PciHotplug::new(3).unwrap();
+        let mut dev = PciHotplugController::new(3).unwrap();
         let ejects = dev.eject_requests();
         dev.announce_add(0, 2);
         dev.announce_add(1, 2);
@@ -414,7 +414,7 @@ mod tests {
     #[test]
     fn aml_describes_every_slot_and_the_scan_methods() {
         let mut sink = Vec::new();
-        PciHotplug::append_aml(&mut sink, 1);
+        PciHotplugController::append_aml(&mut sink, 1);
         slot_aml(&mut sink, 0);
         for name in [
             &b"PHPR"[..],
@@ -439,7 +439,7 @@ mod tests {
     #[test]
     fn the_scan_visits_every_segments_bridge() {
         let mut sink = Vec::new();
-        PciHotplug::append_aml(&mut sink, 3);
+        PciHotplugController::append_aml(&mut sink, 3);
         for name in [&b"PCI0PCNT"[..], b"PC01PCNT", b"PC02PCNT"] {
             assert!(has(&sink, name), "{}", String::from_utf8_lossy(name));
         }

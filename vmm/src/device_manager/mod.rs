@@ -9,7 +9,7 @@
 //!
 //! A hot-plugged device goes through:
 //! `add_fs`/`add_pmem`/`add_disk`/`add_net` → [`PciDeviceManager::add`] (slot, BARs, memory slot,
-//! ioeventfds) → [`PciHotplug::announce_add`] + GED interrupt → the guest's
+//! ioeventfds) → [`PciHotplugController::announce_add`] + GED interrupt → the guest's
 //! `acpiphp` scans the slot and binds the driver. A removal:
 //! [`DeviceManager::request_removal`] → `PCID` bit + GED interrupt → the
 //! guest unbinds and calls `_EJ0` → [`EjectRequests`] wakes the control
@@ -51,7 +51,7 @@ use crate::device_manager::activator::DeviceActivator;
 use crate::device_manager::address_space::{
     AddressError, AddressSpace, Area, MemorySlot, SlotError, SlotNumbers,
 };
-use crate::device_manager::hotplug_controller::{EjectRequests, PciHotplug};
+use crate::device_manager::hotplug_controller::{EjectRequests, PciHotplugController};
 use crate::device_manager::virtio_mmio::{MmioDeviceManager, VirtioMmioError};
 use crate::device_manager::virtio_pci::{
     PciAddress, PciDeviceManager, ShmBacking, VirtioPciSetupError,
@@ -203,7 +203,7 @@ pub struct DeviceManager {
     slots: Arc<Mutex<SlotNumbers>>,
     mmio_devices: MmioDeviceManager,
     pci: PciDeviceManager,
-    hotplug: Arc<Mutex<PciHotplug>>,
+    hotplug: Arc<Mutex<PciHotplugController>>,
     ejects: Arc<EjectRequests>,
     ged: GedHandle,
     fs: Vec<FsDeviceInfo>,
@@ -254,8 +254,8 @@ impl DeviceManager {
             activator.activator(),
         )
         .map_err(DeviceManagerError::PciSegments)?;
-        let hotplug =
-            PciHotplug::new(pci_segments).map_err(DeviceManagerError::HotplugController)?;
+        let hotplug = PciHotplugController::new(pci_segments)
+            .map_err(DeviceManagerError::HotplugController)?;
         let ejects = hotplug.eject_requests();
         let hotplug = Arc::new(Mutex::new(hotplug));
         pio.insert(
@@ -318,7 +318,7 @@ impl DeviceManager {
     pub fn append_aml(&self, sink: &mut Vec<u8>) {
         sink.extend_from_slice(self.mmio_devices.aml());
         self.pci.append_aml(sink);
-        PciHotplug::append_aml(sink, self.pci.segment_count());
+        PciHotplugController::append_aml(sink, self.pci.segment_count());
     }
 
     /// Where each virtio-PCI device is, by id.

@@ -55,12 +55,12 @@ pub struct NoFreeSlot;
 
 /// The controller's register block on the I/O bus and the slots' state.
 #[derive(Default)]
-pub struct MemoryHotplug {
+pub struct MemoryHotplugController {
     slots: [Slot; MEMORY_SLOTS],
     selected: u32,
 }
 
-impl MemoryHotplug {
+impl MemoryHotplugController {
     pub fn new() -> Self {
         Self::default()
     }
@@ -317,7 +317,7 @@ fn mcrs(sink: &mut Vec<u8>) {
     .to_aml_bytes(sink);
 }
 
-impl BusDevice for MemoryHotplug {
+impl BusDevice for MemoryHotplugController {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         data.fill(0);
         let value: u64 = match offset {

@@ -16,7 +16,8 @@ use crate::exit::ExitHandle;
 use crate::legacy::ged::{GedHandle, EVENT_CPU_HOTPLUG};
 use crate::memory::GuestMemoryMmap;
 use crate::vcpu::hotplug_controller::{
-    CpuHotplug, CpuHotplugState, ResizeError, ResizePlan, CPU_HOTPLUG_PORT, CPU_HOTPLUG_PORT_COUNT,
+    CpuHotplugController, CpuHotplugState, VcpuResizeError, VcpuResizePlan, CPU_HOTPLUG_PORT,
+    CPU_HOTPLUG_PORT_COUNT,
 };
 use crate::vcpu::{RunningVcpus, Vcpu, VcpuError, VcpuSetup};
 
@@ -24,7 +25,7 @@ use crate::vcpu::{RunningVcpus, Vcpu, VcpuError, VcpuSetup};
 pub enum VcpuHotplugError {
     /// The count asked for cannot be had (a bound, or a removal pending).
     #[error(transparent)]
-    Resize(#[from] ResizeError),
+    Resize(#[from] VcpuResizeError),
     #[error("a hot-added vCPU: {0}")]
     Vcpu(#[from] VcpuError),
     #[error("CPU hot-plug registers: {0}")]
@@ -59,7 +60,9 @@ pub fn install(
 ) -> Result<Arc<CpuHotplugState>, VcpuHotplugError> {
     let state = CpuHotplugState::new(cpus.boot_vcpus, cpus.max_vcpus)?;
     pio.insert(
-        Arc::new(std::sync::Mutex::new(CpuHotplug::new(state.clone()))),
+        Arc::new(std::sync::Mutex::new(CpuHotplugController::new(
+            state.clone(),
+        ))),
         u64::from(CPU_HOTPLUG_PORT),
         CPU_HOTPLUG_PORT_COUNT,
     )?;
@@ -94,8 +97,8 @@ impl VcpuHotplug {
         ged: &GedHandle,
     ) -> Result<bool, VcpuHotplugError> {
         match self.state.plan_resize(desired)? {
-            ResizePlan::Unchanged => return Ok(false),
-            ResizePlan::Add(new) => {
+            VcpuResizePlan::Unchanged => return Ok(false),
+            VcpuResizePlan::Add(new) => {
                 for index in new {
                     if !vcpus.readd(index) {
                         let setup = VcpuSetup {
@@ -111,7 +114,7 @@ impl VcpuHotplug {
                     self.state.announce_add(index);
                 }
             }
-            ResizePlan::Remove(gone) => gone.for_each(|i| self.state.announce_remove(i)),
+            VcpuResizePlan::Remove(gone) => gone.for_each(|i| self.state.announce_remove(i)),
         }
         ged.raise(EVENT_CPU_HOTPLUG)?;
         Ok(true)

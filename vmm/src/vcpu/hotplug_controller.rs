@@ -56,7 +56,7 @@ struct CpuSlot {
 
 /// What `vm.resize` is to do with the vCPUs.
 #[derive(Debug, PartialEq, Eq)]
-pub enum ResizePlan {
+pub enum VcpuResizePlan {
     /// The guest has this count already (answered 204, as Cloud Hypervisor does).
     Unchanged,
     /// Start (or wake) these vCPUs and tell the guest.
@@ -66,7 +66,7 @@ pub enum ResizePlan {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ResizeError {
+pub enum VcpuResizeError {
     #[error("desired_vcpus=0 is invalid: expected 1 to max_vcpus={max}")]
     Zero { max: u32 },
     #[error("desired_vcpus={desired} is above max_vcpus={max} (the hot-pluggable limit)")]
@@ -75,6 +75,18 @@ pub enum ResizeError {
     /// (and Kata retries).
     #[error("vCPU {cpu} is still being removed: the guest has not ejected it yet")]
     RemovalPending { cpu: u32 },
+}
+
+/// Checks a `desired_vcpus` against the bounds `vm.resize` allows, 1 to
+/// `max` (before boot as after).
+pub fn check_vcpu_count(desired: u32, max: u32) -> Result<(), VcpuResizeError> {
+    if desired == 0 {
+        return Err(VcpuResizeError::Zero { max });
+    }
+    if desired > max {
+        return Err(VcpuResizeError::AboveMax { desired, max });
+    }
+    Ok(())
 }
 
 /// The vCPUs' hot-plug state, shared by the register device (on the vCPU
@@ -112,28 +124,22 @@ impl CpuHotplugState {
     }
 
     /// Checks `desired` and says what reaching it takes; changes nothing.
-    pub fn plan_resize(&self, desired: u32) -> Result<ResizePlan, ResizeError> {
+    pub fn plan_resize(&self, desired: u32) -> Result<VcpuResizePlan, VcpuResizeError> {
         let slots = self.slots();
-        let max = slot_count(slots.len());
-        if desired == 0 {
-            return Err(ResizeError::Zero { max });
-        }
-        if desired > max {
-            return Err(ResizeError::AboveMax { desired, max });
-        }
+        check_vcpu_count(desired, slot_count(slots.len()))?;
         let present = slot_count(slots.iter().filter(|s| s.present).count());
         if desired == present {
-            return Ok(ResizePlan::Unchanged);
+            return Ok(VcpuResizePlan::Unchanged);
         }
         if let Some(cpu) = slots.iter().position(|s| s.eject_awaited) {
-            return Err(ResizeError::RemovalPending {
+            return Err(VcpuResizeError::RemovalPending {
                 cpu: slot_count(cpu),
             });
         }
         Ok(if desired > present {
-            ResizePlan::Add(present..desired)
+            VcpuResizePlan::Add(present..desired)
         } else {
-            ResizePlan::Remove(desired..present)
+            VcpuResizePlan::Remove(desired..present)
         })
     }
 
@@ -162,7 +168,7 @@ impl CpuHotplugState {
     }
 
     /// The vCPUs ejected since the last call. Each stays "being removed"
-    /// (a resize answers [`ResizeError::RemovalPending`]) until
+    /// (a resize answers [`VcpuResizeError::RemovalPending`]) until
     /// [`Self::removal_done`].
     pub fn take_ejected(&self) -> Vec<u32> {
         let _ = self.evt.read();
@@ -178,14 +184,14 @@ impl CpuHotplugState {
 }
 
 /// The register block on the I/O bus.
-pub struct CpuHotplug {
+pub struct CpuHotplugController {
     selected: u32,
     state: Arc<CpuHotplugState>,
 }
 
-impl CpuHotplug {
+impl CpuHotplugController {
     pub fn new(state: Arc<CpuHotplugState>) -> Self {
-        CpuHotplug { selected: 0, state }
+        CpuHotplugController { selected: 0, state }
     }
 
     fn status(&self) -> u8 {
@@ -240,7 +246,7 @@ impl CpuHotplug {
     }
 }
 
-impl BusDevice for CpuHotplug {
+impl BusDevice for CpuHotplugController {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         data.fill(0);
         match (offset, data.len()) {
