@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use acpi_tables::{aml, Aml};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::arch::x86_64::hotplug_aml::{PortController, RawAml, RegisterField};
 use crate::bus::BusDevice;
 
 pub const PCI_HOTPLUG_PORT: u16 = 0xae00;
@@ -130,8 +131,6 @@ impl PciHotplugController {
     /// registers and methods, for `segments` segments. The slots and `PCNT`
     /// go inside each host bridge: see [`slot_aml`].
     pub fn append_aml(sink: &mut Vec<u8>, segments: u16) {
-        let port = usize::from(PCI_HOTPLUG_PORT);
-        let len = const { narrow::usize_of(PCI_HOTPLUG_PORT_COUNT) };
         let lock = || aml::Path::new("BLCK");
         // PSCN(): for each segment, what changed, told to its slots.
         let mut scan = Vec::new();
@@ -151,61 +150,39 @@ impl PciHotplugController {
                 .to_aml_bytes(&mut scan);
         }
         let scan = RawAml(scan);
-        aml::Device::new(
-            "\\_SB_.PHPR".into(),
+        // PCEJ(slot, segment): the guest is done with the slot.
+        let pcej = RawAml::of(&aml::Method::new(
+            "PCEJ".into(),
+            2,
+            true,
             vec![
-                &aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0A06")),
-                &aml::Name::new("_UID".into(), &"PCI Hotplug Controller"),
-                &aml::Mutex::new(lock(), 0),
-                &aml::Name::new(
-                    "_CRS".into(),
-                    &aml::ResourceTemplate::new(vec![&aml::IO::new(
-                        PCI_HOTPLUG_PORT,
-                        PCI_HOTPLUG_PORT,
-                        1,
-                        const { narrow::u8_of(PCI_HOTPLUG_PORT_COUNT) },
-                    )]),
-                ),
-                &aml::OpRegion::new("PCST".into(), aml::OpRegionSpace::SystemIO, &port, &len),
-                &aml::Field::new(
-                    "PCST".into(),
-                    aml::FieldAccessType::DWord,
-                    aml::FieldLockRule::NoLock,
-                    aml::FieldUpdateRule::WriteAsZeroes,
-                    vec![
-                        aml::FieldEntry::Named(*b"PCIU", 32),
-                        aml::FieldEntry::Named(*b"PCID", 32),
-                        aml::FieldEntry::Named(*b"B0EJ", 32),
-                        aml::FieldEntry::Named(*b"PSEG", 32),
-                    ],
-                ),
-                // PCEJ(slot, segment): the guest is done with the slot.
-                &aml::Method::new(
-                    "PCEJ".into(),
-                    2,
-                    true,
-                    vec![
-                        &aml::Acquire::new(lock(), 0xffff),
-                        &aml::Store::new(&aml::Path::new("PSEG"), &aml::Arg(1)),
-                        &aml::ShiftLeft::new(&aml::Path::new("B0EJ"), &aml::ONE, &aml::Arg(0)),
-                        &aml::Release::new(lock()),
-                        &aml::Return::new(&aml::ZERO),
-                    ],
-                ),
-                &aml::Method::new("PSCN".into(), 0, true, vec![&scan]),
+                &aml::Acquire::new(lock(), 0xffff),
+                &aml::Store::new(&aml::Path::new("PSEG"), &aml::Arg(1)),
+                &aml::ShiftLeft::new(&aml::Path::new("B0EJ"), &aml::ONE, &aml::Arg(0)),
+                &aml::Release::new(lock()),
+                &aml::Return::new(&aml::ZERO),
             ],
-        )
-        .to_aml_bytes(sink);
-    }
-}
-
-/// AML already encoded, placed as it is among a device's (or a method's)
-/// children.
-pub(crate) struct RawAml(pub Vec<u8>);
-
-impl Aml for RawAml {
-    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
-        sink.vec(&self.0);
+        ));
+        let pscn = aml::Method::new("PSCN".into(), 0, true, vec![&scan]);
+        PortController {
+            path: "\\_SB_.PHPR",
+            uid: "PCI Hotplug Controller",
+            port: PCI_HOTPLUG_PORT,
+            ports: const { narrow::u8_of(PCI_HOTPLUG_PORT_COUNT) },
+            mutex: "BLCK",
+            region: "PCST",
+            fields: vec![RegisterField {
+                access: aml::FieldAccessType::DWord,
+                update: aml::FieldUpdateRule::WriteAsZeroes,
+                entries: vec![
+                    aml::FieldEntry::Named(*b"PCIU", 32),
+                    aml::FieldEntry::Named(*b"PCID", 32),
+                    aml::FieldEntry::Named(*b"B0EJ", 32),
+                    aml::FieldEntry::Named(*b"PSEG", 32),
+                ],
+            }],
+        }
+        .append_aml(&[&pcej, &pscn], sink);
     }
 }
 

@@ -13,8 +13,9 @@ use std::fmt;
 use acpi_tables::{aml, Aml};
 
 use super::address_space::SegmentWindows;
-use super::hotplug_controller::{host_bridge_path, slot_aml, RawAml};
+use super::hotplug_controller::{host_bridge_path, slot_aml};
 use super::pci_root::{PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE};
+use crate::arch::x86_64::hotplug_aml::RawAml;
 
 /// Where a function sits: its segment and its slot on the segment's bus 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
