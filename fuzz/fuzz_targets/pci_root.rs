@@ -16,12 +16,14 @@ use pci::msix::MsixEntry;
 use virtio_devices::transport::pci::device::{MsiSender, VirtioPciDevice};
 use vm_memory::GuestMemoryAtomic;
 use vmm::arch::x86_64::layout::{pci_ecam_start, PCI_ECAM_SIZE, PCI_ECAM_START};
-use vmm::devices::acpi_pm::{self, AcpiPm};
-use vmm::devices::ged::{self, Ged};
-use vmm::devices::pci_hotplug::{self, PciHotplug, HOTPLUG_SLOTS};
-use vmm::devices::pci_root::{PciConfigIo, PciEcam, PciFunction, PciRoot, PCI_CONFIG_IO_PORT};
-use vmm::devices::Bus;
+use vmm::bus::Bus;
+use vmm::device_manager::hotplug_controller::{self as pci_hotplug, PciHotplugController, HOTPLUG_SLOTS};
+use vmm::device_manager::pci_root::{
+    PciConfigIo, PciEcam, PciFunction, PciRoot, PCI_CONFIG_IO_PORT,
+};
 use vmm::exit::ExitHandle;
+use vmm::legacy::acpi_pm::{self, AcpiPm};
+use vmm::legacy::ged::{self, Ged};
 use vmm_sys_util::eventfd::EventFd;
 
 struct Sink;
@@ -81,7 +83,7 @@ fuzz_target!(|data: &[u8]| {
         .map(|_| Arc::new(Mutex::new(PciRoot::new())))
         .collect();
     let root = roots[0].clone();
-    let hotplug = PciHotplug::new(SEGMENTS).unwrap();
+    let hotplug = PciHotplugController::new(SEGMENTS).unwrap();
     let ejects = hotplug.eject_requests();
     let hotplug = Arc::new(Mutex::new(hotplug));
     let ged_irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();

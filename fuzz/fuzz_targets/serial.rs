@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use dax_vmm_fuzz::{take_u32, take_u8};
 use libfuzzer_sys::fuzz_target;
-use vmm::devices::serial::{SerialDevice, COM1_PORT, PORT_COUNT};
-use vmm::devices::Bus;
+use vmm::bus::Bus;
+use vmm::legacy::serial::{SerialDevice, COM1_PORT, PORT_COUNT};
 use vmm_sys_util::eventfd::EventFd;
 
 /// Counts what the guest prints.

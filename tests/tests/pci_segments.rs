@@ -20,7 +20,7 @@ use guest_tests::rig::{self, Guest};
 
 /// Where segment 1's 64-bit BAR window lies in a 512 MiB guest: the 512 GiB
 /// 64-bit PCI area starts at 4 GiB (above RAM) and two segments share it
-/// in halves (vmm/src/devices/device_memory.rs).
+/// in halves (vmm/src/device_manager/address_space.rs).
 const SEGMENT1_MMIO64: std::ops::Range<u64> = 0x41_0000_0000..0x81_0000_0000;
 
 const HOST_BEFORE: &str = r#"

@@ -3,7 +3,7 @@
 //! boot does to the configuration. Booted paths are the guest tests'.
 
 use super::*;
-use crate::devices::virtio_pci::PciAddress;
+use crate::device_manager::virtio_pci::PciAddress;
 
 /// A configuration `vm.create` accepts (nothing is opened before boot).
 fn create_body() -> Value {

@@ -9,7 +9,7 @@
 //! - while a removed vCPU still waits for the guest to eject it: 429, as
 //!   Cloud Hypervisor answers (`VcpuPendingRemovedVcpu`); Kata retries;
 //! - `desired_ram` on a booted VM grows RAM by ACPI memory hot-plug
-//!   ([`crate::ram_hotplug`]); a size at or below the current one changes
+//!   ([`crate::memory::hotplug`]); a size at or below the current one changes
 //!   nothing (ACPI memory is never unplugged); `memory.size` then reports
 //!   what the guest has;
 //! - before boot both only set the configuration (Cloud Hypervisor does the
@@ -22,9 +22,9 @@ use api::{ApiError, VmmReply, VmmResult};
 use serde_json::Value;
 
 use crate::config::{MemoryConfig, VmConfig};
-use crate::devices::cpu_hotplug::ResizeError;
-use crate::ram_hotplug::RamResizeError;
-use crate::vcpu_hotplug::VcpuHotplugError;
+use crate::memory::hotplug::RamHotplugError;
+use crate::vcpu::hotplug::VcpuHotplugError;
+use crate::vcpu::hotplug_controller::{check_vcpu_count, VcpuResizeError};
 use crate::vm::Vm;
 
 const ENDPOINT: &str = "vm.resize";
@@ -82,7 +82,7 @@ impl VmResize {
 pub trait VmResizer {
     fn resize_vcpus(&mut self, desired: u32) -> Result<bool, VcpuHotplugError>;
     /// Guest RAM after growing it towards `desired` bytes.
-    fn resize_memory(&mut self, desired: u64) -> Result<u64, RamResizeError>;
+    fn resize_memory(&mut self, desired: u64) -> Result<u64, RamHotplugError>;
 }
 
 impl VmResizer for Vm {
@@ -90,7 +90,7 @@ impl VmResizer for Vm {
         Vm::resize_vcpus(self, desired)
     }
 
-    fn resize_memory(&mut self, desired: u64) -> Result<u64, RamResizeError> {
+    fn resize_memory(&mut self, desired: u64) -> Result<u64, RamHotplugError> {
         Vm::resize_memory(self, desired)
     }
 }
@@ -148,18 +148,13 @@ pub fn resize(body: &Value, config: &mut VmConfig, vm: Option<&mut impl VmResize
 }
 
 fn check_vcpus(desired: u32, max: u32) -> Result<(), ApiError> {
-    let refused = |e: ResizeError| Err(ApiError::bad_request(format!("{ENDPOINT}: {e}")));
-    match desired {
-        0 => refused(ResizeError::Zero { max }),
-        d if d > max => refused(ResizeError::AboveMax { desired, max }),
-        _ => Ok(()),
-    }
+    check_vcpu_count(desired, max).map_err(|e| ApiError::bad_request(format!("{ENDPOINT}: {e}")))
 }
 
 fn resize_vcpus(vm: &mut impl VmResizer, desired: u32) -> Result<(), ApiError> {
     match vm.resize_vcpus(desired) {
         Ok(_) => Ok(()),
-        Err(VcpuHotplugError::Resize(e @ ResizeError::RemovalPending { .. })) => {
+        Err(VcpuHotplugError::Resize(e @ VcpuResizeError::RemovalPending { .. })) => {
             Err(ApiError::too_many_requests(format!("{ENDPOINT}: {e}")))
         }
         Err(VcpuHotplugError::Resize(e)) => Err(ApiError::bad_request(format!("{ENDPOINT}: {e}"))),
@@ -202,9 +197,9 @@ mod tests {
     }
 
     impl VmResizer for FakeVm {
-        fn resize_memory(&mut self, desired: u64) -> Result<u64, RamResizeError> {
+        fn resize_memory(&mut self, desired: u64) -> Result<u64, RamHotplugError> {
             if desired > self.ram_limit {
-                return Err(RamResizeError::AboveLimit {
+                return Err(RamHotplugError::AboveLimit {
                     desired,
                     limit: self.ram_limit,
                     size: 1 << 30,
@@ -212,7 +207,7 @@ mod tests {
                 });
             }
             if self.ram_fails {
-                return Err(RamResizeError::Failed("no memory".into()));
+                return Err(RamHotplugError::Failed("no memory".into()));
             }
             self.ram = self.ram.max(desired);
             Ok(self.ram)
@@ -221,7 +216,7 @@ mod tests {
         fn resize_vcpus(&mut self, desired: u32) -> Result<bool, VcpuHotplugError> {
             self.asked.push(desired);
             if desired > self.max {
-                return Err(ResizeError::AboveMax {
+                return Err(VcpuResizeError::AboveMax {
                     desired,
                     max: self.max,
                 }
@@ -231,7 +226,7 @@ mod tests {
                 return Ok(false);
             }
             if self.removal_pending {
-                return Err(ResizeError::RemovalPending { cpu: 3 }.into());
+                return Err(VcpuResizeError::RemovalPending { cpu: 3 }.into());
             }
             self.present = desired;
             Ok(true)

@@ -92,7 +92,7 @@ const DEVICE_WORKER_CALLS: &[i64] = &[
     SYS_preadv,
     SYS_pwritev,
     SYS_mincore,
-    // The timer that bounds a DAX pre-fault (prefault.rs).
+    // The timer that bounds a DAX pre-fault (`memory::prefault`).
     SYS_timer_create,
     SYS_timer_settime,
     SYS_timer_delete,
@@ -204,8 +204,8 @@ pub const KVM_SET_GSI_ROUTING: u64 = 0x4008_ae6a;
 /// The ioctls a vCPU thread makes: running the guest; its registers for an
 /// error message (the rip of an unhandled exit); a BAR the guest moves
 /// (its memory slot deleted and made again, its queue-notify ioeventfds
-/// moved: `virtio_pci.rs`, `device_memory.rs`); MSI-X entries the guest
-/// programs or masks (routes and irqfds: `gsi_routing.rs`); and what std
+/// moved: `device_manager::virtio_pci`, `device_manager::address_space`); MSI-X entries the guest
+/// programs or masks (routes and irqfds: `device_manager::gsi_routing`); and what std
 /// sets on fds. Not: creating vCPUs, devices or memory fds, KVM_GET_STATS_FD
 /// (opened on the main thread at boot), nor anything on a non-KVM fd.
 pub const VCPU_IOCTLS: &[u64] = &[
@@ -318,8 +318,12 @@ const VMM_CALLS: &[i64] = &[
 ];
 
 /// A device worker maps new DAX ranges into the guest's view (on the VMM's
-/// idle pre-fault vCPU, see `prefault.rs`): that one KVM ioctl, no other.
-const PREFAULT_IOCTL: Allow = Allow::Arg(SYS_ioctl, 1, &[crate::prefault::KVM_PRE_FAULT_MEMORY_NR]);
+/// idle pre-fault vCPU, see `memory::prefault`): that one KVM ioctl, no other.
+const PREFAULT_IOCTL: Allow = Allow::Arg(
+    SYS_ioctl,
+    1,
+    &[crate::memory::prefault::KVM_PRE_FAULT_MEMORY_NR],
+);
 
 /// What a thread that starts threads needs of `prctl`: the new thread is
 /// named (std: PR_SET_NAME) and sets `no_new_privs` before installing its

@@ -117,7 +117,7 @@ fn a_vcpu_makes_only_the_kvm_requests_a_vcpu_issues() {
         KVM_CREATE_VCPU,
         KVM_GET_STATS_FD,
         KVM_CREATE_DEVICE,
-        crate::prefault::KVM_PRE_FAULT_MEMORY_NR,
+        crate::memory::prefault::KVM_PRE_FAULT_MEMORY_NR,
         TCSETS,
         TIOCSTI,
     ] {
@@ -589,7 +589,10 @@ fn the_vsock_thread_serves_both_directions_under_its_filters() {
         SIGSYS_
     );
     assert_eq!(
-        under(ON_VSOCK, ioctl(crate::prefault::KVM_PRE_FAULT_MEMORY_NR)),
+        under(
+            ON_VSOCK,
+            ioctl(crate::memory::prefault::KVM_PRE_FAULT_MEMORY_NR)
+        ),
         SIGSYS_
     );
     let _ = std::fs::remove_dir_all(&dir);

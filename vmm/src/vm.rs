@@ -12,21 +12,22 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::terminal::Terminal;
 
 use crate::arch::x86_64::{acpi::AcpiTables, boot, layout};
+use crate::bus::Bus;
 use crate::config::{
     DiskConfig, FsConfig, NetConfig, PmemConfig, SerialMode, VmConfig, VsockConfig,
 };
 use crate::device_manager::{
     DeviceManager, DeviceManagerError, FsDeviceInfo, ObserverFactory, PciDeviceInfo,
 };
-use crate::devices::{acpi_pm, ged, i8042, pvpanic, serial, Bus};
 use crate::exit::{ExitHandle, VmExit};
 use crate::kvm_stats::{KvmStatsFile, VmKvmStats};
+use crate::legacy::{acpi_pm, ged, i8042, pvpanic, serial};
+use crate::memory::hotplug::{RamHotplug, RamHotplugError};
+use crate::memory::prefault::KvmPrefaulter;
 use crate::memory::{self, GuestMemoryMmap};
-use crate::prefault::KvmPrefaulter;
-use crate::ram_hotplug::{HotplugRam, RamResizeError};
 use crate::signals::StopSignals;
+use crate::vcpu::hotplug::{VcpuHotplug, VcpuHotplugError, VcpuWiring};
 use crate::vcpu::{RunningVcpus, Vcpu, VcpuSetup};
-use crate::vcpu_hotplug::{VcpuHotplug, VcpuHotplugError, VcpuWiring};
 use api::KvmCounters;
 
 #[derive(Debug, thiserror::Error)]
@@ -58,14 +59,14 @@ pub enum VmError {
     #[error("device setup: {device}: {source}")]
     PlatformPorts {
         device: &'static str,
-        source: crate::devices::bus::BusError,
+        source: crate::bus::BusError,
     },
     #[error("device setup: writing the reset stub: {0}")]
     ResetStub(#[source] vm_memory::GuestMemoryError),
     #[error(transparent)]
     Device(#[from] DeviceManagerError),
     #[error(transparent)]
-    VcpuHotplug(#[from] crate::vcpu_hotplug::VcpuHotplugError),
+    VcpuHotplug(#[from] crate::vcpu::hotplug::VcpuHotplugError),
     #[error("cpus.max_vcpus={max} is above what this host's KVM allows ({limit} vCPUs per VM)")]
     TooManyVcpus { max: u32, limit: u32 },
     #[error("{0}")]
@@ -188,9 +189,9 @@ fn add_platform_devices(
 /// The ACPI memory hot-plug controller on the I/O bus (when the
 /// configuration has `hotplug_size`) and its DSDT part (always: the GED
 /// calls its `MSCN`).
-fn add_memory_hotplug(ram: &HotplugRam, pio: &Bus, aml: &mut Vec<u8>) -> Result<(), VmError> {
-    use crate::devices::memory_hotplug::{
-        MemoryHotplug, MEMORY_HOTPLUG_PORT, MEMORY_HOTPLUG_PORT_COUNT,
+fn add_memory_hotplug(ram: &RamHotplug, pio: &Bus, aml: &mut Vec<u8>) -> Result<(), VmError> {
+    use crate::memory::hotplug_controller::{
+        MemoryHotplugController, MEMORY_HOTPLUG_PORT, MEMORY_HOTPLUG_PORT_COUNT,
     };
     let controller = ram.controller();
     if let Some(c) = &controller {
@@ -204,7 +205,7 @@ fn add_memory_hotplug(ram: &HotplugRam, pio: &Bus, aml: &mut Vec<u8>) -> Result<
             source,
         })?;
     }
-    MemoryHotplug::append_aml(controller.is_some(), aml);
+    MemoryHotplugController::append_aml(controller.is_some(), aml);
     Ok(())
 }
 
@@ -295,7 +296,7 @@ pub struct Vm {
     /// has no binary statistics).
     kvm_stats: Option<VmKvmStats>,
     /// RAM added by `vm.resize`, and what may still be.
-    ram: HotplugRam,
+    ram: RamHotplug,
     /// `vm.resize` of the vCPUs.
     vcpu_hotplug: VcpuHotplug,
 }
@@ -313,7 +314,7 @@ impl Vm {
         let pio = Arc::new(Bus::new());
         let mmio = Arc::new(Bus::new());
         let (serial_dev, ged, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
-        let ram = HotplugRam::new(&config.memory);
+        let ram = RamHotplug::new(&config.memory);
         add_memory_hotplug(&ram, &pio, &mut device_aml)?;
         let guest_mem = GuestMemoryAtomic::new(mem.clone());
         let mut devices = DeviceManager::new(
@@ -328,7 +329,7 @@ impl Vm {
         )?;
         devices.add_boot_devices(config, observe)?;
         devices.append_aml(&mut device_aml);
-        let cpu_state = crate::vcpu_hotplug::install(&config.cpus, &pio, &mut device_aml)?;
+        let cpu_state = crate::vcpu::hotplug::install(&config.cpus, &pio, &mut device_aml)?;
         let entry = load_payload(&mem, config, &device_aml)?;
 
         let base_cpuid = kvm_setup(
@@ -454,7 +455,7 @@ impl Vm {
     }
 
     /// Where each virtio-PCI device is, by id.
-    pub fn pci_addresses(&self) -> Vec<(String, crate::devices::virtio_pci::PciAddress)> {
+    pub fn pci_addresses(&self) -> Vec<(String, crate::device_manager::virtio_pci::PciAddress)> {
         self.devices.pci_addresses()
     }
 
@@ -511,11 +512,11 @@ impl Vm {
     /// `vm.resize`'s `desired_ram`: grows guest RAM to `desired` bytes by
     /// adding a region and announcing it (ACPI memory hot-plug); a size at
     /// or below the current one changes nothing. Returns guest RAM after.
-    pub fn resize_memory(&mut self, desired: u64) -> Result<u64, RamResizeError> {
+    pub fn resize_memory(&mut self, desired: u64) -> Result<u64, RamHotplugError> {
         let Some((base, size)) = self.ram.plan(desired)? else {
             return Ok(self.ram.current());
         };
-        let failed = |e: &dyn std::fmt::Display| RamResizeError::Failed(e.to_string());
+        let failed = |e: &dyn std::fmt::Display| RamHotplugError::Failed(e.to_string());
         let region = memory::create_hotplug_region(self.ram.boot_config(), base, size)
             .map_err(|e| failed(&e))?;
         self.devices

@@ -118,10 +118,10 @@ fn the_memory_hotplug_controller_is_on_the_bus_only_with_hotplug_size() {
         hotplug_size,
         ..MemoryConfig::default()
     };
-    let port = u64::from(crate::devices::memory_hotplug::MEMORY_HOTPLUG_PORT);
+    let port = u64::from(crate::memory::hotplug_controller::MEMORY_HOTPLUG_PORT);
     let pio = Bus::new();
     let mut aml = Vec::new();
-    add_memory_hotplug(&HotplugRam::new(&memory(None)), &pio, &mut aml).expect("no controller");
+    add_memory_hotplug(&RamHotplug::new(&memory(None)), &pio, &mut aml).expect("no controller");
     assert!(
         !aml.is_empty(),
         "the DSDT has the MSCN the GED calls anyway"
@@ -131,7 +131,7 @@ fn the_memory_hotplug_controller_is_on_the_bus_only_with_hotplug_size() {
         "no controller without hotplug_size"
     );
 
-    let ram = HotplugRam::new(&memory(Some(crate::config::HOTPLUG_BLOCK)));
+    let ram = RamHotplug::new(&memory(Some(crate::config::HOTPLUG_BLOCK)));
     add_memory_hotplug(&ram, &pio, &mut Vec::new()).expect("controller");
     assert!(
         pio.read(port, &mut [0u8; 4]),

@@ -2,7 +2,7 @@
 //!
 //! The platform is "hardware-reduced" ACPI: no PM1 blocks or SCI, power-off
 //! through the FADT sleep control register and reboot through its reset
-//! register (both handled by `devices::acpi_pm`). The DSDT carries `\_S5`
+//! register (both handled by `legacy::acpi_pm`). The DSDT carries `\_S5`
 //! and whatever device descriptions the VMM hands in.
 
 use acpi_tables::{
@@ -16,7 +16,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::layout::{pci_ecam_start, ACPI_END, ACPI_START, APIC_START, IOAPIC_START};
 use crate::config::CpusConfig;
-use crate::devices::acpi_pm;
+use crate::legacy::acpi_pm;
 use crate::memory::GuestMemoryMmap;
 
 pub const OEM_ID: [u8; 6] = *b"DAXVMM";

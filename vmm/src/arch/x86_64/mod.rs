@@ -3,5 +3,6 @@
 pub mod acpi;
 pub mod boot;
 pub mod cpuid;
+pub mod hotplug_aml;
 pub mod layout;
 pub mod regs;

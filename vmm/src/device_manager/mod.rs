@@ -1,15 +1,29 @@
-//! The VM's virtio devices: built at boot from the configuration, added and
-//! removed while the guest runs (ACPI PCI hot-plug), with their guest
-//! addresses, KVM memory slots and bus places.
+//! The device manager: the VM's virtio devices, built at boot from the
+//! configuration, added and removed while the guest runs (ACPI PCI
+//! hot-plug), with their guest addresses, KVM memory slots and bus places.
+//! It owns the transports ([`virtio_pci`] on the PCI segments of
+//! [`pci_segment`] and [`pci_root`], [`virtio_mmio`]), the guest-physical
+//! space devices take ([`address_space`]), the MSI routes ([`gsi_routing`]),
+//! the thread that activates devices ([`activator`]) and the ACPI PCI
+//! hot-plug controller the guest sees ([`hotplug_controller`]).
 //!
 //! A hot-plugged device goes through:
 //! `add_fs`/`add_pmem`/`add_disk`/`add_net` → [`PciDeviceManager::add`] (slot, BARs, memory slot,
-//! ioeventfds) → [`PciHotplug::announce_add`] + GED interrupt → the guest's
+//! ioeventfds) → [`PciHotplugController::announce_add`] + GED interrupt → the guest's
 //! `acpiphp` scans the slot and binds the driver. A removal:
 //! [`DeviceManager::request_removal`] → `PCID` bit + GED interrupt → the
 //! guest unbinds and calls `_EJ0` → [`EjectRequests`] wakes the control
 //! thread → [`DeviceManager::complete_ejects`] takes the device away (the
 //! window's mappings and the daemon connection go with it).
+
+pub mod activator;
+pub mod address_space;
+pub mod gsi_routing;
+pub mod hotplug_controller;
+pub mod pci_root;
+pub mod pci_segment;
+pub mod virtio_mmio;
+pub mod virtio_pci;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -28,19 +42,21 @@ use virtio_devices::{DeviceCounters, VirtioDevice};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryRegion};
 
 use crate::arch::x86_64::layout;
+use crate::bus::Bus;
+use crate::bus::BusError;
 use crate::config::{
     DiskConfig, FsConfig, MemoryConfig, NetConfig, PmemConfig, Transport, VmConfig, VsockConfig,
 };
-use crate::devices::activator::DeviceActivator;
-use crate::devices::bus::BusError;
-use crate::devices::device_memory::{
+use crate::device_manager::activator::DeviceActivator;
+use crate::device_manager::address_space::{
     AddressError, AddressSpace, Area, MemorySlot, SlotError, SlotNumbers,
 };
-use crate::devices::ged::{GedHandle, EVENT_PCI_HOTPLUG};
-use crate::devices::pci_hotplug::{EjectRequests, PciHotplug};
-use crate::devices::virtio_mmio::{MmioDeviceManager, VirtioMmioError};
-use crate::devices::virtio_pci::{PciAddress, PciDeviceManager, ShmBacking, VirtioPciSetupError};
-use crate::devices::Bus;
+use crate::device_manager::hotplug_controller::{EjectRequests, PciHotplugController};
+use crate::device_manager::virtio_mmio::{MmioDeviceManager, VirtioMmioError};
+use crate::device_manager::virtio_pci::{
+    PciAddress, PciDeviceManager, ShmBacking, VirtioPciSetupError,
+};
+use crate::legacy::ged::{GedHandle, EVENT_PCI_HOTPLUG};
 use crate::memory::{GuestMemoryMmap, GuestRegionMmap};
 
 /// What failed in making, placing, hot-plugging or removing a device, or in
@@ -187,7 +203,7 @@ pub struct DeviceManager {
     slots: Arc<Mutex<SlotNumbers>>,
     mmio_devices: MmioDeviceManager,
     pci: PciDeviceManager,
-    hotplug: Arc<Mutex<PciHotplug>>,
+    hotplug: Arc<Mutex<PciHotplugController>>,
     ejects: Arc<EjectRequests>,
     ged: GedHandle,
     fs: Vec<FsDeviceInfo>,
@@ -238,14 +254,14 @@ impl DeviceManager {
             activator.activator(),
         )
         .map_err(DeviceManagerError::PciSegments)?;
-        let hotplug =
-            PciHotplug::new(pci_segments).map_err(DeviceManagerError::HotplugController)?;
+        let hotplug = PciHotplugController::new(pci_segments)
+            .map_err(DeviceManagerError::HotplugController)?;
         let ejects = hotplug.eject_requests();
         let hotplug = Arc::new(Mutex::new(hotplug));
         pio.insert(
             hotplug.clone(),
-            u64::from(crate::devices::pci_hotplug::PCI_HOTPLUG_PORT),
-            crate::devices::pci_hotplug::PCI_HOTPLUG_PORT_COUNT,
+            u64::from(crate::device_manager::hotplug_controller::PCI_HOTPLUG_PORT),
+            crate::device_manager::hotplug_controller::PCI_HOTPLUG_PORT_COUNT,
         )
         .map_err(DeviceManagerError::HotplugPorts)?;
         Ok(DeviceManager {
@@ -302,7 +318,7 @@ impl DeviceManager {
     pub fn append_aml(&self, sink: &mut Vec<u8>) {
         sink.extend_from_slice(self.mmio_devices.aml());
         self.pci.append_aml(sink);
-        PciHotplug::append_aml(sink, self.pci.segment_count());
+        PciHotplugController::append_aml(sink, self.pci.segment_count());
     }
 
     /// Where each virtio-PCI device is, by id.

@@ -1,4 +1,11 @@
-//! vCPU creation, initial state and the run loop that dispatches exits.
+//! The vCPUs and everything that changes their number: vCPU creation,
+//! initial state and the run loop that dispatches exits (here), the
+//! `vm.resize` side that starts, wakes and parks vCPU threads
+//! ([`hotplug`]), and the ACPI CPU hot-plug controller the guest sees
+//! ([`hotplug_controller`]).
+
+pub mod hotplug;
+pub mod hotplug_controller;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -11,8 +18,8 @@ use kvm_bindings::{
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 
 use crate::arch::x86_64::{cpuid, regs};
+use crate::bus::Bus;
 use crate::config::CpuTopology;
-use crate::devices::Bus;
 use crate::exit::{ExitHandle, VmExit};
 use crate::memory::GuestMemoryMmap;
 use crate::signals::{install_kick_handler, kick_signal};

@@ -1,24 +1,24 @@
 use super::*;
 
-fn read32(dev: &mut MemoryHotplug, offset: u64) -> u32 {
+fn read32(dev: &mut MemoryHotplugController, offset: u64) -> u32 {
     let mut b = [0u8; 4];
     dev.read(offset, &mut b);
     u32::from_le_bytes(b)
 }
 
-fn read8(dev: &mut MemoryHotplug, offset: u64) -> u8 {
+fn read8(dev: &mut MemoryHotplugController, offset: u64) -> u8 {
     let mut b = [0u8];
     dev.read(offset, &mut b);
     b[0]
 }
 
-fn select(dev: &mut MemoryHotplug, slot: u32) {
+fn select(dev: &mut MemoryHotplugController, slot: u32) {
     dev.write(SELECTOR, &slot.to_le_bytes());
 }
 
 #[test]
 fn an_inserted_range_reads_back_through_the_selected_slot() {
-    let mut dev = MemoryHotplug::new();
+    let mut dev = MemoryHotplugController::new();
     let base = (4u64 << 30) + (128 << 20);
     let len = 3u64 << 31; // 6 GiB: the length's high half is not zero
     assert_eq!(dev.insert(1 << 32, 128 << 20), Ok(0));
@@ -44,7 +44,7 @@ fn an_inserted_range_reads_back_through_the_selected_slot() {
 
 #[test]
 fn the_guest_cannot_change_a_range_or_reach_past_the_slots() {
-    let mut dev = MemoryHotplug::new();
+    let mut dev = MemoryHotplugController::new();
     dev.insert(1 << 32, 128 << 20).unwrap();
     select(&mut dev, 0);
     for reg in [BASE_LOW, BASE_HIGH, LENGTH_LOW, LENGTH_HIGH] {
@@ -70,7 +70,7 @@ fn the_guest_cannot_change_a_range_or_reach_past_the_slots() {
 
 #[test]
 fn slots_run_out() {
-    let mut dev = MemoryHotplug::new();
+    let mut dev = MemoryHotplugController::new();
     for i in 0..MEMORY_SLOTS {
         assert!(dev.has_free_slot());
         assert_eq!(dev.insert((i as u64 + 32) << 27, 128 << 20), Ok(i));
@@ -89,7 +89,7 @@ fn count(haystack: &[u8], needle: &[u8]) -> usize {
 #[test]
 fn the_aml_has_the_controller_its_registers_and_a_device_per_slot() {
     let mut aml = Vec::new();
-    MemoryHotplug::append_aml(true, &mut aml);
+    MemoryHotplugController::append_aml(true, &mut aml);
     for name in [
         &b"MHPC"[..],
         b"MLCK",
@@ -134,7 +134,7 @@ fn the_aml_has_the_controller_its_registers_and_a_device_per_slot() {
 #[test]
 fn without_hotplug_the_aml_is_an_empty_scan() {
     let mut aml = Vec::new();
-    MemoryHotplug::append_aml(false, &mut aml);
+    MemoryHotplugController::append_aml(false, &mut aml);
     assert!(count(&aml, b"MSCN") == 1);
     assert_eq!(count(&aml, b"MHPR"), 0);
     assert_eq!(count(&aml, b"M000"), 0);

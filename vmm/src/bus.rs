@@ -1,4 +1,6 @@
-//! An address-range bus for port I/O or MMIO exits.
+//! The two address-range buses (port I/O and MMIO) every vCPU exit is
+//! dispatched on: the legacy devices, the hot-plug controllers and the
+//! transports each take a range of one of them.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};

@@ -12,8 +12,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::*;
 use crate::config::json::{disk_config_from_json, vm_config_from_json};
-use crate::devices::ged::Ged;
-use crate::devices::pci_hotplug::PCI_HOTPLUG_PORT;
+use crate::device_manager::hotplug_controller::PCI_HOTPLUG_PORT;
+use crate::legacy::ged::Ged;
 
 /// Registers of the hot-plug controller (offsets from its port).
 const PCIU: u64 = 0;

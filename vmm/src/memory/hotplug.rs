@@ -9,15 +9,18 @@
 //! - the new region is mapped, given to KVM and to every device (the
 //!   `GuestMemoryAtomic` they share, and each vhost-user daemon's memory
 //!   table), and only then announced to the guest.
+//!
+//! This runs on the VMM's control thread; the guest's side is
+//! [`super::hotplug_controller`].
 
 use std::sync::{Arc, Mutex};
 
 use crate::arch::x86_64::layout::{hotplug_memory_start, HOTPLUG_MEMORY_ALIGN};
 use crate::config::MemoryConfig;
-use crate::devices::memory_hotplug::{MemoryHotplug, NoFreeSlot};
+use crate::memory::hotplug_controller::{MemoryHotplugController, NoFreeSlot};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum RamResizeError {
+pub enum RamHotplugError {
     #[error(
         "desired_ram={desired} is above the limit of {limit} bytes \
          (memory.size {size} + memory.hotplug_size {hotplug})"
@@ -43,15 +46,15 @@ pub enum RamResizeError {
     Failed(String),
 }
 
-impl RamResizeError {
+impl RamHotplugError {
     /// The request was wrong (400), rather than the VMM failing (500).
     pub fn is_refusal(&self) -> bool {
-        !matches!(self, RamResizeError::Failed(_))
+        !matches!(self, RamHotplugError::Failed(_))
     }
 }
 
 /// RAM added to the guest so far, and the slots that announce it.
-pub struct HotplugRam {
+pub struct RamHotplug {
     /// The configuration at boot: `size` is boot RAM.
     boot: MemoryConfig,
     /// Where the hot-plug area starts.
@@ -59,23 +62,23 @@ pub struct HotplugRam {
     /// Bytes added so far (regions are contiguous from `start`).
     added: u64,
     /// The register device, when the configuration has `hotplug_size`.
-    controller: Option<Arc<Mutex<MemoryHotplug>>>,
+    controller: Option<Arc<Mutex<MemoryHotplugController>>>,
 }
 
-impl HotplugRam {
+impl RamHotplug {
     pub fn new(boot: &MemoryConfig) -> Self {
-        HotplugRam {
+        RamHotplug {
             boot: boot.clone(),
             start: hotplug_memory_start(boot.size),
             added: 0,
             controller: boot
                 .hotplug_size
-                .map(|_| Arc::new(Mutex::new(MemoryHotplug::new()))),
+                .map(|_| Arc::new(Mutex::new(MemoryHotplugController::new()))),
         }
     }
 
     /// The register device to put on the I/O bus (None without hot-plug).
-    pub fn controller(&self) -> Option<Arc<Mutex<MemoryHotplug>>> {
+    pub fn controller(&self) -> Option<Arc<Mutex<MemoryHotplugController>>> {
         self.controller.clone()
     }
 
@@ -88,7 +91,7 @@ impl HotplugRam {
         self.boot.size + self.added
     }
 
-    fn lock(&self) -> Option<std::sync::MutexGuard<'_, MemoryHotplug>> {
+    fn lock(&self) -> Option<std::sync::MutexGuard<'_, MemoryHotplugController>> {
         self.controller
             .as_ref()
             .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()))
@@ -96,7 +99,7 @@ impl HotplugRam {
 
     /// The region (guest address, size) that takes RAM to `desired` bytes,
     /// or None when RAM already has that much.
-    pub fn plan(&self, desired: u64) -> Result<Option<(u64, u64)>, RamResizeError> {
+    pub fn plan(&self, desired: u64) -> Result<Option<(u64, u64)>, RamHotplugError> {
         let current = self.current();
         if desired <= current {
             return Ok(None);
@@ -104,7 +107,7 @@ impl HotplugRam {
         let hotplug = self.boot.hotplug_size.unwrap_or(0);
         let limit = self.boot.max_size();
         if desired > limit {
-            return Err(RamResizeError::AboveLimit {
+            return Err(RamHotplugError::AboveLimit {
                 desired,
                 limit,
                 size: self.boot.size,
@@ -113,7 +116,7 @@ impl HotplugRam {
         }
         let added = desired - current;
         if !added.is_multiple_of(HOTPLUG_MEMORY_ALIGN) {
-            return Err(RamResizeError::NotBlockMultiple {
+            return Err(RamHotplugError::NotBlockMultiple {
                 desired,
                 current,
                 added,
@@ -127,7 +130,7 @@ impl HotplugRam {
 
     /// The region from [`Self::plan`] is in place: a slot announces it at
     /// the guest's next scan.
-    pub fn commit(&mut self, base: u64, size: u64) -> Result<(), RamResizeError> {
+    pub fn commit(&mut self, base: u64, size: u64) -> Result<(), RamHotplugError> {
         let mut controller = self.lock().ok_or(NoFreeSlot)?;
         controller.insert(base, size)?;
         drop(controller);
@@ -142,8 +145,8 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    fn ram(size: u64, hotplug: Option<u64>) -> HotplugRam {
-        HotplugRam::new(&MemoryConfig {
+    fn ram(size: u64, hotplug: Option<u64>) -> RamHotplug {
+        RamHotplug::new(&MemoryConfig {
             size,
             hotplug_size: hotplug,
             ..Default::default()
@@ -165,7 +168,7 @@ mod tests {
         );
         assert_eq!(
             r.plan(1536 * MIB + 128 * MIB),
-            Err(RamResizeError::AboveLimit {
+            Err(RamHotplugError::AboveLimit {
                 desired: 1664 * MIB,
                 limit: 1536 * MIB,
                 size: 512 * MIB,
@@ -187,7 +190,7 @@ mod tests {
         let e = r.plan(600 * MIB).unwrap_err();
         assert_eq!(
             e,
-            RamResizeError::NotBlockMultiple {
+            RamHotplugError::NotBlockMultiple {
                 desired: 600 * MIB,
                 current: 512 * MIB,
                 added: 88 * MIB,
@@ -211,14 +214,14 @@ mod tests {
     #[test]
     fn slots_run_out() {
         let mut r = ram(512 * MIB, Some(64 << 30));
-        let slots = crate::devices::memory_hotplug::MEMORY_SLOTS;
+        let slots = crate::memory::hotplug_controller::MEMORY_SLOTS;
         for _ in 0..slots {
             let (base, size) = r.plan(r.current() + 128 * MIB).unwrap().unwrap();
             r.commit(base, size).unwrap();
         }
         assert_eq!(
             r.plan(r.current() + 128 * MIB),
-            Err(RamResizeError::NoSlot(NoFreeSlot))
+            Err(RamHotplugError::NoSlot(NoFreeSlot))
         );
         assert_eq!(r.current(), 512 * MIB + slots as u64 * 128 * MIB);
     }

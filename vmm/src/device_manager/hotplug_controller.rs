@@ -26,7 +26,8 @@ use std::sync::{Arc, Mutex};
 use acpi_tables::{aml, Aml};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::BusDevice;
+use crate::arch::x86_64::hotplug_aml::{PortController, RawAml, RegisterField};
+use crate::bus::BusDevice;
 
 pub const PCI_HOTPLUG_PORT: u16 = 0xae00;
 pub const PCI_HOTPLUG_PORT_COUNT: u64 = 16;
@@ -82,7 +83,7 @@ impl EjectRequests {
 }
 
 /// The register block on the I/O bus.
-pub struct PciHotplug {
+pub struct PciHotplugController {
     /// Per segment: slots to announce as added, and as to be removed.
     up: Vec<u32>,
     down: Vec<u32>,
@@ -91,11 +92,11 @@ pub struct PciHotplug {
     ejects: Arc<EjectRequests>,
 }
 
-impl PciHotplug {
+impl PciHotplugController {
     /// The controller of `segments` PCI segments (at least one).
     pub fn new(segments: u16) -> std::io::Result<Self> {
         let n = usize::from(segments.max(1));
-        Ok(PciHotplug {
+        Ok(PciHotplugController {
             up: vec![0; n],
             down: vec![0; n],
             selected: 0,
@@ -130,8 +131,6 @@ impl PciHotplug {
     /// registers and methods, for `segments` segments. The slots and `PCNT`
     /// go inside each host bridge: see [`slot_aml`].
     pub fn append_aml(sink: &mut Vec<u8>, segments: u16) {
-        let port = usize::from(PCI_HOTPLUG_PORT);
-        let len = const { narrow::usize_of(PCI_HOTPLUG_PORT_COUNT) };
         let lock = || aml::Path::new("BLCK");
         // PSCN(): for each segment, what changed, told to its slots.
         let mut scan = Vec::new();
@@ -151,61 +150,39 @@ impl PciHotplug {
                 .to_aml_bytes(&mut scan);
         }
         let scan = RawAml(scan);
-        aml::Device::new(
-            "\\_SB_.PHPR".into(),
+        // PCEJ(slot, segment): the guest is done with the slot.
+        let pcej = RawAml::of(&aml::Method::new(
+            "PCEJ".into(),
+            2,
+            true,
             vec![
-                &aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0A06")),
-                &aml::Name::new("_UID".into(), &"PCI Hotplug Controller"),
-                &aml::Mutex::new(lock(), 0),
-                &aml::Name::new(
-                    "_CRS".into(),
-                    &aml::ResourceTemplate::new(vec![&aml::IO::new(
-                        PCI_HOTPLUG_PORT,
-                        PCI_HOTPLUG_PORT,
-                        1,
-                        const { narrow::u8_of(PCI_HOTPLUG_PORT_COUNT) },
-                    )]),
-                ),
-                &aml::OpRegion::new("PCST".into(), aml::OpRegionSpace::SystemIO, &port, &len),
-                &aml::Field::new(
-                    "PCST".into(),
-                    aml::FieldAccessType::DWord,
-                    aml::FieldLockRule::NoLock,
-                    aml::FieldUpdateRule::WriteAsZeroes,
-                    vec![
-                        aml::FieldEntry::Named(*b"PCIU", 32),
-                        aml::FieldEntry::Named(*b"PCID", 32),
-                        aml::FieldEntry::Named(*b"B0EJ", 32),
-                        aml::FieldEntry::Named(*b"PSEG", 32),
-                    ],
-                ),
-                // PCEJ(slot, segment): the guest is done with the slot.
-                &aml::Method::new(
-                    "PCEJ".into(),
-                    2,
-                    true,
-                    vec![
-                        &aml::Acquire::new(lock(), 0xffff),
-                        &aml::Store::new(&aml::Path::new("PSEG"), &aml::Arg(1)),
-                        &aml::ShiftLeft::new(&aml::Path::new("B0EJ"), &aml::ONE, &aml::Arg(0)),
-                        &aml::Release::new(lock()),
-                        &aml::Return::new(&aml::ZERO),
-                    ],
-                ),
-                &aml::Method::new("PSCN".into(), 0, true, vec![&scan]),
+                &aml::Acquire::new(lock(), 0xffff),
+                &aml::Store::new(&aml::Path::new("PSEG"), &aml::Arg(1)),
+                &aml::ShiftLeft::new(&aml::Path::new("B0EJ"), &aml::ONE, &aml::Arg(0)),
+                &aml::Release::new(lock()),
+                &aml::Return::new(&aml::ZERO),
             ],
-        )
-        .to_aml_bytes(sink);
-    }
-}
-
-/// AML already encoded, placed as it is among a device's (or a method's)
-/// children.
-pub(crate) struct RawAml(pub Vec<u8>);
-
-impl Aml for RawAml {
-    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
-        sink.vec(&self.0);
+        ));
+        let pscn = aml::Method::new("PSCN".into(), 0, true, vec![&scan]);
+        PortController {
+            path: "\\_SB_.PHPR",
+            uid: "PCI Hotplug Controller",
+            port: PCI_HOTPLUG_PORT,
+            ports: const { narrow::u8_of(PCI_HOTPLUG_PORT_COUNT) },
+            mutex: "BLCK",
+            region: "PCST",
+            fields: vec![RegisterField {
+                access: aml::FieldAccessType::DWord,
+                update: aml::FieldUpdateRule::WriteAsZeroes,
+                entries: vec![
+                    aml::FieldEntry::Named(*b"PCIU", 32),
+                    aml::FieldEntry::Named(*b"PCID", 32),
+                    aml::FieldEntry::Named(*b"B0EJ", 32),
+                    aml::FieldEntry::Named(*b"PSEG", 32),
+                ],
+            }],
+        }
+        .append_aml(&[&pcej, &pscn], sink);
     }
 }
 
@@ -284,7 +261,7 @@ pub fn slot_aml(sink: &mut Vec<u8>, segment: u16) {
     .to_aml_bytes(sink);
 }
 
-impl BusDevice for PciHotplug {
+impl BusDevice for PciHotplugController {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         let s = self.selected as usize;
         let value = match offset {
@@ -316,7 +293,7 @@ impl BusDevice for PciHotplug {
     }
 }
 
-impl PciHotplug {
+impl PciHotplugController {
     /// `B0EJ`: the guest let go of the slots in `bits` of the selected segment.
     fn eject(&mut self, bits: u32) {
         let slots = bits & SLOT_MASK;
@@ -343,19 +320,19 @@ impl PciHotplug {
 mod tests {
     use super::*;
 
-    fn r32(dev: &mut PciHotplug, offset: u64) -> u32 {
+    fn r32(dev: &mut PciHotplugController, offset: u64) -> u32 {
         let mut b = [0u8; 4];
         dev.read(offset, &mut b);
         u32::from_le_bytes(b)
     }
 
-    fn w32(dev: &mut PciHotplug, offset: u64, v: u32) {
+    fn w32(dev: &mut PciHotplugController, offset: u64, v: u32) {
         dev.write(offset, &v.to_le_bytes());
     }
 
     #[test]
     fn up_and_down_are_read_once_and_ejects_reach_the_control_thread() {
-        let mut dev = PciHotplug::new(1).unwrap();
+        let mut dev = PciHotplugController::new(1).unwrap();
         let ejects = dev.eject_requests();
         dev.announce_add(0, 3);
         dev.announce_add(0, 5);
@@ -378,7 +355,7 @@ mod tests {
 
     #[test]
     fn each_segment_keeps_its_own_slot_bits() {
-        let mut dev = PciHotplug::new(3).unwrap();
+        let mut dev = PciHotplugController::new(3).unwrap();
         let ejects = dev.eject_requests();
         dev.announce_add(0, 2);
         dev.announce_add(1, 2);
@@ -414,7 +391,7 @@ mod tests {
     #[test]
     fn aml_describes_every_slot_and_the_scan_methods() {
         let mut sink = Vec::new();
-        PciHotplug::append_aml(&mut sink, 1);
+        PciHotplugController::append_aml(&mut sink, 1);
         slot_aml(&mut sink, 0);
         for name in [
             &b"PHPR"[..],
@@ -439,7 +416,7 @@ mod tests {
     #[test]
     fn the_scan_visits_every_segments_bridge() {
         let mut sink = Vec::new();
-        PciHotplug::append_aml(&mut sink, 3);
+        PciHotplugController::append_aml(&mut sink, 3);
         for name in [&b"PCI0PCNT"[..], b"PC01PCNT", b"PC02PCNT"] {
             assert!(has(&sink, name), "{}", String::from_utf8_lossy(name));
         }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use pci::configuration::{PciConfiguration, PciIds};
 
-use super::BusDevice;
+use crate::bus::BusDevice;
 
 pub const PCI_CONFIG_IO_PORT: u64 = 0xcf8;
 pub const PCI_CONFIG_IO_SIZE: u64 = 8;

@@ -6,7 +6,7 @@
 //!   `_STA` and `_CRS` ask the controller's registers about that slot;
 //! - to add RAM the VMM maps it, gives it to KVM and the devices, fills a
 //!   free slot with its range and marks it "inserting", then raises the
-//!   GED interrupt with [`super::ged::EVENT_MEMORY_HOTPLUG`]; the GED's
+//!   GED interrupt with [`crate::legacy::ged::EVENT_MEMORY_HOTPLUG`]; the GED's
 //!   `_EVT` calls `MSCN`, which notifies each inserting slot with "device
 //!   check" and acknowledges it; Linux then evaluates `_CRS`, adds the range
 //!   and (with the usual auto-online policy) onlines its memory blocks.
@@ -22,7 +22,10 @@
 
 use acpi_tables::{aml, Aml};
 
-use super::BusDevice;
+use crate::arch::x86_64::hotplug_aml::{
+    self, PortController, RawAml, RegisterField, ScanFlag, SelectedDevice,
+};
+use crate::bus::BusDevice;
 
 pub const MEMORY_HOTPLUG_PORT: u16 = 0xa00;
 pub const MEMORY_HOTPLUG_PORT_COUNT: u64 = 24;
@@ -55,12 +58,12 @@ pub struct NoFreeSlot;
 
 /// The controller's register block on the I/O bus and the slots' state.
 #[derive(Default)]
-pub struct MemoryHotplug {
+pub struct MemoryHotplugController {
     slots: [Slot; MEMORY_SLOTS],
     selected: u32,
 }
 
-impl MemoryHotplug {
+impl MemoryHotplugController {
     pub fn new() -> Self {
         Self::default()
     }
@@ -96,76 +99,78 @@ impl MemoryHotplug {
     /// devices. Without hot-plug (`enabled` false) only an empty `MSCN`,
     /// so the GED's `_EVT` always has something to call.
     pub fn append_aml(enabled: bool, sink: &mut Vec<u8>) {
-        let hid = aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0A06"));
-        let uid = aml::Name::new("_UID".into(), &"Memory Hotplug Controller");
         if !enabled {
             let scan = aml::Method::new("MSCN".into(), 0, true, vec![]);
-            aml::Device::new("\\_SB_.MHPC".into(), vec![&hid, &uid, &scan]).to_aml_bytes(sink);
-            return;
+            return CONTROLLER.append_unbacked_aml(&[&scan], sink);
         }
-        let port = usize::from(MEMORY_HOTPLUG_PORT);
-        let len = const { narrow::usize_of(MEMORY_HOTPLUG_PORT_COUNT) };
-        let crs = aml::Name::new(
-            "_CRS".into(),
-            &aml::ResourceTemplate::new(vec![&aml::IO::new(
-                MEMORY_HOTPLUG_PORT,
-                MEMORY_HOTPLUG_PORT,
-                1,
-                const { narrow::u8_of(MEMORY_HOTPLUG_PORT_COUNT) },
-            )]),
+        let names: Vec<String> = (0..MEMORY_SLOTS).map(slot_name).collect();
+        let mtfy = hotplug_aml::notify_method("MTFY", &names);
+        let mscn = hotplug_aml::scan_method(
+            "MSCN",
+            &REGISTERS,
+            names.len(),
+            "MTFY",
+            &[ScanFlag {
+                flag: "MINS",
+                event: DEVICE_CHECK,
+            }],
         );
-        let lock = aml::Mutex::new("MLCK".into(), 0);
-        let region = aml::OpRegion::new("MHPR".into(), aml::OpRegionSpace::SystemIO, &port, &len);
-        let dwords = aml::Field::new(
-            "MHPR".into(),
-            aml::FieldAccessType::DWord,
-            aml::FieldLockRule::NoLock,
-            aml::FieldUpdateRule::Preserve,
-            vec![
-                aml::FieldEntry::Named(*b"MHBL", 32),
-                aml::FieldEntry::Named(*b"MHBH", 32),
-                aml::FieldEntry::Named(*b"MHLL", 32),
-                aml::FieldEntry::Named(*b"MHLH", 32),
-                aml::FieldEntry::Named(*b"MSEL", 32),
-            ],
-        );
-        let status = aml::Field::new(
-            "MHPR".into(),
-            aml::FieldAccessType::Byte,
-            aml::FieldLockRule::NoLock,
-            aml::FieldUpdateRule::WriteAsZeroes,
-            vec![
-                aml::FieldEntry::Reserved(160),
-                aml::FieldEntry::Named(*b"MEN_", 1),
-                aml::FieldEntry::Named(*b"MINS", 1),
-            ],
-        );
-        let mut methods = Vec::new();
-        methods_aml(&mut methods);
+        let msta = hotplug_aml::status_method("MSTA", &REGISTERS);
+        let mcrs = mcrs();
         let mut slots = Vec::new();
         for i in 0..MEMORY_SLOTS {
             slot_aml(i, &mut slots);
         }
-        let methods = RawAml(&methods);
-        let slots = RawAml(&slots);
-        aml::Device::new(
-            "\\_SB_.MHPC".into(),
-            vec![
-                &hid, &uid, &crs, &lock, &region, &dwords, &status, &methods, &slots,
+        let slots = RawAml(slots);
+        PortController {
+            fields: vec![
+                RegisterField {
+                    access: aml::FieldAccessType::DWord,
+                    update: aml::FieldUpdateRule::Preserve,
+                    entries: vec![
+                        aml::FieldEntry::Named(*b"MHBL", 32),
+                        aml::FieldEntry::Named(*b"MHBH", 32),
+                        aml::FieldEntry::Named(*b"MHLL", 32),
+                        aml::FieldEntry::Named(*b"MHLH", 32),
+                        aml::FieldEntry::Named(*b"MSEL", 32),
+                    ],
+                },
+                RegisterField {
+                    access: aml::FieldAccessType::Byte,
+                    update: aml::FieldUpdateRule::WriteAsZeroes,
+                    entries: vec![
+                        aml::FieldEntry::Reserved(160),
+                        aml::FieldEntry::Named(*b"MEN_", 1),
+                        aml::FieldEntry::Named(*b"MINS", 1),
+                    ],
+                },
             ],
-        )
-        .to_aml_bytes(sink);
+            ..CONTROLLER
+        }
+        .append_aml(&[&mtfy, &mscn, &msta, &mcrs, &slots], sink);
     }
 }
 
-/// Already encoded AML, to put inside a device.
-struct RawAml<'a>(&'a [u8]);
+/// The controller's device, with the registers `append_aml` gives it.
+const CONTROLLER: PortController<'static> = PortController {
+    path: "\\_SB_.MHPC",
+    uid: "Memory Hotplug Controller",
+    port: MEMORY_HOTPLUG_PORT,
+    ports: const { narrow::u8_of(MEMORY_HOTPLUG_PORT_COUNT) },
+    mutex: "MLCK",
+    region: "MHPR",
+    fields: Vec::new(),
+};
 
-impl Aml for RawAml<'_> {
-    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
-        sink.vec(self.0);
-    }
-}
+/// The registers the controller's methods select a slot with.
+const REGISTERS: SelectedDevice<'static> = SelectedDevice {
+    lock: "MLCK",
+    select: "MSEL",
+    enabled: "MEN_",
+};
+
+/// ACPI's "device check" notification: the guest adds the device.
+const DEVICE_CHECK: u8 = 1;
 
 fn slot_name(i: usize) -> String {
     format!("M{i:03}")
@@ -187,103 +192,15 @@ fn slot_aml(i: usize, sink: &mut Vec<u8>) {
     .to_aml_bytes(sink);
 }
 
-/// `MTFY(slot, event)`, `MSCN()`, `MSTA(slot)`, `MCRS(slot)`.
-fn methods_aml(sink: &mut Vec<u8>) {
-    mtfy(sink);
-    mscn(sink);
-    msta(sink);
-    mcrs(sink);
-}
-
-/// `MTFY(slot, event)`: notifies slot `slot`'s device of `event`. Notify
-/// needs the device by name, so one If per slot.
-fn mtfy(sink: &mut Vec<u8>) {
-    let path = aml::Path::new;
-    let names: Vec<aml::Path> = (0..MEMORY_SLOTS).map(|i| path(&slot_name(i))).collect();
-    let numbers: Vec<usize> = (0..MEMORY_SLOTS).collect();
-    let event = aml::Arg(1);
-    let notifies: Vec<aml::Notify> = names.iter().map(|n| aml::Notify::new(n, &event)).collect();
-    let arg = aml::Arg(0);
-    let tests: Vec<aml::Equal> = numbers.iter().map(|i| aml::Equal::new(&arg, i)).collect();
-    let ifs: Vec<aml::If> = tests
-        .iter()
-        .zip(&notifies)
-        .map(|(t, n)| aml::If::new(t, vec![n]))
-        .collect();
-    aml::Method::new(
-        "MTFY".into(),
-        2,
-        true,
-        ifs.iter().map(|i| i as &dyn Aml).collect(),
-    )
-    .to_aml_bytes(sink);
-}
-
-/// `MSCN`: notify every inserting slot with "device check" (1), then
-/// acknowledge it.
-fn mscn(sink: &mut Vec<u8>) {
-    let path = aml::Path::new;
-    let lock = || path("MLCK");
-    let slot = aml::Local(0);
-    aml::Method::new(
-        "MSCN".into(),
-        0,
-        true,
-        vec![
-            &aml::Acquire::new(lock(), 0xffff),
-            &aml::Store::new(&slot, &aml::ZERO),
-            &aml::While::new(
-                &aml::LessThan::new(&slot, &MEMORY_SLOTS),
-                vec![
-                    &aml::Store::new(&path("MSEL"), &slot),
-                    &aml::If::new(
-                        &aml::Equal::new(&path("MINS"), &aml::ONE),
-                        vec![
-                            &aml::MethodCall::new("MTFY".into(), vec![&slot, &aml::ONE]),
-                            &aml::Store::new(&path("MINS"), &aml::ONE),
-                        ],
-                    ),
-                    &aml::Add::new(&slot, &slot, &aml::ONE),
-                ],
-            ),
-            &aml::Release::new(lock()),
-        ],
-    )
-    .to_aml_bytes(sink);
-}
-
-/// `MSTA(slot)`: 0xf (present, enabled, shown, working) or 0.
-fn msta(sink: &mut Vec<u8>) {
-    let path = aml::Path::new;
-    let lock = || path("MLCK");
-    aml::Method::new(
-        "MSTA".into(),
-        1,
-        true,
-        vec![
-            &aml::Acquire::new(lock(), 0xffff),
-            &aml::Store::new(&path("MSEL"), &aml::Arg(0)),
-            &aml::Store::new(&aml::Local(0), &aml::ZERO),
-            &aml::If::new(
-                &aml::Equal::new(&path("MEN_"), &aml::ONE),
-                vec![&aml::Store::new(&aml::Local(0), &0xfu8)],
-            ),
-            &aml::Release::new(lock()),
-            &aml::Return::new(&aml::Local(0)),
-        ],
-    )
-    .to_aml_bytes(sink);
-}
-
 /// `MCRS(slot)`: a QWord memory range [base, base + length - 1], from the
 /// 32-bit halves (the DSDT's revision makes integers 64-bit).
-fn mcrs(sink: &mut Vec<u8>) {
+fn mcrs() -> RawAml {
     let path = aml::Path::new;
     let lock = || path("MLCK");
     let (min, max, len) = (path("MINL"), path("MAXL"), path("LENL"));
     let buf = path("MR64");
     let tmp = aml::Local(1);
-    aml::Method::new(
+    RawAml::of(&aml::Method::new(
         "MCRS".into(),
         1,
         true,
@@ -313,11 +230,10 @@ fn mcrs(sink: &mut Vec<u8>) {
             &aml::Release::new(lock()),
             &aml::Return::new(&buf),
         ],
-    )
-    .to_aml_bytes(sink);
+    ))
 }
 
-impl BusDevice for MemoryHotplug {
+impl BusDevice for MemoryHotplugController {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         data.fill(0);
         let value: u64 = match offset {
@@ -372,5 +288,5 @@ impl BusDevice for MemoryHotplug {
 }
 
 #[cfg(test)]
-#[path = "memory_hotplug_tests.rs"]
+#[path = "hotplug_controller_tests.rs"]
 mod tests;

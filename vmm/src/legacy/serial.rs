@@ -8,7 +8,7 @@ use acpi_tables::{aml, Aml};
 use vm_superio::{serial::NoEvents, Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::BusDevice;
+use crate::bus::BusDevice;
 
 pub const COM1_PORT: u64 = 0x3f8;
 pub const COM1_IRQ: u32 = 4;

@@ -1,10 +1,10 @@
 use super::*;
 
-fn select(dev: &mut CpuHotplug, cpu: u32) {
+fn select(dev: &mut CpuHotplugController, cpu: u32) {
     dev.write(SELECT_OFFSET, &cpu.to_le_bytes());
 }
 
-fn status(dev: &mut CpuHotplug, cpu: u32) -> u8 {
+fn status(dev: &mut CpuHotplugController, cpu: u32) -> u8 {
     select(dev, cpu);
     let mut b = [0u8];
     dev.read(STATUS_OFFSET, &mut b);
@@ -12,7 +12,7 @@ fn status(dev: &mut CpuHotplug, cpu: u32) -> u8 {
 }
 
 /// What the guest's CSCN does for one CPU: read, acknowledge what it saw.
-fn scan(dev: &mut CpuHotplug, cpu: u32) -> u8 {
+fn scan(dev: &mut CpuHotplugController, cpu: u32) -> u8 {
     let s = status(dev, cpu);
     dev.write(STATUS_OFFSET, &[s & (STATUS_INSERTING | STATUS_REMOVING)]);
     s
@@ -22,11 +22,11 @@ fn scan(dev: &mut CpuHotplug, cpu: u32) -> u8 {
 fn plans_check_the_bounds_and_say_which_vcpus_change() {
     let state = CpuHotplugState::new(1, 4).unwrap();
     assert_eq!(state.present(), 1);
-    assert_eq!(state.plan_resize(1), Ok(ResizePlan::Unchanged));
-    assert_eq!(state.plan_resize(3), Ok(ResizePlan::Add(1..3)));
-    assert_eq!(state.plan_resize(0), Err(ResizeError::Zero { max: 4 }));
+    assert_eq!(state.plan_resize(1), Ok(VcpuResizePlan::Unchanged));
+    assert_eq!(state.plan_resize(3), Ok(VcpuResizePlan::Add(1..3)));
+    assert_eq!(state.plan_resize(0), Err(VcpuResizeError::Zero { max: 4 }));
     let above = state.plan_resize(5).unwrap_err();
-    assert_eq!(above, ResizeError::AboveMax { desired: 5, max: 4 });
+    assert_eq!(above, VcpuResizeError::AboveMax { desired: 5, max: 4 });
     assert_eq!(
         above.to_string(),
         "desired_vcpus=5 is above max_vcpus=4 (the hot-pluggable limit)"
@@ -35,13 +35,13 @@ fn plans_check_the_bounds_and_say_which_vcpus_change() {
         state.announce_add(cpu);
     }
     assert_eq!(state.present(), 3);
-    assert_eq!(state.plan_resize(2), Ok(ResizePlan::Remove(2..3)));
+    assert_eq!(state.plan_resize(2), Ok(VcpuResizePlan::Remove(2..3)));
 }
 
 #[test]
 fn an_add_is_announced_once_and_acknowledged() {
     let state = CpuHotplugState::new(1, 4).unwrap();
-    let mut dev = CpuHotplug::new(state.clone());
+    let mut dev = CpuHotplugController::new(state.clone());
     assert_eq!(status(&mut dev, 0), STATUS_ENABLED);
     assert_eq!(status(&mut dev, 2), 0, "not present");
     state.announce_add(2);
@@ -59,16 +59,16 @@ fn an_add_is_announced_once_and_acknowledged() {
 #[test]
 fn a_removal_waits_for_the_guests_eject_and_blocks_resizes_until_done() {
     let state = CpuHotplugState::new(3, 4).unwrap();
-    let mut dev = CpuHotplug::new(state.clone());
-    assert_eq!(state.plan_resize(2), Ok(ResizePlan::Remove(2..3)));
+    let mut dev = CpuHotplugController::new(state.clone());
+    assert_eq!(state.plan_resize(2), Ok(VcpuResizePlan::Remove(2..3)));
     state.announce_remove(2);
     assert_eq!(
         state.plan_resize(4),
-        Err(ResizeError::RemovalPending { cpu: 2 })
+        Err(VcpuResizeError::RemovalPending { cpu: 2 })
     );
     assert_eq!(
         state.plan_resize(3),
-        Ok(ResizePlan::Unchanged),
+        Ok(VcpuResizePlan::Unchanged),
         "still present until ejected: the same count is a no-op"
     );
     assert_eq!(scan(&mut dev, 2), STATUS_ENABLED | STATUS_REMOVING);
@@ -85,16 +85,16 @@ fn a_removal_waits_for_the_guests_eject_and_blocks_resizes_until_done() {
     // Pending until the control thread has parked the vCPU.
     assert_eq!(
         state.plan_resize(4),
-        Err(ResizeError::RemovalPending { cpu: 2 })
+        Err(VcpuResizeError::RemovalPending { cpu: 2 })
     );
     state.removal_done(2);
-    assert_eq!(state.plan_resize(4), Ok(ResizePlan::Add(2..4)));
+    assert_eq!(state.plan_resize(4), Ok(VcpuResizePlan::Add(2..4)));
 }
 
 #[test]
 fn the_guest_cannot_eject_a_vcpu_the_vmm_did_not_ask_to_remove() {
     let state = CpuHotplugState::new(2, 2).unwrap();
-    let mut dev = CpuHotplug::new(state.clone());
+    let mut dev = CpuHotplugController::new(state.clone());
     for cpu in [0, 1] {
         select(&mut dev, cpu);
         dev.write(STATUS_OFFSET, &[STATUS_EJECT]);

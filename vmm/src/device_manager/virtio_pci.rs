@@ -23,12 +23,12 @@ use virtio_devices::transport::pci::device::{VirtioPciDevice, VirtioPciError, BA
 use virtio_devices::VirtioDevice;
 use vm_memory::GuestMemoryAtomic;
 
-use super::device_memory::{AddressError, AddressSpace, Area, MemorySlot, SlotError, SlotNumbers};
+use super::address_space::{AddressError, AddressSpace, Area, MemorySlot, SlotError, SlotNumbers};
 use super::gsi_routing::{GsiError, GsiRouter, IrqfdMsi};
 use super::pci_root::{PciFunction, PciRoot, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE};
 pub use super::pci_segment::PciAddress;
-use super::{Bus, BusDevice};
 use crate::arch::x86_64::layout::{pci_ecam_start, DEVICE_MEMORY_ALIGN, PCI_ECAM_SIZE};
+use crate::bus::{Bus, BusDevice};
 use crate::memory::GuestMemoryMmap;
 
 #[derive(Debug, thiserror::Error)]
@@ -265,7 +265,7 @@ impl PciDeviceManager {
     ) -> Result<Self, VirtioPciSetupError> {
         let router = GsiRouter::new(vm.clone()).map_err(VirtioPciSetupError::Gsi)?;
         let count = lock(&space).pci_windows().len().max(1);
-        let bus_err = |e: super::bus::BusError| VirtioPciSetupError::Bus(e.to_string());
+        let bus_err = |e: crate::bus::BusError| VirtioPciSetupError::Bus(e.to_string());
         let mut segments = Vec::with_capacity(count);
         for segment in (0..count).map(segment_number) {
             let root = Arc::new(Mutex::new(PciRoot::new()));

@@ -1,7 +1,7 @@
 //! `vm.resize` of the vCPUs: starting hot-added vCPUs (or waking the
 //! parked thread of one ejected before: KVM cannot destroy a vCPU), asking
 //! the guest to eject removed ones, and parking them once it has. The
-//! guest's side is `devices::cpu_hotplug`; this runs on the VMM's control
+//! guest's side is `vcpu::hotplug_controller`; this runs on the VMM's control
 //! thread, never on a vCPU.
 
 use std::sync::Arc;
@@ -9,22 +9,23 @@ use std::sync::Arc;
 use kvm_bindings::CpuId;
 use kvm_ioctls::VmFd;
 
+use crate::bus::Bus;
+use crate::bus::BusError;
 use crate::config::CpusConfig;
-use crate::devices::bus::BusError;
-use crate::devices::cpu_hotplug::{
-    CpuHotplug, CpuHotplugState, ResizeError, ResizePlan, CPU_HOTPLUG_PORT, CPU_HOTPLUG_PORT_COUNT,
-};
-use crate::devices::ged::{GedHandle, EVENT_CPU_HOTPLUG};
-use crate::devices::Bus;
 use crate::exit::ExitHandle;
+use crate::legacy::ged::{GedHandle, EVENT_CPU_HOTPLUG};
 use crate::memory::GuestMemoryMmap;
+use crate::vcpu::hotplug_controller::{
+    CpuHotplugController, CpuHotplugState, VcpuResizeError, VcpuResizePlan, CPU_HOTPLUG_PORT,
+    CPU_HOTPLUG_PORT_COUNT,
+};
 use crate::vcpu::{RunningVcpus, Vcpu, VcpuError, VcpuSetup};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VcpuHotplugError {
     /// The count asked for cannot be had (a bound, or a removal pending).
     #[error(transparent)]
-    Resize(#[from] ResizeError),
+    Resize(#[from] VcpuResizeError),
     #[error("a hot-added vCPU: {0}")]
     Vcpu(#[from] VcpuError),
     #[error("CPU hot-plug registers: {0}")]
@@ -59,11 +60,13 @@ pub fn install(
 ) -> Result<Arc<CpuHotplugState>, VcpuHotplugError> {
     let state = CpuHotplugState::new(cpus.boot_vcpus, cpus.max_vcpus)?;
     pio.insert(
-        Arc::new(std::sync::Mutex::new(CpuHotplug::new(state.clone()))),
+        Arc::new(std::sync::Mutex::new(CpuHotplugController::new(
+            state.clone(),
+        ))),
         u64::from(CPU_HOTPLUG_PORT),
         CPU_HOTPLUG_PORT_COUNT,
     )?;
-    crate::devices::cpu_hotplug::append_aml(cpus, aml);
+    crate::vcpu::hotplug_controller::append_aml(cpus, aml);
     Ok(state)
 }
 
@@ -94,8 +97,8 @@ impl VcpuHotplug {
         ged: &GedHandle,
     ) -> Result<bool, VcpuHotplugError> {
         match self.state.plan_resize(desired)? {
-            ResizePlan::Unchanged => return Ok(false),
-            ResizePlan::Add(new) => {
+            VcpuResizePlan::Unchanged => return Ok(false),
+            VcpuResizePlan::Add(new) => {
                 for index in new {
                     if !vcpus.readd(index) {
                         let setup = VcpuSetup {
@@ -111,7 +114,7 @@ impl VcpuHotplug {
                     self.state.announce_add(index);
                 }
             }
-            ResizePlan::Remove(gone) => gone.for_each(|i| self.state.announce_remove(i)),
+            VcpuResizePlan::Remove(gone) => gone.for_each(|i| self.state.announce_remove(i)),
         }
         ged.raise(EVENT_CPU_HOTPLUG)?;
         Ok(true)

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::BusDevice;
+use crate::bus::BusDevice;
 use crate::exit::{ExitHandle, VmExit};
 
 pub const I8042_PORT: u64 = 0x60;

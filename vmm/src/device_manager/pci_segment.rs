@@ -12,9 +12,10 @@ use std::fmt;
 
 use acpi_tables::{aml, Aml};
 
-use super::device_memory::SegmentWindows;
-use super::pci_hotplug::{host_bridge_path, slot_aml, RawAml};
+use super::address_space::SegmentWindows;
+use super::hotplug_controller::{host_bridge_path, slot_aml};
 use super::pci_root::{PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE};
+use crate::arch::x86_64::hotplug_aml::RawAml;
 
 /// Where a function sits: its segment and its slot on the segment's bus 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -94,7 +95,7 @@ pub fn host_bridge_aml(segment: u16, windows: &SegmentWindows, sink: &mut Vec<u8
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::device_memory::segment_windows;
+    use crate::device_manager::address_space::segment_windows;
 
     #[test]
     fn bdf_carries_the_segment() {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use acpi_tables::{aml, Aml};
 
-use super::BusDevice;
+use crate::bus::BusDevice;
 use crate::exit::{ExitHandle, VmExit};
 
 pub const PVPANIC_PORT: u16 = 0x505;

@@ -11,10 +11,10 @@ use virtio_devices::VirtioDevice;
 use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{Bus, BusDevice};
 use crate::arch::x86_64::layout::{
     VIRTIO_MMIO_IRQ_BASE, VIRTIO_MMIO_MAX_DEVICES, VIRTIO_MMIO_START,
 };
+use crate::bus::{Bus, BusDevice};
 use crate::memory::GuestMemoryMmap;
 
 #[derive(Debug, thiserror::Error)]

@@ -5,15 +5,19 @@
 //! pending events from an I/O port and notifies the button device; the
 //! guest's ACPI button driver then reports KEY_POWER, and whatever the guest
 //! runs on it (systemd-logind, acpid, a test's watcher) powers off.
-//! The same interrupt announces PCI hot-plug (`pci_hotplug`) and CPU
-//! hot-plug (`cpu_hotplug`).
+//! The same interrupt announces PCI hot-plug
+//! (`device_manager::hotplug_controller`), CPU hot-plug
+//! (`vcpu::hotplug_controller`) and memory hot-plug
+//! (`memory::hotplug_controller`). It sits with the fixed platform devices
+//! rather than with any of those owners: it is made once at boot at a fixed
+//! port, like them, and all three raise it, so none of them owns it.
 
 use std::sync::Mutex;
 
 use acpi_tables::{aml, Aml};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::BusDevice;
+use crate::bus::BusDevice;
 
 /// One byte: pending events, cleared when read.
 pub const GED_PORT: u16 = 0x603;
@@ -21,11 +25,11 @@ pub const GED_PORT: u16 = 0x603;
 pub const GED_IRQ: u32 = 23;
 /// Event bit: the power button was pressed.
 pub const EVENT_POWER_BUTTON: u8 = 1 << 0;
-/// Event bit: a PCI slot changed (see `pci_hotplug`).
+/// Event bit: a PCI slot changed (see `device_manager::hotplug_controller`).
 pub const EVENT_PCI_HOTPLUG: u8 = 1 << 1;
-/// Event bit: vCPUs were added or are to be removed (see `cpu_hotplug`).
+/// Event bit: vCPUs were added or are to be removed (see `vcpu::hotplug_controller`).
 pub const EVENT_CPU_HOTPLUG: u8 = 1 << 2;
-/// Event bit: RAM was added (see `memory_hotplug`).
+/// Event bit: RAM was added (see `memory::hotplug_controller`).
 pub const EVENT_MEMORY_HOTPLUG: u8 = 1 << 3;
 
 pub struct Ged {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::BusDevice;
+use crate::bus::BusDevice;
 use crate::exit::{ExitHandle, VmExit};
 
 pub const SLEEP_CONTROL_PORT: u16 = 0x600;

@@ -27,8 +27,11 @@ use std::sync::{Arc, Mutex};
 use acpi_tables::{aml, Aml};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::BusDevice;
 use crate::arch::x86_64::acpi::{local_apic_entry, LAPIC_ENABLED};
+use crate::arch::x86_64::hotplug_aml::{
+    self, PortController, RawAml, RegisterField, ScanFlag, SelectedDevice,
+};
+use crate::bus::BusDevice;
 use crate::config::CpusConfig;
 
 /// QEMU's CPU hot-plug port; free on this platform's I/O bus.
@@ -56,7 +59,7 @@ struct CpuSlot {
 
 /// What `vm.resize` is to do with the vCPUs.
 #[derive(Debug, PartialEq, Eq)]
-pub enum ResizePlan {
+pub enum VcpuResizePlan {
     /// The guest has this count already (answered 204, as Cloud Hypervisor does).
     Unchanged,
     /// Start (or wake) these vCPUs and tell the guest.
@@ -66,7 +69,7 @@ pub enum ResizePlan {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ResizeError {
+pub enum VcpuResizeError {
     #[error("desired_vcpus=0 is invalid: expected 1 to max_vcpus={max}")]
     Zero { max: u32 },
     #[error("desired_vcpus={desired} is above max_vcpus={max} (the hot-pluggable limit)")]
@@ -75,6 +78,18 @@ pub enum ResizeError {
     /// (and Kata retries).
     #[error("vCPU {cpu} is still being removed: the guest has not ejected it yet")]
     RemovalPending { cpu: u32 },
+}
+
+/// Checks a `desired_vcpus` against the bounds `vm.resize` allows, 1 to
+/// `max` (before boot as after).
+pub fn check_vcpu_count(desired: u32, max: u32) -> Result<(), VcpuResizeError> {
+    if desired == 0 {
+        return Err(VcpuResizeError::Zero { max });
+    }
+    if desired > max {
+        return Err(VcpuResizeError::AboveMax { desired, max });
+    }
+    Ok(())
 }
 
 /// The vCPUs' hot-plug state, shared by the register device (on the vCPU
@@ -112,28 +127,22 @@ impl CpuHotplugState {
     }
 
     /// Checks `desired` and says what reaching it takes; changes nothing.
-    pub fn plan_resize(&self, desired: u32) -> Result<ResizePlan, ResizeError> {
+    pub fn plan_resize(&self, desired: u32) -> Result<VcpuResizePlan, VcpuResizeError> {
         let slots = self.slots();
-        let max = slot_count(slots.len());
-        if desired == 0 {
-            return Err(ResizeError::Zero { max });
-        }
-        if desired > max {
-            return Err(ResizeError::AboveMax { desired, max });
-        }
+        check_vcpu_count(desired, slot_count(slots.len()))?;
         let present = slot_count(slots.iter().filter(|s| s.present).count());
         if desired == present {
-            return Ok(ResizePlan::Unchanged);
+            return Ok(VcpuResizePlan::Unchanged);
         }
         if let Some(cpu) = slots.iter().position(|s| s.eject_awaited) {
-            return Err(ResizeError::RemovalPending {
+            return Err(VcpuResizeError::RemovalPending {
                 cpu: slot_count(cpu),
             });
         }
         Ok(if desired > present {
-            ResizePlan::Add(present..desired)
+            VcpuResizePlan::Add(present..desired)
         } else {
-            ResizePlan::Remove(desired..present)
+            VcpuResizePlan::Remove(desired..present)
         })
     }
 
@@ -162,7 +171,7 @@ impl CpuHotplugState {
     }
 
     /// The vCPUs ejected since the last call. Each stays "being removed"
-    /// (a resize answers [`ResizeError::RemovalPending`]) until
+    /// (a resize answers [`VcpuResizeError::RemovalPending`]) until
     /// [`Self::removal_done`].
     pub fn take_ejected(&self) -> Vec<u32> {
         let _ = self.evt.read();
@@ -178,14 +187,14 @@ impl CpuHotplugState {
 }
 
 /// The register block on the I/O bus.
-pub struct CpuHotplug {
+pub struct CpuHotplugController {
     selected: u32,
     state: Arc<CpuHotplugState>,
 }
 
-impl CpuHotplug {
+impl CpuHotplugController {
     pub fn new(state: Arc<CpuHotplugState>) -> Self {
-        CpuHotplug { selected: 0, state }
+        CpuHotplugController { selected: 0, state }
     }
 
     fn status(&self) -> u8 {
@@ -240,7 +249,7 @@ impl CpuHotplug {
     }
 }
 
-impl BusDevice for CpuHotplug {
+impl BusDevice for CpuHotplugController {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         data.fill(0);
         match (offset, data.len()) {
@@ -271,7 +280,26 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
     append_controller_aml(sink);
     let max = cpus.max_vcpus;
     let topology = cpus.effective_topology();
-    let (csta, ctfy, cej0, cscn) = (csta(), ctfy(max), cej0(), cscn(max));
+    let names: Vec<String> = (0..max).map(cpu_name).collect();
+    let csta = hotplug_aml::status_method("CSTA", &REGISTERS);
+    let ctfy = hotplug_aml::notify_method("CTFY", &names);
+    let cej0 = cej0();
+    let cscn = hotplug_aml::scan_method(
+        "CSCN",
+        &REGISTERS,
+        names.len(),
+        "CTFY",
+        &[
+            ScanFlag {
+                flag: "\\_SB_.PRES.CINS",
+                event: DEVICE_CHECK,
+            },
+            ScanFlag {
+                flag: "\\_SB_.PRES.CRMV",
+                event: EJECT_REQUEST,
+            },
+        ],
+    );
     let devices: Vec<CpuDevice> = (0..max)
         .map(|c| CpuDevice {
             cpu: c,
@@ -285,40 +313,37 @@ pub fn append_aml(cpus: &CpusConfig, sink: &mut Vec<u8>) {
     aml::Device::new("\\_SB_.CPUS".into(), children).to_aml_bytes(sink);
 }
 
+/// ACPI's notifications: add the device, and ask the guest to eject it.
+const DEVICE_CHECK: u8 = 1;
+const EJECT_REQUEST: u8 = 3;
+
+/// The registers the processor container's methods select a vCPU with.
+const REGISTERS: SelectedDevice<'static> = SelectedDevice {
+    lock: "\\_SB_.PRES.CPLK",
+    select: "\\_SB_.PRES.CSEL",
+    enabled: "\\_SB_.PRES.CPEN",
+};
+
 /// The controller's device, `\_SB_.PRES`: its ports and registers, and the
 /// mutex its methods take.
 fn append_controller_aml(sink: &mut Vec<u8>) {
-    let port = usize::from(CPU_HOTPLUG_PORT);
-    let len = const { narrow::usize_of(CPU_HOTPLUG_PORT_COUNT) };
-    aml::Device::new(
-        "\\_SB_.PRES".into(),
-        vec![
-            &aml::Name::new("_HID".into(), &aml::EISAName::new("PNP0A06")),
-            &aml::Name::new("_UID".into(), &"CPU Hotplug Controller"),
-            &aml::Mutex::new("CPLK".into(), 0),
-            &aml::Name::new(
-                "_CRS".into(),
-                &aml::ResourceTemplate::new(vec![&aml::IO::new(
-                    CPU_HOTPLUG_PORT,
-                    CPU_HOTPLUG_PORT,
-                    1,
-                    const { narrow::u8_of(CPU_HOTPLUG_PORT_COUNT) },
-                )]),
-            ),
-            &aml::OpRegion::new("PRST".into(), aml::OpRegionSpace::SystemIO, &port, &len),
-            &aml::Field::new(
-                "PRST".into(),
-                aml::FieldAccessType::DWord,
-                aml::FieldLockRule::NoLock,
-                aml::FieldUpdateRule::WriteAsZeroes,
-                vec![aml::FieldEntry::Named(*b"CSEL", 32)],
-            ),
-            &aml::Field::new(
-                "PRST".into(),
-                aml::FieldAccessType::Byte,
-                aml::FieldLockRule::NoLock,
-                aml::FieldUpdateRule::WriteAsZeroes,
-                vec![
+    PortController {
+        path: "\\_SB_.PRES",
+        uid: "CPU Hotplug Controller",
+        port: CPU_HOTPLUG_PORT,
+        ports: const { narrow::u8_of(CPU_HOTPLUG_PORT_COUNT) },
+        mutex: "CPLK",
+        region: "PRST",
+        fields: vec![
+            RegisterField {
+                access: aml::FieldAccessType::DWord,
+                update: aml::FieldUpdateRule::WriteAsZeroes,
+                entries: vec![aml::FieldEntry::Named(*b"CSEL", 32)],
+            },
+            RegisterField {
+                access: aml::FieldAccessType::Byte,
+                update: aml::FieldUpdateRule::WriteAsZeroes,
+                entries: vec![
                     aml::FieldEntry::Reserved(32),
                     aml::FieldEntry::Named(*b"CPEN", 1),
                     aml::FieldEntry::Named(*b"CINS", 1),
@@ -326,10 +351,10 @@ fn append_controller_aml(sink: &mut Vec<u8>) {
                     aml::FieldEntry::Named(*b"CEJ0", 1),
                     aml::FieldEntry::Reserved(4),
                 ],
-            ),
+            },
         ],
-    )
-    .to_aml_bytes(sink);
+    }
+    .append_aml(&[], sink);
 }
 
 /// A number of vCPU slots, or a slot's index, as the u32 vCPUs are counted
@@ -343,129 +368,21 @@ fn slot_count(n: usize) -> u32 {
     n
 }
 
-/// The mutex the controller's methods take.
-fn lock() -> aml::Path {
-    aml::Path::new("\\_SB_.PRES.CPLK")
-}
-
-/// `CSTA(cpu)`: the `_STA` of a CPU, present and enabled (0xf) or absent.
-fn csta() -> Raw {
-    let reg = aml::Path::new;
-    Raw::of(&aml::Method::new(
-        "CSTA".into(),
-        1,
-        true,
-        vec![
-            &aml::Acquire::new(lock(), 0xffff),
-            &aml::Store::new(&reg("\\_SB_.PRES.CSEL"), &aml::Arg(0)),
-            &aml::Store::new(&aml::Local(0), &aml::ZERO),
-            &aml::If::new(
-                &aml::Equal::new(&reg("\\_SB_.PRES.CPEN"), &aml::ONE),
-                vec![&aml::Store::new(&aml::Local(0), &0xfu8)],
-            ),
-            &aml::Release::new(lock()),
-            &aml::Return::new(&aml::Local(0)),
-        ],
-    ))
-}
-
-/// `CTFY(cpu, event)`: notifies CPU `cpu`'s device of `event`.
-fn ctfy(max: u32) -> Raw {
-    let names: Vec<aml::Path> = (0..max).map(|c| aml::Path::new(&cpu_name(c))).collect();
-    let notifies: Vec<aml::Notify> = names
-        .iter()
-        .map(|p| aml::Notify::new(p, &aml::Arg(1)))
-        .collect();
-    let ids: Vec<u32> = (0..max).collect();
-    let tests: Vec<aml::Equal> = ids
-        .iter()
-        .map(|c| aml::Equal::new(&aml::Arg(0), c))
-        .collect();
-    let ifs: Vec<aml::If> = tests
-        .iter()
-        .zip(&notifies)
-        .map(|(t, n)| aml::If::new(t, vec![n]))
-        .collect();
-    Raw::of(&aml::Method::new(
-        "CTFY".into(),
-        2,
-        true,
-        ifs.iter().map(|i| i as &dyn Aml).collect(),
-    ))
-}
-
 /// `CEJ0(cpu)`: the guest has let go of CPU `cpu`; the VMM may take it.
-fn cej0() -> Raw {
+fn cej0() -> RawAml {
     let reg = aml::Path::new;
-    Raw::of(&aml::Method::new(
+    let lock = || reg(REGISTERS.lock);
+    RawAml::of(&aml::Method::new(
         "CEJ0".into(),
         1,
         true,
         vec![
             &aml::Acquire::new(lock(), 0xffff),
-            &aml::Store::new(&reg("\\_SB_.PRES.CSEL"), &aml::Arg(0)),
+            &aml::Store::new(&reg(REGISTERS.select), &aml::Arg(0)),
             &aml::Store::new(&reg("\\_SB_.PRES.CEJ0"), &aml::ONE),
             &aml::Release::new(lock()),
         ],
     ))
-}
-
-/// `CSCN`: for each CPU, notifies what the VMM marked as inserted or to be
-/// removed, and acknowledges it.
-fn cscn(max: u32) -> Raw {
-    let reg = aml::Path::new;
-    let (cpu, device_check, eject_request) = (aml::Local(0), 1u8, 3u8);
-    // For each CPU: select it; notify what is marked and acknowledge it.
-    let scan_one_cpu = [
-        Raw::of(&aml::Store::new(&reg("\\_SB_.PRES.CSEL"), &cpu)),
-        Raw::of(&aml::If::new(
-            &aml::Equal::new(&reg("\\_SB_.PRES.CINS"), &aml::ONE),
-            vec![
-                &aml::MethodCall::new("CTFY".into(), vec![&cpu, &device_check]),
-                &aml::Store::new(&reg("\\_SB_.PRES.CINS"), &aml::ONE),
-            ],
-        )),
-        Raw::of(&aml::If::new(
-            &aml::Equal::new(&reg("\\_SB_.PRES.CRMV"), &aml::ONE),
-            vec![
-                &aml::MethodCall::new("CTFY".into(), vec![&cpu, &eject_request]),
-                &aml::Store::new(&reg("\\_SB_.PRES.CRMV"), &aml::ONE),
-            ],
-        )),
-        Raw::of(&aml::Add::new(&cpu, &cpu, &aml::ONE)),
-    ];
-    Raw::of(&aml::Method::new(
-        "CSCN".into(),
-        0,
-        true,
-        vec![
-            &aml::Acquire::new(lock(), 0xffff),
-            &aml::Store::new(&cpu, &aml::ZERO),
-            &aml::While::new(
-                &aml::LessThan::new(&cpu, &max),
-                scan_one_cpu.iter().map(|a| a as &dyn Aml).collect(),
-            ),
-            &aml::Release::new(lock()),
-        ],
-    ))
-}
-
-/// AML already encoded: lets a method be built in one statement (the
-/// crate's objects borrow their parts) and placed in another.
-struct Raw(Vec<u8>);
-
-impl Raw {
-    fn of(a: &dyn Aml) -> Self {
-        let mut v = Vec::new();
-        a.to_aml_bytes(&mut v);
-        Raw(v)
-    }
-}
-
-impl Aml for Raw {
-    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
-        sink.vec(&self.0);
-    }
 }
 
 /// One processor device inside `\_SB_.CPUS`.
@@ -479,7 +396,7 @@ impl Aml for CpuDevice {
         // Linux takes the APIC id from _MAT, and only from an enabled
         // entry: the MADT's entry of a hot-pluggable vCPU is not.
         let mat = local_apic_entry(self.cpu, self.apic_id, LAPIC_ENABLED).to_vec();
-        let sta = Raw::of(&aml::Method::new(
+        let sta = RawAml::of(&aml::Method::new(
             "_STA".into(),
             0,
             false,
@@ -488,7 +405,7 @@ impl Aml for CpuDevice {
                 vec![&self.cpu],
             ))],
         ));
-        let ej0 = Raw::of(&aml::Method::new(
+        let ej0 = RawAml::of(&aml::Method::new(
             "_EJ0".into(),
             1,
             false,
@@ -507,5 +424,5 @@ impl Aml for CpuDevice {
 }
 
 #[cfg(test)]
-#[path = "cpu_hotplug_tests.rs"]
+#[path = "hotplug_controller_tests.rs"]
 mod tests;

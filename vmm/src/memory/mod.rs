@@ -1,5 +1,13 @@
-//! Guest RAM: anonymous private memory, or a memfd mapped `MAP_SHARED`
-//! (`shared=on`) that a vhost-user backend can map from the fd we send it.
+//! Guest memory and everything that changes it: boot RAM, as anonymous
+//! private memory or a memfd mapped `MAP_SHARED` (`shared=on`) that a
+//! vhost-user backend can map from the fd we send it (here); RAM added while
+//! the guest runs ([`hotplug`]) and the ACPI memory hot-plug controller the
+//! guest sees ([`hotplug_controller`]); DAX ranges mapped into the guest's
+//! view before it touches them ([`prefault`]).
+
+pub mod hotplug;
+pub mod hotplug_controller;
+pub mod prefault;
 
 use std::fs::File;
 use std::os::fd::FromRawFd;
