@@ -1,6 +1,7 @@
 //! The VM configuration and its parsing from Cloud Hypervisor's command-line syntax.
 
 mod ch_fields;
+mod checks;
 mod cpus;
 mod disk;
 mod fs;
@@ -12,12 +13,13 @@ mod pmem;
 mod rng;
 mod vsock;
 
+pub use checks::Transport;
 pub use cpus::{CpuTopology, CpusConfig, CPUS_KEYS, MAX_VCPUS};
 pub use disk::{DiskConfig, DISK_KEYS};
 pub use fs::FsConfig;
 pub use net::{NetConfig, DEFAULT_TAP_NAME, NET_KEYS};
 pub use platform::{PlatformConfig, MAX_PCI_SEGMENTS, PLATFORM_KEYS};
-pub use pmem::{PmemConfig, Transport};
+pub use pmem::PmemConfig;
 pub use rng::{RngConfig, DEFAULT_RNG_SOURCE, RNG_KEYS};
 pub use vsock::{VsockConfig, VSOCK_KEYS};
 

@@ -5,7 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{ConfigError, Transport, MAX_PCI_SEGMENTS};
+use super::checks::{ID_EXPECTED, PCI_SEGMENT_EXPECTED};
+use super::{ConfigError, Transport};
 
 /// The parsed `key=value` pairs of one option, e.g. `--memory size=1G,shared=on`.
 #[derive(Debug)]
@@ -132,53 +133,49 @@ impl OptionValues {
         }
     }
 
-    /// Cloud Hypervisor's `iommu` key, which every device accepts: only its
-    /// default (off) exists here, and ch-remote sends it.
-    pub fn check_ch_defaults(&self) -> Result<(), ConfigError> {
-        if self
-            .get("iommu")
-            .is_some_and(|v| v != "off" && v != "false")
-        {
-            return Err(ConfigError::Unsupported {
-                option: self.option,
-                message: "iommu=on is not supported".into(),
-            });
-        }
-        Ok(())
+    /// A toggle key (`on`/`off`), if given.
+    pub fn toggle(&self, key: &'static str) -> Result<Option<bool>, ConfigError> {
+        self.convert(key, parse_toggle)
     }
 
-    /// The `transport` key (virtio-PCI by default) and the PCI segment the
-    /// device goes on (`pci_segment`, 0 by default). Whether that segment
-    /// exists depends on the whole VM ([`super::VmConfig::validate`]); a
-    /// virtio-MMIO device is on no segment, so only 0 is accepted for it.
-    pub fn transport_and_segment(&self) -> Result<(Transport, u16), ConfigError> {
-        let transport = self
+    /// A key's text, if given.
+    pub fn text(&self, key: &str) -> Option<String> {
+        self.get(key).map(str::to_string)
+    }
+
+    /// A number a u16 field holds; one that does not fit is refused with
+    /// `expected`, the field's limit (which its `validate` checks).
+    pub fn u16_value(&self, key: &'static str, expected: &str) -> Result<Option<u16>, ConfigError> {
+        let Some(n) = self.convert(key, parse_u32)? else {
+            return Ok(None);
+        };
+        u16::try_from(n)
+            .map(Some)
+            .map_err(|_| self.invalid(key, &n.to_string(), expected))
+    }
+
+    /// The `transport` key (virtio-PCI when not given).
+    pub fn transport(&self) -> Result<Transport, ConfigError> {
+        Ok(self
             .convert("transport", Transport::parse)?
-            .unwrap_or_default();
-        let segment = self
-            .convert("pci_segment", |v| {
-                v.parse::<u16>()
-                    .ok()
-                    .filter(|s| *s < MAX_PCI_SEGMENTS)
-                    .ok_or("a PCI segment number below 96 (Cloud Hypervisor's limit)")
-            })?
-            .unwrap_or(0);
-        if transport == Transport::Mmio && segment != 0 {
-            return Err(self.unsupported(
-                "pci_segment",
-                "a transport=mmio device is on no PCI segment (only pci_segment=0 is accepted with it)",
-            ));
-        }
-        Ok((transport, segment))
+            .unwrap_or_default())
     }
 
-    /// The `id` key: given and non-empty, or `_<prefix><index>` when absent
-    /// (as Cloud Hypervisor names devices).
-    pub fn device_id(&self, prefix: &str, index: usize) -> Result<String, ConfigError> {
+    /// The `pci_segment` key (0 when not given).
+    pub fn pci_segment(&self) -> Result<u16, ConfigError> {
+        Ok(self
+            .convert("pci_segment", |v| {
+                v.parse::<u16>().map_err(|_| PCI_SEGMENT_EXPECTED)
+            })?
+            .unwrap_or(0))
+    }
+
+    /// The `id` key: the one given (not empty), or empty when absent (the
+    /// config's `validate` names the device then).
+    pub fn id(&self) -> Result<String, ConfigError> {
         match self.get("id") {
-            Some("") => Err(self.invalid("id", "", "a non-empty device id")),
-            Some(id) => Ok(id.to_string()),
-            None => Ok(format!("_{prefix}{index}")),
+            Some("") => Err(self.invalid("id", "", ID_EXPECTED)),
+            other => Ok(other.unwrap_or_default().to_string()),
         }
     }
 }
