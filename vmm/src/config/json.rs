@@ -539,9 +539,10 @@ pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
                 .unwrap_or_default()
         ))?,
     };
-    if let Some(c) = &j.console {
-        serial_mode(c, "console")?;
-    }
+    let console = match &j.console {
+        Some(c) => serial_mode(c, "console")?,
+        None => SerialMode::Off,
+    };
     let config = VmConfig {
         payload: PayloadConfig {
             kernel,
@@ -556,6 +557,7 @@ pub fn vm_config_from_json(body: &Value) -> Result<VmConfig, JsonConfigError> {
             .map(|s| serial_mode(s, "serial"))
             .transpose()?
             .unwrap_or(SerialMode::Null),
+        console,
         pmem: j
             .pmem
             .unwrap_or_default()
