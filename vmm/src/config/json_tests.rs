@@ -1,6 +1,9 @@
 //! Tests of `json.rs`: Cloud Hypervisor's and Kata's JSON bodies.
 
+use serde_json::{json, Value};
+
 use super::*;
+use crate::config::{CpuTopology, RngConfig, SerialMode, Transport};
 
 #[test]
 fn ch_remote_add_fs_body_is_accepted_with_our_fields() {
@@ -365,3 +368,31 @@ fn kata_memory_with_acpi_hotplug_is_accepted_and_round_trips() {
     let e = vm_config_from_json(&small).unwrap_err().to_string();
     assert!(e.contains("hotplug_size") && e.contains("128M"), "{e}");
 }
+
+/// `vm.info`'s config, byte for byte, for a VmConfig that sets every
+/// field this VMM has (the text the hand-written `vm.info` gave before the
+/// config types were serialized; Kata's Go and runtime-rs clients parse it).
+#[test]
+fn vm_info_is_byte_for_byte_what_it_was() {
+    let body = json!({"payload": {"kernel": "/k", "initramfs": "/i", "cmdline": "x"},
+        "rng": {"src": "/dev/random", "transport": "mmio"},
+        "cpus": {"boot_vcpus": 2, "max_vcpus": 4, "topology": {"threads_per_core": 1, "cores_per_die": 4, "dies_per_package": 1, "packages": 1}},
+        "memory": {"size": 1073741824u64, "shared": true, "hotplug_size": 1073741824u64, "hugepages": true},
+        "serial": {"mode": "File", "file": "/tmp/s"},
+        "platform": {"num_pci_segments": 3},
+        "fs": [{"tag": "t", "socket": "/s", "dax": true, "cache_size": 67108864, "control_socket": "/c", "pci_segment": 2},
+               {"tag": "u", "socket": "/u", "id": "fs9", "dax": false, "dax_prefault": false, "transport": "mmio"}],
+        "pmem": [{"file": "/p", "size": 4194304, "discard_writes": true, "id": "pm"}, {"file": "/q"}],
+        "disks": [{"path": "/d", "readonly": true, "direct": true, "num_queues": 4, "queue_size": 256, "serial": "SER",
+                   "image_type": "Unknown", "lock_granularity": "ByteRange"}, {"path": "/e", "transport": "mmio"}],
+        "net": [{"tap": "t0", "ip": "10.0.0.1", "mask": "255.0.0.0", "mac": "52:54:00:00:00:01", "mtu": 1400,
+                 "offload_ufo": false, "vhost_mode": "Client", "offload_tso": false}],
+        "vsock": {"cid": 3, "socket": "/v"},
+        "pvpanic": false});
+    let c = vm_config_from_json(&body).unwrap();
+    let info = serde_json::to_string(&vm_config_to_json(&c)).unwrap();
+    assert_eq!(info, VM_INFO);
+    assert_eq!(vm_config_from_json(&vm_config_to_json(&c)).unwrap(), c);
+}
+
+const VM_INFO: &str = r#"{"console":{"mode":"Off","pci_segment":0},"cpus":{"boot_vcpus":2,"core_scheduling":"Vm","features":{"amx":false},"kvm_hyperv":false,"max_phys_bits":46,"max_vcpus":4,"nested":true,"profile":"Host","topology":{"cores_per_die":4,"dies_per_package":1,"packages":1,"threads_per_core":1}},"debug_console":{"iobase":233,"mode":"Off"},"disks":[{"backing_files":false,"direct":true,"id":"_disk0","image_type":"Raw","iommu":false,"num_queues":4,"path":"/d","pci_segment":0,"queue_size":256,"readonly":true,"serial":"SER","sparse":true,"transport":"pci","vhost_user":false},{"backing_files":false,"direct":false,"id":"_disk1","image_type":"Raw","iommu":false,"num_queues":1,"path":"/e","pci_segment":0,"queue_size":128,"readonly":false,"serial":null,"sparse":true,"transport":"mmio","vhost_user":false}],"fs":[{"cache_size":67108864,"control_socket":"/c","dax":true,"dax_policy":null,"dax_prefault":true,"id":"_fs0","num_queues":1,"pci_segment":2,"queue_size":1024,"socket":"/s","tag":"t","transport":"pci"},{"cache_size":null,"control_socket":null,"dax":false,"dax_policy":null,"dax_prefault":false,"id":"fs9","num_queues":1,"pci_segment":0,"queue_size":1024,"socket":"/u","tag":"u","transport":"mmio"}],"iommu":false,"landlock_enable":false,"memory":{"hotplug_method":"Acpi","hotplug_size":1073741824,"hugepages":true,"mergeable":false,"prefault":false,"reserve":false,"shared":true,"size":1073741824,"thp":true},"net":[{"id":"_net0","iommu":false,"ip":"10.0.0.1","mac":"52:54:00:00:00:01","mask":"255.0.0.0","mtu":1400,"num_queues":2,"offload_csum":true,"offload_tso":false,"offload_ufo":true,"pci_segment":0,"queue_size":256,"tap":"t0","transport":"pci","vhost_mode":"Client","vhost_user":false}],"payload":{"cmdline":"x","initramfs":"/i","kernel":"/k"},"platform":{"num_pci_segments":3},"pmem":[{"discard_writes":true,"file":"/p","id":"pm","iommu":false,"pci_segment":0,"size":4194304,"transport":"pci"},{"discard_writes":false,"file":"/q","id":"_pmem1","iommu":false,"pci_segment":0,"size":null,"transport":"pci"}],"pvpanic":false,"rng":{"iommu":false,"pci_segment":0,"src":"/dev/random","transport":"mmio"},"serial":{"file":"/tmp/s","mode":"File"},"vsock":{"cid":3,"id":"_vsock0","iommu":false,"pci_segment":0,"socket":"/v","transport":"pci"},"watchdog":false}"#;
