@@ -164,7 +164,7 @@ impl CpusConfig {
     }
 
     /// Fills a config from the values of `--cpus` and checks it.
-    pub fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
+    fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
         CpusConfig {
             boot_vcpus: o.convert("boot", parse_u32)?.unwrap_or(1),
             max_vcpus: o

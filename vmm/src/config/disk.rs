@@ -133,9 +133,8 @@ impl DiskConfig {
         Self::from_values(&OptionValues::parse("disk", input, DISK_KEYS)?, index)
     }
 
-    /// Fills a config from the values of `--disk` (or of an API
-    /// DiskConfig) and checks it.
-    pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
+    /// Fills a config from the values of `--disk` and checks it.
+    fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         // Keys with no field here: Cloud Hypervisor's rate limiter, spelled
         // out on its command line.
         o.refuse_any(

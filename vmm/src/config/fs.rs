@@ -114,7 +114,7 @@ impl FsConfig {
     }
 
     /// Fills a config from the values of `--fs` and checks it.
-    pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
+    fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         let required = |key| {
             o.text(key)
                 .ok_or(ConfigError::MissingKey { option: "fs", key })

@@ -1,4 +1,7 @@
-//! The VM configuration and its parsing from Cloud Hypervisor's command-line syntax.
+//! The VM configuration: one serde type per part (Cloud Hypervisor's JSON
+//! field names and defaults), filled by the command line (Cloud
+//! Hypervisor's `key=value` syntax) and by the API ([`json`]) alike, each
+//! checked by its own `validate`.
 
 mod ch_fields;
 mod checks;
@@ -14,14 +17,14 @@ mod rng;
 mod vsock;
 
 pub use checks::Transport;
-pub use cpus::{CpuTopology, CpusConfig, CPUS_KEYS, MAX_VCPUS};
-pub use disk::{DiskConfig, DISK_KEYS};
+pub use cpus::{CpuTopology, CpusConfig, MAX_VCPUS};
+pub use disk::DiskConfig;
 pub use fs::FsConfig;
-pub use net::{NetConfig, DEFAULT_TAP_NAME, NET_KEYS};
-pub use platform::{PlatformConfig, MAX_PCI_SEGMENTS, PLATFORM_KEYS};
+pub use net::{NetConfig, DEFAULT_TAP_NAME};
+pub use platform::{PlatformConfig, MAX_PCI_SEGMENTS};
 pub use pmem::PmemConfig;
-pub use rng::{RngConfig, DEFAULT_RNG_SOURCE, RNG_KEYS};
-pub use vsock::{VsockConfig, VSOCK_KEYS};
+pub use rng::{RngConfig, DEFAULT_RNG_SOURCE};
+pub use vsock::VsockConfig;
 
 use std::path::PathBuf;
 

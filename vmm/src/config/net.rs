@@ -232,9 +232,9 @@ impl NetConfig {
         Self::from_values(&OptionValues::parse("net", input, NET_KEYS)?, index)
     }
 
-    /// Fills a config from the values of `--net` (or of an API NetConfig)
+    /// Fills a config from the values of `--net`
     /// and checks it.
-    pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
+    fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         // Keys with no field here: Cloud Hypervisor's command-line spelling
         // of inherited fds and of its rate limiter.
         o.refuse_any(

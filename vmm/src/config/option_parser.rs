@@ -1,4 +1,6 @@
-//! Parser for Cloud Hypervisor style option values: `key=value,key=value`.
+//! Parser for Cloud Hypervisor style option values: `key=value,key=value`,
+//! from which each option fills its config type (whose `validate` checks
+//! the values, as for an API body).
 //!
 //! Every option declares the keys it accepts, so a typo is reported with the
 //! option's name and the full list of accepted keys instead of being ignored.
@@ -45,27 +47,6 @@ impl OptionValues {
                     key: key.to_string(),
                 });
             }
-        }
-        Ok(OptionValues { option, values })
-    }
-
-    /// The same checks for values that arrive as fields (an API body):
-    /// `pairs` are key and value as the command line would spell them.
-    pub fn from_pairs(
-        option: &'static str,
-        pairs: Vec<(&str, String)>,
-        accepted: &'static [&'static str],
-    ) -> Result<Self, ConfigError> {
-        let mut values = BTreeMap::new();
-        for (key, value) in pairs {
-            if !accepted.contains(&key) {
-                return Err(ConfigError::UnknownKey {
-                    option,
-                    key: key.to_string(),
-                    accepted: accepted.join(", "),
-                });
-            }
-            values.insert(key.to_string(), value);
         }
         Ok(OptionValues { option, values })
     }

@@ -57,7 +57,7 @@ impl PlatformConfig {
     }
 
     /// Fills a config from the values of `--platform` and checks it.
-    pub fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
+    fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
         o.refuse_any(
             &PLATFORM_KEYS[1..],
             "no IOMMU, SMBIOS strings or confidential guests here",

@@ -58,9 +58,8 @@ impl PmemConfig {
         Self::from_values(&OptionValues::parse("pmem", input, PMEM_KEYS)?, index)
     }
 
-    /// Fills a config from the values of `--pmem` (or of an API
-    /// PmemConfig) and checks it.
-    pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
+    /// Fills a config from the values of `--pmem` and checks it.
+    fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         let file = o.get("file").ok_or(ConfigError::MissingKey {
             option: "pmem",
             key: "file",

@@ -55,7 +55,7 @@ impl RngConfig {
     }
 
     /// Fills a config from the values of `--rng` and checks it.
-    pub fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
+    fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
         let config = RngConfig {
             src: o.get("src").map_or_else(default_src, PathBuf::from),
             iommu: o.toggle("iommu")?.unwrap_or(false),

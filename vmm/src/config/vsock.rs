@@ -52,7 +52,7 @@ impl VsockConfig {
     }
 
     /// Fills a config from the values of `--vsock` and checks it.
-    pub fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
+    fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
         let cid = o
             .convert("cid", |v| v.parse::<u64>().map_err(|_| CID_EXPECTED))?
             .ok_or(ConfigError::MissingKey {
