@@ -6,6 +6,7 @@
 mod ch_fields;
 mod checks;
 mod cpus;
+mod device;
 mod disk;
 mod fs;
 pub mod json;
@@ -18,6 +19,7 @@ mod vsock;
 
 pub use checks::Transport;
 pub use cpus::{CpuTopology, CpusConfig, MAX_VCPUS};
+pub use device::DeviceConfig;
 pub use disk::DiskConfig;
 pub use fs::FsConfig;
 pub use net::{NetConfig, DEFAULT_TAP_NAME};
