@@ -14,6 +14,10 @@
 //!   structs ignore it ([`api::ignored_fields`] logs it once): Kata's
 //!   runtime-rs sends `payload.mrconfigid`, which no current Cloud
 //!   Hypervisor has.
+//!
+//! It is also the one list of Cloud Hypervisor's defaults for what this
+//! VMM does not implement: `vm.info` adds those Cloud Hypervisor's own
+//! `vm.info` shows to the serialized config ([`report_defaults`]).
 
 use serde_json::{json, Map, Value};
 
