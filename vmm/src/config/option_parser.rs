@@ -69,22 +69,6 @@ impl OptionValues {
         }
     }
 
-    /// `value` of `key` as the u16 a device takes, if `valid` (the caller's
-    /// checks, which `expected` describes, all passed); otherwise the error
-    /// naming the key, the value and `expected`.
-    pub fn checked_u16(
-        &self,
-        key: &'static str,
-        value: u32,
-        valid: bool,
-        expected: &str,
-    ) -> Result<u16, ConfigError> {
-        u16::try_from(value)
-            .ok()
-            .filter(|_| valid)
-            .ok_or_else(|| self.invalid(key, &value.to_string(), expected))
-    }
-
     pub fn invalid(&self, key: &'static str, value: &str, expected: &str) -> ConfigError {
         ConfigError::InvalidValue {
             option: self.option,
@@ -224,30 +208,28 @@ mod tests {
         assert_eq!(e.to_string(), "--cpus: key \"boot\" given twice");
     }
 
-    /// A value the caller's checks pass but a u16 cannot hold is refused
-    /// like one the checks fail, never cut.
+    /// A value a u16 cannot hold is refused with the field's limit (which
+    /// its `validate` checks otherwise), never cut.
     #[test]
-    fn checked_u16_refuses_what_fails_the_checks_or_does_not_fit() {
+    fn u16_value_refuses_what_does_not_fit() {
         let o = OptionValues::parse("disk", "queue_size=8", &["queue_size"]).unwrap();
         assert_eq!(
-            o.checked_u16("queue_size", 8, true, "a power of two")
-                .unwrap(),
-            8
+            o.u16_value("queue_size", "a power of two").unwrap(),
+            Some(8)
         );
-        let e = o
-            .checked_u16("queue_size", 6, false, "a power of two")
-            .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "--disk: queue_size=\"6\" is invalid: expected a power of two"
-        );
-        let e = o
-            .checked_u16("queue_size", 1 << 16, true, "a power of two")
-            .unwrap_err();
+        assert_eq!(o.u16_value("absent", "a power of two").unwrap(), None);
+        let o = OptionValues::parse("disk", "queue_size=65536", &["queue_size"]).unwrap();
+        let e = o.u16_value("queue_size", "a power of two").unwrap_err();
         assert_eq!(
             e.to_string(),
             "--disk: queue_size=\"65536\" is invalid: expected a power of two"
         );
+        let o = OptionValues::parse("disk", "queue_size=-1", &["queue_size"]).unwrap();
+        assert!(o
+            .u16_value("queue_size", "a power of two")
+            .unwrap_err()
+            .to_string()
+            .contains("an unsigned integer"));
     }
 
     #[test]
