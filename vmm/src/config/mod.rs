@@ -301,7 +301,12 @@ fn deserialize_console<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SerialM
     let f = ConsoleFields::deserialize(d)?;
     match f.mode.to_ascii_lowercase().as_str() {
         "off" => Ok(SerialMode::Off),
-        other => Err(serde::de::Error::custom(no_console(other))),
+        other => Err(serde::de::Error::custom(ConfigError::Unsupported {
+            option: "console",
+            message: format!(
+                "mode \"{other}\" needs a virtio-console, which this VMM does not have; use \"Off\""
+            ),
+        })),
     }
 }
 
