@@ -21,8 +21,7 @@ use crate::config::json::{
     disk_config_from_json, fs_config_from_json, net_config_from_json, pmem_config_from_json,
     vm_config_from_json, vm_config_to_json, vsock_config_from_json,
 };
-use crate::config::ConfigError;
-use crate::config::VmConfig;
+use crate::config::{ConfigError, DeviceConfig, VmConfig};
 use crate::device_manager::{DeviceManagerError, FsDeviceInfo};
 use crate::exit::VmExit;
 use crate::signals::StopSignals;
@@ -96,15 +95,6 @@ pub fn ping_info() -> Value {
     })
 }
 
-/// Which kind of device `vm.add-*` added (the last one in its list).
-enum AddedDevice {
-    Fs,
-    Pmem,
-    Disk,
-    Vsock,
-    Net,
-}
-
 /// How the loop ended.
 pub enum LoopExit {
     /// `vmm.shutdown`.
@@ -136,19 +126,21 @@ fn device_tree(vm: &Vm) -> Value {
     Value::Object(nodes)
 }
 
-/// `vm.add-vsock`'s change to the configuration: one vsock device per VM,
-/// as in Cloud Hypervisor.
-fn add_vsock(c: &mut VmConfig, body: &Value) -> Result<(), ApiError> {
-    let v = vsock_config_from_json(body)
-        .map_err(|e| ApiError::bad_request(format!("vm.add-vsock: {e}")))?;
+/// `vm.add-vsock`'s device: one vsock device per VM, as in Cloud Hypervisor.
+fn new_vsock(c: &VmConfig, body: &Value) -> Result<DeviceConfig, ApiError> {
+    let v = vsock_config_from_json(body).map_err(bad_request("vm.add-vsock"))?;
     if let Some(old) = &c.vsock {
         return Err(ApiError::conflict(format!(
             "vm.add-vsock: the VM has a vsock device already (\"{}\"); remove it first",
             old.id
         )));
     }
-    c.vsock = Some(v);
-    Ok(())
+    Ok(DeviceConfig::Vsock(v))
+}
+
+/// The API's answer to a body that is wrong: 400, naming the endpoint.
+fn bad_request<E: std::fmt::Display>(endpoint: &'static str) -> impl Fn(E) -> ApiError {
+    move |e| ApiError::bad_request(format!("{endpoint}: {e}"))
 }
 
 /// The API's answer to a hot-plug that did not happen: 400 for a transport
@@ -272,51 +264,53 @@ impl ControlLoop {
     /// Applies `change` to a copy of the configuration; returns the copy
     /// only if the whole configuration still checks out, so nothing is
     /// half-applied.
-    fn changed_config(
+    fn changed_config<T>(
         &self,
         endpoint: &str,
-        change: impl FnOnce(&mut VmConfig) -> Result<(), ApiError>,
-    ) -> Result<VmConfig, ApiError> {
+        change: impl FnOnce(&mut VmConfig) -> Result<T, ApiError>,
+    ) -> Result<(VmConfig, T), ApiError> {
         let mut next = self.config.clone().ok_or_else(|| {
             ApiError::conflict(format!("{endpoint}: no VM is created (vm.create first)"))
         })?;
-        change(&mut next)?;
+        let changed = change(&mut next)?;
         next.validate().map_err(|e| match e {
             // As Cloud Hypervisor answers a device id that exists: 409.
             ConfigError::DuplicateId { .. } => ApiError::conflict(format!("{endpoint}: {e}")),
             e => ApiError::bad_request(format!("{endpoint}: {e}")),
         })?;
-        Ok(next)
+        Ok((next, changed))
     }
 
-    /// `vm.add-fs` / `vm.add-pmem` / `vm.add-disk`: before boot the device joins the
-    /// configuration (204); on a running VM it is hot-plugged too, and the
-    /// reply says where, as Cloud Hypervisor's does (200 `{"id","bdf"}`).
+    /// `vm.add-fs` / `vm.add-pmem` / `vm.add-disk` / `vm.add-vsock` /
+    /// `vm.add-net`: `parse` gives the device's config from the request
+    /// (checked, and named for the configuration it joins). Before boot
+    /// the device joins the configuration (204); on a running VM it is
+    /// hot-plugged too, and the reply says where, as Cloud Hypervisor's
+    /// does (200 `{"id","bdf"}`).
     fn add_device(
         &mut self,
         endpoint: &str,
-        device: AddedDevice,
-        change: impl FnOnce(&mut VmConfig) -> Result<(), ApiError>,
+        parse: impl FnOnce(&VmConfig) -> Result<DeviceConfig, ApiError>,
     ) -> VmmResult {
-        let next = self.changed_config(endpoint, change)?;
+        let (next, device) = self.changed_config(endpoint, |c| {
+            let device = parse(c)?;
+            c.add_device(device.clone());
+            Ok(device)
+        })?;
         let observe = self.observer();
         let booted = self.booted();
         let Some(vm) = self.vm.as_mut().filter(|_| booted) else {
             self.config = Some(next);
             return Ok(VmmReply::NoContent);
         };
-        let placed = match device {
-            AddedDevice::Fs => next.fs.last().map(|f| vm.add_fs(f, Some(&observe))),
-            AddedDevice::Pmem => next.pmem.last().map(|p| vm.add_pmem(p)),
-            AddedDevice::Disk => next.disks.last().map(|d| vm.add_disk(d)),
-            AddedDevice::Vsock => next.vsock.as_ref().map(|v| vm.add_vsock(v)),
-            AddedDevice::Net => next.net.last().map(|n| vm.add_net(n)),
+        let placed = match &device {
+            DeviceConfig::Fs(f) => vm.add_fs(f, Some(&observe)),
+            DeviceConfig::Pmem(p) => vm.add_pmem(p),
+            DeviceConfig::Disk(d) => vm.add_disk(d),
+            DeviceConfig::Vsock(v) => vm.add_vsock(v),
+            DeviceConfig::Net(n) => vm.add_net(n),
         };
-        let info = match placed {
-            Some(Ok(info)) => info,
-            Some(Err(e)) => return Err(hotplug_error(endpoint, &e)),
-            None => return Err(ApiError::internal(format!("{endpoint}: no device added"))),
-        };
+        let info = placed.map_err(|e| hotplug_error(endpoint, &e))?;
         self.config = Some(next);
         Ok(VmmReply::Json(json!({"id": info.id, "bdf": info.bdf})))
     }
@@ -326,7 +320,7 @@ impl ControlLoop {
     /// eject it, and it goes when the guest has let go of it.
     fn remove_device(&mut self, id: &str) -> VmmResult {
         let endpoint = "vm.remove-device";
-        let next = self.changed_config(endpoint, |c| {
+        let (next, ()) = self.changed_config(endpoint, |c| {
             if !c.remove_device(id) {
                 return Err(ApiError::not_found(format!(
                     "{endpoint}: no device with id \"{id}\""
@@ -390,34 +384,28 @@ impl ControlLoop {
             VmmAction::PowerButton => self.power_button(),
             VmmAction::Pause => self.pause(),
             VmmAction::Resume => self.resume(),
-            VmmAction::AddFs(body) => self.add_device("vm.add-fs", AddedDevice::Fs, |c| {
-                let fs = fs_config_from_json(&body, c.fs.len())
-                    .map_err(|e| ApiError::bad_request(format!("vm.add-fs: {e}")))?;
-                c.fs.push(fs);
-                Ok(())
+            VmmAction::AddFs(body) => self.add_device("vm.add-fs", |c| {
+                fs_config_from_json(&body, c.fs.len())
+                    .map(DeviceConfig::Fs)
+                    .map_err(bad_request("vm.add-fs"))
             }),
-            VmmAction::AddPmem(body) => self.add_device("vm.add-pmem", AddedDevice::Pmem, |c| {
-                let p = pmem_config_from_json(&body, c.pmem.len())
-                    .map_err(|e| ApiError::bad_request(format!("vm.add-pmem: {e}")))?;
-                c.pmem.push(p);
-                Ok(())
+            VmmAction::AddPmem(body) => self.add_device("vm.add-pmem", |c| {
+                pmem_config_from_json(&body, c.pmem.len())
+                    .map(DeviceConfig::Pmem)
+                    .map_err(bad_request("vm.add-pmem"))
             }),
-            VmmAction::AddDisk(body) => self.add_device("vm.add-disk", AddedDevice::Disk, |c| {
-                let d = disk_config_from_json(&body, c.disks.len())
-                    .map_err(|e| ApiError::bad_request(format!("vm.add-disk: {e}")))?;
-                c.disks.push(d);
-                Ok(())
+            VmmAction::AddDisk(body) => self.add_device("vm.add-disk", |c| {
+                disk_config_from_json(&body, c.disks.len())
+                    .map(DeviceConfig::Disk)
+                    .map_err(bad_request("vm.add-disk"))
             }),
-            VmmAction::AddVsock(body) => {
-                self.add_device("vm.add-vsock", AddedDevice::Vsock, |c| add_vsock(c, &body))
-            }
-            VmmAction::AddNet(body, fds) => self.add_device("vm.add-net", AddedDevice::Net, |c| {
-                let n = net_config_from_json(&body, c.net.len())
-                    .map_err(|e| e.to_string())
-                    .and_then(|n| n.with_fds(fds).map_err(|e| e.to_string()))
-                    .map_err(|e| ApiError::bad_request(format!("vm.add-net: {e}")))?;
-                c.net.push(n);
-                Ok(())
+            VmmAction::AddVsock(body) => self.add_device("vm.add-vsock", |c| new_vsock(c, &body)),
+            VmmAction::AddNet(body, fds) => self.add_device("vm.add-net", |c| {
+                let n =
+                    net_config_from_json(&body, c.net.len()).map_err(bad_request("vm.add-net"))?;
+                n.with_fds(fds)
+                    .map(DeviceConfig::Net)
+                    .map_err(bad_request("vm.add-net"))
             }),
             VmmAction::RemoveDevice(id) => self.remove_device(&id),
             VmmAction::Resize(body) => self.resize(&body),

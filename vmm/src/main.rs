@@ -140,7 +140,7 @@ impl Cli {
             }
             return Ok(None);
         }
-        parse_console(&self.console)?;
+        let console = parse_console(&self.console)?;
         let kernel = self.kernel.clone().ok_or(ConfigError::Unsupported {
             option: "kernel",
             message: "a kernel is required to boot a VM".into(),
@@ -154,6 +154,7 @@ impl Cli {
             cpus: CpusConfig::parse(&self.cpus)?,
             memory: MemoryConfig::parse(&self.memory)?,
             serial: SerialMode::parse(&self.serial)?,
+            console,
             pmem: self
                 .pmem
                 .iter()

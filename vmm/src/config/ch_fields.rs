@@ -14,6 +14,10 @@
 //!   structs ignore it ([`api::ignored_fields`] logs it once): Kata's
 //!   runtime-rs sends `payload.mrconfigid`, which no current Cloud
 //!   Hypervisor has.
+//!
+//! It is also the one list of Cloud Hypervisor's defaults for what this
+//! VMM does not implement: `vm.info` adds those Cloud Hypervisor's own
+//! `vm.info` shows to the serialized config ([`report_defaults`]).
 
 use serde_json::{json, Map, Value};
 
@@ -41,8 +45,14 @@ pub(super) enum Null {
 pub(super) enum Rule {
     /// Implemented here: passed on to the typed parser.
     Ours(Null),
+    /// Passed on to the typed parser, which accepts only what changes
+    /// nothing here; `vm.info` reports this value, Cloud Hypervisor's default.
+    OursReported(fn() -> Value, Null),
     /// Not implemented: only this value is accepted.
     Default(fn() -> Value, Null),
+    /// Not implemented: only this value is accepted, and `vm.info`
+    /// reports it (as Cloud Hypervisor's own `vm.info` does).
+    Reported(fn() -> Value, Null),
     /// Not implemented: only null, or the empty value of its shape.
     Empty(Shape),
     /// An object with its own rules.
@@ -79,22 +89,22 @@ const CPUS: &[(&str, Rule)] = &[
     ("boot_vcpus", OURS_SET),
     ("max_vcpus", OURS_SET),
     ("topology", Rule::Object(TOPOLOGY, Null::Allowed)),
-    ("kvm_hyperv", Rule::Default(|| json!(false), Null::Refused)),
-    ("max_phys_bits", Rule::Default(|| json!(46), Null::Refused)),
+    ("kvm_hyperv", Rule::Reported(|| json!(false), Null::Refused)),
+    ("max_phys_bits", Rule::Reported(|| json!(46), Null::Refused)),
     ("affinity", Rule::Empty(Shape::Array)),
     (
         "features",
         Rule::Object(
-            &[("amx", Rule::Default(|| json!(false), Null::Refused))],
+            &[("amx", Rule::Reported(|| json!(false), Null::Refused))],
             Null::Refused,
         ),
     ),
-    ("nested", Rule::Default(|| json!(true), Null::Refused)),
+    ("nested", Rule::Reported(|| json!(true), Null::Refused)),
     (
         "core_scheduling",
-        Rule::Default(|| json!("Vm"), Null::Refused),
+        Rule::Reported(|| json!("Vm"), Null::Refused),
     ),
-    ("profile", Rule::Default(|| json!("Host"), Null::Refused)),
+    ("profile", Rule::Reported(|| json!("Host"), Null::Refused)),
 ];
 
 const MEMORY: &[(&str, Rule)] = &[
@@ -103,21 +113,21 @@ const MEMORY: &[(&str, Rule)] = &[
     ("hugepages", OURS_SET),
     ("hotplug_size", OURS),
     ("hotplugged_size", Rule::Empty(Shape::Null)),
-    ("mergeable", Rule::Default(|| json!(false), Null::Refused)),
+    ("mergeable", Rule::Reported(|| json!(false), Null::Refused)),
     (
         "hotplug_method",
-        Rule::Default(|| json!("Acpi"), Null::Refused),
+        Rule::Reported(|| json!("Acpi"), Null::Refused),
     ),
     ("hugepage_size", Rule::Empty(Shape::Null)),
-    ("prefault", Rule::Default(|| json!(false), Null::Refused)),
-    ("reserve", Rule::Default(|| json!(false), Null::Refused)),
-    ("thp", Rule::Default(|| json!(true), Null::Refused)),
+    ("prefault", Rule::Reported(|| json!(false), Null::Refused)),
+    ("reserve", Rule::Reported(|| json!(false), Null::Refused)),
+    ("thp", Rule::Reported(|| json!(true), Null::Refused)),
     ("zones", Rule::Empty(Shape::Array)),
 ];
 
-/// The serial port and the console (Cloud Hypervisor's console also has
-/// the PCI fields; its serial ignores them, so they are harmless there).
-const CONSOLE: &[(&str, Rule)] = &[
+/// The serial port (Cloud Hypervisor's ConsoleConfig; the PCI fields
+/// mean nothing for it, so they are harmless there).
+const SERIAL: &[(&str, Rule)] = &[
     ("mode", OURS_SET),
     ("file", OURS),
     ("socket", Rule::Empty(Shape::Null)),
@@ -128,11 +138,23 @@ const CONSOLE: &[(&str, Rule)] = &[
     ("pci_device_id", Rule::Empty(Shape::Null)),
 ];
 
+/// The virtio-console: the serial port's fields, its PCI segment reported.
+const CONSOLE: &[(&str, Rule)] = &[
+    ("mode", OURS_SET),
+    ("file", OURS),
+    ("socket", Rule::Empty(Shape::Null)),
+    ("url", Rule::Empty(Shape::Null)),
+    ("id", Rule::Empty(Shape::Null)),
+    ("iommu", Rule::Default(|| json!(false), Null::Refused)),
+    ("pci_segment", Rule::Reported(|| json!(0), Null::Refused)),
+    ("pci_device_id", Rule::Empty(Shape::Null)),
+];
+
 const DEBUG_CONSOLE: &[(&str, Rule)] = &[
-    ("mode", Rule::Default(|| json!("Off"), Null::Refused)),
+    ("mode", Rule::Reported(|| json!("Off"), Null::Refused)),
     ("file", Rule::Empty(Shape::Null)),
     ("socket", Rule::Empty(Shape::Null)),
-    ("iobase", Rule::Default(|| json!(0xe9), Null::Allowed)),
+    ("iobase", Rule::Reported(|| json!(0xe9), Null::Allowed)),
 ];
 
 /// Every field is passed on: the net parser checks those it does not
@@ -149,14 +171,20 @@ pub(super) const NET: &[(&str, Rule)] = &[
     ("queue_size", OURS_SET),
     ("vhost_user", OURS_SET),
     ("vhost_socket", OURS),
-    ("vhost_mode", OURS_SET),
+    (
+        "vhost_mode",
+        Rule::OursReported(|| json!("Client"), Null::Refused),
+    ),
     ("id", OURS),
     ("fds", OURS),
     ("rate_limiter_config", OURS),
     ("pci_segment", OURS_SET),
     ("pci_device_id", OURS),
     ("offload_tso", OURS_SET),
-    ("offload_ufo", OURS_SET),
+    (
+        "offload_ufo",
+        Rule::OursReported(|| json!(true), Null::Refused),
+    ),
     ("offload_csum", OURS_SET),
     ("transport", OURS),
 ];
@@ -209,7 +237,10 @@ pub(super) const DISK: &[(&str, Rule)] = &[
     ("queue_affinity", OURS),
     ("backing_files", OURS_SET),
     ("sparse", OURS_SET),
-    ("image_type", OURS_SET),
+    (
+        "image_type",
+        Rule::OursReported(|| json!("Raw"), Null::Refused),
+    ),
     ("lock_granularity", OURS_SET),
     ("disable_io_uring", OURS_SET),
     ("disable_aio", OURS_SET),
@@ -260,11 +291,11 @@ const PLATFORM: &[(&str, Rule)] = &[
     ("vfio_p2p_dma", Rule::Default(|| json!(true), Null::Refused)),
 ];
 
-const VM_CONFIG: &[(&str, Rule)] = &[
+pub(super) const VM_CONFIG: &[(&str, Rule)] = &[
     ("payload", Rule::Object(PAYLOAD, Null::Allowed)),
     ("cpus", Rule::Object(CPUS, Null::Refused)),
     ("memory", Rule::Object(MEMORY, Null::Refused)),
-    ("serial", Rule::Object(CONSOLE, Null::Refused)),
+    ("serial", Rule::Object(SERIAL, Null::Refused)),
     ("console", Rule::Object(CONSOLE, Null::Refused)),
     ("debug_console", Rule::Object(DEBUG_CONSOLE, Null::Refused)),
     ("fs", Rule::Array(FS)),
@@ -288,13 +319,13 @@ const VM_CONFIG: &[(&str, Rule)] = &[
     ("pvmemcontrol", Rule::Empty(Shape::Null)),
     ("landlock_rules", Rule::Empty(Shape::Array)),
     ("sgx_epc", Rule::Empty(Shape::Array)),
-    ("iommu", Rule::Default(|| json!(false), Null::Refused)),
-    ("watchdog", Rule::Default(|| json!(false), Null::Refused)),
+    ("iommu", Rule::Reported(|| json!(false), Null::Refused)),
+    ("watchdog", Rule::Reported(|| json!(false), Null::Refused)),
     ("gdb", Rule::Default(|| json!(false), Null::Refused)),
     ("pvpanic", OURS_SET),
     (
         "landlock_enable",
-        Rule::Default(|| json!(false), Null::Refused),
+        Rule::Reported(|| json!(false), Null::Refused),
     ),
 ];
 
@@ -325,7 +356,11 @@ pub(super) fn reduce_object(
             continue;
         };
         let null = match *rule {
-            Rule::Ours(null) | Rule::Default(_, null) | Rule::Object(_, null) => null,
+            Rule::Ours(null)
+            | Rule::OursReported(_, null)
+            | Rule::Default(_, null)
+            | Rule::Reported(_, null)
+            | Rule::Object(_, null) => null,
             Rule::Empty(_) | Rule::Array(_) => Null::Allowed,
         };
         if value.is_null() {
@@ -334,15 +369,15 @@ pub(super) fn reduce_object(
                     "{here}=null is invalid: the field is not optional (leave it out for its default)"
                 ));
             }
-            if !matches!(rule, Rule::Ours(_)) {
+            if !is_ours(*rule) {
                 continue;
             }
         }
         match *rule {
-            Rule::Ours(_) => {
+            Rule::Ours(_) | Rule::OursReported(..) => {
                 kept.insert(key.clone(), value.clone());
             }
-            Rule::Default(default, _) => {
+            Rule::Default(default, _) | Rule::Reported(default, _) => {
                 if *value != default() {
                     return Err(format!(
                         "{here}={value} is not supported (only the default {} is)",
@@ -364,7 +399,7 @@ pub(super) fn reduce_object(
             }
             Rule::Object(inner, _) => {
                 let reduced = reduce_object(&here, value, inner)?;
-                if inner.iter().any(|(_, r)| matches!(r, Rule::Ours(_))) {
+                if inner.iter().any(|(_, r)| is_ours(*r)) {
                     kept.insert(key.clone(), reduced);
                 }
             }
@@ -384,15 +419,67 @@ pub(super) fn reduce_object(
     Ok(Value::Object(kept))
 }
 
-/// Checks a whole Cloud Hypervisor VmConfig; returns the fields this VMM
-/// implements, for the typed parser.
-pub fn reduce_vm_config(body: &Value) -> Result<Value, String> {
-    reduce_object("VmConfig", body, VM_CONFIG)
+/// Whether the typed parser gets the field.
+fn is_ours(rule: Rule) -> bool {
+    matches!(rule, Rule::Ours(_) | Rule::OursReported(..))
+}
+
+/// Whether `rules` (or a nested object's) report a value in `vm.info`.
+fn reports(rules: &[(&str, Rule)]) -> bool {
+    rules.iter().any(|(_, rule)| match rule {
+        Rule::Reported(..) | Rule::OursReported(..) => true,
+        Rule::Object(inner, _) => reports(inner),
+        _ => false,
+    })
+}
+
+/// Adds to a serialized VmConfig the values `vm.info` reports for what
+/// this VMM does not implement: Cloud Hypervisor's defaults, from the
+/// tables above (the one list of them).
+pub(super) fn report_defaults(config: &mut Value) {
+    report(config, VM_CONFIG);
+}
+
+fn report(v: &mut Value, rules: &[(&str, Rule)]) {
+    let Some(obj) = v.as_object_mut() else {
+        return;
+    };
+    for (key, rule) in rules {
+        match *rule {
+            Rule::Reported(default, _) | Rule::OursReported(default, _) => {
+                obj.insert((*key).to_string(), default());
+            }
+            Rule::Object(inner, _) => {
+                // An object the config does not have is added when it
+                // reports something (Cloud Hypervisor's debug console).
+                if !obj.contains_key(*key) && reports(inner) {
+                    obj.insert((*key).to_string(), Value::Object(Map::new()));
+                }
+                if let Some(nested) = obj.get_mut(*key) {
+                    report(nested, inner);
+                }
+            }
+            Rule::Array(inner) => {
+                if let Some(items) = obj.get_mut(*key).and_then(Value::as_array_mut) {
+                    for item in items {
+                        report(item, inner);
+                    }
+                }
+            }
+            Rule::Ours(_) | Rule::Default(..) | Rule::Empty(_) => {}
+        }
+    }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// Checks a whole Cloud Hypervisor VmConfig; returns the fields this
+    /// VMM implements, for the typed parser.
+    fn reduce_vm_config(body: &Value) -> Result<Value, String> {
+        reduce_object("VmConfig", body, VM_CONFIG)
+    }
 
     /// What Cloud Hypervisor's vm.info returns for a created VM (the shape
     /// its generated clients send back), from ch-compat's reference.

@@ -6,6 +6,9 @@
 //! core, and multiply to `max`. On top of those, every vCPU's APIC id must
 //! fit the 8-bit xAPIC ids of the MADT (0xff is the broadcast id).
 
+use serde::{Deserialize, Serialize};
+
+use super::checks::invalid;
 use super::option_parser::{parse_u32, OptionValues};
 use super::ConfigError;
 
@@ -15,8 +18,10 @@ pub const MAX_VCPUS: u32 = 254;
 pub const MAX_APIC_ID: u32 = 254;
 
 /// How the vCPUs are grouped: threads in cores, cores in dies, dies in
-/// packages (Cloud Hypervisor's `CpuTopology`, its field names in JSON).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// packages (Cloud Hypervisor's `CpuTopology`, its field names in JSON;
+/// every part is required, as there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CpuTopology {
     pub threads_per_core: u16,
     pub cores_per_die: u16,
@@ -103,13 +108,22 @@ impl CpuTopology {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The vCPUs: the part of Cloud Hypervisor's CpusConfig this VMM
+/// implements (its JSON field names; the rest is checked by
+/// [`super::ch_fields`]), what `--cpus` and `vm.create` both fill and
+/// [`CpusConfig::validate`] checks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CpusConfig {
     /// vCPUs present at boot (and, after `vm.resize`, the count asked for,
     /// as Cloud Hypervisor reports it).
     pub boot_vcpus: u32,
-    /// vCPUs the guest may ever have; those above `boot_vcpus` are hot-pluggable.
+    /// vCPUs the guest may ever have; those above `boot_vcpus` are
+    /// hot-pluggable. 0 when not given: [`CpusConfig::validated`] makes it
+    /// `boot_vcpus` (a 0 given is refused: [`given_max`]).
+    #[serde(default, deserialize_with = "given_max_json")]
     pub max_vcpus: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<CpuTopology>,
 }
 
@@ -125,65 +139,110 @@ impl Default for CpusConfig {
 
 pub const CPUS_KEYS: &[&str] = &["boot", "max", "topology"];
 
+fn vcpus_expected() -> String {
+    format!("1 to {MAX_VCPUS} vCPUs")
+}
+
+/// A `max` given: not 0, which would read as "not given".
+fn given_max(max: u32) -> Result<u32, ConfigError> {
+    if max == 0 {
+        return Err(invalid("cpus", "max", max, vcpus_expected()));
+    }
+    Ok(max)
+}
+
+fn given_max_json<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    match Option::<u32>::deserialize(d)? {
+        None => Ok(0),
+        Some(max) => given_max(max).map_err(serde::de::Error::custom),
+    }
+}
+
 impl CpusConfig {
     pub fn parse(input: &str) -> Result<Self, ConfigError> {
         Self::from_values(&OptionValues::parse("cpus", input, CPUS_KEYS)?)
     }
 
-    pub fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
-        let boot = o.convert("boot", parse_u32)?.unwrap_or(1);
-        let max = o.convert("max", parse_u32)?.unwrap_or(boot);
-        let topology = o.convert("topology", CpuTopology::parse)?;
-        let limit = format!("1 to {MAX_VCPUS} vCPUs");
+    /// Fills a config from the values of `--cpus` and checks it.
+    fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
+        CpusConfig {
+            boot_vcpus: o.convert("boot", parse_u32)?.unwrap_or(1),
+            max_vcpus: o
+                .convert("max", parse_u32)?
+                .map(given_max)
+                .transpose()?
+                .unwrap_or(0),
+            topology: o.convert("topology", CpuTopology::parse)?,
+        }
+        .validated()
+    }
+
+    /// Makes `max_vcpus` `boot_vcpus` if not given, and checks the config.
+    pub fn validated(mut self) -> Result<Self, ConfigError> {
+        if self.max_vcpus == 0 {
+            self.max_vcpus = self.boot_vcpus;
+        }
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Cloud Hypervisor's rules, and every vCPU's APIC id within the MADT's.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const OPTION: &str = "cpus";
+        let (boot, max) = (self.boot_vcpus, self.max_vcpus);
         if boot == 0 || boot > MAX_VCPUS {
-            return Err(o.invalid("boot", &boot.to_string(), &limit));
+            return Err(invalid(OPTION, "boot", boot, vcpus_expected()));
         }
         if max == 0 || max > MAX_VCPUS {
-            return Err(o.invalid("max", &max.to_string(), &limit));
+            return Err(invalid(OPTION, "max", max, vcpus_expected()));
         }
         if boot > max {
-            return Err(o.invalid(
+            return Err(invalid(
+                OPTION,
                 "boot",
-                &boot.to_string(),
-                &format!("at most max={max} (the hot-pluggable limit)"),
+                boot,
+                format!("at most max={max} (the hot-pluggable limit)"),
             ));
         }
-        if let Some(t) = topology {
+        if let Some(t) = self.topology {
             let value = t.to_option();
             let parts = t.parts();
             if parts.contains(&0) {
-                return Err(o.invalid("topology", &value, "four parts above 0"));
+                return Err(invalid(OPTION, "topology", value, "four parts above 0"));
             }
             if t.threads_per_core > 2 {
-                return Err(o.invalid("topology", &value, "at most 2 threads per core"));
+                return Err(invalid(
+                    OPTION,
+                    "topology",
+                    value,
+                    "at most 2 threads per core",
+                ));
             }
             let product = parts
                 .iter()
                 .try_fold(1u32, |p, &x| p.checked_mul(x))
                 .unwrap_or(u32::MAX);
             if product != max {
-                return Err(o.invalid(
+                return Err(invalid(
+                    OPTION,
                     "topology",
-                    &value,
-                    &format!("parts whose product ({product}) equals max={max}"),
+                    value,
+                    format!("parts whose product ({product}) equals max={max}"),
                 ));
             }
             let highest = t.apic_id(max - 1);
             if highest > MAX_APIC_ID {
-                return Err(o.invalid(
+                return Err(invalid(
+                    OPTION,
                     "topology",
-                    &value,
-                    &format!(
+                    value,
+                    format!(
                         "a layout whose APIC ids stay at or below {MAX_APIC_ID} (this one reaches {highest})"
                     ),
                 ));
             }
         }
-        Ok(CpusConfig {
-            boot_vcpus: boot,
-            max_vcpus: max,
-            topology,
-        })
+        Ok(())
     }
 
     /// The topology the guest sees: the one given, else one package of

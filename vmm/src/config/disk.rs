@@ -4,7 +4,14 @@
 
 use std::path::PathBuf;
 
-use super::option_parser::{parse_toggle, parse_u32, OptionValues};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::checks::{
+    invalid, name_device, no_iommu, no_pci_device_id, non_empty_id, transport_and_segment,
+    unsupported, yes,
+};
+use super::option_parser::OptionValues;
 use super::{ConfigError, Transport};
 
 /// Request queues a disk may have (Kata asks for one per vCPU).
@@ -14,18 +21,76 @@ pub const MAX_QUEUE_SIZE: u32 = 32768;
 /// GET_ID answers with at most 20 bytes.
 pub const MAX_SERIAL_LEN: usize = 20;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A virtio-blk device: Cloud Hypervisor's DiskConfig (its JSON field
+/// names and defaults), what `--disk` and `vm.add-disk` both fill and
+/// [`DiskConfig::validate`] checks. The fields of Cloud Hypervisor's that
+/// this VMM does not implement are here to be refused by name unless they
+/// hold the value that changes nothing; `vm.info` shows those Cloud
+/// Hypervisor's `vm.info` shows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DiskConfig {
+    #[serde(default)]
     pub path: PathBuf,
+    #[serde(default)]
     pub readonly: bool,
+    #[serde(default)]
     pub direct: bool,
-    pub id: String,
+    #[serde(default)]
+    pub iommu: bool,
+    #[serde(default = "one")]
     pub num_queues: u16,
+    #[serde(default = "default_queue_size")]
     pub queue_size: u16,
+    #[serde(default)]
+    pub vhost_user: bool,
+    #[serde(default, skip_serializing)]
+    pub vhost_socket: Option<String>,
+    #[serde(default, skip_serializing)]
+    pub rate_limit_group: Option<String>,
+    /// Only null: there is no rate limiter.
+    #[serde(default, skip_serializing)]
+    pub rate_limiter_config: Option<Value>,
+    /// Empty when not given: [`DiskConfig::validate`] names it `_disk<N>`.
+    #[serde(default, deserialize_with = "non_empty_id")]
+    pub id: String,
+    #[serde(default)]
     pub serial: Option<String>,
-    pub transport: Transport,
     /// The PCI segment the device is on (virtio-PCI only).
+    #[serde(default)]
     pub pci_segment: u16,
+    /// Cloud Hypervisor's requested PCI slot: null only (slots are assigned).
+    #[serde(default, skip_serializing)]
+    pub pci_device_id: Option<u8>,
+    /// Only null or empty.
+    #[serde(default, skip_serializing)]
+    pub queue_affinity: Option<Value>,
+    #[serde(default)]
+    pub backing_files: bool,
+    #[serde(default = "yes")]
+    pub sparse: bool,
+    /// Only raw images (`Raw`, or `Unknown` for "find out"); `vm.info`
+    /// says `Raw` (from [`super::ch_fields`]).
+    #[serde(default, skip_serializing)]
+    pub image_type: Option<String>,
+    #[serde(default, skip_serializing)]
+    pub lock_granularity: Option<String>,
+    /// In Cloud Hypervisor's vm.info though not in its API: false only.
+    #[serde(default, skip_serializing)]
+    pub disable_io_uring: bool,
+    #[serde(default, skip_serializing)]
+    pub disable_aio: bool,
+    #[serde(default)]
+    pub transport: Transport,
+}
+
+fn one() -> u16 {
+    1
+}
+
+/// Cloud Hypervisor's default.
+fn default_queue_size() -> u16 {
+    128
 }
 
 /// Keys `--disk` accepts: Cloud Hypervisor's, and `transport`. Those after
@@ -58,6 +123,9 @@ pub const DISK_KEYS: &[&str] = &[
     "lock_granularity",
 ];
 
+const NUM_QUEUES_EXPECTED: &str = "1 to 64 queues";
+const QUEUE_SIZE_EXPECTED: &str = "a power of two from 4 to 32768";
+
 impl DiskConfig {
     /// `index` names devices given without `id=` (`_disk0`, … as Cloud
     /// Hypervisor does).
@@ -65,89 +133,172 @@ impl DiskConfig {
         Self::from_values(&OptionValues::parse("disk", input, DISK_KEYS)?, index)
     }
 
-    /// Checks and converts the values of `--disk` (or of an API DiskConfig).
-    pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
-        o.check_ch_defaults()?;
-        let (transport, pci_segment) = o.transport_and_segment()?;
-        if o.convert("vhost_user", parse_toggle)?.unwrap_or(false) {
-            return Err(o.unsupported("vhost_user", "only disk images the VMM opens itself"));
-        }
-        if o.convert("backing_files", parse_toggle)?.unwrap_or(false) {
-            return Err(o.unsupported("backing_files", "raw images only"));
-        }
-        if !o.convert("sparse", parse_toggle)?.unwrap_or(true) {
-            return Err(o.unsupported("sparse", "images are used as they are (sparse=on)"));
-        }
-        if o.get("image_type")
-            .is_some_and(|t| !matches!(t, "raw" | "Raw" | "Unknown"))
-        {
-            return Err(o.unsupported("image_type", "raw images only"));
-        }
+    /// Fills a config from the values of `--disk` and checks it.
+    fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
+        // Keys with no field here: Cloud Hypervisor's rate limiter, spelled
+        // out on its command line.
         o.refuse_any(
             &[
-                "socket",
                 "bw_size",
                 "bw_one_time_burst",
                 "bw_refill_time",
                 "ops_size",
                 "ops_one_time_burst",
                 "ops_refill_time",
-                "rate_limit_group",
-                "queue_affinity",
             ],
             "no rate limits, queue affinity or vhost-user socket here",
         )?;
-        if o.get("lock_granularity")
-            .is_some_and(|v| !matches!(v, "byte-range" | "ByteRange"))
-        {
-            return Err(o.unsupported("lock_granularity", "only the default byte-range"));
-        }
         let path = o.get("path").ok_or(ConfigError::MissingKey {
             option: "disk",
             key: "path",
         })?;
-        if path.is_empty() {
-            return Err(o.invalid("path", "", "the path of a raw disk image"));
+        let config = DiskConfig {
+            path: PathBuf::from(path),
+            readonly: o.toggle("readonly")?.unwrap_or(false),
+            direct: o.toggle("direct")?.unwrap_or(false),
+            iommu: o.toggle("iommu")?.unwrap_or(false),
+            num_queues: o.u16_value("num_queues", NUM_QUEUES_EXPECTED)?.unwrap_or(1),
+            queue_size: o
+                .u16_value("queue_size", QUEUE_SIZE_EXPECTED)?
+                .unwrap_or_else(default_queue_size),
+            vhost_user: o.toggle("vhost_user")?.unwrap_or(false),
+            vhost_socket: o.text("socket"),
+            rate_limit_group: o.text("rate_limit_group"),
+            rate_limiter_config: None,
+            id: o.id()?,
+            serial: o.text("serial"),
+            pci_segment: o.pci_segment()?,
+            pci_device_id: None,
+            queue_affinity: o.text("queue_affinity").map(Value::String),
+            backing_files: o.toggle("backing_files")?.unwrap_or(false),
+            sparse: o.toggle("sparse")?.unwrap_or(true),
+            image_type: o.text("image_type"),
+            lock_granularity: o.text("lock_granularity"),
+            disable_io_uring: false,
+            disable_aio: false,
+            transport: o.transport()?,
+        };
+        config.validated(index)
+    }
+
+    /// Names the device `_disk<index>` if it has no id, checks it, and
+    /// forgets the fields that hold only what changes nothing (so the
+    /// config `vm.info` shows creates the same one).
+    pub fn validated(mut self, index: usize) -> Result<Self, ConfigError> {
+        name_device(&mut self.id, "disk", index);
+        self.validate()?;
+        self.image_type = None;
+        self.lock_granularity = None;
+        self.queue_affinity = None;
+        Ok(self)
+    }
+
+    /// Every check of a disk's config, for the command line and the API
+    /// alike: each error names the key and the limit.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const OPTION: &str = "disk";
+        no_pci_device_id(OPTION, self.pci_device_id)?;
+        no_iommu(OPTION, self.iommu)?;
+        transport_and_segment(OPTION, self.transport, self.pci_segment)?;
+        self.check_unimplemented()?;
+        if self.path.as_os_str().is_empty() {
+            return Err(invalid(OPTION, "path", "", "the path of a raw disk image"));
         }
-        let num_queues = o.convert("num_queues", parse_u32)?.unwrap_or(1);
-        let num_queues = o.checked_u16(
-            "num_queues",
-            num_queues,
-            (1..=MAX_NUM_QUEUES).contains(&num_queues),
-            "1 to 64 queues",
-        )?;
-        // Cloud Hypervisor's default.
-        let queue_size = o.convert("queue_size", parse_u32)?.unwrap_or(128);
-        let queue_size = o.checked_u16(
-            "queue_size",
-            queue_size,
-            queue_size.is_power_of_two() && (4..=MAX_QUEUE_SIZE).contains(&queue_size),
-            "a power of two from 4 to 32768",
-        )?;
-        let serial = match o.get("serial") {
-            Some(s)
-                if s.len() > MAX_SERIAL_LEN || !s.bytes().all(|b| (0x20..0x7f).contains(&b)) =>
-            {
-                return Err(o.invalid(
+        if !(1..=MAX_NUM_QUEUES).contains(&u32::from(self.num_queues)) {
+            return Err(invalid(
+                OPTION,
+                "num_queues",
+                self.num_queues,
+                NUM_QUEUES_EXPECTED,
+            ));
+        }
+        let q = u32::from(self.queue_size);
+        if !(q.is_power_of_two() && (4..=MAX_QUEUE_SIZE).contains(&q)) {
+            return Err(invalid(OPTION, "queue_size", q, QUEUE_SIZE_EXPECTED));
+        }
+        if let Some(s) = &self.serial {
+            if s.len() > MAX_SERIAL_LEN || !s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+                return Err(invalid(
+                    OPTION,
                     "serial",
                     s,
                     "at most 20 printable ASCII characters (virtio-blk's GET_ID)",
-                ))
+                ));
             }
-            Some(s) => Some(s.to_string()),
-            None => None,
+        }
+        Ok(())
+    }
+
+    /// Cloud Hypervisor's fields this VMM does not implement: only the
+    /// value that changes nothing.
+    fn check_unimplemented(&self) -> Result<(), ConfigError> {
+        const OPTION: &str = "disk";
+        let refuse = |key: &str, value: &dyn std::fmt::Display, why: &str| {
+            Err(unsupported(OPTION, key, value, why))
         };
-        Ok(DiskConfig {
-            path: PathBuf::from(path),
-            readonly: o.convert("readonly", parse_toggle)?.unwrap_or(false),
-            direct: o.convert("direct", parse_toggle)?.unwrap_or(false),
-            id: o.device_id("disk", index)?,
-            num_queues,
-            queue_size,
-            serial,
-            transport,
-            pci_segment,
-        })
+        if self
+            .rate_limiter_config
+            .as_ref()
+            .is_some_and(|v| !v.is_null())
+        {
+            return Err(ConfigError::Unsupported {
+                option: OPTION,
+                message: "rate_limiter_config is not supported (only null)".into(),
+            });
+        }
+        if let Some(v) = &self.queue_affinity {
+            if !(v.is_null() || v.as_array().is_some_and(|a| a.is_empty())) {
+                // The command line's text as it was given; JSON as JSON.
+                let shown = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+                return refuse(
+                    "queue_affinity",
+                    &shown,
+                    "no rate limits, queue affinity or vhost-user socket here",
+                );
+            }
+        }
+        for (key, on) in [
+            ("disable_io_uring", self.disable_io_uring),
+            ("disable_aio", self.disable_aio),
+        ] {
+            if on {
+                return Err(ConfigError::Unsupported {
+                    option: OPTION,
+                    message: format!("{key}=true is not supported (only false)"),
+                });
+            }
+        }
+        if self.vhost_user {
+            return refuse("vhost_user", &"on", "only disk images the VMM opens itself");
+        }
+        if self.backing_files {
+            return refuse("backing_files", &"on", "raw images only");
+        }
+        if !self.sparse {
+            return refuse("sparse", &"off", "images are used as they are (sparse=on)");
+        }
+        if let Some(t) = self
+            .image_type
+            .as_ref()
+            .filter(|t| !matches!(t.as_str(), "raw" | "Raw" | "Unknown"))
+        {
+            return refuse("image_type", t, "raw images only");
+        }
+        let why = "no rate limits, queue affinity or vhost-user socket here";
+        if let Some(s) = &self.vhost_socket {
+            return refuse("socket", s, why);
+        }
+        if let Some(g) = &self.rate_limit_group {
+            return refuse("rate_limit_group", g, why);
+        }
+        if let Some(l) = self
+            .lock_granularity
+            .as_ref()
+            .filter(|v| !matches!(v.as_str(), "byte-range" | "ByteRange"))
+        {
+            return refuse("lock_granularity", l, "only the default byte-range");
+        }
+        Ok(())
     }
 }
 
@@ -173,7 +324,7 @@ mod tests {
                 queue_size: 1024,
                 serial: Some("ABC".into()),
                 transport: Transport::Mmio,
-                pci_segment: 0,
+                ..DiskConfig::parse("path=/x", 0).unwrap()
             }
         );
         let c = DiskConfig::parse("path=/img", 2).unwrap();

@@ -4,7 +4,10 @@
 
 use std::path::PathBuf;
 
-use super::option_parser::{parse_size, parse_toggle, parse_u32, OptionValues};
+use serde::{Deserialize, Serialize};
+
+use super::checks::{invalid, name_device, non_empty_id, transport_and_segment, yes};
+use super::option_parser::{parse_size, OptionValues};
 use super::{ConfigError, Transport};
 
 /// The virtio-fs config space holds the tag in 36 bytes.
@@ -23,30 +26,57 @@ const _: () = {
     assert!(dax_abi::MAX_WINDOW_SIZE <= MMIO_DEVICE_MEMORY_SIZE);
 };
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A virtio-fs device: Cloud Hypervisor's FsConfig (its JSON field names
+/// and defaults) with its old `dax`/`cache_size` back and our fields, what
+/// `--fs` and `vm.add-fs` both fill and [`FsConfig::validate`] checks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FsConfig {
     pub tag: String,
     pub socket: PathBuf,
+    #[serde(default = "one")]
     pub num_queues: u16,
+    #[serde(default = "default_queue_size")]
     pub queue_size: u16,
+    /// Empty when not given: [`FsConfig::validated`] names it `_fs<N>`.
+    #[serde(default, deserialize_with = "non_empty_id")]
     pub id: String,
+    /// The PCI segment the device is on (virtio-PCI only).
+    #[serde(default)]
+    pub pci_segment: u16,
+    #[serde(default = "yes")]
     pub dax: bool,
     /// None: take the size the daemon declares (GET_SHMEM_CONFIG).
+    #[serde(default)]
     pub cache_size: Option<u64>,
     /// Map each new DAX range (up to the end of the file) into the guest's
     /// view when it is mapped, not page by page as the guest touches it.
+    #[serde(default = "yes")]
     pub dax_prefault: bool,
+    #[serde(default)]
     pub transport: Transport,
-    /// The PCI segment the device is on (virtio-PCI only).
-    pub pci_segment: u16,
     /// The daemon's control socket, through which the API pushes DAX policies.
+    #[serde(default)]
     pub control_socket: Option<PathBuf>,
     /// The DAX policy the device was configured with (`vm.create`,
     /// `vm.add-fs`), validated and normalized. The API's policy controller
     /// starts the device's desired policy from it and owns it from then on
     /// (`vm.dax-policy` changes it there; `vm.info` shows the desired one).
+    #[serde(default)]
     pub dax_policy: Option<serde_json::Value>,
 }
+
+fn one() -> u16 {
+    1
+}
+
+/// Cloud Hypervisor's default.
+fn default_queue_size() -> u16 {
+    1024
+}
+
+const NUM_QUEUES_EXPECTED: &str = "1 to 64 request queues";
+const QUEUE_SIZE_EXPECTED: &str = "a power of two up to 32768";
 
 /// Keys `--fs` accepts.
 pub const FS_KEYS: &[&str] = &[
@@ -83,45 +113,85 @@ impl FsConfig {
         Self::from_values(&OptionValues::parse("fs", input, FS_KEYS)?, index)
     }
 
-    /// Checks and converts the values of `--fs` (or of an API FsConfig).
-    pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
-        o.check_ch_defaults()?;
-        let (transport, pci_segment) = o.transport_and_segment()?;
-        let tag = o.get("tag").ok_or(ConfigError::MissingKey {
-            option: "fs",
-            key: "tag",
-        })?;
-        if tag.is_empty() || tag.len() > MAX_TAG_LEN {
-            return Err(o.invalid("tag", tag, "1 to 36 bytes (the virtio-fs config space)"));
+    /// Fills a config from the values of `--fs` and checks it.
+    fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
+        let required = |key| {
+            o.text(key)
+                .ok_or(ConfigError::MissingKey { option: "fs", key })
+        };
+        FsConfig {
+            tag: required("tag")?,
+            socket: PathBuf::from(required("socket")?),
+            num_queues: o.u16_value("num_queues", NUM_QUEUES_EXPECTED)?.unwrap_or(1),
+            queue_size: o
+                .u16_value("queue_size", QUEUE_SIZE_EXPECTED)?
+                .unwrap_or_else(default_queue_size),
+            id: o.id()?,
+            pci_segment: o.pci_segment()?,
+            dax: o.toggle("dax")?.unwrap_or(true),
+            cache_size: o.convert("cache_size", parse_size)?,
+            dax_prefault: o.toggle("dax_prefault")?.unwrap_or(true),
+            transport: o.transport()?,
+            control_socket: o.text("control_socket").map(PathBuf::from),
+            dax_policy: None,
         }
-        let socket = o.get("socket").ok_or(ConfigError::MissingKey {
-            option: "fs",
-            key: "socket",
-        })?;
-        if socket.is_empty() {
-            return Err(o.invalid("socket", "", "the path of the daemon's vhost-user socket"));
-        }
-        let num_queues = o.convert("num_queues", parse_u32)?.unwrap_or(1);
-        let num_queues = o.checked_u16(
-            "num_queues",
-            num_queues,
-            (1..=MAX_NUM_QUEUES).contains(&num_queues),
-            "1 to 64 request queues",
-        )?;
-        let queue_size = o.convert("queue_size", parse_u32)?.unwrap_or(1024);
-        let queue_size = o.checked_u16(
-            "queue_size",
-            queue_size,
-            queue_size.is_power_of_two() && queue_size <= MAX_QUEUE_SIZE,
-            "a power of two up to 32768",
-        )?;
-        let dax = o.convert("dax", parse_toggle)?.unwrap_or(true);
-        let cache_size = o.convert("cache_size", parse_size)?;
-        if let Some(size) = cache_size {
-            let shown = o.get("cache_size").unwrap_or("");
-            if !dax {
-                return Err(ConfigError::Unsupported {
+        .validated(index)
+    }
+
+    /// Names the device `_fs<index>` if it has no id, normalizes its DAX
+    /// policy, and checks it.
+    pub fn validated(mut self, index: usize) -> Result<Self, ConfigError> {
+        name_device(&mut self.id, "fs", index);
+        self.validate()?;
+        if let Some(doc) = &self.dax_policy {
+            let policy = policies::Policy::parse_json(&doc.to_string()).map_err(|e| {
+                ConfigError::Unsupported {
                     option: "fs",
+                    message: format!("dax_policy: {e}"),
+                }
+            })?;
+            self.dax_policy = Some(policy.to_value());
+        }
+        Ok(self)
+    }
+
+    /// Every check of an fs device's config, for the command line and the
+    /// API alike (the DAX policy is the policy parser's: [`Self::validated`]).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const OPTION: &str = "fs";
+        transport_and_segment(OPTION, self.transport, self.pci_segment)?;
+        if self.tag.is_empty() || self.tag.len() > MAX_TAG_LEN {
+            return Err(invalid(
+                OPTION,
+                "tag",
+                &self.tag,
+                "1 to 36 bytes (the virtio-fs config space)",
+            ));
+        }
+        if self.socket.as_os_str().is_empty() {
+            return Err(invalid(
+                OPTION,
+                "socket",
+                "",
+                "the path of the daemon's vhost-user socket",
+            ));
+        }
+        if !(1..=MAX_NUM_QUEUES).contains(&u32::from(self.num_queues)) {
+            return Err(invalid(
+                OPTION,
+                "num_queues",
+                self.num_queues,
+                NUM_QUEUES_EXPECTED,
+            ));
+        }
+        let q = u32::from(self.queue_size);
+        if !(q.is_power_of_two() && q <= MAX_QUEUE_SIZE) {
+            return Err(invalid(OPTION, "queue_size", q, QUEUE_SIZE_EXPECTED));
+        }
+        if let Some(size) = self.cache_size {
+            if !self.dax {
+                return Err(ConfigError::Unsupported {
+                    option: OPTION,
                     message: "cache_size= needs dax=on".into(),
                 });
             }
@@ -133,32 +203,27 @@ impl FsConfig {
                     dax_abi::size_text(dax_abi::MIN_WINDOW_SIZE),
                     dax_abi::size_text(dax_abi::MAX_WINDOW_SIZE)
                 );
-                return Err(o.invalid("cache_size", shown, &limits));
+                return Err(invalid(
+                    OPTION,
+                    "cache_size",
+                    dax_abi::size_text(size),
+                    limits,
+                ));
             }
         }
-        Ok(FsConfig {
-            tag: tag.to_string(),
-            socket: PathBuf::from(socket),
-            num_queues,
-            queue_size,
-            id: o.device_id("fs", index)?,
-            dax,
-            cache_size,
-            dax_prefault: o.convert("dax_prefault", parse_toggle)?.unwrap_or(true),
-            transport,
-            pci_segment,
-            control_socket: match o.get("control_socket") {
-                Some("") => {
-                    return Err(o.invalid(
-                        "control_socket",
-                        "",
-                        "the path of the daemon's --control-socket",
-                    ))
-                }
-                other => other.map(PathBuf::from),
-            },
-            dax_policy: None,
-        })
+        if self
+            .control_socket
+            .as_ref()
+            .is_some_and(|c| c.as_os_str().is_empty())
+        {
+            return Err(invalid(
+                OPTION,
+                "control_socket",
+                "",
+                "the path of the daemon's --control-socket",
+            ));
+        }
+        Ok(())
     }
 }
 

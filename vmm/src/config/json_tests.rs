@@ -1,6 +1,9 @@
 //! Tests of `json.rs`: Cloud Hypervisor's and Kata's JSON bodies.
 
+use serde_json::{json, Value};
+
 use super::*;
+use crate::config::{CpuTopology, RngConfig, SerialMode, Transport};
 
 #[test]
 fn ch_remote_add_fs_body_is_accepted_with_our_fields() {
@@ -364,4 +367,100 @@ fn kata_memory_with_acpi_hotplug_is_accepted_and_round_trips() {
     small["memory"]["hotplug_size"] = json!(64u64 << 20);
     let e = vm_config_from_json(&small).unwrap_err().to_string();
     assert!(e.contains("hotplug_size") && e.contains("128M"), "{e}");
+}
+
+/// `vm.info`'s config, byte for byte, for a VmConfig that sets every
+/// field this VMM has (the text the hand-written `vm.info` gave before the
+/// config types were serialized; Kata's Go and runtime-rs clients parse it).
+#[test]
+fn vm_info_is_byte_for_byte_what_it_was() {
+    let body = json!({"payload": {"kernel": "/k", "initramfs": "/i", "cmdline": "x"},
+        "rng": {"src": "/dev/random", "transport": "mmio"},
+        "cpus": {"boot_vcpus": 2, "max_vcpus": 4, "topology": {"threads_per_core": 1, "cores_per_die": 4, "dies_per_package": 1, "packages": 1}},
+        "memory": {"size": 1073741824u64, "shared": true, "hotplug_size": 1073741824u64, "hugepages": true},
+        "serial": {"mode": "File", "file": "/tmp/s"},
+        "platform": {"num_pci_segments": 3},
+        "fs": [{"tag": "t", "socket": "/s", "dax": true, "cache_size": 67108864, "control_socket": "/c", "pci_segment": 2},
+               {"tag": "u", "socket": "/u", "id": "fs9", "dax": false, "dax_prefault": false, "transport": "mmio"}],
+        "pmem": [{"file": "/p", "size": 4194304, "discard_writes": true, "id": "pm"}, {"file": "/q"}],
+        "disks": [{"path": "/d", "readonly": true, "direct": true, "num_queues": 4, "queue_size": 256, "serial": "SER",
+                   "image_type": "Unknown", "lock_granularity": "ByteRange"}, {"path": "/e", "transport": "mmio"}],
+        "net": [{"tap": "t0", "ip": "10.0.0.1", "mask": "255.0.0.0", "mac": "52:54:00:00:00:01", "mtu": 1400,
+                 "offload_ufo": false, "vhost_mode": "Client", "offload_tso": false}],
+        "vsock": {"cid": 3, "socket": "/v"},
+        "pvpanic": false});
+    let c = vm_config_from_json(&body).unwrap();
+    let info = serde_json::to_string(&vm_config_to_json(&c)).unwrap();
+    assert_eq!(info, VM_INFO);
+    assert_eq!(vm_config_from_json(&vm_config_to_json(&c)).unwrap(), c);
+}
+
+const VM_INFO: &str = r#"{"console":{"mode":"Off","pci_segment":0},"cpus":{"boot_vcpus":2,"core_scheduling":"Vm","features":{"amx":false},"kvm_hyperv":false,"max_phys_bits":46,"max_vcpus":4,"nested":true,"profile":"Host","topology":{"cores_per_die":4,"dies_per_package":1,"packages":1,"threads_per_core":1}},"debug_console":{"iobase":233,"mode":"Off"},"disks":[{"backing_files":false,"direct":true,"id":"_disk0","image_type":"Raw","iommu":false,"num_queues":4,"path":"/d","pci_segment":0,"queue_size":256,"readonly":true,"serial":"SER","sparse":true,"transport":"pci","vhost_user":false},{"backing_files":false,"direct":false,"id":"_disk1","image_type":"Raw","iommu":false,"num_queues":1,"path":"/e","pci_segment":0,"queue_size":128,"readonly":false,"serial":null,"sparse":true,"transport":"mmio","vhost_user":false}],"fs":[{"cache_size":67108864,"control_socket":"/c","dax":true,"dax_policy":null,"dax_prefault":true,"id":"_fs0","num_queues":1,"pci_segment":2,"queue_size":1024,"socket":"/s","tag":"t","transport":"pci"},{"cache_size":null,"control_socket":null,"dax":false,"dax_policy":null,"dax_prefault":false,"id":"fs9","num_queues":1,"pci_segment":0,"queue_size":1024,"socket":"/u","tag":"u","transport":"mmio"}],"iommu":false,"landlock_enable":false,"memory":{"hotplug_method":"Acpi","hotplug_size":1073741824,"hugepages":true,"mergeable":false,"prefault":false,"reserve":false,"shared":true,"size":1073741824,"thp":true},"net":[{"id":"_net0","iommu":false,"ip":"10.0.0.1","mac":"52:54:00:00:00:01","mask":"255.0.0.0","mtu":1400,"num_queues":2,"offload_csum":true,"offload_tso":false,"offload_ufo":true,"pci_segment":0,"queue_size":256,"tap":"t0","transport":"pci","vhost_mode":"Client","vhost_user":false}],"payload":{"cmdline":"x","initramfs":"/i","kernel":"/k"},"platform":{"num_pci_segments":3},"pmem":[{"discard_writes":true,"file":"/p","id":"pm","iommu":false,"pci_segment":0,"size":4194304,"transport":"pci"},{"discard_writes":false,"file":"/q","id":"_pmem1","iommu":false,"pci_segment":0,"size":null,"transport":"pci"}],"pvpanic":false,"rng":{"iommu":false,"pci_segment":0,"src":"/dev/random","transport":"mmio"},"serial":{"file":"/tmp/s","mode":"File"},"vsock":{"cid":3,"id":"_vsock0","iommu":false,"pci_segment":0,"socket":"/v","transport":"pci"},"watchdog":false}"#;
+
+/// The command line and an API body fill the same config type and go
+/// through the same checks: the same value gives the same error, naming
+/// the option, the key and the limit.
+#[test]
+fn the_command_line_and_a_body_are_checked_alike() {
+    use crate::config::{DiskConfig, FsConfig, NetConfig, PmemConfig, VsockConfig};
+    let body = |e: JsonConfigError| e.to_string();
+    let cli = |e: ConfigError| e.to_string();
+    let pairs = [
+        (
+            cli(DiskConfig::parse("path=/d,num_queues=0", 0).unwrap_err()),
+            body(disk_config_from_json(&json!({"path": "/d", "num_queues": 0}), 0).unwrap_err()),
+        ),
+        (
+            cli(DiskConfig::parse("path=/d,serial=123456789012345678901", 0).unwrap_err()),
+            body(
+                disk_config_from_json(&json!({"path": "/d", "serial": "123456789012345678901"}), 0)
+                    .unwrap_err(),
+            ),
+        ),
+        (
+            cli(FsConfig::parse("tag=t,socket=/s,cache_size=3M", 0).unwrap_err()),
+            body(
+                fs_config_from_json(
+                    &json!({"tag": "t", "socket": "/s", "cache_size": 3u64 << 20}),
+                    0,
+                )
+                .unwrap_err(),
+            ),
+        ),
+        (
+            cli(PmemConfig::parse("file=/p,size=3M", 0).unwrap_err()),
+            body(pmem_config_from_json(&json!({"file": "/p", "size": 3u64 << 20}), 0).unwrap_err()),
+        ),
+        (
+            cli(NetConfig::parse("tap=t,mtu=67", 0).unwrap_err()),
+            body(net_config_from_json(&json!({"tap": "t", "mtu": 67}), 0).unwrap_err()),
+        ),
+        (
+            cli(VsockConfig::parse("cid=2,socket=/v").unwrap_err()),
+            body(vsock_config_from_json(&json!({"cid": 2, "socket": "/v"})).unwrap_err()),
+        ),
+        (
+            cli(DiskConfig::parse("path=/d,pci_segment=1,transport=mmio", 0).unwrap_err()),
+            body(
+                disk_config_from_json(
+                    &json!({"path": "/d", "pci_segment": 1, "transport": "mmio"}),
+                    0,
+                )
+                .unwrap_err(),
+            ),
+        ),
+    ];
+    for (from_cli, from_body) in pairs {
+        assert_eq!(from_cli, from_body);
+        assert!(from_cli.starts_with("--"), "{from_cli}");
+    }
+    // An id spelled out empty is refused both ways (absent, it is named).
+    assert!(DiskConfig::parse("path=/d,id=", 0)
+        .unwrap_err()
+        .to_string()
+        .contains("id=\"\" is invalid: expected a non-empty device id"));
+    assert!(disk_config_from_json(&json!({"path": "/d", "id": ""}), 0)
+        .unwrap_err()
+        .to_string()
+        .contains("id=\"\" is invalid: expected a non-empty device id"));
 }

@@ -1,7 +1,12 @@
-//! The VM configuration and its parsing from Cloud Hypervisor's command-line syntax.
+//! The VM configuration: one serde type per part (Cloud Hypervisor's JSON
+//! field names and defaults), filled by the command line (Cloud
+//! Hypervisor's `key=value` syntax) and by the API ([`json`]) alike, each
+//! checked by its own `validate`.
 
 mod ch_fields;
+mod checks;
 mod cpus;
+mod device;
 mod disk;
 mod fs;
 pub mod json;
@@ -12,17 +17,22 @@ mod pmem;
 mod rng;
 mod vsock;
 
-pub use cpus::{CpuTopology, CpusConfig, CPUS_KEYS, MAX_VCPUS};
-pub use disk::{DiskConfig, DISK_KEYS};
+pub use checks::Transport;
+pub use cpus::{CpuTopology, CpusConfig, MAX_VCPUS};
+pub use device::DeviceConfig;
+pub use disk::DiskConfig;
 pub use fs::FsConfig;
-pub use net::{NetConfig, DEFAULT_TAP_NAME, NET_KEYS};
-pub use platform::{PlatformConfig, MAX_PCI_SEGMENTS, PLATFORM_KEYS};
-pub use pmem::{PmemConfig, Transport};
-pub use rng::{RngConfig, DEFAULT_RNG_SOURCE, RNG_KEYS};
-pub use vsock::{VsockConfig, VSOCK_KEYS};
+pub use net::{NetConfig, DEFAULT_TAP_NAME};
+pub use platform::{PlatformConfig, MAX_PCI_SEGMENTS};
+pub use pmem::PmemConfig;
+pub use rng::{RngConfig, DEFAULT_RNG_SOURCE};
+pub use vsock::VsockConfig;
 
 use std::path::PathBuf;
 
+use serde::{Deserialize, Serialize};
+
+use checks::invalid;
 pub use option_parser::{parse_size, parse_toggle, OptionValues};
 
 /// Smallest guest RAM a Linux kernel plus initramfs can sensibly boot in.
@@ -68,15 +78,23 @@ pub enum ConfigError {
     DuplicateId { option: &'static str, id: String },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Guest RAM: the part of Cloud Hypervisor's MemoryConfig this VMM
+/// implements (its JSON field names and defaults; the rest is checked by
+/// [`ch_fields`]), what `--memory` and `vm.create` both fill and
+/// [`MemoryConfig::validate`] checks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MemoryConfig {
     pub size: u64,
     /// Back RAM with a memfd mapped `MAP_SHARED`, so a vhost-user backend can map it.
+    #[serde(default)]
     pub shared: bool,
     /// Back RAM with huge pages (`MFD_HUGETLB`); implies a memfd.
+    #[serde(default)]
     pub hugepages: bool,
     /// Guest-physical space reserved above RAM for ACPI memory hot-plug
     /// (`vm.resize` with `desired_ram`); None: no hot-plug.
+    #[serde(default)]
     pub hotplug_size: Option<u64>,
 }
 
@@ -97,6 +115,7 @@ impl Default for MemoryConfig {
 }
 
 impl MemoryConfig {
+    /// Fills a config from `--memory` and checks it.
     pub fn parse(input: &str) -> Result<Self, ConfigError> {
         let o = OptionValues::parse(
             "memory",
@@ -109,32 +128,8 @@ impl MemoryConfig {
                 "hotplug_method",
             ],
         )?;
-        let mut cfg = MemoryConfig::default();
-        if let Some(size) = o.convert("size", parse_size)? {
-            if !(MIN_MEMORY..=MAX_MEMORY).contains(&size) {
-                return Err(o.invalid("size", o.get("size").unwrap_or(""), "between 32M and 512G"));
-            }
-            if size % 4096 != 0 {
-                return Err(o.invalid("size", o.get("size").unwrap_or(""), "a multiple of 4K"));
-            }
-            cfg.size = size;
-        }
-        cfg.shared = o.convert("shared", parse_toggle)?.unwrap_or(false);
-        cfg.hugepages = o.convert("hugepages", parse_toggle)?.unwrap_or(false);
-        if cfg.hugepages && cfg.size % (2 << 20) != 0 {
-            return Err(o.invalid(
-                "size",
-                o.get("size").unwrap_or(""),
-                "a multiple of 2M with hugepages=on",
-            ));
-        }
-        cfg.hotplug_size = Self::parse_hotplug(&o, cfg.size)?;
-        Ok(cfg)
-    }
-
-    /// `hotplug_size` and `hotplug_method`: ACPI hot-plug only, at least
-    /// one block, and RAM plus the hot-plug area within [`MAX_MEMORY`].
-    fn parse_hotplug(o: &OptionValues, size: u64) -> Result<Option<u64>, ConfigError> {
+        // Cloud Hypervisor's other hot-plug method, on its command line
+        // only (its JSON's is checked by ch_fields).
         match o.get("hotplug_method") {
             None | Some("acpi") => {}
             Some("virtio-mem") => {
@@ -145,25 +140,59 @@ impl MemoryConfig {
             }
             Some(other) => return Err(o.invalid("hotplug_method", other, "acpi")),
         }
-        let Some(hotplug) = o.convert("hotplug_size", parse_size)? else {
-            return Ok(None);
+        let config = MemoryConfig {
+            size: o
+                .convert("size", parse_size)?
+                .unwrap_or(MemoryConfig::default().size),
+            shared: o.toggle("shared")?.unwrap_or(false),
+            hugepages: o.toggle("hugepages")?.unwrap_or(false),
+            hotplug_size: o.convert("hotplug_size", parse_size)?,
         };
-        let given = o.get("hotplug_size").unwrap_or("");
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The size limits of RAM and of its hot-plug area, for the command
+    /// line and the API alike.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const OPTION: &str = "memory";
+        let size = self.size;
+        let shown = dax_abi::size_text(size);
+        if !(MIN_MEMORY..=MAX_MEMORY).contains(&size) {
+            return Err(invalid(OPTION, "size", shown, "between 32M and 512G"));
+        }
+        if !size.is_multiple_of(4096) {
+            return Err(invalid(OPTION, "size", shown, "a multiple of 4K"));
+        }
+        if self.hugepages && !size.is_multiple_of(2 << 20) {
+            return Err(invalid(
+                OPTION,
+                "size",
+                shown,
+                "a multiple of 2M with hugepages=on",
+            ));
+        }
+        let Some(hotplug) = self.hotplug_size else {
+            return Ok(());
+        };
+        // At least one block, and RAM plus the hot-plug area within MAX_MEMORY.
+        let given = dax_abi::size_text(hotplug);
         let limit = MAX_MEMORY - size;
         if !(HOTPLUG_BLOCK..=limit).contains(&hotplug) {
-            return Err(o.invalid(
+            return Err(invalid(
+                OPTION,
                 "hotplug_size",
                 given,
-                &format!(
+                format!(
                     "between 128M (one hot-plug block) and {limit} bytes \
                      (size plus hotplug_size at most 512G)"
                 ),
             ));
         }
-        if hotplug % 4096 != 0 {
-            return Err(o.invalid("hotplug_size", given, "a multiple of 4K"));
+        if !hotplug.is_multiple_of(4096) {
+            return Err(invalid(OPTION, "hotplug_size", given, "a multiple of 4K"));
         }
-        Ok(Some(hotplug))
+        Ok(())
     }
 
     /// RAM plus the whole hot-plug area: what `vm.resize` can grow RAM to.
@@ -208,47 +237,188 @@ impl SerialMode {
     }
 }
 
-/// `--console`: Cloud Hypervisor's virtio-console. Only `off` exists here.
-pub fn parse_console(input: &str) -> Result<(), ConfigError> {
-    match input {
-        "off" => Ok(()),
-        other => Err(ConfigError::Unsupported {
-            option: "console",
-            message: format!(
-                "\"{other}\" needs a virtio-console, which this VMM does not have; \
-                 use --console off and --serial tty"
-            ),
-        }),
+impl SerialMode {
+    /// Cloud Hypervisor's ConsoleConfig `mode` (any case) and `file`, as
+    /// `option` (`serial` or `console`) has them.
+    fn from_mode(
+        mode: &str,
+        file: Option<PathBuf>,
+        option: &'static str,
+    ) -> Result<Self, ConfigError> {
+        match (mode.to_ascii_lowercase().as_str(), file) {
+            ("file", Some(f)) => Ok(SerialMode::File(f)),
+            ("file", None) => Err(ConfigError::MissingKey {
+                option,
+                key: "file",
+            }),
+            (m, _) => SerialMode::parse(m),
+        }
+    }
+
+    /// Cloud Hypervisor's spelling of the mode in JSON.
+    fn mode_name(&self) -> &'static str {
+        match self {
+            SerialMode::Off => "Off",
+            SerialMode::Null => "Null",
+            SerialMode::Tty => "Tty",
+            SerialMode::File(_) => "File",
+        }
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Cloud Hypervisor's ConsoleConfig: `{"mode": …, "file": …}`, the file
+/// only with mode `File`.
+impl Serialize for SerialMode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("mode", self.mode_name())?;
+        if let SerialMode::File(f) = self {
+            map.serialize_entry("file", f)?;
+        }
+        map.end()
+    }
+}
+
+/// The fields of Cloud Hypervisor's ConsoleConfig this VMM reads (the
+/// others are checked by [`ch_fields`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConsoleFields {
+    mode: String,
+    file: Option<PathBuf>,
+}
+
+impl<'de> Deserialize<'de> for SerialMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let f = ConsoleFields::deserialize(d)?;
+        SerialMode::from_mode(&f.mode, f.file, "serial").map_err(serde::de::Error::custom)
+    }
+}
+
+/// A VmConfig's `console`: only mode `Off`.
+fn deserialize_console<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SerialMode, D::Error> {
+    let f = ConsoleFields::deserialize(d)?;
+    match f.mode.to_ascii_lowercase().as_str() {
+        "off" => Ok(SerialMode::Off),
+        other => Err(serde::de::Error::custom(ConfigError::Unsupported {
+            option: "console",
+            message: format!(
+                "mode \"{other}\" needs a virtio-console, which this VMM does not have; use \"Off\""
+            ),
+        })),
+    }
+}
+
+/// `--console` (and a VmConfig's `console`): Cloud Hypervisor's
+/// virtio-console. Only off exists here.
+pub fn parse_console(input: &str) -> Result<SerialMode, ConfigError> {
+    match input {
+        "off" => Ok(SerialMode::Off),
+        other => Err(no_console(other)),
+    }
+}
+
+/// Why a console other than off is refused, and what to use instead.
+fn no_console(given: &str) -> ConfigError {
+    ConfigError::Unsupported {
+        option: "console",
+        message: format!(
+            "\"{given}\" needs a virtio-console, which this VMM does not have; \
+             use --console off and --serial tty"
+        ),
+    }
+}
+
+/// The kernel and how it boots: Cloud Hypervisor's PayloadConfig (its
+/// JSON field names; firmware and the confidential-guest fields are
+/// checked by [`ch_fields`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PayloadConfig {
+    /// Required: empty only where a VmConfig left it out, which
+    /// [`json::vm_config_from_json`] refuses by name first.
+    #[serde(default)]
     pub kernel: PathBuf,
+    #[serde(default)]
     pub initramfs: Option<PathBuf>,
+    #[serde(default)]
     pub cmdline: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+impl PayloadConfig {
+    /// The schema's minLength 1: an empty path would pass here and fail
+    /// only at boot, after the VM was reported created.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.kernel.as_os_str().is_empty() {
+            return Err(ConfigError::InvalidValue {
+                option: "kernel",
+                key: "payload.kernel",
+                value: String::new(),
+                expected: "a path to the kernel image (not empty)".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The VM's whole configuration: Cloud Hypervisor's VmConfig (its JSON
+/// field names and defaults, the parts this VMM implements), what the
+/// command line and `vm.create` both fill, [`VmConfig::validated`] checks
+/// and `vm.info` reports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct VmConfig {
     pub payload: PayloadConfig,
+    #[serde(default)]
     pub cpus: CpusConfig,
+    #[serde(default)]
     pub memory: MemoryConfig,
+    /// Null when a VmConfig has none.
+    #[serde(default = "serial_null")]
     pub serial: SerialMode,
+    /// Always off (there is no virtio-console): [`parse_console`].
+    #[serde(default = "console_off", deserialize_with = "deserialize_console")]
+    pub console: SerialMode,
+    #[serde(default)]
     pub pmem: Vec<PmemConfig>,
+    #[serde(default)]
     pub fs: Vec<FsConfig>,
+    #[serde(default)]
     pub disks: Vec<DiskConfig>,
     /// virtio-net devices on taps.
+    #[serde(default)]
     pub net: Vec<NetConfig>,
-    /// The virtio-rng device (on by default, as in Cloud Hypervisor).
+    /// The virtio-rng device (on by default, as in Cloud Hypervisor, whose
+    /// VmConfig always has one).
+    #[serde(default = "rng_on", skip_serializing_if = "Option::is_none")]
     pub rng: Option<RngConfig>,
     /// The virtio-vsock device (at most one, as in Cloud Hypervisor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock: Option<VsockConfig>,
     /// The pvpanic device (I/O port 0x505): the guest reports a panic and
     /// the VMM exits with status 3. On unless a VmConfig says `false`.
+    #[serde(default = "pvpanic_on")]
     pub pvpanic: bool,
     /// The PCI segments the devices' `pci_segment` choose from.
+    #[serde(default)]
     pub platform: PlatformConfig,
+}
+
+fn serial_null() -> SerialMode {
+    SerialMode::Null
+}
+
+fn console_off() -> SerialMode {
+    SerialMode::Off
+}
+
+fn rng_on() -> Option<RngConfig> {
+    Some(RngConfig::default())
+}
+
+fn pvpanic_on() -> bool {
+    true
 }
 
 impl VmConfig {
@@ -267,6 +437,39 @@ impl VmConfig {
             self.vsock = None;
         }
         count(self) != before
+    }
+
+    /// Names the devices given without an id, checks every part and then
+    /// the whole: what `vm.create` does with a VmConfig it deserialized
+    /// (the command line checks each part as it parses it).
+    pub fn validated(mut self) -> Result<Self, ConfigError> {
+        fn each<T>(
+            items: Vec<T>,
+            check: impl Fn(T, usize) -> Result<T, ConfigError>,
+        ) -> Result<Vec<T>, ConfigError> {
+            items
+                .into_iter()
+                .enumerate()
+                .map(|(i, item)| check(item, i))
+                .collect()
+        }
+        self.payload.validate()?;
+        self.cpus = self.cpus.validated()?;
+        self.memory.validate()?;
+        if self.console != SerialMode::Off {
+            return Err(no_console(&self.console.mode_name().to_ascii_lowercase()));
+        }
+        self.pmem = each(self.pmem, PmemConfig::validated)?;
+        self.fs = each(self.fs, FsConfig::validated)?;
+        self.disks = each(self.disks, DiskConfig::validated)?;
+        self.net = each(self.net, NetConfig::validated)?;
+        if let Some(rng) = &self.rng {
+            rng.validate()?;
+        }
+        self.vsock = self.vsock.map(VsockConfig::validated).transpose()?;
+        self.platform.validate()?;
+        self.validate()?;
+        Ok(self)
     }
 
     /// Checks what no single option can: ids are unique, vhost-user devices
@@ -415,6 +618,7 @@ mod tests {
             cpus: CpusConfig::default(),
             memory: MemoryConfig::parse("size=512M,shared=on").unwrap(),
             serial: SerialMode::Off,
+            console: SerialMode::Off,
             pmem: vec![PmemConfig::parse("file=p,id=pm", 0).unwrap()],
             fs: vec![FsConfig::parse("tag=t,socket=s,id=share,pci_segment=1", 0).unwrap()],
             disks: vec![DiskConfig::parse("path=d,id=root", 0).unwrap()],
@@ -458,6 +662,7 @@ mod tests {
             cpus: CpusConfig::default(),
             memory: MemoryConfig::default(),
             serial: SerialMode::Off,
+            console: SerialMode::Off,
             pmem: vec![PmemConfig::parse("file=p,id=dev0", 0).unwrap()],
             fs: vec![FsConfig::parse("tag=t,socket=s,id=dev1", 0).unwrap()],
             disks: vec![DiskConfig::parse("path=d,id=dev2", 0).unwrap()],
@@ -526,7 +731,7 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("--serial:"));
-        assert!(parse_console("off").is_ok());
+        assert_eq!(parse_console("off").unwrap(), SerialMode::Off);
         assert!(parse_console("tty")
             .unwrap_err()
             .to_string()

@@ -11,7 +11,13 @@ use std::sync::Arc;
 use virtio_devices::net::tap::check_tap_name;
 use virtio_devices::net::{MacAddr, MAX_MTU, MIN_MTU, NUM_QUEUES};
 
-use super::option_parser::{parse_toggle, parse_u32, OptionValues};
+use serde::{Deserialize, Serialize};
+
+use super::checks::{
+    invalid, name_device, no_iommu, no_pci_device_id, non_empty_id, transport_and_segment,
+    unsupported, yes,
+};
+use super::option_parser::OptionValues;
 use super::{ConfigError, Transport};
 
 /// Largest queue, as Cloud Hypervisor allows.
@@ -51,30 +57,112 @@ impl std::fmt::Debug for TapFds {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A virtio-net device on a tap: Cloud Hypervisor's NetConfig (its JSON
+/// field names and defaults; Kata's driver sends `mac`, `ip`/`mask`,
+/// `num_queues`, `queue_size`, `iommu`, `vhost_user`, `vhost_mode`, the
+/// `offload_*` toggles and, with `vm.add-net`, its tap fds) plus our
+/// `transport`, what `--net` and `vm.add-net` both fill and
+/// [`NetConfig::validate`] checks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NetConfig {
     /// The tap's name; None: a new `vmtap<N>` (or the fds given).
+    #[serde(default)]
     pub tap: Option<String>,
+    #[serde(default)]
     pub ip: Option<Ipv4Addr>,
+    #[serde(default)]
     pub mask: Option<Ipv4Addr>,
     /// The guest's MAC (a random local one when not configured, chosen
     /// when the config is read so `vm.info` shows the one the guest has).
+    #[serde(default = "MacAddr::random_local", with = "mac_text")]
     pub mac: MacAddr,
+    #[serde(default, skip_serializing)]
+    pub host_mac: Option<String>,
+    #[serde(default)]
     pub mtu: Option<u16>,
+    #[serde(default)]
+    pub iommu: bool,
+    #[serde(default = "default_num_queues")]
     pub num_queues: u16,
+    #[serde(default = "default_queue_size")]
     pub queue_size: u16,
+    #[serde(default)]
+    pub vhost_user: bool,
+    #[serde(default, skip_serializing)]
+    pub vhost_socket: Option<String>,
+    /// Only `Client` (`vm.info` says so, from [`super::ch_fields`]).
+    #[serde(default, skip_serializing)]
+    pub vhost_mode: Option<String>,
+    /// Empty when not given: [`NetConfig::validated`] names it `_net<N>`.
+    #[serde(default, deserialize_with = "non_empty_id")]
     pub id: String,
+    /// Numbers in the sender's process, meaningless here: the fds
+    /// themselves travel as SCM_RIGHTS with the request ([`Self::fds`]).
+    /// Ignored, as Cloud Hypervisor ignores them.
+    #[serde(default, rename = "fds", skip_serializing)]
+    pub fd_numbers: Option<Vec<i32>>,
+    /// Only null: there is no rate limiter.
+    #[serde(default, skip_serializing)]
+    pub rate_limiter_config: Option<serde_json::Value>,
+    /// The PCI segment the device is on (virtio-PCI only).
+    #[serde(default)]
+    pub pci_segment: u16,
+    /// Cloud Hypervisor's requested PCI slot: null only (slots are assigned).
+    #[serde(default, skip_serializing)]
+    pub pci_device_id: Option<u8>,
     /// TSO offered (where the tap takes it); only with `offload_csum`,
     /// since segmentation needs checksum offload.
+    #[serde(default = "yes")]
     pub offload_tso: bool,
+    /// UFO is never offered (the kernel segments UDP); on or off changes
+    /// nothing (`vm.info` says true, Cloud Hypervisor's default).
+    #[serde(default, skip_serializing)]
+    pub offload_ufo: Option<bool>,
+    #[serde(default = "yes")]
     pub offload_csum: bool,
+    #[serde(default)]
     pub transport: Transport,
-    /// The PCI segment the device is on (virtio-PCI only).
-    pub pci_segment: u16,
     /// Tap fds passed with the request; when there are any, the device
     /// uses them instead of opening `tap` (and leaves their address alone).
+    #[serde(skip)]
     pub fds: TapFds,
 }
+
+fn default_num_queues() -> u16 {
+    2
+}
+
+fn default_queue_size() -> u16 {
+    DEFAULT_QUEUE_SIZE
+}
+
+/// A MAC address as text, `52:54:00:12:34:56`.
+mod mac_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use virtio_devices::net::MacAddr;
+
+    pub fn serialize<S: Serializer>(mac: &MacAddr, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(mac)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<MacAddr, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(|_| {
+            serde::de::Error::custom(format!(
+                "mac=\"{text}\" is invalid: expected {}",
+                super::MAC_EXPECTED
+            ))
+        })
+    }
+}
+
+const MAC_EXPECTED: &str = "six hex bytes such as 52:54:00:12:34:56";
+const NUM_QUEUES_EXPECTED: &str = "2 (one RX/TX queue pair; multiqueue taps are not supported)";
+const QUEUE_SIZE_EXPECTED: &str = "a power of two from 2 to 32768";
+/// Why the keys Cloud Hypervisor has for vhost-user, host MACs, rate
+/// limits and inherited fds are refused.
+const NOT_HERE: &str = "no vhost-user socket, host MAC, rate limits or inherited fds on the command line (vm.add-net takes fds)";
 
 /// Keys `--net` accepts: Cloud Hypervisor's, and `transport`. Those after
 /// `transport` are Cloud Hypervisor's that this VMM does not implement:
@@ -112,6 +200,10 @@ fn parse_ipv4(v: &str) -> Result<Ipv4Addr, &'static str> {
         .map_err(|_| "an IPv4 address such as 192.168.249.1")
 }
 
+fn mtu_expected() -> String {
+    format!("{MIN_MTU} to {MAX_MTU} bytes")
+}
+
 impl NetConfig {
     /// Gives the device the tap fds a client passed: one, since the
     /// device has one queue pair (a multiqueue tap would pass one per pair).
@@ -140,22 +232,13 @@ impl NetConfig {
         Self::from_values(&OptionValues::parse("net", input, NET_KEYS)?, index)
     }
 
-    /// Checks and converts the values of `--net` (or of an API NetConfig).
-    pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
-        o.check_ch_defaults()?;
-        let (transport, pci_segment) = o.transport_and_segment()?;
-        if o.convert("vhost_user", parse_toggle)?.unwrap_or(false) {
-            return Err(o.unsupported("vhost_user", "only taps the VMM serves itself"));
-        }
-        if o.get("vhost_mode")
-            .is_some_and(|m| !matches!(m, "client" | "Client"))
-        {
-            return Err(o.unsupported("vhost_mode", "no vhost-user net here"));
-        }
+    /// Fills a config from the values of `--net`
+    /// and checks it.
+    fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
+        // Keys with no field here: Cloud Hypervisor's command-line spelling
+        // of inherited fds and of its rate limiter.
         o.refuse_any(
             &[
-                "socket",
-                "host_mac",
                 "fd",
                 "bw_size",
                 "bw_one_time_burst",
@@ -164,78 +247,138 @@ impl NetConfig {
                 "ops_one_time_burst",
                 "ops_refill_time",
             ],
-            "no vhost-user socket, host MAC, rate limits or inherited fds on the command line (vm.add-net takes fds)",
+            NOT_HERE,
         )?;
-        let tap = o.get("tap").map(str::to_string);
-        if let Some(t) = &tap {
+        let mac = match o.get("mac") {
+            None => MacAddr::random_local(),
+            Some(m) => m.parse().map_err(|_| o.invalid("mac", m, MAC_EXPECTED))?,
+        };
+        NetConfig {
+            tap: o.text("tap"),
+            ip: o.convert("ip", parse_ipv4)?,
+            mask: o.convert("mask", parse_ipv4)?,
+            mac,
+            host_mac: o.text("host_mac"),
+            mtu: o.u16_value("mtu", &mtu_expected())?,
+            iommu: o.toggle("iommu")?.unwrap_or(false),
+            num_queues: o
+                .u16_value("num_queues", NUM_QUEUES_EXPECTED)?
+                .unwrap_or_else(default_num_queues),
+            queue_size: o
+                .u16_value("queue_size", QUEUE_SIZE_EXPECTED)?
+                .unwrap_or(DEFAULT_QUEUE_SIZE),
+            vhost_user: o.toggle("vhost_user")?.unwrap_or(false),
+            vhost_socket: o.text("socket"),
+            vhost_mode: o.text("vhost_mode"),
+            id: o.id()?,
+            fd_numbers: None,
+            rate_limiter_config: None,
+            pci_segment: o.pci_segment()?,
+            pci_device_id: None,
+            offload_tso: o.toggle("offload_tso")?.unwrap_or(true),
+            offload_ufo: o.toggle("offload_ufo")?,
+            offload_csum: o.toggle("offload_csum")?.unwrap_or(true),
+            transport: o.transport()?,
+            fds: TapFds::default(),
+        }
+        .validated(index)
+    }
+
+    /// Names the device `_net<index>` if it has no id, and checks it.
+    pub fn validated(mut self, index: usize) -> Result<Self, ConfigError> {
+        name_device(&mut self.id, "net", index);
+        self.validate()?;
+        // Cloud Hypervisor's api_client (runtime-rs, ch-remote) lists the
+        // numbers of the fds it passes with every such request: normal,
+        // so not worth more than a debug line.
+        if self.fd_numbers.as_ref().is_some_and(|f| !f.is_empty()) {
+            log::debug!("vm.add-net: fd numbers in the body are ignored; the fds come as SCM_RIGHTS with the request");
+        }
+        // What holds only what changes nothing is forgotten (so the config
+        // `vm.info` shows creates the same one).
+        self.fd_numbers = None;
+        self.vhost_mode = None;
+        self.offload_ufo = None;
+        Ok(self)
+    }
+
+    /// Every check of a net device's config, for the command line and
+    /// the API alike.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const OPTION: &str = "net";
+        no_pci_device_id(OPTION, self.pci_device_id)?;
+        if self
+            .rate_limiter_config
+            .as_ref()
+            .is_some_and(|v| !v.is_null())
+        {
+            return Err(ConfigError::Unsupported {
+                option: OPTION,
+                message: "rate_limiter_config is not supported (only null)".into(),
+            });
+        }
+        no_iommu(OPTION, self.iommu)?;
+        transport_and_segment(OPTION, self.transport, self.pci_segment)?;
+        if self.vhost_user {
+            return Err(unsupported(
+                OPTION,
+                "vhost_user",
+                "on",
+                "only taps the VMM serves itself",
+            ));
+        }
+        if let Some(m) = self
+            .vhost_mode
+            .as_ref()
+            .filter(|m| !matches!(m.as_str(), "client" | "Client"))
+        {
+            return Err(unsupported(
+                OPTION,
+                "vhost_mode",
+                m,
+                "no vhost-user net here",
+            ));
+        }
+        if let Some(s) = &self.vhost_socket {
+            return Err(unsupported(OPTION, "socket", s, NOT_HERE));
+        }
+        if let Some(m) = &self.host_mac {
+            return Err(unsupported(OPTION, "host_mac", m, NOT_HERE));
+        }
+        if let Some(t) = &self.tap {
             check_tap_name(t).map_err(|_| {
-                o.invalid(
+                invalid(
+                    OPTION,
                     "tap",
                     t,
                     "an interface name of 1 to 15 bytes without '/' or spaces",
                 )
             })?;
         }
-        let ip = o.convert("ip", parse_ipv4)?;
-        let mask = o.convert("mask", parse_ipv4)?;
-        let mac = match o.get("mac") {
-            None => MacAddr::random_local(),
-            Some(m) => {
-                let mac: MacAddr = m
-                    .parse()
-                    .map_err(|_| o.invalid("mac", m, "six hex bytes such as 52:54:00:12:34:56"))?;
-                if !mac.is_unicast() {
-                    return Err(o.invalid("mac", m, "a unicast address (first byte even)"));
-                }
-                mac
-            }
-        };
-        let mtu = o
-            .convert("mtu", parse_u32)?
-            .map(|m| {
-                o.checked_u16(
-                    "mtu",
-                    m,
-                    (u32::from(MIN_MTU)..=u32::from(MAX_MTU)).contains(&m),
-                    &format!("{MIN_MTU} to {MAX_MTU} bytes"),
-                )
-            })
-            .transpose()?;
-        let num_queues = o.convert("num_queues", parse_u32)?.unwrap_or(2);
-        let num_queues = o.checked_u16(
-            "num_queues",
-            num_queues,
-            num_queues as usize == NUM_QUEUES,
-            "2 (one RX/TX queue pair; multiqueue taps are not supported)",
-        )?;
-        let queue_size = o
-            .convert("queue_size", parse_u32)?
-            .unwrap_or(u32::from(DEFAULT_QUEUE_SIZE));
-        let queue_size = o.checked_u16(
-            "queue_size",
-            queue_size,
-            queue_size.is_power_of_two() && (2..=MAX_QUEUE_SIZE).contains(&queue_size),
-            "a power of two from 2 to 32768",
-        )?;
-        let offload_tso = o.convert("offload_tso", parse_toggle)?.unwrap_or(true);
-        let offload_csum = o.convert("offload_csum", parse_toggle)?.unwrap_or(true);
-        // UFO is never offered (the kernel segments UDP); on or off changes nothing.
-        o.convert("offload_ufo", parse_toggle)?;
-        Ok(NetConfig {
-            tap,
-            ip,
-            mask,
-            mac,
-            mtu,
-            num_queues,
-            queue_size,
-            id: o.device_id("net", index)?,
-            offload_tso,
-            offload_csum,
-            transport,
-            pci_segment,
-            fds: TapFds::default(),
-        })
+        if !self.mac.is_unicast() {
+            return Err(invalid(
+                OPTION,
+                "mac",
+                self.mac,
+                "a unicast address (first byte even)",
+            ));
+        }
+        if let Some(m) = self.mtu.filter(|m| !(MIN_MTU..=MAX_MTU).contains(m)) {
+            return Err(invalid(OPTION, "mtu", m, mtu_expected()));
+        }
+        if usize::from(self.num_queues) != NUM_QUEUES {
+            return Err(invalid(
+                OPTION,
+                "num_queues",
+                self.num_queues,
+                NUM_QUEUES_EXPECTED,
+            ));
+        }
+        let q = u32::from(self.queue_size);
+        if !(q.is_power_of_two() && (2..=MAX_QUEUE_SIZE).contains(&q)) {
+            return Err(invalid(OPTION, "queue_size", q, QUEUE_SIZE_EXPECTED));
+        }
+        Ok(())
     }
 }
 

@@ -1,11 +1,14 @@
-//! Parser for Cloud Hypervisor style option values: `key=value,key=value`.
+//! Parser for Cloud Hypervisor style option values: `key=value,key=value`,
+//! from which each option fills its config type (whose `validate` checks
+//! the values, as for an API body).
 //!
 //! Every option declares the keys it accepts, so a typo is reported with the
 //! option's name and the full list of accepted keys instead of being ignored.
 
 use std::collections::BTreeMap;
 
-use super::{ConfigError, Transport, MAX_PCI_SEGMENTS};
+use super::checks::{ID_EXPECTED, PCI_SEGMENT_EXPECTED};
+use super::{ConfigError, Transport};
 
 /// The parsed `key=value` pairs of one option, e.g. `--memory size=1G,shared=on`.
 #[derive(Debug)]
@@ -48,27 +51,6 @@ impl OptionValues {
         Ok(OptionValues { option, values })
     }
 
-    /// The same checks for values that arrive as fields (an API body):
-    /// `pairs` are key and value as the command line would spell them.
-    pub fn from_pairs(
-        option: &'static str,
-        pairs: Vec<(&str, String)>,
-        accepted: &'static [&'static str],
-    ) -> Result<Self, ConfigError> {
-        let mut values = BTreeMap::new();
-        for (key, value) in pairs {
-            if !accepted.contains(&key) {
-                return Err(ConfigError::UnknownKey {
-                    option,
-                    key: key.to_string(),
-                    accepted: accepted.join(", "),
-                });
-            }
-            values.insert(key.to_string(), value);
-        }
-        Ok(OptionValues { option, values })
-    }
-
     pub fn get(&self, key: &str) -> Option<&str> {
         self.values.get(key).map(String::as_str)
     }
@@ -85,22 +67,6 @@ impl OptionValues {
                 .map(Some)
                 .map_err(|expected| self.invalid(key, v, expected)),
         }
-    }
-
-    /// `value` of `key` as the u16 a device takes, if `valid` (the caller's
-    /// checks, which `expected` describes, all passed); otherwise the error
-    /// naming the key, the value and `expected`.
-    pub fn checked_u16(
-        &self,
-        key: &'static str,
-        value: u32,
-        valid: bool,
-        expected: &str,
-    ) -> Result<u16, ConfigError> {
-        u16::try_from(value)
-            .ok()
-            .filter(|_| valid)
-            .ok_or_else(|| self.invalid(key, &value.to_string(), expected))
     }
 
     pub fn invalid(&self, key: &'static str, value: &str, expected: &str) -> ConfigError {
@@ -132,53 +98,49 @@ impl OptionValues {
         }
     }
 
-    /// Cloud Hypervisor's `iommu` key, which every device accepts: only its
-    /// default (off) exists here, and ch-remote sends it.
-    pub fn check_ch_defaults(&self) -> Result<(), ConfigError> {
-        if self
-            .get("iommu")
-            .is_some_and(|v| v != "off" && v != "false")
-        {
-            return Err(ConfigError::Unsupported {
-                option: self.option,
-                message: "iommu=on is not supported".into(),
-            });
-        }
-        Ok(())
+    /// A toggle key (`on`/`off`), if given.
+    pub fn toggle(&self, key: &'static str) -> Result<Option<bool>, ConfigError> {
+        self.convert(key, parse_toggle)
     }
 
-    /// The `transport` key (virtio-PCI by default) and the PCI segment the
-    /// device goes on (`pci_segment`, 0 by default). Whether that segment
-    /// exists depends on the whole VM ([`super::VmConfig::validate`]); a
-    /// virtio-MMIO device is on no segment, so only 0 is accepted for it.
-    pub fn transport_and_segment(&self) -> Result<(Transport, u16), ConfigError> {
-        let transport = self
+    /// A key's text, if given.
+    pub fn text(&self, key: &str) -> Option<String> {
+        self.get(key).map(str::to_string)
+    }
+
+    /// A number a u16 field holds; one that does not fit is refused with
+    /// `expected`, the field's limit (which its `validate` checks).
+    pub fn u16_value(&self, key: &'static str, expected: &str) -> Result<Option<u16>, ConfigError> {
+        let Some(n) = self.convert(key, parse_u32)? else {
+            return Ok(None);
+        };
+        u16::try_from(n)
+            .map(Some)
+            .map_err(|_| self.invalid(key, &n.to_string(), expected))
+    }
+
+    /// The `transport` key (virtio-PCI when not given).
+    pub fn transport(&self) -> Result<Transport, ConfigError> {
+        Ok(self
             .convert("transport", Transport::parse)?
-            .unwrap_or_default();
-        let segment = self
-            .convert("pci_segment", |v| {
-                v.parse::<u16>()
-                    .ok()
-                    .filter(|s| *s < MAX_PCI_SEGMENTS)
-                    .ok_or("a PCI segment number below 96 (Cloud Hypervisor's limit)")
-            })?
-            .unwrap_or(0);
-        if transport == Transport::Mmio && segment != 0 {
-            return Err(self.unsupported(
-                "pci_segment",
-                "a transport=mmio device is on no PCI segment (only pci_segment=0 is accepted with it)",
-            ));
-        }
-        Ok((transport, segment))
+            .unwrap_or_default())
     }
 
-    /// The `id` key: given and non-empty, or `_<prefix><index>` when absent
-    /// (as Cloud Hypervisor names devices).
-    pub fn device_id(&self, prefix: &str, index: usize) -> Result<String, ConfigError> {
+    /// The `pci_segment` key (0 when not given).
+    pub fn pci_segment(&self) -> Result<u16, ConfigError> {
+        Ok(self
+            .convert("pci_segment", |v| {
+                v.parse::<u16>().map_err(|_| PCI_SEGMENT_EXPECTED)
+            })?
+            .unwrap_or(0))
+    }
+
+    /// The `id` key: the one given (not empty), or empty when absent (the
+    /// config's `validate` names the device then).
+    pub fn id(&self) -> Result<String, ConfigError> {
         match self.get("id") {
-            Some("") => Err(self.invalid("id", "", "a non-empty device id")),
-            Some(id) => Ok(id.to_string()),
-            None => Ok(format!("_{prefix}{index}")),
+            Some("") => Err(self.invalid("id", "", ID_EXPECTED)),
+            other => Ok(other.unwrap_or_default().to_string()),
         }
     }
 }
@@ -246,30 +208,28 @@ mod tests {
         assert_eq!(e.to_string(), "--cpus: key \"boot\" given twice");
     }
 
-    /// A value the caller's checks pass but a u16 cannot hold is refused
-    /// like one the checks fail, never cut.
+    /// A value a u16 cannot hold is refused with the field's limit (which
+    /// its `validate` checks otherwise), never cut.
     #[test]
-    fn checked_u16_refuses_what_fails_the_checks_or_does_not_fit() {
+    fn u16_value_refuses_what_does_not_fit() {
         let o = OptionValues::parse("disk", "queue_size=8", &["queue_size"]).unwrap();
         assert_eq!(
-            o.checked_u16("queue_size", 8, true, "a power of two")
-                .unwrap(),
-            8
+            o.u16_value("queue_size", "a power of two").unwrap(),
+            Some(8)
         );
-        let e = o
-            .checked_u16("queue_size", 6, false, "a power of two")
-            .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "--disk: queue_size=\"6\" is invalid: expected a power of two"
-        );
-        let e = o
-            .checked_u16("queue_size", 1 << 16, true, "a power of two")
-            .unwrap_err();
+        assert_eq!(o.u16_value("absent", "a power of two").unwrap(), None);
+        let o = OptionValues::parse("disk", "queue_size=65536", &["queue_size"]).unwrap();
+        let e = o.u16_value("queue_size", "a power of two").unwrap_err();
         assert_eq!(
             e.to_string(),
             "--disk: queue_size=\"65536\" is invalid: expected a power of two"
         );
+        let o = OptionValues::parse("disk", "queue_size=-1", &["queue_size"]).unwrap();
+        assert!(o
+            .u16_value("queue_size", "a power of two")
+            .unwrap_err()
+            .to_string()
+            .contains("an unsigned integer"));
     }
 
     #[test]

@@ -3,6 +3,9 @@
 //! Hypervisor's other `--platform` keys (IOMMU segments, SMBIOS strings,
 //! confidential guests) have no meaning here and are refused by name.
 
+use serde::{Deserialize, Serialize};
+
+use super::checks::invalid;
 use super::option_parser::OptionValues;
 use super::ConfigError;
 
@@ -21,11 +24,21 @@ pub const PLATFORM_KEYS: &[&str] = &[
     "sev_snp",
 ];
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The part of Cloud Hypervisor's PlatformConfig this VMM implements (its
+/// JSON field names and defaults; the rest is checked by
+/// [`super::ch_fields`]), what `--platform` and `vm.create` both fill and
+/// [`PlatformConfig::validate`] checks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PlatformConfig {
     /// PCI segments 0..num_pci_segments exist; 1 (Cloud Hypervisor's
     /// default) is bus 0 of segment 0 only.
+    #[serde(default = "one")]
     pub num_pci_segments: u16,
+}
+
+fn one() -> u16 {
+    1
 }
 
 impl Default for PlatformConfig {
@@ -36,25 +49,41 @@ impl Default for PlatformConfig {
     }
 }
 
+const SEGMENTS_EXPECTED: &str = "1 to 96 PCI segments (Cloud Hypervisor's limit)";
+
 impl PlatformConfig {
     pub fn parse(input: &str) -> Result<Self, ConfigError> {
         Self::from_values(&OptionValues::parse("platform", input, PLATFORM_KEYS)?)
     }
 
-    pub fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
+    /// Fills a config from the values of `--platform` and checks it.
+    fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
         o.refuse_any(
             &PLATFORM_KEYS[1..],
             "no IOMMU, SMBIOS strings or confidential guests here",
         )?;
-        let num_pci_segments = o
-            .convert("num_pci_segments", |v| {
-                v.parse::<u16>()
-                    .ok()
-                    .filter(|n| (1..=MAX_PCI_SEGMENTS).contains(n))
-                    .ok_or("1 to 96 PCI segments (Cloud Hypervisor's limit)")
-            })?
-            .unwrap_or(1);
-        Ok(PlatformConfig { num_pci_segments })
+        let config = PlatformConfig {
+            num_pci_segments: o
+                .convert("num_pci_segments", |v| {
+                    v.parse::<u16>().map_err(|_| SEGMENTS_EXPECTED)
+                })?
+                .unwrap_or(1),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The segment count is within Cloud Hypervisor's limit.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=MAX_PCI_SEGMENTS).contains(&self.num_pci_segments) {
+            return Err(invalid(
+                "platform",
+                "num_pci_segments",
+                self.num_pci_segments,
+                SEGMENTS_EXPECTED,
+            ));
+        }
+        Ok(())
     }
 }
 

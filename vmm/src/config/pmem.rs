@@ -3,37 +3,39 @@
 
 use std::path::PathBuf;
 
-use super::option_parser::{parse_size, parse_toggle, OptionValues};
-use super::ConfigError;
+use serde::{Deserialize, Serialize};
 
-/// How a virtio device reaches the guest.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Transport {
-    #[default]
-    Pci,
-    Mmio,
-}
+use super::checks::{
+    invalid, name_device, no_iommu, no_pci_device_id, non_empty_id, transport_and_segment,
+};
+use super::option_parser::{parse_size, OptionValues};
+use super::{ConfigError, Transport};
 
-impl Transport {
-    pub fn parse(v: &str) -> Result<Self, &'static str> {
-        match v {
-            "pci" => Ok(Transport::Pci),
-            "mmio" => Ok(Transport::Mmio),
-            _ => Err("pci or mmio"),
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A virtio-pmem device: Cloud Hypervisor's PmemConfig (its JSON field
+/// names and defaults) plus our `transport`, what `--pmem` and
+/// `vm.add-pmem` both fill and [`PmemConfig::validate`] checks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PmemConfig {
     pub file: PathBuf,
     /// None: the file's own size.
+    #[serde(default)]
     pub size: Option<u64>,
+    #[serde(default)]
+    pub iommu: bool,
+    #[serde(default)]
     pub discard_writes: bool,
+    /// Empty when not given: [`PmemConfig::validated`] names it `_pmem<N>`.
+    #[serde(default, deserialize_with = "non_empty_id")]
     pub id: String,
-    pub transport: Transport,
     /// The PCI segment the device is on (virtio-PCI only).
+    #[serde(default)]
     pub pci_segment: u16,
+    /// Cloud Hypervisor's requested PCI slot: null only (slots are assigned).
+    #[serde(default, skip_serializing)]
+    pub pci_device_id: Option<u8>,
+    #[serde(default)]
+    pub transport: Transport,
 }
 
 const TWO_MIB: u64 = 2 << 20;
@@ -56,36 +58,54 @@ impl PmemConfig {
         Self::from_values(&OptionValues::parse("pmem", input, PMEM_KEYS)?, index)
     }
 
-    /// Checks and converts the values of `--pmem` (or of an API PmemConfig).
-    pub fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
-        // Cloud Hypervisor's defaults are accepted, since ch-remote sends them.
-        o.check_ch_defaults()?;
-        let (transport, pci_segment) = o.transport_and_segment()?;
+    /// Fills a config from the values of `--pmem` and checks it.
+    fn from_values(o: &OptionValues, index: usize) -> Result<Self, ConfigError> {
         let file = o.get("file").ok_or(ConfigError::MissingKey {
             option: "pmem",
             key: "file",
         })?;
-        if file.is_empty() {
-            return Err(o.invalid("file", "", "a file or directory path"));
+        PmemConfig {
+            file: PathBuf::from(file),
+            size: o.convert("size", parse_size)?,
+            iommu: o.toggle("iommu")?.unwrap_or(false),
+            discard_writes: o.toggle("discard_writes")?.unwrap_or(false),
+            id: o.id()?,
+            pci_segment: o.pci_segment()?,
+            pci_device_id: None,
+            transport: o.transport()?,
         }
-        let size = o.convert("size", parse_size)?;
-        if let Some(size) = size {
+        .validated(index)
+    }
+
+    /// Names the device `_pmem<index>` if it has no id, and checks it.
+    pub fn validated(mut self, index: usize) -> Result<Self, ConfigError> {
+        name_device(&mut self.id, "pmem", index);
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Every check of a pmem device's config, for the command line and
+    /// the API alike.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const OPTION: &str = "pmem";
+        no_pci_device_id(OPTION, self.pci_device_id)?;
+        // Cloud Hypervisor's defaults are accepted, since ch-remote sends them.
+        no_iommu(OPTION, self.iommu)?;
+        transport_and_segment(OPTION, self.transport, self.pci_segment)?;
+        if self.file.as_os_str().is_empty() {
+            return Err(invalid(OPTION, "file", "", "a file or directory path"));
+        }
+        if let Some(size) = self.size {
             if size == 0 || size % TWO_MIB != 0 {
-                return Err(o.invalid(
+                return Err(invalid(
+                    OPTION,
                     "size",
-                    o.get("size").unwrap_or(""),
+                    dax_abi::size_text(size),
                     "a non-zero multiple of 2M",
                 ));
             }
         }
-        Ok(PmemConfig {
-            file: PathBuf::from(file),
-            size,
-            discard_writes: o.convert("discard_writes", parse_toggle)?.unwrap_or(false),
-            id: o.device_id("pmem", index)?,
-            transport,
-            pci_segment,
-        })
+        Ok(())
     }
 }
 

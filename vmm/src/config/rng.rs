@@ -4,24 +4,41 @@
 
 use std::path::PathBuf;
 
+use serde::{Deserialize, Serialize};
+
+use super::checks::{invalid, no_iommu, transport_and_segment};
 use super::option_parser::OptionValues;
 use super::{ConfigError, Transport};
 
 pub const DEFAULT_RNG_SOURCE: &str = "/dev/urandom";
 pub const RNG_KEYS: &[&str] = &["src", "iommu", "transport", "pci_segment"];
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The virtio-rng device: Cloud Hypervisor's RngConfig (its JSON field
+/// names and defaults) plus our `transport`, what `--rng` and `vm.create`
+/// both fill and [`RngConfig::validate`] checks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RngConfig {
+    #[serde(default = "default_src")]
     pub src: PathBuf,
-    pub transport: Transport,
+    #[serde(default)]
+    pub iommu: bool,
     /// The PCI segment the device is on (virtio-PCI only).
+    #[serde(default)]
     pub pci_segment: u16,
+    #[serde(default)]
+    pub transport: Transport,
+}
+
+fn default_src() -> PathBuf {
+    PathBuf::from(DEFAULT_RNG_SOURCE)
 }
 
 impl Default for RngConfig {
     fn default() -> Self {
         RngConfig {
-            src: PathBuf::from(DEFAULT_RNG_SOURCE),
+            src: default_src(),
+            iommu: false,
             transport: Transport::Pci,
             pci_segment: 0,
         }
@@ -37,20 +54,35 @@ impl RngConfig {
         Self::from_values(&OptionValues::parse("rng", input, RNG_KEYS)?).map(Some)
     }
 
-    pub fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
-        o.check_ch_defaults()?;
-        let (transport, pci_segment) = o.transport_and_segment()?;
-        let src = o.get("src").unwrap_or(DEFAULT_RNG_SOURCE);
+    /// Fills a config from the values of `--rng` and checks it.
+    fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
+        let config = RngConfig {
+            src: o.get("src").map_or_else(default_src, PathBuf::from),
+            iommu: o.toggle("iommu")?.unwrap_or(false),
+            pci_segment: o.pci_segment()?,
+            transport: o.transport()?,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Every check of the rng device's config, for the command line and
+    /// the API alike.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const OPTION: &str = "rng";
+        no_iommu(OPTION, self.iommu)?;
+        transport_and_segment(OPTION, self.transport, self.pci_segment)?;
         // An empty path would pass here and fail only at boot, after the
         // VM was reported created.
-        if src.is_empty() {
-            return Err(o.invalid("src", src, "a path to the entropy source (not empty)"));
+        if self.src.as_os_str().is_empty() {
+            return Err(invalid(
+                OPTION,
+                "src",
+                "",
+                "a path to the entropy source (not empty)",
+            ));
         }
-        Ok(RngConfig {
-            src: PathBuf::from(src),
-            transport,
-            pci_segment,
-        })
+        Ok(())
     }
 }
 

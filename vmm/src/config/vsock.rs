@@ -6,6 +6,11 @@ use std::path::PathBuf;
 
 use virtio_devices::vsock::{MAX_GUEST_CID, MIN_GUEST_CID};
 
+use serde::{Deserialize, Serialize};
+
+use super::checks::{
+    invalid, name_device, no_iommu, no_pci_device_id, non_empty_id, transport_and_segment,
+};
 use super::option_parser::OptionValues;
 use super::{ConfigError, Transport};
 
@@ -16,54 +21,88 @@ pub const VSOCK_KEYS: &[&str] = &["cid", "socket", "id", "iommu", "pci_segment",
 /// more bytes).
 pub const MAX_SOCKET_PATH: usize = 107 - 11;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The virtio-vsock device: Cloud Hypervisor's VsockConfig (its JSON field
+/// names) plus our `transport`, what `--vsock` and `vm.add-vsock` both
+/// fill and [`VsockConfig::validate`] checks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct VsockConfig {
     pub cid: u64,
     pub socket: PathBuf,
+    #[serde(default)]
+    pub iommu: bool,
+    /// Empty when not given: [`VsockConfig::validated`] names it `_vsock0`.
+    #[serde(default, deserialize_with = "non_empty_id")]
     pub id: String,
-    pub transport: Transport,
     /// The PCI segment the device is on (virtio-PCI only).
+    #[serde(default)]
     pub pci_segment: u16,
+    /// Cloud Hypervisor's requested PCI slot: null only (slots are assigned).
+    #[serde(default, skip_serializing)]
+    pub pci_device_id: Option<u8>,
+    #[serde(default)]
+    pub transport: Transport,
 }
+
+const CID_EXPECTED: &str = "a guest context id from 3 to 4294967294";
 
 impl VsockConfig {
     pub fn parse(input: &str) -> Result<Self, ConfigError> {
         Self::from_values(&OptionValues::parse("vsock", input, VSOCK_KEYS)?)
     }
 
-    pub fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
-        o.check_ch_defaults()?;
-        let (transport, pci_segment) = o.transport_and_segment()?;
-        let cid_text = o.get("cid").ok_or(ConfigError::MissingKey {
-            option: "vsock",
-            key: "cid",
-        })?;
-        let expected = "a guest context id from 3 to 4294967294";
-        let cid: u64 = cid_text
-            .parse()
-            .map_err(|_| o.invalid("cid", cid_text, expected))?;
-        if !(MIN_GUEST_CID..=MAX_GUEST_CID).contains(&cid) {
-            return Err(o.invalid("cid", cid_text, expected));
-        }
+    /// Fills a config from the values of `--vsock` and checks it.
+    fn from_values(o: &OptionValues) -> Result<Self, ConfigError> {
+        let cid = o
+            .convert("cid", |v| v.parse::<u64>().map_err(|_| CID_EXPECTED))?
+            .ok_or(ConfigError::MissingKey {
+                option: "vsock",
+                key: "cid",
+            })?;
         let socket = o.get("socket").ok_or(ConfigError::MissingKey {
             option: "vsock",
             key: "socket",
         })?;
-        if socket.is_empty() || socket.len() > MAX_SOCKET_PATH {
-            return Err(o.invalid(
-                "socket",
-                socket,
-                &format!("a unix socket path of 1 to {MAX_SOCKET_PATH} bytes"),
-            ));
-        }
-        Ok(VsockConfig {
+        VsockConfig {
             cid,
             socket: PathBuf::from(socket),
-            // Cloud Hypervisor names it `_vsock0`.
-            id: o.device_id("vsock", 0)?,
-            transport,
-            pci_segment,
-        })
+            iommu: o.toggle("iommu")?.unwrap_or(false),
+            id: o.id()?,
+            pci_segment: o.pci_segment()?,
+            pci_device_id: None,
+            transport: o.transport()?,
+        }
+        .validated()
+    }
+
+    /// Names the device `_vsock0` (as Cloud Hypervisor does) if it has no
+    /// id, and checks it.
+    pub fn validated(mut self) -> Result<Self, ConfigError> {
+        name_device(&mut self.id, "vsock", 0);
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Every check of the vsock device's config, for the command line and
+    /// the API alike.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const OPTION: &str = "vsock";
+        no_pci_device_id(OPTION, self.pci_device_id)?;
+        no_iommu(OPTION, self.iommu)?;
+        transport_and_segment(OPTION, self.transport, self.pci_segment)?;
+        if !(MIN_GUEST_CID..=MAX_GUEST_CID).contains(&self.cid) {
+            return Err(invalid(OPTION, "cid", self.cid, CID_EXPECTED));
+        }
+        let socket = self.socket.as_os_str();
+        if socket.is_empty() || socket.len() > MAX_SOCKET_PATH {
+            return Err(invalid(
+                OPTION,
+                "socket",
+                self.socket.display(),
+                format!("a unix socket path of 1 to {MAX_SOCKET_PATH} bytes"),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -82,6 +121,8 @@ mod tests {
                 id: "_vsock0".into(),
                 transport: Transport::Pci,
                 pci_segment: 0,
+                iommu: false,
+                pci_device_id: None,
             }
         );
         let c = VsockConfig::parse(
