@@ -21,9 +21,12 @@ use super::{ConfigError, DiskConfig, FsConfig, NetConfig, PmemConfig, VmConfig, 
 /// A body that does not fit its schema; the text names the field.
 #[derive(Debug, thiserror::Error)]
 pub enum JsonConfigError {
-    #[error("{what}: {source}")]
+    #[error("{field}: {source}")]
     Shape {
-        what: &'static str,
+        /// The body's type and the field's path in it
+        /// (`VmConfig.disks[0].queue_size`), so a value its type cannot
+        /// hold (70000 for a u16) is named.
+        field: String,
         source: serde_json::Error,
     },
     #[error(transparent)]
@@ -42,7 +45,18 @@ fn typed<T: DeserializeOwned>(
     rules: &[(&str, ch_fields::Rule)],
 ) -> Result<T, JsonConfigError> {
     let ours = reduce_object(what, body, rules).map_err(JsonConfigError::Unsupported)?;
-    T::deserialize(&ours).map_err(|source| JsonConfigError::Shape { what, source })
+    serde_path_to_error::deserialize(&ours).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." {
+            what.to_owned()
+        } else {
+            format!("{what}.{path}")
+        };
+        JsonConfigError::Shape {
+            field,
+            source: e.into_inner(),
+        }
+    })
 }
 
 /// Parses a `vm.create` body into a checked [`VmConfig`].
