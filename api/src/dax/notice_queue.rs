@@ -162,7 +162,7 @@ impl DaemonNotices {
     }
 
     /// Times a device's pending truncations collapsed into one range
-    /// because more than [`MAX_PENDING_RANGES`] were waiting.
+    /// because more than `MAX_PENDING_RANGES` were waiting.
     pub fn overflows(&self) -> u64 {
         self.queue().overflows
     }
