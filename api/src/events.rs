@@ -1,11 +1,19 @@
-//! `GET /api/v1/vm.dax-events`: every DAX map, unmap, reset, refusal and
-//! policy change, as server-sent events.
+//! `GET /api/v1/vm.dax-events`: every DAX map, unmap, reset, refusal,
+//! truncation, policy change and the daemons' adaptive decisions, as
+//! server-sent events.
 //!
 //! Producers (the VMM's backend-request threads, the API itself) publish
 //! into a bounded broadcast channel and never wait. Each subscriber has its
 //! own view of the ring: one that falls more than the ring's size behind
 //! loses the oldest events and is told how many, in a `lagged` event; the
-//! VMM is never slowed down by a reader.
+//! VMM is never slowed down by a reader. The stream reports outward only:
+//! what a daemon must hear travels on the notice queue
+//! ([`crate::DaemonNotices`]), which never drops.
+//!
+//! The kinds a subscriber sees: `subscribed` (first, with the ring's size),
+//! then the [`DaxEvent`]s' (`map`, `unmap`, `reset`, `truncated`,
+//! `refused` from the VMM's windows; `policy`, `adaptive` from the policy
+//! controller), and `lagged` when it fell behind.
 
 use std::convert::Infallible;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -18,8 +26,8 @@ use tokio::sync::broadcast;
 /// Events kept for a subscriber that is behind.
 pub const EVENT_BUFFER: usize = 1024;
 
-/// One event: a kind (`map`, `unmap`, `reset`, `refused`, `policy`), the
-/// device it concerns, and its fields.
+/// One event: a kind (`map`, `unmap`, `reset`, `truncated`, `refused`,
+/// `policy`, `adaptive`), the device it concerns, and its fields.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DaxEvent {
     pub kind: &'static str,

@@ -37,6 +37,7 @@ use tokio::sync::oneshot;
 use vmm_sys_util::eventfd::EventFd;
 
 pub use control_protocol::WindowLocation;
+pub use dax::{DaemonNotice, DaemonNotices};
 pub use events::{DaxEvent, EventBus};
 pub use metrics::{KvmCounters, WindowStats};
 /// The router alone, for the fuzz target (`fuzz/fuzz_targets/api_router.rs`).
@@ -179,23 +180,28 @@ pub struct ApiRequest {
 pub struct VmmChannel {
     tx: mpsc::Sender<ApiRequest>,
     wake: Arc<EventFd>,
+    /// What the VMM's devices tell their daemons through the API.
+    notices: DaemonNotices,
 }
 
 /// The VMM's end of the channel.
 pub struct VmmReceiver {
     rx: mpsc::Receiver<ApiRequest>,
     wake: Arc<EventFd>,
+    notices: DaemonNotices,
 }
 
 pub fn vmm_channel() -> std::io::Result<(VmmChannel, VmmReceiver)> {
     let (tx, rx) = mpsc::channel();
     let wake = Arc::new(EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?);
+    let notices = DaemonNotices::default();
     Ok((
         VmmChannel {
             tx,
             wake: wake.clone(),
+            notices: notices.clone(),
         },
-        VmmReceiver { rx, wake },
+        VmmReceiver { rx, wake, notices },
     ))
 }
 
@@ -212,6 +218,11 @@ impl VmmChannel {
             .await
             .map_err(|_| ApiError::internal("the VMM dropped the request"))?
     }
+
+    /// The notices the VMM's devices left for their daemons.
+    pub(crate) fn notices(&self) -> &DaemonNotices {
+        &self.notices
+    }
 }
 
 impl VmmReceiver {
@@ -224,5 +235,11 @@ impl VmmReceiver {
     pub fn drain(&self) -> Vec<ApiRequest> {
         let _ = self.wake.read();
         self.rx.try_iter().collect()
+    }
+
+    /// Where the VMM's devices leave notices for their daemons (the API's
+    /// policy controller delivers them).
+    pub fn notices(&self) -> DaemonNotices {
+        self.notices.clone()
     }
 }

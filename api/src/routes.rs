@@ -168,7 +168,7 @@ pub fn router(vmm: VmmChannel, events: EventBus, ping: serde_json::Value) -> Rou
 }
 
 /// The routes, and the policy controller whose loops ([`dax::run`],
-/// [`dax::relay_truncations`]) the server runs beside them.
+/// [`dax::deliver_truncations`]) the server runs beside them.
 pub(crate) fn app(
     vmm: VmmChannel,
     events: EventBus,

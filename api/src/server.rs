@@ -90,7 +90,7 @@ impl ApiServer {
                             return;
                         }
                     };
-                    tokio::spawn(crate::dax::relay_truncations(controller.clone()));
+                    tokio::spawn(crate::dax::deliver_truncations(controller.clone()));
                     tokio::spawn(crate::dax::run(controller));
                     let stop = async {
                         let _ = stop.await;

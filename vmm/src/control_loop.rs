@@ -11,8 +11,8 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use api::{
-    ApiError, DaxEvent, EventBus, FsDaxStatus, VmmAction, VmmReceiver, VmmReply, VmmResult,
-    WindowStats,
+    ApiError, DaemonNotices, DaxEvent, EventBus, FsDaxStatus, VmmAction, VmmReceiver, VmmReply,
+    VmmResult, WindowStats,
 };
 use serde_json::{json, Value};
 use virtio_devices::vhost_user_fs::window::{WindowEvent, WindowObserver};
@@ -27,10 +27,13 @@ use crate::exit::VmExit;
 use crate::signals::StopSignals;
 use crate::vm::{Vm, VmError};
 
-/// Publishes one fs device's window events on the API's event stream.
+/// Publishes one fs device's window events on the API's event stream, and
+/// leaves each truncation for the device's daemon on the notice queue (the
+/// stream may drop events for a reader that lags; the queue never drops).
 struct EventPublisher {
     device: String,
     bus: EventBus,
+    notices: DaemonNotices,
 }
 
 impl WindowObserver for EventPublisher {
@@ -49,6 +52,7 @@ impl WindowObserver for EventPublisher {
             WindowEvent::Unmap { offset, len } => ("unmap", json!({"offset": offset, "len": len})),
             WindowEvent::Reset => ("reset", json!({})),
             WindowEvent::Truncated { offset, len } => {
+                self.notices.truncated(&self.device, *offset, *len);
                 ("truncated", json!({"offset": offset, "len": len}))
             }
             WindowEvent::Refused {
@@ -108,6 +112,8 @@ pub struct ControlLoop {
     vm: Option<Vm>,
     state: State,
     events: EventBus,
+    /// What the fs devices' windows leave for their daemons.
+    notices: DaemonNotices,
 }
 
 /// `vm.info`'s `device_tree` as Cloud Hypervisor shapes it, for the
@@ -175,22 +181,27 @@ fn window_stats(info: &FsDeviceInfo) -> Option<WindowStats> {
 }
 
 impl ControlLoop {
-    pub fn new(config: Option<VmConfig>, events: EventBus) -> Self {
+    /// `notices`: the API's queue for the daemons ([`VmmReceiver::notices`]).
+    pub fn new(config: Option<VmConfig>, events: EventBus, notices: DaemonNotices) -> Self {
         ControlLoop {
             config,
             vm: None,
             state: State::Created,
             events,
+            notices,
         }
     }
 
-    /// Makes each fs device's window observer, which publishes its events.
+    /// Makes each fs device's window observer, which publishes its events
+    /// and queues its daemon's notices.
     fn observer(&self) -> impl Fn(&str) -> Arc<dyn WindowObserver> {
         let bus = self.events.clone();
+        let notices = self.notices.clone();
         move |id: &str| -> Arc<dyn WindowObserver> {
             Arc::new(EventPublisher {
                 device: id.to_string(),
                 bus: bus.clone(),
+                notices: notices.clone(),
             })
         }
     }

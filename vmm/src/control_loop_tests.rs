@@ -16,7 +16,7 @@ fn create_body() -> Value {
 }
 
 fn control() -> ControlLoop {
-    ControlLoop::new(None, EventBus::with_capacity(4))
+    ControlLoop::new(None, EventBus::with_capacity(4), DaemonNotices::default())
 }
 
 fn created() -> ControlLoop {
@@ -264,4 +264,41 @@ fn hotplug_errors_become_400_409_or_500() {
         source: std::io::Error::from_raw_os_error(libc::EAGAIN),
     };
     assert_eq!(hotplug_error("vm.add-disk", &failed).status, 500);
+}
+
+#[test]
+fn a_window_truncation_is_streamed_and_queued_for_the_daemon_other_events_only_streamed() {
+    let events = EventBus::with_capacity(16);
+    let mut stream = events.subscribe();
+    let notices = DaemonNotices::default();
+    let control = ControlLoop::new(None, events, notices.clone());
+    let observer = control.observer()("fs0");
+    observer.event(&WindowEvent::Unmap {
+        offset: 0,
+        len: 0x1000,
+    });
+    observer.event(&WindowEvent::Truncated {
+        offset: 0x20_0000,
+        len: 0x3000,
+    });
+    let unmap = stream.try_recv().unwrap();
+    assert_eq!((unmap.kind, unmap.device.as_str()), ("unmap", "fs0"));
+    let truncated = stream.try_recv().unwrap();
+    assert_eq!(truncated.kind, "truncated");
+    assert_eq!(
+        truncated.fields,
+        json!({"offset": 0x20_0000, "len": 0x3000})
+    );
+    assert_eq!(
+        notices.take(),
+        vec![(
+            "fs0".to_string(),
+            vec![api::DaemonNotice::Truncated(
+                control_protocol::WindowTruncated {
+                    offset: 0x20_0000,
+                    len: 0x3000
+                }
+            )]
+        )]
+    );
 }

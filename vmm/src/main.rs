@@ -337,7 +337,7 @@ fn serve_api(path: &std::path::Path, config: Option<VmConfig>, signals: &StopSig
     };
     log::info!("REST API on {}", path.display());
     let boot_now = config.is_some();
-    let mut control = ControlLoop::new(config, events);
+    let mut control = ControlLoop::new(config, events, requests.notices());
     if boot_now {
         if let Err(e) = control.boot() {
             eprintln!("dax-vmm: error: {e}");

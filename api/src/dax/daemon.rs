@@ -6,11 +6,12 @@
 use std::path::{Path, PathBuf};
 
 use control_protocol::{
-    AdaptiveEvents, DaemonStats, PolicyState, PolicyUpdate, WindowLocation, WindowTruncated,
-    ADAPTIVE_EVENTS, POLICY, STATS, WINDOW_LOCATION, WINDOW_TRUNCATED,
+    AdaptiveEvents, DaemonStats, PolicyState, PolicyUpdate, ADAPTIVE_EVENTS, POLICY, STATS,
+    WINDOW_LOCATION, WINDOW_TRUNCATED,
 };
 use serde_json::Value;
 
+use super::DaemonNotice;
 use crate::client;
 use crate::ApiError;
 
@@ -121,15 +122,18 @@ impl Daemon {
         }
     }
 
-    /// Where the device's window sits in guest-physical memory.
-    pub async fn tell_location(&self, loc: WindowLocation) -> Result<(), NoticeFailure> {
-        let body = serde_json::to_string(&loc).unwrap_or_default();
-        self.notice("PUT", WINDOW_LOCATION, body).await
-    }
-
-    /// A mapped file shrank on the host under this window range.
-    pub async fn tell_truncated(&self, notice: WindowTruncated) -> Result<(), NoticeFailure> {
-        let body = serde_json::to_string(&notice).unwrap_or_default();
-        self.notice("POST", WINDOW_TRUNCATED, body).await
+    /// One notice, as the control protocol carries it: the window's
+    /// location is `PUT` (it replaces the last), a truncation `POST`ed.
+    pub async fn tell(&self, notice: &DaemonNotice) -> Result<(), NoticeFailure> {
+        match notice {
+            DaemonNotice::Location(loc) => {
+                let body = serde_json::to_string(loc).unwrap_or_default();
+                self.notice("PUT", WINDOW_LOCATION, body).await
+            }
+            DaemonNotice::Truncated(t) => {
+                let body = serde_json::to_string(t).unwrap_or_default();
+                self.notice("POST", WINDOW_TRUNCATED, body).await
+            }
+        }
     }
 }

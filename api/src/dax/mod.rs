@@ -22,13 +22,17 @@
 //! - [`run`]: every [`RECONCILE_PERIOD`], each daemon whose policy is not
 //!   the desired one (restarted, say) gets it again; each daemon's adaptive
 //!   decisions are relayed into `vm.dax-events`; each daemon is told where
-//!   its window is ([`notices`]); [`relay_truncations`] tells a daemon when
-//!   a file mapped in its window shrank.
+//!   its window is ([`notices`]);
+//! - [`deliver_truncations`]: tells a daemon when a file mapped in its
+//!   window shrank, from the VMM's notice queue ([`DaemonNotices`], typed,
+//!   bounded by coalescing, never dropping; see [`notice_queue`]). The
+//!   event stream ([`crate::events`]) only reports outward.
 //!
 //! `vm.info` shows the desired policy as the fs device's `dax_policy`
 //! ([`PolicyController::show_desired`]).
 
 mod daemon;
+mod notice_queue;
 mod notices;
 #[cfg(test)]
 mod tests;
@@ -48,7 +52,8 @@ use crate::if_match::{etag, IfMatch};
 use crate::metrics::{DeviceMetrics, MetricsSnapshot, PageFaults};
 use crate::{ApiError, EventBus, FsDaxStatus, VmmAction, VmmChannel, VmmReply, VmmResult};
 use daemon::Daemon;
-pub(crate) use notices::relay_truncations;
+pub use notice_queue::{DaemonNotice, DaemonNotices, MAX_PENDING_RANGES};
+pub(crate) use notices::deliver_truncations;
 
 /// How often [`run`] compares desired policies with the daemons'.
 pub const RECONCILE_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);

@@ -1,19 +1,20 @@
 //! What the controller tells each fs device's daemon besides its policy,
 //! over the daemon's control socket: where the window sits in
 //! guest-physical memory ([`PolicyController::tell_locations`]), and each
-//! range whose file shrank on the host ([`relay_truncations`]); and what it
+//! range whose file shrank on the host ([`deliver_truncations`], from the
+//! VMM's notice queue); and what it
 //! relays from the daemon: its adaptive policy's decisions, as
-//! `vm.dax-events` ([`PolicyController::relay_adaptive`]). All best effort:
-//! a daemon that does not hear refuses requests with buffers in the window
-//! (EFAULT, as before it knew) or misses a notice the VMM's own metrics
-//! still count.
+//! `vm.dax-events` ([`PolicyController::relay_adaptive`]). A notice a
+//! daemon could not be reached for is told again: the location at every
+//! tick until it is taken, a truncation after a tick. Until it hears of its
+//! window's place, a daemon refuses requests with buffers there (EFAULT).
 
 use std::sync::Arc;
 
-use control_protocol::WindowTruncated;
 use serde_json::json;
 
 use super::daemon::NoticeFailure;
+use super::DaemonNotice;
 use super::PolicyController;
 use crate::events::DaxEvent;
 
@@ -31,7 +32,10 @@ impl PolicyController {
             if d.told_location == Some(loc) {
                 continue;
             }
-            match super::Daemon::at(socket).tell_location(loc).await {
+            match super::Daemon::at(socket)
+                .tell(&DaemonNotice::Location(loc))
+                .await
+            {
                 Ok(()) => {
                     log::info!(
                         "fs {id}: told the daemon its window is at guest-physical {:#x}",
@@ -103,47 +107,79 @@ impl PolicyController {
 }
 
 /// Tells a device's daemon each time the VMM found a file mapped in its
-/// window shrunk on the host (a `truncated` event), so the daemon's stats
-/// and log say so beside its own requests. Best effort: a daemon that does
-/// not answer misses the notice (the VMM's metrics still count it).
-pub(crate) async fn relay_truncations(controller: Arc<PolicyController>) {
-    use tokio::sync::broadcast::error::RecvError;
-    let mut rx = controller.events.subscribe();
+/// window shrunk on the host, from the VMM's notice queue
+/// ([`super::DaemonNotices`], which never drops; not from the event
+/// stream, which does), so the daemon's stats and log say so beside its own
+/// requests. A notice its daemon did not take because it could not be
+/// reached is given back and tried again after a [`super::RECONCILE_PERIOD`];
+/// one it refused, or one for a device without a daemon's control socket or
+/// that left, is let go (logged): telling again would not change that.
+pub(crate) async fn deliver_truncations(controller: Arc<PolicyController>) {
+    let mut overflows = 0;
     loop {
-        let event = match rx.recv().await {
-            Ok(e) if e.kind == "truncated" => e,
-            Ok(_) => continue,
-            Err(RecvError::Lagged(n)) => {
-                log::warn!("{n} window events went by before the truncation relay read them; daemons may miss some notices");
-                continue;
+        controller.vmm.notices().ready().await;
+        while !controller.deliver_pending(&mut overflows).await {
+            tokio::time::sleep(super::RECONCILE_PERIOD).await;
+        }
+    }
+}
+
+impl PolicyController {
+    /// One delivery of everything pending; false when something is left to
+    /// try again (the VMM did not list its devices, or a daemon could not
+    /// be reached). `overflows`: the queue's overflow count last logged.
+    async fn deliver_pending(&self, overflows: &mut u64) -> bool {
+        if self.sync().await.is_err() {
+            return false;
+        }
+        let notices = self.vmm.notices();
+        let seen = notices.overflows();
+        if seen > *overflows {
+            log::warn!(
+                "more than {} window truncations waited for a daemon ({seen} times so far): each time they were told as one range that spans them all",
+                super::MAX_PENDING_RANGES
+            );
+            *overflows = seen;
+        }
+        let mut delivered = true;
+        for (id, pending) in notices.take() {
+            delivered &= self.deliver(&id, &pending).await;
+        }
+        delivered
+    }
+
+    /// Tells `id`'s daemon `pending`, in order; what it could not be told
+    /// goes back to the queue. False when something went back.
+    async fn deliver(&self, id: &str, pending: &[DaemonNotice]) -> bool {
+        let socket = self.devices().get(id).map(|d| d.control_socket.clone());
+        let socket = match socket {
+            Some(Some(socket)) => socket,
+            Some(None) => {
+                log::debug!("fs {id}: no daemon's control socket to tell of a truncation");
+                return true;
             }
-            Err(RecvError::Closed) => return,
+            None => {
+                log::debug!("fs {id}: the device left before its truncations were told");
+                return true;
+            }
         };
-        let notice = WindowTruncated {
-            offset: event.fields["offset"].as_u64().unwrap_or(0),
-            len: event.fields["len"].as_u64().unwrap_or(0),
-        };
-        if controller.sync().await.is_err() {
-            continue;
+        let daemon = super::Daemon::at(&socket);
+        for (i, notice) in pending.iter().enumerate() {
+            match daemon.tell(notice).await {
+                Ok(()) => {}
+                Err(NoticeFailure::Answered { status, .. }) => {
+                    log::debug!("fs {id}: the daemon answered {status} to a truncation notice");
+                }
+                Err(e @ NoticeFailure::Unreachable(_)) => {
+                    log::debug!(
+                        "fs {id}: telling the daemon of a truncation: {e}; trying again later"
+                    );
+                    self.vmm.notices().put_back(id, &pending[i..]);
+                    return false;
+                }
+            }
         }
-        let Some(socket) = controller
-            .devices()
-            .get(&event.device)
-            .and_then(|d| d.control_socket.clone())
-        else {
-            continue;
-        };
-        match super::Daemon::at(&socket).tell_truncated(notice).await {
-            Ok(()) => {}
-            Err(NoticeFailure::Answered { status, .. }) => log::debug!(
-                "fs {}: the daemon answered {status} to a truncation notice",
-                event.device
-            ),
-            Err(e @ NoticeFailure::Unreachable(_)) => log::debug!(
-                "fs {}: telling the daemon of a truncation: {e}",
-                event.device
-            ),
-        }
+        true
     }
 }
 
@@ -158,6 +194,17 @@ mod tests {
     /// A daemon's control socket (a thread) that records each request's
     /// first line and body, and answers `status`.
     fn daemon(path: std::path::PathBuf, status: &'static str, seen: Arc<Mutex<Vec<String>>>) {
+        daemon_hanging_up(path, status, seen, 0);
+    }
+
+    /// [`daemon`], but the first `hang_ups` requests get no answer (the
+    /// connection closes): as a daemon that went away mid-request.
+    fn daemon_hanging_up(
+        path: std::path::PathBuf,
+        status: &'static str,
+        seen: Arc<Mutex<Vec<String>>>,
+        mut hang_ups: usize,
+    ) {
         let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
@@ -176,6 +223,10 @@ mod tests {
                 let line = text.lines().next().unwrap_or_default().to_string();
                 let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
                 seen.lock().unwrap().push(format!("{line} {body}"));
+                if hang_ups > 0 {
+                    hang_ups -= 1;
+                    continue;
+                }
                 let answer =
                     format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
                 conn.write_all(answer.as_bytes()).unwrap();
@@ -255,6 +306,86 @@ mod tests {
         let seen = seen.lock().unwrap().clone();
         assert_eq!(seen.len(), 2, "{seen:?}");
         assert!(seen[1].contains("\"gpa\":8589934592"), "{seen:?}");
+    }
+
+    /// What the VMM's window observer does with a window event: publish it
+    /// on the event stream and, for a truncation, queue the daemon's notice.
+    fn window_event(controller: &PolicyController, kind: &'static str, offset: u64, len: u64) {
+        controller.events.publish(DaxEvent::new(
+            kind,
+            "fs0",
+            json!({"offset": offset, "len": len}),
+        ));
+        if kind == "truncated" {
+            controller.vmm.notices().truncated("fs0", offset, len);
+        }
+    }
+
+    /// Waits (a bounded while: the delivery task runs on this runtime)
+    /// until the stand-in daemon has seen `count` requests.
+    async fn daemon_saw(seen: &Mutex<Vec<String>>, count: usize) -> Vec<String> {
+        for _ in 0..400 {
+            if seen.lock().unwrap().len() >= count {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        seen.lock().unwrap().clone()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_truncation_reaches_the_daemon_while_an_event_reader_is_stalled() {
+        use crate::events::EVENT_BUFFER;
+        use control_protocol::WINDOW_TRUNCATED;
+        let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+        let socket = dir.as_path().join("control.sock");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        daemon(socket.clone(), "204 No Content", seen.clone());
+        let controller = stand_in_vmm(socket, Arc::new(Mutex::new(None)));
+        // Subscribed, and never reads.
+        let mut stalled = controller.events.subscribe();
+        tokio::spawn(deliver_truncations(controller.clone()));
+        tokio::task::yield_now().await;
+        // A truncation in a burst of maps that overruns the stream's ring
+        // before any reader runs.
+        window_event(&controller, "truncated", 0x20_0000, 0x3000);
+        for i in 0..2 * EVENT_BUFFER as u64 {
+            window_event(&controller, "map", i * 0x1000, 0x1000);
+        }
+        let seen = daemon_saw(&seen, 1).await;
+        assert_eq!(
+            seen,
+            vec![format!(
+                "POST {WINDOW_TRUNCATED} HTTP/1.1 {{\"offset\":2097152,\"len\":12288}}"
+            )]
+        );
+        assert!(
+            matches!(
+                stalled.try_recv(),
+                Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_))
+            ),
+            "the burst made the stalled reader lag"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_truncation_the_daemon_did_not_answer_is_told_again() {
+        let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+        let socket = dir.as_path().join("control.sock");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        daemon_hanging_up(socket.clone(), "204 No Content", seen.clone(), 1);
+        let controller = stand_in_vmm(socket, Arc::new(Mutex::new(None)));
+        tokio::spawn(deliver_truncations(controller.clone()));
+        tokio::task::yield_now().await;
+        window_event(&controller, "truncated", 0x1000, 0x1000);
+        let seen = daemon_saw(&seen, 2).await;
+        assert_eq!(seen.len(), 2, "told, not answered, told again: {seen:?}");
+        assert_eq!(seen[0], seen[1]);
+        assert!(
+            seen[1].ends_with("{\"offset\":4096,\"len\":4096}"),
+            "{seen:?}"
+        );
+        assert!(controller.vmm.notices().take().is_empty(), "taken");
     }
 
     #[tokio::test(flavor = "current_thread")]
