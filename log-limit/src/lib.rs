@@ -1,35 +1,45 @@
 //! Rate-limited logging for messages a guest can trigger.
 //!
 //! A hostile guest can repeat a malformed request, a refused feature set or
-//! a BAR move as fast as it can exit to the VMM; logging each one would let
-//! it flood the host's logs (and disk). Each call site gets a limiter that
-//! logs at most one message per [`PERIOD`] and, with the next one it lets
-//! through, how many it held back (as the daemon's cap warnings do).
+//! a BAR move as fast as it can exit to the VMM (or send requests to the
+//! daemon); logging each one would let it flood the host's logs (and disk).
+//! Each call site gets a limiter that logs at most one message per
+//! [`PERIOD`] and, with the next one it lets through, how many it held back.
+//! The VMM's devices and the daemon both log through this crate
+//! (`virtio_devices::warn_limited!`, `daemon::warn_limited!` re-export it).
 //!
 //! ```ignore
-//! virtio_devices::warn_limited!("virtio-pmem: bad request: {e}");
+//! log_limit::warn_limited!("virtio-pmem: bad request: {e}");
 //! ```
 //!
 //! The macros keep one limiter per call site, for the whole process (one
-//! VMM runs one VM). Where a limiter should be per device instead, keep a
-//! [`RateLimitedLog`] in the device and call [`RateLimitedLog::warn`].
+//! VMM runs one VM), and log at the call site (its module is the record's
+//! target). Where a limiter should be per device or per cap instead, keep a
+//! [`RateLimitedLog`] there and log only what [`RateLimitedLog::admit`]
+//! lets through.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub use log::Level;
 
+#[doc(hidden)]
+pub mod __private {
+    pub use log;
+}
+
 /// At most one message per call site per period.
 pub const PERIOD: Duration = Duration::from_secs(10);
 
-/// Logs at most one message per period; counts the ones it held back.
+/// Lets at most one message through per period; counts the ones it held
+/// back.
 pub struct RateLimitedLog {
     period: Duration,
     state: Mutex<State>,
 }
 
 struct State {
-    /// When the last message was logged.
+    /// When the last message was let through.
     last: Option<Instant>,
     /// Messages held back since.
     suppressed: u64,
@@ -46,52 +56,39 @@ impl RateLimitedLog {
         }
     }
 
-    /// Logs `message()` at `level` unless a message was logged within the
-    /// period (then `message` is not even formatted); returns whether it
-    /// logged.
-    pub fn log(&self, level: Level, message: impl FnOnce() -> String) -> bool {
-        self.log_at(Instant::now(), level, message)
+    /// Whether a message may be logged now: `Some(held back since the last
+    /// one)`, or `None` if one was let through within the period (then the
+    /// caller does not even format its message).
+    pub fn admit(&self) -> Option<u64> {
+        self.admit_at(Instant::now())
     }
 
-    pub fn warn(&self, message: impl FnOnce() -> String) -> bool {
-        self.log(Level::Warn, message)
-    }
-
-    pub fn error(&self, message: impl FnOnce() -> String) -> bool {
-        self.log(Level::Error, message)
-    }
-
-    pub fn info(&self, message: impl FnOnce() -> String) -> bool {
-        self.log(Level::Info, message)
-    }
-
-    /// [`Self::log`] as if the time were `now` (the tests' clock).
-    pub fn log_at(&self, now: Instant, level: Level, message: impl FnOnce() -> String) -> bool {
+    /// [`Self::admit`] as if the time were `now` (the tests' clock).
+    pub fn admit_at(&self, now: Instant) -> Option<u64> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if state
             .last
             .is_some_and(|last| now.saturating_duration_since(last) < self.period)
         {
             state.suppressed = state.suppressed.saturating_add(1);
-            return false;
+            return None;
         }
-        let suppressed = std::mem::take(&mut state.suppressed);
         state.last = Some(now);
-        drop(state);
-        if suppressed > 0 {
-            log::log!(
-                level,
-                "{} ({suppressed} similar messages suppressed in the last {}s)",
-                message(),
-                self.period.as_secs()
-            );
-        } else {
-            log::log!(level, "{}", message());
-        }
-        true
+        Some(std::mem::take(&mut state.suppressed))
     }
 
-    /// Messages held back since the last one logged.
+    /// `message`, with how many like it were held back if any were.
+    pub fn with_suppressed(&self, message: String, suppressed: u64) -> String {
+        if suppressed == 0 {
+            return message;
+        }
+        format!(
+            "{message} ({suppressed} similar messages suppressed in the last {}s)",
+            self.period.as_secs()
+        )
+    }
+
+    /// Messages held back since the last one let through.
     pub fn suppressed(&self) -> u64 {
         self.state
             .lock()
@@ -104,32 +101,37 @@ impl RateLimitedLog {
 #[macro_export]
 macro_rules! log_limited {
     ($level:expr, $($arg:tt)+) => {{
-        static LIMITER: $crate::log_limit::RateLimitedLog =
-            $crate::log_limit::RateLimitedLog::new($crate::log_limit::PERIOD);
-        LIMITER.log($level, || format!($($arg)+));
+        static LIMITER: $crate::RateLimitedLog = $crate::RateLimitedLog::new($crate::PERIOD);
+        if let ::std::option::Option::Some(suppressed) = LIMITER.admit() {
+            $crate::__private::log::log!(
+                $level,
+                "{}",
+                LIMITER.with_suppressed(::std::format!($($arg)+), suppressed)
+            );
+        }
     }};
 }
 
 /// `log::warn!`, rate-limited per call site.
 #[macro_export]
 macro_rules! warn_limited {
-    ($($arg:tt)+) => { $crate::log_limited!($crate::log_limit::Level::Warn, $($arg)+) };
+    ($($arg:tt)+) => { $crate::log_limited!($crate::Level::Warn, $($arg)+) };
 }
 
 /// `log::error!`, rate-limited per call site.
 #[macro_export]
 macro_rules! error_limited {
-    ($($arg:tt)+) => { $crate::log_limited!($crate::log_limit::Level::Error, $($arg)+) };
+    ($($arg:tt)+) => { $crate::log_limited!($crate::Level::Error, $($arg)+) };
 }
 
 /// `log::info!`, rate-limited per call site.
 #[macro_export]
 macro_rules! info_limited {
-    ($($arg:tt)+) => { $crate::log_limited!($crate::log_limit::Level::Info, $($arg)+) };
+    ($($arg:tt)+) => { $crate::log_limited!($crate::Level::Info, $($arg)+) };
 }
 
 /// A logger for tests that keeps what each thread logged, so a test can
-/// count the messages a device path produced.
+/// count the messages a device path or a request produced.
 #[cfg(any(test, feature = "test-util"))]
 pub mod capture {
     use std::cell::RefCell;
@@ -178,37 +180,30 @@ mod tests {
 
     #[test]
     fn one_message_per_period_then_the_count_of_those_held_back() {
-        capture::start();
         let log = RateLimitedLog::new(Duration::from_secs(10));
         let t0 = Instant::now();
-        assert!(log.log_at(t0, Level::Warn, || "bad request 0".into()));
+        assert_eq!(log.admit_at(t0), Some(0));
         for i in 1..=4u64 {
             let at = t0 + Duration::from_secs(i);
-            assert!(!log.log_at(at, Level::Warn, || unreachable!("held back")));
+            assert_eq!(log.admit_at(at), None, "held back");
         }
         assert_eq!(log.suppressed(), 4);
         // Just short of the period: still held back.
         let almost = t0 + Duration::from_millis(9999);
-        assert!(!log.log_at(almost, Level::Warn, || unreachable!("held back")));
-        // A period after the last one logged: logged, with the count.
+        assert_eq!(log.admit_at(almost), None, "held back");
+        // A period after the last one logged: let through, with the count.
         let later = t0 + Duration::from_secs(10);
-        assert!(log.log_at(later, Level::Warn, || "bad request 6".into()));
+        assert_eq!(log.admit_at(later), Some(5));
         assert_eq!(log.suppressed(), 0);
         // And the period starts again from there.
-        assert!(
-            !log.log_at(later + Duration::from_secs(1), Level::Warn, || {
-                unreachable!("held back")
-            })
+        assert_eq!(log.admit_at(later + Duration::from_secs(1)), None);
+        assert_eq!(
+            log.with_suppressed("bad request 0".into(), 0),
+            "bad request 0"
         );
         assert_eq!(
-            capture::take(),
-            vec![
-                (Level::Warn, "bad request 0".to_string()),
-                (
-                    Level::Warn,
-                    "bad request 6 (5 similar messages suppressed in the last 10s)".to_string()
-                ),
-            ]
+            log.with_suppressed("bad request 6".into(), 5),
+            "bad request 6 (5 similar messages suppressed in the last 10s)"
         );
     }
 
@@ -218,6 +213,7 @@ mod tests {
         for i in 0..3 {
             warn_limited!("first site {i}");
             error_limited!("second site {i}");
+            info_limited!("third site {i}");
         }
         let logged = capture::take();
         assert_eq!(
@@ -225,6 +221,7 @@ mod tests {
             vec![
                 (Level::Warn, "first site 0".to_string()),
                 (Level::Error, "second site 0".to_string()),
+                (Level::Info, "third site 0".to_string()),
             ]
         );
     }
