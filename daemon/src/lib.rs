@@ -29,6 +29,18 @@ pub mod workers;
 /// crate), reachable as `crate::warn_limited!` and `crate::log_limit`.
 pub use log_limit::{self, error_limited, info_limited, log_limited, warn_limited};
 
+/// Our crates, whose events the daemon's log shows; dependencies are heard
+/// only through `log` (`log_limit::stderr`).
+pub const OWN_CRATES: &[&str] = &[
+    "daemon",
+    "dax_virtiofsd",
+    "policies",
+    "control_protocol",
+    "dax_abi",
+    "seccomp",
+    "log_limit",
+];
+
 /// Guest memory as the daemon maps it from the VMM's memory table.
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
 

@@ -173,7 +173,7 @@ impl CapCounters {
     pub fn hit(&self, cap: Cap, limit: u64) {
         self.hits[cap as usize].fetch_add(1, Relaxed);
         if let Some(suppressed) = self.log[cap as usize].admit() {
-            log::warn!(
+            tracing::warn!(
                 "guest request refused: the {} cap ({limit}) is reached{}",
                 cap.name(),
                 if suppressed > 0 {
@@ -255,11 +255,11 @@ mod tests {
             crate::log_limit::capture::take(),
             [
                 (
-                    log::Level::Warn,
+                    tracing::Level::WARN,
                     "guest request refused: the handles cap (5) is reached".to_string()
                 ),
                 (
-                    log::Level::Warn,
+                    tracing::Level::WARN,
                     "guest request refused: the inodes cap (7) is reached".to_string()
                 ),
             ]

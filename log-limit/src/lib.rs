@@ -21,11 +21,11 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-pub use log::Level;
+pub use tracing::Level;
 
 #[doc(hidden)]
 pub mod __private {
-    pub use log;
+    pub use tracing;
 }
 
 /// At most one message per call site per period.
@@ -97,13 +97,14 @@ impl RateLimitedLog {
     }
 }
 
-/// `log!` through a limiter of this call site's own (see the module).
+/// `tracing::event!` through a limiter of this call site's own (see the
+/// module); `$level` is a [`Level`] constant.
 #[macro_export]
 macro_rules! log_limited {
     ($level:expr, $($arg:tt)+) => {{
         static LIMITER: $crate::RateLimitedLog = $crate::RateLimitedLog::new($crate::PERIOD);
         if let ::std::option::Option::Some(suppressed) = LIMITER.admit() {
-            $crate::__private::log::log!(
+            $crate::__private::tracing::event!(
                 $level,
                 "{}",
                 LIMITER.with_suppressed(::std::format!($($arg)+), suppressed)
@@ -112,67 +113,30 @@ macro_rules! log_limited {
     }};
 }
 
-/// `log::warn!`, rate-limited per call site.
+/// `tracing::warn!`, rate-limited per call site.
 #[macro_export]
 macro_rules! warn_limited {
-    ($($arg:tt)+) => { $crate::log_limited!($crate::Level::Warn, $($arg)+) };
+    ($($arg:tt)+) => { $crate::log_limited!($crate::Level::WARN, $($arg)+) };
 }
 
-/// `log::error!`, rate-limited per call site.
+/// `tracing::error!`, rate-limited per call site.
 #[macro_export]
 macro_rules! error_limited {
-    ($($arg:tt)+) => { $crate::log_limited!($crate::Level::Error, $($arg)+) };
+    ($($arg:tt)+) => { $crate::log_limited!($crate::Level::ERROR, $($arg)+) };
 }
 
-/// `log::info!`, rate-limited per call site.
+/// `tracing::info!`, rate-limited per call site.
 #[macro_export]
 macro_rules! info_limited {
-    ($($arg:tt)+) => { $crate::log_limited!($crate::Level::Info, $($arg)+) };
+    ($($arg:tt)+) => { $crate::log_limited!($crate::Level::INFO, $($arg)+) };
 }
 
-/// A logger for tests that keeps what each thread logged, so a test can
-/// count the messages a device path or a request produced.
+/// A subscriber for tests that keeps what each thread logged, so a test
+/// can count the messages a device path or a request produced.
 #[cfg(any(test, feature = "test-util"))]
-pub mod capture {
-    use std::cell::RefCell;
+pub mod capture;
 
-    thread_local! {
-        static RECORDS: RefCell<Vec<(log::Level, String)>> = const { RefCell::new(Vec::new()) };
-    }
-
-    struct Capture;
-
-    impl log::Log for Capture {
-        fn enabled(&self, _: &log::Metadata) -> bool {
-            true
-        }
-
-        fn log(&self, record: &log::Record) {
-            RECORDS.with(|r| {
-                r.borrow_mut()
-                    .push((record.level(), record.args().to_string()))
-            });
-        }
-
-        fn flush(&self) {}
-    }
-
-    /// Installs the logger (once per process) and forgets what this thread
-    /// logged so far.
-    pub fn start() {
-        static INSTALL: std::sync::Once = std::sync::Once::new();
-        INSTALL.call_once(|| {
-            log::set_logger(&Capture).expect("no other logger in the test binary");
-            log::set_max_level(log::LevelFilter::Trace);
-        });
-        RECORDS.with(|r| r.borrow_mut().clear());
-    }
-
-    /// What this thread logged since [`start`], in order.
-    pub fn take() -> Vec<(log::Level, String)> {
-        RECORDS.with(|r| std::mem::take(&mut *r.borrow_mut()))
-    }
-}
+pub mod stderr;
 
 #[cfg(test)]
 mod tests {
@@ -219,9 +183,9 @@ mod tests {
         assert_eq!(
             logged,
             vec![
-                (Level::Warn, "first site 0".to_string()),
-                (Level::Error, "second site 0".to_string()),
-                (Level::Info, "third site 0".to_string()),
+                (Level::WARN, "first site 0".to_string()),
+                (Level::ERROR, "second site 0".to_string()),
+                (Level::INFO, "third site 0".to_string()),
             ]
         );
     }
