@@ -17,7 +17,6 @@ pub mod fuse;
 pub mod host_fs;
 pub mod limits;
 pub mod listen;
-pub mod log_limit;
 pub mod passthrough;
 pub mod policy;
 pub mod sandbox;
@@ -25,6 +24,22 @@ pub mod seccomp_filter;
 pub mod syslog;
 pub mod vring;
 pub mod workers;
+
+/// Rate-limited logging of what a guest can repeat (the shared `log-limit`
+/// crate), reachable as `crate::warn_limited!` and `crate::log_limit`.
+pub use log_limit::{self, error_limited, info_limited, log_limited, warn_limited};
+
+/// Our crates, whose events the daemon's log shows; dependencies are heard
+/// only through `log` (`log_limit::stderr`).
+pub const OWN_CRATES: &[&str] = &[
+    "daemon",
+    "dax_virtiofsd",
+    "policies",
+    "control_protocol",
+    "dax_abi",
+    "seccomp",
+    "log_limit",
+];
 
 /// Guest memory as the daemon maps it from the VMM's memory table.
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;

@@ -172,8 +172,8 @@ impl CapCounters {
     /// Records one refusal by `cap` (whose value is `limit`).
     pub fn hit(&self, cap: Cap, limit: u64) {
         self.hits[cap as usize].fetch_add(1, Relaxed);
-        self.log[cap as usize].warn(|suppressed| {
-            format!(
+        if let Some(suppressed) = self.log[cap as usize].admit() {
+            tracing::warn!(
                 "guest request refused: the {} cap ({limit}) is reached{}",
                 cap.name(),
                 if suppressed > 0 {
@@ -181,8 +181,8 @@ impl CapCounters {
                 } else {
                     String::new()
                 }
-            )
-        });
+            );
+        }
     }
 
     pub fn get(&self, cap: Cap) -> u64 {
@@ -229,9 +229,9 @@ mod tests {
     #[test]
     fn warnings_are_rate_limited_and_count_what_they_held_back() {
         let log = RateLimitedLog::new(std::time::Duration::from_secs(3600));
-        assert!(log.warn(|n| format!("{n}")));
-        assert!(!log.warn(|_| unreachable!("held back")));
-        assert!(!log.warn(|_| unreachable!("held back")));
+        assert_eq!(log.admit(), Some(0));
+        assert_eq!(log.admit(), None, "held back");
+        assert_eq!(log.admit(), None, "held back");
         assert_eq!(log.suppressed(), 2);
         let counters = CapCounters::default();
         counters.hit(Cap::Handles, 5);
@@ -255,11 +255,11 @@ mod tests {
             crate::log_limit::capture::take(),
             [
                 (
-                    log::Level::Warn,
+                    tracing::Level::WARN,
                     "guest request refused: the handles cap (5) is reached".to_string()
                 ),
                 (
-                    log::Level::Warn,
+                    tracing::Level::WARN,
                     "guest request refused: the inodes cap (7) is reached".to_string()
                 ),
             ]

@@ -16,6 +16,7 @@ use daemon::cli::{CacheArg, Cli, OnOff, SandboxArg, SeccompArg};
 use daemon::dax::DaxMapper;
 use daemon::fuse::server::Server;
 use daemon::limits::Limits;
+use daemon::log_limit::stderr;
 use daemon::passthrough::{CachePolicy, PassthroughFs, XattrMode};
 use daemon::policy::DaxPolicy;
 use daemon::sandbox::{self, Sandbox};
@@ -291,10 +292,12 @@ fn main() -> ExitCode {
     // Connected now, before the sandbox hides /dev/log.
     let syslog = cli.syslog && daemon::syslog::install(Path::new(daemon::syslog::DEV_LOG), level);
     if !syslog {
-        env_logger::Builder::from_env(
-            env_logger::Env::default().default_filter_or(level.to_string().to_lowercase()),
-        )
-        .init();
+        // stderr in env_logger's line format; RUST_LOG overrides the level.
+        let levels =
+            stderr::Levels::from_env(&level.to_string().to_lowercase(), daemon::OWN_CRATES);
+        if let Ok(max) = stderr::install(levels) {
+            stderr::bridge_log(max);
+        }
     }
     match run(cli, inherited) {
         Ok(()) => ExitCode::SUCCESS,

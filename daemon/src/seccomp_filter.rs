@@ -169,7 +169,7 @@ mod tests {
         )
     }
 
-    /// Issue 22: any prctl was allowed, so a compromised daemon could make
+    /// Any prctl used to be allowed, so a compromised daemon could make
     /// itself dumpable again.
     #[test]
     fn prctl_only_names_threads() {

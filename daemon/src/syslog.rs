@@ -18,7 +18,10 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::Path;
 
-use log::{Level, LevelFilter, Log, Metadata, Record};
+use log_limit::stderr::{self, Levels};
+use tracing::level_filters::LevelFilter;
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
 /// Where the local syslog daemon listens.
 pub const DEV_LOG: &str = "/dev/log";
@@ -68,10 +71,10 @@ impl Syslog {
     /// One record as it goes on the wire.
     fn format(&self, level: Level, now: libc::time_t, message: &str) -> Vec<u8> {
         let severity: u8 = match level {
-            Level::Error => 3,
-            Level::Warn => 4,
-            Level::Info => 6,
-            Level::Debug | Level::Trace => 7,
+            Level::ERROR => 3,
+            Level::WARN => 4,
+            Level::INFO => 6,
+            _ => 7,
         };
         let mut out = format!(
             "<{}>{} {NAME}[{}]: {message}",
@@ -121,25 +124,26 @@ fn timestamp(now: libc::time_t) -> String {
     )
 }
 
-impl Log for Syslog {
-    fn enabled(&self, metadata: &Metadata) -> bool {
-        metadata.level() <= self.level
-    }
-
-    fn log(&self, record: &Record) {
-        if !self.enabled(record.metadata()) {
+impl Syslog {
+    /// Sends `message` at `level` if the level is shown; to stderr if the
+    /// socket does not take it.
+    fn record(&self, level: Level, message: &str) {
+        if level > self.level {
             return;
         }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| libc::time_t::try_from(d.as_secs()).unwrap_or(0));
-        let message = record.args().to_string();
-        if !self.send(&self.format(record.level(), now, &message)) {
-            let _ = writeln!(io::stderr(), "{NAME}: {}: {message}", record.level());
+        if !self.send(&self.format(level, now, message)) {
+            let _ = writeln!(io::stderr(), "{NAME}: {level}: {message}");
         }
     }
+}
 
-    fn flush(&self) {}
+impl<S: Subscriber> Layer<S> for Syslog {
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        self.record(*event.metadata().level(), &stderr::message_of(event));
+    }
 }
 
 /// Makes the syslog socket at `path` the process's logger; if it cannot be
@@ -148,10 +152,12 @@ impl Log for Syslog {
 pub fn install(path: &Path, level: LevelFilter) -> bool {
     match Syslog::connect(path, level) {
         Ok(syslog) => {
-            if log::set_logger(Box::leak(Box::new(syslog))).is_err() {
+            let shown = Levels::at(level, crate::OWN_CRATES);
+            let subscriber = tracing_subscriber::registry().with(syslog.with_filter(shown));
+            if tracing::subscriber::set_global_default(subscriber).is_err() {
                 return false;
             }
-            log::set_max_level(level);
+            stderr::bridge_log(level);
             true
         }
         Err(e) => {
@@ -175,12 +181,7 @@ mod tests {
     use super::*;
 
     fn warning(logger: &Syslog, text: &str) {
-        logger.log(
-            &Record::builder()
-                .args(format_args!("{text}"))
-                .level(Level::Warn)
-                .build(),
-        );
+        logger.record(Level::WARN, text);
     }
 
     /// `<12>Mmm dd hh:mm:ss dax-virtiofsd[PID]: text`, checked field by field.
@@ -200,7 +201,7 @@ mod tests {
         let dir = TempDir::new().unwrap();
         let path = dir.as_path().join("log");
         let syslogd = UnixDatagram::bind(&path).unwrap();
-        let logger = Syslog::connect(&path, LevelFilter::Info).unwrap();
+        let logger = Syslog::connect(&path, LevelFilter::INFO).unwrap();
         let outcome = try_in_child(
             || {
                 vec![seccomp::build(
@@ -233,14 +234,9 @@ mod tests {
         let dir = TempDir::new().unwrap();
         let path = dir.as_path().join("log");
         let syslogd = UnixListener::bind(&path).unwrap();
-        let logger = Syslog::connect(&path, LevelFilter::Warn).unwrap();
+        let logger = Syslog::connect(&path, LevelFilter::WARN).unwrap();
         let (mut conn, _) = syslogd.accept().unwrap();
-        logger.log(
-            &Record::builder()
-                .args(format_args!("below the level"))
-                .level(Level::Info)
-                .build(),
-        );
+        logger.record(Level::INFO, "below the level");
         warning(&logger, "one");
         drop(logger);
         let mut got = String::new();
@@ -253,8 +249,8 @@ mod tests {
     fn a_missing_syslog_socket_is_an_error_naming_it() {
         let dir = TempDir::new().unwrap();
         let path = dir.as_path().join("absent");
-        let e = Syslog::connect(&path, LevelFilter::Info).err().unwrap();
+        let e = Syslog::connect(&path, LevelFilter::INFO).err().unwrap();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
-        assert!(!install(&path, LevelFilter::Info));
+        assert!(!install(&path, LevelFilter::INFO));
     }
 }

@@ -18,14 +18,24 @@ struct Cli {
     config: PathBuf,
     /// error, warn, info, debug or trace.
     #[arg(long, default_value = "info")]
-    log_level: log::LevelFilter,
+    log_level: tracing::level_filters::LevelFilter,
+}
+
+/// Our crates, whose events are shown; dependencies are heard only through
+/// `log` (log_limit::stderr).
+const OWN_CRATES: &[&str] = &["dax_fleet", "fleet", "log_limit"];
+
+/// stderr in env_logger's line format at `level` (`RUST_LOG` is not read).
+fn install_logger(level: tracing::level_filters::LevelFilter) {
+    let levels = log_limit::stderr::Levels::at(level, OWN_CRATES);
+    if let Ok(max) = log_limit::stderr::install(levels) {
+        log_limit::stderr::bridge_log(max);
+    }
 }
 
 fn main() {
     let cli = Cli::parse();
-    env_logger::Builder::new()
-        .filter_level(cli.log_level)
-        .init();
+    install_logger(cli.log_level);
     let cfg = match Config::load(&cli.config) {
         Ok(c) => c,
         Err(e) => {

@@ -88,15 +88,18 @@ impl MsixConfig {
         self.table.get(usize::from(vector)).copied()
     }
 
-    pub fn table_size(&self) -> u64 {
+    #[cfg(test)]
+    fn table_size(&self) -> u64 {
         self.table.len() as u64 * MSIX_TABLE_ENTRY_SIZE
     }
 
-    pub fn pba_size(&self) -> u64 {
+    #[cfg(test)]
+    fn pba_size(&self) -> u64 {
         self.pba.len() as u64 * 8
     }
 
-    pub fn enabled(&self) -> bool {
+    #[cfg(test)]
+    fn enabled(&self) -> bool {
         self.enabled
     }
 
@@ -217,8 +220,10 @@ impl MsixConfig {
         out
     }
 
-    /// Back to the reset state: all masked, nothing pending, disabled.
-    pub fn reset(&mut self) {
+    /// Back to the reset state: all masked, nothing pending, disabled (only
+    /// the tests reset a table; the transport keeps one for the device's life).
+    #[cfg(test)]
+    fn reset(&mut self) {
         *self = MsixConfig::new(self.vectors());
     }
 }

@@ -39,7 +39,8 @@ impl PolicyDiff {
         self.changes.is_empty()
     }
 
-    pub fn with_effect(&self, effect: Effect) -> impl Iterator<Item = &Change> {
+    #[cfg(test)]
+    fn with_effect(&self, effect: Effect) -> impl Iterator<Item = &Change> {
         self.changes.iter().filter(move |c| c.effect == effect)
     }
 }

@@ -668,7 +668,7 @@ fn a_slow_event_subscriber_loses_events_and_is_told_while_the_vmm_keeps_serving(
     assert_eq!(s.last_generation, generation + 1, "{s:?}");
 }
 
-/// Issue 14: a daemon that accepts the connection and then never answers
+/// A daemon that accepts the connection and then never answers once
 /// held the VMM's control thread for ever, and with it every API call.
 /// Now `vm.boot` fails naming the step and the timeout, well within a
 /// minute, `vmm.ping` answers quickly all along, and the VMM serves the
@@ -734,7 +734,7 @@ fn a_daemon_that_never_answers_fails_vm_boot_in_time_while_ping_answers() {
     assert_eq!(info["state"], "Created", "{info}");
 }
 
-/// Issue 14: a daemon restarted under a created VM came back with its
+/// A daemon restarted under a created VM once came back with its
 /// start-up policy and nobody noticed. The API's reconcile loop now pushes
 /// the desired policy again within seconds, and says so in vm.dax-policy.
 #[test]

@@ -4,8 +4,8 @@
 //!
 //! Kata's default vm.create is sent, and every field refused is recorded
 //! (printed as `@@gap`), given what the VMM accepts in its place, and sent
-//! again, until the VM is created; a refusal of a field issue 25 does not
-//! list fails the test. The other tests send Kata's own values for each
+//! again, until the VM is created; a refusal of a field [`PENDING`] does
+//! not list fails the test. The other tests send Kata's own values for each
 //! feature (CPU and memory hot-plug, PCI segments, topology) and the
 //! whole body as Kata sends it.
 
@@ -23,7 +23,8 @@ const MEMORY_HOTPLUG: &str = "ACPI memory hot-plug";
 const PCI_SEGMENTS: &str = "PCI segments";
 const TOPOLOGY: &str = "cpus.topology";
 
-/// A field of Kata's VmConfig that waits for a feature of issue 25: where
+/// A field of Kata's VmConfig that waits for a feature the VMM may lack
+/// (CPU and memory hot-plug, PCI segments, topology): where
 /// it is, how today's refusal names it, and what is accepted instead
 /// (None: left out).
 struct Pending {
@@ -151,7 +152,7 @@ fn katas_vm_create_is_refused_only_for_issue_25s_fields() {
             .find(|p| r.body.contains(p.needle))
             .unwrap_or_else(|| {
                 panic!(
-                    "Kata's vm.create refused for a field issue 25 does not list: {}",
+                    "Kata's vm.create refused for a field PENDING does not list: {}",
                     r.body
                 )
             });

@@ -1,5 +1,5 @@
 //! A Kata sandbox start, replayed as Kata's Cloud Hypervisor driver sends
-//! it, in one real guest (issue 25's end-to-end test).
+//! it, in one real guest (the end-to-end test of Kata's support).
 //!
 //! The emulated host plays Kata's runtime:
 //! - it starts `dax-virtiofsd` as Kata's `virtiofsd.go` does: a unix socket

@@ -18,7 +18,7 @@ const PJDFSTEST_VERSION: &str = "0.2.2";
 /// it skips and why).
 const EXPECTED_FAILURES: &[(&str, &str)] = &[];
 
-/// The run's configuration, as the issue that asked for it ran it.
+/// The run's configuration: the features pjdfstest tests on the share.
 const CONFIG: &str = r#"
 [features]
 posix_fallocate = {}

@@ -13,13 +13,13 @@
 //!   runs flips `STATX_ATTR_DAX` on files the guest already looked up;
 //! - `dax=always`: every regular file is DAX;
 //! - a DAX-mapped file cut short on the host while a guest process has it
-//!   mapped (issue 22): the process reads zeros where the pages vanished,
+//!   mapped: the process reads zeros where the pages vanished,
 //!   and the VM lives on (the VMM shows the scratch there; without it the
 //!   vCPU hung in KVM or KVM_RUN failed and the VM ended);
 //! - (a boot of its own, over MMIO) a page of a file cut short on the host,
 //!   then read and written by a forked child and through a new mapping,
 //!   which the guest maps again (writable, for a write): zeros or SIGBUS,
-//!   and the VM lives on (issue 31).
+//!   and the VM lives on.
 //!
 //! The PCI run also starts the daemon the way Kata does
 //! (`--thread-pool-size=2 -o announce_submounts`) with a tmpfs mounted
@@ -356,7 +356,7 @@ fn virtiofs_test(transport: &str, api: bool) {
     assert_eq!(run.guest("large_md5"), run.host("large_md5"), "{tail}");
     assert_eq!(run.guest("dd_rc"), Some("0"), "{tail}");
     assert_eq!(run.guest("mmap_fill_rc"), Some("0"), "{tail}");
-    // Issue 22: a file cut from 4 MiB to 1 MiB on the host under a guest
+    // A file cut from 4 MiB to 1 MiB on the host under a guest
     // process's DAX mapping: the vanished 3 MiB read zeros, the rest is
     // the file's, and the guest goes on.
     assert_eq!(run.guest("statx_trunc"), Some("trunc.bin:1"), "{tail}");
@@ -507,7 +507,7 @@ fn virtiofs_test(transport: &str, api: bool) {
 
 /// What only the API run shows: the VM built through the API, the window's
 /// maps and reclaim in the metrics, events streamed while the guest worked.
-/// Issue 23: a program's read() into, and write() from, a DAX mapping of
+/// A program's read() into, and write() from, a DAX mapping of
 /// another file. With O_DIRECT the guest's FUSE READ and WRITE name window
 /// pages; the daemon (told where the window is by the VMM's API) serves them
 /// through the file mapped there. Buffered, the guest's page cache sits
@@ -681,7 +681,7 @@ echo "@@GUEST alive=yes"
 cd /; umount /mnt; echo "@@GUEST umount_rc=$?"
 "#;
 
-/// Issue 31: after the host truncation the touching processes read zeros
+/// After the host truncation the touching processes read zeros
 /// or get SIGBUS, their writes complete or get SIGBUS, and the VM goes on
 /// and powers off (a write once made the guest's fault set up a new,
 /// writable mapping of the vanished range, which hung the vCPU in KVM).

@@ -5,7 +5,8 @@
 //! them do it per register write or kick: virtio-queue logs `error!` for an
 //! invalid queue size, misaligned ring addresses, a queue used before it is
 //! valid and an impossible available index. [`SiteLimitedLogger`] wraps the
-//! process's logger and lets through at most one record per call site
+//! process's `log` logger (in the VMM, tracing-log's bridge to `tracing`,
+//! which our own crates log through directly) and lets through at most one record per call site
 //! (target, file, line) of a crate that is not ours every
 //! [`crate::log_limit::PERIOD`]; the next one it lets through says how many
 //! it held back. Records from our own crates pass untouched: they are

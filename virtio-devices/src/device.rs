@@ -88,6 +88,44 @@ pub struct ActivatedQueue {
     pub kick: EventFd,
 }
 
+/// The feature bits the driver accepted, kept the same way by every device:
+/// only bits the device offered survive the driver's write, and a reset
+/// forgets them (Cloud Hypervisor keeps its devices' in `VirtioCommon`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AckedFeatures(u64);
+
+impl AckedFeatures {
+    /// The driver accepted `requested`; keeps what the device `offered` of it.
+    pub fn ack(&mut self, offered: u64, requested: u64) {
+        self.0 = offered & requested;
+    }
+
+    /// The accepted bits (zero before negotiation and after a reset).
+    pub fn bits(self) -> u64 {
+        self.0
+    }
+
+    /// Forgets the negotiation (the driver reset the device).
+    pub fn reset(&mut self) {
+        self.0 = 0;
+    }
+}
+
+/// Checks at activation that the driver set up between `counts.start()`
+/// and `counts.end()` queues.
+pub(crate) fn check_queue_count(
+    got: usize,
+    counts: RangeInclusive<usize>,
+) -> Result<(), ActivateError> {
+    if counts.contains(&got) {
+        return Ok(());
+    }
+    Err(ActivateError::QueueCount {
+        got,
+        needed: *counts.end(),
+    })
+}
+
 /// The queues an activation gets, checked and set up as the devices that
 /// offer `VIRTIO_RING_F_EVENT_IDX` (virtio-blk, virtio-net) need them: the
 /// driver set up between `counts.start()` and `counts.end()` of them, and
@@ -98,12 +136,7 @@ pub(crate) fn event_idx_queues(
     counts: RangeInclusive<usize>,
     acked: u64,
 ) -> Result<Vec<ActivatedQueue>, ActivateError> {
-    if !counts.contains(&queues.len()) {
-        return Err(ActivateError::QueueCount {
-            got: queues.len(),
-            needed: *counts.end(),
-        });
-    }
+    check_queue_count(queues.len(), counts)?;
     let event_idx = acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
     for q in &mut queues {
         q.queue.set_event_idx(event_idx);
@@ -198,6 +231,32 @@ mod tests {
         assert_eq!(d, [0; 4]);
         read_config_bytes(&cfg, u64::MAX, &mut d);
         assert_eq!(d, [0; 4]);
+    }
+
+    #[test]
+    fn acked_features_keep_only_what_was_offered_until_a_reset() {
+        let mut acked = AckedFeatures::default();
+        assert_eq!(acked.bits(), 0);
+        acked.ack(0b1011, 0b0110);
+        assert_eq!(acked.bits(), 0b0010);
+        acked.ack(0b1011, u64::MAX);
+        assert_eq!(acked.bits(), 0b1011);
+        acked.reset();
+        assert_eq!(acked.bits(), 0);
+    }
+
+    #[test]
+    fn queue_counts_outside_the_range_name_what_was_needed() {
+        assert!(check_queue_count(3, 3..=3).is_ok());
+        assert!(check_queue_count(1, 1..=4).is_ok());
+        assert!(matches!(
+            check_queue_count(2, 3..=3),
+            Err(ActivateError::QueueCount { got: 2, needed: 3 })
+        ));
+        assert!(matches!(
+            check_queue_count(5, 1..=4),
+            Err(ActivateError::QueueCount { got: 5, needed: 4 })
+        ));
     }
 
     fn queues(n: u16) -> Vec<ActivatedQueue> {

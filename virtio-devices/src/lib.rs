@@ -11,7 +11,6 @@ pub mod dependency_log;
 pub mod device;
 pub mod event_loop;
 pub mod file_type;
-pub mod log_limit;
 pub mod net;
 pub mod pmem;
 pub mod queue_worker;
@@ -22,6 +21,10 @@ pub mod vsock;
 
 pub use counters::DeviceCounters;
 pub use device::{ActivateError, Interrupt, SharedMemoryRegion, VirtioDevice, VirtioInterrupt};
+/// Rate-limited logging of what a guest can repeat (the shared `log-limit`
+/// crate), reachable as `virtio_devices::warn_limited!` and
+/// `virtio_devices::log_limit`.
+pub use log_limit::{self, error_limited, info_limited, log_limited, warn_limited};
 
 /// The seccomp thread kind of device worker threads (see the VMM's
 /// `seccomp_filters`).

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use virtio_devices::dependency_log::SiteLimitedLogger;
+use virtio_devices::log_limit::stderr;
 use vmm::config::OptionValues;
 use vmm::config::{
     parse_console, ConfigError, CpusConfig, DiskConfig, FsConfig, MemoryConfig, NetConfig,
@@ -203,8 +204,9 @@ fn one_malloc_arena() {
     }
 }
 
-/// Our crates, whose records the logger passes untouched (a guest cannot
-/// make them log without a per-site limit of their own).
+/// Our crates, whose events are shown (a guest cannot make them log
+/// without a per-site limit of their own); dependencies are heard only
+/// through `log`, per-site limited.
 const OWN_CRATES: &[&str] = &[
     "dax_vmm",
     "vmm",
@@ -216,18 +218,24 @@ const OWN_CRATES: &[&str] = &[
     "control_protocol",
     "dax_abi",
     "seccomp",
+    "log_limit",
 ];
 
-/// stderr, as `RUST_LOG` or `-v` says, with every other crate's records
-/// (virtio-queue logs per invalid register write or kick) limited per call
-/// site (`virtio_devices::dependency_log`).
+/// stderr in env_logger's line format, as `RUST_LOG` or `-v` says; the
+/// records dependencies log through `log` (virtio-queue logs per invalid
+/// register write or kick) are limited per call site
+/// (`virtio_devices::dependency_log`) before they are bridged to `tracing`.
 fn install_logger(level: &str) {
-    let inner =
-        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).build();
-    let max = inner.filter();
-    let logger = SiteLimitedLogger::new(inner, OWN_CRATES, virtio_devices::log_limit::PERIOD);
-    if log::set_logger(Box::leak(Box::new(logger))).is_ok() {
-        log::set_max_level(max);
+    let Ok(max) = stderr::install(stderr::Levels::from_env(level, OWN_CRATES)) else {
+        return;
+    };
+    let bridge = SiteLimitedLogger::new(
+        stderr::LogTracer::new(),
+        OWN_CRATES,
+        virtio_devices::log_limit::PERIOD,
+    );
+    if log::set_logger(Box::leak(Box::new(bridge))).is_ok() {
+        log::set_max_level(stderr::as_log(max));
     }
 }
 

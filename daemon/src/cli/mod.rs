@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
+use tracing::level_filters::LevelFilter;
 
 pub mod virtiofsd;
 
@@ -48,14 +49,14 @@ pub enum LogLevel {
 }
 
 impl LogLevel {
-    pub fn filter(self) -> log::LevelFilter {
+    pub fn filter(self) -> LevelFilter {
         match self {
-            LogLevel::Off => log::LevelFilter::Off,
-            LogLevel::Error => log::LevelFilter::Error,
-            LogLevel::Warn => log::LevelFilter::Warn,
-            LogLevel::Info => log::LevelFilter::Info,
-            LogLevel::Debug => log::LevelFilter::Debug,
-            LogLevel::Trace => log::LevelFilter::Trace,
+            LogLevel::Off => LevelFilter::OFF,
+            LogLevel::Error => LevelFilter::ERROR,
+            LogLevel::Warn => LevelFilter::WARN,
+            LogLevel::Info => LevelFilter::INFO,
+            LogLevel::Debug => LevelFilter::DEBUG,
+            LogLevel::Trace => LevelFilter::TRACE,
         }
     }
 }

@@ -201,7 +201,7 @@ fn virtiofsd_options_that_are_what_the_daemon_does_are_taken() {
             .unwrap()
             .log_level
             .filter(),
-        log::LevelFilter::Off
+        tracing::level_filters::LevelFilter::OFF
     );
     let c = with_socket(&["-o", "cache=none,sandbox=chroot"]).unwrap();
     assert_eq!((c.cache, c.sandbox), (CacheArg::Never, SandboxArg::Chroot));

@@ -211,7 +211,8 @@ impl<'a> Writer<'a> {
         self.segs.available()
     }
 
-    pub fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+    #[cfg(test)]
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         self.write_at(0, buf)?;
         self.segs.pos += buf.len();
         Ok(())

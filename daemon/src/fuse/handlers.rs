@@ -62,7 +62,12 @@ impl Server {
             Err(e) => {
                 self.stats.errors.fetch_add(1, Relaxed);
                 let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                log::debug!("opcode {} nodeid {}: errno {errno}", hdr.opcode, hdr.nodeid);
+                tracing::debug!(
+                    request = hdr.unique,
+                    "opcode {} nodeid {}: errno {errno}",
+                    hdr.opcode,
+                    hdr.nodeid
+                );
                 (errno, None)
             }
         };

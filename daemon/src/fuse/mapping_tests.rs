@@ -187,7 +187,7 @@ fn repeated_refused_mappings_and_inits_log_a_bounded_count() {
     // What the daemon logs by default (per-request errnos are debug).
     let logged: Vec<_> = crate::log_limit::capture::take()
         .into_iter()
-        .filter(|(level, _)| *level <= log::Level::Info)
+        .filter(|(level, _)| *level <= tracing::Level::INFO)
         .collect();
     // Three call sites, each logging at most once in a period (none if
     // another test in this process logged there within it).

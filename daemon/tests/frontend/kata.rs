@@ -1,4 +1,4 @@
-//! The daemon as Kata Containers starts it (issue 25): the Go runtime binds
+//! The daemon as Kata Containers starts it: the Go runtime binds
 //! and listens on the vhost-user socket itself, passes it as fd 3 with
 //! `--syslog --cache=auto --shared-dir=DIR --fd=3 --thread-pool-size=1
 //! --announce-submounts`, connects the VMM at once and ends the daemon

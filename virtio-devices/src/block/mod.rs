@@ -21,8 +21,8 @@ use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRE
 use vm_memory::GuestMemoryAtomic;
 
 use crate::device::{
-    event_idx_queues, read_config_bytes, ActivateError, ActivatedQueue, VirtioDevice,
-    VirtioInterrupt,
+    event_idx_queues, read_config_bytes, AckedFeatures, ActivateError, ActivatedQueue,
+    VirtioDevice, VirtioInterrupt,
 };
 use crate::{DeviceCounters, GuestMemoryMmap};
 pub use disk::{DiskError, DiskFile};
@@ -55,7 +55,7 @@ pub struct BlockDeviceConfig {
 pub struct Block {
     shared: Arc<io::Shared>,
     queue_sizes: Vec<u16>,
-    acked: u64,
+    acked: AckedFeatures,
     running: Option<io::BlockQueues>,
 }
 
@@ -86,7 +86,7 @@ impl Block {
                 broken: AtomicBool::new(false),
             }),
             queue_sizes: vec![c.queue_size; usize::from(c.num_queues.max(1))],
-            acked: 0,
+            acked: AckedFeatures::default(),
             running: None,
         })
     }
@@ -156,7 +156,7 @@ impl VirtioDevice for Block {
     }
 
     fn ack_features(&mut self, features: u64) {
-        self.acked = features & self.features();
+        self.acked.ack(self.features(), features);
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -170,7 +170,7 @@ impl VirtioDevice for Block {
         queues: Vec<ActivatedQueue>,
     ) -> Result<(), ActivateError> {
         // Without MQ the driver sets up only the first queue.
-        let queues = event_idx_queues(queues, 1..=self.queue_sizes.len(), self.acked)?;
+        let queues = event_idx_queues(queues, 1..=self.queue_sizes.len(), self.acked.bits())?;
         // The previous threads (if any) finish before new ones start.
         self.running = None;
         self.running = Some(io::start(self.shared.clone(), queues, mem, interrupt)?);
@@ -179,7 +179,7 @@ impl VirtioDevice for Block {
 
     fn reset(&mut self) -> bool {
         self.running = None;
-        self.acked = 0;
+        self.acked.reset();
         self.shared.broken.store(false, Ordering::SeqCst);
         true
     }

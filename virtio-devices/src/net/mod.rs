@@ -28,8 +28,8 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use vm_memory::GuestMemoryAtomic;
 
 use crate::device::{
-    event_idx_queues, read_config_bytes, ActivateError, ActivatedQueue, VirtioDevice,
-    VirtioInterrupt,
+    event_idx_queues, read_config_bytes, AckedFeatures, ActivateError, ActivatedQueue,
+    VirtioDevice, VirtioInterrupt,
 };
 use crate::{DeviceCounters, GuestMemoryMmap};
 pub use header::{MAX_FRAME_LEN, VNET_HDR_LEN};
@@ -97,7 +97,7 @@ pub struct Net {
     mtu: Option<u16>,
     offloads: u64,
     queue_sizes: [u16; NUM_QUEUES],
-    acked: u64,
+    acked: AckedFeatures,
     worker: Option<PairWorker>,
     counters: Arc<DeviceCounters>,
 }
@@ -112,7 +112,7 @@ impl Net {
             mtu: c.mtu,
             offloads,
             queue_sizes: [c.queue_size; NUM_QUEUES],
-            acked: 0,
+            acked: AckedFeatures::default(),
             worker: None,
             counters: DeviceCounters::new(&NetCounters::NAMES),
         }
@@ -161,7 +161,7 @@ impl VirtioDevice for Net {
     }
 
     fn ack_features(&mut self, features: u64) {
-        self.acked = features & self.features();
+        self.acked.ack(self.features(), features);
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -174,10 +174,10 @@ impl VirtioDevice for Net {
         interrupt: Arc<dyn VirtioInterrupt>,
         queues: Vec<ActivatedQueue>,
     ) -> Result<(), ActivateError> {
-        let queues = event_idx_queues(queues, NUM_QUEUES..=NUM_QUEUES, self.acked)?;
+        let queues = event_idx_queues(queues, NUM_QUEUES..=NUM_QUEUES, self.acked.bits())?;
         // The previous worker (if any) stops before the new one starts.
         self.worker = None;
-        let flags = header::tap_offload_flags(self.acked);
+        let flags = header::tap_offload_flags(self.acked.bits());
         self.tap
             .set_offload(flags)
             .map_err(|source| ActivateError::TapOffload {
@@ -197,7 +197,7 @@ impl VirtioDevice for Net {
                 rx,
                 tx,
                 io,
-                acked: self.acked,
+                acked: self.acked.bits(),
                 counters: self.counters.clone(),
             },
             mem,
@@ -208,7 +208,7 @@ impl VirtioDevice for Net {
 
     fn reset(&mut self) -> bool {
         self.worker = None;
-        self.acked = 0;
+        self.acked.reset();
         true
     }
 

@@ -89,19 +89,22 @@ impl RxPath {
         }
     }
 
-    /// True while a frame waits for guest buffers.
-    pub fn has_pending(&self) -> bool {
+    /// True while a frame waits for guest buffers (the tests' view).
+    #[cfg(test)]
+    fn has_pending(&self) -> bool {
         self.pending.is_some()
     }
 
     /// How many frames were read into the path's own buffer and copied,
-    /// rather than read straight into the guest's buffers.
-    pub fn bounced(&self) -> u64 {
+    /// rather than read straight into the guest's buffers (the tests' view).
+    #[cfg(test)]
+    fn bounced(&self) -> u64 {
         self.bounced
     }
 
-    /// Chains taken from the ring and not used yet.
-    pub fn held_chains(&self) -> usize {
+    /// Chains taken from the ring and not used yet (the tests' view).
+    #[cfg(test)]
+    fn held_chains(&self) -> usize {
         self.held.len()
     }
 

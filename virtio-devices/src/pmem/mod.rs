@@ -12,8 +12,8 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use vm_memory::GuestMemoryAtomic;
 
 use crate::device::{
-    read_config_bytes, ActivateError, ActivatedQueue, SharedMemoryRegion, VirtioDevice,
-    VirtioInterrupt,
+    check_queue_count, read_config_bytes, AckedFeatures, ActivateError, ActivatedQueue,
+    SharedMemoryRegion, VirtioDevice, VirtioInterrupt,
 };
 use crate::queue_worker::QueueWorker;
 use crate::GuestMemoryMmap;
@@ -32,7 +32,7 @@ pub struct Pmem {
     guest_addr: u64,
     size: u64,
     host_addr: u64,
-    acked: u64,
+    acked: AckedFeatures,
     worker: Option<QueueWorker>,
 }
 
@@ -46,7 +46,7 @@ impl Pmem {
             guest_addr,
             size: backing.size(),
             host_addr: backing.host_addr(),
-            acked: 0,
+            acked: AckedFeatures::default(),
             worker: None,
         })
     }
@@ -73,7 +73,7 @@ impl VirtioDevice for Pmem {
     }
 
     fn ack_features(&mut self, features: u64) {
-        self.acked = features & self.features();
+        self.acked.ack(self.features(), features);
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -86,12 +86,7 @@ impl VirtioDevice for Pmem {
         interrupt: Arc<dyn VirtioInterrupt>,
         mut queues: Vec<ActivatedQueue>,
     ) -> Result<(), ActivateError> {
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                got: queues.len(),
-                needed: 1,
-            });
-        }
+        check_queue_count(queues.len(), 1..=1)?;
         // The previous worker (if any) is stopped before the new one starts.
         self.worker = None;
         let file = self.file.clone();
@@ -108,7 +103,7 @@ impl VirtioDevice for Pmem {
 
     fn reset(&mut self) -> bool {
         self.worker = None;
-        self.acked = 0;
+        self.acked.reset();
         true
     }
 
@@ -159,7 +154,7 @@ mod tests {
         );
         assert_eq!(regions[0].host_addr, backing.host_addr());
         dev.ack_features(u64::MAX);
-        assert_eq!(dev.acked, dev.features());
+        assert_eq!(dev.acked.bits(), dev.features());
         assert!(dev.reset());
         // The guest moved the BAR: config `start` and the region follow.
         dev.set_shm_base(0x2_0000_0000);

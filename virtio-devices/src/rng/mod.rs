@@ -15,7 +15,10 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Address, Bytes, GuestMemory, GuestMemoryAtomic};
 
-use crate::device::{ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt};
+use crate::device::{
+    check_queue_count, read_config_bytes, AckedFeatures, ActivateError, ActivatedQueue,
+    VirtioDevice, VirtioInterrupt,
+};
 use crate::queue_worker::QueueWorker;
 use crate::GuestMemoryMmap;
 
@@ -39,7 +42,7 @@ pub enum RngError {
 pub struct Rng {
     id: String,
     source: Arc<Mutex<File>>,
-    acked: u64,
+    acked: AckedFeatures,
     worker: Option<QueueWorker>,
 }
 
@@ -65,7 +68,7 @@ impl Rng {
         Ok(Rng {
             id,
             source: Arc::new(Mutex::new(file)),
-            acked: 0,
+            acked: AckedFeatures::default(),
             worker: None,
         })
     }
@@ -85,12 +88,12 @@ impl VirtioDevice for Rng {
     }
 
     fn ack_features(&mut self, features: u64) {
-        self.acked = features & self.features();
+        self.acked.ack(self.features(), features);
     }
 
-    fn read_config(&self, _offset: u64, data: &mut [u8]) {
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
         // virtio-rng has no configuration space.
-        data.fill(0);
+        read_config_bytes(&[], offset, data);
     }
 
     fn activate(
@@ -99,12 +102,7 @@ impl VirtioDevice for Rng {
         interrupt: Arc<dyn VirtioInterrupt>,
         mut queues: Vec<ActivatedQueue>,
     ) -> Result<(), ActivateError> {
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                got: queues.len(),
-                needed: 1,
-            });
-        }
+        check_queue_count(queues.len(), 1..=1)?;
         // The previous worker (if any) is stopped before the new one starts.
         self.worker = None;
         let source = self.source.clone();
@@ -121,7 +119,7 @@ impl VirtioDevice for Rng {
 
     fn reset(&mut self) -> bool {
         self.worker = None;
-        self.acked = 0;
+        self.acked.reset();
         true
     }
 

@@ -36,8 +36,8 @@ use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryB
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::device::{
-    read_config_bytes, ActivateError, ActivatedQueue, Interrupt, SharedMemoryRegion, VirtioDevice,
-    VirtioInterrupt,
+    read_config_bytes, AckedFeatures, ActivateError, ActivatedQueue, Interrupt, SharedMemoryRegion,
+    VirtioDevice, VirtioInterrupt,
 };
 use crate::GuestMemoryMmap;
 use backend_req::DaxRequestHandler;
@@ -117,7 +117,7 @@ pub struct VhostUserFs {
     /// `REPLY_ACK` was negotiated.
     reply_ack: bool,
     backend_features: u64,
-    acked: u64,
+    acked: AckedFeatures,
     window: Option<Arc<DaxWindow>>,
     window_guest_addr: u64,
     /// Serves SHMEM_MAP/UNMAP; shared with the worker while the device runs.
@@ -204,7 +204,7 @@ impl VhostUserFs {
             mem_slots: protocol.contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS),
             reply_ack: protocol.contains(VhostUserProtocolFeatures::REPLY_ACK),
             backend_features,
-            acked: 0,
+            acked: AckedFeatures::default(),
             window,
             window_guest_addr: 0,
             requests,
@@ -263,7 +263,7 @@ impl VhostUserFs {
             request,
             source,
         };
-        let features = self.acked
+        let features = self.acked.bits()
             | (self.backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
         self.frontend
             .set_features(features)
@@ -354,7 +354,7 @@ impl VirtioDevice for VhostUserFs {
     }
 
     fn ack_features(&mut self, features: u64) {
-        self.acked = features & self.features();
+        self.acked.ack(self.features(), features);
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -424,7 +424,7 @@ impl VirtioDevice for VhostUserFs {
             w.clear();
         }
         self.active_queues = 0;
-        self.acked = 0;
+        self.acked.reset();
         self.queue_error.store(false, Ordering::SeqCst);
         true
     }

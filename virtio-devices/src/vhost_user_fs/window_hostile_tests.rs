@@ -1,4 +1,4 @@
-//! Issue 22: what a host, a daemon or a guest can do to the window beyond
+//! What a host, a daemon or a guest can do to the window beyond
 //! single bad requests — shrink a mapped file, exhaust the VMM's mappings
 //! across windows, fill the scratch.
 
@@ -199,7 +199,7 @@ fn mapping_at(addr: u64) -> (String, String) {
     panic!("no mapping at {addr:#x}");
 }
 
-/// Issue 31: the guest, not yet aware that the host cut a file short,
+/// The guest, not yet aware that the host cut a file short,
 /// writes to a page it had read: its fault maps the same vanished range
 /// again, writable. Left to KVM, the first touch of such a page hung the
 /// vCPU for good (Linux 6.12 retried the fault as an async page fault for

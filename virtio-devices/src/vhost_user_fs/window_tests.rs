@@ -140,7 +140,7 @@ fn refuses_fds_that_are_not_files() {
     let closed = TempFile::new().unwrap().into_file().as_raw_fd();
     let e = w.map(&req(0, 0, 0, PAGE, 0), &closed).unwrap_err();
     assert_eq!(e.reason, FailureReason::BadFd, "{e}");
-    // Issue 22: a block device was accepted; the daemon maps only regular
+    // A block device was once accepted; the daemon maps only regular
     // files. (An O_PATH descriptor of a device node suffices for fstat.)
     let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
     let node = dir.as_path().join("blk");
@@ -387,10 +387,10 @@ fn observer_hears_maps_unmaps_refusals_and_resets_and_mincore_sees_touched_pages
     assert_eq!(events[3], WindowEvent::Reset);
 }
 
-/// Issue 14: ranges with nothing mapped were PROT_NONE, and a guest access
+/// Ranges with nothing mapped used to be PROT_NONE, and a guest access
 /// there made KVM_RUN fail and ended the VM. They now show the scratch:
 /// readable (zeros at first), writable, the writes going nowhere but the
-/// scratch, counted. Issue 22: each window page has its own scratch page,
+/// scratch, counted. Each window page has its own scratch page,
 /// so what is written through one range never shows through another.
 #[test]
 fn unmapped_ranges_read_zeros_take_writes_into_the_scratch_and_are_counted() {
@@ -585,7 +585,7 @@ fn new_mappings_go_to_the_guest_prefaulter_at_the_windows_guest_address() {
     assert_eq!((s.guest_prefaulted_bytes, s.prefault_failures), (0, 1));
 }
 
-/// Issue 23: the backend request handler maps and acks first; the
+/// The backend request handler maps and acks first; the
 /// pre-fault runs after (the device worker calls it once the ack is sent),
 /// so it is off the SETUPMAPPING round trip. Queued pre-faults run newest
 /// first, step by step, and give way to a request that is waiting: a

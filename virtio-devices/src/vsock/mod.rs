@@ -29,7 +29,8 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::device::{
-    read_config_bytes, ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt,
+    check_queue_count, read_config_bytes, AckedFeatures, ActivateError, ActivatedQueue,
+    VirtioDevice, VirtioInterrupt,
 };
 use crate::event_loop::{EventLoop, Flow, WorkerThread};
 use crate::GuestMemoryMmap;
@@ -70,7 +71,7 @@ enum Command {
 pub struct Vsock {
     id: String,
     cid: u64,
-    acked: u64,
+    acked: AckedFeatures,
     commands: Mutex<Sender<Command>>,
     wake: EventFd,
     /// The queues stopped on the guest's error: the device needs a reset.
@@ -129,7 +130,7 @@ impl Vsock {
         Ok(Vsock {
             id,
             cid,
-            acked: 0,
+            acked: AckedFeatures::default(),
             commands: Mutex::new(tx),
             wake,
             broken,
@@ -249,7 +250,7 @@ impl VirtioDevice for Vsock {
     }
 
     fn ack_features(&mut self, features: u64) {
-        self.acked = features & self.features();
+        self.acked.ack(self.features(), features);
     }
 
     /// `le64 guest_cid`.
@@ -263,12 +264,7 @@ impl VirtioDevice for Vsock {
         interrupt: Arc<dyn VirtioInterrupt>,
         queues: Vec<ActivatedQueue>,
     ) -> Result<(), ActivateError> {
-        if queues.len() != QUEUE_SIZES.len() {
-            return Err(ActivateError::QueueCount {
-                got: queues.len(),
-                needed: QUEUE_SIZES.len(),
-            });
-        }
+        check_queue_count(queues.len(), QUEUE_SIZES.len()..=QUEUE_SIZES.len())?;
         let mut qs = queues.into_iter();
         let mut next = || qs.next().expect("three queues");
         let (rx, tx, event) = (next(), next(), next());
@@ -284,7 +280,7 @@ impl VirtioDevice for Vsock {
 
     fn reset(&mut self) -> bool {
         let (done, wait) = sync_channel(1);
-        self.acked = 0;
+        self.acked.reset();
         // Until the thread answers it may still touch guest memory.
         self.send(Command::Reset(done)).is_ok() && wait.recv_timeout(RESET_TIMEOUT).is_ok()
     }

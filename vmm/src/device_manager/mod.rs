@@ -432,7 +432,7 @@ impl DeviceManager {
             owner: Box::new(backing),
         };
         let slot = self.place(&p.id, device, p.transport, p.pci_segment, Some(shm))?;
-        log::info!("pmem {}: {size} bytes of {}", p.id, p.file.display());
+        tracing::info!(device = %p.id, "pmem {}: {size} bytes of {}", p.id, p.file.display());
         Ok(slot)
     }
 
@@ -492,7 +492,7 @@ impl DeviceManager {
             allowed_offloads: allowed_offloads(n.offload_csum, n.offload_tso),
         });
         let slot = self.place(&n.id, Box::new(device), n.transport, n.pci_segment, None)?;
-        log::info!("net {}: tap {tap_name}, guest MAC {}", n.id, n.mac);
+        tracing::info!(device = %n.id, "net {}: tap {tap_name}, guest MAC {}", n.id, n.mac);
         Ok(slot)
     }
 
@@ -537,7 +537,7 @@ impl DeviceManager {
             if let Some(observe) = observe {
                 w.set_observer(observe(&f.id));
             }
-            log::info!("fs {}: DAX window of {} bytes", f.id, w.size());
+            tracing::info!(device = %f.id, "fs {}: DAX window of {} bytes", f.id, w.size());
             ShmBacking {
                 size: w.size(),
                 host_addr: w.host_addr(),

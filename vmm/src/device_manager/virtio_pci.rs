@@ -186,7 +186,7 @@ impl Placed {
     /// Takes everything registered for the function away.
     fn unplug(&mut self, placer: &Placer) {
         if let Err(e) = self.ioevents(&placer.vm, self.bar0, false) {
-            log::warn!("{}: unregistering its ioeventfds: {e}", self.id);
+            tracing::warn!(device = %self.id, "{}: unregistering its ioeventfds: {e}", self.id);
         }
         placer.mmio.remove(self.bar0);
         let mut space = lock(&placer.space);

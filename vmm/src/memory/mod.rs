@@ -222,7 +222,7 @@ mod tests {
         panic!("no mapping at {addr:#x}");
     }
 
-    /// Issue 22: a core dump of the VMM would hold guest memory.
+    /// A core dump of the VMM would hold guest memory.
     #[test]
     fn guest_ram_is_left_out_of_core_dumps() {
         for shared in [false, true] {

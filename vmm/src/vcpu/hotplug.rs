@@ -131,7 +131,10 @@ impl VcpuHotplug {
         for &cpu in &ejected {
             vcpus.eject(cpu);
             self.state.removal_done(cpu);
-            log::info!("vCPU {cpu}: ejected by the guest, its thread parked");
+            tracing::info!(
+                vcpu = cpu,
+                "vCPU {cpu}: ejected by the guest, its thread parked"
+            );
         }
         ejected
     }

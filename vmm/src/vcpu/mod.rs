@@ -356,7 +356,7 @@ impl RunningVcpus {
             .name(format!("vcpu{index}"))
             .spawn(move || {
                 if let Err(e) = seccomp::enter_thread(crate::seccomp_filters::VCPU) {
-                    log::error!("vcpu{index}: {e}");
+                    tracing::error!(vcpu = index, "vcpu{index}: {e}");
                     return exit.request(crate::exit::VmExit::VcpuError {
                         cpu: index,
                         message: e.to_string(),
