@@ -37,9 +37,9 @@ case "${1:-}" in
         # Debian's, copied into the guests with their shared libraries.
         command -v fio >/dev/null && command -v iperf3 >/dev/null ||
             $([ "$(id -u)" -eq 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends fio iperf3
-        exec cargo run --release --locked -q -p guest-tests --bin bench-devices ;;
-    density | windowcost) exec cargo run --release --locked -q -p guest-tests --bin bench-density -- "$1" ;;
-    roundtrip) exec cargo run --release --locked -q -p guest-tests --bin bench-roundtrip ;;
-    kata-start) exec cargo run --release --locked -q -p guest-tests --bin bench-kata-start ;;
+        exec cargo run --release --locked -q -p dax-bench --bin bench-devices ;;
+    density | windowcost) exec cargo run --release --locked -q -p dax-bench --bin bench-density -- "$1" ;;
+    roundtrip) exec cargo run --release --locked -q -p dax-bench --bin bench-roundtrip ;;
+    kata-start) exec cargo run --release --locked -q -p dax-bench --bin bench-kata-start ;;
 esac
-exec cargo run --release --locked -q -p guest-tests --bin bench-virtiofs -- "$@"
+exec cargo run --release --locked -q -p dax-bench --bin bench-virtiofs -- "$@"

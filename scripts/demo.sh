@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup-host.sh
-exec cargo run --release --locked -q -p guest-tests --bin demo -- "$@"
+exec cargo run --release --locked -q -p dax-bench --bin demo -- "$@"

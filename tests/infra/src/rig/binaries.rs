@@ -1,0 +1,106 @@
+//! The workspace binaries a run needs (the VMM, tools for the guest and the
+//! host), built static once per process, and the run's scratch directory.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use super::{ImageFile, VMM_BIN_ENV};
+use crate::host;
+use crate::RigError;
+
+pub(super) fn write_file(path: &Path, f: &ImageFile) -> Result<(), RigError> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| RigError::io(parent, e))?;
+    }
+    std::fs::write(path, &f.data).map_err(|e| RigError::io(path, e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(f.perm))
+        .map_err(|e| RigError::io(path, e))
+}
+
+/// The workspace's `target/` directory.
+pub fn target_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target")
+}
+
+/// `target/rig/runs/<name>`, emptied first.
+pub(super) fn scratch_dir(name: &str) -> Result<PathBuf, RigError> {
+    let dir = target_dir().join("rig/runs").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| RigError::io(&dir, e))?;
+    Ok(dir)
+}
+
+/// A static release build of a workspace binary, built once per process so
+/// it runs in an initramfs without libraries.
+pub fn static_binary(package: &str, bin: &str) -> Result<PathBuf, RigError> {
+    let target = "x86_64-unknown-linux-gnu";
+    let target_dir = target_dir().join("rig/build");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            package,
+            "--bin",
+            bin,
+            "--target",
+            target,
+        ])
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .status()
+        .map_err(|e| RigError::Setup(format!("cargo build {bin}: {e}")))?;
+    if !status.success() {
+        return Err(RigError::Setup(format!(
+            "cargo build of {bin} failed ({status})"
+        )));
+    }
+    let path = target_dir.join(target).join("release").join(bin);
+    if !host::is_static_elf(&path)? {
+        return Err(RigError::Setup(format!(
+            "{} is not statically linked",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
+pub(super) fn tool_name(path: &Path) -> Result<String, RigError> {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| RigError::Setup(format!("{} has no file name", path.display())))
+}
+
+pub(super) fn read_tool(path: &Path) -> Result<Vec<u8>, RigError> {
+    std::fs::read(path).map_err(|e| RigError::io(path, e))
+}
+
+/// A static binary of this workspace for a guest or host image (built once
+/// per process and binary).
+pub fn tool(package: &str, bin: &str) -> Result<PathBuf, RigError> {
+    static BUILT: std::sync::Mutex<Vec<(String, Result<PathBuf, String>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, r)) = built.iter().find(|(b, _)| b == bin) {
+        return r.clone().map_err(RigError::Setup);
+    }
+    let r = static_binary(package, bin).map_err(|e| e.to_string());
+    built.push((bin.to_string(), r.clone()));
+    r.map_err(RigError::Setup)
+}
+
+/// The VMM binary the rig runs (built once per process).
+pub fn vmm_binary() -> Result<PathBuf, RigError> {
+    static VMM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    VMM.get_or_init(|| match std::env::var_os(VMM_BIN_ENV) {
+        Some(p) => Ok(PathBuf::from(p)),
+        None => static_binary("vmm", "dax-vmm").map_err(|e| e.to_string()),
+    })
+    .clone()
+    .map_err(RigError::Setup)
+}
