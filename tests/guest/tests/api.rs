@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 
 use test_infra::rig;
 
-mod api_common;
-use api_common::{http, json, refused, scratch, start_vmm, wait_for, Proc};
+use crate::api_common::{http, json, refused, scratch, start_vmm, wait_for, Proc};
 
 /// The VMM with only an API socket, and a daemon with a control socket,
 /// both in `dir`; returns them and (api socket, control socket).

@@ -4,8 +4,7 @@
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 
-mod api_common;
-use api_common::{json, scratch, start_vmm_with, wait_for};
+use crate::api_common::{json, scratch, start_vmm_with, wait_for};
 
 /// The soft and hard open-file limits `/proc/<pid>/limits` shows.
 fn nofile_of(pid: u32) -> (String, String) {

@@ -2,7 +2,7 @@
 //! guest sees against what was asked, and the VMM's exit status on power-off
 //! and on a guest panic. Each boot checks several things.
 //!
-//! Run with `cargo test -p guest-tests --test boot -- --ignored --test-threads=1`
+//! Run with `cargo test -p guest-tests -- --ignored boot:: --test-threads=1`
 //! (scripts/test.sh does).
 
 use std::time::Duration;

@@ -12,7 +12,7 @@
 //! - `vm.resize` to 5 or 0 is 400 naming the limit; `vm.info` reports the
 //!   count as `boot_vcpus`, with max and topology as given.
 //!
-//! Run with `cargo test -p guest-tests --test cpu_hotplug -- --ignored`.
+//! Run with `cargo test -p guest-tests -- --ignored cpu_hotplug::`.
 
 use std::time::Duration;
 

@@ -4,12 +4,10 @@
 //! nothing, and the fleet converges again after the agent, a VMM, a daemon
 //! or etcd itself restarts. The 3-host scale run is `fleet_scale.rs`.
 
-mod fleet_common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fleet_common::{header, raw, scratch, wait_for, Agent, Etcd, Pki, Store, Vm};
+use crate::fleet_common::{header, raw, scratch, wait_for, Agent, Etcd, Pki, Store, Vm};
 use serde_json::Value;
 
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -173,7 +171,8 @@ fn policies_from_etcd_reach_the_selected_vms_and_status_comes_back() {
     // A VMM restarted (and the VM defined again) gets it from the agent.
     vm2.restart_vmm();
     wait_for("vm2's new VMM told storage", PATIENCE, || {
-        let (code, body) = fleet_common::api(&vm2.api, "GET", "/api/v1/vm.dax-policy?id=fs0", None);
+        let (code, body) =
+            crate::fleet_common::api(&vm2.api, "GET", "/api/v1/vm.dax-policy?id=fs0", None);
         code == 200 && body.contains(r#""mode":"never""#)
     });
 

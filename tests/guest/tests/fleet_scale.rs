@@ -5,12 +5,10 @@
 //! the puts); then etcd restarted mid-run and the fleet converging again.
 //! Writes `target/rig-results/fleet-scale.md`.
 
-mod fleet_common;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use fleet_common::{scratch, Agent, Etcd, Store, Vm};
+use crate::fleet_common::{scratch, Agent, Etcd, Store, Vm};
 use serde_json::Value;
 use test_infra::results::Results;
 

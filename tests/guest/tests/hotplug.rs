@@ -17,7 +17,7 @@
 //!   counted in `vm.dax-metrics`, and the guest still powers off cleanly;
 //! - refused requests while running: an MMIO hot-plug (400), an unknown id (404).
 //!
-//! Run with `cargo test -p guest-tests --test hotplug -- --ignored`
+//! Run with `cargo test -p guest-tests -- --ignored hotplug::`
 //! (scripts/test.sh does).
 
 use test_infra::results::Results;

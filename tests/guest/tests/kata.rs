@@ -14,8 +14,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 use test_infra::kata::{self, conn::Connection, RootAsset, Sandbox};
 
-mod api_common;
-use api_common::{scratch, start_vmm, wait_for, Proc};
+use crate::api_common::{scratch, start_vmm, wait_for, Proc};
 
 const MIB: u64 = 1 << 20;
 const CPU_HOTPLUG: &str = "ACPI CPU hot-plug";

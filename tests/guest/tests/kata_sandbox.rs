@@ -36,7 +36,7 @@
 //! command line adds `console=ttyS0`, and the sandbox has 512 MiB and up
 //! to 4 vCPUs (Kata's defaults are 2 GiB and the host's CPU count).
 //!
-//! Run with `cargo test -p guest-tests --test kata_sandbox -- --ignored`
+//! Run with `cargo test -p guest-tests -- --ignored kata_sandbox::`
 //! (scripts/test.sh does).
 
 use std::time::Duration;
@@ -173,15 +173,16 @@ fn create_body() -> String {
     kata::go_json(&body)
 }
 
-/// The root image: busybox with its applets, the agent's tools and script.
-fn root_disk() -> Vec<u8> {
+/// The root image: busybox with its applets, the agent's tools and its
+/// script (`agent`: each runtime's sandbox test has its own).
+pub(crate) fn root_disk(agent: &str) -> Vec<u8> {
     let busybox = std::fs::read(static_busybox().expect("busybox")).unwrap();
     let daxprobe = std::fs::read(rig::tool("guest-tools", "daxprobe").expect("daxprobe")).unwrap();
     let applets = [
         "sh", "cat", "cut", "grep", "sed", "ls", "mkdir", "mount", "touch", "ping", "ip", "md5sum",
         "sleep", "kill", "tail", "head", "tr",
     ];
-    kata::agent_root_disk("kata-root", &busybox, &daxprobe, AGENT, &applets)
+    kata::agent_root_disk("kata-root", &busybox, &daxprobe, agent, &applets)
 }
 
 #[test]
@@ -203,7 +204,7 @@ fn a_kata_sandbox_starts_as_katas_driver_starts_it_with_per_file_dax() {
         ImageFile {
             path: "root.img".into(),
             perm: 0o644,
-            data: root_disk(),
+            data: root_disk(AGENT),
         },
         ImageFile {
             path: "big.bin".into(),

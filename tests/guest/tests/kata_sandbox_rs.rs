@@ -16,7 +16,6 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use test_infra::host::static_busybox;
 use test_infra::images;
 use test_infra::kata::api_client::call;
 use test_infra::kata::rs::json::Json;
@@ -24,8 +23,7 @@ use test_infra::kata::rs::{self, info, RsSandbox};
 use test_infra::results::Results;
 use test_infra::rig::{self, Guest, ImageFile};
 
-mod api_common;
-use api_common::{scratch, start_vmm, wait_for};
+use crate::api_common::{scratch, start_vmm, wait_for};
 
 const GIB: u64 = 1 << 30;
 
@@ -305,17 +303,6 @@ fi
 sleep 600
 "#;
 
-/// The root image: busybox with its applets, the agent's tools and script.
-fn root_disk() -> Vec<u8> {
-    let busybox = std::fs::read(static_busybox().expect("busybox")).unwrap();
-    let daxprobe = std::fs::read(rig::tool("guest-tools", "daxprobe").expect("daxprobe")).unwrap();
-    let applets = [
-        "sh", "cat", "cut", "grep", "sed", "ls", "mkdir", "mount", "touch", "ping", "ip", "md5sum",
-        "sleep", "kill", "tail", "head", "tr",
-    ];
-    test_infra::kata::agent_root_disk("kata-root", &busybox, &daxprobe, AGENT, &applets)
-}
-
 /// The host side: the static sandbox's VMM is the rig's (started with only
 /// `--api-socket`, as runtime-rs starts it); the dynamic one's is started
 /// the same way once the first has ended.
@@ -402,7 +389,7 @@ fn a_runtime_rs_sandbox_starts_and_resizes_with_per_file_dax() {
         ImageFile {
             path: "root.img".into(),
             perm: 0o644,
-            data: root_disk(),
+            data: crate::kata_sandbox::root_disk(AGENT),
         },
         ImageFile {
             path: "big.bin".into(),

@@ -11,7 +11,7 @@
 //!   limit), a size that is not a whole number of 128 MiB blocks (400);
 //!   a smaller size changes nothing (204, as Cloud Hypervisor answers).
 //!
-//! Run with `cargo test -p guest-tests --test memory_hotplug -- --ignored`.
+//! Run with `cargo test -p guest-tests -- --ignored memory_hotplug::`.
 
 use test_infra::results::Results;
 use test_infra::rig::{self, Guest};

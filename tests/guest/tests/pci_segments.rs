@@ -13,7 +13,7 @@
 //! - `vm.remove-device` makes the guest eject it from segment 1, and the
 //!   VMM takes it away.
 //!
-//! Run with `cargo test -p guest-tests --test pci_segments -- --ignored`.
+//! Run with `cargo test -p guest-tests -- --ignored pci_segments::`.
 
 use test_infra::results::Results;
 use test_infra::rig::{self, Guest};

@@ -4,7 +4,7 @@
 //! (every file through the DAX window), one pass each in one boot. Any
 //! failure not in [`EXPECTED_FAILURES`] fails the test.
 //!
-//! Run with `cargo test -p guest-tests --test pjdfstest -- --ignored`
+//! Run with `cargo test -p guest-tests -- --ignored pjdfstest::`
 //! (scripts/test.sh does).
 
 use test_infra::host::crates_io_tool;

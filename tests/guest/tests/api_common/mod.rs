@@ -1,8 +1,6 @@
 //! What the API tests share: the VMM started with only `--api-socket`, and
 //! requests read back exactly as ch-remote reads them.
 
-#![allow(dead_code)]
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 

@@ -2,8 +2,6 @@
 //! VMs (not booted: a VMM with only `--api-socket`, a VM created and given
 //! an fs device whose daemon has a control socket), and `dax-fleet` agents.
 
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

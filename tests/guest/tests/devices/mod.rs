@@ -16,7 +16,7 @@
 //! [`hostile`] boots a guest of its own: a hostile driver programming a
 //! PCI and an MMIO disk through their registers.
 //!
-//! Run with `cargo test -p guest-tests --test devices -- --ignored`
+//! Run with `cargo test -p guest-tests -- --ignored devices::`
 //! (scripts/test.sh does).
 
 mod blk;
