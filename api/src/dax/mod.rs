@@ -31,6 +31,7 @@
 mod daemon;
 mod notices;
 #[cfg(test)]
+#[path = "dax_tests.rs"]
 mod tests;
 
 use std::collections::BTreeMap;

@@ -11,6 +11,7 @@ use clap::{Parser, ValueEnum};
 pub mod virtiofsd;
 
 #[cfg(test)]
+#[path = "cli_tests.rs"]
 mod tests;
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]

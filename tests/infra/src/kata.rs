@@ -536,4 +536,5 @@ pub fn agent_root_disk(
 }
 
 #[cfg(test)]
+#[path = "kata_tests.rs"]
 mod tests;

@@ -406,4 +406,5 @@ pub fn memory_required_mib(default_memory_mib: u64, limits_bytes: &[u64]) -> u64
 }
 
 #[cfg(test)]
+#[path = "rs_tests.rs"]
 mod tests;
