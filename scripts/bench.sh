@@ -28,6 +28,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup-host.sh
+# The VMM, the daemon and the guest tools as released (thin LTO), not the
+# tests' quicker `rig` profile: what is measured is what users run.
+export DAX_VMM_RIG_PROFILE="${DAX_VMM_RIG_PROFILE:-release}"
 # virtiofsd is built static with cargo install; it links libseccomp and libcap-ng.
 if ! [ -e /usr/lib/x86_64-linux-gnu/libseccomp.a ] || ! [ -e /usr/lib/x86_64-linux-gnu/libcap-ng.a ]; then
     apt-get install -y --no-install-recommends libseccomp-dev libcap-ng-dev

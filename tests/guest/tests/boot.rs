@@ -22,16 +22,21 @@ echo "@@GUEST acpi_tables=$(ls /sys/firmware/acpi/tables 2>/dev/null | tr '\n' '
 echo "@@GUEST serial=$(cat /sys/class/tty/ttyS0/type 2>/dev/null)"
 "#;
 
-fn boot_and_report(cpus: u8) -> Run {
-    let token = format!("rig_token={}", std::process::id());
-    let mut guest = Guest::new(&format!("boot-{cpus}cpu"), REPORT_SCRIPT);
+/// A guest with `cpus` vCPUs that reports what it found, then runs `then`.
+fn report_then(name: &str, cpus: u8, then: &str) -> Guest {
+    let mut guest = Guest::new(name, &format!("{REPORT_SCRIPT}{then}"));
     guest.cpus = cpus;
     guest.memory = format!("{MEMORY_MIB}M");
-    guest.cmdline = token.clone();
-    let run = rig::run(&guest).expect("rig run");
-    assert!(!run.timed_out, "timed out\n{}", run.tail(60));
+    guest.cmdline = format!("rig_token={}", std::process::id());
+    guest
+}
 
+/// What the guest of [`report_then`] must have found: its vCPUs, its
+/// command line, its memory, the ACPI tables and the serial port.
+fn check_report(guest: &Guest, run: &Run) {
     let tail = run.tail(60);
+    assert!(!run.timed_out, "timed out\n{tail}");
+    let cpus = guest.cpus;
     assert_eq!(
         run.guest("nproc"),
         Some(cpus.to_string().as_str()),
@@ -71,31 +76,87 @@ fn boot_and_report(cpus: u8) -> Run {
         Some("4"),
         "ttyS0 should be a 16550A (type 4)\n{tail}"
     );
-    assert_eq!(run.guest("script_exit"), Some("0"), "{tail}");
-    assert_eq!(
-        run.vmm_exit,
-        Some(0),
-        "poweroff -f must end the VMM with 0\n{tail}"
-    );
-    assert_eq!(run.vmm_message(), Some("guest powered off"), "{tail}");
-    run
 }
 
+/// Each boot checks what the guest found and then how it ends: 1 vCPU keeps
+/// quiet (the rig's stall probe) and resets the Linux default way (one boot
+/// for both), 2 vCPUs power off.
 #[test]
 #[ignore = "boots real guests; run through scripts/test.sh"]
 fn boot_one_and_two_vcpus() {
-    let one = boot_and_report(1);
-    let two = boot_and_report(2);
+    // `reboot -f` ends the VMM with 0 and says why, whichever way the guest
+    // resets: Linux's default (here: through the reset vector, where the
+    // VMM's stub pulses the i8042 reset line) and the ACPI reset register
+    // (`guest_panic_and_reset_end_the_vmm`).
+    //
+    // This run also checks the rig's stall probe on the emulated host: the
+    // guest keeps quiet longer than the probe's silence, the rig records the
+    // emulated CPU's state from QEMU's monitor and sends it an NMI, and the
+    // run goes on to its end unharmed. (A pause, so the marker's line is out
+    // before the kernel's.)
+    let mut quiet = report_then(
+        "boot-1cpu",
+        1,
+        "sleep 30\necho '@@GUEST rebooting=1'\nsleep 1\nreboot -f\n",
+    );
+    quiet.stall_silence = Duration::from_secs(12);
+    let one = rig::run(&quiet).expect("rig run");
+    check_report(&quiet, &one);
+    let mut probe_results = Results::new("stall-probe");
+    check_reset(&one, Some(&mut probe_results));
+    probe_results.save().expect("write results");
+
+    // Two vCPUs, and the script's end: the rig's init powers the guest off.
+    let two_vcpus = report_then("boot-2cpu", 2, "");
+    let two = rig::run(&two_vcpus).expect("rig run");
+    check_report(&two_vcpus, &two);
+    let tail = two.tail(60);
+    assert_eq!(two.guest("script_exit"), Some("0"), "{tail}");
+    assert_eq!(
+        two.vmm_exit,
+        Some(0),
+        "poweroff -f must end the VMM with 0\n{tail}"
+    );
+    assert_eq!(two.vmm_message(), Some("guest powered off"), "{tail}");
+
     let mut results = Results::new("boot");
     results.record_run("1 vCPU", &one);
     results.record_run("2 vCPUs", &two);
     let vmm = rig::vmm_binary().expect("vmm binary");
     let size = std::fs::metadata(&vmm).expect("vmm binary").len();
     results.record(
-        "dax-vmm binary (static, release)",
+        &format!("dax-vmm binary (static, {} profile)", rig::build_profile()),
         format!("{size} bytes ({:.1} MiB)", size as f64 / 1048576.0),
     );
     results.save().expect("write results");
+}
+
+/// A run that ended in `reboot -f`: the marker, exit status 0 and a reset
+/// named; where `probe` is given, the rig's stall probe on the quiet guest
+/// (when the run was nested), recorded there.
+fn check_reset(run: &Run, probe: Option<&mut Results>) {
+    let tail = run.tail(60);
+    assert!(!run.timed_out, "{tail}");
+    assert_eq!(run.guest("rebooting"), Some("1"), "{tail}");
+    if let Some(results) = probe.filter(|_| run.nested) {
+        let text = run.text();
+        assert!(text.contains("@@RIG stall_probe kick=key"), "{tail}");
+        let cpu = text
+            .lines()
+            .find_map(|l| l.split_once("@@RIG stall_probe cpu ").map(|(_, c)| c))
+            .unwrap_or_else(|| panic!("no CPU state in the probe\n{tail}"));
+        assert!(cpu.contains("rip=0xffffffff"), "{cpu}");
+        assert!(
+            text.contains("@@RIG monitor info lapic: "),
+            "no LAPIC state in the probe\n{tail}"
+        );
+        results.record("quiet emulated host's CPU, as probed", cpu.trim());
+    }
+    assert_eq!(run.vmm_exit, Some(0), "{tail}");
+    assert!(
+        run.vmm_message().is_some_and(|m| m.contains("reset")),
+        "{tail}"
+    );
 }
 
 #[test]
@@ -128,48 +189,15 @@ fn guest_panic_and_reset_end_the_vmm() {
         "{tail}"
     );
 
-    // `reboot -f` ends the VMM with 0 and says why, whichever way the guest
-    // resets: Linux's default (here: through the reset vector, where the VMM's
-    // stub pulses the i8042 reset line) and the ACPI reset register.
-    //
-    // The first also checks the rig's stall probe on the emulated host: the
-    // guest keeps quiet longer than the probe's silence, the rig records the
-    // emulated CPU's state from QEMU's monitor and sends it an NMI, and the
-    // run goes on to its end unharmed.
-    let mut probe_results = Results::new("stall-probe");
-    for (name, words, quiet) in [("reboot-default", "", 30), ("reboot-acpi", "reboot=a", 0)] {
-        // (A pause, so the marker's line is out before the kernel's.)
-        let mut reboot = Guest::new(
-            name,
-            &format!("sleep {quiet}\necho '@@GUEST rebooting=1'\nsleep 1\nreboot -f\n"),
-        );
-        reboot.cmdline = words.into();
-        reboot.stall_silence = Duration::from_secs(12);
-        let run = rig::run(&reboot).expect("rig run");
-        let tail = run.tail(60);
-        assert!(!run.timed_out, "{tail}");
-        assert_eq!(run.guest("rebooting"), Some("1"), "{tail}");
-        let text = run.text();
-        if run.nested && quiet > 0 {
-            assert!(text.contains("@@RIG stall_probe kick=key"), "{tail}");
-            let cpu = text
-                .lines()
-                .find_map(|l| l.split_once("@@RIG stall_probe cpu ").map(|(_, c)| c))
-                .unwrap_or_else(|| panic!("no CPU state in the probe\n{tail}"));
-            assert!(cpu.contains("rip=0xffffffff"), "{cpu}");
-            assert!(
-                text.contains("@@RIG monitor info lapic: "),
-                "no LAPIC state in the probe\n{tail}"
-            );
-            probe_results.record("quiet emulated host's CPU, as probed", cpu.trim());
-        }
-        assert_eq!(run.vmm_exit, Some(0), "{tail}");
-        assert!(
-            run.vmm_message().is_some_and(|m| m.contains("reset")),
-            "{tail}"
-        );
-    }
-    probe_results.save().expect("write results");
+    // The ACPI reset register (`reboot=a`) ends the VMM as a reset, as
+    // Linux's default way does (`boot_one_and_two_vcpus`).
+    let mut reboot = Guest::new(
+        "reboot-acpi",
+        "echo '@@GUEST rebooting=1'\nsleep 1\nreboot -f\n",
+    );
+    reboot.cmdline = "reboot=a".into();
+    reboot.stall_silence = Duration::from_secs(12);
+    check_reset(&rig::run(&reboot).expect("rig run"), None);
 }
 
 /// `vm.power-button` through the API, as ch-remote sends it: the guest's
@@ -228,6 +256,7 @@ echo "@@HOST presses=$i"
         Some(0),
         "a power-button shutdown ends the VMM like a poweroff\n{tail}"
     );
+    assert_eq!(run.vmm_message(), Some("guest powered off"), "{tail}");
     assert!(
         run.guest("hwrng")
             .is_some_and(|r| r.starts_with("virtio_rng")),

@@ -9,7 +9,7 @@
 //!    under load from concurrent connections for a fixed time.
 //!
 //! Writes `target/rig-results/api-bench.md`. Usage:
-//! `cargo run --release -p dax-bench --bin bench-api [pushes] [seconds] [connections]`
+//! `DAX_VMM_RIG_PROFILE=release cargo run --release -p dax-bench --bin bench-api [pushes] [seconds] [connections]`
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

@@ -32,16 +32,31 @@ pub(super) fn scratch_dir(name: &str) -> Result<PathBuf, RigError> {
     Ok(dir)
 }
 
-/// A static release build of a workspace binary, built once per process so
-/// it runs in an initramfs without libraries.
+/// The cargo profile of the rig's static builds: `rig` (release without
+/// link-time optimization, quicker to build), or what `DAX_VMM_RIG_PROFILE`
+/// names (the benchmarks and the demo use `release`).
+pub fn build_profile() -> String {
+    std::env::var(PROFILE_ENV)
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "rig".into())
+}
+
+/// Names the cargo profile of the rig's static builds.
+pub const PROFILE_ENV: &str = "DAX_VMM_RIG_PROFILE";
+
+/// A static optimized build of a workspace binary (in [`build_profile`]),
+/// built once per process so it runs in an initramfs without libraries.
 pub fn static_binary(package: &str, bin: &str) -> Result<PathBuf, RigError> {
     let target = "x86_64-unknown-linux-gnu";
     let target_dir = target_dir().join("rig/build");
+    let profile = build_profile();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .args([
             "build",
-            "--release",
+            "--profile",
+            &profile,
             "--locked",
             "-p",
             package,
@@ -60,7 +75,12 @@ pub fn static_binary(package: &str, bin: &str) -> Result<PathBuf, RigError> {
             "cargo build of {bin} failed ({status})"
         )));
     }
-    let path = target_dir.join(target).join("release").join(bin);
+    // Cargo puts the dev and test profiles' output in `debug`.
+    let out = match profile.as_str() {
+        "dev" | "test" => "debug",
+        p => p,
+    };
+    let path = target_dir.join(target).join(out).join(bin);
     if !host::is_static_elf(&path)? {
         return Err(RigError::Setup(format!(
             "{} is not statically linked",

@@ -20,8 +20,8 @@ mod binaries;
 mod initramfs;
 mod output;
 
+pub use binaries::{build_profile, static_binary, target_dir, tool, vmm_binary, PROFILE_ENV};
 use binaries::{read_tool, scratch_dir, tool_name, write_file};
-pub use binaries::{static_binary, target_dir, tool, vmm_binary};
 use initramfs::{emulated_host_initramfs, guest_initramfs, host_script};
 use output::{collect_output, StallProbe};
 
