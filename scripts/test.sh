@@ -4,6 +4,8 @@
 # Each phase and each guest test prints how long it took, and a summary of
 # all of them comes last (printed, never checked: docs/testing.md).
 set -euo pipefail
+# The guest tests' times, read at the end of a pipe, stay in this shell.
+shopt -s lastpipe
 cd "$(dirname "$0")/.."
 
 timings=()
@@ -65,21 +67,24 @@ phase "setup (setup-host.sh)" scripts/setup-host.sh
 # Habits: formatted, no clippy warning (workspace lints deny an unsafe block
 # without a SAFETY comment). rustfmt and clippy come with the toolchain;
 # where rustup cannot add them (no network) the check says so loudly.
-fmt() {
+check_fmt() {
     cargo fmt --all --check
     cargo fmt --manifest-path fuzz/Cargo.toml --check
 }
 if cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt >/dev/null 2>&1; then
-    phase "fmt" fmt
+    phase "fmt" check_fmt
 else
     echo "test.sh: WARNING: rustfmt is not installed; formatting not checked" >&2
 fi
-clippy() {
+check_clippy() {
     cargo clippy --workspace --tests --benches --locked -- -D warnings
-    cargo clippy --manifest-path fuzz/Cargo.toml --bins --locked -- -D warnings
+    # In the workspace's target directory: the fuzz workspace locks the same
+    # versions, so its dependencies' checks are the ones just made.
+    CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}" \
+        cargo clippy --manifest-path fuzz/Cargo.toml --bins --locked -- -D warnings
 }
 if cargo clippy --version >/dev/null 2>&1 || rustup component add clippy >/dev/null 2>&1; then
-    phase "clippy (workspace and fuzz)" clippy
+    phase "clippy (workspace and fuzz)" check_clippy
 else
     echo "test.sh: WARNING: clippy is not installed; lints not checked" >&2
 fi
