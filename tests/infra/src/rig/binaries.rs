@@ -43,7 +43,7 @@ pub fn build_profile() -> String {
 }
 
 /// Names the cargo profile of the rig's static builds.
-pub const PROFILE_ENV: &str = "DAX_VMM_RIG_PROFILE";
+const PROFILE_ENV: &str = "DAX_VMM_RIG_PROFILE";
 
 /// A static optimized build of a workspace binary (in [`build_profile`]),
 /// built once per process so it runs in an initramfs without libraries.

@@ -20,7 +20,7 @@ mod binaries;
 mod initramfs;
 mod output;
 
-pub use binaries::{build_profile, static_binary, target_dir, tool, vmm_binary, PROFILE_ENV};
+pub use binaries::{build_profile, static_binary, target_dir, tool, vmm_binary};
 use binaries::{read_tool, scratch_dir, tool_name, write_file};
 use initramfs::{emulated_host_initramfs, guest_initramfs, host_script};
 use output::{collect_output, StallProbe};
