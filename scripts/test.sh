@@ -38,16 +38,12 @@ time_tests() {
         esac
     done
 }
-# The rig's static builds (tests/infra/src/rig/binaries.rs builds the same
-# way when a test asks, which is then a no-op), done once up front so the
-# tests that need them, on the host too, do not pay for them.
+# The rig's static builds, made as a test makes them (then a no-op there),
+# once up front so the tests that need them, on the host too, do not pay for
+# them.
 rig_build() {
-    local p
-    for p in vmm:dax-vmm daemon:dax-virtiofsd guest-tools:daxprobe guest-tools:sleep fleet:dax-fleet; do
-        RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR=target/rig/build \
-            cargo build --locked --profile "${DAX_VMM_RIG_PROFILE:-rig}" -p "${p%%:*}" --bin "${p#*:}" \
-            --target x86_64-unknown-linux-gnu
-    done
+    cargo run --locked -q -p test-infra --bin rig-build -- \
+        vmm:dax-vmm daemon:dax-virtiofsd guest-tools:daxprobe guest-tools:sleep fleet:dax-fleet
 }
 # The summary, also when a phase fails.
 summary() {

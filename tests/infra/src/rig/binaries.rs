@@ -52,7 +52,29 @@ pub fn static_binary(package: &str, bin: &str) -> Result<PathBuf, RigError> {
     let target_dir = target_dir().join("rig/build");
     let profile = build_profile();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
+    let mut build = Command::new(cargo);
+    // What cargo told the calling program about its own package: build
+    // scripts (ring's, cc's) rebuild when such a variable changes, so the
+    // same build asked from a test, a benchmark or test.sh would otherwise
+    // be made again each time the caller changes.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if [
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+            "CARGO_CRATE_",
+            "CARGO_BIN_",
+            "CARGO_PRIMARY_",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
+            || name == "CARGO_TARGET_TMPDIR"
+            || name == "OUT_DIR"
+        {
+            build.env_remove(name.as_ref());
+        }
+    }
+    let status = build
         .args([
             "build",
             "--profile",
