@@ -28,6 +28,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup-host.sh
+# The VMM, the daemon and the guest tools as released (thin LTO), not the
+# tests' quicker `rig` profile: what is measured is what users run.
+export DAX_VMM_RIG_PROFILE="${DAX_VMM_RIG_PROFILE:-release}"
 # virtiofsd is built static with cargo install; it links libseccomp and libcap-ng.
 if ! [ -e /usr/lib/x86_64-linux-gnu/libseccomp.a ] || ! [ -e /usr/lib/x86_64-linux-gnu/libcap-ng.a ]; then
     apt-get install -y --no-install-recommends libseccomp-dev libcap-ng-dev
@@ -37,9 +40,9 @@ case "${1:-}" in
         # Debian's, copied into the guests with their shared libraries.
         command -v fio >/dev/null && command -v iperf3 >/dev/null ||
             $([ "$(id -u)" -eq 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends fio iperf3
-        exec cargo run --release --locked -q -p guest-tests --bin bench-devices ;;
-    density | windowcost) exec cargo run --release --locked -q -p guest-tests --bin bench-density -- "$1" ;;
-    roundtrip) exec cargo run --release --locked -q -p guest-tests --bin bench-roundtrip ;;
-    kata-start) exec cargo run --release --locked -q -p guest-tests --bin bench-kata-start ;;
+        exec cargo run --release --locked -q -p dax-bench --bin bench-devices ;;
+    density | windowcost) exec cargo run --release --locked -q -p dax-bench --bin bench-density -- "$1" ;;
+    roundtrip) exec cargo run --release --locked -q -p dax-bench --bin bench-roundtrip ;;
+    kata-start) exec cargo run --release --locked -q -p dax-bench --bin bench-kata-start ;;
 esac
-exec cargo run --release --locked -q -p guest-tests --bin bench-virtiofs -- "$@"
+exec cargo run --release --locked -q -p dax-bench --bin bench-virtiofs -- "$@"

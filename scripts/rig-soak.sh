@@ -19,7 +19,7 @@ cargo build --locked -p guest-tests --tests >/dev/null 2>&1 || true
 runs=0; stalled=0; failed=0
 for i in $(seq 1 "$rounds"); do
   log=target/rig-results/soak-$i.log
-  if cargo test --locked -p guest-tests --test virtiofs -- --ignored --test-threads=1 > "$log" 2>&1; then
+  if cargo test --locked -p guest-tests -- --ignored --test-threads=1 virtiofs:: > "$log" 2>&1; then
     result=ok
   else
     result=FAILED; failed=$((failed + 1))

@@ -35,6 +35,7 @@ mod daemon;
 mod notice_queue;
 mod notices;
 #[cfg(test)]
+#[path = "dax_tests.rs"]
 mod tests;
 
 use std::collections::BTreeMap;

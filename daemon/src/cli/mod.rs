@@ -12,6 +12,7 @@ use tracing::level_filters::LevelFilter;
 pub mod virtiofsd;
 
 #[cfg(test)]
+#[path = "cli_tests.rs"]
 mod tests;
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! POSIX behaviour pjdfstest checks inside a guest (tests/tests/pjdfstest.rs),
+//! POSIX behaviour pjdfstest checks inside a guest (tests/guest/tests/pjdfstest.rs),
 //! here against the FUSE server on a temporary directory: a too-long name
 //! component, and changing the attributes of and linking special files
 //! (FIFOs, sockets, device nodes) without opening them, and O_TRUNC left to

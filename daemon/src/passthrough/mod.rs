@@ -553,5 +553,5 @@ impl PassthroughFs {
 }
 
 #[cfg(test)]
-#[path = "tests.rs"]
+#[path = "passthrough_tests.rs"]
 mod tests;

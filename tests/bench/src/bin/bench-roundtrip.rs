@@ -1,0 +1,360 @@
+//! The SETUPMAPPING round trip beside a 4 KiB FUSE READ round trip (a
+//! benchmark, not a test), in one guest boot: `scripts/bench.sh roundtrip`.
+//!
+//! The guest has three virtio-fs devices on the same host directory, each
+//! served by its own `dax-virtiofsd`: `daxshare` with a 128 MiB window,
+//! mounted `dax=always`; `daxnopf`, the same with the VMM's pre-faulting off
+//! (`dax_prefault=off`), which tells whether a SETUPMAPPING waits behind the
+//! pre-fault of the range before it; and `fuseshare` without DAX (`--dax
+//! off`), mounted `dax=never`. A fourth, `daxhuge`, serves a copy of the
+//! file from a host tmpfs with 2 MiB pages (each range pre-faults in one
+//! step there). For each DAX mount in turn, `daxprobe
+//! roundtrip` alternates, pass by pass, timing the
+//! first touch of each 2 MiB range of a 64 MiB file with guest caches
+//! dropped (one SETUPMAPPING and a fault each), the same touches again
+//! (the fault alone), and 4 KiB `O_DIRECT` preads on the other mount (one
+//! FUSE READ each). The host then reads where a SETUPMAPPING's time goes:
+//! the daemon's SHMEM_MAP round-trip histogram (daemon → VMM → ack, its
+//! control socket's stats) and the VMM's own map histogram (checks and
+//! mmap, its API's `vm.dax-metrics`). Writes
+//! `target/rig-results/roundtrip-bench.md`.
+
+use std::fmt::Write as _;
+
+use control_protocol::DaemonStats;
+use test_infra::results::Results;
+use test_infra::rig::{self, Guest, Run};
+
+const FILE_MIB: u32 = 64;
+/// Each pass touches FILE_MIB / 2 ranges and makes as many preads.
+const PASSES: u32 = 16;
+const WINDOW: &str = "128M";
+
+const GUEST_SCRIPT: &str = r#"
+mkdir -p /dax /daxnopf /daxhuge /fuse
+mount -t virtiofs daxshare /dax -o dax=always || echo "@@GUEST dax_mount_failed=1"
+mount -t virtiofs daxnopf /daxnopf -o dax=always || echo "@@GUEST daxnopf_mount_failed=1"
+mount -t virtiofs daxhuge /daxhuge -o dax=always || echo "@@GUEST daxhuge_mount_failed=1"
+mount -t virtiofs fuseshare /fuse -o dax=never || echo "@@GUEST fuse_mount_failed=1"
+echo "@@GUEST statx=$(daxprobe statx /dax/rt.bin /daxnopf/rt.bin /daxhuge/rt.bin /fuse/rt.bin)"
+echo "@@GUEST rt=$(daxprobe roundtrip /dax/rt.bin /fuse/rt.bin PASSES 2>&1)"
+echo "@@GUEST rtnopf=$(daxprobe roundtrip /daxnopf/rt.bin /fuse/rt.bin PASSES 2>&1)"
+echo "@@GUEST rthuge=$(daxprobe roundtrip /daxhuge/rt.bin /fuse/rt.bin PASSES 2>&1)"
+# The host reads the daemon's and the VMM's histograms now, while both run.
+touch /fuse/.rt-done
+i=0; while [ ! -e /fuse/.host-done ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+umount /dax /daxnopf /daxhuge /fuse
+"#;
+
+const HOST_BEFORE: &str = r#"
+mkdir -p share share-huge && dd if=/dev/urandom of=share/rt.bin bs=1M count=FILE_MIB 2>/dev/null
+mount -t tmpfs -o huge=always,size=256m tmpfs share-huge && cp share/rt.bin share-huge/
+echo "@@HOST share_huge_kib=$(grep ShmemHugePages /proc/meminfo | tr -s ' ' | cut -d' ' -f2)"
+rm -f /tmp/dax.sock /tmp/daxnopf.sock /tmp/daxhuge.sock /tmp/fuse.sock
+dax-virtiofsd --socket-path /tmp/dax.sock --shared-dir share --cache-size WINDOW --control-socket /tmp/ctl.sock --log-level warn &
+dax-virtiofsd --socket-path /tmp/daxnopf.sock --shared-dir share --cache-size WINDOW --control-socket /tmp/ctlnopf.sock --log-level warn &
+dax-virtiofsd --socket-path /tmp/daxhuge.sock --shared-dir share-huge --cache-size WINDOW --control-socket /tmp/ctlhuge.sock --log-level warn &
+dax-virtiofsd --socket-path /tmp/fuse.sock --shared-dir share --dax off --log-level warn &
+i=0; while { [ ! -S /tmp/dax.sock ] || [ ! -S /tmp/daxnopf.sock ] || [ ! -S /tmp/daxhuge.sock ] || [ ! -S /tmp/fuse.sock ]; } && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
+( i=0; while [ ! -e share/.rt-done ] && [ $i -lt 6000 ]; do sleep 0.2; i=$((i+1)); done
+  echo "@@HOST daemon_stats_fs0=$(daxprobe http /tmp/ctl.sock GET /api/v1/stats | sed 's/^status=[0-9]* body=//')"
+  echo "@@HOST daemon_stats_fs2=$(daxprobe http /tmp/ctlnopf.sock GET /api/v1/stats | sed 's/^status=[0-9]* body=//')"
+  echo "@@HOST daemon_stats_fs3=$(daxprobe http /tmp/ctlhuge.sock GET /api/v1/stats | sed 's/^status=[0-9]* body=//')"
+  echo "@@HOST vmm_metrics=$(daxprobe http /tmp/api.sock GET /api/v1/vm.dax-metrics | sed 's/^status=[0-9]* body=//')"
+  touch share/.host-done ) &
+"#;
+
+fn fail(e: String) -> ! {
+    eprintln!("bench-roundtrip: {e}");
+    std::process::exit(1)
+}
+
+fn main() {
+    let tool = |pkg, bin| rig::tool(pkg, bin).unwrap_or_else(|e| fail(e.to_string()));
+    let mut guest = Guest::new(
+        "bench-roundtrip",
+        &GUEST_SCRIPT.replace("PASSES", &PASSES.to_string()),
+    );
+    guest.cpus = 1;
+    guest.memory = "512M,shared=on".into();
+    guest.guest_tools = vec![tool("guest-tools", "daxprobe")];
+    guest.host_tools = vec![
+        tool("daemon", "dax-virtiofsd"),
+        tool("guest-tools", "daxprobe"),
+    ];
+    guest.host_before = HOST_BEFORE
+        .replace("FILE_MIB", &FILE_MIB.to_string())
+        .replace("WINDOW", WINDOW);
+    guest.host_after = "wait\n".into();
+    guest.vmm_args = vec![
+        "--api-socket".into(),
+        "/tmp/api.sock".into(),
+        "--fs".into(),
+        format!("tag=daxshare,socket=/tmp/dax.sock,cache_size={WINDOW},transport=pci,id=fs0"),
+        "--fs".into(),
+        "tag=fuseshare,socket=/tmp/fuse.sock,dax=off,transport=pci,id=fs1".into(),
+        "--fs".into(),
+        format!("tag=daxnopf,socket=/tmp/daxnopf.sock,cache_size={WINDOW},dax_prefault=off,transport=pci,id=fs2"),
+        "--fs".into(),
+        format!("tag=daxhuge,socket=/tmp/daxhuge.sock,cache_size={WINDOW},transport=pci,id=fs3"),
+    ];
+    guest.timeout = std::time::Duration::from_secs(1200);
+    let run = rig::run(&guest).unwrap_or_else(|e| fail(e.to_string()));
+    if run.timed_out {
+        fail(format!("timed out\n{}", run.tail(60)));
+    }
+    let (results, tables, failed) = report(&run);
+    if let Err(e) = results.finish_bench(&tables, failed, &run) {
+        fail(e);
+    }
+}
+
+/// A latency histogram: cumulative counts per upper bound in µs (None:
+/// +Inf), as the daemon's stats and the VMM's metrics give it.
+type Histogram = Vec<(Option<u64>, u64)>;
+
+/// A histogram as cumulative (upper bound µs or None for +Inf, count):
+/// the bucket holding the `q` quantile, as "≤ N µs" or "> N µs".
+fn quantile_bucket(buckets: &[(Option<u64>, u64)], q: f64) -> String {
+    let Some(&(_, total)) = buckets.last() else {
+        return "n/a".into();
+    };
+    if total == 0 {
+        return "n/a (none)".into();
+    }
+    let want = u64::try_from(test_infra::results::nearest_rank(
+        usize::try_from(total).unwrap_or(usize::MAX),
+        q,
+    ))
+    .unwrap_or(u64::MAX);
+    let mut below = 0;
+    for &(le, count) in buckets {
+        if count >= want {
+            return match le {
+                Some(le) => format!("{below}-{le} µs"),
+                None => format!("> {below} µs"),
+            };
+        }
+        if let Some(le) = le {
+            below = le;
+        }
+    }
+    "n/a".into()
+}
+
+/// The VMM's `daxvmm_dax_map_latency_seconds` for `device` from its
+/// Prometheus text (newlines turned to spaces by `daxprobe http`): the
+/// cumulative buckets in µs, and the sum in µs.
+fn vmm_histogram(text: &str, device: &str) -> (Histogram, f64) {
+    let label = format!("device=\"{device}\"");
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mut buckets = Vec::new();
+    let mut sum_us = 0.0;
+    for pair in words.windows(2) {
+        let (name, value) = (pair[0], pair[1]);
+        if let Some(labels) = name.strip_prefix("daxvmm_dax_map_latency_seconds_bucket{") {
+            if !labels.contains(&label) {
+                continue;
+            }
+            let le = labels
+                .split("le=\"")
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+                .unwrap_or("");
+            // "+Inf" parses as a float too: keep it the open last bucket.
+            let bound = le
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite())
+                .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+                .and_then(|d| u64::try_from(d.as_nanos().div_ceil(1000)).ok());
+            if let Ok(count) = value.parse() {
+                buckets.push((bound, count));
+            }
+        } else if name.starts_with(&format!("daxvmm_dax_map_latency_seconds_sum{{{label}")) {
+            sum_us = value.parse::<f64>().unwrap_or(0.0) * 1e6;
+        }
+    }
+    (buckets, sum_us)
+}
+
+/// The DAX mounts measured: guest marker, VMM device id, row label.
+const VARIANTS: [(&str, &str, &str); 3] = [
+    ("rt", "fs0", "pre-fault on (default)"),
+    ("rtnopf", "fs2", "dax_prefault=off"),
+    ("rthuge", "fs3", "host tmpfs, 2 MiB pages, pre-fault on"),
+];
+
+fn report(run: &Run) -> (Results, String, bool) {
+    let mut results = Results::new("roundtrip-bench");
+    results.record_run("roundtrip run", run);
+    let statx = run.guest("statx").unwrap_or("-").to_string();
+    results.record(
+        "statx (DAX file, without pre-fault, on 2 MiB pages, FUSE file)",
+        statx,
+    );
+    let mut failed = run.vmm_exit != Some(0);
+    let mut tables = format!(
+        "In the guest (1 vCPU, guest clock), {PASSES} passes over a {FILE_MIB} MiB file per DAX mount \
+         ({WINDOW} window, dax=always), the FUSE reads interleaved pass by pass, µs per operation:\n\n\
+         | DAX mount | operation | n | median | p90 | mean |\n|---|---|---|---|---|---|\n"
+    );
+    let mut ratio_rows = String::new();
+    for (marker, _, variant) in VARIANTS {
+        let rt = run.guest(marker).unwrap_or("");
+        let value = |key: &str| -> Option<f64> {
+            rt.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{key}=")))?
+                .parse()
+                .ok()
+        };
+        failed |=
+            value("setupmapping_median_us").is_none() || value("fuse_read_median_us").is_none();
+        for (key, label) in [
+            (
+                "setupmapping",
+                "cold first touch of a 2 MiB DAX range (SETUPMAPPING + fault)",
+            ),
+            (
+                "warm_touch",
+                "touch of a range already mapped (the fault alone)",
+            ),
+            (
+                "fuse_read",
+                "4 KiB O_DIRECT pread without DAX (one FUSE READ)",
+            ),
+        ] {
+            let v =
+                |s: &str| value(&format!("{key}_{s}")).map_or("n/a".into(), |v| format!("{v:.1}"));
+            let n = value(&format!("{key}_n")).map_or("n/a".into(), |v| format!("{v:.0}"));
+            let _ = writeln!(
+                tables,
+                "| {variant} | {label} | {n} | {} | {} | {} |",
+                v("median_us"),
+                v("p90_us"),
+                v("mean_us")
+            );
+            results.record(
+                &format!("{variant}: {label}: n / median / p90 / mean, µs"),
+                format!(
+                    "{n} / {} / {} / {}",
+                    v("median_us"),
+                    v("p90_us"),
+                    v("mean_us")
+                ),
+            );
+        }
+        let ratio = |q: &str| match (
+            value(&format!("setupmapping_{q}_us")),
+            value(&format!("fuse_read_{q}_us")),
+        ) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+            _ => "n/a".into(),
+        };
+        let _ = writeln!(
+            ratio_rows,
+            "| {variant} | {} | {} |",
+            ratio("median"),
+            ratio("p90")
+        );
+        results.record(
+            &format!("{variant}: SETUPMAPPING first touch / 4 KiB FUSE READ, median and p90 (target 1.5x or less)"),
+            format!("{} / {}", ratio("median"), ratio("p90")),
+        );
+    }
+    let _ = write!(
+        tables,
+        "\nSETUPMAPPING first touch / 4 KiB FUSE READ (target 1.5x or less):\n\n\
+         | DAX mount | medians | p90s |\n|---|---|---|\n{ratio_rows}"
+    );
+    tables.push_str("\nWhere a SETUPMAPPING's time goes, host clock (the histograms' buckets holding the median and p90, and the mean):\n\n| DAX mount | stage | count | median in | p90 in | mean |\n|---|---|---|---|---|---|\n");
+    let vmm_text = run.host("vmm_metrics").unwrap_or("");
+    for (_, device, variant) in VARIANTS {
+        let daemon: Option<DaemonStats> = run
+            .host(&format!("daemon_stats_{device}"))
+            .and_then(|s| serde_json::from_str(s).ok());
+        let mut stages: Vec<(&str, Histogram, f64)> = Vec::new();
+        match &daemon {
+            Some(d) => {
+                stages.push((
+                    "daemon: SHMEM_MAP sent to ack received",
+                    d.map_latency_buckets.clone(),
+                    d.map_latency_sum_us as f64,
+                ));
+                results.record(
+                    &format!("{variant}: daemon SETUPMAPPINGs / REMOVEMAPPINGs"),
+                    format!("{} / {}", d.setupmappings, d.removemappings),
+                );
+            }
+            None => {
+                failed = true;
+                stages.push(("daemon: stats missing", Vec::new(), 0.0));
+            }
+        }
+        let (vmm_buckets, vmm_sum_us) = vmm_histogram(vmm_text, device);
+        failed |= vmm_buckets.is_empty();
+        stages.push((
+            "VMM: SHMEM_MAP served (checks, mmap)",
+            vmm_buckets,
+            vmm_sum_us,
+        ));
+        for (label, buckets, sum_us) in &stages {
+            let count = buckets.last().map_or(0, |b| b.1);
+            let mean = if count > 0 {
+                format!("{:.1} µs", sum_us / count as f64)
+            } else {
+                "n/a".into()
+            };
+            let (p50, p90) = (quantile_bucket(buckets, 0.5), quantile_bucket(buckets, 0.9));
+            let _ = writeln!(
+                tables,
+                "| {variant} | {label} | {count} | {p50} | {p90} | {mean} |"
+            );
+            results.record(
+                &format!("{variant}: {label}: count / median bucket / p90 bucket / mean"),
+                format!("{count} / {p50} / {p90} / {mean}"),
+            );
+        }
+    }
+    tables.push_str(
+        "\n(Guest-side: the cold touch includes the FUSE request through the queue, the daemon's \
+         work and its SHMEM_MAP round trip, the reply, and the guest's fault; the warm touch is \
+         the fault alone.)\n",
+    );
+    (results, tables, failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_land_in_their_bucket() {
+        let h = vec![
+            (Some(100), 0),
+            (Some(250), 60),
+            (Some(1000), 95),
+            (None, 100),
+        ];
+        assert_eq!(quantile_bucket(&h, 0.5), "100-250 µs");
+        assert_eq!(quantile_bucket(&h, 0.9), "250-1000 µs");
+        assert_eq!(quantile_bucket(&h, 0.99), "> 1000 µs");
+        assert_eq!(quantile_bucket(&[(None, 0)], 0.5), "n/a (none)");
+        assert_eq!(quantile_bucket(&[], 0.5), "n/a");
+    }
+
+    #[test]
+    fn the_vmm_histogram_is_read_for_one_device() {
+        let text = "# TYPE daxvmm_dax_map_latency_seconds histogram \
+            daxvmm_dax_map_latency_seconds_bucket{device=\"fs0\",le=\"0.00001\"} 1 \
+            daxvmm_dax_map_latency_seconds_bucket{device=\"fs0\",le=\"+Inf\"} 3 \
+            daxvmm_dax_map_latency_seconds_sum{device=\"fs0\"} 0.00015 \
+            daxvmm_dax_map_latency_seconds_bucket{device=\"fs2\",le=\"+Inf\"} 9 \
+            daxvmm_dax_map_latency_seconds_sum{device=\"fs2\"} 1";
+        let (buckets, sum_us) = vmm_histogram(text, "fs0");
+        assert_eq!(buckets, vec![(Some(10), 1), (None, 3)]);
+        assert!((sum_us - 150.0).abs() < 1e-6);
+        assert_eq!(vmm_histogram(text, "fs2").0, vec![(None, 9)]);
+        assert!(vmm_histogram(text, "fs1").0.is_empty());
+    }
+}
