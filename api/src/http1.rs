@@ -95,7 +95,7 @@ pub async fn serve(
                 Ok((stream, _)) => {
                     if open.len() >= limits.max_connections && !open.evict_one() {
                         if refused == 0 {
-                            log::warn!(
+                            tracing::warn!(
                                 "API socket: {} connections open, each with a request in progress (the cap); refusing new ones",
                                 limits.max_connections
                             );
@@ -104,14 +104,14 @@ pub async fn serve(
                         drop(stream);
                     } else {
                         if refused > 0 {
-                            log::warn!("API socket: {refused} connections were refused at the cap of {}", limits.max_connections);
+                            tracing::warn!("API socket: {refused} connections were refused at the cap of {}", limits.max_connections);
                             refused = 0;
                         }
                         connections.spawn(connection(stream, app.clone(), open.register(), limits));
                     }
                 }
                 Err(e) => {
-                    log::warn!("API socket: accept: {e}");
+                    tracing::warn!("API socket: accept: {e}");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
@@ -176,13 +176,13 @@ async fn connection(stream: UnixStream, app: Router, registered: Registered, lim
             biased;
             done = conn.as_mut() => {
                 if let Err(e) = done {
-                    log::debug!("API connection: {e}");
+                    tracing::debug!("API connection: {e}");
                 }
                 return;
             }
             () = slot.evict.notified() => {
                 if slot.idle() {
-                    log::debug!("API connection: closed to make room (cap {})", limits.max_connections);
+                    tracing::debug!("API connection: closed to make room (cap {})", limits.max_connections);
                     return;
                 }
                 // A request came meanwhile: answer it, then close.
@@ -193,7 +193,7 @@ async fn connection(stream: UnixStream, app: Router, registered: Registered, lim
             () = tokio::time::sleep_until(head_deadline.unwrap_or_else(tokio::time::Instant::now)),
                 if head_deadline.is_some() => {
                 if slot.head_started().is_some_and(|t| t.elapsed() >= limits.header_timeout) {
-                    log::debug!("API connection: a request head not complete within {:?}; closed", limits.header_timeout);
+                    tracing::debug!("API connection: a request head not complete within {:?}; closed", limits.header_timeout);
                     return;
                 }
             }
@@ -276,7 +276,7 @@ impl RefusedBody {
                 response
             }
             RefusedBody::Broken(e) => {
-                log::debug!("API connection: reading a request body: {e}");
+                tracing::debug!("API connection: reading a request body: {e}");
                 let mut response =
                     ApiError::bad_request(format!("the request body could not be read: {e}"))
                         .into_response();

@@ -55,13 +55,13 @@ impl Logged {
         if self.fields.len() >= MAX_REMEMBERED {
             if !self.full {
                 self.full = true;
-                log::info!(
+                tracing::info!(
                     "API: {MAX_REMEMBERED} distinct unknown fields were ignored; further ones are ignored without a log line"
                 );
             }
             return false;
         }
-        log::info!(
+        tracing::info!(
             "API: {key}: unknown field ignored, as Cloud Hypervisor ignores it (logged once)"
         );
         self.fields.insert(key);

@@ -56,7 +56,7 @@ impl HeldFds {
         let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let room = MAX_HELD_FDS.saturating_sub(held.len());
         if fds.len() > room {
-            log::warn!(
+            tracing::warn!(
                 "API connection: {} passed fds beyond the {MAX_HELD_FDS} a connection may hold are closed",
                 fds.len() - room
             );
@@ -112,7 +112,7 @@ fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Resul
         }
     }
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        log::warn!(
+        tracing::warn!(
             "API connection: more than {MAX_FDS_PER_MESSAGE} fds in one message; the kernel closed the rest"
         );
     }

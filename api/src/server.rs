@@ -80,13 +80,13 @@ impl ApiServer {
             .name("api".into())
             .spawn(move || {
                 if let Err(e) = seccomp::enter_thread(crate::API_THREAD) {
-                    return log::error!("API: {e}; the API is not served");
+                    return tracing::error!("API: {e}; the API is not served");
                 }
                 runtime.block_on(async move {
                     let listener = match tokio::net::UnixListener::from_std(listener) {
                         Ok(l) => l,
                         Err(e) => {
-                            log::error!("API socket: {e}");
+                            tracing::error!("API socket: {e}");
                             return;
                         }
                     };

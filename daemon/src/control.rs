@@ -97,7 +97,7 @@ fn apply(policy: &DaxPolicy, new: Policy, dry_run: bool) -> PolicyUpdate {
         policy.replace(new)
     };
     if !dry_run && !diff.is_empty() {
-        log::info!(
+        tracing::info!(
             "DAX policy generation {generation}: {} change(s)",
             changes.len()
         );
@@ -145,7 +145,7 @@ async fn window_location(State(c): State<Control>, body: String) -> Response {
     };
     match c.server.set_window_location(loc) {
         Ok(()) => {
-            log::info!(
+            tracing::info!(
                 "the DAX window is at guest-physical {:#x}, {:#x} bytes",
                 loc.gpa,
                 loc.size
@@ -227,7 +227,7 @@ pub fn bind_default(vhost_user_socket: &Path) -> Option<std::os::unix::net::Unix
     let path = control_protocol::default_control_socket(vhost_user_socket);
     match std::fs::symlink_metadata(&path) {
         Ok(m) if !m.file_type().is_socket() => {
-            log::warn!(
+            tracing::warn!(
                 "no control socket: {} exists and is not a socket (give --control-socket PATH)",
                 path.display()
             );
@@ -237,11 +237,11 @@ pub fn bind_default(vhost_user_socket: &Path) -> Option<std::os::unix::net::Unix
     }
     match bind(&path) {
         Ok(l) => {
-            log::info!("control socket at {}", path.display());
+            tracing::info!("control socket at {}", path.display());
             Some(l)
         }
         Err(e) => {
-            log::warn!("no control socket: {e} (give --control-socket PATH)");
+            tracing::warn!("no control socket: {e} (give --control-socket PATH)");
             None
         }
     }
@@ -263,7 +263,7 @@ pub fn serve(
             {
                 Ok(r) => r,
                 Err(e) => {
-                    log::error!("control socket: starting its runtime: {e}");
+                    tracing::error!("control socket: starting its runtime: {e}");
                     return;
                 }
             };
@@ -271,12 +271,12 @@ pub fn serve(
                 let listener = match tokio::net::UnixListener::from_std(listener) {
                     Ok(l) => l,
                     Err(e) => {
-                        log::error!("control socket: {e}");
+                        tracing::error!("control socket: {e}");
                         return;
                     }
                 };
                 if let Err(e) = axum::serve(listener, router(server, policy)).await {
-                    log::error!("control socket: {e}");
+                    tracing::error!("control socket: {e}");
                 }
             });
         })?;

@@ -77,7 +77,7 @@ fn seccomp_mode(arg: SeccompArg) -> seccomp::Mode {
 fn limits(cli: &Cli) -> Result<Limits, String> {
     let nofile = sandbox::raise_nofile_limit(cli.rlimit_nofile)
         .map_err(|e| format!("--rlimit-nofile: {e}"))?;
-    log::debug!("open-file limit {nofile}");
+    tracing::debug!("open-file limit {nofile}");
     Limits::for_nofile(
         nofile,
         cli.max_inodes,
@@ -188,13 +188,13 @@ fn serve_vmm(
 ) -> Result<(), String> {
     // Kata's Rust runtime waits for this line on the daemon's stderr, as
     // virtiofsd prints it, before it starts the VMM.
-    log::info!("Waiting for vhost-user socket connection...");
+    tracing::info!("Waiting for vhost-user socket connection...");
     daemon
         .start(listener)
         .map_err(|e| format!("accepting the VMM's connection: {e}"))?;
     let result = daemon.wait();
     let s = server.report();
-    log::info!(
+    tracing::info!(
         "VMM disconnected after {} requests ({} errors); {} FUSE reads, {} FUSE writes; {} setupmappings, {} removemappings, {} DAX failures",
         s.requests,
         s.errors,
@@ -228,7 +228,7 @@ fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
     let control = control_socket(&cli, socket.file.as_deref())?;
     // Before the sandbox: it needs the host's view of the mounts.
     let host_fs = daemon::host_fs::HostFs::probe(&shared_dir);
-    log::info!(
+    tracing::info!(
         "shared directory on {}; window_granularity auto is {}",
         host_fs.describe(),
         if host_fs.large_folios { "2M" } else { "4K" }
@@ -256,7 +256,7 @@ fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
         GuestMemoryAtomic::new(GuestMemoryMmap::new()),
     )
     .map_err(|e| format!("starting the vhost-user daemon: {e}"))?;
-    log::info!(
+    tracing::info!(
         "serving {} on {} (window {} MiB, sandbox {how}, seccomp {:?}, xattr {}, cache {:?}, thread pool {})",
         shared_dir.display(),
         socket.shown,
@@ -303,7 +303,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if syslog {
-                log::error!("{e}");
+                tracing::error!("{e}");
             }
             eprintln!("dax-virtiofsd: error: {e}");
             ExitCode::FAILURE

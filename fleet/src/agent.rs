@@ -107,11 +107,11 @@ impl Agent {
         loop {
             match self.session(&mut backoff).await {
                 Ok(Ended::Resync) => {
-                    log::info!("watch cancelled (compacted?): reading every policy again")
+                    tracing::info!("watch cancelled (compacted?): reading every policy again")
                 }
                 Err(e) => {
                     let delay = backoff.delay();
-                    log::warn!("{e}; again in {} ms", delay.as_millis());
+                    tracing::warn!("{e}; again in {} ms", delay.as_millis());
                     tokio::time::sleep(delay).await;
                 }
             }
@@ -126,7 +126,7 @@ impl Agent {
         let (lease, mut keeper, mut alive) = store.lease(self.cfg.lease_ttl()).await?;
         // A new lease holds none of the status written before.
         self.written.clear();
-        log::info!(
+        tracing::info!(
             "{} policy object(s) at revision {revision}; lease {lease:x}",
             self.objects.len()
         );
@@ -282,7 +282,7 @@ impl Agent {
                     out.push((fs.clone(), Some(applied), status(Some(generation), None)));
                 }
                 Err(e) => {
-                    log::warn!("{}/{fs}: {e}", vm.name);
+                    tracing::warn!("{}/{fs}: {e}", vm.name);
                     out.push((
                         fs.clone(),
                         None,

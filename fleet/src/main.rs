@@ -61,7 +61,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    log::info!(
+    tracing::info!(
         "host {}: {} VM(s), etcd {}, prefix {}",
         cfg.host,
         cfg.vms.len(),

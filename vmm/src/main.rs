@@ -277,8 +277,8 @@ fn main() -> ExitCode {
     // Every API connection, device and guest-memory region takes an fd; the
     // default soft limit (1024) is a shell's, not a VMM's.
     match raise_nofile_limit() {
-        Ok(n) => log::info!("RLIMIT_NOFILE: {n}"),
-        Err(e) => log::warn!("RLIMIT_NOFILE: raising the soft limit to the hard one: {e}"),
+        Ok(n) => tracing::info!("RLIMIT_NOFILE: {n}"),
+        Err(e) => tracing::warn!("RLIMIT_NOFILE: raising the soft limit to the hard one: {e}"),
     }
     // Before any other thread: each starts under this filter and adds its own.
     if let Err(e) = vmm::seccomp_filters::install(seccomp_mode) {
@@ -343,7 +343,7 @@ fn serve_api(path: &std::path::Path, config: Option<VmConfig>, signals: &StopSig
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    log::info!("REST API on {}", path.display());
+    tracing::info!("REST API on {}", path.display());
     let boot_now = config.is_some();
     let mut control = ControlLoop::new(config, events, requests.notices());
     if boot_now {

@@ -38,7 +38,7 @@ pub(crate) fn install_kick_handler() {
     ONCE.call_once(|| {
         // The handler does nothing: its only job is to make KVM_RUN return EINTR.
         if let Err(e) = vmm_sys_util::signal::register_signal_handler(kick_signal(), on_kick) {
-            log::error!("installing the vCPU kick handler: {e}; stopping a VM will wait for its vCPUs to exit");
+            tracing::error!("installing the vCPU kick handler: {e}; stopping a VM will wait for its vCPUs to exit");
         }
     });
 }
@@ -116,7 +116,7 @@ impl StopSignals {
     fn arm_watchdog(&self, signo: i32) {
         let fd = match self.fd.try_clone() {
             Ok(fd) => fd,
-            Err(e) => return log::error!("stop watchdog: {e}; the teardown is not bounded"),
+            Err(e) => return tracing::error!("stop watchdog: {e}; the teardown is not bounded"),
         };
         watch_teardown(fd, signo, STOP_GRACE, |why| {
             eprintln!("dax-vmm: {why}; exiting without finishing the teardown");
@@ -163,7 +163,7 @@ fn watch_teardown(
             }
         });
     if let Err(e) = spawned {
-        log::error!("stop watchdog: {e}; the teardown is not bounded");
+        tracing::error!("stop watchdog: {e}; the teardown is not bounded");
     }
 }
 

@@ -267,7 +267,7 @@ fn open_kvm_stats(vm: &VmFd, vcpus: &[Vcpu]) -> Option<VmKvmStats> {
         Ok(VmKvmStats::new(vm_stats, per_vcpu))
     });
     opened
-        .map_err(|e| log::info!("no KVM statistics in the metrics: {e}"))
+        .map_err(|e| tracing::info!("no KVM statistics in the metrics: {e}"))
         .ok()
 }
 
@@ -371,7 +371,7 @@ impl Vm {
             }
             _ => (None, None),
         };
-        log::info!(
+        tracing::info!(
             "booting {boot_vcpus} vCPU(s) (at most {}), {} MiB RAM",
             config.cpus.max_vcpus,
             config.memory.size >> 20
@@ -541,7 +541,9 @@ impl Vm {
         self.vcpus.pause();
         match self.vm.get_clock() {
             Ok(clock) => self.paused_clock = Some(clock),
-            Err(e) => log::warn!("KVM_GET_CLOCK: {e}; the guest will see the time it spent paused"),
+            Err(e) => {
+                tracing::warn!("KVM_GET_CLOCK: {e}; the guest will see the time it spent paused")
+            }
         }
     }
 
@@ -551,7 +553,7 @@ impl Vm {
             // value instead of advancing it by the time since.
             clock.flags = 0;
             if let Err(e) = self.vm.set_clock(&clock) {
-                log::warn!("KVM_SET_CLOCK: {e}; the guest will see the time it spent paused");
+                tracing::warn!("KVM_SET_CLOCK: {e}; the guest will see the time it spent paused");
             }
         }
         self.vcpus.resume();
@@ -570,7 +572,7 @@ impl Drop for Vm {
         // the API (with it, vm.dax-metrics has these live).
         if let Some(k) = self.kvm_counters() {
             let pages: Vec<String> = k.pages.iter().map(|(s, n)| format!("{s}={n}")).collect();
-            log::info!(
+            tracing::info!(
                 "KVM counters at the end: exits={} halt_exits={} page_faults={} page_faults_fixed={} mapped pages {}",
                 k.exits,
                 k.halt_exits,

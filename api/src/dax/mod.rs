@@ -339,7 +339,7 @@ impl PolicyController {
             .await
             .map_err(|e| e.message)?;
         let generation = answer.generation;
-        log::info!("DAX policy of {id}: the daemon had another one (restarted?); pushed again as generation {generation}");
+        tracing::info!("DAX policy of {id}: the daemon had another one (restarted?); pushed again as generation {generation}");
         if let Some(d) = self.devices().get_mut(id) {
             d.desired_generation = Some(generation);
         }

@@ -37,20 +37,20 @@ impl PolicyController {
                 .await
             {
                 Ok(()) => {
-                    log::info!(
+                    tracing::info!(
                         "fs {id}: told the daemon its window is at guest-physical {:#x}",
                         loc.gpa
                     );
                     self.told_location(&id, Some(loc));
                 }
                 Err(NoticeFailure::Answered { status, body }) => {
-                    log::warn!(
+                    tracing::warn!(
                         "fs {id}: the daemon answered {status} to the window's location: {body}"
                     );
                     self.told_location(&id, None);
                 }
                 Err(e @ NoticeFailure::Unreachable(_)) => {
-                    log::debug!("fs {id}: telling the daemon the window's location: {e}");
+                    tracing::debug!("fs {id}: telling the daemon the window's location: {e}");
                     self.told_location(&id, None);
                 }
             }
@@ -135,7 +135,7 @@ impl PolicyController {
         let notices = self.vmm.notices();
         let seen = notices.overflows();
         if seen > *overflows {
-            log::warn!(
+            tracing::warn!(
                 "more than {} window truncations waited for a daemon ({seen} times so far): each time they were told as one range that spans them all",
                 super::MAX_PENDING_RANGES
             );
@@ -155,11 +155,11 @@ impl PolicyController {
         let socket = match socket {
             Some(Some(socket)) => socket,
             Some(None) => {
-                log::debug!("fs {id}: no daemon's control socket to tell of a truncation");
+                tracing::debug!("fs {id}: no daemon's control socket to tell of a truncation");
                 return true;
             }
             None => {
-                log::debug!("fs {id}: the device left before its truncations were told");
+                tracing::debug!("fs {id}: the device left before its truncations were told");
                 return true;
             }
         };
@@ -168,10 +168,10 @@ impl PolicyController {
             match daemon.tell(notice).await {
                 Ok(()) => {}
                 Err(NoticeFailure::Answered { status, .. }) => {
-                    log::debug!("fs {id}: the daemon answered {status} to a truncation notice");
+                    tracing::debug!("fs {id}: the daemon answered {status} to a truncation notice");
                 }
                 Err(e @ NoticeFailure::Unreachable(_)) => {
-                    log::debug!(
+                    tracing::debug!(
                         "fs {id}: telling the daemon of a truncation: {e}; trying again later"
                     );
                     self.vmm.notices().put_back(id, &pending[i..]);

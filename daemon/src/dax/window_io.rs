@@ -64,7 +64,7 @@ pub fn targets(
                     Ok(files) => out.extend(files),
                     Err(e) => {
                         dax.stats.window_buffer_refusals.fetch_add(1, Relaxed);
-                        log::debug!(
+                        tracing::debug!(
                             "a buffer at window offset {offset:#x}+{len:#x} is refused: {e}"
                         );
                         return Err(e);

@@ -18,7 +18,7 @@ use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend};
 use crate::GuestMemoryMmap;
 
 fn efault(what: &str) -> io::Error {
-    log::debug!("request refused with EFAULT: {what}");
+    tracing::debug!("request refused with EFAULT: {what}");
     io::Error::from_raw_os_error(libc::EFAULT)
 }
 

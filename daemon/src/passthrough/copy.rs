@@ -102,7 +102,9 @@ fn copy_through_buffer(
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if done > 0 => return Ok(done).inspect(|_| log::debug!("copy cut short: {e}")),
+            Err(e) if done > 0 => {
+                return Ok(done).inspect(|_| tracing::debug!("copy cut short: {e}"))
+            }
             Err(e) => return Err(e),
         };
         let out = to_off

@@ -101,7 +101,7 @@ fn lock(file: &File, readonly: bool, path: &Path) -> bool {
     match e.raw_os_error() {
         Some(libc::EAGAIN | libc::EACCES) => false,
         _ => {
-            log::warn!("disk {}: not locked ({e})", path.display());
+            tracing::warn!("disk {}: not locked ({e})", path.display());
             true
         }
     }
@@ -179,7 +179,7 @@ impl DiskFile {
             });
         }
         if size % SECTOR_SIZE != 0 {
-            log::warn!(
+            tracing::warn!(
                 "disk {}: {size} bytes is not a multiple of 512; the last {} bytes are not used",
                 path.display(),
                 size % SECTOR_SIZE

@@ -163,7 +163,7 @@ impl VirtioState {
         let new_bits = v & !self.status;
         // The driver may only add bits, in order.
         if v & self.status != self.status {
-            log::debug!(
+            tracing::debug!(
                 "virtio: status {v:#x} clears bits of {:#x}; ignored",
                 self.status
             );

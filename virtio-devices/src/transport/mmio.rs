@@ -153,7 +153,7 @@ impl MmioTransport {
         }
         // Registers below the config space are 32 bits wide and aligned.
         if data.len() != 4 || !offset.is_multiple_of(4) {
-            log::debug!(
+            tracing::debug!(
                 "virtio-mmio: {}-byte read at {offset:#x} ignored",
                 data.len()
             );
@@ -213,7 +213,7 @@ impl MmioTransport {
             return;
         }
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
-            log::debug!(
+            tracing::debug!(
                 "virtio-mmio: {}-byte write at {offset:#x} ignored",
                 data.len()
             );
@@ -272,7 +272,7 @@ impl MmioTransport {
                 }
             }
             reg::SHM_SEL => self.shm_sel = v,
-            _ => log::debug!(
+            _ => tracing::debug!(
                 "virtio-mmio: write {v:#x} to read-only or unknown register {offset:#x}"
             ),
         }

@@ -30,7 +30,7 @@ impl DaxRequestHandler {
         let (off, len) = (req.shm_offset, req.len);
         match r {
             Ok(()) => {
-                log::trace!(
+                tracing::trace!(
                     "fs {}: {what} {len:#x} bytes at window offset {off:#x}",
                     self.id
                 );

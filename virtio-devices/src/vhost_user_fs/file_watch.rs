@@ -77,7 +77,7 @@ impl FileWatch {
         let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
         let inotify = if fd < 0 {
             let e = std::io::Error::last_os_error();
-            log::warn!("DAX window: no inotify ({e}); mapped files are checked for truncation once a second");
+            tracing::warn!("DAX window: no inotify ({e}); mapped files are checked for truncation once a second");
             None
         } else {
             // SAFETY: `fd` is a fresh descriptor no one else owns.

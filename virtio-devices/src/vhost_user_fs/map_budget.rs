@@ -46,7 +46,7 @@ impl MapBudget {
             .get_or_init(|| {
                 let max = read_max_map_count();
                 let limit = max.saturating_sub(reserved_vmas(max));
-                log::debug!("DAX windows may use {limit} of vm.max_map_count={max} mappings");
+                tracing::debug!("DAX windows may use {limit} of vm.max_map_count={max} mappings");
                 Arc::new(MapBudget::new(limit))
             })
             .clone()

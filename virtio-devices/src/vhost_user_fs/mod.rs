@@ -188,7 +188,7 @@ impl VhostUserFs {
         } else {
             (None, None)
         };
-        log::info!(
+        tracing::info!(
             "fs {id}: daemon at {} (features {backend_features:#x}, protocol {protocol:?}){}",
             cfg.socket.display(),
             window.as_ref().map_or(String::new(), |w| format!(

@@ -170,7 +170,7 @@ pub fn dont_dump(addr: u64, len: u64) {
     // is a mapping of this process the caller just made.
     let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTDUMP) };
     if r != 0 {
-        log::debug!(
+        tracing::debug!(
             "MADV_DONTDUMP on the DAX window: {}",
             std::io::Error::last_os_error()
         );

@@ -49,7 +49,7 @@ impl WatchBudget {
             .get_or_init(|| {
                 let max = read_max_user_watches();
                 let limit = watch_share(max);
-                log::debug!(
+                tracing::debug!(
                     "DAX windows may use {limit} of fs.inotify.max_user_watches={max} watches"
                 );
                 Arc::new(WatchBudget::new(limit))

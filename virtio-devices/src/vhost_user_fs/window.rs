@@ -667,7 +667,7 @@ impl DaxWindow {
         super::scratch::dont_dump(addr, len);
         // The scratch under the new mapping is hidden now: free it.
         if let Err(e) = self.scratch.forget(shm_offset, end) {
-            log::debug!("DAX window: emptying the scratch under a new mapping: {e}");
+            tracing::debug!("DAX window: emptying the scratch under a new mapping: {e}");
         }
         let replaced = mapped.ranges.insert(shm_offset, end);
         mapped.guarded.remove(shm_offset, end);

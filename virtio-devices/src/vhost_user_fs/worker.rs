@@ -219,7 +219,7 @@ pub fn serve_one(
     patience: std::time::Duration,
 ) -> bool {
     if events.contains(EventSet::IN) && !whole_message_queued(requests.as_raw_fd(), patience) {
-        log::error!(
+        tracing::error!(
             "fs {id}: backend request channel: the daemon sent part of a request and nothing more for {}s",
             patience.as_secs()
         );
@@ -236,7 +236,7 @@ pub fn serve_one(
                 | vhost::vhost_user::Error::SocketBroken(_)
                 | vhost::vhost_user::Error::SocketError(_)),
             ) => {
-                log::error!("fs {id}: backend request channel: {e}");
+                tracing::error!("fs {id}: backend request channel: {e}");
             }
             Err(e) => {
                 crate::warn_limited!("fs {id}: backend request failed: {e}");
@@ -251,7 +251,7 @@ pub fn serve_one(
 /// a reset (status bit and a configuration interrupt); logged once.
 fn queue_error(ctx: &WorkerContext, queue: u16) {
     if !ctx.queue_error.swap(true, Ordering::SeqCst) {
-        log::error!(
+        tracing::error!(
             "fs {}: the daemon stopped serving queue {queue} (see its log for why); DEVICE_NEEDS_RESET is set, \
              the VM and its other devices keep running",
             ctx.id
@@ -264,7 +264,7 @@ fn queue_error(ctx: &WorkerContext, queue: u16) {
 
 fn daemon_gone(ctx: &WorkerContext) {
     if !ctx.failed.swap(true, Ordering::SeqCst) {
-        log::error!(
+        tracing::error!(
             "fs {}: the vhost-user daemon disconnected; the device is failed (guest I/O on it will not complete), \
              the VM and its other devices keep running",
             ctx.id

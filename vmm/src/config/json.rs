@@ -124,7 +124,7 @@ pub fn vm_config_to_json(c: &VmConfig) -> Value {
     // so) has no JSON; the config is then reported as null, not the VMM
     // stopped.
     let mut v = serde_json::to_value(c).unwrap_or_else(|e| {
-        log::error!("vm.info: the VmConfig does not serialize: {e}");
+        tracing::error!("vm.info: the VmConfig does not serialize: {e}");
         Value::Null
     });
     ch_fields::report_defaults(&mut v);

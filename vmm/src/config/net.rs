@@ -292,7 +292,7 @@ impl NetConfig {
         // numbers of the fds it passes with every such request: normal,
         // so not worth more than a debug line.
         if self.fd_numbers.as_ref().is_some_and(|f| !f.is_empty()) {
-            log::debug!("vm.add-net: fd numbers in the body are ignored; the fds come as SCM_RIGHTS with the request");
+            tracing::debug!("vm.add-net: fd numbers in the body are ignored; the fds come as SCM_RIGHTS with the request");
         }
         // What holds only what changes nothing is forgotten (so the config
         // `vm.info` shows creates the same one).

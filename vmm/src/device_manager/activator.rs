@@ -45,7 +45,7 @@ impl DeviceActivator {
             .name("device-activator".into())
             .spawn(move || {
                 if let Err(e) = seccomp::enter_thread(crate::seccomp_filters::ACTIVATOR) {
-                    return log::error!("device activator: {e}; devices will not activate");
+                    return tracing::error!("device activator: {e}; devices will not activate");
                 }
                 for job in rx {
                     job();

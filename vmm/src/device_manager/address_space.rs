@@ -206,7 +206,7 @@ impl AddressSpace {
                     .map_err(|e| e.to_string())
             });
         if let Err(e) = freed {
-            log::warn!("device memory: freeing {start:#x}+{size:#x} in the {area}: {e}");
+            tracing::warn!("device memory: freeing {start:#x}+{size:#x} in the {area}: {e}");
         }
     }
 }
@@ -334,7 +334,7 @@ impl MemorySlot {
         self.set(self.guest_addr, 0)?;
         if let Err(e) = self.set(guest_addr, self.size) {
             if let Err(back) = self.set(self.guest_addr, self.size) {
-                log::error!(
+                tracing::error!(
                     "KVM slot {}: could not restore it at {:#x}: {back}",
                     self.slot,
                     self.guest_addr
@@ -351,7 +351,7 @@ impl Drop for MemorySlot {
     fn drop(&mut self) {
         if let Err(e) = self.set(self.guest_addr, 0) {
             // The number is not reused: KVM may still hold the slot.
-            log::error!("KVM slot {}: deleting it: {e}", self.slot);
+            tracing::error!("KVM slot {}: deleting it: {e}", self.slot);
             return;
         }
         self.numbers

@@ -293,7 +293,7 @@ impl DeviceManager {
         if let Some(r) = &config.rng {
             let device = Rng::new("_rng".into(), &r.src)?;
             self.place("_rng", Box::new(device), r.transport, r.pci_segment, None)?;
-            log::info!("rng: virtio-rng from {}", r.src.display());
+            tracing::info!("rng: virtio-rng from {}", r.src.display());
         }
         for p in &config.pmem {
             self.add_pmem_device(p)?;
@@ -453,7 +453,7 @@ impl DeviceManager {
         })?;
         let size = device.size();
         let slot = self.place(&d.id, Box::new(device), d.transport, d.pci_segment, None)?;
-        log::info!(
+        tracing::info!(
             "disk {}: {size} bytes of {}{}",
             d.id,
             d.path.display(),
@@ -469,7 +469,7 @@ impl DeviceManager {
     ) -> Result<Option<PciAddress>, DeviceManagerError> {
         let device = Vsock::new(v.id.clone(), v.cid, v.socket.clone())?;
         let slot = self.place(&v.id, Box::new(device), v.transport, v.pci_segment, None)?;
-        log::info!(
+        tracing::info!(
             "vsock {}: guest cid {}, host socket {}",
             v.id,
             v.cid,
@@ -674,7 +674,7 @@ impl DeviceManager {
             if let Err(source) = f.memory.add_region(&after, &region) {
                 for done in &daemons[..i] {
                     if let Err(e) = done.memory.remove_region(&before, &region) {
-                        log::warn!("fs {}: taking back RAM at {addr:#x}: {e}", done.id);
+                        tracing::warn!("fs {}: taking back RAM at {addr:#x}: {e}", done.id);
                     }
                 }
                 return Err(DeviceManagerError::RamDaemon { addr, size, source });
@@ -686,7 +686,7 @@ impl DeviceManager {
             .unwrap_or_else(|e| e.into_inner())
             .replace(after);
         self.hotplugged_ram.push(slot);
-        log::info!("RAM: {size} bytes added at {addr:#x} ({told} daemon(s) told)");
+        tracing::info!("RAM: {size} bytes added at {addr:#x} ({told} daemon(s) told)");
         Ok(())
     }
 
@@ -700,7 +700,7 @@ impl DeviceManager {
             };
             self.fs.retain(|f| f.id != id);
             self.counters.retain(|(c, _)| *c != id);
-            log::info!("{id}: ejected by the guest from {at}, removed");
+            tracing::info!("{id}: ejected by the guest from {at}, removed");
             gone.push(id);
         }
         gone
@@ -728,11 +728,11 @@ fn open_tap(n: &NetConfig) -> Result<Tap, TapError> {
         .is_some_and(|t| std::path::Path::new("/sys/class/net").join(t).exists());
     let tap = Tap::open_named(name)?;
     if n.mask.is_some() && n.ip.is_none() {
-        log::warn!("net {}: mask= without ip= gives the tap no address", n.id);
+        tracing::warn!("net {}: mask= without ip= gives the tap no address", n.id);
     }
     let (ip, mask) = if existed {
         if n.ip.is_some() {
-            log::warn!(
+            tracing::warn!(
                 "net {}: tap {name} exists already; its address is left as it is",
                 n.id
             );

@@ -37,7 +37,7 @@ impl BusDevice for AcpiPm {
 
     fn write(&mut self, offset: u64, data: &[u8]) {
         let Some(&v) = data.first() else { return };
-        log::debug!("acpi pm: write {v:#x} at offset {offset}");
+        tracing::debug!("acpi pm: write {v:#x} at offset {offset}");
         match offset {
             SLEEP_CONTROL_OFFSET => {
                 if v & SLP_EN != 0 && (v >> SLP_TYP_SHIFT) & SLP_TYP_MASK == S5_SLEEP_TYPE {

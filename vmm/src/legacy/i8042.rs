@@ -29,7 +29,7 @@ impl BusDevice for I8042 {
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
-        log::debug!("i8042: write {data:x?} at offset {offset}");
+        tracing::debug!("i8042: write {data:x?} at offset {offset}");
         if offset == COMMAND_OFFSET && data.first() == Some(&CMD_RESET_CPU) {
             self.exit.request(VmExit::Reset);
         }

@@ -77,7 +77,7 @@ impl BusDevice for SerialDevice {
         if let (Some(&v), Ok(offset)) = (data.first(), u8::try_from(offset)) {
             // An output error (a closed stdout) must not stop the guest.
             if let Err(e) = self.serial.write(offset, v) {
-                log::debug!("serial write: {e:?}");
+                tracing::debug!("serial write: {e:?}");
             }
         }
     }
@@ -150,7 +150,7 @@ pub fn connect_stdin(serial: SharedSerial) -> std::io::Result<Arc<InputRouter>> 
                 .spawn(move || {
                     use std::io::Read;
                     if let Err(e) = seccomp::enter_thread(crate::seccomp_filters::SERIAL_INPUT) {
-                        log::error!("serial input: {e}; no console input");
+                        tracing::error!("serial input: {e}; no console input");
                         return;
                     }
                     let mut buf = [0u8; 64];

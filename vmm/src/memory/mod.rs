@@ -146,7 +146,7 @@ fn exclude_region_from_core_dumps(region: &GuestRegionMmap) {
         )
     };
     if r != 0 {
-        log::warn!(
+        tracing::warn!(
             "excluding guest RAM at {:#x} from core dumps: {}",
             region.start_addr().0,
             std::io::Error::last_os_error()

@@ -111,7 +111,7 @@ impl KvmPrefaulter {
     /// guest's vCPUs do not use.
     pub fn new(kvm: &Kvm, vm: &VmFd, id: u64, cpuid: &CpuId) -> Option<KvmPrefaulter> {
         if kvm.check_extension_raw(u64::from(KVM_CAP_PRE_FAULT_MEMORY)) <= 0 {
-            log::info!("KVM has no KVM_PRE_FAULT_MEMORY: DAX ranges fault in page by page");
+            tracing::info!("KVM has no KVM_PRE_FAULT_MEMORY: DAX ranges fault in page by page");
             return None;
         }
         // Used from the last: the first in use is `id`.
@@ -119,7 +119,9 @@ impl KvmPrefaulter {
             .rev()
             .map(|i| idle_vcpu(vm, i, cpuid).map(|v| (v, i)))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| log::warn!("no pre-fault vCPUs ({e}): DAX ranges fault in page by page"))
+            .map_err(|e| {
+                tracing::warn!("no pre-fault vCPUs ({e}): DAX ranges fault in page by page")
+            })
             .ok()?;
         // The timer's signal must find its (no-op) handler in place.
         crate::signals::install_kick_handler();
@@ -180,13 +182,13 @@ impl GuestPrefaulter for KvmPrefaulter {
             vcpus.pop();
             match vcpus.last() {
                 Some((_, next)) if attempt == 0 => {
-                    log::info!("pre-fault vCPU {stale} went stale; vCPU {next} takes over");
+                    tracing::info!("pre-fault vCPU {stale} went stale; vCPU {next} takes over");
                 }
                 _ => break,
             }
         }
         if self.working.swap(false, Ordering::Relaxed) {
-            log::warn!(
+            tracing::warn!(
                 "KVM_PRE_FAULT_MEMORY made no progress in {CALL_LIMIT:?} and no spare vCPU helped: new DAX ranges fault in page by page from now on"
             );
         }

@@ -129,7 +129,7 @@ impl Vcpu {
                 }
                 Ok(VcpuExit::IoOut(port, data)) => {
                     if !pio.write(u64::from(port), data) {
-                        log::trace!("vCPU {cpu}: write {data:x?} to unclaimed port {port:#x}");
+                        tracing::trace!("vCPU {cpu}: write {data:x?} to unclaimed port {port:#x}");
                     }
                     continue;
                 }
@@ -444,7 +444,7 @@ impl RunningVcpus {
                 .filter(|t| which(t) && !t.handle.is_finished())
             {
                 if let Err(e) = t.handle.kill(kick_signal()) {
-                    log::warn!("kicking a vCPU thread: {e}");
+                    tracing::warn!("kicking a vCPU thread: {e}");
                 }
             }
             std::thread::sleep(Duration::from_millis(5));

@@ -677,7 +677,7 @@ impl VirtioPciDevice {
                 };
                 set_queue_address(q, offset & !7, lo, hi);
             }
-            _ => log::debug!(
+            _ => tracing::debug!(
                 "virtio-pci: {}-byte write {v:#x} to common config {offset:#x} ignored",
                 data.len()
             ),

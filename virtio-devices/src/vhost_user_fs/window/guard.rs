@@ -193,7 +193,7 @@ impl DaxWindow {
                         grown += b - a;
                     }
                     Err(e) => {
-                        log::debug!("DAX window: unguarding window offset {a:#x}..{b:#x}: {e}")
+                        tracing::debug!("DAX window: unguarding window offset {a:#x}..{b:#x}: {e}")
                     }
                 }
             }

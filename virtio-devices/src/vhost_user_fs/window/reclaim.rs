@@ -29,7 +29,7 @@ impl DaxWindow {
     /// (callers check bounds).
     pub(super) fn show_scratch(&self, start: u64, end: u64) -> std::io::Result<()> {
         if let Err(e) = self.scratch.forget(start, end) {
-            log::debug!("DAX window: emptying the scratch at {start:#x}..{end:#x}: {e}");
+            tracing::debug!("DAX window: emptying the scratch at {start:#x}..{end:#x}: {e}");
         }
         self.scratch.show(self.host_addr, start, end)
     }
@@ -128,7 +128,9 @@ impl DaxWindow {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.notify(WindowEvent::Reset);
         } else {
-            log::error!("could not clear the DAX window; its mappings stay until the VMM exits");
+            tracing::error!(
+                "could not clear the DAX window; its mappings stay until the VMM exits"
+            );
         }
     }
 }

@@ -35,7 +35,7 @@ impl DaxWindow {
                 self.scratch.budget()
             ),
             Ok(false) => {}
-            Err(e) => log::debug!("DAX window: checking the scratch: {e}"),
+            Err(e) => tracing::debug!("DAX window: checking the scratch: {e}"),
         }
         let shrunk = self.file_watch.shrunk_unwatched();
         if !shrunk.is_empty() {
