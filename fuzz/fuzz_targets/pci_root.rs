@@ -17,7 +17,9 @@ use virtio_devices::transport::pci::device::{MsiSender, VirtioPciDevice};
 use vm_memory::GuestMemoryAtomic;
 use vmm::arch::x86_64::layout::{pci_ecam_start, PCI_ECAM_SIZE, PCI_ECAM_START};
 use vmm::bus::Bus;
-use vmm::device_manager::hotplug_controller::{self as pci_hotplug, PciHotplugController, HOTPLUG_SLOTS};
+use vmm::device_manager::hotplug_controller::{
+    self as pci_hotplug, PciHotplugController, HOTPLUG_SLOTS,
+};
 use vmm::device_manager::pci_root::{
     PciConfigIo, PciEcam, PciFunction, PciRoot, PCI_CONFIG_IO_PORT,
 };
