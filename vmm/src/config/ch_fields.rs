@@ -369,9 +369,9 @@ pub(super) fn reduce_object(
                     "{here}=null is invalid: the field is not optional (leave it out for its default)"
                 ));
             }
-            if !is_ours(*rule) {
-                continue;
-            }
+            // Allowed null is "not given", ours or not: the typed
+            // config then takes its default, as for a missing key.
+            continue;
         }
         match *rule {
             Rule::Ours(_) | Rule::OursReported(..) => {
