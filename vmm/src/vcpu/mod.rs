@@ -6,6 +6,7 @@
 
 pub mod hotplug;
 pub mod hotplug_controller;
+pub mod state;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -23,6 +24,7 @@ use crate::config::CpuTopology;
 use crate::exit::{ExitHandle, VmExit};
 use crate::memory::GuestMemoryMmap;
 use crate::signals::{install_kick_handler, kick_signal};
+use state::{StateCaps, VcpuState, VcpuStateError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VcpuError {
@@ -40,6 +42,8 @@ pub enum VcpuError {
     Regs { index: u32, source: regs::RegsError },
     #[error("starting the thread of vCPU {index} failed: {source}")]
     Spawn { index: u32, source: std::io::Error },
+    #[error("vCPU {index}: {source}")]
+    State { index: u32, source: VcpuStateError },
 }
 
 pub struct Vcpu {
@@ -83,6 +87,28 @@ impl Vcpu {
             regs::setup_sregs(&fd).map_err(r)?;
             regs::setup_regs(&fd, setup.entry).map_err(r)?;
         }
+        Ok(Vcpu { index, fd })
+    }
+
+    /// vCPU `index` made again from a saved state (instead of the boot
+    /// setup of [`Vcpu::new`]), on the main thread, before its thread starts.
+    pub fn restore(
+        vm: &VmFd,
+        index: u32,
+        topology: CpuTopology,
+        caps: &StateCaps,
+        state: &VcpuState,
+    ) -> Result<Self, VcpuError> {
+        // Refused before a vCPU is made: KVM cannot destroy one.
+        state
+            .check(caps)
+            .map_err(|source| VcpuError::State { index, source })?;
+        let fd = vm
+            .create_vcpu(u64::from(topology.apic_id(index)))
+            .map_err(|source| VcpuError::Create { index, source })?;
+        state
+            .restore(&fd, caps)
+            .map_err(|source| VcpuError::State { index, source })?;
         Ok(Vcpu { index, fd })
     }
 
