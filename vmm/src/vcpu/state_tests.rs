@@ -1,14 +1,20 @@
 //! A vCPU's state against real KVM, no guest kernel: distinctive values
 //! set on one VM's vCPU come back from a second VM's vCPU restored from
 //! the saved (and serialized) state; a state of other sizes is refused by
-//! name.
+//! name; a parked vCPU thread saves under its seccomp filter; a pause
+//! right after an `in` exit saves the completed instruction.
 
-use kvm_bindings::{kvm_msr_entry, kvm_pit_config, Msrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use kvm_bindings::{kvm_msr_entry, kvm_pit_config, kvm_userspace_memory_region, Msrs};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 
 use super::*;
+use crate::bus::{Bus, BusDevice};
 use crate::config::CpuTopology;
-use crate::vcpu::Vcpu;
+use crate::exit::ExitHandle;
+use crate::vcpu::{RunningVcpus, Vcpu, VcpuError};
 
 const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
 const MSR_TSC_AUX: u32 = 0xc000_0103;
@@ -174,6 +180,194 @@ fn a_state_of_other_sizes_is_refused_naming_the_part_before_a_vcpu_is_made() {
 
     // Nothing was made: vCPU 0 can still be created from the right state.
     Vcpu::restore(&vm2, 0, CpuTopology::flat(1), &caps, &saved).unwrap();
+}
+
+/// The request numbers added for the save, derived as the kernel does.
+#[test]
+fn the_save_requests_numbers_are_the_kernels() {
+    use crate::seccomp_filters as f;
+    use kvm_bindings::*;
+    use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iowr_nr};
+    ioctl_ior_nr!(GET_SREGS, KVMIO, 0x83, kvm_sregs);
+    ioctl_iowr_nr!(GET_MSRS, KVMIO, 0x88, kvm_msrs);
+    ioctl_ior_nr!(GET_LAPIC, KVMIO, 0x8e, kvm_lapic_state);
+    ioctl_iowr_nr!(GET_CPUID2, KVMIO, 0x91, kvm_cpuid2);
+    ioctl_ior_nr!(GET_MP_STATE, KVMIO, 0x98, kvm_mp_state);
+    ioctl_ior_nr!(GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
+    ioctl_ior_nr!(GET_DEBUGREGS, KVMIO, 0xa1, kvm_debugregs);
+    ioctl_io_nr!(GET_TSC_KHZ, KVMIO, 0xa3);
+    ioctl_ior_nr!(GET_XSAVE, KVMIO, 0xa4, kvm_xsave);
+    ioctl_ior_nr!(GET_XCRS, KVMIO, 0xa6, kvm_xcrs);
+    ioctl_ior_nr!(GET_XSAVE2, KVMIO, 0xcf, kvm_xsave);
+    assert_eq!(
+        [
+            f::KVM_GET_SREGS,
+            f::KVM_GET_MSRS,
+            f::KVM_GET_LAPIC,
+            f::KVM_GET_CPUID2,
+            f::KVM_GET_MP_STATE,
+            f::KVM_GET_VCPU_EVENTS,
+            f::KVM_GET_DEBUGREGS,
+            f::KVM_GET_TSC_KHZ,
+            f::KVM_GET_XSAVE,
+            f::KVM_GET_XCRS,
+            f::KVM_GET_XSAVE2,
+        ],
+        [
+            GET_SREGS(),
+            GET_MSRS(),
+            GET_LAPIC(),
+            GET_CPUID2(),
+            GET_MP_STATE(),
+            GET_VCPU_EVENTS(),
+            GET_DEBUGREGS(),
+            GET_TSC_KHZ(),
+            GET_XSAVE(),
+            GET_XCRS(),
+            GET_XSAVE2(),
+        ]
+        .map(u64::from)
+    );
+}
+
+/// A vCPU thread saves its state under the main thread's filter and its
+/// own, as the VMM runs it; a refused request would end this test
+/// process with SIGSYS.
+#[test]
+fn a_vcpu_thread_saves_its_state_under_its_seccomp_filters() {
+    use crate::seccomp_filters::{all_for, VCPU, VMM};
+    let Some(kvm) = kvm() else { return };
+    let vm = vm(&kvm);
+    let caps = StateCaps::probe(&kvm, &vm).unwrap();
+    let fd = vcpu(&kvm, &vm);
+    set_distinctive_state(&fd);
+    let programs: Vec<_> = all_for(std::process::id())
+        .into_iter()
+        .filter(|(k, _)| [VMM, VCPU].contains(k))
+        .map(|(k, l)| seccomp::build(k, &l, seccomp::Mode::Kill).unwrap().unwrap())
+        .collect();
+    let state = std::thread::scope(|s| {
+        s.spawn(|| {
+            for p in &programs {
+                seccomp::apply_filter(p).unwrap();
+            }
+            VcpuState::capture(&fd, &caps).unwrap()
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(msr(&state, MSR_KERNEL_GS_BASE), Some(0xffff_8880_1234_5000));
+}
+
+/// Port 0x99: a read says it was reached, then answers 0x5a once the VM
+/// is pausing, so that the pause lands right after an `in` exit, before
+/// the next KVM_RUN.
+struct PortThatWaitsForPause {
+    control: Arc<crate::vcpu::VcpuControl>,
+    reached: Arc<AtomicBool>,
+}
+
+impl BusDevice for PortThatWaitsForPause {
+    fn read(&mut self, _offset: u64, data: &mut [u8]) {
+        self.reached.store(true, Ordering::SeqCst);
+        while !self.control.pause.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        data.fill(0x5a);
+    }
+    fn write(&mut self, _offset: u64, _data: &[u8]) {}
+}
+
+/// Real-mode guest code at 0x1000: `in al, 0x99; hlt`.
+const IN_THEN_HLT: [u8; 3] = [0xe4, 0x99, 0xf4];
+
+/// A vCPU paused right after an `in` exit: the state its thread saves has
+/// the value in AL and RIP past the instruction (KVM completes the exit
+/// only on the next KVM_RUN, which the thread makes before parking).
+#[test]
+fn a_pause_after_an_in_exit_saves_the_completed_instruction() {
+    let Some(kvm) = kvm() else { return };
+    let vm = vm(&kvm);
+    let caps = Arc::new(StateCaps::probe(&kvm, &vm).unwrap());
+    const SIZE: usize = 0x10000;
+    // SAFETY: a fresh anonymous mapping; the VM holding it as memory is
+    // dropped before the mapping is unmapped at the end.
+    let host = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(host, libc::MAP_FAILED);
+    // SAFETY: 0x1000 + 3 bytes lie inside the mapping made above.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            IN_THEN_HLT.as_ptr(),
+            host.cast::<u8>().add(0x1000),
+            IN_THEN_HLT.len(),
+        );
+    }
+    let region = kvm_userspace_memory_region {
+        slot: 0,
+        flags: 0,
+        guest_phys_addr: 0,
+        memory_size: SIZE as u64,
+        userspace_addr: host as u64,
+    };
+    // SAFETY: the mapping outlives the VM (unmapped after it is dropped).
+    unsafe { vm.set_user_memory_region(region) }.unwrap();
+    let fd = vcpu(&kvm, &vm);
+    let mut sregs = fd.get_sregs().unwrap();
+    sregs.cs.base = 0;
+    sregs.cs.selector = 0;
+    fd.set_sregs(&sregs).unwrap();
+    let mut regs = fd.get_regs().unwrap();
+    regs.rip = 0x1000;
+    regs.rax = 0x1111_1100;
+    regs.rflags = 2;
+    fd.set_regs(&regs).unwrap();
+
+    let mut vcpus = RunningVcpus::default();
+    let pio = Arc::new(Bus::new());
+    let reached = Arc::new(AtomicBool::new(false));
+    let port = Arc::new(Mutex::new(PortThatWaitsForPause {
+        control: vcpus.control.clone(),
+        reached: reached.clone(),
+    }));
+    pio.insert(port, 0x99, 1).unwrap();
+    let exit = Arc::new(ExitHandle::new().unwrap());
+    let vcpu = Vcpu { index: 0, fd };
+    vcpus.spawn(vcpu, pio, Arc::new(Bus::new()), exit).unwrap();
+    while !reached.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    vcpus.pause();
+    let states = vcpus.save_state(&caps).unwrap();
+    vcpus.stop();
+    drop(vm);
+    // SAFETY: the mapping made above; its VM is gone.
+    unsafe { libc::munmap(host, SIZE) };
+    let [(0, state)] = states.as_slice() else {
+        panic!("one vCPU's state: {states:?}");
+    };
+    assert_eq!(state.regs.rax, 0x1111_115a, "AL holds the port's answer");
+    assert_eq!(state.regs.rip, 0x1002, "RIP is past the `in`");
+}
+
+#[test]
+fn the_state_is_saved_only_while_paused() {
+    let vcpus = RunningVcpus::default();
+    let caps = Arc::new(StateCaps {
+        xsave2_size: None,
+        xcrs: false,
+        tsc_khz: false,
+        msrs: Vec::new(),
+    });
+    assert!(matches!(vcpus.save_state(&caps), Err(VcpuError::NotPaused)));
 }
 
 #[test]
