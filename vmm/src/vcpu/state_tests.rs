@@ -182,6 +182,54 @@ fn a_state_of_other_sizes_is_refused_naming_the_part_before_a_vcpu_is_made() {
     Vcpu::restore(&vm2, 0, CpuTopology::flat(1), &caps, &saved).unwrap();
 }
 
+const MSR_TSC_DEADLINE: u32 = 0x6e0;
+
+/// KVM takes a TSC_DEADLINE write only while the LAPIC timer is in
+/// TSC-deadline mode (and drops it otherwise): restored before the LAPIC,
+/// an armed deadline would be lost.
+#[test]
+fn an_armed_tsc_deadline_survives_because_the_lapic_is_restored_first() {
+    let Some(kvm) = kvm() else { return };
+    let vm1 = vm(&kvm);
+    let caps = StateCaps::probe(&kvm, &vm1).unwrap();
+    let fd = vm1.create_vcpu(0).unwrap();
+    let mut cpuid = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).unwrap();
+    for e in cpuid.as_mut_slice().iter_mut().filter(|e| e.function == 1) {
+        e.ecx |= 1 << 24; // TSC-deadline timer
+    }
+    fd.set_cpuid2(&cpuid).unwrap();
+    let mut lapic = fd.get_lapic().unwrap();
+    set_lapic_reg(&mut lapic, APIC_LVTT, (0b10 << 17) | 0x1_0042); // deadline mode, masked
+    fd.set_lapic(&lapic).unwrap();
+    let tsc = |fd: &VcpuFd| {
+        let mut m = Msrs::from_entries(&[kvm_msr_entry {
+            index: MSR_IA32_TSC,
+            ..Default::default()
+        }])
+        .unwrap();
+        fd.get_msrs(&mut m).unwrap();
+        m.as_slice()[0].data
+    };
+    // Far beyond the test's time: the timer does not fire and clear it.
+    let deadline = tsc(&fd) + (1 << 50);
+    let entry = kvm_msr_entry {
+        index: MSR_TSC_DEADLINE,
+        data: deadline,
+        ..Default::default()
+    };
+    assert_eq!(
+        fd.set_msrs(&Msrs::from_entries(&[entry]).unwrap()).unwrap(),
+        1
+    );
+    let saved = VcpuState::capture(&fd, &caps).unwrap();
+    assert_eq!(msr(&saved, MSR_TSC_DEADLINE), Some(deadline), "armed");
+
+    let vm2 = vm(&kvm);
+    let vcpu2 = Vcpu::restore(&vm2, 0, CpuTopology::flat(1), &caps, &saved).unwrap();
+    let again = VcpuState::capture(vcpu2.fd(), &caps).unwrap();
+    assert_eq!(msr(&again, MSR_TSC_DEADLINE), Some(deadline), "still armed");
+}
+
 /// The request numbers added for the save, derived as the kernel does.
 #[test]
 fn the_save_requests_numbers_are_the_kernels() {
