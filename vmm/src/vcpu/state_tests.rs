@@ -182,6 +182,39 @@ fn a_state_of_other_sizes_is_refused_naming_the_part_before_a_vcpu_is_made() {
     Vcpu::restore(&vm2, 0, CpuTopology::flat(1), &caps, &saved).unwrap();
 }
 
+/// No CPU has this MSR: KVM fails its read and its write.
+const MSR_NONE: u32 = 0xdead_0001;
+
+/// KVM stops a KVM_GET_MSRS at the first MSR it cannot read: that one is
+/// left out and the ones after it are still saved; a write KVM refuses is
+/// an error naming the MSR.
+#[test]
+fn an_unreadable_msr_is_skipped_and_an_unwritable_one_named() {
+    let Some(kvm) = kvm() else { return };
+    let vm = vm(&kvm);
+    let fd = vcpu(&kvm, &vm);
+    set_distinctive_state(&fd);
+    let read = capture_msrs(&fd, &[MSR_SYSENTER_EIP, MSR_NONE, MSR_KERNEL_GS_BASE]).unwrap();
+    let indices: Vec<u32> = read.iter().map(|m| m.index).collect();
+    assert_eq!(indices, [MSR_SYSENTER_EIP, MSR_KERNEL_GS_BASE]);
+    assert_eq!(read[1].data, 0xffff_8880_1234_5000);
+
+    let mut entries = read.clone();
+    entries.insert(
+        1,
+        kvm_msr_entry {
+            index: MSR_NONE,
+            ..Default::default()
+        },
+    );
+    let e = restore_msrs(&fd, &entries).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("refused MSR 0xdead0001 (wrote 1 of 3)"),
+        "{e}"
+    );
+}
+
 const MSR_TSC_DEADLINE: u32 = 0x6e0;
 
 /// KVM takes a TSC_DEADLINE write only while the LAPIC timer is in
