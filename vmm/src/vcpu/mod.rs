@@ -660,6 +660,43 @@ mod tests {
         t.join().unwrap();
     }
 
+    /// A request reaches a thread already parked (the wake-up is not
+    /// lost), is served there, and the thread stays parked after it.
+    #[test]
+    fn a_parked_thread_serves_its_mailbox_and_stays_parked() {
+        let control = Arc::new(VcpuControl::default());
+        let slot = Arc::new(VcpuSlot::default());
+        control.set(&control.pause, true);
+        let (c, s) = (control.clone(), slot.clone());
+        let t = std::thread::spawn(move || {
+            c.park(&s, &mut |request| match request {
+                VcpuRequest::SaveState { reply, .. } => {
+                    reply.send(Err(VcpuStateError::NoXcrs)).unwrap();
+                }
+            })
+        });
+        while !slot.parked.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let caps = Arc::new(StateCaps {
+            xsave2_size: None,
+            xcrs: false,
+            tsc_khz: false,
+            msrs: Vec::new(),
+        });
+        for _ in 0..3 {
+            let (reply, answer) = mpsc::channel();
+            let caps = caps.clone();
+            control.ask(&slot, VcpuRequest::SaveState { caps, reply });
+            let served = answer.recv_timeout(REQUEST_WAIT).unwrap();
+            assert!(matches!(served, Err(VcpuStateError::NoXcrs)));
+        }
+        assert!(slot.parked.load(Ordering::SeqCst) && !t.is_finished());
+        control.set(&control.pause, false);
+        t.join().unwrap();
+        assert!(slot.mailbox().is_empty());
+    }
+
     #[test]
     fn an_ejected_vcpu_stays_parked_across_resume_until_readded() {
         let control = Arc::new(VcpuControl::default());
