@@ -21,3 +21,4 @@ pub mod seccomp_filters;
 pub mod signals;
 pub mod vcpu;
 pub mod vm;
+pub mod vm_state;

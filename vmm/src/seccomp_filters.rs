@@ -200,17 +200,42 @@ pub const KVM_SET_USER_MEMORY_REGION: u64 = 0x4020_ae46;
 pub const KVM_IOEVENTFD: u64 = 0x4040_ae79;
 pub const KVM_IRQFD: u64 = 0x4020_ae76;
 pub const KVM_SET_GSI_ROUTING: u64 = 0x4008_ae6a;
+// What a parked vCPU reads to save its state (`vcpu::state`).
+pub const KVM_GET_SREGS: u64 = 0x8138_ae83;
+pub const KVM_GET_MSRS: u64 = 0xc008_ae88;
+pub const KVM_GET_LAPIC: u64 = 0x8400_ae8e;
+pub const KVM_GET_CPUID2: u64 = 0xc008_ae91;
+pub const KVM_GET_MP_STATE: u64 = 0x8004_ae98;
+pub const KVM_GET_VCPU_EVENTS: u64 = 0x8040_ae9f;
+pub const KVM_GET_DEBUGREGS: u64 = 0x8080_aea1;
+pub const KVM_GET_TSC_KHZ: u64 = 0xaea3;
+pub const KVM_GET_XSAVE: u64 = 0x9000_aea4;
+pub const KVM_GET_XCRS: u64 = 0x8188_aea6;
+pub const KVM_GET_XSAVE2: u64 = 0x9000_aecf;
 
 /// The ioctls a vCPU thread makes: running the guest; its registers for an
 /// error message (the rip of an unhandled exit); a BAR the guest moves
 /// (its memory slot deleted and made again, its queue-notify ioeventfds
 /// moved: `device_manager::virtio_pci`, `device_manager::address_space`); MSI-X entries the guest
 /// programs or masks (routes and irqfds: `device_manager::gsi_routing`); and what std
-/// sets on fds. Not: creating vCPUs, devices or memory fds, KVM_GET_STATS_FD
+/// sets on fds; while parked, the reads that save its state (the writes
+/// that restore one run on the main thread, into a vCPU not yet started).
+/// Not: creating vCPUs, devices or memory fds, KVM_GET_STATS_FD
 /// (opened on the main thread at boot), nor anything on a non-KVM fd.
 pub const VCPU_IOCTLS: &[u64] = &[
     KVM_RUN,
     KVM_GET_REGS,
+    KVM_GET_SREGS,
+    KVM_GET_MSRS,
+    KVM_GET_LAPIC,
+    KVM_GET_CPUID2,
+    KVM_GET_MP_STATE,
+    KVM_GET_VCPU_EVENTS,
+    KVM_GET_DEBUGREGS,
+    KVM_GET_TSC_KHZ,
+    KVM_GET_XSAVE,
+    KVM_GET_XCRS,
+    KVM_GET_XSAVE2,
     KVM_SET_USER_MEMORY_REGION,
     KVM_IOEVENTFD,
     KVM_IRQFD,

@@ -6,9 +6,10 @@
 
 pub mod hotplug;
 pub mod hotplug_controller;
+pub mod state;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use crate::config::CpuTopology;
 use crate::exit::{ExitHandle, VmExit};
 use crate::memory::GuestMemoryMmap;
 use crate::signals::{install_kick_handler, kick_signal};
+use state::{StateCaps, VcpuState, VcpuStateError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VcpuError {
@@ -40,6 +42,25 @@ pub enum VcpuError {
     Regs { index: u32, source: regs::RegsError },
     #[error("starting the thread of vCPU {index} failed: {source}")]
     Spawn { index: u32, source: std::io::Error },
+    #[error("vCPU {index}: {source}")]
+    State { index: u32, source: VcpuStateError },
+    #[error("the vCPUs' state is saved only while the VM is paused")]
+    NotPaused,
+    #[error("vCPU {index} did not save its state: {reason}")]
+    NoAnswer { index: u32, reason: &'static str },
+}
+
+/// How long a parked vCPU thread may take to answer a request: it answers
+/// at once unless it has ended or hangs; then the caller learns which.
+const REQUEST_WAIT: Duration = Duration::from_secs(10);
+
+/// What a parked vCPU thread is asked to do with its `VcpuFd`, which only
+/// it holds.
+enum VcpuRequest {
+    SaveState {
+        caps: Arc<StateCaps>,
+        reply: mpsc::Sender<Result<VcpuState, VcpuStateError>>,
+    },
 }
 
 pub struct Vcpu {
@@ -86,6 +107,28 @@ impl Vcpu {
         Ok(Vcpu { index, fd })
     }
 
+    /// vCPU `index` made again from a saved state (instead of the boot
+    /// setup of [`Vcpu::new`]), on the main thread, before its thread starts.
+    pub fn restore(
+        vm: &VmFd,
+        index: u32,
+        topology: CpuTopology,
+        caps: &StateCaps,
+        state: &VcpuState,
+    ) -> Result<Self, VcpuError> {
+        // Refused before a vCPU is made: KVM cannot destroy one.
+        state
+            .check(caps)
+            .map_err(|source| VcpuError::State { index, source })?;
+        let fd = vm
+            .create_vcpu(u64::from(topology.apic_id(index)))
+            .map_err(|source| VcpuError::Create { index, source })?;
+        state
+            .restore(&fd, caps)
+            .map_err(|source| VcpuError::State { index, source })?;
+        Ok(Vcpu { index, fd })
+    }
+
     #[cfg(test)]
     pub(crate) fn fd(&self) -> &VcpuFd {
         &self.fd
@@ -107,15 +150,26 @@ impl Vcpu {
     ) -> Option<VmExit> {
         let cpu = self.index;
         let mut repairs = FaultRepairs::default();
+        let mut exit_to_complete = false;
         loop {
             if control.stop.load(Ordering::SeqCst) {
                 return None;
             }
             if control.pause.load(Ordering::SeqCst) || slot.ejected.load(Ordering::SeqCst) {
-                control.park(slot);
+                if std::mem::take(&mut exit_to_complete) {
+                    self.complete_exit();
+                }
+                control.park(slot, &mut |request| self.serve(request));
                 continue;
             }
             let result = self.fd.run();
+            exit_to_complete = matches!(
+                result,
+                Ok(VcpuExit::IoIn(..)
+                    | VcpuExit::IoOut(..)
+                    | VcpuExit::MmioRead(..)
+                    | VcpuExit::MmioWrite(..))
+            );
             // Any exit but a memory fault means the guest got somewhere.
             if result.is_ok() && !matches!(result, Ok(VcpuExit::MemoryFault { .. })) {
                 repairs.reset();
@@ -209,6 +263,39 @@ impl Vcpu {
         }
     }
 
+    /// KVM finishes an IO or MMIO exit (an `in`'s or MMIO read's value
+    /// into its register, RIP past the instruction) only when KVM_RUN is
+    /// entered again: "the corresponding operations are complete (and
+    /// guest state is consistent) only after userspace has re-entered the
+    /// kernel with KVM_RUN" (KVM API doc). Before parking, where the state
+    /// may be saved, enter once with `immediate_exit` set: KVM completes the
+    /// exit and returns EINTR without running guest code.
+    fn complete_exit(&mut self) {
+        self.fd.set_kvm_immediate_exit(1);
+        let outcome = match self.fd.run() {
+            Err(e) if e.errno() == libc::EINTR => None,
+            Err(e) => Some(e.to_string()),
+            Ok(exit) => Some(format!("{exit:?}")),
+        };
+        self.fd.set_kvm_immediate_exit(0);
+        if let Some(outcome) = outcome {
+            tracing::warn!(
+                "vCPU {}: completing the last exit before parking: {outcome}",
+                self.index
+            );
+        }
+    }
+
+    /// Answers a request made while parked.
+    fn serve(&self, request: VcpuRequest) {
+        match request {
+            VcpuRequest::SaveState { caps, reply } => {
+                // The asker may have given up waiting: nothing to do then.
+                let _ = reply.send(VcpuState::capture(&self.fd, &caps));
+            }
+        }
+    }
+
     fn rip(&self) -> String {
         self.fd.get_regs().map_or_else(
             |e| format!("unknown rip ({e})"),
@@ -296,11 +383,16 @@ struct VcpuSlot {
     ejected: AtomicBool,
     /// The thread is in [`VcpuControl::park`].
     parked: AtomicBool,
+    /// Requests for the parked thread ([`VcpuControl::ask`]).
+    mailbox: Mutex<Vec<VcpuRequest>>,
 }
 
 impl VcpuControl {
-    /// Waits while the VM is paused or `slot` is ejected, unless stopped.
-    fn park(&self, slot: &VcpuSlot) {
+    /// Waits while the VM is paused or `slot` is ejected, unless stopped,
+    /// handing the requests put in `slot`'s mailbox meanwhile to `serve`.
+    /// Requests still there when it leaves are dropped: their askers see
+    /// the reply channel close.
+    fn park(&self, slot: &VcpuSlot, serve: &mut dyn FnMut(VcpuRequest)) {
         let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
         *parked += 1;
         slot.parked.store(true, Ordering::SeqCst);
@@ -308,10 +400,28 @@ impl VcpuControl {
         while (self.pause.load(Ordering::SeqCst) || slot.ejected.load(Ordering::SeqCst))
             && !self.stop.load(Ordering::SeqCst)
         {
-            parked = self.changed.wait(parked).unwrap_or_else(|p| p.into_inner());
+            let requests = std::mem::take(&mut *slot.mailbox());
+            if requests.is_empty() {
+                parked = self.changed.wait(parked).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            // Served without the lock: the other vCPUs park and leave meanwhile.
+            drop(parked);
+            requests.into_iter().for_each(&mut *serve);
+            parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
         }
+        slot.mailbox().clear();
         slot.parked.store(false, Ordering::SeqCst);
         *parked -= 1;
+    }
+
+    /// Puts `request` in `slot`'s mailbox and wakes the parked threads.
+    /// The wake-up is sent under the park lock after the request is in, so
+    /// a thread between its mailbox check and its wait cannot miss it.
+    fn ask(&self, slot: &VcpuSlot, request: VcpuRequest) {
+        slot.mailbox().push(request);
+        let _parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        self.changed.notify_all();
     }
 
     fn set(&self, flag: &AtomicBool, value: bool) {
@@ -322,6 +432,12 @@ impl VcpuControl {
 
     fn parked(&self) -> usize {
         *self.parked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl VcpuSlot {
+    fn mailbox(&self) -> std::sync::MutexGuard<'_, Vec<VcpuRequest>> {
+        self.mailbox.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -415,6 +531,45 @@ impl RunningVcpus {
         self.control.set(&self.control.pause, false);
     }
 
+    /// Every vCPU's state by index, each read by its own (parked) thread,
+    /// all at once. Only while paused: a vCPU's events cannot be read
+    /// safely while another one runs.
+    pub fn save_state(&self, caps: &Arc<StateCaps>) -> Result<Vec<(u32, VcpuState)>, VcpuError> {
+        if !self.control.pause.load(Ordering::SeqCst) {
+            return Err(VcpuError::NotPaused);
+        }
+        let mut replies = Vec::with_capacity(self.threads.len());
+        for t in &self.threads {
+            let index = t.index;
+            if t.handle.is_finished() {
+                return Err(VcpuError::NoAnswer {
+                    index,
+                    reason: "its thread has ended",
+                });
+            }
+            let (reply, answer) = mpsc::channel();
+            let caps = caps.clone();
+            self.control
+                .ask(&t.slot, VcpuRequest::SaveState { caps, reply });
+            replies.push((index, answer));
+        }
+        replies
+            .into_iter()
+            .map(|(index, answer)| match answer.recv_timeout(REQUEST_WAIT) {
+                Ok(Ok(state)) => Ok((index, state)),
+                Ok(Err(source)) => Err(VcpuError::State { index, source }),
+                Err(mpsc::RecvTimeoutError::Timeout) => Err(VcpuError::NoAnswer {
+                    index,
+                    reason: "no answer in time",
+                }),
+                Err(mpsc::RecvTimeoutError::Disconnected) => Err(VcpuError::NoAnswer {
+                    index,
+                    reason: "it left its park first",
+                }),
+            })
+            .collect()
+    }
+
     /// Asks every vCPU to stop and waits for the threads.
     pub fn stop(&mut self) {
         self.control.set(&self.control.stop, true);
@@ -460,7 +615,7 @@ mod tests {
     fn parked_thread(control: &Arc<VcpuControl>, slot: &Arc<VcpuSlot>) -> JoinHandle<()> {
         control.set(&control.pause, true);
         let (c, s) = (control.clone(), slot.clone());
-        let t = std::thread::spawn(move || c.park(&s));
+        let t = std::thread::spawn(move || c.park(&s, &mut |_| {}));
         while !slot.parked.load(Ordering::SeqCst) {
             std::thread::yield_now();
         }
@@ -503,6 +658,43 @@ mod tests {
         let t = parked_thread(&control, &slot);
         control.set(&control.stop, true);
         t.join().unwrap();
+    }
+
+    /// A request reaches a thread already parked (the wake-up is not
+    /// lost), is served there, and the thread stays parked after it.
+    #[test]
+    fn a_parked_thread_serves_its_mailbox_and_stays_parked() {
+        let control = Arc::new(VcpuControl::default());
+        let slot = Arc::new(VcpuSlot::default());
+        control.set(&control.pause, true);
+        let (c, s) = (control.clone(), slot.clone());
+        let t = std::thread::spawn(move || {
+            c.park(&s, &mut |request| match request {
+                VcpuRequest::SaveState { reply, .. } => {
+                    reply.send(Err(VcpuStateError::NoXcrs)).unwrap();
+                }
+            })
+        });
+        while !slot.parked.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let caps = Arc::new(StateCaps {
+            xsave2_size: None,
+            xcrs: false,
+            tsc_khz: false,
+            msrs: Vec::new(),
+        });
+        for _ in 0..3 {
+            let (reply, answer) = mpsc::channel();
+            let caps = caps.clone();
+            control.ask(&slot, VcpuRequest::SaveState { caps, reply });
+            let served = answer.recv_timeout(REQUEST_WAIT).unwrap();
+            assert!(matches!(served, Err(VcpuStateError::NoXcrs)));
+        }
+        assert!(slot.parked.load(Ordering::SeqCst) && !t.is_finished());
+        control.set(&control.pause, false);
+        t.join().unwrap();
+        assert!(slot.mailbox().is_empty());
     }
 
     #[test]
