@@ -19,12 +19,19 @@
 //!   a version; each section (the VM, a vCPU, a device) carries its own kind
 //!   and version, so a section can change without the others, and a restore
 //!   refuses a version it does not know by the section's name.
+//!
+//! [`protocol`] is the migration wire protocol (Cloud Hypervisor's framing
+//! and our two fd-passing commands); [`fd_socket`] passes the fds over its
+//! unix socket.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+pub mod fd_socket;
+pub mod protocol;
 
 /// The `format` of every state document this crate writes; another value
 /// is refused before any section is read.
