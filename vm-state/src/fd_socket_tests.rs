@@ -15,7 +15,7 @@ fn file_with(content: &[u8]) -> File {
 }
 
 fn tempfile() -> File {
-    // An unnamed file in /tmp: nothing left behind.
+    // A memfd: a file with no name, nothing left behind.
     // SAFETY: memfd_create with a NUL-terminated name; the result is checked.
     let fd = unsafe { libc::memfd_create(c"vm-state-test".as_ptr(), libc::MFD_CLOEXEC) };
     assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
