@@ -17,6 +17,7 @@ pub mod fuse;
 pub mod host_fs;
 pub mod limits;
 pub mod listen;
+pub mod migration;
 pub mod passthrough;
 pub mod policy;
 pub mod sandbox;
