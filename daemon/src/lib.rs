@@ -15,6 +15,7 @@ pub mod control;
 pub mod dax;
 pub mod fuse;
 pub mod host_fs;
+pub mod inflight;
 pub mod limits;
 pub mod listen;
 pub mod migration;

@@ -11,6 +11,8 @@
 //! the window's size over the mapping alignment). Counters (`ServerStats`,
 //! `DaxStats`) are not carried: a new daemon starts them at zero.
 
+pub mod transfer;
+
 use serde::{Deserialize, Serialize};
 
 use crate::dax::window_map::MappedFile;
