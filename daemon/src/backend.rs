@@ -421,4 +421,81 @@ mod tests {
         q.set_queue_info(DESC, AVAIL, USED).unwrap();
         assert!(!q.is_broken());
     }
+
+    /// GET_VRING_BASE's stop_vring waits for a request already taken from
+    /// the queue (here queued behind a busy worker) before the VMM reads
+    /// the ring's position; and a kick on a queue it stopped does not
+    /// break the queue.
+    #[test]
+    fn stopping_a_queue_waits_for_its_taken_requests_and_a_stopped_queue_is_not_broken() {
+        let dir = TempDir::new().unwrap();
+        let root = openat(
+            libc::AT_FDCWD,
+            &std::ffi::CString::new(dir.as_path().to_str().unwrap()).unwrap(),
+            libc::O_PATH,
+            0,
+        )
+        .unwrap();
+        let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
+        let policy = Arc::new(DaxPolicy::new(policies::Policy::default()));
+        let fs = PassthroughFs::new(root, proc_fd, CachePolicy::Never, policy.clone()).unwrap();
+        let server = Server::new(fs, DaxMapper::new(2 << 20, policy.clone()), policy);
+        let pool = WorkerPool::new(1, 8).unwrap();
+        let backend = Arc::new(FsBackend::new(Arc::new(server), 1, 64, false, Some(pool)));
+        let mem = GuestMemoryAtomic::new(
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
+        );
+        backend.update_memory(mem.clone()).unwrap();
+        let vrings: Vec<Vring> = (0..2)
+            .map(|_| Vring::new(mem.clone(), 64).unwrap())
+            .collect();
+        let q = &vrings[1];
+        q.set_queue_size(64);
+        q.set_queue_info(DESC, AVAIL, USED).unwrap();
+        q.set_queue_ready(true);
+        q.set_enabled(true);
+        // One request: a single readable descriptor (answered as malformed).
+        let m = mem.memory();
+        m.write_obj(0x8000u64, GuestAddress(DESC)).unwrap();
+        m.write_obj(16u32, GuestAddress(DESC + 8)).unwrap();
+        m.write_obj(0u16, GuestAddress(AVAIL + 4)).unwrap();
+        m.write_obj(1u16, GuestAddress(AVAIL + 2)).unwrap();
+        // The only worker is busy: the request waits behind it.
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        assert!(backend
+            .pool
+            .as_ref()
+            .unwrap()
+            .submit(move || {
+                let _ = wait.recv();
+            })
+            .is_ok());
+        backend.handle_event(1, EventSet::IN, &vrings, 0).unwrap();
+        // GET_VRING_BASE: the queue is marked not ready, then stop_vring.
+        q.set_queue_ready(false);
+        backend.handle_event(1, EventSet::IN, &vrings, 0).unwrap();
+        assert!(!q.is_broken(), "a stopped queue is not a broken one");
+        let (done, stopped) = std::sync::mpsc::channel();
+        let b = backend.clone();
+        std::thread::spawn(move || {
+            let _ = done.send(b.stop_vring(1).is_ok());
+        });
+        assert!(
+            stopped
+                .recv_timeout(std::time::Duration::from_millis(100))
+                .is_err(),
+            "stop_vring returned with the request unanswered"
+        );
+        assert_eq!(m.read_obj::<u16>(GuestAddress(USED + 2)).unwrap(), 0);
+        release.send(()).unwrap();
+        assert_eq!(
+            stopped.recv_timeout(std::time::Duration::from_secs(60)),
+            Ok(true)
+        );
+        assert_eq!(
+            m.read_obj::<u16>(GuestAddress(USED + 2)).unwrap(),
+            1,
+            "answered before stop_vring returned"
+        );
+    }
 }

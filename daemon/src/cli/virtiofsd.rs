@@ -9,8 +9,9 @@ use clap::Args;
 
 /// What virtiofsd's `--print-capabilities` prints, for what this daemon
 /// does (QEMU's docs/interop/vhost-user.json): a virtio-fs backend whose
-/// options are all separate flags. Not `migrate-precopy` (no migration),
-/// nor the posix-acl/security-label negotiation modes (neither served).
+/// options are all separate flags. Not `migrate-precopy` (the daemon's
+/// state moves, but the window's mappings are not yet set up again from
+/// it), nor the posix-acl/security-label negotiation modes (neither served).
 pub const CAPABILITIES: &str = r#"{
   "type": "fs",
   "features": [
