@@ -46,8 +46,8 @@ fuzz_target!(|data: &[u8]| {
     let mut fs = PassthroughFs::new(root, proc_fd, CachePolicy::Auto, policy.clone()).unwrap();
     fs.limits.max_inodes = 64;
     fs.limits.max_handles = 16;
-    let dax = DaxMapper::new(8 << 20, policy);
-    if migration::load(data, &fs, &dax).is_ok() {
+    let dax = DaxMapper::new(8 << 20, policy.clone());
+    if migration::load(data, &fs, &dax, &policy).is_ok() {
         // Whatever loaded is inside the share: no path climbs out of it.
         for nodeid in 2..64 {
             if fs.inode(nodeid).is_ok() {

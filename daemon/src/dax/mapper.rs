@@ -181,13 +181,18 @@ impl DaxMapper {
     }
 
     /// Installs a migrated record (checked by [`crate::migration`]) in
-    /// place of whatever was recorded: the guest's session goes on.
+    /// place of whatever was recorded: the guest's session goes on. The
+    /// window's use hears of each range as if it were mapped now.
     pub fn load_window_record(&self, map_alignment_log2: u16, ranges: &[(u64, u64, MappedFile)]) {
         let mut w = self.window();
         w.mapped.clear();
         w.map_alignment_log2 = map_alignment_log2;
         for &(start, len, file) in ranges {
             w.mapped.insert(start, len, file);
+        }
+        drop(w);
+        for &(start, len, file) in ranges {
+            self.window_use.mapped(file.nodeid, start, len);
         }
     }
 

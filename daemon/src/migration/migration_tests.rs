@@ -14,6 +14,7 @@ const MIB: u64 = 1 << 20;
 struct Daemon {
     fs: PassthroughFs,
     dax: DaxMapper,
+    policy: Arc<DaxPolicy>,
 }
 
 fn daemon_on(dir: &TempDir) -> Daemon {
@@ -23,7 +24,8 @@ fn daemon_on(dir: &TempDir) -> Daemon {
     let policy = Arc::new(DaxPolicy::new(policies::Policy::default()));
     Daemon {
         fs: PassthroughFs::new(root, proc_fd, CachePolicy::Never, policy.clone()).unwrap(),
-        dax: DaxMapper::new(64 * MIB, policy),
+        dax: DaxMapper::new(64 * MIB, policy.clone()),
+        policy,
     }
 }
 
@@ -84,9 +86,9 @@ fn a_second_daemon_on_the_share_resolves_the_same_files_and_handles() {
     let dir = share();
     let a = daemon_on(&dir);
     let s = session(&a);
-    let blob = save(&a.fs, &a.dax).unwrap();
+    let blob = save(&a.fs, &a.dax, &a.policy).unwrap();
     let b = daemon_on(&dir);
-    load(&blob, &b.fs, &b.dax).unwrap();
+    load(&blob, &b.fs, &b.dax, &b.policy).unwrap();
     for n in [s.d, s.f, s.g] {
         assert_eq!(
             b.fs.inode(n).unwrap().key(),
@@ -138,12 +140,14 @@ fn a_file_replaced_at_its_path_is_refused_by_name() {
     let dir = share();
     let a = daemon_on(&dir);
     session(&a);
-    let blob = save(&a.fs, &a.dax).unwrap();
+    let blob = save(&a.fs, &a.dax, &a.policy).unwrap();
     // Same path, a new inode (the old one stays alive through A's fds).
     std::fs::remove_file(dir.as_path().join("d/f")).unwrap();
     std::fs::write(dir.as_path().join("d/f"), b"other").unwrap();
     let b = daemon_on(&dir);
-    let err = load(&blob, &b.fs, &b.dax).unwrap_err().to_string();
+    let err = load(&blob, &b.fs, &b.dax, &b.policy)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("d/f") && err.contains("replaced"), "{err}");
     assert_eq!(b.fs.inode_count(), 1, "nothing applied");
     assert_eq!(b.fs.handle_count(), 0);
@@ -156,7 +160,7 @@ fn a_file_gone_at_save_is_refused_by_its_last_name() {
     let a = daemon_on(&dir);
     session(&a);
     std::fs::rename(dir.as_path().join("g"), dir.as_path().join("h")).unwrap();
-    let err = save(&a.fs, &a.dax).unwrap_err().to_string();
+    let err = save(&a.fs, &a.dax, &a.policy).unwrap_err().to_string();
     assert!(
         err.contains("g:") && err.contains("cannot be found"),
         "{err}"
@@ -168,14 +172,17 @@ fn truncated_oversized_or_garbage_blobs_are_errors() {
     let dir = share();
     let a = daemon_on(&dir);
     session(&a);
-    let blob = save(&a.fs, &a.dax).unwrap();
+    let blob = save(&a.fs, &a.dax, &a.policy).unwrap();
     let b = daemon_on(&dir);
     for cut in [0, 1, blob.len() / 2, blob.len() - 1] {
-        assert!(load(&blob[..cut], &b.fs, &b.dax).is_err(), "cut at {cut}");
+        assert!(
+            load(&blob[..cut], &b.fs, &b.dax, &b.policy).is_err(),
+            "cut at {cut}"
+        );
     }
     let big = vec![b' '; MAX_STATE_BYTES + 1];
     assert!(matches!(decode(&big), Err(MigrationError::TooLarge { .. })));
-    assert!(load(b"\xff\x00garbage", &b.fs, &b.dax).is_err());
+    assert!(load(b"\xff\x00garbage", &b.fs, &b.dax, &b.policy).is_err());
     let newer =
         String::from_utf8(blob.clone())
             .unwrap()
@@ -185,10 +192,10 @@ fn truncated_oversized_or_garbage_blobs_are_errors() {
         Err(MigrationError::Version(2))
     ));
     assert_eq!(b.fs.inode_count(), 1);
-    load(&blob, &b.fs, &b.dax).unwrap();
+    load(&blob, &b.fs, &b.dax, &b.policy).unwrap();
     assert!(
         matches!(
-            load(&blob, &b.fs, &b.dax),
+            load(&blob, &b.fs, &b.dax, &b.policy),
             Err(MigrationError::Share(StateError::NotFresh(_)))
         ),
         "a second load into a daemon with a session"
@@ -200,10 +207,16 @@ fn truncated_oversized_or_garbage_blobs_are_errors() {
 fn load_edited(dir: &TempDir, edit: impl FnOnce(&mut DaemonState)) -> String {
     let a = daemon_on(dir);
     session(&a);
-    let mut state = decode(&save(&a.fs, &a.dax).unwrap()).unwrap();
+    let mut state = decode(&save(&a.fs, &a.dax, &a.policy).unwrap()).unwrap();
     edit(&mut state);
     let b = daemon_on(dir);
-    let err = load(&serde_json::to_vec(&state).unwrap(), &b.fs, &b.dax).unwrap_err();
+    let err = load(
+        &serde_json::to_vec(&state).unwrap(),
+        &b.fs,
+        &b.dax,
+        &b.policy,
+    )
+    .unwrap_err();
     assert_eq!(b.fs.inode_count(), 1, "nothing applied: {err}");
     err.to_string()
 }
@@ -230,11 +243,13 @@ fn hostile_states_are_refused_naming_the_field() {
     // A symlink put where a saved directory was is not followed.
     let a = daemon_on(&dir);
     session(&a);
-    let blob = save(&a.fs, &a.dax).unwrap();
+    let blob = save(&a.fs, &a.dax, &a.policy).unwrap();
     std::fs::rename(dir.as_path().join("d"), dir.as_path().join("e")).unwrap();
     std::os::unix::fs::symlink("e", dir.as_path().join("d")).unwrap();
     let b = daemon_on(&dir);
-    let err = load(&blob, &b.fs, &b.dax).unwrap_err().to_string();
+    let err = load(&blob, &b.fs, &b.dax, &b.policy)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("restore: d:"), "{err}");
 }
 
@@ -243,13 +258,49 @@ fn counts_past_the_daemons_caps_are_refused() {
     let dir = share();
     let a = daemon_on(&dir);
     session(&a);
-    let blob = save(&a.fs, &a.dax).unwrap();
+    let blob = save(&a.fs, &a.dax, &a.policy).unwrap();
     let mut b = daemon_on(&dir);
     b.fs.limits.max_handles = 2;
-    let err = load(&blob, &b.fs, &b.dax).unwrap_err().to_string();
+    let err = load(&blob, &b.fs, &b.dax, &b.policy)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("handles: 3 entries, the limit is 2"), "{err}");
     let mut b = daemon_on(&dir);
     b.fs.limits.max_inodes = 3;
-    let err = load(&blob, &b.fs, &b.dax).unwrap_err().to_string();
+    let err = load(&blob, &b.fs, &b.dax, &b.policy)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("inodes: 3 entries, the limit is 2"), "{err}");
+}
+
+#[test]
+fn the_policy_in_force_moves_and_the_adaptive_part_sees_the_mapped_ranges() {
+    let dir = share();
+    let a = daemon_on(&dir);
+    session(&a);
+    let swapped = policies::Policy {
+        mode: policies::Mode::Never,
+        ..policies::Policy::default()
+    };
+    a.policy.replace(swapped.clone());
+    let blob = save(&a.fs, &a.dax, &a.policy).unwrap();
+    let b = daemon_on(&dir);
+    assert_ne!(b.policy.current().policy, swapped);
+    load(&blob, &b.fs, &b.dax, &b.policy).unwrap();
+    assert_eq!(b.policy.current().policy, swapped);
+    // The one 2 MiB range mapped on A counts as mapped on B.
+    assert_eq!(b.policy.adaptive.stats().mapped_ranges, 1);
+    // A policy document that does not parse: refused, nothing applied.
+    let mut state = decode(&blob).unwrap();
+    state.policy = serde_json::json!({"mode": "sometimes"});
+    let c = daemon_on(&dir);
+    let err = load(
+        &serde_json::to_vec(&state).unwrap(),
+        &c.fs,
+        &c.dax,
+        &c.policy,
+    )
+    .unwrap_err();
+    assert!(err.to_string().starts_with("policy:"), "{err}");
+    assert_eq!(c.fs.inode_count(), 1);
 }

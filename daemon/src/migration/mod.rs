@@ -1,8 +1,10 @@
 //! The daemon's migratable state: what a new daemon on the same share needs
 //! to serve a guest that moved (a restored snapshot, a migrated VM) without
 //! a new FUSE session — the inodes and handles the guest holds
-//! ([`crate::passthrough::PassthroughState`]) and the record of what is
-//! mapped where in the DAX window.
+//! ([`crate::passthrough::PassthroughState`]), the record of what is
+//! mapped where in the DAX window, and the DAX policy in force (the
+//! adaptive part is fed the window's ranges again as if newly mapped; its
+//! per-file history and event ring are not carried).
 //!
 //! The blob is JSON (serde_json, already a dependency): self-describing, so
 //! a version bump can add fields and an operator can read a saved state;
@@ -18,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::dax::window_map::MappedFile;
 use crate::dax::DaxMapper;
 use crate::passthrough::{PassthroughFs, PassthroughState, StateError};
+use crate::policy::DaxPolicy;
 
 /// The format this daemon writes and the only one it reads.
 pub const STATE_VERSION: u32 = 1;
@@ -59,6 +62,8 @@ pub struct DaemonState {
     pub version: u32,
     pub share: PassthroughState,
     pub window: WindowState,
+    /// The DAX policy document in force (as the control socket shows it).
+    pub policy: serde_json::Value,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +76,8 @@ pub enum MigrationError {
     Version(u32),
     #[error("restore: {0}")]
     Share(#[from] StateError),
+    #[error("policy: {0}")]
+    Policy(String),
     #[error("window.{field}: {why}")]
     Window { field: &'static str, why: String },
 }
@@ -85,7 +92,11 @@ fn window_err(field: &'static str, why: impl ToString) -> MigrationError {
 /// Serializes the daemon's state; refused (naming the path) when an inode
 /// the guest holds can no longer be found by its path, and when the blob
 /// would pass [`MAX_STATE_BYTES`].
-pub fn save(fs: &PassthroughFs, dax: &DaxMapper) -> Result<Vec<u8>, MigrationError> {
+pub fn save(
+    fs: &PassthroughFs,
+    dax: &DaxMapper,
+    policy: &DaxPolicy,
+) -> Result<Vec<u8>, MigrationError> {
     let share = fs.save_state()?;
     let (map_alignment_log2, ranges) = dax.window_record();
     let ranges = ranges
@@ -105,6 +116,7 @@ pub fn save(fs: &PassthroughFs, dax: &DaxMapper) -> Result<Vec<u8>, MigrationErr
             map_alignment_log2,
             ranges,
         },
+        policy: policy.current().policy.to_value(),
     };
     let blob = serde_json::to_vec(&state)?;
     if blob.len() > MAX_STATE_BYTES {
@@ -129,11 +141,20 @@ pub fn decode(blob: &[u8]) -> Result<DaemonState, MigrationError> {
 /// inodes and handles (each verified, see [`PassthroughFs::load_state`]),
 /// then the window's record, whose every range must lie in the window,
 /// follow the alignment, not overlap the previous one and map a regular
-/// file the state holds. On an error the window's record is left as it was;
-/// the share's part is applied only after it all loaded.
-pub fn load(blob: &[u8], fs: &PassthroughFs, dax: &DaxMapper) -> Result<(), MigrationError> {
+/// file the state holds; then the policy, swapped in as the control socket
+/// swaps one when it differs from the one in force. On an error the window's
+/// record and the policy are left as they were; the share's part is applied
+/// only after it all loaded.
+pub fn load(
+    blob: &[u8],
+    fs: &PassthroughFs,
+    dax: &DaxMapper,
+    policy: &DaxPolicy,
+) -> Result<(), MigrationError> {
     let state = decode(blob)?;
     let window = check_window(&state, dax.window_size())?;
+    let carried = policies::Policy::from_value(&state.policy)
+        .map_err(|e| MigrationError::Policy(e.to_string()))?;
     fs.load_state(&state.share)?;
     let mut ranges = Vec::with_capacity(window.ranges.len());
     for r in &window.ranges {
@@ -154,6 +175,9 @@ pub fn load(blob: &[u8], fs: &PassthroughFs, dax: &DaxMapper) -> Result<(), Migr
         ranges.push((r.start, r.len, file));
     }
     dax.load_window_record(window.map_alignment_log2, &ranges);
+    if policy.current().policy != carried {
+        policy.replace(carried);
+    }
     Ok(())
 }
 

@@ -61,12 +61,12 @@ fn state_of(share: &Path) -> Vec<u8> {
     let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
     let policy = Arc::new(DaxPolicy::new(policies::Policy::default()));
     let fs = PassthroughFs::new(root, proc_fd, CachePolicy::Never, policy.clone()).unwrap();
-    let dax = DaxMapper::new(WINDOW, policy);
+    let dax = DaxMapper::new(WINDOW, policy.clone());
     let (d, _) = fs.lookup(ROOT_ID, c"d").unwrap();
     let (f, _) = fs.lookup(d, c"f").unwrap();
     fs.lookup(ROOT_ID, c"g").unwrap();
     fs.open(f, libc::O_RDWR.cast_unsigned(), false).unwrap();
-    daemon::migration::save(&fs, &dax).unwrap()
+    daemon::migration::save(&fs, &dax, &policy).unwrap()
 }
 
 #[test]
