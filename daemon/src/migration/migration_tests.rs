@@ -304,3 +304,16 @@ fn the_policy_in_force_moves_and_the_adaptive_part_sees_the_mapped_ranges() {
     assert!(err.to_string().starts_with("policy:"), "{err}");
     assert_eq!(c.fs.inode_count(), 1);
 }
+
+#[test]
+fn a_handle_whose_inode_the_guest_forgot_refuses_the_save_naming_it() {
+    let dir = share();
+    let a = daemon_on(&dir);
+    let s = session(&a);
+    a.fs.forget(s.g, 2);
+    let err = save(&a.fs, &a.dax, &a.policy).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("handle {} is open on node {}", s.fh_g, s.g)),
+        "{err}"
+    );
+}

@@ -180,6 +180,17 @@ impl PassthroughFs {
             })
             .collect();
         saved.sort_by_key(|h| h.fh);
+        // A handle outlives its inode only if the guest forgot the inode
+        // while the file was open: there is no path to find it by.
+        if let Some(h) = saved.iter().find(|h| !map.by_id.contains_key(&h.nodeid)) {
+            return Err(invalid(
+                "handles",
+                format!(
+                    "handle {} is open on node {}, which the guest forgot",
+                    h.fh, h.nodeid
+                ),
+            ));
+        }
         Ok(PassthroughState {
             root_ino: root.key.1,
             next_id: map.next_id,
