@@ -25,9 +25,10 @@ use crate::policy::DaxPolicy;
 /// The format this daemon writes and the only one it reads.
 pub const STATE_VERSION: u32 = 1;
 
-/// The largest blob saved or loaded: the caps' defaults (a million inodes)
-/// fit with names of ordinary length; a share holding more is refused at
-/// save, naming this cap.
+/// The largest blob saved or loaded. An inode takes about a hundred bytes
+/// plus a few per byte of its name (names are byte arrays in JSON), so
+/// hundreds of thousands of inodes fit, not always `--max-inodes`' default
+/// of a million: a state past the cap is refused at save, naming it.
 pub const MAX_STATE_BYTES: usize = 64 << 20;
 
 /// The smallest and largest mapping alignment a session can have (a page,
