@@ -1,12 +1,15 @@
 //! The vhost-user side of the daemon: what it offers the VMM (features,
-//! queues, the DAX window size in GET_SHMEM_CONFIG) and the queue loop that
-//! feeds requests to the FUSE [`Server`].
+//! queues, the DAX window size in GET_SHMEM_CONFIG), the queue loop that
+//! feeds requests to the FUSE [`Server`], and the device-state transfer
+//! (SET_DEVICE_STATE_FD / CHECK_DEVICE_STATE, [`crate::migration`]).
 
+use std::fs::File;
 use std::io;
 use std::sync::{Arc, RwLock};
 
 use vhost::vhost_user::message::{
-    VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures,
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
+    VhostUserShMemConfig, VhostUserVirtioFeatures,
 };
 use vhost::vhost_user::Backend;
 use vhost_user_backend::{VhostUserBackend, VringT};
@@ -22,6 +25,8 @@ use vmm_sys_util::event::{
 
 use crate::fuse::chain;
 use crate::fuse::server::Server;
+use crate::inflight::{InFlight, STOP_WAIT};
+use crate::migration::transfer::{self, Transfers, CHECK_WAIT};
 use crate::vring::FsVring;
 use crate::workers::WorkerPool;
 use crate::GuestMemoryMmap;
@@ -39,6 +44,11 @@ pub struct FsBackend {
     mem: RwLock<Option<Mem>>,
     /// `--thread-pool-size`: workers shared by all queues, or none.
     pool: Option<WorkerPool>,
+    /// Requests taken from each queue and not yet answered.
+    inflight: Arc<InFlight>,
+    /// Offer DEVICE_STATE (`--migration-mode`).
+    migration: bool,
+    transfers: Transfers,
 }
 
 /// Marks `vring` broken (once): it is served no more until the VMM sets it
@@ -64,12 +74,22 @@ impl FsBackend {
         FsBackend {
             pool,
             server,
+            inflight: InFlight::new(num_request_queues + 1),
+            migration: false,
+            transfers: Transfers::default(),
             num_queues: num_request_queues + 1,
             queue_size,
             dax,
             event_idx: Default::default(),
             mem: RwLock::new(None),
         }
+    }
+
+    /// Offers the device-state transfer (vhost-user DEVICE_STATE), with
+    /// which the VMM moves the daemon's state to a new daemon.
+    pub fn with_migration(mut self, on: bool) -> Self {
+        self.migration = on;
+        self
     }
 
     /// Serves every request on the queue: here, or on the worker pool when
@@ -93,6 +113,8 @@ impl FsBackend {
             let chain = match next {
                 Ok(Some(chain)) => chain,
                 Ok(None) => break,
+                // GET_VRING_BASE stopped the queue meanwhile: stop popping.
+                Err(virtio_queue::Error::QueueNotReady) => break,
                 Err(e) => {
                     return broken(
                         vring,
@@ -101,12 +123,18 @@ impl FsBackend {
                     )
                 }
             };
+            let busy = self.inflight.begin(usize::from(queue));
             let Some(pool) = &self.pool else {
                 serve(&self.server, chain, queue, vring);
+                drop(busy);
                 continue;
             };
             let (server, worker_vring) = (self.server.clone(), vring.clone());
-            if let Err(job) = pool.submit(move || serve(&server, chain, queue, &worker_vring)) {
+            let job = move || {
+                serve(&server, chain, queue, &worker_vring);
+                drop(busy);
+            };
+            if let Err(job) = pool.submit(job) {
                 self.server.count_worker_queue_full(pool.depth() as u64);
                 job();
             }
@@ -164,8 +192,63 @@ impl VhostUserBackend for FsBackend {
     }
 
     /// What the VMM's frontend asks for (the two sides share the set).
+    /// With migration on, DEVICE_STATE too (which the VMM asks for only
+    /// when it moves the daemon's state).
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        dax_abi::protocol_features(self.dax)
+        let features = dax_abi::protocol_features(self.dax);
+        if self.migration {
+            features | VhostUserProtocolFeatures::DEVICE_STATE
+        } else {
+            features
+        }
+    }
+
+    /// GET_VRING_BASE: the queue is already marked not ready, so nothing
+    /// more is popped from it; wait for what was (bounded by [`STOP_WAIT`]).
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        let queue = usize::try_from(queue_index).unwrap_or(usize::MAX);
+        self.inflight.wait_idle(queue, STOP_WAIT).map_err(|n| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("queue {queue_index}: {n} requests still in flight after {STOP_WAIT:?}"),
+            )
+        })
+    }
+
+    /// Starts the transfer on its own thread and answers at once: the
+    /// front-end reads (SAVE) or writes (LOAD) `file` after this reply.
+    fn set_device_state_fd(
+        &self,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: File,
+    ) -> io::Result<Option<File>> {
+        if !self.migration {
+            return Err(io::Error::other("device-state transfer is not offered"));
+        }
+        if phase != VhostTransferStatePhase::STOPPED {
+            return Err(io::Error::other(format!(
+                "transfer phase {phase:?} is not served"
+            )));
+        }
+        let server = self.server.clone();
+        match direction {
+            VhostTransferStateDirection::SAVE => self.transfers.start("save", move || {
+                let blob = server.save_state().map_err(|e| e.to_string())?;
+                transfer::write_blob(file, &blob)
+            }),
+            VhostTransferStateDirection::LOAD => self.transfers.start("load", move || {
+                let blob = transfer::read_blob(file)?;
+                server.load_state(&blob).map_err(|e| e.to_string())
+            }),
+        }?;
+        Ok(None)
+    }
+
+    /// The transfer's result (the VMM sees only ok or not; the daemon's
+    /// log names what failed).
+    fn check_device_state(&self) -> io::Result<()> {
+        self.transfers.check(CHECK_WAIT)
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -337,5 +420,82 @@ mod tests {
         // The VMM setting the queue up again makes it servable.
         q.set_queue_info(DESC, AVAIL, USED).unwrap();
         assert!(!q.is_broken());
+    }
+
+    /// GET_VRING_BASE's stop_vring waits for a request already taken from
+    /// the queue (here queued behind a busy worker) before the VMM reads
+    /// the ring's position; and a kick on a queue it stopped does not
+    /// break the queue.
+    #[test]
+    fn stopping_a_queue_waits_for_its_taken_requests_and_a_stopped_queue_is_not_broken() {
+        let dir = TempDir::new().unwrap();
+        let root = openat(
+            libc::AT_FDCWD,
+            &std::ffi::CString::new(dir.as_path().to_str().unwrap()).unwrap(),
+            libc::O_PATH,
+            0,
+        )
+        .unwrap();
+        let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
+        let policy = Arc::new(DaxPolicy::new(policies::Policy::default()));
+        let fs = PassthroughFs::new(root, proc_fd, CachePolicy::Never, policy.clone()).unwrap();
+        let server = Server::new(fs, DaxMapper::new(2 << 20, policy.clone()), policy);
+        let pool = WorkerPool::new(1, 8).unwrap();
+        let backend = Arc::new(FsBackend::new(Arc::new(server), 1, 64, false, Some(pool)));
+        let mem = GuestMemoryAtomic::new(
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
+        );
+        backend.update_memory(mem.clone()).unwrap();
+        let vrings: Vec<Vring> = (0..2)
+            .map(|_| Vring::new(mem.clone(), 64).unwrap())
+            .collect();
+        let q = &vrings[1];
+        q.set_queue_size(64);
+        q.set_queue_info(DESC, AVAIL, USED).unwrap();
+        q.set_queue_ready(true);
+        q.set_enabled(true);
+        // One request: a single readable descriptor (answered as malformed).
+        let m = mem.memory();
+        m.write_obj(0x8000u64, GuestAddress(DESC)).unwrap();
+        m.write_obj(16u32, GuestAddress(DESC + 8)).unwrap();
+        m.write_obj(0u16, GuestAddress(AVAIL + 4)).unwrap();
+        m.write_obj(1u16, GuestAddress(AVAIL + 2)).unwrap();
+        // The only worker is busy: the request waits behind it.
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        assert!(backend
+            .pool
+            .as_ref()
+            .unwrap()
+            .submit(move || {
+                let _ = wait.recv();
+            })
+            .is_ok());
+        backend.handle_event(1, EventSet::IN, &vrings, 0).unwrap();
+        // GET_VRING_BASE: the queue is marked not ready, then stop_vring.
+        q.set_queue_ready(false);
+        backend.handle_event(1, EventSet::IN, &vrings, 0).unwrap();
+        assert!(!q.is_broken(), "a stopped queue is not a broken one");
+        let (done, stopped) = std::sync::mpsc::channel();
+        let b = backend.clone();
+        std::thread::spawn(move || {
+            let _ = done.send(b.stop_vring(1).is_ok());
+        });
+        assert!(
+            stopped
+                .recv_timeout(std::time::Duration::from_millis(100))
+                .is_err(),
+            "stop_vring returned with the request unanswered"
+        );
+        assert_eq!(m.read_obj::<u16>(GuestAddress(USED + 2)).unwrap(), 0);
+        release.send(()).unwrap();
+        assert_eq!(
+            stopped.recv_timeout(std::time::Duration::from_secs(60)),
+            Ok(true)
+        );
+        assert_eq!(
+            m.read_obj::<u16>(GuestAddress(USED + 2)).unwrap(),
+            1,
+            "answered before stop_vring returned"
+        );
     }
 }

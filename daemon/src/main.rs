@@ -243,13 +243,18 @@ fn run(cli: Cli, inherited: Option<UnixListener>) -> Result<(), String> {
         daemon::control::serve(listener, server.clone(), policy)
             .map_err(|e| format!("--control-socket: {e}"))?;
     }
-    let backend = Arc::new(FsBackend::new(
+    let backend = Arc::new(
+        FsBackend::new(
         server.clone(),
         usize::from(cli.max_request_queues),
         usize::from(cli.max_queue_size),
         cli.dax == OnOff::On,
         worker_pool(&cli, &limits)?,
-    ));
+    )
+    // Every --migration-mode the CLI takes (find-paths) moves the state,
+    // so the transfer is offered, as virtiofsd offers it.
+    .with_migration(true),
+    );
     let daemon = VhostUserDaemon::new(
         "dax-virtiofsd".into(),
         backend,

@@ -670,3 +670,7 @@ mod confinement;
 
 #[path = "frontend/kata.rs"]
 mod kata;
+
+/// SET_DEVICE_STATE_FD / CHECK_DEVICE_STATE with the daemon binary.
+#[path = "frontend/device_state.rs"]
+mod device_state;

@@ -117,16 +117,10 @@ const REFUSED: &[(&[&str], &str)] = &[
     (&["--gid-map", ":0:100000:65536:"], "--gid-map"),
     (&["--translate-uid", "guest:0:1000:1"], "--translate-uid"),
     (&["--translate-gid", "map:0:1000:1"], "--translate-gid"),
-    (&["--migration-mode", "find-paths"], "--migration-mode"),
     (
         &["--migration-on-error=guest-error"],
-        "--migration-on-error",
+        "--migration-on-error=guest-error",
     ),
-    (
-        &["--migration-verify-handles"],
-        "--migration-verify-handles",
-    ),
-    (&["--migration-confirm-paths"], "--migration-confirm-paths"),
     (&["--posix-acl"], "--posix-acl=always"),
     (&["--posix-acl=auto"], "--posix-acl=auto"),
     (&["--security-label"], "--security-label=always"),
@@ -170,6 +164,28 @@ fn every_unsupported_virtiofsd_option_is_refused_by_name() {
         let long = format!("--{}", arg.get_long().unwrap());
         assert!(refused.contains(&long), "{long} is not tested");
     }
+}
+
+#[test]
+fn migration_options_are_taken_in_the_mode_the_daemon_implements() {
+    let c = parse(
+        &[
+            &KATA_GO[..],
+            &[
+                "--migration-mode=find-paths",
+                "--migration-on-error=abort",
+                "--migration-verify-handles",
+                "--migration-confirm-paths",
+            ],
+        ]
+        .concat(),
+    );
+    assert!(c.is_ok(), "{:?}", c.err());
+    let e = parse(&[&KATA_GO[..], &["--migration-mode", "file-handles"]].concat()).unwrap_err();
+    assert!(
+        e.contains("--migration-mode=file-handles") && e.contains("CAP_DAC_READ_SEARCH"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -9,8 +9,9 @@ use clap::Args;
 
 /// What virtiofsd's `--print-capabilities` prints, for what this daemon
 /// does (QEMU's docs/interop/vhost-user.json): a virtio-fs backend whose
-/// options are all separate flags. Not `migrate-precopy` (no migration),
-/// nor the posix-acl/security-label negotiation modes (neither served).
+/// options are all separate flags. Not `migrate-precopy` (the daemon's
+/// state moves, but the window's mappings are not yet set up again from
+/// it), nor the posix-acl/security-label negotiation modes (neither served).
 pub const CAPABILITIES: &str = r#"{
   "type": "fs",
   "features": [
@@ -52,13 +53,21 @@ pub struct VirtiofsdOnly {
     translate_uid: Vec<String>,
     #[arg(long, hide = true)]
     translate_gid: Vec<String>,
-    #[arg(long, hide = true, value_parser = PossibleValuesParser::new(["find-paths", "file-handles"]))]
+    /// How inodes travel in the device state: only `find-paths` (by path,
+    /// verified by device and inode number), virtiofsd's default.
+    #[arg(long, value_name = "find-paths",
+          value_parser = PossibleValuesParser::new(["find-paths", "file-handles"]))]
     migration_mode: Option<String>,
-    #[arg(long, hide = true, value_parser = PossibleValuesParser::new(["abort", "guest-error"]))]
+    /// A migrated inode that cannot be found again: only `abort` (the load
+    /// fails, naming its path), virtiofsd's default.
+    #[arg(long, value_name = "abort",
+          value_parser = PossibleValuesParser::new(["abort", "guest-error"]))]
     migration_on_error: Option<String>,
-    #[arg(long, hide = true)]
+    /// Taken: every migrated inode is verified by device and inode number.
+    #[arg(long)]
     migration_verify_handles: bool,
-    #[arg(long, hide = true)]
+    /// Taken: a save checks that every inode is still at its path.
+    #[arg(long)]
     migration_confirm_paths: bool,
     /// POSIX ACLs: only `never` (the daemon serves none) is taken.
     #[arg(long, require_equals = true, num_args = 0..=1, default_missing_value = "always",
@@ -77,6 +86,14 @@ pub struct VirtiofsdOnly {
 impl VirtiofsdOnly {
     /// The first given option the daemon does not implement, refused by name.
     pub fn refuse_unsupported(&self) -> Result<(), String> {
+        if self.migration_mode.as_deref() == Some("file-handles") {
+            return Err(
+                "--migration-mode=file-handles is not supported: opening files by \
+                        handle needs CAP_DAC_READ_SEARCH, which the daemon's sandbox drops \
+                        (find-paths, the default, is)"
+                    .into(),
+            );
+        }
         let valued = |name: &str, v: &Option<String>, taken: &str| match v.as_deref() {
             Some(v) if v != taken => Some(format!("{name}={v}")),
             _ => None,
@@ -95,10 +112,7 @@ impl VirtiofsdOnly {
             given("--gid-map", !self.gid_map.is_empty()),
             given("--translate-uid", !self.translate_uid.is_empty()),
             given("--translate-gid", !self.translate_gid.is_empty()),
-            given("--migration-mode", self.migration_mode.is_some()),
-            given("--migration-on-error", self.migration_on_error.is_some()),
-            given("--migration-verify-handles", self.migration_verify_handles),
-            given("--migration-confirm-paths", self.migration_confirm_paths),
+            valued("--migration-on-error", &self.migration_on_error, "abort"),
             valued("--posix-acl", &self.posix_acl, "never"),
             valued("--security-label", &self.security_label, "never"),
             valued("--inode-file-handles", &self.inode_file_handles, "never"),

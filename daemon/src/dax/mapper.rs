@@ -173,6 +173,29 @@ impl DaxMapper {
         w.map_alignment_log2 = map_alignment_log2;
     }
 
+    /// This session's alignment (log2) and every range recorded as mapped:
+    /// the window's part of the daemon's migratable state.
+    pub fn window_record(&self) -> (u16, Vec<(u64, u64, MappedFile)>) {
+        let w = self.window();
+        (w.map_alignment_log2, w.mapped.entries())
+    }
+
+    /// Installs a migrated record (checked by [`crate::migration`]) in
+    /// place of whatever was recorded: the guest's session goes on. The
+    /// window's use hears of each range as if it were mapped now.
+    pub fn load_window_record(&self, map_alignment_log2: u16, ranges: &[(u64, u64, MappedFile)]) {
+        let mut w = self.window();
+        w.mapped.clear();
+        w.map_alignment_log2 = map_alignment_log2;
+        for &(start, len, file) in ranges {
+            w.mapped.insert(start, len, file);
+        }
+        drop(w);
+        for &(start, len, file) in ranges {
+            self.window_use.mapped(file.nodeid, start, len);
+        }
+    }
+
     /// The mapping alignment of this session, bytes.
     pub fn map_alignment(&self) -> u64 {
         1 << self.window().map_alignment_log2

@@ -78,6 +78,14 @@ impl WindowMap {
         self.ranges.clear();
     }
 
+    /// Every recorded range in window order: (start, len, file).
+    pub fn entries(&self) -> Vec<(u64, u64, MappedFile)> {
+        self.ranges
+            .iter()
+            .map(|(&s, &(e, f))| (s, e - s, f))
+            .collect()
+    }
+
     /// How many separate ranges are recorded.
     pub fn ranges(&self) -> usize {
         self.ranges.len()

@@ -131,6 +131,16 @@ impl Server {
         }
     }
 
+    /// The daemon's migratable state ([`crate::migration`]).
+    pub fn save_state(&self) -> Result<Vec<u8>, crate::migration::MigrationError> {
+        crate::migration::save(&self.fs, &self.dax, &self.policy)
+    }
+
+    /// Loads a migrated state into this daemon, which serves no session yet.
+    pub fn load_state(&self, blob: &[u8]) -> Result<(), crate::migration::MigrationError> {
+        crate::migration::load(blob, &self.fs, &self.dax, &self.policy)
+    }
+
     /// What the server, its filesystem and its DAX window have done and
     /// hold, and the policy in force: the control socket's `stats`.
     pub fn report(&self) -> DaemonStats {

@@ -179,8 +179,9 @@ impl PassthroughFs {
         if !inode.is_dir() {
             return Err(errno_error(libc::ENOTDIR));
         }
-        let file = self.reopen(&inode, libc::O_RDONLY | libc::O_DIRECTORY)?;
-        self.add_handle(file, nodeid)
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY;
+        let file = self.reopen(&inode, flags)?;
+        self.add_handle(file, nodeid, flags)
     }
 
     /// Entries from `offset` on, as many as `fits` accepts (it sees each

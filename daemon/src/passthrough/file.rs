@@ -14,7 +14,7 @@ use super::{copy, cvt, cvt_count, errno_error, Caller, PassthroughFs};
 /// access mode, and what only changes how the file is written or waited on.
 /// `O_CREAT`/`O_EXCL` are the daemon's own to set (CREATE) or drop (OPEN);
 /// `O_TRUNC` is acted on by CREATE only (see the OPEN handler).
-const GUEST_OPEN_FLAGS: i32 = libc::O_ACCMODE
+pub(super) const GUEST_OPEN_FLAGS: i32 = libc::O_ACCMODE
     | libc::O_CREAT
     | libc::O_EXCL
     | libc::O_TRUNC
@@ -67,7 +67,7 @@ impl PassthroughFs {
         } else {
             self.reopen(&inode, flags)?
         };
-        self.add_handle(file, nodeid)
+        self.add_handle(file, nodeid, flags)
     }
 
     /// CREATE: a new regular file in `parent`, opened; returns its lookup
@@ -105,7 +105,7 @@ impl PassthroughFs {
                     );
                 }
                 let entry = self.lookup(parent, name)?;
-                match self.add_handle(fd.into(), entry.0) {
+                match self.add_handle(fd.into(), entry.0, flags) {
                     Ok(fh) => Ok((entry, fh)),
                     Err(e) => {
                         self.forget(entry.0, 1);

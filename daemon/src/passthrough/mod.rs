@@ -14,6 +14,7 @@ mod attr;
 mod copy;
 mod dir;
 mod file;
+mod state;
 mod xattr;
 
 use std::collections::HashMap;
@@ -30,6 +31,7 @@ use crate::limits::{Cap, CapCounters, Limits};
 pub use attr::SetattrRequest;
 pub use dir::{DirEntry, DirEntryPlus};
 pub use file::{IoTarget, MappedFd};
+pub use state::{HandleState, InodeState, PassthroughState, StateError};
 pub use xattr::XattrMode;
 
 /// `--cache`: how long the guest may trust what it was told.
@@ -161,6 +163,10 @@ struct InodeMap {
 pub struct Handle {
     pub file: std::fs::File,
     pub nodeid: u64,
+    /// The open(2) flags it was opened with (without `O_CREAT`, `O_EXCL`
+    /// and `O_TRUNC`, which applied once): what a restored daemon opens it
+    /// with again ([`crate::migration`]).
+    pub flags: i32,
     /// Serializes seek + getdents on a directory handle.
     pub dir_lock: Mutex<()>,
 }
@@ -308,7 +314,7 @@ impl PassthroughFs {
     /// Registers an open file; past `--max-handles` (handles and
     /// window-buffer descriptors together) the file is closed and the
     /// guest gets ENFILE.
-    fn add_handle(&self, file: std::fs::File, nodeid: u64) -> io::Result<u64> {
+    fn add_handle(&self, file: std::fs::File, nodeid: u64, flags: i32) -> io::Result<u64> {
         let mut handles = self.handles.write().unwrap_or_else(|p| p.into_inner());
         let in_use = (handles.len() as u64).saturating_add(self.window_fds.load(Ordering::SeqCst));
         if in_use >= self.limits.max_handles {
@@ -322,6 +328,7 @@ impl PassthroughFs {
             Arc::new(Handle {
                 file,
                 nodeid,
+                flags: flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC),
                 dir_lock: Mutex::new(()),
             }),
         );

@@ -362,7 +362,10 @@ fn an_unsupported_virtiofsd_option_exits_2_naming_it() {
     for (arg, name) in [
         ("--posix-acl", "--posix-acl=always"),
         ("--writeback", "--writeback"),
-        ("--migration-mode=file-handles", "--migration-mode"),
+        (
+            "--migration-on-error=guest-error",
+            "--migration-on-error=guest-error",
+        ),
     ] {
         let (code, stderr) = run_with_fd3(Some(a.as_raw_fd()), &[arg]);
         assert_eq!(code, Some(2), "{stderr}");
