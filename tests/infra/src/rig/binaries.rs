@@ -21,7 +21,18 @@ pub(super) fn write_file(path: &Path, f: &ImageFile) -> Result<(), RigError> {
 
 /// The workspace's `target/` directory.
 pub fn target_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target")
+    workspace_root().join("target")
+}
+
+/// The workspace's root, two folders above this crate (`tests/infra`),
+/// spelled without `..` so the paths a run prints are plain.
+fn workspace_root() -> PathBuf {
+    let infra = Path::new(env!("CARGO_MANIFEST_DIR"));
+    infra
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(infra)
+        .to_path_buf()
 }
 
 /// `target/rig/runs/<name>`, emptied first.
@@ -89,7 +100,7 @@ pub fn static_binary(package: &str, bin: &str) -> Result<PathBuf, RigError> {
         ])
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
         .env("CARGO_TARGET_DIR", &target_dir)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .current_dir(workspace_root())
         .status()
         .map_err(|e| RigError::Setup(format!("cargo build {bin}: {e}")))?;
     if !status.success() {
