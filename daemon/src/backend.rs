@@ -342,6 +342,22 @@ mod tests {
     use crate::passthrough::{openat, CachePolicy, PassthroughFs};
     use crate::policy::DaxPolicy;
 
+    /// A passthrough file system over `dir` with the default policy, as
+    /// the daemon builds one (no DAX window yet).
+    fn passthrough_on(dir: &TempDir) -> (PassthroughFs, Arc<DaxPolicy>) {
+        let root = openat(
+            libc::AT_FDCWD,
+            &std::ffi::CString::new(dir.as_path().to_str().unwrap()).unwrap(),
+            libc::O_PATH,
+            0,
+        )
+        .unwrap();
+        let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
+        let policy = Arc::new(DaxPolicy::new(policies::Policy::default()));
+        let fs = PassthroughFs::new(root, proc_fd, CachePolicy::Never, policy.clone()).unwrap();
+        (fs, policy)
+    }
+
     const DESC: u64 = 0x1000;
     const AVAIL: u64 = 0x2000;
     const USED: u64 = 0x3000;
@@ -354,16 +370,7 @@ mod tests {
     #[test]
     fn an_impossible_avail_index_breaks_the_queue_once_and_tells_the_vmm_instead_of_spinning() {
         let dir = TempDir::new().unwrap();
-        let root = openat(
-            libc::AT_FDCWD,
-            &std::ffi::CString::new(dir.as_path().to_str().unwrap()).unwrap(),
-            libc::O_PATH,
-            0,
-        )
-        .unwrap();
-        let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
-        let policy = Arc::new(DaxPolicy::new(policies::Policy::default()));
-        let fs = PassthroughFs::new(root, proc_fd, CachePolicy::Never, policy.clone()).unwrap();
+        let (fs, policy) = passthrough_on(&dir);
         let backend = Arc::new(FsBackend::new(
             Arc::new(Server::new(
                 fs,
@@ -429,16 +436,7 @@ mod tests {
     #[test]
     fn stopping_a_queue_waits_for_its_taken_requests_and_a_stopped_queue_is_not_broken() {
         let dir = TempDir::new().unwrap();
-        let root = openat(
-            libc::AT_FDCWD,
-            &std::ffi::CString::new(dir.as_path().to_str().unwrap()).unwrap(),
-            libc::O_PATH,
-            0,
-        )
-        .unwrap();
-        let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
-        let policy = Arc::new(DaxPolicy::new(policies::Policy::default()));
-        let fs = PassthroughFs::new(root, proc_fd, CachePolicy::Never, policy.clone()).unwrap();
+        let (fs, policy) = passthrough_on(&dir);
         let server = Server::new(fs, DaxMapper::new(2 << 20, policy.clone()), policy);
         let pool = WorkerPool::new(1, 8).unwrap();
         let backend = Arc::new(FsBackend::new(Arc::new(server), 1, 64, false, Some(pool)));
