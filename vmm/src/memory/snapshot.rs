@@ -28,9 +28,10 @@ use std::os::unix::fs::FileExt;
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vm_state::protocol::MemoryRange;
-use vm_state::SectionState;
+use vm_state::{Persist, SectionState, StateError};
 
-use super::{GuestMemoryMmap, GuestRegionMmap};
+use super::{create_guest_memory, create_hotplug_region, GuestMemoryMmap, GuestRegionMmap};
+use crate::config::MemoryConfig;
 
 /// RAM regions a layout may hold: boot RAM's two, one per hot-plug slot,
 /// and room to spare; a layout with more is refused before anything is
@@ -76,6 +77,14 @@ pub enum MemorySnapshotError {
     LongFile { file_len: u64, table_len: u64 },
     #[error("memory-ranges: guest RAM at {gpa:#x} is not in this VM's memory")]
     NotInMemory { gpa: u64 },
+    #[error("memory: region {index} (gpa {gpa:#x}): {reason}")]
+    Mismatch {
+        index: usize,
+        gpa: u64,
+        reason: String,
+    },
+    #[error("memory: creating guest RAM for the layout failed: {0}")]
+    Create(String),
     #[error("memory-ranges: {what} at file offset {offset}: {source}")]
     Io {
         what: &'static str,
@@ -226,6 +235,108 @@ impl MemoryLayoutState {
             .iter()
             .find(|r| r.gpa <= gpa && r.end().is_some_and(|e| end <= e))
     }
+}
+
+/// Guest RAM and the layout it was built to: what saves and restores the
+/// memory section (the bytes go through [`write_memory_ranges`] and
+/// [`read_memory_ranges`], or as fds in a local migration).
+#[derive(Debug)]
+pub struct GuestRam {
+    pub mem: GuestMemoryMmap,
+    pub layout: MemoryLayoutState,
+}
+
+impl Persist for GuestRam {
+    type State = MemoryLayoutState;
+    /// The VM's `--memory` configuration (shared, huge pages): the layout
+    /// says where RAM lies, the configuration how it is backed.
+    type RestoreArgs<'a> = &'a MemoryConfig;
+
+    fn save(&mut self) -> Result<MemoryLayoutState, StateError> {
+        self.layout.validate().map_err(invalid)?;
+        Ok(self.layout.clone())
+    }
+
+    /// Fresh (zeroed) guest RAM laid out as `state` says: boot RAM as
+    /// `create_guest_memory` makes it for the layout's boot size (refused
+    /// unless its regions are the layout's), then each hot-plugged region.
+    fn restore(cfg: &MemoryConfig, state: &MemoryLayoutState) -> Result<GuestRam, StateError> {
+        restore_guest_memory(cfg, state).map_err(invalid)
+    }
+}
+
+fn invalid(e: MemorySnapshotError) -> StateError {
+    StateError::Invalid {
+        section: MemoryLayoutState::KIND.to_string(),
+        field: "regions".to_string(),
+        reason: e.to_string(),
+    }
+}
+
+/// [`GuestRam::restore`]'s work, with this module's error.
+pub fn restore_guest_memory(
+    cfg: &MemoryConfig,
+    layout: &MemoryLayoutState,
+) -> Result<GuestRam, MemorySnapshotError> {
+    layout.validate()?;
+    let boot: Vec<&RamRegionState> = layout
+        .regions
+        .iter()
+        .filter(|r| r.origin == RegionOrigin::Boot)
+        .collect();
+    // Validated: the regions do not overlap, so their sum does not wrap.
+    let boot_size = boot.iter().map(|r| r.length).sum();
+    let boot_cfg = MemoryConfig {
+        size: boot_size,
+        ..cfg.clone()
+    };
+    let mut mem =
+        create_guest_memory(&boot_cfg).map_err(|e| MemorySnapshotError::Create(e.to_string()))?;
+    let made: Vec<&GuestRegionMmap> = mem.iter().collect();
+    if made.len() != boot.len() {
+        return Err(MemorySnapshotError::Mismatch {
+            index: 0,
+            gpa: 0,
+            reason: format!(
+                "{boot_size} bytes of boot RAM make {} regions here, the layout has {}",
+                made.len(),
+                boot.len()
+            ),
+        });
+    }
+    for (index, (want, got)) in boot.iter().zip(made).enumerate() {
+        let got = RamRegionState::of(got, want.slot, RegionOrigin::Boot);
+        if got != **want {
+            return Err(MemorySnapshotError::Mismatch {
+                index,
+                gpa: want.gpa,
+                reason: format!("boot RAM is laid out here as {got:?}"),
+            });
+        }
+    }
+    for (index, r) in layout.regions.iter().enumerate() {
+        if r.origin != RegionOrigin::Hotplug {
+            continue;
+        }
+        let region = create_hotplug_region(cfg, r.gpa, r.length)
+            .map_err(|e| MemorySnapshotError::Create(e.to_string()))?;
+        if region.file_offset().map(|f| f.start()) != r.file_offset {
+            return Err(MemorySnapshotError::Mismatch {
+                index,
+                gpa: r.gpa,
+                reason:
+                    "backed here as private memory or a memfd, the other of what the layout says"
+                        .to_string(),
+            });
+        }
+        mem = mem
+            .insert_region(region)
+            .map_err(|e| MemorySnapshotError::Create(e.to_string()))?;
+    }
+    Ok(GuestRam {
+        mem,
+        layout: layout.clone(),
+    })
 }
 
 /// The next extent of data in `[from, end)` of `file`: Ok(None) past the

@@ -4,7 +4,7 @@
 use std::os::fd::AsRawFd;
 
 use vm_memory::GuestMemoryRegion;
-use vm_state::StateDocument;
+use vm_state::{Persist, StateDocument};
 
 use super::*;
 use crate::config::MemoryConfig;
@@ -129,7 +129,13 @@ fn untouched_ram_is_a_hole_and_the_file_reads_back_equal() {
             out.read_exact_at(&mut got, file_offset(gpa)).unwrap();
             assert_eq!(got, bytes, "shared={shared}: at {gpa:#x}");
         }
-        let (fresh, _) = memory(shared);
+        // Restored as a new VMM would: RAM made from the layout, then read.
+        let cfg = MemoryConfig {
+            shared,
+            ..Default::default()
+        };
+        let fresh = GuestRam::restore(&cfg, &layout).unwrap().mem;
+        assert_eq!(fresh.num_regions(), 2);
         read_memory_ranges(&out, &layout, &fresh).unwrap();
         assert_same_memory(&mem, &fresh);
     }
@@ -312,4 +318,34 @@ fn hole_seeking_sees_only_written_pages() {
         None,
         "bounded by end"
     );
+}
+
+#[test]
+fn restore_refuses_a_layout_its_configuration_cannot_build() {
+    let (_, layout) = memory(true);
+    // The layout's RAM has memfds; private RAM cannot stand in for it.
+    let err = restore_guest_memory(&MemoryConfig::default(), &layout).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            MemorySnapshotError::Mismatch {
+                index: 0,
+                gpa: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Boot RAM at an address boot RAM does not start at.
+    let mut moved = layout.clone();
+    moved.regions[0].gpa = 2 * MIB;
+    let shared = MemoryConfig {
+        shared: true,
+        ..Default::default()
+    };
+    let err = restore_guest_memory(&shared, &moved).unwrap_err();
+    assert!(err.to_string().contains("region 0"), "{err}");
+    // Saved and restored through the trait, the layout is the same.
+    let mut ram = restore_guest_memory(&shared, &layout).unwrap();
+    assert_eq!(ram.save().unwrap(), layout);
 }
