@@ -74,7 +74,8 @@ pub enum MemoryFdError {
 /// Sends one `MemoryFd` per region of `layout` (its slot, its memfd) and
 /// waits for the receiver's answer to each. Every region is checked to
 /// have a memfd before the first is sent, so private RAM is refused with
-/// nothing sent.
+/// nothing sent. Each answer is waited for as long as the socket's read
+/// timeout allows: the caller sets one, so a silent receiver ends it.
 pub fn send_memory_fds(
     socket: &UnixStream,
     layout: &MemoryLayoutState,
@@ -120,6 +121,7 @@ impl ReceivedMemoryFds {
     /// Receives the payload and fd of `request` (a `MemoryFd` whose header
     /// was read): a regular file, on a slot not seen before, at most
     /// [`MAX_RAM_REGIONS`] in all. Returns the slot; the caller answers.
+    /// The wait for the payload is bounded by the socket's read timeout.
     pub fn receive(
         &mut self,
         socket: &UnixStream,

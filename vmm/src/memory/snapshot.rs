@@ -37,6 +37,10 @@ use crate::config::MemoryConfig;
 /// and room to spare; a layout with more is refused before anything is
 /// allocated for it.
 pub const MAX_RAM_REGIONS: usize = 64;
+/// Ranges a `memory-ranges` table may list: far more than ours writes
+/// (one per region) and than a table of every data extent of a large
+/// guest would; the reader refuses a longer one before reading.
+pub const MAX_TABLE_RANGES: usize = 1 << 20;
 /// Guest RAM is laid out in whole 4 KiB pages.
 const PAGE: u64 = 4096;
 /// Bytes copied per read or write.
@@ -53,6 +57,8 @@ pub enum MemorySnapshotError {
         field: &'static str,
         reason: String,
     },
+    #[error("memory-ranges: the table lists {count} ranges, more than the {MAX_TABLE_RANGES} a restore reads")]
+    TooManyRanges { count: usize },
     #[error("memory-ranges: range {index} (gpa {gpa:#x}, length {length:#x}): {reason}")]
     BadRange {
         index: usize,
@@ -498,7 +504,11 @@ pub fn read_memory_ranges(
         .metadata()
         .map_err(io_error("reading the file's size", 0))?
         .len();
+    if table.len() > MAX_TABLE_RANGES {
+        return Err(MemorySnapshotError::TooManyRanges { count: table.len() });
+    }
     let mut cursor = 0u64;
+    let mut previous_end = 0u64;
     for (index, range) in table.iter().enumerate() {
         let bad = |reason: &str| MemorySnapshotError::BadRange {
             index,
@@ -508,6 +518,11 @@ pub fn read_memory_ranges(
         };
         if range.length == 0 {
             return Err(bad("empty"));
+        }
+        // Sorted and apart, as the writer lists them: a range over another
+        // would restore one guest page from two places.
+        if index > 0 && range.gpa < previous_end {
+            return Err(bad("overlaps or precedes the range before it"));
         }
         if layout.region_holding(range.gpa, range.length).is_none() {
             return Err(bad("not inside one RAM region of the layout"));
@@ -531,6 +546,8 @@ pub fn read_memory_ranges(
             });
         }
         cursor = end;
+        // region_holding checked that gpa + length does not wrap.
+        previous_end = range.gpa.saturating_add(range.length);
     }
     if file_len > cursor {
         return Err(MemorySnapshotError::LongFile {

@@ -279,6 +279,32 @@ fn a_lying_table_is_refused_by_range() {
         e.to_string().contains("range 1") && e.to_string().contains("empty"),
         "{e}"
     );
+    // Two ranges over the same pages.
+    let e = lie(
+        1,
+        MemoryRange {
+            gpa: 0,
+            length: 8 * MIB,
+        },
+    );
+    assert!(
+        e.to_string().contains("range 1") && e.to_string().contains("overlaps"),
+        "{e}"
+    );
+    // More ranges than a restore reads.
+    let mut long = layout.clone();
+    long.memory_ranges = vec![
+        MemoryRange {
+            gpa: 0,
+            length: PAGE
+        };
+        MAX_TABLE_RANGES + 1
+    ];
+    let e = read_memory_ranges(&out, &long, &fresh).unwrap_err();
+    assert!(
+        matches!(e, MemorySnapshotError::TooManyRanges { .. }),
+        "{e:?}"
+    );
     // A table shorter than the file.
     let mut short = layout.clone();
     short.memory_ranges.pop();
