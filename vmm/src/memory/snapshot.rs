@@ -354,7 +354,9 @@ fn next_data_extent(file: &File, from: u64, end: u64) -> io::Result<Option<(u64,
     let seek = |offset: u64, whence| {
         let offset = libc::off_t::try_from(offset)
             .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: lseek on an fd `file` owns; it moves only the offset.
+        // SAFETY: lseek on an fd `file` owns; it moves only the file's
+        // offset, which nothing here relies on (reads and writes are
+        // positional, and a daemon given the memfd maps it).
         let r = unsafe { libc::lseek(file.as_raw_fd(), offset, whence) };
         u64::try_from(r).map_err(|_| io::Error::last_os_error())
     };
@@ -436,6 +438,9 @@ pub fn write_memory_ranges(
     // Validated: each region ends below 2^64, and they do not overlap, so
     // their lengths sum below 2^64 too.
     let total: u64 = table.iter().map(|r| r.length).sum();
+    // Emptied first: a byte left from an earlier file would read back as
+    // guest memory where this one has a hole.
+    out.set_len(0).map_err(io_error("emptying the file", 0))?;
     out.set_len(total)
         .map_err(io_error("sizing the file", total))?;
     let mut buf = vec![0u8; CHUNK];

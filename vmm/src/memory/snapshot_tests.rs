@@ -73,6 +73,8 @@ fn written_file(shared: bool) -> (GuestMemoryMmap, MemoryLayoutState, File) {
     let (mem, mut layout) = memory(shared);
     fill(&mem);
     let out = memfd(false).unwrap();
+    // A file that held something before: none of it may remain.
+    out.write_all_at(b"stale", 20 * MIB).unwrap();
     write_memory_ranges(&mem, &mut layout, &out).unwrap();
     (mem, layout, out)
 }
