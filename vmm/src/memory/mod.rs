@@ -3,11 +3,14 @@
 //! vhost-user backend can map from the fd we send it (here); RAM added while
 //! the guest runs ([`hotplug`]) and the ACPI memory hot-plug controller the
 //! guest sees ([`hotplug_controller`]); DAX ranges mapped into the guest's
-//! view before it touches them ([`prefault`]).
+//! view before it touches them ([`prefault`]); its part of a snapshot
+//! ([`snapshot`]) and of a local migration ([`migration_fds`]).
 
 pub mod hotplug;
 pub mod hotplug_controller;
+pub mod migration_fds;
 pub mod prefault;
+pub mod snapshot;
 
 use std::fs::File;
 use std::os::fd::FromRawFd;
