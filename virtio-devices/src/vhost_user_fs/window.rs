@@ -678,6 +678,7 @@ impl DaxWindow {
             own,
             info.size,
             fd_offset,
+            writable,
             Some(&self.file_watch),
         );
         self.metrics
