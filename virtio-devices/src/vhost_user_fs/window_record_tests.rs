@@ -308,3 +308,41 @@ fn a_replay_without_the_right_file_is_refused_by_name() {
         "the flag is put back"
     );
 }
+
+/// A record is data read back from disk or a stream: each of its maps
+/// meets the checks a daemon's SHMEM_MAP does, and a bad one is refused
+/// naming its window offset before anything is mapped.
+#[test]
+fn a_replayed_map_meets_the_shmem_map_checks() {
+    let mut saved = Saved::new();
+    let record = saved.window.save().unwrap();
+    let cases = [
+        (
+            "past the window",
+            WINDOW - PAGE,
+            2 * PAGE,
+            FailureReason::OutOfBounds,
+        ),
+        ("misaligned", 12 * PAGE + 1, PAGE, FailureReason::Misaligned),
+        ("empty", 12 * PAGE, 0, FailureReason::ZeroLength),
+    ];
+    for (what, shm_offset, len, reason) in cases {
+        let mut bad = record.clone();
+        bad.mappings.push(WindowMapping {
+            shm_offset,
+            len,
+            ..record.mappings[0]
+        });
+        let fresh = DaxWindow::new(WINDOW).unwrap();
+        match fresh.replay(&bad, &saved.files()) {
+            Err(RecordError::Replay {
+                shm_offset: at,
+                source,
+                ..
+            }) => assert_eq!((at, source.reason), (shm_offset, reason), "{what}"),
+            other => panic!("{what}: {other:?}"),
+        }
+        assert!(fresh.mappings().mappings.is_empty(), "{what}");
+        assert_eq!(fresh.metrics.maps.load(Ordering::Relaxed), 0, "{what}");
+    }
+}

@@ -183,34 +183,33 @@ impl DaxWindow {
 
     /// Maps every range of `record` again from `files` (a descriptor per
     /// file, as a local migration passes them), each through the window's
-    /// SHMEM_MAP checks; ranges already in place identically are left as
-    /// they are. Then checks the window equals the record. Stops at the
-    /// first range it cannot map, naming it.
+    /// SHMEM_MAP path; ranges already in place identically are left as
+    /// they are. Every range's request and file are checked before the
+    /// first is mapped, so a bad record maps nothing; a map that still
+    /// fails (mmap itself, a different mapping in place) stops the replay
+    /// naming its range, and [`Persist::restore`] then drops the whole
+    /// window. Ends by checking the window equals the record.
     pub fn replay(
         &self,
         record: &WindowRecord,
         files: &HashMap<FileKey, File>,
     ) -> Result<(), RecordError> {
         self.check_record_size(record)?;
-        let _replaying = ReplayingUntilDropped {
-            window: self,
-            was: self.replaying.swap(true, Ordering::SeqCst),
-        };
+        let mut maps = Vec::with_capacity(record.mappings.len().min(self.max_mappings));
         for m in &record.mappings {
             let (shm_offset, dev, ino) = (m.shm_offset, m.dev, m.ino);
+            let replay_error = |source| RecordError::Replay {
+                shm_offset,
+                dev,
+                ino,
+                source,
+            };
             let file = files.get(&m.file()).ok_or(RecordError::NoFile {
                 shm_offset,
                 dev,
                 ino,
             })?;
-            let found = Self::check_fd(file.as_raw_fd())
-                .map_err(|source| RecordError::Replay {
-                    shm_offset,
-                    dev,
-                    ino,
-                    source,
-                })?
-                .file;
+            let found = Self::check_fd(file.as_raw_fd()).map_err(replay_error)?.file;
             if found != m.file() {
                 return Err(RecordError::WrongFile {
                     shm_offset,
@@ -232,10 +231,18 @@ impl DaxWindow {
                 flags,
                 ..Default::default()
             };
+            self.check(&req).map_err(replay_error)?;
+            maps.push((req, file, m));
+        }
+        let _replaying = ReplayingUntilDropped {
+            window: self,
+            was: self.replaying.swap(true, Ordering::SeqCst),
+        };
+        for (req, file, m) in maps {
             self.map(&req, file).map_err(|source| RecordError::Replay {
-                shm_offset,
-                dev,
-                ino,
+                shm_offset: m.shm_offset,
+                dev: m.dev,
+                ino: m.ino,
                 source,
             })?;
         }
