@@ -226,6 +226,11 @@ impl MappedFiles {
             .collect()
     }
 
+    /// The descriptor kept of file `key` while it is mapped.
+    pub fn file(&self, key: FileKey) -> Option<Arc<File>> {
+        self.files.get(&key).map(|f| f.file.clone())
+    }
+
     /// Whether the file `key` is mapped (its descriptor kept) now.
     pub fn tracks(&self, key: FileKey) -> bool {
         self.files.contains_key(&key)

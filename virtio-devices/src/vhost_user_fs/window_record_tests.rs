@@ -346,3 +346,23 @@ fn a_replayed_map_meets_the_shmem_map_checks() {
         assert_eq!(fresh.metrics.maps.load(Ordering::Relaxed), 0, "{what}");
     }
 }
+
+/// The local migration path: the new window is mapped from the
+/// descriptors the old one keeps, with no other copy of the files.
+#[test]
+fn a_window_is_mapped_again_from_the_descriptors_the_old_one_keeps() {
+    let mut saved = Saved::new();
+    let record = saved.window.save().unwrap();
+    let files = saved.window.mapped_files_by_key().unwrap();
+    let keys: std::collections::BTreeSet<FileKey> = files.keys().copied().collect();
+    let expected = [key(saved.a.as_file()), key(saved.b.as_file())];
+    assert_eq!(keys, expected.into_iter().collect());
+    let fresh = DaxWindow::new(WINDOW).unwrap();
+    fresh.replay(&record, &files).unwrap();
+    drop(files);
+    for page in [0, 1, 4, 5, 6, 10, 11] {
+        let at = page * PAGE;
+        assert_eq!(peek(&fresh, at), peek(&saved.window, at), "page {page}");
+    }
+    fresh.verify(&record).unwrap();
+}

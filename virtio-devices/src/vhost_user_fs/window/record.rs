@@ -173,6 +173,23 @@ impl DaxWindow {
         }
     }
 
+    /// Descriptors of every file mapped now, by `(st_dev, st_ino)`: what a
+    /// local migration passes so the new VMM can [`Self::replay`] the
+    /// window without the daemon.
+    pub fn mapped_files_by_key(&self) -> std::io::Result<HashMap<FileKey, File>> {
+        let mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+        let mut files = HashMap::new();
+        for p in mapped.files.pieces() {
+            if files.contains_key(&p.file) {
+                continue;
+            }
+            if let Some(f) = mapped.files.file(p.file) {
+                files.insert(p.file, f.try_clone()?);
+            }
+        }
+        Ok(files)
+    }
+
     /// While on, maps are replays of a saved window: an identical map is a
     /// no-op and one over a different mapping is refused (see the module's
     /// comment). The restore turns it on before the daemon replays its
