@@ -29,7 +29,8 @@
 //! (SHMEM_UNMAP, a reset) and the estimate of the guest's reclaiming are in
 //! `window/reclaim.rs`, pre-faulting new mappings in `window/prefault.rs`,
 //! truncated files in `window/repair.rs`, pages past a file's end in
-//! `window/guard.rs`.
+//! `window/guard.rs`, the record of what is mapped where (saved, replayed
+//! and verified across a restore or a migration) in `window/record.rs`.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
