@@ -94,6 +94,31 @@ struct Piece {
     end: u64,
     file: FileKey,
     fd_offset: u64,
+    /// Mapped read-write (SHMEM_MAP's WRITABLE), else read-only: a
+    /// restored window maps it again with the same access.
+    writable: bool,
+}
+
+/// One mapping in place, as [`MappedFiles::pieces`] lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MappedPiece {
+    pub start: u64,
+    pub end: u64,
+    pub file: FileKey,
+    pub fd_offset: u64,
+    pub writable: bool,
+}
+
+impl MappedPiece {
+    fn new(start: u64, p: &Piece) -> Self {
+        MappedPiece {
+            start,
+            end: p.end,
+            file: p.file,
+            fd_offset: p.fd_offset,
+            writable: p.writable,
+        }
+    }
 }
 
 struct TrackedFile {
@@ -188,6 +213,24 @@ impl MappedFiles {
         }
     }
 
+    /// Every mapping in place, by window offset.
+    pub fn pieces(&self) -> impl Iterator<Item = MappedPiece> + '_ {
+        self.pieces.iter().map(|(&s, p)| MappedPiece::new(s, p))
+    }
+
+    /// The mappings that share at least one byte with `[start, end)`.
+    pub fn pieces_overlapping(&self, start: u64, end: u64) -> Vec<MappedPiece> {
+        self.overlapping(start, end)
+            .iter()
+            .map(|(s, p)| MappedPiece::new(*s, p))
+            .collect()
+    }
+
+    /// The descriptor kept of file `key` while it is mapped.
+    pub fn file(&self, key: FileKey) -> Option<Arc<File>> {
+        self.files.get(&key).map(|f| f.file.clone())
+    }
+
     /// Whether the file `key` is mapped (its descriptor kept) now.
     pub fn tracks(&self, key: FileKey) -> bool {
         self.files.contains_key(&key)
@@ -197,6 +240,7 @@ impl MappedFiles {
     /// `size` bytes long when mapped; `file` is a descriptor of its own,
     /// kept while any piece shows the file, needed only when the file is
     /// not [`Self::tracks`]ed yet. `watch` follows the file's size.
+    /// `writable`: mapped read-write.
     #[expect(clippy::too_many_arguments, reason = "one mapping's facts")]
     pub fn insert(
         &mut self,
@@ -206,6 +250,7 @@ impl MappedFiles {
         file: Option<File>,
         size: u64,
         fd_offset: u64,
+        writable: bool,
         watch: Option<&FileWatch>,
     ) {
         // The new piece counts before the pieces it replaces go: when it
@@ -236,6 +281,7 @@ impl MappedFiles {
                 end,
                 file: key,
                 fd_offset,
+                writable,
             },
         );
     }
@@ -287,8 +333,8 @@ mod tests {
     #[test]
     fn pieces_are_cut_and_files_released_with_their_last_piece() {
         let mut m = MappedFiles::default();
-        m.insert(0, 100, (1, 1), Some(file()), 0, 1000, None);
-        m.insert(100, 200, (1, 2), Some(file()), 0, 0, None);
+        m.insert(0, 100, (1, 1), Some(file()), 0, 1000, false, None);
+        m.insert(100, 200, (1, 2), Some(file()), 0, 0, false, None);
         assert_eq!((m.len(), m.files()), (2, 2));
         // A hole in the middle of the first: two pieces, one file.
         assert_eq!(m.count_after(40, 60, false), 3);
@@ -296,7 +342,7 @@ mod tests {
         assert_eq!((m.len(), m.files()), (3, 2));
         assert_eq!(m.pieces[&60].fd_offset, 1060);
         // Mapping over both pieces of file 1 releases it.
-        m.insert(0, 100, (1, 3), Some(file()), 0, 0, None);
+        m.insert(0, 100, (1, 3), Some(file()), 0, 0, false, None);
         assert_eq!((m.len(), m.files()), (2, 2));
         m.remove(0, 200, None);
         assert!(m.is_empty() && m.files() == 0);
@@ -311,10 +357,11 @@ mod tests {
         f.as_file().set_len(2 * 4096).unwrap();
         let mut m = MappedFiles::default();
         let dup = f.as_file().try_clone().unwrap();
-        m.insert(0, 2 * 4096, (5, 5), Some(dup), 2 * 4096, 0, None);
+        m.insert(0, 2 * 4096, (5, 5), Some(dup), 2 * 4096, 0, false, None);
         assert!(m.tracks((5, 5)));
-        m.insert(0, 2 * 4096, (5, 5), None, 2 * 4096, 0, None);
+        m.insert(0, 2 * 4096, (5, 5), None, 2 * 4096, 0, true, None);
         assert_eq!((m.len(), m.files()), (1, 1));
+        assert!(m.pieces().all(|p| p.writable), "the new access is kept");
         f.as_file().set_len(4096).unwrap();
         assert_eq!(m.past_eof(None, 4096), vec![(4096, 2 * 4096)]);
         m.remove(0, 2 * 4096, None);
@@ -328,7 +375,16 @@ mod tests {
         let mut m = MappedFiles::default();
         let dup = f.as_file().try_clone().unwrap();
         // Window [0, 4 pages) shows file pages 4..8.
-        m.insert(0, 4 * 4096, (9, 9), Some(dup), 10 * 4096, 4 * 4096, None);
+        m.insert(
+            0,
+            4 * 4096,
+            (9, 9),
+            Some(dup),
+            10 * 4096,
+            4 * 4096,
+            false,
+            None,
+        );
         assert!(m.past_eof(None, 4096).is_empty());
         f.as_file().set_len(5 * 4096 + 1).unwrap();
         // File pages 6.. are gone: window pages 2..4.

@@ -30,10 +30,13 @@ pub enum FailureReason {
     MapFailed,
     /// The request would leave more separate mappings than the cap allows.
     TooManyMappings,
+    /// While a saved window is re-established, a map over a different
+    /// mapping (another file, offset or access) than the one in place.
+    ReplayMismatch,
 }
 
 impl FailureReason {
-    pub const ALL: [FailureReason; 8] = [
+    pub const ALL: [FailureReason; 9] = [
         FailureReason::UnknownRegion,
         FailureReason::ZeroLength,
         FailureReason::OutOfBounds,
@@ -42,6 +45,7 @@ impl FailureReason {
         FailureReason::BadFd,
         FailureReason::MapFailed,
         FailureReason::TooManyMappings,
+        FailureReason::ReplayMismatch,
     ];
 
     /// The label metrics publish it under.
@@ -55,6 +59,7 @@ impl FailureReason {
             FailureReason::BadFd => "bad_fd",
             FailureReason::MapFailed => "map_failed",
             FailureReason::TooManyMappings => "too_many_mappings",
+            FailureReason::ReplayMismatch => "replay_mismatch",
         }
     }
 
@@ -82,7 +87,7 @@ pub struct DaxMetrics {
     pub prefault_failures: AtomicU64,
     /// Bytes of mappings whose file shrank on the host, shown as scratch since.
     pub truncated_bytes: AtomicU64,
-    failures: [AtomicU64; 8],
+    failures: [AtomicU64; FailureReason::ALL.len()],
     latency_buckets: [AtomicU64; MAP_LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
 }

@@ -29,7 +29,8 @@
 //! (SHMEM_UNMAP, a reset) and the estimate of the guest's reclaiming are in
 //! `window/reclaim.rs`, pre-faulting new mappings in `window/prefault.rs`,
 //! truncated files in `window/repair.rs`, pages past a file's end in
-//! `window/guard.rs`.
+//! `window/guard.rs`, the record of what is mapped where (saved, replayed
+//! and verified across a restore or a migration) in `window/record.rs`.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -41,7 +42,7 @@ use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 
 use super::file_watch::{FileKey, FileWatch};
 use super::map_budget::{vmas_for, MapBudget};
-use super::mapped_files::{MappedFiles, MappedRanges};
+use super::mapped_files::{MappedFiles, MappedPiece, MappedRanges};
 use super::metrics::{DaxMetrics, FailureReason};
 use super::scratch::Scratch;
 use super::watch_budget::WatchBudget;
@@ -160,6 +161,9 @@ pub struct DaxWindow {
     /// A pre-fault left for after the daemon's ack
     /// ([`Self::map_deferring_prefault`]).
     deferred_prefault: Mutex<Vec<prefault::Deferred>>,
+    /// Re-establishing a saved window ([`record`]): a map identical to
+    /// one in place is a no-op, one over a different mapping is refused.
+    replaying: std::sync::atomic::AtomicBool,
 }
 
 /// What is mapped, under one lock: the merged ranges (the per-window cap),
@@ -315,6 +319,7 @@ impl DaxWindow {
             reclaim_pressure: reclaim::ReclaimPressure::default(),
             guest_prefaulter: OnceLock::new(),
             deferred_prefault: Mutex::default(),
+            replaying: std::sync::atomic::AtomicBool::new(false),
         };
         // (On failure, dropping the window gives the reservation back.)
         window.show_scratch(0, size).map_err(reserve)?;
@@ -581,7 +586,9 @@ impl DaxWindow {
         let result = self.map_checked(req, fd.as_raw_fd(), defer);
         let (offset, len) = (req.shm_offset, req.len);
         match &result {
-            Ok(()) => {
+            // Already in place (a replay): nothing was mapped.
+            Ok(false) => {}
+            Ok(true) => {
                 let took = started.elapsed();
                 self.metrics.record_map(took);
                 let writable = VhostUserMMapFlags::from_bits_truncate(req.flags)
@@ -604,10 +611,16 @@ impl DaxWindow {
                 });
             }
         }
-        result
+        result.map(|_| ())
     }
 
-    fn map_checked(&self, req: &VhostUserMMap, fd: RawFd, defer: bool) -> Result<(), RequestError> {
+    /// Ok(false): the identical mapping was in place during a replay.
+    fn map_checked(
+        &self,
+        req: &VhostUserMMap,
+        fd: RawFd,
+        defer: bool,
+    ) -> Result<bool, RequestError> {
         let end = self.check(req)?;
         let info = Self::check_fd(fd)?;
         let (shm_offset, len, fd_offset) = (req.shm_offset, req.len, req.fd_offset);
@@ -624,6 +637,18 @@ impl DaxWindow {
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
         // Held across the mmap so the range bookkeeping matches the mappings.
         let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+        let wanted = MappedPiece {
+            start: shm_offset,
+            end,
+            file: info.file,
+            fd_offset,
+            writable,
+        };
+        if self.replaying.load(std::sync::atomic::Ordering::SeqCst)
+            && record::in_place(&mapped.files, &wanted)?
+        {
+            return Ok(false);
+        }
         // A descriptor of its own for a file not mapped yet, kept while it
         // is, to notice it shrinking ([`Self::repair_truncated`]).
         let own = if mapped.files.tracks(info.file) {
@@ -678,6 +703,7 @@ impl DaxWindow {
             own,
             info.size,
             fd_offset,
+            writable,
             Some(&self.file_watch),
         );
         self.metrics
@@ -699,7 +725,7 @@ impl DaxWindow {
             file_size: info.size,
         };
         self.prefault_new_mapping(job, info.file, reclaiming, defer);
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -732,6 +758,7 @@ impl Drop for DaxWindow {
 mod guard;
 mod prefault;
 mod reclaim;
+pub mod record;
 mod repair;
 
 #[cfg(test)]
@@ -745,3 +772,7 @@ mod hostile_tests;
 #[cfg(test)]
 #[path = "window_watch_tests.rs"]
 mod watch_tests;
+
+#[cfg(test)]
+#[path = "window_record_tests.rs"]
+mod record_tests;
