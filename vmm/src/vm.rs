@@ -1,13 +1,13 @@
 //! Builds a VM from its configuration, runs it and waits for it to end.
 
-mod build;
+pub(crate) mod build;
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
-use kvm_ioctls::{Cap, Kvm, VmFd};
-use vm_memory::GuestMemoryAtomic;
+#[cfg(test)]
+use kvm_ioctls::Kvm;
+use kvm_ioctls::VmFd;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::arch::x86_64::boot;
@@ -23,17 +23,18 @@ use crate::kvm_stats::VmKvmStats;
 use crate::legacy::{ged, serial};
 use crate::memory::hotplug::{RamHotplug, RamHotplugError};
 use crate::memory::prefault::KvmPrefaulter;
-use crate::memory::{self, GuestMemoryMmap};
+use crate::memory::{self, GuestMemoryMmap, GuestRegionMmap};
 use crate::signals::StopSignals;
 use crate::vcpu::hotplug::{VcpuHotplug, VcpuHotplugError, VcpuWiring};
-use crate::vcpu::{RunningVcpus, Vcpu, VcpuSetup};
+use crate::vcpu::state::StateCaps;
+use crate::vcpu::{RunningVcpus, Vcpu};
 use api::KvmCounters;
 #[cfg(test)]
 use build::serial_output;
-use build::{
-    add_memory_hotplug, add_platform_devices, create_vm, load_payload, open_kvm_stats, RawTerminal,
-    SharedSerial,
-};
+pub(crate) use build::Platform;
+#[cfg(test)]
+use build::{add_memory_hotplug, add_platform_devices, create_vm};
+use build::{load_payload, open_kvm_stats, RawTerminal, SharedSerial};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
@@ -84,112 +85,143 @@ fn kvm_setup<T>(what: &'static str, r: Result<T, kvm_ioctls::Error>) -> Result<T
 
 /// A booted VM: its vCPU threads run until it ends or [`Vm::stop`] is called.
 /// Dropping it tears down its devices (fs daemons see their socket close).
+///
+/// The fields are the crate's: a snapshot (`crate::snapshot`) reads and
+/// restores every part.
 pub struct Vm {
-    exit: Arc<ExitHandle>,
-    vcpus: RunningVcpus,
-    devices: DeviceManager,
+    pub(crate) exit: Arc<ExitHandle>,
+    pub(crate) vcpus: RunningVcpus,
+    pub(crate) devices: DeviceManager,
     /// The guest's clock when it was paused, given back at resume so the
     /// guest does not see the time it spent paused.
-    paused_clock: Option<kvm_bindings::kvm_clock_data>,
+    pub(crate) paused_clock: Option<kvm_bindings::kvm_clock_data>,
     // Kept for the life of the VM: the buses (which own the devices), the
     // terminal mode.
-    _buses: (Arc<Bus>, Arc<Bus>),
+    pub(crate) buses: (Arc<Bus>, Arc<Bus>),
     _raw_terminal: Option<RawTerminal>,
     /// The VMM's stdin feeds this VM's serial port until the VM goes.
     stdin: Option<(Arc<serial::InputRouter>, SharedSerial)>,
-    // Guest RAM: KVM translates guest addresses into this mapping.
-    _mem: GuestMemoryMmap,
+    /// The COM1 UART (None with `--serial off`).
+    pub(crate) serial: Option<SharedSerial>,
+    /// Boot RAM: KVM translates guest addresses into this mapping.
+    pub(crate) mem: GuestMemoryMmap,
+    /// RAM added by `vm.resize` (its KVM slots are the device manager's).
+    pub(crate) hotplugged_ram: Vec<Arc<GuestRegionMmap>>,
     /// The KVM VM: its clock is saved and restored across a pause.
-    vm: Arc<VmFd>,
+    pub(crate) vm: Arc<VmFd>,
     /// The ACPI Generic Event Device, for `vm.power-button`.
-    ged: ged::GedHandle,
+    pub(crate) ged: ged::GedHandle,
     /// KVM's counters for this VM and its vCPUs (None where the host's KVM
     /// has no binary statistics).
     kvm_stats: Option<VmKvmStats>,
     /// RAM added by `vm.resize`, and what may still be.
-    ram: RamHotplug,
+    pub(crate) ram: RamHotplug,
     /// `vm.resize` of the vCPUs.
-    vcpu_hotplug: VcpuHotplug,
+    pub(crate) vcpu_hotplug: VcpuHotplug,
+    /// What this host's KVM offers for saving a vCPU (None: no snapshot).
+    pub(crate) caps: Option<Arc<StateCaps>>,
+    /// The virtio devices, by id with their kind, booted and hot-plugged.
+    pub(crate) virtio: Vec<(String, &'static str)>,
+}
+
+/// A vCPU to start, and whether it stays parked as ejected by the guest.
+pub(crate) struct VcpuToStart {
+    pub vcpu: Vcpu,
+    pub ejected: bool,
 }
 
 impl Vm {
     /// Builds the VM from `config` and starts its vCPUs. `observe`, when
     /// given, makes the observer of each fs device's DAX window from its id.
     pub fn boot(config: &VmConfig, observe: Option<&ObserverFactory>) -> Result<Vm, VmError> {
-        let kvm = Kvm::new().map_err(VmError::Kvm)?;
-        let vm = Arc::new(create_vm(&kvm)?);
+        Vm::boot_with(config, observe, |platform| {
+            load_payload(&platform.mem, config, &platform.device_aml).map(|entry| entry.0)
+        })
+    }
+
+    /// [`Vm::boot`] with `load` putting the payload in guest RAM and
+    /// giving the boot vCPU's 64-bit entry point (tests load a small
+    /// program instead of a kernel).
+    pub(crate) fn boot_with(
+        config: &VmConfig,
+        observe: Option<&ObserverFactory>,
+        load: impl FnOnce(&Platform) -> Result<u64, VmError>,
+    ) -> Result<Vm, VmError> {
         let mem = memory::create_guest_memory(&config.memory)?;
-        memory::register_with_kvm(&vm, &mem)?;
-
-        let exit = Arc::new(ExitHandle::new()?);
-        let pio = Arc::new(Bus::new());
-        let mmio = Arc::new(Bus::new());
-        let (serial_dev, ged, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
-        let ram = RamHotplug::new(&config.memory);
-        add_memory_hotplug(&ram, &pio, &mut device_aml)?;
-        let guest_mem = GuestMemoryAtomic::new(mem.clone());
-        let mut devices = DeviceManager::new(
-            &kvm,
-            &vm,
-            &pio,
-            &mmio,
-            guest_mem,
-            &config.memory,
-            config.platform.num_pci_segments,
-            ged.clone(),
-        )?;
-        devices.add_boot_devices(config, observe)?;
-        devices.append_aml(&mut device_aml);
-        let cpu_state = crate::vcpu::hotplug::install(&config.cpus, &pio, &mut device_aml)?;
-        let entry = load_payload(&mem, config, &device_aml)?;
-
-        let base_cpuid = kvm_setup(
-            "KVM_GET_SUPPORTED_CPUID",
-            kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES),
-        )?;
-        // KVM_CAP_MAX_VCPUS (kvm-ioctls falls back to KVM_CAP_NR_VCPUS).
-        let limit = u32::try_from(kvm.get_max_vcpus()).unwrap_or(u32::MAX);
-        if config.cpus.max_vcpus > limit {
-            return Err(VmError::TooManyVcpus {
-                max: config.cpus.max_vcpus,
-                limit,
-            });
-        }
-        let setup = VcpuSetup {
-            topology: config.cpus.effective_topology(),
-            base_cpuid: &base_cpuid,
-            tsc_deadline: kvm.check_extension(Cap::TscDeadlineTimer),
-            entry: entry.0,
-            mem: &mem,
-        };
+        let platform = Platform::build(config, mem, Vec::new(), observe)?;
+        let entry = load(&platform)?;
+        let setup = platform.vcpu_setup(config, entry);
         let boot_vcpus = config.cpus.boot_vcpus;
         let vcpus = (0..boot_vcpus)
-            .map(|i| Vcpu::new(&vm, i, &setup))
+            .map(|i| {
+                Vcpu::new(&platform.vm, i, &setup).map(|vcpu| VcpuToStart {
+                    vcpu,
+                    ejected: false,
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        let kvm_stats = open_kvm_stats(&vm, &vcpus);
+        tracing::info!(
+            "booting {boot_vcpus} vCPU(s) (at most {}), {} MiB RAM",
+            config.cpus.max_vcpus,
+            config.memory.size >> 20
+        );
+        Vm::start(platform, config, vcpus, None)
+    }
+
+    /// The last step of a boot and of a restore: the vCPUs' threads start
+    /// on `platform`, running, or parked when `paused_clock` is given (a
+    /// restore: the VM comes back paused, and the clock it was saved with
+    /// is set again at resume).
+    pub(crate) fn start(
+        platform: Platform,
+        config: &VmConfig,
+        vcpus: Vec<VcpuToStart>,
+        paused_clock: Option<kvm_bindings::kvm_clock_data>,
+    ) -> Result<Vm, VmError> {
+        let Platform {
+            kvm,
+            vm,
+            mem,
+            hotplugged_ram,
+            exit,
+            pio,
+            mmio,
+            serial,
+            ged,
+            ram,
+            mut devices,
+            cpu_hotplug,
+            device_aml: _,
+            base_cpuid,
+            tsc_deadline,
+            caps,
+        } = platform;
+        let fds: Vec<&Vcpu> = vcpus.iter().map(|v| &v.vcpu).collect();
+        let kvm_stats = open_kvm_stats(&vm, &fds);
         // The pre-fault vCPUs take ids above every possible vCPU's APIC id.
-        let first_free_id = setup.topology.apic_id(config.cpus.max_vcpus - 1) + 1;
+        let topology = config.cpus.effective_topology();
+        let first_free_id = topology.apic_id(config.cpus.max_vcpus - 1) + 1;
         if let Some(p) = KvmPrefaulter::new(&kvm, &vm, u64::from(first_free_id), &base_cpuid) {
             devices.set_guest_prefaulter(Arc::new(p));
         }
-        let vcpu_hotplug =
-            VcpuHotplug::new(cpu_state, &config.cpus, &base_cpuid, setup.tsc_deadline);
+        let vcpu_hotplug = VcpuHotplug::new(cpu_hotplug, &config.cpus, &base_cpuid, tsc_deadline);
 
-        let (raw_terminal, stdin) = match (&config.serial, &serial_dev) {
+        let (raw_terminal, stdin) = match (&config.serial, &serial) {
             (SerialMode::Tty, Some(s)) => {
                 let raw = RawTerminal::enable();
                 (raw, Some((serial::connect_stdin(s.clone())?, s.clone())))
             }
             _ => (None, None),
         };
-        tracing::info!(
-            "booting {boot_vcpus} vCPU(s) (at most {}), {} MiB RAM",
-            config.cpus.max_vcpus,
-            config.memory.size >> 20
-        );
         let mut running = RunningVcpus::default();
-        for vcpu in vcpus {
-            if let Err(e) = running.spawn(vcpu, pio.clone(), mmio.clone(), exit.clone()) {
+        if paused_clock.is_some() {
+            // No thread yet: each parks before its first KVM_RUN.
+            running.pause();
+        }
+        for v in vcpus {
+            let spawned =
+                running.spawn_as(v.vcpu, v.ejected, pio.clone(), mmio.clone(), exit.clone());
+            if let Err(e) = spawned {
                 running.stop();
                 return Err(e.into());
             }
@@ -198,16 +230,20 @@ impl Vm {
             exit,
             vcpus: running,
             devices,
-            paused_clock: None,
-            _buses: (pio, mmio),
+            paused_clock,
+            buses: (pio, mmio),
             _raw_terminal: raw_terminal,
             stdin,
-            _mem: mem,
+            serial,
+            mem,
+            hotplugged_ram,
             vm,
             ged,
             kvm_stats,
             ram,
             vcpu_hotplug,
+            caps,
+            virtio: crate::snapshot::virtio_devices_of(config),
         })
     }
 
@@ -215,9 +251,9 @@ impl Vm {
     pub fn resize_vcpus(&mut self, desired: u32) -> Result<bool, VcpuHotplugError> {
         let wiring = VcpuWiring {
             vm: &self.vm,
-            mem: &self._mem,
-            pio: &self._buses.0,
-            mmio: &self._buses.1,
+            mem: &self.mem,
+            pio: &self.buses.0,
+            mmio: &self.buses.1,
             exit: &self.exit,
         };
         self.vcpu_hotplug
@@ -281,27 +317,37 @@ impl Vm {
         fs: &FsConfig,
         observe: Option<&ObserverFactory>,
     ) -> Result<PciDeviceInfo, DeviceManagerError> {
-        self.devices.hotplug_fs(fs, observe)
+        let info = self.devices.hotplug_fs(fs, observe)?;
+        self.virtio.push((fs.id.clone(), "virtio-fs"));
+        Ok(info)
     }
 
     /// Hot-plugs a pmem device over virtio-PCI.
     pub fn add_pmem(&mut self, pmem: &PmemConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
-        self.devices.hotplug_pmem(pmem)
+        let info = self.devices.hotplug_pmem(pmem)?;
+        self.virtio.push((pmem.id.clone(), "virtio-pmem"));
+        Ok(info)
     }
 
     /// Hot-plugs a disk over virtio-PCI.
     pub fn add_disk(&mut self, disk: &DiskConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
-        self.devices.hotplug_disk(disk)
+        let info = self.devices.hotplug_disk(disk)?;
+        self.virtio.push((disk.id.clone(), "virtio-blk"));
+        Ok(info)
     }
 
     /// Hot-plugs the vsock device over virtio-PCI.
     pub fn add_vsock(&mut self, vsock: &VsockConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
-        self.devices.hotplug_vsock(vsock)
+        let info = self.devices.hotplug_vsock(vsock)?;
+        self.virtio.push((vsock.id.clone(), "virtio-vsock"));
+        Ok(info)
     }
 
     /// Hot-plugs a net device over virtio-PCI.
     pub fn add_net(&mut self, net: &NetConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
-        self.devices.hotplug_net(net)
+        let info = self.devices.hotplug_net(net)?;
+        self.virtio.push((net.id.clone(), "virtio-net"));
+        Ok(info)
     }
 
     /// Asks the guest to eject device `id`; see [`Vm::complete_ejects`].
@@ -317,7 +363,9 @@ impl Vm {
 
     /// Removes what the guest ejected; returns the ids.
     pub fn complete_ejects(&mut self) -> Vec<String> {
-        self.devices.complete_ejects()
+        let gone = self.devices.complete_ejects();
+        self.virtio.retain(|(id, _)| !gone.contains(id));
+        gone
     }
 
     /// `vm.resize`'s `desired_ram`: grows guest RAM to `desired` bytes by
@@ -331,9 +379,10 @@ impl Vm {
         let region = memory::create_hotplug_region(self.ram.boot_config(), base, size)
             .map_err(|e| failed(&e))?;
         self.devices
-            .add_ram_region(region)
+            .add_ram_region(region.clone())
             .map_err(|e| failed(&e))?;
         self.ram.commit(base, size)?;
+        self.hotplugged_ram.push(region);
         self.ged
             .raise(ged::EVENT_MEMORY_HOTPLUG)
             .map_err(|e| failed(&format!("interrupting the guest: {e}")))?;

@@ -1,15 +1,18 @@
-//! The steps every VM is built with, whether it boots or is restored: the
-//! KVM VM, the platform devices on the I/O bus, the memory hot-plug
-//! controller, the payload, the vCPUs' statistics.
+//! The steps every VM is built with, whether it boots or is restored
+//! ([`Platform::build`]: the KVM VM, guest RAM given to KVM, the platform
+//! devices on the I/O bus, the hot-plug controllers, the devices), and the
+//! boot's own step, the payload. What differs between a boot and a restore
+//! is only what fills guest RAM and the vCPUs: the kernel and boot
+//! registers, or the saved memory and states.
 
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, Mutex};
 
-use kvm_bindings::{kvm_pit_config, KVM_PIT_SPEAKER_DUMMY};
+use kvm_bindings::{kvm_pit_config, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Cap, Kvm, VmFd};
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::terminal::Terminal;
 
@@ -17,12 +20,15 @@ use super::{kvm_setup, VmError};
 use crate::arch::x86_64::{acpi::AcpiTables, boot, layout};
 use crate::bus::Bus;
 use crate::config::{SerialMode, VmConfig};
+use crate::device_manager::{DeviceManager, ObserverFactory};
 use crate::exit::ExitHandle;
 use crate::kvm_stats::{KvmStatsFile, VmKvmStats};
 use crate::legacy::{acpi_pm, ged, i8042, pvpanic, serial};
 use crate::memory::hotplug::RamHotplug;
-use crate::memory::GuestMemoryMmap;
-use crate::vcpu::Vcpu;
+use crate::memory::{self, GuestMemoryMmap, GuestRegionMmap};
+use crate::vcpu::hotplug_controller::CpuHotplugController;
+use crate::vcpu::state::StateCaps;
+use crate::vcpu::{Vcpu, VcpuSetup};
 
 /// Restores the terminal from raw mode when the VM ends, however it ends.
 ///
@@ -209,15 +215,128 @@ pub(super) fn load_payload(
 
 /// KVM's statistics of `vm` and `vcpus`, or None (logged) where the host's
 /// KVM cannot give them: the metrics then leave them out.
-pub(super) fn open_kvm_stats(vm: &VmFd, vcpus: &[Vcpu]) -> Option<VmKvmStats> {
+pub(super) fn open_kvm_stats(vm: &VmFd, vcpus: &[&Vcpu]) -> Option<VmKvmStats> {
     let opened = KvmStatsFile::open(vm).and_then(|vm_stats| {
         let per_vcpu = vcpus
             .iter()
-            .map(Vcpu::stats)
+            .map(|v| v.stats())
             .collect::<Result<Vec<_>, _>>()?;
         Ok(VmKvmStats::new(vm_stats, per_vcpu))
     });
     opened
         .map_err(|e| tracing::info!("no KVM statistics in the metrics: {e}"))
         .ok()
+}
+
+/// A VM built up to its vCPUs: what a boot and a restore share.
+pub(crate) struct Platform {
+    pub kvm: Kvm,
+    pub vm: Arc<VmFd>,
+    /// Boot RAM, registered with KVM.
+    pub mem: GuestMemoryMmap,
+    /// RAM added by hot-plug (a restore's), given to KVM and the devices.
+    pub hotplugged_ram: Vec<Arc<GuestRegionMmap>>,
+    pub exit: Arc<ExitHandle>,
+    pub pio: Arc<Bus>,
+    pub mmio: Arc<Bus>,
+    pub serial: Option<SharedSerial>,
+    pub ged: ged::GedHandle,
+    pub ram: RamHotplug,
+    pub devices: DeviceManager,
+    pub cpu_hotplug: Arc<Mutex<CpuHotplugController>>,
+    /// The DSDT's device part, for the boot's ACPI tables.
+    pub device_aml: Vec<u8>,
+    pub base_cpuid: CpuId,
+    pub tsc_deadline: bool,
+    /// What this host's KVM offers for saving a vCPU (None, logged: the
+    /// VM runs but cannot be snapshotted).
+    pub caps: Option<Arc<StateCaps>>,
+}
+
+impl Platform {
+    /// Everything but the vCPUs, on guest RAM `mem` (boot RAM, already
+    /// filled on a restore) and `hotplugged_ram` (the regions a restore
+    /// re-creates at their addresses): both are given to KVM and to the
+    /// devices before any device is made, so a vhost-user device's first
+    /// memory table already holds them.
+    pub fn build(
+        config: &VmConfig,
+        mem: GuestMemoryMmap,
+        hotplugged_ram: Vec<Arc<GuestRegionMmap>>,
+        observe: Option<&ObserverFactory>,
+    ) -> Result<Self, VmError> {
+        let kvm = Kvm::new().map_err(VmError::Kvm)?;
+        let vm = Arc::new(create_vm(&kvm)?);
+        memory::register_with_kvm(&vm, &mem)?;
+
+        let exit = Arc::new(ExitHandle::new()?);
+        let pio = Arc::new(Bus::new());
+        let mmio = Arc::new(Bus::new());
+        let (serial, ged, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
+        let ram = RamHotplug::new(&config.memory);
+        add_memory_hotplug(&ram, &pio, &mut device_aml)?;
+        let guest_mem = GuestMemoryAtomic::new(mem.clone());
+        let mut devices = DeviceManager::new(
+            &kvm,
+            &vm,
+            &pio,
+            &mmio,
+            guest_mem,
+            &config.memory,
+            config.platform.num_pci_segments,
+            ged.clone(),
+        )?;
+        for region in &hotplugged_ram {
+            devices.add_ram_region(region.clone())?;
+        }
+        devices.add_boot_devices(config, observe)?;
+        devices.append_aml(&mut device_aml);
+        let cpu_hotplug = crate::vcpu::hotplug::install(&config.cpus, &pio, &mut device_aml)?;
+
+        let base_cpuid = kvm_setup(
+            "KVM_GET_SUPPORTED_CPUID",
+            kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES),
+        )?;
+        // KVM_CAP_MAX_VCPUS (kvm-ioctls falls back to KVM_CAP_NR_VCPUS).
+        let limit = u32::try_from(kvm.get_max_vcpus()).unwrap_or(u32::MAX);
+        if config.cpus.max_vcpus > limit {
+            return Err(VmError::TooManyVcpus {
+                max: config.cpus.max_vcpus,
+                limit,
+            });
+        }
+        let caps = StateCaps::probe(&kvm, &vm)
+            .map_err(|e| tracing::warn!("this VM cannot be snapshotted: {e}"))
+            .ok()
+            .map(Arc::new);
+        Ok(Platform {
+            tsc_deadline: kvm.check_extension(Cap::TscDeadlineTimer),
+            kvm,
+            vm,
+            mem,
+            hotplugged_ram,
+            exit,
+            pio,
+            mmio,
+            serial,
+            ged,
+            ram,
+            devices,
+            cpu_hotplug,
+            device_aml,
+            base_cpuid,
+            caps,
+        })
+    }
+
+    /// What the boot vCPUs are made with; `entry` is the kernel's.
+    pub fn vcpu_setup<'a>(&'a self, config: &VmConfig, entry: u64) -> VcpuSetup<'a> {
+        VcpuSetup {
+            topology: config.cpus.effective_topology(),
+            base_cpuid: &self.base_cpuid,
+            tsc_deadline: self.tsc_deadline,
+            entry,
+            mem: &self.mem,
+        }
+    }
 }
