@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryRegion};
 
 use super::*;
 use crate::config::json::vm_config_from_json;
@@ -22,9 +22,17 @@ const COUNTER_AT: u64 = 0x30_0000;
 const SCRATCH_VALUE: u8 = 0x5a;
 const LINE_CONTROL_VALUE: u8 = 0x1b;
 
-/// 64-bit code: scratch register := 0x5a, line control := 0x1b, then
-/// `loop: inc qword [0x300000]; out 0x3f8, low byte; jmp loop`.
+/// What the program sets the master PIC's interrupt mask to.
+const PIC_MASK_VALUE: u8 = 0xa5;
+
+/// 64-bit code: the master PIC's mask := 0xa5 (the in-kernel irqchip
+/// holds it), the UART's scratch register := 0x5a and line control :=
+/// 0x1b, then `loop: inc qword [0x300000]; out 0x3f8, low byte; jmp loop`.
 const PROGRAM: &[u8] = &[
+    0xb0,
+    PIC_MASK_VALUE, // mov al, 0xa5
+    0xe6,
+    0x21, // out 0x21, al (master PIC's mask)
     0x66,
     0xba,
     0xff,
@@ -136,6 +144,16 @@ fn counter_passes(vm: &Vm, above: u64) -> u64 {
     }
 }
 
+/// vCPU 0's general and system registers, read by its parked thread.
+fn vcpu0_registers(vm: &Vm) -> serde_json::Value {
+    let states = vm
+        .vcpus
+        .save_state(vm.caps.as_ref().expect("caps"))
+        .expect("vCPU states");
+    let (_, state) = states.iter().find(|(i, _)| *i == 0).expect("vCPU 0");
+    json!([state.regs, state.sregs])
+}
+
 fn serial_state(vm: &Vm) -> vm_superio::serial::SerialState {
     vm.serial
         .as_ref()
@@ -163,7 +181,14 @@ fn a_restored_vm_runs_on_from_where_it_was_saved() {
     let saved = counter(&vm);
     let serial = serial_state(&vm);
     assert_eq!(serial.scratch, SCRATCH_VALUE, "the program ran its set-up");
+    let saved_pic = {
+        let state = VmState::capture(&vm.vm, None).expect("VM state");
+        // SAFETY: the master PIC's chip id selects the `pic` member.
+        assert_eq!(unsafe { state.pic_master.chip.pic }.imr, PIC_MASK_VALUE);
+        serde_json::to_value(state.pic_master).unwrap()
+    };
     assert_eq!(serial.line_control, LINE_CONTROL_VALUE);
+    let registers = vcpu0_registers(&vm);
     vm.snapshot(&config, &dir.0).expect("snapshot");
     assert_eq!(counter(&vm), saved, "paused: nothing ran meanwhile");
     drop(vm);
@@ -179,8 +204,14 @@ fn a_restored_vm_runs_on_from_where_it_was_saved() {
     assert_eq!(restored_config, config, "config.json gives the same VM");
     assert!(vm.vcpus.paused(), "restored paused");
     assert_eq!(counter(&vm), saved, "RAM as saved");
+    assert_eq!(vcpu0_registers(&vm), registers, "vCPU 0 as saved");
     let restored = serial_state(&vm);
     assert_eq!(restored, serial, "the UART as saved");
+    let pic = |vm: &Vm| {
+        let state = VmState::capture(&vm.vm, None).expect("VM state");
+        serde_json::to_value(state.pic_master).unwrap()
+    };
+    assert_eq!(pic(&vm), saved_pic, "the irqchip as saved");
     vm.resume();
     let after = counter_passes(&vm, saved);
     assert!(after > saved);
@@ -329,4 +360,57 @@ fn a_vm_with_a_virtio_device_is_refused_by_the_devices_name() {
             .starts_with("snapshot: device _rng (virtio-rng) cannot be saved yet"),
         "{e}"
     );
+}
+
+/// RAM added by `vm.resize` comes back at its address with its bytes, the
+/// memory hot-plug registers as saved; a vCPU added and then ejected by
+/// the guest comes back too (KVM cannot destroy it), parked, with the CPU
+/// hot-plug registers as saved.
+#[test]
+fn hotplugged_ram_and_an_ejected_vcpu_come_back() {
+    use crate::vcpu::hotplug_controller::CPU_HOTPLUG_PORT;
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("hotplug");
+    let mut config = config();
+    config.memory.hotplug_size = Some(crate::config::HOTPLUG_BLOCK);
+    let mut vm = boot_program(&config);
+    let grown = config.memory.size + crate::config::HOTPLUG_BLOCK;
+    assert_eq!(vm.resize_memory(grown).expect("RAM added"), grown);
+    let added_at = vm.hotplugged_ram[0].start_addr().0;
+    let pattern = 0x1234_5678_9abc_def0u64;
+    let all = join_regions(vm.mem.clone(), &vm.hotplugged_ram).unwrap();
+    all.write_obj(pattern, GuestAddress(added_at + 0x1000))
+        .unwrap();
+    assert!(vm.resize_vcpus(2).expect("vCPU 1 added"));
+    assert!(vm.resize_vcpus(1).expect("vCPU 1 to go"));
+    // The guest's _EJ0 for vCPU 1: select it, write the eject bit.
+    let pio = vm.buses.0.clone();
+    pio.write(u64::from(CPU_HOTPLUG_PORT), &1u32.to_le_bytes());
+    pio.write(u64::from(CPU_HOTPLUG_PORT) + 4, &[1 << 3]);
+    assert_eq!(vm.complete_vcpu_ejects(), vec![1]);
+    vm.pause();
+    let (ram_saved, cpus_saved) = (vm.ram.save(), vm.vcpu_hotplug.save_registers());
+    assert_eq!(vm.vcpus.threads(), vec![(0, false), (1, true)]);
+    vm.snapshot(&config, &dir.0).expect("snapshot");
+    drop(vm);
+
+    let (_, mut vm) = Vm::restore(&dir.0, false, None).expect("restore");
+    assert_eq!(vm.vcpus.threads(), vec![(0, false), (1, true)]);
+    assert_eq!(vm.ram.save(), ram_saved);
+    assert_eq!(vm.ram.current(), grown);
+    assert_eq!(vm.vcpu_hotplug.save_registers(), cpus_saved);
+    assert_eq!(vm.hotplugged_ram.len(), 1);
+    assert_eq!(vm.hotplugged_ram[0].start_addr().0, added_at);
+    let all = join_regions(vm.mem.clone(), &vm.hotplugged_ram).unwrap();
+    assert_eq!(
+        all.read_obj::<u64>(GuestAddress(added_at + 0x1000))
+            .unwrap(),
+        pattern
+    );
+    vm.resume();
+    let before = counter(&vm);
+    counter_passes(&vm, before);
+    assert!(vm.vcpus.threads().contains(&(1, true)), "still parked");
 }
