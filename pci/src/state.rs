@@ -70,6 +70,15 @@ impl PciConfiguration {
     /// Takes the driver-writable bits of `state`; refuses (changing
     /// nothing) a state whose layout is not this function's.
     pub fn restore(&mut self, state: &PciConfigurationState) -> Result<(), PciStateError> {
+        self.check_state(state)?;
+        for (reg, saved) in self.regs.iter_mut().zip(&state.regs) {
+            *reg = *saved;
+        }
+        Ok(())
+    }
+
+    /// Whether [`PciConfiguration::restore`] would take `state`, changing nothing.
+    pub fn check_state(&self, state: &PciConfigurationState) -> Result<(), PciStateError> {
         let sized = |field: &str, len: usize, want: usize| {
             if len == want {
                 Ok(())
@@ -115,9 +124,6 @@ impl PciConfiguration {
                 ));
             }
         }
-        for (reg, saved) in self.regs.iter_mut().zip(&state.regs) {
-            *reg = *saved;
-        }
         Ok(())
     }
 }
@@ -146,6 +152,16 @@ impl MsixConfig {
     /// driver could have set. The caller routes the restored entries (see
     /// [`MsixConfig::entry`] and [`MsixConfig::masked`]).
     pub fn restore(&mut self, state: &MsixState) -> Result<(), PciStateError> {
+        self.check_state(state)?;
+        self.table.clone_from(&state.table);
+        self.pba.clone_from(&state.pba);
+        self.enabled = state.enabled;
+        self.function_masked = state.function_masked;
+        Ok(())
+    }
+
+    /// Whether [`MsixConfig::restore`] would take `state`, changing nothing.
+    pub fn check_state(&self, state: &MsixState) -> Result<(), PciStateError> {
         if state.table.len() != self.table.len() {
             return Err(msix_mismatch(
                 "table",
@@ -191,10 +207,6 @@ impl MsixConfig {
                 ));
             }
         }
-        self.table.clone_from(&state.table);
-        self.pba.clone_from(&state.pba);
-        self.enabled = state.enabled;
-        self.function_masked = state.function_masked;
         Ok(())
     }
 }
