@@ -51,6 +51,15 @@ pub enum VirtioPciSetupError {
     Gsi(GsiError),
     #[error("a device with {queues} queues needs more MSI-X vectors than a u16 counts")]
     TooManyQueues { queues: usize },
+    #[error("no function at {0}")]
+    NoFunction(PciAddress),
+    /// A restored BAR could not be served where the guest had put it.
+    #[error("BAR {bar} at {addr:#x}: {source}")]
+    RestoredBar {
+        bar: u8,
+        addr: u64,
+        source: Box<VirtioPciSetupError>,
+    },
 }
 
 /// A segment's index as its number: the segments are made from a u16 count
@@ -114,6 +123,18 @@ impl Placed {
     /// follow (outside the windows, over another device) is logged and the
     /// BAR keeps being served where it was.
     fn follow_bars(&mut self, placer: &Placer) {
+        for (bar, to, e) in self.place_bars(placer) {
+            virtio_devices::warn_limited!(
+                "{}: BAR {bar} moved to {to:#x}, not followed: {e}",
+                self.id
+            );
+        }
+    }
+
+    /// Serves each BAR where the function's configuration (decoding on)
+    /// puts it; returns the moves that could not be made (BAR, address,
+    /// why), each BAR then staying where it was.
+    fn place_bars(&mut self, placer: &Placer) -> Vec<(u8, u64, VirtioPciSetupError)> {
         let (bar0, shm, enabled) = {
             let d = lock(&self.dev);
             (
@@ -122,26 +143,22 @@ impl Placed {
                 d.memory_enabled(),
             )
         };
+        let mut failed = Vec::new();
         if !enabled {
-            return;
+            return failed;
         }
         if let Some(to) = bar0.filter(|&a| a != self.bar0) {
             if let Err(e) = self.move_bar0(placer, to) {
-                virtio_devices::warn_limited!(
-                    "{}: BAR 0 moved to {to:#x}, not followed: {e}",
-                    self.id
-                );
+                failed.push((0, to, e));
             }
         }
         let current = self.shm.as_ref().map(|(slot, _, _)| slot.guest_addr());
         if let Some(to) = shm.filter(|&a| Some(a) != current) {
             if let Err(e) = self.move_shm(placer, to) {
-                virtio_devices::warn_limited!(
-                    "{}: BAR 2 moved to {to:#x}, not followed: {e}",
-                    self.id
-                );
+                failed.push((SHM_BAR, to, e));
             }
         }
+        failed
     }
 
     fn move_bar0(&mut self, placer: &Placer, to: u64) -> Result<(), VirtioPciSetupError> {
@@ -469,6 +486,50 @@ impl PciDeviceManager {
         let mut p = lock(&placed);
         p.unplug(&self.placer);
         Some(p.id.clone())
+    }
+
+    /// Every function's id, address and transport, segment by segment,
+    /// slot by slot.
+    pub fn transports(&self) -> Vec<(String, PciAddress, Arc<Mutex<VirtioPciDevice>>)> {
+        let mut all = Vec::new();
+        for (segment, s) in self.segments.iter().enumerate() {
+            for (slot, p) in &s.functions {
+                let p = lock(p);
+                let at = PciAddress {
+                    segment: segment_number(segment),
+                    slot: *slot,
+                };
+                all.push((p.id.clone(), at, p.dev.clone()));
+            }
+        }
+        all
+    }
+
+    /// After the transport of the function at `at` was restored: serves
+    /// its BARs where the restored configuration puts them (bus range,
+    /// ioeventfds, the shared memory's KVM slot and the device's idea of
+    /// its base). Err names the first BAR that could not be placed.
+    pub fn place_restored(&self, at: PciAddress) -> Result<(), VirtioPciSetupError> {
+        let placed = self
+            .segments
+            .get(usize::from(at.segment))
+            .and_then(|s| s.functions.get(&at.slot))
+            .ok_or(VirtioPciSetupError::NoFunction(at))?;
+        let mut p = lock(placed);
+        match p.place_bars(&self.placer).into_iter().next() {
+            None => Ok(()),
+            Some((bar, addr, source)) => Err(VirtioPciSetupError::RestoredBar {
+                bar,
+                addr,
+                source: Box::new(source),
+            }),
+        }
+    }
+
+    /// The MSI routes every function's vectors go through.
+    #[cfg(test)]
+    pub(crate) fn router(&self) -> &Arc<GsiRouter> {
+        &self.router
     }
 
     /// Each segment's host bridge: its bus, ECAM range, windows and
