@@ -449,4 +449,4 @@ impl MmioTransport {
 
 #[cfg(test)]
 #[path = "state_tests.rs"]
-mod tests;
+pub(crate) mod tests;

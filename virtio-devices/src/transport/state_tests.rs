@@ -9,8 +9,8 @@ use super::*;
 use crate::device::{read_config_bytes, ActivateError, VirtioDevice};
 use crate::GuestMemoryMmap;
 
-const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
-const DEVICE_FEATURE: u64 = 1 << 3;
+pub(crate) const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
+pub(crate) const DEVICE_FEATURE: u64 = 1 << 3;
 
 // virtio-MMIO register offsets (virtio 1.2 §4.2.2).
 const DRIVER_FEATURES: u64 = 0x020;
@@ -26,21 +26,24 @@ const SHM_SEL: u64 = 0x0ac;
 
 /// What the fake device was asked to do.
 #[derive(Default)]
-struct Seen {
-    acked: Option<u64>,
+pub(crate) struct Seen {
+    pub(crate) acked: Option<u64>,
     /// (queue index, next_avail, next_used) of each activation's queues.
-    activated: Vec<Vec<(u16, u16, u16)>>,
-    paused: usize,
-    resumed: usize,
-    restored: Option<Value>,
+    pub(crate) activated: Vec<Vec<(u16, u16, u16)>>,
+    /// Per activated queue: whether the interrupt had a notifier for it
+    /// (a vector) when the device was activated.
+    pub(crate) notifiers: Vec<bool>,
+    pub(crate) paused: usize,
+    pub(crate) resumed: usize,
+    pub(crate) restored: Option<Value>,
 }
 
 /// Serves nothing; a pause gives back its queues as if it had used
 /// `served + index` chains of each.
-struct Fake {
-    seen: Arc<Mutex<Seen>>,
-    queues: Vec<ActivatedQueue>,
-    served: u16,
+pub(crate) struct Fake {
+    pub(crate) seen: Arc<Mutex<Seen>>,
+    pub(crate) queues: Vec<ActivatedQueue>,
+    pub(crate) served: u16,
 }
 
 impl VirtioDevice for Fake {
@@ -62,9 +65,17 @@ impl VirtioDevice for Fake {
     fn activate(
         &mut self,
         _mem: GuestMemoryAtomic<GuestMemoryMmap>,
-        _interrupt: Arc<dyn VirtioInterrupt>,
+        interrupt: Arc<dyn VirtioInterrupt>,
         queues: Vec<ActivatedQueue>,
     ) -> Result<(), ActivateError> {
+        self.seen.lock().unwrap().notifiers = queues
+            .iter()
+            .map(|q| {
+                interrupt
+                    .notifier(crate::device::Interrupt::Queue(q.index))
+                    .is_some()
+            })
+            .collect();
         self.seen.lock().unwrap().activated.push(
             queues
                 .iter()
@@ -108,7 +119,7 @@ impl VirtioDevice for Fake {
 }
 
 /// A queue's position as the contract's type holds it.
-fn saved_queue(q: &Queue) -> SavedQueue {
+pub(crate) fn saved_queue(q: &Queue) -> SavedQueue {
     SavedQueue::from(q.state())
 }
 

@@ -188,3 +188,7 @@ impl VirtioPciDevice {
         Ok((self.state.check(state, &r.virtio)?, vectors))
     }
 }
+
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;
