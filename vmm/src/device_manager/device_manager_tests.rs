@@ -329,6 +329,8 @@ impl Rig {
 struct Movable {
     id: &'static str,
     movable: bool,
+    /// Where the device was last told its shared memory is.
+    shm_base: Arc<Mutex<Option<u64>>>,
 }
 
 impl VirtioDevice for Movable {
@@ -355,6 +357,9 @@ impl VirtioDevice for Movable {
     }
     fn reset(&mut self) -> bool {
         true
+    }
+    fn set_shm_base(&mut self, base: u64) {
+        *self.shm_base.lock().unwrap() = Some(base);
     }
     fn pause(&mut self) -> Result<Vec<SavedQueue>, DeviceStateError> {
         Ok(Vec::new())
@@ -386,7 +391,11 @@ impl VirtioDevice for Movable {
 }
 
 fn movable(id: &'static str) -> Box<dyn VirtioDevice> {
-    Box::new(Movable { id, movable: true })
+    Box::new(Movable {
+        id,
+        movable: true,
+        shm_base: Arc::default(),
+    })
 }
 
 /// What `add_boot_devices` would build from one configuration: dev0 on
@@ -542,10 +551,94 @@ fn check_movable_names_the_first_device_that_cannot_move() {
     let stuck = Box::new(Movable {
         id: "stuck",
         movable: false,
+        shm_base: Arc::default(),
     });
     rig.dm
         .place("stuck", stuck, Transport::Mmio, 0, None)
         .expect("placed");
     let e = rig.dm.check_movable().expect_err("stuck cannot move");
     assert!(e.to_string().starts_with("stuck: cannot be moved"), "{e}");
+}
+
+/// A shared memory BAR (a DAX window, a pmem range): 4 MiB of a temporary
+/// file, owned by the slot that maps it.
+fn shm_backing() -> ShmBacking {
+    let backing =
+        virtio_devices::pmem::PmemBacking::open(&std::env::temp_dir(), Some(4 << 20), false)
+            .expect("backing");
+    ShmBacking {
+        size: backing.size(),
+        host_addr: backing.host_addr(),
+        owner: Box::new(backing),
+    }
+}
+
+/// A device with shared memory placed on PCI; returns where it was told
+/// its memory is.
+fn place_with_shm(rig: &mut Rig) -> Arc<Mutex<Option<u64>>> {
+    let shm_base = Arc::new(Mutex::new(None));
+    let dev = Box::new(Movable {
+        id: "dax0",
+        movable: true,
+        shm_base: shm_base.clone(),
+    });
+    rig.dm
+        .place("dax0", dev, Transport::Pci, 0, Some(shm_backing()))
+        .expect("placed");
+    shm_base
+}
+
+impl Rig {
+    /// Whether KVM has a memory slot over `addr` (a 4 MiB probe slot there
+    /// is refused).
+    fn slot_at(&self, addr: u64) -> bool {
+        let b = shm_backing();
+        // SAFETY: the probe's mapping is owned by the probe slot.
+        unsafe {
+            MemorySlot::new(
+                &self.dm.vm,
+                &self.dm.slots,
+                addr,
+                b.size,
+                b.host_addr,
+                b.owner,
+            )
+        }
+        .is_err()
+    }
+}
+
+/// The shared memory BAR the guest moved comes back where the guest put
+/// it: KVM's memory slot is there (and not where the device was built),
+/// and the device is told its new base (what moves a DAX window's map
+/// requests).
+#[test]
+fn a_moved_shared_memory_bar_is_restored_with_its_memory_slot() {
+    let (Some(mut a), Some(mut b)) = (Rig::new("shm-a"), Rig::new("shm-b")) else {
+        return;
+    };
+    place_with_shm(&mut a);
+    let at = a.at("dax0");
+    let bar2 = |r: &Rig| {
+        let lo = r.mmio_read(ecam(at, 0x18)).unwrap() & !0xf;
+        u64::from(lo) | u64::from(r.mmio_read(ecam(at, 0x1c)).unwrap()) << 32
+    };
+    let built = bar2(&a);
+    let moved = built + (64 << 20);
+    a.mmio_write(ecam(at, 0x04), &0u32.to_le_bytes());
+    a.mmio_write(ecam(at, 0x18), &narrow::low_u32(moved).to_le_bytes());
+    a.mmio_write(ecam(at, 0x1c), &((moved >> 32) as u32).to_le_bytes());
+    a.mmio_write(ecam(at, 0x04), &6u32.to_le_bytes());
+    assert!(a.slot_at(moved), "the running VM followed the move");
+    a.dm.pause_devices().expect("pause");
+    let state = through_document(&a.dm.save_devices().expect("save"));
+
+    let told = place_with_shm(&mut b);
+    assert_eq!(*told.lock().unwrap(), Some(built));
+    assert!(b.slot_at(built));
+    b.dm.restore_devices(&state).expect("restore");
+    assert_eq!(bar2(&b), moved);
+    assert_eq!(*told.lock().unwrap(), Some(moved));
+    assert!(b.slot_at(moved), "KVM maps the memory at the moved BAR");
+    assert!(!b.slot_at(built), "and no longer where it was built");
 }
