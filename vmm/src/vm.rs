@@ -120,8 +120,8 @@ pub struct Vm {
     pub(crate) vcpu_hotplug: VcpuHotplug,
     /// What this host's KVM offers for saving a vCPU (None: no snapshot).
     pub(crate) caps: Option<Arc<StateCaps>>,
-    /// The virtio devices, by id with their kind, booted and hot-plugged.
-    pub(crate) virtio: Vec<(String, &'static str)>,
+    /// The devices were paused for a snapshot: resumed with the vCPUs.
+    pub(crate) devices_paused: bool,
 }
 
 /// A vCPU to start, and whether it stays parked as ejected by the guest.
@@ -243,7 +243,7 @@ impl Vm {
             ram,
             vcpu_hotplug,
             caps,
-            virtio: crate::snapshot::virtio_devices_of(config),
+            devices_paused: false,
         })
     }
 
@@ -317,37 +317,27 @@ impl Vm {
         fs: &FsConfig,
         observe: Option<&ObserverFactory>,
     ) -> Result<PciDeviceInfo, DeviceManagerError> {
-        let info = self.devices.hotplug_fs(fs, observe)?;
-        self.virtio.push((fs.id.clone(), "virtio-fs"));
-        Ok(info)
+        self.devices.hotplug_fs(fs, observe)
     }
 
     /// Hot-plugs a pmem device over virtio-PCI.
     pub fn add_pmem(&mut self, pmem: &PmemConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
-        let info = self.devices.hotplug_pmem(pmem)?;
-        self.virtio.push((pmem.id.clone(), "virtio-pmem"));
-        Ok(info)
+        self.devices.hotplug_pmem(pmem)
     }
 
     /// Hot-plugs a disk over virtio-PCI.
     pub fn add_disk(&mut self, disk: &DiskConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
-        let info = self.devices.hotplug_disk(disk)?;
-        self.virtio.push((disk.id.clone(), "virtio-blk"));
-        Ok(info)
+        self.devices.hotplug_disk(disk)
     }
 
     /// Hot-plugs the vsock device over virtio-PCI.
     pub fn add_vsock(&mut self, vsock: &VsockConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
-        let info = self.devices.hotplug_vsock(vsock)?;
-        self.virtio.push((vsock.id.clone(), "virtio-vsock"));
-        Ok(info)
+        self.devices.hotplug_vsock(vsock)
     }
 
     /// Hot-plugs a net device over virtio-PCI.
     pub fn add_net(&mut self, net: &NetConfig) -> Result<PciDeviceInfo, DeviceManagerError> {
-        let info = self.devices.hotplug_net(net)?;
-        self.virtio.push((net.id.clone(), "virtio-net"));
-        Ok(info)
+        self.devices.hotplug_net(net)
     }
 
     /// Asks the guest to eject device `id`; see [`Vm::complete_ejects`].
@@ -363,9 +353,7 @@ impl Vm {
 
     /// Removes what the guest ejected; returns the ids.
     pub fn complete_ejects(&mut self) -> Vec<String> {
-        let gone = self.devices.complete_ejects();
-        self.virtio.retain(|(id, _)| !gone.contains(id));
-        gone
+        self.devices.complete_ejects()
     }
 
     /// `vm.resize`'s `desired_ram`: grows guest RAM to `desired` bytes by
@@ -414,6 +402,11 @@ impl Vm {
             clock.flags = 0;
             if let Err(e) = self.vm.set_clock(&clock) {
                 tracing::warn!("KVM_SET_CLOCK: {e}; the guest will see the time it spent paused");
+            }
+        }
+        if std::mem::take(&mut self.devices_paused) {
+            if let Err(e) = self.devices.resume_devices() {
+                tracing::error!("resuming the devices after a snapshot: {e}");
             }
         }
         self.vcpus.resume();

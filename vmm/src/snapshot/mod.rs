@@ -18,11 +18,11 @@ use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-use vm_state::{SectionState, StateDocument, StateError};
+use vm_state::{StateDocument, StateError};
 
 use crate::config::json::vm_config_to_json;
 use crate::config::VmConfig;
+use crate::device_manager::DeviceManagerError;
 use crate::legacy::state::LegacyStateError;
 use crate::memory::snapshot::{
     join_regions, write_memory_ranges, MemoryLayoutState, MemorySnapshotError, RamRegionState,
@@ -43,29 +43,7 @@ pub const VM_SECTION: &str = "vm";
 pub const MEMORY_SECTION: &str = "memory";
 pub const MEMORY_HOTPLUG_SECTION: &str = "memory-hotplug";
 pub const LEGACY_SECTION: &str = "legacy";
-pub const VIRTIO_SECTION: &str = "virtio-devices";
-
-/// One virtio device of the VM, as [`Vm::check_snapshottable`] names it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VirtioDeviceName {
-    pub id: String,
-    pub kind: String,
-}
-
-/// The `virtio-devices` section: which virtio devices the VM had. A
-/// restore builds the devices `config.json` lists and checks them against
-/// this; it also settles what `config.json` cannot say: Cloud Hypervisor's
-/// VmConfig has no way to leave the rng device out (a missing `rng` means
-/// the default one), so a VM saved without one is restored without one.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VirtioDevicesState {
-    pub devices: Vec<VirtioDeviceName>,
-}
-
-impl SectionState for VirtioDevicesState {
-    const KIND: &'static str = "virtio-devices";
-    const VERSION: u32 = 1;
-}
+pub const DEVICES_SECTION: &str = "devices";
 
 /// The section of vCPU `index`'s own state.
 pub fn vcpu_section(index: u32) -> String {
@@ -112,6 +90,13 @@ pub enum SnapshotError {
     Legacy(#[from] LegacyStateError),
     #[error("restore: building the VM: {0}")]
     Build(#[from] VmError),
+    /// A device cannot be carried, paused, saved or restored; `context`
+    /// says which step, the source names the device.
+    #[error("{context} {source}")]
+    Devices {
+        context: &'static str,
+        source: Box<DeviceManagerError>,
+    },
 }
 
 fn state_error(source: StateError) -> SnapshotError {
@@ -123,25 +108,6 @@ fn state_error(source: StateError) -> SnapshotError {
 
 /// The rng device's id (it has no configurable one).
 pub const RNG_ID: &str = "_rng";
-
-/// The virtio devices of `config`, by id with their kind.
-pub fn virtio_devices_of(config: &VmConfig) -> Vec<(String, &'static str)> {
-    let rng = config
-        .rng
-        .iter()
-        .map(|_| (RNG_ID.to_string(), "virtio-rng"));
-    let pmem = config.pmem.iter().map(|p| (p.id.clone(), "virtio-pmem"));
-    let fs = config.fs.iter().map(|f| (f.id.clone(), "virtio-fs"));
-    let disks = config.disks.iter().map(|d| (d.id.clone(), "virtio-blk"));
-    let vsock = config.vsock.iter().map(|v| (v.id.clone(), "virtio-vsock"));
-    let net = config.net.iter().map(|n| (n.id.clone(), "virtio-net"));
-    rng.chain(pmem)
-        .chain(fs)
-        .chain(disks)
-        .chain(vsock)
-        .chain(net)
-        .collect()
-}
 
 /// `dir` exists and is a directory; the error names it.
 fn check_dir(dir: &Path) -> Result<(), SnapshotError> {
@@ -201,13 +167,12 @@ impl Vm {
                     .to_string(),
             });
         }
-        if let Some((id, kind)) = self.virtio.first() {
-            return Err(SnapshotError::NotSnapshottable {
-                component: format!("device {id} ({kind})"),
-                reason: "virtio devices are not carried by a snapshot in this build".to_string(),
-            });
-        }
-        Ok(())
+        self.devices
+            .check_movable()
+            .map_err(|source| SnapshotError::Devices {
+                context: "snapshot: device",
+                source: Box::new(source),
+            })
     }
 
     /// The VM must be paused (else an error saying so). Writes
@@ -221,12 +186,37 @@ impl Vm {
         }
         check_dir(dir)?;
         self.check_snapshottable()?;
+        // state.json is written last: a snapshot that fails part-way must
+        // not leave an earlier one's state beside this one's memory.
+        let state_path = dir.join(STATE_FILE);
+        match std::fs::remove_file(&state_path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(SnapshotError::File {
+                    path: state_path,
+                    what: "removing the earlier snapshot's",
+                    source: e,
+                })
+            }
+            _ => {}
+        }
         let Some(caps) = self.caps.clone() else {
             return Err(SnapshotError::NotSnapshottable {
                 component: "the vCPUs".to_string(),
                 reason: "no vCPU state capabilities".to_string(),
             });
         };
+        // The devices stop serving (their queues' positions kept) before
+        // anything is read, so nothing writes guest RAM or raises an
+        // interrupt meanwhile; they serve again at resume.
+        if !self.devices_paused {
+            self.devices
+                .pause_devices()
+                .map_err(|source| SnapshotError::Devices {
+                    context: "snapshot: pausing device",
+                    source: Box::new(source),
+                })?;
+            self.devices_paused = true;
+        }
         let mut doc = StateDocument::new(env!("CARGO_PKG_VERSION"));
         let states = self.vcpus.save_state(&caps)?;
         let vcpus = VcpusState {
@@ -265,19 +255,15 @@ impl Vm {
             crate::legacy::state::save(serial.as_deref(), &self.ged)
         };
         doc.put(LEGACY_SECTION, &legacy).map_err(state_error)?;
-        let virtio = VirtioDevicesState {
-            devices: self
-                .virtio
-                .iter()
-                .map(|(id, kind)| VirtioDeviceName {
-                    id: id.clone(),
-                    kind: kind.to_string(),
-                })
-                .collect(),
-        };
-        doc.put(VIRTIO_SECTION, &virtio).map_err(state_error)?;
+        let devices = self
+            .devices
+            .save_devices()
+            .map_err(|source| SnapshotError::Devices {
+                context: "snapshot: saving device",
+                source: Box::new(source),
+            })?;
+        doc.put(DEVICES_SECTION, &devices).map_err(state_error)?;
 
-        write_private(&dir.join(STATE_FILE), &doc.to_json().map_err(state_error)?)?;
         let config_json = serde_json::to_vec_pretty(&vm_config_to_json(config)).map_err(|e| {
             SnapshotError::Config {
                 path: dir.join(CONFIG_FILE),
@@ -285,6 +271,7 @@ impl Vm {
             }
         })?;
         write_private(&dir.join(CONFIG_FILE), &config_json)?;
+        write_private(&state_path, &doc.to_json().map_err(state_error)?)?;
         tracing::info!(
             "snapshot: {} vCPU(s), {} RAM region(s) written to {}",
             states.len(),

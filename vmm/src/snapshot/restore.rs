@@ -13,8 +13,10 @@
 //! 4. each vCPU is made with its saved state instead of the boot's
 //!    registers, then the VM's state (PIT, clock, irqchips): the vCPUs'
 //!    LAPICs first, then the IOAPIC and PICs that route into them;
-//! 5. only then what may inject an interrupt (the UART raises a pending
-//!    one again), and the hot-plug registers;
+//! 5. only then what may inject an interrupt: the devices (MSI-X tables
+//!    and GSI routes, BARs where the guest moved them, queue positions),
+//!    the UART (it raises a pending interrupt again), the hot-plug
+//!    registers;
 //! 6. the vCPU threads start parked: the VM is paused until `resume`.
 
 use std::path::Path;
@@ -22,12 +24,13 @@ use std::path::Path;
 use vm_state::StateDocument;
 
 use super::{
-    check_dir, state_error, vcpu_section, virtio_devices_of, SnapshotError, VirtioDevicesState,
-    CONFIG_FILE, LEGACY_SECTION, MEMORY_FILE, MEMORY_HOTPLUG_SECTION, MEMORY_SECTION, RNG_ID,
-    STATE_FILE, VCPUS_SECTION, VIRTIO_SECTION, VM_SECTION,
+    check_dir, state_error, vcpu_section, SnapshotError, CONFIG_FILE, DEVICES_SECTION,
+    LEGACY_SECTION, MEMORY_FILE, MEMORY_HOTPLUG_SECTION, MEMORY_SECTION, RNG_ID, STATE_FILE,
+    VCPUS_SECTION, VM_SECTION,
 };
 use crate::config::json::vm_config_from_json;
 use crate::config::VmConfig;
+use crate::device_manager::state::DevicesState;
 use crate::device_manager::ObserverFactory;
 use crate::legacy::state::LegacyState;
 use crate::memory::hotplug::RamHotplugState;
@@ -49,7 +52,7 @@ struct Sections {
     memory: MemoryLayoutState,
     memory_hotplug: RamHotplugState,
     legacy: LegacyState,
-    virtio: VirtioDevicesState,
+    devices: DevicesState,
 }
 
 impl Sections {
@@ -77,11 +80,11 @@ impl Sections {
             memory: doc.take(MEMORY_SECTION).map_err(state_error)?,
             memory_hotplug: doc.take(MEMORY_HOTPLUG_SECTION).map_err(state_error)?,
             legacy: doc.take(LEGACY_SECTION).map_err(state_error)?,
-            virtio: doc.take(VIRTIO_SECTION).map_err(state_error)?,
+            devices: doc.take(DEVICES_SECTION).map_err(state_error)?,
         };
         doc.finish().map_err(state_error)?;
         sections.vm.check()?;
-        sections.check_virtio(config)?;
+        sections.settle_rng(config);
         let boot_size: u64 = sections
             .memory
             .regions
@@ -103,31 +106,14 @@ impl Sections {
 }
 
 impl Sections {
-    /// `config`'s virtio devices are the saved ones; the rng device the
-    /// configuration gains by default is dropped when the VM had none.
-    /// No virtio device's state is restored by this build yet: a snapshot
-    /// that lists one is refused by the device's name.
-    fn check_virtio(&self, config: &mut VmConfig) -> Result<(), SnapshotError> {
-        let saved = &self.virtio.devices;
-        if config.rng.is_some() && !saved.iter().any(|d| d.id == RNG_ID) {
+    /// What `config.json` cannot say: Cloud Hypervisor's VmConfig has no
+    /// way to leave the rng device out (no `rng` means the default one), so
+    /// a VM saved without one is restored without one. Every other device
+    /// is checked against the saved ones by the device manager, by id.
+    fn settle_rng(&self, config: &mut VmConfig) {
+        if config.rng.is_some() && !self.devices.devices.iter().any(|d| d.id == RNG_ID) {
             config.rng = None;
         }
-        if let Some(d) = saved.first() {
-            return Err(SnapshotError::Section {
-                section: VIRTIO_SECTION.to_string(),
-                reason: format!(
-                    "device {} ({}): its state cannot be restored by this build",
-                    d.id, d.kind
-                ),
-            });
-        }
-        if let Some((id, kind)) = virtio_devices_of(config).first() {
-            return Err(SnapshotError::Config {
-                path: CONFIG_FILE.into(),
-                reason: format!("device {id} ({kind}) was not in the snapshot"),
-            });
-        }
-        Ok(())
     }
 }
 
@@ -201,6 +187,16 @@ impl Vm {
             });
         }
         s.vm.restore(&platform.vm)?;
+        // After the irqchips (a device's pending interrupt would be lost
+        // under them) and before any vCPU runs: MSI-X tables and from
+        // them KVM's GSI routes, BARs where the guest put them, queues.
+        platform
+            .devices
+            .restore_devices(&s.devices)
+            .map_err(|source| SnapshotError::Devices {
+                context: "state.json: devices: device",
+                source: Box::new(source),
+            })?;
         {
             let mut serial = platform
                 .serial

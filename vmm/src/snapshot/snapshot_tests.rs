@@ -345,21 +345,29 @@ fn a_truncated_memory_file_is_refused_before_anything_is_built() {
     assert!(e.to_string().starts_with("memory-ranges: "), "{e}");
 }
 
-/// A VM with a virtio device is refused before it is paused, naming it.
+/// A VM with a device that cannot be carried (vsock: its host-side
+/// connections live in this process) is refused before it is paused,
+/// naming the device, and nothing is paused.
 #[test]
-fn a_vm_with_a_virtio_device_is_refused_by_the_devices_name() {
+fn a_vm_with_a_device_that_cannot_be_saved_is_refused_by_its_name() {
     if !have_kvm() {
         return;
     }
+    let dir = Scratch::new("vsock");
     let mut config = config();
-    config.rng = Some(crate::config::RngConfig::default());
+    let socket = dir.0.join("vsock.sock");
+    config.vsock = Some(
+        crate::config::VsockConfig::parse(&format!("cid=3,socket={},id=vsock0", socket.display()))
+            .expect("vsock config"),
+    );
     let vm = boot_program(&config);
-    let e = vm.check_snapshottable().expect_err("virtio-rng");
+    let e = vm.check_snapshottable().expect_err("vsock");
     assert!(
         e.to_string()
-            .starts_with("snapshot: device _rng (virtio-rng) cannot be saved yet"),
+            .starts_with("snapshot: device vsock0: cannot be moved"),
         "{e}"
     );
+    assert!(!vm.vcpus.paused());
 }
 
 /// RAM added by `vm.resize` comes back at its address with its bytes, the
@@ -413,4 +421,52 @@ fn hotplugged_ram_and_an_ejected_vcpu_come_back() {
     let before = counter(&vm);
     counter_passes(&vm, before);
     assert!(vm.vcpus.threads().contains(&(1, true)), "still parked");
+}
+
+/// The VM a snapshot was taken of runs on when resumed; a second snapshot
+/// into the same directory replaces the first.
+#[test]
+fn the_snapshotted_vm_resumes_and_a_second_snapshot_replaces_the_first() {
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("twice");
+    let config = config();
+    let mut vm = boot_program(&config);
+    counter_passes(&vm, 10);
+    vm.pause();
+    vm.snapshot(&config, &dir.0).expect("first snapshot");
+    let first = counter(&vm);
+    vm.resume();
+    counter_passes(&vm, first + 1000);
+    vm.pause();
+    let second = counter(&vm);
+    vm.snapshot(&config, &dir.0).expect("second snapshot");
+    drop(vm);
+    let (_, vm) = Vm::restore(&dir.0, false, None).expect("restore");
+    assert_eq!(counter(&vm), second);
+}
+
+/// A snapshot that fails part-way leaves no state.json behind (an
+/// earlier snapshot's would pair its state with this one's memory).
+#[test]
+fn a_failed_snapshot_leaves_no_earlier_state_behind() {
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("failed");
+    let config = config();
+    let mut vm = boot_program(&config);
+    vm.pause();
+    vm.snapshot(&config, &dir.0).expect("first snapshot");
+    // memory-ranges cannot be created: a directory is in its place.
+    std::fs::remove_file(dir.0.join(MEMORY_FILE)).unwrap();
+    std::fs::create_dir(dir.0.join(MEMORY_FILE)).unwrap();
+    let e = vm
+        .snapshot(&config, &dir.0)
+        .expect_err("memory-ranges is a directory");
+    assert!(e.to_string().contains(MEMORY_FILE), "{e}");
+    assert!(!dir.0.join(STATE_FILE).exists());
+    let e = Vm::restore(&dir.0, false, None).err().expect("no state");
+    assert!(e.to_string().contains(STATE_FILE), "{e}");
 }
