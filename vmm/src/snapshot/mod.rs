@@ -123,7 +123,14 @@ fn check_dir(dir: &Path) -> Result<(), SnapshotError> {
     Ok(())
 }
 
-/// `path` created (or emptied) for writing, mode 0600 whatever it had.
+/// `path` created (or emptied) for reading and writing, mode 0600
+/// whatever it had; a symlink in its place is refused.
+///
+/// Made in two opens to fit the main thread's seccomp filter, which lets
+/// a file be created only for appending and never truncated on open
+/// (`seccomp_filters::VMM_OPEN_FLAGS`): created (if missing) for
+/// appending, then opened read-write and emptied with ftruncate (append
+/// mode would ignore `memory-ranges`' positioned writes).
 fn create_private(path: &Path) -> Result<File, SnapshotError> {
     let err = |what| {
         move |source| SnapshotError::File {
@@ -132,16 +139,24 @@ fn create_private(path: &Path) -> Result<File, SnapshotError> {
             source,
         }
     };
-    let file = OpenOptions::new()
-        .write(true)
-        .read(true)
+    let created = OpenOptions::new()
+        .append(true)
         .create(true)
-        .truncate(true)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .map_err(err("creating"))?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+    created
+        .set_permissions(std::fs::Permissions::from_mode(0o600))
         .map_err(err("making it private (0600)"))?;
+    drop(created);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(err("opening"))?;
+    file.set_len(0).map_err(err("emptying"))?;
     Ok(file)
 }
 

@@ -470,3 +470,42 @@ fn a_failed_snapshot_leaves_no_earlier_state_behind() {
     let e = Vm::restore(&dir.0, false, None).err().expect("no state");
     assert!(e.to_string().contains(STATE_FILE), "{e}");
 }
+
+/// A snapshot and a restore run on the VMM's main thread: both pass its
+/// seccomp filter (kill mode), files, KVM and threads included. A refused
+/// call would end this test process with SIGSYS.
+#[test]
+fn snapshot_and_restore_pass_the_main_threads_seccomp_filter() {
+    use crate::seccomp_filters::{all_for, VMM};
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("seccomp");
+    let program = all_for(std::process::id())
+        .into_iter()
+        .find(|(k, _)| *k == VMM)
+        .map(|(k, l)| seccomp::build(k, &l, seccomp::Mode::Kill).unwrap().unwrap())
+        .expect("the main thread's filter");
+    let config = config();
+    let path = dir.0.clone();
+    let saved = std::thread::spawn(move || {
+        seccomp::apply_filter(&program).unwrap();
+        let mut vm = boot_program(&config);
+        counter_passes(&vm, 10);
+        vm.pause();
+        vm.snapshot(&config, &path).expect("snapshot");
+        let saved = counter(&vm);
+        // A second snapshot finds the files there: emptied, not truncated on open.
+        vm.snapshot(&config, &path).expect("snapshot again");
+        drop(vm);
+        let (_, mut vm) = Vm::restore(&path, true, None).expect("restore");
+        assert_eq!(counter(&vm), saved);
+        vm.resume();
+        counter_passes(&vm, saved);
+        vm.stop();
+        saved
+    })
+    .join()
+    .expect("the filtered thread");
+    assert!(saved > 10);
+}
