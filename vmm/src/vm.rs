@@ -1,4 +1,7 @@
 //! Builds a VM from its configuration, runs it and waits for it to end.
+//! A boot and a restore (`crate::snapshot`) build it the same way
+//! (`build::Platform::build`, then `Vm::start`); they differ only in
+//! what fills guest RAM and the vCPUs.
 
 pub(crate) mod build;
 

@@ -7,9 +7,11 @@
 //! Each part's state is a section of the state document, saved and
 //! restored by the code that owns it: `vcpus` and `vcpu/N`
 //! ([`crate::vcpu`]), `vm` ([`crate::vm_state`]), `memory` and
-//! `memory-hotplug` ([`crate::memory`]), `legacy` ([`crate::legacy::state`]).
-//! This module only orders them (§ the restore in [`restore`]) and reads
-//! and writes the files.
+//! `memory-hotplug` ([`crate::memory`]), `legacy` ([`crate::legacy::state`]),
+//! `devices` ([`crate::device_manager::state`]). This module only orders
+//! them (the restore's order is said in its `restore` submodule) and reads
+//! and writes the files. Snapshot and restore run on the VMM's main thread:
+//! only its seccomp filter lets files be opened.
 
 mod restore;
 
