@@ -575,20 +575,26 @@ fn shm_backing() -> ShmBacking {
 
 /// A device with shared memory placed on PCI; returns where it was told
 /// its memory is.
-fn place_with_shm(rig: &mut Rig) -> Arc<Mutex<Option<u64>>> {
+fn place_with_shm(rig: &mut Rig, id: &'static str) -> Arc<Mutex<Option<u64>>> {
     let shm_base = Arc::new(Mutex::new(None));
     let dev = Box::new(Movable {
-        id: "dax0",
+        id,
         movable: true,
         shm_base: shm_base.clone(),
     });
     rig.dm
-        .place("dax0", dev, Transport::Pci, 0, Some(shm_backing()))
+        .place(id, dev, Transport::Pci, 0, Some(shm_backing()))
         .expect("placed");
     shm_base
 }
 
 impl Rig {
+    /// BAR 2 (shared memory) of the function at `at`.
+    fn bar2(&self, at: PciAddress) -> u64 {
+        let lo = self.mmio_read(ecam(at, 0x18)).unwrap() & !0xf;
+        u64::from(lo) | u64::from(self.mmio_read(ecam(at, 0x1c)).unwrap()) << 32
+    }
+
     /// Whether KVM has a memory slot over `addr` (a 4 MiB probe slot there
     /// is refused).
     fn slot_at(&self, addr: u64) -> bool {
@@ -617,12 +623,9 @@ fn a_moved_shared_memory_bar_is_restored_with_its_memory_slot() {
     let (Some(mut a), Some(mut b)) = (Rig::new("shm-a"), Rig::new("shm-b")) else {
         return;
     };
-    place_with_shm(&mut a);
+    place_with_shm(&mut a, "dax0");
     let at = a.at("dax0");
-    let bar2 = |r: &Rig| {
-        let lo = r.mmio_read(ecam(at, 0x18)).unwrap() & !0xf;
-        u64::from(lo) | u64::from(r.mmio_read(ecam(at, 0x1c)).unwrap()) << 32
-    };
+    let bar2 = |r: &Rig| r.bar2(at);
     let built = bar2(&a);
     let moved = built + (64 << 20);
     a.mmio_write(ecam(at, 0x04), &0u32.to_le_bytes());
@@ -633,7 +636,7 @@ fn a_moved_shared_memory_bar_is_restored_with_its_memory_slot() {
     a.dm.pause_devices().expect("pause");
     let state = through_document(&a.dm.save_devices().expect("save"));
 
-    let told = place_with_shm(&mut b);
+    let told = place_with_shm(&mut b, "dax0");
     assert_eq!(*told.lock().unwrap(), Some(built));
     assert!(b.slot_at(built));
     b.dm.restore_devices(&state).expect("restore");
@@ -641,4 +644,42 @@ fn a_moved_shared_memory_bar_is_restored_with_its_memory_slot() {
     assert_eq!(*told.lock().unwrap(), Some(moved));
     assert!(b.slot_at(moved), "KVM maps the memory at the moved BAR");
     assert!(!b.slot_at(built), "and no longer where it was built");
+}
+
+/// Two devices the configuration builds in the other order (one was
+/// hot-plugged before a device of a kind listed earlier): the restore puts
+/// each back in its own slot, and their BARs (registers and shared memory)
+/// where the guest had them, swapping places with each other.
+#[test]
+fn devices_built_in_another_order_go_back_to_their_slots_and_bars() {
+    let (Some(mut a), Some(mut b)) = (Rig::new("swap-a"), Rig::new("swap-b")) else {
+        return;
+    };
+    place_with_shm(&mut a, "first");
+    place_with_shm(&mut a, "second");
+    let mut saved = Vec::new();
+    for (id, data) in [("first", 0x61), ("second", 0x62)] {
+        let at = a.at(id);
+        a.drive(at, a.bar0(at), data);
+        saved.push((id, at, a.bar0(at), a.bar2(at), data));
+    }
+    a.dm.pause_devices().expect("pause");
+    let state = through_document(&a.dm.save_devices().expect("save"));
+
+    let told_second = place_with_shm(&mut b, "second");
+    let told_first = place_with_shm(&mut b, "first");
+    assert_eq!(b.at("second"), saved[0].1, "built in the other's slot");
+    b.dm.restore_devices(&state).expect("restore");
+    let entry0_data = virtio_devices::transport::pci::device::MSIX_TABLE_OFFSET + 8;
+    for ((id, at, bar0, bar2, data), told) in saved.into_iter().zip([told_first, told_second]) {
+        assert_eq!(b.at(id), at, "{id}: its own slot");
+        assert_eq!((b.bar0(at), b.bar2(at)), (bar0, bar2), "{id}: its BARs");
+        assert_eq!(
+            b.mmio_read(bar0 + entry0_data),
+            Some(data),
+            "{id}: served there"
+        );
+        assert_eq!(*told.lock().unwrap(), Some(bar2), "{id}: its memory base");
+        assert!(b.slot_at(bar2), "{id}: KVM maps its memory there");
+    }
 }

@@ -7,13 +7,16 @@
 //! (the saved one, which holds the hot-plugged devices too), after the
 //! KVM irqchip was restored and before any vCPU runs. Everything that can
 //! be checked is checked before anything is applied: the same device ids
-//! at the same places, each transport's state against its device, the
-//! hot-plug registers. Then each transport is restored (MSI-X tables and,
-//! from them, KVM's write-only GSI routes; a running device activated with
-//! its saved queue positions) and each PCI function's BARs are served
-//! where the guest had put them. A device whose own state fails to restore
-//! at that point leaves the manager part-restored: the caller drops the
-//! whole VM.
+//! on the same transports (PCI segment, MMIO register page), each
+//! transport's state against its device, the slots, the hot-plug
+//! registers. Then each PCI function goes back to its saved slot (the
+//! configuration lists devices by kind, so one hot-plugged before a device
+//! of another kind is built in another slot), each transport is restored
+//! (MSI-X tables and, from them, KVM's write-only GSI routes; a running
+//! device activated with its saved queue positions), and each PCI
+//! function's BARs are served where the guest had put them (functions may
+//! swap places). A device whose own state fails to restore at that point
+//! leaves the manager part-restored: the caller drops the whole VM.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -201,7 +204,11 @@ impl Placed {
                     state,
                 },
             ) => {
-                if (at.segment, at.slot) != (*segment, *slot) {
+                // The slot may differ: the configuration lists devices by
+                // kind, hot-plugged ones after the boot ones, so a device
+                // hot-plugged before one of another kind is built in another
+                // slot; the restore puts it back in its own.
+                if at.segment != *segment {
                     return Err(mismatch(format!(
                         "virtio-PCI {}",
                         PciAddress {
@@ -327,9 +334,24 @@ impl DeviceManager {
         if let Some(id) = saved.keys().next() {
             return Err(layout(id, "in the saved state but not in this VM's configuration").into());
         }
+        let wanted: BTreeMap<String, PciAddress> = state
+            .devices
+            .iter()
+            .filter_map(|d| match d.transport {
+                SavedTransport::Pci { segment, slot, .. } => {
+                    Some((d.id.clone(), PciAddress { segment, slot }))
+                }
+                SavedTransport::Mmio { .. } => None,
+            })
+            .collect();
+        let reslot = self
+            .pci
+            .plan_reslot(&wanted)
+            .map_err(|(id, reason)| DevicesStateError::Layout { id, reason })?;
         lock(&self.hotplug)
             .restore(&state.pci_hotplug)
             .map_err(|(field, reason)| DevicesStateError::Hotplug { field, reason })?;
+        self.pci.apply_reslot(&reslot);
         let by_id: BTreeMap<&str, &SavedTransport> = state
             .devices
             .iter()
@@ -337,17 +359,9 @@ impl DeviceManager {
             .collect();
         for p in &devices {
             match (p, by_id[p.id()]) {
-                (Placed::Pci { dev, at, id }, SavedTransport::Pci { state, .. }) => {
-                    lock(dev)
-                        .restore(state)
-                        .map_err(|e| p.transport_error("restore", e))?;
-                    self.pci.place_restored(*at).map_err(|source| {
-                        DevicesStateError::Placement {
-                            id: id.clone(),
-                            source,
-                        }
-                    })?;
-                }
+                (Placed::Pci { dev, .. }, SavedTransport::Pci { state, .. }) => lock(dev)
+                    .restore(state)
+                    .map_err(|e| p.transport_error("restore", e))?,
                 (Placed::Mmio { dev, .. }, SavedTransport::Mmio { state, .. }) => lock(dev)
                     .restore(state)
                     .map_err(|e| p.transport_error("restore", e))?,
@@ -355,6 +369,9 @@ impl DeviceManager {
                 _ => return Err(layout(p.id(), "transport changed while restoring").into()),
             }
         }
+        self.pci
+            .place_all_restored()
+            .map_err(|(id, source)| DevicesStateError::Placement { id, source })?;
         Ok(())
     }
 }

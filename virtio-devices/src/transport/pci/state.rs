@@ -60,12 +60,21 @@ impl VirtioPciDevice {
     /// The transport's state; the transport must be paused.
     pub fn save(&mut self) -> Result<PciTransportState, TransportStateError> {
         let s = self.state.save()?;
-        let msix = self
-            .interrupt
-            .msix
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .save();
+        let msix = {
+            let mut msix = self
+                .interrupt
+                .msix
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            // A backend's notifier write held back on a masked vector is
+            // pending: into the PBA with it, or the snapshot loses it.
+            for vector in 0..msix.vectors() {
+                if msix.masked(vector) && self.interrupt.sender.take_pending(vector) {
+                    msix.trigger(vector);
+                }
+            }
+            msix.save()
+        };
         Ok(TransportState {
             registers: PciRegisters {
                 config: self.config.save(),
