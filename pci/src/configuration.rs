@@ -18,7 +18,7 @@ const LAST_CAP_END: usize = 0x100;
 const BAR_MEM64: u32 = 0b100;
 const BAR_PREFETCHABLE: u32 = 0b1000;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum BarKind {
     Mem32,
     Mem64 { prefetchable: bool },
@@ -38,16 +38,17 @@ pub enum PciConfigError {
     CapabilitySpace { len: usize },
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Bar {
-    size: u64,
-    kind: BarKind,
+/// A declared BAR: its size and kind (its address lives in the registers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Bar {
+    pub size: u64,
+    pub kind: BarKind,
 }
 
 pub struct PciConfiguration {
-    regs: [u32; NUM_REGS],
-    writable: [u32; NUM_REGS],
-    bars: [Option<Bar>; 6],
+    pub(crate) regs: [u32; NUM_REGS],
+    pub(crate) writable: [u32; NUM_REGS],
+    pub(crate) bars: [Option<Bar>; 6],
     last_cap: Option<usize>,
     next_cap: usize,
 }

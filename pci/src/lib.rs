@@ -5,3 +5,4 @@
 
 pub mod configuration;
 pub mod msix;
+pub mod state;

@@ -4,14 +4,14 @@
 
 /// Bytes per table entry: address low, address high, data, vector control.
 pub const MSIX_TABLE_ENTRY_SIZE: u64 = 16;
-const VECTOR_CONTROL_MASKED: u32 = 1;
+pub(crate) const VECTOR_CONTROL_MASKED: u32 = 1;
 /// Message control bits in the capability.
 pub const MSIX_ENABLE: u16 = 1 << 15;
 pub const MSIX_FUNCTION_MASK: u16 = 1 << 14;
 /// Written into a queue's or config's vector register to mean "no vector".
 pub const VIRTIO_MSI_NO_VECTOR: u16 = 0xffff;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MsixEntry {
     pub addr_lo: u32,
     pub addr_hi: u32,
@@ -46,10 +46,10 @@ pub enum MsixUpdate {
 }
 
 pub struct MsixConfig {
-    table: Vec<MsixEntry>,
-    pba: Vec<u64>,
-    enabled: bool,
-    function_masked: bool,
+    pub(crate) table: Vec<MsixEntry>,
+    pub(crate) pba: Vec<u64>,
+    pub(crate) enabled: bool,
+    pub(crate) function_masked: bool,
 }
 
 /// A table index (or the table's length) as the vector number it is.

@@ -9,6 +9,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::device_state::{DeviceStateError, SavedQueue};
 use crate::GuestMemoryMmap;
 
 /// Which interrupt a device raises.
@@ -202,6 +203,60 @@ pub trait VirtioDevice: Send {
     fn counters(&self) -> Option<Arc<crate::DeviceCounters>> {
         None
     }
+
+    /// A name for the device in the errors of the methods below (its kind
+    /// and id where the device knows them).
+    fn state_name(&self) -> String {
+        format!("virtio device type {}", self.device_type())
+    }
+
+    /// Stops serving: waits (bounded) until every chain the device has
+    /// taken is answered, then returns each activated queue's position in
+    /// queue index order (empty if the device is not activated).
+    /// Afterwards nothing in guest memory changes and the device raises no
+    /// interrupt until [`Self::resume`] (or a reset).
+    fn pause(&mut self) -> Result<Vec<SavedQueue>, DeviceStateError> {
+        Err(DeviceStateError::NotSupported {
+            device: self.state_name(),
+        })
+    }
+
+    /// Serves the same queues again from where [`Self::pause`] stopped.
+    fn resume(&mut self) -> Result<(), DeviceStateError> {
+        Err(DeviceStateError::NotSupported {
+            device: self.state_name(),
+        })
+    }
+
+    /// While paused: the device's own state beyond its queues (not the
+    /// acked features, which the transport saves): what the guest can
+    /// change in config space and what identifies the device to the guest.
+    fn save_state(&mut self) -> Result<serde_json::Value, DeviceStateError> {
+        Err(DeviceStateError::NotSupported {
+            device: self.state_name(),
+        })
+    }
+
+    /// On a device just built from the same configuration, before the
+    /// transport activates it with the queues of [`SavedQueue::to_queue`]
+    /// and the saved acked features: takes back what [`Self::save_state`]
+    /// gave. Everything is checked first; a value that does not fit the
+    /// device's configuration is refused by field name and nothing is
+    /// applied.
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), DeviceStateError> {
+        let _ = state;
+        Err(DeviceStateError::NotSupported {
+            device: self.state_name(),
+        })
+    }
+
+    /// Asked before anything is paused: Err says why this device cannot be
+    /// snapshotted or moved.
+    fn check_movable(&self) -> Result<(), DeviceStateError> {
+        Err(DeviceStateError::NotSupported {
+            device: self.state_name(),
+        })
+    }
 }
 
 /// Copies `src[offset..]` into `data`, zero-filling past the end: the usual
@@ -286,6 +341,59 @@ mod tests {
         assert_eq!(on.iter().map(|q| q.index).collect::<Vec<_>>(), [0, 1]);
         let off = event_idx_queues(queues(1), 1..=2, !(1 << VIRTIO_RING_F_EVENT_IDX)).expect("one");
         assert!(!off[0].queue.state().event_idx_enabled);
+    }
+
+    /// A device that has not implemented pausing is refused by name for
+    /// each step, before anything is paused.
+    #[test]
+    fn a_device_without_pause_support_is_refused_by_name() {
+        struct Plain;
+        impl VirtioDevice for Plain {
+            fn device_type(&self) -> u32 {
+                99
+            }
+            fn queue_max_sizes(&self) -> &[u16] {
+                &[16]
+            }
+            fn features(&self) -> u64 {
+                0
+            }
+            fn ack_features(&mut self, _: u64) {}
+            fn read_config(&self, _: u64, _: &mut [u8]) {}
+            fn activate(
+                &mut self,
+                _: GuestMemoryAtomic<GuestMemoryMmap>,
+                _: Arc<dyn VirtioInterrupt>,
+                _: Vec<ActivatedQueue>,
+            ) -> Result<(), ActivateError> {
+                Ok(())
+            }
+            fn reset(&mut self) -> bool {
+                true
+            }
+        }
+        let mut d = Plain;
+        let e = d.check_movable().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "virtio device type 99: cannot be paused/saved (not supported for this device)"
+        );
+        assert!(matches!(
+            d.pause(),
+            Err(DeviceStateError::NotSupported { .. })
+        ));
+        assert!(matches!(
+            d.resume(),
+            Err(DeviceStateError::NotSupported { .. })
+        ));
+        assert!(matches!(
+            d.save_state(),
+            Err(DeviceStateError::NotSupported { .. })
+        ));
+        assert!(matches!(
+            d.restore_state(&serde_json::Value::Null),
+            Err(DeviceStateError::NotSupported { .. })
+        ));
     }
 
     /// Each activation failure says which device, what step and why, in

@@ -9,6 +9,7 @@ pub mod block;
 pub mod counters;
 pub mod dependency_log;
 pub mod device;
+pub mod device_state;
 pub mod event_loop;
 pub mod file_type;
 pub mod net;
@@ -21,6 +22,7 @@ pub mod vsock;
 
 pub use counters::DeviceCounters;
 pub use device::{ActivateError, Interrupt, SharedMemoryRegion, VirtioDevice, VirtioInterrupt};
+pub use device_state::{DeviceStateError, SavedQueue};
 /// Rate-limited logging of what a guest can repeat (the shared `log-limit`
 /// crate), reachable as `virtio_devices::warn_limited!` and
 /// `virtio_devices::log_limit`.

@@ -19,6 +19,7 @@ pub mod memory;
 pub mod resize;
 pub mod seccomp_filters;
 pub mod signals;
+pub mod snapshot;
 pub mod vcpu;
 pub mod vm;
 pub mod vm_state;

@@ -1,17 +1,16 @@
 //! Builds a VM from its configuration, runs it and waits for it to end.
 
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd};
-use std::sync::{Arc, Mutex};
+pub(crate) mod build;
 
-use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
-use kvm_ioctls::{Cap, Kvm, VmFd};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+#[cfg(test)]
+use kvm_ioctls::Kvm;
+use kvm_ioctls::VmFd;
 use vmm_sys_util::eventfd::EventFd;
-use vmm_sys_util::terminal::Terminal;
 
-use crate::arch::x86_64::{acpi::AcpiTables, boot, layout};
+use crate::arch::x86_64::boot;
 use crate::bus::Bus;
 use crate::config::{
     DiskConfig, FsConfig, NetConfig, PmemConfig, SerialMode, VmConfig, VsockConfig,
@@ -20,15 +19,22 @@ use crate::device_manager::{
     DeviceManager, DeviceManagerError, FsDeviceInfo, ObserverFactory, PciDeviceInfo,
 };
 use crate::exit::{ExitHandle, VmExit};
-use crate::kvm_stats::{KvmStatsFile, VmKvmStats};
-use crate::legacy::{acpi_pm, ged, i8042, pvpanic, serial};
+use crate::kvm_stats::VmKvmStats;
+use crate::legacy::{ged, serial};
 use crate::memory::hotplug::{RamHotplug, RamHotplugError};
 use crate::memory::prefault::KvmPrefaulter;
-use crate::memory::{self, GuestMemoryMmap};
+use crate::memory::{self, GuestMemoryMmap, GuestRegionMmap};
 use crate::signals::StopSignals;
 use crate::vcpu::hotplug::{VcpuHotplug, VcpuHotplugError, VcpuWiring};
-use crate::vcpu::{RunningVcpus, Vcpu, VcpuSetup};
+use crate::vcpu::state::StateCaps;
+use crate::vcpu::{RunningVcpus, Vcpu};
 use api::KvmCounters;
+#[cfg(test)]
+use build::serial_output;
+pub(crate) use build::Platform;
+#[cfg(test)]
+use build::{add_memory_hotplug, add_platform_devices, create_vm};
+use build::{load_payload, open_kvm_stats, RawTerminal, SharedSerial};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
@@ -77,308 +83,145 @@ fn kvm_setup<T>(what: &'static str, r: Result<T, kvm_ioctls::Error>) -> Result<T
     r.map_err(|source| VmError::KvmSetup { what, source })
 }
 
-/// Restores the terminal from raw mode when the VM ends, however it ends.
-///
-/// Works on a duplicate of fd 0 rather than `std::io::stdin()`: std's stdin
-/// lock is held across blocking reads, and the serial input thread blocks in
-/// one for the life of the VM.
-struct RawTerminal(std::fs::File);
-
-impl RawTerminal {
-    fn enable() -> Option<Self> {
-        use std::io::IsTerminal;
-        let tty = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned().ok()?);
-        if !tty.is_terminal() {
-            return None;
-        }
-        let raw = RawTerminal(tty);
-        raw.set_raw_mode().ok()?;
-        Some(raw)
-    }
-}
-
-// SAFETY: the fd is owned by the RawTerminal, open for its whole lifetime,
-// and only used for termios calls.
-unsafe impl Terminal for RawTerminal {
-    fn tty_fd(&self) -> std::os::fd::RawFd {
-        self.0.as_raw_fd()
-    }
-}
-
-impl Drop for RawTerminal {
-    fn drop(&mut self) {
-        let _ = self.set_canon_mode();
-    }
-}
-
-fn serial_output(mode: &SerialMode) -> Result<Option<Box<dyn Write + Send>>, VmError> {
-    Ok(match mode {
-        SerialMode::Off => None,
-        SerialMode::Null => Some(Box::new(std::io::sink())),
-        SerialMode::Tty => Some(Box::new(std::io::stdout())),
-        SerialMode::File(path) => Some(Box::new(
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|source| VmError::SerialFile {
-                    path: path.display().to_string(),
-                    source,
-                })?,
-        )),
-    })
-}
-
-type SharedSerial = Arc<Mutex<serial::SerialDevice>>;
-
-/// The legacy devices on the I/O port bus, plus their DSDT descriptions.
-fn add_platform_devices(
-    vm: &VmFd,
-    config: &VmConfig,
-    pio: &Bus,
-    exit: &Arc<ExitHandle>,
-) -> Result<(Option<SharedSerial>, ged::GedHandle, Vec<u8>), VmError> {
-    let ports = |device: &'static str| move |source| VmError::PlatformPorts { device, source };
-    let mut serial_dev = None;
-    let mut aml = Vec::new();
-    if let Some(out) = serial_output(&config.serial)? {
-        let irq = EventFd::new(libc::EFD_NONBLOCK)?;
-        kvm_setup(
-            "registering the serial irqfd",
-            vm.register_irqfd(&irq, serial::COM1_IRQ),
-        )?;
-        let s = Arc::new(Mutex::new(serial::SerialDevice::new(irq, out)));
-        pio.insert(s.clone(), serial::COM1_PORT, serial::PORT_COUNT)
-            .map_err(ports("serial port"))?;
-        serial_dev = Some(s);
-        serial::SerialDevice::append_aml(&mut aml);
-    }
-    pio.insert(
-        Arc::new(Mutex::new(i8042::I8042::new(exit.clone()))),
-        i8042::I8042_PORT,
-        i8042::PORT_COUNT,
-    )
-    .map_err(ports("i8042"))?;
-    pio.insert(
-        Arc::new(Mutex::new(acpi_pm::AcpiPm::new(exit.clone()))),
-        u64::from(acpi_pm::SLEEP_CONTROL_PORT),
-        acpi_pm::PORT_COUNT,
-    )
-    .map_err(ports("ACPI PM"))?;
-    if config.pvpanic {
-        pio.insert(
-            Arc::new(Mutex::new(pvpanic::PvPanic::new(exit.clone()))),
-            u64::from(pvpanic::PVPANIC_PORT),
-            1,
-        )
-        .map_err(ports("pvpanic"))?;
-        pvpanic::PvPanic::append_aml(&mut aml);
-    }
-    let irq = EventFd::new(libc::EFD_NONBLOCK)?;
-    kvm_setup(
-        "registering the GED irqfd",
-        vm.register_irqfd(&irq, ged::GED_IRQ),
-    )?;
-    let ged_dev = Arc::new(Mutex::new(ged::Ged::new(irq)));
-    pio.insert(ged_dev.clone(), u64::from(ged::GED_PORT), 1)
-        .map_err(ports("GED"))?;
-    ged::Ged::append_aml(&mut aml);
-    Ok((serial_dev, ged::GedHandle(ged_dev), aml))
-}
-
-/// The ACPI memory hot-plug controller on the I/O bus (when the
-/// configuration has `hotplug_size`) and its DSDT part (always: the GED
-/// calls its `MSCN`).
-fn add_memory_hotplug(ram: &RamHotplug, pio: &Bus, aml: &mut Vec<u8>) -> Result<(), VmError> {
-    use crate::memory::hotplug_controller::{
-        MemoryHotplugController, MEMORY_HOTPLUG_PORT, MEMORY_HOTPLUG_PORT_COUNT,
-    };
-    let controller = ram.controller();
-    if let Some(c) = &controller {
-        pio.insert(
-            c.clone(),
-            u64::from(MEMORY_HOTPLUG_PORT),
-            MEMORY_HOTPLUG_PORT_COUNT,
-        )
-        .map_err(|source| VmError::PlatformPorts {
-            device: "memory hot-plug controller",
-            source,
-        })?;
-    }
-    MemoryHotplugController::append_aml(controller.is_some(), aml);
-    Ok(())
-}
-
-fn create_vm(kvm: &Kvm) -> Result<VmFd, VmError> {
-    for (cap, name) in [
-        (Cap::Irqchip, "KVM_CAP_IRQCHIP"),
-        (Cap::Irqfd, "KVM_CAP_IRQFD"),
-        (Cap::UserMemory, "KVM_CAP_USER_MEMORY"),
-        (Cap::Pit2, "KVM_CAP_PIT2"),
-        (Cap::ExtCpuid, "KVM_CAP_EXT_CPUID"),
-    ] {
-        if !kvm.check_extension(cap) {
-            return Err(VmError::MissingCap(name));
-        }
-    }
-    let vm = kvm.create_vm().map_err(VmError::Kvm)?;
-    kvm_setup(
-        "KVM_SET_TSS_ADDR",
-        vm.set_tss_address(const { narrow::usize_of(layout::KVM_TSS_ADDRESS) }),
-    )?;
-    kvm_setup("KVM_CREATE_IRQCHIP", vm.create_irq_chip())?;
-    let pit = kvm_pit_config {
-        flags: KVM_PIT_SPEAKER_DUMMY,
-        ..Default::default()
-    };
-    kvm_setup("KVM_CREATE_PIT2", vm.create_pit2(pit))?;
-    Ok(vm)
-}
-
-/// Loads kernel, initramfs, command line, ACPI tables and the zero page.
-fn load_payload(
-    mem: &GuestMemoryMmap,
-    config: &VmConfig,
-    device_aml: &[u8],
-) -> Result<GuestAddress, VmError> {
-    let kernel = boot::load_kernel(mem, &config.payload.kernel)?;
-    let initramfs = match &config.payload.initramfs {
-        Some(path) => Some(boot::load_initramfs(mem, path, &kernel)?),
-        None => None,
-    };
-    let cmdline_size = boot::load_command_line(mem, &config.payload.cmdline)?;
-    mem.write_slice(&layout::RESET_STUB, GuestAddress(layout::RESET_VECTOR))
-        .map_err(VmError::ResetStub)?;
-    let acpi = AcpiTables::build(&config.cpus, device_aml, config.platform.num_pci_segments)?;
-    acpi.write(mem)?;
-    let e820 = boot::e820_map(&layout::ram_ranges(config.memory.size));
-    boot::write_boot_params(mem, &kernel, cmdline_size, initramfs, &e820, acpi.rsdp_addr)?;
-    Ok(kernel.entry)
-}
-
-/// KVM's statistics of `vm` and `vcpus`, or None (logged) where the host's
-/// KVM cannot give them: the metrics then leave them out.
-fn open_kvm_stats(vm: &VmFd, vcpus: &[Vcpu]) -> Option<VmKvmStats> {
-    let opened = KvmStatsFile::open(vm).and_then(|vm_stats| {
-        let per_vcpu = vcpus
-            .iter()
-            .map(Vcpu::stats)
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(VmKvmStats::new(vm_stats, per_vcpu))
-    });
-    opened
-        .map_err(|e| tracing::info!("no KVM statistics in the metrics: {e}"))
-        .ok()
-}
-
 /// A booted VM: its vCPU threads run until it ends or [`Vm::stop`] is called.
 /// Dropping it tears down its devices (fs daemons see their socket close).
+///
+/// The fields are the crate's: a snapshot (`crate::snapshot`) reads and
+/// restores every part.
 pub struct Vm {
-    exit: Arc<ExitHandle>,
-    vcpus: RunningVcpus,
-    devices: DeviceManager,
+    pub(crate) exit: Arc<ExitHandle>,
+    pub(crate) vcpus: RunningVcpus,
+    pub(crate) devices: DeviceManager,
     /// The guest's clock when it was paused, given back at resume so the
     /// guest does not see the time it spent paused.
-    paused_clock: Option<kvm_bindings::kvm_clock_data>,
+    pub(crate) paused_clock: Option<kvm_bindings::kvm_clock_data>,
     // Kept for the life of the VM: the buses (which own the devices), the
     // terminal mode.
-    _buses: (Arc<Bus>, Arc<Bus>),
+    pub(crate) buses: (Arc<Bus>, Arc<Bus>),
     _raw_terminal: Option<RawTerminal>,
     /// The VMM's stdin feeds this VM's serial port until the VM goes.
     stdin: Option<(Arc<serial::InputRouter>, SharedSerial)>,
-    // Guest RAM: KVM translates guest addresses into this mapping.
-    _mem: GuestMemoryMmap,
+    /// The COM1 UART (None with `--serial off`).
+    pub(crate) serial: Option<SharedSerial>,
+    /// Boot RAM: KVM translates guest addresses into this mapping.
+    pub(crate) mem: GuestMemoryMmap,
+    /// RAM added by `vm.resize` (its KVM slots are the device manager's).
+    pub(crate) hotplugged_ram: Vec<Arc<GuestRegionMmap>>,
     /// The KVM VM: its clock is saved and restored across a pause.
-    vm: Arc<VmFd>,
+    pub(crate) vm: Arc<VmFd>,
     /// The ACPI Generic Event Device, for `vm.power-button`.
-    ged: ged::GedHandle,
+    pub(crate) ged: ged::GedHandle,
     /// KVM's counters for this VM and its vCPUs (None where the host's KVM
     /// has no binary statistics).
     kvm_stats: Option<VmKvmStats>,
     /// RAM added by `vm.resize`, and what may still be.
-    ram: RamHotplug,
+    pub(crate) ram: RamHotplug,
     /// `vm.resize` of the vCPUs.
-    vcpu_hotplug: VcpuHotplug,
+    pub(crate) vcpu_hotplug: VcpuHotplug,
+    /// What this host's KVM offers for saving a vCPU (None: no snapshot).
+    pub(crate) caps: Option<Arc<StateCaps>>,
+    /// The devices were paused for a snapshot: resumed with the vCPUs.
+    pub(crate) devices_paused: bool,
+}
+
+/// A vCPU to start, and whether it stays parked as ejected by the guest.
+pub(crate) struct VcpuToStart {
+    pub vcpu: Vcpu,
+    pub ejected: bool,
 }
 
 impl Vm {
     /// Builds the VM from `config` and starts its vCPUs. `observe`, when
     /// given, makes the observer of each fs device's DAX window from its id.
     pub fn boot(config: &VmConfig, observe: Option<&ObserverFactory>) -> Result<Vm, VmError> {
-        let kvm = Kvm::new().map_err(VmError::Kvm)?;
-        let vm = Arc::new(create_vm(&kvm)?);
+        Vm::boot_with(config, observe, |platform| {
+            load_payload(&platform.mem, config, &platform.device_aml).map(|entry| entry.0)
+        })
+    }
+
+    /// [`Vm::boot`] with `load` putting the payload in guest RAM and
+    /// giving the boot vCPU's 64-bit entry point (tests load a small
+    /// program instead of a kernel).
+    pub(crate) fn boot_with(
+        config: &VmConfig,
+        observe: Option<&ObserverFactory>,
+        load: impl FnOnce(&Platform) -> Result<u64, VmError>,
+    ) -> Result<Vm, VmError> {
         let mem = memory::create_guest_memory(&config.memory)?;
-        memory::register_with_kvm(&vm, &mem)?;
-
-        let exit = Arc::new(ExitHandle::new()?);
-        let pio = Arc::new(Bus::new());
-        let mmio = Arc::new(Bus::new());
-        let (serial_dev, ged, mut device_aml) = add_platform_devices(&vm, config, &pio, &exit)?;
-        let ram = RamHotplug::new(&config.memory);
-        add_memory_hotplug(&ram, &pio, &mut device_aml)?;
-        let guest_mem = GuestMemoryAtomic::new(mem.clone());
-        let mut devices = DeviceManager::new(
-            &kvm,
-            &vm,
-            &pio,
-            &mmio,
-            guest_mem,
-            &config.memory,
-            config.platform.num_pci_segments,
-            ged.clone(),
-        )?;
-        devices.add_boot_devices(config, observe)?;
-        devices.append_aml(&mut device_aml);
-        let cpu_state = crate::vcpu::hotplug::install(&config.cpus, &pio, &mut device_aml)?;
-        let entry = load_payload(&mem, config, &device_aml)?;
-
-        let base_cpuid = kvm_setup(
-            "KVM_GET_SUPPORTED_CPUID",
-            kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES),
-        )?;
-        // KVM_CAP_MAX_VCPUS (kvm-ioctls falls back to KVM_CAP_NR_VCPUS).
-        let limit = u32::try_from(kvm.get_max_vcpus()).unwrap_or(u32::MAX);
-        if config.cpus.max_vcpus > limit {
-            return Err(VmError::TooManyVcpus {
-                max: config.cpus.max_vcpus,
-                limit,
-            });
-        }
-        let setup = VcpuSetup {
-            topology: config.cpus.effective_topology(),
-            base_cpuid: &base_cpuid,
-            tsc_deadline: kvm.check_extension(Cap::TscDeadlineTimer),
-            entry: entry.0,
-            mem: &mem,
-        };
+        let platform = Platform::build(config, mem, Vec::new(), observe)?;
+        let entry = load(&platform)?;
+        let setup = platform.vcpu_setup(config, entry);
         let boot_vcpus = config.cpus.boot_vcpus;
         let vcpus = (0..boot_vcpus)
-            .map(|i| Vcpu::new(&vm, i, &setup))
+            .map(|i| {
+                Vcpu::new(&platform.vm, i, &setup).map(|vcpu| VcpuToStart {
+                    vcpu,
+                    ejected: false,
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        let kvm_stats = open_kvm_stats(&vm, &vcpus);
+        tracing::info!(
+            "booting {boot_vcpus} vCPU(s) (at most {}), {} MiB RAM",
+            config.cpus.max_vcpus,
+            config.memory.size >> 20
+        );
+        Vm::start(platform, config, vcpus, None)
+    }
+
+    /// The last step of a boot and of a restore: the vCPUs' threads start
+    /// on `platform`, running, or parked when `paused_clock` is given (a
+    /// restore: the VM comes back paused, and the clock it was saved with
+    /// is set again at resume).
+    pub(crate) fn start(
+        platform: Platform,
+        config: &VmConfig,
+        vcpus: Vec<VcpuToStart>,
+        paused_clock: Option<kvm_bindings::kvm_clock_data>,
+    ) -> Result<Vm, VmError> {
+        let Platform {
+            kvm,
+            vm,
+            mem,
+            hotplugged_ram,
+            exit,
+            pio,
+            mmio,
+            serial,
+            ged,
+            ram,
+            mut devices,
+            cpu_hotplug,
+            device_aml: _,
+            base_cpuid,
+            tsc_deadline,
+            caps,
+        } = platform;
+        let fds: Vec<&Vcpu> = vcpus.iter().map(|v| &v.vcpu).collect();
+        let kvm_stats = open_kvm_stats(&vm, &fds);
         // The pre-fault vCPUs take ids above every possible vCPU's APIC id.
-        let first_free_id = setup.topology.apic_id(config.cpus.max_vcpus - 1) + 1;
+        let topology = config.cpus.effective_topology();
+        let first_free_id = topology.apic_id(config.cpus.max_vcpus - 1) + 1;
         if let Some(p) = KvmPrefaulter::new(&kvm, &vm, u64::from(first_free_id), &base_cpuid) {
             devices.set_guest_prefaulter(Arc::new(p));
         }
-        let vcpu_hotplug =
-            VcpuHotplug::new(cpu_state, &config.cpus, &base_cpuid, setup.tsc_deadline);
+        let vcpu_hotplug = VcpuHotplug::new(cpu_hotplug, &config.cpus, &base_cpuid, tsc_deadline);
 
-        let (raw_terminal, stdin) = match (&config.serial, &serial_dev) {
+        let (raw_terminal, stdin) = match (&config.serial, &serial) {
             (SerialMode::Tty, Some(s)) => {
                 let raw = RawTerminal::enable();
                 (raw, Some((serial::connect_stdin(s.clone())?, s.clone())))
             }
             _ => (None, None),
         };
-        tracing::info!(
-            "booting {boot_vcpus} vCPU(s) (at most {}), {} MiB RAM",
-            config.cpus.max_vcpus,
-            config.memory.size >> 20
-        );
         let mut running = RunningVcpus::default();
-        for vcpu in vcpus {
-            if let Err(e) = running.spawn(vcpu, pio.clone(), mmio.clone(), exit.clone()) {
+        if paused_clock.is_some() {
+            // No thread yet: each parks before its first KVM_RUN.
+            running.pause();
+        }
+        for v in vcpus {
+            let spawned =
+                running.spawn_as(v.vcpu, v.ejected, pio.clone(), mmio.clone(), exit.clone());
+            if let Err(e) = spawned {
                 running.stop();
                 return Err(e.into());
             }
@@ -387,16 +230,20 @@ impl Vm {
             exit,
             vcpus: running,
             devices,
-            paused_clock: None,
-            _buses: (pio, mmio),
+            paused_clock,
+            buses: (pio, mmio),
             _raw_terminal: raw_terminal,
             stdin,
-            _mem: mem,
+            serial,
+            mem,
+            hotplugged_ram,
             vm,
             ged,
             kvm_stats,
             ram,
             vcpu_hotplug,
+            caps,
+            devices_paused: false,
         })
     }
 
@@ -404,9 +251,9 @@ impl Vm {
     pub fn resize_vcpus(&mut self, desired: u32) -> Result<bool, VcpuHotplugError> {
         let wiring = VcpuWiring {
             vm: &self.vm,
-            mem: &self._mem,
-            pio: &self._buses.0,
-            mmio: &self._buses.1,
+            mem: &self.mem,
+            pio: &self.buses.0,
+            mmio: &self.buses.1,
             exit: &self.exit,
         };
         self.vcpu_hotplug
@@ -520,9 +367,10 @@ impl Vm {
         let region = memory::create_hotplug_region(self.ram.boot_config(), base, size)
             .map_err(|e| failed(&e))?;
         self.devices
-            .add_ram_region(region)
+            .add_ram_region(region.clone())
             .map_err(|e| failed(&e))?;
         self.ram.commit(base, size)?;
+        self.hotplugged_ram.push(region);
         self.ged
             .raise(ged::EVENT_MEMORY_HOTPLUG)
             .map_err(|e| failed(&format!("interrupting the guest: {e}")))?;
@@ -554,6 +402,11 @@ impl Vm {
             clock.flags = 0;
             if let Err(e) = self.vm.set_clock(&clock) {
                 tracing::warn!("KVM_SET_CLOCK: {e}; the guest will see the time it spent paused");
+            }
+        }
+        if std::mem::take(&mut self.devices_paused) {
+            if let Err(e) = self.devices.resume_devices() {
+                tracing::error!("resuming the devices after a snapshot: {e}");
             }
         }
         self.vcpus.resume();

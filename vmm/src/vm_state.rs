@@ -79,6 +79,11 @@ fn chip(vm: &VmFd, chip_id: u32, part: &'static str) -> Result<kvm_irqchip, VmSt
     Ok(chip)
 }
 
+impl vm_state::SectionState for VmState {
+    const KIND: &'static str = "vm";
+    const VERSION: u32 = 1;
+}
+
 impl VmState {
     /// Reads the state of `vm`, whose vCPUs are all paused. `paused_clock`
     /// is the clock read when they were paused (`Vm::pause`): the guest's

@@ -20,6 +20,7 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::device::{ActivatedQueue, Interrupt, VirtioDevice, VirtioInterrupt};
+use crate::device_state::SavedQueue;
 use crate::event_loop::deferring_joins;
 use crate::GuestMemoryMmap;
 
@@ -39,26 +40,29 @@ impl Activator for Inline {
 }
 
 /// Where the device is between the driver's DRIVER_OK and its reset.
-const IDLE: u8 = 0;
-const ACTIVATING: u8 = 1;
-const ACTIVE: u8 = 2;
-const FAILED: u8 = 3;
+pub(super) const IDLE: u8 = 0;
+pub(super) const ACTIVATING: u8 = 1;
+pub(super) const ACTIVE: u8 = 2;
+pub(super) const FAILED: u8 = 3;
 
-type SharedDevice = Arc<Mutex<Box<dyn VirtioDevice>>>;
+pub(super) type SharedDevice = Arc<Mutex<Box<dyn VirtioDevice>>>;
 
 pub struct VirtioState {
-    device: SharedDevice,
-    mem: GuestMemoryAtomic<GuestMemoryMmap>,
-    queues: Vec<Queue>,
-    kicks: Vec<EventFd>,
-    status: u32,
-    driver_features: u64,
+    pub(super) device: SharedDevice,
+    pub(super) mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    pub(super) queues: Vec<Queue>,
+    pub(super) kicks: Vec<EventFd>,
+    pub(super) status: u32,
+    pub(super) driver_features: u64,
     /// IDLE, ACTIVATING, ACTIVE or FAILED; set by activator jobs.
-    phase: Arc<AtomicU8>,
-    activator: Arc<dyn Activator>,
+    pub(super) phase: Arc<AtomicU8>,
+    pub(super) activator: Arc<dyn Activator>,
+    /// Set while paused (`transport::state`): the positions of the queues
+    /// the device gave back, none if it was not running.
+    pub(super) paused: Option<Vec<SavedQueue>>,
 }
 
-fn lock(device: &SharedDevice) -> MutexGuard<'_, Box<dyn VirtioDevice>> {
+pub(super) fn lock(device: &SharedDevice) -> MutexGuard<'_, Box<dyn VirtioDevice>> {
     device.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -84,6 +88,7 @@ impl VirtioState {
             driver_features: 0,
             phase: Arc::new(AtomicU8::new(IDLE)),
             activator: Arc::new(Inline),
+            paused: None,
         })
     }
 
@@ -224,6 +229,16 @@ impl VirtioState {
                 kick,
             });
         }
+        self.start_activation(activated, interrupt);
+    }
+
+    /// Hands `activated` to the device on the activator: what DRIVER_OK
+    /// does, and what a restore does with the saved queue positions.
+    pub(super) fn start_activation(
+        &mut self,
+        activated: Vec<ActivatedQueue>,
+        interrupt: &Arc<dyn VirtioInterrupt>,
+    ) {
         self.phase.store(ACTIVATING, Ordering::SeqCst);
         let (device, phase, mem, interrupt) = (
             self.device.clone(),
@@ -258,7 +273,7 @@ impl VirtioState {
     }
 
     /// Tells the driver the device is broken until it resets it.
-    fn fail(&mut self, why: &str, interrupt: &Arc<dyn VirtioInterrupt>) {
+    pub(super) fn fail(&mut self, why: &str, interrupt: &Arc<dyn VirtioInterrupt>) {
         crate::error_limited!("virtio device type {}: {why}", self.device().device_type());
         self.phase.store(FAILED, Ordering::SeqCst);
         let _ = interrupt.trigger(Interrupt::Config);

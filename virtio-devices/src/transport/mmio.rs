@@ -63,7 +63,7 @@ const INT_CONFIG: u32 = 2;
 /// The interrupt of one MMIO device: a status word the driver reads and
 /// acknowledges, and the irqfd wired to its IOAPIC line.
 pub struct MmioInterrupt {
-    status: AtomicU32,
+    pub(super) status: AtomicU32,
     irqfd: EventFd,
 }
 
@@ -95,15 +95,15 @@ impl VirtioInterrupt for MmioInterrupt {
 }
 
 pub struct MmioTransport {
-    state: VirtioState,
-    interrupt: Arc<MmioInterrupt>,
+    pub(super) state: VirtioState,
+    pub(super) interrupt: Arc<MmioInterrupt>,
     /// The same interrupt, as the device sees it.
-    device_interrupt: Arc<dyn VirtioInterrupt>,
-    device_features_sel: u32,
-    driver_features_sel: u32,
-    queue_sel: u32,
-    shm_sel: u32,
-    config_generation: u32,
+    pub(super) device_interrupt: Arc<dyn VirtioInterrupt>,
+    pub(super) device_features_sel: u32,
+    pub(super) driver_features_sel: u32,
+    pub(super) queue_sel: u32,
+    pub(super) shm_sel: u32,
+    pub(super) config_generation: u32,
 }
 
 impl MmioTransport {

@@ -1,3 +1,4 @@
 pub mod common;
 pub mod mmio;
 pub mod pci;
+pub mod state;

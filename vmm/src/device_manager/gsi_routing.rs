@@ -129,6 +129,29 @@ impl GsiRouter {
         self.commit(&state.table)
     }
 
+    /// The routes as the table KVM was last given holds them: (GSI, type,
+    /// then irqchip and pin, or MSI address low, high and data).
+    #[cfg(test)]
+    pub(crate) fn routes(&self) -> Vec<(u32, u32, [u32; 3])> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state
+            .table
+            .values()
+            .flatten()
+            .map(|e| {
+                // SAFETY: `type_` says which member of the union was written.
+                let u = unsafe {
+                    if e.type_ == KVM_IRQ_ROUTING_MSI {
+                        [e.u.msi.address_lo, e.u.msi.address_hi, e.u.msi.data]
+                    } else {
+                        [e.u.irqchip.irqchip, e.u.irqchip.pin, 0]
+                    }
+                };
+                (e.gsi, e.type_, u)
+            })
+            .collect()
+    }
+
     /// Drops `gsi`'s route and makes the GSI available again.
     fn release_msi(&self, gsi: u32) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());

@@ -82,6 +82,17 @@ impl EjectRequests {
     }
 }
 
+/// The controller's saved registers: per segment the slots to announce
+/// as added and as removed, the selected segment, and the slots the guest
+/// ejected that the VMM has not removed yet.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HotplugControllerState {
+    pub up: Vec<u32>,
+    pub down: Vec<u32>,
+    pub selected: u32,
+    pub pending_ejects: BTreeMap<u16, u32>,
+}
+
 /// The register block on the I/O bus.
 pub struct PciHotplugController {
     /// Per segment: slots to announce as added, and as to be removed.
@@ -125,6 +136,64 @@ impl PciHotplugController {
             *down |= 1 << slot;
             *up &= !(1 << slot);
         }
+    }
+
+    /// The registers and the ejects the control thread has not taken yet.
+    pub fn save(&self) -> HotplugControllerState {
+        HotplugControllerState {
+            up: self.up.clone(),
+            down: self.down.clone(),
+            selected: self.selected,
+            pending_ejects: self
+                .ejects
+                .slots
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        }
+    }
+
+    /// Takes `state` (of a controller with as many segments), or refuses
+    /// it naming the field and changes nothing. Pending ejects wake the
+    /// control thread again.
+    pub fn restore(&mut self, state: &HotplugControllerState) -> Result<(), (String, String)> {
+        let segments = self.up.len();
+        for (name, bits) in [("up", &state.up), ("down", &state.down)] {
+            if bits.len() != segments {
+                return Err((
+                    name.to_string(),
+                    format!("{} segments, this VM has {segments}", bits.len()),
+                ));
+            }
+            if let Some(i) = bits.iter().position(|b| b & !SLOT_MASK != 0) {
+                return Err((
+                    format!("{name}[{i}]"),
+                    "bit of slot 0 (the host bridge)".into(),
+                ));
+            }
+        }
+        for (segment, bits) in &state.pending_ejects {
+            if usize::from(*segment) >= segments || bits & !SLOT_MASK != 0 {
+                return Err((
+                    format!("pending_ejects[{segment}]"),
+                    format!("{bits:#x}: no such segment, or the host bridge's slot"),
+                ));
+            }
+        }
+        self.up.clone_from(&state.up);
+        self.down.clone_from(&state.down);
+        self.selected = state.selected;
+        if !state.pending_ejects.is_empty() {
+            self.ejects
+                .slots
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone_from(&state.pending_ejects);
+            if let Err(e) = self.ejects.evt.write(1) {
+                virtio_devices::error_limited!("PCI hot-plug: signalling restored ejects: {e}");
+            }
+        }
+        Ok(())
     }
 
     /// The DSDT's part: the controller device `\_SB_.PHPR` with its

@@ -22,6 +22,7 @@ pub mod gsi_routing;
 pub mod hotplug_controller;
 pub mod pci_root;
 pub mod pci_segment;
+pub mod state;
 pub mod virtio_mmio;
 pub mod virtio_pci;
 
@@ -142,6 +143,9 @@ pub enum DeviceManagerError {
     /// A removal named the virtio-rng device, which stays.
     #[error("hot-plug: _rng: the virtio-rng device cannot be removed")]
     RngNotRemovable,
+    /// Pausing, saving or restoring the devices (names the device).
+    #[error(transparent)]
+    State(#[from] state::DevicesStateError),
     /// The guest could not be told about slot `at` (the GED interrupt).
     #[error("hot-plug: telling the guest about {at}: {source}")]
     Announce {
@@ -396,6 +400,7 @@ impl DeviceManager {
                 }
                 self.mmio_devices
                     .add(
+                        id,
                         &self.vm,
                         &self.mmio,
                         &self.mem,

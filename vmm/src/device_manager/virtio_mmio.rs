@@ -33,22 +33,29 @@ pub enum VirtioMmioError {
     Bus { index: u64, message: String },
 }
 
-struct MmioBusDevice(MmioTransport);
-
-impl BusDevice for MmioBusDevice {
+impl BusDevice for MmioTransport {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
-        self.0.read(offset, data);
+        MmioTransport::read(self, offset, data);
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
-        self.0.write(offset, data);
+        MmioTransport::write(self, offset, data);
     }
+}
+
+/// One placed device: its id, its register page and its transport (the
+/// same the bus serves).
+pub struct MmioPlaced {
+    pub id: String,
+    pub base: u64,
+    pub transport: Arc<Mutex<MmioTransport>>,
 }
 
 /// Adds virtio-MMIO devices one after the other and collects their AML.
 pub struct MmioDeviceManager {
     next_index: u64,
     aml: Vec<u8>,
+    placed: Vec<MmioPlaced>,
 }
 
 impl Default for MmioDeviceManager {
@@ -62,11 +69,14 @@ impl MmioDeviceManager {
         MmioDeviceManager {
             next_index: 0,
             aml: Vec::new(),
+            placed: Vec::new(),
         }
     }
 
+    /// Puts `device`, named `id`, on the next register page.
     pub fn add(
         &mut self,
+        id: &str,
         vm: &VmFd,
         bus: &Bus,
         mem: &GuestMemoryAtomic<GuestMemoryMmap>,
@@ -102,22 +112,29 @@ impl MmioDeviceManager {
                     source,
                 })?;
         }
-        bus.insert(
-            Arc::new(Mutex::new(MmioBusDevice(transport))),
-            base,
-            MMIO_REGION_SIZE,
-        )
-        .map_err(|e| VirtioMmioError::Bus {
-            index,
-            message: e.to_string(),
-        })?;
+        let transport = Arc::new(Mutex::new(transport));
+        bus.insert(transport.clone(), base, MMIO_REGION_SIZE)
+            .map_err(|e| VirtioMmioError::Bus {
+                index,
+                message: e.to_string(),
+            })?;
         append_aml(&mut self.aml, index32, base32, gsi);
         self.next_index += 1;
+        self.placed.push(MmioPlaced {
+            id: id.to_string(),
+            base,
+            transport,
+        });
         Ok(())
     }
 
     pub fn aml(&self) -> &[u8] {
         &self.aml
+    }
+
+    /// The devices placed so far, in the order they were added.
+    pub fn placed(&self) -> &[MmioPlaced] {
+        &self.placed
     }
 }
 

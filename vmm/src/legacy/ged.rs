@@ -145,6 +145,29 @@ impl BusDevice for Ged {
 pub struct GedHandle(pub std::sync::Arc<Mutex<Ged>>);
 
 impl GedHandle {
+    /// The events raised that the guest has not read yet.
+    pub fn pending(&self) -> u8 {
+        *self
+            .lock()
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Puts saved pending events back (a restore); raises no interrupt:
+    /// one already raised is in the restored irqchip's state.
+    pub fn set_pending(&self, events: u8) {
+        *self
+            .lock()
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = events;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ged> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub fn raise(&self, event: u8) -> std::io::Result<()> {
         self.0
             .lock()

@@ -9,3 +9,4 @@ pub mod ged;
 pub mod i8042;
 pub mod pvpanic;
 pub mod serial;
+pub mod state;

@@ -59,6 +59,34 @@ impl SerialDevice {
         .to_aml_bytes(sink);
     }
 
+    /// The UART's registers and input FIFO.
+    pub fn state(&self) -> vm_superio::serial::SerialState {
+        self.serial.state()
+    }
+
+    /// Replaces the UART's registers and FIFO with saved ones, keeping its
+    /// interrupt and output. Raises the interrupt if the saved state has
+    /// one pending (so only after the irqchips are restored).
+    pub fn restore_state(&mut self, state: &vm_superio::serial::SerialState) -> Result<(), String> {
+        let irq = self
+            .serial
+            .interrupt_evt()
+            .0
+            .try_clone()
+            .map_err(|e| format!("duplicating the irqfd: {e}"))?;
+        let placeholder = Serial::new(
+            IrqFdTrigger(
+                irq.try_clone()
+                    .map_err(|e| format!("duplicating the irqfd: {e}"))?,
+            ),
+            Box::new(std::io::sink()) as Box<dyn Write + Send>,
+        );
+        let out = std::mem::replace(&mut self.serial, placeholder).into_writer();
+        self.serial = Serial::from_state(state, IrqFdTrigger(irq), NoEvents, out)
+            .map_err(|e| format!("{e:?}"))?;
+        Ok(())
+    }
+
     /// Queues host input for the guest; returns how many bytes fit in the FIFO.
     pub fn enqueue_input(&mut self, bytes: &[u8]) -> usize {
         self.serial.enqueue_raw_bytes(bytes).unwrap_or(0)

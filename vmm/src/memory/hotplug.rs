@@ -17,7 +17,11 @@ use std::sync::{Arc, Mutex};
 
 use crate::arch::x86_64::layout::{hotplug_memory_start, HOTPLUG_MEMORY_ALIGN};
 use crate::config::MemoryConfig;
-use crate::memory::hotplug_controller::{MemoryHotplugController, NoFreeSlot};
+use crate::memory::hotplug_controller::{
+    MemoryHotplugController, MemoryHotplugRegisters, NoFreeSlot,
+};
+use serde::{Deserialize, Serialize};
+use vm_state::SectionState;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RamHotplugError {
@@ -135,6 +139,84 @@ impl RamHotplug {
         controller.insert(base, size)?;
         drop(controller);
         self.added += size;
+        Ok(())
+    }
+}
+
+/// RAM hot-plug's section of a snapshot: how much was added, and the
+/// controller's registers (None without `hotplug_size`). The regions
+/// themselves are in the memory layout.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RamHotplugState {
+    pub added: u64,
+    pub registers: Option<MemoryHotplugRegisters>,
+}
+
+impl SectionState for RamHotplugState {
+    const KIND: &'static str = "memory-hotplug";
+    const VERSION: u32 = 1;
+}
+
+impl RamHotplug {
+    pub fn save(&self) -> RamHotplugState {
+        RamHotplugState {
+            added: self.added,
+            registers: self.lock().map(|c| c.save()),
+        }
+    }
+
+    /// Puts a saved state back into this (freshly built) hot-plug: refused,
+    /// nothing changed, unless it fits this VM's configuration and the RAM
+    /// regions `added_regions` (gpa, length) restored from the layout are
+    /// what it announces, back to back from the hot-plug area's start.
+    /// Err names the field.
+    pub fn restore(
+        &mut self,
+        saved: &RamHotplugState,
+        added_regions: &[(u64, u64)],
+    ) -> Result<(), String> {
+        let hotplug = self.boot.hotplug_size.unwrap_or(0);
+        if saved.added > hotplug {
+            return Err(format!(
+                "added: {} bytes, above memory.hotplug_size {hotplug}",
+                saved.added
+            ));
+        }
+        let restored = match (&saved.registers, &self.controller) {
+            (Some(r), Some(_)) => MemoryHotplugController::restore(r)?,
+            (None, None) if saved.added == 0 => MemoryHotplugController::new(),
+            _ => {
+                return Err(
+                    "registers: saved with memory hot-plug on, restored with it off (or the other way round)"
+                        .to_string(),
+                )
+            }
+        };
+        let mut next = self.start;
+        for &(gpa, length) in added_regions {
+            if gpa != next {
+                return Err(format!(
+                    "added: a hot-plugged region at {gpa:#x}, expected at {next:#x}"
+                ));
+            }
+            next = gpa.checked_add(length).ok_or("added: a region wraps")?;
+        }
+        if next - self.start != saved.added {
+            return Err(format!(
+                "added: {} bytes, but the layout's hot-plugged regions hold {}",
+                saved.added,
+                next - self.start
+            ));
+        }
+        if restored.enabled_ranges() != added_regions {
+            return Err(
+                "registers: the slots do not announce the layout's hot-plugged regions".to_string(),
+            );
+        }
+        if let Some(mut c) = self.lock() {
+            *c = restored;
+        }
+        self.added = saved.added;
         Ok(())
     }
 }

@@ -26,6 +26,7 @@ use crate::arch::x86_64::hotplug_aml::{
     self, PortController, RawAml, RegisterField, ScanFlag, SelectedDevice,
 };
 use crate::bus::BusDevice;
+use serde::{Deserialize, Serialize};
 
 pub const MEMORY_HOTPLUG_PORT: u16 = 0xa00;
 pub const MEMORY_HOTPLUG_PORT_COUNT: u64 = 24;
@@ -42,8 +43,8 @@ const STATUS: u64 = 20;
 const STATUS_ENABLED: u8 = 1 << 0;
 const STATUS_INSERTING: u8 = 1 << 1;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Slot {
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Slot {
     base: u64,
     length: u64,
     enabled: bool,
@@ -148,6 +149,47 @@ impl MemoryHotplugController {
             ..CONTROLLER
         }
         .append_aml(&[&mtfy, &mscn, &msta, &mcrs, &slots], sink);
+    }
+}
+
+/// The memory hot-plug registers' part of a snapshot: every slot (the
+/// range it announces, enabled, not yet told to the guest) and the selector.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryHotplugRegisters {
+    pub slots: Vec<Slot>,
+    pub selected: u32,
+}
+
+impl MemoryHotplugController {
+    pub fn save(&self) -> MemoryHotplugRegisters {
+        MemoryHotplugRegisters {
+            slots: self.slots.to_vec(),
+            selected: self.selected,
+        }
+    }
+
+    /// A controller with saved registers; refused unless they hold
+    /// [`MEMORY_SLOTS`] slots.
+    pub fn restore(saved: &MemoryHotplugRegisters) -> Result<Self, String> {
+        let slots = <[Slot; MEMORY_SLOTS]>::try_from(saved.slots.as_slice()).map_err(|_| {
+            format!(
+                "slots: {} saved, this VMM has {MEMORY_SLOTS}",
+                saved.slots.len()
+            )
+        })?;
+        Ok(MemoryHotplugController {
+            slots,
+            selected: saved.selected,
+        })
+    }
+
+    /// The ranges of the enabled slots, (base, length), in slot order.
+    pub fn enabled_ranges(&self) -> Vec<(u64, u64)> {
+        self.slots
+            .iter()
+            .filter(|s| s.enabled)
+            .map(|s| (s.base, s.length))
+            .collect()
     }
 }
 

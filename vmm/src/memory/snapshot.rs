@@ -24,6 +24,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
@@ -284,6 +285,43 @@ pub fn restore_guest_memory(
     cfg: &MemoryConfig,
     layout: &MemoryLayoutState,
 ) -> Result<GuestRam, MemorySnapshotError> {
+    let RestoredRam { boot, hotplugged } = restore_guest_memory_parts(cfg, layout)?;
+    Ok(GuestRam {
+        mem: join_regions(boot, &hotplugged)?,
+        layout: layout.clone(),
+    })
+}
+
+/// Fresh guest RAM for a layout, in the two parts a VM is built from.
+pub struct RestoredRam {
+    /// Boot RAM, as `create_guest_memory` makes it.
+    pub boot: GuestMemoryMmap,
+    /// The hot-plugged regions, at their addresses, sorted.
+    pub hotplugged: Vec<Arc<GuestRegionMmap>>,
+}
+
+/// `boot` with `hotplugged` added: one view of all of guest RAM (the same
+/// mappings, not a copy).
+pub fn join_regions(
+    boot: GuestMemoryMmap,
+    hotplugged: &[Arc<GuestRegionMmap>],
+) -> Result<GuestMemoryMmap, MemorySnapshotError> {
+    let mut mem = boot;
+    for region in hotplugged {
+        mem = mem
+            .insert_region(region.clone())
+            .map_err(|e| MemorySnapshotError::Create(e.to_string()))?;
+    }
+    Ok(mem)
+}
+
+/// Fresh (zeroed) guest RAM laid out as `layout` says, as boot RAM and
+/// hot-plugged regions: refused unless boot RAM made for the layout's boot
+/// size has the layout's boot regions.
+pub fn restore_guest_memory_parts(
+    cfg: &MemoryConfig,
+    layout: &MemoryLayoutState,
+) -> Result<RestoredRam, MemorySnapshotError> {
     layout.validate()?;
     let boot: Vec<&RamRegionState> = layout
         .regions
@@ -296,7 +334,7 @@ pub fn restore_guest_memory(
         size: boot_size,
         ..cfg.clone()
     };
-    let mut mem =
+    let mem =
         create_guest_memory(&boot_cfg).map_err(|e| MemorySnapshotError::Create(e.to_string()))?;
     let made: Vec<&GuestRegionMmap> = mem.iter().collect();
     if made.len() != boot.len() {
@@ -320,6 +358,7 @@ pub fn restore_guest_memory(
             });
         }
     }
+    let mut hotplugged = Vec::new();
     for (index, r) in layout.regions.iter().enumerate() {
         if r.origin != RegionOrigin::Hotplug {
             continue;
@@ -335,14 +374,38 @@ pub fn restore_guest_memory(
                         .to_string(),
             });
         }
-        mem = mem
-            .insert_region(region)
-            .map_err(|e| MemorySnapshotError::Create(e.to_string()))?;
+        hotplugged.push(region);
     }
-    Ok(GuestRam {
-        mem,
-        layout: layout.clone(),
+    Ok(RestoredRam {
+        boot: mem,
+        hotplugged,
     })
+}
+
+/// Faults every page of `mem` in now (`MADV_POPULATE_WRITE`, Linux 5.14),
+/// a restore's `prefault`: the guest's first touches then take no page
+/// faults. Err names the region the kernel refused (by guest address).
+pub fn populate(mem: &GuestMemoryMmap) -> Result<(), MemorySnapshotError> {
+    for region in mem.iter() {
+        // SAFETY: the region is a live mapping of `len` bytes owned by
+        // `mem`; MADV_POPULATE_WRITE only faults its pages in (writable,
+        // contents unchanged).
+        let r = unsafe {
+            libc::madvise(
+                region.as_ptr().cast(),
+                narrow::usize_of(region.len()),
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if r != 0 {
+            return Err(MemorySnapshotError::Io {
+                what: "prefaulting guest RAM (MADV_POPULATE_WRITE)",
+                offset: region.start_addr().0,
+                source: io::Error::last_os_error(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The next extent of data in `[from, end)` of `file`: Ok(None) past the

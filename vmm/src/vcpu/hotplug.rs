@@ -4,7 +4,10 @@
 //! guest's side is `vcpu::hotplug_controller`; this runs on the VMM's control
 //! thread, never on a vCPU.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+use vm_state::SectionState;
 
 use kvm_bindings::CpuId;
 use kvm_ioctls::VmFd;
@@ -16,10 +19,63 @@ use crate::exit::ExitHandle;
 use crate::legacy::ged::{GedHandle, EVENT_CPU_HOTPLUG};
 use crate::memory::GuestMemoryMmap;
 use crate::vcpu::hotplug_controller::{
-    CpuHotplugController, CpuHotplugState, VcpuResizeError, VcpuResizePlan, CPU_HOTPLUG_PORT,
-    CPU_HOTPLUG_PORT_COUNT,
+    CpuHotplugController, CpuHotplugRegisters, CpuHotplugState, VcpuResizeError, VcpuResizePlan,
+    CPU_HOTPLUG_PORT, CPU_HOTPLUG_PORT_COUNT,
 };
 use crate::vcpu::{RunningVcpus, Vcpu, VcpuError, VcpuSetup};
+
+/// A vCPU that has a thread, and whether the guest ejected it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VcpuPresence {
+    pub index: u32,
+    pub ejected: bool,
+}
+
+/// The `vcpus` section of a snapshot: which vCPUs exist (KVM cannot
+/// destroy one, so an ejected vCPU is restored too, parked) and the CPU
+/// hot-plug registers. Each vCPU's own state is a section of its own.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VcpusState {
+    pub vcpus: Vec<VcpuPresence>,
+    pub registers: CpuHotplugRegisters,
+}
+
+impl SectionState for VcpusState {
+    const KIND: &'static str = "vcpus";
+    const VERSION: u32 = 1;
+}
+
+impl VcpusState {
+    /// Checks the section against the configuration it is restored with,
+    /// before anything is built: every vCPU a possible one of `cpus`, each
+    /// once, vCPU 0 among them and not ejected, one register slot per
+    /// possible vCPU. Err names the field.
+    pub fn check(&self, cpus: &CpusConfig) -> Result<(), String> {
+        let max = cpus.max_vcpus;
+        let mut seen = std::collections::BTreeSet::new();
+        for v in &self.vcpus {
+            if v.index >= max {
+                return Err(format!(
+                    "vcpus: vCPU {} is above cpus.max_vcpus={max}",
+                    v.index
+                ));
+            }
+            if !seen.insert(v.index) {
+                return Err(format!("vcpus: vCPU {} is listed twice", v.index));
+            }
+        }
+        if !self.vcpus.iter().any(|v| v.index == 0 && !v.ejected) {
+            return Err("vcpus: vCPU 0 is missing or ejected".to_string());
+        }
+        if self.registers.slots.len() != narrow::usize_of(u64::from(max)) {
+            return Err(format!(
+                "registers.slots: {} saved, cpus.max_vcpus={max}",
+                self.registers.slots.len()
+            ));
+        }
+        Ok(())
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum VcpuHotplugError {
@@ -37,6 +93,8 @@ pub enum VcpuHotplugError {
 /// What making a vCPU after boot takes, kept from the boot.
 pub struct VcpuHotplug {
     state: Arc<CpuHotplugState>,
+    /// The register device on the I/O bus (its selector is part of a snapshot).
+    controller: Arc<Mutex<CpuHotplugController>>,
     cpus: CpusConfig,
     base_cpuid: CpuId,
     tsc_deadline: bool,
@@ -52,34 +110,35 @@ pub struct VcpuWiring<'a> {
 }
 
 /// Puts the CPU hot-plug registers on `pio` and appends their AML and the
-/// processor devices to `aml`.
+/// processor devices to `aml`; returns the register device.
 pub fn install(
     cpus: &CpusConfig,
     pio: &Bus,
     aml: &mut Vec<u8>,
-) -> Result<Arc<CpuHotplugState>, VcpuHotplugError> {
+) -> Result<Arc<Mutex<CpuHotplugController>>, VcpuHotplugError> {
     let state = CpuHotplugState::new(cpus.boot_vcpus, cpus.max_vcpus)?;
+    let controller = Arc::new(Mutex::new(CpuHotplugController::new(state)));
     pio.insert(
-        Arc::new(std::sync::Mutex::new(CpuHotplugController::new(
-            state.clone(),
-        ))),
+        controller.clone(),
         u64::from(CPU_HOTPLUG_PORT),
         CPU_HOTPLUG_PORT_COUNT,
     )?;
     crate::vcpu::hotplug_controller::append_aml(cpus, aml);
-    Ok(state)
+    Ok(controller)
 }
 
 impl VcpuHotplug {
     /// `base_cpuid` and `tsc_deadline`: what the boot vCPUs were given.
     pub fn new(
-        state: Arc<CpuHotplugState>,
+        controller: Arc<Mutex<CpuHotplugController>>,
         cpus: &CpusConfig,
         base_cpuid: &CpuId,
         tsc_deadline: bool,
     ) -> Self {
+        let state = lock(&controller).state();
         VcpuHotplug {
             state,
+            controller,
             cpus: cpus.clone(),
             base_cpuid: base_cpuid.clone(),
             tsc_deadline,
@@ -143,4 +202,18 @@ impl VcpuHotplug {
     pub fn present(&self) -> u32 {
         self.state.present()
     }
+
+    /// The CPU hot-plug registers, for a snapshot.
+    pub fn save_registers(&self) -> CpuHotplugRegisters {
+        lock(&self.controller).save()
+    }
+
+    /// Puts saved CPU hot-plug registers back (a restore).
+    pub fn restore_registers(&self, saved: &CpuHotplugRegisters) -> Result<(), String> {
+        lock(&self.controller).restore(saved)
+    }
+}
+
+fn lock(c: &Mutex<CpuHotplugController>) -> MutexGuard<'_, CpuHotplugController> {
+    c.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -33,6 +33,7 @@ use crate::arch::x86_64::hotplug_aml::{
 };
 use crate::bus::BusDevice;
 use crate::config::CpusConfig;
+use serde::{Deserialize, Serialize};
 
 /// QEMU's CPU hot-plug port; free on this platform's I/O bus.
 pub const CPU_HOTPLUG_PORT: u16 = 0x0cd8;
@@ -45,8 +46,8 @@ const STATUS_INSERTING: u8 = 1 << 1;
 const STATUS_REMOVING: u8 = 1 << 2;
 const STATUS_EJECT: u8 = 1 << 3;
 
-#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
-struct CpuSlot {
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuSlot {
     /// The vCPU exists and runs: `_STA` says present.
     present: bool,
     /// Added, and the guest has not been told yet.
@@ -197,6 +198,11 @@ impl CpuHotplugController {
         CpuHotplugController { selected: 0, state }
     }
 
+    /// The slots' state this device reads and writes.
+    pub fn state(&self) -> Arc<CpuHotplugState> {
+        self.state.clone()
+    }
+
     fn status(&self) -> u8 {
         let slots = self.state.slots();
         let Some(s) = slots.get(self.selected as usize) else {
@@ -246,6 +252,60 @@ impl CpuHotplugController {
         if let Err(e) = self.state.evt.write(1) {
             virtio_devices::error_limited!("CPU hot-plug: signalling an eject: {e}");
         }
+    }
+}
+
+/// The CPU hot-plug registers' part of a snapshot: every possible vCPU's
+/// slot (present, and what the guest has not been told yet), the vCPUs the
+/// guest ejected that the VMM has not parked yet, and the selector.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuHotplugRegisters {
+    pub slots: Vec<CpuSlot>,
+    pub ejected: Vec<u32>,
+    pub selected: u32,
+}
+
+impl CpuHotplugController {
+    /// The registers and slots as they are now.
+    pub fn save(&self) -> CpuHotplugRegisters {
+        CpuHotplugRegisters {
+            slots: self.state.slots().clone(),
+            ejected: self
+                .state
+                .ejected
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            selected: self.selected,
+        }
+    }
+
+    /// Puts saved registers back; refused (nothing changed) unless they
+    /// hold one slot per possible vCPU of this VM, and name only those.
+    pub fn restore(&mut self, saved: &CpuHotplugRegisters) -> Result<(), String> {
+        let mut slots = self.state.slots();
+        if saved.slots.len() != slots.len() {
+            return Err(format!(
+                "slots: {} saved, this VM has max_vcpus={}",
+                saved.slots.len(),
+                slots.len()
+            ));
+        }
+        if let Some(cpu) = saved.ejected.iter().find(|&&c| c as usize >= slots.len()) {
+            return Err(format!("ejected: vCPU {cpu} is not a possible vCPU"));
+        }
+        slots.copy_from_slice(&saved.slots);
+        drop(slots);
+        *self.state.ejected.lock().unwrap_or_else(|e| e.into_inner()) = saved.ejected.clone();
+        self.selected = saved.selected;
+        if !saved.ejected.is_empty() {
+            // The control thread parks them when it sees the eventfd.
+            self.state
+                .evt
+                .write(1)
+                .map_err(|e| format!("ejected: {e}"))?;
+        }
+        Ok(())
     }
 }
 

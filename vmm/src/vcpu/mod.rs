@@ -458,7 +458,20 @@ impl RunningVcpus {
     /// Starts `vcpu` on a thread of its own.
     pub fn spawn(
         &mut self,
+        vcpu: Vcpu,
+        pio: Arc<Bus>,
+        mmio: Arc<Bus>,
+        exit: Arc<ExitHandle>,
+    ) -> Result<(), VcpuError> {
+        self.spawn_as(vcpu, false, pio, mmio, exit)
+    }
+
+    /// Starts `vcpu` on a thread of its own, parked from the start if
+    /// `ejected` (a restored vCPU the guest had ejected).
+    pub fn spawn_as(
+        &mut self,
         mut vcpu: Vcpu,
+        ejected: bool,
         pio: Arc<Bus>,
         mmio: Arc<Bus>,
         exit: Arc<ExitHandle>,
@@ -466,7 +479,10 @@ impl RunningVcpus {
         let index = vcpu.index;
         install_kick_handler();
         let control = self.control.clone();
-        let slot = Arc::new(VcpuSlot::default());
+        let slot = Arc::new(VcpuSlot {
+            ejected: AtomicBool::new(ejected),
+            ..VcpuSlot::default()
+        });
         let thread_slot = slot.clone();
         let handle = std::thread::Builder::new()
             .name(format!("vcpu{index}"))
@@ -489,6 +505,20 @@ impl RunningVcpus {
             slot,
         });
         Ok(())
+    }
+
+    /// Every vCPU that has a thread, by index, and whether the guest
+    /// ejected it (its thread parked for good).
+    pub fn threads(&self) -> Vec<(u32, bool)> {
+        self.threads
+            .iter()
+            .map(|t| (t.index, t.slot.ejected.load(Ordering::SeqCst)))
+            .collect()
+    }
+
+    /// Whether the VM is paused ([`Self::pause`] until [`Self::resume`]).
+    pub fn paused(&self) -> bool {
+        self.control.pause.load(Ordering::SeqCst)
     }
 
     /// Whether vCPU `index` has a thread (running, or parked after an eject).

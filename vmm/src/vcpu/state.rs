@@ -229,6 +229,11 @@ impl std::fmt::Debug for VcpuState {
     }
 }
 
+impl vm_state::SectionState for VcpuState {
+    const KIND: &'static str = "vcpu";
+    const VERSION: u32 = 1;
+}
+
 impl VcpuState {
     /// Reads the state of `fd`, which runs no guest code meanwhile.
     pub fn capture(fd: &VcpuFd, caps: &StateCaps) -> Result<Self, VcpuStateError> {

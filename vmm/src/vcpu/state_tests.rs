@@ -362,21 +362,17 @@ impl BusDevice for PortThatWaitsForPause {
 /// Real-mode guest code at 0x1000: `in al, 0x99; hlt`.
 const IN_THEN_HLT: [u8; 3] = [0xe4, 0x99, 0xf4];
 
-/// A vCPU paused right after an `in` exit: the state its thread saves has
-/// the value in AL and RIP past the instruction (KVM completes the exit
-/// only on the next KVM_RUN, which the thread makes before parking).
-#[test]
-fn a_pause_after_an_in_exit_saves_the_completed_instruction() {
-    let Some(kvm) = kvm() else { return };
-    let vm = vm(&kvm);
-    let caps = Arc::new(StateCaps::probe(&kvm, &vm).unwrap());
-    const SIZE: usize = 0x10000;
+/// A VM whose vCPU 0 runs [`IN_THEN_HLT`] in real mode from a fresh
+/// anonymous mapping of `size` bytes (unmapped by the caller after the VM
+/// is dropped).
+fn vm_running_in_then_hlt(kvm: &Kvm, size: usize) -> (VmFd, VcpuFd, *mut libc::c_void) {
+    let vm = vm(kvm);
     // SAFETY: a fresh anonymous mapping; the VM holding it as memory is
-    // dropped before the mapping is unmapped at the end.
+    // dropped before the caller unmaps it.
     let host = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            SIZE,
+            size,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
@@ -396,12 +392,12 @@ fn a_pause_after_an_in_exit_saves_the_completed_instruction() {
         slot: 0,
         flags: 0,
         guest_phys_addr: 0,
-        memory_size: SIZE as u64,
+        memory_size: size as u64,
         userspace_addr: host as u64,
     };
     // SAFETY: the mapping outlives the VM (unmapped after it is dropped).
     unsafe { vm.set_user_memory_region(region) }.unwrap();
-    let fd = vcpu(&kvm, &vm);
+    let fd = vcpu(kvm, &vm);
     let mut sregs = fd.get_sregs().unwrap();
     sregs.cs.base = 0;
     sregs.cs.selector = 0;
@@ -411,8 +407,11 @@ fn a_pause_after_an_in_exit_saves_the_completed_instruction() {
     regs.rax = 0x1111_1100;
     regs.rflags = 2;
     fd.set_regs(&regs).unwrap();
+    (vm, fd, host)
+}
 
-    let mut vcpus = RunningVcpus::default();
+/// The I/O bus with [`PortThatWaitsForPause`] at 0x99, and its flag.
+fn bus_waiting_for_pause(vcpus: &RunningVcpus) -> (Arc<Bus>, Arc<AtomicBool>) {
     let pio = Arc::new(Bus::new());
     let reached = Arc::new(AtomicBool::new(false));
     let port = Arc::new(Mutex::new(PortThatWaitsForPause {
@@ -420,23 +419,96 @@ fn a_pause_after_an_in_exit_saves_the_completed_instruction() {
         reached: reached.clone(),
     }));
     pio.insert(port, 0x99, 1).unwrap();
-    let exit = Arc::new(ExitHandle::new().unwrap());
-    let vcpu = Vcpu { index: 0, fd };
-    vcpus.spawn(vcpu, pio, Arc::new(Bus::new()), exit).unwrap();
+    (pio, reached)
+}
+
+/// Pauses once the vCPU has reached the port, saves, stops; vCPU 0's state.
+fn pause_at_the_port_and_save(
+    vcpus: &mut RunningVcpus,
+    reached: &AtomicBool,
+    caps: &Arc<StateCaps>,
+) -> VcpuState {
     while !reached.load(Ordering::SeqCst) {
         std::thread::yield_now();
     }
     vcpus.pause();
-    let states = vcpus.save_state(&caps).unwrap();
+    let states = vcpus.save_state(caps).unwrap();
     vcpus.stop();
-    drop(vm);
-    // SAFETY: the mapping made above; its VM is gone.
-    unsafe { libc::munmap(host, SIZE) };
     let [(0, state)] = states.as_slice() else {
         panic!("one vCPU's state: {states:?}");
     };
+    state.clone()
+}
+
+/// A vCPU paused right after an `in` exit: the state its thread saves has
+/// the value in AL and RIP past the instruction (KVM completes the exit
+/// only on the next KVM_RUN, which the thread makes before parking).
+#[test]
+fn a_pause_after_an_in_exit_saves_the_completed_instruction() {
+    let Some(kvm) = kvm() else { return };
+    const SIZE: usize = 0x10000;
+    let (vm, fd, host) = vm_running_in_then_hlt(&kvm, SIZE);
+    let caps = Arc::new(StateCaps::probe(&kvm, &vm).unwrap());
+    let mut vcpus = RunningVcpus::default();
+    let (pio, reached) = bus_waiting_for_pause(&vcpus);
+    let exit = Arc::new(ExitHandle::new().unwrap());
+    let vcpu = Vcpu { index: 0, fd };
+    vcpus.spawn(vcpu, pio, Arc::new(Bus::new()), exit).unwrap();
+    let state = pause_at_the_port_and_save(&mut vcpus, &reached, &caps);
+    drop(vm);
+    // SAFETY: the mapping made above; its VM is gone.
+    unsafe { libc::munmap(host, SIZE) };
     assert_eq!(state.regs.rax, 0x1111_115a, "AL holds the port's answer");
     assert_eq!(state.regs.rip, 0x1002, "RIP is past the `in`");
+}
+
+/// Everything a vCPU thread does for a snapshot, on the thread itself
+/// under the main thread's and the vCPU's filters (kill mode), as the VMM
+/// runs it: the exit completed before parking (KVM_RUN with
+/// immediate_exit), the park, the mailbox, every GET of the state, the
+/// reply, the wake-up at stop. A refused call would end this test process
+/// with SIGSYS.
+#[test]
+fn a_parked_vcpu_thread_saves_for_a_snapshot_under_its_seccomp_filters() {
+    use crate::seccomp_filters::{all_for, VCPU, VMM};
+    let Some(kvm) = kvm() else { return };
+    const SIZE: usize = 0x10000;
+    let (vm, fd, host) = vm_running_in_then_hlt(&kvm, SIZE);
+    let caps = Arc::new(StateCaps::probe(&kvm, &vm).unwrap());
+    let programs: Vec<_> = all_for(std::process::id())
+        .into_iter()
+        .filter(|(k, _)| [VMM, VCPU].contains(k))
+        .map(|(k, l)| seccomp::build(k, &l, seccomp::Mode::Kill).unwrap().unwrap())
+        .collect();
+    let mut vcpus = RunningVcpus::default();
+    let (pio, reached) = bus_waiting_for_pause(&vcpus);
+    let mmio = Arc::new(Bus::new());
+    let (control, slot) = (
+        vcpus.control.clone(),
+        Arc::new(crate::vcpu::VcpuSlot::default()),
+    );
+    let thread_slot = slot.clone();
+    crate::signals::install_kick_handler();
+    let handle = std::thread::spawn(move || {
+        for p in &programs {
+            seccomp::apply_filter(p).unwrap();
+        }
+        let mut vcpu = Vcpu { index: 0, fd };
+        assert!(vcpu.run(&pio, &mmio, &control, &thread_slot).is_none());
+    });
+    vcpus.threads.push(crate::vcpu::VcpuThread {
+        index: 0,
+        handle,
+        slot,
+    });
+    let state = pause_at_the_port_and_save(&mut vcpus, &reached, &caps);
+    drop(vm);
+    // SAFETY: the mapping made above; its VM is gone.
+    unsafe { libc::munmap(host, SIZE) };
+    assert_eq!(
+        state.regs.rip, 0x1002,
+        "the save ran on the filtered thread"
+    );
 }
 
 #[test]

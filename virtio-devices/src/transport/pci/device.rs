@@ -75,11 +75,11 @@ pub trait MsiSender: Send + Sync {
 /// The interrupt of a virtio-PCI function: the vector chosen for each queue
 /// and for config changes, and the MSI-X state deciding delivery.
 pub struct PciInterrupt {
-    msix: Arc<Mutex<MsixConfig>>,
-    isr: AtomicU8,
-    config_vector: AtomicU16,
-    queue_vectors: Vec<AtomicU16>,
-    sender: Arc<dyn MsiSender>,
+    pub(super) msix: Arc<Mutex<MsixConfig>>,
+    pub(super) isr: AtomicU8,
+    pub(super) config_vector: AtomicU16,
+    pub(super) queue_vectors: Vec<AtomicU16>,
+    pub(super) sender: Arc<dyn MsiSender>,
 }
 
 impl PciInterrupt {
@@ -135,16 +135,16 @@ impl VirtioInterrupt for PciInterrupt {
 }
 
 pub struct VirtioPciDevice {
-    config: PciConfiguration,
-    state: VirtioState,
-    interrupt: Arc<PciInterrupt>,
-    device_interrupt: Arc<dyn VirtioInterrupt>,
+    pub(super) config: PciConfiguration,
+    pub(super) state: VirtioState,
+    pub(super) interrupt: Arc<PciInterrupt>,
+    pub(super) device_interrupt: Arc<dyn VirtioInterrupt>,
     msix_cap: usize,
     pci_cfg_cap: usize,
-    device_feature_select: u32,
-    driver_feature_select: u32,
-    queue_select: u16,
-    config_generation: u8,
+    pub(super) device_feature_select: u32,
+    pub(super) driver_feature_select: u32,
+    pub(super) queue_select: u16,
+    pub(super) config_generation: u8,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -462,7 +462,7 @@ impl VirtioPciDevice {
     /// Applies what an MSI-X write changed: routes first, then each
     /// vector's mask, then the interrupts that were pending on a vector just
     /// unmasked (so they go out through a live route and an armed irqfd).
-    fn apply(&self, updates: Vec<MsixUpdate>) {
+    pub(super) fn apply(&self, updates: Vec<MsixUpdate>) {
         let sender = &self.interrupt.sender;
         let warn = |what: &dyn std::fmt::Debug, e: std::io::Error| {
             crate::warn_limited!("virtio-pci: MSI-X {what:?}: {e}")

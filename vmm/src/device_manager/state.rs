@@ -1,0 +1,367 @@
+//! The devices' part of a snapshot or a migration: every virtio device's
+//! transport state by device id, where it sits (PCI segment and slot, or
+//! virtio-MMIO register page), and the PCI hot-plug controller's
+//! registers.
+//!
+//! A restore runs on a device manager built from the same configuration
+//! (the saved one, which holds the hot-plugged devices too), after the
+//! KVM irqchip was restored and before any vCPU runs. Everything that can
+//! be checked is checked before anything is applied: the same device ids
+//! at the same places, each transport's state against its device, the
+//! hot-plug registers. Then each transport is restored (MSI-X tables and,
+//! from them, KVM's write-only GSI routes; a running device activated with
+//! its saved queue positions) and each PCI function's BARs are served
+//! where the guest had put them. A device whose own state fails to restore
+//! at that point leaves the manager part-restored: the caller drops the
+//! whole VM.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+use virtio_devices::device_state::DeviceStateError;
+use virtio_devices::transport::mmio::MmioTransport;
+use virtio_devices::transport::pci::device::VirtioPciDevice;
+use virtio_devices::transport::pci::state::PciTransportState;
+use virtio_devices::transport::state::{MmioTransportState, TransportStateError};
+
+use super::hotplug_controller::HotplugControllerState;
+use super::virtio_pci::{PciAddress, VirtioPciSetupError};
+use super::{DeviceManager, DeviceManagerError};
+
+/// What went wrong pausing, saving or restoring the devices; every
+/// variant names the device (or the hot-plug field).
+#[derive(Debug, thiserror::Error)]
+pub enum DevicesStateError {
+    #[error("{id}: cannot be moved: {source}")]
+    NotMovable {
+        id: String,
+        source: DeviceStateError,
+    },
+    #[error("{id}: {step}: {source}")]
+    Transport {
+        id: String,
+        step: &'static str,
+        source: TransportStateError,
+    },
+    /// The saved devices are not this VM's (another id, place or transport).
+    #[error("{id}: {reason}")]
+    Layout { id: String, reason: String },
+    #[error("{id}: placing the restored BARs: {source}")]
+    Placement {
+        id: String,
+        source: VirtioPciSetupError,
+    },
+    #[error("pci_hotplug.{field}: {reason}")]
+    Hotplug { field: String, reason: String },
+}
+
+/// Where a device sits and its transport's state.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "transport", rename_all = "lowercase")]
+pub enum SavedTransport {
+    Pci {
+        segment: u16,
+        slot: u8,
+        state: PciTransportState,
+    },
+    Mmio {
+        base: u64,
+        state: MmioTransportState,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SavedDevice {
+    pub id: String,
+    pub transport: SavedTransport,
+}
+
+/// The devices section of the state document.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DevicesState {
+    pub devices: Vec<SavedDevice>,
+    pub pci_hotplug: HotplugControllerState,
+}
+
+impl vm_state::SectionState for DevicesState {
+    const KIND: &'static str = "devices";
+    const VERSION: u32 = 1;
+}
+
+fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One device's transport, whichever it is.
+enum Placed {
+    Pci {
+        id: String,
+        at: PciAddress,
+        dev: Arc<Mutex<VirtioPciDevice>>,
+    },
+    Mmio {
+        id: String,
+        base: u64,
+        dev: Arc<Mutex<MmioTransport>>,
+    },
+}
+
+impl Placed {
+    fn id(&self) -> &str {
+        match self {
+            Placed::Pci { id, .. } | Placed::Mmio { id, .. } => id,
+        }
+    }
+
+    fn place(&self) -> String {
+        match self {
+            Placed::Pci { at, .. } => format!("virtio-PCI {at}"),
+            Placed::Mmio { base, .. } => format!("virtio-MMIO at {base:#x}"),
+        }
+    }
+
+    fn transport_error(
+        &self,
+        step: &'static str,
+        source: TransportStateError,
+    ) -> DevicesStateError {
+        DevicesStateError::Transport {
+            id: self.id().to_string(),
+            step,
+            source,
+        }
+    }
+
+    fn pause(&self) -> Result<(), DevicesStateError> {
+        match self {
+            Placed::Pci { dev, .. } => lock(dev).pause(),
+            Placed::Mmio { dev, .. } => lock(dev).pause(),
+        }
+        .map_err(|e| self.transport_error("pause", e))
+    }
+
+    fn resume(&self) -> Result<(), DevicesStateError> {
+        match self {
+            Placed::Pci { dev, .. } => lock(dev).resume(),
+            Placed::Mmio { dev, .. } => lock(dev).resume(),
+        }
+        .map_err(|e| self.transport_error("resume", e))
+    }
+
+    fn check_movable(&self) -> Result<(), DevicesStateError> {
+        match self {
+            Placed::Pci { dev, .. } => lock(dev).check_movable(),
+            Placed::Mmio { dev, .. } => lock(dev).check_movable(),
+        }
+        .map_err(|source| DevicesStateError::NotMovable {
+            id: self.id().to_string(),
+            source,
+        })
+    }
+
+    fn save(&self) -> Result<SavedDevice, DevicesStateError> {
+        let transport = match self {
+            Placed::Pci { dev, at, .. } => SavedTransport::Pci {
+                segment: at.segment,
+                slot: at.slot,
+                state: lock(dev)
+                    .save()
+                    .map_err(|e| self.transport_error("save", e))?,
+            },
+            Placed::Mmio { dev, base, .. } => SavedTransport::Mmio {
+                base: *base,
+                state: lock(dev)
+                    .save()
+                    .map_err(|e| self.transport_error("save", e))?,
+            },
+        };
+        Ok(SavedDevice {
+            id: self.id().to_string(),
+            transport,
+        })
+    }
+
+    /// Whether `saved` is this device's, at this place, on this transport,
+    /// with a state its transport takes (nothing is changed).
+    fn check(&self, saved: &SavedTransport) -> Result<(), DevicesStateError> {
+        let mismatch = |saved_at: String| DevicesStateError::Layout {
+            id: self.id().to_string(),
+            reason: format!(
+                "saved on {saved_at}, this VM has it on {}: not the same device layout",
+                self.place()
+            ),
+        };
+        let checked = match (self, saved) {
+            (
+                Placed::Pci { at, dev, .. },
+                SavedTransport::Pci {
+                    segment,
+                    slot,
+                    state,
+                },
+            ) => {
+                if (at.segment, at.slot) != (*segment, *slot) {
+                    return Err(mismatch(format!(
+                        "virtio-PCI {}",
+                        PciAddress {
+                            segment: *segment,
+                            slot: *slot
+                        }
+                    )));
+                }
+                lock(dev).check_restore(state)
+            }
+            (Placed::Mmio { base, dev, .. }, SavedTransport::Mmio { base: b, state }) => {
+                if base != b {
+                    return Err(mismatch(format!("virtio-MMIO at {b:#x}")));
+                }
+                lock(dev).check_restore(state)
+            }
+            (_, SavedTransport::Pci { segment, slot, .. }) => {
+                return Err(mismatch(format!(
+                    "virtio-PCI {}",
+                    PciAddress {
+                        segment: *segment,
+                        slot: *slot
+                    }
+                )))
+            }
+            (_, SavedTransport::Mmio { base, .. }) => {
+                return Err(mismatch(format!("virtio-MMIO at {base:#x}")))
+            }
+        };
+        checked.map_err(|e| self.transport_error("restore", e))
+    }
+}
+
+impl DeviceManager {
+    /// Every device's transport: virtio-PCI functions segment by segment
+    /// and slot by slot, then virtio-MMIO devices in the order added.
+    fn placed_devices(&self) -> Vec<Placed> {
+        let mut all: Vec<Placed> = self
+            .pci
+            .transports()
+            .into_iter()
+            .map(|(id, at, dev)| Placed::Pci { id, at, dev })
+            .collect();
+        all.extend(self.mmio_devices.placed().iter().map(|p| Placed::Mmio {
+            id: p.id.clone(),
+            base: p.base,
+            dev: p.transport.clone(),
+        }));
+        all
+    }
+
+    /// Checked before anything is paused: Err names the first device that
+    /// cannot be carried and why.
+    pub fn check_movable(&self) -> Result<(), DeviceManagerError> {
+        for p in self.placed_devices() {
+            p.check_movable()?;
+        }
+        Ok(())
+    }
+
+    /// Stops every device serving (queue positions kept). If one cannot
+    /// pause, those paused before it are resumed and the error names it.
+    pub fn pause_devices(&mut self) -> Result<(), DeviceManagerError> {
+        let devices = self.placed_devices();
+        for (i, p) in devices.iter().enumerate() {
+            if let Err(e) = p.pause() {
+                for done in devices[..i].iter().rev() {
+                    if let Err(undo) = done.resume() {
+                        tracing::error!("{undo} (after a failed pause)");
+                    }
+                }
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets every device serve again; tries them all, returns the first
+    /// failure.
+    pub fn resume_devices(&mut self) -> Result<(), DeviceManagerError> {
+        let mut first = None;
+        for p in self.placed_devices() {
+            if let Err(e) = p.resume() {
+                tracing::error!("{e}");
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// Every device's state by id, and the hot-plug controller's; the
+    /// devices must be paused.
+    pub fn save_devices(&mut self) -> Result<DevicesState, DeviceManagerError> {
+        let devices = self
+            .placed_devices()
+            .iter()
+            .map(Placed::save)
+            .collect::<Result<Vec<_>, _>>()?;
+        let pci_hotplug = lock(&self.hotplug).save();
+        Ok(DevicesState {
+            devices,
+            pci_hotplug,
+        })
+    }
+
+    /// Restores `state` onto this manager, built from the same
+    /// configuration; see the module's note for the order and what is
+    /// checked first.
+    pub fn restore_devices(&mut self, state: &DevicesState) -> Result<(), DeviceManagerError> {
+        let devices = self.placed_devices();
+        let mut saved: BTreeMap<&str, &SavedTransport> = BTreeMap::new();
+        for d in &state.devices {
+            if saved.insert(&d.id, &d.transport).is_some() {
+                return Err(layout(&d.id, "saved twice").into());
+            }
+        }
+        for p in &devices {
+            let s = saved
+                .remove(p.id())
+                .ok_or_else(|| layout(p.id(), "in this VM but not in the saved state"))?;
+            p.check(s)?;
+        }
+        if let Some(id) = saved.keys().next() {
+            return Err(layout(id, "in the saved state but not in this VM's configuration").into());
+        }
+        lock(&self.hotplug)
+            .restore(&state.pci_hotplug)
+            .map_err(|(field, reason)| DevicesStateError::Hotplug { field, reason })?;
+        let by_id: BTreeMap<&str, &SavedTransport> = state
+            .devices
+            .iter()
+            .map(|d| (d.id.as_str(), &d.transport))
+            .collect();
+        for p in &devices {
+            match (p, by_id[p.id()]) {
+                (Placed::Pci { dev, at, id }, SavedTransport::Pci { state, .. }) => {
+                    lock(dev)
+                        .restore(state)
+                        .map_err(|e| p.transport_error("restore", e))?;
+                    self.pci.place_restored(*at).map_err(|source| {
+                        DevicesStateError::Placement {
+                            id: id.clone(),
+                            source,
+                        }
+                    })?;
+                }
+                (Placed::Mmio { dev, .. }, SavedTransport::Mmio { state, .. }) => lock(dev)
+                    .restore(state)
+                    .map_err(|e| p.transport_error("restore", e))?,
+                // Checked above: each device's saved transport is its own.
+                _ => return Err(layout(p.id(), "transport changed while restoring").into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn layout(id: &str, reason: &str) -> DevicesStateError {
+    DevicesStateError::Layout {
+        id: id.to_string(),
+        reason: reason.to_string(),
+    }
+}

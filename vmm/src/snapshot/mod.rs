@@ -1,0 +1,302 @@
+//! A whole VM to a snapshot directory and back, as Cloud Hypervisor lays
+//! the directory out (`config.json`, `state.json`, `memory-ranges`, each
+//! mode 0600): [`Vm::snapshot`] of a paused VM, [`Vm::restore`] into a new
+//! one that comes back paused, and [`Vm::check_snapshottable`], asked
+//! before the VM is paused.
+//!
+//! Each part's state is a section of the state document, saved and
+//! restored by the code that owns it: `vcpus` and `vcpu/N`
+//! ([`crate::vcpu`]), `vm` ([`crate::vm_state`]), `memory` and
+//! `memory-hotplug` ([`crate::memory`]), `legacy` ([`crate::legacy::state`]).
+//! This module only orders them (§ the restore in [`restore`]) and reads
+//! and writes the files.
+
+mod restore;
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use vm_state::{StateDocument, StateError};
+
+use crate::config::json::vm_config_to_json;
+use crate::config::VmConfig;
+use crate::device_manager::DeviceManagerError;
+use crate::legacy::state::LegacyStateError;
+use crate::memory::snapshot::{
+    join_regions, write_memory_ranges, MemoryLayoutState, MemorySnapshotError, RamRegionState,
+    RegionOrigin,
+};
+use crate::vcpu::hotplug::{VcpuPresence, VcpusState};
+use crate::vcpu::VcpuError;
+use crate::vm::{Vm, VmError};
+use crate::vm_state::{VmState, VmStateError};
+
+pub const CONFIG_FILE: &str = "config.json";
+pub const STATE_FILE: &str = "state.json";
+pub const MEMORY_FILE: &str = "memory-ranges";
+
+/// Section names in `state.json`.
+pub const VCPUS_SECTION: &str = "vcpus";
+pub const VM_SECTION: &str = "vm";
+pub const MEMORY_SECTION: &str = "memory";
+pub const MEMORY_HOTPLUG_SECTION: &str = "memory-hotplug";
+pub const LEGACY_SECTION: &str = "legacy";
+pub const DEVICES_SECTION: &str = "devices";
+
+/// The section of vCPU `index`'s own state.
+pub fn vcpu_section(index: u32) -> String {
+    format!("vcpu/{index}")
+}
+
+/// Why a snapshot or a restore failed; every variant names the file,
+/// section or field.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot: the VM is running; pause it first (vm.pause)")]
+    NotPaused,
+    #[error("{}: not a directory", path.display())]
+    NotADirectory { path: PathBuf },
+    #[error("{}: {source}", path.display())]
+    Directory {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {what}: {source}", path.display())]
+    File {
+        path: PathBuf,
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("{}: {reason}", path.display())]
+    Config { path: PathBuf, reason: String },
+    #[error("{file}: {source}")]
+    State {
+        file: &'static str,
+        source: StateError,
+    },
+    #[error("snapshot: {component} cannot be saved yet: {reason}")]
+    NotSnapshottable { component: String, reason: String },
+    #[error("state.json: {section}: {reason}")]
+    Section { section: String, reason: String },
+    #[error("state.json: vcpus: {0}")]
+    Vcpus(#[from] VcpuError),
+    #[error("state.json: vm: {0}")]
+    VmState(#[from] VmStateError),
+    #[error("{0}")]
+    Memory(#[from] MemorySnapshotError),
+    #[error("state.json: {0}")]
+    Legacy(#[from] LegacyStateError),
+    #[error("restore: building the VM: {0}")]
+    Build(#[from] VmError),
+    /// A device cannot be carried, paused, saved or restored; `context`
+    /// says which step, the source names the device.
+    #[error("{context} {source}")]
+    Devices {
+        context: &'static str,
+        source: Box<DeviceManagerError>,
+    },
+}
+
+fn state_error(source: StateError) -> SnapshotError {
+    SnapshotError::State {
+        file: STATE_FILE,
+        source,
+    }
+}
+
+/// The rng device's id (it has no configurable one).
+pub const RNG_ID: &str = "_rng";
+
+/// `dir` exists and is a directory; the error names it.
+fn check_dir(dir: &Path) -> Result<(), SnapshotError> {
+    let meta = std::fs::metadata(dir).map_err(|source| SnapshotError::Directory {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    if !meta.is_dir() {
+        return Err(SnapshotError::NotADirectory {
+            path: dir.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// `path` created (or emptied) for writing, mode 0600 whatever it had.
+fn create_private(path: &Path) -> Result<File, SnapshotError> {
+    let err = |what| {
+        move |source| SnapshotError::File {
+            path: path.to_path_buf(),
+            what,
+            source,
+        }
+    };
+    let file = OpenOptions::new()
+        .write(true)
+        .read(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(err("creating"))?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(err("making it private (0600)"))?;
+    Ok(file)
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), SnapshotError> {
+    let mut file = create_private(path)?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|source| SnapshotError::File {
+            path: path.to_path_buf(),
+            what: "writing",
+            source,
+        })
+}
+
+impl Vm {
+    /// Asked before pausing for a snapshot: names the first part that
+    /// cannot be carried.
+    pub fn check_snapshottable(&self) -> Result<(), SnapshotError> {
+        if self.caps.is_none() {
+            return Err(SnapshotError::NotSnapshottable {
+                component: "the vCPUs".to_string(),
+                reason: "this host's KVM did not list the MSRs to save (see the log at boot)"
+                    .to_string(),
+            });
+        }
+        self.devices
+            .check_movable()
+            .map_err(|source| SnapshotError::Devices {
+                context: "snapshot: device",
+                source: Box::new(source),
+            })
+    }
+
+    /// The VM must be paused (else an error saying so). Writes
+    /// DIR/config.json (`config`, as `vm.info` reports it), DIR/state.json
+    /// (the state document) and DIR/memory-ranges (guest RAM, sparse),
+    /// mode 0600; DIR must exist and be a directory. The DAX windows and
+    /// pmem are never written: they are the host's files.
+    pub fn snapshot(&mut self, config: &VmConfig, dir: &Path) -> Result<(), SnapshotError> {
+        if !self.vcpus.paused() {
+            return Err(SnapshotError::NotPaused);
+        }
+        check_dir(dir)?;
+        self.check_snapshottable()?;
+        // state.json is written last: a snapshot that fails part-way must
+        // not leave an earlier one's state beside this one's memory.
+        let state_path = dir.join(STATE_FILE);
+        match std::fs::remove_file(&state_path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(SnapshotError::File {
+                    path: state_path,
+                    what: "removing the earlier snapshot's",
+                    source: e,
+                })
+            }
+            _ => {}
+        }
+        let Some(caps) = self.caps.clone() else {
+            return Err(SnapshotError::NotSnapshottable {
+                component: "the vCPUs".to_string(),
+                reason: "no vCPU state capabilities".to_string(),
+            });
+        };
+        // The devices stop serving (their queues' positions kept) before
+        // anything is read, so nothing writes guest RAM or raises an
+        // interrupt meanwhile; they serve again at resume.
+        if !self.devices_paused {
+            self.devices
+                .pause_devices()
+                .map_err(|source| SnapshotError::Devices {
+                    context: "snapshot: pausing device",
+                    source: Box::new(source),
+                })?;
+            self.devices_paused = true;
+        }
+        let mut doc = StateDocument::new(env!("CARGO_PKG_VERSION"));
+        let states = self.vcpus.save_state(&caps)?;
+        let vcpus = VcpusState {
+            vcpus: self
+                .vcpus
+                .threads()
+                .into_iter()
+                .map(|(index, ejected)| VcpuPresence { index, ejected })
+                .collect(),
+            registers: self.vcpu_hotplug.save_registers(),
+        };
+        doc.put(VCPUS_SECTION, &vcpus).map_err(state_error)?;
+        for (index, state) in &states {
+            doc.put(&vcpu_section(*index), state).map_err(state_error)?;
+        }
+        let vm_state = VmState::capture(&self.vm, self.paused_clock)?;
+        doc.put(VM_SECTION, &vm_state).map_err(state_error)?;
+
+        let mut layout = self.memory_layout()?;
+        let all_ram = join_regions(self.mem.clone(), &self.hotplugged_ram)?;
+        let ranges = create_private(&dir.join(MEMORY_FILE))?;
+        write_memory_ranges(&all_ram, &mut layout, &ranges)?;
+        ranges.sync_all().map_err(|source| SnapshotError::File {
+            path: dir.join(MEMORY_FILE),
+            what: "writing",
+            source,
+        })?;
+        doc.put(MEMORY_SECTION, &layout).map_err(state_error)?;
+        doc.put(MEMORY_HOTPLUG_SECTION, &self.ram.save())
+            .map_err(state_error)?;
+        let legacy = {
+            let serial = self
+                .serial
+                .as_ref()
+                .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()));
+            crate::legacy::state::save(serial.as_deref(), &self.ged)
+        };
+        doc.put(LEGACY_SECTION, &legacy).map_err(state_error)?;
+        let devices = self
+            .devices
+            .save_devices()
+            .map_err(|source| SnapshotError::Devices {
+                context: "snapshot: saving device",
+                source: Box::new(source),
+            })?;
+        doc.put(DEVICES_SECTION, &devices).map_err(state_error)?;
+
+        let config_json = serde_json::to_vec_pretty(&vm_config_to_json(config)).map_err(|e| {
+            SnapshotError::Config {
+                path: dir.join(CONFIG_FILE),
+                reason: e.to_string(),
+            }
+        })?;
+        write_private(&dir.join(CONFIG_FILE), &config_json)?;
+        write_private(&state_path, &doc.to_json().map_err(state_error)?)?;
+        tracing::info!(
+            "snapshot: {} vCPU(s), {} RAM region(s) written to {}",
+            states.len(),
+            layout.regions.len(),
+            dir.display()
+        );
+        Ok(())
+    }
+
+    /// Guest RAM's layout: boot RAM on slots 0.. as `register_with_kvm`
+    /// gives them, then each hot-plugged region (its number is the
+    /// layout's; KVM's slot for it may differ after a restore).
+    fn memory_layout(&self) -> Result<MemoryLayoutState, MemorySnapshotError> {
+        let boot = MemoryLayoutState::of_boot_memory(&self.mem)?;
+        let first = boot.regions.len();
+        let mut regions = boot.regions;
+        for (i, region) in self.hotplugged_ram.iter().enumerate() {
+            let slot = u32::try_from(first + i)
+                .map_err(|_| MemorySnapshotError::TooManyRegions { count: first + i })?;
+            regions.push(RamRegionState::of(region, slot, RegionOrigin::Hotplug));
+        }
+        MemoryLayoutState::new(regions)
+    }
+}
+
+#[cfg(test)]
+#[path = "snapshot_tests.rs"]
+mod tests;

@@ -1,0 +1,232 @@
+//! [`Vm::restore`]: a VM built from a snapshot directory, in the order
+//! KVM and the devices need:
+//!
+//! 1. every file and section is read and checked before anything is made
+//!    (an unknown section version, a section nothing restores, a vCPU list
+//!    that does not fit the configuration, a `memory-ranges` shorter or
+//!    longer than its table are refused here);
+//! 2. guest RAM is made as laid out and filled from `memory-ranges`, before
+//!    any device exists: a vhost-user device sends its memory table to its
+//!    daemon when it is made, and that memory must hold the guest's data;
+//! 3. the VM is built as a boot builds it ([`Platform::build`]), with the
+//!    hot-plugged regions at their addresses;
+//! 4. each vCPU is made with its saved state instead of the boot's
+//!    registers, then the VM's state (PIT, clock, irqchips): the vCPUs'
+//!    LAPICs first, then the IOAPIC and PICs that route into them;
+//! 5. only then what may inject an interrupt: the devices (MSI-X tables
+//!    and GSI routes, BARs where the guest moved them, queue positions),
+//!    the UART (it raises a pending interrupt again), the hot-plug
+//!    registers;
+//! 6. the vCPU threads start parked: the VM is paused until `resume`.
+
+use std::path::Path;
+
+use vm_state::StateDocument;
+
+use super::{
+    check_dir, state_error, vcpu_section, SnapshotError, CONFIG_FILE, DEVICES_SECTION,
+    LEGACY_SECTION, MEMORY_FILE, MEMORY_HOTPLUG_SECTION, MEMORY_SECTION, RNG_ID, STATE_FILE,
+    VCPUS_SECTION, VM_SECTION,
+};
+use crate::config::json::vm_config_from_json;
+use crate::config::VmConfig;
+use crate::device_manager::state::DevicesState;
+use crate::device_manager::ObserverFactory;
+use crate::legacy::state::LegacyState;
+use crate::memory::hotplug::RamHotplugState;
+use crate::memory::snapshot::{
+    join_regions, populate, read_memory_ranges, restore_guest_memory_parts, MemoryLayoutState,
+    RegionOrigin,
+};
+use crate::vcpu::hotplug::VcpusState;
+use crate::vcpu::state::VcpuState;
+use crate::vcpu::Vcpu;
+use crate::vm::{Platform, VcpuToStart, Vm};
+use crate::vm_state::VmState;
+
+/// Every section of a snapshot's state document, taken and decoded.
+struct Sections {
+    vcpus: VcpusState,
+    vcpu_states: Vec<VcpuState>,
+    vm: VmState,
+    memory: MemoryLayoutState,
+    memory_hotplug: RamHotplugState,
+    legacy: LegacyState,
+    devices: DevicesState,
+}
+
+impl Sections {
+    /// Takes every section from `doc`; refused if one is missing, of an
+    /// unknown kind or version, or left over, or if the vCPUs or memory do
+    /// not fit `config`.
+    fn take(mut doc: StateDocument, config: &mut VmConfig) -> Result<Self, SnapshotError> {
+        let vcpus: VcpusState = doc.take(VCPUS_SECTION).map_err(state_error)?;
+        vcpus
+            .check(&config.cpus)
+            .map_err(|reason| SnapshotError::Section {
+                section: VCPUS_SECTION.to_string(),
+                reason,
+            })?;
+        let vcpu_states = vcpus
+            .vcpus
+            .iter()
+            .map(|v| doc.take(&vcpu_section(v.index)))
+            .collect::<Result<Vec<VcpuState>, _>>()
+            .map_err(state_error)?;
+        let sections = Sections {
+            vcpus,
+            vcpu_states,
+            vm: doc.take(VM_SECTION).map_err(state_error)?,
+            memory: doc.take(MEMORY_SECTION).map_err(state_error)?,
+            memory_hotplug: doc.take(MEMORY_HOTPLUG_SECTION).map_err(state_error)?,
+            legacy: doc.take(LEGACY_SECTION).map_err(state_error)?,
+            devices: doc.take(DEVICES_SECTION).map_err(state_error)?,
+        };
+        doc.finish().map_err(state_error)?;
+        sections.vm.check()?;
+        sections.settle_rng(config);
+        let boot_size: u64 = sections
+            .memory
+            .regions
+            .iter()
+            .filter(|r| r.origin == RegionOrigin::Boot)
+            .map(|r| r.length)
+            .sum();
+        if boot_size != config.memory.size {
+            return Err(SnapshotError::Section {
+                section: MEMORY_SECTION.to_string(),
+                reason: format!(
+                    "regions: {boot_size} bytes of boot RAM, but {CONFIG_FILE} has memory.size={}",
+                    config.memory.size
+                ),
+            });
+        }
+        Ok(sections)
+    }
+}
+
+impl Sections {
+    /// What `config.json` cannot say: Cloud Hypervisor's VmConfig has no
+    /// way to leave the rng device out (no `rng` means the default one), so
+    /// a VM saved without one is restored without one. Every other device
+    /// is checked against the saved ones by the device manager, by id.
+    fn settle_rng(&self, config: &mut VmConfig) {
+        if config.rng.is_some() && !self.devices.devices.iter().any(|d| d.id == RNG_ID) {
+            config.rng = None;
+        }
+    }
+}
+
+fn read_file(dir: &Path, name: &str) -> Result<Vec<u8>, SnapshotError> {
+    let path = dir.join(name);
+    std::fs::read(&path).map_err(|source| SnapshotError::File {
+        path,
+        what: "reading",
+        source,
+    })
+}
+
+impl Vm {
+    /// Builds the VM from DIR/config.json and restores every part; the VM
+    /// comes back PAUSED (vCPU threads parked). Returns the config read
+    /// from DIR. `prefault`: fault all of guest RAM in before it runs.
+    pub fn restore(
+        dir: &Path,
+        prefault: bool,
+        observe: Option<&ObserverFactory>,
+    ) -> Result<(VmConfig, Vm), SnapshotError> {
+        check_dir(dir)?;
+        let config_path = dir.join(CONFIG_FILE);
+        let config_value: serde_json::Value = serde_json::from_slice(&read_file(dir, CONFIG_FILE)?)
+            .map_err(|e| SnapshotError::Config {
+                path: config_path.clone(),
+                reason: e.to_string(),
+            })?;
+        let mut config = vm_config_from_json(&config_value).map_err(|e| SnapshotError::Config {
+            path: config_path.clone(),
+            reason: e.to_string(),
+        })?;
+        let doc = StateDocument::from_json(&read_file(dir, STATE_FILE)?).map_err(state_error)?;
+        let s = Sections::take(doc, &mut config)?;
+
+        let ram = restore_guest_memory_parts(&config.memory, &s.memory)?;
+        let all_ram = join_regions(ram.boot.clone(), &ram.hotplugged)?;
+        let ranges_path = dir.join(MEMORY_FILE);
+        let ranges = std::fs::File::open(&ranges_path).map_err(|source| SnapshotError::File {
+            path: ranges_path,
+            what: "opening",
+            source,
+        })?;
+        read_memory_ranges(&ranges, &s.memory, &all_ram)?;
+        drop(ranges);
+        if prefault {
+            populate(&all_ram)?;
+        }
+        let added: Vec<(u64, u64)> = s
+            .memory
+            .regions
+            .iter()
+            .filter(|r| r.origin == RegionOrigin::Hotplug)
+            .map(|r| (r.gpa, r.length))
+            .collect();
+
+        let mut platform = Platform::build(&config, ram.boot, ram.hotplugged, observe)?;
+        let Some(caps) = platform.caps.clone() else {
+            return Err(SnapshotError::NotSnapshottable {
+                component: "the vCPUs".to_string(),
+                reason: "this host's KVM did not list the MSRs to restore".to_string(),
+            });
+        };
+        let topology = config.cpus.effective_topology();
+        let mut vcpus = Vec::with_capacity(s.vcpu_states.len());
+        for (presence, state) in s.vcpus.vcpus.iter().zip(&s.vcpu_states) {
+            let vcpu = Vcpu::restore(&platform.vm, presence.index, topology, &caps, state)?;
+            vcpus.push(VcpuToStart {
+                vcpu,
+                ejected: presence.ejected,
+            });
+        }
+        s.vm.restore(&platform.vm)?;
+        // After the irqchips (a device's pending interrupt would be lost
+        // under them) and before any vCPU runs: MSI-X tables and from
+        // them KVM's GSI routes, BARs where the guest put them, queues.
+        platform
+            .devices
+            .restore_devices(&s.devices)
+            .map_err(|source| SnapshotError::Devices {
+                context: "state.json: devices: device",
+                source: Box::new(source),
+            })?;
+        {
+            let mut serial = platform
+                .serial
+                .as_ref()
+                .map(|p| p.lock().unwrap_or_else(|e| e.into_inner()));
+            crate::legacy::state::restore(&s.legacy, serial.as_deref_mut(), &platform.ged)?;
+        }
+        platform
+            .ram
+            .restore(&s.memory_hotplug, &added)
+            .map_err(|reason| SnapshotError::Section {
+                section: MEMORY_HOTPLUG_SECTION.to_string(),
+                reason,
+            })?;
+        platform
+            .cpu_hotplug
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .restore(&s.vcpus.registers)
+            .map_err(|reason| SnapshotError::Section {
+                section: VCPUS_SECTION.to_string(),
+                reason,
+            })?;
+        tracing::info!(
+            "restored {} vCPU(s), {} RAM region(s) from {} (paused)",
+            vcpus.len(),
+            s.memory.regions.len(),
+            dir.display()
+        );
+        let vm = Vm::start(platform, &config, vcpus, Some(s.vm.clock))?;
+        Ok((config, vm))
+    }
+}
