@@ -535,25 +535,29 @@ fn null_where_the_schema_allows_it_is_not_given() {
     );
 }
 
-/// What ch-remote 53 puts on the wire for `snapshot file:///tmp/snap`
-/// (its VmSnapshotConfig serialized) and `restore source_url=file:///tmp/snap`
-/// (its RestoreConfig serialized after the fds were taken out).
+/// What ch-remote puts on the wire for `snapshot file:///tmp/snap` (its
+/// VmSnapshotConfig serialized) and `restore source_url=file:///tmp/snap`
+/// (its RestoreConfig serialized after the fds were taken out): the
+/// development head's (v54 line), and v53.0's, which had fewer fields.
 const CH_REMOTE_SNAPSHOT: &str = r#"{"destination_url":"file:///tmp/snap"}"#;
 const CH_REMOTE_RESTORE: &str = r#"{"source_url":"file:///tmp/snap","prefault":false,"memory_restore_mode":"Copy","net_fds":null,"vfio_fds":null,"iommufd_fd":null,"resume":false,"zone_updates":[]}"#;
+const CH_REMOTE_53_RESTORE: &str = r#"{"source_url":"file:///tmp/snap","prefault":false,"memory_restore_mode":"Copy","net_fds":null,"resume":false}"#;
 
 #[test]
 fn ch_remote_snapshot_and_restore_bodies_are_accepted() {
     let s = snapshot_config_from_json(&serde_json::from_str(CH_REMOTE_SNAPSHOT).unwrap()).unwrap();
     assert_eq!(s.destination_dir, std::path::Path::new("/tmp/snap"));
-    let r = restore_config_from_json(&serde_json::from_str(CH_REMOTE_RESTORE).unwrap()).unwrap();
-    assert_eq!(
-        r,
-        RestoreConfig {
-            source_dir: "/tmp/snap".into(),
-            prefault: false,
-            resume: false,
-        }
-    );
+    for body in [CH_REMOTE_RESTORE, CH_REMOTE_53_RESTORE] {
+        let r = restore_config_from_json(&serde_json::from_str(body).unwrap()).unwrap();
+        assert_eq!(
+            r,
+            RestoreConfig {
+                source_dir: "/tmp/snap".into(),
+                prefault: false,
+                resume: false,
+            }
+        );
+    }
     // Every field but the URL has a default; unknown fields are ignored.
     let r = restore_config_from_json(
         &json!({"source_url": "file:///s", "resume": true, "prefault": true, "later_field": 1}),
