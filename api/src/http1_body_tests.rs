@@ -113,8 +113,6 @@ fn ch_remote_body(endpoint: &str) -> Option<&'static str> {
         "vm.resize" => r#"{"desired_vcpus":2,"desired_ram":null,"desired_balloon":null}"#,
         "vm.resize-disk" => r#"{"id":"_disk0","desired_size":2147483648}"#,
         "vm.resize-zone" => r#"{"id":"mem0","desired_ram":1073741824}"#,
-        "vm.snapshot" => r#"{"destination_url":"file:///tmp/snapshot"}"#,
-        "vm.restore" => r#"{"source_url":"file:///tmp/snapshot","prefault":false}"#,
         "vm.coredump" => r#"{"destination_url":"file:///tmp/core"}"#,
         "vm.send-migration" => r#"{"destination_url":"unix:/tmp/migration","local":false}"#,
         "vm.receive-migration" => r#"{"receiver_url":"unix:/tmp/migration"}"#,
@@ -281,7 +279,7 @@ fn round() -> Vec<(String, u16)> {
         (
             go_request(
                 "PUT",
-                "vm.snapshot",
+                "vm.coredump",
                 Some(r#"{"destination_url":"file:///s"}"#),
             ),
             501,

@@ -291,11 +291,29 @@ fn kata_add_net_with_its_tap_fd_in_one_sendmsg() {
         body.len()
     );
     let mut s = server.connect();
+    send_with_fd(&s, request.as_bytes(), tap.as_raw_fd());
+    let (mac, fds) = vmm.join().unwrap();
+    assert_eq!(mac, "02:42:ac:11:00:02");
+    assert_eq!(fds, vec![want], "the tap fd arrived with its request");
+    let mut reply = vec![0u8; 4096];
+    let n = s.read(&mut reply).unwrap();
+    let reply = String::from_utf8_lossy(&reply[..n]).to_string();
+    assert!(reply.starts_with("HTTP/1.1 200 \r\n"), "{reply}");
+    assert!(
+        reply.ends_with(r#"{"bdf":"0000:00:05.0","id":"_net0"}"#) || reply.contains("\"bdf\""),
+        "{reply}"
+    );
+    drop(s);
+}
+
+/// Writes `bytes` with `fd` as SCM_RIGHTS in one `sendmsg`, as
+/// `api_client`'s `send_with_fds` writes a request's first line.
+fn send_with_fd(s: &UnixStream, bytes: &[u8], fd: std::os::fd::RawFd) {
+    use std::os::fd::AsRawFd;
     let mut control = [0u64; 4];
-    let iov = [std::io::IoSlice::new(request.as_bytes())];
-    let fd = tap.as_raw_fd();
+    let iov = [std::io::IoSlice::new(bytes)];
     // SAFETY: msghdr is plain data; the control buffer holds CMSG_SPACE(4)
-    // bytes and outlives the call; the iovec points at `request`.
+    // bytes and outlives the call; the iovec points at `bytes`.
     let sent = unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
@@ -309,19 +327,105 @@ fn kata_add_net_with_its_tap_fd_in_one_sendmsg() {
         std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), fd);
         libc::sendmsg(s.as_raw_fd(), &msg, 0)
     };
-    assert_eq!(usize::try_from(sent).ok(), Some(request.len()));
-    let (mac, fds) = vmm.join().unwrap();
-    assert_eq!(mac, "02:42:ac:11:00:02");
-    assert_eq!(fds, vec![want], "the tap fd arrived with its request");
-    let mut reply = vec![0u8; 4096];
-    let n = s.read(&mut reply).unwrap();
-    let reply = String::from_utf8_lossy(&reply[..n]).to_string();
-    assert!(reply.starts_with("HTTP/1.1 200 \r\n"), "{reply}");
-    assert!(
-        reply.ends_with(r#"{"bdf":"0000:00:05.0","id":"_net0"}"#) || reply.contains("\"bdf\""),
-        "{reply}"
+    assert_eq!(usize::try_from(sent).ok(), Some(bytes.len()));
+}
+
+/// ch-remote's `snapshot file:///DIR` and `restore source_url=…` (its
+/// `api_client`: the fds with the first write, then `Content-Length`, the
+/// blank line and the body in writes of their own) reach the VMM as
+/// `Snapshot` and `Restore` with their bodies, the restore with its fds;
+/// the VMM's answer goes back as ch-remote reads it.
+#[test]
+fn ch_remote_snapshot_and_restore_reach_the_vmm_with_their_fds() {
+    use std::os::fd::AsRawFd;
+
+    let (server, rx) = Server::start_with_vmm("snaprestore", Limits::default());
+    let tap = std::fs::File::open("/dev/null").unwrap();
+    let want = file_id(tap.as_raw_fd());
+    let vmm = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the requests did not reach the VMM"
+            );
+            for req in rx.drain() {
+                let (answer, what) = match &req.action {
+                    crate::VmmAction::Snapshot(body) => {
+                        (Ok(crate::VmmReply::NoContent), (body.clone(), Vec::new()))
+                    }
+                    crate::VmmAction::Restore(body, fds) => (
+                        Err(crate::ApiError::internal(
+                            "vm.restore: a VM is already created",
+                        )),
+                        (
+                            body.clone(),
+                            fds.iter().map(|fd| file_id(fd.as_raw_fd())).collect(),
+                        ),
+                    ),
+                    // The policy controller's look at the fs devices
+                    // around a restore (it may bring some).
+                    crate::VmmAction::DaxStatus { .. } => {
+                        let _ = req.reply.send(Ok(crate::VmmReply::Dax(Vec::new())));
+                        continue;
+                    }
+                    other => panic!("{other:?}"),
+                };
+                let _ = req.reply.send(answer);
+                seen.push(what);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        seen
+    });
+    let snapshot = r#"{"destination_url":"file:///tmp/snap"}"#;
+    let restore = r#"{"source_url":"file:///tmp/snap","prefault":false,"memory_restore_mode":"Copy","net_fds":[{"id":"net0","num_fds":1,"fds":null}],"vfio_fds":null,"iommufd_fd":null,"resume":false,"zone_updates":[]}"#;
+    let mut replies = Vec::new();
+    for (command, body, fd) in [
+        ("vm.snapshot", snapshot, None),
+        ("vm.restore", restore, Some(tap.as_raw_fd())),
+    ] {
+        let mut s = server.connect();
+        let head = format!("PUT /api/v1/{command} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n");
+        match fd {
+            Some(fd) => send_with_fd(&s, head.as_bytes(), fd),
+            None => s.write_all(head.as_bytes()).unwrap(),
+        }
+        s.write_all(format!("Content-Length: {}\r\n", body.len()).as_bytes())
+            .unwrap();
+        s.write_all(b"\r\n").unwrap();
+        s.write_all(body.as_bytes()).unwrap();
+        let mut reply = vec![0u8; 4096];
+        let n = s.read(&mut reply).unwrap();
+        replies.push(String::from_utf8_lossy(&reply[..n]).to_string());
+    }
+    let seen = vmm.join().unwrap();
+    assert_eq!(
+        seen[0].0,
+        serde_json::from_str::<serde_json::Value>(snapshot).unwrap()
     );
-    drop(s);
+    assert!(seen[0].1.is_empty());
+    assert_eq!(
+        seen[1].0,
+        serde_json::from_str::<serde_json::Value>(restore).unwrap()
+    );
+    assert_eq!(seen[1].1, vec![want], "the fd arrived with its restore");
+    assert!(
+        replies[0].starts_with("HTTP/1.1 204 \r\n"),
+        "{}",
+        replies[0]
+    );
+    assert!(
+        replies[1].starts_with("HTTP/1.1 500 \r\n"),
+        "{}",
+        replies[1]
+    );
+    assert!(
+        replies[1].ends_with(r#"["vm.restore: a VM is already created"]"#),
+        "{}",
+        replies[1]
+    );
 }
 
 #[test]

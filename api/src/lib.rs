@@ -83,6 +83,11 @@ pub enum VmmAction {
     },
     /// KVM's counters for the running VM, if there is one and KVM has them.
     KvmCounters,
+    /// A `vm.snapshot` body (Cloud Hypervisor's VmSnapshotConfig JSON).
+    Snapshot(Value),
+    /// A `vm.restore` body (Cloud Hypervisor's RestoreConfig JSON) and the
+    /// fds sent with it as SCM_RIGHTS (ch-remote sends its `net_fds` so).
+    Restore(Value, Vec<std::os::fd::OwnedFd>),
 }
 
 /// What the VMM knows of one fs device.

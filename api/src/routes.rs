@@ -107,6 +107,20 @@ async fn add_net(
     }
 }
 
+/// `vm.restore`: the body, and the fds that came with it (ch-remote sends
+/// those of its `net_fds` with the request).
+async fn restore(
+    State(s): State<AppState>,
+    fds: Option<axum::Extension<crate::passed_fds::PassedFds>>,
+    body: Bytes,
+) -> Response {
+    let fds = fds.map(|f| f.0.take()).unwrap_or_default();
+    match json_body("vm.restore", &body) {
+        Ok(v) => device_change(&s, VmmAction::Restore(v, fds)).await,
+        Err(e) => e.into_response(),
+    }
+}
+
 /// Cloud Hypervisor's VmRemoveDeviceData: open, like its other bodies
 /// ([`crate::ignored_fields`]).
 #[derive(Deserialize)]
@@ -146,8 +160,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ),
     ("vm.resize-disk", "disks cannot be resized"),
     ("vm.resize-zone", "memory zones are not supported"),
-    ("vm.snapshot", "snapshots are not supported"),
-    ("vm.restore", "snapshots are not supported"),
     ("vm.coredump", "guest core dumps are not supported"),
     ("vm.send-migration", "live migration is not supported"),
     ("vm.receive-migration", "live migration is not supported"),
@@ -261,6 +273,10 @@ async fn add_vsock(State(s): State<AppState>, body: Bytes) -> Response {
     with_body(&s, "vm.add-vsock", body, VmmAction::AddVsock).await
 }
 
+async fn snapshot(State(s): State<AppState>, body: Bytes) -> Response {
+    with_body(&s, "vm.snapshot", body, VmmAction::Snapshot).await
+}
+
 async fn counters(State(s): State<AppState>) -> Response {
     simple(&s, VmmAction::Counters).await
 }
@@ -310,6 +326,8 @@ fn routes(state: AppState) -> Router {
         .route("/api/v1/vm.add-vsock", put(add_vsock))
         .route("/api/v1/vm.add-net", put(add_net))
         .route("/api/v1/vm.remove-device", put(remove_device))
+        .route("/api/v1/vm.snapshot", put(snapshot))
+        .route("/api/v1/vm.restore", put(restore))
         .route("/api/v1/vm.counters", get(counters))
         .route(
             "/api/v1/vm.dax-policy",

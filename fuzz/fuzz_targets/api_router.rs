@@ -1,7 +1,8 @@
 //! The REST API's router on any method, path, query and body: every
 //! request gets a status (never a panic, never a 5xx from a bad body), with
 //! a stand-in VMM that answers as the real control loop does for the
-//! configuration bodies (parsed with the VMM's own VmConfig parser).
+//! configuration bodies (parsed with the VMM's own VmConfig parser) and
+//! the snapshot and restore bodies (with its parsers of those).
 #![no_main]
 
 use std::sync::{Mutex, OnceLock};
@@ -28,6 +29,8 @@ const PATHS: &[&str] = &[
     "/api/v1/vm.add-disk",
     "/api/v1/vm.remove-device",
     "/api/v1/vm.counters",
+    "/api/v1/vm.snapshot",
+    "/api/v1/vm.restore",
     "/api/v1/vm.dax-policy",
     "/api/v1/vm.dax-metrics",
     "/api/v1/vm.dax-status",
@@ -74,6 +77,12 @@ fn answer(action: VmmAction) -> Result<VmmReply, ApiError> {
             .map(|_| ())
             .map_err(|e| e.to_string()),
         VmmAction::AddDisk(v) => vmm::config::json::disk_config_from_json(v, 0)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        VmmAction::Snapshot(v) => vmm::config::json::snapshot_config_from_json(v)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        VmmAction::Restore(v, _) => vmm::config::json::restore_config_from_json(v)
             .map(|_| ())
             .map_err(|e| e.to_string()),
         _ => Ok(()),

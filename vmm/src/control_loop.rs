@@ -3,9 +3,11 @@
 //! between stop signals and the VM ending on its own.
 //!
 //! States follow Cloud Hypervisor's: no VM, `Created` (a configuration),
-//! `Running`, `Shutdown` (stopped by `vm.shutdown`; `vm.boot` starts it
-//! again). When the guest itself powers off, resets or panics, the VMM
-//! exits with the same status as without the API.
+//! `Running`, `Paused`, `Shutdown` (stopped by `vm.shutdown`; `vm.boot`
+//! starts it again). A paused VM can be snapshotted (`vm.snapshot`); a VMM
+//! without a VM can restore one (`vm.restore`, `--restore`), which comes
+//! back paused unless told to resume. When the guest itself powers off,
+//! resets or panics, the VMM exits with the same status as without the API.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -19,9 +21,10 @@ use virtio_devices::vhost_user_fs::window::{WindowEvent, WindowObserver};
 
 use crate::config::json::{
     disk_config_from_json, fs_config_from_json, net_config_from_json, pmem_config_from_json,
-    vm_config_from_json, vm_config_to_json, vsock_config_from_json,
+    restore_config_from_json, snapshot_config_from_json, vm_config_from_json, vm_config_to_json,
+    vsock_config_from_json,
 };
-use crate::config::{ConfigError, DeviceConfig, VmConfig};
+use crate::config::{ConfigError, DeviceConfig, RestoreConfig, VmConfig};
 use crate::device_manager::{DeviceManagerError, FsDeviceInfo};
 use crate::exit::VmExit;
 use crate::signals::StopSignals;
@@ -142,6 +145,21 @@ fn new_vsock(c: &VmConfig, body: &Value) -> Result<DeviceConfig, ApiError> {
         )));
     }
     Ok(DeviceConfig::Vsock(v))
+}
+
+/// `e` and its sources, outermost first, each that its outer one does not
+/// already show: the whole error chain in one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let shown = cause.to_string();
+        if !text.contains(&shown) {
+            text = format!("{text}: {shown}");
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// The API's answer to a body that is wrong: 400, naming the endpoint.
@@ -427,7 +445,99 @@ impl ControlLoop {
             VmmAction::KvmCounters => Ok(VmmReply::Kvm(
                 self.vm.as_ref().and_then(|vm| vm.kvm_counters()),
             )),
+            VmmAction::Snapshot(body) => self.snapshot(&body),
+            VmmAction::Restore(body, fds) => {
+                let restore = restore_config_from_json(&body).map_err(bad_request("vm.restore"))?;
+                // As Cloud Hypervisor: the fds must be those the body's
+                // fd lists name, and this VMM takes none at restore.
+                if !fds.is_empty() {
+                    return Err(ApiError::bad_request(format!(
+                        "vm.restore: {} file descriptor(s) came with the request, but net_fds names none (this VMM takes no new tap fds at restore)",
+                        fds.len()
+                    )));
+                }
+                self.restore("vm.restore", &restore)?;
+                Ok(VmmReply::NoContent)
+            }
         }
+    }
+
+    /// `vm.snapshot`: writes a paused VM's state and memory to the
+    /// directory the body names (as Cloud Hypervisor, only a paused VM: its
+    /// vCPUs and devices stand still while they are saved).
+    fn snapshot(&mut self, body: &Value) -> VmmResult {
+        const ENDPOINT: &str = "vm.snapshot";
+        let target = snapshot_config_from_json(body).map_err(bad_request(ENDPOINT))?;
+        let Some(config) = self.config.as_ref() else {
+            return Err(ApiError::not_found(format!("{ENDPOINT}: no VM is created")));
+        };
+        let vm = match (self.vm.as_mut(), self.state) {
+            (Some(vm), State::Paused) => vm,
+            (_, State::Running) => {
+                return Err(ApiError::internal(format!(
+                "{ENDPOINT}: trying to snapshot while the VM is running: pause it first (vm.pause)"
+            )))
+            }
+            _ => {
+                return Err(ApiError::internal(format!(
+                "{ENDPOINT}: the VM is not booted (it is {}): only a paused VM can be snapshotted",
+                self.state.as_str()
+            )))
+            }
+        };
+        let dir = &target.destination_dir;
+        if !dir.is_dir() {
+            return Err(ApiError::internal(format!(
+                "{ENDPOINT}: destination_url: {} is not a directory",
+                dir.display()
+            )));
+        }
+        vm.check_snapshottable()
+            .and_then(|()| vm.snapshot(config, dir))
+            .map_err(|e| {
+                ApiError::internal(format!(
+                    "{ENDPOINT}: the VM could not be snapshotted to {}: {}",
+                    dir.display(),
+                    error_chain(&e)
+                ))
+            })?;
+        Ok(VmmReply::NoContent)
+    }
+
+    /// Restores the VM a snapshot directory holds (`vm.restore`, or
+    /// `--restore` at start: `what` names which). Only into a VMM without a
+    /// VM; the VM comes back paused, and runs if `restore.resume` says so.
+    pub fn restore(&mut self, what: &str, restore: &RestoreConfig) -> Result<(), ApiError> {
+        if self.config.is_some() {
+            return Err(ApiError::internal(format!(
+                "{what}: a VM is already created (it is {}): restore into a VMM without one (vm.delete it first)",
+                self.state.as_str()
+            )));
+        }
+        let dir = &restore.source_dir;
+        if !dir.is_dir() {
+            return Err(ApiError::internal(format!(
+                "{what}: source_url: {} is not a directory",
+                dir.display()
+            )));
+        }
+        let observe = self.observer();
+        let (config, vm) = Vm::restore(dir, restore.prefault, Some(&observe)).map_err(|e| {
+            ApiError::internal(format!(
+                "{what}: the VM could not be restored from {}: {}",
+                dir.display(),
+                error_chain(&e)
+            ))
+        })?;
+        self.config = Some(config);
+        self.vm = Some(vm);
+        self.state = State::Paused;
+        if restore.resume {
+            self.resume().map_err(|e| {
+                ApiError::internal(format!("{what}: restored, but not resumed: {}", e.message))
+            })?;
+        }
+        Ok(())
     }
 
     /// `vm.create`: takes a configuration when there is none.

@@ -302,3 +302,216 @@ fn a_window_truncation_is_streamed_and_queued_for_the_daemon_other_events_only_s
         )]
     );
 }
+
+/// What ch-remote sends for `snapshot file:///DIR`.
+fn snapshot_body(dir: &std::path::Path) -> VmmAction {
+    VmmAction::Snapshot(json!({"destination_url": format!("file://{}", dir.display())}))
+}
+
+/// What ch-remote sends for `restore source_url=file:///DIR`.
+fn restore_body(dir: &std::path::Path) -> Value {
+    json!({"source_url": format!("file://{}", dir.display()), "prefault": false,
+           "memory_restore_mode": "Copy", "net_fds": null, "vfio_fds": null,
+           "iommufd_fd": null, "resume": false, "zone_updates": []})
+}
+
+/// A directory of its own for one test.
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("control-loop-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Cloud Hypervisor's status mapping: a bad body 400 (before anything
+/// else), no VM 404, a VM in any state but paused 500 naming the state.
+#[test]
+fn only_a_paused_vm_is_snapshotted_and_the_refusals_name_why() {
+    let dir = scratch_dir("snapshot-states");
+    let mut c = control();
+    assert_eq!(
+        refused(&mut c, snapshot_body(&dir)),
+        (404, "vm.snapshot: no VM is created".into())
+    );
+    let (status, message) = refused(
+        &mut c,
+        VmmAction::Snapshot(json!({"destination_url": "tcp://10.0.0.1/s"})),
+    );
+    assert_eq!(status, 400);
+    assert!(
+        message.starts_with("vm.snapshot: VmSnapshotConfig.destination_url=\"tcp://10.0.0.1/s\""),
+        "{message}"
+    );
+    let mut c = created();
+    assert_eq!(
+        refused(&mut c, snapshot_body(&dir)),
+        (
+            500,
+            "vm.snapshot: the VM is not booted (it is Created): only a paused VM can be snapshotted"
+                .into()
+        )
+    );
+    // The state check alone: a running VM is refused before it is touched.
+    c.state = State::Running;
+    assert_eq!(
+        refused(&mut c, snapshot_body(&dir)),
+        (
+            500,
+            "vm.snapshot: trying to snapshot while the VM is running: pause it first (vm.pause)"
+                .into()
+        )
+    );
+    assert!(
+        std::fs::read_dir(&dir).unwrap().next().is_none(),
+        "nothing was written"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn restore_is_refused_when_a_vm_exists_and_nothing_changes() {
+    let dir = scratch_dir("restore-over-vm");
+    let mut c = created();
+    let before = info(&mut c);
+    let (status, message) = refused(&mut c, VmmAction::Restore(restore_body(&dir), Vec::new()));
+    assert_eq!(status, 500);
+    assert_eq!(
+        message,
+        "vm.restore: a VM is already created (it is Created): restore into a VMM without one (vm.delete it first)"
+    );
+    assert_eq!(info(&mut c), before, "the created VM is left as it was");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn restore_bodies_and_fds_it_cannot_take_are_refused_with_400() {
+    let dir = scratch_dir("restore-bodies");
+    let mut c = control();
+    let mut ondemand = restore_body(&dir);
+    ondemand["memory_restore_mode"] = json!("OnDemand");
+    let (status, message) = refused(&mut c, VmmAction::Restore(ondemand, Vec::new()));
+    assert_eq!(status, 400);
+    assert!(
+        message.starts_with("vm.restore: RestoreConfig.memory_restore_mode=\"OnDemand\""),
+        "{message}"
+    );
+    let (status, message) = refused(
+        &mut c,
+        VmmAction::Restore(json!({"source_url": "/no/scheme"}), Vec::new()),
+    );
+    assert_eq!(status, 400);
+    assert!(message.contains("RestoreConfig.source_url"), "{message}");
+    // An fd with a body whose net_fds names none: 400, as Cloud Hypervisor
+    // answers a count that does not match.
+    let fd = std::os::fd::OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+    let (status, message) = refused(&mut c, VmmAction::Restore(restore_body(&dir), vec![fd]));
+    assert_eq!(status, 400);
+    assert!(
+        message.starts_with("vm.restore: 1 file descriptor(s) came with the request"),
+        "{message}"
+    );
+    assert!(c.config.is_none() && c.vm.is_none());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A source that is no directory, or a directory without a snapshot:
+/// 500 naming it, and the VMM still has no VM (a later restore or
+/// vm.create works).
+#[test]
+fn a_restore_that_fails_leaves_no_vm() {
+    let dir = scratch_dir("restore-empty");
+    let mut c = control();
+    let missing = dir.join("missing");
+    let (status, message) = refused(
+        &mut c,
+        VmmAction::Restore(restore_body(&missing), Vec::new()),
+    );
+    assert_eq!(status, 500);
+    assert_eq!(
+        message,
+        format!(
+            "vm.restore: source_url: {} is not a directory",
+            missing.display()
+        )
+    );
+    let (status, message) = refused(&mut c, VmmAction::Restore(restore_body(&dir), Vec::new()));
+    assert_eq!(status, 500);
+    assert!(
+        message.starts_with(&format!(
+            "vm.restore: the VM could not be restored from {}: ",
+            dir.display()
+        )),
+        "{message}"
+    );
+    assert!(c.config.is_none() && c.vm.is_none());
+    assert_eq!(refused(&mut c, VmmAction::Info).0, 409);
+    assert!(c.handle(VmmAction::Create(create_body())).is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The whole way through the control loop on real KVM, with the snapshot
+/// tests' guest (a program counting in RAM, no virtio device): a running
+/// VM is refused, paused it is snapshotted; a new loop restores it from
+/// ch-remote's body, paused, with the snapshot's configuration in
+/// `vm.info`; resumed, the program counts on from where it was; a second
+/// restore into that loop is refused. Skipped without /dev/kvm.
+#[test]
+fn a_vm_snapshotted_by_one_loop_is_restored_paused_by_another_and_resumes() {
+    use crate::snapshot::tests::{
+        boot_program, config, counter, counter_passes, have_kvm, Scratch,
+    };
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("control-loop");
+    let config = config();
+    let mut source = control();
+    source.vm = Some(boot_program(&config));
+    source.config = Some(config.clone());
+    source.state = State::Running;
+    counter_passes(source.vm.as_ref().unwrap(), 100);
+    assert_eq!(refused(&mut source, snapshot_body(&dir.0)).0, 500);
+    assert!(source.handle(VmmAction::Pause).is_ok());
+    assert!(matches!(
+        source.handle(snapshot_body(&dir.0)),
+        Ok(VmmReply::NoContent)
+    ));
+    let saved = counter(source.vm.as_ref().unwrap());
+    assert_eq!(info(&mut source)["state"], "Paused", "still paused");
+    source.stop_vm();
+
+    let mut target = control();
+    assert!(matches!(
+        target.handle(VmmAction::Restore(restore_body(&dir.0), Vec::new())),
+        Ok(VmmReply::NoContent)
+    ));
+    let restored = info(&mut target);
+    assert_eq!(restored["state"], "Paused");
+    assert_eq!(restored["config"], vm_config_to_json(&config));
+    assert_eq!(
+        counter(target.vm.as_ref().unwrap()),
+        saved,
+        "paused as saved"
+    );
+    let (status, message) = refused(
+        &mut target,
+        VmmAction::Restore(restore_body(&dir.0), Vec::new()),
+    );
+    assert_eq!(status, 500);
+    assert!(
+        message.contains("a VM is already created (it is Paused)"),
+        "{message}"
+    );
+    assert!(target.handle(VmmAction::Resume).is_ok());
+    counter_passes(target.vm.as_ref().unwrap(), saved);
+    target.stop_vm();
+
+    // `resume: true` (and `--restore …,resume=true`): running at once.
+    let mut resumed = control();
+    let mut body = restore_body(&dir.0);
+    body["resume"] = json!(true);
+    assert!(resumed.handle(VmmAction::Restore(body, Vec::new())).is_ok());
+    assert_eq!(info(&mut resumed)["state"], "Running");
+    counter_passes(resumed.vm.as_ref().unwrap(), saved);
+    resumed.stop_vm();
+}

@@ -3,14 +3,16 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 
 use virtio_devices::dependency_log::SiteLimitedLogger;
 use virtio_devices::log_limit::stderr;
 use vmm::config::OptionValues;
 use vmm::config::{
     parse_console, ConfigError, CpusConfig, DiskConfig, FsConfig, MemoryConfig, NetConfig,
-    PayloadConfig, PlatformConfig, PmemConfig, RngConfig, SerialMode, VmConfig, VsockConfig,
+    PayloadConfig, PlatformConfig, PmemConfig, RestoreConfig, RngConfig, SerialMode, VmConfig,
+    VsockConfig,
 };
 use vmm::control_loop::{ControlLoop, LoopExit};
 use vmm::signals::StopSignals;
@@ -82,6 +84,11 @@ struct Cli {
         default_value = "num_pci_segments=1"
     )]
     platform: String,
+    /// Restore the VM of a snapshot instead of describing one:
+    /// source_url=file:///<dir>[,prefault=on|off][,resume=true|false]. Needs
+    /// --api-socket; the VM comes back paused (vm.resume) unless resume=true.
+    #[arg(long, value_name = "source_url=file:///DIR")]
+    restore: Option<String>,
     /// REST API socket: <path> or path=<path>.
     #[arg(long, value_name = "PATH")]
     api_socket: Option<String>,
@@ -119,6 +126,50 @@ impl Cli {
             });
         }
         Ok(Some(PathBuf::from(path)))
+    }
+
+    /// `--restore`, which stands alone: the restored VM's configuration is
+    /// the snapshot's, so an option describing a VM is refused with it (as
+    /// Cloud Hypervisor's VM options require `--kernel`, which `--restore`
+    /// does not take), and it needs the API to be resumed and driven.
+    fn restore(&self, matches: &ArgMatches) -> Result<Option<RestoreConfig>, ConfigError> {
+        let Some(input) = &self.restore else {
+            return Ok(None);
+        };
+        const VM_OPTIONS: &[&str] = &[
+            "kernel",
+            "initramfs",
+            "cmdline",
+            "cpus",
+            "memory",
+            "serial",
+            "console",
+            "pmem",
+            "fs",
+            "disk",
+            "net",
+            "rng",
+            "vsock",
+            "platform",
+        ];
+        if let Some(option) = VM_OPTIONS
+            .iter()
+            .find(|id| matches.value_source(id) == Some(ValueSource::CommandLine))
+        {
+            return Err(ConfigError::Unsupported {
+                option: "restore",
+                message: format!(
+                    "cannot be given with --{option}: the restored VM's configuration is the snapshot's"
+                ),
+            });
+        }
+        if self.api_socket.is_none() {
+            return Err(ConfigError::Unsupported {
+                option: "restore",
+                message: "needs --api-socket (the restored VM is driven through the API)".into(),
+            });
+        }
+        RestoreConfig::parse(input).map(Some)
     }
 
     /// The VM the command line describes; None when it gives no kernel and
@@ -241,7 +292,8 @@ fn install_logger(level: &str) {
 
 fn main() -> ExitCode {
     one_malloc_arena();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let level = match cli.verbose {
         0 => "warn",
         1 => "info",
@@ -250,10 +302,14 @@ fn main() -> ExitCode {
     };
     install_logger(level);
 
-    let (api_socket, config) = match cli
-        .api_socket()
-        .and_then(|a| Ok((a.clone(), cli.vm_config(a.is_some())?)))
-    {
+    let (api_socket, config, restore) = match cli.api_socket().and_then(|a| {
+        let restore = cli.restore(&matches)?;
+        let config = match restore {
+            Some(_) => None,
+            None => cli.vm_config(a.is_some())?,
+        };
+        Ok((a, config, restore))
+    }) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("dax-vmm: error: {e}");
@@ -286,7 +342,7 @@ fn main() -> ExitCode {
         return ExitCode::from(EXIT_FAILURE);
     }
     if let Some(path) = api_socket {
-        return serve_api(&path, config, &signals);
+        return serve_api(&path, config, restore.as_ref(), &signals);
     }
     let config = config.expect("without --api-socket the command line describes the VM");
     match vmm::vm::run(&config, &signals) {
@@ -321,8 +377,14 @@ fn raise_nofile_limit() -> std::io::Result<u64> {
     Ok(lim.rlim_cur)
 }
 
-/// Serves the REST API on `path`; boots `config` first if the command line gave one.
-fn serve_api(path: &std::path::Path, config: Option<VmConfig>, signals: &StopSignals) -> ExitCode {
+/// Serves the REST API on `path`; boots `config` first if the command line
+/// gave one, or restores the VM of `restore`'s snapshot.
+fn serve_api(
+    path: &std::path::Path,
+    config: Option<VmConfig>,
+    restore: Option<&RestoreConfig>,
+    signals: &StopSignals,
+) -> ExitCode {
     let events = api::EventBus::default();
     let (channel, requests) = match api::vmm_channel() {
         Ok(c) => c,
@@ -352,6 +414,12 @@ fn serve_api(path: &std::path::Path, config: Option<VmConfig>, signals: &StopSig
             return ExitCode::from(EXIT_FAILURE);
         }
     }
+    if let Some(restore) = restore {
+        if let Err(e) = control.restore("--restore", restore) {
+            eprintln!("dax-vmm: error: {}", e.message);
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    }
     match control.run(&requests, signals) {
         Ok(LoopExit::Requested) => {
             eprintln!("dax-vmm: shut down through the API");
@@ -365,5 +433,68 @@ fn serve_api(path: &std::path::Path, config: Option<VmConfig>, signals: &StopSig
             eprintln!("dax-vmm: error: {e}");
             ExitCode::from(EXIT_FAILURE)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--restore` as parsed from `args` (after the program name).
+    fn restore(args: &[&str]) -> Result<Option<RestoreConfig>, String> {
+        let matches = Cli::command()
+            .try_get_matches_from(std::iter::once("dax-vmm").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        let cli = Cli::from_arg_matches(&matches).map_err(|e| e.to_string())?;
+        cli.restore(&matches).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn restore_as_cloud_hypervisors_docs_give_it() {
+        let r = restore(&[
+            "--api-socket",
+            "/tmp/ch.sock",
+            "--restore",
+            "source_url=file:///tmp/snap,resume=true",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (r.source_dir.as_path(), r.prefault, r.resume),
+            (std::path::Path::new("/tmp/snap"), false, true)
+        );
+        assert_eq!(restore(&["--api-socket", "/tmp/ch.sock"]).unwrap(), None);
+    }
+
+    #[test]
+    fn restore_stands_alone_and_needs_the_api() {
+        let with = |option: &str, value: &str| {
+            restore(&[
+                "--api-socket",
+                "/s",
+                "--restore",
+                "source_url=file:///d",
+                option,
+                value,
+            ])
+            .unwrap_err()
+        };
+        assert_eq!(
+            with("--kernel", "/k"),
+            "--restore: cannot be given with --kernel: the restored VM's configuration is the snapshot's"
+        );
+        // Options with a default are refused only when given.
+        assert!(with("--cpus", "boot=1").contains("with --cpus"));
+        assert!(with("--memory", "size=1G").contains("with --memory"));
+        assert!(with("--fs", "tag=t,socket=/s").contains("with --fs"));
+        assert_eq!(
+            restore(&["--restore", "source_url=file:///d"]).unwrap_err(),
+            "--restore: needs --api-socket (the restored VM is driven through the API)"
+        );
+        assert!(
+            restore(&["--api-socket", "/s", "--restore", "source_url=/d"])
+                .unwrap_err()
+                .contains("source_url=\"/d\" is invalid")
+        );
     }
 }

@@ -427,10 +427,28 @@ fn rest_api_over_a_unix_socket() {
     refused(
         &api,
         "PUT",
+        "/api/v1/vm.coredump",
+        r#"{"destination_url":"file:///tmp/core"}"#,
+        501,
+        "vm.coredump: not supported by dax-vmm: guest core dumps are not supported",
+    );
+    // Snapshot and restore, with ch-remote's bodies, refused for the
+    // created VM's state with Cloud Hypervisor's 500.
+    refused(
+        &api,
+        "PUT",
         "/api/v1/vm.snapshot",
         r#"{"destination_url":"file:///tmp/s"}"#,
-        501,
-        "snapshots are not supported",
+        500,
+        "vm.snapshot: the VM is not booted (it is Created)",
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.restore",
+        r#"{"source_url":"file:///tmp/s","prefault":false,"memory_restore_mode":"Copy","net_fds":null,"vfio_fds":null,"iommufd_fd":null,"resume":false,"zone_updates":[]}"#,
+        500,
+        "vm.restore: a VM is already created",
     );
     refused(
         &api,

@@ -329,6 +329,25 @@ pub(super) const VM_CONFIG: &[(&str, Rule)] = &[
     ),
 ];
 
+/// Cloud Hypervisor's VmSnapshotConfig (`vm.snapshot`).
+pub(super) const SNAPSHOT: &[(&str, Rule)] = &[("destination_url", OURS_SET)];
+
+/// Cloud Hypervisor's RestoreConfig (`vm.restore`): memory is restored by
+/// copy only, and no new tap or VFIO fds come with a restore.
+pub(super) const RESTORE: &[(&str, Rule)] = &[
+    ("source_url", OURS_SET),
+    ("prefault", OURS_SET),
+    (
+        "memory_restore_mode",
+        Rule::Default(|| json!("Copy"), Null::Refused),
+    ),
+    ("net_fds", Rule::Empty(Shape::Array)),
+    ("vfio_fds", Rule::Empty(Shape::Array)),
+    ("iommufd_fd", Rule::Empty(Shape::Null)),
+    ("resume", OURS_SET),
+    ("zone_updates", Rule::Empty(Shape::Array)),
+];
+
 fn is_empty(v: &Value, shape: Shape) -> bool {
     match (v, shape) {
         (Value::Null, _) => true,

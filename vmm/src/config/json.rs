@@ -1,5 +1,6 @@
 //! The VM configuration as Cloud Hypervisor's REST API spells it (VmConfig,
-//! FsConfig, PmemConfig, DiskConfig, NetConfig, VsockConfig JSON), into
+//! FsConfig, PmemConfig, DiskConfig, NetConfig, VsockConfig JSON; and the
+//! VmSnapshotConfig and RestoreConfig bodies), into
 //! and out of the same config types as the command line, through the same
 //! checks, so both give the same limits and messages.
 //!
@@ -16,7 +17,11 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::ch_fields::{self, reduce_object};
-use super::{ConfigError, DiskConfig, FsConfig, NetConfig, PmemConfig, VmConfig, VsockConfig};
+use super::restore::{RestoreBody, SnapshotBody};
+use super::{
+    file_url_dir, ConfigError, DiskConfig, FsConfig, NetConfig, PmemConfig, RestoreConfig,
+    SnapshotConfig, VmConfig, VsockConfig, FILE_URL_EXPECTED,
+};
 
 /// A body that does not fit its schema; the text names the field.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +40,14 @@ pub enum JsonConfigError {
     /// other than the default (the text names its path and value).
     #[error("{0}")]
     Unsupported(String),
+    /// A value of the right type that means nothing here (a URL of another
+    /// scheme than `file://`).
+    #[error("{field}={value} is invalid: expected {expected}")]
+    Invalid {
+        field: &'static str,
+        value: Value,
+        expected: &'static str,
+    },
 }
 
 /// Checks `body` against Cloud Hypervisor's fields ([`ch_fields`]) and
@@ -111,6 +124,33 @@ pub fn disk_config_from_json(body: &Value, index: usize) -> Result<DiskConfig, J
 pub fn vsock_config_from_json(body: &Value) -> Result<VsockConfig, JsonConfigError> {
     let config: VsockConfig = typed("VsockConfig", body, ch_fields::VSOCK)?;
     Ok(config.validated()?)
+}
+
+/// A snapshot's or a restore's URL: the directory it names.
+fn url_dir(field: &'static str, url: String) -> Result<std::path::PathBuf, JsonConfigError> {
+    file_url_dir(&url).ok_or(JsonConfigError::Invalid {
+        field,
+        value: Value::String(url),
+        expected: FILE_URL_EXPECTED,
+    })
+}
+
+/// Parses a `vm.snapshot` body (Cloud Hypervisor's VmSnapshotConfig).
+pub fn snapshot_config_from_json(body: &Value) -> Result<SnapshotConfig, JsonConfigError> {
+    let b: SnapshotBody = typed("VmSnapshotConfig", body, ch_fields::SNAPSHOT)?;
+    Ok(SnapshotConfig {
+        destination_dir: url_dir("VmSnapshotConfig.destination_url", b.destination_url)?,
+    })
+}
+
+/// Parses a `vm.restore` body (Cloud Hypervisor's RestoreConfig).
+pub fn restore_config_from_json(body: &Value) -> Result<RestoreConfig, JsonConfigError> {
+    let b: RestoreBody = typed("RestoreConfig", body, ch_fields::RESTORE)?;
+    Ok(RestoreConfig {
+        source_dir: url_dir("RestoreConfig.source_url", b.source_url)?,
+        prefault: b.prefault,
+        resume: b.resume,
+    })
 }
 
 /// The configuration as `vm.info` reports it: Cloud Hypervisor's whole

@@ -534,3 +534,85 @@ fn null_where_the_schema_allows_it_is_not_given() {
         "{e}"
     );
 }
+
+/// What ch-remote puts on the wire for `snapshot file:///tmp/snap` (its
+/// VmSnapshotConfig serialized) and `restore source_url=file:///tmp/snap`
+/// (its RestoreConfig serialized after the fds were taken out): the
+/// development head's (v54 line), and v53.0's, which had fewer fields.
+const CH_REMOTE_SNAPSHOT: &str = r#"{"destination_url":"file:///tmp/snap"}"#;
+const CH_REMOTE_RESTORE: &str = r#"{"source_url":"file:///tmp/snap","prefault":false,"memory_restore_mode":"Copy","net_fds":null,"vfio_fds":null,"iommufd_fd":null,"resume":false,"zone_updates":[]}"#;
+const CH_REMOTE_53_RESTORE: &str = r#"{"source_url":"file:///tmp/snap","prefault":false,"memory_restore_mode":"Copy","net_fds":null,"resume":false}"#;
+
+#[test]
+fn ch_remote_snapshot_and_restore_bodies_are_accepted() {
+    let s = snapshot_config_from_json(&serde_json::from_str(CH_REMOTE_SNAPSHOT).unwrap()).unwrap();
+    assert_eq!(s.destination_dir, std::path::Path::new("/tmp/snap"));
+    for body in [CH_REMOTE_RESTORE, CH_REMOTE_53_RESTORE] {
+        let r = restore_config_from_json(&serde_json::from_str(body).unwrap()).unwrap();
+        assert_eq!(
+            r,
+            RestoreConfig {
+                source_dir: "/tmp/snap".into(),
+                prefault: false,
+                resume: false,
+            }
+        );
+    }
+    // Every field but the URL has a default; unknown fields are ignored.
+    let r = restore_config_from_json(
+        &json!({"source_url": "file:///s", "resume": true, "prefault": true, "later_field": 1}),
+    )
+    .unwrap();
+    assert_eq!((r.prefault, r.resume), (true, true));
+    let s = snapshot_config_from_json(&json!({"destination_url": "file:///d", "x": null})).unwrap();
+    assert_eq!(s.destination_dir, std::path::Path::new("/d"));
+    // Empty fd lists carry nothing to refuse.
+    assert!(restore_config_from_json(
+        &json!({"source_url": "file:///s", "net_fds": [], "vfio_fds": []})
+    )
+    .is_ok());
+}
+
+#[test]
+fn bad_snapshot_and_restore_bodies_are_refused_naming_the_field() {
+    let r = |v: Value| restore_config_from_json(&v).unwrap_err().to_string();
+    let s = |v: Value| snapshot_config_from_json(&v).unwrap_err().to_string();
+    let mut ondemand: Value = serde_json::from_str(CH_REMOTE_RESTORE).unwrap();
+    ondemand["memory_restore_mode"] = json!("OnDemand");
+    assert_eq!(
+        r(ondemand),
+        "RestoreConfig.memory_restore_mode=\"OnDemand\" is not supported (only the default \"Copy\" is)"
+    );
+    assert_eq!(
+        r(json!({"source_url": "tcp://10.0.0.1/s"})),
+        format!("RestoreConfig.source_url=\"tcp://10.0.0.1/s\" is invalid: expected {FILE_URL_EXPECTED}")
+    );
+    assert_eq!(
+        s(json!({"destination_url": "/tmp/snap"})),
+        format!("VmSnapshotConfig.destination_url=\"/tmp/snap\" is invalid: expected {FILE_URL_EXPECTED}")
+    );
+    // What ch-remote sends for `restore source_url=…,net_fds=[net0@[3,4]]`.
+    assert!(r(
+        json!({"source_url": "file:///s", "net_fds": [{"id": "net0", "num_fds": 2, "fds": null}]})
+    )
+    .starts_with("RestoreConfig.net_fds=[{"));
+    assert!(
+        r(json!({"source_url": "file:///s", "vfio_fds": [{"id": "v", "fd": null}]}))
+            .starts_with("RestoreConfig.vfio_fds=")
+    );
+    assert!(r(json!({"source_url": "file:///s", "iommufd_fd": 7}))
+        .starts_with("RestoreConfig.iommufd_fd=7"));
+    assert!(r(
+        json!({"source_url": "file:///s", "zone_updates": [{"id": "z", "host_numa_node": 1}]})
+    )
+    .starts_with("RestoreConfig.zone_updates="));
+    assert!(r(json!({"prefault": true})).contains("missing field `source_url`"));
+    assert!(r(json!({"source_url": "file:///s", "prefault": "yes"}))
+        .starts_with("RestoreConfig.prefault: "));
+    assert!(r(json!({"source_url": "file:///s", "resume": null}))
+        .starts_with("RestoreConfig.resume=null is invalid"));
+    assert!(r(json!({"source_url": 5})).starts_with("RestoreConfig.source_url: "));
+    assert!(r(json!(["file:///s"])).starts_with("RestoreConfig: expected an object"));
+    assert!(s(json!({})).contains("missing field `destination_url`"));
+    assert!(s(json!({"destination_url": "file://"})).contains("is invalid"));
+}

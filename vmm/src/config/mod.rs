@@ -14,6 +14,7 @@ mod net;
 mod option_parser;
 mod platform;
 mod pmem;
+mod restore;
 mod rng;
 mod vsock;
 
@@ -25,6 +26,7 @@ pub use fs::FsConfig;
 pub use net::{NetConfig, DEFAULT_TAP_NAME};
 pub use platform::{PlatformConfig, MAX_PCI_SEGMENTS};
 pub use pmem::PmemConfig;
+pub use restore::{file_url_dir, RestoreConfig, SnapshotConfig, FILE_URL_EXPECTED};
 pub use rng::{RngConfig, DEFAULT_RNG_SOURCE};
 pub use vsock::VsockConfig;
 

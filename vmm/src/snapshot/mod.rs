@@ -316,4 +316,4 @@ impl Vm {
 
 #[cfg(test)]
 #[path = "snapshot_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -71,7 +71,7 @@ const PROGRAM: &[u8] = &[
 /// speed figure: the program needs microseconds).
 const PATIENCE: Duration = Duration::from_secs(20);
 
-fn have_kvm() -> bool {
+pub(crate) fn have_kvm() -> bool {
     let ok = kvm_ioctls::Kvm::new().is_ok();
     if !ok {
         eprintln!("no /dev/kvm; skipped");
@@ -79,10 +79,10 @@ fn have_kvm() -> bool {
     ok
 }
 
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(pub(crate) PathBuf);
 
 impl Scratch {
-    fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("snapshot-test-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("test directory");
@@ -98,7 +98,7 @@ impl Drop for Scratch {
 
 /// A config with no virtio device (`--rng off`), two possible vCPUs, the
 /// smallest RAM.
-fn config() -> VmConfig {
+pub(crate) fn config() -> VmConfig {
     let mut config = vm_config_from_json(&json!({
         "payload": {"kernel": "/nonexistent/bzImage"},
         "serial": {"mode": "Null"},
@@ -111,7 +111,7 @@ fn config() -> VmConfig {
 }
 
 /// The VM booted on [`PROGRAM`] through `Vm::boot`'s own path.
-fn boot_program(config: &VmConfig) -> Vm {
+pub(crate) fn boot_program(config: &VmConfig) -> Vm {
     Vm::boot_with(config, None, |platform| {
         platform
             .mem
@@ -122,14 +122,14 @@ fn boot_program(config: &VmConfig) -> Vm {
     .expect("VM")
 }
 
-fn counter(vm: &Vm) -> u64 {
+pub(crate) fn counter(vm: &Vm) -> u64 {
     vm.mem
         .read_obj(GuestAddress(COUNTER_AT))
         .expect("counter in RAM")
 }
 
 /// Waits until the counter passes `above`; its value then.
-fn counter_passes(vm: &Vm, above: u64) -> u64 {
+pub(crate) fn counter_passes(vm: &Vm, above: u64) -> u64 {
     let start = Instant::now();
     loop {
         let c = counter(vm);
