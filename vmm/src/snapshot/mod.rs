@@ -101,7 +101,7 @@ pub enum SnapshotError {
     },
 }
 
-fn state_error(source: StateError) -> SnapshotError {
+pub(crate) fn state_error(source: StateError) -> SnapshotError {
     SnapshotError::State {
         file: STATE_FILE,
         source,
@@ -216,15 +216,41 @@ impl Vm {
             }
             _ => {}
         }
-        let Some(caps) = self.caps.clone() else {
-            return Err(SnapshotError::NotSnapshottable {
-                component: "the vCPUs".to_string(),
-                reason: "no vCPU state capabilities".to_string(),
-            });
-        };
-        // The devices stop serving (their queues' positions kept) before
-        // anything is read, so nothing writes guest RAM or raises an
-        // interrupt meanwhile; they serve again at resume.
+        // check_snapshottable saw the vCPU capabilities.
+        self.pause_devices_for_save()?;
+        let mut layout = self.memory_layout()?;
+        let all_ram = join_regions(self.mem.clone(), &self.hotplugged_ram)?;
+        let ranges = create_private(&dir.join(MEMORY_FILE))?;
+        write_memory_ranges(&all_ram, &mut layout, &ranges)?;
+        ranges.sync_all().map_err(|source| SnapshotError::File {
+            path: dir.join(MEMORY_FILE),
+            what: "writing",
+            source,
+        })?;
+        let doc = self.state_document(&layout)?;
+
+        let config_json = serde_json::to_vec_pretty(&vm_config_to_json(config)).map_err(|e| {
+            SnapshotError::Config {
+                path: dir.join(CONFIG_FILE),
+                reason: e.to_string(),
+            }
+        })?;
+        write_private(&dir.join(CONFIG_FILE), &config_json)?;
+        write_private(&state_path, &doc.to_json().map_err(state_error)?)?;
+        tracing::info!(
+            "snapshot: {} vCPU(s), {} RAM region(s) written to {}",
+            self.vcpus.threads().len(),
+            layout.regions.len(),
+            dir.display()
+        );
+        Ok(())
+    }
+
+    /// The devices stop serving (their queues' positions kept) before
+    /// anything is read, so nothing writes guest RAM or raises an
+    /// interrupt meanwhile; they serve again at resume. The vCPUs must be
+    /// paused already.
+    pub(crate) fn pause_devices_for_save(&mut self) -> Result<(), SnapshotError> {
         if !self.devices_paused {
             self.devices
                 .pause_devices()
@@ -234,6 +260,28 @@ impl Vm {
                 })?;
             self.devices_paused = true;
         }
+        Ok(())
+    }
+
+    /// The state document of a paused VM (what `state.json` holds, and a
+    /// local migration's `State`), with `layout` as its memory section:
+    /// the snapshot's, whose table lists what `memory-ranges` holds, or a
+    /// migration's, with none (memory travels as fds). Pauses the devices
+    /// first if they are not.
+    pub(crate) fn state_document(
+        &mut self,
+        layout: &MemoryLayoutState,
+    ) -> Result<StateDocument, SnapshotError> {
+        if !self.vcpus.paused() {
+            return Err(SnapshotError::NotPaused);
+        }
+        let Some(caps) = self.caps.clone() else {
+            return Err(SnapshotError::NotSnapshottable {
+                component: "the vCPUs".to_string(),
+                reason: "no vCPU state capabilities".to_string(),
+            });
+        };
+        self.pause_devices_for_save()?;
         let mut doc = StateDocument::new(env!("CARGO_PKG_VERSION"));
         let states = self.vcpus.save_state(&caps)?;
         let vcpus = VcpusState {
@@ -251,17 +299,7 @@ impl Vm {
         }
         let vm_state = VmState::capture(&self.vm, self.paused_clock)?;
         doc.put(VM_SECTION, &vm_state).map_err(state_error)?;
-
-        let mut layout = self.memory_layout()?;
-        let all_ram = join_regions(self.mem.clone(), &self.hotplugged_ram)?;
-        let ranges = create_private(&dir.join(MEMORY_FILE))?;
-        write_memory_ranges(&all_ram, &mut layout, &ranges)?;
-        ranges.sync_all().map_err(|source| SnapshotError::File {
-            path: dir.join(MEMORY_FILE),
-            what: "writing",
-            source,
-        })?;
-        doc.put(MEMORY_SECTION, &layout).map_err(state_error)?;
+        doc.put(MEMORY_SECTION, layout).map_err(state_error)?;
         doc.put(MEMORY_HOTPLUG_SECTION, &self.ram.save())
             .map_err(state_error)?;
         let legacy = {
@@ -280,28 +318,13 @@ impl Vm {
                 source: Box::new(source),
             })?;
         doc.put(DEVICES_SECTION, &devices).map_err(state_error)?;
-
-        let config_json = serde_json::to_vec_pretty(&vm_config_to_json(config)).map_err(|e| {
-            SnapshotError::Config {
-                path: dir.join(CONFIG_FILE),
-                reason: e.to_string(),
-            }
-        })?;
-        write_private(&dir.join(CONFIG_FILE), &config_json)?;
-        write_private(&state_path, &doc.to_json().map_err(state_error)?)?;
-        tracing::info!(
-            "snapshot: {} vCPU(s), {} RAM region(s) written to {}",
-            states.len(),
-            layout.regions.len(),
-            dir.display()
-        );
-        Ok(())
+        Ok(doc)
     }
 
     /// Guest RAM's layout: boot RAM on slots 0.. as `register_with_kvm`
     /// gives them, then each hot-plugged region (its number is the
     /// layout's; KVM's slot for it may differ after a restore).
-    fn memory_layout(&self) -> Result<MemoryLayoutState, MemorySnapshotError> {
+    pub(crate) fn memory_layout(&self) -> Result<MemoryLayoutState, MemorySnapshotError> {
         let boot = MemoryLayoutState::of_boot_memory(&self.mem)?;
         let first = boot.regions.len();
         let mut regions = boot.regions;

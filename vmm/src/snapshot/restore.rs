@@ -36,7 +36,7 @@ use crate::legacy::state::LegacyState;
 use crate::memory::hotplug::RamHotplugState;
 use crate::memory::snapshot::{
     join_regions, populate, read_memory_ranges, restore_guest_memory_parts, MemoryLayoutState,
-    RegionOrigin,
+    RegionOrigin, RestoredRam,
 };
 use crate::vcpu::hotplug::VcpusState;
 use crate::vcpu::state::VcpuState;
@@ -147,21 +147,46 @@ impl Vm {
             reason: e.to_string(),
         })?;
         let doc = StateDocument::from_json(&read_file(dir, STATE_FILE)?).map_err(state_error)?;
-        let s = Sections::take(doc, &mut config)?;
+        let vm = Vm::restore_document(
+            &mut config,
+            doc,
+            |config, layout| {
+                let ram = restore_guest_memory_parts(&config.memory, layout)?;
+                let all_ram = join_regions(ram.boot.clone(), &ram.hotplugged)?;
+                let ranges_path = dir.join(MEMORY_FILE);
+                let ranges =
+                    std::fs::File::open(&ranges_path).map_err(|source| SnapshotError::File {
+                        path: ranges_path,
+                        what: "opening",
+                        source,
+                    })?;
+                read_memory_ranges(&ranges, layout, &all_ram)?;
+                drop(ranges);
+                if prefault {
+                    populate(&all_ram)?;
+                }
+                Ok(ram)
+            },
+            observe,
+        )?;
+        tracing::info!("restored from {} (paused)", dir.display());
+        Ok((config, vm))
+    }
 
-        let ram = restore_guest_memory_parts(&config.memory, &s.memory)?;
-        let all_ram = join_regions(ram.boot.clone(), &ram.hotplugged)?;
-        let ranges_path = dir.join(MEMORY_FILE);
-        let ranges = std::fs::File::open(&ranges_path).map_err(|source| SnapshotError::File {
-            path: ranges_path,
-            what: "opening",
-            source,
-        })?;
-        read_memory_ranges(&ranges, &s.memory, &all_ram)?;
-        drop(ranges);
-        if prefault {
-            populate(&all_ram)?;
-        }
+    /// Builds a VM from `config` and the state document `doc` (a
+    /// snapshot's `state.json`, or a local migration's `State`), with guest
+    /// RAM from `make_ram` (given the memory section, after every section
+    /// was read and checked); the VM comes back PAUSED. `config` may be
+    /// settled by the saved devices (see `Sections::settle_rng`).
+    pub(crate) fn restore_document(
+        config: &mut VmConfig,
+        doc: StateDocument,
+        make_ram: impl FnOnce(&VmConfig, &MemoryLayoutState) -> Result<RestoredRam, SnapshotError>,
+        observe: Option<&ObserverFactory>,
+    ) -> Result<Vm, SnapshotError> {
+        let s = Sections::take(doc, config)?;
+        let config = &*config;
+        let ram = make_ram(config, &s.memory)?;
         let added: Vec<(u64, u64)> = s
             .memory
             .regions
@@ -170,7 +195,7 @@ impl Vm {
             .map(|r| (r.gpa, r.length))
             .collect();
 
-        let mut platform = Platform::build(&config, ram.boot, ram.hotplugged, observe)?;
+        let mut platform = Platform::build(config, ram.boot, ram.hotplugged, observe)?;
         let Some(caps) = platform.caps.clone() else {
             return Err(SnapshotError::NotSnapshottable {
                 component: "the vCPUs".to_string(),
@@ -221,12 +246,10 @@ impl Vm {
                 reason,
             })?;
         tracing::info!(
-            "restored {} vCPU(s), {} RAM region(s) from {} (paused)",
+            "restored {} vCPU(s), {} RAM region(s) (paused)",
             vcpus.len(),
             s.memory.regions.len(),
-            dir.display()
         );
-        let vm = Vm::start(platform, &config, vcpus, Some(s.vm.clock))?;
-        Ok((config, vm))
+        Ok(Vm::start(platform, config, vcpus, Some(s.vm.clock))?)
     }
 }
