@@ -16,6 +16,7 @@ pub mod exit;
 pub mod kvm_stats;
 pub mod legacy;
 pub mod memory;
+pub mod migration;
 pub mod resize;
 pub mod seccomp_filters;
 pub mod signals;

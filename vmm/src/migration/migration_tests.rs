@@ -1,0 +1,398 @@
+//! Local migration between two endpoints in this process over a socket
+//! pair, with real VMs on /dev/kvm running the snapshot tests' counting
+//! program (skipped without /dev/kvm); and the two API bodies.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+
+use serde_json::json;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vm_state::protocol::{self, Command, Request, Response, Status};
+
+use super::receive::receive_over;
+use super::send::{check_local, send_over};
+use super::*;
+use crate::config::json::vm_config_to_json;
+use crate::config::VmConfig;
+use crate::snapshot::tests::{boot_program, config, counter, counter_passes, have_kvm};
+use crate::vm::Vm;
+
+/// The snapshot tests' VM, with guest RAM in a memfd (`shared=on`).
+fn shared_config() -> VmConfig {
+    let mut c = config();
+    c.memory.shared = true;
+    c
+}
+
+fn pair() -> (UnixStream, UnixStream) {
+    let (a, b) = UnixStream::pair().expect("socket pair");
+    for s in [&a, &b] {
+        s.set_read_timeout(Some(SOCKET_TIMEOUT)).unwrap();
+        s.set_write_timeout(Some(SOCKET_TIMEOUT)).unwrap();
+    }
+    (a, b)
+}
+
+/// (st_dev, st_ino) of the file behind guest RAM at 0.
+fn ram_file(vm: &Vm) -> (u64, u64) {
+    let region = vm.mem.find_region(GuestAddress(0)).expect("RAM at 0");
+    let meta = region
+        .file_offset()
+        .expect("shared RAM")
+        .file()
+        .metadata()
+        .unwrap();
+    (meta.dev(), meta.ino())
+}
+
+/// Whether the VM's counter still advances (it would stay put paused).
+fn still_counting(vm: &Vm) -> bool {
+    let now = counter(vm);
+    counter_passes(vm, now) > now
+}
+
+/// The whole sequence: the receiver's VM runs on from the counter the
+/// sender's VM had when it paused, over the same memfd (the sender's own
+/// mapping sees the receiver's increments: nothing was copied), and the
+/// sender's VM stays paused.
+#[test]
+fn a_local_migration_moves_the_running_vm_over_the_same_memory() {
+    if !have_kvm() {
+        return;
+    }
+    let config = shared_config();
+    let mut source = boot_program(&config);
+    counter_passes(&source, 1000);
+    let source_ram = ram_file(&source);
+    let (a, b) = pair();
+    let receiver = std::thread::spawn(move || {
+        let received = receive_over(&b, None).expect("received");
+        assert!(!received.paused);
+        let at_receipt = counter(&received.vm);
+        let later = counter_passes(&received.vm, at_receipt);
+        (
+            at_receipt,
+            later,
+            ram_file(&received.vm),
+            received.vm.vcpus.paused(),
+        )
+    });
+    let layout = check_local(&source).expect("movable");
+    send_over(&mut source, &config, &layout, &a).expect("sent");
+    assert!(source.vcpus.paused(), "the sender's VM stays paused");
+    let (at_receipt, later, dest_ram, dest_paused) = receiver.join().unwrap();
+    assert!(later > at_receipt, "the receiver's VM counts on");
+    assert!(!dest_paused);
+    assert_eq!(dest_ram, source_ram, "the same memfd, not a copy");
+    // The receiver's VM is gone with its thread; the count it reached is
+    // in the memory both mapped.
+    assert!(counter(&source) >= later);
+}
+
+/// A sender paused before the migration sends CompletePaused: the
+/// receiver's VM stays paused.
+#[test]
+fn a_paused_vm_arrives_paused() {
+    if !have_kvm() {
+        return;
+    }
+    let config = shared_config();
+    let mut source = boot_program(&config);
+    counter_passes(&source, 10);
+    source.pause();
+    let (a, b) = pair();
+    let receiver = std::thread::spawn(move || {
+        let r = receive_over(&b, None).expect("received");
+        (r.paused, r.vm.vcpus.paused())
+    });
+    let layout = check_local(&source).expect("movable");
+    send_over(&mut source, &config, &layout, &a).expect("sent");
+    assert_eq!(receiver.join().unwrap(), (true, true));
+}
+
+/// Start and the memory fds, as a sender sends them.
+fn start_and_memory(source: &Vm, socket: &UnixStream) {
+    Request::start().write_to(&mut &*socket).unwrap();
+    assert_eq!(
+        Response::read_from(&mut &*socket).unwrap().status(),
+        Status::Ok
+    );
+    let layout = check_local(source).expect("movable");
+    crate::memory::migration_fds::send_memory_fds(socket, &layout, &source.mem).unwrap();
+}
+
+/// Abandon after the memory fds: the receiver answers Ok and ends with
+/// nothing kept; the sender's VM was never stopped.
+#[test]
+fn abandon_mid_way_is_answered_and_the_senders_vm_keeps_running() {
+    if !have_kvm() {
+        return;
+    }
+    let config = shared_config();
+    let source = boot_program(&config);
+    counter_passes(&source, 10);
+    let (a, b) = pair();
+    let receiver = std::thread::spawn(move || receive_over(&b, None).map(|_| ()));
+    start_and_memory(&source, &a);
+    Request::new(Command::Abandon, 0)
+        .unwrap()
+        .write_to(&mut &a)
+        .unwrap();
+    assert_eq!(Response::read_from(&mut &a).unwrap().status(), Status::Ok);
+    let e = receiver.join().unwrap().expect_err("abandoned");
+    assert!(matches!(e, MigrationError::Abandoned), "{e}");
+    assert!(still_counting(&source));
+}
+
+/// A receiver that answers Ok to everything but `fail_at`, which it
+/// answers Error; it reads every payload and fd as a real one does.
+fn failing_receiver(socket: UnixStream, fail_at: Command) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || loop {
+        let Ok(request) = Request::read_from(&mut &socket) else {
+            return;
+        };
+        if request.command().passes_fd() {
+            protocol::recv_payload_with_fd(&socket, &request).unwrap();
+        } else {
+            protocol::read_payload(&mut &socket, &request).unwrap();
+        }
+        if request.command() == fail_at {
+            Response::error().write_to(&mut &socket).unwrap();
+            return;
+        }
+        Response::ok().write_to(&mut &socket).unwrap();
+    })
+}
+
+/// The receiver fails `Config` (before the sender pauses) or `State`
+/// (after): the sender reports it and its VM runs (again).
+#[test]
+fn a_receiver_error_is_reported_and_the_senders_vm_runs_again() {
+    if !have_kvm() {
+        return;
+    }
+    for fail_at in [Command::Config, Command::State] {
+        let config = shared_config();
+        let mut source = boot_program(&config);
+        counter_passes(&source, 10);
+        let (a, b) = pair();
+        let receiver = failing_receiver(b, fail_at);
+        let layout = check_local(&source).expect("movable");
+        let e = send_over(&mut source, &config, &layout, &a).expect_err("refused");
+        receiver.join().unwrap();
+        assert!(
+            e.to_string().contains("the receiver reported an error")
+                && e.to_string().contains(&format!("{fail_at:?}")),
+            "{e}"
+        );
+        assert!(!source.vcpus.paused(), "{fail_at:?}: resumed");
+        assert!(still_counting(&source), "{fail_at:?}");
+    }
+}
+
+/// A header as Cloud Hypervisor's `Request::write_to` lays it out.
+fn ch_header(command: u16, length: u64) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    h[..2].copy_from_slice(&command.to_le_bytes());
+    h[8..].copy_from_slice(&length.to_le_bytes());
+    h
+}
+
+fn ch_answer(socket: &UnixStream) -> [u8; 16] {
+    let mut r = [0u8; 16];
+    std::io::Read::read_exact(&mut &*socket, &mut r).unwrap();
+    r
+}
+
+/// The sequence as a Cloud Hypervisor sender writes it, byte by byte (no
+/// WindowFd or TapFd; payloads ours): every step answered with CH's Ok
+/// bytes, the VM received and running.
+#[test]
+fn a_cloud_hypervisor_senders_bytes_are_received() {
+    if !have_kvm() {
+        return;
+    }
+    let config = shared_config();
+    let mut source = boot_program(&config);
+    counter_passes(&source, 10);
+    let layout = check_local(&source).expect("movable");
+    let (a, b) = pair();
+    let receiver = std::thread::spawn(move || {
+        let r = receive_over(&b, None).expect("received");
+        let c = counter(&r.vm);
+        counter_passes(&r.vm, c) > c
+    });
+    let ok = ch_header(1, 0);
+    (&a).write_all(&ch_header(1, 0)).unwrap();
+    assert_eq!(ch_answer(&a), ok);
+    for region in &layout.regions {
+        let file = source
+            .mem
+            .find_region(GuestAddress(region.gpa))
+            .unwrap()
+            .file_offset()
+            .unwrap()
+            .file()
+            .try_clone()
+            .unwrap();
+        (&a).write_all(&ch_header(7, 4)).unwrap();
+        vm_state::fd_socket::send_with_fds(&a, &region.slot.to_le_bytes(), &[file.as_fd()])
+            .unwrap();
+        assert_eq!(ch_answer(&a), ok);
+    }
+    let cfg = serde_json::to_vec(&MigrationConfig {
+        format: CONFIG_FORMAT.to_string(),
+        version: CONFIG_VERSION,
+        vm_config: vm_config_to_json(&config),
+        memory: layout.clone(),
+    })
+    .unwrap();
+    (&a).write_all(&ch_header(2, cfg.len() as u64)).unwrap();
+    (&a).write_all(&cfg).unwrap();
+    assert_eq!(ch_answer(&a), ok);
+    source.pause();
+    let state = source.state_document(&layout).unwrap().to_json().unwrap();
+    (&a).write_all(&ch_header(3, state.len() as u64)).unwrap();
+    (&a).write_all(&state).unwrap();
+    assert_eq!(ch_answer(&a), ok);
+    (&a).write_all(&ch_header(5, 0)).unwrap();
+    assert_eq!(ch_answer(&a), ok);
+    assert!(receiver.join().unwrap(), "the received VM counts");
+}
+
+/// A command number neither Cloud Hypervisor nor we define is answered
+/// Error and ends the receive; so is a Cloud Hypervisor sender's Config
+/// (no format: its state could not be restored here).
+#[test]
+fn an_unknown_command_or_a_foreign_config_is_refused() {
+    let (a, b) = pair();
+    let receiver = std::thread::spawn(move || receive_over(&b, None).map(|_| ()));
+    (&a).write_all(&ch_header(1, 0)).unwrap();
+    assert_eq!(ch_answer(&a), ch_header(1, 0));
+    (&a).write_all(&ch_header(0x8003, 0)).unwrap();
+    assert_eq!(ch_answer(&a), ch_header(2, 0), "Error");
+    let e = receiver.join().unwrap().expect_err("refused");
+    assert!(e.to_string().contains("unknown command 0x8003"), "{e}");
+
+    let (a, b) = pair();
+    let receiver = std::thread::spawn(move || receive_over(&b, None).map(|_| ()));
+    (&a).write_all(&ch_header(1, 0)).unwrap();
+    assert_eq!(ch_answer(&a), ch_header(1, 0));
+    let ch_config = br#"{"vm_config":{},"common_cpuid":[],"memory_manager_data":{}}"#;
+    (&a).write_all(&ch_header(2, ch_config.len() as u64))
+        .unwrap();
+    (&a).write_all(ch_config).unwrap();
+    assert_eq!(ch_answer(&a), ch_header(2, 0), "Error");
+    let e = receiver.join().unwrap().expect_err("refused");
+    assert!(e.to_string().contains("not \"dax-vmm\""), "{e}");
+}
+
+/// Private guest RAM cannot be passed as fds: refused with Cloud
+/// Hypervisor's message before anything is sent or paused.
+#[test]
+fn local_migration_of_private_memory_is_refused_by_chs_message() {
+    if !have_kvm() {
+        return;
+    }
+    let source = boot_program(&config());
+    let e = check_local(&source).expect_err("private RAM");
+    assert!(
+        e.to_string()
+            .contains("Local migration requires shared memory or hugepages enabled"),
+        "{e}"
+    );
+    assert!(still_counting(&source));
+}
+
+/// The bodies as ch-remote sends them are taken (unknown fields ignored);
+/// what is not supported yet is refused by name.
+#[test]
+fn the_bodies_are_chs_and_refuse_by_name() {
+    let send = json!({"destination_url": "unix:/run/m.sock", "local": true,
+        "preserve_source": false, "downtime_ms": 300, "timeout_s": 3600,
+        "timeout_strategy": "Cancel", "connections": 1, "tls_dir": null,
+        "memory_mode": "Precopy", "from_the_future": 1});
+    assert_eq!(
+        send_migration_from_json(&send).unwrap().path,
+        std::path::PathBuf::from("/run/m.sock")
+    );
+    let refused = |body: serde_json::Value, what: &str| {
+        let e = send_migration_from_json(&body).expect_err(what).to_string();
+        assert!(e.contains(what) && e.contains("vm.send-migration"), "{e}");
+    };
+    refused(
+        json!({"destination_url": "unix:/x"}),
+        "local=off is not supported yet",
+    );
+    refused(
+        json!({"destination_url": "tcp:1.2.3.4:6000", "local": true}),
+        "destination_url",
+    );
+    refused(
+        json!({"destination_url": "unix:/x", "local": true, "memory_mode": "Postcopy"}),
+        "memory_mode=Postcopy is not supported yet",
+    );
+    refused(
+        json!({"destination_url": "unix:/x", "local": true, "connections": 4}),
+        "connections=4 is not supported yet",
+    );
+    refused(
+        json!({"destination_url": "unix:/x", "local": true, "tls_dir": "/t"}),
+        "tls_dir is not supported yet",
+    );
+    refused(
+        json!({"destination_url": "unix:/x", "local": true, "preserve_source": true}),
+        "preserve_source is not supported yet",
+    );
+    refused(json!({"local": true}), "destination_url");
+
+    let receive = json!({"receiver_url": "unix:/run/m.sock", "tls_dir": null,
+        "memory_mode": "Precopy", "vfio_fds": null, "iommufd_fd": null,
+        "zone_updates": [], "extra": true});
+    assert_eq!(
+        receive_migration_from_json(&receive).unwrap().path,
+        std::path::PathBuf::from("/run/m.sock")
+    );
+    let e = receive_migration_from_json(&json!({"receiver_url": "tcp:0.0.0.0:6000"}))
+        .expect_err("tcp")
+        .to_string();
+    assert!(e.contains("receiver_url"), "{e}");
+    let e =
+        receive_migration_from_json(&json!({"receiver_url": "unix:/x", "memory_mode": "Postcopy"}))
+            .expect_err("postcopy")
+            .to_string();
+    assert!(
+        e.contains("memory_mode=Postcopy is not supported yet"),
+        "{e}"
+    );
+}
+
+/// The receive over a socket path: it listens, takes the sender, removes
+/// the socket file; the send connects to it.
+#[test]
+fn the_endpoints_meet_on_a_socket_path() {
+    if !have_kvm() {
+        return;
+    }
+    let dir = crate::snapshot::tests::Scratch::new("migration-path");
+    let path = dir.0.join("m.sock");
+    let config = shared_config();
+    let mut source = boot_program(&config);
+    counter_passes(&source, 10);
+    let listen_at = path.clone();
+    let receiver = std::thread::spawn(move || {
+        let r = receive_migration(&listen_at, None).expect("received");
+        let c = counter(&r.vm);
+        counter_passes(&r.vm, c) > c
+    });
+    let start = std::time::Instant::now();
+    while !path.exists() {
+        assert!(start.elapsed() < SOCKET_TIMEOUT, "the receiver listens");
+        std::thread::yield_now();
+    }
+    send_migration(&mut source, &config, &path).expect("sent");
+    assert!(receiver.join().unwrap());
+    assert!(!path.exists(), "the socket file is removed once taken");
+}

@@ -1,0 +1,374 @@
+//! The receiving side of a local migration: a state machine over the
+//! sender's requests, answering each with exactly one response (Cloud
+//! Hypervisor's `vm_receive_migration_step` order). `Abandon` is answered
+//! Ok at any point and ends the migration with nothing kept; any failing
+//! step is answered `Error` and ends it the same way (the sender only
+//! learns that the receiver reported an error; the reason is logged here).
+//!
+//! The VM is built over the received memory fds (no copy): the fds are
+//! checked against the layout `Config` brings and mapped then, and the
+//! VM is built from `State` as a restore builds it, paused; `Complete`
+//! resumes it (`CompletePaused` leaves it paused).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+
+use vm_state::protocol::{self, Command, FdLabel, ProtocolError, Request, Response};
+use vm_state::StateDocument;
+
+use super::{
+    MigrationConfig, MigrationError, ACCEPT_TIMEOUT, CONFIG_FORMAT, CONFIG_VERSION, SOCKET_TIMEOUT,
+};
+use crate::config::json::vm_config_from_json;
+use crate::config::VmConfig;
+use crate::device_manager::ObserverFactory;
+use crate::memory::migration_fds::{MemoryFdError, ReceivedMemoryFds};
+use crate::memory::snapshot::{MemoryLayoutState, RegionOrigin, RestoredRam};
+use crate::snapshot::{state_error, SnapshotError, MEMORY_SECTION};
+use crate::vm::Vm;
+
+/// `WindowFd`s and `TapFd`s one migration may pass in all: a DAX window of
+/// 1 GiB holds at most 512 ranges of 2 MiB, so this leaves room for
+/// several large windows while bounding what a sender makes us hold.
+pub const MAX_PASSED_FDS: usize = 4096;
+
+/// The migrated VM, built and (unless the sender was paused) running.
+pub struct Received {
+    pub config: VmConfig,
+    pub vm: Vm,
+    /// The sender's VM was paused: this one stays paused.
+    pub paused: bool,
+}
+
+/// Listens on the unix socket `path` (which must not exist), takes one
+/// sender (waiting at most [`ACCEPT_TIMEOUT`]), removes the socket file
+/// and receives the VM. Err when the migration failed or was abandoned:
+/// nothing of it is kept.
+pub fn receive_migration(
+    path: &Path,
+    observe: Option<&ObserverFactory>,
+) -> Result<Received, MigrationError> {
+    let socket_err = |what| {
+        move |source| MigrationError::Socket {
+            path: path.to_path_buf(),
+            what,
+            source,
+        }
+    };
+    let listener = UnixListener::bind(path).map_err(socket_err("listening"))?;
+    let accepted = wait_readable(&listener).and_then(|ready| {
+        if ready {
+            listener.accept().map(|(s, _)| Some(s))
+        } else {
+            Ok(None)
+        }
+    });
+    // One sender per migration: nobody else may connect.
+    if let Err(e) = std::fs::remove_file(path) {
+        tracing::warn!("{}: removing the socket file: {e}", path.display());
+    }
+    let socket = accepted
+        .map_err(socket_err("accepting the sender"))?
+        .ok_or_else(|| MigrationError::AcceptTimeout {
+            path: path.to_path_buf(),
+        })?;
+    socket
+        .set_read_timeout(Some(SOCKET_TIMEOUT))
+        .and_then(|()| socket.set_write_timeout(Some(SOCKET_TIMEOUT)))
+        .map_err(socket_err("setting its timeouts"))?;
+    receive_over(&socket, observe)
+}
+
+/// Waits up to [`ACCEPT_TIMEOUT`] for a sender to connect.
+fn wait_readable(listener: &UnixListener) -> std::io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let timeout_ms = i32::try_from(ACCEPT_TIMEOUT.as_millis()).unwrap_or(i32::MAX);
+    loop {
+        // SAFETY: one valid pollfd, for the duration of the call.
+        let r = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        match r {
+            0 => return Ok(false),
+            n if n > 0 => return Ok(true),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// The receive loop over a connected socket (its timeouts set).
+pub(crate) fn receive_over(
+    socket: &UnixStream,
+    observe: Option<&ObserverFactory>,
+) -> Result<Received, MigrationError> {
+    let mut receiver = Receiver {
+        socket,
+        observe,
+        phase: Phase::Established,
+        memory_fds: ReceivedMemoryFds::default(),
+        window_fds: BTreeMap::new(),
+        tap_fds: BTreeMap::new(),
+        passed: 0,
+        configured: None,
+        restored: None,
+    };
+    loop {
+        let request = match Request::read_from(&mut &*socket) {
+            Ok(r) => r,
+            Err(e) => {
+                // A header we refuse still gets its answer; a closed or
+                // silent socket cannot.
+                if matches!(
+                    e,
+                    ProtocolError::UnknownCommand(_) | ProtocolError::BadLength { .. }
+                ) {
+                    let _ = Response::error().write_to(&mut &*socket);
+                }
+                tracing::error!("migration receive: {e}");
+                return Err(e.into());
+            }
+        };
+        if request.command() == Command::Abandon {
+            Response::ok().write_to(&mut &*socket)?;
+            tracing::warn!("migration receive: the sender abandoned it; nothing kept");
+            return Err(MigrationError::Abandoned);
+        }
+        match receiver.step(&request) {
+            Ok(done) => {
+                Response::ok().write_to(&mut &*socket)?;
+                if let Some(received) = done {
+                    return Ok(received);
+                }
+            }
+            Err(e) => {
+                tracing::error!("migration receive: {:?}: {e}", request.command());
+                let _ = Response::error().write_to(&mut &*socket);
+                return Err(e);
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Established,
+    Started,
+    Configured,
+    Restored,
+}
+
+impl Phase {
+    fn when(self) -> &'static str {
+        match self {
+            Phase::Established => "before Start",
+            Phase::Started => "before Config",
+            Phase::Configured => "after Config (State must come)",
+            Phase::Restored => "after State (Complete must come)",
+        }
+    }
+}
+
+/// What `Config` brought: the configuration and guest RAM mapped from the
+/// received fds, as laid out.
+struct Configured {
+    config: VmConfig,
+    layout: MemoryLayoutState,
+    ram: RestoredRam,
+}
+
+struct Receiver<'a> {
+    socket: &'a UnixStream,
+    observe: Option<&'a ObserverFactory>,
+    phase: Phase,
+    memory_fds: ReceivedMemoryFds,
+    /// `WindowFd`s by device, then by `(st_dev, st_ino)`.
+    window_fds: BTreeMap<String, HashMap<(u64, u64), File>>,
+    tap_fds: BTreeMap<String, OwnedFd>,
+    /// `WindowFd`s and `TapFd`s so far.
+    passed: usize,
+    configured: Option<Configured>,
+    restored: Option<(VmConfig, Vm)>,
+}
+
+impl Receiver<'_> {
+    /// One request (its header read): Ok(Some) once the VM is complete.
+    fn step(&mut self, request: &Request) -> Result<Option<Received>, MigrationError> {
+        let command = request.command();
+        let unexpected = MigrationError::Unexpected {
+            command,
+            when: self.phase.when(),
+        };
+        match (command, self.phase) {
+            (Command::Start, Phase::Established) => {
+                request.sender_protocol_version()?;
+                self.phase = Phase::Started;
+            }
+            (Command::MemoryFd, Phase::Started) => {
+                self.memory_fds.receive(self.socket, request)?;
+            }
+            (Command::WindowFd | Command::TapFd, Phase::Started) => self.passed_fd(request)?,
+            (Command::Config, Phase::Started) => {
+                let payload = protocol::read_payload(&mut &*self.socket, request)?;
+                self.configured = Some(self.config(&payload)?);
+                self.phase = Phase::Configured;
+            }
+            (Command::State, Phase::Configured) => {
+                let payload = protocol::read_payload(&mut &*self.socket, request)?;
+                self.restored = Some(self.state(&payload)?);
+                self.phase = Phase::Restored;
+            }
+            (Command::Complete | Command::CompletePaused, Phase::Restored) => {
+                let Some((config, mut vm)) = self.restored.take() else {
+                    return Err(unexpected);
+                };
+                let paused = command == Command::CompletePaused;
+                if !paused {
+                    vm.resume();
+                }
+                tracing::info!(
+                    "migration received: the VM {}",
+                    if paused { "is paused" } else { "runs" }
+                );
+                return Ok(Some(Received { config, vm, paused }));
+            }
+            (Command::Memory | Command::PageFault, _) => {
+                return Err(MigrationError::NotLocal(command))
+            }
+            _ => return Err(unexpected),
+        }
+        Ok(None)
+    }
+
+    /// A `WindowFd` or `TapFd`: kept by device (and file key) until the
+    /// device that takes it is restored.
+    fn passed_fd(&mut self, request: &Request) -> Result<(), MigrationError> {
+        let command = request.command();
+        let (payload, fd) = protocol::recv_payload_with_fd(self.socket, request)?;
+        let label = FdLabel::decode(command, &payload)?;
+        let bad = |reason: &str| MigrationError::PassedFd {
+            label: format!("{command:?} for {}", label.device),
+            reason: reason.to_string(),
+        };
+        if self.passed >= MAX_PASSED_FDS {
+            return Err(bad(&format!("more than {MAX_PASSED_FDS} fds passed")));
+        }
+        match label.key {
+            Some([dev, ino]) => {
+                let files = self.window_fds.entry(label.device.clone()).or_default();
+                if files.insert((dev, ino), File::from(fd)).is_some() {
+                    return Err(bad(&format!("file ({dev}, {ino}) passed twice")));
+                }
+            }
+            None => {
+                if self.tap_fds.insert(label.device.clone(), fd).is_some() {
+                    return Err(bad("a second tap for the device"));
+                }
+            }
+        }
+        self.passed += 1;
+        Ok(())
+    }
+
+    /// `Config`: our format and version, a configuration that checks out,
+    /// and guest RAM mapped from the received fds as the layout says.
+    fn config(&mut self, payload: &[u8]) -> Result<Configured, MigrationError> {
+        let value: serde_json::Value = serde_json::from_slice(payload)
+            .map_err(|e| MigrationError::Config(format!("not JSON: {e}")))?;
+        let format = value.get("format").and_then(serde_json::Value::as_str);
+        if format != Some(CONFIG_FORMAT) {
+            return Err(MigrationError::Config(format!(
+                "format {format:?} is not {CONFIG_FORMAT:?}: the sender is not a dax-vmm VMM, whose state this VMM could not restore"
+            )));
+        }
+        let c: MigrationConfig =
+            serde_json::from_value(value).map_err(|e| MigrationError::Config(e.to_string()))?;
+        if c.version != CONFIG_VERSION {
+            return Err(MigrationError::Config(format!(
+                "version {} is not {CONFIG_VERSION}, the one this VMM reads",
+                c.version
+            )));
+        }
+        let config = vm_config_from_json(&c.vm_config)
+            .map_err(|e| MigrationError::Config(format!("vm_config: {e}")))?;
+        let fds = std::mem::take(&mut self.memory_fds);
+        let ram = split_ram(fds.into_guest_memory(&c.memory)?, &c.memory)?;
+        Ok(Configured {
+            config,
+            layout: c.memory,
+            ram,
+        })
+    }
+
+    /// `State`: the VM built over the mapped RAM and restored, paused.
+    fn state(&mut self, payload: &[u8]) -> Result<(VmConfig, Vm), MigrationError> {
+        if let Some(device) = self.window_fds.keys().chain(self.tap_fds.keys()).next() {
+            return Err(MigrationError::PassedFd {
+                label: device.clone(),
+                reason: "fds were passed for this device, but no device of this VMM takes over a DAX window's files or a tap in a migration yet".to_string(),
+            });
+        }
+        let doc =
+            StateDocument::from_json(payload).map_err(|e| MigrationError::State(state_error(e)))?;
+        let Some(Configured {
+            mut config,
+            layout,
+            ram,
+        }) = self.configured.take()
+        else {
+            return Err(MigrationError::Unexpected {
+                command: Command::State,
+                when: Phase::Started.when(),
+            });
+        };
+        let vm = Vm::restore_document(
+            &mut config,
+            doc,
+            |_, saved| {
+                if saved.regions != layout.regions {
+                    return Err(SnapshotError::Section {
+                        section: MEMORY_SECTION.to_string(),
+                        reason: "regions differ from those Config laid out".to_string(),
+                    });
+                }
+                Ok(ram)
+            },
+            self.observe,
+        )
+        .map_err(MigrationError::State)?;
+        Ok((config, vm))
+    }
+}
+
+/// All of guest RAM as boot RAM and the hot-plugged regions a VM is
+/// built from (the same mappings).
+fn split_ram(
+    mut mem: crate::memory::GuestMemoryMmap,
+    layout: &MemoryLayoutState,
+) -> Result<RestoredRam, MigrationError> {
+    let mut hotplugged = Vec::new();
+    for r in layout
+        .regions
+        .iter()
+        .filter(|r| r.origin == RegionOrigin::Hotplug)
+    {
+        let (rest, region) = mem
+            .remove_region(vm_memory::GuestAddress(r.gpa), r.length)
+            .map_err(|e| MemoryFdError::Map(format!("region at {:#x}: {e}", r.gpa)))?;
+        mem = rest;
+        hotplugged.push(region);
+    }
+    Ok(RestoredRam {
+        boot: mem,
+        hotplugged,
+    })
+}

@@ -1,0 +1,175 @@
+//! The sending side of a local migration: everything is checked before the
+//! VM is paused; the memory fds, the DAX windows' files and the
+//! configuration go while the guest still runs; the guest is paused (the
+//! downtime starts) only for the state. On any failure before the
+//! receiver answered `Complete`, the VM is resumed if it was running and
+//! the error returned; on success it stays paused, for the caller to drop.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use vm_state::protocol::{self, Command, FdLabel, Request, Response, Status};
+
+use super::{MigrationConfig, MigrationError, CONFIG_FORMAT, CONFIG_VERSION, SOCKET_TIMEOUT};
+use crate::config::json::vm_config_to_json;
+use crate::config::VmConfig;
+use crate::memory::migration_fds::send_memory_fds;
+use crate::memory::snapshot::{join_regions, MemoryLayoutState};
+use crate::vm::Vm;
+
+/// Migrates `vm` (configured as `config`) to the receiver listening on
+/// the unix socket `path`. Ok: the receiver has the VM (running, or paused
+/// if this one was paused) and this one is left paused for the caller to
+/// drop. Err: this VM runs again if it ran before.
+pub fn send_migration(vm: &mut Vm, config: &VmConfig, path: &Path) -> Result<(), MigrationError> {
+    let layout = check_local(vm)?;
+    let socket_err = |what| {
+        move |source| MigrationError::Socket {
+            path: path.to_path_buf(),
+            what,
+            source,
+        }
+    };
+    let socket = UnixStream::connect(path).map_err(socket_err("connecting"))?;
+    socket
+        .set_read_timeout(Some(SOCKET_TIMEOUT))
+        .and_then(|()| socket.set_write_timeout(Some(SOCKET_TIMEOUT)))
+        .map_err(socket_err("setting its timeouts"))?;
+    send_over(vm, config, &layout, &socket)
+}
+
+/// What a local migration requires, checked before anything is sent or
+/// paused: every part of the VM can be saved, and guest RAM is shared (a
+/// memfd to pass). Returns RAM's layout.
+pub(crate) fn check_local(vm: &Vm) -> Result<MemoryLayoutState, MigrationError> {
+    vm.check_snapshottable()
+        .map_err(MigrationError::NotMovable)?;
+    let layout = vm
+        .memory_layout()
+        .map_err(|e| MigrationError::NotMovable(e.into()))?;
+    if let Some(r) = layout.regions.iter().find(|r| r.file_offset.is_none()) {
+        return Err(MigrationError::NotShared { gpa: r.gpa });
+    }
+    Ok(layout)
+}
+
+/// The whole sequence over a connected socket (its timeouts set).
+pub(crate) fn send_over(
+    vm: &mut Vm,
+    config: &VmConfig,
+    layout: &MemoryLayoutState,
+    socket: &UnixStream,
+) -> Result<(), MigrationError> {
+    let was_paused = vm.vcpus.paused();
+    let result = send_steps(vm, config, layout, socket, was_paused);
+    if let Err(e) = &result {
+        if !was_paused && vm.vcpus.paused() {
+            tracing::warn!("migration failed ({e}); the VM runs again here");
+            vm.resume();
+        }
+        // Tell a receiver still listening that this is over; it may be
+        // gone already, which is no further error.
+        let _ = Request::new(Command::Abandon, 0).and_then(|r| r.write_to(&mut &*socket));
+    }
+    result
+}
+
+fn send_steps(
+    vm: &mut Vm,
+    config: &VmConfig,
+    layout: &MemoryLayoutState,
+    socket: &UnixStream,
+    was_paused: bool,
+) -> Result<(), MigrationError> {
+    Request::start().write_to(&mut &*socket)?;
+    expect_ok(socket, Command::Start)?;
+
+    let all_ram = join_regions(vm.mem.clone(), &vm.hotplugged_ram)
+        .map_err(|e| MigrationError::NotMovable(e.into()))?;
+    send_memory_fds(socket, layout, &all_ram)?;
+    send_window_fds(vm, socket)?;
+
+    let payload = MigrationConfig {
+        format: CONFIG_FORMAT.to_string(),
+        version: CONFIG_VERSION,
+        vm_config: vm_config_to_json(config),
+        memory: layout.clone(),
+    };
+    let payload =
+        serde_json::to_vec(&payload).map_err(|e| MigrationError::Config(e.to_string()))?;
+    send_payload(socket, Command::Config, &payload)?;
+
+    // The downtime starts here.
+    if !was_paused {
+        vm.pause();
+    }
+    let doc = vm.state_document(layout).map_err(MigrationError::Save)?;
+    let state = doc
+        .to_json()
+        .map_err(|e| MigrationError::Save(crate::snapshot::state_error(e)))?;
+    send_payload(socket, Command::State, &state)?;
+
+    let complete = if was_paused {
+        Command::CompletePaused
+    } else {
+        Command::Complete
+    };
+    Request::new(complete, 0)?.write_to(&mut &*socket)?;
+    expect_ok(socket, complete)?;
+    tracing::info!("migration complete: the VM now runs in the receiving VMM");
+    Ok(())
+}
+
+/// One `WindowFd` per distinct file mapped in each fs device's DAX window:
+/// the receiver maps the window again from them without the daemon.
+fn send_window_fds(vm: &Vm, socket: &UnixStream) -> Result<(), MigrationError> {
+    for info in vm.devices.fs_devices() {
+        let Some(window) = &info.window else { continue };
+        let files = window
+            .mapped_files_by_key()
+            .map_err(|e| MigrationError::PassedFd {
+                label: format!("WindowFd for {}", info.id),
+                reason: e.to_string(),
+            })?;
+        let mut files: Vec<_> = files.into_iter().collect();
+        files.sort_by_key(|(key, _)| *key);
+        for ((dev, ino), file) in files {
+            let label = FdLabel {
+                device: info.id.clone(),
+                key: Some([dev, ino]),
+            };
+            protocol::send_request_with_fd(
+                socket,
+                Command::WindowFd,
+                &label.encode(),
+                file.as_fd(),
+            )?;
+            expect_ok(socket, Command::WindowFd)?;
+        }
+    }
+    Ok(())
+}
+
+fn send_payload(
+    socket: &UnixStream,
+    command: Command,
+    payload: &[u8],
+) -> Result<(), MigrationError> {
+    let length = u64::try_from(payload.len()).unwrap_or(u64::MAX);
+    Request::new(command, length)?.write_to(&mut &*socket)?;
+    (&*socket)
+        .write_all(payload)
+        .map_err(vm_state::protocol::ProtocolError::Io)?;
+    expect_ok(socket, command)
+}
+
+/// The receiver's answer to `command`: Ok, or the error that it was not.
+fn expect_ok(socket: &UnixStream, command: Command) -> Result<(), MigrationError> {
+    let response = Response::read_from(&mut &*socket)?;
+    match response.status() {
+        Status::Ok if response.length() == 0 => Ok(()),
+        status => Err(MigrationError::ReceiverError { command, status }),
+    }
+}
