@@ -114,8 +114,6 @@ fn ch_remote_body(endpoint: &str) -> Option<&'static str> {
         "vm.resize-disk" => r#"{"id":"_disk0","desired_size":2147483648}"#,
         "vm.resize-zone" => r#"{"id":"mem0","desired_ram":1073741824}"#,
         "vm.coredump" => r#"{"destination_url":"file:///tmp/core"}"#,
-        "vm.send-migration" => r#"{"destination_url":"unix:/tmp/migration","local":false}"#,
-        "vm.receive-migration" => r#"{"receiver_url":"unix:/tmp/migration"}"#,
         _ => return None,
     })
 }

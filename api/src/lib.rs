@@ -88,6 +88,13 @@ pub enum VmmAction {
     /// A `vm.restore` body (Cloud Hypervisor's RestoreConfig JSON) and the
     /// fds sent with it as SCM_RIGHTS (ch-remote sends its `net_fds` so).
     Restore(Value, Vec<std::os::fd::OwnedFd>),
+    /// A `vm.send-migration` body (Cloud Hypervisor's VmSendMigrationData
+    /// JSON); answered when the migration has ended.
+    SendMigration(Value),
+    /// A `vm.receive-migration` body (Cloud Hypervisor's
+    /// VmReceiveMigrationData JSON); answered when the VM has arrived or
+    /// the migration failed.
+    ReceiveMigration(Value),
 }
 
 /// What the VMM knows of one fs device.

@@ -161,8 +161,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("vm.resize-disk", "disks cannot be resized"),
     ("vm.resize-zone", "memory zones are not supported"),
     ("vm.coredump", "guest core dumps are not supported"),
-    ("vm.send-migration", "live migration is not supported"),
-    ("vm.receive-migration", "live migration is not supported"),
     ("vm.nmi", "NMI injection is not supported"),
     ("vm.balloon-stats", "there is no virtio-balloon device"),
 ];
@@ -277,6 +275,20 @@ async fn snapshot(State(s): State<AppState>, body: Bytes) -> Response {
     with_body(&s, "vm.snapshot", body, VmmAction::Snapshot).await
 }
 
+async fn send_migration(State(s): State<AppState>, body: Bytes) -> Response {
+    with_body(&s, "vm.send-migration", body, VmmAction::SendMigration).await
+}
+
+async fn receive_migration(State(s): State<AppState>, body: Bytes) -> Response {
+    with_body(
+        &s,
+        "vm.receive-migration",
+        body,
+        VmmAction::ReceiveMigration,
+    )
+    .await
+}
+
 async fn counters(State(s): State<AppState>) -> Response {
     simple(&s, VmmAction::Counters).await
 }
@@ -328,6 +340,8 @@ fn routes(state: AppState) -> Router {
         .route("/api/v1/vm.remove-device", put(remove_device))
         .route("/api/v1/vm.snapshot", put(snapshot))
         .route("/api/v1/vm.restore", put(restore))
+        .route("/api/v1/vm.send-migration", put(send_migration))
+        .route("/api/v1/vm.receive-migration", put(receive_migration))
         .route("/api/v1/vm.counters", get(counters))
         .route(
             "/api/v1/vm.dax-policy",

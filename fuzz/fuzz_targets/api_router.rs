@@ -2,7 +2,7 @@
 //! request gets a status (never a panic, never a 5xx from a bad body), with
 //! a stand-in VMM that answers as the real control loop does for the
 //! configuration bodies (parsed with the VMM's own VmConfig parser) and
-//! the snapshot and restore bodies (with its parsers of those).
+//! the snapshot, restore and migration bodies (with its parsers of those).
 #![no_main]
 
 use std::sync::{Mutex, OnceLock};
@@ -31,6 +31,8 @@ const PATHS: &[&str] = &[
     "/api/v1/vm.counters",
     "/api/v1/vm.snapshot",
     "/api/v1/vm.restore",
+    "/api/v1/vm.send-migration",
+    "/api/v1/vm.receive-migration",
     "/api/v1/vm.dax-policy",
     "/api/v1/vm.dax-metrics",
     "/api/v1/vm.dax-status",
@@ -83,6 +85,12 @@ fn answer(action: VmmAction) -> Result<VmmReply, ApiError> {
             .map(|_| ())
             .map_err(|e| e.to_string()),
         VmmAction::Restore(v, _) => vmm::config::json::restore_config_from_json(v)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        VmmAction::SendMigration(v) => vmm::migration::send_migration_from_json(v)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        VmmAction::ReceiveMigration(v) => vmm::migration::receive_migration_from_json(v)
             .map(|_| ())
             .map_err(|e| e.to_string()),
         _ => Ok(()),

@@ -27,6 +27,7 @@ use crate::config::json::{
 use crate::config::{ConfigError, DeviceConfig, RestoreConfig, VmConfig};
 use crate::device_manager::{DeviceManagerError, FsDeviceInfo};
 use crate::exit::VmExit;
+use crate::migration;
 use crate::signals::StopSignals;
 use crate::vm::{Vm, VmError};
 
@@ -108,6 +109,8 @@ pub enum LoopExit {
     Requested,
     /// The VM ended on its own, or a stop signal arrived.
     Vm(VmExit),
+    /// `vm.send-migration` handed the VM to another VMM.
+    Migrated,
 }
 
 pub struct ControlLoop {
@@ -117,6 +120,8 @@ pub struct ControlLoop {
     events: EventBus,
     /// What the fs devices' windows leave for their daemons.
     notices: DaemonNotices,
+    /// The VM migrated away: the loop ends once the answer is sent.
+    migrated: bool,
 }
 
 /// `vm.info`'s `device_tree` as Cloud Hypervisor shapes it, for the
@@ -207,6 +212,7 @@ impl ControlLoop {
             state: State::Created,
             events,
             notices,
+            migrated: false,
         }
     }
 
@@ -274,6 +280,12 @@ impl ControlLoop {
                 }
                 // A client that went away is no error.
                 let _ = reply.send(self.handle(action));
+                if self.migrated {
+                    // The answer is on its way (the API server lets it
+                    // out before it stops); the paused VM is let go.
+                    self.stop_vm();
+                    return Ok(LoopExit::Migrated);
+                }
             }
         }
     }
@@ -459,7 +471,65 @@ impl ControlLoop {
                 self.restore("vm.restore", &restore)?;
                 Ok(VmmReply::NoContent)
             }
+            VmmAction::SendMigration(body) => self.send_migration(&body),
+            VmmAction::ReceiveMigration(body) => self.receive_migration(&body),
         }
+    }
+
+    /// `vm.send-migration`: hands the VM to the VMM listening on the
+    /// body's socket; answered when done (Cloud Hypervisor v52's way). On
+    /// success the loop ends after the answer; on failure the VM runs on
+    /// (or stays paused) here.
+    fn send_migration(&mut self, body: &Value) -> VmmResult {
+        const ENDPOINT: &str = "vm.send-migration";
+        let target = migration::send_migration_from_json(body)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let (Some(config), Some(vm)) = (self.config.as_ref(), self.vm.as_mut()) else {
+            return Err(ApiError::not_found(format!(
+                "{ENDPOINT}: no VM is booted (it is {})",
+                self.state.as_str()
+            )));
+        };
+        migration::send_migration(vm, config, &target.path).map_err(|e| {
+            ApiError::internal(format!(
+                "{ENDPOINT}: the VM could not be migrated to {}: {}",
+                target.path.display(),
+                error_chain(&e)
+            ))
+        })?;
+        self.migrated = true;
+        Ok(VmmReply::NoContent)
+    }
+
+    /// `vm.receive-migration`: into a VMM without a VM, waits for a sender
+    /// on the body's socket and takes its VM; answered when it has arrived
+    /// or the migration failed.
+    fn receive_migration(&mut self, body: &Value) -> VmmResult {
+        const ENDPOINT: &str = "vm.receive-migration";
+        let source = migration::receive_migration_from_json(body)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if self.config.is_some() {
+            return Err(ApiError::internal(format!(
+                "{ENDPOINT}: a VM is already created (it is {}): receive into a VMM without one",
+                self.state.as_str()
+            )));
+        }
+        let observe = self.observer();
+        let received = migration::receive_migration(&source.path, Some(&observe)).map_err(|e| {
+            ApiError::internal(format!(
+                "{ENDPOINT}: no VM was received on {}: {}",
+                source.path.display(),
+                error_chain(&e)
+            ))
+        })?;
+        self.config = Some(received.config);
+        self.vm = Some(received.vm);
+        self.state = if received.paused {
+            State::Paused
+        } else {
+            State::Running
+        };
+        Ok(VmmReply::NoContent)
     }
 
     /// `vm.snapshot`: writes a paused VM's state and memory to the

@@ -515,3 +515,86 @@ fn a_vm_snapshotted_by_one_loop_is_restored_paused_by_another_and_resumes() {
     counter_passes(resumed.vm.as_ref().unwrap(), saved);
     resumed.stop_vm();
 }
+
+/// `vm.send-migration` and `vm.receive-migration` through two loops, with
+/// ch-remote's bodies: the receiving loop has the VM running, with the
+/// sender's configuration; the sending loop ends once it answered. The
+/// refusals: no VM (404), what is not supported yet (400, named), a
+/// receive into a loop that has a VM (500). Skipped without /dev/kvm.
+#[test]
+fn a_vm_sent_by_one_loop_is_received_running_by_another() {
+    use crate::snapshot::tests::{
+        boot_program, config, counter, counter_passes, have_kvm, Scratch,
+    };
+    let mut empty = control();
+    let send = |path: &std::path::Path| {
+        VmmAction::SendMigration(
+            json!({"destination_url": format!("unix:{}", path.display()),
+            "local": true, "preserve_source": false, "downtime_ms": 300, "timeout_s": 3600,
+            "timeout_strategy": "Cancel", "connections": 1, "tls_dir": null, "memory_mode": "Precopy"}),
+        )
+    };
+    let (status, message) = refused(&mut empty, send(std::path::Path::new("/m.sock")));
+    assert_eq!(status, 404, "{message}");
+    let (status, message) = refused(
+        &mut empty,
+        VmmAction::SendMigration(json!({"destination_url": "unix:/m.sock", "local": false})),
+    );
+    assert_eq!(status, 400);
+    assert!(
+        message.contains("local=off is not supported yet"),
+        "{message}"
+    );
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("control-loop-migration");
+    let path = dir.0.join("m.sock");
+    let mut config = config();
+    config.memory.shared = true;
+    let mut source = control();
+    source.vm = Some(boot_program(&config));
+    source.config = Some(config.clone());
+    source.state = State::Running;
+    let (status, message) = refused(
+        &mut source,
+        VmmAction::ReceiveMigration(json!({"receiver_url": format!("unix:{}", path.display())})),
+    );
+    assert_eq!(status, 500);
+    assert!(message.contains("a VM is already created"), "{message}");
+    counter_passes(source.vm.as_ref().unwrap(), 100);
+
+    let listen_at = path.clone();
+    let expected = vm_config_to_json(&config);
+    let target = std::thread::spawn(move || {
+        let mut target = control();
+        let body = json!({"receiver_url": format!("unix:{}", listen_at.display()),
+            "tls_dir": null, "memory_mode": "Precopy", "vfio_fds": null, "iommufd_fd": null,
+            "zone_updates": []});
+        assert!(matches!(
+            target.handle(VmmAction::ReceiveMigration(body)),
+            Ok(VmmReply::NoContent)
+        ));
+        let received = info(&mut target);
+        assert_eq!(received["state"], "Running");
+        assert_eq!(received["config"], expected);
+        let vm = target.vm.as_ref().unwrap();
+        let c = counter(vm);
+        counter_passes(vm, c);
+        target.stop_vm();
+    });
+    let start = std::time::Instant::now();
+    while !path.exists() {
+        assert!(
+            start.elapsed() < crate::migration::SOCKET_TIMEOUT,
+            "listening"
+        );
+        std::thread::yield_now();
+    }
+    assert!(matches!(
+        source.handle(send(&path)),
+        Ok(VmmReply::NoContent)
+    ));
+    assert!(source.migrated, "the loop ends after the answer");
+    target.join().unwrap();
+}

@@ -425,6 +425,10 @@ fn serve_api(
             eprintln!("dax-vmm: shut down through the API");
             ExitCode::SUCCESS
         }
+        Ok(LoopExit::Migrated) => {
+            eprintln!("dax-vmm: the VM migrated to another VMM");
+            ExitCode::SUCCESS
+        }
         Ok(LoopExit::Vm(exit)) => {
             eprintln!("dax-vmm: {}", exit.message());
             ExitCode::from(exit.status())
