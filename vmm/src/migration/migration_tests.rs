@@ -396,3 +396,48 @@ fn the_endpoints_meet_on_a_socket_path() {
     assert!(receiver.join().unwrap());
     assert!(!path.exists(), "the socket file is removed once taken");
 }
+
+/// Both sides on threads under the main thread's seccomp filter (kill
+/// mode), as the control loop runs them: socket path, listen, accept,
+/// connect, memfds passed by SCM_RIGHTS, the VM built and resumed there.
+#[test]
+fn both_sides_pass_the_main_threads_seccomp_filter() {
+    use crate::seccomp_filters::{all_for, VMM};
+    if !have_kvm() {
+        return;
+    }
+    let filter = || {
+        all_for(std::process::id())
+            .into_iter()
+            .find(|(k, _)| *k == VMM)
+            .map(|(k, l)| seccomp::build(k, &l, seccomp::Mode::Kill).unwrap().unwrap())
+            .expect("the main thread's filter")
+    };
+    let dir = crate::snapshot::tests::Scratch::new("migration-seccomp");
+    let path = dir.0.join("m.sock");
+    let (receiver_filter, sender_filter) = (filter(), filter());
+    let listen_at = path.clone();
+    let receiver = std::thread::spawn(move || {
+        seccomp::apply_filter(&receiver_filter).unwrap();
+        let r = receive_migration(&listen_at, None).expect("received");
+        let c = counter(&r.vm);
+        let counts = counter_passes(&r.vm, c) > c;
+        r.vm.stop();
+        counts
+    });
+    let sender = std::thread::spawn(move || {
+        seccomp::apply_filter(&sender_filter).unwrap();
+        let config = shared_config();
+        let mut source = boot_program(&config);
+        counter_passes(&source, 10);
+        let start = std::time::Instant::now();
+        while !path.exists() {
+            assert!(start.elapsed() < SOCKET_TIMEOUT, "the receiver listens");
+            std::thread::yield_now();
+        }
+        send_migration(&mut source, &config, &path).expect("sent");
+        source.vcpus.paused()
+    });
+    assert!(sender.join().expect("the filtered sender"), "left paused");
+    assert!(receiver.join().expect("the filtered receiver"));
+}
