@@ -203,6 +203,12 @@ fn a_restored_vm_runs_on_from_where_it_was_saved() {
     let (restored_config, mut vm) = Vm::restore(&dir.0, false, None).expect("restore");
     assert_eq!(restored_config, config, "config.json gives the same VM");
     assert!(vm.vcpus.paused(), "restored paused");
+    let saved_clock = vm.paused_clock.expect("the saved clock, for resume").clock;
+    // A pause of the restored VM keeps the saved clock: the guest's time
+    // stood still since the snapshot, not since the restore.
+    std::thread::sleep(Duration::from_millis(20));
+    vm.pause();
+    assert_eq!(vm.paused_clock.map(|c| c.clock), Some(saved_clock));
     assert_eq!(counter(&vm), saved, "RAM as saved");
     assert_eq!(vcpu0_registers(&vm), registers, "vCPU 0 as saved");
     let restored = serial_state(&vm);
