@@ -61,7 +61,7 @@ pub enum DevicesStateError {
 
 /// Where a device sits and its transport's state.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(tag = "transport", rename_all = "lowercase")]
+#[serde(tag = "transport", rename_all = "lowercase", deny_unknown_fields)]
 pub enum SavedTransport {
     Pci {
         segment: u16,
@@ -75,6 +75,7 @@ pub enum SavedTransport {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SavedDevice {
     pub id: String,
     pub transport: SavedTransport,
@@ -82,6 +83,7 @@ pub struct SavedDevice {
 
 /// The devices section of the state document.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DevicesState {
     pub devices: Vec<SavedDevice>,
     pub pci_hotplug: HotplugControllerState,
