@@ -14,8 +14,9 @@
 //! of another kind is built in another slot), each transport is restored
 //! (MSI-X tables and, from them, KVM's write-only GSI routes; a running
 //! device activated with its saved queue positions), and each PCI
-//! function's BARs are served where the guest had put them (functions may
-//! swap places). A device whose own state fails to restore at that point
+//! function's BARs are served where the saved VM served them, which is
+//! where the guest put them unless it had decoding off (functions may swap
+//! places). A device whose own state fails to restore at that point
 //! leaves the manager part-restored: the caller drops the whole VM.
 
 use std::collections::BTreeMap;
@@ -29,7 +30,7 @@ use virtio_devices::transport::pci::state::PciTransportState;
 use virtio_devices::transport::state::{MmioTransportState, TransportStateError};
 
 use super::hotplug_controller::HotplugControllerState;
-use super::virtio_pci::{PciAddress, VirtioPciSetupError};
+use super::virtio_pci::{PciAddress, ServedBars, VirtioPciSetupError};
 use super::{DeviceManager, DeviceManagerError};
 
 /// What went wrong pausing, saving or restoring the devices; every
@@ -66,6 +67,8 @@ pub enum SavedTransport {
     Pci {
         segment: u16,
         slot: u8,
+        /// Where the VMM served the BARs.
+        bars: ServedBars,
         state: PciTransportState,
     },
     Mmio {
@@ -103,6 +106,7 @@ enum Placed {
     Pci {
         id: String,
         at: PciAddress,
+        bars: ServedBars,
         dev: Arc<Mutex<VirtioPciDevice>>,
     },
     Mmio {
@@ -167,9 +171,10 @@ impl Placed {
 
     fn save(&self) -> Result<SavedDevice, DevicesStateError> {
         let transport = match self {
-            Placed::Pci { dev, at, .. } => SavedTransport::Pci {
+            Placed::Pci { dev, at, bars, .. } => SavedTransport::Pci {
                 segment: at.segment,
                 slot: at.slot,
+                bars: *bars,
                 state: lock(dev)
                     .save()
                     .map_err(|e| self.transport_error("save", e))?,
@@ -199,13 +204,21 @@ impl Placed {
         };
         let checked = match (self, saved) {
             (
-                Placed::Pci { at, dev, .. },
+                Placed::Pci { at, dev, bars, .. },
                 SavedTransport::Pci {
                     segment,
                     slot,
+                    bars: saved_bars,
                     state,
                 },
             ) => {
+                if bars.shm.is_some() != saved_bars.shm.is_some() {
+                    return Err(DevicesStateError::Layout {
+                        id: self.id().to_string(),
+                        reason: "a shared memory BAR in one of the saved state and this VM only"
+                            .into(),
+                    });
+                }
                 // The slot may differ: the configuration lists devices by
                 // kind, hot-plugged ones after the boot ones, so a device
                 // hot-plugged before one of another kind is built in another
@@ -250,9 +263,14 @@ impl DeviceManager {
     fn placed_devices(&self) -> Vec<Placed> {
         let mut all: Vec<Placed> = self
             .pci
-            .transports()
+            .functions()
             .into_iter()
-            .map(|(id, at, dev)| Placed::Pci { id, at, dev })
+            .map(|f| Placed::Pci {
+                id: f.id,
+                at: f.at,
+                bars: f.bars,
+                dev: f.transport,
+            })
             .collect();
         all.extend(self.mmio_devices.placed().iter().map(|p| Placed::Mmio {
             id: p.id.clone(),
@@ -350,6 +368,17 @@ impl DeviceManager {
             .pci
             .plan_reslot(&wanted)
             .map_err(|(id, reason)| DevicesStateError::Layout { id, reason })?;
+        let served: BTreeMap<String, ServedBars> = state
+            .devices
+            .iter()
+            .filter_map(|d| match d.transport {
+                SavedTransport::Pci { bars, .. } => Some((d.id.clone(), bars)),
+                SavedTransport::Mmio { .. } => None,
+            })
+            .collect();
+        self.pci
+            .check_served(&served)
+            .map_err(|(id, reason)| DevicesStateError::Layout { id, reason })?;
         lock(&self.hotplug)
             .restore(&state.pci_hotplug)
             .map_err(|(field, reason)| DevicesStateError::Hotplug { field, reason })?;
@@ -372,7 +401,7 @@ impl DeviceManager {
             }
         }
         self.pci
-            .place_all_restored()
+            .place_all_restored(&served)
             .map_err(|(id, source)| DevicesStateError::Placement { id, source })?;
         Ok(())
     }
