@@ -11,13 +11,14 @@
 //! transport's state against its device, the slots, the hot-plug
 //! registers. Then each PCI function goes back to its saved slot (the
 //! configuration lists devices by kind, so one hot-plugged before a device
-//! of another kind is built in another slot), each transport is restored
-//! (MSI-X tables and, from them, KVM's write-only GSI routes; a running
-//! device activated with its saved queue positions), and each PCI
-//! function's BARs are served where the saved VM served them, which is
-//! where the guest put them unless it had decoding off (functions may swap
-//! places). A device whose own state fails to restore at that point
-//! leaves the manager part-restored: the caller drops the whole VM.
+//! of another kind is built in another slot), its BARs are served where
+//! the saved VM served them, which is where the guest put them unless it
+//! had decoding off (functions may swap places; a shared memory BAR's KVM
+//! slot and the device's base move with it), and last each transport is
+//! restored (MSI-X tables and, from them, KVM's write-only GSI routes; a
+//! running device activated with its saved queue positions). A device
+//! whose own state fails to restore at that point leaves the manager
+//! part-restored: the caller drops the whole VM.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -383,6 +384,11 @@ impl DeviceManager {
             .restore(&state.pci_hotplug)
             .map_err(|(field, reason)| DevicesStateError::Hotplug { field, reason })?;
         self.pci.apply_reslot(&reslot);
+        // BARs first: a device is activated (below) with its shared memory
+        // where the guest will look for it.
+        self.pci
+            .place_all_restored(&served)
+            .map_err(|(id, source)| DevicesStateError::Placement { id, source })?;
         let by_id: BTreeMap<&str, &SavedTransport> = state
             .devices
             .iter()
@@ -400,9 +406,6 @@ impl DeviceManager {
                 _ => return Err(layout(p.id(), "transport changed while restoring").into()),
             }
         }
-        self.pci
-            .place_all_restored(&served)
-            .map_err(|(id, source)| DevicesStateError::Placement { id, source })?;
         Ok(())
     }
 }
