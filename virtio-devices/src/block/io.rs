@@ -23,6 +23,11 @@
 //! (virtio 1.2 §2.1.2). Nothing retries it, so nothing spins or floods the
 //! log.
 //!
+//! A pause ([`BlockQueues::pause`]) stops taking chains, stops the queue
+//! threads and waits, bounded, until the pool has completed every request
+//! taken (used entry and interrupt included); a resume starts the queue
+//! threads again on the same queues.
+//!
 //! Bounds: a queue thread hands the pool at most its queue's size of
 //! requests at a time (a driver that publishes chains faster, or the same
 //! chain again while it is in flight, waits for completions), so jobs never
@@ -34,6 +39,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_blk::VIRTIO_BLK_S_OK;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
@@ -44,7 +50,8 @@ use vmm_sys_util::eventfd::EventFd;
 use super::disk::DiskFile;
 use super::request::{self, Action, DiskLimits, ID_BYTES};
 use crate::device::{ActivatedQueue, Interrupt, VirtioInterrupt};
-use crate::event_loop::{join_bounded, EventLoop, Flow, WorkerThread};
+use crate::device_state::SavedQueue;
+use crate::event_loop::{join_bounded, EventLoop, Flow, WorkerThread, STOP_TIMEOUT};
 use crate::DeviceCounters;
 use crate::GuestMemoryMmap;
 
@@ -61,6 +68,37 @@ pub struct Shared {
     pub counters: Arc<DeviceCounters>,
     /// A queue stopped on the guest's error: the device needs a reset.
     pub broken: AtomicBool,
+    /// Tests: holds each request before its I/O until opened (a slow disk).
+    #[cfg(test)]
+    pub(crate) io_gate: Option<Arc<IoGate>>,
+}
+
+/// Tests: a slow disk's stand-in. Requests wait at the gate (bounded)
+/// until it opens.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct IoGate {
+    open: Mutex<bool>,
+    changed: std::sync::Condvar,
+    /// Requests that reached the gate.
+    pub(crate) arrived: std::sync::atomic::AtomicUsize,
+}
+
+#[cfg(test)]
+impl IoGate {
+    pub(crate) fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.changed.notify_all();
+    }
+
+    fn pass(&self) {
+        self.arrived.fetch_add(1, Ordering::SeqCst);
+        let open = self.open.lock().unwrap();
+        // A bound for a test that forgets to open it, not a speed figure.
+        let _ = self
+            .changed
+            .wait_timeout_while(open, std::time::Duration::from_secs(60), |o| !*o);
+    }
 }
 
 impl Shared {
@@ -138,6 +176,12 @@ struct QueueState {
     /// I/O, as the guest's memory stays mapped until the threads are
     /// joined).
     stopped: bool,
+    /// The device is pausing: no chain is taken; requests already taken
+    /// are completed as usual.
+    paused: bool,
+    /// Requests handed to the pool whose job has not finished (its I/O,
+    /// its used entry and its interrupt): a pause waits for none.
+    jobs: usize,
 }
 
 impl SharedQueue {
@@ -191,6 +235,15 @@ pub struct BlockQueues {
     queues: Vec<Arc<SharedQueue>>,
     queue_threads: Vec<WorkerThread>,
     io_threads: Vec<JoinHandle<()>>,
+    /// What a resume needs to start the queue threads again: the kicks
+    /// (one per queue, as `queues`), the pool's sender, the device and
+    /// guest memory.
+    kicks: Vec<EventFd>,
+    jobs: Option<Sender<Job>>,
+    shared: Arc<Shared>,
+    mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    /// Between a pause (even one that failed) and a resume.
+    paused: bool,
 }
 
 impl Drop for BlockQueues {
@@ -198,11 +251,12 @@ impl Drop for BlockQueues {
         for q in &self.queues {
             q.lock().stopped = true;
         }
-        // The queue threads hold every job sender; when they are gone the
-        // pool's channel disconnects once drained.
+        // The queue threads and `jobs` hold every job sender; when they
+        // are gone the pool's channel disconnects once drained.
         // Bounded: an I/O stuck in the host's kernel leaves its thread
         // detached rather than hanging a reset.
         self.queue_threads.clear();
+        self.jobs = None;
         for t in self.io_threads.drain(..) {
             join_bounded("virtio-blk I/O thread".into(), t);
         }
@@ -210,6 +264,96 @@ impl Drop for BlockQueues {
 }
 
 impl BlockQueues {
+    /// Stops taking chains, stops the queue threads and waits until every
+    /// request taken has been completed (its used entry written and its
+    /// interrupt raised), each wait at most [`STOP_TIMEOUT`]; returns each
+    /// queue's position. Afterwards the device writes nothing to guest
+    /// memory and raises no interrupt until [`Self::resume`]. Err says
+    /// what did not stop.
+    pub fn pause(&mut self) -> Result<Vec<SavedQueue>, String> {
+        self.paused = true;
+        for q in &self.queues {
+            q.lock().paused = true;
+        }
+        let mut late = Vec::new();
+        for t in self.queue_threads.drain(..) {
+            if let Err(t) = t.stop_and_wait() {
+                late.push(t);
+            }
+        }
+        if !late.is_empty() {
+            let n = late.len();
+            self.queue_threads = late;
+            return Err(format!(
+                "{n} queue thread(s) did not stop within {STOP_TIMEOUT:?}"
+            ));
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            let busy: usize = self.queues.iter().map(|q| q.lock().jobs).sum();
+            if busy == 0 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{busy} request(s) still in flight after {STOP_TIMEOUT:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(self
+            .queues
+            .iter()
+            .map(|q| SavedQueue::from(q.lock().queue.state()))
+            .collect())
+    }
+
+    /// Serves the same queues again (a queue the guest broke stays
+    /// stopped); each queue thread starts with a kick of its own, which
+    /// serves what came while paused and turns the guest's kicks back on.
+    pub fn resume(&mut self) -> Result<(), String> {
+        if !self.paused {
+            return Ok(());
+        }
+        // A pause that gave up on a queue thread: it must be gone before
+        // another serves its queue.
+        let mut late = Vec::new();
+        for t in self.queue_threads.drain(..) {
+            if let Err(t) = t.stop_and_wait() {
+                late.push(t);
+            }
+        }
+        if !late.is_empty() {
+            self.queue_threads = late;
+            return Err("a queue thread from before the pause is still running".into());
+        }
+        let jobs = self.jobs.as_ref().ok_or("the I/O threads are gone")?;
+        for (queue, kick) in self.queues.iter().zip(&self.kicks) {
+            {
+                let mut st = queue.lock();
+                if st.stopped {
+                    continue;
+                }
+                st.paused = false;
+            }
+            let start =
+                |e: std::io::Error| format!("queue {}: starting its thread: {e}", queue.index);
+            self.queue_threads.push(
+                queue_thread(
+                    self.shared.clone(),
+                    queue.clone(),
+                    kick.try_clone().map_err(start)?,
+                    self.mem.clone(),
+                    jobs.clone(),
+                )
+                .map_err(start)?,
+            );
+            kick.write(1).map_err(start)?;
+        }
+        self.paused = false;
+        Ok(())
+    }
+
     /// Whether every queue thread has ended (tests).
     #[cfg(test)]
     pub(super) fn queue_threads_finished(&self) -> bool {
@@ -233,6 +377,11 @@ pub fn start(
         queues: Vec::new(),
         queue_threads: Vec::new(),
         io_threads: Vec::new(),
+        kicks: Vec::new(),
+        jobs: None,
+        shared: shared.clone(),
+        mem: mem.clone(),
+        paused: false,
     };
     let (tx, rx) = channel::<Job>();
     let rx = Arc::new(Mutex::new(rx));
@@ -246,6 +395,7 @@ pub fn start(
     for q in queues {
         let queue = shared_queue(&shared, q.index, q.queue, interrupt.clone())?;
         running.queues.push(queue.clone());
+        running.kicks.push(q.kick.try_clone()?);
         running.queue_threads.push(queue_thread(
             shared.clone(),
             queue,
@@ -254,6 +404,7 @@ pub fn start(
             tx.clone(),
         )?);
     }
+    running.jobs = Some(tx);
     Ok(running)
 }
 
@@ -272,6 +423,8 @@ fn shared_queue(
             in_flight: 0,
             stalled: false,
             stopped: false,
+            paused: false,
+            jobs: 0,
         }),
         room: EventFd::new(libc::EFD_NONBLOCK)?,
         interrupt,
@@ -297,6 +450,10 @@ fn io_thread(
 
 /// Runs a request against the disk and completes it (an I/O thread's work).
 fn run_job(shared: &Shared, mem: &GuestMemoryMmap, job: Job) {
+    #[cfg(test)]
+    if let Some(gate) = &shared.io_gate {
+        gate.pass();
+    }
     let (status, written) = shared.disk.execute(mem, &job.action, &shared.serial);
     count(&shared.counters, &job.action, status);
     // The status byte was checked to be in guest memory when parsed.
@@ -310,6 +467,8 @@ fn run_job(shared: &Shared, mem: &GuestMemoryMmap, job: Job) {
             &format!("queue {}: {e}", job.queue.index),
         );
     }
+    let mut st = job.queue.lock();
+    st.jobs = st.jobs.saturating_sub(1);
 }
 
 /// Serves `queue` on the calling thread as the device's threads serve it
@@ -418,7 +577,9 @@ fn serve_until_idle(
         queue.lock().queue.disable_notification(mem).map_err(ring)?;
         used += serve_available(shared, queue, mem, jobs)?;
         let mut st = queue.lock();
-        if st.stopped {
+        if st.stopped || st.paused {
+            // Paused: the resume's kick comes back here and turns the
+            // guest's kicks on again.
             return Ok(used);
         }
         if st.in_flight >= queue.limit {
@@ -448,7 +609,7 @@ fn serve_available(
     loop {
         let chain = {
             let mut st = queue.lock();
-            if st.in_flight >= queue.limit || st.stopped {
+            if st.in_flight >= queue.limit || st.stopped || st.paused {
                 break;
             }
             let next = st
@@ -473,8 +634,11 @@ fn serve_available(
                     action,
                     queue: Arc::clone(queue),
                 };
-                jobs.send(job)
-                    .map_err(|_| "the I/O threads are gone".to_string())?;
+                queue.lock().jobs += 1;
+                if jobs.send(job).is_err() {
+                    queue.lock().jobs -= 1;
+                    return Err("the I/O threads are gone".to_string());
+                }
                 continue;
             }
             (status, Err(e)) => {

@@ -30,6 +30,7 @@ fn shared() -> Shared {
         serial: [0; ID_BYTES],
         counters: DeviceCounters::new(&COUNTER_NAMES),
         broken: AtomicBool::new(false),
+        io_gate: None,
     }
 }
 
