@@ -263,3 +263,62 @@ fn a_restore_with_another_cid_is_refused_by_field() {
     drop(dev);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The reset goes into the first event buffer that can hold it (a
+/// smaller one is used empty), once; with no buffer it stays pending
+/// until the driver gives one.
+#[test]
+fn the_transport_reset_waits_for_a_buffer_that_holds_it() {
+    struct NoInterrupt;
+    impl VirtioInterrupt for NoInterrupt {
+        fn trigger(&self, _: Interrupt) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn notifier(&self, _: Interrupt) -> Option<EventFd> {
+            None
+        }
+    }
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+    let [rxq, txq, evq] =
+        [0, 0x1_0000, 0x2_0000].map(|at| MockSplitQueue::create(&mem, GuestAddress(at), 16));
+    let mut q = queues::ActiveQueues::new(
+        rxq.create_queue().unwrap(),
+        txq.create_queue().unwrap(),
+        evq.create_queue().unwrap(),
+        Arc::new(NoInterrupt),
+    );
+    q.transport_reset = true;
+    queues::post_transport_reset(&mut q, &mem).unwrap();
+    assert!(q.transport_reset, "pending without a buffer");
+    let w = const { narrow::u16_of(VRING_DESC_F_WRITE as u64) };
+    mem.write_obj(u32::MAX, GuestAddress(EVENT_BUF)).unwrap();
+    mem.write_obj(u32::MAX, GuestAddress(EVENT_BUF + 0x10))
+        .unwrap();
+    evq.add_desc_chains(
+        &[
+            RawDescriptor::from(SplitDescriptor::new(EVENT_BUF, 2, w, 0)),
+            RawDescriptor::from(SplitDescriptor::new(EVENT_BUF + 0x10, 4, w, 0)),
+            RawDescriptor::from(SplitDescriptor::new(EVENT_BUF + 0x20, 4, w, 0)),
+        ],
+        0,
+    )
+    .unwrap();
+    queues::post_transport_reset(&mut q, &mem).unwrap();
+    assert!(!q.transport_reset);
+    assert_eq!(used_idx(&mem, &evq), 2, "the small buffer and the next");
+    let len = |i: u64| -> u32 {
+        mem.read_obj(evq.used_addr().unchecked_add(4 + 8 * i + 4))
+            .unwrap()
+    };
+    assert_eq!((len(0), len(1)), (0, 4));
+    assert_eq!(
+        mem.read_obj::<u32>(GuestAddress(EVENT_BUF)).unwrap(),
+        u32::MAX
+    );
+    assert_eq!(
+        mem.read_obj::<u32>(GuestAddress(EVENT_BUF + 0x10)).unwrap(),
+        queues::VIRTIO_VSOCK_EVENT_TRANSPORT_RESET
+    );
+    queues::post_transport_reset(&mut q, &mem).unwrap();
+    assert_eq!(used_idx(&mem, &evq), 2, "posted once");
+}
