@@ -351,29 +351,113 @@ fn a_truncated_memory_file_is_refused_before_anything_is_built() {
     assert!(e.to_string().starts_with("memory-ranges: "), "{e}");
 }
 
-/// A VM with a device that cannot be carried (vsock: its host-side
-/// connections live in this process) is refused before it is paused,
-/// naming the device, and nothing is paused.
+/// A pmem file of `size` bytes in `dir`.
+fn pmem_file(dir: &Path, size: u64) -> PathBuf {
+    let path = dir.join("pmem.img");
+    std::fs::File::create(&path).unwrap().set_len(size).unwrap();
+    path
+}
+
+/// A VM with a device that cannot be carried (pmem with discard_writes:
+/// the guest's writes live in this process only) is refused before it is
+/// paused, naming the device, and nothing is paused.
 #[test]
 fn a_vm_with_a_device_that_cannot_be_saved_is_refused_by_its_name() {
     if !have_kvm() {
         return;
     }
-    let dir = Scratch::new("vsock");
+    let dir = Scratch::new("discard");
     let mut config = config();
+    let file = pmem_file(&dir.0, 2 << 20);
+    config.pmem = vec![crate::config::PmemConfig::parse(
+        &format!("file={},discard_writes=on,id=pmem0", file.display()),
+        0,
+    )
+    .expect("pmem config")];
+    let vm = boot_program(&config);
+    let e = vm.check_snapshottable().expect_err("discard_writes");
+    assert!(
+        e.to_string()
+            .starts_with("snapshot: device pmem0: cannot be moved"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("discard_writes"), "{e}");
+    assert!(!vm.vcpus.paused());
+}
+
+/// The rng device's PCI interrupt line register, through the config ports
+/// as the guest reaches it; written when `value` is given.
+fn rng_interrupt_line(vm: &Vm, value: Option<u8>) -> u8 {
+    let (_, at) = vm
+        .pci_addresses()
+        .into_iter()
+        .find(|(id, _)| id == RNG_ID)
+        .expect("the rng device on PCI");
+    assert_eq!(at.segment, 0);
+    let address = 0x8000_0000u32 | (u32::from(at.slot) << 11) | 0x3c;
+    let pio = &vm.buses.0;
+    pio.write(0xcf8, &address.to_le_bytes());
+    if let Some(v) = value {
+        pio.write(0xcfc, &[v]);
+    }
+    let mut b = [0u8];
+    pio.read(0xcfc, &mut b);
+    b[0]
+}
+
+/// A VM with virtio devices on both transports (rng on PCI, vsock on
+/// PCI, pmem on MMIO) goes through a snapshot and a restore: the device
+/// manager's section is written, taken and restored onto the devices the
+/// configuration builds, in the restore's order, and the guest runs on.
+#[test]
+fn a_vm_with_virtio_devices_is_snapshotted_and_restored() {
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("devices");
+    let mut config = config();
+    config.rng = Some(crate::config::RngConfig::default());
     let socket = dir.0.join("vsock.sock");
     config.vsock = Some(
         crate::config::VsockConfig::parse(&format!("cid=3,socket={},id=vsock0", socket.display()))
             .expect("vsock config"),
     );
-    let vm = boot_program(&config);
-    let e = vm.check_snapshottable().expect_err("vsock");
-    assert!(
-        e.to_string()
-            .starts_with("snapshot: device vsock0: cannot be moved"),
-        "{e}"
-    );
-    assert!(!vm.vcpus.paused());
+    let file = pmem_file(&dir.0, 2 << 20);
+    config.pmem = vec![crate::config::PmemConfig::parse(
+        &format!("file={},id=pmem0,transport=mmio", file.display()),
+        0,
+    )
+    .expect("pmem config")];
+    let snap = dir.0.join("snapshot");
+    std::fs::create_dir(&snap).unwrap();
+    let mut vm = boot_program(&config);
+    counter_passes(&vm, 10);
+    // What the guest's PCI code would have set: the restore must give it back.
+    assert_eq!(rng_interrupt_line(&vm, Some(0x2a)), 0x2a);
+    vm.check_snapshottable().expect("movable devices");
+    vm.pause();
+    vm.snapshot(&config, &snap).expect("snapshot");
+    let saved = counter(&vm);
+    drop(vm);
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(snap.join(STATE_FILE)).unwrap()).unwrap();
+    let mut ids: Vec<&str> = state["sections"][DEVICES_SECTION]["state"]["devices"]
+        .as_array()
+        .expect("the devices section")
+        .iter()
+        .filter_map(|d| d["id"].as_str())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["_rng", "pmem0", "vsock0"]);
+    // The socket path is free again for the restored vsock device.
+    let _ = std::fs::remove_file(&socket);
+    let (restored_config, mut vm) = Vm::restore(&snap, false, None).expect("restore");
+    assert_eq!(restored_config, config);
+    assert_eq!(counter(&vm), saved);
+    assert_eq!(rng_interrupt_line(&vm, None), 0x2a, "the device's state");
+    vm.resume();
+    counter_passes(&vm, saved);
+    vm.stop();
 }
 
 /// RAM added by `vm.resize` comes back at its address with its bytes, the
