@@ -235,6 +235,17 @@ impl Vm {
             self.devices_paused = true;
         }
         let mut doc = StateDocument::new(env!("CARGO_PKG_VERSION"));
+        // First: saving a vhost-user device stops its rings, after which
+        // its daemon neither writes guest RAM nor raises an interrupt, so
+        // the vCPUs' LAPICs, the irqchips and RAM read below are final.
+        let devices = self
+            .devices
+            .save_devices()
+            .map_err(|source| SnapshotError::Devices {
+                context: "snapshot: saving device",
+                source: Box::new(source),
+            })?;
+        doc.put(DEVICES_SECTION, &devices).map_err(state_error)?;
         let states = self.vcpus.save_state(&caps)?;
         let vcpus = VcpusState {
             vcpus: self
@@ -272,14 +283,6 @@ impl Vm {
             crate::legacy::state::save(serial.as_deref(), &self.ged)
         };
         doc.put(LEGACY_SECTION, &legacy).map_err(state_error)?;
-        let devices = self
-            .devices
-            .save_devices()
-            .map_err(|source| SnapshotError::Devices {
-                context: "snapshot: saving device",
-                source: Box::new(source),
-            })?;
-        doc.put(DEVICES_SECTION, &devices).map_err(state_error)?;
 
         let config_json = serde_json::to_vec_pretty(&vm_config_to_json(config)).map_err(|e| {
             SnapshotError::Config {
