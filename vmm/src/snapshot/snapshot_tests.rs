@@ -385,6 +385,25 @@ fn a_vm_with_a_device_that_cannot_be_saved_is_refused_by_its_name() {
     assert!(!vm.vcpus.paused());
 }
 
+/// [`config`] with rng and vsock on PCI and pmem on MMIO, their files in
+/// `dir`.
+fn config_with_devices(dir: &Path) -> VmConfig {
+    let mut config = config();
+    config.rng = Some(crate::config::RngConfig::default());
+    let socket = dir.join("vsock.sock");
+    config.vsock = Some(
+        crate::config::VsockConfig::parse(&format!("cid=3,socket={},id=vsock0", socket.display()))
+            .expect("vsock config"),
+    );
+    let file = pmem_file(dir, 2 << 20);
+    config.pmem = vec![crate::config::PmemConfig::parse(
+        &format!("file={},id=pmem0,transport=mmio", file.display()),
+        0,
+    )
+    .expect("pmem config")];
+    config
+}
+
 /// The rng device's PCI interrupt line register, through the config ports
 /// as the guest reaches it; written when `value` is given.
 fn rng_interrupt_line(vm: &Vm, value: Option<u8>) -> u8 {
@@ -415,19 +434,8 @@ fn a_vm_with_virtio_devices_is_snapshotted_and_restored() {
         return;
     }
     let dir = Scratch::new("devices");
-    let mut config = config();
-    config.rng = Some(crate::config::RngConfig::default());
+    let config = config_with_devices(&dir.0);
     let socket = dir.0.join("vsock.sock");
-    config.vsock = Some(
-        crate::config::VsockConfig::parse(&format!("cid=3,socket={},id=vsock0", socket.display()))
-            .expect("vsock config"),
-    );
-    let file = pmem_file(&dir.0, 2 << 20);
-    config.pmem = vec![crate::config::PmemConfig::parse(
-        &format!("file={},id=pmem0,transport=mmio", file.display()),
-        0,
-    )
-    .expect("pmem config")];
     let snap = dir.0.join("snapshot");
     std::fs::create_dir(&snap).unwrap();
     let mut vm = boot_program(&config);
@@ -562,7 +570,8 @@ fn a_failed_snapshot_leaves_no_earlier_state_behind() {
 }
 
 /// A snapshot and a restore run on the VMM's main thread: both pass its
-/// seccomp filter (kill mode), files, KVM and threads included. A refused
+/// seccomp filter (kill mode), files, KVM, devices (rng, vsock, pmem) and
+/// threads included. A refused
 /// call would end this test process with SIGSYS.
 #[test]
 fn snapshot_and_restore_pass_the_main_threads_seccomp_filter() {
@@ -576,8 +585,10 @@ fn snapshot_and_restore_pass_the_main_threads_seccomp_filter() {
         .find(|(k, _)| *k == VMM)
         .map(|(k, l)| seccomp::build(k, &l, seccomp::Mode::Kill).unwrap().unwrap())
         .expect("the main thread's filter");
-    let config = config();
-    let path = dir.0.clone();
+    let config = config_with_devices(&dir.0);
+    let path = dir.0.join("snapshot");
+    std::fs::create_dir(&path).unwrap();
+    let socket = dir.0.join("vsock.sock");
     let saved = std::thread::spawn(move || {
         seccomp::apply_filter(&program).unwrap();
         let mut vm = boot_program(&config);
@@ -588,6 +599,7 @@ fn snapshot_and_restore_pass_the_main_threads_seccomp_filter() {
         // A second snapshot finds the files there: emptied, not truncated on open.
         vm.snapshot(&config, &path).expect("snapshot again");
         drop(vm);
+        let _ = std::fs::remove_file(&socket);
         let (_, mut vm) = Vm::restore(&path, true, None).expect("restore");
         assert_eq!(counter(&vm), saved);
         vm.resume();
