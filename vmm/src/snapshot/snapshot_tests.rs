@@ -611,3 +611,36 @@ fn snapshot_and_restore_pass_the_main_threads_seccomp_filter() {
     .expect("the filtered thread");
     assert!(saved > 10);
 }
+
+/// A FIFO in place of `memory-ranges` is refused by name, not waited on;
+/// a hot-plug section that does not fit the configuration is refused
+/// before anything is built.
+#[test]
+fn a_fifo_or_a_hotplug_section_that_does_not_fit_is_refused_by_name() {
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("fifo");
+    saved_vm(&dir.0);
+    let path = dir.0.join(STATE_FILE);
+    let original = std::fs::read(&path).unwrap();
+    let mut doc: serde_json::Value = serde_json::from_slice(&original).unwrap();
+    doc["sections"][MEMORY_HOTPLUG_SECTION]["state"]["added"] = json!(128 << 20);
+    std::fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let e = Vm::restore(&dir.0, false, None).err().expect("refused");
+    assert!(
+        e.to_string()
+            .starts_with("state.json: memory-hotplug: added: 134217728 bytes, above"),
+        "{e}"
+    );
+    std::fs::write(&path, &original).unwrap();
+
+    let ranges = dir.0.join(MEMORY_FILE);
+    std::fs::remove_file(&ranges).unwrap();
+    let c = std::ffi::CString::new(ranges.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path; mkfifo touches nothing else.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = Vm::restore(&dir.0, false, None).err().expect("refused");
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    assert!(e.to_string().contains(MEMORY_FILE), "{e}");
+}
