@@ -11,6 +11,7 @@ use virtio_devices::device_state::{DeviceStateError, SavedQueue};
 use vm_memory::GuestMemoryBackend;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::state::SavedTransport;
 use super::*;
 use crate::config::json::{disk_config_from_json, vm_config_from_json};
 use crate::device_manager::hotplug_controller::PCI_HOTPLUG_PORT;
@@ -743,4 +744,73 @@ fn configured_devices_save_and_restore_onto_the_same_configuration() {
     b.dm.add_boot_devices(&config(&b), None)
         .expect("boot devices");
     b.dm.restore_devices(&state).expect("restore");
+}
+
+impl Rig {
+    /// What a driver does to bring up queue 0 of the virtio-PCI function
+    /// at `at` (BAR 0 where it was built), rings in guest RAM at `rings`.
+    fn driver_ok(&self, at: PciAddress, rings: u64) {
+        let bar0 = self.bar0(at);
+        self.mmio_write(ecam(at, 0x04), &6u32.to_le_bytes());
+        let w = |off: u64, v: u64, len: usize| self.mmio_write(bar0 + off, &v.to_le_bytes()[..len]);
+        w(0x14, 1, 1);
+        w(0x14, 3, 1);
+        w(0x08, 1, 4);
+        w(0x0c, 1, 4); // VERSION_1
+        w(0x14, 0xb, 1);
+        w(0x16, 0, 2);
+        w(0x18, 16, 2);
+        w(0x20, rings, 8);
+        w(0x28, rings + 0x1000, 8);
+        w(0x30, rings + 0x2000, 8);
+        w(0x1c, 1, 2);
+        w(0x14, 0xf, 1);
+    }
+
+    /// Whether the device `id` is running, once its activation (on the
+    /// activator thread) has settled: running, failed (NEEDS_RESET) or
+    /// never asked for (no DRIVER_OK). The bound is for a hang.
+    fn activated(&self, id: &str) -> bool {
+        let f = self
+            .dm
+            .pci
+            .functions()
+            .into_iter()
+            .find(|f| f.id == id)
+            .expect("placed");
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let t = f.transport.lock().unwrap();
+            let status = t.status();
+            if t.is_activated() || status & 0x40 != 0 || status & 0x4 == 0 {
+                return t.is_activated();
+            }
+            drop(t);
+            assert!(std::time::Instant::now() < end, "{id}: activation hangs");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+/// A running virtio-rng (the guest's driver brought it up) is running
+/// again after the restore, without its driver writing DRIVER_OK again.
+#[test]
+fn a_running_configured_device_runs_again_after_the_restore() {
+    let (Some(mut a), Some(mut b)) = (Rig::new("run-a"), Rig::new("run-b")) else {
+        return;
+    };
+    let config = vm_config_from_json(&json!({"payload": {"kernel": "/k"}})).expect("config");
+    a.dm.add_boot_devices(&config, None).expect("boot devices");
+    a.driver_ok(a.at("_rng"), 0x10_0000);
+    assert!(a.activated("_rng"));
+    a.dm.pause_devices().expect("pause");
+    let state = through_document(&a.dm.save_devices().expect("save"));
+    let SavedTransport::Pci { state: rng, .. } = &state.devices[0].transport else {
+        panic!("rng on PCI");
+    };
+    assert_eq!(rng.queues.len(), 1, "the running queue's position is saved");
+    b.dm.add_boot_devices(&config, None).expect("boot devices");
+    assert!(!b.activated("_rng"));
+    b.dm.restore_devices(&state).expect("restore");
+    assert!(b.activated("_rng"));
 }
