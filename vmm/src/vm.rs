@@ -390,6 +390,11 @@ impl Vm {
     /// the guest's clock where it is.
     pub fn pause(&mut self) {
         self.vcpus.pause();
+        if self.paused_clock.is_some() {
+            // Paused already (or restored, with the clock it was saved
+            // with): the guest's time stopped then, not now.
+            return;
+        }
         match self.vm.get_clock() {
             Ok(clock) => self.paused_clock = Some(clock),
             Err(e) => {

@@ -86,6 +86,7 @@ impl EjectRequests {
 /// as added and as removed, the selected segment, and the slots the guest
 /// ejected that the VMM has not removed yet.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HotplugControllerState {
     pub up: Vec<u32>,
     pub down: Vec<u32>,

@@ -11,12 +11,14 @@
 //! transport's state against its device, the slots, the hot-plug
 //! registers. Then each PCI function goes back to its saved slot (the
 //! configuration lists devices by kind, so one hot-plugged before a device
-//! of another kind is built in another slot), each transport is restored
-//! (MSI-X tables and, from them, KVM's write-only GSI routes; a running
-//! device activated with its saved queue positions), and each PCI
-//! function's BARs are served where the guest had put them (functions may
-//! swap places). A device whose own state fails to restore at that point
-//! leaves the manager part-restored: the caller drops the whole VM.
+//! of another kind is built in another slot), its BARs are served where
+//! the saved VM served them, which is where the guest put them unless it
+//! had decoding off (functions may swap places; a shared memory BAR's KVM
+//! slot and the device's base move with it), and last each transport is
+//! restored (MSI-X tables and, from them, KVM's write-only GSI routes; a
+//! running device activated with its saved queue positions). A device
+//! whose own state fails to restore at that point leaves the manager
+//! part-restored: the caller drops the whole VM.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,7 +31,7 @@ use virtio_devices::transport::pci::state::PciTransportState;
 use virtio_devices::transport::state::{MmioTransportState, TransportStateError};
 
 use super::hotplug_controller::HotplugControllerState;
-use super::virtio_pci::{PciAddress, VirtioPciSetupError};
+use super::virtio_pci::{PciAddress, ServedBars, VirtioPciSetupError};
 use super::{DeviceManager, DeviceManagerError};
 
 /// What went wrong pausing, saving or restoring the devices; every
@@ -61,11 +63,13 @@ pub enum DevicesStateError {
 
 /// Where a device sits and its transport's state.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(tag = "transport", rename_all = "lowercase")]
+#[serde(tag = "transport", rename_all = "lowercase", deny_unknown_fields)]
 pub enum SavedTransport {
     Pci {
         segment: u16,
         slot: u8,
+        /// Where the VMM served the BARs.
+        bars: ServedBars,
         state: PciTransportState,
     },
     Mmio {
@@ -75,6 +79,7 @@ pub enum SavedTransport {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SavedDevice {
     pub id: String,
     pub transport: SavedTransport,
@@ -82,6 +87,7 @@ pub struct SavedDevice {
 
 /// The devices section of the state document.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DevicesState {
     pub devices: Vec<SavedDevice>,
     pub pci_hotplug: HotplugControllerState,
@@ -101,6 +107,7 @@ enum Placed {
     Pci {
         id: String,
         at: PciAddress,
+        bars: ServedBars,
         dev: Arc<Mutex<VirtioPciDevice>>,
     },
     Mmio {
@@ -165,9 +172,10 @@ impl Placed {
 
     fn save(&self) -> Result<SavedDevice, DevicesStateError> {
         let transport = match self {
-            Placed::Pci { dev, at, .. } => SavedTransport::Pci {
+            Placed::Pci { dev, at, bars, .. } => SavedTransport::Pci {
                 segment: at.segment,
                 slot: at.slot,
+                bars: *bars,
                 state: lock(dev)
                     .save()
                     .map_err(|e| self.transport_error("save", e))?,
@@ -197,13 +205,21 @@ impl Placed {
         };
         let checked = match (self, saved) {
             (
-                Placed::Pci { at, dev, .. },
+                Placed::Pci { at, dev, bars, .. },
                 SavedTransport::Pci {
                     segment,
                     slot,
+                    bars: saved_bars,
                     state,
                 },
             ) => {
+                if bars.shm.is_some() != saved_bars.shm.is_some() {
+                    return Err(DevicesStateError::Layout {
+                        id: self.id().to_string(),
+                        reason: "a shared memory BAR in one of the saved state and this VM only"
+                            .into(),
+                    });
+                }
                 // The slot may differ: the configuration lists devices by
                 // kind, hot-plugged ones after the boot ones, so a device
                 // hot-plugged before one of another kind is built in another
@@ -248,9 +264,14 @@ impl DeviceManager {
     fn placed_devices(&self) -> Vec<Placed> {
         let mut all: Vec<Placed> = self
             .pci
-            .transports()
+            .functions()
             .into_iter()
-            .map(|(id, at, dev)| Placed::Pci { id, at, dev })
+            .map(|f| Placed::Pci {
+                id: f.id,
+                at: f.at,
+                bars: f.bars,
+                dev: f.transport,
+            })
             .collect();
         all.extend(self.mmio_devices.placed().iter().map(|p| Placed::Mmio {
             id: p.id.clone(),
@@ -348,10 +369,26 @@ impl DeviceManager {
             .pci
             .plan_reslot(&wanted)
             .map_err(|(id, reason)| DevicesStateError::Layout { id, reason })?;
+        let served: BTreeMap<String, ServedBars> = state
+            .devices
+            .iter()
+            .filter_map(|d| match d.transport {
+                SavedTransport::Pci { bars, .. } => Some((d.id.clone(), bars)),
+                SavedTransport::Mmio { .. } => None,
+            })
+            .collect();
+        self.pci
+            .check_served(&served)
+            .map_err(|(id, reason)| DevicesStateError::Layout { id, reason })?;
         lock(&self.hotplug)
             .restore(&state.pci_hotplug)
             .map_err(|(field, reason)| DevicesStateError::Hotplug { field, reason })?;
         self.pci.apply_reslot(&reslot);
+        // BARs first: a device is activated (below) with its shared memory
+        // where the guest will look for it.
+        self.pci
+            .place_all_restored(&served)
+            .map_err(|(id, source)| DevicesStateError::Placement { id, source })?;
         let by_id: BTreeMap<&str, &SavedTransport> = state
             .devices
             .iter()
@@ -369,9 +406,6 @@ impl DeviceManager {
                 _ => return Err(layout(p.id(), "transport changed while restoring").into()),
             }
         }
-        self.pci
-            .place_all_restored()
-            .map_err(|(id, source)| DevicesStateError::Placement { id, source })?;
         Ok(())
     }
 }
@@ -382,3 +416,7 @@ fn layout(id: &str, reason: &str) -> DevicesStateError {
         reason: reason.to_string(),
     }
 }
+
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;

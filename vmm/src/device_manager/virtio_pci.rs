@@ -80,6 +80,24 @@ pub struct ShmBacking {
     pub owner: Box<dyn Send + Sync>,
 }
 
+/// Where a function's BARs are served: BAR 0 and the shared memory BAR
+/// (the configuration holds where the guest put them; the two differ
+/// while the guest has decoding off).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServedBars {
+    pub bar0: u64,
+    pub shm: Option<u64>,
+}
+
+/// One placed function as [`PciDeviceManager::functions`] lists it.
+pub struct PlacedFunction {
+    pub id: String,
+    pub at: PciAddress,
+    pub transport: Arc<Mutex<VirtioPciDevice>>,
+    pub bars: ServedBars,
+}
+
 /// A function that goes from one slot of its segment's bus to another
 /// (segment by index).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,26 +226,17 @@ impl Placed {
         Ok(())
     }
 
-    /// Before a restore puts the BARs where the guest had them: takes out
-    /// of the way (bus range, ioeventfds, addresses, the memory slot) each
-    /// BAR the restored configuration (decoding on) puts elsewhere, so
-    /// functions can swap places; returns where each is to go.
+    /// Before a restore serves the BARs where the saved VM served them:
+    /// takes out of the way (bus range, ioeventfds, addresses, the memory
+    /// slot) each BAR served elsewhere now, so functions can swap places;
+    /// returns where each of those goes.
     fn park_moving(
         &mut self,
         placer: &Placer,
+        bar0: u64,
+        shm: Option<u64>,
     ) -> Result<(Option<u64>, Option<u64>), VirtioPciSetupError> {
-        let (bar0, shm, enabled) = {
-            let d = lock(&self.dev);
-            (
-                d.bar_address(0),
-                d.bar_address(usize::from(SHM_BAR)),
-                d.memory_enabled(),
-            )
-        };
-        if !enabled {
-            return Ok((None, None));
-        }
-        let bar0 = bar0.filter(|&a| a != self.bar0);
+        let bar0 = Some(bar0).filter(|&a| a != self.bar0);
         if bar0.is_some() {
             self.ioevents(&placer.vm, self.bar0, false)
                 .map_err(VirtioPciSetupError::Kvm)?;
@@ -574,18 +583,25 @@ impl PciDeviceManager {
         Some(p.id.clone())
     }
 
-    /// Every function's id, address and transport, segment by segment,
-    /// slot by slot.
-    pub fn transports(&self) -> Vec<(String, PciAddress, Arc<Mutex<VirtioPciDevice>>)> {
+    /// Every function: id, address, transport and where its BARs are
+    /// served, segment by segment, slot by slot.
+    pub fn functions(&self) -> Vec<PlacedFunction> {
         let mut all = Vec::new();
         for (segment, s) in self.segments.iter().enumerate() {
             for (slot, p) in &s.functions {
                 let p = lock(p);
-                let at = PciAddress {
-                    segment: segment_number(segment),
-                    slot: *slot,
-                };
-                all.push((p.id.clone(), at, p.dev.clone()));
+                all.push(PlacedFunction {
+                    id: p.id.clone(),
+                    at: PciAddress {
+                        segment: segment_number(segment),
+                        slot: *slot,
+                    },
+                    transport: p.dev.clone(),
+                    bars: ServedBars {
+                        bar0: p.bar0,
+                        shm: p.shm.as_ref().map(|(slot, _, _)| slot.guest_addr()),
+                    },
+                });
             }
         }
         all
@@ -655,13 +671,64 @@ impl PciDeviceManager {
         }
     }
 
-    /// After the functions' transports were restored: serves each BAR
-    /// where its restored configuration (decoding on) puts it (bus range,
-    /// ioeventfds, the shared memory's KVM slot and the device's idea of
-    /// its base). Every BAR that moves is taken out of the way first, so
-    /// functions can swap places. Err is (id, why); the manager is then
-    /// part-placed (a failed restore drops the VM).
-    pub fn place_all_restored(&self) -> Result<(), (String, VirtioPciSetupError)> {
+    /// Whether [`Self::place_all_restored`] can put every function's BARs
+    /// where `wanted` says, changing nothing: each BAR aligned to its size,
+    /// in its segment's window, and apart from every other. Err is (id, why).
+    pub fn check_served(
+        &self,
+        wanted: &BTreeMap<String, ServedBars>,
+    ) -> Result<(), (String, String)> {
+        let windows = lock(&self.placer.space).pci_windows().to_vec();
+        let mut ranges: Vec<(u64, u64, String)> = Vec::new();
+        for (index, s) in self.segments.iter().enumerate() {
+            let Some(w) = windows.get(index) else {
+                continue;
+            };
+            for p in s.functions.values() {
+                let p = lock(p);
+                let Some(want) = wanted.get(&p.id) else {
+                    continue;
+                };
+                let mut bars = vec![(0u8, want.bar0, BAR0_SIZE, w.mmio32)];
+                if let (Some(addr), Some((_, size, _))) = (want.shm, p.shm.as_ref()) {
+                    bars.push((SHM_BAR, addr, *size, w.mmio64));
+                }
+                for (bar, addr, size, (start, len)) in bars {
+                    let inside = addr.is_multiple_of(size)
+                        && addr >= start
+                        && addr.checked_add(size).is_some_and(|end| end <= start + len);
+                    if !inside {
+                        return Err((
+                            p.id.clone(),
+                            format!("BAR {bar} at {addr:#x}: not a {size:#x}-aligned place in PCI segment {index}'s window"),
+                        ));
+                    }
+                    if let Some((_, _, other)) = ranges
+                        .iter()
+                        .find(|(a, s, _)| addr < a + s && *a < addr + size)
+                    {
+                        return Err((
+                            p.id.clone(),
+                            format!("BAR {bar} at {addr:#x} overlaps {other}'s"),
+                        ));
+                    }
+                    ranges.push((addr, size, p.id.clone()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Serves each function's BARs where `wanted` (by id: BAR 0, shared
+    /// memory BAR) says the saved VM served them: bus range, ioeventfds,
+    /// the shared memory's KVM slot and the device's idea of its base.
+    /// Every BAR that moves is taken out of the way first, so functions can
+    /// swap places. Err is (id, why); the manager is then part-placed (a
+    /// failed restore drops the VM).
+    pub fn place_all_restored(
+        &self,
+        wanted: &BTreeMap<String, ServedBars>,
+    ) -> Result<(), (String, VirtioPciSetupError)> {
         let all: Vec<Arc<Mutex<Placed>>> = self
             .segments
             .iter()
@@ -670,8 +737,11 @@ impl PciDeviceManager {
         let mut moving = Vec::new();
         for p in all {
             let mut placed = lock(&p);
+            let Some(want) = wanted.get(&placed.id) else {
+                continue;
+            };
             let to = placed
-                .park_moving(&self.placer)
+                .park_moving(&self.placer, want.bar0, want.shm)
                 .map_err(|e| (placed.id.clone(), e))?;
             if to != (None, None) {
                 drop(placed);

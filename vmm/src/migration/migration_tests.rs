@@ -253,7 +253,9 @@ fn a_cloud_hypervisor_senders_bytes_are_received() {
     (&a).write_all(&cfg).unwrap();
     assert_eq!(ch_answer(&a), ok);
     source.pause();
-    let state = source.state_document(&layout).unwrap().to_json().unwrap();
+    let mut doc = source.state_document().unwrap();
+    doc.put(crate::snapshot::MEMORY_SECTION, &layout).unwrap();
+    let state = doc.to_json().unwrap();
     (&a).write_all(&ch_header(3, state.len() as u64)).unwrap();
     (&a).write_all(&state).unwrap();
     assert_eq!(ch_answer(&a), ok);

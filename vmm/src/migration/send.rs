@@ -17,6 +17,7 @@ use crate::config::json::vm_config_to_json;
 use crate::config::VmConfig;
 use crate::memory::migration_fds::send_memory_fds;
 use crate::memory::snapshot::{join_regions, MemoryLayoutState};
+use crate::snapshot::{state_error, MEMORY_SECTION};
 use crate::vm::Vm;
 
 /// Migrates `vm` (configured as `config`) to the receiver listening on
@@ -105,10 +106,12 @@ fn send_steps(
     if !was_paused {
         vm.pause();
     }
-    let doc = vm.state_document(layout).map_err(MigrationError::Save)?;
+    let mut doc = vm.state_document().map_err(MigrationError::Save)?;
+    doc.put(MEMORY_SECTION, layout)
+        .map_err(|e| MigrationError::Save(state_error(e)))?;
     let state = doc
         .to_json()
-        .map_err(|e| MigrationError::Save(crate::snapshot::state_error(e)))?;
+        .map_err(|e| MigrationError::Save(state_error(e)))?;
     send_payload(socket, Command::State, &state)?;
 
     let complete = if was_paused {

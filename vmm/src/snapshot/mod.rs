@@ -217,7 +217,7 @@ impl Vm {
             _ => {}
         }
         // check_snapshottable saw the vCPU capabilities.
-        self.pause_devices_for_save()?;
+        let mut doc = self.state_document()?;
         let mut layout = self.memory_layout()?;
         let all_ram = join_regions(self.mem.clone(), &self.hotplugged_ram)?;
         let ranges = create_private(&dir.join(MEMORY_FILE))?;
@@ -227,7 +227,7 @@ impl Vm {
             what: "writing",
             source,
         })?;
-        let doc = self.state_document(&layout)?;
+        doc.put(MEMORY_SECTION, &layout).map_err(state_error)?;
 
         let config_json = serde_json::to_vec_pretty(&vm_config_to_json(config)).map_err(|e| {
             SnapshotError::Config {
@@ -246,32 +246,12 @@ impl Vm {
         Ok(())
     }
 
-    /// The devices stop serving (their queues' positions kept) before
-    /// anything is read, so nothing writes guest RAM or raises an
-    /// interrupt meanwhile; they serve again at resume. The vCPUs must be
-    /// paused already.
-    pub(crate) fn pause_devices_for_save(&mut self) -> Result<(), SnapshotError> {
-        if !self.devices_paused {
-            self.devices
-                .pause_devices()
-                .map_err(|source| SnapshotError::Devices {
-                    context: "snapshot: pausing device",
-                    source: Box::new(source),
-                })?;
-            self.devices_paused = true;
-        }
-        Ok(())
-    }
-
     /// The state document of a paused VM (what `state.json` holds, and a
-    /// local migration's `State`), with `layout` as its memory section:
-    /// the snapshot's, whose table lists what `memory-ranges` holds, or a
-    /// migration's, with none (memory travels as fds). Pauses the devices
-    /// first if they are not.
-    pub(crate) fn state_document(
-        &mut self,
-        layout: &MemoryLayoutState,
-    ) -> Result<StateDocument, SnapshotError> {
+    /// local migration's `State`) but its memory section, which the caller
+    /// adds: a snapshot's, whose table lists what `memory-ranges` holds,
+    /// or a migration's, with none (memory travels as fds). Pauses and
+    /// saves the devices first; guest RAM is final once it returns.
+    pub(crate) fn state_document(&mut self) -> Result<StateDocument, SnapshotError> {
         if !self.vcpus.paused() {
             return Err(SnapshotError::NotPaused);
         }
@@ -281,8 +261,30 @@ impl Vm {
                 reason: "no vCPU state capabilities".to_string(),
             });
         };
-        self.pause_devices_for_save()?;
+        // The devices stop serving (their queues' positions kept) before
+        // anything is read, so nothing writes guest RAM or raises an
+        // interrupt meanwhile; they serve again at resume.
+        if !self.devices_paused {
+            self.devices
+                .pause_devices()
+                .map_err(|source| SnapshotError::Devices {
+                    context: "snapshot: pausing device",
+                    source: Box::new(source),
+                })?;
+            self.devices_paused = true;
+        }
         let mut doc = StateDocument::new(env!("CARGO_PKG_VERSION"));
+        // First: saving a vhost-user device stops its rings, after which
+        // its daemon neither writes guest RAM nor raises an interrupt, so
+        // the vCPUs' LAPICs, the irqchips and RAM read below are final.
+        let devices = self
+            .devices
+            .save_devices()
+            .map_err(|source| SnapshotError::Devices {
+                context: "snapshot: saving device",
+                source: Box::new(source),
+            })?;
+        doc.put(DEVICES_SECTION, &devices).map_err(state_error)?;
         let states = self.vcpus.save_state(&caps)?;
         let vcpus = VcpusState {
             vcpus: self
@@ -299,7 +301,7 @@ impl Vm {
         }
         let vm_state = VmState::capture(&self.vm, self.paused_clock)?;
         doc.put(VM_SECTION, &vm_state).map_err(state_error)?;
-        doc.put(MEMORY_SECTION, layout).map_err(state_error)?;
+
         doc.put(MEMORY_HOTPLUG_SECTION, &self.ram.save())
             .map_err(state_error)?;
         let legacy = {
@@ -310,14 +312,6 @@ impl Vm {
             crate::legacy::state::save(serial.as_deref(), &self.ged)
         };
         doc.put(LEGACY_SECTION, &legacy).map_err(state_error)?;
-        let devices = self
-            .devices
-            .save_devices()
-            .map_err(|source| SnapshotError::Devices {
-                context: "snapshot: saving device",
-                source: Box::new(source),
-            })?;
-        doc.put(DEVICES_SECTION, &devices).map_err(state_error)?;
         Ok(doc)
     }
 

@@ -23,6 +23,7 @@ use crate::transport::state::{
 
 /// The virtio-PCI transport's own registers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PciRegisters {
     pub config: PciConfigurationState,
     pub msix: MsixState,
