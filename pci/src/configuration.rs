@@ -40,6 +40,7 @@ pub enum PciConfigError {
 
 /// A declared BAR: its size and kind (its address lives in the registers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Bar {
     pub size: u64,
     pub kind: BarKind,

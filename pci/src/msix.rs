@@ -12,6 +12,7 @@ pub const MSIX_FUNCTION_MASK: u16 = 1 << 14;
 pub const VIRTIO_MSI_NO_VECTOR: u16 = 0xffff;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MsixEntry {
     pub addr_lo: u32,
     pub addr_hi: u32,

@@ -52,6 +52,7 @@ fn msix_mismatch(field: impl Into<String>, reason: impl Into<String>) -> PciStat
 /// driver may write, and the BARs (size and kind; their addresses, as the
 /// guest last programmed them, are in `regs`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PciConfigurationState {
     pub regs: Vec<u32>,
     pub writable: Vec<u32>,
@@ -130,6 +131,7 @@ impl PciConfiguration {
 
 /// An MSI-X table as saved.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MsixState {
     pub table: Vec<MsixEntry>,
     pub pba: Vec<u64>,

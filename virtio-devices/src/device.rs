@@ -242,7 +242,9 @@ pub trait VirtioDevice: Send {
     /// and the saved acked features: takes back what [`Self::save_state`]
     /// gave. Everything is checked first; a value that does not fit the
     /// device's configuration is refused by field name and nothing is
-    /// applied.
+    /// applied. The activation that follows serves what the queues hold
+    /// without waiting for a kick (the guest's last kicks reached the old
+    /// process only).
     fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), DeviceStateError> {
         let _ = state;
         Err(DeviceStateError::NotSupported {

@@ -18,6 +18,10 @@ pub enum DeviceStateError {
     /// migration is refused before anything is paused.
     #[error("{device}: cannot be paused/saved (not supported for this device)")]
     NotSupported { device: String },
+    /// This device, as configured, cannot be saved (asked before anything
+    /// pauses).
+    #[error("{device}: cannot be saved: {reason}")]
+    NotMovable { device: String, reason: String },
     /// Pausing or resuming failed (a worker that did not stop in time).
     #[error("{device}: pausing: {reason}")]
     Pause { device: String, reason: String },

@@ -199,6 +199,26 @@ impl WorkerThread {
         self.thread.as_ref().is_none_or(JoinHandle::is_finished)
     }
 
+    /// Tells the thread to stop and waits for it, at most this worker's
+    /// stop timeout, without detaching it (pausing a device: the caller
+    /// then reads what the thread shared with it). Err gives the worker
+    /// back when the thread has not ended in time: it has been told to
+    /// stop, and may still be in its handler.
+    pub fn stop_and_wait(mut self) -> Result<(), WorkerThread> {
+        let _ = self.stop.write(1);
+        let deadline = Instant::now() + self.timeout;
+        while !self.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if !self.is_finished() {
+            return Err(self);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        Ok(())
+    }
+
     /// How long stopping waits for this thread (tests: a stuck thread
     /// that must not be given up on).
     #[cfg(test)]
@@ -301,6 +321,28 @@ pub(crate) mod tests {
         let dropped = rx.recv_timeout(Duration::from_secs(60));
         release.store(true, Ordering::SeqCst);
         assert!(dropped.is_ok(), "dropping the worker hung");
+    }
+
+    /// Pausing waits for the thread to end but never without bound: a
+    /// handler that does not return gives the worker back (still told to
+    /// stop), and once it returns the thread ends and a second wait
+    /// succeeds.
+    #[test]
+    fn stop_and_wait_gives_a_stuck_worker_back_and_succeeds_once_it_ends() {
+        let (mut worker, release) = stuck_worker();
+        worker.set_stop_timeout(Duration::from_millis(20));
+        let mut worker = worker.stop_and_wait().expect_err("the handler is stuck");
+        assert!(!worker.is_finished());
+        release.store(true, Ordering::SeqCst);
+        // A bound for a hang, not a speed figure.
+        worker.set_stop_timeout(Duration::from_secs(60));
+        assert!(worker.stop_and_wait().is_ok());
+
+        let l = EventLoop::new().unwrap();
+        let w = l
+            .spawn("t".into(), "idle".into(), |_, _, _| Flow::Continue)
+            .unwrap();
+        assert!(w.stop_and_wait().is_ok(), "an idle worker stops at once");
     }
 
     /// Inside `deferring_joins` a dropped worker is told to stop but not

@@ -4,8 +4,8 @@
 //! their number), [`memory`] (guest RAM and everything that changes it),
 //! [`device_manager`] (the virtio devices, their transports, address space
 //! and PCI hot-plug), [`legacy`] (the fixed platform devices), with the
-//! [`bus`] every vCPU exit is dispatched on between them and [`vm`] putting
-//! them together.
+//! [`bus`] every vCPU exit is dispatched on between them, [`vm`] putting
+//! them together and [`snapshot`] saving and restoring them all.
 
 pub mod arch;
 pub mod bus;

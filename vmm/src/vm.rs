@@ -1,4 +1,7 @@
 //! Builds a VM from its configuration, runs it and waits for it to end.
+//! A boot and a restore (`crate::snapshot`) build it the same way
+//! (`build::Platform::build`, then `Vm::start`); they differ only in
+//! what fills guest RAM and the vCPUs.
 
 pub(crate) mod build;
 
@@ -387,6 +390,11 @@ impl Vm {
     /// the guest's clock where it is.
     pub fn pause(&mut self) {
         self.vcpus.pause();
+        if self.paused_clock.is_some() {
+            // Paused already (or restored, with the clock it was saved
+            // with): the guest's time stopped then, not now.
+            return;
+        }
         match self.vm.get_clock() {
             Ok(clock) => self.paused_clock = Some(clock),
             Err(e) => {

@@ -23,6 +23,11 @@
 //! (virtio 1.2 §2.1.2). Nothing retries it, so nothing spins or floods the
 //! log.
 //!
+//! A pause ([`BlockQueues::pause`]) stops taking chains, stops the queue
+//! threads and waits, bounded, until the pool has completed every request
+//! taken (used entry and interrupt included); a resume starts the queue
+//! threads again on the same queues.
+//!
 //! Bounds: a queue thread hands the pool at most its queue's size of
 //! requests at a time (a driver that publishes chains faster, or the same
 //! chain again while it is in flight, waits for completions), so jobs never
@@ -34,6 +39,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_blk::VIRTIO_BLK_S_OK;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
@@ -44,7 +50,8 @@ use vmm_sys_util::eventfd::EventFd;
 use super::disk::DiskFile;
 use super::request::{self, Action, DiskLimits, ID_BYTES};
 use crate::device::{ActivatedQueue, Interrupt, VirtioInterrupt};
-use crate::event_loop::{join_bounded, EventLoop, Flow, WorkerThread};
+use crate::device_state::SavedQueue;
+use crate::event_loop::{join_bounded, EventLoop, Flow, WorkerThread, STOP_TIMEOUT};
 use crate::DeviceCounters;
 use crate::GuestMemoryMmap;
 
@@ -61,6 +68,37 @@ pub struct Shared {
     pub counters: Arc<DeviceCounters>,
     /// A queue stopped on the guest's error: the device needs a reset.
     pub broken: AtomicBool,
+    /// Tests: holds each request before its I/O until opened (a slow disk).
+    #[cfg(test)]
+    pub(crate) io_gate: Option<Arc<IoGate>>,
+}
+
+/// Tests: a slow disk's stand-in. Requests wait at the gate (bounded)
+/// until it opens.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct IoGate {
+    open: Mutex<bool>,
+    changed: std::sync::Condvar,
+    /// Requests that reached the gate.
+    pub(crate) arrived: std::sync::atomic::AtomicUsize,
+}
+
+#[cfg(test)]
+impl IoGate {
+    pub(crate) fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.changed.notify_all();
+    }
+
+    fn pass(&self) {
+        self.arrived.fetch_add(1, Ordering::SeqCst);
+        let open = self.open.lock().unwrap();
+        // A bound for a test that forgets to open it, not a speed figure.
+        let _ = self
+            .changed
+            .wait_timeout_while(open, std::time::Duration::from_secs(60), |o| !*o);
+    }
 }
 
 impl Shared {
@@ -138,6 +176,12 @@ struct QueueState {
     /// I/O, as the guest's memory stays mapped until the threads are
     /// joined).
     stopped: bool,
+    /// The device is pausing: no chain is taken; requests already taken
+    /// are completed as usual.
+    paused: bool,
+    /// Requests handed to the pool whose job has not finished (its I/O,
+    /// its used entry and its interrupt): a pause waits for none.
+    jobs: usize,
 }
 
 impl SharedQueue {
@@ -191,6 +235,15 @@ pub struct BlockQueues {
     queues: Vec<Arc<SharedQueue>>,
     queue_threads: Vec<WorkerThread>,
     io_threads: Vec<JoinHandle<()>>,
+    /// What a resume needs to start the queue threads again: the kicks
+    /// (one per queue, as `queues`), the pool's sender, the device and
+    /// guest memory.
+    kicks: Vec<EventFd>,
+    jobs: Option<Sender<Job>>,
+    shared: Arc<Shared>,
+    mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    /// Between a pause (even one that failed) and a resume.
+    paused: bool,
 }
 
 impl Drop for BlockQueues {
@@ -198,11 +251,12 @@ impl Drop for BlockQueues {
         for q in &self.queues {
             q.lock().stopped = true;
         }
-        // The queue threads hold every job sender; when they are gone the
-        // pool's channel disconnects once drained.
+        // The queue threads and `jobs` hold every job sender; when they
+        // are gone the pool's channel disconnects once drained.
         // Bounded: an I/O stuck in the host's kernel leaves its thread
         // detached rather than hanging a reset.
         self.queue_threads.clear();
+        self.jobs = None;
         for t in self.io_threads.drain(..) {
             join_bounded("virtio-blk I/O thread".into(), t);
         }
@@ -210,6 +264,96 @@ impl Drop for BlockQueues {
 }
 
 impl BlockQueues {
+    /// Stops taking chains, stops the queue threads and waits until every
+    /// request taken has been completed (its used entry written and its
+    /// interrupt raised), each wait at most [`STOP_TIMEOUT`]; returns each
+    /// queue's position. Afterwards the device writes nothing to guest
+    /// memory and raises no interrupt until [`Self::resume`]. Err says
+    /// what did not stop.
+    pub fn pause(&mut self) -> Result<Vec<SavedQueue>, String> {
+        self.paused = true;
+        for q in &self.queues {
+            q.lock().paused = true;
+        }
+        let mut late = Vec::new();
+        for t in self.queue_threads.drain(..) {
+            if let Err(t) = t.stop_and_wait() {
+                late.push(t);
+            }
+        }
+        if !late.is_empty() {
+            let n = late.len();
+            self.queue_threads = late;
+            return Err(format!(
+                "{n} queue thread(s) did not stop within {STOP_TIMEOUT:?}"
+            ));
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            let busy: usize = self.queues.iter().map(|q| q.lock().jobs).sum();
+            if busy == 0 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{busy} request(s) still in flight after {STOP_TIMEOUT:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(self
+            .queues
+            .iter()
+            .map(|q| SavedQueue::from(q.lock().queue.state()))
+            .collect())
+    }
+
+    /// Serves the same queues again (a queue the guest broke stays
+    /// stopped); each queue thread starts with a kick of its own, which
+    /// serves what came while paused and turns the guest's kicks back on.
+    pub fn resume(&mut self) -> Result<(), String> {
+        if !self.paused {
+            return Ok(());
+        }
+        // A pause that gave up on a queue thread: it must be gone before
+        // another serves its queue.
+        let mut late = Vec::new();
+        for t in self.queue_threads.drain(..) {
+            if let Err(t) = t.stop_and_wait() {
+                late.push(t);
+            }
+        }
+        if !late.is_empty() {
+            self.queue_threads = late;
+            return Err("a queue thread from before the pause is still running".into());
+        }
+        let jobs = self.jobs.as_ref().ok_or("the I/O threads are gone")?;
+        for (queue, kick) in self.queues.iter().zip(&self.kicks) {
+            {
+                let mut st = queue.lock();
+                if st.stopped {
+                    continue;
+                }
+                st.paused = false;
+            }
+            let start =
+                |e: std::io::Error| format!("queue {}: starting its thread: {e}", queue.index);
+            self.queue_threads.push(
+                queue_thread(
+                    self.shared.clone(),
+                    queue.clone(),
+                    kick.try_clone().map_err(start)?,
+                    self.mem.clone(),
+                    jobs.clone(),
+                )
+                .map_err(start)?,
+            );
+            kick.write(1).map_err(start)?;
+        }
+        self.paused = false;
+        Ok(())
+    }
+
     /// Whether every queue thread has ended (tests).
     #[cfg(test)]
     pub(super) fn queue_threads_finished(&self) -> bool {
@@ -233,6 +377,11 @@ pub fn start(
         queues: Vec::new(),
         queue_threads: Vec::new(),
         io_threads: Vec::new(),
+        kicks: Vec::new(),
+        jobs: None,
+        shared: shared.clone(),
+        mem: mem.clone(),
+        paused: false,
     };
     let (tx, rx) = channel::<Job>();
     let rx = Arc::new(Mutex::new(rx));
@@ -246,6 +395,7 @@ pub fn start(
     for q in queues {
         let queue = shared_queue(&shared, q.index, q.queue, interrupt.clone())?;
         running.queues.push(queue.clone());
+        running.kicks.push(q.kick.try_clone()?);
         running.queue_threads.push(queue_thread(
             shared.clone(),
             queue,
@@ -254,6 +404,7 @@ pub fn start(
             tx.clone(),
         )?);
     }
+    running.jobs = Some(tx);
     Ok(running)
 }
 
@@ -272,6 +423,8 @@ fn shared_queue(
             in_flight: 0,
             stalled: false,
             stopped: false,
+            paused: false,
+            jobs: 0,
         }),
         room: EventFd::new(libc::EFD_NONBLOCK)?,
         interrupt,
@@ -297,6 +450,10 @@ fn io_thread(
 
 /// Runs a request against the disk and completes it (an I/O thread's work).
 fn run_job(shared: &Shared, mem: &GuestMemoryMmap, job: Job) {
+    #[cfg(test)]
+    if let Some(gate) = &shared.io_gate {
+        gate.pass();
+    }
     let (status, written) = shared.disk.execute(mem, &job.action, &shared.serial);
     count(&shared.counters, &job.action, status);
     // The status byte was checked to be in guest memory when parsed.
@@ -310,6 +467,8 @@ fn run_job(shared: &Shared, mem: &GuestMemoryMmap, job: Job) {
             &format!("queue {}: {e}", job.queue.index),
         );
     }
+    let mut st = job.queue.lock();
+    st.jobs = st.jobs.saturating_sub(1);
 }
 
 /// Serves `queue` on the calling thread as the device's threads serve it
@@ -418,7 +577,9 @@ fn serve_until_idle(
         queue.lock().queue.disable_notification(mem).map_err(ring)?;
         used += serve_available(shared, queue, mem, jobs)?;
         let mut st = queue.lock();
-        if st.stopped {
+        if st.stopped || st.paused {
+            // Paused: the resume's kick comes back here and turns the
+            // guest's kicks on again.
             return Ok(used);
         }
         if st.in_flight >= queue.limit {
@@ -448,7 +609,7 @@ fn serve_available(
     loop {
         let chain = {
             let mut st = queue.lock();
-            if st.in_flight >= queue.limit || st.stopped {
+            if st.in_flight >= queue.limit || st.stopped || st.paused {
                 break;
             }
             let next = st
@@ -473,8 +634,11 @@ fn serve_available(
                     action,
                     queue: Arc::clone(queue),
                 };
-                jobs.send(job)
-                    .map_err(|_| "the I/O threads are gone".to_string())?;
+                queue.lock().jobs += 1;
+                if jobs.send(job).is_err() {
+                    queue.lock().jobs -= 1;
+                    return Err("the I/O threads are gone".to_string());
+                }
                 continue;
             }
             (status, Err(e)) => {
@@ -498,208 +662,5 @@ fn serve_available(
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::mpsc::channel;
-
-    use virtio_bindings::virtio_blk::VIRTIO_BLK_T_FLUSH;
-    use virtio_bindings::virtio_ring::{
-        VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY,
-    };
-    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
-    use virtio_queue::mock::MockSplitQueue;
-
-    use super::*;
-    use crate::block::request::{DiskLimits, SECTOR_SIZE};
-
-    fn shared() -> Shared {
-        let t = vmm_sys_util::tempfile::TempFile::new().unwrap();
-        std::fs::write(t.as_path(), vec![0u8; 4096]).unwrap();
-        let disk = DiskFile::open(t.as_path(), false, false).unwrap();
-        Shared {
-            name: "test".into(),
-            limits: DiskLimits {
-                capacity: 4096 / SECTOR_SIZE,
-                readonly: false,
-                discard: false,
-                write_zeroes: false,
-                max_segments: 16,
-                max_ranges: 1,
-                max_range_sectors: 1,
-            },
-            disk: Arc::new(disk),
-            serial: [0; ID_BYTES],
-            counters: DeviceCounters::new(&COUNTER_NAMES),
-            broken: AtomicBool::new(false),
-        }
-    }
-
-    /// `count` flush requests published at once on a queue of 16.
-    fn flushes(mem: &GuestMemoryMmap, count: u16) -> MockSplitQueue<'_, GuestMemoryMmap> {
-        let vq = MockSplitQueue::new(mem, 16);
-        mem.write_obj(VIRTIO_BLK_T_FLUSH, GuestAddress(0x1000))
-            .unwrap();
-        let mut descs = Vec::new();
-        for i in 0..count {
-            let (n, w) = (
-                const { narrow::u16_of(VRING_DESC_F_NEXT as u64) },
-                const { narrow::u16_of(VRING_DESC_F_WRITE as u64) },
-            );
-            descs.push(RawDescriptor::from(SplitDescriptor::new(
-                0x1000,
-                16,
-                n,
-                2 * i + 1,
-            )));
-            descs.push(RawDescriptor::from(SplitDescriptor::new(
-                0x2000 + u64::from(i),
-                1,
-                w,
-                0,
-            )));
-        }
-        vq.build_multiple_desc_chains(&descs).unwrap();
-        vq
-    }
-
-    /// Counts the interrupts the device raises.
-    #[derive(Default)]
-    struct Counted(std::sync::atomic::AtomicUsize);
-
-    impl VirtioInterrupt for Counted {
-        fn trigger(&self, _: Interrupt) -> std::io::Result<()> {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            Ok(())
-        }
-        fn notifier(&self, _: Interrupt) -> Option<EventFd> {
-            None
-        }
-    }
-
-    /// The queue of `vq` shared as the device shares it, with room for
-    /// `limit` requests in flight.
-    fn shared_queue(
-        vq: &MockSplitQueue<'_, GuestMemoryMmap>,
-        limit: usize,
-    ) -> (Arc<SharedQueue>, Arc<Counted>) {
-        let counted = Arc::new(Counted::default());
-        let q =
-            super::shared_queue(&shared(), 0, vq.create_queue().unwrap(), counted.clone()).unwrap();
-        let mut q = Arc::into_inner(q).unwrap();
-        q.limit = limit;
-        (Arc::new(q), counted)
-    }
-
-    fn interrupts(counted: &Counted) -> usize {
-        counted.0.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    fn used_idx(mem: &GuestMemoryMmap, vq: &MockSplitQueue<'_, GuestMemoryMmap>) -> u16 {
-        use vm_memory::Address;
-        mem.read_obj(vq.used_addr().unchecked_add(2)).unwrap()
-    }
-
-    /// Three flush requests published at once: with room for two in the
-    /// pool, two are handed over and the third waits in the ring until a
-    /// completion makes room (a driver cannot queue more than that).
-    #[test]
-    fn requests_in_flight_never_exceed_the_limit() {
-        let shared = shared();
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
-        let vq = flushes(&mem, 3);
-        let (queue, _) = shared_queue(&vq, 2);
-        let (tx, rx) = channel();
-        let serve = || serve_available(&shared, &queue, &mem, &tx).unwrap();
-        assert_eq!(serve(), 0, "nothing answered here");
-        assert_eq!((queue.lock().in_flight, rx.try_iter().count()), (2, 2));
-        assert_eq!(serve(), 0);
-        assert_eq!(
-            (queue.lock().in_flight, rx.try_iter().count()),
-            (2, 0),
-            "the pool is full"
-        );
-        queue.complete(&mem, 0, 1).unwrap();
-        serve();
-        assert_eq!(
-            (queue.lock().in_flight, rx.try_iter().count()),
-            (2, 1),
-            "the third one now"
-        );
-    }
-
-    /// Without EVENT_IDX the device turns the guest's kicks off with the
-    /// used ring's NO_NOTIFY flag while it serves. Once idle with room in
-    /// the pool, they are back on; with the pool full they stay off and
-    /// the queue is stalled: the completion that makes room wakes the
-    /// queue thread (`room`), and the next pass turns them on again.
-    #[test]
-    fn kicks_are_off_while_serving_and_back_on_when_idle() {
-        let shared = shared();
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
-        let vq = flushes(&mem, 3);
-        let (queue, _) = shared_queue(&vq, 2);
-        let (tx, rx) = channel();
-        let used_flags = || mem.read_obj::<u16>(vq.used_addr()).unwrap();
-        let no_notify = const { narrow::u16_of(VRING_USED_F_NO_NOTIFY as u64) };
-        serve_until_idle(&shared, &queue, &mem, &tx).unwrap();
-        assert_eq!((queue.lock().in_flight, rx.try_iter().count()), (2, 2));
-        assert_eq!(used_flags(), no_notify, "pool full: kicks stay off");
-        assert!(queue.lock().stalled);
-        assert!(queue.room.read().is_err(), "no wake-up before a completion");
-        queue.complete(&mem, 0, 1).unwrap();
-        assert_eq!(queue.room.read().unwrap(), 1, "the completion woke it");
-        queue.complete(&mem, 2, 1).unwrap();
-        assert!(queue.room.read().is_err(), "one wake-up per stall");
-        serve_until_idle(&shared, &queue, &mem, &tx).unwrap();
-        assert_eq!((queue.lock().in_flight, rx.try_iter().count()), (1, 1));
-        assert_eq!(used_flags(), 0, "idle with room: kicks on");
-        assert!(!queue.lock().stalled);
-        // A chain published after the device went idle is found on the
-        // next kick, and the flag is still 0 afterwards.
-        assert!(!queue.lock().queue.enable_notification(&mem).unwrap());
-    }
-
-    /// The I/O thread's side: a completion goes into the used ring with
-    /// its length, and interrupts only when the guest's `used_event`
-    /// (EVENT_IDX) lies behind the new used index: with `used_event` = 1,
-    /// the first completion (used index 1) raises nothing, the second
-    /// (index 2) raises one.
-    #[test]
-    fn a_completion_is_used_and_interrupts_only_when_the_guest_asks() {
-        use vm_memory::Address;
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
-        let vq = flushes(&mem, 2);
-        let (queue, counted) = shared_queue(&vq, 16);
-        queue.lock().queue.set_event_idx(true);
-        let used_event_at = vq.avail_addr().unchecked_add(4 + 2 * 16);
-        mem.write_obj(1u16, used_event_at).unwrap();
-        let (shared, (tx, _rx)) = (shared(), channel());
-        serve_available(&shared, &queue, &mem, &tx).unwrap();
-        queue.complete(&mem, 2, 1).unwrap();
-        assert_eq!((used_idx(&mem, &vq), interrupts(&counted)), (1, 0));
-        let entry = vq.used_addr().unchecked_add(4);
-        assert_eq!(mem.read_obj::<u32>(entry).unwrap(), 2, "the chain's head");
-        assert_eq!(mem.read_obj::<u32>(entry.unchecked_add(4)).unwrap(), 1);
-        queue.complete(&mem, 0, 1).unwrap();
-        assert_eq!((used_idx(&mem, &vq), interrupts(&counted)), (2, 1));
-        assert_eq!(queue.lock().in_flight, 0);
-    }
-
-    /// A reset stops the queue before the threads are joined: a request
-    /// that finishes its I/O afterwards (it was in flight) writes neither
-    /// ring nor raises an interrupt, and a stalled queue thread is not
-    /// woken (it is being stopped).
-    #[test]
-    fn completions_after_a_stop_touch_no_ring_and_raise_nothing() {
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
-        let vq = flushes(&mem, 2);
-        let (queue, counted) = shared_queue(&vq, 1);
-        let (shared, (tx, _rx)) = (shared(), channel());
-        serve_until_idle(&shared, &queue, &mem, &tx).unwrap();
-        assert!(queue.lock().stalled);
-        queue.lock().stopped = true;
-        queue.complete(&mem, 0, 1).unwrap();
-        assert_eq!((used_idx(&mem, &vq), interrupts(&counted)), (0, 0));
-        assert!(queue.room.read().is_err(), "not woken");
-        assert_eq!(queue.lock().in_flight, 1, "nothing changed");
-    }
-}
+#[path = "io_tests.rs"]
+mod tests;

@@ -24,6 +24,7 @@ use crate::device::{
     event_idx_queues, read_config_bytes, AckedFeatures, ActivateError, ActivatedQueue,
     VirtioDevice, VirtioInterrupt,
 };
+use crate::device_state::{invalid, DeviceStateError, SavedQueue, StateFields};
 use crate::{DeviceCounters, GuestMemoryMmap};
 pub use disk::{DiskError, DiskFile};
 use request::{DiskLimits, ID_BYTES, SECTOR_SIZE};
@@ -57,6 +58,24 @@ pub struct Block {
     queue_sizes: Vec<u16>,
     acked: AckedFeatures,
     running: Option<io::BlockQueues>,
+    /// Restored from a snapshot: the next activation serves what the
+    /// queues hold without waiting for a kick (the guest's last kicks went
+    /// to the old process).
+    restored: bool,
+}
+
+/// What a saved virtio-blk state must match: the device's configuration
+/// as the guest saw it (the guest cannot change any of it: no writeback
+/// toggle is offered).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct BlockState {
+    capacity: u64,
+    readonly: bool,
+    discard: bool,
+    write_zeroes: bool,
+    num_queues: usize,
+    queue_size: u16,
+    serial: Vec<u8>,
 }
 
 impl Block {
@@ -84,16 +103,32 @@ impl Block {
                 serial,
                 counters: DeviceCounters::new(&io::COUNTER_NAMES),
                 broken: AtomicBool::new(false),
+                #[cfg(test)]
+                io_gate: None,
             }),
             queue_sizes: vec![c.queue_size; usize::from(c.num_queues.max(1))],
             acked: AckedFeatures::default(),
             running: None,
+            restored: false,
         })
     }
 
     /// Size of the disk in bytes.
     pub fn size(&self) -> u64 {
         self.shared.limits.capacity * SECTOR_SIZE
+    }
+
+    fn state(&self) -> BlockState {
+        let l = &self.shared.limits;
+        BlockState {
+            capacity: l.capacity,
+            readonly: l.readonly,
+            discard: l.discard,
+            write_zeroes: l.write_zeroes,
+            num_queues: self.queue_sizes.len(),
+            queue_size: self.queue_sizes[0],
+            serial: self.shared.serial.to_vec(),
+        }
     }
 
     /// virtio_blk_config, little-endian, as far as this device fills it.
@@ -173,6 +208,11 @@ impl VirtioDevice for Block {
         let queues = event_idx_queues(queues, 1..=self.queue_sizes.len(), self.acked.bits())?;
         // The previous threads (if any) finish before new ones start.
         self.running = None;
+        if std::mem::take(&mut self.restored) {
+            for q in &queues {
+                q.kick.write(1)?;
+            }
+        }
         self.running = Some(io::start(self.shared.clone(), queues, mem, interrupt)?);
         Ok(())
     }
@@ -191,8 +231,98 @@ impl VirtioDevice for Block {
     fn counters(&self) -> Option<Arc<DeviceCounters>> {
         Some(self.shared.counters.clone())
     }
+
+    fn state_name(&self) -> String {
+        self.shared.name.clone()
+    }
+
+    /// Every request taken is completed (its I/O done, its used entry
+    /// written, its interrupt raised) before this returns.
+    fn pause(&mut self) -> Result<Vec<SavedQueue>, DeviceStateError> {
+        let Some(running) = &mut self.running else {
+            return Ok(Vec::new());
+        };
+        running.pause().map_err(|reason| DeviceStateError::Pause {
+            device: self.shared.name.clone(),
+            reason,
+        })
+    }
+
+    fn resume(&mut self) -> Result<(), DeviceStateError> {
+        let Some(running) = &mut self.running else {
+            return Ok(());
+        };
+        running.resume().map_err(|reason| DeviceStateError::Pause {
+            device: self.shared.name.clone(),
+            reason: format!("resuming: {reason}"),
+        })
+    }
+
+    /// The configuration the guest saw, for the restore to check; the
+    /// image's contents are the image's (the snapshot does not copy them).
+    fn save_state(&mut self) -> Result<serde_json::Value, DeviceStateError> {
+        serde_json::to_value(self.state()).map_err(|e| DeviceStateError::Invalid {
+            device: self.shared.name.clone(),
+            field: "state".into(),
+            reason: e.to_string(),
+        })
+    }
+
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), DeviceStateError> {
+        let name = self.shared.name.clone();
+        let mut f = StateFields::new(&name, state)?;
+        let saved = BlockState {
+            capacity: f.take("capacity")?,
+            readonly: f.take("readonly")?,
+            discard: f.take("discard")?,
+            write_zeroes: f.take("write_zeroes")?,
+            num_queues: f.take("num_queues")?,
+            queue_size: f.take("queue_size")?,
+            serial: f.take("serial")?,
+        };
+        f.finish()?;
+        let now = self.state();
+        let differs = |field: &str, saved: &dyn std::fmt::Debug, now: &dyn std::fmt::Debug| {
+            Err(invalid(
+                &name,
+                field,
+                format!("saved {saved:?}, this disk has {now:?}"),
+            ))
+        };
+        if saved.capacity != now.capacity {
+            return differs("capacity", &saved.capacity, &now.capacity);
+        }
+        if saved.readonly != now.readonly {
+            return differs("readonly", &saved.readonly, &now.readonly);
+        }
+        if saved.discard != now.discard {
+            return differs("discard", &saved.discard, &now.discard);
+        }
+        if saved.write_zeroes != now.write_zeroes {
+            return differs("write_zeroes", &saved.write_zeroes, &now.write_zeroes);
+        }
+        if saved.num_queues != now.num_queues {
+            return differs("num_queues", &saved.num_queues, &now.num_queues);
+        }
+        if saved.queue_size != now.queue_size {
+            return differs("queue_size", &saved.queue_size, &now.queue_size);
+        }
+        if saved.serial != now.serial {
+            return differs("serial", &saved.serial, &now.serial);
+        }
+        self.restored = true;
+        Ok(())
+    }
+
+    fn check_movable(&self) -> Result<(), DeviceStateError> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 #[path = "device_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "pause_tests.rs"]
+mod pause_tests;

@@ -31,6 +31,7 @@ use crate::device::{
     event_idx_queues, read_config_bytes, AckedFeatures, ActivateError, ActivatedQueue,
     VirtioDevice, VirtioInterrupt,
 };
+use crate::device_state::{invalid, DeviceStateError, SavedQueue, StateFields};
 use crate::{DeviceCounters, GuestMemoryMmap};
 pub use header::{MAX_FRAME_LEN, VNET_HDR_LEN};
 pub use mac::MacAddr;
@@ -100,6 +101,10 @@ pub struct Net {
     acked: AckedFeatures,
     worker: Option<PairWorker>,
     counters: Arc<DeviceCounters>,
+    /// Restored from a snapshot: the next activation serves what the
+    /// queues hold without waiting for a kick (the guest's last kicks went
+    /// to the old process).
+    restored: bool,
 }
 
 impl Net {
@@ -115,6 +120,7 @@ impl Net {
             acked: AckedFeatures::default(),
             worker: None,
             counters: DeviceCounters::new(&NetCounters::NAMES),
+            restored: false,
         }
     }
 
@@ -188,6 +194,10 @@ impl VirtioDevice for Net {
         let Ok([rx, tx]) = <[ActivatedQueue; NUM_QUEUES]>::try_from(queues) else {
             unreachable!("two queues were counted");
         };
+        if std::mem::take(&mut self.restored) {
+            rx.kick.write(1)?;
+            tx.kick.write(1)?;
+        }
         let io: Arc<dyn FrameIo> = Arc::new(TapFrames(self.tap.clone()));
         self.worker = Some(PairWorker::spawn(
             NET_WORKER_THREAD,
@@ -215,6 +225,100 @@ impl VirtioDevice for Net {
     fn counters(&self) -> Option<Arc<DeviceCounters>> {
         Some(self.counters.clone())
     }
+
+    fn state_name(&self) -> String {
+        format!("virtio-net {}", self.id)
+    }
+
+    /// See [`PairWorker::pause`]: RX buffers held for the next frame stay
+    /// the guest's, a frame read from the tap and not yet delivered may be
+    /// dropped by a restore.
+    fn pause(&mut self) -> Result<Vec<SavedQueue>, DeviceStateError> {
+        let Some(worker) = &mut self.worker else {
+            return Ok(Vec::new());
+        };
+        worker.pause().map_err(|reason| DeviceStateError::Pause {
+            device: self.state_name(),
+            reason,
+        })
+    }
+
+    fn resume(&mut self) -> Result<(), DeviceStateError> {
+        let Some(worker) = &mut self.worker else {
+            return Ok(());
+        };
+        worker.resume().map_err(|reason| DeviceStateError::Pause {
+            device: self.state_name(),
+            reason: format!("resuming: {reason}"),
+        })
+    }
+
+    /// The MAC the guest knows (a device configured without `mac=` got a
+    /// random one, which the restored device takes back), and what must
+    /// match: the MTU, the queue size, the offloads offered (the guest may
+    /// have acked them).
+    fn save_state(&mut self) -> Result<serde_json::Value, DeviceStateError> {
+        Ok(serde_json::json!({
+            "mac": self.mac.to_string(),
+            "mtu": self.mtu,
+            "queue_size": self.queue_sizes[0],
+            "offloads": self.offloads,
+        }))
+    }
+
+    /// No announcement follows the restore: `VIRTIO_NET_F_GUEST_ANNOUNCE`
+    /// requires the control queue (`VIRTIO_NET_F_CTRL_VQ`), which this
+    /// device does not have, so the guest cannot have acked it.
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), DeviceStateError> {
+        let name = self.state_name();
+        let mut f = StateFields::new(&name, state)?;
+        let mac: String = f.take("mac")?;
+        let mtu: Option<u16> = f.take("mtu")?;
+        let queue_size: u16 = f.take("queue_size")?;
+        let offloads: u64 = f.take("offloads")?;
+        f.finish()?;
+        let mac: MacAddr = mac.parse().map_err(|e| invalid(&name, "mac", e))?;
+        if !mac.is_unicast() {
+            return Err(invalid(
+                &name,
+                "mac",
+                format!("{mac} is a multicast address"),
+            ));
+        }
+        if mtu != self.mtu {
+            return Err(invalid(
+                &name,
+                "mtu",
+                format!("saved {mtu:?}, configured {:?}", self.mtu),
+            ));
+        }
+        if queue_size != self.queue_sizes[0] {
+            return Err(invalid(
+                &name,
+                "queue_size",
+                format!("saved {queue_size}, configured {}", self.queue_sizes[0]),
+            ));
+        }
+        if offloads != self.offloads {
+            return Err(invalid(
+                &name,
+                "offloads",
+                format!(
+                    "saved {offloads:#x}, this tap and configuration offer {:#x}",
+                    self.offloads
+                ),
+            ));
+        }
+        self.mac = mac;
+        self.restored = true;
+        Ok(())
+    }
+
+    /// The tap is reopened by name (or given again) by whoever builds the
+    /// restored device; nothing here ties the device to this process.
+    fn check_movable(&self) -> Result<(), DeviceStateError> {
+        Ok(())
+    }
 }
 
 /// The tap seen as frames only, for the worker.
@@ -234,3 +338,7 @@ mod test_util;
 #[cfg(test)]
 #[path = "device_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "pause_tests.rs"]
+mod pause_tests;

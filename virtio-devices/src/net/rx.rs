@@ -102,9 +102,8 @@ impl RxPath {
         self.bounced
     }
 
-    /// Chains taken from the ring and not used yet (the tests' view).
-    #[cfg(test)]
-    fn held_chains(&self) -> usize {
+    /// Chains taken from the ring and not used yet.
+    pub(super) fn held_chains(&self) -> usize {
         self.held.len()
     }
 

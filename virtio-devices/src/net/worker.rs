@@ -5,7 +5,7 @@
 //! neither CPU nor memory; its next RX kick starts the tap again.
 
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
 use virtio_queue::{Queue, QueueT};
@@ -17,7 +17,8 @@ use super::queues::{NetCounters, RxProgress, TxPath};
 use super::rx::RxPath;
 use super::tap::FrameIo;
 use crate::device::{ActivatedQueue, Interrupt, VirtioInterrupt};
-use crate::event_loop::{EventLoop, Flow, WorkerThread};
+use crate::device_state::SavedQueue;
+use crate::event_loop::{EventLoop, Flow, WorkerThread, STOP_TIMEOUT};
 use crate::{DeviceCounters, GuestMemoryMmap};
 
 const RX_KICK: u64 = 0;
@@ -57,7 +58,14 @@ struct Pair {
 }
 
 pub struct PairWorker {
-    _thread: WorkerThread,
+    /// None while paused.
+    thread: Option<WorkerThread>,
+    /// Kept here too, so that a pause reads the queues' positions once the
+    /// thread ended and a resume serves them again.
+    pair: Arc<Mutex<Pair>>,
+    thread_kind: &'static str,
+    thread_name: String,
+    paused: bool,
 }
 
 impl PairWorker {
@@ -69,11 +77,7 @@ impl PairWorker {
         mem: GuestMemoryAtomic<GuestMemoryMmap>,
         interrupt: Arc<dyn VirtioInterrupt>,
     ) -> std::io::Result<Self> {
-        let events = EventLoop::new()?;
-        events.add(s.rx.kick.as_raw_fd(), EventSet::IN, RX_KICK)?;
-        events.add(s.tx.kick.as_raw_fd(), EventSet::IN, TX_KICK)?;
-        events.add(s.io.as_raw_fd(), EventSet::IN, TAP)?;
-        let mut pair = Pair {
+        let pair = Pair {
             device: s.device.clone(),
             rx: s.rx.queue,
             rx_index: s.rx.index,
@@ -92,29 +96,115 @@ impl PairWorker {
             mem,
             interrupt,
         };
-        let thread = events.spawn_as(thread_kind, thread_name, s.device, move |l, token, _| {
-            let ok = match token {
-                RX_KICK => {
-                    let _ = pair.rx_kick.read();
-                    pair.receive(l)
-                }
-                TX_KICK => {
-                    let _ = pair.tx_kick.read();
-                    // The host may answer at once: RX follows TX.
-                    pair.transmit() && pair.receive(l)
-                }
-                TAP => pair.receive(l),
-                _ => true,
-            };
-            pair.publish();
-            if ok {
-                Flow::Continue
-            } else {
-                Flow::Stop
-            }
-        })?;
-        Ok(PairWorker { _thread: thread })
+        let mut worker = PairWorker {
+            thread: None,
+            pair: Arc::new(Mutex::new(pair)),
+            thread_kind,
+            thread_name,
+            paused: false,
+        };
+        worker.thread = Some(worker.start_thread()?);
+        Ok(worker)
     }
+
+    fn start_thread(&self) -> std::io::Result<WorkerThread> {
+        let events = EventLoop::new()?;
+        let device = {
+            let p = lock(&self.pair);
+            events.add(p.rx_kick.as_raw_fd(), EventSet::IN, RX_KICK)?;
+            events.add(p.tx_kick.as_raw_fd(), EventSet::IN, TX_KICK)?;
+            if p.tap_watched {
+                events.add(p.io.as_raw_fd(), EventSet::IN, TAP)?;
+            }
+            p.device.clone()
+        };
+        let pair = self.pair.clone();
+        events.spawn_as(
+            self.thread_kind,
+            self.thread_name.clone(),
+            device,
+            move |l, token, _| {
+                let mut pair = lock(&pair);
+                let ok = match token {
+                    RX_KICK => {
+                        let _ = pair.rx_kick.read();
+                        pair.receive(l)
+                    }
+                    TX_KICK => {
+                        let _ = pair.tx_kick.read();
+                        // The host may answer at once: RX follows TX.
+                        pair.transmit() && pair.receive(l)
+                    }
+                    TAP => pair.receive(l),
+                    _ => true,
+                };
+                pair.publish();
+                if ok {
+                    Flow::Continue
+                } else {
+                    Flow::Stop
+                }
+            },
+        )
+    }
+
+    /// Stops the thread (bounded) and gives the RX and TX queues'
+    /// positions, in queue index order. TX chains are used as they are
+    /// taken. RX chains held for the next frame are not used: the saved
+    /// RX position leaves them in the ring (`next_avail` less the chains
+    /// held; the driver does not touch available entries the device has
+    /// not used), so a restored device takes them again; a frame waiting
+    /// for buffers (read from the tap, not yet delivered) is lost then,
+    /// as a frame on the wire may be. A resume goes on with both, here.
+    pub fn pause(&mut self) -> Result<Vec<SavedQueue>, String> {
+        self.paused = true;
+        if let Some(thread) = self.thread.take() {
+            if let Err(still) = thread.stop_and_wait() {
+                self.thread = Some(still);
+                return Err(format!(
+                    "its queue thread did not stop within {STOP_TIMEOUT:?}"
+                ));
+            }
+        }
+        let p = lock(&self.pair);
+        let mut rx = SavedQueue::from(p.rx.state());
+        let held = u16::try_from(p.rx_path.held_chains()).unwrap_or(u16::MAX);
+        rx.next_avail = rx.next_avail.wrapping_sub(held);
+        let tx = SavedQueue::from(p.tx.state());
+        Ok(if p.rx_index < p.tx_index {
+            vec![rx, tx]
+        } else {
+            vec![tx, rx]
+        })
+    }
+
+    /// Serves the same queues again; both kicks are written once, so what
+    /// came while paused is served and the guest's kicks are asked for
+    /// again.
+    pub fn resume(&mut self) -> Result<(), String> {
+        if !self.paused {
+            return Ok(());
+        }
+        if let Some(thread) = self.thread.take() {
+            if let Err(still) = thread.stop_and_wait() {
+                self.thread = Some(still);
+                return Err("its queue thread from before the pause is still running".into());
+            }
+        }
+        let start = |e: std::io::Error| format!("starting its queue thread: {e}");
+        self.thread = Some(self.start_thread().map_err(start)?);
+        {
+            let p = lock(&self.pair);
+            p.rx_kick.write(1).map_err(start)?;
+            p.tx_kick.write(1).map_err(start)?;
+        }
+        self.paused = false;
+        Ok(())
+    }
+}
+
+fn lock(pair: &Mutex<Pair>) -> std::sync::MutexGuard<'_, Pair> {
+    pair.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Pair {

@@ -32,6 +32,11 @@ pub struct PmemBacking {
     file: File,
     size: u64,
     host_addr: u64,
+    /// `file=` as given (a directory when the file is an unnamed temporary one).
+    path: PathBuf,
+    discard_writes: bool,
+    /// The file is an unnamed temporary file in the directory `path`.
+    unnamed: bool,
 }
 
 impl PmemBacking {
@@ -120,6 +125,9 @@ impl PmemBacking {
             file,
             size,
             host_addr: addr as u64,
+            path: path.into(),
+            discard_writes,
+            unnamed: is_dir,
         })
     }
 
@@ -129,6 +137,22 @@ impl PmemBacking {
 
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// `file=` as given.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Guest writes stay in the VMM's private copy (`discard_writes=on`).
+    pub fn discard_writes(&self) -> bool {
+        self.discard_writes
+    }
+
+    /// The file is an unnamed temporary file (`file=` named a directory):
+    /// nothing can open it again.
+    pub fn unnamed(&self) -> bool {
+        self.unnamed
     }
 
     /// Start of the mapping in the VMM, to register with KVM.

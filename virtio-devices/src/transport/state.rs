@@ -64,6 +64,7 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> TransportStat
 
 /// A queue's registers as the driver wrote them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct QueueRegisters {
     pub size: u16,
     pub ready: bool,
@@ -75,6 +76,7 @@ pub struct QueueRegisters {
 /// The registers every transport has: status, the driver's features, and
 /// each queue's registers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct VirtioRegisters {
     pub status: u32,
     pub driver_features: u64,
@@ -87,6 +89,7 @@ pub struct VirtioRegisters {
 /// the device was running, the features the driver acked and the device's
 /// own part.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TransportState<R> {
     pub registers: R,
     pub queues: Vec<SavedQueue>,
@@ -96,6 +99,7 @@ pub struct TransportState<R> {
 
 /// The virtio-MMIO transport's own registers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MmioRegisters {
     pub virtio: VirtioRegisters,
     pub device_features_sel: u32,

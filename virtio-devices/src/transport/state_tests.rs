@@ -265,6 +265,13 @@ fn a_bad_state_is_refused_by_field_and_nothing_is_applied() {
             Box::new(|v| v["queues"][1]["desc_table"] = json!(0x3_0000)),
         ),
     ];
+    let mut unknown = good.clone();
+    unknown["registers"]["virtio"]["queue_notify"] = json!(1);
+    let e = serde_json::from_value::<MmioTransportState>(unknown).unwrap_err();
+    assert!(
+        e.to_string().contains("unknown field `queue_notify`"),
+        "{e}"
+    );
     for (field, spoil) in cases {
         let mut bad = good.clone();
         spoil(&mut bad);

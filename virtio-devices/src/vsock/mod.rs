@@ -8,7 +8,11 @@
 //! host listener from the start, and its seccomp list
 //! ([`VSOCK_WORKER_THREAD`]) allows accept/connect on unix sockets, which
 //! the activator's does not. Activation and reset hand it the queues and
-//! take them back over a channel.
+//! take them back over a channel; a pause has it stop serving them (the
+//! host side goes on) and give their positions. A device restored from a
+//! snapshot posts a transport reset on the event queue at activation, so
+//! the guest drops the connections that died with the old process (as
+//! Firecracker does after a snapshot load).
 
 pub mod backend;
 pub mod connection;
@@ -32,6 +36,7 @@ use crate::device::{
     check_queue_count, read_config_bytes, AckedFeatures, ActivateError, ActivatedQueue,
     VirtioDevice, VirtioInterrupt,
 };
+use crate::device_state::{invalid, DeviceStateError, SavedQueue, StateFields};
 use crate::event_loop::{EventLoop, Flow, WorkerThread};
 use crate::GuestMemoryMmap;
 
@@ -66,6 +71,11 @@ enum Command {
     },
     /// Drop the queues and every connection; answer when done.
     Reset(SyncSender<()>),
+    /// Stop serving the queues (the host side goes on) and answer with
+    /// their positions (none before an activation).
+    Pause(SyncSender<Vec<SavedQueue>>),
+    /// Serve the same queues again; answer when done.
+    Resume(SyncSender<()>),
 }
 
 pub struct Vsock {
@@ -76,6 +86,10 @@ pub struct Vsock {
     wake: EventFd,
     /// The queues stopped on the guest's error: the device needs a reset.
     broken: Arc<AtomicBool>,
+    /// Restored from a snapshot: the next activation posts a transport
+    /// reset on the event queue (the guest's connections died with the
+    /// old process) and serves what the queues hold without a kick.
+    restored: bool,
     _thread: WorkerThread,
 }
 
@@ -88,6 +102,8 @@ struct Worker {
     queues: Option<Box<ActiveQueues>>,
     kicks: Vec<EventFd>,
     broken: Arc<AtomicBool>,
+    /// Paused: the queues are kept, not served, their kicks not watched.
+    paused: bool,
 }
 
 impl Vsock {
@@ -113,6 +129,7 @@ impl Vsock {
             mem: None,
             queues: None,
             kicks: Vec::new(),
+            paused: false,
         };
         let thread = events
             .spawn_as(
@@ -134,6 +151,7 @@ impl Vsock {
             commands: Mutex::new(tx),
             wake,
             broken,
+            restored: false,
             _thread: thread,
         })
     }
@@ -174,8 +192,12 @@ impl Worker {
         let (Some(mem), Some(q)) = (&self.mem, self.queues.as_mut()) else {
             return Flow::Continue;
         };
+        if self.paused {
+            return Flow::Continue;
+        }
         let guard = mem.memory();
         let served = (|| -> Result<(), String> {
+            queues::post_transport_reset(q, &guard)?;
             if token == TOKEN_TX {
                 let n = queues::process_tx(q, &guard, &mut self.backend)
                     .map_err(|e| format!("{e:?}"))?;
@@ -207,6 +229,7 @@ impl Worker {
         for k in self.kicks.drain(..) {
             events.remove(k.as_raw_fd());
         }
+        self.paused = false;
         self.queues = None;
         self.mem = None;
         self.backend.set_active(false);
@@ -216,13 +239,8 @@ impl Worker {
         match c {
             Command::Activate { mem, queues, kicks } => {
                 self.drop_queues(events);
-                for (i, k) in kicks.iter().enumerate() {
-                    // i < 3: the queue count was checked.
-                    if let Err(e) = events.add(k.as_raw_fd(), EventSet::IN, TOKEN_RX + i as u64) {
-                        crate::error_limited!("virtio-vsock {}: watching queue {i}: {e}", self.id);
-                    }
-                }
                 self.kicks = kicks;
+                self.watch_kicks(events);
                 self.mem = Some(mem);
                 self.queues = Some(queues);
                 self.backend.set_active(true);
@@ -231,6 +249,41 @@ impl Worker {
                 self.drop_queues(events);
                 self.broken.store(false, Ordering::SeqCst);
                 let _ = done.send(());
+            }
+            Command::Pause(done) => {
+                let saved = match &self.queues {
+                    Some(q) => {
+                        for k in &self.kicks {
+                            events.remove(k.as_raw_fd());
+                        }
+                        self.paused = true;
+                        [&q.rx, &q.tx, &q.event]
+                            .map(|q| SavedQueue::from(q.state()))
+                            .to_vec()
+                    }
+                    None => Vec::new(),
+                };
+                let _ = done.send(saved);
+            }
+            Command::Resume(done) => {
+                if self.paused {
+                    self.paused = false;
+                    self.watch_kicks(events);
+                    // What came while paused waits in the rings.
+                    for k in &self.kicks {
+                        let _ = k.write(1);
+                    }
+                }
+                let _ = done.send(());
+            }
+        }
+    }
+
+    fn watch_kicks(&self, events: &EventLoop) {
+        for (i, k) in self.kicks.iter().enumerate() {
+            // i < 3: the queue count was checked.
+            if let Err(e) = events.add(k.as_raw_fd(), EventSet::IN, TOKEN_RX + i as u64) {
+                crate::error_limited!("virtio-vsock {}: watching queue {i}: {e}", self.id);
             }
         }
     }
@@ -269,12 +322,20 @@ impl VirtioDevice for Vsock {
         let mut next = || qs.next().expect("three queues");
         let (rx, tx, event) = (next(), next(), next());
         let kicks = vec![rx.kick, tx.kick, event.kick];
-        let queues = Box::new(ActiveQueues::new(
+        let mut queues = Box::new(ActiveQueues::new(
             rx.queue,
             tx.queue,
             event.queue,
             interrupt,
         ));
+        if std::mem::take(&mut self.restored) {
+            queues.transport_reset = true;
+            // The thread serves the queues at once: the reset, and what
+            // the guest queued for the old process.
+            for k in &kicks {
+                k.write(1)?;
+            }
+        }
         self.send(Command::Activate { mem, queues, kicks })
     }
 
@@ -288,8 +349,76 @@ impl VirtioDevice for Vsock {
     fn needs_reset(&self) -> bool {
         self.broken.load(Ordering::SeqCst)
     }
+
+    fn state_name(&self) -> String {
+        format!("virtio-vsock {}", self.id)
+    }
+
+    /// The thread stops serving the queues (between two events, so every
+    /// chain it took is used) and keeps the host side: connections stay
+    /// open for a resume here; a restore elsewhere resets them.
+    fn pause(&mut self) -> Result<Vec<SavedQueue>, DeviceStateError> {
+        let fail = |reason: &str| DeviceStateError::Pause {
+            device: self.state_name(),
+            reason: reason.into(),
+        };
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(fail(
+                "its queues stopped on the guest's error (DEVICE_NEEDS_RESET); \
+                 their positions are gone",
+            ));
+        }
+        let (done, wait) = sync_channel(1);
+        self.send(Command::Pause(done))
+            .map_err(|_| fail("its thread is gone"))?;
+        wait.recv_timeout(RESET_TIMEOUT)
+            .map_err(|_| fail("its thread did not answer within 5s"))
+    }
+
+    fn resume(&mut self) -> Result<(), DeviceStateError> {
+        let fail = |reason: &str| DeviceStateError::Pause {
+            device: self.state_name(),
+            reason: format!("resuming: {reason}"),
+        };
+        let (done, wait) = sync_channel(1);
+        self.send(Command::Resume(done))
+            .map_err(|_| fail("its thread is gone"))?;
+        wait.recv_timeout(RESET_TIMEOUT)
+            .map_err(|_| fail("its thread did not answer within 5s"))
+    }
+
+    /// The guest's cid (the configuration's; checked on restore).
+    fn save_state(&mut self) -> Result<serde_json::Value, DeviceStateError> {
+        Ok(serde_json::json!({ "cid": self.cid }))
+    }
+
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), DeviceStateError> {
+        let name = self.state_name();
+        let mut f = StateFields::new(&name, state)?;
+        let cid: u64 = f.take("cid")?;
+        f.finish()?;
+        if cid != self.cid {
+            return Err(invalid(
+                &name,
+                "cid",
+                format!("saved {cid}, configured {}", self.cid),
+            ));
+        }
+        self.restored = true;
+        Ok(())
+    }
+
+    /// Open connections do not stop it: the restored device tells the
+    /// guest they are gone (a transport reset).
+    fn check_movable(&self) -> Result<(), DeviceStateError> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 #[path = "device_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "pause_tests.rs"]
+mod pause_tests;

@@ -19,15 +19,23 @@ use crate::GuestMemoryMmap;
 
 pub const RX_QUEUE: u16 = 0;
 pub const TX_QUEUE: u16 = 1;
+pub const EVENT_QUEUE: u16 = 2;
+/// `struct virtio_vsock_event { le32 id; }` with the only id virtio
+/// defines (1.2 §5.10.6.6.1): the device's transport was reset, so the
+/// guest's connections are gone.
+pub const VIRTIO_VSOCK_EVENT_TRANSPORT_RESET: u32 = 0;
+const EVENT_LEN: u32 = 4;
 
 /// The device's queues once the driver started it.
 pub struct ActiveQueues {
     pub rx: Queue,
     pub tx: Queue,
-    /// The event queue: the driver fills it; this device sends no events
-    /// (they announce a transport reset after migration).
+    /// The event queue: the driver fills it; the device posts a transport
+    /// reset there once after a restore ([`post_transport_reset`]).
     pub event: Queue,
     pub interrupt: Arc<dyn VirtioInterrupt>,
+    /// A transport reset waits for a buffer in the event queue.
+    pub transport_reset: bool,
     /// One packet's payload, reused.
     scratch: Vec<u8>,
 }
@@ -39,6 +47,7 @@ impl ActiveQueues {
             tx,
             event,
             interrupt,
+            transport_reset: false,
             scratch: vec![0; MAX_PAYLOAD as usize],
         }
     }
@@ -158,4 +167,44 @@ pub fn notify(
         interrupt.trigger(Interrupt::Queue(index))?;
     }
     Ok(())
+}
+
+/// Posts the pending transport reset in the event queue's next buffer
+/// able to hold it and interrupts the guest; the reset stays pending
+/// while the driver has no buffer there (its next kick of any queue tries
+/// again). A buffer too small is used with length 0; at most the queue's
+/// size of buffers are looked at per call.
+pub fn post_transport_reset(q: &mut ActiveQueues, mem: &GuestMemoryMmap) -> Result<(), String> {
+    if !q.transport_reset {
+        return Ok(());
+    }
+    let mut used = 0;
+    for _ in 0..q.event.size() {
+        let Some(chain) = q
+            .event
+            .iter(mem)
+            .map_err(|e| format!("event queue: {e:?}"))?
+            .next()
+        else {
+            break;
+        };
+        let head = chain.head_index();
+        let written = chain
+            .writable()
+            .find(|d| d.len() >= EVENT_LEN)
+            .is_some_and(|d| {
+                mem.write_obj(VIRTIO_VSOCK_EVENT_TRANSPORT_RESET.to_le(), d.addr())
+                    .is_ok()
+            });
+        let len = if written { EVENT_LEN } else { 0 };
+        q.event
+            .add_used(mem, head, len)
+            .map_err(|e| format!("event queue: {e:?}"))?;
+        used += 1;
+        if written {
+            q.transport_reset = false;
+            break;
+        }
+    }
+    notify(&mut q.event, EVENT_QUEUE, used, mem, &*q.interrupt).map_err(|e| e.to_string())
 }

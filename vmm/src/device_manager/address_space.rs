@@ -264,6 +264,8 @@ pub struct MemorySlot {
     guest_addr: u64,
     size: u64,
     host_addr: u64,
+    /// Taken out of the guest's view for a moment (see [`MemorySlot::park`]).
+    parked: bool,
     _owner: Box<dyn Send + Sync>,
 }
 
@@ -293,6 +295,7 @@ impl MemorySlot {
             guest_addr,
             size,
             host_addr,
+            parked: false,
             _owner: owner,
         };
         // If this fails, dropping `me` deletes a slot that was never set
@@ -347,12 +350,36 @@ impl MemorySlot {
     }
 }
 
+impl MemorySlot {
+    /// Takes the slot out of KVM while devices swap places (a restore puts
+    /// BARs back where the guest had them, which may be where another
+    /// device sits now); [`MemorySlot::unpark_at`] puts it back.
+    pub fn park(&mut self) -> Result<(), SlotError> {
+        if !self.parked {
+            self.set(self.guest_addr, 0)?;
+            self.parked = true;
+        }
+        Ok(())
+    }
+
+    /// A parked slot registered again at `guest_addr`.
+    pub fn unpark_at(&mut self, guest_addr: u64) -> Result<(), SlotError> {
+        self.set(guest_addr, self.size)?;
+        self.guest_addr = guest_addr;
+        self.parked = false;
+        Ok(())
+    }
+}
+
 impl Drop for MemorySlot {
     fn drop(&mut self) {
-        if let Err(e) = self.set(self.guest_addr, 0) {
-            // The number is not reused: KVM may still hold the slot.
-            tracing::error!("KVM slot {}: deleting it: {e}", self.slot);
-            return;
+        // A parked slot is not registered: only its number goes back.
+        if !self.parked {
+            if let Err(e) = self.set(self.guest_addr, 0) {
+                // The number is not reused: KVM may still hold the slot.
+                tracing::error!("KVM slot {}: deleting it: {e}", self.slot);
+                return;
+            }
         }
         self.numbers
             .lock()

@@ -424,6 +424,16 @@ fn hotplug_dev2(rig: &mut Rig) -> PciDeviceInfo {
         .expect("hot-plug")
 }
 
+/// Device `id` of a saved devices state as JSON.
+fn saved_device<'a>(state: &'a mut Value, id: &str) -> &'a mut Value {
+    state["devices"]
+        .as_array_mut()
+        .expect("devices")
+        .iter_mut()
+        .find(|d| d["id"] == id)
+        .expect("saved device")
+}
+
 /// The devices' state, through the state document as a snapshot writes it.
 fn through_document(state: &state::DevicesState) -> state::DevicesState {
     let mut doc = vm_state::StateDocument::new("test");
@@ -524,19 +534,33 @@ fn a_state_of_another_layout_is_refused_naming_the_device() {
     );
 
     let mut spoiled = serde_json::to_value(&state).unwrap();
-    let dev0 = spoiled["devices"]
-        .as_array_mut()
-        .unwrap()
-        .iter_mut()
-        .find(|d| d["id"] == "dev0")
-        .unwrap();
-    dev0["transport"]["state"]["registers"]["config"]["regs"][0] = json!(0x1234_1af4);
+    saved_device(&mut spoiled, "dev0")["transport"]["state"]["registers"]["config"]["regs"][0] =
+        json!(0x1234_1af4);
     let spoiled: state::DevicesState = serde_json::from_value(spoiled).unwrap();
     let (d, result) = restore_onto("layout-spoiled", Transport::Mmio, &["dev2"], &spoiled);
     let e = result.expect_err("spoiled");
     assert!(e.starts_with("dev0: restore: "), "{e}");
     assert!(e.contains("regs[0]"), "{e}");
     assert_eq!(d.register(PCIU), 0, "hot-plug registers not applied");
+
+    // BARs served where they cannot be: over another device, outside the
+    // window. Refused before anything is applied.
+    let mut spoiled = serde_json::to_value(&state).unwrap();
+    let dev0_bar0 = saved_device(&mut spoiled, "dev0")["transport"]["bars"]["bar0"].clone();
+    saved_device(&mut spoiled, "dev2")["transport"]["bars"]["bar0"] = dev0_bar0;
+    let overlapping: state::DevicesState = serde_json::from_value(spoiled.clone()).unwrap();
+    let (d, result) = restore_onto("layout-overlap", Transport::Mmio, &["dev2"], &overlapping);
+    let e = result.expect_err("overlapping BARs");
+    assert!(
+        e.starts_with("dev2: BAR 0 at ") && e.contains("overlaps dev0's"),
+        "{e}"
+    );
+    assert_eq!(d.register(PCIU), 0, "hot-plug registers not applied");
+    saved_device(&mut spoiled, "dev2")["transport"]["bars"]["bar0"] = json!(0x1000);
+    let outside: state::DevicesState = serde_json::from_value(spoiled).unwrap();
+    let (_, result) = restore_onto("layout-outside", Transport::Mmio, &["dev2"], &outside);
+    let e = result.expect_err("outside the window");
+    assert!(e.starts_with("dev2: BAR 0 at 0x1000: not a"), "{e}");
 }
 
 /// The first device that cannot be carried is named before anything is
@@ -575,20 +599,26 @@ fn shm_backing() -> ShmBacking {
 
 /// A device with shared memory placed on PCI; returns where it was told
 /// its memory is.
-fn place_with_shm(rig: &mut Rig) -> Arc<Mutex<Option<u64>>> {
+fn place_with_shm(rig: &mut Rig, id: &'static str) -> Arc<Mutex<Option<u64>>> {
     let shm_base = Arc::new(Mutex::new(None));
     let dev = Box::new(Movable {
-        id: "dax0",
+        id,
         movable: true,
         shm_base: shm_base.clone(),
     });
     rig.dm
-        .place("dax0", dev, Transport::Pci, 0, Some(shm_backing()))
+        .place(id, dev, Transport::Pci, 0, Some(shm_backing()))
         .expect("placed");
     shm_base
 }
 
 impl Rig {
+    /// BAR 2 (shared memory) of the function at `at`.
+    fn bar2(&self, at: PciAddress) -> u64 {
+        let lo = self.mmio_read(ecam(at, 0x18)).unwrap() & !0xf;
+        u64::from(lo) | u64::from(self.mmio_read(ecam(at, 0x1c)).unwrap()) << 32
+    }
+
     /// Whether KVM has a memory slot over `addr` (a 4 MiB probe slot there
     /// is refused).
     fn slot_at(&self, addr: u64) -> bool {
@@ -617,12 +647,9 @@ fn a_moved_shared_memory_bar_is_restored_with_its_memory_slot() {
     let (Some(mut a), Some(mut b)) = (Rig::new("shm-a"), Rig::new("shm-b")) else {
         return;
     };
-    place_with_shm(&mut a);
+    place_with_shm(&mut a, "dax0");
     let at = a.at("dax0");
-    let bar2 = |r: &Rig| {
-        let lo = r.mmio_read(ecam(at, 0x18)).unwrap() & !0xf;
-        u64::from(lo) | u64::from(r.mmio_read(ecam(at, 0x1c)).unwrap()) << 32
-    };
+    let bar2 = |r: &Rig| r.bar2(at);
     let built = bar2(&a);
     let moved = built + (64 << 20);
     a.mmio_write(ecam(at, 0x04), &0u32.to_le_bytes());
@@ -633,7 +660,7 @@ fn a_moved_shared_memory_bar_is_restored_with_its_memory_slot() {
     a.dm.pause_devices().expect("pause");
     let state = through_document(&a.dm.save_devices().expect("save"));
 
-    let told = place_with_shm(&mut b);
+    let told = place_with_shm(&mut b, "dax0");
     assert_eq!(*told.lock().unwrap(), Some(built));
     assert!(b.slot_at(built));
     b.dm.restore_devices(&state).expect("restore");
@@ -641,4 +668,48 @@ fn a_moved_shared_memory_bar_is_restored_with_its_memory_slot() {
     assert_eq!(*told.lock().unwrap(), Some(moved));
     assert!(b.slot_at(moved), "KVM maps the memory at the moved BAR");
     assert!(!b.slot_at(built), "and no longer where it was built");
+}
+
+/// Two devices the configuration builds in the other order (one was
+/// hot-plugged before a device of a kind listed earlier): the restore puts
+/// each back in its own slot, and their BARs (registers and shared memory)
+/// where the saved VM served them, swapping places with each other; the
+/// second one's driver never turned decoding on, so only the VMM knew
+/// where it was served.
+#[test]
+fn devices_built_in_another_order_go_back_to_their_slots_and_bars() {
+    let (Some(mut a), Some(mut b)) = (Rig::new("swap-a"), Rig::new("swap-b")) else {
+        return;
+    };
+    place_with_shm(&mut a, "first");
+    place_with_shm(&mut a, "second");
+    let first = a.at("first");
+    a.drive(first, a.bar0(first), 0x61);
+    let mut saved = Vec::new();
+    for id in ["first", "second"] {
+        let at = a.at(id);
+        saved.push((id, at, a.bar0(at), a.bar2(at)));
+    }
+    a.dm.pause_devices().expect("pause");
+    let state = through_document(&a.dm.save_devices().expect("save"));
+
+    let told_second = place_with_shm(&mut b, "second");
+    let told_first = place_with_shm(&mut b, "first");
+    assert_eq!(b.at("second"), saved[0].1, "built in the other's slot");
+    b.dm.restore_devices(&state).expect("restore");
+    let entry0 = virtio_devices::transport::pci::device::MSIX_TABLE_OFFSET;
+    for ((id, at, bar0, bar2), told) in saved.into_iter().zip([told_first, told_second]) {
+        assert_eq!(b.at(id), at, "{id}: its own slot");
+        assert_eq!((b.bar0(at), b.bar2(at)), (bar0, bar2), "{id}: its BARs");
+        let data = b.mmio_read(bar0 + entry0 + 8);
+        let control = b.mmio_read(bar0 + entry0 + 12);
+        let expect = if id == "first" {
+            (Some(0x61), Some(0))
+        } else {
+            (Some(0), Some(1))
+        };
+        assert_eq!((data, control), expect, "{id}: served there");
+        assert_eq!(*told.lock().unwrap(), Some(bar2), "{id}: its memory base");
+        assert!(b.slot_at(bar2), "{id}: KVM maps its memory there");
+    }
 }

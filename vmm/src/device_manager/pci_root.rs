@@ -66,6 +66,18 @@ impl PciRoot {
         Some(slot)
     }
 
+    /// Puts `function` in `slot` if it is free (a restore puts each
+    /// function back where the guest saw it).
+    pub fn add_at(&mut self, slot: u8, function: Arc<Mutex<dyn PciFunction>>) -> bool {
+        match self.devices.get_mut(usize::from(slot)) {
+            Some(free @ None) => {
+                *free = Some(function);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Empties `slot` (hot-unplug); the host bridge's slot 0 stays.
     pub fn remove(&mut self, slot: u8) -> Option<Arc<Mutex<dyn PciFunction>>> {
         if slot == 0 {

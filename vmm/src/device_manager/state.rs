@@ -7,13 +7,18 @@
 //! (the saved one, which holds the hot-plugged devices too), after the
 //! KVM irqchip was restored and before any vCPU runs. Everything that can
 //! be checked is checked before anything is applied: the same device ids
-//! at the same places, each transport's state against its device, the
-//! hot-plug registers. Then each transport is restored (MSI-X tables and,
-//! from them, KVM's write-only GSI routes; a running device activated with
-//! its saved queue positions) and each PCI function's BARs are served
-//! where the guest had put them. A device whose own state fails to restore
-//! at that point leaves the manager part-restored: the caller drops the
-//! whole VM.
+//! on the same transports (PCI segment, MMIO register page), each
+//! transport's state against its device, the slots, the hot-plug
+//! registers. Then each PCI function goes back to its saved slot (the
+//! configuration lists devices by kind, so one hot-plugged before a device
+//! of another kind is built in another slot), its BARs are served where
+//! the saved VM served them, which is where the guest put them unless it
+//! had decoding off (functions may swap places; a shared memory BAR's KVM
+//! slot and the device's base move with it), and last each transport is
+//! restored (MSI-X tables and, from them, KVM's write-only GSI routes; a
+//! running device activated with its saved queue positions). A device
+//! whose own state fails to restore at that point leaves the manager
+//! part-restored: the caller drops the whole VM.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,7 +31,7 @@ use virtio_devices::transport::pci::state::PciTransportState;
 use virtio_devices::transport::state::{MmioTransportState, TransportStateError};
 
 use super::hotplug_controller::HotplugControllerState;
-use super::virtio_pci::{PciAddress, VirtioPciSetupError};
+use super::virtio_pci::{PciAddress, ServedBars, VirtioPciSetupError};
 use super::{DeviceManager, DeviceManagerError};
 
 /// What went wrong pausing, saving or restoring the devices; every
@@ -58,11 +63,13 @@ pub enum DevicesStateError {
 
 /// Where a device sits and its transport's state.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(tag = "transport", rename_all = "lowercase")]
+#[serde(tag = "transport", rename_all = "lowercase", deny_unknown_fields)]
 pub enum SavedTransport {
     Pci {
         segment: u16,
         slot: u8,
+        /// Where the VMM served the BARs.
+        bars: ServedBars,
         state: PciTransportState,
     },
     Mmio {
@@ -72,6 +79,7 @@ pub enum SavedTransport {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SavedDevice {
     pub id: String,
     pub transport: SavedTransport,
@@ -79,6 +87,7 @@ pub struct SavedDevice {
 
 /// The devices section of the state document.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DevicesState {
     pub devices: Vec<SavedDevice>,
     pub pci_hotplug: HotplugControllerState,
@@ -98,6 +107,7 @@ enum Placed {
     Pci {
         id: String,
         at: PciAddress,
+        bars: ServedBars,
         dev: Arc<Mutex<VirtioPciDevice>>,
     },
     Mmio {
@@ -162,9 +172,10 @@ impl Placed {
 
     fn save(&self) -> Result<SavedDevice, DevicesStateError> {
         let transport = match self {
-            Placed::Pci { dev, at, .. } => SavedTransport::Pci {
+            Placed::Pci { dev, at, bars, .. } => SavedTransport::Pci {
                 segment: at.segment,
                 slot: at.slot,
+                bars: *bars,
                 state: lock(dev)
                     .save()
                     .map_err(|e| self.transport_error("save", e))?,
@@ -194,14 +205,26 @@ impl Placed {
         };
         let checked = match (self, saved) {
             (
-                Placed::Pci { at, dev, .. },
+                Placed::Pci { at, dev, bars, .. },
                 SavedTransport::Pci {
                     segment,
                     slot,
+                    bars: saved_bars,
                     state,
                 },
             ) => {
-                if (at.segment, at.slot) != (*segment, *slot) {
+                if bars.shm.is_some() != saved_bars.shm.is_some() {
+                    return Err(DevicesStateError::Layout {
+                        id: self.id().to_string(),
+                        reason: "a shared memory BAR in one of the saved state and this VM only"
+                            .into(),
+                    });
+                }
+                // The slot may differ: the configuration lists devices by
+                // kind, hot-plugged ones after the boot ones, so a device
+                // hot-plugged before one of another kind is built in another
+                // slot; the restore puts it back in its own.
+                if at.segment != *segment {
                     return Err(mismatch(format!(
                         "virtio-PCI {}",
                         PciAddress {
@@ -241,9 +264,14 @@ impl DeviceManager {
     fn placed_devices(&self) -> Vec<Placed> {
         let mut all: Vec<Placed> = self
             .pci
-            .transports()
+            .functions()
             .into_iter()
-            .map(|(id, at, dev)| Placed::Pci { id, at, dev })
+            .map(|f| Placed::Pci {
+                id: f.id,
+                at: f.at,
+                bars: f.bars,
+                dev: f.transport,
+            })
             .collect();
         all.extend(self.mmio_devices.placed().iter().map(|p| Placed::Mmio {
             id: p.id.clone(),
@@ -327,9 +355,40 @@ impl DeviceManager {
         if let Some(id) = saved.keys().next() {
             return Err(layout(id, "in the saved state but not in this VM's configuration").into());
         }
+        let wanted: BTreeMap<String, PciAddress> = state
+            .devices
+            .iter()
+            .filter_map(|d| match d.transport {
+                SavedTransport::Pci { segment, slot, .. } => {
+                    Some((d.id.clone(), PciAddress { segment, slot }))
+                }
+                SavedTransport::Mmio { .. } => None,
+            })
+            .collect();
+        let reslot = self
+            .pci
+            .plan_reslot(&wanted)
+            .map_err(|(id, reason)| DevicesStateError::Layout { id, reason })?;
+        let served: BTreeMap<String, ServedBars> = state
+            .devices
+            .iter()
+            .filter_map(|d| match d.transport {
+                SavedTransport::Pci { bars, .. } => Some((d.id.clone(), bars)),
+                SavedTransport::Mmio { .. } => None,
+            })
+            .collect();
+        self.pci
+            .check_served(&served)
+            .map_err(|(id, reason)| DevicesStateError::Layout { id, reason })?;
         lock(&self.hotplug)
             .restore(&state.pci_hotplug)
             .map_err(|(field, reason)| DevicesStateError::Hotplug { field, reason })?;
+        self.pci.apply_reslot(&reslot);
+        // BARs first: a device is activated (below) with its shared memory
+        // where the guest will look for it.
+        self.pci
+            .place_all_restored(&served)
+            .map_err(|(id, source)| DevicesStateError::Placement { id, source })?;
         let by_id: BTreeMap<&str, &SavedTransport> = state
             .devices
             .iter()
@@ -337,17 +396,9 @@ impl DeviceManager {
             .collect();
         for p in &devices {
             match (p, by_id[p.id()]) {
-                (Placed::Pci { dev, at, id }, SavedTransport::Pci { state, .. }) => {
-                    lock(dev)
-                        .restore(state)
-                        .map_err(|e| p.transport_error("restore", e))?;
-                    self.pci.place_restored(*at).map_err(|source| {
-                        DevicesStateError::Placement {
-                            id: id.clone(),
-                            source,
-                        }
-                    })?;
-                }
+                (Placed::Pci { dev, .. }, SavedTransport::Pci { state, .. }) => lock(dev)
+                    .restore(state)
+                    .map_err(|e| p.transport_error("restore", e))?,
                 (Placed::Mmio { dev, .. }, SavedTransport::Mmio { state, .. }) => lock(dev)
                     .restore(state)
                     .map_err(|e| p.transport_error("restore", e))?,

@@ -25,6 +25,7 @@ use vm_memory::GuestMemoryAtomic;
 
 use super::address_space::{AddressError, AddressSpace, Area, MemorySlot, SlotError, SlotNumbers};
 use super::gsi_routing::{GsiError, GsiRouter, IrqfdMsi};
+use super::hotplug_controller::HOTPLUG_SLOTS;
 use super::pci_root::{PciFunction, PciRoot, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_SIZE};
 pub use super::pci_segment::PciAddress;
 use crate::arch::x86_64::layout::{pci_ecam_start, DEVICE_MEMORY_ALIGN, PCI_ECAM_SIZE};
@@ -51,8 +52,6 @@ pub enum VirtioPciSetupError {
     Gsi(GsiError),
     #[error("a device with {queues} queues needs more MSI-X vectors than a u16 counts")]
     TooManyQueues { queues: usize },
-    #[error("no function at {0}")]
-    NoFunction(PciAddress),
     /// A restored BAR could not be served where the guest had put it.
     #[error("BAR {bar} at {addr:#x}: {source}")]
     RestoredBar {
@@ -79,6 +78,33 @@ pub struct ShmBacking {
     pub host_addr: u64,
     /// Keeps the mapping alive for as long as the guest can see it.
     pub owner: Box<dyn Send + Sync>,
+}
+
+/// Where a function's BARs are served: BAR 0 and the shared memory BAR
+/// (the configuration holds where the guest put them; the two differ
+/// while the guest has decoding off).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServedBars {
+    pub bar0: u64,
+    pub shm: Option<u64>,
+}
+
+/// One placed function as [`PciDeviceManager::functions`] lists it.
+pub struct PlacedFunction {
+    pub id: String,
+    pub at: PciAddress,
+    pub transport: Arc<Mutex<VirtioPciDevice>>,
+    pub bars: ServedBars,
+}
+
+/// A function that goes from one slot of its segment's bus to another
+/// (segment by index).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotMove {
+    pub segment: usize,
+    pub from: u8,
+    pub to: u8,
 }
 
 /// What the transport needs to place and move functions.
@@ -197,6 +223,75 @@ impl Placed {
         *old_area = area;
         lock(&self.dev).set_shm_base(to);
         virtio_devices::info_limited!("{}: BAR 2 moved {from:#x} -> {to:#x}", self.id);
+        Ok(())
+    }
+
+    /// Before a restore serves the BARs where the saved VM served them:
+    /// takes out of the way (bus range, ioeventfds, addresses, the memory
+    /// slot) each BAR served elsewhere now, so functions can swap places;
+    /// returns where each of those goes.
+    fn park_moving(
+        &mut self,
+        placer: &Placer,
+        bar0: u64,
+        shm: Option<u64>,
+    ) -> Result<(Option<u64>, Option<u64>), VirtioPciSetupError> {
+        let bar0 = Some(bar0).filter(|&a| a != self.bar0);
+        if bar0.is_some() {
+            self.ioevents(&placer.vm, self.bar0, false)
+                .map_err(VirtioPciSetupError::Kvm)?;
+            placer.mmio.remove(self.bar0);
+            lock(&placer.space).free(self.bar0_area, self.bar0, BAR0_SIZE);
+        }
+        let mut shm_to = None;
+        if let Some((slot, bar_size, area)) = self.shm.as_mut() {
+            let from = slot.guest_addr();
+            shm_to = shm.filter(|&a| a != from);
+            if shm_to.is_some() {
+                slot.park()?;
+                lock(&placer.space).free(*area, from, *bar_size);
+            }
+        }
+        Ok((bar0, shm_to))
+    }
+
+    /// Puts the BARs [`Placed::park_moving`] took out where they go.
+    fn unpark(
+        &mut self,
+        placer: &Placer,
+        bar0: Option<u64>,
+        shm: Option<u64>,
+    ) -> Result<(), VirtioPciSetupError> {
+        let restored = |bar, addr, e: VirtioPciSetupError| VirtioPciSetupError::RestoredBar {
+            bar,
+            addr,
+            source: Box::new(e),
+        };
+        if let Some(to) = bar0 {
+            let area = lock(&placer.space)
+                .claim_pci(self.segment, to, BAR0_SIZE)
+                .map_err(|e| restored(0, to, e.into()))?;
+            let handler = Arc::new(Mutex::new(Bar0(self.dev.clone())));
+            if let Err(e) = placer.mmio.insert(handler, to, BAR0_SIZE) {
+                lock(&placer.space).free(area, to, BAR0_SIZE);
+                return Err(restored(0, to, VirtioPciSetupError::Bus(e.to_string())));
+            }
+            self.bar0 = to;
+            self.bar0_area = area;
+            self.ioevents(&placer.vm, to, true)
+                .map_err(|e| restored(0, to, VirtioPciSetupError::Kvm(e)))?;
+        }
+        if let (Some(to), Some((slot, bar_size, area))) = (shm, self.shm.as_mut()) {
+            let claimed = lock(&placer.space)
+                .claim_pci(self.segment, to, *bar_size)
+                .map_err(|e| restored(SHM_BAR, to, e.into()))?;
+            if let Err(e) = slot.unpark_at(to) {
+                lock(&placer.space).free(claimed, to, *bar_size);
+                return Err(restored(SHM_BAR, to, e.into()));
+            }
+            *area = claimed;
+            lock(&self.dev).set_shm_base(to);
+        }
         Ok(())
     }
 
@@ -488,42 +583,178 @@ impl PciDeviceManager {
         Some(p.id.clone())
     }
 
-    /// Every function's id, address and transport, segment by segment,
-    /// slot by slot.
-    pub fn transports(&self) -> Vec<(String, PciAddress, Arc<Mutex<VirtioPciDevice>>)> {
+    /// Every function: id, address, transport and where its BARs are
+    /// served, segment by segment, slot by slot.
+    pub fn functions(&self) -> Vec<PlacedFunction> {
         let mut all = Vec::new();
         for (segment, s) in self.segments.iter().enumerate() {
             for (slot, p) in &s.functions {
                 let p = lock(p);
-                let at = PciAddress {
-                    segment: segment_number(segment),
-                    slot: *slot,
-                };
-                all.push((p.id.clone(), at, p.dev.clone()));
+                all.push(PlacedFunction {
+                    id: p.id.clone(),
+                    at: PciAddress {
+                        segment: segment_number(segment),
+                        slot: *slot,
+                    },
+                    transport: p.dev.clone(),
+                    bars: ServedBars {
+                        bar0: p.bar0,
+                        shm: p.shm.as_ref().map(|(slot, _, _)| slot.guest_addr()),
+                    },
+                });
             }
         }
         all
     }
 
-    /// After the transport of the function at `at` was restored: serves
-    /// its BARs where the restored configuration puts them (bus range,
-    /// ioeventfds, the shared memory's KVM slot and the device's idea of
-    /// its base). Err names the first BAR that could not be placed.
-    pub fn place_restored(&self, at: PciAddress) -> Result<(), VirtioPciSetupError> {
-        let placed = self
-            .segments
-            .get(usize::from(at.segment))
-            .and_then(|s| s.functions.get(&at.slot))
-            .ok_or(VirtioPciSetupError::NoFunction(at))?;
-        let mut p = lock(placed);
-        match p.place_bars(&self.placer).into_iter().next() {
-            None => Ok(()),
-            Some((bar, addr, source)) => Err(VirtioPciSetupError::RestoredBar {
-                bar,
-                addr,
-                source: Box::new(source),
-            }),
+    /// Where each function goes for a restore, checked: the same
+    /// segment, a slot of the bus, no two functions in one slot. Returns
+    /// the moves; Err is (id, why).
+    pub fn plan_reslot(
+        &self,
+        wanted: &BTreeMap<String, PciAddress>,
+    ) -> Result<Vec<SlotMove>, (String, String)> {
+        let mut moves = Vec::new();
+        for (index, s) in self.segments.iter().enumerate() {
+            let mut taken = std::collections::BTreeSet::new();
+            for (slot, p) in &s.functions {
+                let id = lock(p).id.clone();
+                let to = match wanted.get(&id) {
+                    Some(at) if usize::from(at.segment) != index => {
+                        return Err((
+                            id,
+                            format!(
+                                "saved on PCI segment {}, this VM has it on {index}",
+                                at.segment
+                            ),
+                        ))
+                    }
+                    Some(at) => at.slot,
+                    None => *slot,
+                };
+                if !HOTPLUG_SLOTS.contains(&to) || !taken.insert(to) {
+                    return Err((id, format!("slot {to} is not a free device slot")));
+                }
+                if to != *slot {
+                    moves.push(SlotMove {
+                        segment: index,
+                        from: *slot,
+                        to,
+                    });
+                }
+            }
         }
+        Ok(moves)
+    }
+
+    /// Moves functions between slots as [`Self::plan_reslot`] planned (no
+    /// guest has run yet: only the configuration cycles' target changes).
+    pub fn apply_reslot(&mut self, moves: &[SlotMove]) {
+        let mut lifted = Vec::new();
+        for &SlotMove {
+            segment: index,
+            from,
+            to,
+        } in moves
+        {
+            let s = &mut self.segments[index];
+            let function = lock(&s.root).remove(from);
+            if let (Some(function), Some(placed)) = (function, s.functions.remove(&from)) {
+                lifted.push((index, to, function, placed));
+            }
+        }
+        for (index, to, function, placed) in lifted {
+            let s = &mut self.segments[index];
+            let added = lock(&s.root).add_at(to, function);
+            debug_assert!(added, "plan_reslot checked slot {to} is free");
+            s.functions.insert(to, placed);
+        }
+    }
+
+    /// Whether [`Self::place_all_restored`] can put every function's BARs
+    /// where `wanted` says, changing nothing: each BAR aligned to its size,
+    /// in its segment's window, and apart from every other. Err is (id, why).
+    pub fn check_served(
+        &self,
+        wanted: &BTreeMap<String, ServedBars>,
+    ) -> Result<(), (String, String)> {
+        let windows = lock(&self.placer.space).pci_windows().to_vec();
+        let mut ranges: Vec<(u64, u64, String)> = Vec::new();
+        for (index, s) in self.segments.iter().enumerate() {
+            let Some(w) = windows.get(index) else {
+                continue;
+            };
+            for p in s.functions.values() {
+                let p = lock(p);
+                let Some(want) = wanted.get(&p.id) else {
+                    continue;
+                };
+                let mut bars = vec![(0u8, want.bar0, BAR0_SIZE, w.mmio32)];
+                if let (Some(addr), Some((_, size, _))) = (want.shm, p.shm.as_ref()) {
+                    bars.push((SHM_BAR, addr, *size, w.mmio64));
+                }
+                for (bar, addr, size, (start, len)) in bars {
+                    let inside = addr.is_multiple_of(size)
+                        && addr >= start
+                        && addr.checked_add(size).is_some_and(|end| end <= start + len);
+                    if !inside {
+                        return Err((
+                            p.id.clone(),
+                            format!("BAR {bar} at {addr:#x}: not a {size:#x}-aligned place in PCI segment {index}'s window"),
+                        ));
+                    }
+                    if let Some((_, _, other)) = ranges
+                        .iter()
+                        .find(|(a, s, _)| addr < a + s && *a < addr + size)
+                    {
+                        return Err((
+                            p.id.clone(),
+                            format!("BAR {bar} at {addr:#x} overlaps {other}'s"),
+                        ));
+                    }
+                    ranges.push((addr, size, p.id.clone()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Serves each function's BARs where `wanted` (by id: BAR 0, shared
+    /// memory BAR) says the saved VM served them: bus range, ioeventfds,
+    /// the shared memory's KVM slot and the device's idea of its base.
+    /// Every BAR that moves is taken out of the way first, so functions can
+    /// swap places. Err is (id, why); the manager is then part-placed (a
+    /// failed restore drops the VM).
+    pub fn place_all_restored(
+        &self,
+        wanted: &BTreeMap<String, ServedBars>,
+    ) -> Result<(), (String, VirtioPciSetupError)> {
+        let all: Vec<Arc<Mutex<Placed>>> = self
+            .segments
+            .iter()
+            .flat_map(|s| s.functions.values().cloned())
+            .collect();
+        let mut moving = Vec::new();
+        for p in all {
+            let mut placed = lock(&p);
+            let Some(want) = wanted.get(&placed.id) else {
+                continue;
+            };
+            let to = placed
+                .park_moving(&self.placer, want.bar0, want.shm)
+                .map_err(|e| (placed.id.clone(), e))?;
+            if to != (None, None) {
+                drop(placed);
+                moving.push((p, to));
+            }
+        }
+        for (p, (bar0, shm)) in moving {
+            let mut placed = lock(&p);
+            placed
+                .unpark(&self.placer, bar0, shm)
+                .map_err(|e| (placed.id.clone(), e))?;
+        }
+        Ok(())
     }
 
     /// The MSI routes every function's vectors go through.

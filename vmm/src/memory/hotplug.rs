@@ -307,4 +307,44 @@ mod tests {
         );
         assert_eq!(r.current(), 512 * MIB + slots as u64 * 128 * MIB);
     }
+
+    /// A saved hot-plug state is put back only onto a configuration and
+    /// regions it fits; each refusal names the field, and changes nothing.
+    #[test]
+    fn a_saved_state_that_does_not_fit_is_refused_by_field() {
+        let mut r = ram(512 * MIB, Some(1024 * MIB));
+        let (base, size) = r.plan(640 * MIB).unwrap().unwrap();
+        r.commit(base, size).unwrap();
+        let saved = r.save();
+        let json = serde_json::to_value(&saved).unwrap();
+        let saved: RamHotplugState = serde_json::from_value(json).unwrap();
+
+        let mut fresh = ram(512 * MIB, Some(1024 * MIB));
+        let refused = |fresh: &mut RamHotplug, s: &RamHotplugState, regions: &[(u64, u64)]| {
+            let e = fresh.restore(s, regions).unwrap_err();
+            assert_eq!(fresh.save(), ram(512 * MIB, Some(1024 * MIB)).save(), "{e}");
+            e
+        };
+        let e = refused(&mut fresh, &saved, &[]);
+        assert!(e.starts_with("added: 134217728 bytes, but"), "{e}");
+        let e = refused(&mut fresh, &saved, &[(base + 4096, size)]);
+        assert!(e.starts_with("added: a hot-plugged region at"), "{e}");
+        let mut too_much = saved.clone();
+        too_much.added = 2048 * MIB;
+        let e = refused(&mut fresh, &too_much, &[(base, size)]);
+        assert!(e.contains("above memory.hotplug_size"), "{e}");
+        let mut other_slots = saved.clone();
+        other_slots.registers = Some(MemoryHotplugController::new().save());
+        let e = refused(&mut fresh, &other_slots, &[(base, size)]);
+        assert!(e.starts_with("registers:"), "{e}");
+        let mut without = ram(512 * MIB, None);
+        let e = without.restore(&saved, &[(base, size)]).unwrap_err();
+        assert!(e.contains("memory.hotplug_size 0"), "{e}");
+        assert_eq!(without.current(), 512 * MIB);
+
+        fresh.restore(&saved, &[(base, size)]).unwrap();
+        assert_eq!(fresh.save(), saved);
+        assert_eq!(fresh.current(), 640 * MIB);
+        assert_eq!(fresh.plan(768 * MIB), Ok(Some((base + size, 128 * MIB))));
+    }
 }

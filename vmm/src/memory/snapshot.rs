@@ -384,7 +384,8 @@ pub fn restore_guest_memory_parts(
 
 /// Faults every page of `mem` in now (`MADV_POPULATE_WRITE`, Linux 5.14),
 /// a restore's `prefault`: the guest's first touches then take no page
-/// faults. Err names the region the kernel refused (by guest address).
+/// faults. Err names the region the kernel refused (by guest address); a
+/// kernel without the advice is logged and RAM left to fault in on use.
 pub fn populate(mem: &GuestMemoryMmap) -> Result<(), MemorySnapshotError> {
     for region in mem.iter() {
         // SAFETY: the region is a live mapping of `len` bytes owned by
@@ -398,10 +399,19 @@ pub fn populate(mem: &GuestMemoryMmap) -> Result<(), MemorySnapshotError> {
             )
         };
         if r != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                // A kernel before 5.14: the guest faults its RAM in as it
+                // touches it, as without prefault.
+                tracing::warn!(
+                    "prefault: this kernel lacks MADV_POPULATE_WRITE; RAM faults in on use"
+                );
+                return Ok(());
+            }
             return Err(MemorySnapshotError::Io {
                 what: "prefaulting guest RAM (MADV_POPULATE_WRITE)",
                 offset: region.start_addr().0,
-                source: io::Error::last_os_error(),
+                source: e,
             });
         }
     }

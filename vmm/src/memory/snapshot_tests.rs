@@ -377,3 +377,35 @@ fn restore_refuses_a_layout_its_configuration_cannot_build() {
     let mut ram = restore_guest_memory(&shared, &layout).unwrap();
     assert_eq!(ram.save().unwrap(), layout);
 }
+
+/// Resident pages of `region`'s mapping, by mincore.
+fn resident_pages(region: &GuestRegionMmap) -> usize {
+    let len = narrow::usize_of(region.len());
+    let mut vec = vec![0u8; len.div_ceil(4096)];
+    // SAFETY: the region is a live mapping of `len` bytes; `vec` has one
+    // byte per page of it.
+    let r = unsafe { libc::mincore(region.as_ptr().cast(), len, vec.as_mut_ptr()) };
+    assert_eq!(r, 0, "{}", io::Error::last_os_error());
+    vec.iter().filter(|&&b| b & 1 != 0).count()
+}
+
+/// A restore's prefault leaves every page of guest RAM resident (the
+/// guest's first touches take no fault), private and shared RAM alike.
+#[test]
+fn prefault_makes_every_page_of_guest_ram_resident() {
+    for shared in [false, true] {
+        let mem = create_guest_memory(&MemoryConfig {
+            size: 32 << 20,
+            shared,
+            ..Default::default()
+        })
+        .unwrap();
+        let region = mem.iter().next().unwrap();
+        assert!(
+            resident_pages(region) < 8192,
+            "fresh RAM is not all resident"
+        );
+        populate(&mem).unwrap();
+        assert_eq!(resident_pages(region), 8192, "shared={shared}");
+    }
+}

@@ -7,9 +7,11 @@
 //! Each part's state is a section of the state document, saved and
 //! restored by the code that owns it: `vcpus` and `vcpu/N`
 //! ([`crate::vcpu`]), `vm` ([`crate::vm_state`]), `memory` and
-//! `memory-hotplug` ([`crate::memory`]), `legacy` ([`crate::legacy::state`]).
-//! This module only orders them (§ the restore in [`restore`]) and reads
-//! and writes the files.
+//! `memory-hotplug` ([`crate::memory`]), `legacy` ([`crate::legacy::state`]),
+//! `devices` ([`crate::device_manager::state`]). This module only orders
+//! them (the restore's order is said in its `restore` submodule) and reads
+//! and writes the files. Snapshot and restore run on the VMM's main thread:
+//! only its seccomp filter lets files be opened.
 
 mod restore;
 
@@ -123,7 +125,14 @@ fn check_dir(dir: &Path) -> Result<(), SnapshotError> {
     Ok(())
 }
 
-/// `path` created (or emptied) for writing, mode 0600 whatever it had.
+/// `path` created (or emptied) for reading and writing, mode 0600
+/// whatever it had; a symlink in its place is refused.
+///
+/// Made in two opens to fit the main thread's seccomp filter, which lets
+/// a file be created only for appending and never truncated on open
+/// (`seccomp_filters::VMM_OPEN_FLAGS`): created (if missing) for
+/// appending, then opened read-write and emptied with ftruncate (append
+/// mode would ignore `memory-ranges`' positioned writes).
 fn create_private(path: &Path) -> Result<File, SnapshotError> {
     let err = |what| {
         move |source| SnapshotError::File {
@@ -132,16 +141,24 @@ fn create_private(path: &Path) -> Result<File, SnapshotError> {
             source,
         }
     };
-    let file = OpenOptions::new()
-        .write(true)
-        .read(true)
+    let created = OpenOptions::new()
+        .append(true)
         .create(true)
-        .truncate(true)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .map_err(err("creating"))?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+    created
+        .set_permissions(std::fs::Permissions::from_mode(0o600))
         .map_err(err("making it private (0600)"))?;
+    drop(created);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(err("opening"))?;
+    file.set_len(0).map_err(err("emptying"))?;
     Ok(file)
 }
 

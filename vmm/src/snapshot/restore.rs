@@ -117,13 +117,34 @@ impl Sections {
     }
 }
 
-fn read_file(dir: &Path, name: &str) -> Result<Vec<u8>, SnapshotError> {
+/// The most `config.json` may hold: far more than any configuration.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+/// The most `state.json` may hold: far more than the largest VM's state
+/// (a vCPU's is tens of KiB).
+pub const MAX_STATE_BYTES: u64 = 256 << 20;
+
+/// The file `name` of `dir`, refused above `limit` bytes before it is read.
+fn read_file(dir: &Path, name: &str, limit: u64) -> Result<Vec<u8>, SnapshotError> {
+    use std::io::Read;
     let path = dir.join(name);
-    std::fs::read(&path).map_err(|source| SnapshotError::File {
-        path,
-        what: "reading",
+    let err = |what, source| SnapshotError::File {
+        path: dir.join(name),
+        what,
         source,
-    })
+    };
+    let file = std::fs::File::open(&path).map_err(|e| err("opening", e))?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| err("reading", e))?;
+    if bytes.len() as u64 > limit {
+        return Err(SnapshotError::File {
+            path,
+            what: "reading",
+            source: std::io::Error::other(format!("larger than the {limit} bytes a restore reads")),
+        });
+    }
+    Ok(bytes)
 }
 
 impl Vm {
@@ -137,16 +158,19 @@ impl Vm {
     ) -> Result<(VmConfig, Vm), SnapshotError> {
         check_dir(dir)?;
         let config_path = dir.join(CONFIG_FILE);
-        let config_value: serde_json::Value = serde_json::from_slice(&read_file(dir, CONFIG_FILE)?)
-            .map_err(|e| SnapshotError::Config {
-                path: config_path.clone(),
-                reason: e.to_string(),
-            })?;
+        let config_value: serde_json::Value =
+            serde_json::from_slice(&read_file(dir, CONFIG_FILE, MAX_CONFIG_BYTES)?).map_err(
+                |e| SnapshotError::Config {
+                    path: config_path.clone(),
+                    reason: e.to_string(),
+                },
+            )?;
         let mut config = vm_config_from_json(&config_value).map_err(|e| SnapshotError::Config {
             path: config_path.clone(),
             reason: e.to_string(),
         })?;
-        let doc = StateDocument::from_json(&read_file(dir, STATE_FILE)?).map_err(state_error)?;
+        let doc = StateDocument::from_json(&read_file(dir, STATE_FILE, MAX_STATE_BYTES)?)
+            .map_err(state_error)?;
         let s = Sections::take(doc, &mut config)?;
 
         let ram = restore_guest_memory_parts(&config.memory, &s.memory)?;

@@ -203,6 +203,12 @@ fn a_restored_vm_runs_on_from_where_it_was_saved() {
     let (restored_config, mut vm) = Vm::restore(&dir.0, false, None).expect("restore");
     assert_eq!(restored_config, config, "config.json gives the same VM");
     assert!(vm.vcpus.paused(), "restored paused");
+    let saved_clock = vm.paused_clock.expect("the saved clock, for resume").clock;
+    // A pause of the restored VM keeps the saved clock: the guest's time
+    // stood still since the snapshot, not since the restore.
+    std::thread::sleep(Duration::from_millis(20));
+    vm.pause();
+    assert_eq!(vm.paused_clock.map(|c| c.clock), Some(saved_clock));
     assert_eq!(counter(&vm), saved, "RAM as saved");
     assert_eq!(vcpu0_registers(&vm), registers, "vCPU 0 as saved");
     let restored = serial_state(&vm);
@@ -469,4 +475,43 @@ fn a_failed_snapshot_leaves_no_earlier_state_behind() {
     assert!(!dir.0.join(STATE_FILE).exists());
     let e = Vm::restore(&dir.0, false, None).err().expect("no state");
     assert!(e.to_string().contains(STATE_FILE), "{e}");
+}
+
+/// A snapshot and a restore run on the VMM's main thread: both pass its
+/// seccomp filter (kill mode), files, KVM and threads included. A refused
+/// call would end this test process with SIGSYS.
+#[test]
+fn snapshot_and_restore_pass_the_main_threads_seccomp_filter() {
+    use crate::seccomp_filters::{all_for, VMM};
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("seccomp");
+    let program = all_for(std::process::id())
+        .into_iter()
+        .find(|(k, _)| *k == VMM)
+        .map(|(k, l)| seccomp::build(k, &l, seccomp::Mode::Kill).unwrap().unwrap())
+        .expect("the main thread's filter");
+    let config = config();
+    let path = dir.0.clone();
+    let saved = std::thread::spawn(move || {
+        seccomp::apply_filter(&program).unwrap();
+        let mut vm = boot_program(&config);
+        counter_passes(&vm, 10);
+        vm.pause();
+        vm.snapshot(&config, &path).expect("snapshot");
+        let saved = counter(&vm);
+        // A second snapshot finds the files there: emptied, not truncated on open.
+        vm.snapshot(&config, &path).expect("snapshot again");
+        drop(vm);
+        let (_, mut vm) = Vm::restore(&path, true, None).expect("restore");
+        assert_eq!(counter(&vm), saved);
+        vm.resume();
+        counter_passes(&vm, saved);
+        vm.stop();
+        saved
+    })
+    .join()
+    .expect("the filtered thread");
+    assert!(saved > 10);
 }

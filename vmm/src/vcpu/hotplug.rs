@@ -217,3 +217,43 @@ impl VcpuHotplug {
 fn lock(c: &Mutex<CpuHotplugController>) -> MutexGuard<'_, CpuHotplugController> {
     c.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vcpu::hotplug_controller::CpuSlot;
+
+    fn cpus(boot: u32, max: u32) -> CpusConfig {
+        CpusConfig {
+            boot_vcpus: boot,
+            max_vcpus: max,
+            topology: None,
+        }
+    }
+
+    fn section(vcpus: &[(u32, bool)], slots: usize) -> VcpusState {
+        VcpusState {
+            vcpus: vcpus
+                .iter()
+                .map(|&(index, ejected)| VcpuPresence { index, ejected })
+                .collect(),
+            registers: CpuHotplugRegisters {
+                slots: vec![CpuSlot::default(); slots],
+                ejected: Vec::new(),
+                selected: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn a_vcpus_section_that_does_not_fit_the_configuration_is_refused_by_field() {
+        let c = cpus(1, 2);
+        section(&[(0, false), (1, true)], 2).check(&c).unwrap();
+        let e = |s: VcpusState| s.check(&c).unwrap_err();
+        assert!(e(section(&[(0, false), (2, false)], 2)).contains("above cpus.max_vcpus=2"));
+        assert!(e(section(&[(0, false), (0, false)], 2)).contains("listed twice"));
+        assert!(e(section(&[(1, false)], 2)).contains("vCPU 0 is missing"));
+        assert!(e(section(&[(0, true)], 2)).contains("vCPU 0 is missing or ejected"));
+        assert!(e(section(&[(0, false)], 3)).starts_with("registers.slots: 3 saved"));
+    }
+}

@@ -294,6 +294,11 @@ impl CpuHotplugController {
         if let Some(cpu) = saved.ejected.iter().find(|&&c| c as usize >= slots.len()) {
             return Err(format!("ejected: vCPU {cpu} is not a possible vCPU"));
         }
+        let mut ejected = saved.ejected.clone();
+        ejected.sort_unstable();
+        if let Some(w) = ejected.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("ejected: vCPU {} is listed twice", w[0]));
+        }
         slots.copy_from_slice(&saved.slots);
         drop(slots);
         *self.state.ejected.lock().unwrap_or_else(|e| e.into_inner()) = saved.ejected.clone();

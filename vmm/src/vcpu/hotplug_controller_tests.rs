@@ -155,3 +155,46 @@ fn the_tables_for_the_largest_vm_still_fit() {
     append_aml(&cpus, &mut aml);
     crate::arch::x86_64::acpi::AcpiTables::build(&cpus, &aml, 1).unwrap();
 }
+
+/// The registers come back on a controller of the same VM shape, with a
+/// pending eject signalled again; another shape or a stray vCPU number is
+/// refused by field, changing nothing.
+#[test]
+fn saved_registers_come_back_or_are_refused_by_field() {
+    let state = CpuHotplugState::new(2, 4).unwrap();
+    let mut dev = CpuHotplugController::new(state.clone());
+    state.announce_add(2);
+    state.announce_remove(1);
+    select(&mut dev, 1);
+    dev.write(STATUS_OFFSET, &[STATUS_EJECT]);
+    select(&mut dev, 3);
+    let saved = dev.save();
+    assert_eq!(saved.ejected, vec![1]);
+    let json = serde_json::to_value(&saved).unwrap();
+    let saved: CpuHotplugRegisters = serde_json::from_value(json).unwrap();
+
+    let fresh_state = CpuHotplugState::new(2, 4).unwrap();
+    let mut fresh = CpuHotplugController::new(fresh_state.clone());
+    let before = fresh.save();
+    let mut stray = saved.clone();
+    stray.ejected = vec![4];
+    assert!(fresh
+        .restore(&stray)
+        .unwrap_err()
+        .starts_with("ejected: vCPU 4"));
+    let small = CpuHotplugController::new(CpuHotplugState::new(1, 2).unwrap());
+    assert!(fresh
+        .restore(&small.save())
+        .unwrap_err()
+        .starts_with("slots: 2 saved"));
+    assert_eq!(fresh.save(), before, "nothing changed");
+
+    fresh.restore(&saved).unwrap();
+    assert_eq!(fresh.save(), saved);
+    assert_eq!(fresh_state.present(), 2, "vCPU 1 gone, vCPU 2 added");
+    assert_eq!(
+        fresh_state.take_ejected(),
+        vec![1],
+        "the eject is told again"
+    );
+}

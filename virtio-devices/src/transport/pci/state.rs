@@ -23,6 +23,7 @@ use crate::transport::state::{
 
 /// The virtio-PCI transport's own registers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PciRegisters {
     pub config: PciConfigurationState,
     pub msix: MsixState,
@@ -60,12 +61,21 @@ impl VirtioPciDevice {
     /// The transport's state; the transport must be paused.
     pub fn save(&mut self) -> Result<PciTransportState, TransportStateError> {
         let s = self.state.save()?;
-        let msix = self
-            .interrupt
-            .msix
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .save();
+        let msix = {
+            let mut msix = self
+                .interrupt
+                .msix
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            // A backend's notifier write held back on a masked vector is
+            // pending: into the PBA with it, or the snapshot loses it.
+            for vector in 0..msix.vectors() {
+                if msix.masked(vector) && self.interrupt.sender.take_pending(vector) {
+                    msix.trigger(vector);
+                }
+            }
+            msix.save()
+        };
         Ok(TransportState {
             registers: PciRegisters {
                 config: self.config.save(),
