@@ -413,6 +413,24 @@ fn rest_api_over_a_unix_socket() {
         "/nonexistent/bzImage",
     );
     assert_eq!(json(&api, "GET", "/api/v1/vm.info", "")["state"], "Created");
+    // Snapshot and restore, with ch-remote's bodies, refused for the
+    // created VM's state with Cloud Hypervisor's 500.
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.snapshot",
+        r#"{"destination_url":"file:///tmp/s"}"#,
+        500,
+        "vm.snapshot: the VM is not booted (it is Created)",
+    );
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.restore",
+        r#"{"source_url":"file:///tmp/s","prefault":false,"memory_restore_mode":"Copy","net_fds":null,"vfio_fds":null,"iommufd_fd":null,"resume":false,"zone_updates":[]}"#,
+        500,
+        "vm.restore: a VM is already created",
+    );
 
     check_openapi_document(&api);
     // What CH has and this VMM does not: 501 (a code ch-remote names) with the reason.
@@ -432,24 +450,6 @@ fn rest_api_over_a_unix_socket() {
         501,
         "vm.coredump: not supported by dax-vmm: guest core dumps are not supported",
     );
-    // Snapshot and restore, with ch-remote's bodies, refused for the
-    // created VM's state with Cloud Hypervisor's 500.
-    refused(
-        &api,
-        "PUT",
-        "/api/v1/vm.snapshot",
-        r#"{"destination_url":"file:///tmp/s"}"#,
-        500,
-        "vm.snapshot: the VM is not booted (it is Created)",
-    );
-    refused(
-        &api,
-        "PUT",
-        "/api/v1/vm.restore",
-        r#"{"source_url":"file:///tmp/s","prefault":false,"memory_restore_mode":"Copy","net_fds":null,"vfio_fds":null,"iommufd_fd":null,"resume":false,"zone_updates":[]}"#,
-        500,
-        "vm.restore: a VM is already created",
-    );
     refused(
         &api,
         "GET",
@@ -462,6 +462,28 @@ fn rest_api_over_a_unix_socket() {
     // vm.delete, then vmm.shutdown: answered, and the socket goes away.
     assert_eq!(http(&api, "PUT", "/api/v1/vm.delete", "").0, 204);
     refused(&api, "GET", "/api/v1/vm.info", "", 409, "no VM is created");
+    // Without a VM: nothing to snapshot (404); a restore from a directory
+    // that is not there is 500 naming it, and the VMM keeps serving.
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.snapshot",
+        r#"{"destination_url":"file:///tmp/s"}"#,
+        404,
+        "vm.snapshot: no VM is created",
+    );
+    let missing = dir.join("no-snapshot");
+    refused(
+        &api,
+        "PUT",
+        "/api/v1/vm.restore",
+        &format!(r#"{{"source_url":"file://{}"}}"#, missing.display()),
+        500,
+        &format!(
+            "vm.restore: source_url: {} is not a directory",
+            missing.display()
+        ),
+    );
     // A VmConfig as Cloud Hypervisor's own vm.info returns it (and generated
     // clients send it), every field filled: accepted, and given back.
     let ch_config = r#"{"cpus":{"boot_vcpus":1,"max_vcpus":1,"kvm_hyperv":false,"max_phys_bits":46,"features":{"amx":false},"nested":true,"core_scheduling":"Vm","profile":"Host"},"memory":{"size":268435456,"mergeable":false,"hotplug_method":"Acpi","shared":true,"hugepages":false,"prefault":false,"reserve":false,"thp":true},"payload":{"kernel":"/nonexistent/bzImage","cmdline":"console=ttyS0","initramfs":null},"rng":{"pci_segment":0,"src":"/dev/urandom"},"serial":{"mode":"Null"},"console":{"mode":"Off","pci_segment":0},"debug_console":{"mode":"Off","iobase":233},"fs":[{"pci_segment":0,"tag":"t","socket":"/tmp/none.sock","num_queues":1,"queue_size":1024}],"pmem":null,"pvpanic":false,"iommu":false,"watchdog":false,"landlock_enable":false}"#;

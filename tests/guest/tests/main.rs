@@ -26,4 +26,5 @@ mod memory_hotplug;
 mod pci_segments;
 mod pjdfstest;
 mod pmem;
+mod snapshot;
 mod virtiofs;
