@@ -29,9 +29,13 @@ struct Daemon {
 /// The VMM's end of the backend request channel: records every SHMEM_MAP
 /// (window offset, length, file offset, flags, the file's (dev, ino)) and
 /// acknowledges it, or refuses them while told to.
+/// One SHMEM_MAP as the VMM saw it: window offset, length, file offset,
+/// flags, the file's (dev, ino).
+type SeenMap = (u64, u64, u64, u64, (u64, u64));
+
 #[derive(Default)]
 struct Vmm {
-    maps: Mutex<Vec<(u64, u64, u64, u64, (u64, u64))>>,
+    maps: Mutex<Vec<SeenMap>>,
     refuse: AtomicBool,
 }
 
@@ -397,7 +401,7 @@ fn the_load_has_the_vmm_map_every_range_again_as_it_was() {
     let b = daemon_on(&dir);
     load(&blob, &b.fs, &b.dax, &b.policy).unwrap();
     let f = a.fs.inode(s.f).unwrap().key();
-    let writable = u64::from(vhost::vhost_user::message::VhostUserMMapFlags::WRITABLE.bits());
+    let writable = vhost::vhost_user::message::VhostUserMMapFlags::WRITABLE.bits();
     assert_eq!(
         *b.vmm.maps.lock().unwrap(),
         [
