@@ -196,6 +196,59 @@ impl DaxMapper {
         }
     }
 
+    /// Has the VMM map every range of a migrated record again (a restored
+    /// or migrated guest finds its window as it left it): one SHMEM_MAP per
+    /// range, same window offset, length, file offset and access, each
+    /// waiting for the VMM's answer. Call before [`Self::load_window_record`].
+    /// The first range whose file cannot be opened or whose map the VMM
+    /// refuses stops the replay; the error names the file by `path_of`
+    /// (its path relative to the share) and the window offset.
+    pub fn replay_mappings(
+        &self,
+        fs: &PassthroughFs,
+        ranges: &[(u64, u64, MappedFile)],
+        path_of: impl Fn(u64) -> String,
+    ) -> Result<(), String> {
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let backend = self.backend().map_err(|_| {
+            "the VMM gave no backend request channel to map the window's ranges again".to_string()
+        })?;
+        for &(start, len, f) in ranges {
+            let name = || path_of(f.nodeid);
+            let (file, key) = fs
+                .open_for_mapping(f.nodeid, f.writable)
+                .map_err(|e| format!("{}: opening it to map it again: {e}", name()))?;
+            if key != f.key {
+                return Err(format!(
+                    "{}: is no longer the file mapped at window offset {start:#x}",
+                    name()
+                ));
+            }
+            let flags = if f.writable {
+                VhostUserMMapFlags::WRITABLE
+            } else {
+                VhostUserMMapFlags::empty()
+            };
+            let msg = VhostUserMMap {
+                shmid: WINDOW_SHMID,
+                fd_offset: f.foffset,
+                shm_offset: start,
+                len,
+                flags: flags.bits(),
+                ..Default::default()
+            };
+            backend.shmem_map(&msg, &file).map_err(|e| {
+                format!(
+                    "{}: the VMM refused to map {len:#x} bytes at window offset {start:#x} again: {e}",
+                    name()
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     /// The mapping alignment of this session, bytes.
     pub fn map_alignment(&self) -> u64 {
         1 << self.window().map_alignment_log2

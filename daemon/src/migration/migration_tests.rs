@@ -1,6 +1,14 @@
 use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::sync::Arc;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+use vhost::vhost_user::message::VhostUserMMap;
+use vhost::vhost_user::{
+    Backend, Error as VhostError, FrontendReqHandler, HandlerResult, VhostUserFrontendReqHandler,
+};
 
 use vmm_sys_util::tempdir::TempDir;
 
@@ -15,6 +23,57 @@ struct Daemon {
     fs: PassthroughFs,
     dax: DaxMapper,
     policy: Arc<DaxPolicy>,
+    vmm: Arc<Vmm>,
+}
+
+/// The VMM's end of the backend request channel: records every SHMEM_MAP
+/// (window offset, length, file offset, flags, the file's (dev, ino)) and
+/// acknowledges it, or refuses them while told to.
+/// One SHMEM_MAP as the VMM saw it: window offset, length, file offset,
+/// flags, the file's (dev, ino).
+type SeenMap = (u64, u64, u64, u64, (u64, u64));
+
+#[derive(Default)]
+struct Vmm {
+    maps: Mutex<Vec<SeenMap>>,
+    refuse: AtomicBool,
+}
+
+impl VhostUserFrontendReqHandler for Vmm {
+    fn shmem_map(&self, req: &VhostUserMMap, fd: &dyn AsRawFd) -> HandlerResult<u64> {
+        if self.refuse.load(SeqCst) {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: fstat into a zeroed stat of the fd the channel passed.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; the fd is open for the call.
+        assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+        let (off, len, foff, flags) = (req.shm_offset, req.len, req.fd_offset, req.flags);
+        self.maps
+            .lock()
+            .unwrap()
+            .push((off, len, foff, flags, (st.st_dev, st.st_ino)));
+        Ok(0)
+    }
+}
+
+/// Gives `dax` a channel to a new [`Vmm`] served on a thread of its own.
+fn connect_vmm(dax: &DaxMapper) -> Arc<Vmm> {
+    let vmm = Arc::new(Vmm::default());
+    let mut requests = FrontendReqHandler::new(vmm.clone()).unwrap();
+    requests.set_reply_ack_flag(true);
+    // SAFETY: `dup` of an fd the handler keeps open; the result is checked.
+    let daemon_end = unsafe { libc::dup(requests.get_tx_raw_fd()) };
+    assert!(daemon_end >= 0);
+    // SAFETY: `daemon_end` is a fresh fd nothing else owns.
+    let backend = Backend::from_stream(unsafe { UnixStream::from_raw_fd(daemon_end) });
+    backend.set_reply_ack_flag(true);
+    backend.set_shmem_flag(true);
+    dax.set_backend(backend);
+    std::thread::spawn(move || {
+        while let Ok(_) | Err(VhostError::ReqHandlerError(_)) = requests.handle_request() {}
+    });
+    vmm
 }
 
 fn daemon_on(dir: &TempDir) -> Daemon {
@@ -22,9 +81,11 @@ fn daemon_on(dir: &TempDir) -> Daemon {
     let root = openat(libc::AT_FDCWD, &path, libc::O_PATH, 0).unwrap();
     let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
     let policy = Arc::new(DaxPolicy::new(policies::Policy::default()));
+    let dax = DaxMapper::new(64 * MIB, policy.clone());
     Daemon {
         fs: PassthroughFs::new(root, proc_fd, CachePolicy::Never, policy.clone()).unwrap(),
-        dax: DaxMapper::new(64 * MIB, policy.clone()),
+        vmm: connect_vmm(&dax),
+        dax,
         policy,
     }
 }
@@ -316,4 +377,54 @@ fn a_handle_whose_inode_the_guest_forgot_refuses_the_save_naming_it() {
         err.contains(&format!("handle {} is open on node {}", s.fh_g, s.g)),
         "{err}"
     );
+}
+
+#[test]
+fn the_load_has_the_vmm_map_every_range_again_as_it_was() {
+    let dir = share();
+    let a = daemon_on(&dir);
+    let s = session(&a);
+    let g = a.fs.inode(s.g).unwrap().key();
+    let mut ranges = a.dax.window_record().1;
+    ranges.push((
+        8 * MIB,
+        2 * MIB,
+        MappedFile {
+            nodeid: s.g,
+            key: g,
+            foffset: 0,
+            writable: false,
+        },
+    ));
+    a.dax.load_window_record(21, &ranges);
+    let blob = save(&a.fs, &a.dax, &a.policy).unwrap();
+    let b = daemon_on(&dir);
+    load(&blob, &b.fs, &b.dax, &b.policy).unwrap();
+    let f = a.fs.inode(s.f).unwrap().key();
+    let writable = vhost::vhost_user::message::VhostUserMMapFlags::WRITABLE.bits();
+    assert_eq!(
+        *b.vmm.maps.lock().unwrap(),
+        [
+            (4 * MIB, 2 * MIB, 2 * MIB, writable, f),
+            (8 * MIB, 2 * MIB, 0, 0, g)
+        ]
+    );
+    assert_eq!(a.dax.window_record(), b.dax.window_record());
+}
+
+#[test]
+fn a_range_the_vmm_refuses_to_map_again_fails_the_load_naming_the_file() {
+    let dir = share();
+    let a = daemon_on(&dir);
+    session(&a);
+    let blob = save(&a.fs, &a.dax, &a.policy).unwrap();
+    let b = daemon_on(&dir);
+    b.vmm.refuse.store(true, SeqCst);
+    let err = load(&blob, &b.fs, &b.dax, &b.policy)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("d/f") && err.contains("0x400000"), "{err}");
+    // Nothing of the state stays applied.
+    assert_eq!(b.fs.inode_count(), 1);
+    assert!(b.dax.window_record().1.is_empty());
 }

@@ -142,7 +142,8 @@ pub fn decode(blob: &[u8]) -> Result<DaemonState, MigrationError> {
 /// inodes and handles (each verified, see [`PassthroughFs::load_state`]),
 /// then the window's record, whose every range must lie in the window,
 /// follow the alignment, not overlap the previous one and map a regular
-/// file the state holds; then the policy, swapped in as the control socket
+/// file the state holds, and which the VMM maps again (SHMEM_MAP per range,
+/// each acknowledged; a refusal names the file's path); then the policy, swapped in as the control socket
 /// swaps one when it differs from the one in force. On an error the window's
 /// record and the policy are left as they were; the share's part is applied
 /// only after it all loaded.
@@ -174,6 +175,13 @@ pub fn load(
             writable: r.writable,
         };
         ranges.push((r.start, r.len, file));
+    }
+    // The VMM's window is empty in a new process: the guest's ranges are
+    // mapped again before the guest runs (the VMM checks each against its
+    // own record of the window).
+    if let Err(why) = dax.replay_mappings(fs, &ranges, |nodeid| fs.path_of(nodeid)) {
+        fs.reset();
+        return Err(window_err("ranges", why));
     }
     dax.load_window_record(window.map_alignment_log2, &ranges);
     if policy.current().policy != carried {
