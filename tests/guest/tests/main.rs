@@ -27,4 +27,5 @@ mod pci_segments;
 mod pjdfstest;
 mod pmem;
 mod snapshot;
+mod snapshot_dax;
 mod virtiofs;

@@ -5,9 +5,8 @@
 //! - a VMM without a VM answers `vm.snapshot` 404 and a `vm.restore` of a
 //!   directory without a snapshot 500, and stays up (`vmm.shutdown`: 204);
 //! - a running VM is not snapshotted (500 naming the state); paused, it is
-//!   (204) into an existing directory, and its VMM is killed (that VMM runs
-//!   with `--seccomp false`: its main thread's filter does not yet let it
-//!   create the snapshot's files; the restoring VMMs run with the filters);
+//!   (204) into an existing directory, and its VMM is killed (every VMM
+//!   here runs with its seccomp filters);
 //! - a new VMM with only `--api-socket` restores it from ch-remote's body
 //!   (204): `vm.info` shows the snapshot's configuration, paused; resumed,
 //!   the guest's counter goes on from the last value printed before the
@@ -29,17 +28,23 @@ i=0
 while [ $i -lt 1000000 ]; do i=$((i+1)); echo "@@GUEST tick=$i end"; sleep 0.2; done
 "#;
 
+/// Host-side shell functions the snapshot tests share. `alive PID`: the
+/// process exists and is not a zombie; `wait_sock PATH`: until a socket is
+/// there (bounded); `ended PID`: sets EXIT to its exit status once it has
+/// exited ("killed" if it had not after 30 s).
+pub(crate) const SHELL_HELPERS: &str = r#"
+api() { daxprobe http "$@"; }
+alive() { [ -e /proc/$1 ] && ! grep -q '^State:.*Z' /proc/$1/status 2>/dev/null; }
+wait_sock() { i=0; while [ ! -S $1 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; }
+ended() { i=0; while alive $1 && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; if alive $1; then kill -9 $1; wait $1; EXIT=killed; else wait $1; EXIT="status=$?"; fi; }
+"#;
+
 /// Host side. `ticks N`: the counter values of the complete lines after
 /// line N of serial.log; `wait_ticks N K PID`: until K of them are there
 /// (bounded, and given up when the VMM PID is gone).
 const API_SCRIPT: &str = r#"
-api() { daxprobe http "$@"; }
 ticks() { tr -d '\r' < serial.log | sed -n "$(( $1 + 1 )),\$p" | grep -E '^@@GUEST tick=[0-9]+ end$' | sed 's/^@@GUEST tick=//; s/ end$//'; }
-alive() { [ -e /proc/$1 ] && ! grep -q '^State:.*Z' /proc/$1/status 2>/dev/null; }
 wait_ticks() { i=0; while [ "$(ticks $1 | wc -l)" -lt $2 ] && [ $i -lt 3000 ] && alive $3; do sleep 0.1; i=$((i+1)); done; }
-wait_sock() { i=0; while [ ! -S $1 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; }
-# EXIT: the VMM's exit status once it has exited ("killed" if it had not after 30 s).
-ended() { i=0; while alive $1 && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; if alive $1; then kill -9 $1; wait $1; EXIT=killed; else wait $1; EXIT="status=$?"; fi; }
 mkdir -p "$WORK/snap" "$WORK/empty"
 SNAP="file://$WORK/snap"
 # The rig's VMM has no VM: nothing to snapshot, nothing to restore from an empty directory.
@@ -47,10 +52,8 @@ echo "@@HOST no_vm_snapshot=$(api /tmp/api.sock PUT /api/v1/vm.snapshot '{"desti
 echo "@@HOST empty_restore=$(api /tmp/api.sock PUT /api/v1/vm.restore '{"source_url":"file://'$WORK'/empty"}')"
 echo "@@HOST vmm1_shutdown=$(api /tmp/api.sock PUT /api/v1/vmm.shutdown)"
 follow serial.log
-# Without seccomp for now: the main thread's filter refuses the snapshot's
-# files (created and truncated, O_RDWR|O_CREAT|O_TRUNC) and ends the VMM.
 "$VMM" --api-socket /tmp/a.sock --kernel "$KERNEL" --initramfs "$INITRAMFS" --cmdline "$CMDLINE" \
-  --memory size=256M --rng off --serial "file=$WORK/serial.log" --seccomp false -v </dev/null &
+  --memory size=256M --rng off --serial "file=$WORK/serial.log" -v </dev/null &
 A=$!
 wait_sock /tmp/a.sock
 wait_ticks 0 5 $A
@@ -103,7 +106,7 @@ fn a_paused_guest_is_snapshotted_and_restored_by_api_and_by_command_line() {
     guest.host_tools = vec![rig::tool("guest-tools", "daxprobe").expect("daxprobe")];
     guest.host_after = HOST_AFTER.into();
     guest.vmm_args = vec!["-v".into()];
-    guest.api_script = Some(API_SCRIPT.into());
+    guest.api_script = Some(format!("{SHELL_HELPERS}{API_SCRIPT}"));
     guest.timeout = Duration::from_secs(900);
     let (run, _stalls) = rig::run_retrying_stall(&guest).expect("rig run");
     let tail = run.tail(80);

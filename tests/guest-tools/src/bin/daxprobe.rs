@@ -9,6 +9,9 @@
 //!                                        prints "passes=N changed=M" (M: passes whose
 //!                                        checksum differed from the first); says
 //!                                        "first pass done" on stderr once all is mapped
+//! daxprobe mmap-counter COUNTER CHECK SECONDS  advances a u64 in COUNTER through a shared
+//!                                        writable mapping every ~10 ms and checksums CHECK's
+//!                                        mapping once a second (daxprobe/mmap_counter.rs)
 //! daxprobe mmap-truncated PATH READY GO   maps PATH, reads it all, creates READY, waits
 //!                                        (60 s at most) for GO to exist (the host has cut the
 //!                                        file meanwhile), then a child reads every page again
@@ -73,6 +76,8 @@ mod kata_replay;
 mod kata_rs_replay;
 #[path = "daxprobe/listen_exec.rs"]
 mod listen_exec;
+#[path = "daxprobe/mmap_counter.rs"]
+mod mmap_counter;
 #[path = "daxprobe/truncated_rw.rs"]
 mod truncated_rw;
 #[path = "daxprobe/vsock.rs"]
@@ -465,6 +470,7 @@ fn main() {
             }
             println!("passes={passes} changed={changed}");
         }
+        ["mmap-counter", counter, check, secs] => mmap_counter::run(counter, check, secs),
         ["mmap-truncated", path, ready, go] => mmap_truncated(path, ready, go),
         ["mmap-truncated-rw", path, offset, ready, go] => truncated_rw::run(path, offset, ready, go),
         ["window-io", map, src, out, off, len, mode] => window_io::window_io(map, src, out, off, len, mode),
@@ -485,6 +491,6 @@ fn main() {
         ["unix-serve", path, reply] => vsock::unix_serve(path, reply),
         ["hybrid-connect", socket, port, bytes] => vsock::hybrid_connect(socket, port, bytes),
         ["virtio-hostile", transport, serial, marker] => hostile::run(transport, serial, marker),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | kata-rs-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect | virtio-hostile)".into()),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-counter | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | kata-rs-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect | virtio-hostile)".into()),
     }
 }

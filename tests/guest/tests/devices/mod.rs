@@ -19,10 +19,10 @@
 //! Run with `cargo test -p guest-tests -- --ignored devices::`
 //! (scripts/test.sh does).
 
-mod blk;
+pub(crate) mod blk;
 mod hostile;
-mod net;
-mod vsock;
+pub(crate) mod net;
+pub(crate) mod vsock;
 
 use std::time::Duration;
 
