@@ -443,3 +443,44 @@ fn both_sides_pass_the_main_threads_seccomp_filter() {
     assert!(sender.join().expect("the filtered sender"), "left paused");
     assert!(receiver.join().expect("the filtered receiver"));
 }
+
+/// A VM with a net device: its tap travels as a `TapFd` (our tap is
+/// single-queue, so the receiver could not open it by name while the
+/// sender holds it: EBUSY), and the receiver's device is built on it.
+/// Needs CAP_NET_ADMIN (skipped without).
+#[test]
+fn a_net_devices_tap_is_passed_to_the_receiver() {
+    if !have_kvm() {
+        return;
+    }
+    let name = format!("daxlm{}", std::process::id() % 100000);
+    match virtio_devices::net::Tap::open_named(&name) {
+        Ok(probe) => drop(probe),
+        Err(e) => return eprintln!("no tap here ({e}); skipped"),
+    }
+    let mut config = shared_config();
+    config.net = vec![crate::config::NetConfig::parse(
+        &format!("tap={name},mac=52:54:00:12:34:56,id=net0"),
+        0,
+    )
+    .expect("net config")];
+    let mut source = boot_program(&config);
+    counter_passes(&source, 10);
+    let (a, b) = pair();
+    let receiver = std::thread::spawn(move || {
+        let r = receive_over(&b, None).expect("received");
+        let c = counter(&r.vm);
+        let counts = counter_passes(&r.vm, c) > c;
+        let taps: Vec<String> =
+            r.vm.devices
+                .net_taps()
+                .map(|(id, _)| id.to_string())
+                .collect();
+        (counts, taps)
+    });
+    let layout = check_local(&source).expect("movable");
+    send_over(&mut source, &config, &layout, &a).expect("sent");
+    let (counts, taps) = receiver.join().unwrap();
+    assert!(counts);
+    assert_eq!(taps, ["net0"]);
+}

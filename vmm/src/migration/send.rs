@@ -1,5 +1,5 @@
 //! The sending side of a local migration: everything is checked before the
-//! VM is paused; the memory fds, the DAX windows' files and the
+//! VM is paused; the memory fds, the DAX windows' files, the taps and the
 //! configuration go while the guest still runs; the guest is paused (the
 //! downtime starts) only for the state. On any failure before the
 //! receiver answered `Complete`, the VM is resumed if it was running and
@@ -91,6 +91,7 @@ fn send_steps(
         .map_err(|e| MigrationError::NotMovable(e.into()))?;
     send_memory_fds(socket, layout, &all_ram)?;
     send_window_fds(vm, socket)?;
+    send_tap_fds(vm, socket)?;
 
     let payload = MigrationConfig {
         format: CONFIG_FORMAT.to_string(),
@@ -151,6 +152,21 @@ fn send_window_fds(vm: &Vm, socket: &UnixStream) -> Result<(), MigrationError> {
             )?;
             expect_ok(socket, Command::WindowFd)?;
         }
+    }
+    Ok(())
+}
+
+/// One `TapFd` per net device: our tap is single-queue, so the receiver
+/// cannot open it by name while this VMM holds it; it builds the device on
+/// this fd instead.
+fn send_tap_fds(vm: &Vm, socket: &UnixStream) -> Result<(), MigrationError> {
+    for (id, fd) in vm.devices.net_taps() {
+        let label = FdLabel {
+            device: id.to_string(),
+            key: None,
+        };
+        protocol::send_request_with_fd(socket, Command::TapFd, &label.encode(), fd)?;
+        expect_ok(socket, Command::TapFd)?;
     }
     Ok(())
 }
