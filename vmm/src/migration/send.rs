@@ -104,6 +104,7 @@ fn send_steps(
     send_payload(socket, Command::Config, &payload)?;
 
     // The downtime starts here.
+    let paused_at = std::time::Instant::now();
     if !was_paused {
         vm.pause();
     }
@@ -122,7 +123,10 @@ fn send_steps(
     };
     Request::new(complete, 0)?.write_to(&mut &*socket)?;
     expect_ok(socket, complete)?;
-    tracing::info!("migration complete: the VM now runs in the receiving VMM");
+    tracing::info!(
+        "migration complete: the VM is the receiving VMM's now, after {} ms paused here (state saved and sent, the receiver built it)",
+        paused_at.elapsed().as_millis()
+    );
     Ok(())
 }
 
