@@ -484,3 +484,40 @@ fn a_net_devices_tap_is_passed_to_the_receiver() {
     assert!(counts);
     assert_eq!(taps, ["net0"]);
 }
+
+/// What the receiver could not take over while the sender holds it (a
+/// writable disk's lock, the vsock's listening path) is refused by device
+/// before anything is sent or paused; a read-only disk passes the check.
+#[test]
+fn a_writable_disk_or_a_vsock_is_refused_by_name_before_pausing() {
+    if !have_kvm() {
+        return;
+    }
+    let config = shared_config();
+    let mut source = boot_program(&config);
+    counter_passes(&source, 10);
+    let mut value = vm_config_to_json(&config);
+    value["disks"] = json!([{"path": "/var/images/root.img", "id": "disk0"}]);
+    let with_disk = crate::config::json::vm_config_from_json(&value).expect("config");
+    let nowhere = std::path::Path::new("/nonexistent/m.sock");
+    let e = send_migration(&mut source, &with_disk, nowhere).expect_err("disk");
+    assert!(
+        e.to_string()
+            .contains("disk0: the writable disk /var/images/root.img"),
+        "{e}"
+    );
+    value["disks"] = json!([{"path": "/var/images/root.img", "id": "disk0", "readonly": true}]);
+    value["vsock"] = json!({"cid": 3, "socket": "/run/v.sock", "id": "vsock0"});
+    let with_vsock = crate::config::json::vm_config_from_json(&value).expect("config");
+    let e = send_migration(&mut source, &with_vsock, nowhere).expect_err("vsock");
+    assert!(
+        e.to_string()
+            .contains("vsock0: this VMM listens on /run/v.sock"),
+        "{e}"
+    );
+    value["vsock"] = serde_json::Value::Null;
+    let read_only = crate::config::json::vm_config_from_json(&value).expect("config");
+    let e = send_migration(&mut source, &read_only, nowhere).expect_err("no receiver");
+    assert!(matches!(e, MigrationError::Socket { .. }), "{e}");
+    assert!(still_counting(&source));
+}

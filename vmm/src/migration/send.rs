@@ -26,6 +26,7 @@ use crate::vm::Vm;
 /// drop. Err: this VM runs again if it ran before.
 pub fn send_migration(vm: &mut Vm, config: &VmConfig, path: &Path) -> Result<(), MigrationError> {
     let layout = check_local(vm)?;
+    check_host_resources(config)?;
     let socket_err = |what| {
         move |source| MigrationError::Socket {
             path: path.to_path_buf(),
@@ -54,6 +55,30 @@ pub(crate) fn check_local(vm: &Vm) -> Result<MemoryLayoutState, MigrationError> 
         return Err(MigrationError::NotShared { gpa: r.gpa });
     }
     Ok(layout)
+}
+
+/// What the receiving VMM could not take over while this one holds it,
+/// refused by name before anything is paused (the receiver would fail to
+/// build the device and this VM would resume after a needless pause): a
+/// writable disk's image (this VMM holds its exclusive lock until it
+/// exits) and the vsock's socket path (this VMM's listener is live on it).
+pub(crate) fn check_host_resources(config: &VmConfig) -> Result<(), MigrationError> {
+    if let Some(d) = config.disks.iter().find(|d| !d.readonly) {
+        return Err(MigrationError::HeldHere {
+            device: d.id.clone(),
+            what: format!(
+                "the writable disk {} stays locked by this VMM until it exits",
+                d.path.display()
+            ),
+        });
+    }
+    if let Some(v) = &config.vsock {
+        return Err(MigrationError::HeldHere {
+            device: v.id.clone(),
+            what: format!("this VMM listens on {}", v.socket.display()),
+        });
+    }
+    Ok(())
 }
 
 /// The whole sequence over a connected socket (its timeouts set).
