@@ -40,8 +40,8 @@ impl Activator for Inline {
 }
 
 /// Where the device is between the driver's DRIVER_OK and its reset.
-pub(super) const IDLE: u8 = 0;
-pub(super) const ACTIVATING: u8 = 1;
+const IDLE: u8 = 0;
+const ACTIVATING: u8 = 1;
 pub(super) const ACTIVE: u8 = 2;
 pub(super) const FAILED: u8 = 3;
 
@@ -57,8 +57,8 @@ pub struct VirtioState {
     /// IDLE, ACTIVATING, ACTIVE or FAILED; set by activator jobs.
     pub(super) phase: Arc<AtomicU8>,
     pub(super) activator: Arc<dyn Activator>,
-    /// Set while paused (`transport::state`): the positions of the queues
-    /// the device gave back, none if it was not running.
+    /// Some while paused (`transport::state`): the positions of the
+    /// queues the device gave back (none if it was not running).
     pub(super) paused: Option<Vec<SavedQueue>>,
 }
 
@@ -273,7 +273,7 @@ impl VirtioState {
     }
 
     /// Tells the driver the device is broken until it resets it.
-    pub(super) fn fail(&mut self, why: &str, interrupt: &Arc<dyn VirtioInterrupt>) {
+    fn fail(&mut self, why: &str, interrupt: &Arc<dyn VirtioInterrupt>) {
         crate::error_limited!("virtio device type {}: {why}", self.device().device_type());
         self.phase.store(FAILED, Ordering::SeqCst);
         let _ = interrupt.trigger(Interrupt::Config);

@@ -752,4 +752,4 @@ fn open_tap(n: &NetConfig) -> Result<Tap, TapError> {
 
 #[cfg(test)]
 #[path = "device_manager_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -416,3 +416,7 @@ fn layout(id: &str, reason: &str) -> DevicesStateError {
         reason: reason.to_string(),
     }
 }
+
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;

@@ -90,6 +90,8 @@ pub enum SnapshotError {
     Memory(#[from] MemorySnapshotError),
     #[error("state.json: {0}")]
     Legacy(#[from] LegacyStateError),
+    #[error("snapshot: the configuration given does not describe this VM: device {id} {reason}")]
+    ConfigMismatch { id: String, reason: &'static str },
     #[error("restore: building the VM: {0}")]
     Build(#[from] VmError),
     /// A device cannot be carried, paused, saved or restored; `context`
@@ -110,6 +112,42 @@ fn state_error(source: StateError) -> SnapshotError {
 
 /// The rng device's id (it has no configurable one).
 pub const RNG_ID: &str = "_rng";
+
+/// The ids of the virtio devices `config` describes.
+pub fn config_device_ids(config: &VmConfig) -> Vec<String> {
+    let rng = config.rng.iter().map(|_| RNG_ID.to_string());
+    let pmem = config.pmem.iter().map(|p| p.id.clone());
+    let fs = config.fs.iter().map(|f| f.id.clone());
+    let disks = config.disks.iter().map(|d| d.id.clone());
+    let vsock = config.vsock.iter().map(|v| v.id.clone());
+    let net = config.net.iter().map(|n| n.id.clone());
+    rng.chain(pmem)
+        .chain(fs)
+        .chain(disks)
+        .chain(vsock)
+        .chain(net)
+        .collect()
+}
+
+/// The devices saved are the ones `config` describes (a restore builds
+/// the VM from it): checked at the snapshot, where the mistake is made,
+/// rather than found at the restore.
+fn check_config_devices(config: &VmConfig, saved: &[String]) -> Result<(), SnapshotError> {
+    let described = config_device_ids(config);
+    if let Some(id) = saved.iter().find(|id| !described.contains(id)) {
+        return Err(SnapshotError::ConfigMismatch {
+            id: id.clone(),
+            reason: "is in the VM but not in the configuration",
+        });
+    }
+    if let Some(id) = described.into_iter().find(|id| !saved.contains(id)) {
+        return Err(SnapshotError::ConfigMismatch {
+            id,
+            reason: "is in the configuration but not in the VM",
+        });
+    }
+    Ok(())
+}
 
 /// `dir` exists and is a directory; the error names it.
 fn check_dir(dir: &Path) -> Result<(), SnapshotError> {
@@ -235,6 +273,19 @@ impl Vm {
             self.devices_paused = true;
         }
         let mut doc = StateDocument::new(env!("CARGO_PKG_VERSION"));
+        // First: saving a vhost-user device stops its rings, after which
+        // its daemon neither writes guest RAM nor raises an interrupt, so
+        // the vCPUs' LAPICs, the irqchips and RAM read below are final.
+        let devices = self
+            .devices
+            .save_devices()
+            .map_err(|source| SnapshotError::Devices {
+                context: "snapshot: saving device",
+                source: Box::new(source),
+            })?;
+        let saved_ids: Vec<String> = devices.devices.iter().map(|d| d.id.clone()).collect();
+        check_config_devices(config, &saved_ids)?;
+        doc.put(DEVICES_SECTION, &devices).map_err(state_error)?;
         let states = self.vcpus.save_state(&caps)?;
         let vcpus = VcpusState {
             vcpus: self
@@ -272,14 +323,6 @@ impl Vm {
             crate::legacy::state::save(serial.as_deref(), &self.ged)
         };
         doc.put(LEGACY_SECTION, &legacy).map_err(state_error)?;
-        let devices = self
-            .devices
-            .save_devices()
-            .map_err(|source| SnapshotError::Devices {
-                context: "snapshot: saving device",
-                source: Box::new(source),
-            })?;
-        doc.put(DEVICES_SECTION, &devices).map_err(state_error)?;
 
         let config_json = serde_json::to_vec_pretty(&vm_config_to_json(config)).map_err(|e| {
             SnapshotError::Config {

@@ -33,12 +33,13 @@ use crate::config::VmConfig;
 use crate::device_manager::state::DevicesState;
 use crate::device_manager::ObserverFactory;
 use crate::legacy::state::LegacyState;
-use crate::memory::hotplug::RamHotplugState;
+use crate::memory::hotplug::{RamHotplug, RamHotplugState};
 use crate::memory::snapshot::{
     join_regions, populate, read_memory_ranges, restore_guest_memory_parts, MemoryLayoutState,
     RegionOrigin,
 };
 use crate::vcpu::hotplug::VcpusState;
+use crate::vcpu::hotplug_controller::{CpuHotplugController, CpuHotplugState};
 use crate::vcpu::state::VcpuState;
 use crate::vcpu::Vcpu;
 use crate::vm::{Platform, VcpuToStart, Vm};
@@ -85,6 +86,7 @@ impl Sections {
         doc.finish().map_err(state_error)?;
         sections.vm.check()?;
         sections.settle_rng(config);
+        sections.check_hotplug(config)?;
         let boot_size: u64 = sections
             .memory
             .regions
@@ -106,6 +108,42 @@ impl Sections {
 }
 
 impl Sections {
+    /// The hot-plug sections put back onto throw-away controllers of this
+    /// configuration: what would refuse them after the VM is built refuses
+    /// them now, before anything is.
+    fn check_hotplug(&self, config: &VmConfig) -> Result<(), SnapshotError> {
+        let section = |name: &str| {
+            let name = name.to_string();
+            move |reason| SnapshotError::Section {
+                section: name,
+                reason,
+            }
+        };
+        RamHotplug::new(&config.memory)
+            .restore(&self.memory_hotplug, &self.hotplugged_ranges())
+            .map_err(section(MEMORY_HOTPLUG_SECTION))?;
+        let cpus =
+            CpuHotplugState::new(config.cpus.boot_vcpus, config.cpus.max_vcpus).map_err(|e| {
+                SnapshotError::Section {
+                    section: VCPUS_SECTION.to_string(),
+                    reason: format!("registers: {e}"),
+                }
+            })?;
+        CpuHotplugController::new(cpus)
+            .restore(&self.vcpus.registers)
+            .map_err(section(VCPUS_SECTION))
+    }
+
+    /// The hot-plugged RAM regions of the layout, (gpa, length).
+    fn hotplugged_ranges(&self) -> Vec<(u64, u64)> {
+        self.memory
+            .regions
+            .iter()
+            .filter(|r| r.origin == RegionOrigin::Hotplug)
+            .map(|r| (r.gpa, r.length))
+            .collect()
+    }
+
     /// What `config.json` cannot say: Cloud Hypervisor's VmConfig has no
     /// way to leave the rng device out (no `rng` means the default one), so
     /// a VM saved without one is restored without one. Every other device
@@ -123,6 +161,20 @@ pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 /// (a vCPU's is tens of KiB).
 pub const MAX_STATE_BYTES: u64 = 256 << 20;
 
+/// `path` opened for reading if it is a regular file (a FIFO or a device
+/// in its place is refused, not waited on or read without end).
+fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(file)
+}
+
 /// The file `name` of `dir`, refused above `limit` bytes before it is read.
 fn read_file(dir: &Path, name: &str, limit: u64) -> Result<Vec<u8>, SnapshotError> {
     use std::io::Read;
@@ -132,7 +184,7 @@ fn read_file(dir: &Path, name: &str, limit: u64) -> Result<Vec<u8>, SnapshotErro
         what,
         source,
     };
-    let file = std::fs::File::open(&path).map_err(|e| err("opening", e))?;
+    let file = open_regular(&path).map_err(|e| err("opening", e))?;
     let mut bytes = Vec::new();
     file.take(limit + 1)
         .read_to_end(&mut bytes)
@@ -176,7 +228,7 @@ impl Vm {
         let ram = restore_guest_memory_parts(&config.memory, &s.memory)?;
         let all_ram = join_regions(ram.boot.clone(), &ram.hotplugged)?;
         let ranges_path = dir.join(MEMORY_FILE);
-        let ranges = std::fs::File::open(&ranges_path).map_err(|source| SnapshotError::File {
+        let ranges = open_regular(&ranges_path).map_err(|source| SnapshotError::File {
             path: ranges_path,
             what: "opening",
             source,
@@ -186,13 +238,7 @@ impl Vm {
         if prefault {
             populate(&all_ram)?;
         }
-        let added: Vec<(u64, u64)> = s
-            .memory
-            .regions
-            .iter()
-            .filter(|r| r.origin == RegionOrigin::Hotplug)
-            .map(|r| (r.gpa, r.length))
-            .collect();
+        let added = s.hotplugged_ranges();
 
         let mut platform = Platform::build(&config, ram.boot, ram.hotplugged, observe)?;
         let Some(caps) = platform.caps.clone() else {

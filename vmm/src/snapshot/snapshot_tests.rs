@@ -351,29 +351,121 @@ fn a_truncated_memory_file_is_refused_before_anything_is_built() {
     assert!(e.to_string().starts_with("memory-ranges: "), "{e}");
 }
 
-/// A VM with a device that cannot be carried (vsock: its host-side
-/// connections live in this process) is refused before it is paused,
-/// naming the device, and nothing is paused.
+/// A pmem file of `size` bytes in `dir`.
+fn pmem_file(dir: &Path, size: u64) -> PathBuf {
+    let path = dir.join("pmem.img");
+    std::fs::File::create(&path).unwrap().set_len(size).unwrap();
+    path
+}
+
+/// A VM with a device that cannot be carried (pmem with discard_writes:
+/// the guest's writes live in this process only) is refused before it is
+/// paused, naming the device, and nothing is paused.
 #[test]
 fn a_vm_with_a_device_that_cannot_be_saved_is_refused_by_its_name() {
     if !have_kvm() {
         return;
     }
-    let dir = Scratch::new("vsock");
+    let dir = Scratch::new("discard");
     let mut config = config();
-    let socket = dir.0.join("vsock.sock");
+    let file = pmem_file(&dir.0, 2 << 20);
+    config.pmem = vec![crate::config::PmemConfig::parse(
+        &format!("file={},discard_writes=on,id=pmem0", file.display()),
+        0,
+    )
+    .expect("pmem config")];
+    let vm = boot_program(&config);
+    let e = vm.check_snapshottable().expect_err("discard_writes");
+    assert!(
+        e.to_string()
+            .starts_with("snapshot: device pmem0: cannot be moved"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("discard_writes"), "{e}");
+    assert!(!vm.vcpus.paused());
+}
+
+/// [`config`] with rng and vsock on PCI and pmem on MMIO, their files in
+/// `dir`.
+fn config_with_devices(dir: &Path) -> VmConfig {
+    let mut config = config();
+    config.rng = Some(crate::config::RngConfig::default());
+    let socket = dir.join("vsock.sock");
     config.vsock = Some(
         crate::config::VsockConfig::parse(&format!("cid=3,socket={},id=vsock0", socket.display()))
             .expect("vsock config"),
     );
-    let vm = boot_program(&config);
-    let e = vm.check_snapshottable().expect_err("vsock");
-    assert!(
-        e.to_string()
-            .starts_with("snapshot: device vsock0: cannot be moved"),
-        "{e}"
-    );
-    assert!(!vm.vcpus.paused());
+    let file = pmem_file(dir, 2 << 20);
+    config.pmem = vec![crate::config::PmemConfig::parse(
+        &format!("file={},id=pmem0,transport=mmio", file.display()),
+        0,
+    )
+    .expect("pmem config")];
+    config
+}
+
+/// The rng device's PCI interrupt line register, through the config ports
+/// as the guest reaches it; written when `value` is given.
+fn rng_interrupt_line(vm: &Vm, value: Option<u8>) -> u8 {
+    let (_, at) = vm
+        .pci_addresses()
+        .into_iter()
+        .find(|(id, _)| id == RNG_ID)
+        .expect("the rng device on PCI");
+    assert_eq!(at.segment, 0);
+    let address = 0x8000_0000u32 | (u32::from(at.slot) << 11) | 0x3c;
+    let pio = &vm.buses.0;
+    pio.write(0xcf8, &address.to_le_bytes());
+    if let Some(v) = value {
+        pio.write(0xcfc, &[v]);
+    }
+    let mut b = [0u8];
+    pio.read(0xcfc, &mut b);
+    b[0]
+}
+
+/// A VM with virtio devices on both transports (rng on PCI, vsock on
+/// PCI, pmem on MMIO) goes through a snapshot and a restore: the device
+/// manager's section is written, taken and restored onto the devices the
+/// configuration builds, in the restore's order, and the guest runs on.
+#[test]
+fn a_vm_with_virtio_devices_is_snapshotted_and_restored() {
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("devices");
+    let config = config_with_devices(&dir.0);
+    let socket = dir.0.join("vsock.sock");
+    let snap = dir.0.join("snapshot");
+    std::fs::create_dir(&snap).unwrap();
+    let mut vm = boot_program(&config);
+    counter_passes(&vm, 10);
+    // What the guest's PCI code would have set: the restore must give it back.
+    assert_eq!(rng_interrupt_line(&vm, Some(0x2a)), 0x2a);
+    vm.check_snapshottable().expect("movable devices");
+    vm.pause();
+    vm.snapshot(&config, &snap).expect("snapshot");
+    let saved = counter(&vm);
+    drop(vm);
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(snap.join(STATE_FILE)).unwrap()).unwrap();
+    let mut ids: Vec<&str> = state["sections"][DEVICES_SECTION]["state"]["devices"]
+        .as_array()
+        .expect("the devices section")
+        .iter()
+        .filter_map(|d| d["id"].as_str())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["_rng", "pmem0", "vsock0"]);
+    // The socket path is free again for the restored vsock device.
+    let _ = std::fs::remove_file(&socket);
+    let (restored_config, mut vm) = Vm::restore(&snap, false, None).expect("restore");
+    assert_eq!(restored_config, config);
+    assert_eq!(counter(&vm), saved);
+    assert_eq!(rng_interrupt_line(&vm, None), 0x2a, "the device's state");
+    vm.resume();
+    counter_passes(&vm, saved);
+    vm.stop();
 }
 
 /// RAM added by `vm.resize` comes back at its address with its bytes, the
@@ -478,7 +570,8 @@ fn a_failed_snapshot_leaves_no_earlier_state_behind() {
 }
 
 /// A snapshot and a restore run on the VMM's main thread: both pass its
-/// seccomp filter (kill mode), files, KVM and threads included. A refused
+/// seccomp filter (kill mode), files, KVM, devices (rng, vsock, pmem) and
+/// threads included. A refused
 /// call would end this test process with SIGSYS.
 #[test]
 fn snapshot_and_restore_pass_the_main_threads_seccomp_filter() {
@@ -492,8 +585,10 @@ fn snapshot_and_restore_pass_the_main_threads_seccomp_filter() {
         .find(|(k, _)| *k == VMM)
         .map(|(k, l)| seccomp::build(k, &l, seccomp::Mode::Kill).unwrap().unwrap())
         .expect("the main thread's filter");
-    let config = config();
-    let path = dir.0.clone();
+    let config = config_with_devices(&dir.0);
+    let path = dir.0.join("snapshot");
+    std::fs::create_dir(&path).unwrap();
+    let socket = dir.0.join("vsock.sock");
     let saved = std::thread::spawn(move || {
         seccomp::apply_filter(&program).unwrap();
         let mut vm = boot_program(&config);
@@ -504,6 +599,7 @@ fn snapshot_and_restore_pass_the_main_threads_seccomp_filter() {
         // A second snapshot finds the files there: emptied, not truncated on open.
         vm.snapshot(&config, &path).expect("snapshot again");
         drop(vm);
+        let _ = std::fs::remove_file(&socket);
         let (_, mut vm) = Vm::restore(&path, true, None).expect("restore");
         assert_eq!(counter(&vm), saved);
         vm.resume();
@@ -514,4 +610,69 @@ fn snapshot_and_restore_pass_the_main_threads_seccomp_filter() {
     .join()
     .expect("the filtered thread");
     assert!(saved > 10);
+}
+
+/// A FIFO in place of `memory-ranges` is refused by name, not waited on;
+/// a hot-plug section that does not fit the configuration is refused
+/// before anything is built.
+#[test]
+fn a_fifo_or_a_hotplug_section_that_does_not_fit_is_refused_by_name() {
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("fifo");
+    saved_vm(&dir.0);
+    let path = dir.0.join(STATE_FILE);
+    let original = std::fs::read(&path).unwrap();
+    let mut doc: serde_json::Value = serde_json::from_slice(&original).unwrap();
+    doc["sections"][MEMORY_HOTPLUG_SECTION]["state"]["added"] = json!(128 << 20);
+    std::fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let e = Vm::restore(&dir.0, false, None).err().expect("refused");
+    assert!(
+        e.to_string()
+            .starts_with("state.json: memory-hotplug: added: 134217728 bytes, above"),
+        "{e}"
+    );
+    std::fs::write(&path, &original).unwrap();
+
+    let ranges = dir.0.join(MEMORY_FILE);
+    std::fs::remove_file(&ranges).unwrap();
+    let c = std::ffi::CString::new(ranges.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path; mkfifo touches nothing else.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = Vm::restore(&dir.0, false, None).err().expect("refused");
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    assert!(e.to_string().contains(MEMORY_FILE), "{e}");
+}
+
+/// The configuration handed to a snapshot must describe the VM (a restore
+/// builds from it): a device it lacks or adds is refused by id there.
+#[test]
+fn a_configuration_that_does_not_describe_the_vm_is_refused_by_device() {
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("mismatch");
+    let config = config();
+    let mut vm = boot_program(&config);
+    vm.pause();
+    let with_devices = config_with_devices(&dir.0);
+    let e = vm
+        .snapshot(&with_devices, &dir.0)
+        .expect_err("extra devices");
+    assert!(
+        e.to_string()
+            .ends_with("device _rng is in the configuration but not in the VM"),
+        "{e}"
+    );
+    drop(vm);
+    let mut vm = boot_program(&with_devices);
+    vm.pause();
+    let _ = std::fs::remove_file(dir.0.join("vsock.sock"));
+    let e = vm.snapshot(&config, &dir.0).expect_err("missing devices");
+    assert!(
+        e.to_string()
+            .ends_with("device _rng is in the VM but not in the configuration"),
+        "{e}"
+    );
 }
