@@ -23,7 +23,7 @@ pub use cpus::{CpuTopology, CpusConfig, MAX_VCPUS};
 pub use device::DeviceConfig;
 pub use disk::DiskConfig;
 pub use fs::FsConfig;
-pub use net::{NetConfig, DEFAULT_TAP_NAME};
+pub use net::{NetConfig, TapFds, DEFAULT_TAP_NAME};
 pub use platform::{PlatformConfig, MAX_PCI_SEGMENTS};
 pub use pmem::PmemConfig;
 pub use restore::{file_url_dir, RestoreConfig, SnapshotConfig, FILE_URL_EXPECTED};

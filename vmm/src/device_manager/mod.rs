@@ -211,6 +211,10 @@ pub struct DeviceManager {
     ejects: Arc<EjectRequests>,
     ged: GedHandle,
     fs: Vec<FsDeviceInfo>,
+    /// Each net device's tap, by device id: a local migration passes it
+    /// to the new VMM (our tap is single-queue, so the new VMM cannot open
+    /// it by name while this one holds it). Dropped with its device.
+    taps: Vec<(String, Arc<Tap>)>,
     /// Each device's counters for `vm.counters`, by device id.
     counters: Vec<(String, Arc<DeviceCounters>)>,
     /// Memory slots of virtio-MMIO devices, kept until the VM goes.
@@ -280,6 +284,7 @@ impl DeviceManager {
             ejects,
             ged,
             fs: Vec::new(),
+            taps: Vec::new(),
             counters: Vec::new(),
             prefaulter: None,
             mmio_memory: Vec::new(),
@@ -332,6 +337,18 @@ impl DeviceManager {
 
     pub fn fs_devices(&self) -> &[FsDeviceInfo] {
         &self.fs
+    }
+
+    /// Each net device's id and tap.
+    pub fn net_taps(&self) -> impl Iterator<Item = (&str, std::os::fd::BorrowedFd<'_>)> {
+        self.taps.iter().map(|(id, tap)| {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&**tap);
+            // SAFETY: the tap owns `fd` and lives in `self.taps` for as
+            // long as `self` is borrowed.
+            (id.as_str(), unsafe {
+                std::os::fd::BorrowedFd::borrow_raw(fd)
+            })
+        })
     }
 
     /// The counters of every device that keeps them, by device id.
@@ -488,15 +505,17 @@ impl DeviceManager {
     fn add_net_device(&mut self, n: &NetConfig) -> Result<Option<PciAddress>, DeviceManagerError> {
         let tap = open_tap(n)?;
         let tap_name = tap.name().to_string();
+        let tap = Arc::new(tap);
         let device = Net::new(NetDeviceConfig {
             id: n.id.clone(),
-            tap: Arc::new(tap),
+            tap: tap.clone(),
             mac: n.mac,
             mtu: n.mtu,
             queue_size: n.queue_size,
             allowed_offloads: allowed_offloads(n.offload_csum, n.offload_tso),
         });
         let slot = self.place(&n.id, Box::new(device), n.transport, n.pci_segment, None)?;
+        self.taps.push((n.id.clone(), tap));
         tracing::info!(device = %n.id, "net {}: tap {tap_name}, guest MAC {}", n.id, n.mac);
         Ok(slot)
     }
@@ -704,6 +723,7 @@ impl DeviceManager {
                 continue; // an empty slot: nothing to do
             };
             self.fs.retain(|f| f.id != id);
+            self.taps.retain(|(t, _)| *t != id);
             self.counters.retain(|(c, _)| *c != id);
             tracing::info!("{id}: ejected by the guest from {at}, removed");
             gone.push(id);

@@ -443,3 +443,81 @@ fn both_sides_pass_the_main_threads_seccomp_filter() {
     assert!(sender.join().expect("the filtered sender"), "left paused");
     assert!(receiver.join().expect("the filtered receiver"));
 }
+
+/// A VM with a net device: its tap travels as a `TapFd` (our tap is
+/// single-queue, so the receiver could not open it by name while the
+/// sender holds it: EBUSY), and the receiver's device is built on it.
+/// Needs CAP_NET_ADMIN (skipped without).
+#[test]
+fn a_net_devices_tap_is_passed_to_the_receiver() {
+    if !have_kvm() {
+        return;
+    }
+    let name = format!("daxlm{}", std::process::id() % 100000);
+    match virtio_devices::net::Tap::open_named(&name) {
+        Ok(probe) => drop(probe),
+        Err(e) => return eprintln!("no tap here ({e}); skipped"),
+    }
+    let mut config = shared_config();
+    config.net = vec![crate::config::NetConfig::parse(
+        &format!("tap={name},mac=52:54:00:12:34:56,id=net0"),
+        0,
+    )
+    .expect("net config")];
+    let mut source = boot_program(&config);
+    counter_passes(&source, 10);
+    let (a, b) = pair();
+    let receiver = std::thread::spawn(move || {
+        let r = receive_over(&b, None).expect("received");
+        let c = counter(&r.vm);
+        let counts = counter_passes(&r.vm, c) > c;
+        let taps: Vec<String> =
+            r.vm.devices
+                .net_taps()
+                .map(|(id, _)| id.to_string())
+                .collect();
+        (counts, taps)
+    });
+    let layout = check_local(&source).expect("movable");
+    send_over(&mut source, &config, &layout, &a).expect("sent");
+    let (counts, taps) = receiver.join().unwrap();
+    assert!(counts);
+    assert_eq!(taps, ["net0"]);
+}
+
+/// What the receiver could not take over while the sender holds it (a
+/// writable disk's lock, the vsock's listening path) is refused by device
+/// before anything is sent or paused; a read-only disk passes the check.
+#[test]
+fn a_writable_disk_or_a_vsock_is_refused_by_name_before_pausing() {
+    if !have_kvm() {
+        return;
+    }
+    let config = shared_config();
+    let mut source = boot_program(&config);
+    counter_passes(&source, 10);
+    let mut value = vm_config_to_json(&config);
+    value["disks"] = json!([{"path": "/var/images/root.img", "id": "disk0"}]);
+    let with_disk = crate::config::json::vm_config_from_json(&value).expect("config");
+    let nowhere = std::path::Path::new("/nonexistent/m.sock");
+    let e = send_migration(&mut source, &with_disk, nowhere).expect_err("disk");
+    assert!(
+        e.to_string()
+            .contains("disk0: the writable disk /var/images/root.img"),
+        "{e}"
+    );
+    value["disks"] = json!([{"path": "/var/images/root.img", "id": "disk0", "readonly": true}]);
+    value["vsock"] = json!({"cid": 3, "socket": "/run/v.sock", "id": "vsock0"});
+    let with_vsock = crate::config::json::vm_config_from_json(&value).expect("config");
+    let e = send_migration(&mut source, &with_vsock, nowhere).expect_err("vsock");
+    assert!(
+        e.to_string()
+            .contains("vsock0: this VMM listens on /run/v.sock"),
+        "{e}"
+    );
+    value["vsock"] = serde_json::Value::Null;
+    let read_only = crate::config::json::vm_config_from_json(&value).expect("config");
+    let e = send_migration(&mut source, &read_only, nowhere).expect_err("no receiver");
+    assert!(matches!(e, MigrationError::Socket { .. }), "{e}");
+    assert!(still_counting(&source));
+}

@@ -69,6 +69,8 @@ pub enum MigrationError {
     /// Cloud Hypervisor's words for the same refusal.
     #[error("Local migration requires shared memory or hugepages enabled (guest RAM at {gpa:#x} is private; boot with --memory shared=on)")]
     NotShared { gpa: u64 },
+    #[error("the VM cannot be migrated yet: {device}: {what}, so the receiving VMM could not take it over (not supported yet)")]
+    HeldHere { device: String, what: String },
     #[error("the VM cannot be migrated: {0}")]
     NotMovable(#[source] SnapshotError),
     #[error("{}: {what}: {source}", path.display())]

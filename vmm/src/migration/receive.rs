@@ -23,6 +23,7 @@ use super::{
     MigrationConfig, MigrationError, ACCEPT_TIMEOUT, CONFIG_FORMAT, CONFIG_VERSION, SOCKET_TIMEOUT,
 };
 use crate::config::json::vm_config_from_json;
+use crate::config::TapFds;
 use crate::config::VmConfig;
 use crate::device_manager::ObserverFactory;
 use crate::memory::migration_fds::{MemoryFdError, ReceivedMemoryFds};
@@ -311,10 +312,12 @@ impl Receiver<'_> {
 
     /// `State`: the VM built over the mapped RAM and restored, paused.
     fn state(&mut self, payload: &[u8]) -> Result<(VmConfig, Vm), MigrationError> {
-        if let Some(device) = self.window_fds.keys().chain(self.tap_fds.keys()).next() {
+        if let Some(device) = self.window_fds.keys().next() {
             return Err(MigrationError::PassedFd {
-                label: device.clone(),
-                reason: "fds were passed for this device, but no device of this VMM takes over a DAX window's files or a tap in a migration yet".to_string(),
+                label: format!("WindowFd for {device}"),
+                reason:
+                    "no fs device of this VMM takes over a DAX window's files in a migration yet"
+                        .to_string(),
             });
         }
         let doc =
@@ -330,6 +333,19 @@ impl Receiver<'_> {
                 when: Phase::Started.when(),
             });
         };
+        // Each net device is built on the tap the sender passed (it
+        // cannot be opened by name while the sender holds it).
+        for (device, fd) in std::mem::take(&mut self.tap_fds) {
+            let net = config
+                .net
+                .iter_mut()
+                .find(|n| n.id == device)
+                .ok_or_else(|| MigrationError::PassedFd {
+                    label: format!("TapFd for {device}"),
+                    reason: "the configuration has no net device of that id".to_string(),
+                })?;
+            net.fds = TapFds(std::sync::Arc::new(vec![fd]));
+        }
         let vm = Vm::restore_document(
             &mut config,
             doc,

@@ -1,5 +1,5 @@
 //! The sending side of a local migration: everything is checked before the
-//! VM is paused; the memory fds, the DAX windows' files and the
+//! VM is paused; the memory fds, the DAX windows' files, the taps and the
 //! configuration go while the guest still runs; the guest is paused (the
 //! downtime starts) only for the state. On any failure before the
 //! receiver answered `Complete`, the VM is resumed if it was running and
@@ -26,6 +26,7 @@ use crate::vm::Vm;
 /// drop. Err: this VM runs again if it ran before.
 pub fn send_migration(vm: &mut Vm, config: &VmConfig, path: &Path) -> Result<(), MigrationError> {
     let layout = check_local(vm)?;
+    check_host_resources(config)?;
     let socket_err = |what| {
         move |source| MigrationError::Socket {
             path: path.to_path_buf(),
@@ -54,6 +55,30 @@ pub(crate) fn check_local(vm: &Vm) -> Result<MemoryLayoutState, MigrationError> 
         return Err(MigrationError::NotShared { gpa: r.gpa });
     }
     Ok(layout)
+}
+
+/// What the receiving VMM could not take over while this one holds it,
+/// refused by name before anything is paused (the receiver would fail to
+/// build the device and this VM would resume after a needless pause): a
+/// writable disk's image (this VMM holds its exclusive lock until it
+/// exits) and the vsock's socket path (this VMM's listener is live on it).
+pub(crate) fn check_host_resources(config: &VmConfig) -> Result<(), MigrationError> {
+    if let Some(d) = config.disks.iter().find(|d| !d.readonly) {
+        return Err(MigrationError::HeldHere {
+            device: d.id.clone(),
+            what: format!(
+                "the writable disk {} stays locked by this VMM until it exits",
+                d.path.display()
+            ),
+        });
+    }
+    if let Some(v) = &config.vsock {
+        return Err(MigrationError::HeldHere {
+            device: v.id.clone(),
+            what: format!("this VMM listens on {}", v.socket.display()),
+        });
+    }
+    Ok(())
 }
 
 /// The whole sequence over a connected socket (its timeouts set).
@@ -91,6 +116,7 @@ fn send_steps(
         .map_err(|e| MigrationError::NotMovable(e.into()))?;
     send_memory_fds(socket, layout, &all_ram)?;
     send_window_fds(vm, socket)?;
+    send_tap_fds(vm, socket)?;
 
     let payload = MigrationConfig {
         format: CONFIG_FORMAT.to_string(),
@@ -103,6 +129,7 @@ fn send_steps(
     send_payload(socket, Command::Config, &payload)?;
 
     // The downtime starts here.
+    let paused_at = std::time::Instant::now();
     if !was_paused {
         vm.pause();
     }
@@ -121,7 +148,10 @@ fn send_steps(
     };
     Request::new(complete, 0)?.write_to(&mut &*socket)?;
     expect_ok(socket, complete)?;
-    tracing::info!("migration complete: the VM now runs in the receiving VMM");
+    tracing::info!(
+        "migration complete: the VM is the receiving VMM's now, after {} ms paused here (state saved and sent, the receiver built it)",
+        paused_at.elapsed().as_millis()
+    );
     Ok(())
 }
 
@@ -151,6 +181,21 @@ fn send_window_fds(vm: &Vm, socket: &UnixStream) -> Result<(), MigrationError> {
             )?;
             expect_ok(socket, Command::WindowFd)?;
         }
+    }
+    Ok(())
+}
+
+/// One `TapFd` per net device: our tap is single-queue, so the receiver
+/// cannot open it by name while this VMM holds it; it builds the device on
+/// this fd instead.
+fn send_tap_fds(vm: &Vm, socket: &UnixStream) -> Result<(), MigrationError> {
+    for (id, fd) in vm.devices.net_taps() {
+        let label = FdLabel {
+            device: id.to_string(),
+            key: None,
+        };
+        protocol::send_request_with_fd(socket, Command::TapFd, &label.encode(), fd)?;
+        expect_ok(socket, Command::TapFd)?;
     }
     Ok(())
 }
