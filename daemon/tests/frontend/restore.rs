@@ -259,3 +259,23 @@ fn a_record_that_differs_from_what_the_daemon_maps_is_refused_naming_the_offset(
     drop(fs);
     let _ = daemon.wait();
 }
+
+#[test]
+fn a_device_resumed_after_a_snapshot_serves_its_queue_again() {
+    let (share, _sockdir, socket) = share_and_socket();
+    let mut daemon = start_daemon(share.as_path(), &socket);
+    let mem = guest_memory();
+    let mut fs = VhostUserFs::connect(&fs_config(&socket)).expect("negotiation");
+    let mut guest = activate(&mut fs, &mem);
+    assert_eq!(guest.call(opcode::INIT, 0, init_in().as_slice()).0, 0);
+    let a = lookup(&mut guest, "a.bin").nodeid;
+    let fh = open(&mut guest, a, libc::O_RDONLY);
+    let queues = fs.pause().expect("pause");
+    fs.save_state().expect("save");
+    // A paused device's daemon serves nothing; resumed, it does again.
+    assert_eq!(queues[1].next_avail, guest.next);
+    fs.resume().expect("resume");
+    assert_eq!(read_fh(&mut guest, a, fh, 0), &pattern(7)[..64]);
+    drop(fs);
+    assert!(daemon.wait().unwrap().success());
+}
