@@ -279,3 +279,48 @@ fn a_device_resumed_after_a_snapshot_serves_its_queue_again() {
     drop(fs);
     assert!(daemon.wait().unwrap().success());
 }
+
+/// A daemon (this crate's, in this process) that does not offer
+/// DEVICE_STATE, as one of another project may not: the device refuses to
+/// be moved, naming itself and the socket, before anything is paused.
+#[test]
+fn a_daemon_without_device_state_makes_the_device_refuse_to_move_by_name() {
+    use daemon::backend::FsBackend;
+    use daemon::dax::DaxMapper;
+    use daemon::fuse::server::Server;
+    use daemon::passthrough::{openat, CachePolicy, PassthroughFs};
+    use daemon::policy::DaxPolicy;
+
+    let (share, _sockdir, socket) = share_and_socket();
+    let path = std::ffi::CString::new(share.as_path().to_str().unwrap()).unwrap();
+    let root = openat(libc::AT_FDCWD, &path, libc::O_PATH, 0).unwrap();
+    let proc_fd = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH, 0).unwrap();
+    let policy = Arc::new(DaxPolicy::new(policies::Policy::default()));
+    let fs = PassthroughFs::new(root, proc_fd, CachePolicy::Never, policy.clone()).unwrap();
+    let server = Arc::new(Server::new(
+        fs,
+        DaxMapper::new(WINDOW, policy.clone()),
+        policy,
+    ));
+    let backend = Arc::new(FsBackend::new(server, 1, 1024, true, None));
+    let mut vu = vhost_user_backend::VhostUserDaemon::new(
+        "no-device-state".into(),
+        backend,
+        GuestMemoryAtomic::new(daemon::GuestMemoryMmap::new()),
+    )
+    .unwrap();
+    let served = socket.clone();
+    let thread = std::thread::spawn(move || {
+        let _ = vu.serve(&served);
+    });
+    let fs = VhostUserFs::connect_retrying(&fs_config(&socket), PATIENCE).expect("negotiation");
+    let e = fs.check_movable().unwrap_err().to_string();
+    assert!(
+        e.contains("fs0")
+            && e.contains(&socket.display().to_string())
+            && e.contains("DEVICE_STATE not offered"),
+        "{e}"
+    );
+    drop(fs);
+    thread.join().unwrap();
+}
