@@ -251,7 +251,10 @@ fn a_record_that_differs_from_what_the_daemon_maps_is_refused_naming_the_offset(
     let mut daemon = start_daemon(share.as_path(), &socket);
     let mut fs = VhostUserFs::connect(&fs_config(&socket)).expect("the new daemon");
     let e = fs.restore_state(&saved.state).unwrap_err().to_string();
-    assert!(e.contains("window offset 0x200000"), "{e}");
+    assert!(
+        e.contains("window offset 0x200000") && e.contains("window.record") && e.contains("ino"),
+        "{e}"
+    );
     assert!(
         fs.window().unwrap().mappings().mappings.is_empty(),
         "nothing left mapped"

@@ -253,6 +253,11 @@ impl VhostUserFs {
     /// serving its SHMEM_MAPs, and checks the window is the saved one.
     pub(super) fn restore(&mut self, state: &serde_json::Value) -> Result<(), DeviceStateError> {
         self.movable()?;
+        if self.activation.is_some() {
+            return Err(self.state_error(
+                "restore_state on an activated device (it takes a freshly connected one)",
+            ));
+        }
         let id = self.id.clone();
         let mut fields = StateFields::new(&id, state)?;
         let acked: u64 = fields.take("acked_features")?;
@@ -354,15 +359,19 @@ impl VhostUserFs {
         let loaded = self.load_backend_state(&backend_state);
         let verified = loaded
             .map_err(|e| {
-                self.state_error(format!(
-                    "the daemon at {} refused the saved state (see its log): {e}",
-                    self.socket.display()
-                ))
+                invalid(
+                    &id,
+                    "backend_state",
+                    format!(
+                        "the daemon at {} refused the saved state (see its log): {e}",
+                        self.socket.display()
+                    ),
+                )
             })
             .and_then(|()| match &window {
                 Some((w, saved)) => w
                     .verify(&saved.record.state)
-                    .map_err(|e| self.state_error(format!("the DAX window: {e}"))),
+                    .map_err(|e| invalid(&id, "window.record", e)),
                 None => Ok(()),
             });
         if let Some((w, _)) = &window {
