@@ -327,3 +327,37 @@ fn a_daemon_without_device_state_makes_the_device_refuse_to_move_by_name() {
     drop(fs);
     thread.join().unwrap();
 }
+
+/// Saved values the configuration or the new daemon contradict are refused
+/// by field before the daemon is asked anything; the same device then
+/// restores the untouched state.
+#[test]
+fn saved_fields_that_do_not_fit_are_refused_by_name_and_nothing_is_applied() {
+    let (share, _sockdir, socket) = share_and_socket();
+    let mem = guest_memory();
+    let (saved, _guest) = first_life(share.as_path(), &socket, &mem);
+    let mut daemon = start_daemon(share.as_path(), &socket);
+    let mut fs = VhostUserFs::connect(&fs_config(&socket)).expect("the new daemon");
+    let edits: [(&str, fn(&mut serde_json::Value)); 5] = [
+        ("num_queues", |s| s["num_queues"] = serde_json::json!(3)),
+        ("config", |s| s["config"][0] = serde_json::json!(b'x')),
+        ("window.size", |s| {
+            s["window"]["size"] = serde_json::json!(16 * MIB)
+        }),
+        ("window.record", |s| {
+            s["window"]["record"]["kind"] = serde_json::json!("vcpu")
+        }),
+        ("surplus", |s| s["surplus"] = serde_json::json!(1)),
+    ];
+    for (field, edit) in edits {
+        let mut state = saved.state.clone();
+        edit(&mut state);
+        let e = fs.restore_state(&state).unwrap_err().to_string();
+        assert!(e.contains(field), "{field}: {e}");
+    }
+    fs.restore_state(&saved.state)
+        .expect("the untouched state still restores");
+    assert_eq!(fs.window().unwrap().mappings().mappings.len(), 3);
+    drop(fs);
+    assert!(daemon.wait().unwrap().success());
+}
