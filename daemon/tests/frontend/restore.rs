@@ -328,6 +328,9 @@ fn a_daemon_without_device_state_makes_the_device_refuse_to_move_by_name() {
     thread.join().unwrap();
 }
 
+/// A change to a saved state.
+type Edit = fn(&mut serde_json::Value);
+
 /// Saved values the configuration or the new daemon contradict are refused
 /// by field before the daemon is asked anything; the same device then
 /// restores the untouched state.
@@ -338,7 +341,7 @@ fn saved_fields_that_do_not_fit_are_refused_by_name_and_nothing_is_applied() {
     let (saved, _guest) = first_life(share.as_path(), &socket, &mem);
     let mut daemon = start_daemon(share.as_path(), &socket);
     let mut fs = VhostUserFs::connect(&fs_config(&socket)).expect("the new daemon");
-    let edits: [(&str, fn(&mut serde_json::Value)); 5] = [
+    let edits: [(&str, Edit); 5] = [
         ("num_queues", |s| s["num_queues"] = serde_json::json!(3)),
         ("config", |s| s["config"][0] = serde_json::json!(b'x')),
         ("window.size", |s| {
