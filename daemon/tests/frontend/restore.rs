@@ -341,7 +341,13 @@ fn saved_fields_that_do_not_fit_are_refused_by_name_and_nothing_is_applied() {
     let (saved, _guest) = first_life(share.as_path(), &socket, &mem);
     let mut daemon = start_daemon(share.as_path(), &socket);
     let mut fs = VhostUserFs::connect(&fs_config(&socket)).expect("the new daemon");
-    let edits: [(&str, Edit); 5] = [
+    let edits: [(&str, Edit); 7] = [
+        ("acked_features", |s| {
+            s["acked_features"] = serde_json::json!(1u64 << 63)
+        }),
+        ("acked_protocol_features", |s| {
+            s["acked_protocol_features"] = serde_json::json!(0)
+        }),
         ("num_queues", |s| s["num_queues"] = serde_json::json!(3)),
         ("config", |s| s["config"][0] = serde_json::json!(b'x')),
         ("window.size", |s| {

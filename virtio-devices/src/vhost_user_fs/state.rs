@@ -349,14 +349,14 @@ impl VhostUserFs {
                 ))
             }
         };
-        self.acked = crate::device::AckedFeatures::default();
-        self.acked.ack(self.features_offered(), acked);
+        let mut acked_features = crate::device::AckedFeatures::default();
+        acked_features.ack(self.features_offered(), acked);
         if let Some((w, saved)) = &window {
             self.window_guest_addr = saved.guest_base;
             w.set_guest_base(saved.guest_base);
             w.set_replaying(true);
         }
-        let loaded = self.load_backend_state(&backend_state);
+        let loaded = self.load_backend_state(acked_features.bits(), &backend_state);
         let verified = loaded
             .map_err(|e| {
                 invalid(
@@ -381,14 +381,15 @@ impl VhostUserFs {
             }
         }
         verified?;
+        self.acked = acked_features;
         self.restored = true;
         Ok(())
     }
 
-    /// SET_FEATURES with the saved ones, SET_DEVICE_STATE_FD(LOAD), the
+    /// SET_FEATURES with the saved `acked` ones, SET_DEVICE_STATE_FD(LOAD), the
     /// blob written and closed, CHECK_DEVICE_STATE; the backend request
     /// channel is served meanwhile (the daemon maps its record again).
-    fn load_backend_state(&mut self, blob: &[u8]) -> Result<(), TransferError> {
+    fn load_backend_state(&mut self, acked: u64, blob: &[u8]) -> Result<(), TransferError> {
         let dog = io(
             "arming the watchdog",
             arm_watchdog(self.frontend.as_raw_fd()),
@@ -399,8 +400,8 @@ impl VhostUserFs {
             std::thread::spawn(move || serve_requests_until(&id, &requests, window, &stop))
         });
         let result = (|| {
-            let features = self.acked.bits()
-                | (self.backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
+            let features =
+                acked | (self.backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
             vhost("SET_FEATURES", self.frontend.set_features(features))?;
             let (mut ours, theirs) = io("socket pair", UnixStream::pair())?;
             io(
