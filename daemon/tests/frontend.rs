@@ -674,3 +674,7 @@ mod kata;
 /// SET_DEVICE_STATE_FD / CHECK_DEVICE_STATE with the daemon binary.
 #[path = "frontend/device_state.rs"]
 mod device_state;
+
+/// A snapshot and restore of the device with its DAX window alive.
+#[path = "frontend/restore.rs"]
+mod restore;

@@ -87,6 +87,9 @@ pub struct DaxMetrics {
     pub prefault_failures: AtomicU64,
     /// Bytes of mappings whose file shrank on the host, shown as scratch since.
     pub truncated_bytes: AtomicU64,
+    /// Ranges mapped again from a saved window record (a restore), counted
+    /// apart from the guest's own maps.
+    pub restored_ranges: AtomicU64,
     failures: [AtomicU64; FailureReason::ALL.len()],
     latency_buckets: [AtomicU64; MAP_LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,

@@ -16,6 +16,7 @@ pub mod mapped_files;
 pub mod memory_table;
 pub mod metrics;
 pub mod scratch;
+pub mod state;
 pub mod watch_budget;
 mod watchdog;
 pub mod window;
@@ -39,6 +40,7 @@ use crate::device::{
     read_config_bytes, AckedFeatures, ActivateError, ActivatedQueue, Interrupt, SharedMemoryRegion,
     VirtioDevice, VirtioInterrupt,
 };
+use crate::device_state::DeviceStateError;
 use crate::GuestMemoryMmap;
 use backend_req::DaxRequestHandler;
 use dax_abi::DAX_SHM_REGION_ID;
@@ -129,6 +131,19 @@ pub struct VhostUserFs {
     queue_error: Arc<AtomicBool>,
     worker: Option<crate::event_loop::WorkerThread>,
     active_queues: usize,
+    /// The daemon's socket, for messages.
+    socket: PathBuf,
+    /// The protocol features in use (DEVICE_STATE among them when the
+    /// daemon can hand its state over).
+    protocol: VhostUserProtocolFeatures,
+    /// What the last activation was given, to set the rings up again on
+    /// resume.
+    activation: Option<state::Activation>,
+    /// The queues' positions while paused.
+    paused: Option<Vec<crate::device_state::SavedQueue>>,
+    /// Restored from a saved state: the next activation kicks every queue
+    /// once (the guest's last kicks went to the old daemon).
+    restored: bool,
 }
 
 fn step<T>(id: &str, step: &'static str, r: vhost::Result<T>) -> Result<T, FsError> {
@@ -176,6 +191,24 @@ impl VhostUserFs {
         result
     }
 
+    /// [`Self::connect`] for a restore: the operator starts a fresh daemon
+    /// on the same socket path, maybe after this process, so the socket is
+    /// tried every 100 ms for up to `patience` (Cloud Hypervisor waits 60 s).
+    pub fn connect_retrying(
+        cfg: &FsDeviceConfig,
+        patience: std::time::Duration,
+    ) -> Result<Self, FsError> {
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            match Self::connect(cfg) {
+                Err(FsError::Connect { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// The handshake on a fresh connection: owner, features, protocol
     /// features, shared memory, the backend request channel.
     fn handshake(cfg: &FsDeviceConfig, mut frontend: Frontend) -> Result<Self, FsError> {
@@ -212,6 +245,11 @@ impl VhostUserFs {
             queue_error: Arc::new(AtomicBool::new(false)),
             worker: None,
             active_queues: 0,
+            socket: cfg.socket.clone(),
+            protocol,
+            activation: None,
+            paused: None,
+            restored: false,
         })
     }
 
@@ -386,6 +424,26 @@ impl VirtioDevice for VhostUserFs {
         let (calls, errors) = rings?;
         self.queue_error.store(false, Ordering::SeqCst);
         self.active_queues = queues.len();
+        let mut kept = Vec::with_capacity(queues.len());
+        for q in &queues {
+            let layout = state::QueueLayout {
+                index: q.index,
+                queue: crate::device_state::SavedQueue::from(q.queue.state()),
+            };
+            kept.push((layout, q.kick.try_clone()?));
+        }
+        if std::mem::take(&mut self.restored) {
+            // The daemon serves what the rings hold now, not at the next kick.
+            for q in &queues {
+                q.kick.write(1)?;
+            }
+        }
+        self.activation = Some(state::Activation {
+            mem,
+            interrupt: interrupt.clone(),
+            queues: kept,
+        });
+        self.paused = None;
         let thread = worker::spawn(worker::WorkerContext {
             id: self.id.clone(),
             interrupt,
@@ -424,6 +482,8 @@ impl VirtioDevice for VhostUserFs {
             w.clear();
         }
         self.active_queues = 0;
+        self.activation = None;
+        self.paused = None;
         self.acked.reset();
         self.queue_error.store(false, Ordering::SeqCst);
         true
@@ -438,6 +498,34 @@ impl VirtioDevice for VhostUserFs {
         if let Some(w) = &self.window {
             w.set_guest_base(base);
         }
+    }
+
+    fn state_name(&self) -> String {
+        self.state_name_of()
+    }
+
+    /// GET_VRING_BASE on each active queue (the daemon stops the ring once
+    /// every chain it took is answered).
+    fn pause(&mut self) -> Result<Vec<crate::device_state::SavedQueue>, DeviceStateError> {
+        self.pause_rings()
+    }
+
+    fn resume(&mut self) -> Result<(), DeviceStateError> {
+        self.resume_rings()
+    }
+
+    /// The features, config, ring bases, the daemon's state
+    /// (SET_DEVICE_STATE_FD) and the window's record; see [`state`].
+    fn save_state(&mut self) -> Result<serde_json::Value, DeviceStateError> {
+        self.save()
+    }
+
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), DeviceStateError> {
+        self.restore(state)
+    }
+
+    fn check_movable(&self) -> Result<(), DeviceStateError> {
+        self.movable()
     }
 
     fn shm_regions(&self) -> Vec<SharedMemoryRegion> {
@@ -489,11 +577,14 @@ fn negotiate(
         "GET_PROTOCOL_FEATURES",
         frontend.get_protocol_features(),
     )?;
-    let wanted = dax_abi::protocol_features(cfg.dax);
+    let needed = dax_abi::protocol_features(cfg.dax);
+    // DEVICE_STATE when the daemon has it: only a snapshot needs it, and
+    // `check_movable` refuses one without it.
+    let wanted = needed | VhostUserProtocolFeatures::DEVICE_STATE;
     if cfg.dax {
         // Only memory slots may be missing: without them the memory
         // table goes whole (SET_MEM_TABLE).
-        let missing = (wanted - VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS) - offered;
+        let missing = (needed - VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS) - offered;
         if !missing.is_empty() {
             return Err(FsError::Missing {
                 id: id.into(),

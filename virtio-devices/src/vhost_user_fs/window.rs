@@ -587,8 +587,17 @@ impl DaxWindow {
         let (offset, len) = (req.shm_offset, req.len);
         match &result {
             // Already in place (a replay): nothing was mapped.
-            Ok(false) => {}
+            Ok(false) => {
+                self.metrics
+                    .restored_ranges
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             Ok(true) => {
+                if self.replaying.load(std::sync::atomic::Ordering::SeqCst) {
+                    self.metrics
+                        .restored_ranges
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 let took = started.elapsed();
                 self.metrics.record_map(took);
                 let writable = VhostUserMMapFlags::from_bits_truncate(req.flags)
