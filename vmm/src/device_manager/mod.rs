@@ -60,6 +60,10 @@ use crate::device_manager::virtio_pci::{
 use crate::legacy::ged::{GedHandle, EVENT_PCI_HOTPLUG};
 use crate::memory::{GuestMemoryMmap, GuestRegionMmap};
 
+/// How long a restored fs device waits for its daemon's socket, trying
+/// every 100 ms: Cloud Hypervisor's `CONNECT_TIMEOUT` for vhost-user.
+pub const RESTORE_DAEMON_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What failed in making, placing, hot-plugging or removing a device, or in
 /// giving the devices new RAM.
 #[derive(Debug, thiserror::Error)]
@@ -226,6 +230,10 @@ pub struct DeviceManager {
     /// Maps new DAX ranges into the guest's view (None until the vCPUs
     /// exist, or where KVM cannot).
     prefaulter: Option<Arc<dyn GuestPrefaulter>>,
+    /// How long an fs device being built waits for its daemon's socket:
+    /// None (a boot or a hot-plug: the daemon must be there) or, on a
+    /// restore, [`RESTORE_DAEMON_PATIENCE`].
+    daemon_patience: Option<std::time::Duration>,
 }
 
 impl DeviceManager {
@@ -287,10 +295,20 @@ impl DeviceManager {
             taps: Vec::new(),
             counters: Vec::new(),
             prefaulter: None,
+            daemon_patience: None,
             mmio_memory: Vec::new(),
             hotplugged_ram: Vec::new(),
             activator,
         })
+    }
+
+    /// From now on an fs device waits up to [`RESTORE_DAEMON_PATIENCE`] for
+    /// its daemon's socket. On a restore or an incoming migration the
+    /// operator starts a fresh daemon on the same socket path once the old
+    /// one has handed over its state and exited (Cloud Hypervisor's model
+    /// and retry period), so the socket may not be there yet.
+    pub fn wait_for_daemons(&mut self) {
+        self.daemon_patience = Some(RESTORE_DAEMON_PATIENCE);
     }
 
     /// The devices the configuration asks for, before the guest starts.
@@ -536,7 +554,7 @@ impl DeviceManager {
         f: &FsConfig,
         observe: Option<&ObserverFactory>,
     ) -> Result<Option<PciAddress>, DeviceManagerError> {
-        let device = VhostUserFs::connect(&FsDeviceConfig {
+        let cfg = FsDeviceConfig {
             id: f.id.clone(),
             tag: f.tag.clone(),
             socket: f.socket.clone(),
@@ -544,7 +562,11 @@ impl DeviceManager {
             queue_size: f.queue_size,
             dax: f.dax,
             cache_size: f.cache_size,
-        })?;
+        };
+        let device = match self.daemon_patience {
+            Some(patience) => VhostUserFs::connect_retrying(&cfg, patience)?,
+            None => VhostUserFs::connect(&cfg)?,
+        };
         let window = device.window().cloned();
         let info = FsDeviceInfo {
             id: f.id.clone(),

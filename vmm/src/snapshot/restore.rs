@@ -264,7 +264,7 @@ impl Vm {
         let ram = make_ram(config, &s.memory)?;
         let added = s.hotplugged_ranges();
 
-        let mut platform = Platform::build(config, ram.boot, ram.hotplugged, observe)?;
+        let mut platform = Platform::build(config, ram.boot, ram.hotplugged, observe, true)?;
         let Some(caps) = platform.caps.clone() else {
             return Err(SnapshotError::NotSnapshottable {
                 component: "the vCPUs".to_string(),

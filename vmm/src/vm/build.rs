@@ -258,12 +258,14 @@ impl Platform {
     /// filled on a restore) and `hotplugged_ram` (the regions a restore
     /// re-creates at their addresses): both are given to KVM and to the
     /// devices before any device is made, so a vhost-user device's first
-    /// memory table already holds them.
+    /// memory table already holds them. `restoring`: each fs device waits
+    /// for its daemon to appear (see [`DeviceManager::wait_for_daemons`]).
     pub fn build(
         config: &VmConfig,
         mem: GuestMemoryMmap,
         hotplugged_ram: Vec<Arc<GuestRegionMmap>>,
         observe: Option<&ObserverFactory>,
+        restoring: bool,
     ) -> Result<Self, VmError> {
         let kvm = Kvm::new().map_err(VmError::Kvm)?;
         let vm = Arc::new(create_vm(&kvm)?);
@@ -288,6 +290,9 @@ impl Platform {
         )?;
         for region in &hotplugged_ram {
             devices.add_ram_region(region.clone())?;
+        }
+        if restoring {
+            devices.wait_for_daemons();
         }
         devices.add_boot_devices(config, observe)?;
         devices.append_aml(&mut device_aml);
