@@ -81,6 +81,11 @@ impl SerialDevice {
             ),
             Box::new(std::io::sink()) as Box<dyn Write + Send>,
         );
+        // vm-superio builds a UART from a state only with its writer; the
+        // placeholder lends it one meanwhile. from_state fails only on a
+        // FIFO over 64 bytes (the caller refuses those first) or an irqfd
+        // that cannot be written; then the port is left writing nowhere
+        // and the restore fails, so the VM is dropped anyway.
         let out = std::mem::replace(&mut self.serial, placeholder).into_writer();
         self.serial = Serial::from_state(state, IrqFdTrigger(irq), NoEvents, out)
             .map_err(|e| format!("{e:?}"))?;

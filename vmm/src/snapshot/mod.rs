@@ -90,6 +90,8 @@ pub enum SnapshotError {
     Memory(#[from] MemorySnapshotError),
     #[error("state.json: {0}")]
     Legacy(#[from] LegacyStateError),
+    #[error("snapshot: the configuration given does not describe this VM: device {id} {reason}")]
+    ConfigMismatch { id: String, reason: &'static str },
     #[error("restore: building the VM: {0}")]
     Build(#[from] VmError),
     /// A device cannot be carried, paused, saved or restored; `context`
@@ -110,6 +112,42 @@ pub(crate) fn state_error(source: StateError) -> SnapshotError {
 
 /// The rng device's id (it has no configurable one).
 pub const RNG_ID: &str = "_rng";
+
+/// The ids of the virtio devices `config` describes.
+pub fn config_device_ids(config: &VmConfig) -> Vec<String> {
+    let rng = config.rng.iter().map(|_| RNG_ID.to_string());
+    let pmem = config.pmem.iter().map(|p| p.id.clone());
+    let fs = config.fs.iter().map(|f| f.id.clone());
+    let disks = config.disks.iter().map(|d| d.id.clone());
+    let vsock = config.vsock.iter().map(|v| v.id.clone());
+    let net = config.net.iter().map(|n| n.id.clone());
+    rng.chain(pmem)
+        .chain(fs)
+        .chain(disks)
+        .chain(vsock)
+        .chain(net)
+        .collect()
+}
+
+/// The devices saved are the ones `config` describes (a restore builds
+/// the VM from it): checked at the snapshot, where the mistake is made,
+/// rather than found at the restore.
+fn check_config_devices(config: &VmConfig, saved: &[String]) -> Result<(), SnapshotError> {
+    let described = config_device_ids(config);
+    if let Some(id) = saved.iter().find(|id| !described.contains(id)) {
+        return Err(SnapshotError::ConfigMismatch {
+            id: id.clone(),
+            reason: "is in the VM but not in the configuration",
+        });
+    }
+    if let Some(id) = described.into_iter().find(|id| !saved.contains(id)) {
+        return Err(SnapshotError::ConfigMismatch {
+            id,
+            reason: "is in the configuration but not in the VM",
+        });
+    }
+    Ok(())
+}
 
 /// `dir` exists and is a directory; the error names it.
 fn check_dir(dir: &Path) -> Result<(), SnapshotError> {
@@ -217,7 +255,7 @@ impl Vm {
             _ => {}
         }
         // check_snapshottable saw the vCPU capabilities.
-        let mut doc = self.state_document()?;
+        let mut doc = self.state_document(config)?;
         let mut layout = self.memory_layout()?;
         let all_ram = join_regions(self.mem.clone(), &self.hotplugged_ram)?;
         let ranges = create_private(&dir.join(MEMORY_FILE))?;
@@ -250,8 +288,12 @@ impl Vm {
     /// local migration's `State`) but its memory section, which the caller
     /// adds: a snapshot's, whose table lists what `memory-ranges` holds,
     /// or a migration's, with none (memory travels as fds). Pauses and
-    /// saves the devices first; guest RAM is final once it returns.
-    pub(crate) fn state_document(&mut self) -> Result<StateDocument, SnapshotError> {
+    /// saves the devices first (which must be those `config` describes);
+    /// guest RAM is final once it returns.
+    pub(crate) fn state_document(
+        &mut self,
+        config: &VmConfig,
+    ) -> Result<StateDocument, SnapshotError> {
         if !self.vcpus.paused() {
             return Err(SnapshotError::NotPaused);
         }
@@ -284,6 +326,8 @@ impl Vm {
                 context: "snapshot: saving device",
                 source: Box::new(source),
             })?;
+        let saved_ids: Vec<String> = devices.devices.iter().map(|d| d.id.clone()).collect();
+        check_config_devices(config, &saved_ids)?;
         doc.put(DEVICES_SECTION, &devices).map_err(state_error)?;
         let states = self.vcpus.save_state(&caps)?;
         let vcpus = VcpusState {

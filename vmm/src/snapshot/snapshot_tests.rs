@@ -644,3 +644,35 @@ fn a_fifo_or_a_hotplug_section_that_does_not_fit_is_refused_by_name() {
     assert!(e.to_string().contains("not a regular file"), "{e}");
     assert!(e.to_string().contains(MEMORY_FILE), "{e}");
 }
+
+/// The configuration handed to a snapshot must describe the VM (a restore
+/// builds from it): a device it lacks or adds is refused by id there.
+#[test]
+fn a_configuration_that_does_not_describe_the_vm_is_refused_by_device() {
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("mismatch");
+    let config = config();
+    let mut vm = boot_program(&config);
+    vm.pause();
+    let with_devices = config_with_devices(&dir.0);
+    let e = vm
+        .snapshot(&with_devices, &dir.0)
+        .expect_err("extra devices");
+    assert!(
+        e.to_string()
+            .ends_with("device _rng is in the configuration but not in the VM"),
+        "{e}"
+    );
+    drop(vm);
+    let mut vm = boot_program(&with_devices);
+    vm.pause();
+    let _ = std::fs::remove_file(dir.0.join("vsock.sock"));
+    let e = vm.snapshot(&config, &dir.0).expect_err("missing devices");
+    assert!(
+        e.to_string()
+            .ends_with("device _rng is in the VM but not in the configuration"),
+        "{e}"
+    );
+}

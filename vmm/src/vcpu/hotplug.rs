@@ -73,6 +73,25 @@ impl VcpusState {
                 self.registers.slots.len()
             ));
         }
+        // What the guest is told must match the vCPUs that exist: a CPU it
+        // sees present with no vCPU behind it would never come online.
+        let r = &self.registers;
+        for cpu in (0..max).filter(|&i| r.present(i)) {
+            if !self.vcpus.iter().any(|v| v.index == cpu && !v.ejected) {
+                return Err(format!(
+                    "registers.slots: vCPU {cpu} is present to the guest but has no vCPU"
+                ));
+            }
+        }
+        // (One ejected but present is caught above: present, no vCPU.)
+        for v in self.vcpus.iter().filter(|v| !v.ejected) {
+            if !r.present(v.index) && !r.ejected.contains(&v.index) {
+                return Err(format!(
+                    "vcpus: vCPU {} runs but is neither present to the guest nor being ejected",
+                    v.index
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -221,7 +240,6 @@ fn lock(c: &Mutex<CpuHotplugController>) -> MutexGuard<'_, CpuHotplugController>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vcpu::hotplug_controller::CpuSlot;
 
     fn cpus(boot: u32, max: u32) -> CpusConfig {
         CpusConfig {
@@ -231,17 +249,20 @@ mod tests {
         }
     }
 
+    /// The section of these vCPUs, each present to the guest unless ejected.
     fn section(vcpus: &[(u32, bool)], slots: usize) -> VcpusState {
+        let state = CpuHotplugState::new(0, u32::try_from(slots).unwrap()).unwrap();
+        for &(index, ejected) in vcpus {
+            if !ejected {
+                state.announce_add(index);
+            }
+        }
         VcpusState {
             vcpus: vcpus
                 .iter()
                 .map(|&(index, ejected)| VcpuPresence { index, ejected })
                 .collect(),
-            registers: CpuHotplugRegisters {
-                slots: vec![CpuSlot::default(); slots],
-                ejected: Vec::new(),
-                selected: 0,
-            },
+            registers: CpuHotplugController::new(state).save(),
         }
     }
 
@@ -255,5 +276,18 @@ mod tests {
         assert!(e(section(&[(1, false)], 2)).contains("vCPU 0 is missing"));
         assert!(e(section(&[(0, true)], 2)).contains("vCPU 0 is missing or ejected"));
         assert!(e(section(&[(0, false)], 3)).starts_with("registers.slots: 3 saved"));
+
+        let mut present_without_vcpu = section(&[(0, false), (1, false)], 2);
+        present_without_vcpu.vcpus.pop();
+        assert!(e(present_without_vcpu).contains("vCPU 1 is present to the guest but has no vCPU"));
+        let mut ejected_but_present = section(&[(0, false), (1, false)], 2);
+        ejected_but_present.vcpus[1].ejected = true;
+        assert!(e(ejected_but_present).contains("vCPU 1 is present to the guest but has no vCPU"));
+        let mut hidden = section(&[(0, false), (1, true)], 2);
+        hidden.vcpus[1].ejected = false;
+        assert!(e(hidden.clone()).contains("vCPU 1 runs but is neither present"));
+        // Ejected by the guest, not yet parked by the VMM: fine.
+        hidden.registers.ejected = vec![1];
+        hidden.check(&c).unwrap();
     }
 }

@@ -265,6 +265,13 @@ pub struct CpuHotplugRegisters {
     pub selected: u32,
 }
 
+impl CpuHotplugRegisters {
+    /// Whether the guest sees vCPU `index` present.
+    pub fn present(&self, index: u32) -> bool {
+        self.slots.get(index as usize).is_some_and(|s| s.present)
+    }
+}
+
 impl CpuHotplugController {
     /// The registers and slots as they are now.
     pub fn save(&self) -> CpuHotplugRegisters {
