@@ -167,6 +167,20 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// Why `vm.snapshot` refuses a VM in `state` (any but paused).
+fn not_snapshottable_in(state: State) -> String {
+    match state {
+        State::Running => {
+            "vm.snapshot: trying to snapshot while the VM is running: pause it first (vm.pause)"
+                .to_string()
+        }
+        state => format!(
+            "vm.snapshot: the VM is not booted (it is {}): only a paused VM can be snapshotted",
+            state.as_str()
+        ),
+    }
+}
+
 /// The API's answer to a body that is wrong: 400, naming the endpoint.
 fn bad_request<E: std::fmt::Display>(endpoint: &'static str) -> impl Fn(E) -> ApiError {
     move |e| ApiError::bad_request(format!("{endpoint}: {e}"))
@@ -543,17 +557,7 @@ impl ControlLoop {
         };
         let vm = match (self.vm.as_mut(), self.state) {
             (Some(vm), State::Paused) => vm,
-            (_, State::Running) => {
-                return Err(ApiError::internal(format!(
-                "{ENDPOINT}: trying to snapshot while the VM is running: pause it first (vm.pause)"
-            )))
-            }
-            _ => {
-                return Err(ApiError::internal(format!(
-                "{ENDPOINT}: the VM is not booted (it is {}): only a paused VM can be snapshotted",
-                self.state.as_str()
-            )))
-            }
+            (_, state) => return Err(ApiError::internal(not_snapshottable_in(state))),
         };
         let dir = &target.destination_dir;
         if !dir.is_dir() {
