@@ -253,7 +253,7 @@ fn a_cloud_hypervisor_senders_bytes_are_received() {
     (&a).write_all(&cfg).unwrap();
     assert_eq!(ch_answer(&a), ok);
     source.pause();
-    let mut doc = source.state_document().unwrap();
+    let mut doc = source.state_document(&config).unwrap();
     doc.put(crate::snapshot::MEMORY_SECTION, &layout).unwrap();
     let state = doc.to_json().unwrap();
     (&a).write_all(&ch_header(3, state.len() as u64)).unwrap();

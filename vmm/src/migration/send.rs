@@ -133,7 +133,7 @@ fn send_steps(
     if !was_paused {
         vm.pause();
     }
-    let mut doc = vm.state_document().map_err(MigrationError::Save)?;
+    let mut doc = vm.state_document(config).map_err(MigrationError::Save)?;
     doc.put(MEMORY_SECTION, layout)
         .map_err(|e| MigrationError::Save(state_error(e)))?;
     let state = doc

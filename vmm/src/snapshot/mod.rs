@@ -255,7 +255,7 @@ impl Vm {
             _ => {}
         }
         // check_snapshottable saw the vCPU capabilities.
-        let mut doc = self.state_document()?;
+        let mut doc = self.state_document(config)?;
         let mut layout = self.memory_layout()?;
         let all_ram = join_regions(self.mem.clone(), &self.hotplugged_ram)?;
         let ranges = create_private(&dir.join(MEMORY_FILE))?;
@@ -288,8 +288,12 @@ impl Vm {
     /// local migration's `State`) but its memory section, which the caller
     /// adds: a snapshot's, whose table lists what `memory-ranges` holds,
     /// or a migration's, with none (memory travels as fds). Pauses and
-    /// saves the devices first; guest RAM is final once it returns.
-    pub(crate) fn state_document(&mut self) -> Result<StateDocument, SnapshotError> {
+    /// saves the devices first (which must be those `config` describes);
+    /// guest RAM is final once it returns.
+    pub(crate) fn state_document(
+        &mut self,
+        config: &VmConfig,
+    ) -> Result<StateDocument, SnapshotError> {
         if !self.vcpus.paused() {
             return Err(SnapshotError::NotPaused);
         }
