@@ -22,7 +22,9 @@ fn checksum(b: &[u8]) -> u64 {
 pub fn run(counter: &str, check: &str, secs: &str) {
     let c = open(counter, true);
     if file_len(&c) < 8 {
-        fail(format!("{counter}: shorter than the 8 bytes of the counter"));
+        fail(format!(
+            "{counter}: shorter than the 8 bytes of the counter"
+        ));
     }
     let counter_map = Mapping::new(&c, 8, true);
     let k = open(check, false);
@@ -47,7 +49,10 @@ pub fn run(counter: &str, check: &str, secs: &str) {
         if last_report.elapsed() >= Duration::from_secs(1) {
             let ok = checksum(check_map.bytes()) == first;
             bad += u64::from(!ok);
-            println!("@@GUEST counter n={value} check={}", if ok { "ok" } else { "bad" });
+            println!(
+                "@@GUEST counter n={value} check={}",
+                if ok { "ok" } else { "bad" }
+            );
             last_report = Instant::now();
         }
         std::thread::sleep(Duration::from_millis(10));
