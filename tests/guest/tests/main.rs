@@ -23,6 +23,7 @@ mod kata;
 mod kata_sandbox;
 mod kata_sandbox_rs;
 mod memory_hotplug;
+mod migration_local;
 mod pci_segments;
 mod pjdfstest;
 mod pmem;

@@ -12,6 +12,8 @@
 //! daxprobe mmap-counter COUNTER CHECK SECONDS  advances a u64 in COUNTER through a shared
 //!                                        writable mapping every ~10 ms and checksums CHECK's
 //!                                        mapping once a second (daxprobe/mmap_counter.rs)
+//! daxprobe counter-gap PATH SECONDS      (host) the longest time mmap-counter's value in PATH
+//!                                        stood still (daxprobe/counter_gap.rs)
 //! daxprobe mmap-truncated PATH READY GO   maps PATH, reads it all, creates READY, waits
 //!                                        (60 s at most) for GO to exist (the host has cut the
 //!                                        file meanwhile), then a child reads every page again
@@ -66,6 +68,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
+#[path = "daxprobe/counter_gap.rs"]
+mod counter_gap;
 #[path = "daxprobe/hostile.rs"]
 mod hostile;
 #[path = "daxprobe/kata_net.rs"]
@@ -470,6 +474,7 @@ fn main() {
             }
             println!("passes={passes} changed={changed}");
         }
+        ["counter-gap", path, secs] => counter_gap::run(path, secs),
         ["mmap-counter", counter, check, secs] => mmap_counter::run(counter, check, secs),
         ["mmap-truncated", path, ready, go] => mmap_truncated(path, ready, go),
         ["mmap-truncated-rw", path, offset, ready, go] => truncated_rw::run(path, offset, ready, go),
@@ -491,6 +496,6 @@ fn main() {
         ["unix-serve", path, reply] => vsock::unix_serve(path, reply),
         ["hybrid-connect", socket, port, bytes] => vsock::hybrid_connect(socket, port, bytes),
         ["virtio-hostile", transport, serial, marker] => hostile::run(transport, serial, marker),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-counter | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | kata-rs-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect | virtio-hostile)".into()),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-counter | counter-gap | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | kata-rs-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect | virtio-hostile)".into()),
     }
 }

@@ -1,0 +1,179 @@
+//! A VMM upgrade: a running guest with a DAX share and a NIC on a tap is
+//! handed to a new VMM process by a local migration, as an operator
+//! scripts it with Cloud Hypervisor and virtiofsd (`receive-migration` on
+//! the new VMM, `send-migration ...,local=on` on the old one; the old
+//! daemon's socket file removed, a fresh daemon started on the same path
+//! and share once the old one has exited). In the guest, `daxprobe
+//! mmap-counter` keeps a u64 in `counter.bin` advancing through a writable
+//! DAX mapping and checksums `data.bin` through a read-only one. One run
+//! checks:
+//! - `vm.send-migration` answers 204 once the new VMM has the VM, and the
+//!   old VMM then exits 0; `vm.receive-migration` answers 204;
+//! - the new VMM shows the VM running with the window's ranges mapped;
+//!   the same guest process's counter advances in the host file from
+//!   where it was, `data.bin` reads right, `statx` still says DAX, and the
+//!   guest pings the tap, which the new VMM received from the old one;
+//! - the downtime, the longest time the counter stood still as the host
+//!   saw it, goes to the results file.
+//!
+//! Run with `cargo test -p guest-tests -- --ignored migration_local::`.
+
+use std::time::Duration;
+
+use test_infra::results::Results;
+use test_infra::rig::{self, Guest};
+
+use crate::devices::net;
+use crate::snapshot::SHELL_HELPERS;
+
+const HOST_BEFORE: &str = r#"
+mkdir -p share
+dd if=/dev/urandom of=share/data.bin bs=1M count=4 2>/dev/null
+dd if=/dev/zero of=share/counter.bin bs=1M count=2 2>/dev/null
+dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --log-level warn &
+DAEMON=$!
+"#;
+
+const API_SCRIPT: &str = r#"
+counter() { od -An -tu8 -N8 share/counter.bin | tr -d ' '; }
+seen() { i=0; while ! grep -q "$1" serial.log 2>/dev/null && [ $i -lt 3000 ] && alive $2; do sleep 0.1; i=$((i+1)); done; }
+metric() { api $1 GET /api/v1/vm.dax-metrics | grep -o "daxvmm_dax_$2{device=\"fs0\"} [0-9]*" | head -1 | cut -d' ' -f2; }
+advancing() { a=$(counter); sleep 2; b=$(counter); echo "$a $b"; }
+ms() { awk '{ printf "%d", $1 * 1000 }' /proc/uptime; }
+api /tmp/api.sock PUT /api/v1/vmm.shutdown >/dev/null
+follow serial.log
+wait_sock /tmp/fs.sock
+"$VMM" --api-socket /tmp/a.sock --kernel "$KERNEL" --initramfs "$INITRAMFS" --cmdline "$CMDLINE" \
+  --memory size=512M,shared=on --serial "file=$WORK/serial.log" \
+  --fs tag=share,socket=/tmp/fs.sock,num_queues=1,queue_size=1024,cache_size=32M,id=fs0 \
+  --net tap=dtap0,ip=HOST_IP,mask=255.255.255.0,mac=52:54:00:12:34:56,id=net0 -v </dev/null &
+A=$!
+seen '@@GUEST ready=1' $A
+echo "@@HOST before=$(advancing)"
+echo "@@HOST mapped_before=$(metric /tmp/a.sock mapped_ranges)"
+"$VMM" --api-socket /tmp/b.sock -v </dev/null &
+B=$!
+wait_sock /tmp/b.sock
+api /tmp/b.sock PUT /api/v1/vm.receive-migration '{"receiver_url":"unix:/tmp/mig.sock"}' > receive.out 2>&1 &
+RECV=$!
+wait_sock /tmp/mig.sock
+# The operator's part, as in Cloud Hypervisor's virtio-fs migration test:
+# the old daemon's socket goes (the new VMM must not reach it), and once
+# the old daemon has handed over its state and exited a fresh one serves
+# the same share on the same path.
+rm -f /tmp/fs.sock
+( ended $DAEMON; echo "$EXIT" > daemon1.exit
+  dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --log-level warn &
+  echo $! > daemon2.pid; wait ) &
+daxprobe counter-gap share/counter.bin 20 > gap.out 2>&1 &
+GAP=$!
+sleep 1
+T0=$(ms)
+echo "@@HOST send=$(api /tmp/a.sock PUT /api/v1/vm.send-migration '{"destination_url":"unix:/tmp/mig.sock","local":true}')"
+echo "@@HOST send_ms=$(( $(ms) - T0 ))"
+wait $RECV; echo "@@HOST receive=$(cat receive.out)"
+ended $A; echo "@@HOST a_exit=$EXIT"
+echo "@@HOST daemon1_exit=$(cat daemon1.exit 2>/dev/null)"
+echo "@@HOST migrated_state=$(api /tmp/b.sock GET /api/v1/vm.info | grep -o '"state":"[A-Za-z]*"')"
+echo "@@HOST mapped_after=$(metric /tmp/b.sock mapped_ranges)"
+echo "@@HOST after=$(advancing)"
+wait $GAP; echo "@@HOST gap=$(cat gap.out)"
+touch share/migrated
+seen '@@GUEST after_done=1' $B
+echo "@@HOST b_shutdown=$(api /tmp/b.sock PUT /api/v1/vmm.shutdown)"
+ended $B; echo "@@HOST b_exit=$EXIT"
+kill $(cat daemon2.pid 2>/dev/null) 2>/dev/null
+"#;
+
+const HOST_AFTER: &str = r#"
+sleep 1; kill $TAIL
+"#;
+
+const GUEST_SCRIPT: &str = r#"
+wait_for() { i=0; until eval "$1"; do [ $i -ge $2 ] && return 1; sleep 0.1; i=$((i+1)); done; }
+mkdir -p /mnt
+wait_for 'mount -t virtiofs share /mnt -o dax=always 2>/dev/null' 300; echo "@@GUEST mount_rc=$?"
+echo "@@GUEST statx_before=$(daxprobe statx /mnt/counter.bin /mnt/data.bin)"
+ip addr add 192.168.249.2/24 dev eth0 && ip link set eth0 up
+daxprobe mmap-counter /mnt/counter.bin /mnt/data.bin 900 &
+sleep 2
+echo "@@GUEST ready=1"
+wait_for '[ -e /mnt/migrated ]' 6000; echo "@@GUEST saw_migrated=$?"
+echo "@@GUEST statx_after=$(daxprobe statx /mnt/counter.bin /mnt/data.bin)"
+echo "@@GUEST ping=$(ping -c 3 -W 10 HOST_IP 2>&1 | grep -o '[0-9]* packets received')"
+echo "@@GUEST after_done=1"
+sleep 5
+"#;
+
+/// Two numbers (`"a b"`).
+fn two(v: Option<&str>) -> Option<(u64, u64)> {
+    let mut it = v?.split_whitespace().map(|n| n.parse().ok());
+    Some((it.next()??, it.next()??))
+}
+
+#[test]
+#[ignore = "boots real guests; run through scripts/test.sh"]
+fn a_dax_guest_moves_to_a_new_vmm_process_with_its_window() {
+    let host_ip = "192.168.249.1";
+    let mut guest = Guest::new("migration-local", &GUEST_SCRIPT.replace("HOST_IP", host_ip));
+    guest.memory = "512M,shared=on".into();
+    guest.guest_modules = net::GUEST_MODULES.iter().map(|m| m.to_string()).collect();
+    guest.host_modules = net::HOST_MODULES.iter().map(|m| m.to_string()).collect();
+    let daxprobe = rig::tool("guest-tools", "daxprobe").expect("daxprobe");
+    guest.guest_tools = vec![daxprobe.clone()];
+    guest.host_tools = vec![
+        rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd"),
+        daxprobe,
+    ];
+    guest.host_before = HOST_BEFORE.into();
+    guest.host_after = HOST_AFTER.into();
+    guest.vmm_args = vec!["-v".into()];
+    guest.api_script = Some(format!(
+        "{SHELL_HELPERS}{}",
+        API_SCRIPT.replace("HOST_IP", host_ip)
+    ));
+    guest.timeout = Duration::from_secs(900);
+    let (run, _stalls) = rig::run_retrying_stall(&guest).expect("rig run");
+    let tail = run.tail(100);
+    assert!(!run.timed_out, "{tail}");
+    let host = |key: &str| run.host(key).unwrap_or_default().to_string();
+
+    let dax = "/mnt/counter.bin:1 /mnt/data.bin:1";
+    assert_eq!(run.guest("statx_before"), Some(dax), "{tail}");
+    let (b0, b1) = two(run.host("before")).unwrap_or_else(|| panic!("no counter\n{tail}"));
+    assert!(b1 > b0, "{tail}");
+    let mapped: u64 = host("mapped_before").parse().unwrap_or(0);
+    assert!(mapped >= 2, "{tail}");
+
+    assert_eq!(host("send"), "status=204 body=", "{tail}");
+    assert_eq!(host("receive"), "status=204 body=", "{tail}");
+    assert_eq!(host("a_exit"), "status=0", "the old VMM exits\n{tail}");
+    assert_eq!(host("daemon1_exit"), "status=0", "{tail}");
+    assert_eq!(host("migrated_state"), "\"state\":\"Running\"", "{tail}");
+    assert_eq!(
+        host("mapped_after").parse::<u64>().unwrap_or(0),
+        mapped,
+        "the window's ranges mapped in the new VMM\n{tail}"
+    );
+    let (a0, a1) = two(run.host("after")).unwrap_or_else(|| panic!("{tail}"));
+    assert!(a0 > b1 && a1 > a0, "the counter goes on\n{tail}");
+    assert_eq!(run.guest("saw_migrated"), Some("0"), "{tail}");
+    assert_eq!(run.guest("statx_after"), Some(dax), "{tail}");
+    let lines = run.tail(100_000);
+    assert!(!lines.contains("check=bad"), "{tail}");
+    assert_eq!(run.guest("ping"), Some("3 packets received"), "{tail}");
+    assert_eq!(host("b_shutdown"), "status=204 body=", "{tail}");
+    assert_eq!(host("b_exit"), "status=0", "{tail}");
+    let gap = host("gap");
+    assert!(gap.starts_with("max_gap_ms="), "{gap}\n{tail}");
+
+    let mut results = Results::new("migration-local");
+    results.record_run("local migration (VMM upgrade) with a DAX window", &run);
+    results.record(
+        "downtime: longest stop of the guest's DAX counter as the host saw it",
+        gap,
+    );
+    results.record("vm.send-migration answered after (ms)", host("send_ms"));
+    results.record("DAX ranges mapped in the new VMM", host("mapped_after"));
+    results.save().expect("write results");
+}
