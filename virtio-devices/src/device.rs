@@ -252,6 +252,12 @@ pub trait VirtioDevice: Send {
         })
     }
 
+    /// The source of a local migration, once this device's state is saved
+    /// and sent: let go of an outside backend that serves one VMM at a time
+    /// (a vhost-user daemon), so that a fresh one can serve the receiving
+    /// VMM. The device serves nothing afterwards.
+    fn release_backend(&mut self) {}
+
     /// Asked before anything is paused: Err says why this device cannot be
     /// snapshotted or moved.
     fn check_movable(&self) -> Result<(), DeviceStateError> {

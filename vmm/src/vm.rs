@@ -151,7 +151,7 @@ impl Vm {
         load: impl FnOnce(&Platform) -> Result<u64, VmError>,
     ) -> Result<Vm, VmError> {
         let mem = memory::create_guest_memory(&config.memory)?;
-        let platform = Platform::build(config, mem, Vec::new(), observe, false)?;
+        let platform = Platform::build(config, mem, Vec::new(), observe, None)?;
         let entry = load(&platform)?;
         let setup = platform.vcpu_setup(config, entry);
         let boot_vcpus = config.cpus.boot_vcpus;

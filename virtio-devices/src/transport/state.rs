@@ -400,6 +400,12 @@ impl MmioTransport {
         self.state.device().check_movable()
     }
 
+    /// See [`crate::device::VirtioDevice::release_backend`]: a local migration's source,
+    /// once the state is sent.
+    pub fn release_backend(&self) {
+        self.state.device().release_backend();
+    }
+
     pub fn pause(&mut self) -> Result<(), TransportStateError> {
         self.state.pause()
     }

@@ -125,6 +125,10 @@ struct TrackedFile {
     file: Arc<File>,
     /// Pieces that show it.
     pieces: usize,
+    /// `file` came with a read-write mapping (so it is open for writing):
+    /// a local migration passes it on for the receiver to map the same
+    /// ranges again, writable ones included.
+    writable: bool,
 }
 
 /// The window's mappings, one piece per `mmap` still (partly) in place.
@@ -236,6 +240,17 @@ impl MappedFiles {
         self.files.contains_key(&key)
     }
 
+    /// Whether the descriptor kept of `key` serves a new mapping of it:
+    /// it is kept, and it came with a writable mapping if this one is
+    /// (the guest maps a range read-only first and upgrades it on its first
+    /// write; the daemon's descriptor for the upgrade is the one open for
+    /// writing).
+    pub fn keeps_for(&self, key: FileKey, writable: bool) -> bool {
+        self.files
+            .get(&key)
+            .is_some_and(|f| f.writable || !writable)
+    }
+
     /// Records a new mapping of file `key` at `[start, end)`, which was
     /// `size` bytes long when mapped; `file` is a descriptor of its own,
     /// kept while any piece shows the file, needed only when the file is
@@ -257,8 +272,14 @@ impl MappedFiles {
         // replaces the file's last one (the guest remapping a range
         // writable), the file's descriptor and watch must stay.
         match (self.files.get_mut(&key), file) {
-            (Some(tracked), _) => {
+            (Some(tracked), file) => {
                 tracked.pieces += 1;
+                // The descriptor of a writable mapping replaces a read-only
+                // one (the watch keeps its own: the same file).
+                if let Some(file) = file.filter(|_| writable && !tracked.writable) {
+                    tracked.file = Arc::new(file);
+                    tracked.writable = true;
+                }
                 if let Some(w) = watch {
                     w.saw_size(key, size);
                 }
@@ -268,7 +289,14 @@ impl MappedFiles {
                 if let Some(w) = watch {
                     w.follow(key, file.clone(), size);
                 }
-                self.files.insert(key, TrackedFile { file, pieces: 1 });
+                self.files.insert(
+                    key,
+                    TrackedFile {
+                        file,
+                        pieces: 1,
+                        writable,
+                    },
+                );
             }
             // (A caller that checked `tracks` under the same lock never
             // gets here; the piece is then simply not watched.)

@@ -23,6 +23,8 @@ pub mod window;
 pub mod worker;
 
 use std::os::fd::AsRawFd;
+
+use file_watch::FileKey;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -144,6 +146,11 @@ pub struct VhostUserFs {
     /// Restored from a saved state: the next activation kicks every queue
     /// once (the guest's last kicks went to the old daemon).
     restored: bool,
+    /// The mapped files a local migration's sender passed, by (dev, ino):
+    /// [`VirtioDevice::restore_state`] maps the window again from them
+    /// before the new daemon replays its record (which then finds every
+    /// range in place).
+    window_files: Option<std::collections::HashMap<FileKey, std::fs::File>>,
 }
 
 fn step<T>(id: &str, step: &'static str, r: vhost::Result<T>) -> Result<T, FsError> {
@@ -250,6 +257,7 @@ impl VhostUserFs {
             activation: None,
             paused: None,
             restored: false,
+            window_files: None,
         })
     }
 
@@ -526,6 +534,10 @@ impl VirtioDevice for VhostUserFs {
 
     fn check_movable(&self) -> Result<(), DeviceStateError> {
         self.movable()
+    }
+
+    fn release_backend(&mut self) {
+        self.release_daemon();
     }
 
     fn shm_regions(&self) -> Vec<SharedMemoryRegion> {

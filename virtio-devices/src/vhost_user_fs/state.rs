@@ -25,6 +25,7 @@ use vhost::vhost_user::VhostUserFrontend;
 use vhost::VhostBackend;
 use vm_state::SectionState;
 
+use super::file_watch::FileKey;
 use super::window::record::WindowRecord;
 use super::{arm_watchdog, VhostUserFs, VHOST_USER_TIMEOUT};
 use crate::device_state::{invalid, DeviceStateError, SavedQueue, StateFields};
@@ -251,6 +252,33 @@ impl VhostUserFs {
     /// On a device just connected to a fresh daemon (same configuration):
     /// takes back the saved features, hands the daemon its state while
     /// serving its SHMEM_MAPs, and checks the window is the saved one.
+    /// A local migration's receiver: the files the sender's window had
+    /// mapped, by (dev, ino), for [`Self::restore`] to map the window again
+    /// from (each through the window's checks) before the daemon replays.
+    pub fn set_window_files(&mut self, files: std::collections::HashMap<FileKey, std::fs::File>) {
+        self.window_files = Some(files);
+    }
+
+    /// A local migration's source, once the state is sent: the worker
+    /// stops and the connection to the daemon is shut down, so the daemon
+    /// (which serves one VMM) exits and a fresh one on the same socket
+    /// path can serve the receiving VMM, as in Cloud Hypervisor. The
+    /// window stays mapped here until this process exits: the guest's
+    /// pages are the files', not this process's.
+    pub(super) fn release_daemon(&mut self) {
+        self.stop_worker();
+        // SAFETY: shutdown(2) on the frontend's socket, which it owns and
+        // keeps open; later requests on it fail with an error, no fd is
+        // closed or reused.
+        if unsafe { libc::shutdown(self.frontend.as_raw_fd(), libc::SHUT_RDWR) } != 0 {
+            tracing::warn!(
+                "fs {}: shutting down the connection to its daemon: {}",
+                self.id,
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+
     pub(super) fn restore(&mut self, state: &serde_json::Value) -> Result<(), DeviceStateError> {
         self.movable()?;
         if self.activation.is_some() {
@@ -354,6 +382,15 @@ impl VhostUserFs {
         if let Some((w, saved)) = &window {
             self.window_guest_addr = saved.guest_base;
             w.set_guest_base(saved.guest_base);
+            // A local migration passed the mapped files: the window is
+            // mapped again from them, through the same checks as any map,
+            // and the daemon's replay below then finds each range in place.
+            if let Some(files) = self.window_files.take() {
+                if let Err(e) = w.replay(&saved.record.state, &files) {
+                    w.clear();
+                    return Err(invalid(&id, "window.record", e));
+                }
+            }
             w.set_replaying(true);
         }
         let loaded = self.load_backend_state(acked_features.bits(), &backend_state);

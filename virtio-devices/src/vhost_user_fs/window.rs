@@ -658,9 +658,11 @@ impl DaxWindow {
         {
             return Ok(false);
         }
-        // A descriptor of its own for a file not mapped yet, kept while it
-        // is, to notice it shrinking ([`Self::repair_truncated`]).
-        let own = if mapped.files.tracks(info.file) {
+        // A descriptor of its own for a file not mapped yet (or mapped
+        // only read-only so far and now writable), kept while it is, to
+        // notice it shrinking ([`Self::repair_truncated`]) and to pass on
+        // in a local migration.
+        let own = if mapped.files.keeps_for(info.file, writable) {
             None
         } else {
             Some(dup_cloexec(fd).map_err(|e| {

@@ -366,3 +366,31 @@ fn a_window_is_mapped_again_from_the_descriptors_the_old_one_keeps() {
     }
     fresh.verify(&record).unwrap();
 }
+
+/// The guest maps a range read-only first and upgrades it on its first
+/// write, each time with a descriptor the daemon opened for that access:
+/// the window keeps the one open for writing, so a local migration can
+/// map the writable range again from what it passes.
+#[test]
+fn a_range_upgraded_to_writable_passes_on_a_descriptor_open_for_writing() {
+    let f = file_of(4, b'x');
+    let path = f.as_path().to_path_buf();
+    let read_only = File::open(&path).unwrap();
+    let read_write = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let mut window = DaxWindow::new(WINDOW).unwrap();
+    window.map(&req(0, 0, 2 * PAGE, false), &read_only).unwrap();
+    window.map(&req(0, 0, 2 * PAGE, true), &read_write).unwrap();
+    let record = window.save().unwrap();
+    let files = window.mapped_files_by_key().unwrap();
+    let passed = &files[&key(&read_only)];
+    // SAFETY: F_GETFL on a descriptor this test owns.
+    let flags = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(passed), libc::F_GETFL) };
+    assert_eq!(flags & libc::O_ACCMODE, libc::O_RDWR);
+    let fresh = DaxWindow::new(WINDOW).unwrap();
+    fresh.replay(&record, &files).unwrap();
+    fresh.verify(&record).unwrap();
+}

@@ -60,6 +60,11 @@ use crate::device_manager::virtio_pci::{
 use crate::legacy::ged::{GedHandle, EVENT_PCI_HOTPLUG};
 use crate::memory::{GuestMemoryMmap, GuestRegionMmap};
 
+/// The files mapped in each fs device's DAX window, by device id, then by
+/// (dev, ino), as a local migration's sender passes them.
+pub type WindowFiles =
+    std::collections::BTreeMap<String, std::collections::HashMap<(u64, u64), std::fs::File>>;
+
 /// How long a restored fs device waits for its daemon's socket, trying
 /// every 100 ms: Cloud Hypervisor's `CONNECT_TIMEOUT` for vhost-user.
 pub const RESTORE_DAEMON_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
@@ -234,6 +239,9 @@ pub struct DeviceManager {
     /// None (a boot or a hot-plug: the daemon must be there) or, on a
     /// restore, [`RESTORE_DAEMON_PATIENCE`].
     daemon_patience: Option<std::time::Duration>,
+    /// A local migration's passed DAX window files, by fs device id, for
+    /// each device to map its window again from when it is restored.
+    window_files: WindowFiles,
 }
 
 impl DeviceManager {
@@ -296,6 +304,7 @@ impl DeviceManager {
             counters: Vec::new(),
             prefaulter: None,
             daemon_patience: None,
+            window_files: WindowFiles::new(),
             mmio_memory: Vec::new(),
             hotplugged_ram: Vec::new(),
             activator,
@@ -307,8 +316,11 @@ impl DeviceManager {
     /// operator starts a fresh daemon on the same socket path once the old
     /// one has handed over its state and exited (Cloud Hypervisor's model
     /// and retry period), so the socket may not be there yet.
-    pub fn wait_for_daemons(&mut self) {
+    /// `window_files`: what a local migration's sender passed of each fs
+    /// device's DAX window (none for a snapshot's restore).
+    pub fn wait_for_daemons(&mut self, window_files: WindowFiles) {
         self.daemon_patience = Some(RESTORE_DAEMON_PATIENCE);
+        self.window_files = window_files;
     }
 
     /// The devices the configuration asks for, before the guest starts.
@@ -563,10 +575,13 @@ impl DeviceManager {
             dax: f.dax,
             cache_size: f.cache_size,
         };
-        let device = match self.daemon_patience {
+        let mut device = match self.daemon_patience {
             Some(patience) => VhostUserFs::connect_retrying(&cfg, patience)?,
             None => VhostUserFs::connect(&cfg)?,
         };
+        if let Some(files) = self.window_files.remove(&f.id) {
+            device.set_window_files(files);
+        }
         let window = device.window().cloned();
         let info = FsDeviceInfo {
             id: f.id.clone(),

@@ -159,6 +159,13 @@ impl Placed {
         .map_err(|e| self.transport_error("resume", e))
     }
 
+    fn release_backend(&self) {
+        match self {
+            Placed::Pci { dev, .. } => lock(dev).release_backend(),
+            Placed::Mmio { dev, .. } => lock(dev).release_backend(),
+        }
+    }
+
     fn check_movable(&self) -> Result<(), DevicesStateError> {
         match self {
             Placed::Pci { dev, .. } => lock(dev).check_movable(),
@@ -288,6 +295,16 @@ impl DeviceManager {
             p.check_movable()?;
         }
         Ok(())
+    }
+
+    /// A local migration's source, once the devices' state is saved: each
+    /// device lets go of a backend that serves one VMM at a time (an fs
+    /// device's daemon), so a fresh one can serve the receiving VMM. The
+    /// devices do not serve again here.
+    pub fn release_backends(&mut self) {
+        for p in self.placed_devices() {
+            p.release_backend();
+        }
     }
 
     /// Stops every device serving (queue positions kept). If one cannot

@@ -312,14 +312,19 @@ impl Receiver<'_> {
 
     /// `State`: the VM built over the mapped RAM and restored, paused.
     fn state(&mut self, payload: &[u8]) -> Result<(VmConfig, Vm), MigrationError> {
-        if let Some(device) = self.window_fds.keys().next() {
+        // Each fs device takes the files of its window, by id; one for a
+        // device the configuration lacks is refused by name.
+        if let Some(device) = self.window_fds.keys().find(|d| {
+            self.configured
+                .as_ref()
+                .is_some_and(|c| !c.config.fs.iter().any(|f| &&f.id == d))
+        }) {
             return Err(MigrationError::PassedFd {
                 label: format!("WindowFd for {device}"),
-                reason:
-                    "no fs device of this VMM takes over a DAX window's files in a migration yet"
-                        .to_string(),
+                reason: "the configuration has no fs device of that id".to_string(),
             });
         }
+        let window_files = std::mem::take(&mut self.window_fds);
         let doc =
             StateDocument::from_json(payload).map_err(|e| MigrationError::State(state_error(e)))?;
         let Some(Configured {
@@ -359,6 +364,7 @@ impl Receiver<'_> {
                 Ok(ram)
             },
             self.observe,
+            window_files,
         )
         .map_err(MigrationError::State)?;
         Ok((config, vm))

@@ -134,6 +134,11 @@ fn send_steps(
         vm.pause();
     }
     let mut doc = vm.state_document(config).map_err(MigrationError::Save)?;
+    // As Cloud Hypervisor does once the state is saved: the fs devices let
+    // go of their daemons (each serves one VMM), so that a fresh daemon on
+    // the same socket path can serve the receiving VMM. Should the
+    // migration fail after this, the VM runs on here without its shares.
+    vm.release_backends();
     doc.put(MEMORY_SECTION, layout)
         .map_err(|e| MigrationError::Save(state_error(e)))?;
     let state = doc

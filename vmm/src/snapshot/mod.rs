@@ -284,6 +284,12 @@ impl Vm {
         Ok(())
     }
 
+    /// A local migration's source, once the state document is built: see
+    /// [`DeviceManager::release_backends`](crate::device_manager::DeviceManager::release_backends).
+    pub(crate) fn release_backends(&mut self) {
+        self.devices.release_backends();
+    }
+
     /// The state document of a paused VM (what `state.json` holds, and a
     /// local migration's `State`) but its memory section, which the caller
     /// adds: a snapshot's, whose table lists what `memory-ranges` holds,

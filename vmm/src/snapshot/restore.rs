@@ -31,7 +31,7 @@ use super::{
 use crate::config::json::vm_config_from_json;
 use crate::config::VmConfig;
 use crate::device_manager::state::DevicesState;
-use crate::device_manager::ObserverFactory;
+use crate::device_manager::{ObserverFactory, WindowFiles};
 use crate::legacy::state::LegacyState;
 use crate::memory::hotplug::{RamHotplug, RamHotplugState};
 use crate::memory::snapshot::{
@@ -243,6 +243,7 @@ impl Vm {
                 Ok(ram)
             },
             observe,
+            WindowFiles::new(),
         )?;
         tracing::info!("restored from {} (paused)", dir.display());
         Ok((config, vm))
@@ -253,18 +254,27 @@ impl Vm {
     /// RAM from `make_ram` (given the memory section, after every section
     /// was read and checked); the VM comes back PAUSED. `config` may be
     /// settled by the saved devices (see `Sections::settle_rng`).
+    /// `window_files`: the files a local migration's sender passed for each
+    /// fs device's DAX window (none for a snapshot).
     pub(crate) fn restore_document(
         config: &mut VmConfig,
         doc: StateDocument,
         make_ram: impl FnOnce(&VmConfig, &MemoryLayoutState) -> Result<RestoredRam, SnapshotError>,
         observe: Option<&ObserverFactory>,
+        window_files: WindowFiles,
     ) -> Result<Vm, SnapshotError> {
         let s = Sections::take(doc, config)?;
         let config = &*config;
         let ram = make_ram(config, &s.memory)?;
         let added = s.hotplugged_ranges();
 
-        let mut platform = Platform::build(config, ram.boot, ram.hotplugged, observe, true)?;
+        let mut platform = Platform::build(
+            config,
+            ram.boot,
+            ram.hotplugged,
+            observe,
+            Some(window_files),
+        )?;
         let Some(caps) = platform.caps.clone() else {
             return Err(SnapshotError::NotSnapshottable {
                 component: "the vCPUs".to_string(),

@@ -20,7 +20,7 @@ use super::{kvm_setup, VmError};
 use crate::arch::x86_64::{acpi::AcpiTables, boot, layout};
 use crate::bus::Bus;
 use crate::config::{SerialMode, VmConfig};
-use crate::device_manager::{DeviceManager, ObserverFactory};
+use crate::device_manager::{DeviceManager, ObserverFactory, WindowFiles};
 use crate::exit::ExitHandle;
 use crate::kvm_stats::{KvmStatsFile, VmKvmStats};
 use crate::legacy::{acpi_pm, ged, i8042, pvpanic, serial};
@@ -258,14 +258,16 @@ impl Platform {
     /// filled on a restore) and `hotplugged_ram` (the regions a restore
     /// re-creates at their addresses): both are given to KVM and to the
     /// devices before any device is made, so a vhost-user device's first
-    /// memory table already holds them. `restoring`: each fs device waits
-    /// for its daemon to appear (see [`DeviceManager::wait_for_daemons`]).
+    /// memory table already holds them. `restoring` (a restore or an
+    /// incoming migration, with the window files a migration passed): each
+    /// fs device waits for its daemon to appear (see
+    /// [`DeviceManager::wait_for_daemons`]).
     pub fn build(
         config: &VmConfig,
         mem: GuestMemoryMmap,
         hotplugged_ram: Vec<Arc<GuestRegionMmap>>,
         observe: Option<&ObserverFactory>,
-        restoring: bool,
+        restoring: Option<WindowFiles>,
     ) -> Result<Self, VmError> {
         let kvm = Kvm::new().map_err(VmError::Kvm)?;
         let vm = Arc::new(create_vm(&kvm)?);
@@ -291,8 +293,8 @@ impl Platform {
         for region in &hotplugged_ram {
             devices.add_ram_region(region.clone())?;
         }
-        if restoring {
-            devices.wait_for_daemons();
+        if let Some(window_files) = restoring {
+            devices.wait_for_daemons(window_files);
         }
         devices.add_boot_devices(config, observe)?;
         devices.append_aml(&mut device_aml);

@@ -157,6 +157,12 @@ impl VirtioPciDevice {
         self.state.device().check_movable()
     }
 
+    /// See [`crate::device::VirtioDevice::release_backend`]: a local migration's source,
+    /// once the state is sent.
+    pub fn release_backend(&self) {
+        self.state.device().release_backend();
+    }
+
     fn checked(
         &self,
         state: &PciTransportState,
