@@ -38,7 +38,9 @@ MAX_RAM = 512 << 30
 # The script's VM: cpus left out, so boot_vcpus = max_vcpus = 1.
 FUZZ_VM_MAX_VCPUS = 1
 
-_SIZE = re.compile(r"^([0-9]+)([KMG]?)$")
+# policies/src/parse.rs parse_size: bytes, or a number with K, M, G or T
+# in either case.
+_SIZE = re.compile(r"^\s*([0-9]+)([KMGTkmgt]?)\s*$")
 
 
 def _is_create(case):
@@ -73,7 +75,7 @@ def _size(v):
     m = _SIZE.match(str(v))
     if not m:
         return None
-    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2).upper()]
 
 
 def _percent(v):

@@ -141,7 +141,11 @@ pub fn receive_migration_from_json(body: &Value) -> Result<ReceiveMigration, Bod
             format!("memory_mode={}", b.memory_mode),
         ));
     }
-    if b.vfio_fds.as_ref().is_some_and(|v| !v.is_null()) {
+    // null and [] both mean none, as in Cloud Hypervisor (and the schema).
+    if b.vfio_fds
+        .as_ref()
+        .is_some_and(|v| !v.is_null() && v.as_array().is_none_or(|a| !a.is_empty()))
+    {
         return Err(unsupported(RECEIVE, "vfio_fds"));
     }
     if b.iommufd_fd.as_ref().is_some_and(|v| !v.is_null()) {

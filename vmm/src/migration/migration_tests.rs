@@ -357,6 +357,13 @@ fn the_bodies_are_chs_and_refuse_by_name() {
         receive_migration_from_json(&receive).unwrap().path,
         std::path::PathBuf::from("/run/m.sock")
     );
+    // An empty fd list means none (the schema allows it).
+    let empty = json!({"receiver_url": "unix:/x", "vfio_fds": [], "zone_updates": null});
+    receive_migration_from_json(&empty).expect("an empty vfio_fds list");
+    let e = receive_migration_from_json(&json!({"receiver_url": "unix:/x", "vfio_fds": [{}]}))
+        .expect_err("vfio fds")
+        .to_string();
+    assert!(e.contains("vfio_fds is not supported yet"), "{e}");
     let e = receive_migration_from_json(&json!({"receiver_url": "tcp:0.0.0.0:6000"}))
         .expect_err("tcp")
         .to_string();
