@@ -18,13 +18,12 @@
 //!
 //! Run with `cargo test -p guest-tests -- --ignored migration_local::`.
 
-use std::time::Duration;
-
 use test_infra::results::Results;
-use test_infra::rig::{self, Guest};
+use test_infra::rig;
 
 use crate::devices::net;
-use crate::snapshot::SHELL_HELPERS;
+use crate::snapshot::two_numbers;
+use crate::snapshot_dax::counter_guest;
 
 const HOST_BEFORE: &str = r#"
 mkdir -p share
@@ -35,11 +34,6 @@ DAEMON=$!
 "#;
 
 const API_SCRIPT: &str = r#"
-counter() { od -An -tu8 -N8 share/counter.bin | tr -d ' '; }
-seen() { i=0; while ! grep -q "$1" serial.log 2>/dev/null && [ $i -lt 3000 ] && alive $2; do sleep 0.1; i=$((i+1)); done; }
-metric() { api $1 GET /api/v1/vm.dax-metrics | grep -o "daxvmm_dax_$2{device=\"fs0\"} [0-9]*" | head -1 | cut -d' ' -f2; }
-advancing() { a=$(counter); sleep 2; b=$(counter); echo "$a $b"; }
-ms() { awk '{ printf "%d", $1 * 1000 }' /proc/uptime; }
 api /tmp/api.sock PUT /api/v1/vmm.shutdown >/dev/null
 follow serial.log
 wait_sock /tmp/fs.sock
@@ -106,34 +100,20 @@ echo "@@GUEST after_done=1"
 sleep 5
 "#;
 
-/// Two numbers (`"a b"`).
-fn two(v: Option<&str>) -> Option<(u64, u64)> {
-    let mut it = v?.split_whitespace().map(|n| n.parse().ok());
-    Some((it.next()??, it.next()??))
-}
-
 #[test]
 #[ignore = "boots real guests; run through scripts/test.sh"]
 fn a_dax_guest_moves_to_a_new_vmm_process_with_its_window() {
     let host_ip = "192.168.249.1";
-    let mut guest = Guest::new("migration-local", &GUEST_SCRIPT.replace("HOST_IP", host_ip));
-    guest.memory = "512M,shared=on".into();
-    guest.guest_modules = net::GUEST_MODULES.iter().map(|m| m.to_string()).collect();
-    guest.host_modules = net::HOST_MODULES.iter().map(|m| m.to_string()).collect();
-    let daxprobe = rig::tool("guest-tools", "daxprobe").expect("daxprobe");
-    guest.guest_tools = vec![daxprobe.clone()];
-    guest.host_tools = vec![
-        rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd"),
-        daxprobe,
-    ];
-    guest.host_before = HOST_BEFORE.into();
-    guest.host_after = HOST_AFTER.into();
-    guest.vmm_args = vec!["-v".into()];
-    guest.api_script = Some(format!(
-        "{SHELL_HELPERS}{}",
-        API_SCRIPT.replace("HOST_IP", host_ip)
-    ));
-    guest.timeout = Duration::from_secs(900);
+    let guest = counter_guest(
+        "migration-local",
+        &GUEST_SCRIPT.replace("HOST_IP", host_ip),
+        net::GUEST_MODULES,
+        [
+            HOST_BEFORE,
+            &API_SCRIPT.replace("HOST_IP", host_ip),
+            HOST_AFTER,
+        ],
+    );
     let (run, _stalls) = rig::run_retrying_stall(&guest).expect("rig run");
     let tail = run.tail(100);
     assert!(!run.timed_out, "{tail}");
@@ -141,7 +121,7 @@ fn a_dax_guest_moves_to_a_new_vmm_process_with_its_window() {
 
     let dax = "/mnt/counter.bin:1 /mnt/data.bin:1";
     assert_eq!(run.guest("statx_before"), Some(dax), "{tail}");
-    let (b0, b1) = two(run.host("before")).unwrap_or_else(|| panic!("no counter\n{tail}"));
+    let (b0, b1) = two_numbers(run.host("before")).unwrap_or_else(|| panic!("no counter\n{tail}"));
     assert!(b1 > b0, "{tail}");
     let mapped: u64 = host("mapped_before").parse().unwrap_or(0);
     assert!(mapped >= 2, "{tail}");
@@ -160,7 +140,7 @@ fn a_dax_guest_moves_to_a_new_vmm_process_with_its_window() {
         mapped,
         "the window's ranges mapped in the new VMM\n{tail}"
     );
-    let (a0, a1) = two(run.host("after")).unwrap_or_else(|| panic!("{tail}"));
+    let (a0, a1) = two_numbers(run.host("after")).unwrap_or_else(|| panic!("{tail}"));
     assert!(a0 > b1 && a1 > a0, "the counter goes on\n{tail}");
     assert_eq!(run.guest("saw_migrated"), Some("0"), "{tail}");
     assert_eq!(run.guest("statx_after"), Some(dax), "{tail}");

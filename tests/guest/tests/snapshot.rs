@@ -93,8 +93,8 @@ const HOST_AFTER: &str = r#"
 sleep 1; kill $TAIL
 "#;
 
-/// `"first last"` counter values.
-fn first_last(v: Option<&str>) -> Option<(u64, u64)> {
+/// Two numbers of a marker line (`"a b"`): counter values, sizes.
+pub(crate) fn two_numbers(v: Option<&str>) -> Option<(u64, u64)> {
     let mut it = v?.split_whitespace().map(|n| n.parse().ok());
     Some((it.next()??, it.next()??))
 }
@@ -152,7 +152,7 @@ fn a_paused_guest_is_snapshotted_and_restored_by_api_and_by_command_line() {
     );
     assert_eq!(host("resume"), "status=204 body=", "{tail}");
     let continues = |key: &str| {
-        let (first, latest) = first_last(run.host(key))
+        let (first, latest) = two_numbers(run.host(key))
             .unwrap_or_else(|| panic!("{key}: no counter after the restore\n{tail}"));
         // The next value, or the one after when the pause cut a line.
         assert!(

@@ -28,7 +28,7 @@ use test_infra::results::Results;
 use test_infra::rig::{self, Guest};
 
 use crate::devices::{blk, net, vsock};
-use crate::snapshot::SHELL_HELPERS;
+use crate::snapshot::{two_numbers, SHELL_HELPERS};
 
 const HOST_IP: &str = "192.168.249.1";
 
@@ -42,12 +42,6 @@ DAEMON=$!
 "#;
 
 const API_SCRIPT: &str = r#"
-counter() { od -An -tu8 -N8 share/counter.bin | tr -d ' '; }
-seen() { i=0; while ! grep -q "$1" serial.log 2>/dev/null && [ $i -lt 3000 ] && alive $2; do sleep 0.1; i=$((i+1)); done; }
-metric() { api $1 GET /api/v1/vm.dax-metrics | grep -o "daxvmm_dax_$2{device=\"fs0\"} [0-9]*" | head -1 | cut -d' ' -f2; }
-advancing() { a=$(counter); sleep 2; b=$(counter); echo "$a $b"; }
-# Milliseconds since the emulated host booted (its uptime: 10 ms steps).
-ms() { awk '{ printf "%d", $1 * 1000 }' /proc/uptime; }
 api /tmp/api.sock PUT /api/v1/vmm.shutdown >/dev/null
 follow serial.log
 wait_sock /tmp/fs.sock
@@ -122,25 +116,34 @@ echo "@@GUEST after_done=1"
 sleep 5
 "#;
 
-/// The counter's two readings (`"a b"`) as numbers.
-fn two(v: Option<&str>) -> Option<(u64, u64)> {
-    let mut it = v?.split_whitespace().map(|n| n.parse().ok());
-    Some((it.next()??, it.next()??))
-}
+/// Host-side shell functions of the tests whose guest runs `daxprobe
+/// mmap-counter` on `share/counter.bin` (this one and the local
+/// migration's): `counter` reads its value; `seen TEXT PID` waits
+/// (bounded) for TEXT on the serial log while the VMM PID lives; `metric
+/// SOCKET NAME` reads fs0's `daxvmm_dax_NAME`; `advancing` prints two
+/// readings two seconds apart; `ms` is the emulated host's uptime in
+/// milliseconds (10 ms steps).
+pub(crate) const COUNTER_HELPERS: &str = r#"
+counter() { od -An -tu8 -N8 share/counter.bin | tr -d ' '; }
+seen() { i=0; while ! grep -q "$1" serial.log 2>/dev/null && [ $i -lt 3000 ] && alive $2; do sleep 0.1; i=$((i+1)); done; }
+metric() { api $1 GET /api/v1/vm.dax-metrics | grep -o "daxvmm_dax_$2{device=\"fs0\"} [0-9]*" | head -1 | cut -d' ' -f2; }
+advancing() { a=$(counter); sleep 2; b=$(counter); echo "$a $b"; }
+ms() { awk '{ printf "%d", $1 * 1000 }' /proc/uptime; }
+"#;
 
-fn run_transport(transport: &str) {
-    let mut guest = Guest::new(
-        &format!("snapshot-dax-{transport}"),
-        &GUEST_SCRIPT.replace("HOST_IP", HOST_IP),
-    );
+/// A guest of the DAX counter tests: shared RAM for the daemon,
+/// `daxprobe` in it and on the emulated host beside `dax-virtiofsd`, `tun`
+/// loaded for the tap, `modules` in the guest, and the host's API script
+/// run after [`SHELL_HELPERS`] and [`COUNTER_HELPERS`].
+pub(crate) fn counter_guest(
+    name: &str,
+    script: &str,
+    modules: &[&str],
+    [host_before, api_script, host_after]: [&str; 3],
+) -> Guest {
+    let mut guest = Guest::new(name, script);
     guest.memory = "512M,shared=on".into();
-    guest.guest_modules = ["virtio_mmio"]
-        .iter()
-        .chain(blk::GUEST_MODULES)
-        .chain(vsock::GUEST_MODULES)
-        .chain(net::GUEST_MODULES)
-        .map(|m| m.to_string())
-        .collect();
+    guest.guest_modules = modules.iter().map(|m| m.to_string()).collect();
     guest.host_modules = net::HOST_MODULES.iter().map(|m| m.to_string()).collect();
     let daxprobe = rig::tool("guest-tools", "daxprobe").expect("daxprobe");
     guest.guest_tools = vec![daxprobe.clone()];
@@ -148,16 +151,31 @@ fn run_transport(transport: &str) {
         rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd"),
         daxprobe,
     ];
-    guest.host_before = HOST_BEFORE.into();
-    guest.host_after = HOST_AFTER.into();
+    guest.host_before = host_before.into();
+    guest.host_after = host_after.into();
     guest.vmm_args = vec!["-v".into()];
-    guest.api_script = Some(format!(
-        "{SHELL_HELPERS}{}",
-        API_SCRIPT
-            .replace("TRANSPORT", transport)
-            .replace("HOST_IP", HOST_IP)
-    ));
+    guest.api_script = Some(format!("{SHELL_HELPERS}{COUNTER_HELPERS}{api_script}"));
     guest.timeout = Duration::from_secs(900);
+    guest
+}
+
+fn run_transport(transport: &str) {
+    let modules: Vec<&str> = ["virtio_mmio"]
+        .iter()
+        .chain(blk::GUEST_MODULES)
+        .chain(vsock::GUEST_MODULES)
+        .chain(net::GUEST_MODULES)
+        .copied()
+        .collect();
+    let api = API_SCRIPT
+        .replace("TRANSPORT", transport)
+        .replace("HOST_IP", HOST_IP);
+    let guest = counter_guest(
+        &format!("snapshot-dax-{transport}"),
+        &GUEST_SCRIPT.replace("HOST_IP", HOST_IP),
+        &modules,
+        [HOST_BEFORE, &api, HOST_AFTER],
+    );
     let (run, _stalls) = rig::run_retrying_stall(&guest).expect("rig run");
     let tail = run.tail(100);
     assert!(!run.timed_out, "{tail}");
@@ -166,7 +184,7 @@ fn run_transport(transport: &str) {
     assert_eq!(run.guest("mount_rc"), Some("0"), "{tail}");
     let dax = "/mnt/counter.bin:1 /mnt/data.bin:1";
     assert_eq!(run.guest("statx_before"), Some(dax), "{tail}");
-    let (b0, b1) = two(run.host("before")).unwrap_or_else(|| panic!("no counter\n{tail}"));
+    let (b0, b1) = two_numbers(run.host("before")).unwrap_or_else(|| panic!("no counter\n{tail}"));
     assert!(b1 > b0, "the guest's stores reach the host file\n{tail}");
     let mapped: u64 = host("mapped_before").parse().unwrap_or(0);
     assert!(mapped >= 2, "both files mapped through the window\n{tail}");
@@ -174,7 +192,7 @@ fn run_transport(transport: &str) {
 
     // Paused: nothing moves; the snapshot is written, RAM sparse.
     assert_eq!(host("pause"), "status=204 body=", "{tail}");
-    let (p0, p1) = two(run.host("paused")).unwrap_or_else(|| panic!("{tail}"));
+    let (p0, p1) = two_numbers(run.host("paused")).unwrap_or_else(|| panic!("{tail}"));
     assert_eq!(p0, p1, "a paused guest does not write\n{tail}");
     assert_eq!(host("snapshot"), "status=204 body=", "{tail}");
     assert_eq!(
@@ -182,7 +200,7 @@ fn run_transport(transport: &str) {
         "config.json memory-ranges state.json",
         "{tail}"
     );
-    let (apparent, kib) = two(run.host("snap_size")).unwrap_or_else(|| panic!("{tail}"));
+    let (apparent, kib) = two_numbers(run.host("snap_size")).unwrap_or_else(|| panic!("{tail}"));
     assert!(apparent >= 512 << 20, "{tail}");
     assert!(kib * 1024 < apparent, "memory-ranges is sparse\n{tail}");
     assert_eq!(host("daemon1_exit"), "status=0", "{tail}");
@@ -193,10 +211,10 @@ fn run_transport(transport: &str) {
     assert_eq!(host("restored_state"), "\"state\":\"Paused\"", "{tail}");
     let remapped: u64 = host("mapped_restored").parse().unwrap_or(0);
     assert_eq!(remapped, mapped, "the same ranges mapped again\n{tail}");
-    let (s0, s1) = two(run.host("still_paused")).unwrap_or_else(|| panic!("{tail}"));
+    let (s0, s1) = two_numbers(run.host("still_paused")).unwrap_or_else(|| panic!("{tail}"));
     assert_eq!((s0, s1), (p1, p1), "{tail}");
     assert_eq!(host("resume"), "status=204 body=", "{tail}");
-    let (a0, a1) = two(run.host("after")).unwrap_or_else(|| panic!("{tail}"));
+    let (a0, a1) = two_numbers(run.host("after")).unwrap_or_else(|| panic!("{tail}"));
     assert!(
         a0 >= p1 && a1 > a0,
         "the counter advances from {p1}\n{tail}"
