@@ -210,7 +210,8 @@ pub(crate) mod hostile {
     use super::*;
     use crate::device::VirtioDevice;
 
-    struct Sent(Mutex<Sender<Interrupt>>);
+    /// Interrupts sent to a channel (the pause rig uses it too).
+    pub(crate) struct Sent(pub(crate) Mutex<Sender<Interrupt>>);
 
     impl VirtioInterrupt for Sent {
         fn trigger(&self, i: Interrupt) -> std::io::Result<()> {
@@ -270,7 +271,7 @@ pub(crate) mod hostile {
 /// pmem), driven through its real worker.
 #[cfg(test)]
 pub(crate) mod pausing {
-    use std::sync::mpsc::{channel, Receiver, Sender};
+    use std::sync::mpsc::{channel, Receiver};
     use std::sync::Mutex;
     use std::time::{Duration, Instant};
 
@@ -281,17 +282,7 @@ pub(crate) mod pausing {
     use super::*;
     use crate::device::VirtioDevice;
 
-    struct Sent(Mutex<Sender<Interrupt>>);
-
-    impl VirtioInterrupt for Sent {
-        fn trigger(&self, i: Interrupt) -> std::io::Result<()> {
-            let _ = self.0.lock().unwrap().send(i);
-            Ok(())
-        }
-        fn notifier(&self, _: Interrupt) -> Option<EventFd> {
-            None
-        }
-    }
+    use super::hostile::Sent;
 
     fn used_idx(mem: &GuestMemoryMmap, vq: &MockSplitQueue<'_, GuestMemoryMmap>) -> u16 {
         mem.read_obj(vq.used_addr().unchecked_add(2)).unwrap()
