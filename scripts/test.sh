@@ -18,10 +18,16 @@ phase() {
 }
 # `record NAME START`: the time since START (an $EPOCHREALTIME), printed and kept.
 record() {
-    local secs
+    local secs disk
     secs=$(awk -v a="$2" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
-    echo "test.sh: $1: $secs s"
-    timings+=("| $1 | $secs |")
+    disk=$(du -sh target 2>/dev/null | cut -f1)
+    echo "test.sh: $1: $secs s (target/: ${disk:-none}; free: $(free_disk))"
+    timings+=("| $1 | $secs | ${disk:-none} |")
+}
+# Free space where the build writes: a full disk shows up as a linker's bus
+# error, so the summary says how much was left.
+free_disk() {
+    df -h --output=avail . 2>/dev/null | tail -1 | tr -d ' '
 }
 # libtest's lines, passed on with each test's time. With one test thread a
 # test's line ends when it does, so the time since the previous line is its
@@ -50,11 +56,16 @@ summary() {
     echo
     echo "== test.sh: time per phase ($(nproc) CPUs; load average $load_before at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end) =="
     echo
-    echo "| phase | seconds |"
-    echo "|---|---|"
+    echo "free disk at the end: $(free_disk)"
+    echo
+    echo "| phase | seconds | target/ after it |"
+    echo "|---|---|---|"
     record "whole run" "$started" >/dev/null
     printf '%s\n' "${timings[@]}"
 }
+# A CI build is never rebuilt incrementally: the incremental caches would only
+# take disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 started=$EPOCHREALTIME
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 trap summary EXIT
