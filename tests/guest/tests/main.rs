@@ -12,6 +12,7 @@ mod api_common;
 mod fleet_common;
 
 mod api;
+mod api_events;
 mod api_limits;
 mod boot;
 mod cpu_hotplug;

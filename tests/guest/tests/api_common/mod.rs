@@ -1,8 +1,11 @@
 //! What the API tests share: the VMM started with only `--api-socket`, and
 //! requests read back exactly as ch-remote reads them.
 
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use test_infra::ch_client::{self, ChError};
 pub use test_infra::host::{wait_for_path as wait_for, KillOnDrop as Proc};
@@ -65,4 +68,71 @@ pub fn start_vmm_with(dir: &Path, configure: impl FnOnce(&mut Command)) -> (Proc
         .stderr(Stdio::null());
     configure(&mut command);
     (Proc(command.spawn().unwrap()), api)
+}
+
+/// The VMM with only an API socket, and a daemon with a control socket,
+/// both in `dir`; returns them and (api socket, control socket).
+pub fn start(dir: &Path) -> (Proc, Proc, PathBuf, PathBuf) {
+    let (vmm, api) = start_vmm(dir);
+    let control = dir.join("fs-control.sock");
+    let daemon = start_daemon(dir);
+    wait_for(&api);
+    wait_for(&control);
+    (vmm, daemon, api, control)
+}
+
+/// A created (not booted) VM whose fs device `fs0` is served by the daemon
+/// `start` runs in `dir`.
+pub fn create_vm_with_fs0(dir: &Path, api: &Path, control: &Path) {
+    let create = r#"{"payload":{"kernel":"/nonexistent/bzImage"},"memory":{"size":268435456,"shared":true},"serial":{"mode":"Null"}}"#;
+    assert_eq!(http(api, "PUT", "/api/v1/vm.create", create).0, 204);
+    let add_fs = format!(
+        r#"{{"tag":"t","socket":"{}","id":"fs0","cache_size":67108864,"control_socket":"{}"}}"#,
+        dir.join("fs.sock").display(),
+        control.display()
+    );
+    assert_eq!(http(api, "PUT", "/api/v1/vm.add-fs", &add_fs).0, 204);
+}
+
+/// Our daemon on `dir/share`, with its vhost-user and control sockets in `dir`.
+pub fn start_daemon(dir: &Path) -> Proc {
+    let daemon = rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd");
+    Proc(
+        Command::new(&daemon)
+            .args([
+                "--sandbox",
+                "none",
+                "--log-level",
+                "error",
+                "--cache-size",
+                "64M",
+            ])
+            .arg("--socket-path")
+            .arg(dir.join("fs.sock"))
+            .arg("--shared-dir")
+            .arg(dir.join("share"))
+            .arg("--control-socket")
+            .arg(dir.join("fs-control.sock"))
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Opens the event stream and reads up to its `subscribed` event; a read
+/// that waits longer than `patience` fails the test instead of hanging it.
+pub fn subscribe(api: &Path, patience: Duration) -> BufReader<UnixStream> {
+    let mut s = UnixStream::connect(api).unwrap();
+    write!(
+        s,
+        "GET /api/v1/vm.dax-events HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    )
+    .unwrap();
+    s.set_read_timeout(Some(patience)).unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    while !line.contains("event: subscribed") {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0, "event stream closed");
+    }
+    r
 }
