@@ -20,6 +20,9 @@ pub mod transport;
 pub mod vhost_user_fs;
 pub mod vsock;
 
+#[cfg(test)]
+mod test_util;
+
 pub use counters::DeviceCounters;
 pub use device::{ActivateError, Interrupt, SharedMemoryRegion, VirtioDevice, VirtioInterrupt};
 pub use device_state::{DeviceStateError, SavedQueue};

@@ -199,7 +199,7 @@ fn lock(served: &Mutex<Served>) -> std::sync::MutexGuard<'_, Served> {
 /// through its real worker with an impossible available index.
 #[cfg(test)]
 pub(crate) mod hostile {
-    use std::sync::mpsc::{channel, Sender};
+    use std::sync::mpsc::channel;
     use std::sync::Mutex;
     use std::time::Duration;
 
@@ -209,19 +209,7 @@ pub(crate) mod hostile {
 
     use super::*;
     use crate::device::VirtioDevice;
-
-    /// Interrupts sent to a channel (the pause rig uses it too).
-    pub(crate) struct Sent(pub(crate) Mutex<Sender<Interrupt>>);
-
-    impl VirtioInterrupt for Sent {
-        fn trigger(&self, i: Interrupt) -> std::io::Result<()> {
-            let _ = self.0.lock().unwrap().send(i);
-            Ok(())
-        }
-        fn notifier(&self, _: Interrupt) -> Option<EventFd> {
-            None
-        }
-    }
+    use crate::test_util::ChannelInterrupt;
 
     /// Activates `dev` on a queue of 16 whose available index is 16 + 5
     /// ahead of the device and kicks it: the worker stops, the device
@@ -237,7 +225,7 @@ pub(crate) mod hostile {
         dev.ack_features(dev.features());
         dev.activate(
             GuestMemoryAtomic::new(mem.clone()),
-            Arc::new(Sent(Mutex::new(tx))),
+            Arc::new(ChannelInterrupt(Mutex::new(tx))),
             vec![ActivatedQueue {
                 index: 0,
                 queue: vq.create_queue().unwrap(),
@@ -282,7 +270,7 @@ pub(crate) mod pausing {
     use super::*;
     use crate::device::VirtioDevice;
 
-    use super::hostile::Sent;
+    use crate::test_util::ChannelInterrupt;
 
     fn used_idx(mem: &GuestMemoryMmap, vq: &MockSplitQueue<'_, GuestMemoryMmap>) -> u16 {
         mem.read_obj(vq.used_addr().unchecked_add(2)).unwrap()
@@ -308,7 +296,7 @@ pub(crate) mod pausing {
         dev.ack_features(dev.features());
         dev.activate(
             GuestMemoryAtomic::new(mem.clone()),
-            Arc::new(Sent(Mutex::new(tx))),
+            Arc::new(ChannelInterrupt(Mutex::new(tx))),
             vec![ActivatedQueue {
                 index: 0,
                 queue,

@@ -1,7 +1,7 @@
 //! The device without a guest: config space, features, and requests served
 //! through a real queue by the device's own threads.
 
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::channel;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -15,20 +15,10 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::*;
 use crate::device::Interrupt;
+use crate::test_util::ChannelInterrupt;
 
-struct TestInterrupt(Mutex<Sender<Interrupt>>);
-
-impl VirtioInterrupt for TestInterrupt {
-    fn trigger(&self, interrupt: Interrupt) -> std::io::Result<()> {
-        let _ = self.0.lock().unwrap().send(interrupt);
-        Ok(())
-    }
-    fn notifier(&self, _: Interrupt) -> Option<EventFd> {
-        None
-    }
-}
-
-fn image(sectors: usize) -> vmm_sys_util::tempfile::TempFile {
+/// An image whose sector `n` is filled with the byte `n`.
+pub(super) fn image(sectors: usize) -> vmm_sys_util::tempfile::TempFile {
     let t = vmm_sys_util::tempfile::TempFile::new().unwrap();
     let data: Vec<u8> = (0..sectors * 512)
         .map(|i| (i / 512).to_le_bytes()[0])
@@ -37,7 +27,7 @@ fn image(sectors: usize) -> vmm_sys_util::tempfile::TempFile {
     t
 }
 
-fn config(path: &std::path::Path, readonly: bool) -> BlockDeviceConfig {
+pub(super) fn config(path: &std::path::Path, readonly: bool) -> BlockDeviceConfig {
     BlockDeviceConfig {
         id: "disk0".into(),
         path: path.into(),
@@ -49,7 +39,7 @@ fn config(path: &std::path::Path, readonly: bool) -> BlockDeviceConfig {
     }
 }
 
-fn desc(addr: u64, len: u32, flags: u32, next: u16) -> RawDescriptor {
+pub(super) fn desc(addr: u64, len: u32, flags: u32, next: u16) -> RawDescriptor {
     RawDescriptor::from(SplitDescriptor::new(
         addr,
         len,
@@ -153,7 +143,7 @@ fn serve_three_requests(readonly: bool) -> Served {
     dev.ack_features(dev.features());
     dev.activate(
         GuestMemoryAtomic::new(mem.clone()),
-        Arc::new(TestInterrupt(Mutex::new(tx))),
+        Arc::new(ChannelInterrupt(Mutex::new(tx))),
         vec![ActivatedQueue {
             index: 0,
             queue,
@@ -313,7 +303,7 @@ fn an_indirect_chain_is_served_and_the_device_asks_for_the_next_kick() {
     dev.ack_features(dev.features());
     dev.activate(
         GuestMemoryAtomic::new(mem.clone()),
-        Arc::new(TestInterrupt(Mutex::new(tx))),
+        Arc::new(ChannelInterrupt(Mutex::new(tx))),
         vec![ActivatedQueue {
             index: 0,
             queue,
@@ -374,7 +364,7 @@ fn an_impossible_available_index_stops_the_queue_until_a_reset() {
     dev.ack_features(dev.features());
     dev.activate(
         GuestMemoryAtomic::new(mem.clone()),
-        Arc::new(TestInterrupt(Mutex::new(tx))),
+        Arc::new(ChannelInterrupt(Mutex::new(tx))),
         vec![ActivatedQueue {
             index: 0,
             queue: vq.create_queue().unwrap(),

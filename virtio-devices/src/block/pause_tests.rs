@@ -2,62 +2,20 @@
 //! pause, positions that continue after a resume or a restore, and a saved
 //! state that must fit the disk.
 
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::channel;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_blk::VIRTIO_BLK_T_IN;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Address, Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
+use super::tests::{config, desc, image};
 use super::*;
 use crate::device::Interrupt;
-
-struct TestInterrupt(Mutex<Sender<Interrupt>>);
-
-impl VirtioInterrupt for TestInterrupt {
-    fn trigger(&self, interrupt: Interrupt) -> std::io::Result<()> {
-        let _ = self.0.lock().unwrap().send(interrupt);
-        Ok(())
-    }
-    fn notifier(&self, _: Interrupt) -> Option<EventFd> {
-        None
-    }
-}
-
-/// An image whose sector `n` is filled with the byte `n`.
-fn image(sectors: usize) -> vmm_sys_util::tempfile::TempFile {
-    let t = vmm_sys_util::tempfile::TempFile::new().unwrap();
-    let data: Vec<u8> = (0..sectors * 512)
-        .map(|i| (i / 512).to_le_bytes()[0])
-        .collect();
-    std::fs::write(t.as_path(), data).unwrap();
-    t
-}
-
-fn config(path: &std::path::Path, readonly: bool) -> BlockDeviceConfig {
-    BlockDeviceConfig {
-        id: "disk0".into(),
-        path: path.into(),
-        readonly,
-        direct: false,
-        num_queues: 1,
-        queue_size: 16,
-        serial: None,
-    }
-}
-
-fn desc(addr: u64, len: u32, flags: u32, next: u16) -> RawDescriptor {
-    RawDescriptor::from(SplitDescriptor::new(
-        addr,
-        len,
-        u16::try_from(flags).unwrap(),
-        next,
-    ))
-}
+use crate::test_util::ChannelInterrupt;
 
 /// The shared rig (queue_worker::pausing) on a read-only disk (several
 /// devices may hold it at once, as the rig builds them): flush requests,
@@ -106,7 +64,7 @@ fn a_request_in_flight_is_answered_before_pause_returns() {
     dev.ack_features(dev.features());
     dev.activate(
         GuestMemoryAtomic::new(mem.clone()),
-        Arc::new(TestInterrupt(Mutex::new(tx))),
+        Arc::new(ChannelInterrupt(Mutex::new(tx))),
         vec![ActivatedQueue {
             index: 0,
             queue: vq.create_queue().unwrap(),

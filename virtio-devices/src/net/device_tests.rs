@@ -4,7 +4,7 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixDatagram;
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::channel;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -21,18 +21,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::header::VnetHeader;
 use super::*;
 use crate::device::Interrupt;
-
-struct TestInterrupt(Mutex<Sender<Interrupt>>);
-
-impl VirtioInterrupt for TestInterrupt {
-    fn trigger(&self, interrupt: Interrupt) -> std::io::Result<()> {
-        let _ = self.0.lock().unwrap().send(interrupt);
-        Ok(())
-    }
-    fn notifier(&self, _: Interrupt) -> Option<EventFd> {
-        None
-    }
-}
+use crate::test_util::ChannelInterrupt;
 
 /// A tap stand-in that records the offloads it was given.
 struct FakeTap {
@@ -163,7 +152,7 @@ fn frames_move_both_ways_through_the_devices_thread() {
     let (itx, irx) = channel();
     net.activate(
         GuestMemoryAtomic::new(mem.clone()),
-        Arc::new(TestInterrupt(Mutex::new(itx))),
+        Arc::new(ChannelInterrupt(Mutex::new(itx))),
         queues,
     )
     .unwrap();
@@ -263,7 +252,7 @@ fn with_event_idx_the_device_asks_for_the_next_kicks() {
     let (itx, irx) = channel();
     net.activate(
         GuestMemoryAtomic::new(mem.clone()),
-        Arc::new(TestInterrupt(Mutex::new(itx))),
+        Arc::new(ChannelInterrupt(Mutex::new(itx))),
         vec![
             ActivatedQueue {
                 index: 0,
@@ -349,7 +338,7 @@ fn with_mrg_rxbuf_acked_a_frame_spans_two_receive_chains() {
     let (itx, irx) = channel();
     net.activate(
         GuestMemoryAtomic::new(mem.clone()),
-        Arc::new(TestInterrupt(Mutex::new(itx))),
+        Arc::new(ChannelInterrupt(Mutex::new(itx))),
         vec![
             ActivatedQueue {
                 index: 0,

@@ -4,7 +4,7 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixDatagram;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -18,18 +18,7 @@ use super::test_util::{desc, frame, memory, pair};
 use super::*;
 use crate::device::Interrupt;
 use crate::device_state::DeviceStateError;
-
-struct TestInterrupt(Mutex<Sender<Interrupt>>);
-
-impl VirtioInterrupt for TestInterrupt {
-    fn trigger(&self, interrupt: Interrupt) -> std::io::Result<()> {
-        let _ = self.0.lock().unwrap().send(interrupt);
-        Ok(())
-    }
-    fn notifier(&self, _: Interrupt) -> Option<EventFd> {
-        None
-    }
-}
+use crate::test_util::ChannelInterrupt;
 
 /// A tap stand-in: one end of a datagram socket pair.
 struct FakeTap(UnixDatagram);
@@ -90,7 +79,7 @@ fn activate(
     dev.ack_features(1 << VIRTIO_F_VERSION_1);
     dev.activate(
         GuestMemoryAtomic::new(mem.clone()),
-        Arc::new(TestInterrupt(Mutex::new(itx))),
+        Arc::new(ChannelInterrupt(Mutex::new(itx))),
         vec![
             ActivatedQueue {
                 index: 0,

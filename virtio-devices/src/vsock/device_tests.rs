@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixListener;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
@@ -14,19 +14,7 @@ use vm_memory::{Bytes, GuestAddress};
 use super::packet::*;
 use super::*;
 use crate::device::Interrupt;
-
-#[derive(Default)]
-struct CountingInterrupt(AtomicUsize);
-
-impl VirtioInterrupt for CountingInterrupt {
-    fn trigger(&self, _: Interrupt) -> std::io::Result<()> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    }
-    fn notifier(&self, _: Interrupt) -> Option<EventFd> {
-        None
-    }
-}
+use crate::test_util::{ChannelInterrupt, CountingInterrupt};
 
 const RX_BUF: u64 = 0x8_0000;
 const TX_BUF: u64 = 0x9_0000;
@@ -178,18 +166,6 @@ fn a_driver_connects_to_a_host_listener_and_bytes_flow_both_ways() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-struct SentInterrupt(std::sync::Mutex<std::sync::mpsc::Sender<Interrupt>>);
-
-impl VirtioInterrupt for SentInterrupt {
-    fn trigger(&self, i: Interrupt) -> std::io::Result<()> {
-        let _ = self.0.lock().unwrap().send(i);
-        Ok(())
-    }
-    fn notifier(&self, _: Interrupt) -> Option<EventFd> {
-        None
-    }
-}
-
 /// A driver publishes a TX available index 16 + 5 ahead of the device on
 /// a queue of 16 and kicks: the device stops its queues (no retry on each
 /// kick or host event), shows DEVICE_NEEDS_RESET after one configuration
@@ -218,7 +194,7 @@ fn an_impossible_available_index_stops_the_queues_until_a_reset() {
         })
         .collect();
     let (tx, rx) = std::sync::mpsc::channel();
-    let interrupt = Arc::new(SentInterrupt(std::sync::Mutex::new(tx)));
+    let interrupt = Arc::new(ChannelInterrupt(std::sync::Mutex::new(tx)));
     dev.activate(GuestMemoryAtomic::new(mem.clone()), interrupt, queues)
         .unwrap();
     assert!(!dev.needs_reset());

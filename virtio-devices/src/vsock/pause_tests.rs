@@ -2,7 +2,7 @@
 //! while paused, and the transport reset a restored device posts so the
 //! guest drops the connections that died with the old process.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
@@ -13,19 +13,7 @@ use vm_memory::{Address, Bytes, GuestAddress};
 use super::packet::*;
 use super::*;
 use crate::device::Interrupt;
-
-#[derive(Default)]
-struct CountingInterrupt(AtomicUsize);
-
-impl VirtioInterrupt for CountingInterrupt {
-    fn trigger(&self, _: Interrupt) -> std::io::Result<()> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    }
-    fn notifier(&self, _: Interrupt) -> Option<EventFd> {
-        None
-    }
-}
+use crate::test_util::CountingInterrupt;
 
 const RX_BUF: u64 = 0x8_0000;
 const TX_BUF: u64 = 0x9_0000;
