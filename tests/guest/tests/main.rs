@@ -14,6 +14,7 @@ mod fleet_common;
 mod api;
 mod api_limits;
 mod boot;
+mod ch_remote;
 mod cpu_hotplug;
 mod devices;
 mod fleet;
