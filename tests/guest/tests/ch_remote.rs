@@ -3,7 +3,8 @@
 //! (one daemon per VMM; a fresh daemon on the same socket path and share
 //! serves each new VMM). Every command is the real binary's: `info`,
 //! `pause`, `snapshot file:///DIR`; the VMM killed and its daemon gone, a
-//! new pair: `restore source_url=file:///DIR`, `info` (Paused), `resume`,
+//! new pair: `restore source_url=file:///DIR,net_fds=[net0@[3]]` (a new
+//! tap for the NIC as ch-remote's fd 3), `info` (Paused), `resume`,
 //! `info` (Running), `ping`; then a third VMM: `receive-migration
 //! receiver_url=unix:/PATH` (in the background: it answers once the VM
 //! has arrived), `send-migration destination_url=unix:/PATH,local=on` on
@@ -13,7 +14,9 @@
 //! `daxprobe mmap-counter` keeps a u64 in `counter.bin` advancing through a
 //! writable DAX mapping made once before the snapshot: it stands still
 //! while paused, and advances in the host's file after the restore and
-//! after the migration. After the restore and after the migration,
+//! after the migration, and it pings the host over the tap net_fds gave
+//! (after the restore) and passed on (after the migration). After the
+//! restore and after the migration,
 //! `daxvmm_dax_restored_ranges_total` counts the ranges mapped again, as
 //! many as were mapped.
 //!
@@ -28,11 +31,14 @@ use std::path::PathBuf;
 
 use test_infra::rig;
 
+use crate::devices::net;
 use crate::snapshot::two_numbers;
 use crate::snapshot_dax::counter_guest;
 
 /// Where the ch-remote binary is named.
 const CH_REMOTE_ENV: &str = "DAX_VMM_CH_REMOTE";
+
+const HOST_IP: &str = "192.168.249.1";
 
 const HOST_BEFORE: &str = r#"
 mkdir -p share snap
@@ -43,10 +49,12 @@ DAEMON=$!
 "#;
 
 /// `chr SOCKET ARGS...`: ch-remote's exit status and its output on one
-/// line; `chr_state SOCKET`: `info`'s exit status and the VM's state.
-/// CH_REMOTE is the binary's name on the emulated host.
+/// line; `chr_tap TAP SOCKET ARGS...` the same with a new tap TAP as
+/// ch-remote's fd 3; `chr_state SOCKET`: `info`'s exit status and the VM's
+/// state. CH_REMOTE is the binary's name on the emulated host.
 const API_SCRIPT: &str = r#"
 chr() { s=$1; shift; out=$(CH_REMOTE --api-socket "$s" "$@" 2>&1); rc=$?; echo "rc=$rc out=$(printf '%s' "$out" | tr '\n' ' ' | cut -c1-600)"; }
+chr_tap() { t=$1; s=$2; shift 2; out=$(daxprobe tap-exec $t CH_REMOTE --api-socket "$s" "$@" 2>&1); rc=$?; echo "rc=$rc out=$(printf '%s' "$out" | tr '\n' ' ' | cut -c1-600)"; }
 chr_state() { out=$(CH_REMOTE --api-socket "$1" info 2>&1); rc=$?; echo "rc=$rc $(printf '%s' "$out" | grep -o '"state": *"[A-Za-z]*"' | tr -d ' ')"; }
 fresh_daemon() { dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --log-level warn & DAEMON=$!; }
 api /tmp/api.sock PUT /api/v1/vmm.shutdown >/dev/null
@@ -54,7 +62,8 @@ follow serial.log
 wait_sock /tmp/fs.sock
 "$VMM" --api-socket /tmp/a.sock --kernel "$KERNEL" --initramfs "$INITRAMFS" --cmdline "$CMDLINE" \
   --memory size=512M,shared=on --rng off --serial "file=$WORK/serial.log" \
-  --fs tag=share,socket=/tmp/fs.sock,num_queues=1,queue_size=1024,cache_size=32M,id=fs0 -v </dev/null &
+  --fs tag=share,socket=/tmp/fs.sock,num_queues=1,queue_size=1024,cache_size=32M,id=fs0 \
+  --net tap=dtap0,ip=HOST_IP,mask=255.255.255.0,mac=52:54:00:12:34:56,id=net0 -v </dev/null &
 A=$!
 seen '@@GUEST ready=1' $A
 echo "@@HOST a_info=$(chr_state /tmp/a.sock)"
@@ -73,7 +82,10 @@ wait_sock /tmp/fs.sock
 "$VMM" --api-socket /tmp/b.sock -v </dev/null &
 B=$!
 wait_sock /tmp/b.sock
-echo "@@HOST restore=$(chr /tmp/b.sock restore "source_url=file://$WORK/snap")"
+# The old VMM's tap went with it: net0 is restored on a new tap, handed
+# over as ch-remote's fd 3 (Cloud Hypervisor's net_fds).
+echo "@@HOST restore=$(chr_tap dtap1 /tmp/b.sock restore "source_url=file://$WORK/snap,net_fds=[net0@[3]]")"
+ip addr add HOST_IP/24 dev dtap1 && ip link set dtap1 up; echo "@@HOST dtap1_rc=$?"
 echo "@@HOST b_restored=$(chr_state /tmp/b.sock)"
 echo "@@HOST restored_ranges=$(metric /tmp/b.sock restored_ranges_total)"
 echo "@@HOST mapped_restored=$(metric /tmp/b.sock mapped_ranges)"
@@ -82,6 +94,8 @@ echo "@@HOST resume=$(chr /tmp/b.sock resume)"
 echo "@@HOST b_resumed=$(chr_state /tmp/b.sock)"
 echo "@@HOST ping=$(chr /tmp/b.sock ping)"
 echo "@@HOST after_restore=$(advancing)"
+touch share/restored
+seen '@@GUEST restored_done=1' $B
 # The local migration: a third VMM receives; the second daemon's socket
 # goes, and once that daemon has handed over its state and exited a fresh
 # one serves the same share on the same path.
@@ -122,11 +136,16 @@ wait_for() { i=0; until eval "$1"; do [ $i -ge $2 ] && return 1; sleep 0.1; i=$(
 mkdir -p /mnt
 wait_for 'mount -t virtiofs share /mnt -o dax=always 2>/dev/null' 300; echo "@@GUEST mount_rc=$?"
 echo "@@GUEST statx_before=$(daxprobe statx /mnt/counter.bin /mnt/data.bin)"
+ip addr add 192.168.249.2/24 dev eth0 && ip link set eth0 up
 daxprobe mmap-counter /mnt/counter.bin /mnt/data.bin 900 &
 sleep 2
 echo "@@GUEST ready=1"
+wait_for '[ -e /mnt/restored ]' 6000; echo "@@GUEST saw_restored=$?"
+echo "@@GUEST ping_restored=$(ping -c 3 -W 10 HOST_IP 2>&1 | grep -o '[0-9]* packets received')"
+echo "@@GUEST restored_done=1"
 wait_for '[ -e /mnt/migrated ]' 6000; echo "@@GUEST saw_migrated=$?"
 echo "@@GUEST statx_after=$(daxprobe statx /mnt/counter.bin /mnt/data.bin)"
+echo "@@GUEST ping_migrated=$(ping -c 3 -W 10 HOST_IP 2>&1 | grep -o '[0-9]* packets received')"
 echo "@@GUEST after_done=1"
 sleep 5
 "#;
@@ -167,15 +186,14 @@ fn the_real_ch_remote_snapshots_restores_and_migrates_a_dax_guest() {
         .expect("a file name")
         .to_string_lossy()
         .into_owned();
+    let api = API_SCRIPT
+        .replace("CH_REMOTE", &name)
+        .replace("HOST_IP", HOST_IP);
     let mut guest = counter_guest(
         "ch-remote",
-        GUEST_SCRIPT,
-        &[],
-        [
-            HOST_BEFORE,
-            &API_SCRIPT.replace("CH_REMOTE", &name),
-            HOST_AFTER,
-        ],
+        &GUEST_SCRIPT.replace("HOST_IP", HOST_IP),
+        net::GUEST_MODULES,
+        [HOST_BEFORE, &api, HOST_AFTER],
     );
     guest.host_tools.push(ch_remote);
     let (run, _stalls) = rig::run_retrying_stall(&guest).expect("rig run");
@@ -207,8 +225,14 @@ fn the_real_ch_remote_snapshots_restores_and_migrates_a_dax_guest() {
     );
     assert_eq!(host("daemon1_exit"), "status=0", "{tail}");
 
-    // restore (paused, the window mapped again), resume, ping.
+    // restore with a new tap for net0 (paused, the window mapped again),
+    // resume, ping.
     assert_eq!(host("restore"), done, "{tail}");
+    assert_eq!(
+        host("dtap1_rc"),
+        "0",
+        "the passed tap is the device's\n{tail}"
+    );
     assert_eq!(host("b_restored"), "rc=0 \"state\":\"Paused\"", "{tail}");
     assert_eq!(host("mapped_restored"), mapped.to_string(), "{tail}");
     assert_eq!(
@@ -229,6 +253,12 @@ fn the_real_ch_remote_snapshots_restores_and_migrates_a_dax_guest() {
         r0 >= p1 && r1 > r0,
         "the counter advances from {p1}\n{tail}"
     );
+    assert_eq!(run.guest("saw_restored"), Some("0"), "{tail}");
+    assert_eq!(
+        run.guest("ping_restored"),
+        Some("3 packets received"),
+        "the guest reaches the host over the tap net_fds passed\n{tail}"
+    );
 
     // The local migration to a third VMM.
     assert_eq!(host("send"), done, "{tail}");
@@ -247,6 +277,11 @@ fn the_real_ch_remote_snapshots_restores_and_migrates_a_dax_guest() {
     assert!(m0 > r1 && m1 > m0, "the counter goes on\n{tail}");
     assert_eq!(run.guest("saw_migrated"), Some("0"), "{tail}");
     assert_eq!(run.guest("statx_after"), Some(dax), "{tail}");
+    assert_eq!(
+        run.guest("ping_migrated"),
+        Some("3 packets received"),
+        "{tail}"
+    );
     let lines = run.tail(100_000);
     assert!(!lines.contains("check=bad"), "{tail}");
     assert_eq!(host("shutdown"), done, "{tail}");
