@@ -279,6 +279,12 @@ pub const FAMILIES: &[Family] = &[
         Samples::Device(|d| counters(d).map(|c| c.truncated_bytes)),
     ),
     family(
+        "daxvmm_dax_restored_ranges_total",
+        "counter",
+        "2 MiB ranges of the window mapped again from the saved record at a restore or an incoming migration, before a vCPU ran",
+        Samples::Device(|d| counters(d).map(|c| c.restored_ranges)),
+    ),
+    family(
         "daxvmm_dax_stray_resets_total",
         "counter",
         "Times the guest kept more than the budget in the window's scratch and it was emptied",

@@ -23,6 +23,7 @@ fn device(id: &str) -> DeviceMetrics {
                 guest_prefaulted_bytes: 2 << 20,
                 prefault_failures: 1,
                 truncated_bytes: 3 << 20,
+                restored_ranges: 4,
                 failures: vec![("misaligned", 1), ("bad_fd", 0)],
                 latency_buckets: vec![(Some(10), 1), (Some(100), 3), (None, 3)],
                 latency_sum_us: 150,
@@ -127,6 +128,7 @@ fn renders_families_once_with_device_labels() {
     assert!(text.contains("daxvmm_dax_prefaulted_bytes_total{device=\"fs0\"} 3145728\n"));
     assert!(text.contains("daxvmm_dax_prefault_failures_total{device=\"fs0\"} 1\n"));
     assert!(text.contains("daxvmm_dax_truncated_bytes_total{device=\"fs0\"} 3145728\n"));
+    assert!(text.contains("daxvmm_dax_restored_ranges_total{device=\"fs0\"} 4\n"));
     assert!(text.contains("daxvmm_dax_stray_resets_total{device=\"fs0\"} 2\n"));
     assert!(text.contains("daxvmm_dax_unwatched_files{device=\"fs0\"} 1\n"));
     assert!(text.contains("daxvmm_dax_watch_refusals_total{device=\"fs0\"} 5\n"));

@@ -76,6 +76,9 @@ pub struct WindowCounters {
     pub prefault_failures: u64,
     /// Bytes of mappings whose file shrank on the host, shown as scratch since.
     pub truncated_bytes: u64,
+    /// Ranges mapped again from a saved window record (a restore or an
+    /// incoming migration), apart from the guest's own maps.
+    pub restored_ranges: u64,
     /// Refused SHMEM_MAP/UNMAP requests, by reason label.
     pub failures: Vec<(&'static str, u64)>,
     /// SHMEM_MAP latency: cumulative counts per upper bound in µs (None:

@@ -20,6 +20,8 @@
      max_vcpus;
    - vm.resize's desired_vcpus above the VM's max_vcpus (the script's VM
      has 1), or a desired_ram the VM's memory cannot take.
+   - vm.restore's net_fds: the fds it counts are sent as SCM_RIGHTS, which
+     the fuzzer's HTTP client cannot send, and each device is named once.
 """
 
 import json
@@ -136,6 +138,11 @@ def _breaks(case):
             if memory.get("size", 0) + memory["hotplug_size"] > MAX_RAM:
                 broken.append("size plus hotplug_size at most 512G")
         return broken
+    if path == "/vm.restore":
+        # The fds net_fds counts travel as SCM_RIGHTS, which no HTTP
+        # client of the fuzzer sends; and each device is named once.
+        if isinstance(body.get("net_fds"), list) and body["net_fds"]:
+            return ["file descriptor(s) came with the request", "each net device named once"]
     if path == "/vm.add-vsock":
         socket = body.get("socket")
         if isinstance(socket, str) and len(socket.encode()) > VSOCK_SOCKET_BYTES:

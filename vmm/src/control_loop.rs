@@ -29,6 +29,7 @@ use crate::device_manager::{DeviceManagerError, FsDeviceInfo};
 use crate::exit::VmExit;
 use crate::migration;
 use crate::signals::StopSignals;
+use crate::snapshot::RestoreTaps;
 use crate::vm::{Vm, VmError};
 
 /// Publishes one fs device's window events on the API's event stream, and
@@ -474,15 +475,10 @@ impl ControlLoop {
             VmmAction::Snapshot(body) => self.snapshot(&body),
             VmmAction::Restore(body, fds) => {
                 let restore = restore_config_from_json(&body).map_err(bad_request("vm.restore"))?;
-                // As Cloud Hypervisor: the fds must be those the body's
-                // fd lists name, and this VMM takes none at restore.
-                if !fds.is_empty() {
-                    return Err(ApiError::bad_request(format!(
-                        "vm.restore: {} file descriptor(s) came with the request, but net_fds names none (this VMM takes no new tap fds at restore)",
-                        fds.len()
-                    )));
-                }
-                self.restore("vm.restore", &restore)?;
+                // As Cloud Hypervisor: the fds must be those net_fds names.
+                let taps = RestoreTaps::take(&restore.net_fds, fds)
+                    .map_err(|e| ApiError::bad_request(format!("vm.restore: {e}")))?;
+                self.restore("vm.restore", &restore, taps)?;
                 Ok(VmmReply::NoContent)
             }
             VmmAction::SendMigration(body) => self.send_migration(&body),
@@ -581,7 +577,13 @@ impl ControlLoop {
     /// Restores the VM a snapshot directory holds (`vm.restore`, or
     /// `--restore` at start: `what` names which). Only into a VMM without a
     /// VM; the VM comes back paused, and runs if `restore.resume` says so.
-    pub fn restore(&mut self, what: &str, restore: &RestoreConfig) -> Result<(), ApiError> {
+    /// `taps` are the net devices' new taps (`vm.restore`'s `net_fds`).
+    pub fn restore(
+        &mut self,
+        what: &str,
+        restore: &RestoreConfig,
+        taps: RestoreTaps,
+    ) -> Result<(), ApiError> {
         if self.config.is_some() {
             return Err(ApiError::internal(format!(
                 "{what}: a VM is already created (it is {}): restore into a VMM without one (vm.delete it first)",
@@ -596,13 +598,14 @@ impl ControlLoop {
             )));
         }
         let observe = self.observer();
-        let (config, vm) = Vm::restore(dir, restore.prefault, Some(&observe)).map_err(|e| {
-            ApiError::internal(format!(
-                "{what}: the VM could not be restored from {}: {}",
-                dir.display(),
-                error_chain(&e)
-            ))
-        })?;
+        let (config, vm) =
+            Vm::restore(dir, restore.prefault, taps, Some(&observe)).map_err(|e| {
+                ApiError::internal(format!(
+                    "{what}: the VM could not be restored from {}: {}",
+                    dir.display(),
+                    error_chain(&e)
+                ))
+            })?;
         self.config = Some(config);
         self.vm = Some(vm);
         self.state = State::Paused;

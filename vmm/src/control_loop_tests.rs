@@ -411,6 +411,26 @@ fn restore_bodies_and_fds_it_cannot_take_are_refused_with_400() {
         "{message}"
     );
     assert!(c.config.is_none() && c.vm.is_none());
+    // net_fds names net0, and what came is no tap: 400 naming both.
+    let mut with_net = restore_body(&dir);
+    with_net["net_fds"] = json!([{"id": "net0", "num_fds": 1, "fds": null}]);
+    let fd = std::os::fd::OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+    let (status, message) = refused(&mut c, VmmAction::Restore(with_net.clone(), vec![fd]));
+    assert_eq!(status, 400);
+    assert!(
+        message.starts_with("vm.restore: net_fds: fd 0 of net0 is not a tap"),
+        "{message}"
+    );
+    // Named but not sent.
+    let (status, message) = refused(&mut c, VmmAction::Restore(with_net, Vec::new()));
+    assert_eq!(status, 400);
+    assert!(
+        message.starts_with(
+            "vm.restore: 0 file descriptor(s) came with the request, but net_fds names 1"
+        ),
+        "{message}"
+    );
+    assert!(c.config.is_none() && c.vm.is_none());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -16,6 +16,7 @@ use vmm::config::{
 };
 use vmm::control_loop::{ControlLoop, LoopExit};
 use vmm::signals::StopSignals;
+use vmm::snapshot::RestoreTaps;
 
 /// Exit status for a command line the VMM cannot run (as clap uses for usage errors).
 const EXIT_USAGE: u8 = 2;
@@ -415,7 +416,7 @@ fn serve_api(
         }
     }
     if let Some(restore) = restore {
-        if let Err(e) = control.restore("--restore", restore) {
+        if let Err(e) = control.restore("--restore", restore, RestoreTaps::default()) {
             eprintln!("dax-vmm: error: {}", e.message);
             return ExitCode::from(EXIT_FAILURE);
         }

@@ -15,6 +15,7 @@ mod api;
 mod api_events;
 mod api_limits;
 mod boot;
+mod ch_remote;
 mod cpu_hotplug;
 mod devices;
 mod fleet;

@@ -7,7 +7,7 @@
 use std::fs::File;
 use std::io;
 use std::net::Ipv4Addr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use super::header::VNET_HDR_LEN;
 use super::iov::IoVecs;
@@ -175,15 +175,7 @@ impl Tap {
     pub fn from_fd(fd: OwnedFd) -> Result<Self, TapError> {
         let raw = fd.as_raw_fd();
         let not = |why: String| TapError::NotATap { fd: raw, why };
-        let mut req = ifreq_named("");
-        // SAFETY: TUNGETIFF writes an ifreq.
-        unsafe { ioctl_ptr(raw, libc::TUNGETIFF, &mut req) }
-            .map_err(|e| not(format!("TUNGETIFF: {e}")))?;
-        // SAFETY: TUNGETIFF filled the flags member of the union.
-        let flags = i32::from(unsafe { req.ifr_ifru.ifru_flags });
-        if flags & libc::IFF_TAP == 0 || flags & libc::IFF_VNET_HDR == 0 {
-            return Err(not(format!("interface flags {flags:#x}")));
-        }
+        let req = Self::interface_of(fd.as_fd())?;
         // SAFETY: F_GETFL/F_SETFL on an fd we own.
         let ok = unsafe {
             let fl = libc::fcntl(raw, libc::F_GETFL);
@@ -199,6 +191,29 @@ impl Tap {
         tap.set_vnet_hdr_len()
             .map_err(|e| not(format!("TUNSETVNETHDRSZ: {e}")))?;
         Ok(tap)
+    }
+
+    /// Whether `fd` is a tap with `IFF_VNET_HDR` (what [`Self::from_fd`]
+    /// takes), asked with TUNGETIFF only: nothing about the fd changes, so
+    /// a caller can check every fd it was passed before taking any.
+    pub fn check_fd(fd: BorrowedFd<'_>) -> Result<(), TapError> {
+        Self::interface_of(fd).map(drop)
+    }
+
+    /// TUNGETIFF's answer for a tap with `IFF_VNET_HDR`.
+    fn interface_of(fd: BorrowedFd<'_>) -> Result<libc::ifreq, TapError> {
+        let raw = fd.as_raw_fd();
+        let not = |why: String| TapError::NotATap { fd: raw, why };
+        let mut req = ifreq_named("");
+        // SAFETY: TUNGETIFF writes an ifreq.
+        unsafe { ioctl_ptr(raw, libc::TUNGETIFF, &mut req) }
+            .map_err(|e| not(format!("TUNGETIFF: {e}")))?;
+        // SAFETY: TUNGETIFF filled the flags member of the union.
+        let flags = i32::from(unsafe { req.ifr_ifru.ifru_flags });
+        if flags & libc::IFF_TAP == 0 || flags & libc::IFF_VNET_HDR == 0 {
+            return Err(not(format!("interface flags {flags:#x}")));
+        }
+        Ok(req)
     }
 
     fn set_vnet_hdr_len(&self) -> io::Result<()> {

@@ -126,6 +126,7 @@ impl DaxMetrics {
             guest_prefaulted_bytes: self.guest_prefaulted_bytes.load(Relaxed),
             prefault_failures: self.prefault_failures.load(Relaxed),
             truncated_bytes: self.truncated_bytes.load(Relaxed),
+            restored_ranges: self.restored_ranges.load(Relaxed),
             failures: FailureReason::ALL
                 .iter()
                 .map(|r| (r.as_str(), self.failures[r.index()].load(Relaxed)))

@@ -586,12 +586,10 @@ impl DaxWindow {
         let result = self.map_checked(req, fd.as_raw_fd(), defer);
         let (offset, len) = (req.shm_offset, req.len);
         match &result {
-            // Already in place (a replay): nothing was mapped.
-            Ok(false) => {
-                self.metrics
-                    .restored_ranges
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
+            // Already in place (a daemon's replay after the VMM mapped the
+            // range from passed descriptors, which counted it): nothing was
+            // mapped, nothing is counted again.
+            Ok(false) => {}
             Ok(true) => {
                 if self.replaying.load(std::sync::atomic::Ordering::SeqCst) {
                     self.metrics

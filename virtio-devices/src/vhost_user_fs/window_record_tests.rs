@@ -172,6 +172,11 @@ fn replaying_a_map_already_in_place_is_a_no_op() {
         .unwrap();
     restored.replay(&record, &saved.files()).unwrap();
     assert_eq!(maps(), 3, "nothing was mapped again");
+    assert_eq!(
+        restored.metrics.restored_ranges.load(Ordering::Relaxed),
+        3,
+        "each range counted once as mapped again, not again at each replay"
+    );
     assert_eq!(mismatches(&restored), 0);
     restored.verify(&record).unwrap();
 }

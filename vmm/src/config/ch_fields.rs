@@ -332,8 +332,17 @@ pub(super) const VM_CONFIG: &[(&str, Rule)] = &[
 /// Cloud Hypervisor's VmSnapshotConfig (`vm.snapshot`).
 pub(super) const SNAPSHOT: &[(&str, Rule)] = &[("destination_url", OURS_SET)];
 
+/// Cloud Hypervisor's RestoredNetConfig: the fds themselves come with the
+/// request (SCM_RIGHTS); numbers in the body would name fds of the
+/// sender's process, so only null (what ch-remote sends) or [] is taken.
+const RESTORED_NET: &[(&str, Rule)] = &[
+    ("id", OURS_SET),
+    ("num_fds", OURS_SET),
+    ("fds", Rule::Empty(Shape::Array)),
+];
+
 /// Cloud Hypervisor's RestoreConfig (`vm.restore`): memory is restored by
-/// copy only, and no new tap or VFIO fds come with a restore.
+/// copy only; new tap fds come as `net_fds` says, no VFIO fds.
 pub(super) const RESTORE: &[(&str, Rule)] = &[
     ("source_url", OURS_SET),
     ("prefault", OURS_SET),
@@ -341,7 +350,7 @@ pub(super) const RESTORE: &[(&str, Rule)] = &[
         "memory_restore_mode",
         Rule::Default(|| json!("Copy"), Null::Refused),
     ),
-    ("net_fds", Rule::Empty(Shape::Array)),
+    ("net_fds", Rule::Array(RESTORED_NET)),
     ("vfio_fds", Rule::Empty(Shape::Array)),
     ("iommufd_fd", Rule::Empty(Shape::Null)),
     ("resume", OURS_SET),

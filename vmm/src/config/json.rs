@@ -146,10 +146,28 @@ pub fn snapshot_config_from_json(body: &Value) -> Result<SnapshotConfig, JsonCon
 /// Parses a `vm.restore` body (Cloud Hypervisor's RestoreConfig).
 pub fn restore_config_from_json(body: &Value) -> Result<RestoreConfig, JsonConfigError> {
     let b: RestoreBody = typed("RestoreConfig", body, ch_fields::RESTORE)?;
+    let mut named = std::collections::HashSet::new();
+    for n in &b.net_fds {
+        if !named.insert(n.id.as_str()) {
+            return Err(JsonConfigError::Invalid {
+                field: "RestoreConfig.net_fds[].id",
+                value: Value::String(n.id.clone()),
+                expected: "each net device named once",
+            });
+        }
+        if n.num_fds == 0 {
+            return Err(JsonConfigError::Invalid {
+                field: "RestoreConfig.net_fds[].num_fds",
+                value: Value::from(n.num_fds),
+                expected: "one tap fd per queue pair of the device, at least 1",
+            });
+        }
+    }
     Ok(RestoreConfig {
         source_dir: url_dir("RestoreConfig.source_url", b.source_url)?,
         prefault: b.prefault,
         resume: b.resume,
+        net_fds: b.net_fds,
     })
 }
 

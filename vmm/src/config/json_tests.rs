@@ -555,6 +555,7 @@ fn ch_remote_snapshot_and_restore_bodies_are_accepted() {
                 source_dir: "/tmp/snap".into(),
                 prefault: false,
                 resume: false,
+                net_fds: Vec::new(),
             }
         );
     }
@@ -571,6 +572,27 @@ fn ch_remote_snapshot_and_restore_bodies_are_accepted() {
         &json!({"source_url": "file:///s", "net_fds": [], "vfio_fds": []})
     )
     .is_ok());
+}
+
+/// What ch-remote v53 sends for `restore
+/// source_url=file:///tmp/snap,net_fds=[net0@[3],net1@[4]]` (the fd
+/// numbers taken out of the body: the fds go as SCM_RIGHTS).
+const CH_REMOTE_53_RESTORE_NET_FDS: &str = r#"{"source_url":"file:///tmp/snap","prefault":false,"memory_restore_mode":"Copy","net_fds":[{"id":"net0","num_fds":1,"fds":null},{"id":"net1","num_fds":1,"fds":null}],"resume":false}"#;
+
+#[test]
+fn ch_remotes_net_fds_name_the_devices_and_their_fd_counts() {
+    let r = restore_config_from_json(&serde_json::from_str(CH_REMOTE_53_RESTORE_NET_FDS).unwrap())
+        .unwrap();
+    let net = |id: &str| crate::config::RestoredNet {
+        id: id.into(),
+        num_fds: 1,
+    };
+    assert_eq!(r.net_fds, [net("net0"), net("net1")]);
+    let r = restore_config_from_json(
+        &json!({"source_url": "file:///s", "net_fds": [{"id": "net2", "num_fds": 1, "fds": []}]}),
+    )
+    .unwrap();
+    assert_eq!(r.net_fds, [net("net2")]);
 }
 
 #[test]
@@ -591,11 +613,35 @@ fn bad_snapshot_and_restore_bodies_are_refused_naming_the_field() {
         s(json!({"destination_url": "/tmp/snap"})),
         format!("VmSnapshotConfig.destination_url=\"/tmp/snap\" is invalid: expected {FILE_URL_EXPECTED}")
     );
-    // What ch-remote sends for `restore source_url=…,net_fds=[net0@[3,4]]`.
-    assert!(r(
-        json!({"source_url": "file:///s", "net_fds": [{"id": "net0", "num_fds": 2, "fds": null}]})
-    )
-    .starts_with("RestoreConfig.net_fds=[{"));
+    // net_fds: fd numbers of the sender's process, a device named twice,
+    // no fd, a field RestoredNetConfig does not have.
+    assert_eq!(
+        r(
+            json!({"source_url": "file:///s", "net_fds": [{"id": "net0", "num_fds": 1, "fds": [3]}]})
+        ),
+        "RestoreConfig.net_fds[0].fds=[3] is not supported by this VMM (only null or [])"
+    );
+    assert_eq!(
+        r(json!({"source_url": "file:///s", "net_fds": [
+            {"id": "net0", "num_fds": 1, "fds": null}, {"id": "net0", "num_fds": 1}]})),
+        "RestoreConfig.net_fds[].id=\"net0\" is invalid: expected each net device named once"
+    );
+    assert!(
+        r(json!({"source_url": "file:///s", "net_fds": [{"id": "net0", "num_fds": 0}]}))
+            .starts_with("RestoreConfig.net_fds[].num_fds=0 is invalid")
+    );
+    assert!(
+        r(json!({"source_url": "file:///s", "net_fds": [{"id": "net0", "num_fds": -1}]}))
+            .starts_with("RestoreConfig.net_fds[0].num_fds: ")
+    );
+    assert!(
+        r(json!({"source_url": "file:///s", "net_fds": [{"num_fds": 1}]}))
+            .contains("missing field `id`")
+    );
+    assert!(
+        r(json!({"source_url": "file:///s", "net_fds": {"id": "net0"}}))
+            .starts_with("RestoreConfig.net_fds: expected an array")
+    );
     assert!(
         r(json!({"source_url": "file:///s", "vfio_fds": [{"id": "v", "fd": null}]}))
             .starts_with("RestoreConfig.vfio_fds=")

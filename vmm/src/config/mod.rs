@@ -26,7 +26,7 @@ pub use fs::FsConfig;
 pub use net::{NetConfig, TapFds, DEFAULT_TAP_NAME};
 pub use platform::{PlatformConfig, MAX_PCI_SEGMENTS};
 pub use pmem::PmemConfig;
-pub use restore::{file_url_dir, RestoreConfig, SnapshotConfig, FILE_URL_EXPECTED};
+pub use restore::{file_url_dir, RestoreConfig, RestoredNet, SnapshotConfig, FILE_URL_EXPECTED};
 pub use rng::{RngConfig, DEFAULT_RNG_SOURCE};
 pub use vsock::VsockConfig;
 

@@ -3,10 +3,14 @@
 //! (`vm.restore`, `--restore source_url=file:///DIR[,prefault=on][,resume=true]`).
 //!
 //! A snapshot is a directory, named by a `file://` URL as in Cloud
-//! Hypervisor. Restoring memory on demand (userfaultfd) and handing new tap
-//! or VFIO fds to a restored VM are Cloud Hypervisor's and not this VMM's:
-//! they are refused by name (the JSON bodies through [`super::ch_fields`],
-//! the command line here).
+//! Hypervisor. New tap fds for a restored VM's net devices come as Cloud
+//! Hypervisor's do: `net_fds` in the `vm.restore` body names the devices
+//! and how many fds each takes, and the fds travel with the request as
+//! SCM_RIGHTS (`ch-remote restore source_url=...,net_fds=[net0@[3]]`).
+//! Restoring memory on demand (userfaultfd), VFIO fds, and fds inherited
+//! on the command line are Cloud Hypervisor's and not this VMM's: they are
+//! refused by name (the JSON bodies through [`super::ch_fields`], the
+//! command line here).
 
 use std::path::PathBuf;
 
@@ -34,9 +38,9 @@ pub const RESTORE_KEYS: &[&str] = &[
 /// which hold commas: refused by name before the value is split on them.
 const LIST_KEYS: &[&str] = &["net_fds", "vfio_fds", "zone_updates"];
 
-/// Why the fd keys are refused.
+/// Why the fd keys are refused on the command line.
 const NO_RESTORE_FDS: &str =
-    "this VMM takes no new tap or VFIO fds at restore (a restored VM opens its taps by name)";
+    "this VMM takes no inherited tap or VFIO fds at restore (a restored VM opens its taps by name; new tap fds come with vm.restore's net_fds, as ch-remote sends them)";
 
 /// The directory a `file://` URL names, as Cloud Hypervisor reads it: the
 /// text after `file://` (`file:///DIR` is `/DIR`). None for another scheme
@@ -63,6 +67,19 @@ pub struct RestoreConfig {
     pub prefault: bool,
     /// Resume the VM once restored (it comes back paused otherwise).
     pub resume: bool,
+    /// The net devices given new tap fds with the request, in the order
+    /// their fds came.
+    pub net_fds: Vec<RestoredNet>,
+}
+
+/// One entry of Cloud Hypervisor's `net_fds` (its RestoredNetConfig): the
+/// net device `id` of the snapshot takes the next `num_fds` fds passed
+/// with the request as its tap, one per queue pair.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoredNet {
+    pub id: String,
+    pub num_fds: usize,
 }
 
 /// The `vm.snapshot` body's fields this VMM reads (what
@@ -84,6 +101,8 @@ pub(super) struct RestoreBody {
     pub prefault: bool,
     #[serde(default)]
     pub resume: bool,
+    #[serde(default)]
+    pub net_fds: Vec<RestoredNet>,
 }
 
 impl RestoreConfig {
@@ -126,6 +145,7 @@ impl RestoreConfig {
             source_dir,
             prefault: o.convert("prefault", parse_toggle)?.unwrap_or(false),
             resume: o.convert("resume", parse_toggle)?.unwrap_or(false),
+            net_fds: Vec::new(),
         })
     }
 }
@@ -153,6 +173,7 @@ mod tests {
                 source_dir: "/home/foo/snapshot".into(),
                 prefault: false,
                 resume: false,
+                net_fds: Vec::new(),
             }
         );
         assert_eq!(
@@ -164,6 +185,7 @@ mod tests {
                 source_dir: "/s".into(),
                 prefault: true,
                 resume: true,
+                net_fds: Vec::new(),
             }
         );
     }
@@ -187,7 +209,7 @@ mod tests {
         assert!(e("source_url=file:///s,resume=maybe").contains("resume=\"maybe\""));
         // A list with commas in it is named, not split into nonsense.
         assert!(e("source_url=file:///s,net_fds=[net0@[3,4]]")
-            .starts_with("--restore: net_fds is not supported: this VMM takes no new tap"));
+            .starts_with("--restore: net_fds is not supported: this VMM takes no inherited tap"));
         assert!(e("source_url=file:///s,vfio_fds=[v@5],iommufd_fd=7").contains("vfio_fds"));
         assert!(e("source_url=file:///s,iommufd_fd=7").contains("iommufd_fd=7 is not supported"));
         assert!(e("source_url=file:///s,zone_updates=[z@1]").contains("zone_updates"));

@@ -308,6 +308,22 @@ fn local_migration_of_private_memory_is_refused_by_chs_message() {
     assert!(still_counting(&source));
 }
 
+/// What ch-remote v53 puts on the wire for `send-migration
+/// destination_url=unix:/tmp/mig.sock,local=on` and `receive-migration
+/// receiver_url=unix:/tmp/mig.sock` (captured from the binary; v53 refuses
+/// a bare `receive-migration unix:/PATH` itself: "unknown option").
+const CH_REMOTE_53_SEND: &str = r#"{"destination_url":"unix:/tmp/mig.sock","local":true,"downtime_ms":300,"timeout_s":3600,"timeout_strategy":"Cancel","connections":1,"tls_dir":null,"memory_mode":"Precopy"}"#;
+const CH_REMOTE_53_RECEIVE: &str =
+    r#"{"receiver_url":"unix:/tmp/mig.sock","tls_dir":null,"memory_mode":"Precopy"}"#;
+
+#[test]
+fn ch_remote_53s_migration_bodies_are_taken() {
+    let send = send_migration_from_json(&serde_json::from_str(CH_REMOTE_53_SEND).unwrap());
+    assert_eq!(send.unwrap().path, std::path::Path::new("/tmp/mig.sock"));
+    let receive = receive_migration_from_json(&serde_json::from_str(CH_REMOTE_53_RECEIVE).unwrap());
+    assert_eq!(receive.unwrap().path, std::path::Path::new("/tmp/mig.sock"));
+}
+
 /// The bodies as ch-remote sends them are taken (unknown fields ignored);
 /// what is not supported yet is refused by name.
 #[test]

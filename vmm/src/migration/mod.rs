@@ -1,5 +1,5 @@
 //! Local migration (the VMM upgrade path), as Cloud Hypervisor's users drive
-//! it: `ch-remote receive-migration unix:/PATH` on a new VMM without a VM,
+//! it: `ch-remote receive-migration receiver_url=unix:/PATH` on a new VMM without a VM,
 //! then `ch-remote send-migration destination_url=unix:/PATH,local=on` on
 //! the old one. Guest RAM is not copied: its memfds are passed over the
 //! unix socket and the new VMM maps the same pages.

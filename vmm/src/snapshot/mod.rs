@@ -14,6 +14,9 @@
 //! only its seccomp filter lets files be opened.
 
 mod restore;
+mod restore_taps;
+
+pub use restore_taps::{RestoreTaps, RestoreTapsError};
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;

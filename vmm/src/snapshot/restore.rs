@@ -24,7 +24,7 @@ use std::path::Path;
 use vm_state::StateDocument;
 
 use super::{
-    check_dir, state_error, vcpu_section, SnapshotError, CONFIG_FILE, DEVICES_SECTION,
+    check_dir, state_error, vcpu_section, RestoreTaps, SnapshotError, CONFIG_FILE, DEVICES_SECTION,
     LEGACY_SECTION, MEMORY_FILE, MEMORY_HOTPLUG_SECTION, MEMORY_SECTION, RNG_ID, STATE_FILE,
     VCPUS_SECTION, VM_SECTION,
 };
@@ -206,6 +206,7 @@ impl Vm {
     pub fn restore(
         dir: &Path,
         prefault: bool,
+        taps: RestoreTaps,
         observe: Option<&ObserverFactory>,
     ) -> Result<(VmConfig, Vm), SnapshotError> {
         check_dir(dir)?;
@@ -221,6 +222,13 @@ impl Vm {
             path: config_path.clone(),
             reason: e.to_string(),
         })?;
+        // The net devices given new taps with the request are built on
+        // them instead of opening their taps by name.
+        taps.hand_to(&mut config)
+            .map_err(|e| SnapshotError::Config {
+                path: config_path.clone(),
+                reason: e.to_string(),
+            })?;
         let doc = StateDocument::from_json(&read_file(dir, STATE_FILE, MAX_STATE_BYTES)?)
             .map_err(state_error)?;
         let vm = Vm::restore_document(

@@ -200,7 +200,8 @@ fn a_restored_vm_runs_on_from_where_it_was_saved() {
             .mode();
         assert_eq!(mode & 0o777, 0o600, "{name}");
     }
-    let (restored_config, mut vm) = Vm::restore(&dir.0, false, None).expect("restore");
+    let (restored_config, mut vm) =
+        Vm::restore(&dir.0, false, RestoreTaps::default(), None).expect("restore");
     assert_eq!(restored_config, config, "config.json gives the same VM");
     assert!(vm.vcpus.paused(), "restored paused");
     let saved_clock = vm.paused_clock.expect("the saved clock, for resume").clock;
@@ -238,7 +239,7 @@ fn a_prefaulted_restore_has_the_same_ram() {
     let saved = counter(&vm);
     vm.snapshot(&config, &dir.0).expect("snapshot");
     drop(vm);
-    let (_, vm) = Vm::restore(&dir.0, true, None).expect("restore");
+    let (_, vm) = Vm::restore(&dir.0, true, RestoreTaps::default(), None).expect("restore");
     assert_eq!(counter(&vm), saved);
 }
 
@@ -281,7 +282,9 @@ fn a_missing_directory_or_a_file_is_refused_by_name() {
         format!("{}: not a directory", file.display())
     );
     for dir in [&missing, &file] {
-        let e = Vm::restore(dir, false, None).err().expect("refused");
+        let e = Vm::restore(dir, false, RestoreTaps::default(), None)
+            .err()
+            .expect("refused");
         assert!(e.to_string().contains(&*dir.to_string_lossy()), "{e}");
     }
 }
@@ -307,7 +310,9 @@ fn an_unknown_section_version_is_refused_by_the_sections_name() {
         serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     doc["sections"][LEGACY_SECTION]["version"] = json!(99);
     std::fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
-    let e = Vm::restore(&dir.0, false, None).err().expect("refused");
+    let e = Vm::restore(&dir.0, false, RestoreTaps::default(), None)
+        .err()
+        .expect("refused");
     assert!(
         matches!(
             &e,
@@ -340,7 +345,9 @@ fn a_truncated_memory_file_is_refused_before_anything_is_built() {
         .unwrap();
     let len = file.metadata().unwrap().len();
     file.set_len(len - 4096).unwrap();
-    let e = Vm::restore(&dir.0, false, None).err().expect("refused");
+    let e = Vm::restore(&dir.0, false, RestoreTaps::default(), None)
+        .err()
+        .expect("refused");
     assert!(
         matches!(
             e,
@@ -459,7 +466,8 @@ fn a_vm_with_virtio_devices_is_snapshotted_and_restored() {
     assert_eq!(ids, ["_rng", "pmem0", "vsock0"]);
     // The socket path is free again for the restored vsock device.
     let _ = std::fs::remove_file(&socket);
-    let (restored_config, mut vm) = Vm::restore(&snap, false, None).expect("restore");
+    let (restored_config, mut vm) =
+        Vm::restore(&snap, false, RestoreTaps::default(), None).expect("restore");
     assert_eq!(restored_config, config);
     assert_eq!(counter(&vm), saved);
     assert_eq!(rng_interrupt_line(&vm, None), 0x2a, "the device's state");
@@ -502,7 +510,7 @@ fn hotplugged_ram_and_an_ejected_vcpu_come_back() {
     vm.snapshot(&config, &dir.0).expect("snapshot");
     drop(vm);
 
-    let (_, mut vm) = Vm::restore(&dir.0, false, None).expect("restore");
+    let (_, mut vm) = Vm::restore(&dir.0, false, RestoreTaps::default(), None).expect("restore");
     assert_eq!(vm.vcpus.threads(), vec![(0, false), (1, true)]);
     assert_eq!(vm.ram.save(), ram_saved);
     assert_eq!(vm.ram.current(), grown);
@@ -541,7 +549,7 @@ fn the_snapshotted_vm_resumes_and_a_second_snapshot_replaces_the_first() {
     let second = counter(&vm);
     vm.snapshot(&config, &dir.0).expect("second snapshot");
     drop(vm);
-    let (_, vm) = Vm::restore(&dir.0, false, None).expect("restore");
+    let (_, vm) = Vm::restore(&dir.0, false, RestoreTaps::default(), None).expect("restore");
     assert_eq!(counter(&vm), second);
 }
 
@@ -565,7 +573,9 @@ fn a_failed_snapshot_leaves_no_earlier_state_behind() {
         .expect_err("memory-ranges is a directory");
     assert!(e.to_string().contains(MEMORY_FILE), "{e}");
     assert!(!dir.0.join(STATE_FILE).exists());
-    let e = Vm::restore(&dir.0, false, None).err().expect("no state");
+    let e = Vm::restore(&dir.0, false, RestoreTaps::default(), None)
+        .err()
+        .expect("no state");
     assert!(e.to_string().contains(STATE_FILE), "{e}");
 }
 
@@ -600,7 +610,7 @@ fn snapshot_and_restore_pass_the_main_threads_seccomp_filter() {
         vm.snapshot(&config, &path).expect("snapshot again");
         drop(vm);
         let _ = std::fs::remove_file(&socket);
-        let (_, mut vm) = Vm::restore(&path, true, None).expect("restore");
+        let (_, mut vm) = Vm::restore(&path, true, RestoreTaps::default(), None).expect("restore");
         assert_eq!(counter(&vm), saved);
         vm.resume();
         counter_passes(&vm, saved);
@@ -627,7 +637,9 @@ fn a_fifo_or_a_hotplug_section_that_does_not_fit_is_refused_by_name() {
     let mut doc: serde_json::Value = serde_json::from_slice(&original).unwrap();
     doc["sections"][MEMORY_HOTPLUG_SECTION]["state"]["added"] = json!(128 << 20);
     std::fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
-    let e = Vm::restore(&dir.0, false, None).err().expect("refused");
+    let e = Vm::restore(&dir.0, false, RestoreTaps::default(), None)
+        .err()
+        .expect("refused");
     assert!(
         e.to_string()
             .starts_with("state.json: memory-hotplug: added: 134217728 bytes, above"),
@@ -640,7 +652,9 @@ fn a_fifo_or_a_hotplug_section_that_does_not_fit_is_refused_by_name() {
     let c = std::ffi::CString::new(ranges.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a NUL-terminated path; mkfifo touches nothing else.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    let e = Vm::restore(&dir.0, false, None).err().expect("refused");
+    let e = Vm::restore(&dir.0, false, RestoreTaps::default(), None)
+        .err()
+        .expect("refused");
     assert!(e.to_string().contains("not a regular file"), "{e}");
     assert!(e.to_string().contains(MEMORY_FILE), "{e}");
 }

@@ -46,6 +46,8 @@
 //! daxprobe listen-exec SOCKET PROG ARGS...  binds and listens on SOCKET, then execs PROG with it
 //!                                        as fd 3, as Kata starts its virtio-fs daemon
 //!                                        (daxprobe/listen_exec.rs)
+//! daxprobe tap-exec TAP PROG ARGS...     opens (creating) the multiqueue tap TAP, then execs
+//!                                        PROG with it as fd 3 (daxprobe/listen_exec.rs)
 //! daxprobe power-button                  waits for the ACPI power button's KEY_POWER (evdev);
 //!                                        prints "pressed" (exit 0)
 //! daxprobe vsock-serve|vsock-connect|unix-serve|hybrid-connect ...
@@ -490,6 +492,7 @@ fn main() {
         ["kata-replay", socket, script] => kata_replay::replay(socket, script),
         ["kata-rs-replay", socket, script] => kata_rs_replay::replay(socket, script),
         ["listen-exec", socket, prog, args @ ..] => listen_exec::listen_exec(socket, prog, args),
+        ["tap-exec", tap, prog, args @ ..] => listen_exec::tap_exec(tap, prog, args),
         ["power-button"] => power_button(),
         ["vsock-serve", port, reply, count] => vsock::vsock_serve(port, reply, count),
         ["vsock-connect", cid, port, bytes] => vsock::vsock_connect(cid, port, bytes),

@@ -5,8 +5,12 @@
 //! (`cmd.ExtraFiles`), and the daemon is told `--fd=3`. Here the socket is
 //! made and then this process becomes PROG (exec), so the daemon's pid is
 //! the one that started it.
+//!
+//! `daxprobe tap-exec TAP PROG ARGS...`: opens (creating) the tap TAP as
+//! Kata's endpoints have it and execs PROG with it as fd 3, as an operator
+//! hands a tap to `ch-remote restore ...,net_fds=[net0@[3]]`.
 
-use std::os::fd::IntoRawFd;
+use std::os::fd::{IntoRawFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 
@@ -18,7 +22,15 @@ pub fn listen_exec(socket: &str, prog: &str, args: &[&str]) -> ! {
     listener
         .set_nonblocking(true)
         .unwrap_or_else(|e| fail(format!("{socket}: {e}")));
-    let fd = listener.into_raw_fd();
+    exec_with_fd3(listener.into_raw_fd(), prog, args)
+}
+
+pub fn tap_exec(tap: &str, prog: &str, args: &[&str]) -> ! {
+    exec_with_fd3(super::kata_net::open_tap(tap).into_raw_fd(), prog, args)
+}
+
+/// Execs PROG with `fd` (which this process owns) as its fd 3.
+fn exec_with_fd3(fd: RawFd, prog: &str, args: &[&str]) -> ! {
     // Go's ExtraFiles[0] is the child's fd 3, without close-on-exec.
     // SAFETY: dup2 of an fd this process owns onto 3; then fd 3 is ours.
     if fd != 3 && unsafe { libc::dup2(fd, 3) } != 3 {
