@@ -238,14 +238,8 @@ fn spawn_daemon(share: &Path, socket: &Path, extra: &[&str], groups: &[libc::gid
         .arg(share)
         .spawn()
         .expect("spawning dax-virtiofsd");
-    let deadline = Instant::now() + PATIENCE;
-    while !socket.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the daemon never created its socket"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // Listening, not only bound: a connection is refused in between.
+    test_infra::host::wait_for_path(socket);
     child
 }
 

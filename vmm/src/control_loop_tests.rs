@@ -603,14 +603,7 @@ fn a_vm_sent_by_one_loop_is_received_running_by_another() {
         counter_passes(vm, c);
         target.stop_vm();
     });
-    let start = std::time::Instant::now();
-    while !path.exists() {
-        assert!(
-            start.elapsed() < crate::migration::SOCKET_TIMEOUT,
-            "listening"
-        );
-        std::thread::yield_now();
-    }
+    test_infra::host::wait_for_path(&path);
     assert!(matches!(
         source.handle(send(&path)),
         Ok(VmmReply::NoContent)

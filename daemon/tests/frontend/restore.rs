@@ -27,11 +27,7 @@ fn start_daemon_logging(share: &Path, socket: &Path, log: &Path) -> Child {
         .stderr(Stdio::from(std::fs::File::create(log).unwrap()))
         .spawn()
         .expect("spawning dax-virtiofsd");
-    let deadline = Instant::now() + PATIENCE;
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "no socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    test_infra::host::wait_for_path(socket);
     child
 }
 

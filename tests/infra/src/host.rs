@@ -159,18 +159,45 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// Waits (30 s at most) for `path` to appear, as a socket a process binds;
-/// panics naming it.
+/// Waits (30 s at most) for `path` to appear and, when it is a unix
+/// socket, for its owner to listen on it; panics naming it.
+///
+/// A socket file exists from `bind` on, but a connection is refused until
+/// `listen`: a client that connects on seeing the file alone fails now and
+/// then on a loaded machine.
 pub fn wait_for_path(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !path.exists() {
+    while !path.exists() || (is_socket(path) && !unix_socket_listening(path)) {
         assert!(
             Instant::now() < deadline,
-            "{} did not appear",
+            "{} did not appear (or nobody listens on it)",
             path.display()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+fn is_socket(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
+}
+
+/// Whether a socket bound at `path` (in this network namespace) is
+/// listening, as `/proc/net/unix` says (its flags carry `__SO_ACCEPTCON`).
+/// Nothing connects to find out: a daemon that serves one VMM would take
+/// a probe for it.
+pub fn unix_socket_listening(path: &Path) -> bool {
+    const SO_ACCEPTCON: u32 = 0x0001_0000;
+    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
+        return false;
+    };
+    let want = path.as_os_str().to_string_lossy();
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() >= 8
+            && fields[7] == want
+            && u32::from_str_radix(fields[3], 16).is_ok_and(|f| f & SO_ACCEPTCON != 0)
+    })
 }
 
 #[cfg(test)]
@@ -194,5 +221,38 @@ mod tests {
         let result = is_static_elf(&path);
         std::fs::remove_file(&path).unwrap();
         assert!(matches!(result, Err(RigError::Setup(m)) if m.contains("not a 64-bit ELF")));
+    }
+    /// A socket bound but not yet listening refuses connections: it does
+    /// not count as ready until `listen`.
+    #[test]
+    fn a_bound_socket_is_ready_only_once_it_listens() {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::env::temp_dir().join(format!("rig-listen-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        // SAFETY: plain socket(2); the fd is owned right below.
+        let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+        assert!(raw >= 0);
+        // SAFETY: `raw` is a fresh fd nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: an all-zero sockaddr_un is valid; the path is copied in below.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::sa_family_t::try_from(libc::AF_UNIX).unwrap();
+        for (d, s) in addr.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
+            *d = libc::c_char::from_ne_bytes([*s]);
+        }
+        let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_un>()).unwrap();
+        // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
+        let bound = unsafe { libc::bind(fd.as_raw_fd(), std::ptr::addr_of!(addr).cast(), len) };
+        assert_eq!(bound, 0, "{}", std::io::Error::last_os_error());
+        assert!(path.exists() && is_socket(&path));
+        assert!(!unix_socket_listening(&path), "bound, not listening");
+        assert!(std::os::unix::net::UnixStream::connect(&path).is_err());
+        // SAFETY: listen(2) on our bound socket.
+        assert_eq!(unsafe { libc::listen(fd.as_raw_fd(), 1) }, 0);
+        assert!(unix_socket_listening(&path));
+        wait_for_path(&path);
+        drop(fd);
+        std::fs::remove_file(&path).unwrap();
     }
 }

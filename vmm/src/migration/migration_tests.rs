@@ -412,11 +412,7 @@ fn the_endpoints_meet_on_a_socket_path() {
         let c = counter(&r.vm);
         counter_passes(&r.vm, c) > c
     });
-    let start = std::time::Instant::now();
-    while !path.exists() {
-        assert!(start.elapsed() < SOCKET_TIMEOUT, "the receiver listens");
-        std::thread::yield_now();
-    }
+    test_infra::host::wait_for_path(&path);
     send_migration(&mut source, &config, &path).expect("sent");
     assert!(receiver.join().unwrap());
     assert!(!path.exists(), "the socket file is removed once taken");
@@ -455,11 +451,7 @@ fn both_sides_pass_the_main_threads_seccomp_filter() {
         let config = shared_config();
         let mut source = boot_program(&config);
         counter_passes(&source, 10);
-        let start = std::time::Instant::now();
-        while !path.exists() {
-            assert!(start.elapsed() < SOCKET_TIMEOUT, "the receiver listens");
-            std::thread::yield_now();
-        }
+        test_infra::host::wait_for_path(&path);
         send_migration(&mut source, &config, &path).expect("sent");
         source.vcpus.paused()
     });
