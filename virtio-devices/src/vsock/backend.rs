@@ -93,6 +93,8 @@ pub struct UnixBackend {
     /// While the guest's driver is not running, host connections are
     /// closed as they arrive.
     active: bool,
+    /// A local migration took the socket: not accepted on, not removed.
+    released: bool,
 }
 
 /// `CONNECT <port>` (without its newline) → the port. The word is matched
@@ -113,8 +115,29 @@ pub fn parse_connect_line(line: &[u8]) -> Option<u32> {
 }
 
 impl UnixBackend {
+    /// Binds `path` (see [`socket_path::bind`]).
     pub fn new(guest_cid: u64, path: &Path) -> Result<Self, BackendError> {
         let (listener, socket_id) = socket_path::bind(path)?;
+        Self::on_listener(guest_cid, path, listener, socket_id)
+    }
+
+    /// Serves on a listener bound at `path` by another process and passed
+    /// (see [`socket_path::adopt`], which checks it).
+    pub fn adopt(
+        guest_cid: u64,
+        path: &Path,
+        listener: UnixListener,
+    ) -> Result<Self, BackendError> {
+        let (listener, socket_id) = socket_path::adopt(path, listener)?;
+        Self::on_listener(guest_cid, path, listener, socket_id)
+    }
+
+    fn on_listener(
+        guest_cid: u64,
+        path: &Path,
+        listener: UnixListener,
+        socket_id: Option<SocketId>,
+    ) -> Result<Self, BackendError> {
         let setup = |r: std::io::Result<()>| r.map_err(BackendError::Epoll);
         setup(listener.set_nonblocking(true))?;
         let epoll = Epoll::new().map_err(BackendError::Epoll)?;
@@ -136,6 +159,7 @@ impl UnixBackend {
             next_token: FIRST_STREAM_TOKEN,
             next_local_port: FIRST_LOCAL_PORT,
             active: false,
+            released: false,
         };
         setup(b.watch(
             ControlOperation::Add,
@@ -150,6 +174,48 @@ impl UnixBackend {
             TIMER,
         ))?;
         Ok(b)
+    }
+
+    /// The listening socket (a local migration passes it on).
+    pub fn listener(&self) -> &UnixListener {
+        &self.listener
+    }
+
+    /// A local migration's source once the VM's state is saved: the
+    /// receiving VMM serves the socket from now on, on the same listener
+    /// (passed to it). This backend stops accepting (a host client that
+    /// connects meanwhile waits in the listener's queue for the receiver)
+    /// and leaves the socket's name in place when it goes (the receiver's
+    /// now). Open connections stay until the backend goes: they cannot
+    /// move (the receiver's guest is told they are gone).
+    pub fn release(&mut self) {
+        if !self.released {
+            let _ = self.epoll.ctl(
+                ControlOperation::Delete,
+                self.listener.as_raw_fd(),
+                EpollEvent::default(),
+            );
+            self.released = true;
+        }
+    }
+
+    /// Undoes [`Self::release`]: the migration failed and this VMM's guest
+    /// runs on, its socket served here again.
+    pub fn reclaim(&mut self) {
+        if self.released {
+            if let Err(e) = self.watch(
+                ControlOperation::Add,
+                self.listener.as_raw_fd(),
+                EventSet::IN,
+                LISTENER,
+            ) {
+                crate::error_limited!(
+                    "vsock {}: host connections not served again: {e}",
+                    self.path.display()
+                );
+            }
+            self.released = false;
+        }
     }
 
     /// The epoll fd to watch: readable when a host socket or the timer is.
@@ -535,11 +601,14 @@ impl UnixBackend {
 }
 
 /// The socket's name goes with the backend (a later VMM may bind it), if
-/// it still is the socket bound. The backend is dropped on the device's own
-/// thread when it stops, whichever thread drops the device.
+/// it still is the socket bound and no migration handed it over. The
+/// backend is dropped on the device's own thread when it stops, whichever
+/// thread drops the device.
 impl Drop for UnixBackend {
     fn drop(&mut self) {
-        socket_path::remove_if_bound(&self.path, self.socket_id);
+        if !self.released {
+            socket_path::remove_if_bound(&self.path, self.socket_id);
+        }
     }
 }
 

@@ -242,3 +242,44 @@ fn an_impossible_available_index_stops_the_queues_until_a_reset() {
     drop(dev);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Whether a host connection to `path` is taken: the device has no
+/// driver, so it takes it and closes it (EOF at once); one nobody takes
+/// waits in the queue, and the read times out.
+fn taken(path: &std::path::Path) -> bool {
+    let stream = std::os::unix::net::UnixStream::connect(path).expect("the socket is there");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    matches!((&stream).read(&mut [0u8; 1]), Ok(0))
+}
+
+/// A local migration's source lets go of its socket: its device stops
+/// taking host connections (the receiver's device, built on the same
+/// listener, takes them) and leaves the socket's name when it goes (the
+/// receiver's now; it goes with the receiver's device). A resume (the
+/// migration failed) takes the socket back: served, and removed at the end.
+#[test]
+fn a_released_socket_is_left_to_the_receiver_and_a_resume_takes_it_back() {
+    let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+    let path = dir.as_path().join("v.sock");
+    let mut source = Vsock::new("vsock0".into(), 3, path.clone()).unwrap();
+    assert!(taken(&path));
+    let listener = UnixListener::from(source.listener().try_clone_to_owned().unwrap());
+    source.release_backend();
+    assert!(!taken(&path), "the released device takes no connection");
+    let receiver = Vsock::with_listener("vsock0".into(), 3, path.clone(), listener).unwrap();
+    assert!(taken(&path), "the receiver's device takes them");
+    drop(source);
+    assert!(path.exists(), "the released device leaves the name");
+    assert!(taken(&path));
+    drop(receiver);
+    assert!(!path.exists(), "the name goes with the receiver's device");
+
+    let mut source = Vsock::new("vsock0".into(), 3, path.clone()).unwrap();
+    source.release_backend();
+    source.resume().unwrap();
+    assert!(taken(&path), "a resume takes the socket back");
+    drop(source);
+    assert!(!path.exists(), "and removes it at the end");
+}
