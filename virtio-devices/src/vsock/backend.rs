@@ -19,6 +19,8 @@ use std::io::{ErrorKind, Read};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -93,8 +95,37 @@ pub struct UnixBackend {
     /// While the guest's driver is not running, host connections are
     /// closed as they arrive.
     active: bool,
-    /// A local migration took the socket: not accepted on, not removed.
+    /// A local migration took the socket: not accepted on.
     released: bool,
+    /// Whether the socket's name goes with this backend.
+    name: SocketName,
+}
+
+/// Whether a backend removes its socket's name when it goes: a backend
+/// that bound the socket does, until a local migration hands it over; one
+/// on a listener another VMM passed does not until its VMM has taken the
+/// whole VM (a failed migration leaves the name to the sender, whose
+/// listener it still is). Shared with whoever decides that.
+#[derive(Clone, Debug)]
+pub struct SocketName(Arc<AtomicBool>);
+
+impl SocketName {
+    fn new(owned: bool) -> Self {
+        SocketName(Arc::new(AtomicBool::new(owned)))
+    }
+
+    /// The name is this backend's: removed when it goes.
+    pub fn claim(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    fn disown(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+
+    pub fn is_owned(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
 }
 
 /// `CONNECT <port>` (without its newline) → the port. The word is matched
@@ -118,18 +149,19 @@ impl UnixBackend {
     /// Binds `path` (see [`socket_path::bind`]).
     pub fn new(guest_cid: u64, path: &Path) -> Result<Self, BackendError> {
         let (listener, socket_id) = socket_path::bind(path)?;
-        Self::on_listener(guest_cid, path, listener, socket_id)
+        Self::on_listener(guest_cid, path, listener, socket_id, SocketName::new(true))
     }
 
     /// Serves on a listener bound at `path` by another process and passed
-    /// (see [`socket_path::adopt`], which checks it).
+    /// (see [`socket_path::adopt`], which checks it); the name is not this
+    /// backend's until [`SocketName::claim`].
     pub fn adopt(
         guest_cid: u64,
         path: &Path,
         listener: UnixListener,
     ) -> Result<Self, BackendError> {
         let (listener, socket_id) = socket_path::adopt(path, listener)?;
-        Self::on_listener(guest_cid, path, listener, socket_id)
+        Self::on_listener(guest_cid, path, listener, socket_id, SocketName::new(false))
     }
 
     fn on_listener(
@@ -137,6 +169,7 @@ impl UnixBackend {
         path: &Path,
         listener: UnixListener,
         socket_id: Option<SocketId>,
+        name: SocketName,
     ) -> Result<Self, BackendError> {
         let setup = |r: std::io::Result<()>| r.map_err(BackendError::Epoll);
         setup(listener.set_nonblocking(true))?;
@@ -160,6 +193,7 @@ impl UnixBackend {
             next_local_port: FIRST_LOCAL_PORT,
             active: false,
             released: false,
+            name,
         };
         setup(b.watch(
             ControlOperation::Add,
@@ -181,6 +215,11 @@ impl UnixBackend {
         &self.listener
     }
 
+    /// Whether the socket's name goes with this backend.
+    pub fn name(&self) -> &SocketName {
+        &self.name
+    }
+
     /// A local migration's source once the VM's state is saved: the
     /// receiving VMM serves the socket from now on, on the same listener
     /// (passed to it). This backend stops accepting (a host client that
@@ -196,6 +235,7 @@ impl UnixBackend {
                 EpollEvent::default(),
             );
             self.released = true;
+            self.name.disown();
         }
     }
 
@@ -215,6 +255,7 @@ impl UnixBackend {
                 );
             }
             self.released = false;
+            self.name.claim();
         }
     }
 
@@ -601,12 +642,12 @@ impl UnixBackend {
 }
 
 /// The socket's name goes with the backend (a later VMM may bind it), if
-/// it still is the socket bound and no migration handed it over. The
+/// it still is the socket bound and the name is the backend's. The
 /// backend is dropped on the device's own thread when it stops, whichever
 /// thread drops the device.
 impl Drop for UnixBackend {
     fn drop(&mut self) {
-        if !self.released {
+        if self.name.is_owned() {
             socket_path::remove_if_bound(&self.path, self.socket_id);
         }
     }

@@ -256,20 +256,33 @@ fn taken(path: &std::path::Path) -> bool {
 
 /// A local migration's source lets go of its socket: its device stops
 /// taking host connections (the receiver's device, built on the same
-/// listener, takes them) and leaves the socket's name when it goes (the
-/// receiver's now; it goes with the receiver's device). A resume (the
-/// migration failed) takes the socket back: served, and removed at the end.
+/// listener, takes them) and leaves the socket's name when it goes. The
+/// receiver's device removes the name only once it claimed it (its VMM has
+/// the whole VM): one whose migration failed leaves it to the sender. A
+/// resume (the migration failed) gives the socket back to the sender:
+/// served, and removed at the end.
 #[test]
 fn a_released_socket_is_left_to_the_receiver_and_a_resume_takes_it_back() {
     let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
     let path = dir.as_path().join("v.sock");
     let mut source = Vsock::new("vsock0".into(), 3, path.clone()).unwrap();
     assert!(taken(&path));
-    let listener = UnixListener::from(source.listener().try_clone_to_owned().unwrap());
+    assert!(source.socket_name().is_owned());
+    let listener = source.listener().try_clone_to_owned().unwrap();
+    let passed = || UnixListener::from(listener.try_clone().unwrap());
     source.release_backend();
+    assert!(!source.socket_name().is_owned());
     assert!(!taken(&path), "the released device takes no connection");
-    let receiver = Vsock::with_listener("vsock0".into(), 3, path.clone(), listener).unwrap();
+    let failed = Vsock::with_listener("vsock0".into(), 3, path.clone(), passed()).unwrap();
     assert!(taken(&path), "the receiver's device takes them");
+    assert!(!failed.socket_name().is_owned());
+    drop(failed);
+    assert!(
+        path.exists(),
+        "a receiver that did not claim the name leaves it"
+    );
+    let receiver = Vsock::with_listener("vsock0".into(), 3, path.clone(), passed()).unwrap();
+    receiver.socket_name().claim();
     drop(source);
     assert!(path.exists(), "the released device leaves the name");
     assert!(taken(&path));
@@ -280,6 +293,7 @@ fn a_released_socket_is_left_to_the_receiver_and_a_resume_takes_it_back() {
     source.release_backend();
     source.resume().unwrap();
     assert!(taken(&path), "a resume takes the socket back");
+    assert!(source.socket_name().is_owned());
     drop(source);
     assert!(!path.exists(), "and removes it at the end");
 }

@@ -40,7 +40,7 @@ use crate::device_state::{invalid, DeviceStateError, SavedQueue, StateFields};
 use crate::event_loop::{EventLoop, Flow, WorkerThread};
 use crate::GuestMemoryMmap;
 
-pub use backend::{BackendError, UnixBackend};
+pub use backend::{BackendError, SocketName, UnixBackend};
 use queues::{ActiveQueues, RX_QUEUE, TX_QUEUE};
 
 pub const VIRTIO_ID_VSOCK: u32 = 19;
@@ -96,6 +96,8 @@ pub struct Vsock {
     /// The host listener (the thread's backend serves it): a local
     /// migration passes it on.
     listener: OwnedFd,
+    /// Whether the backend removes the socket's name when it goes.
+    name: SocketName,
     _thread: WorkerThread,
 }
 
@@ -135,12 +137,19 @@ impl Vsock {
         self.listener.as_fd()
     }
 
+    /// Whether the socket's name goes with the device; a device on a
+    /// passed listener claims it once its VMM has the whole VM.
+    pub fn socket_name(&self) -> &SocketName {
+        &self.name
+    }
+
     fn start(id: String, cid: u64, backend: UnixBackend) -> Result<Self, BackendError> {
         let listener = backend
             .listener()
             .as_fd()
             .try_clone_to_owned()
             .map_err(BackendError::Epoll)?;
+        let name = backend.name().clone();
         let events = EventLoop::new().map_err(BackendError::Epoll)?;
         let wake = EventFd::new(libc::EFD_NONBLOCK).map_err(BackendError::Epoll)?;
         events
@@ -184,6 +193,7 @@ impl Vsock {
             broken,
             restored: false,
             listener,
+            name,
             _thread: thread,
         })
     }

@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixListener;
 
 use virtio_devices::block::{Block, BlockDeviceConfig, DiskFile};
-use virtio_devices::vsock::Vsock;
+use virtio_devices::vsock::{SocketName, Vsock};
 
 use super::{DeviceManager, DeviceManagerError, PciAddress};
 use crate::config::{DiskConfig, VsockConfig};
@@ -25,7 +25,14 @@ impl DeviceManager {
     pub fn vsock_listener(&self) -> Option<(&str, BorrowedFd<'_>)> {
         self.vsock_listener
             .as_ref()
-            .map(|(id, fd)| (id.as_str(), fd.as_fd()))
+            .map(|(id, fd, _)| (id.as_str(), fd.as_fd()))
+    }
+
+    /// Whether the vsock device (if there is one) removes its socket's
+    /// name when it goes: a local migration's receiver claims the name of
+    /// the socket it was passed once it has the whole VM.
+    pub fn vsock_socket_name(&self) -> Option<&SocketName> {
+        self.vsock_listener.as_ref().map(|(_, _, name)| name)
     }
 
     /// Opens the disk image (or takes the one a local migration's sender
@@ -96,6 +103,7 @@ impl DeviceManager {
             None => Vsock::new(v.id.clone(), v.cid, v.socket.clone())?,
         };
         let listener = device.listener().try_clone_to_owned().map_err(dup_err)?;
+        let name = device.socket_name().clone();
         let slot = self.place(&v.id, Box::new(device), v.transport, v.pci_segment, None)?;
         tracing::info!(
             "vsock {}: guest cid {}, host socket {}",
@@ -103,7 +111,7 @@ impl DeviceManager {
             v.cid,
             v.socket.display()
         );
-        self.vsock_listener = Some((v.id.clone(), listener));
+        self.vsock_listener = Some((v.id.clone(), listener, name));
         Ok(slot)
     }
 }

@@ -28,8 +28,10 @@ pub mod virtio_mmio;
 pub mod virtio_pci;
 
 use std::os::fd::OwnedFd;
+
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+use virtio_devices::vsock::SocketName;
 
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use virtio_devices::net::header::allowed_offloads;
@@ -234,8 +236,9 @@ pub struct DeviceManager {
     disk_images: Vec<(String, OwnedFd)>,
     /// The vsock device's listening socket (a copy of its fd), by device
     /// id: a local migration passes it to the new VMM, which serves it
-    /// (the path cannot be bound twice). Dropped with its device.
-    vsock_listener: Option<(String, OwnedFd)>,
+    /// (the path cannot be bound twice); and whether the device removes the
+    /// socket's name when it goes. Dropped with its device.
+    vsock_listener: Option<(String, OwnedFd, SocketName)>,
     /// Each device's counters for `vm.counters`, by device id.
     counters: Vec<(String, Arc<DeviceCounters>)>,
     /// Memory slots of virtio-MMIO devices, kept until the VM goes.
@@ -734,7 +737,7 @@ impl DeviceManager {
             self.fs.retain(|f| f.id != id);
             self.taps.retain(|(t, _)| *t != id);
             self.disk_images.retain(|(d, _)| *d != id);
-            if self.vsock_listener.as_ref().is_some_and(|(v, _)| *v == id) {
+            if self.vsock_listener.as_ref().is_some_and(|(v, ..)| *v == id) {
                 self.vsock_listener = None;
             }
             self.counters.retain(|(c, _)| *c != id);

@@ -52,9 +52,10 @@ fn served(path: &Path) -> bool {
 /// The whole migration with a writable disk and a vsock: the receiver
 /// builds both on the sender's fds (it could neither lock the image nor
 /// bind the path while the sender holds them), the image stays locked,
-/// and new host connections on the same socket path are served. (That
-/// the sender's device stops accepting and leaves the name when it goes
-/// is the vsock device's own test.)
+/// new host connections on the same socket path are served, and the
+/// socket's name is the receiver's to remove at the end, no longer the
+/// sender's. (That a device stops accepting when released, and which one
+/// removes the name when it goes, is the vsock device's own test.)
 #[test]
 fn a_writable_disk_and_a_vsock_move_with_their_image_and_listener() {
     if !have_kvm() {
@@ -78,16 +79,23 @@ fn a_writable_disk_and_a_vsock_move_with_their_image_and_listener() {
                 .map(|(id, _)| id.into())
                 .collect();
         let vsock = r.vm.devices.vsock_listener().map(|(id, _)| id.to_string());
-        report.send((counts, disks, vsock)).unwrap();
+        let name = r.vm.devices.vsock_socket_name().map(|n| n.is_owned());
+        report.send((counts, disks, vsock, name)).unwrap();
         // The VM lives until the test is done with it.
         let _ = finished.recv();
     });
     let layout = check_local(&source).expect("movable");
     send_over(&mut source, &config, &layout, &a).expect("sent");
-    let (counts, disks, vsock) = reported.recv().expect("the receiver's report");
+    let (counts, disks, vsock, name) = reported.recv().expect("the receiver's report");
     assert!(counts, "the receiver's VM counts on");
     assert_eq!(disks, ["disk0"]);
     assert_eq!(vsock.as_deref(), Some("vsock0"));
+    assert_eq!(name, Some(true), "the receiver owns the socket's name");
+    assert_eq!(
+        source.devices.vsock_socket_name().map(|n| n.is_owned()),
+        Some(false),
+        "the sender leaves the socket's name"
+    );
     assert!(
         matches!(
             DiskFile::open(&disk, false, false),
@@ -172,6 +180,11 @@ fn a_failed_migration_leaves_the_sender_its_image_and_listener() {
             "{fail_at:?}: the sender keeps the image locked"
         );
         assert!(served(&socket), "{fail_at:?}: the sender serves its socket");
+        assert_eq!(
+            source.devices.vsock_socket_name().map(|n| n.is_owned()),
+            Some(true),
+            "{fail_at:?}: the sender owns the socket's name again"
+        );
         // The VM's devices outlive it in this process (the old VMM exits
         // instead): the next round takes a fresh image and socket path.
         drop(source);

@@ -244,6 +244,12 @@ impl Receiver<'_> {
                     return Err(unexpected);
                 };
                 let paused = command == Command::CompletePaused;
+                // The VM is this VMM's now, and so is the vsock socket's
+                // name: removed when the device goes. Until here a failed
+                // migration left it to the sender, whose listener it is.
+                if let Some(name) = vm.devices.vsock_socket_name() {
+                    name.claim();
+                }
                 if !paused {
                     vm.resume();
                 }
