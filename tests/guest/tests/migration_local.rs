@@ -186,10 +186,7 @@ fn a_dax_guest_moves_to_a_new_vmm_process_with_its_window() {
     assert!(gap.starts_with("max_gap_ms="), "{gap}\n{tail}");
 
     let mut results = Results::new("migration-local");
-    results.record_run(
-        "local migration (VMM upgrade) with a DAX window, a disk, a NIC and vsock",
-        &run,
-    );
+    results.record_run("local migration (VMM upgrade) with a DAX window", &run);
     results.record(
         "downtime: longest stop of the guest's DAX counter as the host saw it",
         gap,
