@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
             Command::MemoryFd => {
                 decode_memory_fd_slot(&payload).expect("a bounded MemoryFd payload is a slot");
             }
-            Command::WindowFd | Command::TapFd => {
+            Command::WindowFd | Command::TapFd | Command::DiskFd | Command::VsockFd => {
                 if let Ok(label) = FdLabel::decode(request.command(), &payload) {
                     assert!(!label.device.is_empty());
                 }

@@ -1,6 +1,7 @@
 //! File descriptors passed over the migration's unix socket (SCM_RIGHTS):
-//! guest memory's (`MemoryFd`), the DAX window's files (`WindowFd`) and a
-//! tap (`TapFd`), each sent with the payload bytes of its request in one
+//! guest memory's (`MemoryFd`), the DAX window's files (`WindowFd`), a
+//! tap (`TapFd`), a disk's open image (`DiskFd`) and the vsock listener
+//! (`VsockFd`), each sent with the payload bytes of its request in one
 //! `sendmsg`, as Cloud Hypervisor's `Vm::send_memory_fds` does.
 //!
 //! Sending uses vmm-sys-util's `ScmSocket`. Receiving does not: its

@@ -18,7 +18,7 @@
 //! and each command's `length` is bounded before a byte of payload is
 //! allocated (see [`Command::payload_bound`]); a short read is an error.
 //!
-//! Our commands (`WindowFd`, `TapFd`) use numbers from 0x8000 up, which a
+//! Our commands (`WindowFd`, `TapFd`, `DiskFd`, `VsockFd`) use numbers from 0x8000 up, which a
 //! Cloud Hypervisor receiver refuses ("received request with unknown
 //! command"): a mismatched pair fails at once and the sender resumes its VM.
 
@@ -50,7 +50,8 @@ pub const MAX_STATE_PAYLOAD: u64 = 256 << 20;
 /// follow it, sized by the table). 256 MiB is 16 Mi ranges: every other 4 KiB
 /// page of a 128 GiB guest.
 pub const MAX_MEMORY_TABLE_PAYLOAD: u64 = 256 << 20;
-/// `WindowFd` and `TapFd`: a short JSON label naming the device and file.
+/// `WindowFd`, `TapFd`, `DiskFd` and `VsockFd`: a short JSON label naming
+/// the device and file.
 pub const MAX_FD_LABEL_PAYLOAD: u64 = 4096;
 /// A response's payload: only an `Ok` to `PageFault` carries one, the page;
 /// Cloud Hypervisor's page-fault server refuses pages above 1 GiB
@@ -133,10 +134,14 @@ pub enum Command {
     WindowFd = 0x8001,
     /// Ours: a net device's tap, with its label.
     TapFd = 0x8002,
+    /// Ours: a blk device's open image (its lock with it), with its label.
+    DiskFd = 0x8003,
+    /// Ours: the vsock device's listening socket, with its label.
+    VsockFd = 0x8004,
 }
 
 /// Every command; a number on the wire is looked up here.
-pub const ALL_COMMANDS: [Command; 11] = [
+pub const ALL_COMMANDS: [Command; 13] = [
     Command::Start,
     Command::Config,
     Command::State,
@@ -148,6 +153,8 @@ pub const ALL_COMMANDS: [Command; 11] = [
     Command::PageFault,
     Command::WindowFd,
     Command::TapFd,
+    Command::DiskFd,
+    Command::VsockFd,
 ];
 
 /// The lengths a command may announce.
@@ -214,13 +221,22 @@ impl Command {
                 unit: MEMORY_RANGE_LEN as u64,
                 max: MAX_MEMORY_TABLE_PAYLOAD,
             },
-            Command::WindowFd | Command::TapFd => PayloadBound::UpTo(MAX_FD_LABEL_PAYLOAD),
+            Command::WindowFd | Command::TapFd | Command::DiskFd | Command::VsockFd => {
+                PayloadBound::UpTo(MAX_FD_LABEL_PAYLOAD)
+            }
         }
     }
 
     /// Whether one fd travels with the payload (SCM_RIGHTS).
     pub const fn passes_fd(self) -> bool {
-        matches!(self, Command::MemoryFd | Command::WindowFd | Command::TapFd)
+        matches!(
+            self,
+            Command::MemoryFd
+                | Command::WindowFd
+                | Command::TapFd
+                | Command::DiskFd
+                | Command::VsockFd
+        )
     }
 }
 
@@ -577,8 +593,8 @@ pub fn decode_memory_fd_slot(payload: &[u8]) -> Result<u32, ProtocolError> {
     Ok(u32::from_le_bytes(bytes))
 }
 
-/// What a `WindowFd` or `TapFd` fd is: the device it belongs to and, for a
-/// DAX window's file, its `(dev, ino)` key.
+/// What a `WindowFd`, `TapFd`, `DiskFd` or `VsockFd` fd is: the device it
+/// belongs to and, for a DAX window's file, its `(dev, ino)` key.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FdLabel {
     pub device: String,
@@ -592,8 +608,8 @@ impl FdLabel {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
-    /// Decodes a label: a `WindowFd` names its file's key, a `TapFd` none;
-    /// the device id is not empty.
+    /// Decodes a label: a `WindowFd` names its file's key, a `TapFd`,
+    /// `DiskFd` or `VsockFd` none; the device id is not empty.
     pub fn decode(command: Command, payload: &[u8]) -> Result<FdLabel, ProtocolError> {
         let bad = |reason: String| ProtocolError::BadLabel { command, reason };
         let length = u64::try_from(payload.len()).unwrap_or(u64::MAX);
@@ -603,10 +619,15 @@ impl FdLabel {
             return Err(bad("device is empty".to_string()));
         }
         match (command, label.key.is_some()) {
-            (Command::WindowFd, true) | (Command::TapFd, false) => Ok(label),
+            (Command::WindowFd, true)
+            | (Command::TapFd | Command::DiskFd | Command::VsockFd, false) => Ok(label),
             (Command::WindowFd, false) => Err(bad("key is missing".to_string())),
             (Command::TapFd, true) => Err(bad("a tap has no key".to_string())),
-            _ => Err(bad("only WindowFd and TapFd carry a label".to_string())),
+            (Command::DiskFd, true) => Err(bad("a disk has no key".to_string())),
+            (Command::VsockFd, true) => Err(bad("a vsock socket has no key".to_string())),
+            _ => Err(bad(
+                "only WindowFd, TapFd, DiskFd and VsockFd carry a label".to_string(),
+            )),
         }
     }
 }

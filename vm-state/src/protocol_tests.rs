@@ -21,7 +21,10 @@ fn valid_length(command: Command) -> u64 {
 fn command_numbers_are_cloud_hypervisors_and_ours() {
     let numbers: Vec<u16> = ALL_COMMANDS.iter().map(|c| c.number()).collect();
     // Cloud Hypervisor's protocol.rs: Start = 1 ... PageFault = 9.
-    assert_eq!(numbers, [1, 2, 3, 4, 5, 6, 7, 8, 9, 0x8001, 0x8002]);
+    assert_eq!(
+        numbers,
+        [1, 2, 3, 4, 5, 6, 7, 8, 9, 0x8001, 0x8002, 0x8003, 0x8004]
+    );
     for command in ALL_COMMANDS {
         assert_eq!(Command::from_number(command.number()).unwrap(), command);
     }
@@ -135,7 +138,7 @@ fn start_carries_the_version_and_residual_header_bytes_are_ignored() {
 
 #[test]
 fn an_unknown_command_or_status_is_refused() {
-    for number in [0u16, 10, 0x7fff, 0x8000, 0x8003, 0xffff] {
+    for number in [0u16, 10, 0x7fff, 0x8000, 0x8005, 0xffff] {
         let mut bytes = [0; HEADER_LEN];
         bytes[..2].copy_from_slice(&number.to_le_bytes());
         let err = Request::decode(&bytes).unwrap_err();
@@ -163,6 +166,8 @@ fn a_length_outside_the_commands_bound_is_refused() {
         (Command::Memory, MAX_MEMORY_TABLE_PAYLOAD + 16),
         (Command::WindowFd, MAX_FD_LABEL_PAYLOAD + 1),
         (Command::TapFd, 0),
+        (Command::DiskFd, 0),
+        (Command::VsockFd, MAX_FD_LABEL_PAYLOAD + 1),
     ];
     for (command, length) in cases {
         let mut bytes = [0; HEADER_LEN];
@@ -288,6 +293,22 @@ fn labels_round_trip_and_a_wrong_one_is_refused() {
     };
     assert_eq!(tap.encode(), br#"{"device":"net0"}"#);
     assert_eq!(FdLabel::decode(Command::TapFd, &tap.encode()).unwrap(), tap);
+    let disk = FdLabel {
+        device: "disk0".to_string(),
+        key: None,
+    };
+    assert_eq!(
+        FdLabel::decode(Command::DiskFd, &disk.encode()).unwrap(),
+        disk
+    );
+    let vsock = FdLabel {
+        device: "vsock0".to_string(),
+        key: None,
+    };
+    assert_eq!(
+        FdLabel::decode(Command::VsockFd, &vsock.encode()).unwrap(),
+        vsock
+    );
 
     let refused = [
         (Command::WindowFd, tap.encode()),
@@ -297,6 +318,10 @@ fn labels_round_trip_and_a_wrong_one_is_refused() {
         (Command::WindowFd, b"\xff\x00garbage".to_vec()),
         (Command::TapFd, vec![b' '; 5000]),
         (Command::MemoryFd, tap.encode()),
+        (Command::DiskFd, window.encode()),
+        (Command::DiskFd, br#"{"device":""}"#.to_vec()),
+        (Command::VsockFd, window.encode()),
+        (Command::VsockFd, vec![b' '; 5000]),
     ];
     for (command, payload) in refused {
         assert!(

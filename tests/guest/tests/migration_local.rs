@@ -1,5 +1,6 @@
-//! A VMM upgrade: a running guest with a DAX share and a NIC on a tap is
-//! handed to a new VMM process by a local migration, as an operator
+//! A VMM upgrade: a running guest with a DAX share, a writable disk, a NIC
+//! on a tap and a vsock device is handed to a new VMM process by a local
+//! migration, as an operator
 //! scripts it with Cloud Hypervisor and virtiofsd (`receive-migration` on
 //! the new VMM, `send-migration ...,local=on` on the old one; the old
 //! daemon's socket file removed, a fresh daemon started on the same path
@@ -11,8 +12,13 @@
 //!   old VMM then exits 0; `vm.receive-migration` answers 204;
 //! - the new VMM shows the VM running with the window's ranges mapped;
 //!   the same guest process's counter advances in the host file from
-//!   where it was, `data.bin` reads right, `statx` still says DAX, and the
-//!   guest pings the tap, which the new VMM received from the old one;
+//!   where it was, `data.bin` reads right, `statx` still says DAX, the
+//!   guest pings the tap, which the new VMM received from the old one, a
+//!   disk write after the move reaches the image (which the new VMM
+//!   received open, its lock with it), and once the old VMM has exited a
+//!   new host connection through the same vsock socket path (never
+//!   removed on the way) reaches the guest's listener, served by the new
+//!   VMM;
 //! - the downtime, the longest time the counter stood still as the host
 //!   saw it, goes to the results file.
 //!
@@ -21,14 +27,14 @@
 use test_infra::results::Results;
 use test_infra::rig;
 
-use crate::devices::net;
 use crate::snapshot::two_numbers;
-use crate::snapshot_dax::counter_guest;
+use crate::snapshot_dax::{counter_guest, full_guest_modules};
 
 const HOST_BEFORE: &str = r#"
 mkdir -p share
 dd if=/dev/urandom of=share/data.bin bs=1M count=4 2>/dev/null
 dd if=/dev/zero of=share/counter.bin bs=1M count=2 2>/dev/null
+truncate -s 64M disk.img
 dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --log-level warn &
 DAEMON=$!
 "#;
@@ -40,11 +46,14 @@ wait_sock /tmp/fs.sock
 "$VMM" --api-socket /tmp/a.sock --kernel "$KERNEL" --initramfs "$INITRAMFS" --cmdline "$CMDLINE" \
   --memory size=512M,shared=on --serial "file=$WORK/serial.log" \
   --fs tag=share,socket=/tmp/fs.sock,num_queues=1,queue_size=1024,cache_size=32M,id=fs0 \
-  --net tap=dtap0,ip=HOST_IP,mask=255.255.255.0,mac=52:54:00:12:34:56,id=net0 -v </dev/null &
+  --disk path=$WORK/disk.img,id=disk0,serial=migdisk \
+  --net tap=dtap0,ip=HOST_IP,mask=255.255.255.0,mac=52:54:00:12:34:56,id=net0 \
+  --vsock cid=3,socket=/tmp/vsock.sock,id=vsock0 -v </dev/null &
 A=$!
 seen '@@GUEST ready=1' $A
 echo "@@HOST before=$(advancing)"
 echo "@@HOST mapped_before=$(metric /tmp/a.sock mapped_ranges)"
+echo "@@HOST vsock_before=$(daxprobe hybrid-connect /tmp/vsock.sock 5000 4096 2>&1 | tr '\n' ' ')"
 "$VMM" --api-socket /tmp/b.sock -v </dev/null &
 B=$!
 wait_sock /tmp/b.sock
@@ -68,6 +77,7 @@ echo "@@HOST send=$(api /tmp/a.sock PUT /api/v1/vm.send-migration '{"destination
 echo "@@HOST send_ms=$(( $(ms) - T0 ))"
 wait $RECV; echo "@@HOST receive=$(cat receive.out)"
 ended $A; echo "@@HOST a_exit=$EXIT"
+echo "@@HOST vsock_socket=$([ -S /tmp/vsock.sock ] && echo kept)"
 echo "@@HOST daemon1_exit=$(cat daemon1.exit 2>/dev/null)"
 echo "@@HOST migrated_state=$(api /tmp/b.sock GET /api/v1/vm.info | grep -o '"state":"[A-Za-z]*"')"
 echo "@@HOST mapped_after=$(metric /tmp/b.sock mapped_ranges)"
@@ -75,6 +85,7 @@ echo "@@HOST after=$(advancing)"
 wait $GAP; echo "@@HOST gap=$(cat gap.out)"
 touch share/migrated
 seen '@@GUEST after_done=1' $B
+echo "@@HOST vsock_after=$(daxprobe hybrid-connect /tmp/vsock.sock 5000 4096 2>&1 | tr '\n' ' ')"
 echo "@@HOST b_shutdown=$(api /tmp/b.sock PUT /api/v1/vmm.shutdown)"
 ended $B; echo "@@HOST b_exit=$EXIT"
 kill $(cat daemon2.pid 2>/dev/null) 2>/dev/null
@@ -82,6 +93,7 @@ kill $(cat daemon2.pid 2>/dev/null) 2>/dev/null
 
 const HOST_AFTER: &str = r#"
 sleep 1; kill $TAIL
+echo "@@HOST disk_marks=$(dd if=disk.img bs=4096 count=2 2>/dev/null | tr -c 'A-Z-' ' ' | tr -s ' ')"
 "#;
 
 const GUEST_SCRIPT: &str = r#"
@@ -89,13 +101,17 @@ wait_for() { i=0; until eval "$1"; do [ $i -ge $2 ] && return 1; sleep 0.1; i=$(
 mkdir -p /mnt
 wait_for 'mount -t virtiofs share /mnt -o dax=always 2>/dev/null' 300; echo "@@GUEST mount_rc=$?"
 echo "@@GUEST statx_before=$(daxprobe statx /mnt/counter.bin /mnt/data.bin)"
+DISK=$(for b in /sys/block/vd*; do [ "$(cat $b/serial 2>/dev/null)" = migdisk ] && echo ${b##*/}; done)
+printf 'BEFORE-MARK' | dd of=/dev/$DISK bs=4096 seek=0 conv=fsync 2>/dev/null; echo "@@GUEST disk_before_rc=$?"
 ip addr add 192.168.249.2/24 dev eth0 && ip link set eth0 up
+daxprobe vsock-serve 5000 64 2 &
 daxprobe mmap-counter /mnt/counter.bin /mnt/data.bin 900 &
 sleep 2
 echo "@@GUEST ready=1"
 wait_for '[ -e /mnt/migrated ]' 6000; echo "@@GUEST saw_migrated=$?"
 echo "@@GUEST statx_after=$(daxprobe statx /mnt/counter.bin /mnt/data.bin)"
 echo "@@GUEST ping=$(ping -c 3 -W 10 HOST_IP 2>&1 | grep -o '[0-9]* packets received')"
+printf 'AFTER-MARK' | dd of=/dev/$DISK bs=4096 seek=1 conv=fsync 2>/dev/null; echo "@@GUEST disk_after_rc=$?"
 echo "@@GUEST after_done=1"
 sleep 5
 "#;
@@ -107,7 +123,7 @@ fn a_dax_guest_moves_to_a_new_vmm_process_with_its_window() {
     let guest = counter_guest(
         "migration-local",
         &GUEST_SCRIPT.replace("HOST_IP", host_ip),
-        net::GUEST_MODULES,
+        &full_guest_modules(),
         [
             HOST_BEFORE,
             &API_SCRIPT.replace("HOST_IP", host_ip),
@@ -125,10 +141,17 @@ fn a_dax_guest_moves_to_a_new_vmm_process_with_its_window() {
     assert!(b1 > b0, "{tail}");
     let mapped: u64 = host("mapped_before").parse().unwrap_or(0);
     assert!(mapped >= 2, "{tail}");
+    assert_eq!(run.guest("disk_before_rc"), Some("0"), "{tail}");
+    assert!(host("vsock_before").contains("ok_port="), "{tail}");
 
     assert_eq!(host("send"), "status=204 body=", "{tail}");
     assert_eq!(host("receive"), "status=204 body=", "{tail}");
     assert_eq!(host("a_exit"), "status=0", "the old VMM exits\n{tail}");
+    assert_eq!(
+        host("vsock_socket"),
+        "kept",
+        "the old VMM left the vsock socket path to the new one\n{tail}"
+    );
     assert_eq!(
         host("daemon1_exit"),
         "exited",
@@ -147,8 +170,18 @@ fn a_dax_guest_moves_to_a_new_vmm_process_with_its_window() {
     let lines = run.tail(100_000);
     assert!(!lines.contains("check=bad"), "{tail}");
     assert_eq!(run.guest("ping"), Some("3 packets received"), "{tail}");
+    assert_eq!(run.guest("disk_after_rc"), Some("0"), "{tail}");
+    assert!(
+        host("vsock_after").contains("ok_port="),
+        "a new host connection through the same socket path, the old VMM gone\n{tail}"
+    );
     assert_eq!(host("b_shutdown"), "status=204 body=", "{tail}");
     assert_eq!(host("b_exit"), "status=0", "{tail}");
+    assert_eq!(
+        host("disk_marks").trim(),
+        "BEFORE-MARK AFTER-MARK",
+        "both disk writes in the image, each in its block\n{tail}"
+    );
     let gap = host("gap");
     assert!(gap.starts_with("max_gap_ms="), "{gap}\n{tail}");
 

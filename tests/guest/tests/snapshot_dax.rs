@@ -159,14 +159,20 @@ pub(crate) fn counter_guest(
     guest
 }
 
-fn run_transport(transport: &str) {
-    let modules: Vec<&str> = ["virtio_mmio"]
+/// The guest modules of the DAX counter tests' full guest: both
+/// transports, blk, vsock and net.
+pub(crate) fn full_guest_modules() -> Vec<&'static str> {
+    ["virtio_mmio"]
         .iter()
         .chain(blk::GUEST_MODULES)
         .chain(vsock::GUEST_MODULES)
         .chain(net::GUEST_MODULES)
         .copied()
-        .collect();
+        .collect()
+}
+
+fn run_transport(transport: &str) {
+    let modules = full_guest_modules();
     let api = API_SCRIPT
         .replace("TRANSPORT", transport)
         .replace("HOST_IP", HOST_IP);

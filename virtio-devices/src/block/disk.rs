@@ -32,6 +32,8 @@ pub enum DiskError {
     Replaced { path: PathBuf },
     #[error("disk path={path}: locked by another process (a writable disk needs the image to itself; read-only disks share it)")]
     Locked { path: PathBuf },
+    #[error("disk path={path}: the passed file {what}")]
+    Passed { path: PathBuf, what: String },
 }
 
 /// An open raw image.
@@ -147,7 +149,7 @@ impl DiskFile {
         };
         kind_of(named)?;
         let direct = if direct { libc::O_DIRECT } else { 0 };
-        let mut file = OpenOptions::new()
+        let file = OpenOptions::new()
             .read(true)
             .write(!readonly)
             // A FIFO put in its place since: the open returns, not waits.
@@ -161,6 +163,101 @@ impl DiskFile {
             });
         }
         let regular = kind_of(&opened)?;
+        Self::locked(file, path, regular, readonly)
+    }
+
+    /// The image another process opened and passed (a local migration's
+    /// sender: its lock comes with the open file description), once it is
+    /// checked to be what this disk would have opened: the file `path`
+    /// names now (same device and inode), a regular file or block device,
+    /// opened read-write exactly when the disk is writable and with
+    /// `O_DIRECT` exactly when `direct`. The lock is taken again on it
+    /// (a no-op on the description that holds it already).
+    pub fn from_passed(
+        path: &Path,
+        file: File,
+        readonly: bool,
+        direct: bool,
+    ) -> Result<Self, DiskError> {
+        let regular = Self::check_passed(path, &file, readonly, direct)?;
+        Self::locked(file, path, regular, readonly)
+    }
+
+    /// The checks of [`Self::from_passed`] alone; Ok(whether it is a
+    /// regular file).
+    pub fn check_passed(
+        path: &Path,
+        file: &File,
+        readonly: bool,
+        direct: bool,
+    ) -> Result<bool, DiskError> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let err = |source| DiskError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let passed = |what: String| DiskError::Passed {
+            path: path.to_path_buf(),
+            what,
+        };
+        let named = std::fs::metadata(path).map_err(err)?;
+        let held = file.metadata().map_err(err)?;
+        let kind = held.file_type();
+        if !kind.is_file() && !kind.is_block_device() {
+            return Err(passed(format!(
+                "is {}, not a regular file or block device",
+                crate::file_type::describe(kind)
+            )));
+        }
+        if (held.dev(), held.ino()) != (named.dev(), named.ino()) {
+            return Err(passed(format!(
+                "is another file (device {}, inode {}) than the path names (device {}, inode {})",
+                held.dev(),
+                held.ino(),
+                named.dev(),
+                named.ino()
+            )));
+        }
+        // SAFETY: fcntl on an fd `file` owns; F_GETFL takes no argument.
+        let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        if flags < 0 {
+            return Err(err(std::io::Error::last_os_error()));
+        }
+        let want = if readonly {
+            libc::O_RDONLY
+        } else {
+            libc::O_RDWR
+        };
+        let access = flags & libc::O_ACCMODE;
+        if access != want {
+            let mode = |m| match m {
+                libc::O_RDONLY => "read-only",
+                libc::O_RDWR => "read-write",
+                _ => "write-only",
+            };
+            return Err(passed(format!(
+                "is open {}, the disk is configured {}",
+                mode(access),
+                if readonly { "read-only" } else { "writable" }
+            )));
+        }
+        if (flags & libc::O_DIRECT != 0) != direct {
+            return Err(passed(format!(
+                "is open {} O_DIRECT, the disk is configured direct={}",
+                if direct { "without" } else { "with" },
+                if direct { "on" } else { "off" }
+            )));
+        }
+        Ok(kind.is_file())
+    }
+
+    /// The checked open file, made blocking, locked and probed.
+    fn locked(file: File, path: &Path, regular: bool, readonly: bool) -> Result<Self, DiskError> {
+        let err = |source| DiskError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = file;
         // I/O then blocks as it should (io_uring, for one, answers EAGAIN
         // on a non-blocking file instead of waiting).
         set_blocking(&file).map_err(err)?;
@@ -195,6 +292,11 @@ impl DiskFile {
             sectors,
             readonly,
         })
+    }
+
+    /// The open image.
+    pub fn file(&self) -> &File {
+        &self.file
     }
 
     pub fn sectors(&self) -> u64 {
@@ -539,5 +641,52 @@ mod tests {
         let e = DiskFile::open_checked(&swapped, &named, true, false).unwrap_err();
         assert!(matches!(e, DiskError::Replaced { .. }), "{e}");
         assert!(DiskFile::open_checked(&checked, &named, true, false).is_ok());
+    }
+
+    /// The open image another process passed is taken, its lock with it
+    /// (the image is never unlocked on the way; a third open is refused
+    /// throughout), once checked to be the file the path names, opened as
+    /// configured; anything else is refused saying what differs.
+    #[test]
+    fn a_passed_image_is_taken_with_its_lock_when_it_is_the_configured_one() {
+        let (_t, path) = image(4096);
+        let (_o, other) = image(4096);
+        let sender = DiskFile::open(&path, false, false).unwrap();
+        let passed = sender.file().try_clone().unwrap();
+        let receiver = DiskFile::from_passed(&path, passed, false, false).expect("taken");
+        assert_eq!(receiver.sectors(), 8);
+        drop(sender);
+        assert!(matches!(
+            DiskFile::open(&path, true, false),
+            Err(DiskError::Locked { .. })
+        ));
+        drop(receiver);
+        DiskFile::open(&path, false, false).expect("free once both are gone");
+
+        let refused = |file: File, readonly, direct| {
+            DiskFile::from_passed(&path, file, readonly, direct)
+                .unwrap_err()
+                .to_string()
+        };
+        let rw = |p: &Path| OpenOptions::new().read(true).write(true).open(p).unwrap();
+        let e = refused(rw(&other), false, false);
+        assert!(e.contains("the passed file is another file"), "{e}");
+        let e = refused(File::open(&path).unwrap(), false, false);
+        assert!(
+            e.ends_with("the passed file is open read-only, the disk is configured writable"),
+            "{e}"
+        );
+        let e = refused(rw(&path), true, false);
+        assert!(
+            e.ends_with("is open read-write, the disk is configured read-only"),
+            "{e}"
+        );
+        let e = refused(rw(&path), false, true);
+        assert!(
+            e.ends_with("is open without O_DIRECT, the disk is configured direct=on"),
+            "{e}"
+        );
+        let e = refused(File::open("/").unwrap(), true, false);
+        assert!(e.contains("is a directory, not a regular file"), "{e}");
     }
 }

@@ -81,7 +81,15 @@ struct BlockState {
 impl Block {
     /// Opens the image; the device is ready for a transport.
     pub fn new(c: &BlockDeviceConfig) -> Result<Self, DiskError> {
-        let disk = DiskFile::open(&c.path, c.readonly, c.direct)?;
+        Ok(Self::with_disk(
+            c,
+            DiskFile::open(&c.path, c.readonly, c.direct)?,
+        ))
+    }
+
+    /// The device on an image opened already (`c.path`, `c.readonly` and
+    /// `c.direct` are what it was opened or checked as).
+    pub fn with_disk(c: &BlockDeviceConfig, disk: DiskFile) -> Self {
         let mut serial = [0u8; ID_BYTES];
         let given = c.serial.as_deref().unwrap_or(&c.id).as_bytes();
         let n = given.len().min(ID_BYTES);
@@ -95,7 +103,7 @@ impl Block {
             max_ranges: MAX_RANGES,
             max_range_sectors: MAX_RANGE_SECTORS,
         };
-        Ok(Block {
+        Block {
             shared: Arc::new(io::Shared {
                 name: format!("virtio-blk {}", c.id),
                 disk: Arc::new(disk),
@@ -110,7 +118,12 @@ impl Block {
             acked: AckedFeatures::default(),
             running: None,
             restored: false,
-        })
+        }
+    }
+
+    /// The open image (a local migration passes it on, its lock with it).
+    pub fn image(&self) -> &std::fs::File {
+        self.shared.disk.file()
     }
 
     /// Size of the disk in bytes.

@@ -19,6 +19,8 @@ use std::io::{ErrorKind, Read};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -93,6 +95,37 @@ pub struct UnixBackend {
     /// While the guest's driver is not running, host connections are
     /// closed as they arrive.
     active: bool,
+    /// A local migration took the socket: not accepted on.
+    released: bool,
+    /// Whether the socket's name goes with this backend.
+    name: SocketName,
+}
+
+/// Whether a backend removes its socket's name when it goes: a backend
+/// that bound the socket does, until a local migration hands it over; one
+/// on a listener another VMM passed does not until its VMM has taken the
+/// whole VM (a failed migration leaves the name to the sender, whose
+/// listener it still is). Shared with whoever decides that.
+#[derive(Clone, Debug)]
+pub struct SocketName(Arc<AtomicBool>);
+
+impl SocketName {
+    fn new(owned: bool) -> Self {
+        SocketName(Arc::new(AtomicBool::new(owned)))
+    }
+
+    /// The name is this backend's: removed when it goes.
+    pub fn claim(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    fn disown(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+
+    pub fn is_owned(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
 }
 
 /// `CONNECT <port>` (without its newline) → the port. The word is matched
@@ -113,8 +146,31 @@ pub fn parse_connect_line(line: &[u8]) -> Option<u32> {
 }
 
 impl UnixBackend {
+    /// Binds `path` (see [`socket_path::bind`]).
     pub fn new(guest_cid: u64, path: &Path) -> Result<Self, BackendError> {
         let (listener, socket_id) = socket_path::bind(path)?;
+        Self::on_listener(guest_cid, path, listener, socket_id, SocketName::new(true))
+    }
+
+    /// Serves on a listener bound at `path` by another process and passed
+    /// (see [`socket_path::adopt`], which checks it); the name is not this
+    /// backend's until [`SocketName::claim`].
+    pub fn adopt(
+        guest_cid: u64,
+        path: &Path,
+        listener: UnixListener,
+    ) -> Result<Self, BackendError> {
+        let (listener, socket_id) = socket_path::adopt(path, listener)?;
+        Self::on_listener(guest_cid, path, listener, socket_id, SocketName::new(false))
+    }
+
+    fn on_listener(
+        guest_cid: u64,
+        path: &Path,
+        listener: UnixListener,
+        socket_id: Option<SocketId>,
+        name: SocketName,
+    ) -> Result<Self, BackendError> {
         let setup = |r: std::io::Result<()>| r.map_err(BackendError::Epoll);
         setup(listener.set_nonblocking(true))?;
         let epoll = Epoll::new().map_err(BackendError::Epoll)?;
@@ -136,6 +192,8 @@ impl UnixBackend {
             next_token: FIRST_STREAM_TOKEN,
             next_local_port: FIRST_LOCAL_PORT,
             active: false,
+            released: false,
+            name,
         };
         setup(b.watch(
             ControlOperation::Add,
@@ -150,6 +208,55 @@ impl UnixBackend {
             TIMER,
         ))?;
         Ok(b)
+    }
+
+    /// The listening socket (a local migration passes it on).
+    pub fn listener(&self) -> &UnixListener {
+        &self.listener
+    }
+
+    /// Whether the socket's name goes with this backend.
+    pub fn name(&self) -> &SocketName {
+        &self.name
+    }
+
+    /// A local migration's source once the VM's state is saved: the
+    /// receiving VMM serves the socket from now on, on the same listener
+    /// (passed to it). This backend stops accepting (a host client that
+    /// connects meanwhile waits in the listener's queue for the receiver)
+    /// and leaves the socket's name in place when it goes (the receiver's
+    /// now). Open connections stay until the backend goes: they cannot
+    /// move (the receiver's guest is told they are gone).
+    pub fn release(&mut self) {
+        if !self.released {
+            let _ = self.epoll.ctl(
+                ControlOperation::Delete,
+                self.listener.as_raw_fd(),
+                EpollEvent::default(),
+            );
+            self.released = true;
+            self.name.disown();
+        }
+    }
+
+    /// Undoes [`Self::release`]: the migration failed and this VMM's guest
+    /// runs on, its socket served here again.
+    pub fn reclaim(&mut self) {
+        if self.released {
+            if let Err(e) = self.watch(
+                ControlOperation::Add,
+                self.listener.as_raw_fd(),
+                EventSet::IN,
+                LISTENER,
+            ) {
+                crate::error_limited!(
+                    "vsock {}: host connections not served again: {e}",
+                    self.path.display()
+                );
+            }
+            self.released = false;
+            self.name.claim();
+        }
     }
 
     /// The epoll fd to watch: readable when a host socket or the timer is.
@@ -535,11 +642,14 @@ impl UnixBackend {
 }
 
 /// The socket's name goes with the backend (a later VMM may bind it), if
-/// it still is the socket bound. The backend is dropped on the device's own
-/// thread when it stops, whichever thread drops the device.
+/// it still is the socket bound and the name is the backend's. The
+/// backend is dropped on the device's own thread when it stops, whichever
+/// thread drops the device.
 impl Drop for UnixBackend {
     fn drop(&mut self) {
-        socket_path::remove_if_bound(&self.path, self.socket_id);
+        if self.name.is_owned() {
+            socket_path::remove_if_bound(&self.path, self.socket_id);
+        }
     }
 }
 

@@ -218,3 +218,58 @@ fn an_impossible_available_index_stops_the_queues_until_a_reset() {
     drop(dev);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Whether a host connection to `path` is taken: the device has no
+/// driver, so it takes it and closes it (EOF at once); one nobody takes
+/// waits in the queue, and the read times out.
+fn taken(path: &std::path::Path) -> bool {
+    let stream = std::os::unix::net::UnixStream::connect(path).expect("the socket is there");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    matches!((&stream).read(&mut [0u8; 1]), Ok(0))
+}
+
+/// A local migration's source lets go of its socket: its device stops
+/// taking host connections (the receiver's device, built on the same
+/// listener, takes them) and leaves the socket's name when it goes. The
+/// receiver's device removes the name only once it claimed it (its VMM has
+/// the whole VM): one whose migration failed leaves it to the sender. A
+/// resume (the migration failed) gives the socket back to the sender:
+/// served, and removed at the end.
+#[test]
+fn a_released_socket_is_left_to_the_receiver_and_a_resume_takes_it_back() {
+    let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+    let path = dir.as_path().join("v.sock");
+    let mut source = Vsock::new("vsock0".into(), 3, path.clone()).unwrap();
+    assert!(taken(&path));
+    assert!(source.socket_name().is_owned());
+    let listener = source.listener().try_clone_to_owned().unwrap();
+    let passed = || UnixListener::from(listener.try_clone().unwrap());
+    source.release_backend();
+    assert!(!source.socket_name().is_owned());
+    assert!(!taken(&path), "the released device takes no connection");
+    let failed = Vsock::with_listener("vsock0".into(), 3, path.clone(), passed()).unwrap();
+    assert!(taken(&path), "the receiver's device takes them");
+    assert!(!failed.socket_name().is_owned());
+    drop(failed);
+    assert!(
+        path.exists(),
+        "a receiver that did not claim the name leaves it"
+    );
+    let receiver = Vsock::with_listener("vsock0".into(), 3, path.clone(), passed()).unwrap();
+    receiver.socket_name().claim();
+    drop(source);
+    assert!(path.exists(), "the released device leaves the name");
+    assert!(taken(&path));
+    drop(receiver);
+    assert!(!path.exists(), "the name goes with the receiver's device");
+
+    let mut source = Vsock::new("vsock0".into(), 3, path.clone()).unwrap();
+    source.release_backend();
+    source.resume().unwrap();
+    assert!(taken(&path), "a resume takes the socket back");
+    assert!(source.socket_name().is_owned());
+    drop(source);
+    assert!(!path.exists(), "and removes it at the end");
+}

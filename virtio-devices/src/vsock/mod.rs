@@ -20,7 +20,7 @@ pub mod packet;
 pub mod queues;
 pub mod socket_path;
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
@@ -40,7 +40,7 @@ use crate::device_state::{invalid, DeviceStateError, SavedQueue, StateFields};
 use crate::event_loop::{EventLoop, Flow, WorkerThread};
 use crate::GuestMemoryMmap;
 
-pub use backend::{BackendError, UnixBackend};
+pub use backend::{BackendError, SocketName, UnixBackend};
 use queues::{ActiveQueues, RX_QUEUE, TX_QUEUE};
 
 pub const VIRTIO_ID_VSOCK: u32 = 19;
@@ -76,6 +76,9 @@ enum Command {
     Pause(SyncSender<Vec<SavedQueue>>),
     /// Serve the same queues again; answer when done.
     Resume(SyncSender<()>),
+    /// Stop accepting on the host socket and leave its name (a local
+    /// migration moved it; a resume takes it back); answer when done.
+    Release(SyncSender<()>),
 }
 
 pub struct Vsock {
@@ -90,6 +93,11 @@ pub struct Vsock {
     /// reset on the event queue (the guest's connections died with the
     /// old process) and serves what the queues hold without a kick.
     restored: bool,
+    /// The host listener (the thread's backend serves it): a local
+    /// migration passes it on.
+    listener: OwnedFd,
+    /// Whether the backend removes the socket's name when it goes.
+    name: SocketName,
     _thread: WorkerThread,
 }
 
@@ -109,7 +117,39 @@ struct Worker {
 impl Vsock {
     /// Binds `path` and starts the device's thread.
     pub fn new(id: String, cid: u64, path: PathBuf) -> Result<Self, BackendError> {
-        let backend = UnixBackend::new(cid, &path)?;
+        Self::start(id, cid, UnixBackend::new(cid, &path)?)
+    }
+
+    /// Starts the device's thread on the listener another process bound
+    /// at `path` and passed (a local migration's sender), once checked
+    /// (see [`UnixBackend::adopt`]).
+    pub fn with_listener(
+        id: String,
+        cid: u64,
+        path: PathBuf,
+        listener: std::os::unix::net::UnixListener,
+    ) -> Result<Self, BackendError> {
+        Self::start(id, cid, UnixBackend::adopt(cid, &path, listener)?)
+    }
+
+    /// The host listener: the socket host clients connect to.
+    pub fn listener(&self) -> BorrowedFd<'_> {
+        self.listener.as_fd()
+    }
+
+    /// Whether the socket's name goes with the device; a device on a
+    /// passed listener claims it once its VMM has the whole VM.
+    pub fn socket_name(&self) -> &SocketName {
+        &self.name
+    }
+
+    fn start(id: String, cid: u64, backend: UnixBackend) -> Result<Self, BackendError> {
+        let listener = backend
+            .listener()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(BackendError::Epoll)?;
+        let name = backend.name().clone();
         let events = EventLoop::new().map_err(BackendError::Epoll)?;
         let wake = EventFd::new(libc::EFD_NONBLOCK).map_err(BackendError::Epoll)?;
         events
@@ -152,6 +192,8 @@ impl Vsock {
             wake,
             broken,
             restored: false,
+            listener,
+            name,
             _thread: thread,
         })
     }
@@ -266,6 +308,8 @@ impl Worker {
                 let _ = done.send(saved);
             }
             Command::Resume(done) => {
+                // A migration that released the socket failed: it is ours.
+                self.backend.reclaim();
                 if self.paused {
                     self.paused = false;
                     self.watch_kicks(events);
@@ -274,6 +318,10 @@ impl Worker {
                         let _ = k.write(1);
                     }
                 }
+                let _ = done.send(());
+            }
+            Command::Release(done) => {
+                self.backend.release();
                 let _ = done.send(());
             }
         }
@@ -406,6 +454,22 @@ impl VirtioDevice for Vsock {
         }
         self.restored = true;
         Ok(())
+    }
+
+    /// The receiving VMM serves the host socket now, on the listener it
+    /// was passed: this device stops accepting on it and leaves the
+    /// socket's name for the receiver (until a resume here: the migration
+    /// failed).
+    fn release_backend(&mut self) {
+        let (done, wait) = sync_channel(1);
+        let released =
+            self.send(Command::Release(done)).is_ok() && wait.recv_timeout(RESET_TIMEOUT).is_ok();
+        if !released {
+            tracing::warn!(
+                "virtio-vsock {}: its thread did not let go of the host socket",
+                self.id
+            );
+        }
     }
 
     /// Open connections do not stop it: the restored device tells the

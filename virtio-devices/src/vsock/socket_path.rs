@@ -27,6 +27,8 @@ pub enum SocketPathError {
     InUse { path: String },
     #[error("vsock socket={path}: {what} is there, not a socket; it is left alone (remove it, or name another path)")]
     NotASocket { path: String, what: &'static str },
+    #[error("vsock socket={path}: the passed socket {what}")]
+    Passed { path: String, what: String },
     #[error(
         "vsock socket={path}: a socket is there and probing it failed ({source}); it is left alone"
     )]
@@ -88,6 +90,75 @@ pub fn bind(path: &Path) -> Result<(UnixListener, Option<SocketId>), SocketPathE
     // Not knowing it (the path already renamed away) only means the name
     // is not removed at the end.
     Ok((listener, socket_id(path).ok().flatten()))
+}
+
+/// Takes a listener another process bound at `path` and passed (a local
+/// migration's sender), once it is checked to be one: a listening
+/// `AF_UNIX` stream socket whose bound address is `path`. Its name is
+/// the socket file there now (removed at the end like one bound here).
+pub fn adopt(
+    path: &Path,
+    listener: UnixListener,
+) -> Result<(UnixListener, Option<SocketId>), SocketPathError> {
+    check_passed(path, &listener)?;
+    Ok((listener, socket_id(path).ok().flatten()))
+}
+
+/// The checks of [`adopt`] alone.
+pub fn check_passed(path: &Path, listener: &UnixListener) -> Result<(), SocketPathError> {
+    let passed = |what: String| SocketPathError::Passed {
+        path: path.display().to_string(),
+        what,
+    };
+    let option = |name| {
+        int_option(listener, name)
+            .map_err(|e| passed(format!("cannot be probed ({e}); is it a socket?")))
+    };
+    let kind = option(libc::SO_TYPE)?;
+    if kind != libc::SOCK_STREAM {
+        return Err(passed(format!(
+            "is of type {kind}, not a stream socket (SOCK_STREAM)"
+        )));
+    }
+    // An AF_UNIX name, or an error: the address family is checked there.
+    let address = listener
+        .local_addr()
+        .map_err(|e| passed(format!("has no unix address ({e})")))?;
+    if option(libc::SO_ACCEPTCONN)? == 0 {
+        return Err(passed("does not listen".to_string()));
+    }
+    match address.as_pathname() {
+        Some(bound) if bound == path => {}
+        Some(bound) => {
+            return Err(passed(format!(
+                "is bound at {}, not at the configured path",
+                bound.display()
+            )))
+        }
+        None => return Err(passed("is not bound at a path".to_string())),
+    }
+    Ok(())
+}
+
+/// `getsockopt(SOL_SOCKET, name)` for an int option.
+fn int_option(socket: &impl AsRawFd, name: libc::c_int) -> std::io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>())
+        .unwrap_or(libc::socklen_t::MAX);
+    // SAFETY: an int-sized buffer and its length, for the call's duration.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            name,
+            std::ptr::addr_of_mut!(value).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(value)
 }
 
 /// Removes `path` if it still is the socket `bound` names (not a file the

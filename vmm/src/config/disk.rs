@@ -12,7 +12,7 @@ use super::checks::{
     unsupported, yes,
 };
 use super::option_parser::OptionValues;
-use super::{ConfigError, Transport};
+use super::{ConfigError, PassedFd, Transport};
 
 /// Request queues a disk may have (Kata asks for one per vCPU).
 pub const MAX_NUM_QUEUES: u32 = 64;
@@ -82,6 +82,11 @@ pub struct DiskConfig {
     pub disable_aio: bool,
     #[serde(default)]
     pub transport: Transport,
+    /// The image opened by a local migration's sender, its lock with it:
+    /// the device is built on it (once checked to be the file `path`
+    /// names, opened as configured) instead of opening `path`.
+    #[serde(skip)]
+    pub passed_file: PassedFd,
 }
 
 fn one() -> u16 {
@@ -177,6 +182,7 @@ impl DiskConfig {
             disable_io_uring: false,
             disable_aio: false,
             transport: o.transport()?,
+            passed_file: PassedFd::default(),
         };
         config.validated(index)
     }

@@ -12,7 +12,7 @@ use super::checks::{
     invalid, name_device, no_iommu, no_pci_device_id, non_empty_id, transport_and_segment,
 };
 use super::option_parser::OptionValues;
-use super::{ConfigError, Transport};
+use super::{ConfigError, PassedFd, Transport};
 
 pub const VSOCK_KEYS: &[&str] = &["cid", "socket", "id", "iommu", "pci_segment", "transport"];
 
@@ -42,6 +42,11 @@ pub struct VsockConfig {
     pub pci_device_id: Option<u8>,
     #[serde(default)]
     pub transport: Transport,
+    /// The listener a local migration's sender bound at `socket` and
+    /// passed: the device serves it (once checked to be a listening unix
+    /// socket bound there) instead of binding `socket`.
+    #[serde(skip)]
+    pub passed_listener: PassedFd,
 }
 
 const CID_EXPECTED: &str = "a guest context id from 3 to 4294967294";
@@ -71,6 +76,7 @@ impl VsockConfig {
             pci_segment: o.pci_segment()?,
             pci_device_id: None,
             transport: o.transport()?,
+            passed_listener: PassedFd::default(),
         }
         .validated()
     }
@@ -123,6 +129,7 @@ mod tests {
                 pci_segment: 0,
                 iommu: false,
                 pci_device_id: None,
+                passed_listener: PassedFd::default(),
             }
         );
         let c = VsockConfig::parse(

@@ -19,6 +19,7 @@
 pub mod activator;
 pub mod address_space;
 pub mod gsi_routing;
+mod host_files;
 pub mod hotplug_controller;
 pub mod pci_root;
 pub mod pci_segment;
@@ -26,11 +27,13 @@ pub mod state;
 pub mod virtio_mmio;
 pub mod virtio_pci;
 
+use std::os::fd::OwnedFd;
+
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+use virtio_devices::vsock::SocketName;
 
 use kvm_ioctls::{Cap, Kvm, VmFd};
-use virtio_devices::block::{Block, BlockDeviceConfig};
 use virtio_devices::net::header::allowed_offloads;
 use virtio_devices::net::{Net, NetDeviceConfig, Tap, TapError};
 use virtio_devices::pmem::{Pmem, PmemBacking};
@@ -38,7 +41,6 @@ use virtio_devices::rng::Rng;
 use virtio_devices::vhost_user_fs::memory_table::DaemonMemory;
 use virtio_devices::vhost_user_fs::window::{DaxWindow, GuestPrefaulter, WindowObserver};
 use virtio_devices::vhost_user_fs::{FsDeviceConfig, VhostUserFs};
-use virtio_devices::vsock::Vsock;
 use virtio_devices::{DeviceCounters, VirtioDevice};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryRegion};
 
@@ -87,6 +89,9 @@ pub enum DeviceManagerError {
     // A device's backend could not be opened; each names its own field.
     #[error(transparent)]
     Pmem(#[from] virtio_devices::pmem::PmemError),
+    /// Device `id` could not copy the fd of its host file or socket.
+    #[error("{id}: duplicating its host file's descriptor: {source}")]
+    HostFd { id: String, source: std::io::Error },
     /// The pmem device `id` could not keep its own handle on its file.
     #[error("pmem {id}: duplicating the file's descriptor: {source}")]
     PmemFile { id: String, source: std::io::Error },
@@ -224,6 +229,16 @@ pub struct DeviceManager {
     /// to the new VMM (our tap is single-queue, so the new VMM cannot open
     /// it by name while this one holds it). Dropped with its device.
     taps: Vec<(String, Arc<Tap>)>,
+    /// Each blk device's open image, by device id (a copy of its fd): a
+    /// local migration passes it to the new VMM, its lock with it (the
+    /// new VMM could not lock a writable image this one holds). Dropped
+    /// with its device.
+    disk_images: Vec<(String, OwnedFd)>,
+    /// The vsock device's listening socket (a copy of its fd), by device
+    /// id: a local migration passes it to the new VMM, which serves it
+    /// (the path cannot be bound twice); and whether the device removes the
+    /// socket's name when it goes. Dropped with its device.
+    vsock_listener: Option<(String, OwnedFd, SocketName)>,
     /// Each device's counters for `vm.counters`, by device id.
     counters: Vec<(String, Arc<DeviceCounters>)>,
     /// Memory slots of virtio-MMIO devices, kept until the VM goes.
@@ -301,6 +316,8 @@ impl DeviceManager {
             ged,
             fs: Vec::new(),
             taps: Vec::new(),
+            disk_images: Vec::new(),
+            vsock_listener: None,
             counters: Vec::new(),
             prefaulter: None,
             daemon_patience: None,
@@ -485,48 +502,6 @@ impl DeviceManager {
         };
         let slot = self.place(&p.id, device, p.transport, p.pci_segment, Some(shm))?;
         tracing::info!(device = %p.id, "pmem {}: {size} bytes of {}", p.id, p.file.display());
-        Ok(slot)
-    }
-
-    /// Opens the disk image and puts a virtio-blk device for it on its
-    /// transport.
-    fn add_disk_device(
-        &mut self,
-        d: &DiskConfig,
-    ) -> Result<Option<PciAddress>, DeviceManagerError> {
-        let device = Block::new(&BlockDeviceConfig {
-            id: d.id.clone(),
-            path: d.path.clone(),
-            readonly: d.readonly,
-            direct: d.direct,
-            num_queues: d.num_queues,
-            queue_size: d.queue_size,
-            serial: d.serial.clone(),
-        })?;
-        let size = device.size();
-        let slot = self.place(&d.id, Box::new(device), d.transport, d.pci_segment, None)?;
-        tracing::info!(
-            "disk {}: {size} bytes of {}{}",
-            d.id,
-            d.path.display(),
-            if d.readonly { " (read-only)" } else { "" }
-        );
-        Ok(slot)
-    }
-
-    /// Binds the vsock device's socket and puts the device on its transport.
-    fn add_vsock_device(
-        &mut self,
-        v: &VsockConfig,
-    ) -> Result<Option<PciAddress>, DeviceManagerError> {
-        let device = Vsock::new(v.id.clone(), v.cid, v.socket.clone())?;
-        let slot = self.place(&v.id, Box::new(device), v.transport, v.pci_segment, None)?;
-        tracing::info!(
-            "vsock {}: guest cid {}, host socket {}",
-            v.id,
-            v.cid,
-            v.socket.display()
-        );
         Ok(slot)
     }
 
@@ -761,6 +736,10 @@ impl DeviceManager {
             };
             self.fs.retain(|f| f.id != id);
             self.taps.retain(|(t, _)| *t != id);
+            self.disk_images.retain(|(d, _)| *d != id);
+            if self.vsock_listener.as_ref().is_some_and(|(v, ..)| *v == id) {
+                self.vsock_listener = None;
+            }
             self.counters.retain(|(c, _)| *c != id);
             tracing::info!("{id}: ejected by the guest from {at}, removed");
             gone.push(id);

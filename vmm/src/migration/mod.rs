@@ -8,7 +8,8 @@
 //! sequence, sender side in [`send`], receiver side in [`receive`]:
 //!
 //! ```text
-//! Start, MemoryFd ×N, WindowFd ×N (ours), Config, [source pauses],
+//! Start, MemoryFd ×N, WindowFd ×N, TapFd ×N, DiskFd ×N, [VsockFd] (ours),
+//! Config, [source pauses],
 //! State, Complete | CompletePaused          (Abandon at any time)
 //! ```
 //!
@@ -69,8 +70,6 @@ pub enum MigrationError {
     /// Cloud Hypervisor's words for the same refusal.
     #[error("Local migration requires shared memory or hugepages enabled (guest RAM at {gpa:#x} is private; boot with --memory shared=on)")]
     NotShared { gpa: u64 },
-    #[error("the VM cannot be migrated yet: {device}: {what}, so the receiving VMM could not take it over (not supported yet)")]
-    HeldHere { device: String, what: String },
     #[error("the VM cannot be migrated: {0}")]
     NotMovable(#[source] SnapshotError),
     #[error("{}: {what}: {source}", path.display())]
@@ -121,3 +120,7 @@ pub fn unix_path(field: &'static str, url: &str) -> Result<PathBuf, MigrationErr
 #[cfg(test)]
 #[path = "migration_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "host_fds_tests.rs"]
+mod host_fds_tests;

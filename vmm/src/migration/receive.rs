@@ -23,15 +23,17 @@ use super::{
     MigrationConfig, MigrationError, ACCEPT_TIMEOUT, CONFIG_FORMAT, CONFIG_VERSION, SOCKET_TIMEOUT,
 };
 use crate::config::json::vm_config_from_json;
-use crate::config::TapFds;
-use crate::config::VmConfig;
+use crate::config::{PassedFd, TapFds, VmConfig};
 use crate::device_manager::ObserverFactory;
 use crate::memory::migration_fds::{MemoryFdError, ReceivedMemoryFds};
 use crate::memory::snapshot::{MemoryLayoutState, RegionOrigin, RestoredRam};
 use crate::snapshot::{state_error, SnapshotError, MEMORY_SECTION};
 use crate::vm::Vm;
+use virtio_devices::block::DiskFile;
+use virtio_devices::vsock::socket_path;
 
-/// `WindowFd`s and `TapFd`s one migration may pass in all: a DAX window of
+/// `WindowFd`s, `TapFd`s, `DiskFd`s and `VsockFd`s one migration may pass
+/// in all: a DAX window of
 /// 1 GiB holds at most 512 ranges of 2 MiB, so this leaves room for
 /// several large windows while bounding what a sender makes us hold.
 pub const MAX_PASSED_FDS: usize = 4096;
@@ -119,6 +121,8 @@ pub(crate) fn receive_over(
         memory_fds: ReceivedMemoryFds::default(),
         window_fds: BTreeMap::new(),
         tap_fds: BTreeMap::new(),
+        disk_fds: BTreeMap::new(),
+        vsock_fd: None,
         passed: 0,
         configured: None,
         restored: None,
@@ -195,7 +199,11 @@ struct Receiver<'a> {
     /// `WindowFd`s by device, then by `(st_dev, st_ino)`.
     window_fds: BTreeMap<String, HashMap<(u64, u64), File>>,
     tap_fds: BTreeMap<String, OwnedFd>,
-    /// `WindowFd`s and `TapFd`s so far.
+    /// Each blk device's open image, by device id.
+    disk_fds: BTreeMap<String, OwnedFd>,
+    /// The vsock device's listener, with its device id.
+    vsock_fd: Option<(String, OwnedFd)>,
+    /// Fds passed so far (but the memory fds).
     passed: usize,
     configured: Option<Configured>,
     restored: Option<(VmConfig, Vm)>,
@@ -217,7 +225,10 @@ impl Receiver<'_> {
             (Command::MemoryFd, Phase::Started) => {
                 self.memory_fds.receive(self.socket, request)?;
             }
-            (Command::WindowFd | Command::TapFd, Phase::Started) => self.passed_fd(request)?,
+            (
+                Command::WindowFd | Command::TapFd | Command::DiskFd | Command::VsockFd,
+                Phase::Started,
+            ) => self.passed_fd(request)?,
             (Command::Config, Phase::Started) => {
                 let payload = protocol::read_payload(&mut &*self.socket, request)?;
                 self.configured = Some(self.config(&payload)?);
@@ -233,6 +244,12 @@ impl Receiver<'_> {
                     return Err(unexpected);
                 };
                 let paused = command == Command::CompletePaused;
+                // The VM is this VMM's now, and so is the vsock socket's
+                // name: removed when the device goes. Until here a failed
+                // migration left it to the sender, whose listener it is.
+                if let Some(name) = vm.devices.vsock_socket_name() {
+                    name.claim();
+                }
                 if !paused {
                     vm.resume();
                 }
@@ -250,8 +267,8 @@ impl Receiver<'_> {
         Ok(None)
     }
 
-    /// A `WindowFd` or `TapFd`: kept by device (and file key) until the
-    /// device that takes it is restored.
+    /// A `WindowFd`, `TapFd`, `DiskFd` or `VsockFd`: kept by device (and
+    /// file key) until the device that takes it is restored.
     fn passed_fd(&mut self, request: &Request) -> Result<(), MigrationError> {
         let command = request.command();
         let (payload, fd) = protocol::recv_payload_with_fd(self.socket, request)?;
@@ -263,14 +280,27 @@ impl Receiver<'_> {
         if self.passed >= MAX_PASSED_FDS {
             return Err(bad(&format!("more than {MAX_PASSED_FDS} fds passed")));
         }
-        match label.key {
-            Some([dev, ino]) => {
+        match (command, label.key) {
+            (Command::WindowFd, Some([dev, ino])) => {
                 let files = self.window_fds.entry(label.device.clone()).or_default();
                 if files.insert((dev, ino), File::from(fd)).is_some() {
                     return Err(bad(&format!("file ({dev}, {ino}) passed twice")));
                 }
             }
-            None => {
+            (Command::DiskFd, _) => {
+                if self.disk_fds.insert(label.device.clone(), fd).is_some() {
+                    return Err(bad("a second image for the device"));
+                }
+            }
+            (Command::VsockFd, _) => {
+                if let Some((first, _)) = &self.vsock_fd {
+                    return Err(bad(&format!(
+                        "a second vsock listener (the first was for {first})"
+                    )));
+                }
+                self.vsock_fd = Some((label.device.clone(), fd));
+            }
+            _ => {
                 if self.tap_fds.insert(label.device.clone(), fd).is_some() {
                     return Err(bad("a second tap for the device"));
                 }
@@ -351,6 +381,11 @@ impl Receiver<'_> {
                 })?;
             net.fds = TapFds(std::sync::Arc::new(vec![fd]));
         }
+        take_host_fds(
+            &mut config,
+            std::mem::take(&mut self.disk_fds),
+            self.vsock_fd.take(),
+        )?;
         let vm = Vm::restore_document(
             &mut config,
             doc,
@@ -369,6 +404,49 @@ impl Receiver<'_> {
         .map_err(MigrationError::State)?;
         Ok((config, vm))
     }
+}
+
+/// Each blk device is built on the image the sender passed (its lock
+/// with it: a writable image the sender holds could not be locked
+/// again), the vsock device on the listener (its path cannot be bound
+/// twice), each once checked to be what the device would have opened
+/// or bound itself: the sender is not trusted to pass the right one.
+/// One for a device the configuration lacks is refused by name.
+pub(crate) fn take_host_fds(
+    config: &mut VmConfig,
+    disk_fds: BTreeMap<String, OwnedFd>,
+    vsock_fd: Option<(String, OwnedFd)>,
+) -> Result<(), MigrationError> {
+    for (device, fd) in disk_fds {
+        let bad = |reason: String| MigrationError::PassedFd {
+            label: format!("DiskFd for {device}"),
+            reason,
+        };
+        let disk = config
+            .disks
+            .iter_mut()
+            .find(|d| d.id == device)
+            .ok_or_else(|| bad("the configuration has no disk of that id".to_string()))?;
+        let file = File::from(fd);
+        DiskFile::check_passed(&disk.path, &file, disk.readonly, disk.direct)
+            .map_err(|e| bad(e.to_string()))?;
+        disk.passed_file = PassedFd::new(file.into());
+    }
+    if let Some((device, fd)) = vsock_fd {
+        let bad = |reason: String| MigrationError::PassedFd {
+            label: format!("VsockFd for {device}"),
+            reason,
+        };
+        let vsock = config
+            .vsock
+            .as_mut()
+            .filter(|v| v.id == device)
+            .ok_or_else(|| bad("the configuration has no vsock device of that id".to_string()))?;
+        let listener = UnixListener::from(fd);
+        socket_path::check_passed(&vsock.socket, &listener).map_err(|e| bad(e.to_string()))?;
+        vsock.passed_listener = PassedFd::new(listener.into());
+    }
+    Ok(())
 }
 
 /// All of guest RAM as boot RAM and the hot-plugged regions a VM is

@@ -1,6 +1,8 @@
 //! The sending side of a local migration: everything is checked before the
-//! VM is paused; the memory fds, the DAX windows' files, the taps and the
-//! configuration go while the guest still runs; the guest is paused (the
+//! VM is paused; the memory fds, the DAX windows' files, the taps, the
+//! disks' open images (with their locks), the vsock's listening socket and
+//! the configuration go while the guest still runs (they are copies of
+//! this VMM's fds: should the migration fail, it still holds them all); the guest is paused (the
 //! downtime starts) only for the state. On any failure before the
 //! receiver answered `Complete`, the VM is resumed if it was running and
 //! the error returned; on success it stays paused, for the caller to drop.
@@ -26,7 +28,6 @@ use crate::vm::Vm;
 /// drop. Err: this VM runs again if it ran before.
 pub fn send_migration(vm: &mut Vm, config: &VmConfig, path: &Path) -> Result<(), MigrationError> {
     let layout = check_local(vm)?;
-    check_host_resources(config)?;
     let socket_err = |what| {
         move |source| MigrationError::Socket {
             path: path.to_path_buf(),
@@ -55,30 +56,6 @@ pub(crate) fn check_local(vm: &Vm) -> Result<MemoryLayoutState, MigrationError> 
         return Err(MigrationError::NotShared { gpa: r.gpa });
     }
     Ok(layout)
-}
-
-/// What the receiving VMM could not take over while this one holds it,
-/// refused by name before anything is paused (the receiver would fail to
-/// build the device and this VM would resume after a needless pause): a
-/// writable disk's image (this VMM holds its exclusive lock until it
-/// exits) and the vsock's socket path (this VMM's listener is live on it).
-pub(crate) fn check_host_resources(config: &VmConfig) -> Result<(), MigrationError> {
-    if let Some(d) = config.disks.iter().find(|d| !d.readonly) {
-        return Err(MigrationError::HeldHere {
-            device: d.id.clone(),
-            what: format!(
-                "the writable disk {} stays locked by this VMM until it exits",
-                d.path.display()
-            ),
-        });
-    }
-    if let Some(v) = &config.vsock {
-        return Err(MigrationError::HeldHere {
-            device: v.id.clone(),
-            what: format!("this VMM listens on {}", v.socket.display()),
-        });
-    }
-    Ok(())
 }
 
 /// The whole sequence over a connected socket (its timeouts set).
@@ -117,6 +94,7 @@ fn send_steps(
     send_memory_fds(socket, layout, &all_ram)?;
     send_window_fds(vm, socket)?;
     send_tap_fds(vm, socket)?;
+    send_host_fds(vm, socket)?;
 
     let payload = MigrationConfig {
         format: CONFIG_FORMAT.to_string(),
@@ -201,6 +179,31 @@ fn send_tap_fds(vm: &Vm, socket: &UnixStream) -> Result<(), MigrationError> {
         };
         protocol::send_request_with_fd(socket, Command::TapFd, &label.encode(), fd)?;
         expect_ok(socket, Command::TapFd)?;
+    }
+    Ok(())
+}
+
+/// One `DiskFd` per blk device (its open image: the exclusive lock of a
+/// writable one goes with the open file description, so the image is
+/// never unlocked on the way) and one `VsockFd` for the vsock device (its
+/// listener: host clients keep connecting to the same socket, which this
+/// VMM never unlinks). The receiver builds the devices on them.
+fn send_host_fds(vm: &Vm, socket: &UnixStream) -> Result<(), MigrationError> {
+    let disks = vm
+        .devices
+        .disk_images()
+        .map(|(id, fd)| (Command::DiskFd, id, fd));
+    let vsock = vm
+        .devices
+        .vsock_listener()
+        .map(|(id, fd)| (Command::VsockFd, id, fd));
+    for (command, id, fd) in disks.chain(vsock) {
+        let label = FdLabel {
+            device: id.to_string(),
+            key: None,
+        };
+        protocol::send_request_with_fd(socket, command, &label.encode(), fd)?;
+        expect_ok(socket, command)?;
     }
     Ok(())
 }
