@@ -167,7 +167,7 @@ impl Drop for KillOnDrop {
 /// then on a loaded machine.
 pub fn wait_for_path(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !path.exists() || (is_socket(path) && !unix_socket_listening(path)) {
+    while !path.exists() || (is_socket(path) && bound_not_listening(path)) {
         assert!(
             Instant::now() < deadline,
             "{} did not appear (or nobody listens on it)",
@@ -182,22 +182,30 @@ fn is_socket(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
 }
 
-/// Whether a socket bound at `path` (in this network namespace) is
-/// listening, as `/proc/net/unix` says (its flags carry `__SO_ACCEPTCON`).
-/// Nothing connects to find out: a daemon that serves one VMM would take
-/// a probe for it.
-pub fn unix_socket_listening(path: &Path) -> bool {
+/// Whether `/proc/net/unix` (this network namespace) lists a socket bound
+/// at `path` and none of them listening (their flags lack
+/// `__SO_ACCEPTCON`): the state between `bind` and `listen`. A socket
+/// bound under another name and renamed into place once it listens (the
+/// VMM's API socket is) is not listed under `path`, and is ready. Nothing
+/// connects to find out: a daemon that serves one VMM would take a probe
+/// for it.
+pub fn bound_not_listening(path: &Path) -> bool {
     const SO_ACCEPTCON: u32 = 0x0001_0000;
     let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
         return false;
     };
     let want = path.as_os_str().to_string_lossy();
-    table.lines().skip(1).any(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        fields.len() >= 8
-            && fields[7] == want
-            && u32::from_str_radix(fields[3], 16).is_ok_and(|f| f & SO_ACCEPTCON != 0)
-    })
+    let flags: Vec<u32> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields.len() >= 8 && fields[7] == want)
+                .then(|| u32::from_str_radix(fields[3], 16).ok())
+                .flatten()
+        })
+        .collect();
+    !flags.is_empty() && flags.iter().all(|f| f & SO_ACCEPTCON == 0)
 }
 
 #[cfg(test)]
@@ -246,12 +254,18 @@ mod tests {
         let bound = unsafe { libc::bind(fd.as_raw_fd(), std::ptr::addr_of!(addr).cast(), len) };
         assert_eq!(bound, 0, "{}", std::io::Error::last_os_error());
         assert!(path.exists() && is_socket(&path));
-        assert!(!unix_socket_listening(&path), "bound, not listening");
+        assert!(bound_not_listening(&path), "bound, not listening");
         assert!(std::os::unix::net::UnixStream::connect(&path).is_err());
         // SAFETY: listen(2) on our bound socket.
         assert_eq!(unsafe { libc::listen(fd.as_raw_fd(), 1) }, 0);
-        assert!(unix_socket_listening(&path));
+        assert!(!bound_not_listening(&path));
         wait_for_path(&path);
+        // Renamed into place once listening (as the VMM's API socket is).
+        let renamed = path.with_extension("renamed");
+        std::fs::rename(&path, &renamed).unwrap();
+        assert!(!bound_not_listening(&renamed));
+        wait_for_path(&renamed);
+        std::fs::rename(&renamed, &path).unwrap();
         drop(fd);
         std::fs::remove_file(&path).unwrap();
     }
