@@ -169,3 +169,53 @@ fn a_whole_boot_without_its_kernel_fails_naming_it() {
     assert!(matches!(e, VmError::Boot(_)), "{e}");
     assert!(e.to_string().contains("/nonexistent/bzImage"), "{e}");
 }
+
+/// The fds of this process that name a file under `dir`.
+fn fds_under(dir: &std::path::Path) -> Vec<PathBuf> {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.starts_with(dir))
+        .collect()
+}
+
+/// Dropping a booted VM frees its devices: its writable disk's image can
+/// be locked again, its vsock socket's name is gone (the path binds), no
+/// fd of this process names either, and a VM on the same image and path
+/// boots again (as after `vm.shutdown` then `vm.boot`).
+#[test]
+fn dropping_a_vm_releases_its_disk_lock_and_vsock_socket() {
+    use crate::config::{DiskConfig, VsockConfig};
+    use crate::snapshot::tests::{boot_program, counter_passes, have_kvm, Scratch};
+    use virtio_devices::block::{DiskError, DiskFile};
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("vm-drop");
+    let (image, socket) = (dir.0.join("disk.img"), dir.0.join("v.sock"));
+    std::fs::write(&image, vec![0u8; 64 << 10]).unwrap();
+    let mut config = crate::snapshot::tests::config();
+    config.disks =
+        vec![DiskConfig::parse(&format!("path={},id=disk0", image.display()), 0).unwrap()];
+    config.vsock =
+        Some(VsockConfig::parse(&format!("cid=3,socket={},id=vsock0", socket.display())).unwrap());
+    for cycle in 0..2 {
+        let vm = boot_program(&config);
+        counter_passes(&vm, 5);
+        assert!(
+            matches!(
+                DiskFile::open(&image, false, false),
+                Err(DiskError::Locked { .. })
+            ),
+            "cycle {cycle}: the running VM holds the image's lock"
+        );
+        assert!(socket.exists(), "cycle {cycle}: the vsock listens");
+        drop(vm);
+        assert_eq!(fds_under(&dir.0), Vec::<PathBuf>::new(), "cycle {cycle}");
+        assert!(!socket.exists(), "cycle {cycle}: the socket's name is gone");
+        drop(std::os::unix::net::UnixListener::bind(&socket).expect("the path binds"));
+        std::fs::remove_file(&socket).unwrap();
+        let again = DiskFile::open(&image, false, false);
+        assert!(again.is_ok(), "cycle {cycle}: the image locks again");
+    }
+}
