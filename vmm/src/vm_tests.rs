@@ -223,7 +223,8 @@ pub(crate) fn assert_released(
 /// Dropping a booted VM frees its devices: its writable disk's image can
 /// be locked again, its vsock socket's name is gone (the path binds), no
 /// fd of this process names either; and a VM on the same image and path
-/// boots again and is freed the same way.
+/// boots again and is freed the same way. Both buses (which hold every
+/// device) are freed with it.
 #[test]
 fn dropping_a_vm_releases_its_disk_lock_and_vsock_socket() {
     use crate::snapshot::tests::{boot_program, counter_passes, have_kvm, Scratch};
@@ -236,7 +237,12 @@ fn dropping_a_vm_releases_its_disk_lock_and_vsock_socket() {
         let vm = boot_program(&config);
         counter_passes(&vm, 5);
         assert!(holds(&image, &socket), "the running VM holds both");
+        // The buses hold every device: nothing may keep them once the VM
+        // is gone.
+        let buses = (Arc::downgrade(&vm.buses.0), Arc::downgrade(&vm.buses.1));
         drop(vm);
+        assert!(buses.0.upgrade().is_none(), "the port I/O bus is freed");
+        assert!(buses.1.upgrade().is_none(), "the MMIO bus is freed");
         assert_released(&dir.0, &image, &socket);
     }
 }
