@@ -611,3 +611,28 @@ fn a_vm_sent_by_one_loop_is_received_running_by_another() {
     assert!(source.migrated, "the loop ends after the answer");
     target.join().unwrap();
 }
+
+/// `vm.shutdown` and `vm.delete` free the VM's devices: the writable
+/// disk's image locks again and the vsock's socket path binds, so the next
+/// `vm.boot` (or `vm.create` then `vm.boot`) can open them.
+#[test]
+fn shutdown_and_delete_release_the_disk_lock_and_the_vsock_socket() {
+    use crate::snapshot::tests::{boot_program, counter_passes, have_kvm, Scratch};
+    use crate::vm::tests::{assert_released, holds, with_disk_and_vsock};
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("control-loop-release");
+    let (config, image, socket) = with_disk_and_vsock(&dir.0);
+    for action in [VmmAction::ShutdownVm, VmmAction::Delete] {
+        let mut c = control();
+        c.vm = Some(boot_program(&config));
+        c.config = Some(config.clone());
+        c.state = State::Running;
+        counter_passes(c.vm.as_ref().unwrap(), 5);
+        assert!(holds(&image, &socket), "the running VM holds both");
+        assert!(matches!(c.handle(action), Ok(VmmReply::NoContent)));
+        assert!(c.vm.is_none());
+        assert_released(&dir.0, &image, &socket);
+    }
+}

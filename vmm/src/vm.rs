@@ -469,4 +469,4 @@ pub fn run(config: &VmConfig, signals: &StopSignals) -> Result<VmExit, VmError> 
 
 #[cfg(test)]
 #[path = "vm_tests.rs"]
-mod tests;
+pub(crate) mod tests;

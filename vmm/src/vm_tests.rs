@@ -169,3 +169,80 @@ fn a_whole_boot_without_its_kernel_fails_naming_it() {
     assert!(matches!(e, VmError::Boot(_)), "{e}");
     assert!(e.to_string().contains("/nonexistent/bzImage"), "{e}");
 }
+
+/// The fds of this process that name a file under `dir`.
+fn fds_under(dir: &std::path::Path) -> Vec<PathBuf> {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.starts_with(dir))
+        .collect()
+}
+
+/// The snapshot tests' VM with the writable disk `disk0` on a new image in
+/// `dir` and the vsock `vsock0` listening in `dir`: the config, the image
+/// and the socket's path.
+pub(crate) fn with_disk_and_vsock(dir: &std::path::Path) -> (VmConfig, PathBuf, PathBuf) {
+    use crate::config::{DiskConfig, VsockConfig};
+    let (image, socket) = (dir.join("disk.img"), dir.join("v.sock"));
+    std::fs::write(&image, vec![0u8; 64 << 10]).unwrap();
+    let mut config = crate::snapshot::tests::config();
+    config.disks =
+        vec![DiskConfig::parse(&format!("path={},id=disk0", image.display()), 0).unwrap()];
+    config.vsock =
+        Some(VsockConfig::parse(&format!("cid=3,socket={},id=vsock0", socket.display())).unwrap());
+    (config, image, socket)
+}
+
+/// Whether a running VM holds `image`'s lock and listens on `socket`.
+pub(crate) fn holds(image: &std::path::Path, socket: &std::path::Path) -> bool {
+    use virtio_devices::block::{DiskError, DiskFile};
+    let locked = matches!(
+        DiskFile::open(image, false, false),
+        Err(DiskError::Locked { .. })
+    );
+    locked && socket.exists()
+}
+
+/// Checks that nothing of a VM gone is left in `dir`: no fd of this
+/// process names a file there, the socket's name is gone and the path
+/// binds, the image locks again.
+pub(crate) fn assert_released(
+    dir: &std::path::Path,
+    image: &std::path::Path,
+    socket: &std::path::Path,
+) {
+    assert_eq!(fds_under(dir), Vec::<PathBuf>::new(), "fds left open");
+    assert!(!socket.exists(), "the socket's name is gone");
+    drop(std::os::unix::net::UnixListener::bind(socket).expect("the path binds"));
+    std::fs::remove_file(socket).unwrap();
+    let again = virtio_devices::block::DiskFile::open(image, false, false);
+    assert!(again.is_ok(), "the image locks again");
+}
+
+/// Dropping a booted VM frees its devices: its writable disk's image can
+/// be locked again, its vsock socket's name is gone (the path binds), no
+/// fd of this process names either; and a VM on the same image and path
+/// boots again and is freed the same way. Both buses (which hold every
+/// device) are freed with it.
+#[test]
+fn dropping_a_vm_releases_its_disk_lock_and_vsock_socket() {
+    use crate::snapshot::tests::{boot_program, counter_passes, have_kvm, Scratch};
+    if !have_kvm() {
+        return;
+    }
+    let dir = Scratch::new("vm-drop");
+    let (config, image, socket) = with_disk_and_vsock(&dir.0);
+    for _cycle in 0..2 {
+        let vm = boot_program(&config);
+        counter_passes(&vm, 5);
+        assert!(holds(&image, &socket), "the running VM holds both");
+        // The buses hold every device: nothing may keep them once the VM
+        // is gone.
+        let buses = (Arc::downgrade(&vm.buses.0), Arc::downgrade(&vm.buses.1));
+        drop(vm);
+        assert!(buses.0.upgrade().is_none(), "the port I/O bus is freed");
+        assert!(buses.1.upgrade().is_none(), "the MMIO bus is freed");
+        assert_released(&dir.0, &image, &socket);
+    }
+}

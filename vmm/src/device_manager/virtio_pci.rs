@@ -363,6 +363,22 @@ pub struct PciDeviceManager {
     activator: Arc<dyn Activator>,
 }
 
+/// The MMIO bus holds each segment's ECAM, whose root holds the functions'
+/// config spaces, which hold the placer, which holds the MMIO bus: a cycle
+/// that kept every device (its threads, image locks, sockets) alive after
+/// its VM went. Taking the functions and the ECAMs off the bus breaks it.
+impl Drop for PciDeviceManager {
+    fn drop(&mut self) {
+        for (i, s) in self.segments.iter_mut().enumerate() {
+            for (slot, placed) in std::mem::take(&mut s.functions) {
+                lock(&s.root).remove(slot);
+                lock(&placed).unplug(&self.placer);
+            }
+            self.placer.mmio.remove(pci_ecam_start(segment_number(i)));
+        }
+    }
+}
+
 impl PciDeviceManager {
     /// A bus 0 for each segment `space` has windows for, reached through
     /// its ECAM range, and segment 0's through ports 0xCF8/0xCFC too.
