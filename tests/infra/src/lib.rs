@@ -15,6 +15,7 @@ pub mod kernel;
 pub mod monitor;
 pub mod results;
 pub mod rig;
+pub mod shell;
 
 use std::path::Path;
 
