@@ -6,6 +6,7 @@
 //! host: QEMU with `-accel tcg -cpu max`, whose Linux loads `kvm_amd` and
 //! gives the VMM a real `/dev/kvm`. See docs/testing.md.
 
+pub mod baseline;
 pub mod ch_client;
 pub mod cpio;
 pub mod host;
