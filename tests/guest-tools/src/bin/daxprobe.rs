@@ -357,9 +357,21 @@ fn http(socket: &str, method: &str, path: &str, body: &str) {
     );
     s.write_all(req.as_bytes())
         .unwrap_or_else(|e| fail(format!("{socket}: {e}")));
-    let mut out = String::new();
-    s.read_to_string(&mut out)
-        .unwrap_or_else(|e| fail(format!("{socket}: {e}")));
+    // Up to the end of the body its Content-Length gives (Cloud
+    // Hypervisor keeps the connection open despite `Connection: close`),
+    // or to the end of the stream without one.
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s
+            .read(&mut buf)
+            .unwrap_or_else(|e| fail(format!("{socket}: {e}")));
+        raw.extend_from_slice(&buf[..n]);
+        if n == 0 || http_complete(&raw) {
+            break;
+        }
+    }
+    let out = String::from_utf8_lossy(&raw).into_owned();
     let status: u16 = out
         .split(' ')
         .nth(1)
@@ -377,6 +389,18 @@ fn http(socket: &str, method: &str, path: &str, body: &str) {
 
 /// Subscribes to a server-sent event stream and, when it ends, prints how
 /// many events of each kind arrived (`map=12 unmap=3 …`).
+/// A response whose headers and Content-Length bytes of body are all in.
+fn http_complete(raw: &[u8]) -> bool {
+    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+    head.lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .is_some_and(|len| raw.len() >= end + 4 + len)
+}
+
 fn sse_counts(socket: &str, path: &str) {
     use std::io::BufRead;
     let mut s = std::os::unix::net::UnixStream::connect(socket)
