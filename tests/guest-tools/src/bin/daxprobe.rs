@@ -395,6 +395,10 @@ fn http_complete(raw: &[u8]) -> bool {
         return false;
     };
     let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+    // 204 and 304 carry no body, and Cloud Hypervisor sends them no length.
+    if head.starts_with("http/1.1 204") || head.starts_with("http/1.1 304") {
+        return true;
+    }
     head.lines()
         .find_map(|l| l.strip_prefix("content-length:"))
         .and_then(|v| v.trim().parse::<usize>().ok())
