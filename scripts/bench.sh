@@ -24,6 +24,15 @@
 #                        (target/rig-results/kata-start-bench.md);
 #                        KATA_START_OURS_DAEMON_ARGS='--cache-size=64M' adds
 #                        words to our daemon's command line only
+#   bench.sh snapshot    a 1 GiB guest with a DAX share: vm.snapshot time and
+#                        size, vm.restore time to Paused and to running, with
+#                        the window idle and busy; local migration downtime
+#                        (the longest stop of a heartbeat in guest RAM, read
+#                        by the host) and vm.send-migration time, ours without
+#                        DAX and with a busy window and, with
+#                        BASELINE_VMM=/path/to/cloud-hypervisor (static), Cloud
+#                        Hypervisor's without a share, alternating
+#                        (target/rig-results/snapshot-bench.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,5 +53,6 @@ case "${1:-}" in
     density | windowcost) exec cargo run --release --locked -q -p dax-bench --bin bench-density -- "$1" ;;
     roundtrip) exec cargo run --release --locked -q -p dax-bench --bin bench-roundtrip ;;
     kata-start) exec cargo run --release --locked -q -p dax-bench --bin bench-kata-start ;;
+    snapshot) exec cargo run --release --locked -q -p dax-bench --bin bench-snapshot ;;
 esac
 exec cargo run --release --locked -q -p dax-bench --bin bench-virtiofs -- "$@"

@@ -20,23 +20,13 @@
 use std::time::Duration;
 
 use test_infra::rig::{self, Guest};
+use test_infra::shell::SHELL_HELPERS;
 
 /// The guest: a counter on the serial console, each line ended by a word
 /// so a line cut by the pause (no ` end`) is never read as a value.
 const GUEST_SCRIPT: &str = r#"
 i=0
 while [ $i -lt 1000000 ]; do i=$((i+1)); echo "@@GUEST tick=$i end"; sleep 0.2; done
-"#;
-
-/// Host-side shell functions the snapshot tests share. `alive PID`: the
-/// process exists and is not a zombie; `wait_sock PATH`: until a socket is
-/// there (bounded); `ended PID`: sets EXIT to its exit status once it has
-/// exited ("killed" if it had not after 30 s).
-pub(crate) const SHELL_HELPERS: &str = r#"
-api() { daxprobe http "$@"; }
-alive() { [ -e /proc/$1 ] && ! grep -q '^State:.*Z' /proc/$1/status 2>/dev/null; }
-wait_sock() { i=0; while [ ! -S $1 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; }
-ended() { i=0; while alive $1 && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; if alive $1; then kill -9 $1; wait $1; EXIT=killed; else wait $1; EXIT="status=$?"; fi; }
 "#;
 
 /// Host side. `ticks N`: the counter values of the complete lines after

@@ -26,9 +26,10 @@ use std::time::Duration;
 
 use test_infra::results::Results;
 use test_infra::rig::{self, Guest};
+use test_infra::shell::{COUNTER_HELPERS, SHELL_HELPERS};
 
 use crate::devices::{blk, net, vsock};
-use crate::snapshot::{two_numbers, SHELL_HELPERS};
+use crate::snapshot::two_numbers;
 
 const HOST_IP: &str = "192.168.249.1";
 
@@ -114,21 +115,6 @@ echo "@@GUEST ping=$(ping -c 3 -W 10 HOST_IP 2>&1 | grep -o '[0-9]* packets rece
 printf 'AFTER-MARK' | dd of=/dev/$DISK bs=4096 seek=1 conv=fsync 2>/dev/null; echo "@@GUEST disk_after_rc=$?"
 echo "@@GUEST after_done=1"
 sleep 5
-"#;
-
-/// Host-side shell functions of the tests whose guest runs `daxprobe
-/// mmap-counter` on `share/counter.bin` (this one and the local
-/// migration's): `counter` reads its value; `seen TEXT PID` waits
-/// (bounded) for TEXT on the serial log while the VMM PID lives; `metric
-/// SOCKET NAME` reads fs0's `daxvmm_dax_NAME`; `advancing` prints two
-/// readings two seconds apart; `ms` is the emulated host's uptime in
-/// milliseconds (10 ms steps).
-pub(crate) const COUNTER_HELPERS: &str = r#"
-counter() { od -An -tu8 -N8 share/counter.bin | tr -d ' '; }
-seen() { i=0; while ! grep -q "$1" serial.log 2>/dev/null && [ $i -lt 3000 ] && alive $2; do sleep 0.1; i=$((i+1)); done; }
-metric() { api $1 GET /api/v1/vm.dax-metrics | grep -o "daxvmm_dax_$2{device=\"fs0\"} [0-9]*" | head -1 | cut -d' ' -f2; }
-advancing() { a=$(counter); sleep 2; b=$(counter); echo "$a $b"; }
-ms() { awk '{ printf "%d", $1 * 1000 }' /proc/uptime; }
 "#;
 
 /// A guest of the DAX counter tests: shared RAM for the daemon,

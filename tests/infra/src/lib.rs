@@ -6,6 +6,7 @@
 //! host: QEMU with `-accel tcg -cpu max`, whose Linux loads `kvm_amd` and
 //! gives the VMM a real `/dev/kvm`. See docs/testing.md.
 
+pub mod baseline;
 pub mod ch_client;
 pub mod cpio;
 pub mod host;
@@ -15,6 +16,7 @@ pub mod kernel;
 pub mod monitor;
 pub mod results;
 pub mod rig;
+pub mod shell;
 
 use std::path::Path;
 

@@ -35,10 +35,10 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use test_infra::host::{is_static_elf, static_busybox};
+use test_infra::baseline::{baseline_binary, version};
+use test_infra::host::static_busybox;
 use test_infra::kata::rs::json::Json;
 use test_infra::kata::rs::{self, RsSandbox};
 use test_infra::results::Results;
@@ -283,35 +283,9 @@ fn root_disk(daxprobe: &Path) -> Vec<u8> {
     test_infra::kata::agent_root_disk("kata-start-root", &busybox, &daxprobe, &agent, &applets)
 }
 
-/// A baseline binary from `env`, which must be static (the emulated host
-/// has no libraries); None when `env` is unset.
+/// A baseline binary from `env`; None when `env` is unset.
 fn baseline(env: &str) -> Option<PathBuf> {
-    let path = PathBuf::from(std::env::var_os(env)?);
-    match is_static_elf(&path) {
-        Ok(true) => Some(path),
-        Ok(false) => fail(format!(
-            "{env}={} is linked dynamically: the emulated host has no libraries; \
-             build it with RUSTFLAGS='-C target-feature=+crt-static'",
-            path.display()
-        )),
-        Err(e) => fail(format!("{env}: {e}")),
-    }
-}
-
-/// `BIN --version`'s first line, for the results.
-fn version(bin: &Path) -> String {
-    Command::new(bin)
-        .arg("--version")
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_string()
-        })
-        .unwrap_or_else(|e| format!("({}: {e})", bin.display()))
+    baseline_binary(env).unwrap_or_else(|e| fail(e))
 }
 
 fn main() {

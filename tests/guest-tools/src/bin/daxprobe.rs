@@ -12,8 +12,15 @@
 //! daxprobe mmap-counter COUNTER CHECK SECONDS  advances a u64 in COUNTER through a shared
 //!                                        writable mapping every ~10 ms and checksums CHECK's
 //!                                        mapping once a second (daxprobe/mmap_counter.rs)
-//! daxprobe counter-gap PATH SECONDS      (host) the longest time mmap-counter's value in PATH
-//!                                        stood still (daxprobe/counter_gap.rs)
+//! daxprobe counter-gap PATH SECONDS [OFFSET]  (host) the longest time mmap-counter's value in
+//!                                        PATH (or ram-counter's at OFFSET) stood still
+//!                                        (daxprobe/counter_gap.rs)
+//! daxprobe ram-counter SECONDS           a heartbeat in the guest's RAM the host reads, and the
+//!                                        guest clocks' gaps (daxprobe/heartbeat.rs)
+//! daxprobe counter-moves PATH OFFSET SECONDS  (host) when ram-counter's value at OFFSET of PATH
+//!                                        moves again (daxprobe/heartbeat.rs)
+//! daxprobe mmap-busy PATH SECONDS        keeps every 2 MiB range of PATH mapped and written
+//!                                        (daxprobe/mmap_busy.rs)
 //! daxprobe mmap-truncated PATH READY GO   maps PATH, reads it all, creates READY, waits
 //!                                        (60 s at most) for GO to exist (the host has cut the
 //!                                        file meanwhile), then a child reads every page again
@@ -72,6 +79,8 @@ use std::time::Instant;
 
 #[path = "daxprobe/counter_gap.rs"]
 mod counter_gap;
+#[path = "daxprobe/heartbeat.rs"]
+mod heartbeat;
 #[path = "daxprobe/hostile.rs"]
 mod hostile;
 #[path = "daxprobe/kata_net.rs"]
@@ -82,6 +91,8 @@ mod kata_replay;
 mod kata_rs_replay;
 #[path = "daxprobe/listen_exec.rs"]
 mod listen_exec;
+#[path = "daxprobe/mmap_busy.rs"]
+mod mmap_busy;
 #[path = "daxprobe/mmap_counter.rs"]
 mod mmap_counter;
 #[path = "daxprobe/truncated_rw.rs"]
@@ -348,9 +359,21 @@ fn http(socket: &str, method: &str, path: &str, body: &str) {
     );
     s.write_all(req.as_bytes())
         .unwrap_or_else(|e| fail(format!("{socket}: {e}")));
-    let mut out = String::new();
-    s.read_to_string(&mut out)
-        .unwrap_or_else(|e| fail(format!("{socket}: {e}")));
+    // Up to the end of the body its Content-Length gives (Cloud
+    // Hypervisor keeps the connection open despite `Connection: close`),
+    // or to the end of the stream without one.
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s
+            .read(&mut buf)
+            .unwrap_or_else(|e| fail(format!("{socket}: {e}")));
+        raw.extend_from_slice(&buf[..n]);
+        if n == 0 || http_complete(&raw) {
+            break;
+        }
+    }
+    let out = String::from_utf8_lossy(&raw).into_owned();
     let status: u16 = out
         .split(' ')
         .nth(1)
@@ -368,6 +391,22 @@ fn http(socket: &str, method: &str, path: &str, body: &str) {
 
 /// Subscribes to a server-sent event stream and, when it ends, prints how
 /// many events of each kind arrived (`map=12 unmap=3 …`).
+/// A response whose headers and Content-Length bytes of body are all in.
+fn http_complete(raw: &[u8]) -> bool {
+    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+    // 204 and 304 carry no body, and Cloud Hypervisor sends them no length.
+    if head.starts_with("http/1.1 204") || head.starts_with("http/1.1 304") {
+        return true;
+    }
+    head.lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .is_some_and(|len| raw.len() >= end + 4 + len)
+}
+
 fn sse_counts(socket: &str, path: &str) {
     use std::io::BufRead;
     let mut s = std::os::unix::net::UnixStream::connect(socket)
@@ -476,7 +515,11 @@ fn main() {
             }
             println!("passes={passes} changed={changed}");
         }
-        ["counter-gap", path, secs] => counter_gap::run(path, secs),
+        ["counter-gap", path, secs] => counter_gap::run(path, secs, "0"),
+        ["counter-gap", path, secs, offset] => counter_gap::run(path, secs, offset),
+        ["ram-counter", secs] => heartbeat::ram_counter(secs),
+        ["counter-moves", path, offset, secs] => heartbeat::counter_moves(path, offset, secs),
+        ["mmap-busy", path, secs] => mmap_busy::run(path, secs),
         ["mmap-counter", counter, check, secs] => mmap_counter::run(counter, check, secs),
         ["mmap-truncated", path, ready, go] => mmap_truncated(path, ready, go),
         ["mmap-truncated-rw", path, offset, ready, go] => truncated_rw::run(path, offset, ready, go),
@@ -499,6 +542,6 @@ fn main() {
         ["unix-serve", path, reply] => vsock::unix_serve(path, reply),
         ["hybrid-connect", socket, port, bytes] => vsock::hybrid_connect(socket, port, bytes),
         ["virtio-hostile", transport, serial, marker] => hostile::run(transport, serial, marker),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-counter | counter-gap | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | kata-rs-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect | virtio-hostile)".into()),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-counter | counter-gap | ram-counter | counter-moves | mmap-busy | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | kata-rs-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect | virtio-hostile)".into()),
     }
 }
