@@ -144,6 +144,34 @@ fn a_component_round_trips_through_the_document() {
     assert_eq!(restored.count, 43);
 }
 
+/// The compact form a migration sends reads back as the same document as
+/// the pretty one a snapshot writes, and is smaller.
+#[test]
+fn the_compact_form_reads_back_as_the_pretty_one() {
+    let pretty = saved_document();
+    let doc = StateDocument::from_json(&pretty).unwrap();
+    let compact = doc.to_compact_json().unwrap();
+    assert!(
+        compact.len() < pretty.len(),
+        "{} >= {}",
+        compact.len(),
+        pretty.len()
+    );
+    let mut back = StateDocument::from_json(&compact).unwrap();
+    let state: CounterState = back.take("devices/c0").unwrap();
+    assert_eq!(
+        state,
+        CounterState {
+            count: 42,
+            paused: true
+        }
+    );
+    back.finish().unwrap();
+    let a: serde_json::Value = serde_json::from_slice(&pretty).unwrap();
+    let b: serde_json::Value = serde_json::from_slice(&compact).unwrap();
+    assert_eq!(a, b);
+}
+
 #[test]
 fn the_envelope_is_the_documented_shape() {
     let v: serde_json::Value = serde_json::from_slice(&saved_document()).unwrap();

@@ -120,7 +120,7 @@ fn send_steps(
     doc.put(MEMORY_SECTION, layout)
         .map_err(|e| MigrationError::Save(state_error(e)))?;
     let state = doc
-        .to_json()
+        .to_compact_json()
         .map_err(|e| MigrationError::Save(state_error(e)))?;
     send_payload(socket, Command::State, &state)?;
 
