@@ -21,6 +21,7 @@ pub mod resize;
 pub mod seccomp_filters;
 pub mod signals;
 pub mod snapshot;
+pub mod step_times;
 pub mod vcpu;
 pub mod vm;
 pub mod vm_state;

@@ -25,7 +25,6 @@ use crate::exit::{ExitHandle, VmExit};
 use crate::kvm_stats::VmKvmStats;
 use crate::legacy::{ged, serial};
 use crate::memory::hotplug::{RamHotplug, RamHotplugError};
-use crate::memory::prefault::KvmPrefaulter;
 use crate::memory::{self, GuestMemoryMmap, GuestRegionMmap};
 use crate::signals::StopSignals;
 use crate::vcpu::hotplug::{VcpuHotplug, VcpuHotplugError, VcpuWiring};
@@ -34,10 +33,10 @@ use crate::vcpu::{RunningVcpus, Vcpu};
 use api::KvmCounters;
 #[cfg(test)]
 use build::serial_output;
-pub(crate) use build::Platform;
 #[cfg(test)]
 use build::{add_memory_hotplug, add_platform_devices, create_vm};
 use build::{load_payload, open_kvm_stats, RawTerminal, SharedSerial};
+pub(crate) use build::{Platform, VmBase};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
@@ -151,7 +150,8 @@ impl Vm {
         load: impl FnOnce(&Platform) -> Result<u64, VmError>,
     ) -> Result<Vm, VmError> {
         let mem = memory::create_guest_memory(&config.memory)?;
-        let platform = Platform::build(config, mem, Vec::new(), observe, None)?;
+        let platform =
+            Platform::build(config, VmBase::new(config, mem)?, Vec::new(), observe, None)?;
         let entry = load(&platform)?;
         let setup = platform.vcpu_setup(config, entry);
         let boot_vcpus = config.cpus.boot_vcpus;
@@ -182,7 +182,6 @@ impl Vm {
         paused_clock: Option<kvm_bindings::kvm_clock_data>,
     ) -> Result<Vm, VmError> {
         let Platform {
-            kvm,
             vm,
             mem,
             hotplugged_ram,
@@ -196,16 +195,14 @@ impl Vm {
             cpu_hotplug,
             device_aml: _,
             base_cpuid,
+            prefaulter,
             tsc_deadline,
             caps,
         } = platform;
         let fds: Vec<&Vcpu> = vcpus.iter().map(|v| &v.vcpu).collect();
         let kvm_stats = open_kvm_stats(&vm, &fds);
-        // The pre-fault vCPUs take ids above every possible vCPU's APIC id.
-        let topology = config.cpus.effective_topology();
-        let first_free_id = topology.apic_id(config.cpus.max_vcpus - 1) + 1;
-        if let Some(p) = KvmPrefaulter::new(&kvm, &vm, u64::from(first_free_id), &base_cpuid) {
-            devices.set_guest_prefaulter(Arc::new(p));
+        if let Some(p) = prefaulter {
+            devices.set_guest_prefaulter(p);
         }
         let vcpu_hotplug = VcpuHotplug::new(cpu_hotplug, &config.cpus, &base_cpuid, tsc_deadline);
 

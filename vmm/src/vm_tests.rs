@@ -246,3 +246,42 @@ fn dropping_a_vm_releases_its_disk_lock_and_vsock_socket() {
         assert_released(&dir.0, &image, &socket);
     }
 }
+
+/// Guest RAM as a migration receives it (a memfd): the runs of it the host
+/// holds are exactly the pages written, a walk stops when asked, and a
+/// VM base maps those pages for the guest and no others (where KVM has
+/// KVM_PRE_FAULT_MEMORY).
+#[test]
+fn only_the_ram_the_host_holds_is_prefaulted() {
+    use crate::memory::prefault::for_each_resident_run;
+    use vm_memory::{Bytes, GuestAddress};
+    let config = config(json!({"memory": {"size": crate::config::MIN_MEMORY, "shared": true}}));
+    let mem = memory::create_guest_memory(&config.memory).expect("guest RAM");
+    mem.write_slice(&[1u8], GuestAddress(0x10_0000))
+        .expect("write");
+    mem.write_slice(&[1u8; 8192], GuestAddress(0x20_0000))
+        .expect("write");
+    let mut runs = Vec::new();
+    for_each_resident_run(&mem, |gpa, len| {
+        runs.push((gpa, len));
+        true
+    });
+    assert_eq!(runs, vec![(0x10_0000, 4096), (0x20_0000, 8192)]);
+    let mut calls = 0;
+    for_each_resident_run(&mem, |_, _| {
+        calls += 1;
+        false
+    });
+    assert_eq!(calls, 1, "the walk stops when told");
+
+    if Kvm::new().is_err() {
+        eprintln!("no /dev/kvm; the pre-fault itself skipped");
+        return;
+    }
+    let base = VmBase::new(&config, mem).expect("VM base");
+    let mapped = base.prefault_resident();
+    match base.has_prefaulter() {
+        true => assert_eq!(mapped, 3 * 4096),
+        false => assert_eq!(mapped, 0),
+    }
+}

@@ -196,6 +196,69 @@ impl GuestPrefaulter for KvmPrefaulter {
     }
 }
 
+/// Pages `mincore` looks at per call: bounds the vector it fills.
+const MINCORE_CHUNK_PAGES: usize = 16384;
+
+/// Calls `each(gpa, len)` for every run of `mem`'s pages the host holds
+/// (`mincore` over each region's mapping; for guest RAM, a memfd or
+/// hugetlbfs file, that is the page cache), in address order, until it
+/// returns false. Pages the host does not hold are never passed: mapping
+/// them for the guest would allocate them.
+pub fn for_each_resident_run(
+    mem: &crate::memory::GuestMemoryMmap,
+    mut each: impl FnMut(u64, u64) -> bool,
+) {
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    const PAGE: usize = 4096;
+    let mut vec = vec![0u8; MINCORE_CHUNK_PAGES];
+    // The run being gathered, passed on when it ends.
+    let mut run: Option<(u64, u64)> = None;
+    for region in mem.iter() {
+        let Ok(len) = usize::try_from(region.len()) else {
+            continue;
+        };
+        let host = region.as_ptr();
+        let base = region.start_addr().0;
+        let mut done = 0usize;
+        while done < len {
+            let chunk = (len - done).min(MINCORE_CHUNK_PAGES * PAGE);
+            let pages = chunk.div_ceil(PAGE);
+            // SAFETY: `[host + done, + chunk)` lies in the region's
+            // mapping, which lives as long as `mem`; `vec` holds a byte
+            // for each of its `pages` pages.
+            let r = unsafe { libc::mincore(host.add(done).cast(), chunk, vec.as_mut_ptr()) };
+            if r != 0 {
+                tracing::debug!(
+                    "mincore over guest RAM at {:#x}: {}",
+                    base + done as u64,
+                    io::Error::last_os_error()
+                );
+                return;
+            }
+            for (i, v) in vec[..pages].iter().enumerate() {
+                let gpa = base + (done + i * PAGE) as u64;
+                if v & 1 == 0 {
+                    continue;
+                }
+                match &mut run {
+                    Some((start, l)) if *start + *l == gpa => *l += PAGE as u64,
+                    _ => {
+                        if let Some((start, l)) = run.replace((gpa, PAGE as u64)) {
+                            if !each(start, l) {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+            done += chunk;
+        }
+    }
+    if let Some((start, l)) = run {
+        each(start, l);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

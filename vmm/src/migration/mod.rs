@@ -97,6 +97,8 @@ pub enum MigrationError {
     Config(String),
     #[error("{label}: {reason}")]
     PassedFd { label: String, reason: String },
+    #[error("Config: building the VM: {0}")]
+    Prepare(#[source] crate::vm::VmError),
     #[error("State: {0}")]
     State(#[source] SnapshotError),
     #[error("saving the VM's state: {0}")]

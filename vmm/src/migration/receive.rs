@@ -27,8 +27,9 @@ use crate::config::{PassedFd, TapFds, VmConfig};
 use crate::device_manager::ObserverFactory;
 use crate::memory::migration_fds::{MemoryFdError, ReceivedMemoryFds};
 use crate::memory::snapshot::{MemoryLayoutState, RegionOrigin, RestoredRam};
-use crate::snapshot::{state_error, SnapshotError, MEMORY_SECTION};
-use crate::vm::Vm;
+use crate::snapshot::{state_error, RestoredBase, SnapshotError, MEMORY_SECTION};
+use crate::step_times::StepTimes;
+use crate::vm::{Vm, VmBase};
 use virtio_devices::block::DiskFile;
 use virtio_devices::vsock::socket_path;
 
@@ -183,12 +184,13 @@ impl Phase {
     }
 }
 
-/// What `Config` brought: the configuration and guest RAM mapped from the
-/// received fds, as laid out.
+/// What `Config` brought: the configuration, and the KVM VM on guest RAM
+/// mapped from the received fds as laid out, that RAM already mapped for
+/// the guest (made while the guest still runs on the sender).
 struct Configured {
     config: VmConfig,
     layout: MemoryLayoutState,
-    ram: RestoredRam,
+    built: RestoredBase,
 }
 
 struct Receiver<'a> {
@@ -235,8 +237,15 @@ impl Receiver<'_> {
                 self.phase = Phase::Configured;
             }
             (Command::State, Phase::Configured) => {
+                let mut took = StepTimes::start();
                 let payload = protocol::read_payload(&mut &*self.socket, request)?;
+                took.step("read");
                 self.restored = Some(self.state(&payload)?);
+                took.step("restore");
+                tracing::info!(
+                    "migration receive: State of {} bytes taken in {took}",
+                    payload.len()
+                );
                 self.phase = Phase::Restored;
             }
             (Command::Complete | Command::CompletePaused, Phase::Restored) => {
@@ -250,11 +259,13 @@ impl Receiver<'_> {
                 if let Some(name) = vm.devices.vsock_socket_name() {
                     name.claim();
                 }
+                let mut took = StepTimes::start();
                 if !paused {
                     vm.resume();
                 }
+                took.step("resume");
                 tracing::info!(
-                    "migration received: the VM {}",
+                    "migration received: the VM {} ({took})",
                     if paused { "is paused" } else { "runs" }
                 );
                 return Ok(Some(Received { config, vm, paused }));
@@ -333,10 +344,15 @@ impl Receiver<'_> {
             .map_err(|e| MigrationError::Config(format!("vm_config: {e}")))?;
         let fds = std::mem::take(&mut self.memory_fds);
         let ram = split_ram(fds.into_guest_memory(&c.memory)?, &c.memory)?;
+        let base = VmBase::new(&config, ram.boot).map_err(MigrationError::Prepare)?;
+        base.prefault_resident();
         Ok(Configured {
             config,
             layout: c.memory,
-            ram,
+            built: RestoredBase {
+                base,
+                hotplugged: ram.hotplugged,
+            },
         })
     }
 
@@ -360,7 +376,7 @@ impl Receiver<'_> {
         let Some(Configured {
             mut config,
             layout,
-            ram,
+            built,
         }) = self.configured.take()
         else {
             return Err(MigrationError::Unexpected {
@@ -396,7 +412,7 @@ impl Receiver<'_> {
                         reason: "regions differ from those Config laid out".to_string(),
                     });
                 }
-                Ok(ram)
+                Ok(built)
             },
             self.observe,
             window_files,

@@ -20,6 +20,7 @@ use crate::config::VmConfig;
 use crate::memory::migration_fds::send_memory_fds;
 use crate::memory::snapshot::{join_regions, MemoryLayoutState};
 use crate::snapshot::{state_error, MEMORY_SECTION};
+use crate::step_times::StepTimes;
 use crate::vm::Vm;
 
 /// Migrates `vm` (configured as `config`) to the receiver listening on
@@ -107,22 +108,27 @@ fn send_steps(
     send_payload(socket, Command::Config, &payload)?;
 
     // The downtime starts here.
-    let paused_at = std::time::Instant::now();
+    let mut downtime = StepTimes::start();
     if !was_paused {
         vm.pause();
     }
+    downtime.step("pause");
     let mut doc = vm.state_document(config).map_err(MigrationError::Save)?;
+    downtime.step("save");
     // As Cloud Hypervisor does once the state is saved: the fs devices let
     // go of their daemons (each serves one VMM), so that a fresh daemon on
     // the same socket path can serve the receiving VMM. Should the
     // migration fail after this, the VM runs on here without its shares.
     vm.release_backends();
+    downtime.step("release");
     doc.put(MEMORY_SECTION, layout)
         .map_err(|e| MigrationError::Save(state_error(e)))?;
     let state = doc
         .to_compact_json()
         .map_err(|e| MigrationError::Save(state_error(e)))?;
+    downtime.step("encode");
     send_payload(socket, Command::State, &state)?;
+    downtime.step("receiver restored");
 
     let complete = if was_paused {
         Command::CompletePaused
@@ -131,9 +137,10 @@ fn send_steps(
     };
     Request::new(complete, 0)?.write_to(&mut &*socket)?;
     expect_ok(socket, complete)?;
+    downtime.step("receiver resumed");
     tracing::info!(
-        "migration complete: the VM is the receiving VMM's now, after {} ms paused here (state saved and sent, the receiver built it)",
-        paused_at.elapsed().as_millis()
+        "migration complete: the VM is the receiving VMM's now; paused here {downtime}, State {} bytes",
+        state.len()
     );
     Ok(())
 }

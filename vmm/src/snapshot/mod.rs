@@ -16,6 +16,7 @@
 mod restore;
 mod restore_taps;
 
+pub(crate) use restore::RestoredBase;
 pub use restore_taps::{RestoreTaps, RestoreTapsError};
 
 use std::fs::{File, OpenOptions};

@@ -20,6 +20,7 @@
 //! 6. the vCPU threads start parked: the VM is paused until `resume`.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use vm_state::StateDocument;
 
@@ -36,13 +37,15 @@ use crate::legacy::state::LegacyState;
 use crate::memory::hotplug::{RamHotplug, RamHotplugState};
 use crate::memory::snapshot::{
     join_regions, populate, read_memory_ranges, restore_guest_memory_parts, MemoryLayoutState,
-    RegionOrigin, RestoredRam,
+    RegionOrigin,
 };
+use crate::memory::GuestRegionMmap;
+use crate::step_times::StepTimes;
 use crate::vcpu::hotplug::VcpusState;
 use crate::vcpu::hotplug_controller::{CpuHotplugController, CpuHotplugState};
 use crate::vcpu::state::VcpuState;
 use crate::vcpu::Vcpu;
-use crate::vm::{Platform, VcpuToStart, Vm};
+use crate::vm::{Platform, VcpuToStart, Vm, VmBase};
 use crate::vm_state::VmState;
 
 /// Every section of a snapshot's state document, taken and decoded.
@@ -199,6 +202,13 @@ fn read_file(dir: &Path, name: &str, limit: u64) -> Result<Vec<u8>, SnapshotErro
     Ok(bytes)
 }
 
+/// What a restored VM is built on: the KVM VM with boot RAM (filled),
+/// and the hot-plugged RAM regions at their addresses.
+pub(crate) struct RestoredBase {
+    pub base: VmBase,
+    pub hotplugged: Vec<Arc<GuestRegionMmap>>,
+}
+
 impl Vm {
     /// Builds the VM from DIR/config.json and restores every part; the VM
     /// comes back PAUSED (vCPU threads parked). Returns the config read
@@ -245,10 +255,15 @@ impl Vm {
                 })?;
                 read_memory_ranges(&ranges, layout, &all_ram)?;
                 drop(ranges);
+                let base = VmBase::new(config, ram.boot)?;
                 if prefault {
                     populate(&all_ram)?;
+                    base.prefault_resident();
                 }
-                Ok(ram)
+                Ok(RestoredBase {
+                    base,
+                    hotplugged: ram.hotplugged,
+                })
             },
             observe,
             WindowFiles::new(),
@@ -258,31 +273,35 @@ impl Vm {
     }
 
     /// Builds a VM from `config` and the state document `doc` (a
-    /// snapshot's `state.json`, or a local migration's `State`), with guest
-    /// RAM from `make_ram` (given the memory section, after every section
-    /// was read and checked); the VM comes back PAUSED. `config` may be
+    /// snapshot's `state.json`, or a local migration's `State`), on the
+    /// KVM VM and guest RAM from `make_base` (given the memory section,
+    /// after every section was read and checked); the VM comes back PAUSED. `config` may be
     /// settled by the saved devices (see `Sections::settle_rng`).
     /// `window_files`: the files a local migration's sender passed for each
     /// fs device's DAX window (none for a snapshot).
     pub(crate) fn restore_document(
         config: &mut VmConfig,
         doc: StateDocument,
-        make_ram: impl FnOnce(&VmConfig, &MemoryLayoutState) -> Result<RestoredRam, SnapshotError>,
+        make_base: impl FnOnce(&VmConfig, &MemoryLayoutState) -> Result<RestoredBase, SnapshotError>,
         observe: Option<&ObserverFactory>,
         window_files: WindowFiles,
     ) -> Result<Vm, SnapshotError> {
+        let mut took = StepTimes::start();
         let s = Sections::take(doc, config)?;
+        took.step("sections");
         let config = &*config;
-        let ram = make_ram(config, &s.memory)?;
+        let built = make_base(config, &s.memory)?;
         let added = s.hotplugged_ranges();
+        took.step("ram");
 
         let mut platform = Platform::build(
             config,
-            ram.boot,
-            ram.hotplugged,
+            built.base,
+            built.hotplugged,
             observe,
             Some(window_files),
         )?;
+        took.step("platform");
         let Some(caps) = platform.caps.clone() else {
             return Err(SnapshotError::NotSnapshottable {
                 component: "the vCPUs".to_string(),
@@ -298,6 +317,7 @@ impl Vm {
                 ejected: presence.ejected,
             });
         }
+        took.step("vcpus");
         s.vm.restore(&platform.vm)?;
         // After the irqchips (a device's pending interrupt would be lost
         // under them) and before any vCPU runs: MSI-X tables and from
@@ -309,6 +329,7 @@ impl Vm {
                 context: "state.json: devices: device",
                 source: Box::new(source),
             })?;
+        took.step("devices");
         {
             let mut serial = platform
                 .serial
@@ -332,11 +353,10 @@ impl Vm {
                 section: VCPUS_SECTION.to_string(),
                 reason,
             })?;
-        tracing::info!(
-            "restored {} vCPU(s), {} RAM region(s) (paused)",
-            vcpus.len(),
-            s.memory.regions.len(),
-        );
-        Ok(Vm::start(platform, config, vcpus, Some(s.vm.clock))?)
+        let (vcpu_count, regions) = (vcpus.len(), s.memory.regions.len());
+        let vm = Vm::start(platform, config, vcpus, Some(s.vm.clock))?;
+        took.step("threads");
+        tracing::info!("restored {vcpu_count} vCPU(s), {regions} RAM region(s) (paused) in {took}");
+        Ok(vm)
     }
 }

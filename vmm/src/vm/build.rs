@@ -9,9 +9,11 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use kvm_bindings::{kvm_pit_config, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Cap, Kvm, VmFd};
+use virtio_devices::vhost_user_fs::window::GuestPrefaulter;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::terminal::Terminal;
@@ -25,6 +27,7 @@ use crate::exit::ExitHandle;
 use crate::kvm_stats::{KvmStatsFile, VmKvmStats};
 use crate::legacy::{acpi_pm, ged, i8042, pvpanic, serial};
 use crate::memory::hotplug::RamHotplug;
+use crate::memory::prefault::{for_each_resident_run, KvmPrefaulter};
 use crate::memory::{self, GuestMemoryMmap, GuestRegionMmap};
 use crate::vcpu::hotplug_controller::CpuHotplugController;
 use crate::vcpu::state::StateCaps;
@@ -228,9 +231,106 @@ pub(super) fn open_kvm_stats(vm: &VmFd, vcpus: &[&Vcpu]) -> Option<VmKvmStats> {
         .ok()
 }
 
+/// Longest [`VmBase::prefault_resident`] goes on: it runs while a
+/// migrating guest still runs on the sender, which waits for it.
+pub const RESIDENT_PREFAULT_BUDGET: Duration = Duration::from_secs(10);
+
+/// The KVM VM with its boot RAM registered, and the idle vCPU that maps
+/// guest memory into the guest's view ([`KvmPrefaulter`]): the part of a
+/// VM that needs nothing but its configuration and RAM. An incoming
+/// migration makes it as soon as the configuration arrives, while the
+/// guest still runs on the sender, and maps the guest's RAM into it
+/// there, so that neither is part of the guest's downtime.
+pub(crate) struct VmBase {
+    kvm: Kvm,
+    vm: Arc<VmFd>,
+    mem: GuestMemoryMmap,
+    base_cpuid: CpuId,
+    prefaulter: Option<Arc<KvmPrefaulter>>,
+}
+
+impl VmBase {
+    pub fn new(config: &VmConfig, mem: GuestMemoryMmap) -> Result<Self, VmError> {
+        let kvm = Kvm::new().map_err(VmError::Kvm)?;
+        let vm = Arc::new(create_vm(&kvm)?);
+        memory::register_with_kvm(&vm, &mem)?;
+        let base_cpuid = kvm_setup(
+            "KVM_GET_SUPPORTED_CPUID",
+            kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES),
+        )?;
+        // KVM_CAP_MAX_VCPUS (kvm-ioctls falls back to KVM_CAP_NR_VCPUS).
+        let limit = u32::try_from(kvm.get_max_vcpus()).unwrap_or(u32::MAX);
+        if config.cpus.max_vcpus > limit {
+            return Err(VmError::TooManyVcpus {
+                max: config.cpus.max_vcpus,
+                limit,
+            });
+        }
+        // The pre-fault vCPUs take ids above every possible vCPU's APIC id.
+        let topology = config.cpus.effective_topology();
+        let first_free_id = topology.apic_id(config.cpus.max_vcpus - 1) + 1;
+        let prefaulter =
+            KvmPrefaulter::new(&kvm, &vm, u64::from(first_free_id), &base_cpuid).map(Arc::new);
+        Ok(VmBase {
+            kvm,
+            vm,
+            mem,
+            base_cpuid,
+            prefaulter,
+        })
+    }
+
+    #[cfg(test)]
+    pub fn has_prefaulter(&self) -> bool {
+        self.prefaulter.is_some()
+    }
+
+    /// Maps the boot RAM the host holds into the guest's view before any
+    /// vCPU runs. A guest that comes from another VMM (a migration, a
+    /// restore that read its memory in) touches its working set at once,
+    /// and on a fresh VM each 4 KiB of it would cost a nested page fault:
+    /// on the emulated host those kept a migrated guest from running for
+    /// longer than the whole move took. Best effort, for at most
+    /// [`RESIDENT_PREFAULT_BUDGET`]: what is not mapped here is mapped when
+    /// the guest touches it, as always. Returns the bytes mapped.
+    pub fn prefault_resident(&self) -> u64 {
+        let Some(p) = self.prefaulter.as_ref().filter(|p| p.available()) else {
+            return 0;
+        };
+        let started = Instant::now();
+        let mut mapped = 0u64;
+        for_each_resident_run(&self.mem, |gpa, len| {
+            let end = gpa.saturating_add(len);
+            let mut at = gpa;
+            while at < end {
+                if started.elapsed() > RESIDENT_PREFAULT_BUDGET {
+                    return false;
+                }
+                match p.prefault(at, end - at) {
+                    Ok(n) if n > 0 => {
+                        at = at.saturating_add(n);
+                        mapped = mapped.saturating_add(n);
+                    }
+                    Ok(_) => return false,
+                    Err(e) => {
+                        tracing::info!("pre-faulting guest RAM at {at:#x}: {e}; the rest faults in when touched");
+                        return false;
+                    }
+                }
+            }
+            true
+        });
+        tracing::info!(
+            "pre-faulted {} MiB of guest RAM in {} ms",
+            mapped >> 20,
+            started.elapsed().as_millis()
+        );
+        mapped
+    }
+}
+
 /// A VM built up to its vCPUs: what a boot and a restore share.
 pub(crate) struct Platform {
-    pub kvm: Kvm,
     pub vm: Arc<VmFd>,
     /// Boot RAM, registered with KVM.
     pub mem: GuestMemoryMmap,
@@ -247,6 +347,8 @@ pub(crate) struct Platform {
     /// The DSDT's device part, for the boot's ACPI tables.
     pub device_aml: Vec<u8>,
     pub base_cpuid: CpuId,
+    /// What maps DAX ranges into the guest's view (None where KVM cannot).
+    pub prefaulter: Option<Arc<KvmPrefaulter>>,
     pub tsc_deadline: bool,
     /// What this host's KVM offers for saving a vCPU (None, logged: the
     /// VM runs but cannot be snapshotted).
@@ -264,14 +366,18 @@ impl Platform {
     /// [`DeviceManager::wait_for_daemons`]).
     pub fn build(
         config: &VmConfig,
-        mem: GuestMemoryMmap,
+        base: VmBase,
         hotplugged_ram: Vec<Arc<GuestRegionMmap>>,
         observe: Option<&ObserverFactory>,
         restoring: Option<WindowFiles>,
     ) -> Result<Self, VmError> {
-        let kvm = Kvm::new().map_err(VmError::Kvm)?;
-        let vm = Arc::new(create_vm(&kvm)?);
-        memory::register_with_kvm(&vm, &mem)?;
+        let VmBase {
+            kvm,
+            vm,
+            mem,
+            base_cpuid,
+            prefaulter,
+        } = base;
 
         let exit = Arc::new(ExitHandle::new()?);
         let pio = Arc::new(Bus::new());
@@ -300,25 +406,12 @@ impl Platform {
         devices.append_aml(&mut device_aml);
         let cpu_hotplug = crate::vcpu::hotplug::install(&config.cpus, &pio, &mut device_aml)?;
 
-        let base_cpuid = kvm_setup(
-            "KVM_GET_SUPPORTED_CPUID",
-            kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES),
-        )?;
-        // KVM_CAP_MAX_VCPUS (kvm-ioctls falls back to KVM_CAP_NR_VCPUS).
-        let limit = u32::try_from(kvm.get_max_vcpus()).unwrap_or(u32::MAX);
-        if config.cpus.max_vcpus > limit {
-            return Err(VmError::TooManyVcpus {
-                max: config.cpus.max_vcpus,
-                limit,
-            });
-        }
         let caps = StateCaps::probe(&kvm, &vm)
             .map_err(|e| tracing::warn!("this VM cannot be snapshotted: {e}"))
             .ok()
             .map(Arc::new);
         Ok(Platform {
             tsc_deadline: kvm.check_extension(Cap::TscDeadlineTimer),
-            kvm,
             vm,
             mem,
             hotplugged_ram,
@@ -332,6 +425,7 @@ impl Platform {
             cpu_hotplug,
             device_aml,
             base_cpuid,
+            prefaulter,
             caps,
         })
     }
