@@ -27,16 +27,17 @@
 //! every millisecond; the host reads it in the VMM's RAM memfd (the one of
 //! the guest's size; guest RAM below 3 GiB starts at its offset 0 in both
 //! VMMs) with `daxprobe counter-gap`, which reports each time it stood
-//! still. A migration's downtime is the longest of those stops that
-//! overlaps the `vm.send-migration` call: the emulated host as a whole
-//! sometimes stalls for hundreds of milliseconds, and such a stop seconds
-//! after the move is not the migration's (the longest stop of the whole
-//! run is reported beside it). A local migration passes that memfd to the
-//! new VMM, so the host's open file follows the guest. Our VMMs log where
-//! the time they were paused went, step by step; the results quote it. The guest's own clocks
-//! (`CLOCK_MONOTONIC`, `CLOCK_REALTIME`) are watched beside it and
-//! reported, since both VMMs may set the guest's clock back to where it
-//! paused; the controlled pause shows which of them sees a stop.
+//! still. A migration's downtime is the longest of those stops between
+//! `vm.send-migration` sent and the old VMM's exit: the emulated host as a
+//! whole sometimes stalls for hundreds of milliseconds, and such a stop
+//! seconds after the move is not the migration's (the longest stop of the
+//! whole run is reported beside it). A local migration passes that memfd
+//! to the new VMM, so the host's open file follows the guest. Our VMMs log
+//! where the time they were paused went, step by step; the results quote
+//! it. The guest's own clocks (`CLOCK_MONOTONIC`, `CLOCK_REALTIME`) are
+//! watched beside it and reported, since both VMMs may set the guest's
+//! clock back to where it paused; the controlled pause shows which of them
+//! sees a stop.
 //! Writes `target/rig-results/snapshot-bench.md`.
 
 use std::collections::HashMap;
@@ -338,12 +339,14 @@ fn values(run: &Run, names: &[String], key: &str, scale: f64) -> Option<Vec<f64>
 }
 
 /// A migration's downtime: the longest of the heartbeat's stops (`stops=`,
-/// `start-end` in ms) that overlaps the `vm.send-migration` call
-/// (`send_started_ms`, `send_ms`). A stop elsewhere in the probe's run
-/// (the emulated host stalling as a whole) is not the migration's.
+/// `start-end` in ms) that overlaps the migration, from `vm.send-migration`
+/// sent (`send_started_ms`) to the old VMM's exit (`src_gone_ms`; Cloud
+/// Hypervisor answers `vm.send-migration` before the guest is even
+/// paused). A stop elsewhere in the probe's run (the emulated host
+/// stalling as a whole) is not the migration's.
 fn migration_stop(f: &HashMap<&str, &str>) -> Option<f64> {
     let from: u64 = f.get("send_started_ms")?.parse().ok()?;
-    let to = from.checked_add(f.get("send_ms")?.parse().ok()?)?;
+    let to: u64 = f.get("src_gone_ms")?.parse().ok()?;
     let stops = f.get("stops").copied().unwrap_or("");
     let longest = stops
         .split(',')
@@ -432,7 +435,7 @@ fn report(
     }
 
     // Local migration: ours without DAX, ours with a busy DAX window, CH.
-    tables.push_str("\nLocal migration of the same guest (downtime: the longest stop of the guest's RAM heartbeat, as the host saw it, that overlaps vm.send-migration)\n\n");
+    tables.push_str("\nLocal migration of the same guest (downtime: the longest stop of the guest's RAM heartbeat, as the host saw it, between vm.send-migration sent and the old VMM's exit)\n\n");
     tables.push_str("| measurement | value |\n|---|---|\n");
     let mig_ok = [
         ("send", "status=204"),
@@ -483,7 +486,7 @@ fn report(
         row(
             &mut results,
             &mut tables,
-            &format!("{case}: downtime (the heartbeat's longest stop during vm.send-migration)"),
+            &format!("{case}: downtime (the heartbeat's longest stop during the migration)"),
             downtime,
             "ms",
         );
@@ -555,9 +558,9 @@ mod tests {
 
     #[test]
     fn the_downtime_is_the_longest_stop_overlapping_the_send() {
-        let line = "send_started_ms=1000 send_ms=300 stops=100-900,950-1200,1250-1260,2000-2900 max_gap_ms=900";
+        let line = "send_started_ms=1000 src_gone_ms=1300 stops=100-900,950-1200,1250-1260,2000-2900 max_gap_ms=900";
         assert_eq!(migration_stop(&fields(line)), Some(250.0));
-        let none = "send_started_ms=1000 send_ms=300 stops= max_gap_ms=5";
+        let none = "send_started_ms=1000 src_gone_ms=1300 stops= max_gap_ms=5";
         assert_eq!(migration_stop(&fields(none)), Some(0.0));
         assert_eq!(migration_stop(&fields("stops=1-2")), None);
     }
