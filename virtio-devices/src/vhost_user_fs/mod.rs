@@ -64,6 +64,12 @@ const PASSTHROUGH_FEATURES: u64 =
 /// ever (see `watchdog`). A daemon's real answers take microseconds.
 pub const VHOST_USER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How often a restore or an incoming migration tries the daemon's socket
+/// until the fresh daemon listens: in a migration the guest is paused
+/// meanwhile, so a long interval is downtime; a failed connect to a path
+/// nothing listens on costs microseconds.
+pub const CONNECT_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
+
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
     #[error("fs {id}: connecting to the daemon at {socket}: {source}")]
@@ -200,7 +206,8 @@ impl VhostUserFs {
 
     /// [`Self::connect`] for a restore: the operator starts a fresh daemon
     /// on the same socket path, maybe after this process, so the socket is
-    /// tried every 100 ms for up to `patience` (Cloud Hypervisor waits 60 s).
+    /// tried every [`CONNECT_RETRY`] for up to `patience` (Cloud Hypervisor
+    /// waits 60 s).
     pub fn connect_retrying(
         cfg: &FsDeviceConfig,
         patience: std::time::Duration,
@@ -209,7 +216,7 @@ impl VhostUserFs {
         loop {
             match Self::connect(cfg) {
                 Err(FsError::Connect { .. }) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    std::thread::sleep(CONNECT_RETRY);
                 }
                 other => return other,
             }

@@ -13,7 +13,7 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -24,6 +24,7 @@ use vhost::vhost_user::message::{
 use vhost::vhost_user::VhostUserFrontend;
 use vhost::VhostBackend;
 use vm_state::SectionState;
+use vmm_sys_util::eventfd::EventFd;
 
 use super::file_watch::FileKey;
 use super::window::record::WindowRecord;
@@ -431,7 +432,12 @@ impl VhostUserFs {
             "arming the watchdog",
             arm_watchdog(self.frontend.as_raw_fd()),
         )?;
-        let stop = Arc::new(AtomicBool::new(false));
+        // Wakes the server at once when the load is over: the guest of an
+        // incoming migration is paused until then.
+        let stop = Arc::new(io(
+            "the server's stop eventfd",
+            EventFd::new(libc::EFD_NONBLOCK),
+        )?);
         let server = self.requests.clone().map(|requests| {
             let (id, stop, window) = (self.id.clone(), stop.clone(), self.window.clone());
             std::thread::spawn(move || serve_requests_until(&id, &requests, window, &stop))
@@ -460,7 +466,11 @@ impl VhostUserFs {
             drop(ours);
             vhost("CHECK_DEVICE_STATE", self.frontend.check_device_state())
         })();
-        stop.store(true, Ordering::SeqCst);
+        if let Err(e) = stop.write(1) {
+            // Never expected of an eventfd; the server then ends on its own
+            // once the daemon's side closes or its poll times out.
+            tracing::warn!("fs {}: waking the request server: {e}", self.id);
+        }
         if let Some(server) = server {
             let _ = server.join();
         }
@@ -478,30 +488,41 @@ impl VhostUserFs {
 }
 
 /// Serves the backend request channel (the daemon's SHMEM_MAPs of its
-/// record) until `stop`, checking it every 100 ms, and runs each new
-/// range's pre-fault after its ack as the worker does; the device's worker
-/// is not running yet.
+/// record) until `stop` is written or the channel fails (the daemon
+/// closed it), and runs each new range's pre-fault after its ack
+/// as the worker does; the device's worker is not running yet.
 fn serve_requests_until(
     id: &str,
     requests: &std::sync::Mutex<
         vhost::vhost_user::FrontendReqHandler<super::backend_req::DaxRequestHandler>,
     >,
     window: Option<Arc<super::window::DaxWindow>>,
-    stop: &AtomicBool,
+    stop: &EventFd,
 ) {
     let fd = requests
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .as_raw_fd();
-    while !stop.load(Ordering::SeqCst) {
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd that outlives the call; the handler keeps fd open.
-        let n = unsafe { libc::poll(&mut p, 1, 100) };
-        if n <= 0 {
+    loop {
+        let mut p = [
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two pollfds that outlive the call; the handler keeps fd
+        // open and `stop` is borrowed for the whole loop.
+        let n = unsafe { libc::poll(p.as_mut_ptr(), 2, STOP_POLL_MS) };
+        if p[1].revents != 0 {
+            return;
+        }
+        if n <= 0 || p[0].revents == 0 {
             continue;
         }
         let mut r = requests.lock().unwrap_or_else(|p| p.into_inner());
@@ -520,6 +541,10 @@ fn serve_requests_until(
         }
     }
 }
+
+/// The request server's poll timeout (it wakes for its stop or a request;
+/// this only makes it look again now and then).
+const STOP_POLL_MS: i32 = 1000;
 
 /// Whether `fd` has something to read now.
 fn readable(fd: std::os::fd::RawFd) -> bool {

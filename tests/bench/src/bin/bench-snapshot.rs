@@ -140,7 +140,7 @@ migrate() {
         # As with virtiofsd: the old daemon's socket goes; once it has
         # handed over its state and exited, a fresh one serves the share.
         rm -f /tmp/fs.sock daemon.pid
-        ( i=0; while alive $DAEMON && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+        ( i=0; while alive $DAEMON && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done
           dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size WINDOW_MIBM --log-level warn &
           echo $! > daemon.pid; wait ) &
     fi
