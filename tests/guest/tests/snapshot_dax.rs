@@ -33,7 +33,8 @@ use crate::snapshot::two_numbers;
 
 const HOST_IP: &str = "192.168.249.1";
 
-const HOST_BEFORE: &str = r#"
+/// The host's files of the whole-guest tests and the first daemon.
+const WHOLE_HOST_BEFORE: &str = r#"
 mkdir -p share snap
 dd if=/dev/urandom of=share/data.bin bs=1M count=4 2>/dev/null
 dd if=/dev/zero of=share/counter.bin bs=1M count=2 2>/dev/null
@@ -42,14 +43,17 @@ dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --l
 DAEMON=$!
 "#;
 
-const API_SCRIPT: &str = r#"
+/// VMM A with the whole guest (`VMM_A_ARGS` and `FS_ARGS` add words to
+/// its command line and its `--fs`), checked before the move: the counter
+/// advances, ranges are mapped, a host connection reaches the guest.
+const WHOLE_BOOT_A: &str = r#"
 api /tmp/api.sock PUT /api/v1/vmm.shutdown >/dev/null
 follow serial.log
 wait_sock /tmp/fs.sock
 "$VMM" --api-socket /tmp/a.sock --kernel "$KERNEL" --initramfs "$INITRAMFS" --cmdline "$CMDLINE" \
-  --memory size=512M,shared=on --rng off --serial "file=$WORK/serial.log" \
-  --fs tag=share,socket=/tmp/fs.sock,num_queues=1,queue_size=1024,cache_size=32M,id=fs0,transport=TRANSPORT \
-  --disk path=$WORK/disk.img,id=disk0,serial=snapdisk \
+  --memory size=512M,shared=on VMM_A_ARGS --serial "file=$WORK/serial.log" \
+  --fs tag=share,socket=/tmp/fs.sock,num_queues=1,queue_size=1024,cache_size=32M,id=fs0FS_ARGS \
+  --disk path=$WORK/disk.img,id=disk0,serial=DISK_SERIAL \
   --net tap=dtap0,ip=HOST_IP,mask=255.255.255.0,mac=52:54:00:12:34:56,id=net0 \
   --vsock cid=3,socket=/tmp/vsock.sock,id=vsock0 -v </dev/null &
 A=$!
@@ -57,6 +61,80 @@ seen '@@GUEST ready=1' $A
 echo "@@HOST before=$(advancing)"
 echo "@@HOST mapped_before=$(metric /tmp/a.sock mapped_ranges)"
 echo "@@HOST vsock_before=$(daxprobe hybrid-connect /tmp/vsock.sock 5000 4096 2>&1 | tr '\n' ' ')"
+"#;
+
+/// What the guest's disk holds after the run (its two marks).
+const WHOLE_HOST_AFTER: &str = r#"
+sleep 1; kill $TAIL
+echo "@@HOST disk_marks=$(dd if=disk.img bs=4096 count=2 2>/dev/null | tr -c 'A-Z-' ' ' | tr -s ' ')"
+"#;
+
+/// The whole guest's own part: the share mounted `dax=always`, a mark on
+/// the disk (serial `DISK_SERIAL`), the NIC up, a vsock listener, the
+/// counter and the checksummed mapping; once the host creates `MOVED` in
+/// the share (`saw_MOVED`), the same checks again and a second disk mark.
+const WHOLE_GUEST_SCRIPT: &str = r#"
+wait_for() { i=0; until eval "$1"; do [ $i -ge $2 ] && return 1; sleep 0.1; i=$((i+1)); done; }
+mkdir -p /mnt
+wait_for 'mount -t virtiofs share /mnt -o dax=always 2>/dev/null' 300; echo "@@GUEST mount_rc=$?"
+echo "@@GUEST statx_before=$(daxprobe statx /mnt/counter.bin /mnt/data.bin)"
+DISK=$(for b in /sys/block/vd*; do [ "$(cat $b/serial 2>/dev/null)" = DISK_SERIAL ] && echo ${b##*/}; done)
+printf 'BEFORE-MARK' | dd of=/dev/$DISK bs=4096 seek=0 conv=fsync 2>/dev/null; echo "@@GUEST disk_before_rc=$?"
+ip addr add 192.168.249.2/24 dev eth0 && ip link set eth0 up
+daxprobe vsock-serve 5000 64 2 &
+daxprobe mmap-counter /mnt/counter.bin /mnt/data.bin 900 &
+sleep 2
+echo "@@GUEST ready=1"
+wait_for '[ -e /mnt/MOVED ]' 6000; echo "@@GUEST saw_MOVED=$?"
+sleep 2
+echo "@@GUEST statx_after=$(daxprobe statx /mnt/counter.bin /mnt/data.bin)"
+echo "@@GUEST ping=$(ping -c 3 -W 10 HOST_IP 2>&1 | grep -o '[0-9]* packets received')"
+printf 'AFTER-MARK' | dd of=/dev/$DISK bs=4096 seek=1 conv=fsync 2>/dev/null; echo "@@GUEST disk_after_rc=$?"
+echo "@@GUEST after_done=1"
+sleep 5
+"#;
+
+/// How the whole guest (a DAX share, a disk, a NIC on a tap, a vsock
+/// device) is run and moved by one test.
+pub(crate) struct WholeGuest<'a> {
+    /// The rig run's name.
+    pub name: &'a str,
+    /// The disk's serial, by which the guest finds it.
+    pub disk_serial: &'a str,
+    /// Words added to VMM A's command line and to its `--fs`.
+    pub vmm_a_args: &'a str,
+    pub fs_args: &'a str,
+    /// The host's steps once VMM A runs and was checked: they move the
+    /// guest, then create `share/<moved>` and wait for `after_done`.
+    pub move_steps: &'a str,
+    pub moved: &'a str,
+}
+
+impl WholeGuest<'_> {
+    pub(crate) fn guest(&self) -> Guest {
+        let words = |text: &str| {
+            text.replace("VMM_A_ARGS", self.vmm_a_args)
+                .replace("FS_ARGS", self.fs_args)
+                .replace("DISK_SERIAL", self.disk_serial)
+                .replace("MOVED", self.moved)
+                .replace("HOST_IP", HOST_IP)
+        };
+        counter_guest(
+            self.name,
+            &words(WHOLE_GUEST_SCRIPT),
+            &full_guest_modules(),
+            [
+                WHOLE_HOST_BEFORE,
+                &format!("{}{}", words(WHOLE_BOOT_A), self.move_steps),
+                WHOLE_HOST_AFTER,
+            ],
+        )
+    }
+}
+
+/// Snapshot and restore: paused, snapshotted, VMM A killed and its daemon
+/// gone, a fresh daemon and VMM B restore it and resume it.
+const SNAPSHOT_STEPS: &str = r#"
 echo "@@HOST pause=$(api /tmp/a.sock PUT /api/v1/vm.pause)"
 echo "@@HOST paused=$(advancing)"
 T0=$(ms)
@@ -89,32 +167,6 @@ echo "@@HOST maps_after=$(metric /tmp/b.sock maps_total)"
 echo "@@HOST b_shutdown=$(api /tmp/b.sock PUT /api/v1/vmm.shutdown)"
 ended $B; echo "@@HOST b_exit=$EXIT"
 kill $DAEMON 2>/dev/null
-"#;
-
-const HOST_AFTER: &str = r#"
-sleep 1; kill $TAIL
-echo "@@HOST disk_marks=$(dd if=disk.img bs=4096 count=2 2>/dev/null | tr -c 'A-Z-' ' ' | tr -s ' ')"
-"#;
-
-const GUEST_SCRIPT: &str = r#"
-wait_for() { i=0; until eval "$1"; do [ $i -ge $2 ] && return 1; sleep 0.1; i=$((i+1)); done; }
-mkdir -p /mnt
-wait_for 'mount -t virtiofs share /mnt -o dax=always 2>/dev/null' 300; echo "@@GUEST mount_rc=$?"
-echo "@@GUEST statx_before=$(daxprobe statx /mnt/counter.bin /mnt/data.bin)"
-DISK=$(for b in /sys/block/vd*; do [ "$(cat $b/serial 2>/dev/null)" = snapdisk ] && echo ${b##*/}; done)
-printf 'BEFORE-MARK' | dd of=/dev/$DISK bs=4096 seek=0 conv=fsync 2>/dev/null; echo "@@GUEST disk_before_rc=$?"
-ip addr add 192.168.249.2/24 dev eth0 && ip link set eth0 up
-daxprobe vsock-serve 5000 64 2 &
-daxprobe mmap-counter /mnt/counter.bin /mnt/data.bin 900 &
-sleep 2
-echo "@@GUEST ready=1"
-wait_for '[ -e /mnt/restored ]' 6000; echo "@@GUEST saw_restored=$?"
-sleep 2
-echo "@@GUEST statx_after=$(daxprobe statx /mnt/counter.bin /mnt/data.bin)"
-echo "@@GUEST ping=$(ping -c 3 -W 10 HOST_IP 2>&1 | grep -o '[0-9]* packets received')"
-printf 'AFTER-MARK' | dd of=/dev/$DISK bs=4096 seek=1 conv=fsync 2>/dev/null; echo "@@GUEST disk_after_rc=$?"
-echo "@@GUEST after_done=1"
-sleep 5
 "#;
 
 /// A guest of the DAX counter tests: shared RAM for the daemon,
@@ -158,16 +210,15 @@ pub(crate) fn full_guest_modules() -> Vec<&'static str> {
 }
 
 fn run_transport(transport: &str) {
-    let modules = full_guest_modules();
-    let api = API_SCRIPT
-        .replace("TRANSPORT", transport)
-        .replace("HOST_IP", HOST_IP);
-    let guest = counter_guest(
-        &format!("snapshot-dax-{transport}"),
-        &GUEST_SCRIPT.replace("HOST_IP", HOST_IP),
-        &modules,
-        [HOST_BEFORE, &api, HOST_AFTER],
-    );
+    let guest = WholeGuest {
+        name: &format!("snapshot-dax-{transport}"),
+        disk_serial: "snapdisk",
+        vmm_a_args: "--rng off",
+        fs_args: &format!(",transport={transport}"),
+        move_steps: SNAPSHOT_STEPS,
+        moved: "restored",
+    }
+    .guest();
     let (run, _stalls) = rig::run_retrying_stall(&guest).expect("rig run");
     let tail = run.tail(100);
     assert!(!run.timed_out, "{tail}");
