@@ -106,16 +106,11 @@ wait_sock /tmp/c.sock
   echo $? > receive.rc ) &
 RECV=$!
 wait_sock /tmp/mig.sock
-rm -f /tmp/fs.sock
-OLD=$DAEMON
-( i=0; while alive $OLD && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
-  if alive $OLD; then echo running > daemon2.exit; else echo exited > daemon2.exit; fi
-  dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --log-level warn &
-  echo $! > daemon3.pid; wait ) &
+swap_daemon $DAEMON daemon3 32M
 echo "@@HOST send=$(chr /tmp/b.sock send-migration destination_url=unix:/tmp/mig.sock,local=on)"
 wait $RECV; echo "@@HOST receive=rc=$(cat receive.rc) out=$(tr '\n' ' ' < receive.out)"
 ended $B; echo "@@HOST b_exit=$EXIT"
-echo "@@HOST daemon2_exit=$(cat daemon2.exit 2>/dev/null)"
+echo "@@HOST daemon2_exit=$(cat daemon3.old_exit 2>/dev/null)"
 echo "@@HOST c_info=$(chr_state /tmp/c.sock)"
 echo "@@HOST migrated_ranges=$(metric /tmp/c.sock restored_ranges_total)"
 echo "@@HOST mapped_migrated=$(metric /tmp/c.sock mapped_ranges)"

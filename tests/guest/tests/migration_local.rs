@@ -40,15 +40,7 @@ wait_sock /tmp/b.sock
 api /tmp/b.sock PUT /api/v1/vm.receive-migration '{"receiver_url":"unix:/tmp/mig.sock"}' > receive.out 2>&1 &
 RECV=$!
 wait_sock /tmp/mig.sock
-# The operator's part, as in Cloud Hypervisor's virtio-fs migration test:
-# the old daemon's socket goes (the new VMM must not reach it), and once
-# the old daemon has handed over its state and exited a fresh one serves
-# the same share on the same path.
-rm -f /tmp/fs.sock
-( i=0; while alive $DAEMON && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done
-  if alive $DAEMON; then echo running > daemon1.exit; else echo exited > daemon1.exit; fi
-  dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --log-level warn &
-  echo $! > daemon2.pid; wait ) &
+swap_daemon $DAEMON daemon2 32M
 daxprobe counter-gap share/counter.bin 20 > gap.out 2>&1 &
 GAP=$!
 sleep 1
@@ -58,7 +50,7 @@ echo "@@HOST send_ms=$(( $(ms) - T0 ))"
 wait $RECV; echo "@@HOST receive=$(cat receive.out)"
 ended $A; echo "@@HOST a_exit=$EXIT"
 echo "@@HOST vsock_socket=$([ -S /tmp/vsock.sock ] && echo kept)"
-echo "@@HOST daemon1_exit=$(cat daemon1.exit 2>/dev/null)"
+echo "@@HOST daemon1_exit=$(cat daemon2.old_exit 2>/dev/null)"
 echo "@@HOST migrated_state=$(api /tmp/b.sock GET /api/v1/vm.info | grep -o '"state":"[A-Za-z]*"')"
 echo "@@HOST mapped_after=$(metric /tmp/b.sock mapped_ranges)"
 echo "@@HOST after=$(advancing)"

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use test_infra::results::Results;
 use test_infra::rig::{self, Guest};
-use test_infra::shell::{COUNTER_HELPERS, SHELL_HELPERS};
+use test_infra::shell::{COUNTER_HELPERS, DAEMON_SWAP_HELPERS, SHELL_HELPERS};
 
 use crate::devices::{blk, net, vsock};
 use crate::snapshot::two_numbers;
@@ -172,7 +172,8 @@ kill $DAEMON 2>/dev/null
 /// A guest of the DAX counter tests: shared RAM for the daemon,
 /// `daxprobe` in it and on the emulated host beside `dax-virtiofsd`, `tun`
 /// loaded for the tap, `modules` in the guest, and the host's API script
-/// run after [`SHELL_HELPERS`] and [`COUNTER_HELPERS`].
+/// run after [`SHELL_HELPERS`], [`COUNTER_HELPERS`] and
+/// [`DAEMON_SWAP_HELPERS`].
 pub(crate) fn counter_guest(
     name: &str,
     script: &str,
@@ -192,7 +193,9 @@ pub(crate) fn counter_guest(
     guest.host_before = host_before.into();
     guest.host_after = host_after.into();
     guest.vmm_args = vec!["-v".into()];
-    guest.api_script = Some(format!("{SHELL_HELPERS}{COUNTER_HELPERS}{api_script}"));
+    guest.api_script = Some(format!(
+        "{SHELL_HELPERS}{COUNTER_HELPERS}{DAEMON_SWAP_HELPERS}{api_script}"
+    ));
     guest.timeout = Duration::from_secs(900);
     guest
 }

@@ -13,6 +13,24 @@ wait_sock() { i=0; while [ ! -S $1 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1))
 ended() { i=0; while alive $1 && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; if alive $1; then kill -9 $1; wait $1; EXIT=killed; else wait $1; EXIT="status=$?"; fi; }
 "#;
 
+/// The operator's part of a migration with a DAX share, as in Cloud
+/// Hypervisor's virtio-fs migration test: `swap_daemon OLD NEW SIZE`
+/// removes the old daemon's socket (the new VMM must not reach it) and,
+/// in the background, once the daemon OLD has handed over its state and
+/// exited (looked for every 20 ms, for at most 60 s), starts a fresh one
+/// on the same path and share (window SIZE, e.g. `32M`); it writes
+/// whether OLD had exited then (`exited` or `running`) to NEW.old_exit
+/// and the fresh daemon's pid to NEW.pid.
+pub const DAEMON_SWAP_HELPERS: &str = r#"
+swap_daemon() {
+    rm -f /tmp/fs.sock $2.pid $2.old_exit
+    ( i=0; while alive $1 && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done
+      if alive $1; then echo running > $2.old_exit; else echo exited > $2.old_exit; fi
+      dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size $3 --log-level warn &
+      echo $! > $2.pid; wait ) &
+}
+"#;
+
 /// Host-side shell functions of the tests whose guest runs `daxprobe
 /// mmap-counter` on `share/counter.bin` (the DAX snapshot and the local
 /// migration's): `counter` reads its value; `seen TEXT PID` waits

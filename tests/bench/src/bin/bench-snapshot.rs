@@ -47,7 +47,7 @@ use std::time::Duration;
 use test_infra::baseline::{baseline_binary, version};
 use test_infra::results::Results;
 use test_infra::rig::{self, Guest, ImageFile, Run};
-use test_infra::shell::{COUNTER_HELPERS, SHELL_HELPERS};
+use test_infra::shell::{COUNTER_HELPERS, DAEMON_SWAP_HELPERS, SHELL_HELPERS};
 
 /// The Cloud Hypervisor binary to compare with (unset: ours alone).
 const BASELINE_ENV: &str = "BASELINE_VMM";
@@ -139,10 +139,7 @@ migrate() {
     if [ $MODE = dax ]; then
         # As with virtiofsd: the old daemon's socket goes; once it has
         # handed over its state and exited, a fresh one serves the share.
-        rm -f /tmp/fs.sock daemon.pid
-        ( i=0; while alive $DAEMON && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done
-          dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size WINDOW_MIBM --log-level warn &
-          echo $! > daemon.pid; wait ) &
+        swap_daemon $DAEMON daemon WINDOW_MIBM
     fi
     daxprobe counter-gap $(memfd $PID) GAP_SECS $GPA > gap.out 2>&1 &
     G=$!; sleep 1
@@ -281,14 +278,15 @@ fn main() {
         });
     }
     let lines: String = boots.iter().map(|&(l, c, m)| boot_lines(l, c, m)).collect();
-    guest.host_before = format!("{SHELL_HELPERS}{COUNTER_HELPERS}{HOST_SCRIPT}")
-        .replace("BOOTS", &lines)
-        .replace("BASE_CMDLINE", &base_cmdline)
-        .replace("GUEST_BYTES", &(GUEST_MIB << 20).to_string())
-        .replace("GUEST_MIB", &GUEST_MIB.to_string())
-        .replace("WINDOW_MIB", &WINDOW_MIB.to_string())
-        .replace("BUSY_MIB", &BUSY_MIB.to_string())
-        .replace("GAP_SECS", &GAP_SECS.to_string());
+    guest.host_before =
+        format!("{SHELL_HELPERS}{COUNTER_HELPERS}{DAEMON_SWAP_HELPERS}{HOST_SCRIPT}")
+            .replace("BOOTS", &lines)
+            .replace("BASE_CMDLINE", &base_cmdline)
+            .replace("GUEST_BYTES", &(GUEST_MIB << 20).to_string())
+            .replace("GUEST_MIB", &GUEST_MIB.to_string())
+            .replace("WINDOW_MIB", &WINDOW_MIB.to_string())
+            .replace("BUSY_MIB", &BUSY_MIB.to_string())
+            .replace("GAP_SECS", &GAP_SECS.to_string());
     guest.timeout = Duration::from_secs(2400);
     let run = rig::run(&guest).unwrap_or_else(|e| fail(e));
     if run.timed_out {
