@@ -146,6 +146,32 @@ pub fn crates_io_tool(
 /// dropped, so a failing test leaves none behind.
 pub struct KillOnDrop(pub Child);
 
+/// Our daemon as the API tests and benchmarks run it on this host: no
+/// sandbox, errors only, a 64 MiB window, serving `share` on the
+/// vhost-user socket `socket` with its control socket at `control`.
+pub fn spawn_daemon(share: &Path, socket: &Path, control: &Path) -> KillOnDrop {
+    let daemon = crate::rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd");
+    KillOnDrop(
+        Command::new(&daemon)
+            .args([
+                "--sandbox",
+                "none",
+                "--log-level",
+                "error",
+                "--cache-size",
+                "64M",
+            ])
+            .arg("--socket-path")
+            .arg(socket)
+            .arg("--shared-dir")
+            .arg(share)
+            .arg("--control-socket")
+            .arg(control)
+            .spawn()
+            .expect("starting dax-virtiofsd"),
+    )
+}
+
 impl KillOnDrop {
     pub fn kill(&mut self) {
         let _ = self.0.kill();

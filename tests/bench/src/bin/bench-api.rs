@@ -60,7 +60,6 @@ fn main() {
     let connections = usize::try_from(*args.get(2).unwrap_or(&8)).expect("connections fits usize");
 
     let vmm = rig::tool("vmm", "dax-vmm").expect("dax-vmm");
-    let daemon = rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd");
     let dir: PathBuf = rig::target_dir().join("api-bench");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("share")).unwrap();
@@ -73,25 +72,8 @@ fn main() {
             .spawn()
             .unwrap(),
     );
-    let _daemon = Proc(
-        Command::new(&daemon)
-            .args([
-                "--sandbox",
-                "none",
-                "--log-level",
-                "error",
-                "--cache-size",
-                "64M",
-            ])
-            .arg("--socket-path")
-            .arg(dir.join("fs.sock"))
-            .arg("--shared-dir")
-            .arg(dir.join("share"))
-            .arg("--control-socket")
-            .arg(&control)
-            .spawn()
-            .unwrap(),
-    );
+    let _daemon =
+        test_infra::host::spawn_daemon(&dir.join("share"), &dir.join("fs.sock"), &control);
     wait_for(&api);
     wait_for(&control);
     let create = r#"{"payload":{"kernel":"/unused"},"memory":{"size":268435456,"shared":true}}"#;

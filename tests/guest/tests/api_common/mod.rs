@@ -96,25 +96,10 @@ pub fn create_vm_with_fs0(dir: &Path, api: &Path, control: &Path) {
 
 /// Our daemon on `dir/share`, with its vhost-user and control sockets in `dir`.
 pub fn start_daemon(dir: &Path) -> Proc {
-    let daemon = rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd");
-    Proc(
-        Command::new(&daemon)
-            .args([
-                "--sandbox",
-                "none",
-                "--log-level",
-                "error",
-                "--cache-size",
-                "64M",
-            ])
-            .arg("--socket-path")
-            .arg(dir.join("fs.sock"))
-            .arg("--shared-dir")
-            .arg(dir.join("share"))
-            .arg("--control-socket")
-            .arg(dir.join("fs-control.sock"))
-            .spawn()
-            .unwrap(),
+    test_infra::host::spawn_daemon(
+        &dir.join("share"),
+        &dir.join("fs.sock"),
+        &dir.join("fs-control.sock"),
     )
 }
 
