@@ -15,10 +15,10 @@ use vm_state::protocol::{self, Command, FdLabel, Request, Response, Status};
 
 use super::receive::{receive_over, take_host_fds};
 use super::send::{check_local, send_over};
-use super::tests::{failing_receiver, pair, shared_config, still_counting};
+use super::tests::{failing_receiver, migrate, pair, shared_config, still_counting};
 use super::*;
 use crate::config::{DiskConfig, VmConfig, VsockConfig};
-use crate::snapshot::tests::{boot_program, counter, counter_passes, have_kvm, Scratch};
+use crate::snapshot::tests::{boot_program, counter_passes, have_kvm, Scratch};
 
 /// A 64 KiB raw image in `dir`.
 fn image(dir: &Path, name: &str) -> PathBuf {
@@ -66,27 +66,17 @@ fn a_writable_disk_and_a_vsock_move_with_their_image_and_listener() {
     let config = with_disk_and_vsock(&disk, &socket);
     let mut source = boot_program(&config);
     counter_passes(&source, 10);
-    let (a, b) = pair();
-    let (report, reported) = std::sync::mpsc::channel();
-    let (finish, finished) = std::sync::mpsc::channel::<()>();
-    let receiver = std::thread::spawn(move || {
-        let r = receive_over(&b, None).expect("received");
-        let c = counter(&r.vm);
-        let counts = counter_passes(&r.vm, c) > c;
-        let disks: Vec<String> =
-            r.vm.devices
-                .disk_images()
-                .map(|(id, _)| id.into())
-                .collect();
-        let vsock = r.vm.devices.vsock_listener().map(|(id, _)| id.to_string());
-        let name = r.vm.devices.vsock_socket_name().map(|n| n.is_owned());
-        report.send((counts, disks, vsock, name)).unwrap();
-        // The VM lives until the test is done with it.
-        let _ = finished.recv();
-    });
-    let layout = check_local(&source).expect("movable");
-    send_over(&mut source, &config, &layout, &a).expect("sent");
-    let (counts, disks, vsock, name) = reported.recv().expect("the receiver's report");
+    // The received VM comes back: it lives until the test is done with it.
+    let received = migrate(&mut source, &config, |r| r);
+    let r = &received;
+    let counts = still_counting(&r.vm);
+    let disks: Vec<String> =
+        r.vm.devices
+            .disk_images()
+            .map(|(id, _)| id.into())
+            .collect();
+    let vsock = r.vm.devices.vsock_listener().map(|(id, _)| id.to_string());
+    let name = r.vm.devices.vsock_socket_name().map(|n| n.is_owned());
     assert!(counts, "the receiver's VM counts on");
     assert_eq!(disks, ["disk0"]);
     assert_eq!(vsock.as_deref(), Some("vsock0"));
@@ -104,8 +94,7 @@ fn a_writable_disk_and_a_vsock_move_with_their_image_and_listener() {
         "the image stays locked"
     );
     assert!(served(&socket), "the socket path is served");
-    finish.send(()).unwrap();
-    receiver.join().unwrap();
+    drop(received);
 }
 
 /// The receiver refuses the disk's image or the vsock's listener (here:

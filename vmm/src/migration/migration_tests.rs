@@ -35,6 +35,22 @@ pub(super) fn pair() -> (UnixStream, UnixStream) {
     (a, b)
 }
 
+/// A whole local migration of `source` (configured as `config`) over a
+/// socket pair: the receiver runs on a thread of its own and gives what it
+/// received to `inspect` there (its VM is dropped after, unless `inspect`
+/// keeps it); the sender's side must succeed. Returns what `inspect` did.
+pub(super) fn migrate<T: Send + 'static>(
+    source: &mut Vm,
+    config: &VmConfig,
+    inspect: impl FnOnce(Received) -> T + Send + 'static,
+) -> T {
+    let (a, b) = pair();
+    let receiver = std::thread::spawn(move || inspect(receive_over(&b, None).expect("received")));
+    let layout = check_local(source).expect("movable");
+    send_over(source, config, &layout, &a).expect("sent");
+    receiver.join().expect("the receiving thread")
+}
+
 /// (st_dev, st_ino) of the file behind guest RAM at 0.
 fn ram_file(vm: &Vm) -> (u64, u64) {
     let region = vm.mem.find_region(GuestAddress(0)).expect("RAM at 0");
@@ -66,9 +82,7 @@ fn a_local_migration_moves_the_running_vm_over_the_same_memory() {
     let mut source = boot_program(&config);
     counter_passes(&source, 1000);
     let source_ram = ram_file(&source);
-    let (a, b) = pair();
-    let receiver = std::thread::spawn(move || {
-        let received = receive_over(&b, None).expect("received");
+    let (at_receipt, later, dest_ram, dest_paused) = migrate(&mut source, &config, |received| {
         assert!(!received.paused);
         let at_receipt = counter(&received.vm);
         let later = counter_passes(&received.vm, at_receipt);
@@ -79,10 +93,7 @@ fn a_local_migration_moves_the_running_vm_over_the_same_memory() {
             received.vm.vcpus.paused(),
         )
     });
-    let layout = check_local(&source).expect("movable");
-    send_over(&mut source, &config, &layout, &a).expect("sent");
     assert!(source.vcpus.paused(), "the sender's VM stays paused");
-    let (at_receipt, later, dest_ram, dest_paused) = receiver.join().unwrap();
     assert!(later > at_receipt, "the receiver's VM counts on");
     assert!(!dest_paused);
     assert_eq!(dest_ram, source_ram, "the same memfd, not a copy");
@@ -102,14 +113,8 @@ fn a_paused_vm_arrives_paused() {
     let mut source = boot_program(&config);
     counter_passes(&source, 10);
     source.pause();
-    let (a, b) = pair();
-    let receiver = std::thread::spawn(move || {
-        let r = receive_over(&b, None).expect("received");
-        (r.paused, r.vm.vcpus.paused())
-    });
-    let layout = check_local(&source).expect("movable");
-    send_over(&mut source, &config, &layout, &a).expect("sent");
-    assert_eq!(receiver.join().unwrap(), (true, true));
+    let paused = migrate(&mut source, &config, |r| (r.paused, r.vm.vcpus.paused()));
+    assert_eq!(paused, (true, true));
 }
 
 /// Start and the memory fds, as a sender sends them.
@@ -484,21 +489,14 @@ fn a_net_devices_tap_is_passed_to_the_receiver() {
     .expect("net config")];
     let mut source = boot_program(&config);
     counter_passes(&source, 10);
-    let (a, b) = pair();
-    let receiver = std::thread::spawn(move || {
-        let r = receive_over(&b, None).expect("received");
-        let c = counter(&r.vm);
-        let counts = counter_passes(&r.vm, c) > c;
+    let (counts, taps) = migrate(&mut source, &config, |r| {
         let taps: Vec<String> =
             r.vm.devices
                 .net_taps()
                 .map(|(id, _)| id.to_string())
                 .collect();
-        (counts, taps)
+        (still_counting(&r.vm), taps)
     });
-    let layout = check_local(&source).expect("movable");
-    send_over(&mut source, &config, &layout, &a).expect("sent");
-    let (counts, taps) = receiver.join().unwrap();
     assert!(counts);
     assert_eq!(taps, ["net0"]);
 }
