@@ -12,6 +12,7 @@ use vhost::vhost_user::message::{
     VhostUserShMemConfig, VhostUserVirtioFeatures,
 };
 use vhost::vhost_user::Backend;
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -173,7 +174,7 @@ fn serve(server: &Server, chain: DescriptorChain<MemGuard>, queue: u16, vring: &
 }
 
 impl VhostUserBackend for FsBackend {
-    type Bitmap = ();
+    type Bitmap = BitmapMmapRegion;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {
@@ -184,18 +185,24 @@ impl VhostUserBackend for FsBackend {
         self.queue_size
     }
 
+    /// LOG_ALL: the daemon logs what it writes into guest memory once the
+    /// VMM gives it a log (SET_LOG_BASE), as pre-copy migration needs. The
+    /// VMM passes only the ring features on to the guest.
     fn features(&self) -> u64 {
         1 << VIRTIO_F_VERSION_1
             | 1 << VIRTIO_RING_F_INDIRECT_DESC
             | 1 << VIRTIO_RING_F_EVENT_IDX
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
     }
 
-    /// What the VMM's frontend asks for (the two sides share the set).
-    /// With migration on, DEVICE_STATE too (which the VMM asks for only
-    /// when it moves the daemon's state).
+    /// What the VMM's frontend asks for (the two sides share the set), and
+    /// LOG_SHMFD (the dirty log as a shared memory fd, for a migration;
+    /// the VMM acks only what it asks for). With migration on,
+    /// DEVICE_STATE too (which the VMM asks for only when it moves the
+    /// daemon's state).
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        let features = dax_abi::protocol_features(self.dax);
+        let features = dax_abi::protocol_features(self.dax) | VhostUserProtocolFeatures::LOG_SHMFD;
         if self.migration {
             features | VhostUserProtocolFeatures::DEVICE_STATE
         } else {

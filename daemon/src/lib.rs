@@ -43,8 +43,13 @@ pub const OWN_CRATES: &[&str] = &[
     "log_limit",
 ];
 
-/// Guest memory as the daemon maps it from the VMM's memory table.
-pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
+/// Guest memory as the daemon maps it from the VMM's memory table. Each
+/// region carries the vhost-user dirty log's bitmap: empty (one check per
+/// write) until the VMM sends SET_LOG_BASE for a migration, then every
+/// write made through vm-memory (replies, the used ring) sets the bit of
+/// the guest page it touched. Writes that bypass vm-memory (`preadv` into
+/// a READ's buffers) mark theirs with [`fuse::chain::Writer::mark_written`].
+pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<vhost_user_backend::bitmap::BitmapMmapRegion>;
 
 /// Test builds only: the largest heap allocation since [`alloc_probe::reset`],
 /// so a test can show that a guest-given size never becomes an allocation.

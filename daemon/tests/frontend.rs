@@ -672,3 +672,7 @@ mod device_state;
 /// A snapshot and restore of the device with its DAX window alive.
 #[path = "frontend/restore.rs"]
 mod restore;
+
+/// The vhost-user dirty log (LOG_ALL, SET_LOG_BASE) of a READ's writes.
+#[path = "frontend/dirty_log.rs"]
+mod dirty_log;

@@ -7,13 +7,13 @@
 
 use api::WindowLocation;
 use daemon::fuse::chain::{split, Buf};
-use dax_vmm_fuzz::{memory, queue_from, take, take_u16};
+use dax_vmm_fuzz::{daemon_memory, queue_from, take, take_u16};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::QueueOwnedT;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 fuzz_target!(|data: &[u8]| {
-    let mem = memory();
+    let mem = daemon_memory();
     let mut q = queue_from(&mem, data);
     let Ok(iter) = q.iter(&mem) else { return };
     let mut pos = data.len().saturating_sub(16);

@@ -17,7 +17,7 @@ use daemon::fuse::chain::split;
 use daemon::fuse::server::Server;
 use daemon::passthrough::{openat, CachePolicy, PassthroughFs};
 use daemon::policy::DaxPolicy;
-use dax_vmm_fuzz::{memory, queue_of, take, take_u8, Memory, DATA};
+use dax_vmm_fuzz::{daemon_memory, queue_of, take, take_u8, DaemonMemory, DATA};
 use libfuzzer_sys::fuzz_target;
 use vhost::vhost_user::{Backend, FrontendReqHandler};
 use virtio_devices::vhost_user_fs::backend_req::DaxRequestHandler;
@@ -33,7 +33,7 @@ const ROOT_ID: u64 = 1;
 const REPLY: u64 = 0x80000;
 
 struct Rig {
-    mem: Memory,
+    mem: DaemonMemory,
     server: Server,
     window: Arc<DaxWindow>,
     /// The nodeids of a regular file and of a directory under the share.
@@ -103,7 +103,7 @@ fn rig() -> &'static Rig {
         let mapper = DaxMapper::new(WINDOW, policy.clone());
         mapper.set_backend(backend);
         let mut rig = Rig {
-            mem: memory(),
+            mem: daemon_memory(),
             server: Server::new(fs, mapper, policy),
             window,
             file: 0,

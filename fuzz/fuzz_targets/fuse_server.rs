@@ -13,13 +13,13 @@ use daemon::fuse::chain::split;
 use daemon::fuse::server::Server;
 use daemon::passthrough::{openat, CachePolicy, PassthroughFs, XattrMode};
 use daemon::policy::DaxPolicy;
-use dax_vmm_fuzz::{memory, queue_of, Memory, DATA};
+use dax_vmm_fuzz::{daemon_memory, queue_of, DaemonMemory, DATA};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::QueueOwnedT;
 use vm_memory::{Bytes, GuestAddress};
 
 struct Rig {
-    mem: Memory,
+    mem: DaemonMemory,
     server: Server,
 }
 
@@ -51,7 +51,7 @@ fn rig() -> &'static Rig {
         fs.limits.max_inodes = 256;
         fs.limits.max_handles = 64;
         Rig {
-            mem: memory(),
+            mem: daemon_memory(),
             server: Server::new(fs, DaxMapper::new(2 << 20, policy.clone()), policy),
         }
     })

@@ -5,9 +5,14 @@
 pub mod stream;
 
 use virtio_queue::{Queue, QueueT};
+use vm_memory::bitmap::Bitmap;
+use vm_memory::mmap::NewBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 pub type Memory = GuestMemoryMmap<()>;
+/// Guest memory as the daemon maps it (each region with the dirty log's
+/// bitmap, empty here).
+pub type DaemonMemory = daemon::GuestMemoryMmap;
 
 /// Guest memory: 1 MiB at 0.
 pub const MEM_SIZE: u64 = MEM_BYTES as u64;
@@ -25,6 +30,15 @@ pub fn low_half(v: u64) -> u32 {
 }
 
 pub fn memory() -> Memory {
+    memory_with()
+}
+
+/// [`memory`] as the daemon's targets need it.
+pub fn daemon_memory() -> DaemonMemory {
+    memory_with()
+}
+
+fn memory_with<B: NewBitmap>() -> GuestMemoryMmap<B> {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_BYTES)]).expect("1 MiB of guest memory")
 }
 
@@ -32,7 +46,7 @@ pub fn memory() -> Memory {
 /// table (addresses folded into guest memory half of the time, so chains
 /// reach real buffers), the next byte the number of available heads, then
 /// the heads, then payload at [`DATA`]. Returns the ready queue.
-pub fn queue_from(mem: &Memory, input: &[u8]) -> Queue {
+pub fn queue_from<B: Bitmap + 'static>(mem: &GuestMemoryMmap<B>, input: &[u8]) -> Queue {
     let table_len = 16 * usize::from(QUEUE_SIZE);
     let mut table = vec![0u8; table_len];
     let n = input.len().min(table_len);
@@ -190,7 +204,7 @@ pub fn accesses(data: &[u8], span: u64) -> impl Iterator<Item = (bool, u64, Vec<
 
 /// A queue holding one chain over `bufs` (guest address, length, device-
 /// writable), in order, head at descriptor 0.
-pub fn queue_of(mem: &Memory, bufs: &[(u64, u32, bool)]) -> Queue {
+pub fn queue_of<B: Bitmap + 'static>(mem: &GuestMemoryMmap<B>, bufs: &[(u64, u32, bool)]) -> Queue {
     let mut table = Vec::new();
     for (i, &(addr, len, write)) in bufs.iter().enumerate() {
         let mut flags = if write { 2u16 } else { 0 };

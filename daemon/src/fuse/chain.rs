@@ -13,6 +13,7 @@ use std::io;
 
 use control_protocol::WindowLocation;
 use virtio_queue::DescriptorChain;
+use vm_memory::bitmap::Bitmap;
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::GuestMemoryMmap;
@@ -231,7 +232,8 @@ impl<'a> Writer<'a> {
     }
 
     /// `len` bytes starting `skip` bytes past the cursor, as guest RAM or
-    /// window stretches.
+    /// window stretches. The RAM iovecs bypass vm-memory: whoever writes
+    /// through them calls [`Writer::mark_written`] afterwards.
     pub fn bufs(
         &self,
         skip: usize,
@@ -239,6 +241,29 @@ impl<'a> Writer<'a> {
         window: Option<WindowLocation>,
     ) -> io::Result<Vec<Buf>> {
         self.segs.bufs(self.mem, skip, len, window)
+    }
+
+    /// Sets the dirty-log bit of every guest page among the `len` bytes
+    /// `skip` past the cursor, after they were written through [`bufs`]'
+    /// iovecs (vm-memory marks its own writes; these it never saw). Only
+    /// the bytes written: a short read marks its prefix, not the buffer.
+    /// Marked after the write, so a VMM that reads and clears the bit
+    /// before it copies the page cannot miss the data. Window stretches
+    /// are the mapped files' pages, not guest RAM: not logged. Without a
+    /// log (no migration) each slice costs one check.
+    ///
+    /// [`bufs`]: Writer::bufs
+    pub fn mark_written(&self, skip: usize, len: usize) -> io::Result<()> {
+        for (addr, n) in self.segs.ranges(skip, len)? {
+            if !self.mem.check_range(addr, n) {
+                continue;
+            }
+            for slice in self.mem.get_slices(addr, n) {
+                let slice = slice.map_err(|_| efault("buffer outside guest RAM"))?;
+                slice.bitmap().mark_dirty(0, slice.len());
+            }
+        }
+        Ok(())
     }
 }
 
@@ -312,6 +337,42 @@ pub(crate) mod tests {
         let mut out = [0u8; 8];
         mem.read_slice(&mut out, GuestAddress(0xb000)).unwrap();
         assert_eq!(&out[..4], b"89\0Z");
+    }
+
+    /// Marking is bounded by the chain's writable bytes (an overlong or
+    /// overflowing length is EFAULT, never a walk past the buffers), skips
+    /// window stretches, and without a log (no migration) does nothing.
+    #[test]
+    fn marking_written_bytes_stays_inside_the_writable_buffers() {
+        let mem = memory();
+        let window = WindowLocation {
+            gpa: 0x4000_0000,
+            size: 1 << 21,
+        };
+        let chain = chain_of(
+            &mem,
+            &[
+                (0x8000, 16, false),
+                (0x9ff0, 32, true),
+                (0x4000_0000, 4096, true),
+            ],
+        );
+        let (_r, w) = split(&mem, chain).unwrap();
+        assert!(w.bufs(0, 32 + 4096, Some(window)).is_ok());
+        w.mark_written(0, 32 + 4096).unwrap();
+        w.mark_written(16, 16).unwrap();
+        for (skip, len) in [(0, 32 + 4097), (32 + 4096, 1), (1, usize::MAX)] {
+            assert_eq!(
+                w.mark_written(skip, len).unwrap_err().raw_os_error(),
+                Some(libc::EFAULT),
+                "{skip} + {len}"
+            );
+        }
+        assert!(!mem
+            .find_region(GuestAddress(0x9ff0))
+            .unwrap()
+            .bitmap()
+            .dirty_at(0x9ff0));
     }
 
     #[test]

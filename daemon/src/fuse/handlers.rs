@@ -468,6 +468,8 @@ fn read(s: &Server, q: &mut Request) -> io::Result<Reply> {
     let bufs = q.out.bufs(size_of::<OutHeader>(), size, s.dax.location())?;
     let targets = window_io::targets(&s.fs, &s.dax, bufs, true)?;
     let n = s.fs.read_into(q.nodeid, a.fh, a.offset, &targets)?;
+    // `preadv` wrote the first `n` bytes behind vm-memory's back.
+    q.out.mark_written(size_of::<OutHeader>(), n)?;
     s.stats.fuse_reads.fetch_add(1, Relaxed);
     s.stats.fuse_read_bytes.fetch_add(n as u64, Relaxed);
     s.policy.adaptive.fuse_read(q.nodeid, a.offset, n as u64);
