@@ -10,14 +10,15 @@
 //! take no more than 8 in one message).
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use vhost::vhost_user::message::VhostUserHeaderFlag;
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo};
 use vm_memory::GuestMemoryBackend;
 
+use super::dirty_log::SharedDirtyLog;
 use super::{arm_watchdog, FsError, VHOST_USER_TIMEOUT};
 use crate::GuestMemoryMmap;
 
@@ -74,22 +75,32 @@ pub(super) fn send_memory_table(
 /// A handle on one daemon's memory table for whoever adds guest RAM.
 #[derive(Clone)]
 pub struct DaemonMemory {
-    id: String,
+    pub(super) id: String,
     frontend: Frontend,
     /// `CONFIGURE_MEM_SLOTS` was negotiated: regions are added one by one.
     mem_slots: bool,
     /// `REPLY_ACK` was negotiated: the daemon can say when it is done.
-    reply_ack: bool,
+    pub(super) reply_ack: bool,
     failed: Arc<AtomicBool>,
+    /// The daemon offered `LOG_ALL` and `LOG_SHMFD` was negotiated.
+    pub(super) log_capable: bool,
+    /// The virtio features last sent with `SET_FEATURES` (the device's).
+    features: Arc<AtomicU64>,
+    /// The dirty log the daemon writes, while logging.
+    pub(super) log: Arc<Mutex<Option<Arc<SharedDirtyLog>>>>,
 }
 
 impl DaemonMemory {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         id: &str,
         frontend: Frontend,
         mem_slots: bool,
         reply_ack: bool,
         failed: Arc<AtomicBool>,
+        log_capable: bool,
+        features: Arc<AtomicU64>,
+        log: Arc<Mutex<Option<Arc<SharedDirtyLog>>>>,
     ) -> Self {
         DaemonMemory {
             id: id.into(),
@@ -97,7 +108,15 @@ impl DaemonMemory {
             mem_slots,
             reply_ack,
             failed,
+            log_capable,
+            features,
+            log,
         }
+    }
+
+    /// The virtio features the device last sent with `SET_FEATURES`.
+    pub(super) fn features_in_use(&self) -> u64 {
+        self.features.load(Ordering::SeqCst)
     }
 
     /// False once the daemon has gone away: there is nothing to tell it.
@@ -109,7 +128,7 @@ impl DaemonMemory {
     /// once the daemon has handled it: the guest may use the RAM as soon
     /// as it hears of it. A daemon that does not answer is marked failed,
     /// as at activation.
-    fn exchange(
+    pub(super) fn exchange(
         &self,
         during: &str,
         send: impl FnOnce(&mut Frontend) -> Result<(), FsError>,
@@ -169,7 +188,8 @@ impl DaemonMemory {
                     })
             } else {
                 send_memory_table(id, f, false, after)
-            }
+            }?;
+            self.resend_log_base(f)
         })
     }
 
@@ -191,7 +211,8 @@ impl DaemonMemory {
                     })
             } else {
                 send_memory_table(id, f, false, before)
-            }
+            }?;
+            self.resend_log_base(f)
         })
     }
 }

@@ -10,6 +10,7 @@
 //! translates as guest memory.
 
 pub mod backend_req;
+pub mod dirty_log;
 pub mod file_watch;
 pub mod map_budget;
 pub mod mapped_files;
@@ -26,7 +27,7 @@ use std::os::fd::AsRawFd;
 
 use file_watch::FileKey;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
@@ -157,6 +158,11 @@ pub struct VhostUserFs {
     /// before the new daemon replays its record (which then finds every
     /// range in place).
     window_files: Option<std::collections::HashMap<FileKey, std::fs::File>>,
+    /// The virtio features last sent with SET_FEATURES, which the dirty log
+    /// sends again with `LOG_ALL` added.
+    features_in_use: Arc<AtomicU64>,
+    /// The dirty log the daemon writes, while a migration logs.
+    dirty_log: Arc<Mutex<Option<Arc<dirty_log::SharedDirtyLog>>>>,
 }
 
 fn step<T>(id: &str, step: &'static str, r: vhost::Result<T>) -> Result<T, FsError> {
@@ -265,6 +271,8 @@ impl VhostUserFs {
             paused: None,
             restored: false,
             window_files: None,
+            features_in_use: Arc::new(AtomicU64::new(0)),
+            dirty_log: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -280,6 +288,10 @@ impl VhostUserFs {
             self.mem_slots,
             self.reply_ack,
             self.failed.clone(),
+            self.backend_features & VhostUserVirtioFeatures::LOG_ALL.bits() != 0
+                && self.protocol.contains(VhostUserProtocolFeatures::LOG_SHMFD),
+            self.features_in_use.clone(),
+            self.dirty_log.clone(),
         )
     }
 
@@ -321,6 +333,7 @@ impl VhostUserFs {
         self.frontend
             .set_features(features)
             .map_err(|e| err("SET_FEATURES", e))?;
+        self.features_in_use.store(features, Ordering::SeqCst);
         memory_table::send_memory_table(&id, &mut self.frontend, self.mem_slots, mem)
             .map_err(|e| ActivateError::Fs(Box::new(e)))?;
         let hva = |addr: GuestAddress, ring: &'static str| {
@@ -598,8 +611,11 @@ fn negotiate(
     )?;
     let needed = dax_abi::protocol_features(cfg.dax);
     // DEVICE_STATE when the daemon has it: only a snapshot needs it, and
-    // `check_movable` refuses one without it.
-    let wanted = needed | VhostUserProtocolFeatures::DEVICE_STATE;
+    // `check_movable` refuses one without it. LOG_SHMFD likewise: only a
+    // live migration's dirty log needs it (`dirty_log`), and nothing is
+    // logged before it sends SET_LOG_BASE.
+    let wanted =
+        needed | VhostUserProtocolFeatures::DEVICE_STATE | VhostUserProtocolFeatures::LOG_SHMFD;
     if cfg.dax {
         // Only memory slots may be missing: without them the memory
         // table goes whole (SET_MEM_TABLE).
