@@ -330,6 +330,16 @@ impl MemorySlot {
         self.size
     }
 
+    /// KVM's number for the slot.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// Where the slot's memory is mapped in this process.
+    pub fn host_addr(&self) -> u64 {
+        self.host_addr
+    }
+
     /// Moves the slot to `guest_addr` (the guest moved the BAR). KVM cannot
     /// move a slot in place: it is deleted and made again; if the new place
     /// is refused, the slot goes back where it was.

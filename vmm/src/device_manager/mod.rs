@@ -680,6 +680,11 @@ impl DeviceManager {
         &self.ejects
     }
 
+    /// The KVM slots of RAM added while the guest runs.
+    pub(crate) fn hotplugged_ram_slots(&self) -> &[MemorySlot] {
+        &self.hotplugged_ram
+    }
+
     /// Gives `region` (new guest RAM) to KVM and to every device: the
     /// memory they share, and each running vhost-user daemon's table, in
     /// that order of risk so that a failure undoes what was done and

@@ -4,8 +4,10 @@
 //! the guest runs ([`hotplug`]) and the ACPI memory hot-plug controller the
 //! guest sees ([`hotplug_controller`]); DAX ranges mapped into the guest's
 //! view before it touches them ([`prefault`]); its part of a snapshot
-//! ([`snapshot`]) and of a local migration ([`migration_fds`]).
+//! ([`snapshot`]) and of a local migration ([`migration_fds`]); the pages
+//! written while a live migration copies it ([`dirty_log`]).
 
+pub mod dirty_log;
 pub mod hotplug;
 pub mod hotplug_controller;
 pub mod migration_fds;
@@ -16,7 +18,6 @@ use std::fs::File;
 use std::os::fd::FromRawFd;
 use std::sync::Arc;
 
-use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
@@ -158,19 +159,13 @@ fn exclude_region_from_core_dumps(region: &GuestRegionMmap) {
 }
 
 pub fn register_with_kvm(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), MemoryError> {
-    for (slot, region) in mem.iter().enumerate() {
-        let slot = u32::try_from(slot).map_err(|_| MemoryError::TooManyRegions { count: slot })?;
-        let r = kvm_userspace_memory_region {
-            slot,
-            flags: 0,
-            guest_phys_addr: region.start_addr().0,
-            memory_size: region.len(),
-            userspace_addr: region.as_ptr() as u64,
-        };
-        // SAFETY: the region is a live mapping of `memory_size` bytes owned by
+    for s in dirty_log::boot_slots(mem)? {
+        // SAFETY: the region is a live mapping of `size` bytes owned by
         // `mem`, which outlives the VM (both live until the process exits).
-        unsafe { vm.set_user_memory_region(r) }
-            .map_err(|source| MemoryError::Register { slot, source })?;
+        unsafe { s.set(vm, 0) }.map_err(|source| MemoryError::Register {
+            slot: s.slot,
+            source,
+        })?;
     }
     Ok(())
 }

@@ -16,9 +16,9 @@ use crate::config::json::vm_config_from_json;
 use crate::memory::snapshot::MemorySnapshotError;
 
 /// Where the program runs (the boot page tables map the first GiB 1:1).
-const PROGRAM_AT: u64 = 0x20_0000;
+pub(crate) const PROGRAM_AT: u64 = 0x20_0000;
 /// The program's counter.
-const COUNTER_AT: u64 = 0x30_0000;
+pub(crate) const COUNTER_AT: u64 = 0x30_0000;
 const SCRATCH_VALUE: u8 = 0x5a;
 const LINE_CONTROL_VALUE: u8 = 0x1b;
 
