@@ -254,46 +254,5 @@ impl DaemonMemory {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A second shared mapping of the log's file, as the daemon maps it.
-    fn daemon_view(log: &SharedDirtyLog) -> &'static mut [u8] {
-        let len = narrow::usize_of(log.size());
-        // SAFETY: a fresh shared mapping of the whole file; leaked for the
-        // test's life.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                log.file().as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(ptr, libc::MAP_FAILED);
-        // SAFETY: `len` bytes mapped just now, never unmapped.
-        unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u8>(), len) }
-    }
-
-    #[test]
-    fn the_file_holds_the_whole_span_and_bits_come_back_once() {
-        // 4 GiB + one page: 2^20 + 1 pages, rounded up to whole words.
-        let log = SharedDirtyLog::new((4 << 30) + 4096).unwrap();
-        assert_eq!(log.words(), (1 << 14) + 1);
-        assert_eq!(log.file().metadata().unwrap().len(), log.size());
-        let view = daemon_view(&log);
-        // Page 0, page 9 and page 2^20 (the last), set as the daemon does.
-        view[0] |= 1;
-        view[1] |= 1 << 1;
-        view[(1 << 20) / 8] |= 1;
-        assert_eq!(log.take_word(0), Some(1 | 1 << 9));
-        assert_eq!(log.take_word(1 << 14), Some(1));
-        assert_eq!(log.take_word(0), Some(0), "taken: cleared");
-        assert!(view.iter().all(|b| *b == 0), "the daemon sees it cleared");
-        assert_eq!(log.take_word(log.words()), None);
-        let e = SharedDirtyLog::new(MAX_LOG_SPAN + 1).err().unwrap();
-        assert!(e.to_string().contains("above the limit"), "{e}");
-    }
-}
+#[path = "dirty_log_tests.rs"]
+mod tests;
