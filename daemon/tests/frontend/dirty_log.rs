@@ -3,17 +3,20 @@
 //! (one bit per 4 KiB guest page), then a FUSE READ whose data the daemon
 //! `preadv`s straight into guest RAM. The log must then name exactly the
 //! pages the daemon wrote: the data's, the reply header's and the used
-//! ring's, and no other.
+//! ring's, and no other. Then the same through the VMM's own frontend
+//! (`DaemonMemory::start_dirty_log` and its shared log).
 
 use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserDirtyLogRegion, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_devices::vhost_user_fs::dirty_log::SharedDirtyLog;
 use vm_memory::GuestMemoryBackend;
 
-use super::window_buffers::{lookup, open};
+use super::window_buffers::{lookup, open, read_into};
 use super::*;
 
 const PAGE: u64 = 4096;
@@ -245,4 +248,76 @@ fn a_log_shorter_than_guest_ram_is_refused_and_never_written() {
     drop(f);
     let status = child.wait().unwrap();
     assert!(status.code().is_some(), "ended, not killed: {status}");
+}
+
+/// Where RAM added while logging sits (as hot-plugged RAM sits above 4 GiB).
+const ADDED_GPA: u64 = 0x1_0000_0000;
+const ADDED_SIZE: u64 = 2 * MIB;
+
+/// The pages set in the VMM's shared log, taken (cleared) as they are read.
+fn take_pages(log: &SharedDirtyLog) -> BTreeSet<u64> {
+    let mut pages = BTreeSet::new();
+    for i in 0..log.words() {
+        let word = log.take_word(i).unwrap();
+        let first = u64::try_from(i).unwrap() * 64;
+        pages.extend((0..64).filter(|b| word & (1 << b) != 0).map(|b| first + b));
+    }
+    pages
+}
+
+/// The VMM's own dirty log over the real daemon: after
+/// `DaemonMemory::start_dirty_log` (LOG_ALL, SET_LOG_BASE with the VMM's
+/// shared log), a READ the daemon answers marks its buffer's page, in
+/// boot RAM and in RAM added while logging (the VMM sends the log base
+/// again with the new region, which the daemon would not log otherwise).
+#[test]
+fn the_vmm_log_names_a_reads_buffer_also_in_ram_added_while_logging() {
+    let share = TempDir::new().unwrap();
+    share_with_file(&share);
+    let sockets = TempDir::new().unwrap();
+    let socket = sockets.as_path().join("fs.sock");
+    let mut child = start_daemon(share.as_path(), &socket);
+    let mem = guest_memory();
+    let mut fs = VhostUserFs::connect(&fs_config(&socket)).expect("negotiation");
+    let mut guest = activate(&mut fs, &mem);
+    assert_eq!(guest.call(opcode::INIT, 0, init_in().as_slice()).0, 0);
+    let nodeid = lookup(&mut guest, "f").nodeid;
+    let fh = open(&mut guest, nodeid, libc::O_RDONLY);
+
+    let memory = fs.daemon_memory();
+    let log = Arc::new(SharedDirtyLog::new(ADDED_GPA + ADDED_SIZE).unwrap());
+    memory.start_dirty_log(&log).expect("the daemon logs");
+    assert_eq!(read_into(&mut guest, nodeid, fh, 0, DATA).0, 0);
+    let pages = take_pages(&log);
+    assert!(
+        pages.contains(&(DATA / PAGE)),
+        "the buffer's page: {pages:?}"
+    );
+    assert!(!pages.contains(&(UNREACHED / PAGE)));
+    assert!(take_pages(&log).is_empty(), "taken: cleared");
+
+    let file = TempFile::new().unwrap().into_file();
+    file.set_len(ADDED_SIZE).unwrap();
+    let region = Arc::new(
+        vm_memory::GuestRegionMmap::from_range(
+            GuestAddress(ADDED_GPA),
+            index(ADDED_SIZE),
+            Some(FileOffset::new(file, 0)),
+        )
+        .unwrap(),
+    );
+    let after = mem.insert_region(region.clone()).unwrap();
+    memory.add_region(&after, &region).expect("added RAM");
+    assert_eq!(read_into(&mut guest, nodeid, fh, 0, ADDED_GPA).0, 0);
+    let pages = take_pages(&log);
+    assert!(
+        pages.contains(&(ADDED_GPA / PAGE)),
+        "the buffer's page in the added RAM: {pages:?}"
+    );
+
+    memory.stop_dirty_log().expect("stop");
+    // The handle holds the connection too.
+    drop(memory);
+    drop(fs);
+    assert!(child.wait().unwrap().success());
 }
