@@ -10,7 +10,8 @@
 //! SIGBUS. The VMM takes the bits back word by word with an atomic swap,
 //! so a bit the daemon sets between the read and the clear is never lost.
 //!
-//! [`DaemonMemory::start_dirty_log`] turns the log on for one daemon
+//! [`DaemonMemory::start_dirty_log`](super::memory_table::DaemonMemory::start_dirty_log)
+//! (in the daemon's memory table handle) turns the log on for one daemon
 //! (`SET_FEATURES` with `LOG_ALL`, then `SET_LOG_BASE`); a daemon that
 //! does not offer `LOG_ALL` and `LOG_SHMFD` is refused by name, since a
 //! pre-copy without its writes would copy stale pages. The log base is
@@ -21,14 +22,8 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
-use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserVirtioFeatures};
-use vhost::vhost_user::Frontend;
-use vhost::{VhostBackend, VhostUserDirtyLogRegion};
-
-use super::memory_table::DaemonMemory;
-use super::FsError;
+use vhost::VhostUserDirtyLogRegion;
 
 /// Bytes of guest memory one bit of the log stands for.
 pub const LOG_PAGE_SIZE: u64 = 4096;
@@ -141,7 +136,7 @@ impl SharedDirtyLog {
     }
 
     /// What `SET_LOG_BASE` carries: the whole file from offset 0.
-    fn region(&self) -> VhostUserDirtyLogRegion {
+    pub(super) fn region(&self) -> VhostUserDirtyLogRegion {
         VhostUserDirtyLogRegion {
             mmap_size: self.size(),
             mmap_offset: 0,
@@ -162,94 +157,6 @@ impl Drop for SharedDirtyLog {
         unsafe {
             libc::munmap(self.map.as_ptr().cast(), self.words * 8);
         }
-    }
-}
-
-impl DaemonMemory {
-    /// Refuses, naming the device, a daemon that cannot log its writes:
-    /// it lacks `LOG_ALL` or `LOG_SHMFD`, or has gone away.
-    pub fn check_can_log(&self) -> Result<(), FsError> {
-        if !self.log_capable {
-            return Err(FsError::Missing {
-                id: self.id.clone(),
-                what: "the vhost-user dirty log (VHOST_F_LOG_ALL and protocol feature LOG_SHMFD), \
-                       needed to migrate a running guest"
-                    .into(),
-            });
-        }
-        if !self.alive() {
-            return Err(FsError::Missing {
-                id: self.id.clone(),
-                what: "a live connection (the daemon has gone away)".into(),
-            });
-        }
-        Ok(())
-    }
-
-    /// Turns the daemon's dirty log on into `log`: `SET_FEATURES` with
-    /// `LOG_ALL` added to the features in use, then `SET_LOG_BASE` with the
-    /// log's fd. Refused, naming the device, when the daemon lacks
-    /// `LOG_ALL` or `LOG_SHMFD` or has gone away.
-    pub fn start_dirty_log(&self, log: &Arc<SharedDirtyLog>) -> Result<(), FsError> {
-        self.check_can_log()?;
-        let mut current = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        let features = self.features_in_use() | VhostUserVirtioFeatures::LOG_ALL.bits();
-        self.exchange("starting the dirty log", |f| {
-            set_features(&self.id, f, features)?;
-            self.send_log_base(f, log)
-        })?;
-        *current = Some(log.clone());
-        Ok(())
-    }
-
-    /// Turns the daemon's dirty log off: `SET_FEATURES` without `LOG_ALL`.
-    /// The log's file stays the daemon's to write until it lets go of it;
-    /// the VMM reads it no more.
-    pub fn stop_dirty_log(&self) -> Result<(), FsError> {
-        let mut current = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        if current.take().is_none() || !self.alive() {
-            return Ok(());
-        }
-        let features = self.features_in_use();
-        self.exchange("stopping the dirty log", |f| {
-            set_features(&self.id, f, features)
-        })
-    }
-
-    /// While logging, the log base again after a memory table change.
-    pub(super) fn resend_log_base(&self, f: &mut Frontend) -> Result<(), FsError> {
-        let current = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        match current.as_ref() {
-            Some(log) => self.send_log_base(f, log),
-            None => Ok(()),
-        }
-    }
-}
-
-fn set_features(id: &str, f: &mut Frontend, features: u64) -> Result<(), FsError> {
-    f.set_features(features)
-        .map_err(|source| FsError::Negotiate {
-            id: id.into(),
-            step: "SET_FEATURES",
-            source,
-        })
-}
-
-impl DaemonMemory {
-    /// `SET_LOG_BASE` inside [`DaemonMemory::exchange`]: without
-    /// `NEED_REPLY`, since the daemon answers it with a reply of its own
-    /// (the log it took), which an extra ack would follow out of step.
-    fn send_log_base(&self, f: &mut Frontend, log: &SharedDirtyLog) -> Result<(), FsError> {
-        f.set_hdr_flags(VhostUserHeaderFlag::empty());
-        let sent = f.set_log_base(0, Some(log.region()));
-        if self.reply_ack {
-            f.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-        }
-        sent.map_err(|source| FsError::Negotiate {
-            id: self.id.clone(),
-            step: "SET_LOG_BASE",
-            source,
-        })
     }
 }
 

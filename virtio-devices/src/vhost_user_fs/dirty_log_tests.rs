@@ -6,11 +6,13 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::AtomicBool;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vhost::vhost_user::VhostUserFrontend;
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::VhostBackend;
 
+use super::super::memory_table::DaemonMemory;
 use super::*;
 
 /// A second shared mapping of the log's file, as the daemon maps it.
