@@ -428,3 +428,27 @@ fn a_range_the_vmm_refuses_to_map_again_fails_the_load_naming_the_file() {
     assert_eq!(b.fs.inode_count(), 1);
     assert!(b.dax.window_record().1.is_empty());
 }
+
+#[test]
+fn a_mapped_file_missing_on_the_destination_share_fails_the_load_naming_it() {
+    let dir = share();
+    let a = daemon_on(&dir);
+    session(&a);
+    let blob = save(&a.fs, &a.dax, &a.policy).unwrap();
+    // The destination's view of the share lacks d/f, which the window maps
+    // (A still holds it open).
+    std::fs::remove_file(dir.as_path().join("d/f")).unwrap();
+    let b = daemon_on(&dir);
+    let err = load(&blob, &b.fs, &b.dax, &b.policy)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("restore: d/f: ") && err.contains("No such file"),
+        "{err}"
+    );
+    // Refused before anything was mapped or applied.
+    assert!(b.vmm.maps.lock().unwrap().is_empty());
+    assert_eq!(b.fs.inode_count(), 1);
+    assert_eq!(b.fs.handle_count(), 0);
+    assert!(b.dax.window_record().1.is_empty());
+}
