@@ -15,8 +15,14 @@
 //! daxprobe counter-gap PATH SECONDS [OFFSET]  (host) the longest time mmap-counter's value in
 //!                                        PATH (or ram-counter's at OFFSET) stood still
 //!                                        (daxprobe/counter_gap.rs)
+//! daxprobe counter-handover SRC_PID DST_PID BYTES OFFSET SECONDS  (host) a migration's downtime
+//!                                        from ram-counter's value in the source's and then the
+//!                                        destination's RAM memfd (daxprobe/counter_handover.rs)
 //! daxprobe ram-counter SECONDS           a heartbeat in the guest's RAM the host reads, and the
 //!                                        guest clocks' gaps (daxprobe/heartbeat.rs)
+//! daxprobe ram-writer MIB PERIOD_MS STATUS SECONDS  rewrites MIB MiB of RAM every PERIOD_MS,
+//!                                        checking first that the last pass is still there; writes
+//!                                        "passes=N bad_pages=M" to STATUS (daxprobe/ram_writer.rs)
 //! daxprobe counter-moves PATH OFFSET SECONDS  (host) when ram-counter's value at OFFSET of PATH
 //!                                        moves again (daxprobe/heartbeat.rs)
 //! daxprobe mmap-busy PATH SECONDS        keeps every 2 MiB range of PATH mapped and written
@@ -79,6 +85,8 @@ use std::time::Instant;
 
 #[path = "daxprobe/counter_gap.rs"]
 mod counter_gap;
+#[path = "daxprobe/counter_handover.rs"]
+mod counter_handover;
 #[path = "daxprobe/heartbeat.rs"]
 mod heartbeat;
 #[path = "daxprobe/hostile.rs"]
@@ -95,6 +103,8 @@ mod listen_exec;
 mod mmap_busy;
 #[path = "daxprobe/mmap_counter.rs"]
 mod mmap_counter;
+#[path = "daxprobe/ram_writer.rs"]
+mod ram_writer;
 #[path = "daxprobe/truncated_rw.rs"]
 mod truncated_rw;
 #[path = "daxprobe/vsock.rs"]
@@ -517,7 +527,9 @@ fn main() {
         }
         ["counter-gap", path, secs] => counter_gap::run(path, secs, "0"),
         ["counter-gap", path, secs, offset] => counter_gap::run(path, secs, offset),
+        ["counter-handover", src, dst, bytes, offset, secs] => counter_handover::run(src, dst, bytes, offset, secs),
         ["ram-counter", secs] => heartbeat::ram_counter(secs),
+        ["ram-writer", mib, period_ms, status, secs] => ram_writer::run(mib, period_ms, status, secs),
         ["counter-moves", path, offset, secs] => heartbeat::counter_moves(path, offset, secs),
         ["mmap-busy", path, secs] => mmap_busy::run(path, secs),
         ["mmap-counter", counter, check, secs] => mmap_counter::run(counter, check, secs),
@@ -542,6 +554,6 @@ fn main() {
         ["unix-serve", path, reply] => vsock::unix_serve(path, reply),
         ["hybrid-connect", socket, port, bytes] => vsock::hybrid_connect(socket, port, bytes),
         ["virtio-hostile", transport, serial, marker] => hostile::run(transport, serial, marker),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-counter | counter-gap | ram-counter | counter-moves | mmap-busy | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | kata-rs-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect | virtio-hostile)".into()),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-counter | counter-gap | counter-handover | ram-counter | ram-writer | counter-moves | mmap-busy | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | kata-rs-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect | virtio-hostile)".into()),
     }
 }
