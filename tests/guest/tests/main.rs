@@ -26,6 +26,7 @@ mod kata_sandbox;
 mod kata_sandbox_rs;
 mod memory_hotplug;
 mod migration_local;
+mod migration_tcp;
 mod pci_segments;
 mod pjdfstest;
 mod pmem;
