@@ -33,6 +33,15 @@
 #                        BASELINE_VMM=/path/to/cloud-hypervisor (static), Cloud
 #                        Hypervisor's without a share, alternating
 #                        (target/rig-results/snapshot-bench.md)
+#   bench.sh snapshot tcp
+#                        live migration over TCP, twice per boot (the second of
+#                        the VM that arrived): downtime (the guest's RAM heartbeat
+#                        followed from the source VMM's memory to the
+#                        destination's) and total time, ours with a busy DAX
+#                        window and, with BASELINE_VMM=/path/to/cloud-hypervisor
+#                        and BASELINE_VIRTIOFSD=/path/to/virtiofsd (both static),
+#                        Cloud Hypervisor with virtiofsd without DAX, alternating
+#                        (target/rig-results/migration-tcp-bench.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,6 +62,6 @@ case "${1:-}" in
     density | windowcost) exec cargo run --release --locked -q -p dax-bench --bin bench-density -- "$1" ;;
     roundtrip) exec cargo run --release --locked -q -p dax-bench --bin bench-roundtrip ;;
     kata-start) exec cargo run --release --locked -q -p dax-bench --bin bench-kata-start ;;
-    snapshot) exec cargo run --release --locked -q -p dax-bench --bin bench-snapshot ;;
+    snapshot) exec cargo run --release --locked -q -p dax-bench --bin bench-snapshot -- "${@:2}" ;;
 esac
 exec cargo run --release --locked -q -p dax-bench --bin bench-virtiofs -- "$@"

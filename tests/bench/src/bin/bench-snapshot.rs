@@ -39,6 +39,9 @@
 //! clock back to where it paused; the controlled pause shows which of them
 //! sees a stop.
 //! Writes `target/rig-results/snapshot-bench.md`.
+//!
+//! `bench-snapshot tcp` measures live migration over TCP instead
+//! (bench_snapshot/tcp.rs).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -48,6 +51,9 @@ use test_infra::baseline::{baseline_binary, version};
 use test_infra::results::Results;
 use test_infra::rig::{self, Guest, ImageFile, Run};
 use test_infra::shell::{COUNTER_HELPERS, DAEMON_SWAP_HELPERS, SHELL_HELPERS};
+
+#[path = "bench_snapshot/tcp.rs"]
+mod tcp;
 
 /// The Cloud Hypervisor binary to compare with (unset: ours alone).
 const BASELINE_ENV: &str = "BASELINE_VMM";
@@ -259,6 +265,10 @@ fn boot_lines(label: &str, ch: bool, mode: &str) -> String {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("tcp") {
+        tcp::main();
+        return;
+    }
     let ch = baseline_binary(BASELINE_ENV).unwrap_or_else(|e| fail(e));
     let mut boots = boots(ch.is_some());
     if let Ok(only) = std::env::var(ONLY_ENV) {
