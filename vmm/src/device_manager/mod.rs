@@ -237,8 +237,9 @@ pub struct DeviceManager {
     /// The vsock device's listening socket (a copy of its fd), by device
     /// id: a local migration passes it to the new VMM, which serves it
     /// (the path cannot be bound twice); and whether the device removes the
-    /// socket's name when it goes. Dropped with its device.
-    vsock_listener: Option<(String, OwnedFd, SocketName)>,
+    /// socket's name when it goes. Dropped with its device; no fd while a
+    /// migration's switch released the socket.
+    vsock_listener: Option<(String, Option<OwnedFd>, SocketName)>,
     /// Each device's counters for `vm.counters`, by device id.
     counters: Vec<(String, Arc<DeviceCounters>)>,
     /// Memory slots of virtio-MMIO devices, kept until the VM goes.
