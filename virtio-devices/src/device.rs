@@ -276,8 +276,10 @@ pub trait VirtioDevice: Send {
     /// before once resumed. Ok(Some(fd)): it serves a new host fd now (a tap
     /// opened again, a socket bound again), of which this is a copy for
     /// the VMM's own list. Err names the device and what could not be taken
-    /// back; the device is not released any more then either (a disk runs
-    /// on without its lock).
+    /// back: a disk then serves on without its lock (it is not released
+    /// any more), a net device stays without its tap (its resume is
+    /// refused) and the vsock device without its socket; for those two a
+    /// later call tries again.
     fn reclaim_after_switch(&mut self) -> Result<Option<OwnedFd>, DeviceStateError> {
         Ok(None)
     }

@@ -554,6 +554,9 @@ impl VirtioDevice for Vsock {
         let (listener, socket_id) =
             socket_path::bind(&self.path).map_err(|e| fail(e.to_string()))?;
         let served = (|| {
+            listener
+                .set_nonblocking(true)
+                .map_err(|e| format!("making the listener non-blocking: {e}"))?;
             let copy = |l: &UnixListener| {
                 l.as_fd()
                     .try_clone_to_owned()
