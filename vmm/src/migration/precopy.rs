@@ -11,7 +11,9 @@
 //! the migration (`timeout_strategy=cancel`, the default) or is paused
 //! for a longer downtime (`ignore`). Any failure before the receiver
 //! took the VM leaves it running here, with everything it had: the
-//! daemons keep serving it (the receiver's are others, on its host).
+//! daemons keep serving it (the receiver's are others, on its host), and
+//! what the devices let go of for the switch (disk locks, taps opened by
+//! name, the vsock socket) is taken back.
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +24,7 @@ use super::exchange::{abandon, complete, expect_ok, send_config, send_payload};
 use super::ram_stream::{data_ranges, dirty_ranges, send_ranges, total, union};
 use super::{MigrationError, SendMigration};
 use crate::config::VmConfig;
+use crate::device_manager::state::SwitchRelease;
 use crate::memory::dirty_log::DirtyLog;
 use crate::memory::snapshot::join_regions;
 use crate::snapshot::{state_error, MEMORY_SECTION};
@@ -67,12 +70,27 @@ pub(super) fn send_precopy(
     let mut log = DirtyLog::start(vm)?;
     let channel = Channel::connect(&target.url)?;
     let was_paused = vm.vcpus.paused();
-    let result = precopy_steps(vm, config, target, &channel, &mut log, was_paused);
+    let mut released = None;
+    let result = precopy_steps(
+        vm,
+        config,
+        target,
+        &channel,
+        &mut log,
+        was_paused,
+        &mut released,
+    );
     if let Err(e) = &result {
         abandon(&channel);
         // Stop logging before the guest runs again: its writes need not be
         // tracked any more.
         drop(log);
+        // Before the resume: a net device resumes only with its tap back.
+        if let Some(released) = released.take() {
+            if let Err(reclaim) = vm.reclaim_after_switch(released) {
+                tracing::error!("migration failed ({e}); taking back: {reclaim}");
+            }
+        }
         if !was_paused && vm.vcpus.paused() {
             tracing::warn!("migration failed ({e}); the VM runs again here");
             vm.resume();
@@ -88,6 +106,7 @@ fn precopy_steps(
     channel: &Channel,
     log: &mut DirtyLog,
     was_paused: bool,
+    released: &mut Option<SwitchRelease>,
 ) -> Result<(), MigrationError> {
     let started = Instant::now();
     let layout = vm
@@ -177,6 +196,10 @@ fn precopy_steps(
     let last_bytes = send_ranges(channel, &mem, &last)?;
     sent_total = sent_total.saturating_add(last_bytes);
     downtime.step("last pages");
+    // The receiver opens the disks (their locks), the taps by name and
+    // the vsock socket itself.
+    *released = Some(vm.release_for_switch().map_err(MigrationError::Save)?);
+    downtime.step("release");
     doc.put(MEMORY_SECTION, &layout)
         .map_err(|e| MigrationError::Save(state_error(e)))?;
     let state = doc
@@ -187,6 +210,8 @@ fn precopy_steps(
     downtime.step("receiver restored");
     complete(channel, was_paused)?;
     downtime.step("receiver resumed");
+    // The receiver has the VM: nothing is taken back.
+    *released = None;
     tracing::info!(
         "migration complete after {round} pre-copy rounds and {} KiB in {} ms: the VM is the receiving VMM's now; paused here {downtime} ({} KiB in the last pages), State {} bytes",
         sent_total >> 10,

@@ -177,3 +177,88 @@ fn a_receiver_lost_mid_stream_leaves_the_vm_running() {
     send_migration(&mut source, &config, &target).expect("sent the second time");
     assert!(receiver.join().unwrap());
 }
+
+/// A VM with a writable disk and the vsock device, over TCP in one host
+/// (as on shared storage): the receiver opens the image (its lock) and
+/// binds the socket path itself, which it can because the sender let go
+/// of them at the switch. Then a receiver that refuses `State`: the
+/// sender takes the lock and the socket back and its VM runs on.
+#[test]
+fn the_disk_lock_and_the_vsock_socket_change_hands_at_the_switch() {
+    use crate::config::{DiskConfig, VsockConfig};
+    use virtio_devices::block::{DiskError, DiskFile};
+    if !have_kvm() {
+        return;
+    }
+    let dir = crate::snapshot::tests::Scratch::new("precopy-switch");
+    let image = dir.0.join("disk.img");
+    std::fs::write(&image, vec![0u8; 64 << 10]).unwrap();
+    let socket = dir.0.join("v.sock");
+    let mut config = config();
+    config.disks =
+        vec![DiskConfig::parse(&format!("path={},id=disk0", image.display()), 0).unwrap()];
+    config.vsock =
+        Some(VsockConfig::parse(&format!("cid=3,socket={},id=vsock0", socket.display())).unwrap());
+    let locked = |path: &std::path::Path| {
+        matches!(
+            DiskFile::open(path, true, false),
+            Err(DiskError::Locked { .. })
+        )
+    };
+
+    // A receiver that fails State: everything comes back to the sender.
+    let mut source = boot_program(&config);
+    counter_passes(&source, 10);
+    assert!(locked(&image), "the sender holds the image");
+    let (listener, target) = tcp_target();
+    let refusing = std::thread::spawn(move || {
+        let channel = accept(&listener);
+        loop {
+            let request = vm_state::protocol::Request::read_from(&mut &channel).unwrap();
+            if request.command() == vm_state::protocol::Command::Memory {
+                let table = vm_state::protocol::read_payload(&mut &channel, &request).unwrap();
+                let ranges =
+                    vm_state::protocol::decode_ranges(vm_state::protocol::Command::Memory, &table)
+                        .unwrap();
+                let bytes: u64 = ranges.iter().map(|r| r.length).sum();
+                let mut sink = vec![0u8; usize::try_from(bytes).unwrap()];
+                std::io::Read::read_exact(&mut &channel, &mut sink).unwrap();
+            } else {
+                vm_state::protocol::read_payload(&mut &channel, &request).unwrap();
+            }
+            if request.command() == vm_state::protocol::Command::State {
+                vm_state::protocol::Response::error()
+                    .write_to(&mut &channel)
+                    .unwrap();
+                return;
+            }
+            vm_state::protocol::Response::ok()
+                .write_to(&mut &channel)
+                .unwrap();
+        }
+    });
+    let e = send_migration(&mut source, &config, &target).expect_err("State refused");
+    refusing.join().unwrap();
+    assert!(e.to_string().contains("State"), "{e}");
+    assert!(!source.vcpus.paused(), "the VM runs again");
+    assert!(still_counting(&source));
+    assert!(locked(&image), "the lock was taken back");
+    assert!(socket.exists(), "the vsock socket is bound again");
+
+    // A real receiver: it opens the image and binds the socket itself.
+    let (listener, target) = tcp_target();
+    let receiver = std::thread::spawn(move || {
+        let r = receive_over(&accept(&listener), None).expect("received");
+        let c = counter(&r.vm);
+        let counts = counter_passes(&r.vm, c) > c;
+        (counts, r)
+    });
+    send_migration(&mut source, &config, &target).expect("sent");
+    let (counts, received) = receiver.join().unwrap();
+    assert!(counts);
+    assert!(locked(&image), "the receiver holds the image now");
+    assert!(socket.exists(), "and the vsock socket");
+    drop(source);
+    assert!(locked(&image), "still, with the sender gone");
+    drop(received);
+}
