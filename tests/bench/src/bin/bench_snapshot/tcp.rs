@@ -253,6 +253,10 @@ fn report(
             format!("none: ours alone ({BASELINE_VMM_ENV} and {BASELINE_VIRTIOFSD_ENV} unset)")
         }),
     );
+    results.record(
+        "our binaries' cargo profile (scripts/bench.sh: release)",
+        rig::build_profile(),
+    );
     let mut failed = run.host("tcp_done").is_none();
     let mut tables = String::from(
         "Live migration over TCP of a 512 MiB guest with a busy share (downtime: the guest's RAM heartbeat, from its last change in the source VMM to the destination's first reading past it; total: vm.send-migration sent to vm.receive-migration answered)\n\n| case | move | result | downtime | total | vm.send-migration answered after |\n|---|---|---|---|---|---|\n",
