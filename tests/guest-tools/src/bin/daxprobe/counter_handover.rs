@@ -17,6 +17,8 @@
 //! ms, as `/proc/uptime` counts), with `dst_past_ms=none downtime_ms=none`
 //! when the guest never ran on the destination (a failed migration).
 //! File descriptors are kept open, so a source that exits is still read.
+//! It ends early once the destination has stayed past the source for
+//! [`SETTLED`].
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -45,6 +47,10 @@ fn ram_memfd(pid: &str, bytes: u64) -> Option<File> {
     None
 }
 
+/// How long the destination's reading must stay past the source's highest
+/// before the probe ends early.
+const SETTLED: Duration = Duration::from_secs(1);
+
 fn value(f: &File, offset: u64) -> u64 {
     let mut b = [0u8; 8];
     f.read_exact_at(&mut b, offset)
@@ -62,7 +68,8 @@ pub fn run(src_pid: &str, dst_pid: &str, bytes: &str, offset: &str, secs: &str) 
     // (the destination's value, when it was read) at the first reading past
     // the source's highest.
     let mut past: Option<(u64, u128)> = None;
-    while Instant::now() < end {
+    let mut past_since = Instant::now();
+    while Instant::now() < end && !(past.is_some() && past_since.elapsed() >= SETTLED) {
         std::thread::sleep(Duration::from_millis(1));
         let v = value(&src, offset);
         if v != src_max {
@@ -79,6 +86,7 @@ pub fn run(src_pid: &str, dst_pid: &str, bytes: &str, offset: &str, secs: &str) 
             let d = value(f, offset);
             if d > src_max {
                 past = Some((d, boottime_ms()));
+                past_since = Instant::now();
             }
         }
     }
