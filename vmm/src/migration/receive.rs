@@ -403,6 +403,7 @@ impl Receiver<'_> {
                     reason: "the configuration has no net device of that id".to_string(),
                 })?;
             net.fds = TapFds(std::sync::Arc::new(vec![fd]));
+            net.fds_from_migration = true;
         }
         take_host_fds(
             &mut config,
@@ -425,6 +426,12 @@ impl Receiver<'_> {
             window_files,
         )
         .map_err(MigrationError::State)?;
+        // Each net device holds its own copy of its passed tap: the
+        // configuration's would keep the tap attached after the device let
+        // go of it at a later migration's switch.
+        for net in config.net.iter_mut().filter(|n| n.fds_from_migration) {
+            net.fds = TapFds::default();
+        }
         Ok((config, vm))
     }
 }
