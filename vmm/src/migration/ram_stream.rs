@@ -230,17 +230,33 @@ fn write_all(channel: &Channel, bytes: &[u8]) -> Result<(), MigrationError> {
         .map_err(|e| MigrationError::Protocol(protocol::ProtocolError::Io(e)))
 }
 
+/// How many times over a sender may send all of guest RAM: a pre-copy
+/// sends it once, then at most [`super::MAX_ROUNDS`] rounds of dirty pages
+/// and the last ones, each at most all of RAM.
+pub const RAM_RESENDS: u64 = super::MAX_ROUNDS as u64 + 2;
+
 /// Takes one `Memory` request's table and bytes into `mem`; every range
-/// must lie in guest RAM (checked before a byte is read). Returns the
-/// ranges written.
+/// must lie in guest RAM and their bytes fit in what is left of `budget`
+/// (both checked before a byte is read; the budget is then charged).
+/// Returns the ranges written.
 pub fn receive_ranges(
     channel: &Channel,
     request: &Request,
     mem: &GuestMemoryMmap,
+    budget: &mut u64,
 ) -> Result<Vec<MemoryRange>, MigrationError> {
     let table = protocol::read_payload(&mut &*channel, request)?;
     let ranges = protocol::decode_ranges(Command::Memory, &table)?;
     debug_assert_eq!(ranges.len() * MEMORY_RANGE_LEN, table.len());
+    let bytes = ranges
+        .iter()
+        .try_fold(0u64, |sum, r| sum.checked_add(r.length))
+        .filter(|bytes| *bytes <= *budget)
+        .ok_or_else(|| {
+            MigrationError::Ram(format!(
+                "Memory: the sender sent more than {RAM_RESENDS} times guest RAM's size"
+            ))
+        })?;
     for (index, r) in ranges.iter().enumerate() {
         let inside = usize::try_from(r.length)
             .is_ok_and(|len| GuestMemoryBackend::check_range(mem, GuestAddress(r.gpa), len));
@@ -263,6 +279,7 @@ pub fn receive_ranges(
             done += n as u64;
         }
     }
+    *budget -= bytes;
     Ok(ranges)
 }
 
