@@ -7,6 +7,8 @@
 //! written and reads through a fixed buffer: a sender can make it write
 //! only inside guest RAM, and never makes it allocate per range.
 
+use std::io::Read;
+
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vm_state::protocol::{self, Command, MemoryRange, Request, MEMORY_RANGE_LEN};
 
@@ -240,12 +242,12 @@ pub const RAM_RESENDS: u64 = super::MAX_ROUNDS as u64 + 2;
 /// (both checked before a byte is read; the budget is then charged).
 /// Returns the ranges written.
 pub fn receive_ranges(
-    channel: &Channel,
+    stream: &mut impl Read,
     request: &Request,
     mem: &GuestMemoryMmap,
     budget: &mut u64,
 ) -> Result<Vec<MemoryRange>, MigrationError> {
-    let table = protocol::read_payload(&mut &*channel, request)?;
+    let table = protocol::read_payload(stream, request)?;
     let ranges = protocol::decode_ranges(Command::Memory, &table)?;
     debug_assert_eq!(ranges.len() * MEMORY_RANGE_LEN, table.len());
     let bytes = ranges
@@ -273,7 +275,7 @@ pub fn receive_ranges(
         while done < r.length {
             let n = narrow::usize_of((r.length - done).min(buf.len() as u64));
             let chunk = buf.get_mut(..n).unwrap_or_default();
-            read_exact(channel, chunk, r, done)?;
+            read_exact(stream, chunk, r, done)?;
             mem.write_slice(chunk, GuestAddress(r.gpa + done))
                 .map_err(|e| MigrationError::Ram(format!("writing {:#x}: {e}", r.gpa + done)))?;
             done += n as u64;
@@ -284,12 +286,12 @@ pub fn receive_ranges(
 }
 
 fn read_exact(
-    channel: &Channel,
+    stream: &mut impl Read,
     chunk: &mut [u8],
     r: &MemoryRange,
     done: u64,
 ) -> Result<(), MigrationError> {
-    std::io::Read::read_exact(&mut &*channel, chunk).map_err(|e| {
+    stream.read_exact(chunk).map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             MigrationError::Ram(format!(
                 "the sender closed the stream inside range {:#x}+{:#x}, {done} bytes in",

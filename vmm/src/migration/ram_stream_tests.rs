@@ -48,7 +48,7 @@ fn serve_within(
             return Ok(all);
         };
         assert_eq!(request.command(), Command::Memory);
-        match receive_ranges(&channel, &request, mem, &mut budget) {
+        match receive_ranges(&mut &channel, &request, mem, &mut budget) {
             Ok(ranges) => {
                 all.extend(ranges);
                 Response::ok().write_to(&mut &channel).unwrap();

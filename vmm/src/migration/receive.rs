@@ -200,7 +200,8 @@ impl Receiver<'_> {
                         when: "in a local migration (its RAM came as fds)",
                     });
                 };
-                let ranges = receive_ranges(self.socket, request, mem, &mut configured.ram_budget)?;
+                let ranges =
+                    receive_ranges(&mut &*self.socket, request, mem, &mut configured.ram_budget)?;
                 configured
                     .built
                     .base
