@@ -9,7 +9,9 @@ use vm_memory::bitmap::Bitmap;
 use vm_memory::mmap::NewBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-pub type Memory = GuestMemoryMmap<()>;
+/// Guest memory as the VMM maps it (its devices take this type).
+pub type Memory = virtio_devices::GuestMemoryMmap;
+
 /// Guest memory as the daemon maps it (each region with the dirty log's
 /// bitmap, empty here).
 pub type DaemonMemory = daemon::GuestMemoryMmap;

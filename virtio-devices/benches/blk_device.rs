@@ -21,9 +21,10 @@ use virtio_bindings::virtio_blk::VIRTIO_BLK_T_IN;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_devices::block::{Block, BlockDeviceConfig};
 use virtio_devices::device::ActivatedQueue;
+use virtio_devices::GuestMemoryMmap;
 use virtio_devices::{Interrupt, VirtioDevice, VirtioInterrupt};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
 use vmm_sys_util::eventfd::EventFd;
 
 const IMAGE: u64 = 64 << 20;
@@ -59,7 +60,7 @@ impl VirtioInterrupt for Irq {
 struct Rig {
     _image: vmm_sys_util::tempfile::TempFile,
     dev: Block,
-    mem: GuestMemoryMmap<()>,
+    mem: GuestMemoryMmap,
 }
 
 fn rig() -> Rig {

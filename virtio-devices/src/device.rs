@@ -1,6 +1,7 @@
 //! The device model both transports serve.
 
 use std::ops::RangeInclusive;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
@@ -257,6 +258,31 @@ pub trait VirtioDevice: Send {
     /// (a vhost-user daemon), so that a fresh one can serve the receiving
     /// VMM. The device serves nothing afterwards.
     fn release_backend(&mut self) {}
+
+    /// A migration over the network, at the switch (the device paused, its
+    /// state saved): the receiving VMM cannot be handed this VMM's fds and
+    /// opens the device's host side itself by its configured name (a disk
+    /// image on shared storage, a tap by name, the vsock's socket path), so
+    /// the device lets go of what would stop it: an image's lock, a tap
+    /// opened by name, the socket's name and listener. Ok(true) when it let
+    /// go of something. Until [`Self::reclaim_after_switch`] the device does
+    /// not serve that host side (a net device refuses to resume).
+    fn release_for_switch(&mut self) -> Result<bool, DeviceStateError> {
+        Ok(false)
+    }
+
+    /// The migration failed: takes back what [`Self::release_for_switch`]
+    /// let go of (nothing if it let go of nothing), so the device serves as
+    /// before once resumed. Ok(Some(fd)): it serves a new host fd now (a tap
+    /// opened again, a socket bound again), of which this is a copy for
+    /// the VMM's own list. Err names the device and what could not be taken
+    /// back: a disk then serves on without its lock (it is not released
+    /// any more), a net device stays without its tap (its resume is
+    /// refused) and the vsock device without its socket; for those two a
+    /// later call tries again.
+    fn reclaim_after_switch(&mut self) -> Result<Option<OwnedFd>, DeviceStateError> {
+        Ok(None)
+    }
 
     /// Asked before anything is paused: Err says why this device cannot be
     /// snapshotted or moved.

@@ -25,6 +25,15 @@ pub enum DeviceStateError {
     /// Pausing or resuming failed (a worker that did not stop in time).
     #[error("{device}: pausing: {reason}")]
     Pause { device: String, reason: String },
+    /// A migration's switch: the device could not let go of (`step`
+    /// "releasing") or take back ("reclaiming") its host side; `reason`
+    /// names the file, tap or socket.
+    #[error("{device}: {step} its host side for a migration's switch: {reason}")]
+    Switch {
+        device: String,
+        step: &'static str,
+        reason: String,
+    },
     /// A saved value the device refuses: which one and why.
     #[error("{device}: saved state: {field}: {reason}")]
     Invalid {

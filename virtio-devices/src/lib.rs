@@ -39,5 +39,11 @@ pub const DEVICE_WORKER_THREAD: &str = "device-worker";
 /// `block::io`): positioned reads and writes, flushes, fallocate.
 pub const BLOCK_IO_THREAD: &str = "block-io";
 
-/// Guest memory as the VMM maps it (no dirty-page bitmap).
-pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
+/// Guest memory as the VMM maps it. Each region carries a dirty-page
+/// bitmap that every write through vm-memory marks (the devices emulated
+/// in the VMM write guest RAM without KVM seeing it): a live migration's
+/// pre-copy reads it back beside KVM's dirty log. About one atomic OR per
+/// page written; 32 KiB of bitmap per GiB of RAM.
+pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<vm_memory::bitmap::AtomicBitmap>;
+/// One region of [`GuestMemoryMmap`].
+pub type GuestRegionMmap = vm_memory::GuestRegionMmap<vm_memory::bitmap::AtomicBitmap>;

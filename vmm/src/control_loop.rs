@@ -500,10 +500,10 @@ impl ControlLoop {
                 self.state.as_str()
             )));
         };
-        migration::send_migration(vm, config, &target.path).map_err(|e| {
+        migration::send_migration(vm, config, &target).map_err(|e| {
             ApiError::internal(format!(
                 "{ENDPOINT}: the VM could not be migrated to {}: {}",
-                target.path.display(),
+                target.url,
                 error_chain(&e)
             ))
         })?;
@@ -525,10 +525,10 @@ impl ControlLoop {
             )));
         }
         let observe = self.observer();
-        let received = migration::receive_migration(&source.path, Some(&observe)).map_err(|e| {
+        let received = migration::receive_migration(&source.url, Some(&observe)).map_err(|e| {
             ApiError::internal(format!(
                 "{ENDPOINT}: no VM was received on {}: {}",
-                source.path.display(),
+                source.url,
                 error_chain(&e)
             ))
         })?;

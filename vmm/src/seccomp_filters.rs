@@ -381,7 +381,25 @@ const INET_DGRAM: &[Cond] = &[
     Cond::eq(1, (SOCK_DGRAM | SOCK_CLOEXEC) as u32),
     Cond::eq(2, 0),
 ];
-pub const VMM_SOCKETS: &[&[Cond]] = &[UNIX_STREAM, UNIX_STREAM_NONBLOCK, INET_DGRAM];
+/// A migration over TCP (`tcp:` URLs): the main thread connects to the
+/// receiver or listens for the sender, as std makes the sockets.
+const INET_STREAM: &[Cond] = &[
+    Cond::eq(0, AF_INET as u32),
+    Cond::eq(1, (SOCK_STREAM | SOCK_CLOEXEC) as u32),
+    Cond::eq(2, 0),
+];
+const INET6_STREAM: &[Cond] = &[
+    Cond::eq(0, AF_INET6 as u32),
+    Cond::eq(1, (SOCK_STREAM | SOCK_CLOEXEC) as u32),
+    Cond::eq(2, 0),
+];
+pub const VMM_SOCKETS: &[&[Cond]] = &[
+    UNIX_STREAM,
+    UNIX_STREAM_NONBLOCK,
+    INET_DGRAM,
+    INET_STREAM,
+    INET6_STREAM,
+];
 pub const API_SOCKETS: &[&[Cond]] = &[UNIX_STREAM_NONBLOCK];
 pub const VSOCK_SOCKETS: &[&[Cond]] = &[UNIX_STREAM_NONBLOCK];
 

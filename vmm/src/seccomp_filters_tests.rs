@@ -175,9 +175,10 @@ fn prctl_only_names_new_threads_and_sets_no_new_privs_where_threads_start() {
 }
 
 /// `socket` took any family on the main and API threads: now unix stream
-/// sockets only, as std (main) and tokio (API) make them; none on a vCPU.
+/// sockets only, as std (main) and tokio (API) make them, and on the main
+/// thread a blocking TCP stream (a migration's); none on a vCPU.
 #[test]
-fn sockets_are_unix_streams_only() {
+fn sockets_are_unix_streams_and_the_main_threads_migration_stream() {
     let (blocking, nonblocking) = (
         SOCK_STREAM | SOCK_CLOEXEC,
         SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
@@ -186,10 +187,17 @@ fn sockets_are_unix_streams_only() {
     assert_eq!(under(MAIN, socket(AF_UNIX, blocking)), ok);
     assert_eq!(under(MAIN, socket(AF_UNIX, nonblocking)), ok);
     assert_eq!(under(ON_API, socket(AF_UNIX, nonblocking)), ok);
+    // A migration's TCP stream, the main thread's only (std's blocking
+    // sockets: connect, or listen and accept one sender).
+    assert_eq!(under(MAIN, socket(AF_INET, blocking)), ok);
+    assert_eq!(under(MAIN, socket(AF_INET6, blocking)), ok);
+    assert_eq!(under(ON_API, socket(AF_INET, blocking)), SIGSYS_);
+    assert_eq!(under(ON_API, socket(AF_INET6, blocking)), SIGSYS_);
     for kinds in [MAIN, ON_API] {
         for (domain, kind) in [
-            (AF_INET, blocking),
+            (AF_INET, nonblocking),
             (AF_INET6, nonblocking),
+            (AF_INET, SOCK_STREAM),
             (AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC),
             (AF_PACKET, SOCK_RAW),
             (AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC),
@@ -647,10 +655,15 @@ fn the_net_worker_moves_frames_and_nothing_else() {
     for kinds in [ON_ACTIVATOR, ON_NET, ON_API, ON_VCPU] {
         assert_eq!(under(kinds, socket(AF_INET, inet)), SIGSYS_, "{kinds:?}");
     }
-    assert_eq!(
-        under(MAIN, socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC)),
-        SIGSYS_
-    );
+    // A TCP stream is the main thread's for a migration; no other
+    // thread that handles guest traffic has one.
+    for kinds in [ON_ACTIVATOR, ON_NET, ON_API, ON_VCPU] {
+        assert_eq!(
+            under(kinds, socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC)),
+            SIGSYS_,
+            "{kinds:?}"
+        );
+    }
 
     // A real tap (needs CAP_NET_ADMIN): opened on the main thread, its
     // offloads set on the activator, read on the worker.

@@ -12,7 +12,7 @@ const ADDED_GPA: u64 = 0x1_0000_0000;
 const ADDED_SIZE: u64 = 2 * MIB;
 const CHUNK: usize = 64 * 1024;
 
-fn ram_region(gpa: u64, size: u64) -> Arc<vm_memory::GuestRegionMmap<()>> {
+fn ram_region(gpa: u64, size: u64) -> Arc<virtio_devices::GuestRegionMmap> {
     let file = TempFile::new().unwrap().into_file();
     file.set_len(size).unwrap();
     Arc::new(

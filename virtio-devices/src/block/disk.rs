@@ -109,6 +109,25 @@ fn lock(file: &File, readonly: bool, path: &Path) -> bool {
     }
 }
 
+/// Lets go of the open-file-description lock [`lock`] took; the file
+/// stays open. Unlocking what holds no lock is no error (nor is a file
+/// system without such locks).
+fn unlock(file: &File) -> std::io::Result<()> {
+    // SAFETY: an all-zero flock is valid; the fields that matter are set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = const { narrow::c_short_of(libc::F_UNLCK) };
+    fl.l_whence = const { narrow::c_short_of(libc::SEEK_SET) };
+    // SAFETY: fcntl on our fd with a pointer to a live flock.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOLCK | libc::EOPNOTSUPP) => Ok(()),
+        _ => Err(e),
+    }
+}
+
 impl DiskFile {
     /// Opens `path` read-only or read-write, with `O_DIRECT` when `direct`.
     ///
@@ -292,6 +311,31 @@ impl DiskFile {
             sectors,
             readonly,
         })
+    }
+
+    /// A migration's switch over the network: the receiving VMM opens and
+    /// locks the image `path` names itself (shared storage), so this one
+    /// lets go of its lock. The image stays open; its user must not do I/O
+    /// until [`Self::relock`] (the VM is paused). The error names `path`.
+    pub fn unlock(&self, path: &Path) -> Result<(), DiskError> {
+        unlock(&self.file).map_err(|source| DiskError::Open {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Takes the lock [`Self::unlock`] let go of again, as the open took
+    /// it (shared when read-only, exclusive when writable);
+    /// [`DiskError::Locked`] when another process holds a conflicting one
+    /// meanwhile.
+    pub fn relock(&self, path: &Path) -> Result<(), DiskError> {
+        if lock(&self.file, self.readonly, path) {
+            Ok(())
+        } else {
+            Err(DiskError::Locked {
+                path: path.to_path_buf(),
+            })
+        }
     }
 
     /// The open image.

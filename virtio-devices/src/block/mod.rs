@@ -55,6 +55,10 @@ pub struct BlockDeviceConfig {
 
 pub struct Block {
     shared: Arc<io::Shared>,
+    /// The image's path, which errors name.
+    path: PathBuf,
+    /// A migration's switch let go of the image's lock.
+    unlocked: bool,
     queue_sizes: Vec<u16>,
     acked: AckedFeatures,
     running: Option<io::BlockQueues>,
@@ -104,6 +108,8 @@ impl Block {
             max_range_sectors: MAX_RANGE_SECTORS,
         };
         Block {
+            path: c.path.clone(),
+            unlocked: false,
             shared: Arc::new(io::Shared {
                 name: format!("virtio-blk {}", c.id),
                 disk: Arc::new(disk),
@@ -329,6 +335,48 @@ impl VirtioDevice for Block {
 
     fn check_movable(&self) -> Result<(), DeviceStateError> {
         Ok(())
+    }
+
+    /// The receiving VMM locks the image itself (shared storage): the lock
+    /// goes, the image stays open (the device is paused: no I/O meanwhile).
+    fn release_for_switch(&mut self) -> Result<bool, DeviceStateError> {
+        if self.unlocked {
+            return Ok(true);
+        }
+        self.shared
+            .disk
+            .unlock(&self.path)
+            .map_err(|e| DeviceStateError::Switch {
+                device: self.shared.name.clone(),
+                step: "releasing",
+                reason: e.to_string(),
+            })?;
+        self.unlocked = true;
+        Ok(true)
+    }
+
+    /// The lock again (exclusive when writable, shared when read-only). A
+    /// process that took it meanwhile keeps it: the error says so, and the
+    /// disk serves on without the lock.
+    fn reclaim_after_switch(&mut self) -> Result<Option<std::os::fd::OwnedFd>, DeviceStateError> {
+        if !std::mem::take(&mut self.unlocked) {
+            return Ok(None);
+        }
+        match self.shared.disk.relock(&self.path) {
+            Ok(()) => Ok(None),
+            Err(e) => {
+                tracing::error!(
+                    "{}: {e}: the image's lock could not be taken back after a failed \
+                     migration; this VM runs on WITHOUT it (another process may write the image)",
+                    self.shared.name
+                );
+                Err(DeviceStateError::Switch {
+                    device: self.shared.name.clone(),
+                    step: "reclaiming",
+                    reason: format!("{e}; the disk serves on without the lock"),
+                })
+            }
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Pausing, saving and restoring the device: nothing in flight after a
 //! pause, positions that continue after a resume or a restore, and a saved
-//! state that must fit the disk.
+//! state that must fit the disk; a migration's switch that lets go of the
+//! image's lock and takes it back.
 
 use std::sync::mpsc::channel;
 use std::sync::Mutex;
@@ -163,4 +164,55 @@ fn a_device_never_activated_pauses_with_no_queues() {
     assert_eq!(dev.pause().unwrap(), Vec::new(), "not activated");
     assert!(dev.resume().is_ok());
     assert!(dev.check_movable().is_ok());
+}
+
+/// A migration's switch over the network: released, the writable disk's
+/// image is free for another open to lock as writable (the receiving VMM
+/// on shared storage) while the device keeps it open; taken back, a
+/// second user is refused again. Taken back while another holds it: the
+/// error names the disk and the image's path, and nothing is released
+/// any more. A read-only disk takes back a shared lock: readers share the
+/// image again, a writer is refused.
+#[test]
+fn a_switch_lets_go_of_the_images_lock_and_takes_it_back() {
+    let t = image(8);
+    let path = t.as_path();
+    let locked = |readonly| {
+        matches!(
+            DiskFile::open(path, readonly, false),
+            Err(DiskError::Locked { .. })
+        )
+    };
+    let mut dev = Block::new(&config(path, false)).unwrap();
+    assert!(locked(false) && locked(true), "held at first");
+    assert!(dev.release_for_switch().unwrap());
+    let receiver = DiskFile::open(path, false, false).expect("free once released");
+    drop(receiver);
+    assert!(dev.reclaim_after_switch().unwrap().is_none(), "the same fd");
+    assert!(locked(false) && locked(true), "held again");
+
+    assert!(dev.release_for_switch().unwrap());
+    let other = DiskFile::open(path, false, false).unwrap();
+    let e = dev.reclaim_after_switch().unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!(
+            "virtio-blk disk0: reclaiming its host side for a migration's switch: \
+             disk path={}: locked by another process (a writable disk needs the image \
+             to itself; read-only disks share it); the disk serves on without the lock",
+            path.display()
+        )
+    );
+    assert!(
+        dev.reclaim_after_switch().unwrap().is_none(),
+        "nothing left"
+    );
+    drop((other, dev));
+
+    let mut ro = Block::new(&config(path, true)).unwrap();
+    assert!(ro.release_for_switch().unwrap());
+    drop(DiskFile::open(path, false, false).expect("a writer gets it"));
+    ro.reclaim_after_switch().unwrap();
+    assert!(locked(false), "a writer is refused again");
+    drop(DiskFile::open(path, true, false).expect("readers share it"));
 }

@@ -63,6 +63,7 @@ fn device(mtu: Option<u16>, offers: u64) -> (Net, Arc<FakeTap>, UnixDatagram) {
         mtu,
         queue_size: 16,
         allowed_offloads: header::OFFLOAD_FEATURES,
+        reopen: None,
     });
     (net, tap, b)
 }

@@ -17,6 +17,7 @@ pub mod rx;
 pub mod tap;
 pub mod worker;
 
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -62,7 +63,17 @@ pub struct NetDeviceConfig {
     /// Offload features the config allows (`offload_csum`, `offload_tso`);
     /// offered where the tap takes them too.
     pub allowed_offloads: u64,
+    /// How to open the tap again by its name, set up as the first time:
+    /// given for a tap opened by name, which a migration's switch then
+    /// closes (see [`VirtioDevice::release_for_switch`]). None for a tap
+    /// passed as an fd, which is never closed: it could not be opened
+    /// again, and a receiving VMM gets fds of its own.
+    pub reopen: Option<TapReopen>,
 }
+
+/// Opens a net device's tap again (on the thread that takes it back: the
+/// VMM's main thread, whose seccomp filter lets it open files).
+pub type TapReopen = Box<dyn Fn() -> Result<Arc<dyn TapLike>, TapError> + Send>;
 
 /// The host side as the device uses it: frames, and the offload switch.
 /// A [`Tap`] in the VMM; a stand-in in tests.
@@ -93,7 +104,9 @@ impl TapLike for Tap {
 
 pub struct Net {
     id: String,
-    tap: Arc<dyn TapLike>,
+    /// None while a migration's switch closed it.
+    tap: Option<Arc<dyn TapLike>>,
+    reopen: Option<TapReopen>,
     mac: MacAddr,
     mtu: Option<u16>,
     offloads: u64,
@@ -112,7 +125,8 @@ impl Net {
         let offloads = c.tap.offload_features() & c.allowed_offloads;
         Net {
             id: c.id,
-            tap: c.tap,
+            tap: Some(c.tap),
+            reopen: c.reopen,
             mac: c.mac,
             mtu: c.mtu,
             offloads,
@@ -183,9 +197,14 @@ impl VirtioDevice for Net {
         let queues = event_idx_queues(queues, NUM_QUEUES..=NUM_QUEUES, self.acked.bits())?;
         // The previous worker (if any) stops before the new one starts.
         self.worker = None;
+        let Some(tap) = &self.tap else {
+            return Err(ActivateError::BackendGone {
+                device: format!("virtio-net {}", self.id),
+                why: "its tap is closed (a migration's switch released it)",
+            });
+        };
         let flags = header::tap_offload_flags(self.acked.bits());
-        self.tap
-            .set_offload(flags)
+        tap.set_offload(flags)
             .map_err(|source| ActivateError::TapOffload {
                 device: format!("virtio-net {}", self.id),
                 flags,
@@ -198,7 +217,7 @@ impl VirtioDevice for Net {
             rx.kick.write(1)?;
             tx.kick.write(1)?;
         }
-        let io: Arc<dyn FrameIo> = Arc::new(TapFrames(self.tap.clone()));
+        let io: Arc<dyn FrameIo> = Arc::new(TapFrames(tap.clone()));
         self.worker = Some(PairWorker::spawn(
             NET_WORKER_THREAD,
             format!("net-{}", self.id),
@@ -319,6 +338,57 @@ impl VirtioDevice for Net {
     fn check_movable(&self) -> Result<(), DeviceStateError> {
         Ok(())
     }
+
+    /// A tap opened by name is single-queue: the receiving VMM cannot open
+    /// it while this one holds it. The worker lets go of it and it is
+    /// closed (the caller closes its own copies); a tap this VMM created
+    /// goes with its last fd, and the receiver creates it again. A tap
+    /// passed as an fd is kept (Ok(false)).
+    fn release_for_switch(&mut self) -> Result<bool, DeviceStateError> {
+        if self.reopen.is_none() {
+            return Ok(false);
+        }
+        if let Some(worker) = &mut self.worker {
+            worker
+                .take_io()
+                .map_err(|reason| DeviceStateError::Switch {
+                    device: format!("virtio-net {}", self.id),
+                    step: "releasing",
+                    reason,
+                })?;
+        }
+        self.tap = None;
+        Ok(true)
+    }
+
+    /// Opens the tap again by name (set up as at first, the offloads the
+    /// guest acked given again) and hands it to the worker; Ok(Some(fd)):
+    /// a copy of the new tap's fd.
+    fn reclaim_after_switch(&mut self) -> Result<Option<OwnedFd>, DeviceStateError> {
+        let (None, Some(reopen)) = (&self.tap, &self.reopen) else {
+            return Ok(None);
+        };
+        let fail = |reason: String| DeviceStateError::Switch {
+            device: format!("virtio-net {}", self.id),
+            step: "reclaiming",
+            reason,
+        };
+        let tap = reopen().map_err(|e| fail(e.to_string()))?;
+        if let Some(worker) = &mut self.worker {
+            let flags = header::tap_offload_flags(self.acked.bits());
+            tap.set_offload(flags)
+                .map_err(|e| fail(format!("TUNSETOFFLOAD {flags:#x}: {e}")))?;
+            worker
+                .put_io(Arc::new(TapFrames(tap.clone())))
+                .map_err(fail)?;
+        }
+        // SAFETY: `tap` owns the fd and lives through this borrow.
+        let copy = unsafe { BorrowedFd::borrow_raw(tap.as_raw_fd()) }
+            .try_clone_to_owned()
+            .map_err(|e| fail(format!("duplicating the tap's fd: {e}")));
+        self.tap = Some(tap);
+        copy.map(Some)
+    }
 }
 
 /// The tap seen as frames only, for the worker.
@@ -342,3 +412,7 @@ mod tests;
 #[cfg(test)]
 #[path = "pause_tests.rs"]
 mod pause_tests;
+
+#[cfg(test)]
+#[path = "switch_tests.rs"]
+mod switch_tests;

@@ -48,6 +48,7 @@ fn net(tap: &Arc<FakeTap>, mac: &str, mtu: Option<u16>) -> Net {
         mtu,
         queue_size: 16,
         allowed_offloads: header::OFFLOAD_FEATURES,
+        reopen: None,
     })
 }
 

@@ -305,6 +305,12 @@ impl AsRawFd for Tap {
     }
 }
 
+impl AsFd for Tap {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
 impl FrameIo for Tap {}
 
 /// A datagram socket keeps frame boundaries as a tap does: tests and the

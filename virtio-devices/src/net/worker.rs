@@ -44,7 +44,9 @@ struct Pair {
     tx: Queue,
     tx_index: u16,
     tx_kick: EventFd,
-    io: Arc<dyn FrameIo>,
+    /// None while a migration's switch closed the tap: the thread does
+    /// not start then.
+    io: Option<Arc<dyn FrameIo>>,
     acked: u64,
     rx_path: RxPath,
     tx_path: TxPath,
@@ -85,7 +87,7 @@ impl PairWorker {
             tx: s.tx.queue,
             tx_index: s.tx.index,
             tx_kick: s.tx.kick,
-            io: s.io,
+            io: Some(s.io),
             acked: s.acked,
             rx_path: RxPath::new(s.acked & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0),
             tx_path: TxPath,
@@ -111,10 +113,15 @@ impl PairWorker {
         let events = EventLoop::new()?;
         let device = {
             let p = lock(&self.pair);
+            let Some(io) = &p.io else {
+                return Err(std::io::Error::other(
+                    "its tap is closed (a migration's switch released it)",
+                ));
+            };
             events.add(p.rx_kick.as_raw_fd(), EventSet::IN, RX_KICK)?;
             events.add(p.tx_kick.as_raw_fd(), EventSet::IN, TX_KICK)?;
             if p.tap_watched {
-                events.add(p.io.as_raw_fd(), EventSet::IN, TAP)?;
+                events.add(io.as_raw_fd(), EventSet::IN, TAP)?;
             }
             p.device.clone()
         };
@@ -201,6 +208,26 @@ impl PairWorker {
         self.paused = false;
         Ok(())
     }
+
+    /// While paused: the worker lets go of its tap (a migration's switch
+    /// closes it); it cannot resume until [`Self::put_io`].
+    pub fn take_io(&mut self) -> Result<(), String> {
+        if !self.paused || self.thread.is_some() {
+            return Err("the device is not paused".into());
+        }
+        lock(&self.pair).io = None;
+        Ok(())
+    }
+
+    /// While paused: the tap opened again after [`Self::take_io`]; the
+    /// resume serves it, watched as the old one was.
+    pub fn put_io(&mut self, io: Arc<dyn FrameIo>) -> Result<(), String> {
+        if !self.paused || self.thread.is_some() {
+            return Err("the device is not paused".into());
+        }
+        lock(&self.pair).io = Some(io);
+        Ok(())
+    }
 }
 
 fn lock(pair: &Mutex<Pair>) -> std::sync::MutexGuard<'_, Pair> {
@@ -226,6 +253,10 @@ impl Pair {
     /// ran out, and then turned on (with EVENT_IDX: asked for at the next
     /// buffer) before the thread waits for one.
     fn receive(&mut self, l: &EventLoop) -> bool {
+        // The thread runs only with a tap (see start_thread).
+        let Some(io) = self.io.as_deref() else {
+            return false;
+        };
         let guard = self.mem.memory();
         let mut used = 0;
         let progress = loop {
@@ -236,7 +267,7 @@ impl Pair {
             let (progress, n, drop) =
                 match self
                     .rx_path
-                    .process(&mut self.rx, &*guard, &*self.io, &mut self.counters)
+                    .process(&mut self.rx, &*guard, io, &mut self.counters)
                 {
                     Ok(r) => r,
                     Err(e) => {
@@ -269,12 +300,12 @@ impl Pair {
         let watch = progress != RxProgress::NoBuffers;
         if watch != self.tap_watched {
             if watch {
-                if let Err(e) = l.add(self.io.as_raw_fd(), EventSet::IN, TAP) {
+                if let Err(e) = l.add(io.as_raw_fd(), EventSet::IN, TAP) {
                     crate::error_limited!("{}: watching the tap: {e}", self.device);
                     return false;
                 }
             } else {
-                l.remove(self.io.as_raw_fd());
+                l.remove(io.as_raw_fd());
             }
             self.tap_watched = watch;
         }
@@ -285,6 +316,9 @@ impl Pair {
     /// does not kick for frames it queues while this runs); false when the
     /// queue broke.
     fn transmit(&mut self) -> bool {
+        let Some(io) = self.io.as_deref() else {
+            return false;
+        };
         let guard = self.mem.memory();
         let mut used = 0;
         loop {
@@ -295,7 +329,7 @@ impl Pair {
             let (n, drop) = match self.tx_path.process(
                 &mut self.tx,
                 &*guard,
-                &*self.io,
+                io,
                 self.acked,
                 &mut self.counters,
             ) {

@@ -406,6 +406,18 @@ impl MmioTransport {
         self.state.device().release_backend();
     }
 
+    /// See [`crate::device::VirtioDevice::release_for_switch`]: a migration's
+    /// switch over the network, the device paused and saved.
+    pub fn release_for_switch(&self) -> Result<bool, DeviceStateError> {
+        self.state.device().release_for_switch()
+    }
+
+    /// See [`crate::device::VirtioDevice::reclaim_after_switch`]: that
+    /// migration failed.
+    pub fn reclaim_after_switch(&self) -> Result<Option<std::os::fd::OwnedFd>, DeviceStateError> {
+        self.state.device().reclaim_after_switch()
+    }
+
     pub fn pause(&mut self) -> Result<(), TransportStateError> {
         self.state.pause()
     }

@@ -22,7 +22,7 @@ use super::dirty_log::SharedDirtyLog;
 use super::{arm_watchdog, FsError, VHOST_USER_TIMEOUT};
 use crate::GuestMemoryMmap;
 
-type GuestRegionMmap = vm_memory::GuestRegionMmap<()>;
+use crate::GuestRegionMmap;
 
 /// Regions one `SET_MEM_TABLE` carries (the spec's baseline).
 pub const BASELINE_REGIONS: usize = 8;

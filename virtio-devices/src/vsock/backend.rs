@@ -60,6 +60,16 @@ pub enum BackendError {
     Epoll(std::io::Error),
 }
 
+/// The listener a switch took from the backend ([`UnixBackend::take_listener`]).
+pub struct TakenListener {
+    pub listener: UnixListener,
+    /// The socket file it is bound to, when known.
+    pub socket_id: Option<SocketId>,
+    /// Whether the name was the backend's: the caller removes the socket
+    /// file then (if it still is `socket_id`).
+    pub ours: bool,
+}
+
 /// A host stream that has not finished its `CONNECT <port>\n` line.
 struct PendingHost {
     stream: UnixStream,
@@ -80,7 +90,8 @@ pub struct UnixBackend {
     path: PathBuf,
     /// The socket file bound at `path`: the one removed at the end.
     socket_id: Option<SocketId>,
-    listener: UnixListener,
+    /// None while a migration's switch has taken it ([`Self::take_listener`]).
+    listener: Option<UnixListener>,
     epoll: Epoll,
     timer: TimerFd,
     conns: HashMap<Key, (u64, Connection)>,
@@ -181,7 +192,7 @@ impl UnixBackend {
             guest_cid,
             path: path.to_path_buf(),
             socket_id,
-            listener,
+            listener: Some(listener),
             epoll,
             timer,
             conns: HashMap::new(),
@@ -195,12 +206,9 @@ impl UnixBackend {
             released: false,
             name,
         };
-        setup(b.watch(
-            ControlOperation::Add,
-            b.listener.as_raw_fd(),
-            EventSet::IN,
-            LISTENER,
-        ))?;
+        if let Some(l) = &b.listener {
+            setup(b.watch(ControlOperation::Add, l.as_raw_fd(), EventSet::IN, LISTENER))?;
+        }
         setup(b.watch(
             ControlOperation::Add,
             b.timer.as_raw_fd(),
@@ -210,9 +218,10 @@ impl UnixBackend {
         Ok(b)
     }
 
-    /// The listening socket (a local migration passes it on).
-    pub fn listener(&self) -> &UnixListener {
-        &self.listener
+    /// The listening socket (a local migration passes it on); None while
+    /// a migration's switch has taken it.
+    pub fn listener(&self) -> Option<&UnixListener> {
+        self.listener.as_ref()
     }
 
     /// Whether the socket's name goes with this backend.
@@ -229,34 +238,86 @@ impl UnixBackend {
     /// move (the receiver's guest is told they are gone).
     pub fn release(&mut self) {
         if !self.released {
-            let _ = self.epoll.ctl(
-                ControlOperation::Delete,
-                self.listener.as_raw_fd(),
-                EpollEvent::default(),
-            );
+            if let Some(l) = &self.listener {
+                let _ = self.epoll.ctl(
+                    ControlOperation::Delete,
+                    l.as_raw_fd(),
+                    EpollEvent::default(),
+                );
+            }
             self.released = true;
             self.name.disown();
         }
     }
 
     /// Undoes [`Self::release`]: the migration failed and this VMM's guest
-    /// runs on, its socket served here again.
+    /// runs on, its socket served here again. A listener a switch took
+    /// comes back with [`Self::put_listener`] only.
     pub fn reclaim(&mut self) {
         if self.released {
-            if let Err(e) = self.watch(
-                ControlOperation::Add,
-                self.listener.as_raw_fd(),
-                EventSet::IN,
-                LISTENER,
-            ) {
+            self.released = false;
+            let Some(l) = &self.listener else { return };
+            if let Err(e) = self.watch(ControlOperation::Add, l.as_raw_fd(), EventSet::IN, LISTENER)
+            {
                 crate::error_limited!(
                     "vsock {}: host connections not served again: {e}",
                     self.path.display()
                 );
             }
-            self.released = false;
             self.name.claim();
         }
+    }
+
+    /// A migration's switch over the network: the receiving VMM binds the
+    /// socket's path itself, so this backend stops accepting and gives the
+    /// listener up (the caller closes it, and removes the socket file if
+    /// [`TakenListener::ours`]). Its name is no longer this backend's. Open
+    /// connections stay: they cannot move over the network; they end with
+    /// this VMM (the receiving guest is told they are gone), or go on if
+    /// the migration fails. None: taken already.
+    pub fn take_listener(&mut self) -> Option<TakenListener> {
+        let listener = self.listener.take()?;
+        let _ = self.epoll.ctl(
+            ControlOperation::Delete,
+            listener.as_raw_fd(),
+            EpollEvent::default(),
+        );
+        // A local release gave the name up for a receiver on this very
+        // listener; a switch has passed it to none, so the name is still
+        // this VMM's to remove.
+        let ours = self.name.is_owned() || self.released;
+        self.name.disown();
+        self.released = false;
+        Some(TakenListener {
+            listener,
+            socket_id: self.socket_id.take(),
+            ours,
+        })
+    }
+
+    /// The migration failed: serves `listener`, bound again at the path
+    /// (see [`socket_path::bind`]; `socket_id` from there), and the name is
+    /// this backend's again.
+    pub fn put_listener(
+        &mut self,
+        listener: UnixListener,
+        socket_id: Option<SocketId>,
+    ) -> Result<(), BackendError> {
+        listener
+            .set_nonblocking(true)
+            .map_err(BackendError::Epoll)?;
+        self.watch(
+            ControlOperation::Add,
+            listener.as_raw_fd(),
+            EventSet::IN,
+            LISTENER,
+        )
+        .map_err(BackendError::Epoll)?;
+        self.listener = Some(listener);
+        self.socket_id = socket_id;
+        self.released = false;
+        self.name.claim();
+        Ok(())
     }
 
     /// The epoll fd to watch: readable when a host socket or the timer is.
@@ -489,7 +550,10 @@ impl UnixBackend {
 
     fn accept(&mut self) {
         loop {
-            let stream = match self.listener.accept() {
+            let Some(listener) = &self.listener else {
+                return;
+            };
+            let stream = match listener.accept() {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => return,

@@ -244,7 +244,7 @@ fn a_released_socket_is_left_to_the_receiver_and_a_resume_takes_it_back() {
     let mut source = Vsock::new("vsock0".into(), 3, path.clone()).unwrap();
     assert!(taken(&path));
     assert!(source.socket_name().is_owned());
-    let listener = source.listener().try_clone_to_owned().unwrap();
+    let listener = source.listener().unwrap().try_clone_to_owned().unwrap();
     let passed = || UnixListener::from(listener.try_clone().unwrap());
     source.release_backend();
     assert!(!source.socket_name().is_owned());

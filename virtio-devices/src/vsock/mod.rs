@@ -21,6 +21,7 @@ pub mod queues;
 pub mod socket_path;
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
@@ -40,8 +41,9 @@ use crate::device_state::{invalid, DeviceStateError, SavedQueue, StateFields};
 use crate::event_loop::{EventLoop, Flow, WorkerThread};
 use crate::GuestMemoryMmap;
 
-pub use backend::{BackendError, SocketName, UnixBackend};
+pub use backend::{BackendError, SocketName, TakenListener, UnixBackend};
 use queues::{ActiveQueues, RX_QUEUE, TX_QUEUE};
+use socket_path::SocketId;
 
 pub const VIRTIO_ID_VSOCK: u32 = 19;
 /// The seccomp thread kind of the device's thread (see the VMM's
@@ -79,6 +81,14 @@ enum Command {
     /// Stop accepting on the host socket and leave its name (a local
     /// migration moved it; a resume takes it back); answer when done.
     Release(SyncSender<()>),
+    /// A migration's switch: stop accepting and answer with the listener.
+    TakeListener(SyncSender<Option<TakenListener>>),
+    /// That migration failed: serve this listener, bound again at the path.
+    PutListener {
+        listener: UnixListener,
+        socket_id: Option<SocketId>,
+        done: SyncSender<Result<(), BackendError>>,
+    },
 }
 
 pub struct Vsock {
@@ -94,8 +104,10 @@ pub struct Vsock {
     /// old process) and serves what the queues hold without a kick.
     restored: bool,
     /// The host listener (the thread's backend serves it): a local
-    /// migration passes it on.
-    listener: OwnedFd,
+    /// migration passes it on. None while a migration's switch released it.
+    listener: Option<OwnedFd>,
+    /// Where the socket is bound (a switch's reclaim binds it again).
+    path: PathBuf,
     /// Whether the backend removes the socket's name when it goes.
     name: SocketName,
     _thread: WorkerThread,
@@ -117,7 +129,8 @@ struct Worker {
 impl Vsock {
     /// Binds `path` and starts the device's thread.
     pub fn new(id: String, cid: u64, path: PathBuf) -> Result<Self, BackendError> {
-        Self::start(id, cid, UnixBackend::new(cid, &path)?)
+        let backend = UnixBackend::new(cid, &path)?;
+        Self::start(id, cid, path, backend)
     }
 
     /// Starts the device's thread on the listener another process bound
@@ -129,12 +142,14 @@ impl Vsock {
         path: PathBuf,
         listener: std::os::unix::net::UnixListener,
     ) -> Result<Self, BackendError> {
-        Self::start(id, cid, UnixBackend::adopt(cid, &path, listener)?)
+        let backend = UnixBackend::adopt(cid, &path, listener)?;
+        Self::start(id, cid, path, backend)
     }
 
-    /// The host listener: the socket host clients connect to.
-    pub fn listener(&self) -> BorrowedFd<'_> {
-        self.listener.as_fd()
+    /// The host listener: the socket host clients connect to (None while
+    /// a migration's switch released it).
+    pub fn listener(&self) -> Option<BorrowedFd<'_>> {
+        self.listener.as_ref().map(AsFd::as_fd)
     }
 
     /// Whether the socket's name goes with the device; a device on a
@@ -143,11 +158,16 @@ impl Vsock {
         &self.name
     }
 
-    fn start(id: String, cid: u64, backend: UnixBackend) -> Result<Self, BackendError> {
+    fn start(
+        id: String,
+        cid: u64,
+        path: PathBuf,
+        backend: UnixBackend,
+    ) -> Result<Self, BackendError> {
         let listener = backend
             .listener()
-            .as_fd()
-            .try_clone_to_owned()
+            .map(|l| l.as_fd().try_clone_to_owned())
+            .transpose()
             .map_err(BackendError::Epoll)?;
         let name = backend.name().clone();
         let events = EventLoop::new().map_err(BackendError::Epoll)?;
@@ -193,6 +213,7 @@ impl Vsock {
             broken,
             restored: false,
             listener,
+            path,
             name,
             _thread: thread,
         })
@@ -323,6 +344,16 @@ impl Worker {
             Command::Release(done) => {
                 self.backend.release();
                 let _ = done.send(());
+            }
+            Command::TakeListener(done) => {
+                let _ = done.send(self.backend.take_listener());
+            }
+            Command::PutListener {
+                listener,
+                socket_id,
+                done,
+            } => {
+                let _ = done.send(self.backend.put_listener(listener, socket_id));
             }
         }
     }
@@ -476,6 +507,84 @@ impl VirtioDevice for Vsock {
     /// guest they are gone (a transport reset).
     fn check_movable(&self) -> Result<(), DeviceStateError> {
         Ok(())
+    }
+
+    /// The receiving VMM binds the socket's path itself: the thread stops
+    /// accepting and gives the listener up, every copy of it here is
+    /// closed (a client waiting in its queue is refused) and the socket
+    /// file removed if it still is the one this device bound; a client
+    /// connecting meanwhile finds no socket, then the receiver's. Host
+    /// connections already open stay: they cannot move over the network,
+    /// and end with this VMM (the receiving guest hears a transport reset)
+    /// or go on if the migration fails. The caller closes its own copies.
+    fn release_for_switch(&mut self) -> Result<bool, DeviceStateError> {
+        let fail = |reason: &str| DeviceStateError::Switch {
+            device: self.state_name(),
+            step: "releasing",
+            reason: reason.into(),
+        };
+        let (done, wait) = sync_channel(1);
+        self.send(Command::TakeListener(done))
+            .map_err(|_| fail("its thread is gone"))?;
+        let taken = wait
+            .recv_timeout(RESET_TIMEOUT)
+            .map_err(|_| fail("its thread did not answer within 5s"))?;
+        self.listener = None;
+        if let Some(t) = taken {
+            if t.ours {
+                socket_path::remove_if_bound(&self.path, t.socket_id);
+            }
+            drop(t.listener);
+        }
+        Ok(true)
+    }
+
+    /// Binds the socket's path again (a stale socket there, the
+    /// receiver's once it is gone, is replaced; a live one is an error
+    /// naming the path) and serves it; the name is this device's again.
+    fn reclaim_after_switch(&mut self) -> Result<Option<OwnedFd>, DeviceStateError> {
+        if self.listener.is_some() {
+            return Ok(None);
+        }
+        let fail = |reason: String| DeviceStateError::Switch {
+            device: self.state_name(),
+            step: "reclaiming",
+            reason,
+        };
+        let (listener, socket_id) =
+            socket_path::bind(&self.path).map_err(|e| fail(e.to_string()))?;
+        let served = (|| {
+            listener
+                .set_nonblocking(true)
+                .map_err(|e| format!("making the listener non-blocking: {e}"))?;
+            let copy = |l: &UnixListener| {
+                l.as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| format!("duplicating the listener: {e}"))
+            };
+            let (kept, given) = (copy(&listener)?, copy(&listener)?);
+            let (done, wait) = sync_channel(1);
+            self.send(Command::PutListener {
+                listener,
+                socket_id,
+                done,
+            })
+            .map_err(|_| "its thread is gone".to_string())?;
+            wait.recv_timeout(RESET_TIMEOUT)
+                .map_err(|_| "its thread did not answer within 5s".to_string())?
+                .map_err(|e| e.to_string())?;
+            Ok((kept, given))
+        })();
+        match served {
+            Ok((kept, given)) => {
+                self.listener = Some(kept);
+                Ok(Some(given))
+            }
+            Err(reason) => {
+                socket_path::remove_if_bound(&self.path, socket_id);
+                Err(fail(reason))
+            }
+        }
     }
 }
 

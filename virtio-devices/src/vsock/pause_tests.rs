@@ -1,6 +1,7 @@
 //! Pausing, saving and restoring the device: positions, nothing served
 //! while paused, and the transport reset a restored device posts so the
-//! guest drops the connections that died with the old process.
+//! guest drops the connections that died with the old process; a
+//! migration's switch that gives the socket path up and binds it again.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -309,4 +310,61 @@ fn the_transport_reset_waits_for_a_buffer_that_holds_it() {
     );
     queues::post_transport_reset(&mut q, &mem).unwrap();
     assert_eq!(used_idx(&mem, &evq), 2, "posted once");
+}
+
+/// A migration's switch over the network, on an activated and paused
+/// device: released, the socket file is gone and another device (the
+/// receiving VMM's) binds the path and takes its connections; taking it
+/// back while that one listens is refused naming the path. Once it is
+/// gone, taken back: bound again, its name this device's, and resumed, a
+/// host process's CONNECT reaches the guest as a REQUEST; the name goes
+/// with the device at the end.
+#[test]
+fn a_switch_gives_the_socket_path_up_and_binds_it_again() {
+    let dir = scratch_dir("switch");
+    let path = dir.join("v.sock");
+    let mut dev = Vsock::new("vs".into(), 3, path.clone()).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+    let [rxq, txq, evq] =
+        [0, 0x1_0000, 0x2_0000].map(|at| MockSplitQueue::create(&mem, GuestAddress(at), 16));
+    let (_kicks, _interrupt) = activate(
+        &mut dev,
+        &mem,
+        [&rxq, &txq, &evq].map(|q| q.create_queue().unwrap()).into(),
+    );
+    dev.pause().unwrap();
+    assert!(dev.release_for_switch().unwrap());
+    assert!(dev.listener().is_none());
+    assert!(!path.exists(), "the socket file is removed");
+    let receiver = Vsock::new("vs".into(), 3, path.clone()).expect("the path is free");
+    let e = dev.reclaim_after_switch().unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!(
+            "virtio-vsock vs: reclaiming its host side for a migration's switch: \
+             vsock socket={}: a process listens on it already",
+            path.display()
+        )
+    );
+    drop(receiver);
+    assert!(!path.exists(), "the receiver removed its socket");
+
+    let given = dev.reclaim_after_switch().unwrap().expect("a new listener");
+    assert!(dev.socket_name().is_owned());
+    assert!(dev.listener().is_some());
+    drop(given);
+    let w = const { narrow::u16_of(VRING_DESC_F_WRITE as u64) };
+    let d = SplitDescriptor::new(RX_BUF, 44 + 64, w, 0);
+    rxq.add_desc_chains(&[RawDescriptor::from(d)], 0).unwrap();
+    dev.resume().unwrap();
+    let mut host = std::os::unix::net::UnixStream::connect(&path).expect("bound again");
+    std::io::Write::write_all(&mut host, b"CONNECT 5000\n").unwrap();
+    wait_used(&mem, &rxq, 1);
+    let mut b = [0u8; HEADER_LEN];
+    mem.read_slice(&mut b, GuestAddress(RX_BUF)).unwrap();
+    let h = Header::from_bytes(&b);
+    assert_eq!((h.op, h.dst_port), (OP_REQUEST, 5000));
+    drop((host, dev));
+    assert!(!path.exists(), "the name goes with the device");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -25,7 +25,7 @@ impl DeviceManager {
     pub fn vsock_listener(&self) -> Option<(&str, BorrowedFd<'_>)> {
         self.vsock_listener
             .as_ref()
-            .map(|(id, fd, _)| (id.as_str(), fd.as_fd()))
+            .and_then(|(id, fd, _)| Some((id.as_str(), fd.as_ref()?.as_fd())))
     }
 
     /// Whether the vsock device (if there is one) removes its socket's
@@ -102,7 +102,11 @@ impl DeviceManager {
             )?,
             None => Vsock::new(v.id.clone(), v.cid, v.socket.clone())?,
         };
-        let listener = device.listener().try_clone_to_owned().map_err(dup_err)?;
+        let listener = device
+            .listener()
+            .map(|l| l.try_clone_to_owned())
+            .transpose()
+            .map_err(dup_err)?;
         let name = device.socket_name().clone();
         let slot = self.place(&v.id, Box::new(device), v.transport, v.pci_segment, None)?;
         tracing::info!(

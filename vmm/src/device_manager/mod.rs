@@ -21,6 +21,7 @@ pub mod address_space;
 pub mod gsi_routing;
 mod host_files;
 pub mod hotplug_controller;
+mod net_tap;
 pub mod pci_root;
 pub mod pci_segment;
 pub mod state;
@@ -34,8 +35,7 @@ use std::sync::{Arc, Mutex};
 use virtio_devices::vsock::SocketName;
 
 use kvm_ioctls::{Cap, Kvm, VmFd};
-use virtio_devices::net::header::allowed_offloads;
-use virtio_devices::net::{Net, NetDeviceConfig, Tap, TapError};
+use virtio_devices::net::TapError;
 use virtio_devices::pmem::{Pmem, PmemBacking};
 use virtio_devices::rng::Rng;
 use virtio_devices::vhost_user_fs::memory_table::DaemonMemory;
@@ -225,10 +225,11 @@ pub struct DeviceManager {
     ejects: Arc<EjectRequests>,
     ged: GedHandle,
     fs: Vec<FsDeviceInfo>,
-    /// Each net device's tap, by device id: a local migration passes it
-    /// to the new VMM (our tap is single-queue, so the new VMM cannot open
-    /// it by name while this one holds it). Dropped with its device.
-    taps: Vec<(String, Arc<Tap>)>,
+    /// Each net device's tap (a copy of its fd), by device id: a local
+    /// migration passes it to the new VMM (our tap is single-queue, so the
+    /// new VMM cannot open it by name while this one holds it). Dropped
+    /// with its device; None while a migration's switch closed it.
+    taps: Vec<(String, Option<OwnedFd>)>,
     /// Each blk device's open image, by device id (a copy of its fd): a
     /// local migration passes it to the new VMM, its lock with it (the
     /// new VMM could not lock a writable image this one holds). Dropped
@@ -237,8 +238,9 @@ pub struct DeviceManager {
     /// The vsock device's listening socket (a copy of its fd), by device
     /// id: a local migration passes it to the new VMM, which serves it
     /// (the path cannot be bound twice); and whether the device removes the
-    /// socket's name when it goes. Dropped with its device.
-    vsock_listener: Option<(String, OwnedFd, SocketName)>,
+    /// socket's name when it goes. Dropped with its device; no fd while a
+    /// migration's switch released the socket.
+    vsock_listener: Option<(String, Option<OwnedFd>, SocketName)>,
     /// Each device's counters for `vm.counters`, by device id.
     counters: Vec<(String, Arc<DeviceCounters>)>,
     /// Memory slots of virtio-MMIO devices, kept until the VM goes.
@@ -388,14 +390,9 @@ impl DeviceManager {
 
     /// Each net device's id and tap.
     pub fn net_taps(&self) -> impl Iterator<Item = (&str, std::os::fd::BorrowedFd<'_>)> {
-        self.taps.iter().map(|(id, tap)| {
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&**tap);
-            // SAFETY: the tap owns `fd` and lives in `self.taps` for as
-            // long as `self` is borrowed.
-            (id.as_str(), unsafe {
-                std::os::fd::BorrowedFd::borrow_raw(fd)
-            })
-        })
+        self.taps
+            .iter()
+            .filter_map(|(id, fd)| Some((id.as_str(), std::os::fd::AsFd::as_fd(fd.as_ref()?))))
     }
 
     /// The counters of every device that keeps them, by device id.
@@ -502,26 +499,6 @@ impl DeviceManager {
         };
         let slot = self.place(&p.id, device, p.transport, p.pci_segment, Some(shm))?;
         tracing::info!(device = %p.id, "pmem {}: {size} bytes of {}", p.id, p.file.display());
-        Ok(slot)
-    }
-
-    /// Opens the device's tap and puts a virtio-net device on it on its
-    /// transport.
-    fn add_net_device(&mut self, n: &NetConfig) -> Result<Option<PciAddress>, DeviceManagerError> {
-        let tap = open_tap(n)?;
-        let tap_name = tap.name().to_string();
-        let tap = Arc::new(tap);
-        let device = Net::new(NetDeviceConfig {
-            id: n.id.clone(),
-            tap: tap.clone(),
-            mac: n.mac,
-            mtu: n.mtu,
-            queue_size: n.queue_size,
-            allowed_offloads: allowed_offloads(n.offload_csum, n.offload_tso),
-        });
-        let slot = self.place(&n.id, Box::new(device), n.transport, n.pci_segment, None)?;
-        self.taps.push((n.id.clone(), tap));
-        tracing::info!(device = %n.id, "net {}: tap {tap_name}, guest MAC {}", n.id, n.mac);
         Ok(slot)
     }
 
@@ -751,44 +728,6 @@ impl DeviceManager {
         }
         gone
     }
-}
-
-/// Opens the tap a net config names, creating it if it does not exist (a
-/// new `vmtap<N>` without a name), and gives its host side the configured
-/// address and MTU and brings it up. As in Cloud Hypervisor, a tap that
-/// existed before keeps the address it has.
-fn open_tap(n: &NetConfig) -> Result<Tap, TapError> {
-    if let Some(fd) = n.fds.0.first() {
-        // A tap someone else set up (Kata): its address is theirs, as in
-        // Cloud Hypervisor, which ignores ip/mask with fds.
-        let fd = fd.try_clone().map_err(|e| TapError::NotATap {
-            fd: std::os::fd::AsRawFd::as_raw_fd(fd),
-            why: format!("dup: {e}"),
-        })?;
-        return Tap::from_fd(fd);
-    }
-    let name = n.tap.as_deref().unwrap_or(crate::config::DEFAULT_TAP_NAME);
-    let existed = n
-        .tap
-        .as_ref()
-        .is_some_and(|t| std::path::Path::new("/sys/class/net").join(t).exists());
-    let tap = Tap::open_named(name)?;
-    if n.mask.is_some() && n.ip.is_none() {
-        tracing::warn!("net {}: mask= without ip= gives the tap no address", n.id);
-    }
-    let (ip, mask) = if existed {
-        if n.ip.is_some() {
-            tracing::warn!(
-                "net {}: tap {name} exists already; its address is left as it is",
-                n.id
-            );
-        }
-        (None, None)
-    } else {
-        (n.ip, n.mask)
-    };
-    tap.configure_host_side(ip, mask, n.mtu)?;
-    Ok(tap)
 }
 
 #[cfg(test)]

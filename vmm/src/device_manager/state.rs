@@ -21,6 +21,7 @@
 //! part-restored: the caller drops the whole VM.
 
 use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
@@ -59,6 +60,39 @@ pub enum DevicesStateError {
     },
     #[error("pci_hotplug.{field}: {reason}")]
     Hotplug { field: String, reason: String },
+    /// A migration's switch: device `id` could not let go of its host side
+    /// (those released before it took theirs back).
+    #[error("{source}")]
+    Release {
+        id: String,
+        source: DeviceStateError,
+    },
+    /// A failed migration's devices could not all take their host side
+    /// back (the others did); each names its device and the file, tap or
+    /// socket.
+    #[error("{}", join_failures(failed))]
+    Reclaim { failed: Vec<DeviceStateError> },
+}
+
+fn join_failures(failed: &[DeviceStateError]) -> String {
+    let all: Vec<String> = failed.iter().map(ToString::to_string).collect();
+    all.join("; ")
+}
+
+/// What a migration's switch let go of ([`DeviceManager::release_for_switch`]):
+/// the devices, by id, whose host side [`DeviceManager::reclaim_after_switch`]
+/// takes back should the migration fail.
+#[derive(Debug)]
+#[must_use = "a failed migration takes the devices' host side back with it"]
+pub struct SwitchRelease {
+    devices: Vec<String>,
+}
+
+impl SwitchRelease {
+    /// The ids of the devices that let go of something.
+    pub fn device_ids(&self) -> &[String] {
+        &self.devices
+    }
 }
 
 /// Where a device sits and its transport's state.
@@ -163,6 +197,20 @@ impl Placed {
         match self {
             Placed::Pci { dev, .. } => lock(dev).release_backend(),
             Placed::Mmio { dev, .. } => lock(dev).release_backend(),
+        }
+    }
+
+    fn release_for_switch(&self) -> Result<bool, DeviceStateError> {
+        match self {
+            Placed::Pci { dev, .. } => lock(dev).release_for_switch(),
+            Placed::Mmio { dev, .. } => lock(dev).release_for_switch(),
+        }
+    }
+
+    fn reclaim_after_switch(&self) -> Result<Option<OwnedFd>, DeviceStateError> {
+        match self {
+            Placed::Pci { dev, .. } => lock(dev).reclaim_after_switch(),
+            Placed::Mmio { dev, .. } => lock(dev).reclaim_after_switch(),
         }
     }
 
@@ -304,6 +352,86 @@ impl DeviceManager {
     pub fn release_backends(&mut self) {
         for p in self.placed_devices() {
             p.release_backend();
+        }
+    }
+
+    /// A migration over the network, at the switch (the devices paused and
+    /// saved): each device lets go of the host side that the receiving VMM
+    /// opens itself by its configured name (see
+    /// `VirtioDevice::release_for_switch`: a disk image's lock, a tap
+    /// opened by name, the vsock's socket), and this manager closes its own
+    /// copies of those fds (a tap goes with its last fd). Taps passed as
+    /// fds stay. If a device cannot, those released before it take theirs
+    /// back and the error names it.
+    pub fn release_for_switch(&mut self) -> Result<SwitchRelease, DeviceManagerError> {
+        let mut devices = Vec::new();
+        for p in self.placed_devices() {
+            match p.release_for_switch() {
+                Ok(false) => {}
+                Ok(true) => {
+                    self.set_host_copy(p.id(), None);
+                    devices.push(p.id().to_string());
+                }
+                Err(source) => {
+                    for undo in self.reclaim_devices(&devices) {
+                        tracing::error!("{undo} (after a failed release for a migration's switch)");
+                    }
+                    return Err(DevicesStateError::Release {
+                        id: p.id().to_string(),
+                        source,
+                    }
+                    .into());
+                }
+            }
+        }
+        Ok(SwitchRelease { devices })
+    }
+
+    /// The migration failed: every device [`Self::release_for_switch`]
+    /// released takes its host side back (before the VM is resumed). All
+    /// are tried; the error lists those that could not, by device and file,
+    /// tap or socket (a disk then runs on without its lock, a net device
+    /// without its tap, the vsock device without its socket).
+    pub fn reclaim_after_switch(
+        &mut self,
+        released: SwitchRelease,
+    ) -> Result<(), DeviceManagerError> {
+        let failed = self.reclaim_devices(&released.devices);
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            for e in &failed {
+                tracing::error!("after a failed migration: {e}");
+            }
+            Err(DevicesStateError::Reclaim { failed }.into())
+        }
+    }
+
+    /// Takes back the host side of the devices `ids`; the failures.
+    fn reclaim_devices(&mut self, ids: &[String]) -> Vec<DeviceStateError> {
+        let mut failed = Vec::new();
+        for p in self.placed_devices() {
+            if !ids.iter().any(|id| id == p.id()) {
+                continue;
+            }
+            match p.reclaim_after_switch() {
+                Ok(Some(fd)) => self.set_host_copy(p.id(), Some(fd)),
+                Ok(None) => {}
+                Err(e) => failed.push(e),
+            }
+        }
+        failed
+    }
+
+    /// This manager's copy of device `id`'s tap or vsock listener (a local
+    /// migration passes them): closed while a switch released the
+    /// device's, the new one's once it is back. Disks keep theirs: the
+    /// image stays open, only its lock goes.
+    fn set_host_copy(&mut self, id: &str, fd: Option<OwnedFd>) {
+        if let Some((_, copy)) = self.taps.iter_mut().find(|(t, _)| t == id) {
+            *copy = fd;
+        } else if let Some((_, copy, _)) = self.vsock_listener.as_mut().filter(|(v, ..)| v == id) {
+            *copy = fd;
         }
     }
 

@@ -106,7 +106,7 @@ pub struct DirtyPages {
 
 impl DirtyPages {
     /// No page dirty, for a span of `span` bytes (at most [`MAX_LOG_SPAN`]).
-    fn new(span: u64) -> Result<Self, DirtyLogError> {
+    pub(crate) fn new(span: u64) -> Result<Self, DirtyLogError> {
         if span > MAX_LOG_SPAN {
             return Err(DirtyLogError::TooLarge { span });
         }
@@ -147,6 +147,41 @@ impl DirtyPages {
         &self.words
     }
 
+    /// Each run of dirty pages as `(gpa, length)`, in address order.
+    pub fn runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let mut page = 0u64;
+        let pages = self.span.div_ceil(PAGE_SIZE);
+        std::iter::from_fn(move || {
+            // Skips clean words whole, then clean pages.
+            while page < pages {
+                let word = self.word_of(page);
+                if word == 0 && page.is_multiple_of(64) {
+                    page += 64;
+                } else if word & (1 << (page % 64)) == 0 {
+                    page += 1;
+                } else {
+                    break;
+                }
+            }
+            if page >= pages {
+                return None;
+            }
+            let first = page;
+            while page < pages && self.word_of(page) & (1 << (page % 64)) != 0 {
+                page += 1;
+            }
+            Some((first * PAGE_SIZE, (page - first) * PAGE_SIZE))
+        })
+    }
+
+    fn word_of(&self, page: u64) -> u64 {
+        usize::try_from(page / 64)
+            .ok()
+            .and_then(|w| self.words.get(w))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// ORs in a slot's bitmap from KVM (bit i = page `first_page + i`).
     /// Bits past the span are dropped: [`DirtyLog::start`] checked that
     /// every slot lies inside it.
@@ -159,6 +194,12 @@ impl DirtyPages {
                 self.set(first_page + i * 64 + bit);
             }
         }
+    }
+
+    /// Marks the page holding `gpa` (dropped past the span).
+    #[cfg(test)]
+    pub(crate) fn mark(&mut self, gpa: u64) {
+        self.set(gpa / PAGE_SIZE);
     }
 
     fn set(&mut self, page: u64) {
@@ -229,6 +270,15 @@ impl RamSlot {
     }
 }
 
+/// The bitmap of what the VMM itself wrote into `region` (vm-memory marks
+/// it on every write through the region), a bit per 4 KiB page from the
+/// region's start: on x86-64 the host's base page, which is what
+/// vm-memory sizes its pages by.
+fn vmm_bitmap(region: &GuestRegionMmap) -> &vm_memory::bitmap::AtomicBitmap {
+    let mapping: &vm_memory::MmapRegion<vm_memory::bitmap::AtomicBitmap> = region;
+    mapping.bitmap()
+}
+
 /// Guest RAM's dirty pages being logged, from [`DirtyLog::start`] until
 /// [`DirtyLog::stop`] (or drop).
 pub struct DirtyLog {
@@ -237,8 +287,9 @@ pub struct DirtyLog {
     span: u64,
     daemons: Vec<DaemonMemory>,
     shared: Option<Arc<SharedDirtyLog>>,
-    /// Keeps every slot's mapping alive while this value may register it.
-    _mappings: (GuestMemoryMmap, Vec<Arc<GuestRegionMmap>>),
+    /// Keeps every slot's mapping alive while this value may register it;
+    /// their bitmaps hold what the VMM's devices wrote.
+    mappings: (GuestMemoryMmap, Vec<Arc<GuestRegionMmap>>),
     stopped: bool,
 }
 
@@ -300,6 +351,13 @@ impl DirtyLog {
         for d in &daemons {
             d.check_can_log()?;
         }
+        // The VMM's own writes count from here on.
+        for region in mappings.0.iter() {
+            vmm_bitmap(region).reset();
+        }
+        for region in &mappings.1 {
+            vmm_bitmap(region).reset();
+        }
         let shared = if daemons.is_empty() {
             None
         } else {
@@ -311,7 +369,7 @@ impl DirtyLog {
             span,
             daemons: Vec::with_capacity(daemons.len()),
             shared,
-            _mappings: mappings,
+            mappings,
             stopped: false,
         };
         for s in slots {
@@ -361,6 +419,16 @@ impl DirtyLog {
         if let Some(shared) = &self.shared {
             dirty.merge_shared_log(shared);
         }
+        // What the VMM's own devices wrote (blk reads, net receives, used
+        // rings): KVM sees none of it.
+        for region in self.mappings.0.iter() {
+            let bits = vmm_bitmap(region).get_and_reset();
+            dirty.merge_slot(region.start_addr().0 / PAGE_SIZE, &bits);
+        }
+        for region in &self.mappings.1 {
+            let bits = vmm_bitmap(region).get_and_reset();
+            dirty.merge_slot(region.start_addr().0 / PAGE_SIZE, &bits);
+        }
         Ok(dirty)
     }
 
@@ -377,7 +445,7 @@ impl DirtyLog {
         let mut first = None;
         for s in &self.slots {
             // SAFETY: registered by `start_slots` on the caller's contract;
-            // `_mappings` still holds the mapping.
+            // `mappings` still holds the mapping.
             if let Err(source) = unsafe { s.set(&self.vm, 0) } {
                 first.get_or_insert(DirtyLogError::Kvm {
                     slot: s.slot,

@@ -5,6 +5,8 @@
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use vm_memory::{Bytes, GuestAddress};
+
 use super::*;
 use crate::snapshot::tests::{
     boot_program, config, counter, counter_passes, have_kvm, COUNTER_AT, PROGRAM_AT,
@@ -193,4 +195,25 @@ fn the_span_is_the_ram_layouts() {
     assert!(e.to_string().contains("memory.hotplug_size"), "{e}");
     let e = ram_span(&cfg(MAX_LOG_SPAN, None)).unwrap_err();
     assert!(e.to_string().contains("above the"), "{e}");
+}
+
+/// What the VMM itself writes into guest RAM (its devices' buffers and
+/// rings) is in the log, as KVM never sees it: a write before the start
+/// is not, one after is, and a collect takes it.
+#[test]
+fn the_vmms_own_writes_are_logged() {
+    if !have_kvm() {
+        return;
+    }
+    let mut vm = boot_program(&config());
+    vm.pause();
+    let before = GuestAddress(UNTOUCHED_AT);
+    let after = GuestAddress(UNTOUCHED_AT + 0x2000);
+    vm.mem.write_obj(1u64, before).unwrap();
+    let mut log = DirtyLog::start(&vm).expect("dirty log");
+    vm.mem.write_obj(2u64, after).unwrap();
+    let dirty = log.collect().expect("collect");
+    assert!(dirty.is_dirty(after.0), "written by the VMM while logging");
+    assert!(!dirty.is_dirty(before.0), "written before the start");
+    assert!(!log.collect().expect("again").is_dirty(after.0));
 }

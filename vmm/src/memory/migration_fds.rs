@@ -118,6 +118,11 @@ pub struct ReceivedMemoryFds {
 }
 
 impl ReceivedMemoryFds {
+    /// No fd came (the sender sends RAM through the stream instead).
+    pub fn is_empty(&self) -> bool {
+        self.by_slot.is_empty()
+    }
+
     /// Receives the payload and fd of `request` (a `MemoryFd` whose header
     /// was read): a regular file, on a slot not seen before, at most
     /// [`MAX_RAM_REGIONS`] in all. Returns the slot; the caller answers.

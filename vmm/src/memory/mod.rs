@@ -24,8 +24,7 @@ use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion}
 use crate::arch::x86_64::layout::ram_ranges;
 use crate::config::MemoryConfig;
 
-pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
-pub type GuestRegionMmap = vm_memory::GuestRegionMmap<()>;
+pub use virtio_devices::{GuestMemoryMmap, GuestRegionMmap};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {

@@ -420,7 +420,7 @@ pub fn populate(mem: &GuestMemoryMmap) -> Result<(), MemorySnapshotError> {
 
 /// The next extent of data in `[from, end)` of `file`: Ok(None) past the
 /// last one; Err when the file system cannot seek holes (hugetlbfs).
-fn next_data_extent(file: &File, from: u64, end: u64) -> io::Result<Option<(u64, u64)>> {
+pub(crate) fn next_data_extent(file: &File, from: u64, end: u64) -> io::Result<Option<(u64, u64)>> {
     if from >= end {
         return Ok(None);
     }

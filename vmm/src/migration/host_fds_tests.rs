@@ -126,9 +126,17 @@ fn a_passed_fd_that_is_not_the_configured_file_fails_the_migration_by_name() {
     ];
     for (claimed, device, what) in cases {
         let (a, b) = pair();
-        let receiver = std::thread::spawn(move || receive_over(&b, None).map(|_| ()));
+        let receiver = std::thread::spawn(move || {
+            receive_over(&super::channel::Channel::Unix(b), None).map(|_| ())
+        });
         let layout = check_local(&source).expect("movable");
-        let e = send_over(&mut source, &claimed, &layout, &a).expect_err("refused");
+        let e = send_over(
+            &mut source,
+            &claimed,
+            &layout,
+            &super::channel::Channel::Unix(a),
+        )
+        .expect_err("refused");
         assert!(e.to_string().contains("State"), "{e}");
         let e = receiver.join().unwrap().expect_err("refused").to_string();
         assert!(e.contains(device) && e.contains(what), "{e}");
@@ -157,7 +165,13 @@ fn a_failed_migration_leaves_the_sender_its_image_and_listener() {
         let (a, b) = pair();
         let receiver = failing_receiver(b, fail_at);
         let layout = check_local(&source).expect("movable");
-        let e = send_over(&mut source, &config, &layout, &a).expect_err("refused");
+        let e = send_over(
+            &mut source,
+            &config,
+            &layout,
+            &super::channel::Channel::Unix(a),
+        )
+        .expect_err("refused");
         receiver.join().unwrap();
         assert!(e.to_string().contains(&format!("{fail_at:?}")), "{e}");
         assert!(still_counting(&source), "{fail_at:?}");
@@ -329,7 +343,9 @@ fn a_second_image_or_listener_is_refused_by_name() {
         ),
     ] {
         let (a, b) = pair();
-        let receiver = std::thread::spawn(move || receive_over(&b, None).map(|_| ()));
+        let receiver = std::thread::spawn(move || {
+            receive_over(&super::channel::Channel::Unix(b), None).map(|_| ())
+        });
         Request::start().write_to(&mut &a).unwrap();
         assert_eq!(Response::read_from(&mut &a).unwrap().status(), Status::Ok);
         assert_eq!(pass(&a, command, device, &disk), Status::Ok);

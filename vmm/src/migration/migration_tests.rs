@@ -11,6 +11,7 @@ use serde_json::json;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vm_state::protocol::{self, Command, Request, Response, Status};
 
+use super::channel::Channel;
 use super::receive::receive_over;
 use super::send::{check_local, send_over};
 use super::*;
@@ -45,9 +46,11 @@ pub(super) fn migrate<T: Send + 'static>(
     inspect: impl FnOnce(Received) -> T + Send + 'static,
 ) -> T {
     let (a, b) = pair();
-    let receiver = std::thread::spawn(move || inspect(receive_over(&b, None).expect("received")));
+    let receiver = std::thread::spawn(move || {
+        inspect(receive_over(&Channel::Unix(b), None).expect("received"))
+    });
     let layout = check_local(source).expect("movable");
-    send_over(source, config, &layout, &a).expect("sent");
+    send_over(source, config, &layout, &Channel::Unix(a)).expect("sent");
     receiver.join().expect("the receiving thread")
 }
 
@@ -139,7 +142,7 @@ fn abandon_mid_way_is_answered_and_the_senders_vm_keeps_running() {
     let source = boot_program(&config);
     counter_passes(&source, 10);
     let (a, b) = pair();
-    let receiver = std::thread::spawn(move || receive_over(&b, None).map(|_| ()));
+    let receiver = std::thread::spawn(move || receive_over(&Channel::Unix(b), None).map(|_| ()));
     start_and_memory(&source, &a);
     Request::new(Command::Abandon, 0)
         .unwrap()
@@ -188,7 +191,7 @@ fn a_receiver_error_is_reported_and_the_senders_vm_runs_again() {
         let (a, b) = pair();
         let receiver = failing_receiver(b, fail_at);
         let layout = check_local(&source).expect("movable");
-        let e = send_over(&mut source, &config, &layout, &a).expect_err("refused");
+        let e = send_over(&mut source, &config, &layout, &Channel::Unix(a)).expect_err("refused");
         receiver.join().unwrap();
         assert!(
             e.to_string().contains("the receiver reported an error")
@@ -228,7 +231,7 @@ fn a_cloud_hypervisor_senders_bytes_are_received() {
     let layout = check_local(&source).expect("movable");
     let (a, b) = pair();
     let receiver = std::thread::spawn(move || {
-        let r = receive_over(&b, None).expect("received");
+        let r = receive_over(&Channel::Unix(b), None).expect("received");
         let c = counter(&r.vm);
         counter_passes(&r.vm, c) > c
     });
@@ -278,7 +281,7 @@ fn a_cloud_hypervisor_senders_bytes_are_received() {
 #[test]
 fn an_unknown_command_or_a_foreign_config_is_refused() {
     let (a, b) = pair();
-    let receiver = std::thread::spawn(move || receive_over(&b, None).map(|_| ()));
+    let receiver = std::thread::spawn(move || receive_over(&Channel::Unix(b), None).map(|_| ()));
     (&a).write_all(&ch_header(1, 0)).unwrap();
     assert_eq!(ch_answer(&a), ch_header(1, 0));
     (&a).write_all(&ch_header(0x8005, 0)).unwrap();
@@ -287,7 +290,7 @@ fn an_unknown_command_or_a_foreign_config_is_refused() {
     assert!(e.to_string().contains("unknown command 0x8005"), "{e}");
 
     let (a, b) = pair();
-    let receiver = std::thread::spawn(move || receive_over(&b, None).map(|_| ()));
+    let receiver = std::thread::spawn(move || receive_over(&Channel::Unix(b), None).map(|_| ()));
     (&a).write_all(&ch_header(1, 0)).unwrap();
     assert_eq!(ch_answer(&a), ch_header(1, 0));
     let ch_config = br#"{"vm_config":{},"common_cpuid":[],"memory_manager_data":{}}"#;
@@ -326,10 +329,50 @@ const CH_REMOTE_53_RECEIVE: &str =
 
 #[test]
 fn ch_remote_53s_migration_bodies_are_taken() {
-    let send = send_migration_from_json(&serde_json::from_str(CH_REMOTE_53_SEND).unwrap());
-    assert_eq!(send.unwrap().path, std::path::Path::new("/tmp/mig.sock"));
+    let send = send_migration_from_json(&serde_json::from_str(CH_REMOTE_53_SEND).unwrap()).unwrap();
+    assert_eq!(send.url, unix("/tmp/mig.sock"));
+    assert!(send.local);
+    assert_eq!(
+        send.limits,
+        PrecopyLimits {
+            downtime: std::time::Duration::from_millis(300),
+            timeout: std::time::Duration::from_secs(3600),
+            strategy: TimeoutStrategy::Cancel
+        }
+    );
     let receive = receive_migration_from_json(&serde_json::from_str(CH_REMOTE_53_RECEIVE).unwrap());
-    assert_eq!(receive.unwrap().path, std::path::Path::new("/tmp/mig.sock"));
+    assert_eq!(receive.unwrap().url, unix("/tmp/mig.sock"));
+}
+
+fn unix(path: &str) -> MigrationUrl {
+    MigrationUrl::Unix(std::path::PathBuf::from(path))
+}
+
+/// ch-remote v53's `send-migration destination_url=tcp:127.0.0.1:6000`
+/// (local off) and `receive-migration receiver_url=tcp:0.0.0.0:6000`, and
+/// the other ways to spell the URLs and bounds.
+#[test]
+fn tcp_urls_and_precopy_bounds_are_taken() {
+    let send = send_migration_from_json(&json!({"destination_url": "tcp:127.0.0.1:6000",
+        "local": false, "downtime_ms": 50, "timeout_s": 10, "timeout_strategy": "Ignore",
+        "connections": 1, "tls_dir": null, "memory_mode": "Precopy"}))
+    .unwrap();
+    assert_eq!(
+        send.url,
+        MigrationUrl::Tcp("127.0.0.1:6000".parse().unwrap())
+    );
+    assert!(!send.local);
+    assert_eq!(send.limits.downtime, std::time::Duration::from_millis(50));
+    assert_eq!(send.limits.timeout, std::time::Duration::from_secs(10));
+    assert_eq!(send.limits.strategy, TimeoutStrategy::Ignore);
+    let receive = receive_migration_from_json(&json!({"receiver_url": "tcp:[::]:6000"})).unwrap();
+    assert_eq!(receive.url, MigrationUrl::Tcp("[::]:6000".parse().unwrap()));
+    assert_eq!(receive.url.to_string(), "tcp:[::]:6000");
+    // A pre-copy over a unix socket (another VMM of the same host without
+    // shared RAM) is taken too.
+    let send = send_migration_from_json(&json!({"destination_url": "unix:/x"})).unwrap();
+    assert!(!send.local);
+    assert_eq!(send.limits.downtime, std::time::Duration::from_millis(300));
 }
 
 /// The bodies as ch-remote sends them are taken (unknown fields ignored);
@@ -341,20 +384,36 @@ fn the_bodies_are_chs_and_refuse_by_name() {
         "timeout_strategy": "Cancel", "connections": 1, "tls_dir": null,
         "memory_mode": "Precopy", "from_the_future": 1});
     assert_eq!(
-        send_migration_from_json(&send).unwrap().path,
-        std::path::PathBuf::from("/run/m.sock")
+        send_migration_from_json(&send).unwrap().url,
+        unix("/run/m.sock")
     );
     let refused = |body: serde_json::Value, what: &str| {
         let e = send_migration_from_json(&body).expect_err(what).to_string();
         assert!(e.contains(what) && e.contains("vm.send-migration"), "{e}");
     };
     refused(
-        json!({"destination_url": "unix:/x"}),
-        "local=off is not supported yet",
+        json!({"destination_url": "tcp:1.2.3.4:6000", "local": true}),
+        "local=on passes guest RAM as fds",
     );
     refused(
-        json!({"destination_url": "tcp:1.2.3.4:6000", "local": true}),
-        "destination_url",
+        json!({"destination_url": "tcp:host.example:6000"}),
+        "names are not resolved",
+    );
+    refused(
+        json!({"destination_url": "http://x"}),
+        "the scheme must be unix: or tcp:",
+    );
+    refused(
+        json!({"destination_url": "tcp:1.2.3.4:6000", "downtime_ms": 0}),
+        "downtime_ms: must be at least 1",
+    );
+    refused(
+        json!({"destination_url": "tcp:1.2.3.4:6000", "timeout_s": 0}),
+        "timeout_s: must be at least 1",
+    );
+    refused(
+        json!({"destination_url": "tcp:1.2.3.4:6000", "timeout_strategy": "Retry"}),
+        "timeout_strategy: \"Retry\" is neither Cancel nor Ignore",
     );
     refused(
         json!({"destination_url": "unix:/x", "local": true, "memory_mode": "Postcopy"}),
@@ -378,8 +437,8 @@ fn the_bodies_are_chs_and_refuse_by_name() {
         "memory_mode": "Precopy", "vfio_fds": null, "iommufd_fd": null,
         "zone_updates": [], "extra": true});
     assert_eq!(
-        receive_migration_from_json(&receive).unwrap().path,
-        std::path::PathBuf::from("/run/m.sock")
+        receive_migration_from_json(&receive).unwrap().url,
+        unix("/run/m.sock")
     );
     // An empty fd list means none (the schema allows it).
     let empty = json!({"receiver_url": "unix:/x", "vfio_fds": [], "zone_updates": null});
@@ -388,10 +447,13 @@ fn the_bodies_are_chs_and_refuse_by_name() {
         .expect_err("vfio fds")
         .to_string();
     assert!(e.contains("vfio_fds is not supported yet"), "{e}");
-    let e = receive_migration_from_json(&json!({"receiver_url": "tcp:0.0.0.0:6000"}))
-        .expect_err("tcp")
+    let e = receive_migration_from_json(&json!({"receiver_url": "tcp:0.0.0.0"}))
+        .expect_err("no port")
         .to_string();
-    assert!(e.contains("receiver_url"), "{e}");
+    assert!(
+        e.contains("receiver_url") && e.contains("ADDRESS:PORT"),
+        "{e}"
+    );
     let e =
         receive_migration_from_json(&json!({"receiver_url": "unix:/x", "memory_mode": "Postcopy"}))
             .expect_err("postcopy")
@@ -416,19 +478,27 @@ fn the_endpoints_meet_on_a_socket_path() {
     counter_passes(&source, 10);
     let listen_at = path.clone();
     let receiver = std::thread::spawn(move || {
-        let r = receive_migration(&listen_at, None).expect("received");
+        let r = receive_migration(&MigrationUrl::Unix(listen_at), None).expect("received");
         let c = counter(&r.vm);
         counter_passes(&r.vm, c) > c
     });
     test_infra::host::wait_for_path(&path);
-    send_migration(&mut source, &config, &path).expect("sent");
+    let target = SendMigration {
+        url: MigrationUrl::Unix(path.clone()),
+        local: true,
+        limits: send_migration_from_json(&json!({"destination_url": "unix:/x"}))
+            .unwrap()
+            .limits,
+    };
+    send_migration(&mut source, &config, &target).expect("sent");
     assert!(receiver.join().unwrap());
     assert!(!path.exists(), "the socket file is removed once taken");
 }
 
 /// Both sides on threads under the main thread's seccomp filter (kill
 /// mode), as the control loop runs them: socket path, listen, accept,
-/// connect, memfds passed by SCM_RIGHTS, the VM built and resumed there.
+/// connect, memfds passed by SCM_RIGHTS, the VM built and resumed there;
+/// and the same over TCP, with RAM copied while the guest runs.
 #[test]
 fn both_sides_pass_the_main_threads_seccomp_filter() {
     use crate::seccomp_filters::{all_for, VMM};
@@ -443,28 +513,57 @@ fn both_sides_pass_the_main_threads_seccomp_filter() {
             .expect("the main thread's filter")
     };
     let dir = crate::snapshot::tests::Scratch::new("migration-seccomp");
-    let path = dir.0.join("m.sock");
-    let (receiver_filter, sender_filter) = (filter(), filter());
-    let listen_at = path.clone();
-    let receiver = std::thread::spawn(move || {
-        seccomp::apply_filter(&receiver_filter).unwrap();
-        let r = receive_migration(&listen_at, None).expect("received");
-        let c = counter(&r.vm);
-        let counts = counter_passes(&r.vm, c) > c;
-        r.vm.stop();
-        counts
-    });
-    let sender = std::thread::spawn(move || {
-        seccomp::apply_filter(&sender_filter).unwrap();
-        let config = shared_config();
-        let mut source = boot_program(&config);
-        counter_passes(&source, 10);
-        test_infra::host::wait_for_path(&path);
-        send_migration(&mut source, &config, &path).expect("sent");
-        source.vcpus.paused()
-    });
-    assert!(sender.join().expect("the filtered sender"), "left paused");
-    assert!(receiver.join().expect("the filtered receiver"));
+    let free_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let limits = send_migration_from_json(&json!({"destination_url": "unix:/x"}))
+        .unwrap()
+        .limits;
+    let local = SendMigration {
+        url: MigrationUrl::Unix(dir.0.join("m.sock")),
+        local: true,
+        limits,
+    };
+    let tcp = SendMigration {
+        url: MigrationUrl::Tcp(free_port),
+        local: false,
+        limits,
+    };
+    for target in [local, tcp] {
+        let (receiver_filter, sender_filter) = (filter(), filter());
+        let listen_at = target.url.clone();
+        let receiver = std::thread::spawn(move || {
+            seccomp::apply_filter(&receiver_filter).unwrap();
+            let r = receive_migration(&listen_at, None).expect("received");
+            let c = counter(&r.vm);
+            let counts = counter_passes(&r.vm, c) > c;
+            r.vm.stop();
+            counts
+        });
+        let sender = std::thread::spawn(move || {
+            seccomp::apply_filter(&sender_filter).unwrap();
+            let config = shared_config();
+            let mut source = boot_program(&config);
+            counter_passes(&source, 10);
+            // Until the receiver listens, the connect fails and nothing
+            // else has happened.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            loop {
+                match send_migration(&mut source, &config, &target) {
+                    Ok(()) => break,
+                    Err(MigrationError::Socket {
+                        what: "connecting", ..
+                    }) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                    Err(e) => panic!("{}: {e}", target.url),
+                }
+            }
+            source.vcpus.paused()
+        });
+        assert!(sender.join().expect("the filtered sender"), "left paused");
+        assert!(receiver.join().expect("the filtered receiver"));
+    }
 }
 
 /// A VM with a net device: its tap travels as a `TapFd` (our tap is

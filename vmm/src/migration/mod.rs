@@ -1,16 +1,25 @@
-//! Local migration (the VMM upgrade path), as Cloud Hypervisor's users drive
-//! it: `ch-remote receive-migration receiver_url=unix:/PATH` on a new VMM without a VM,
-//! then `ch-remote send-migration destination_url=unix:/PATH,local=on` on
-//! the old one. Guest RAM is not copied: its memfds are passed over the
-//! unix socket and the new VMM maps the same pages.
+//! Migration, as Cloud Hypervisor's users drive it: `ch-remote
+//! receive-migration receiver_url=URL` on a new VMM without a VM, then
+//! `ch-remote send-migration destination_url=URL[,local=on]` on the old
+//! one, over a unix socket or TCP ([`channel`]).
+//!
+//! A local migration (the VMM upgrade path, `unix:` with `local=on`) does
+//! not copy guest RAM: its memfds are passed over the unix socket and the
+//! new VMM maps the same pages. Any other is a pre-copy live migration
+//! ([`precopy`]): RAM is sent while the guest runs, then the pages written
+//! meanwhile, round after round, until what is left fits the downtime
+//! target; then the guest is paused and the rest and the state go.
 //!
 //! The wire protocol is Cloud Hypervisor's (`vm_state::protocol`); the
-//! sequence, sender side in [`send`], receiver side in [`receive`]:
+//! sequences, sender side in [`send`] and [`precopy`], receiver side in
+//! [`receive`]:
 //!
 //! ```text
-//! Start, MemoryFd ×N, WindowFd ×N, TapFd ×N, DiskFd ×N, [VsockFd] (ours),
-//! Config, [source pauses],
-//! State, Complete | CompletePaused          (Abandon at any time)
+//! local:    Start, MemoryFd ×N, WindowFd ×N, TapFd ×N, DiskFd ×N, [VsockFd] (ours),
+//!           Config, [source pauses], State, Complete | CompletePaused
+//! pre-copy: Start, Config, Memory ×N, [source pauses], Memory ×N,
+//!           State, Complete | CompletePaused
+//!           (Abandon at any time)
 //! ```
 //!
 //! `Config` carries the VM's configuration and its RAM layout with a
@@ -20,10 +29,13 @@
 //! VM, and resumes it on any failure before the receiver took it.
 
 mod bodies;
+pub mod channel;
+mod exchange;
+mod precopy;
+mod ram_stream;
 mod receive;
 mod send;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -33,6 +45,8 @@ pub use bodies::{
     receive_migration_from_json, send_migration_from_json, BodyError, ReceiveMigration,
     SendMigration,
 };
+pub use channel::MigrationUrl;
+pub use precopy::{PrecopyLimits, TimeoutStrategy, MAX_ROUNDS};
 pub use receive::{receive_migration, Received};
 pub use send::send_migration;
 
@@ -65,21 +79,25 @@ pub struct MigrationConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum MigrationError {
-    #[error("{field}: {url}: only unix:<path> is supported (local migration)")]
-    BadUrl { field: &'static str, url: String },
+    #[error("{field}: {url}: {reason}")]
+    BadUrl {
+        field: &'static str,
+        url: String,
+        reason: String,
+    },
     /// Cloud Hypervisor's words for the same refusal.
     #[error("Local migration requires shared memory or hugepages enabled (guest RAM at {gpa:#x} is private; boot with --memory shared=on)")]
     NotShared { gpa: u64 },
     #[error("the VM cannot be migrated: {0}")]
     NotMovable(#[source] SnapshotError),
-    #[error("{}: {what}: {source}", path.display())]
+    #[error("{url}: {what}: {source}")]
     Socket {
-        path: PathBuf,
+        url: String,
         what: &'static str,
         source: std::io::Error,
     },
-    #[error("{}: no sender connected within {}s", path.display(), ACCEPT_TIMEOUT.as_secs())]
-    AcceptTimeout { path: PathBuf },
+    #[error("{url}: no sender connected within {}s", ACCEPT_TIMEOUT.as_secs())]
+    AcceptTimeout { url: String },
     #[error("{0}")]
     Protocol(#[from] ProtocolError),
     #[error("{0}")]
@@ -91,8 +109,17 @@ pub enum MigrationError {
         command: Command,
         when: &'static str,
     },
-    #[error("{0:?}: this VMM receives local migrations only (memory as fds)")]
-    NotLocal(Command),
+    #[error("{0:?}: this VMM does not take it (no post-copy)")]
+    NotTaken(Command),
+    #[error("guest RAM: {0}")]
+    Ram(String),
+    #[error("{0}")]
+    DirtyLog(#[from] crate::memory::dirty_log::DirtyLogError),
+    #[error("{0}")]
+    DidNotConverge(String),
+    #[error("{0}")]
+    NotOverThisChannel(String),
+
     #[error("Config: {0}")]
     Config(String),
     #[error("{label}: {reason}")]
@@ -107,18 +134,6 @@ pub enum MigrationError {
     Abandoned,
 }
 
-/// The socket path of a `unix:` URL (Cloud Hypervisor strips the scheme
-/// and takes the rest as the path).
-pub fn unix_path(field: &'static str, url: &str) -> Result<PathBuf, MigrationError> {
-    match url.strip_prefix("unix:") {
-        Some(path) if !path.is_empty() => Ok(PathBuf::from(path)),
-        _ => Err(MigrationError::BadUrl {
-            field,
-            url: url.to_string(),
-        }),
-    }
-}
-
 #[cfg(test)]
 #[path = "migration_tests.rs"]
 mod tests;
@@ -126,3 +141,7 @@ mod tests;
 #[cfg(test)]
 #[path = "host_fds_tests.rs"]
 mod host_fds_tests;
+
+#[cfg(test)]
+#[path = "precopy_tests.rs"]
+mod precopy_tests;

@@ -1,32 +1,36 @@
-//! The receiving side of a local migration: a state machine over the
+//! The receiving side of a migration: a state machine over the
 //! sender's requests, answering each with exactly one response (Cloud
 //! Hypervisor's `vm_receive_migration_step` order). `Abandon` is answered
 //! Ok at any point and ends the migration with nothing kept; any failing
 //! step is answered `Error` and ends it the same way (the sender only
 //! learns that the receiver reported an error; the reason is logged here).
 //!
-//! The VM is built over the received memory fds (no copy): the fds are
-//! checked against the layout `Config` brings and mapped then, and the
-//! VM is built from `State` as a restore builds it, paused; `Complete`
-//! resumes it (`CompletePaused` leaves it paused).
+//! A local migration's VM is built over the received memory fds (no
+//! copy): the fds are checked against the layout `Config` brings and
+//! mapped then. Without fds (a pre-copy), `Config` makes fresh RAM of that
+//! layout and each `Memory` request writes into it (and maps what it wrote
+//! for the guest, while the guest still runs on the sender). Either way
+//! the VM is built from `State` as a restore builds it, paused;
+//! `Complete` resumes it (`CompletePaused` leaves it paused).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixListener;
 
 use vm_state::protocol::{self, Command, FdLabel, ProtocolError, Request, Response};
 use vm_state::StateDocument;
 
-use super::{
-    MigrationConfig, MigrationError, ACCEPT_TIMEOUT, CONFIG_FORMAT, CONFIG_VERSION, SOCKET_TIMEOUT,
-};
+use super::channel::{Channel, MigrationUrl};
+use super::ram_stream::receive_ranges;
+use super::{MigrationConfig, MigrationError, CONFIG_FORMAT, CONFIG_VERSION};
 use crate::config::json::vm_config_from_json;
 use crate::config::{PassedFd, TapFds, VmConfig};
 use crate::device_manager::ObserverFactory;
 use crate::memory::migration_fds::{MemoryFdError, ReceivedMemoryFds};
-use crate::memory::snapshot::{MemoryLayoutState, RegionOrigin, RestoredRam};
+use crate::memory::snapshot::{
+    join_regions, restore_guest_memory_parts, MemoryLayoutState, RegionOrigin, RestoredRam,
+};
 use crate::snapshot::{state_error, RestoredBase, SnapshotError, MEMORY_SECTION};
 use crate::step_times::StepTimes;
 use crate::vm::{Vm, VmBase};
@@ -47,72 +51,20 @@ pub struct Received {
     pub paused: bool,
 }
 
-/// Listens on the unix socket `path` (which must not exist), takes one
-/// sender (waiting at most [`ACCEPT_TIMEOUT`]), removes the socket file
-/// and receives the VM. Err when the migration failed or was abandoned:
-/// nothing of it is kept.
+/// Listens at `url` (a unix socket path must not exist), takes one
+/// sender (waiting at most [`super::ACCEPT_TIMEOUT`]) and receives the VM.
+/// Err when the migration failed or was abandoned: nothing of it is kept.
 pub fn receive_migration(
-    path: &Path,
+    url: &MigrationUrl,
     observe: Option<&ObserverFactory>,
 ) -> Result<Received, MigrationError> {
-    let socket_err = |what| {
-        move |source| MigrationError::Socket {
-            path: path.to_path_buf(),
-            what,
-            source,
-        }
-    };
-    let listener = UnixListener::bind(path).map_err(socket_err("listening"))?;
-    let accepted = wait_readable(&listener).and_then(|ready| {
-        if ready {
-            listener.accept().map(|(s, _)| Some(s))
-        } else {
-            Ok(None)
-        }
-    });
-    // One sender per migration: nobody else may connect.
-    if let Err(e) = std::fs::remove_file(path) {
-        tracing::warn!("{}: removing the socket file: {e}", path.display());
-    }
-    let socket = accepted
-        .map_err(socket_err("accepting the sender"))?
-        .ok_or_else(|| MigrationError::AcceptTimeout {
-            path: path.to_path_buf(),
-        })?;
-    socket
-        .set_read_timeout(Some(SOCKET_TIMEOUT))
-        .and_then(|()| socket.set_write_timeout(Some(SOCKET_TIMEOUT)))
-        .map_err(socket_err("setting its timeouts"))?;
-    receive_over(&socket, observe)
-}
-
-/// Waits up to [`ACCEPT_TIMEOUT`] for a sender to connect.
-fn wait_readable(listener: &UnixListener) -> std::io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: listener.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let timeout_ms = i32::try_from(ACCEPT_TIMEOUT.as_millis()).unwrap_or(i32::MAX);
-    loop {
-        // SAFETY: one valid pollfd, for the duration of the call.
-        let r = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-        match r {
-            0 => return Ok(false),
-            n if n > 0 => return Ok(true),
-            _ => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
-    }
+    let channel = Channel::accept(url)?;
+    receive_over(&channel, observe)
 }
 
 /// The receive loop over a connected socket (its timeouts set).
 pub(crate) fn receive_over(
-    socket: &UnixStream,
+    socket: &Channel,
     observe: Option<&ObserverFactory>,
 ) -> Result<Received, MigrationError> {
     let mut receiver = Receiver {
@@ -191,10 +143,14 @@ struct Configured {
     config: VmConfig,
     layout: MemoryLayoutState,
     built: RestoredBase,
+    /// Fresh RAM that `Memory` requests fill (a pre-copy): all of it, boot
+    /// and hot-plugged, one view of the same mappings. None in a local
+    /// migration, whose RAM came as fds.
+    incoming: Option<crate::memory::GuestMemoryMmap>,
 }
 
 struct Receiver<'a> {
-    socket: &'a UnixStream,
+    socket: &'a Channel,
     observe: Option<&'a ObserverFactory>,
     phase: Phase,
     memory_fds: ReceivedMemoryFds,
@@ -225,7 +181,28 @@ impl Receiver<'_> {
                 self.phase = Phase::Started;
             }
             (Command::MemoryFd, Phase::Started) => {
-                self.memory_fds.receive(self.socket, request)?;
+                let socket = self.socket.unix().ok_or_else(|| {
+                    MigrationError::NotOverThisChannel(
+                        "MemoryFd passes an fd, which only a unix: socket carries".to_string(),
+                    )
+                })?;
+                self.memory_fds.receive(socket, request)?;
+            }
+            (Command::Memory, Phase::Configured) => {
+                let Some(configured) = self.configured.as_ref() else {
+                    return Err(unexpected);
+                };
+                let Some(mem) = configured.incoming.as_ref() else {
+                    return Err(MigrationError::Unexpected {
+                        command,
+                        when: "in a local migration (its RAM came as fds)",
+                    });
+                };
+                let ranges = receive_ranges(self.socket, request, mem)?;
+                configured
+                    .built
+                    .base
+                    .prefault_ranges(ranges.iter().map(|r| (r.gpa, r.length)));
             }
             (
                 Command::WindowFd | Command::TapFd | Command::DiskFd | Command::VsockFd,
@@ -270,19 +247,29 @@ impl Receiver<'_> {
                 );
                 return Ok(Some(Received { config, vm, paused }));
             }
-            (Command::Memory | Command::PageFault, _) => {
-                return Err(MigrationError::NotLocal(command))
-            }
+            (Command::PageFault, _) => return Err(MigrationError::NotTaken(command)),
             _ => return Err(unexpected),
         }
         Ok(None)
+    }
+
+    /// The unix socket a command that passes an fd needs.
+    fn unix_socket(
+        &self,
+        command: Command,
+    ) -> Result<&std::os::unix::net::UnixStream, MigrationError> {
+        self.socket.unix().ok_or_else(|| {
+            MigrationError::NotOverThisChannel(format!(
+                "{command:?} passes an fd, which only a unix: socket carries"
+            ))
+        })
     }
 
     /// A `WindowFd`, `TapFd`, `DiskFd` or `VsockFd`: kept by device (and
     /// file key) until the device that takes it is restored.
     fn passed_fd(&mut self, request: &Request) -> Result<(), MigrationError> {
         let command = request.command();
-        let (payload, fd) = protocol::recv_payload_with_fd(self.socket, request)?;
+        let (payload, fd) = protocol::recv_payload_with_fd(self.unix_socket(command)?, request)?;
         let label = FdLabel::decode(command, &payload)?;
         let bad = |reason: &str| MigrationError::PassedFd {
             label: format!("{command:?} for {}", label.device),
@@ -342,6 +329,24 @@ impl Receiver<'_> {
         }
         let config = vm_config_from_json(&c.vm_config)
             .map_err(|e| MigrationError::Config(format!("vm_config: {e}")))?;
+        if self.memory_fds.is_empty() {
+            // A pre-copy: fresh RAM of the sender's layout, filled by
+            // `Memory` requests; it is mapped for the guest as it comes.
+            let ram = restore_guest_memory_parts(&config.memory, &c.memory)
+                .map_err(|e| MigrationError::Ram(e.to_string()))?;
+            let incoming = join_regions(ram.boot.clone(), &ram.hotplugged)
+                .map_err(|e| MigrationError::Ram(e.to_string()))?;
+            let base = VmBase::new(&config, ram.boot).map_err(MigrationError::Prepare)?;
+            return Ok(Configured {
+                config,
+                layout: c.memory,
+                built: RestoredBase {
+                    base,
+                    hotplugged: ram.hotplugged,
+                },
+                incoming: Some(incoming),
+            });
+        }
         let fds = std::mem::take(&mut self.memory_fds);
         let ram = split_ram(fds.into_guest_memory(&c.memory)?, &c.memory)?;
         let base = VmBase::new(&config, ram.boot).map_err(MigrationError::Prepare)?;
@@ -353,6 +358,7 @@ impl Receiver<'_> {
                 base,
                 hotplugged: ram.hotplugged,
             },
+            incoming: None,
         })
     }
 
@@ -377,6 +383,7 @@ impl Receiver<'_> {
             mut config,
             layout,
             built,
+            incoming: _,
         }) = self.configured.take()
         else {
             return Err(MigrationError::Unexpected {

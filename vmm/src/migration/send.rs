@@ -7,15 +7,14 @@
 //! receiver answered `Complete`, the VM is resumed if it was running and
 //! the error returned; on success it stays paused, for the caller to drop.
 
-use std::io::Write;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 
-use vm_state::protocol::{self, Command, FdLabel, Request, Response, Status};
+use vm_state::protocol::{self, Command, FdLabel, Request};
 
-use super::{MigrationConfig, MigrationError, CONFIG_FORMAT, CONFIG_VERSION, SOCKET_TIMEOUT};
-use crate::config::json::vm_config_to_json;
+use super::channel::Channel;
+use super::exchange::{abandon, complete, expect_ok, send_config, send_payload};
+use super::{MigrationError, SendMigration};
 use crate::config::VmConfig;
 use crate::memory::migration_fds::send_memory_fds;
 use crate::memory::snapshot::{join_regions, MemoryLayoutState};
@@ -23,25 +22,22 @@ use crate::snapshot::{state_error, MEMORY_SECTION};
 use crate::step_times::StepTimes;
 use crate::vm::Vm;
 
-/// Migrates `vm` (configured as `config`) to the receiver listening on
-/// the unix socket `path`. Ok: the receiver has the VM (running, or paused
-/// if this one was paused) and this one is left paused for the caller to
-/// drop. Err: this VM runs again if it ran before.
-pub fn send_migration(vm: &mut Vm, config: &VmConfig, path: &Path) -> Result<(), MigrationError> {
+/// Migrates `vm` (configured as `config`) to the receiver `target`
+/// names: a local migration or a pre-copy. Ok: the receiver has the VM
+/// (running, or paused if this one was paused) and this one is left
+/// paused for the caller to drop. Err: this VM runs again if it ran
+/// before.
+pub fn send_migration(
+    vm: &mut Vm,
+    config: &VmConfig,
+    target: &SendMigration,
+) -> Result<(), MigrationError> {
+    if !target.local {
+        return super::precopy::send_precopy(vm, config, target);
+    }
     let layout = check_local(vm)?;
-    let socket_err = |what| {
-        move |source| MigrationError::Socket {
-            path: path.to_path_buf(),
-            what,
-            source,
-        }
-    };
-    let socket = UnixStream::connect(path).map_err(socket_err("connecting"))?;
-    socket
-        .set_read_timeout(Some(SOCKET_TIMEOUT))
-        .and_then(|()| socket.set_write_timeout(Some(SOCKET_TIMEOUT)))
-        .map_err(socket_err("setting its timeouts"))?;
-    send_over(vm, config, &layout, &socket)
+    let channel = Channel::connect(&target.url)?;
+    send_over(vm, config, &layout, &channel)
 }
 
 /// What a local migration requires, checked before anything is sent or
@@ -59,15 +55,21 @@ pub(crate) fn check_local(vm: &Vm) -> Result<MemoryLayoutState, MigrationError> 
     Ok(layout)
 }
 
-/// The whole sequence over a connected socket (its timeouts set).
+/// The whole local sequence over a connected unix socket (its timeouts
+/// set).
 pub(crate) fn send_over(
     vm: &mut Vm,
     config: &VmConfig,
     layout: &MemoryLayoutState,
-    socket: &UnixStream,
+    channel: &Channel,
 ) -> Result<(), MigrationError> {
     let was_paused = vm.vcpus.paused();
-    let result = send_steps(vm, config, layout, socket, was_paused);
+    let result = match channel.unix() {
+        Some(socket) => send_steps(vm, config, layout, socket, channel, was_paused),
+        None => Err(MigrationError::NotOverThisChannel(
+            "local=on passes fds, which only a unix: socket carries".to_string(),
+        )),
+    };
     if let Err(e) = &result {
         if !was_paused && vm.vcpus.paused() {
             tracing::warn!("migration failed ({e}); the VM runs again here");
@@ -75,7 +77,7 @@ pub(crate) fn send_over(
         }
         // Tell a receiver still listening that this is over; it may be
         // gone already, which is no further error.
-        let _ = Request::new(Command::Abandon, 0).and_then(|r| r.write_to(&mut &*socket));
+        abandon(channel);
     }
     result
 }
@@ -85,27 +87,19 @@ fn send_steps(
     config: &VmConfig,
     layout: &MemoryLayoutState,
     socket: &UnixStream,
+    channel: &Channel,
     was_paused: bool,
 ) -> Result<(), MigrationError> {
-    Request::start().write_to(&mut &*socket)?;
-    expect_ok(socket, Command::Start)?;
+    Request::start().write_to(&mut &*channel)?;
+    expect_ok(channel, Command::Start)?;
 
     let all_ram = join_regions(vm.mem.clone(), &vm.hotplugged_ram)
         .map_err(|e| MigrationError::NotMovable(e.into()))?;
     send_memory_fds(socket, layout, &all_ram)?;
-    send_window_fds(vm, socket)?;
-    send_tap_fds(vm, socket)?;
-    send_host_fds(vm, socket)?;
-
-    let payload = MigrationConfig {
-        format: CONFIG_FORMAT.to_string(),
-        version: CONFIG_VERSION,
-        vm_config: vm_config_to_json(config),
-        memory: layout.clone(),
-    };
-    let payload =
-        serde_json::to_vec(&payload).map_err(|e| MigrationError::Config(e.to_string()))?;
-    send_payload(socket, Command::Config, &payload)?;
+    send_window_fds(vm, socket, channel)?;
+    send_tap_fds(vm, socket, channel)?;
+    send_host_fds(vm, socket, channel)?;
+    send_config(channel, config, layout)?;
 
     // The downtime starts here.
     let mut downtime = StepTimes::start();
@@ -127,16 +121,9 @@ fn send_steps(
         .to_compact_json()
         .map_err(|e| MigrationError::Save(state_error(e)))?;
     downtime.step("encode");
-    send_payload(socket, Command::State, &state)?;
+    send_payload(channel, Command::State, &state)?;
     downtime.step("receiver restored");
-
-    let complete = if was_paused {
-        Command::CompletePaused
-    } else {
-        Command::Complete
-    };
-    Request::new(complete, 0)?.write_to(&mut &*socket)?;
-    expect_ok(socket, complete)?;
+    complete(channel, was_paused)?;
     downtime.step("receiver resumed");
     tracing::info!(
         "migration complete: the VM is the receiving VMM's now; paused here {downtime}, State {} bytes",
@@ -147,7 +134,7 @@ fn send_steps(
 
 /// One `WindowFd` per distinct file mapped in each fs device's DAX window:
 /// the receiver maps the window again from them without the daemon.
-fn send_window_fds(vm: &Vm, socket: &UnixStream) -> Result<(), MigrationError> {
+fn send_window_fds(vm: &Vm, socket: &UnixStream, channel: &Channel) -> Result<(), MigrationError> {
     for info in vm.devices.fs_devices() {
         let Some(window) = &info.window else { continue };
         let files = window
@@ -169,7 +156,7 @@ fn send_window_fds(vm: &Vm, socket: &UnixStream) -> Result<(), MigrationError> {
                 &label.encode(),
                 file.as_fd(),
             )?;
-            expect_ok(socket, Command::WindowFd)?;
+            expect_ok(channel, Command::WindowFd)?;
         }
     }
     Ok(())
@@ -178,14 +165,14 @@ fn send_window_fds(vm: &Vm, socket: &UnixStream) -> Result<(), MigrationError> {
 /// One `TapFd` per net device: our tap is single-queue, so the receiver
 /// cannot open it by name while this VMM holds it; it builds the device on
 /// this fd instead.
-fn send_tap_fds(vm: &Vm, socket: &UnixStream) -> Result<(), MigrationError> {
+fn send_tap_fds(vm: &Vm, socket: &UnixStream, channel: &Channel) -> Result<(), MigrationError> {
     for (id, fd) in vm.devices.net_taps() {
         let label = FdLabel {
             device: id.to_string(),
             key: None,
         };
         protocol::send_request_with_fd(socket, Command::TapFd, &label.encode(), fd)?;
-        expect_ok(socket, Command::TapFd)?;
+        expect_ok(channel, Command::TapFd)?;
     }
     Ok(())
 }
@@ -195,7 +182,7 @@ fn send_tap_fds(vm: &Vm, socket: &UnixStream) -> Result<(), MigrationError> {
 /// never unlocked on the way) and one `VsockFd` for the vsock device (its
 /// listener: host clients keep connecting to the same socket, which this
 /// VMM never unlinks). The receiver builds the devices on them.
-fn send_host_fds(vm: &Vm, socket: &UnixStream) -> Result<(), MigrationError> {
+fn send_host_fds(vm: &Vm, socket: &UnixStream, channel: &Channel) -> Result<(), MigrationError> {
     let disks = vm
         .devices
         .disk_images()
@@ -210,29 +197,7 @@ fn send_host_fds(vm: &Vm, socket: &UnixStream) -> Result<(), MigrationError> {
             key: None,
         };
         protocol::send_request_with_fd(socket, command, &label.encode(), fd)?;
-        expect_ok(socket, command)?;
+        expect_ok(channel, command)?;
     }
     Ok(())
-}
-
-fn send_payload(
-    socket: &UnixStream,
-    command: Command,
-    payload: &[u8],
-) -> Result<(), MigrationError> {
-    let length = u64::try_from(payload.len()).unwrap_or(u64::MAX);
-    Request::new(command, length)?.write_to(&mut &*socket)?;
-    (&*socket)
-        .write_all(payload)
-        .map_err(vm_state::protocol::ProtocolError::Io)?;
-    expect_ok(socket, command)
-}
-
-/// The receiver's answer to `command`: Ok, or the error that it was not.
-fn expect_ok(socket: &UnixStream, command: Command) -> Result<(), MigrationError> {
-    let response = Response::read_from(&mut &*socket)?;
-    match response.status() {
-        Status::Ok if response.length() == 0 => Ok(()),
-        status => Err(MigrationError::ReceiverError { command, status }),
-    }
 }

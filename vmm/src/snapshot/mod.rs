@@ -28,6 +28,7 @@ use vm_state::{StateDocument, StateError};
 
 use crate::config::json::vm_config_to_json;
 use crate::config::VmConfig;
+use crate::device_manager::state::SwitchRelease;
 use crate::device_manager::DeviceManagerError;
 use crate::legacy::state::LegacyStateError;
 use crate::memory::snapshot::{
@@ -62,6 +63,9 @@ pub fn vcpu_section(index: u32) -> String {
 pub enum SnapshotError {
     #[error("snapshot: the VM is running; pause it first (vm.pause)")]
     NotPaused,
+    /// A migration's switch asked for before the VM's state was saved.
+    #[error("migration switch: the VM must be paused and its state saved first")]
+    NotSaved,
     #[error("{}: not a directory", path.display())]
     NotADirectory { path: PathBuf },
     #[error("{}: {source}", path.display())]
@@ -294,6 +298,49 @@ impl Vm {
         self.devices.release_backends();
     }
 
+    /// A migration over the network, at the switch: once the VM is paused
+    /// and its state document built ([`Self::state_document`], which pauses
+    /// the devices), and before the receiving VMM builds its devices, the
+    /// devices let go of what the receiver opens itself by the
+    /// configuration's names: each disk image's lock (the image stays
+    /// open), each tap opened by name (`tap=NAME`: closed, so a tap this
+    /// VMM created goes; taps passed as fds stay), the vsock socket (its
+    /// file removed if still this VM's, its listener closed; open host
+    /// connections stay until this VMM goes, or go on if the migration
+    /// fails). Keep what it returns: should the migration fail, give it to
+    /// [`Self::reclaim_after_switch`] before resuming the VM. If a device
+    /// cannot let go, those before it take theirs back and the error names
+    /// it. See [`DeviceManager::release_for_switch`](crate::device_manager::DeviceManager::release_for_switch).
+    pub fn release_for_switch(&mut self) -> Result<SwitchRelease, SnapshotError> {
+        if !self.vcpus.paused() || !self.devices_paused {
+            return Err(SnapshotError::NotSaved);
+        }
+        self.devices
+            .release_for_switch()
+            .map_err(|source| SnapshotError::Devices {
+                context: "migration switch:",
+                source: Box::new(source),
+            })
+    }
+
+    /// The migration failed after [`Self::release_for_switch`]: every
+    /// device takes back what it let go of (a disk's lock, exclusive when
+    /// writable, shared when read-only; its tap, opened by name again and
+    /// given its configured address if it was created again; the vsock
+    /// socket, bound again), so that the VM, resumed, works as before. All
+    /// are tried; the error lists those that could not, by device id and
+    /// file, tap or socket: a disk whose lock another process took runs on
+    /// WITHOUT it (logged as an error too), a net device without its tap,
+    /// the vsock device without its socket.
+    pub fn reclaim_after_switch(&mut self, released: SwitchRelease) -> Result<(), SnapshotError> {
+        self.devices
+            .reclaim_after_switch(released)
+            .map_err(|source| SnapshotError::Devices {
+                context: "migration failed, taking back:",
+                source: Box::new(source),
+            })
+    }
+
     /// The state document of a paused VM (what `state.json` holds, and a
     /// local migration's `State`) but its memory section, which the caller
     /// adds: a snapshot's, whose table lists what `memory-ranges` holds,
@@ -388,3 +435,7 @@ impl Vm {
 #[cfg(test)]
 #[path = "snapshot_tests.rs"]
 pub(crate) mod tests;
+
+#[cfg(test)]
+#[path = "switch_tests.rs"]
+mod switch_tests;

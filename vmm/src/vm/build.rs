@@ -300,25 +300,7 @@ impl VmBase {
         let started = Instant::now();
         let mut mapped = 0u64;
         for_each_resident_run(&self.mem, |gpa, len| {
-            let end = gpa.saturating_add(len);
-            let mut at = gpa;
-            while at < end {
-                if started.elapsed() > RESIDENT_PREFAULT_BUDGET {
-                    return false;
-                }
-                match p.prefault(at, end - at) {
-                    Ok(n) if n > 0 => {
-                        at = at.saturating_add(n);
-                        mapped = mapped.saturating_add(n);
-                    }
-                    Ok(_) => return false,
-                    Err(e) => {
-                        tracing::info!("pre-faulting guest RAM at {at:#x}: {e}; the rest faults in when touched");
-                        return false;
-                    }
-                }
-            }
-            true
+            prefault_run(p.as_ref(), gpa, len, started, &mut mapped)
         });
         tracing::info!(
             "pre-faulted {} MiB of guest RAM in {} ms",
@@ -327,6 +309,52 @@ impl VmBase {
         );
         mapped
     }
+
+    /// Maps `ranges` of guest RAM (just written: a pre-copy's pages as
+    /// they arrive) into the guest's view, as [`Self::prefault_resident`]
+    /// does for all of it, each call within [`RESIDENT_PREFAULT_BUDGET`].
+    /// Pages already mapped cost KVM a walk, nothing more. Returns the
+    /// bytes mapped.
+    pub fn prefault_ranges(&self, ranges: impl Iterator<Item = (u64, u64)>) -> u64 {
+        let Some(p) = self.prefaulter.as_ref().filter(|p| p.available()) else {
+            return 0;
+        };
+        let started = Instant::now();
+        let mut mapped = 0u64;
+        for (gpa, len) in ranges {
+            if !prefault_run(p.as_ref(), gpa, len, started, &mut mapped) {
+                break;
+            }
+        }
+        mapped
+    }
+}
+
+/// Pre-faults `[gpa, gpa + len)` through `p`, adding what it mapped to
+/// `mapped`; false once the budget from `started` is spent or KVM maps no
+/// more (the rest faults in when touched).
+fn prefault_run(p: &KvmPrefaulter, gpa: u64, len: u64, started: Instant, mapped: &mut u64) -> bool {
+    let end = gpa.saturating_add(len);
+    let mut at = gpa;
+    while at < end {
+        if started.elapsed() > RESIDENT_PREFAULT_BUDGET {
+            return false;
+        }
+        match p.prefault(at, end - at) {
+            Ok(n) if n > 0 => {
+                at = at.saturating_add(n);
+                *mapped = mapped.saturating_add(n);
+            }
+            Ok(_) => return false,
+            Err(e) => {
+                tracing::info!(
+                    "pre-faulting guest RAM at {at:#x}: {e}; the rest faults in when touched"
+                );
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// A VM built up to its vCPUs: what a boot and a restore share.
