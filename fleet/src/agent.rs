@@ -103,16 +103,14 @@ pub struct Agent {
     receiver: Receiver,
     /// Where the drain's tasks report (they outlive a session).
     events: Events,
+    /// What they report, until [`Agent::run`] takes it.
+    inbox: Option<UnboundedReceiver<Event>>,
 }
 
 impl Agent {
     pub fn new(cfg: Config, secrets: Secrets) -> Self {
-        Self::with_events(cfg, secrets).0
-    }
-
-    fn with_events(cfg: Config, secrets: Secrets) -> (Self, UnboundedReceiver<Event>) {
-        let (events, rx) = unbounded_channel();
-        let agent = Agent {
+        let (events, inbox) = unbounded_channel();
+        Agent {
             cfg,
             secrets,
             objects: BTreeMap::new(),
@@ -122,8 +120,8 @@ impl Agent {
             source: Source::default(),
             receiver: Receiver::default(),
             events,
-        };
-        (agent, rx)
+            inbox: Some(inbox),
+        }
     }
 
     /// The VMs this agent manages: those received here, and those of its
@@ -148,11 +146,18 @@ impl Agent {
     }
 
     /// Runs until the process is told to stop.
-    pub async fn run(self) {
-        let (mut agent, mut rx) = Self::with_events(self.cfg, self.secrets);
+    pub async fn run(mut self) {
+        let mut rx = match self.inbox.take() {
+            Some(rx) => rx,
+            None => {
+                let (events, rx) = unbounded_channel();
+                self.events = events;
+                rx
+            }
+        };
         let mut backoff = Backoff::new();
         loop {
-            match agent.session(&mut backoff, &mut rx).await {
+            match self.session(&mut backoff, &mut rx).await {
                 Ok(Ended::Resync) => {
                     tracing::info!("watch cancelled (compacted?): reading every policy again")
                 }
@@ -377,10 +382,12 @@ impl Agent {
                     .received(store, &self.cfg, &vm, result)
                     .await?
                 {
-                    // Arrived: it is this host's now, under its own name.
+                    // Arrived: it is this host's now, under its own name
+                    // (a record of it leaving here before goes).
                     self.source.forget(&vm);
                     self.forget_vm(&vm);
                     self.reconcile(store, lease, true).await?;
+                    self.drain_step(store, lease).await?;
                 }
             }
             Event::Sent { vm, result } => {

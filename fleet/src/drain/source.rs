@@ -101,6 +101,8 @@ impl Source {
 
     /// The drain key of `host` changed (None, or no value: deleted).
     pub fn set_drain(&mut self, host: &str, entry: Option<Entry>) {
+        // A drain written again starts with every destination asked anew.
+        self.resync();
         self.drain = entry.and_then(|e| {
             let value = e.value?;
             Some(Drain {
