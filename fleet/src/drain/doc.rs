@@ -176,6 +176,9 @@ pub enum Answer {
 impl Incoming {
     pub fn parse(destination: &str, vm: &str, value: &[u8]) -> Result<Incoming, DocError> {
         let doc = format!("request for \"{vm}\" to \"{destination}\"");
+        // The key's last components: they name keys this host writes.
+        check_component(&doc, "the key's VM name", vm)?;
+        check_component(&doc, "the key's host name", destination)?;
         let obj = object(&doc, value)?;
         only_fields(&doc, &obj, &["from", "labels", "receiver_url", "error"])?;
         let from = string(&doc, "from", obj.get("from"))?

@@ -105,6 +105,13 @@ fn a_request_and_its_answers_round_trip() {
         let want = format!("request for \"vm1\" to \"h2\": {want}");
         assert!(e.starts_with(&want), "{doc}\n  got:  {e}\n  want: {want}");
     }
+    let e = Incoming::parse("h2", "a/b", br#"{"from": "h1"}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(r#"request for "a/b" to "h2": the key's VM name: "a/b" must be"#),
+        "{e}"
+    );
 }
 
 #[test]
