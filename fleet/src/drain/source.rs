@@ -69,6 +69,20 @@ pub struct Source {
     loaded: bool,
 }
 
+/// Whether a VM the drain at `revision` selects is (again) queued, given
+/// its status: one without a status is; one that failed, or still waits,
+/// under an older revision of the drain key is; a failure under this one
+/// is not (no retry until the key is written again).
+fn queued_again(status: Option<&DrainStatus>, revision: i64) -> bool {
+    status.is_none_or(|s| {
+        s.drain_revision != revision
+            && matches!(
+                s.state,
+                State::Queued | State::WaitingReceiver | State::Failed
+            )
+    })
+}
+
 fn incoming_key(cfg: &Config, destination: &str, vm: &str) -> String {
     format!("{}{destination}/{vm}", cfg.incoming_prefix())
 }
@@ -299,10 +313,7 @@ impl Source {
             Some(vm) == in_flight.as_ref() || !pending(s) || names.contains(vm.as_str())
         });
         for vm in &selected {
-            let queue = match self.statuses.get(&vm.name) {
-                None => true,
-                Some(s) => s.drain_revision != revision && (pending(s) || s.state == State::Failed),
-            };
+            let queue = queued_again(self.statuses.get(&vm.name), revision);
             if queue && in_flight.as_deref() != Some(&vm.name) {
                 self.set(&vm.name, State::Queued, None, None);
             }
@@ -374,5 +385,33 @@ impl Source {
             self.written.remove(&vm);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_vm_is_queued_again_only_under_a_newer_drain_revision() {
+        let status = |state, drain_revision| DrainStatus {
+            state,
+            destination: None,
+            error: None,
+            drain_revision,
+        };
+        assert!(queued_again(None, 5), "never tried");
+        assert!(
+            !queued_again(Some(&status(State::Failed, 5)), 5),
+            "no retry loop"
+        );
+        assert!(
+            queued_again(Some(&status(State::Failed, 4)), 5),
+            "written again"
+        );
+        assert!(queued_again(Some(&status(State::WaitingReceiver, 4)), 5));
+        assert!(!queued_again(Some(&status(State::WaitingReceiver, 5)), 5));
+        assert!(!queued_again(Some(&status(State::Migrating, 4)), 5));
+        assert!(!queued_again(Some(&status(State::Migrated, 4)), 5));
     }
 }
