@@ -194,7 +194,7 @@ impl Agent {
         let (adopted, _) = store.entries(&self.cfg.adopted_prefix(), false).await?;
         let incoming_prefix = self.cfg.incoming_prefix();
         let (incoming, incoming_revision) = store.entries(&incoming_prefix, false).await?;
-        self.receiver.load(adopted);
+        self.receiver.load(&mut store, &self.cfg, adopted).await?;
         self.source
             .load(&self.cfg.host, drain.into_iter().next(), statuses);
         self.reconcile(&mut store, lease, true).await?;
@@ -377,15 +377,15 @@ impl Agent {
                 self.receiver.ready(store, &self.cfg, &vm, url).await;
             }
             Event::Received { vm, result } => {
-                if self
-                    .receiver
-                    .received(store, &self.cfg, &vm, result)
-                    .await?
-                {
-                    // Arrived: it is this host's now, under its own name
-                    // (a record of it leaving here before goes).
+                let arrived = self.receiver.received(store, &self.cfg, &vm, result).await;
+                if !matches!(arrived, Ok(false)) && self.receiver.is_adopted(&vm) {
+                    // Arrived (even if etcd did not hear of it yet): it is
+                    // this host's now, under its own name; a record of it
+                    // leaving here before goes.
                     self.source.forget(&vm);
                     self.forget_vm(&vm);
+                }
+                if arrived? {
                     self.reconcile(store, lease, true).await?;
                     self.drain_step(store, lease).await?;
                 }

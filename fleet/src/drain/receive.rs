@@ -67,10 +67,32 @@ fn listening_in(table: &str, port: u16) -> bool {
 }
 
 impl Receiver {
-    /// At the first session's start: the VMs this host adopted before.
-    pub fn load(&mut self, adopted: Vec<Entry>) {
+    /// At a session's start, the `adopted` keys as etcd holds them: the
+    /// first time, the VMs this host adopted before; later, memory is
+    /// right (a write an etcd error interrupted is made again).
+    pub async fn load(
+        &mut self,
+        store: &mut Store,
+        cfg: &Config,
+        adopted: Vec<Entry>,
+    ) -> Result<(), String> {
         if self.loaded {
-            return;
+            let held: BTreeMap<String, Option<Vec<u8>>> =
+                adopted.into_iter().map(|e| (e.name, e.value)).collect();
+            for (vm, a) in &self.adopted {
+                let json = a.to_json();
+                if held.get(vm).and_then(|v| v.as_deref()) != Some(json.as_bytes()) {
+                    store
+                        .put_kept(&format!("{}{vm}", cfg.adopted_prefix()), &json)
+                        .await?;
+                }
+            }
+            for vm in held.keys().filter(|vm| !self.adopted.contains_key(*vm)) {
+                store
+                    .delete(&format!("{}{vm}", cfg.adopted_prefix()))
+                    .await?;
+            }
+            return Ok(());
         }
         self.loaded = true;
         for e in adopted {
@@ -79,9 +101,10 @@ impl Receiver {
                 Ok(a) => {
                     self.adopted.insert(e.name, a);
                 }
-                Err(err) => tracing::warn!("{err}: left alone"),
+                Err(err) => tracing::warn!("{err}: ignored"),
             }
         }
+        Ok(())
     }
 
     /// The VMs adopted here, as the agent manages them.
@@ -256,14 +279,17 @@ impl Receiver {
                     labels: r.request.labels,
                     from: r.request.from,
                 };
-                let key = format!("{}{vm}", cfg.adopted_prefix());
-                store.put_kept(&key, &adopted.to_json()).await?;
                 tracing::info!(
                     "drain: {vm} arrived from {} in {}",
                     adopted.from,
                     adopted.api_socket.display()
                 );
+                // Memory first: should the put fail, the next session's
+                // load writes it.
+                let json = adopted.to_json();
                 self.adopted.insert(vm.to_string(), adopted);
+                let key = format!("{}{vm}", cfg.adopted_prefix());
+                store.put_kept(&key, &json).await?;
                 Ok(true)
             }
             Err(e) => {

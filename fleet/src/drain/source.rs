@@ -181,12 +181,14 @@ impl Source {
                     .find(|v| v.name == vm)
                     .map(|v| v.api_socket.clone())
                 else {
+                    // Memory first: an etcd error ends the session, and the
+                    // next one writes what memory holds.
                     self.flight = None;
+                    let error = "the VM is no longer in this agent's configuration".to_string();
+                    self.set(vm, State::Failed, Some(destination), Some(error));
                     ctx.store
                         .delete(&incoming_key(ctx.cfg, destination, vm))
                         .await?;
-                    let error = "the VM is no longer in this agent's configuration".to_string();
-                    self.set(vm, State::Failed, Some(destination), Some(error));
                     return self.step(ctx).await;
                 };
                 if let Some(f) = self.flight.as_mut() {
@@ -205,11 +207,11 @@ impl Source {
             Some(Answer::Refused(why)) => {
                 tracing::info!("drain: {destination} has no receiver for {vm}: {why}");
                 self.flight = None;
+                self.refused.insert(destination.to_string(), why);
+                self.set(vm, State::WaitingReceiver, None, Some(self.refusals()));
                 ctx.store
                     .delete(&incoming_key(ctx.cfg, destination, vm))
                     .await?;
-                self.refused.insert(destination.to_string(), why);
-                self.set(vm, State::WaitingReceiver, None, Some(self.refusals()));
             }
         }
         self.step(ctx).await
@@ -258,15 +260,15 @@ impl Source {
             .flight
             .take_if(|f| !f.sending && f.asked.elapsed() > timeout)
         {
-            ctx.store
-                .delete(&incoming_key(ctx.cfg, &f.destination, &f.vm))
-                .await?;
             let error = format!(
                 "\"{}\" gave no receiver within {} s (is its agent running, with a receive section?)",
                 f.destination,
                 timeout.as_secs()
             );
             self.set(&f.vm, State::Failed, Some(&f.destination), Some(error));
+            ctx.store
+                .delete(&incoming_key(ctx.cfg, &f.destination, &f.vm))
+                .await?;
         }
         let in_flight = self.flight.as_ref().map(|f| f.vm.clone());
         let pending = |s: &DrainStatus| matches!(s.state, State::Queued | State::WaitingReceiver);
