@@ -2,8 +2,9 @@
 //! (see `fleet_common::spare` for how two hosts share one machine):
 //! - a running VM on h1 drained to h2 moves into h2's spare, which h2's
 //!   agent adopts: its policy status comes from h2 and a policy change
-//!   reaches its new daemon, while h1 lets go of it; drained from h2, it
-//!   comes back to a spare on h1 in the same way;
+//!   reaches its new daemon, while h1 lets go of it, also once both agents
+//!   restarted; drained from h2, it comes back to a spare on h1 in the
+//!   same way;
 //! - a VM whose destination cannot take it (no daemon at its fs socket)
 //!   fails with the error in its drain status and keeps running on h1,
 //!   its share with it (a policy still reaches its daemon), the spare
@@ -75,14 +76,14 @@ fn a_drained_vm_moves_to_a_spare_on_another_host_and_back() {
     let mut on_h2 = Spare::start(&dir, "h2", &vm1);
     on_h2.start_daemon();
     let on_h1 = Spare::start_at_home(&dir, "h1", &vm1);
-    let _h1 = Agent::start_with(
+    let mut h1 = Agent::start_with(
         &dir,
         "h1",
         &etcd.url,
         &receive_section(&[&on_h1.api]),
         &[(&vm1, build_labels())],
     );
-    let _h2 = Agent::start_with(&dir, "h2", &etcd.url, &receive_section(&[&on_h2.api]), &[]);
+    let mut h2 = Agent::start_with(&dir, "h2", &etcd.url, &receive_section(&[&on_h2.api]), &[]);
     let mut store = Store::connect(&etcd.url);
     let rev = store.put("/dax/policies/build", BUILD);
     wait_value(&mut store, "/dax/status/h1/vm1/fs0", "build on h1", |s| {
@@ -131,6 +132,22 @@ fn a_drained_vm_moves_to_a_spare_on_another_host_and_back() {
     });
     let (_, policy) = daemon_policy(&on_h2.control()).unwrap();
     assert_eq!(policy["default"], false, "h2's daemon has it: {policy}");
+
+    // Both agents restarted: from etcd, h1 knows vm1 left (its drain
+    // status) and h2 that its spare is vm1 (its adopted key).
+    h1.restart();
+    h2.restart();
+    let rev = store.put("/dax/policies/build", BUILD);
+    wait_value(
+        &mut store,
+        "/dax/status/h2/vm1/fs0",
+        "applied after h2 restarted",
+        |s| s["revision"] == rev && s["error"].is_null(),
+    );
+    assert_eq!(daemon_policy(&on_h2.control()).unwrap().1["default"], true);
+    // Two of h1's resyncs: it would have reported the VMM it cannot reach.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(store.json_under("/dax/status/h1/").is_empty());
 
     // Maintenance over: h1 takes it back (into a spare there, its old
     // daemon gone and a fresh one at the same path), drained from h2.
