@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 runs="${1:-1000000}"
 shift || true
 all=(fuse_server descriptor_chain dax_window mmio_transport pci_transport pmem_queue blk_request policy vm_config api_router
-     backend_requests daemon_replies fuse_dax pci_root serial fleet_policy vsock_backend vsock_queues net_queues blk_queue migration_protocol
+     backend_requests daemon_replies fuse_dax pci_root serial fleet_policy vsock_backend vsock_queues net_queues blk_queue migration_protocol migration_memory
      daemon_state_load)
 targets=("${@:-${all[@]}}")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")

@@ -70,14 +70,25 @@ pub async fn request_limited(
     body: Option<String>,
     limit: usize,
 ) -> Result<Answer, ClientError> {
+    request_within(socket, method, uri, body, limit, CONTROL_SOCKET_TIMEOUT).await
+}
+
+/// [`request_limited`] answered within `timeout` rather than
+/// [`CONTROL_SOCKET_TIMEOUT`]: for the VMM's calls that answer only when a
+/// long operation is over (`vm.send-migration`, `vm.receive-migration`).
+pub async fn request_within(
+    socket: &Path,
+    method: &str,
+    uri: &str,
+    body: Option<String>,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Answer, ClientError> {
     let path = socket.display().to_string();
     let exchange = exchange(socket, &path, method, uri, body, limit);
-    match tokio::time::timeout(CONTROL_SOCKET_TIMEOUT, exchange).await {
+    match tokio::time::timeout(timeout, exchange).await {
         Ok(r) => r,
-        Err(_) => Err(ClientError::Timeout {
-            path,
-            timeout: CONTROL_SOCKET_TIMEOUT,
-        }),
+        Err(_) => Err(ClientError::Timeout { path, timeout }),
     }
 }
 
@@ -236,6 +247,38 @@ mod tests {
         let (path, daemon) = fake_daemon("length", head, endless);
         let e = call(&path, "/api/v1/stats", MAX_REPLY_BYTES).unwrap_err();
         assert!(matches!(e, ClientError::TooLarge { .. }), "{e}");
+        daemon.join().unwrap();
+    }
+
+    #[test]
+    fn request_within_waits_for_the_time_given_and_no_longer() {
+        // A peer that reads the request and never answers (it waits for
+        // the client to hang up).
+        let (path, daemon) = fake_daemon("silent", "", |s| {
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest);
+            0
+        });
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let patience = Duration::from_millis(100);
+        let e = runtime
+            .block_on(request_within(
+                &path,
+                "PUT",
+                "/api/v1/vm.send-migration",
+                None,
+                1024,
+                patience,
+            ))
+            .unwrap_err();
+        assert!(
+            matches!(e, ClientError::Timeout { timeout, .. } if timeout == patience),
+            "{e}"
+        );
+        drop(runtime);
         daemon.join().unwrap();
     }
 

@@ -12,15 +12,25 @@
 //! Status keys (`<prefix>/status/<host>/<vm>/<fs id>`) are written under
 //! the session's lease: when the agent dies its host's status goes with it.
 //! Only a status whose content changed is written again.
+//!
+//! The same loop carries host drains ([`crate::drain`]): it watches this
+//! host's drain key and every host's receiver requests, and takes the
+//! drain tasks' events. The VMs it manages are those of its configuration
+//! that did not leave by a drain, and those it received.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::config::{Config, Secrets, VmConfig};
+use crate::drain::doc::Incoming;
+use crate::drain::receive::Receiver;
+use crate::drain::source::{Ctx, Source};
+use crate::drain::{Event, Events};
 use crate::selection::{effective, Parsed};
-use crate::store::{changes, Change, Store};
+use crate::store::{changes, entries, Change, Entry, Store};
 use crate::vmm;
 
 /// Where a status key stands for a device the VMM could not list.
@@ -87,10 +97,19 @@ pub struct Agent {
     applied: HashMap<(String, String), Applied>,
     /// Each VM's fs ids, as last listed.
     devices: HashMap<String, Vec<String>>,
+    /// This host drained.
+    source: Source,
+    /// This host as a drain's destination.
+    receiver: Receiver,
+    /// Where the drain's tasks report (they outlive a session).
+    events: Events,
+    /// What they report, until [`Agent::run`] takes it.
+    inbox: Option<UnboundedReceiver<Event>>,
 }
 
 impl Agent {
     pub fn new(cfg: Config, secrets: Secrets) -> Self {
+        let (events, inbox) = unbounded_channel();
         Agent {
             cfg,
             secrets,
@@ -98,14 +117,47 @@ impl Agent {
             written: HashMap::new(),
             applied: HashMap::new(),
             devices: HashMap::new(),
+            source: Source::default(),
+            receiver: Receiver::default(),
+            events,
+            inbox: Some(inbox),
         }
+    }
+
+    /// The VMs this agent manages: those received here, and those of its
+    /// configuration that neither left by a drain nor share a name with one
+    /// received.
+    fn managed(&self) -> Vec<VmConfig> {
+        let mut vms: Vec<VmConfig> = self
+            .cfg
+            .vms
+            .iter()
+            .filter(|v| !self.source.migrated(&v.name) && !self.receiver.is_adopted(&v.name))
+            .cloned()
+            .collect();
+        vms.extend(self.receiver.adopted_vms());
+        vms
+    }
+
+    /// What was applied to `vm` is forgotten (it left, or arrived).
+    fn forget_vm(&mut self, vm: &str) {
+        self.devices.remove(vm);
+        self.applied.retain(|(v, _), _| v != vm);
     }
 
     /// Runs until the process is told to stop.
     pub async fn run(mut self) {
+        let mut rx = match self.inbox.take() {
+            Some(rx) => rx,
+            None => {
+                let (events, rx) = unbounded_channel();
+                self.events = events;
+                rx
+            }
+        };
         let mut backoff = Backoff::new();
         loop {
-            match self.session(&mut backoff).await {
+            match self.session(&mut backoff, &mut rx).await {
                 Ok(Ended::Resync) => {
                     tracing::info!("watch cancelled (compacted?): reading every policy again")
                 }
@@ -118,7 +170,11 @@ impl Agent {
         }
     }
 
-    async fn session(&mut self, backoff: &mut Backoff) -> Result<Ended, String> {
+    async fn session(
+        &mut self,
+        backoff: &mut Backoff,
+        rx: &mut UnboundedReceiver<Event>,
+    ) -> Result<Ended, String> {
         let mut store = Store::connect(&self.cfg.etcd, &self.secrets).await?;
         let prefix = self.cfg.policies_prefix();
         let (objects, revision) = store.policies(&prefix).await?;
@@ -130,9 +186,26 @@ impl Agent {
             "{} policy object(s) at revision {revision}; lease {lease:x}",
             self.objects.len()
         );
+        let drain_key = self.cfg.drain_key();
+        let (drain, drain_revision) = store.entries(&drain_key, true).await?;
+        let (statuses, _) = store
+            .entries(&self.cfg.drain_status_prefix(), false)
+            .await?;
+        let (adopted, _) = store.entries(&self.cfg.adopted_prefix(), false).await?;
+        let incoming_prefix = self.cfg.incoming_prefix();
+        let (incoming, incoming_revision) = store.entries(&incoming_prefix, false).await?;
+        self.receiver.load(&mut store, &self.cfg, adopted).await?;
+        self.source
+            .load(&self.cfg.host, drain.into_iter().next(), statuses);
         self.reconcile(&mut store, lease, true).await?;
+        for e in incoming {
+            self.incoming(&mut store, lease, e).await?;
+        }
+        self.drain_step(&mut store, lease).await?;
         backoff.reset();
         let mut watch = store.watch(&prefix, revision + 1).await?;
+        let mut drain_watch = store.watch_key(&drain_key, drain_revision + 1).await?;
+        let mut incoming_watch = store.watch(&incoming_prefix, incoming_revision + 1).await?;
         let mut resync = tokio::time::interval(self.cfg.resync_interval());
         resync.tick().await;
         let mut keep = tokio::time::interval(self.cfg.lease_ttl() / 3);
@@ -163,7 +236,33 @@ impl Agent {
                     }
                     self.reconcile(&mut store, lease, false).await?;
                 }
-                _ = resync.tick() => self.reconcile(&mut store, lease, true).await?,
+                msg = drain_watch.message() => {
+                    let resp = msg.map_err(|e| format!("etcd watch: {e}"))?
+                        .ok_or("etcd watch: the stream ended")?;
+                    if resp.canceled() || resp.compact_revision() > 0 {
+                        return Ok(Ended::Resync);
+                    }
+                    for e in entries(&resp, &drain_key) {
+                        self.source.set_drain(&self.cfg.host, Some(e));
+                    }
+                    self.drain_step(&mut store, lease).await?;
+                }
+                msg = incoming_watch.message() => {
+                    let resp = msg.map_err(|e| format!("etcd watch: {e}"))?
+                        .ok_or("etcd watch: the stream ended")?;
+                    if resp.canceled() || resp.compact_revision() > 0 {
+                        return Ok(Ended::Resync);
+                    }
+                    for e in entries(&resp, &incoming_prefix) {
+                        self.incoming(&mut store, lease, e).await?;
+                    }
+                }
+                Some(event) = rx.recv() => self.drain_event(&mut store, lease, event).await?,
+                _ = resync.tick() => {
+                    self.reconcile(&mut store, lease, true).await?;
+                    self.source.resync();
+                    self.drain_step(&mut store, lease).await?;
+                }
                 _ = keep.tick() => keeper
                     .keep_alive()
                     .await
@@ -186,7 +285,7 @@ impl Agent {
         lease: i64,
         force: bool,
     ) -> Result<(), String> {
-        let vms = self.cfg.vms.clone();
+        let vms = self.managed();
         let work = vms.iter().map(|vm| self.converge_vm(vm, force));
         let results = futures_util::future::join_all(work).await;
         let mut statuses = BTreeMap::new();
@@ -217,6 +316,97 @@ impl Agent {
         for key in gone {
             store.delete(&key).await?;
             self.written.remove(&key);
+        }
+        Ok(())
+    }
+
+    /// The drain moves on (see [`Source::step`]).
+    async fn drain_step(&mut self, store: &mut Store, lease: i64) -> Result<(), String> {
+        let vms = self.managed();
+        let mut ctx = Ctx {
+            store,
+            lease,
+            cfg: &self.cfg,
+            vms: &vms,
+            events: &self.events,
+        };
+        self.source.step(&mut ctx).await
+    }
+
+    /// A receiver request `<destination>/<vm>` put or deleted: this host
+    /// is asked for a receiver, or answers this host's request.
+    async fn incoming(&mut self, store: &mut Store, lease: i64, e: Entry) -> Result<(), String> {
+        let (Some((destination, vm)), Some(value)) = (e.name.split_once('/'), e.value) else {
+            return Ok(());
+        };
+        let request = match Incoming::parse(destination, vm, &value) {
+            Ok(r) => r,
+            Err(err) => {
+                tracing::warn!("drain: {err}");
+                return Ok(());
+            }
+        };
+        let vms = self.managed();
+        if destination == self.cfg.host {
+            self.receiver
+                .request(store, &self.cfg, &self.events, vm, request, &vms)
+                .await;
+            return Ok(());
+        }
+        let mut ctx = Ctx {
+            store,
+            lease,
+            cfg: &self.cfg,
+            vms: &vms,
+            events: &self.events,
+        };
+        self.source
+            .answered(&mut ctx, destination, vm, request)
+            .await
+    }
+
+    /// What a drain task reported.
+    async fn drain_event(
+        &mut self,
+        store: &mut Store,
+        lease: i64,
+        event: Event,
+    ) -> Result<(), String> {
+        match event {
+            Event::ReceiverReady { vm, url } => {
+                self.receiver.ready(store, &self.cfg, &vm, url).await;
+            }
+            Event::Received { vm, result } => {
+                let arrived = self.receiver.received(store, &self.cfg, &vm, result).await;
+                if !matches!(arrived, Ok(false)) && self.receiver.is_adopted(&vm) {
+                    // Arrived (even if etcd did not hear of it yet): it is
+                    // this host's now, under its own name; a record of it
+                    // leaving here before goes.
+                    self.source.forget(&vm);
+                    self.forget_vm(&vm);
+                }
+                if arrived? {
+                    self.reconcile(store, lease, true).await?;
+                    self.drain_step(store, lease).await?;
+                }
+            }
+            Event::Sent { vm, result } => {
+                let left = result.is_ok();
+                let vms = self.managed();
+                let mut ctx = Ctx {
+                    store,
+                    lease,
+                    cfg: &self.cfg,
+                    vms: &vms,
+                    events: &self.events,
+                };
+                self.source.sent(&mut ctx, &vm, result).await?;
+                if left {
+                    self.receiver.release(store, &self.cfg, &vm).await?;
+                    self.forget_vm(&vm);
+                    self.reconcile(store, lease, false).await?;
+                }
+            }
         }
         Ok(())
     }

@@ -1,7 +1,10 @@
-//! `dax-fleet --config FILE`: which host this is, where etcd is, and the
-//! VMs on this host (their API sockets and labels). Errors name the field.
+//! `dax-fleet --config FILE`: which host this is, where etcd is, the VMs
+//! on this host (their API sockets and labels), and for host drains the
+//! spare VMMs this host receives VMs in (`receive`) and the bounds of a
+//! drain of this host (`drain`). Errors name the field.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -44,6 +47,56 @@ pub struct Config {
     #[serde(default)]
     pub auth: Option<AuthConfig>,
     pub vms: Vec<VmConfig>,
+    /// This host as a drain's destination: where VMs drained from other
+    /// hosts are received. Without it, this host refuses to receive.
+    #[serde(default)]
+    pub receive: Option<ReceiveConfig>,
+    /// Bounds of a drain of this host.
+    #[serde(default)]
+    pub drain: DrainConfig,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiveConfig {
+    /// The address the spares listen on for a migration (`0.0.0.0`, or
+    /// one of this host's addresses).
+    pub listen: IpAddr,
+    /// The address a source host's VMM connects to.
+    pub advertise: IpAddr,
+    /// The ports the spares listen on, `[first, last]` (inclusive).
+    pub ports: [u16; 2],
+    /// VMMs the operator started without a VM (`dax-vmm --api-socket`),
+    /// each of which receives one VM.
+    pub spares: Vec<SpareConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SpareConfig {
+    /// The spare VMM's `--api-socket`.
+    pub api_socket: PathBuf,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DrainConfig {
+    /// Seconds a destination has to answer with a receiver before the VM's
+    /// migration fails.
+    #[serde(default = "default_receiver_timeout")]
+    pub receiver_timeout: u64,
+    /// Seconds one migration may take, from the send to the VMM's answer.
+    #[serde(default = "default_migration_timeout")]
+    pub migration_timeout: u64,
+}
+
+impl Default for DrainConfig {
+    fn default() -> Self {
+        DrainConfig {
+            receiver_timeout: default_receiver_timeout(),
+            migration_timeout: default_migration_timeout(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -100,11 +153,20 @@ fn default_lease_ttl() -> u64 {
 fn default_resync() -> u64 {
     10
 }
+fn default_receiver_timeout() -> u64 {
+    60
+}
+fn default_migration_timeout() -> u64 {
+    3600
+}
 
 /// Limits checked by validation.
 pub const MAX_VMS: usize = 10_000;
 pub const LEASE_TTL_RANGE: std::ops::RangeInclusive<u64> = 2..=3600;
 pub const RESYNC_RANGE: std::ops::RangeInclusive<u64> = 1..=3600;
+pub const RECEIVER_TIMEOUT_RANGE: std::ops::RangeInclusive<u64> = 1..=3600;
+pub const MIGRATION_TIMEOUT_RANGE: std::ops::RangeInclusive<u64> = 10..=86_400;
+pub const MAX_SPARES: usize = 1000;
 
 /// A name used as one component of an etcd key.
 fn check_component(field: &str, v: &str) -> Result<(), String> {
@@ -202,6 +264,66 @@ impl Config {
                 return Err(format!("vms[{i}].api_socket: must not be empty"));
             }
         }
+        if let Some(r) = &self.receive {
+            self.validate_receive(r)?;
+        }
+        let d = &self.drain;
+        if !RECEIVER_TIMEOUT_RANGE.contains(&d.receiver_timeout) {
+            return Err(format!(
+                "drain.receiver_timeout: {} must be from 1 to 3600 seconds",
+                d.receiver_timeout
+            ));
+        }
+        if !MIGRATION_TIMEOUT_RANGE.contains(&d.migration_timeout) {
+            return Err(format!(
+                "drain.migration_timeout: {} must be from 10 to 86400 seconds",
+                d.migration_timeout
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_receive(&self, r: &ReceiveConfig) -> Result<(), String> {
+        if r.advertise.is_unspecified() {
+            return Err(format!(
+                "receive.advertise: {} is no address a source can connect to",
+                r.advertise
+            ));
+        }
+        let [first, last] = r.ports;
+        if first == 0 || first > last {
+            return Err(format!(
+                "receive.ports: [{first}, {last}] must be [first, last] with 1 <= first <= last"
+            ));
+        }
+        if r.spares.is_empty() {
+            return Err("receive.spares: at least one spare VMM is required".into());
+        }
+        if r.spares.len() > MAX_SPARES {
+            return Err(format!(
+                "receive.spares: {} spares; at most {MAX_SPARES}",
+                r.spares.len()
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, s) in r.spares.iter().enumerate() {
+            if s.api_socket.as_os_str().is_empty() {
+                return Err(format!("receive.spares[{i}].api_socket: must not be empty"));
+            }
+            if !seen.insert(&s.api_socket) {
+                return Err(format!(
+                    "receive.spares[{i}].api_socket: {} is listed twice",
+                    s.api_socket.display()
+                ));
+            }
+            if let Some(vm) = self.vms.iter().find(|v| v.api_socket == s.api_socket) {
+                return Err(format!(
+                    "receive.spares[{i}].api_socket: {} is VM \"{}\"'s",
+                    s.api_socket.display(),
+                    vm.name
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -236,6 +358,34 @@ impl Config {
 
     pub fn status_key(&self, vm: &str, fs: &str) -> String {
         format!("{}/status/{}/{vm}/{fs}", self.prefix, self.host)
+    }
+
+    /// The operator's drain of this host.
+    pub fn drain_key(&self) -> String {
+        format!("{}/drain/{}", self.prefix, self.host)
+    }
+
+    /// Every host's receiver requests: `<incoming>/<destination>/<vm>`.
+    pub fn incoming_prefix(&self) -> String {
+        format!("{}/incoming/", self.prefix)
+    }
+
+    /// The drain status of this host's VMs: `<drain-status>/<vm>`.
+    pub fn drain_status_prefix(&self) -> String {
+        format!("{}/drain-status/{}/", self.prefix, self.host)
+    }
+
+    /// The VMs this host received: `<adopted>/<vm>`.
+    pub fn adopted_prefix(&self) -> String {
+        format!("{}/adopted/{}/", self.prefix, self.host)
+    }
+
+    pub fn receiver_timeout(&self) -> Duration {
+        Duration::from_secs(self.drain.receiver_timeout)
+    }
+
+    pub fn migration_timeout(&self) -> Duration {
+        Duration::from_secs(self.drain.migration_timeout)
     }
 
     pub fn lease_ttl(&self) -> Duration {
@@ -282,6 +432,66 @@ mod tests {
         let e = Config::parse(&missing).unwrap().secrets().unwrap_err();
         assert!(e.starts_with("tls.ca: "), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_receive_section_parses_and_its_errors_name_the_field() {
+        let base = "host: h2\netcd: [\"http://127.0.0.1:2379\"]\nvms:\n  - {name: vm1, api_socket: /run/vm1.sock}\n";
+        let c = Config::parse(&format!(
+            "{base}receive:\n  listen: 0.0.0.0\n  advertise: 10.0.0.2\n  ports: [6000, 6099]\n  spares:\n    - api_socket: /run/spare1.sock\ndrain: {{receiver_timeout: 5}}\n"
+        ))
+        .unwrap();
+        let r = c.receive.as_ref().unwrap();
+        assert_eq!(r.advertise.to_string(), "10.0.0.2");
+        assert_eq!(r.ports, [6000, 6099]);
+        assert_eq!(
+            (c.drain.receiver_timeout, c.drain.migration_timeout),
+            (5, 3600),
+            "the other bound keeps its default"
+        );
+        assert_eq!(c.drain_key(), "/dax/drain/h2");
+        assert_eq!(c.drain_status_prefix(), "/dax/drain-status/h2/");
+        assert_eq!(c.adopted_prefix(), "/dax/adopted/h2/");
+        assert_eq!(c.incoming_prefix(), "/dax/incoming/");
+        let receive = |body: &str| format!("{base}receive:\n{body}");
+        let spare = "  spares: [{api_socket: /run/s1.sock}]\n";
+        for (doc, want) in [
+            (
+                receive(&format!("  listen: nowhere\n  advertise: 10.0.0.2\n  ports: [1, 2]\n{spare}")),
+                "receive.listen: invalid",
+            ),
+            (
+                receive(&format!("  listen: 0.0.0.0\n  advertise: 0.0.0.0\n  ports: [1, 2]\n{spare}")),
+                "receive.advertise: 0.0.0.0 is no address a source can connect to",
+            ),
+            (
+                receive(&format!("  listen: 0.0.0.0\n  advertise: 10.0.0.2\n  ports: [6001, 6000]\n{spare}")),
+                "receive.ports: [6001, 6000] must be [first, last]",
+            ),
+            (
+                receive("  listen: 0.0.0.0\n  advertise: 10.0.0.2\n  ports: [1, 2]\n  spares: []\n"),
+                "receive.spares: at least one spare VMM is required",
+            ),
+            (
+                receive("  listen: 0.0.0.0\n  advertise: 10.0.0.2\n  ports: [1, 2]\n  spares: [{api_socket: /a}, {api_socket: /a}]\n"),
+                "receive.spares[1].api_socket: /a is listed twice",
+            ),
+            (
+                receive("  listen: 0.0.0.0\n  advertise: 10.0.0.2\n  ports: [1, 2]\n  spares: [{api_socket: /run/vm1.sock}]\n"),
+                "receive.spares[0].api_socket: /run/vm1.sock is VM \"vm1\"'s",
+            ),
+            (
+                format!("{base}drain: {{receiver_timeout: 0}}\n"),
+                "drain.receiver_timeout: 0 must be from 1 to 3600 seconds",
+            ),
+            (
+                format!("{base}drain: {{migration_timeout: 5}}\n"),
+                "drain.migration_timeout: 5 must be from 10 to 86400 seconds",
+            ),
+        ] {
+            let e = Config::parse(&doc).unwrap_err();
+            assert!(e.starts_with(want), "{doc}\n  got:  {e}\n  want: {want}");
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The agent's view of etcd: the policy objects under a prefix (read whole,
-//! then watched), and status keys written under a lease.
+//! then watched), status keys written under a lease, and the drain's keys
+//! (read and watched as raw [`Entry`]s, some written without a lease).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -18,6 +19,15 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct Store {
     client: Client,
+}
+
+/// One key under a prefix: its name (the prefix stripped), value and mod
+/// revision; a deleted key has no value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub name: String,
+    pub value: Option<Vec<u8>>,
+    pub mod_revision: i64,
 }
 
 /// A change to the policy objects, from the watch.
@@ -93,6 +103,61 @@ impl Store {
             .map_err(|e| err("watch", e))
     }
 
+    /// Watches the one key `key` from `revision` on.
+    pub async fn watch_key(&mut self, key: &str, revision: i64) -> Result<WatchStream, String> {
+        self.client
+            .watch(key, Some(WatchOptions::new().with_start_revision(revision)))
+            .await
+            .map_err(|e| err("watch", e))
+    }
+
+    /// Every key under `prefix` (`exact`: the key `prefix` alone), and the
+    /// store's revision.
+    pub async fn entries(
+        &mut self,
+        prefix: &str,
+        exact: bool,
+    ) -> Result<(Vec<Entry>, i64), String> {
+        let options = (!exact).then(|| GetOptions::new().with_prefix());
+        let resp = self
+            .client
+            .get(prefix, options)
+            .await
+            .map_err(|e| err("get", e))?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let list = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                Some(Entry {
+                    name: String::from_utf8_lossy(kv.key().get(prefix.len()..)?).into_owned(),
+                    value: Some(kv.value().to_vec()),
+                    mod_revision: kv.mod_revision(),
+                })
+            })
+            .collect();
+        Ok((list, revision))
+    }
+
+    /// Rewrites the existing `key`, keeping the lease it has (its writer's):
+    /// fails if the key is gone.
+    pub async fn rewrite(&mut self, key: &str, value: &str) -> Result<(), String> {
+        self.client
+            .put(key, value, Some(PutOptions::new().with_ignore_lease()))
+            .await
+            .map(|_| ())
+            .map_err(|e| err("put", e))
+    }
+
+    /// Puts `value` at `key` without a lease: it outlives this agent.
+    pub async fn put_kept(&mut self, key: &str, value: &str) -> Result<(), String> {
+        self.client
+            .put(key, value, None)
+            .await
+            .map(|_| ())
+            .map_err(|e| err("put", e))
+    }
+
     /// A new lease of `ttl`, and what keeps it alive.
     pub async fn lease(
         &mut self,
@@ -128,6 +193,24 @@ impl Store {
             .map(|_| ())
             .map_err(|e| err("delete", e))
     }
+}
+
+/// The keys one watch response changed, as [`Entry`]s (`prefix` stripped).
+pub fn entries(resp: &etcd_client::WatchResponse, prefix: &str) -> Vec<Entry> {
+    resp.events()
+        .iter()
+        .filter_map(|ev| {
+            let kv = ev.kv()?;
+            Some(Entry {
+                name: String::from_utf8_lossy(kv.key().get(prefix.len()..)?).into_owned(),
+                value: match ev.event_type() {
+                    EventType::Put => Some(kv.value().to_vec()),
+                    EventType::Delete => None,
+                },
+                mod_revision: kv.mod_revision(),
+            })
+        })
+        .collect()
 }
 
 /// The changes in one watch response (`prefix` is stripped from names).

@@ -1,9 +1,12 @@
 //! What the agent asks of one VMM, over its REST API socket: the VM's fs
 //! devices (`vm.info`), and a policy put (`PUT vm.dax-policy`) or taken
 //! back (`DELETE`). Both answer the generation the device's daemon
-//! acknowledged; the same document twice makes no new generation.
+//! acknowledged; the same document twice makes no new generation. For a
+//! drain: whether a spare VMM holds a VM, and the two migration calls,
+//! each answered only once the migration is over.
 
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -30,6 +33,50 @@ pub async fn apply(socket: &Path, id: &str, policy: Option<&Value>) -> Result<u6
         .ok_or_else(|| format!("vm.dax-policy answered without a generation: {answer}"))
 }
 
+/// Whether the VMM has a VM (`vm.info` answers 409 on an empty one).
+pub async fn has_vm(socket: &Path) -> Result<bool, String> {
+    let a = api::client::request(socket, "GET", "/api/v1/vm.info", None)
+        .await
+        .map_err(|e| format!("VMM API: {e}"))?;
+    match a.status {
+        200..=299 => Ok(true),
+        409 => Ok(false),
+        s => Err(format!(
+            "VMM API GET /api/v1/vm.info: {s} {}",
+            a.body.trim()
+        )),
+    }
+}
+
+/// `vm.send-migration` to `url`; answered when the VM has moved (or not).
+pub async fn send_migration(socket: &Path, url: &str, patience: Duration) -> Result<(), String> {
+    let body = serde_json::json!({ "destination_url": url }).to_string();
+    call_within(
+        socket,
+        "PUT",
+        "/api/v1/vm.send-migration",
+        Some(body),
+        patience,
+    )
+    .await
+    .map(|_| ())
+}
+
+/// `vm.receive-migration` listening at `url`; answered when a VM has
+/// arrived (or not).
+pub async fn receive_migration(socket: &Path, url: &str, patience: Duration) -> Result<(), String> {
+    let body = serde_json::json!({ "receiver_url": url }).to_string();
+    call_within(
+        socket,
+        "PUT",
+        "/api/v1/vm.receive-migration",
+        Some(body),
+        patience,
+    )
+    .await
+    .map(|_| ())
+}
+
 /// Percent-encodes a query value (device ids are short names; anything
 /// outside unreserved characters is escaped).
 fn encode(s: &str) -> String {
@@ -51,7 +98,25 @@ async fn call(
     uri: &str,
     body: Option<String>,
 ) -> Result<Value, String> {
-    let a = api::client::request(socket, method, uri, body)
+    call_within(
+        socket,
+        method,
+        uri,
+        body,
+        api::client::CONTROL_SOCKET_TIMEOUT,
+    )
+    .await
+}
+
+async fn call_within(
+    socket: &Path,
+    method: &str,
+    uri: &str,
+    body: Option<String>,
+    patience: Duration,
+) -> Result<Value, String> {
+    let limit = api::client::MAX_REPLY_BYTES;
+    let a = api::client::request_within(socket, method, uri, body, limit, patience)
         .await
         .map_err(|e| format!("VMM API: {e}"))?;
     if !(200..300).contains(&a.status) {

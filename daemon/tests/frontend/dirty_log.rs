@@ -269,7 +269,8 @@ fn take_pages(log: &SharedDirtyLog) -> BTreeSet<u64> {
 /// `DaemonMemory::start_dirty_log` (LOG_ALL, SET_LOG_BASE with the VMM's
 /// shared log), a READ the daemon answers marks its buffer's page, in
 /// boot RAM and in RAM added while logging (the VMM sends the log base
-/// again with the new region, which the daemon would not log otherwise).
+/// again with the new region, which the daemon would not log otherwise),
+/// and after the guest reset and activated the device again.
 #[test]
 fn the_vmm_log_names_a_reads_buffer_also_in_ram_added_while_logging() {
     let share = TempDir::new().unwrap();
@@ -315,9 +316,29 @@ fn the_vmm_log_names_a_reads_buffer_also_in_ram_added_while_logging() {
         "the buffer's page in the added RAM: {pages:?}"
     );
 
+    // The guest resets the device and activates it again (a driver
+    // reload, a reboot) while the migration logs: a fresh memory table
+    // would have the daemon write unlogged, unless the log goes with it.
+    drop(guest);
+    assert!(fs.reset());
+    // A driver starts its rings afresh.
+    vm_memory::Bytes::write_slice(&mem, &[0u8; 0xf000], GuestAddress(0x1000)).unwrap();
+    let mut guest = activate(&mut fs, &mem);
+    assert_eq!(guest.call(opcode::INIT, 0, init_in().as_slice()).0, 0);
+    let nodeid = lookup(&mut guest, "f").nodeid;
+    let fh = open(&mut guest, nodeid, libc::O_RDONLY);
+    take_pages(&log);
+    assert_eq!(read_into(&mut guest, nodeid, fh, 0, DATA).0, 0);
+    let pages = take_pages(&log);
+    assert!(
+        pages.contains(&(DATA / PAGE)),
+        "the buffer's page after the device was activated again: {pages:?}"
+    );
+
     memory.stop_dirty_log().expect("stop");
     // The handle holds the connection too.
     drop(memory);
+    drop(guest);
     drop(fs);
     assert!(child.wait().unwrap().success());
 }

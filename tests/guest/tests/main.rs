@@ -3,7 +3,7 @@
 //! The guest tests boot real guests through the rig (`test_infra::rig`) and
 //! are `#[ignore]`d: `cargo test -p guest-tests -- --ignored --test-threads=1`
 //! runs them (scripts/test.sh does), one at a time, as they share the
-//! machine's cores. The rest (`api`, `api_limits`, `kata`, `fleet`) need no
+//! machine's cores. The rest (`api`, `api_limits`, `kata`, `fleet`, `fleet_drain`) need no
 //! guest: they run the real binaries on the host and are part of
 //! `cargo test --workspace`. One area alone: `cargo test -p guest-tests --
 //! --ignored boot::`.
@@ -19,6 +19,7 @@ mod ch_remote;
 mod cpu_hotplug;
 mod devices;
 mod fleet;
+mod fleet_drain;
 mod fleet_scale;
 mod hotplug;
 mod kata;

@@ -330,12 +330,32 @@ impl VhostUserFs {
         };
         let features = self.acked.bits()
             | (self.backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
+        // A guest that resets and activates the device again while a
+        // migration logs (a driver reload, a reboot) must not stop the
+        // daemon's log: LOG_ALL stays on, and the log base is sent again
+        // after the new memory table (whose regions the daemon would
+        // otherwise write unlogged).
+        let logging = self
+            .dirty_log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        let log_all = if logging {
+            VhostUserVirtioFeatures::LOG_ALL.bits()
+        } else {
+            0
+        };
         self.frontend
-            .set_features(features)
+            .set_features(features | log_all)
             .map_err(|e| err("SET_FEATURES", e))?;
         self.features_in_use.store(features, Ordering::SeqCst);
         memory_table::send_memory_table(&id, &mut self.frontend, self.mem_slots, mem)
             .map_err(|e| ActivateError::Fs(Box::new(e)))?;
+        if logging {
+            self.daemon_memory()
+                .resend_log_base(&mut self.frontend)
+                .map_err(|e| ActivateError::Fs(Box::new(e)))?;
+        }
         let hva = |addr: GuestAddress, ring: &'static str| {
             mem.get_host_address(addr)
                 .map(|p| p as u64)

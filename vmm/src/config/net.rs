@@ -127,6 +127,12 @@ pub struct NetConfig {
     /// uses them instead of opening `tap` (and leaves their address alone).
     #[serde(skip)]
     pub fds: TapFds,
+    /// `fds` is the tap a local migration's sender passed for `tap` (it
+    /// could not be opened by name while the sender held it): the tap is
+    /// still this VM's by name, so a later migration's switch closes it and
+    /// opens it again by name, as for a tap the VMM opened itself.
+    #[serde(skip)]
+    pub fds_from_migration: bool,
 }
 
 fn default_num_queues() -> u16 {
@@ -280,6 +286,7 @@ impl NetConfig {
             offload_csum: o.toggle("offload_csum")?.unwrap_or(true),
             transport: o.transport()?,
             fds: TapFds::default(),
+            fds_from_migration: false,
         }
         .validated(index)
     }

@@ -91,7 +91,9 @@ impl NamedTap {
 
     /// What opens the tap again, for a tap opened by its own name.
     fn reopen(n: &NetConfig) -> Option<TapReopen> {
-        let named = n.fds.0.is_empty() && n.tap.as_ref().is_some_and(|t| !t.contains('%'));
+        // A tap a local migration passed is still this VM's by name.
+        let by_name = n.fds.0.is_empty() || n.fds_from_migration;
+        let named = by_name && n.tap.as_ref().is_some_and(|t| !t.contains('%'));
         let tap = Self::of(n);
         named.then(|| {
             Box::new(move || {

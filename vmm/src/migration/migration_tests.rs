@@ -588,14 +588,23 @@ fn a_net_devices_tap_is_passed_to_the_receiver() {
     .expect("net config")];
     let mut source = boot_program(&config);
     counter_passes(&source, 10);
-    let (counts, taps) = migrate(&mut source, &config, |r| {
-        let taps: Vec<String> =
-            r.vm.devices
-                .net_taps()
-                .map(|(id, _)| id.to_string())
-                .collect();
-        (still_counting(&r.vm), taps)
-    });
-    assert!(counts);
+    let mut r = migrate(&mut source, &config, |r| r);
+    // The old VMM exits: its copy of the tap goes.
+    drop(source);
+    let taps: Vec<String> =
+        r.vm.devices
+            .net_taps()
+            .map(|(id, _)| id.to_string())
+            .collect();
+    assert!(still_counting(&r.vm));
     assert_eq!(taps, ["net0"]);
+    // The tap came as an fd but is still the VM's by name: a later
+    // migration's switch lets go of it, so that another VMM can open it
+    // by name, and takes it back.
+    r.vm.pause();
+    let _doc = r.vm.state_document(&r.config).expect("saved");
+    let released = r.vm.release_for_switch().expect("released");
+    let free = virtio_devices::net::Tap::open_named(&name).is_ok();
+    r.vm.reclaim_after_switch(released).expect("taken back");
+    assert!(free, "the passed tap is let go of at a later switch");
 }

@@ -32,7 +32,7 @@ mod bodies;
 pub mod channel;
 mod exchange;
 mod precopy;
-mod ram_stream;
+pub mod ram_stream;
 mod receive;
 mod send;
 

@@ -65,6 +65,7 @@ pub(super) fn send_precopy(
 ) -> Result<(), MigrationError> {
     vm.check_snapshottable()
         .map_err(MigrationError::NotMovable)?;
+    check_taps(config)?;
     // Refused by name before anything goes when a daemon cannot log its
     // writes; logging from before the first page is read.
     let mut log = DirtyLog::start(vm)?;
@@ -97,6 +98,24 @@ pub(super) fn send_precopy(
         }
     }
     result
+}
+
+/// A net device on taps the operator passed as fds (`fds=`, `net_fds`,
+/// Kata's way) cannot move to a VMM that is not given them: its receiver
+/// would make a tap of its own, cut off from the network the passed one
+/// is part of. Refused by name before anything goes.
+pub(super) fn check_taps(config: &VmConfig) -> Result<(), MigrationError> {
+    match config
+        .net
+        .iter()
+        .find(|n| !n.fds.is_empty() && !n.fds_from_migration)
+    {
+        Some(n) => Err(MigrationError::NotOverThisChannel(format!(
+            "net {}: its tap was passed as file descriptors (fds=, net_fds), which a receiving VMM cannot be given over this stream; migrate it locally (local=on) or give the device a tap by name (tap=NAME)",
+            n.id
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn precopy_steps(

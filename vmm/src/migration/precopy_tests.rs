@@ -262,3 +262,23 @@ fn the_disk_lock_and_the_vsock_socket_change_hands_at_the_switch() {
     assert!(locked(&image), "still, with the sender gone");
     drop(received);
 }
+
+/// A tap the operator passed as fds cannot move over the stream (refused
+/// by the device's name); one a local migration passed for `tap=NAME`
+/// can, since the receiver opens it by name.
+#[test]
+fn a_tap_passed_as_fds_is_refused_by_name() {
+    let mut config = config();
+    let mut net =
+        crate::config::NetConfig::parse("tap=daxtap9,mac=52:54:00:12:34:56,id=net7", 0).unwrap();
+    net.fds = crate::config::TapFds(std::sync::Arc::new(vec![std::fs::File::open("/dev/null")
+        .unwrap()
+        .into()]));
+    config.net = vec![net];
+    let e = super::precopy::check_taps(&config)
+        .expect_err("passed fds")
+        .to_string();
+    assert!(e.contains("net net7") && e.contains("fds="), "{e}");
+    config.net[0].fds_from_migration = true;
+    super::precopy::check_taps(&config).expect("a tap by name after a local migration");
+}

@@ -7,6 +7,8 @@
 //! written and reads through a fixed buffer: a sender can make it write
 //! only inside guest RAM, and never makes it allocate per range.
 
+use std::io::Read;
+
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vm_state::protocol::{self, Command, MemoryRange, Request, MEMORY_RANGE_LEN};
 
@@ -230,17 +232,33 @@ fn write_all(channel: &Channel, bytes: &[u8]) -> Result<(), MigrationError> {
         .map_err(|e| MigrationError::Protocol(protocol::ProtocolError::Io(e)))
 }
 
+/// How many times over a sender may send all of guest RAM: a pre-copy
+/// sends it once, then at most [`super::MAX_ROUNDS`] rounds of dirty pages
+/// and the last ones, each at most all of RAM.
+pub const RAM_RESENDS: u64 = super::MAX_ROUNDS as u64 + 2;
+
 /// Takes one `Memory` request's table and bytes into `mem`; every range
-/// must lie in guest RAM (checked before a byte is read). Returns the
-/// ranges written.
+/// must lie in guest RAM and their bytes fit in what is left of `budget`
+/// (both checked before a byte is read; the budget is then charged).
+/// Returns the ranges written.
 pub fn receive_ranges(
-    channel: &Channel,
+    stream: &mut impl Read,
     request: &Request,
     mem: &GuestMemoryMmap,
+    budget: &mut u64,
 ) -> Result<Vec<MemoryRange>, MigrationError> {
-    let table = protocol::read_payload(&mut &*channel, request)?;
+    let table = protocol::read_payload(stream, request)?;
     let ranges = protocol::decode_ranges(Command::Memory, &table)?;
     debug_assert_eq!(ranges.len() * MEMORY_RANGE_LEN, table.len());
+    let bytes = ranges
+        .iter()
+        .try_fold(0u64, |sum, r| sum.checked_add(r.length))
+        .filter(|bytes| *bytes <= *budget)
+        .ok_or_else(|| {
+            MigrationError::Ram(format!(
+                "Memory: the sender sent more than {RAM_RESENDS} times guest RAM's size"
+            ))
+        })?;
     for (index, r) in ranges.iter().enumerate() {
         let inside = usize::try_from(r.length)
             .is_ok_and(|len| GuestMemoryBackend::check_range(mem, GuestAddress(r.gpa), len));
@@ -257,22 +275,23 @@ pub fn receive_ranges(
         while done < r.length {
             let n = narrow::usize_of((r.length - done).min(buf.len() as u64));
             let chunk = buf.get_mut(..n).unwrap_or_default();
-            read_exact(channel, chunk, r, done)?;
+            read_exact(stream, chunk, r, done)?;
             mem.write_slice(chunk, GuestAddress(r.gpa + done))
                 .map_err(|e| MigrationError::Ram(format!("writing {:#x}: {e}", r.gpa + done)))?;
             done += n as u64;
         }
     }
+    *budget -= bytes;
     Ok(ranges)
 }
 
 fn read_exact(
-    channel: &Channel,
+    stream: &mut impl Read,
     chunk: &mut [u8],
     r: &MemoryRange,
     done: u64,
 ) -> Result<(), MigrationError> {
-    std::io::Read::read_exact(&mut &*channel, chunk).map_err(|e| {
+    stream.read_exact(chunk).map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             MigrationError::Ram(format!(
                 "the sender closed the stream inside range {:#x}+{:#x}, {done} bytes in",

@@ -32,6 +32,15 @@ fn channels() -> (Channel, UnixStream) {
 /// Serves `Memory` requests into `mem` until the sender hangs up;
 /// returns every range written, or the first error (answered `Error`).
 fn serve(socket: UnixStream, mem: &GuestMemoryMmap) -> Result<Vec<MemoryRange>, MigrationError> {
+    serve_within(socket, mem, u64::MAX)
+}
+
+/// [`serve`] with a budget of `budget` bytes.
+fn serve_within(
+    socket: UnixStream,
+    mem: &GuestMemoryMmap,
+    mut budget: u64,
+) -> Result<Vec<MemoryRange>, MigrationError> {
     let channel = Channel::Unix(socket);
     let mut all = Vec::new();
     loop {
@@ -39,7 +48,7 @@ fn serve(socket: UnixStream, mem: &GuestMemoryMmap) -> Result<Vec<MemoryRange>, 
             return Ok(all);
         };
         assert_eq!(request.command(), Command::Memory);
-        match receive_ranges(&channel, &request, mem) {
+        match receive_ranges(&mut &channel, &request, mem, &mut budget) {
             Ok(ranges) => {
                 all.extend(ranges);
                 Response::ok().write_to(&mut &channel).unwrap();
@@ -220,4 +229,33 @@ fn a_union_of_ranges_holds_each_byte_once() {
         ),
         vec![r(0x1000, 0x3000), r(0x5000, 0x1000), r(0x8000, 0x1000)]
     );
+}
+
+/// A sender that sends more than the receiver's budget is refused before
+/// the request's bytes are taken; up to the budget, everything arrives.
+#[test]
+fn ram_beyond_the_budget_is_refused() {
+    let source = ram(16 * MIB, false);
+    let dest = ram(16 * MIB, false);
+    source.write_obj(0x77u8, GuestAddress(0x2000)).unwrap();
+    let page = |gpa| MemoryRange {
+        gpa,
+        length: 0x1000,
+    };
+    let (sender, receiver) = channels();
+    let (first, second, served) = std::thread::scope(|s| {
+        let server = s.spawn(|| serve_within(receiver, &dest, 0x2000));
+        let first = send_ranges(&sender, &source, &[page(0x2000), page(0x3000)]);
+        let second = send_ranges(&sender, &source, &[page(0x4000)]);
+        drop(sender);
+        (first, second, server.join().unwrap())
+    });
+    assert_eq!(first.expect("within the budget"), 0x2000);
+    assert!(second.is_err());
+    let err = served.expect_err("over the budget").to_string();
+    assert!(
+        err.contains("more than") && err.contains("guest RAM's size"),
+        "{err}"
+    );
+    assert_eq!(dest.read_obj::<u8>(GuestAddress(0x2000)).unwrap(), 0x77);
 }

@@ -22,7 +22,7 @@ use vm_state::protocol::{self, Command, FdLabel, ProtocolError, Request, Respons
 use vm_state::StateDocument;
 
 use super::channel::{Channel, MigrationUrl};
-use super::ram_stream::receive_ranges;
+use super::ram_stream::{receive_ranges, RAM_RESENDS};
 use super::{MigrationConfig, MigrationError, CONFIG_FORMAT, CONFIG_VERSION};
 use crate::config::json::vm_config_from_json;
 use crate::config::{PassedFd, TapFds, VmConfig};
@@ -147,6 +147,8 @@ struct Configured {
     /// and hot-plugged, one view of the same mappings. None in a local
     /// migration, whose RAM came as fds.
     incoming: Option<crate::memory::GuestMemoryMmap>,
+    /// Bytes of RAM `Memory` requests may still bring.
+    ram_budget: u64,
 }
 
 struct Receiver<'a> {
@@ -189,7 +191,7 @@ impl Receiver<'_> {
                 self.memory_fds.receive(socket, request)?;
             }
             (Command::Memory, Phase::Configured) => {
-                let Some(configured) = self.configured.as_ref() else {
+                let Some(configured) = self.configured.as_mut() else {
                     return Err(unexpected);
                 };
                 let Some(mem) = configured.incoming.as_ref() else {
@@ -198,7 +200,8 @@ impl Receiver<'_> {
                         when: "in a local migration (its RAM came as fds)",
                     });
                 };
-                let ranges = receive_ranges(self.socket, request, mem)?;
+                let ranges =
+                    receive_ranges(&mut &*self.socket, request, mem, &mut configured.ram_budget)?;
                 configured
                     .built
                     .base
@@ -337,6 +340,12 @@ impl Receiver<'_> {
             let incoming = join_regions(ram.boot.clone(), &ram.hotplugged)
                 .map_err(|e| MigrationError::Ram(e.to_string()))?;
             let base = VmBase::new(&config, ram.boot).map_err(MigrationError::Prepare)?;
+            let ram_budget = c
+                .memory
+                .regions
+                .iter()
+                .fold(0u64, |sum, r| sum.saturating_add(r.length))
+                .saturating_mul(RAM_RESENDS);
             return Ok(Configured {
                 config,
                 layout: c.memory,
@@ -344,6 +353,7 @@ impl Receiver<'_> {
                     base,
                     hotplugged: ram.hotplugged,
                 },
+                ram_budget,
                 incoming: Some(incoming),
             });
         }
@@ -359,6 +369,7 @@ impl Receiver<'_> {
                 hotplugged: ram.hotplugged,
             },
             incoming: None,
+            ram_budget: 0,
         })
     }
 
@@ -384,6 +395,7 @@ impl Receiver<'_> {
             layout,
             built,
             incoming: _,
+            ram_budget: _,
         }) = self.configured.take()
         else {
             return Err(MigrationError::Unexpected {
@@ -403,6 +415,7 @@ impl Receiver<'_> {
                     reason: "the configuration has no net device of that id".to_string(),
                 })?;
             net.fds = TapFds(std::sync::Arc::new(vec![fd]));
+            net.fds_from_migration = true;
         }
         take_host_fds(
             &mut config,
@@ -425,6 +438,12 @@ impl Receiver<'_> {
             window_files,
         )
         .map_err(MigrationError::State)?;
+        // Each net device holds its own copy of its passed tap: the
+        // configuration's would keep the tap attached after the device let
+        // go of it at a later migration's switch.
+        for net in config.net.iter_mut().filter(|n| n.fds_from_migration) {
+            net.fds = TapFds::default();
+        }
         Ok((config, vm))
     }
 }

@@ -1,6 +1,9 @@
 //! What the fleet tests run: a real etcd (Debian's `etcd-server`), created
 //! VMs (not booted: a VMM with only `--api-socket`, a VM created and given
 //! an fs device whose daemon has a control socket), and `dax-fleet` agents.
+//! The drain tests boot theirs, and add spare VMMs ([`spare`]).
+
+pub mod spare;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -20,7 +23,7 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -199,8 +202,14 @@ pub struct Vm {
 }
 
 fn start_daemon(dir: &Path) -> Proc {
+    start_daemon_at(dir, &dir.join("share"))
+}
+
+/// A daemon serving `share` with its sockets (`fs.sock`,
+/// `fs-control.sock`) in `sockets`.
+pub fn start_daemon_at(sockets: &Path, share: &Path) -> Proc {
     let daemon = rig::tool("daemon", "dax-virtiofsd").expect("dax-virtiofsd");
-    let _ = std::fs::remove_file(dir.join("fs-control.sock"));
+    let _ = std::fs::remove_file(sockets.join("fs-control.sock"));
     Proc(
         Command::new(daemon)
             .args([
@@ -212,11 +221,11 @@ fn start_daemon(dir: &Path) -> Proc {
                 "error",
             ])
             .args(["--cache-size", "64M", "--socket-path"])
-            .arg(dir.join("fs.sock"))
+            .arg(sockets.join("fs.sock"))
             .arg("--shared-dir")
-            .arg(dir.join("share"))
+            .arg(share)
             .arg("--control-socket")
-            .arg(dir.join("fs-control.sock"))
+            .arg(sockets.join("fs-control.sock"))
             .spawn()
             .unwrap(),
     )
@@ -232,6 +241,30 @@ pub fn api(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, S
 
 impl Vm {
     pub fn create(root: &Path, name: &str) -> Vm {
+        let vm = Self::start(root, name);
+        vm.define();
+        vm
+    }
+
+    /// A VM created with `kernel` and booted (a migration moves only a
+    /// running VM).
+    pub fn create_booted(root: &Path, name: &str, kernel: &Path) -> Vm {
+        let vm = Self::start(root, name);
+        let create = format!(
+            r#"{{"payload":{{"kernel":"{}"}},"memory":{{"size":268435456,"shared":true}},"serial":{{"mode":"Null"}}}}"#,
+            kernel.display()
+        );
+        let (status, text) = api(&vm.api, "PUT", "/api/v1/vm.create", Some(&create));
+        assert_eq!(status, 204, "{text}");
+        vm.add_fs();
+        let (status, text) = api(&vm.api, "PUT", "/api/v1/vm.boot", None);
+        assert_eq!(status, 204, "{text}");
+        assert_eq!(vm_state(&vm.api).as_deref(), Some("Running"));
+        vm
+    }
+
+    /// The VMM and the daemon started, the API socket there.
+    fn start(root: &Path, name: &str) -> Vm {
         let dir = root.join(name);
         std::fs::create_dir_all(dir.join("share")).unwrap();
         let daemon = start_daemon(&dir);
@@ -254,16 +287,14 @@ impl Vm {
             Duration::from_secs(30),
             || control.exists(),
         );
-        let vm = Vm {
+        Vm {
             name: name.to_string(),
             dir,
             api: api_sock,
             control,
             vmm,
             daemon: Some(daemon),
-        };
-        vm.define();
-        vm
+        }
     }
 
     /// vm.create and vm.add-fs (as an orchestrator does after a VMM restart).
@@ -273,6 +304,10 @@ impl Vm {
             api(&self.api, "PUT", "/api/v1/vm.create", Some(create)).0,
             204
         );
+        self.add_fs();
+    }
+
+    fn add_fs(&self) {
         let fs = format!(
             r#"{{"tag":"t","socket":"{}","id":"fs0","cache_size":67108864,"control_socket":"{}"}}"#,
             self.dir.join("fs.sock").display(),
@@ -284,15 +319,20 @@ impl Vm {
 
     /// What the daemon has in force: (generation, policy document).
     pub fn daemon_policy(&self) -> Option<(u64, serde_json::Value)> {
-        if !self.control.exists() {
-            return None;
-        }
-        let (status, _, text) = raw(&self.control, "GET", "/api/v1/policy", &[], "");
-        if status != 200 {
-            return None;
-        }
-        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-        Some((v["generation"].as_u64()?, v["policy"].clone()))
+        daemon_policy(&self.control)
+    }
+
+    /// Whether the VMM process has exited (after a migration it does).
+    pub fn vmm_exited(&mut self) -> bool {
+        self.vmm.0.try_wait().ok().flatten().is_some()
+    }
+
+    /// Whether the daemon process has exited (after a migration it does,
+    /// its state handed over).
+    pub fn daemon_exited(&mut self) -> bool {
+        self.daemon
+            .as_mut()
+            .is_none_or(|d| d.0.try_wait().ok().flatten().is_some())
     }
 
     /// A new VMM process on the same API socket, the VM defined again.
@@ -326,6 +366,34 @@ impl Vm {
             control.exists()
         });
     }
+}
+
+/// What the daemon with control socket `control` has in force:
+/// (generation, policy document).
+pub fn daemon_policy(control: &Path) -> Option<(u64, serde_json::Value)> {
+    if !control.exists() {
+        return None;
+    }
+    let (status, _, text) = raw(control, "GET", "/api/v1/policy", &[], "");
+    if status != 200 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    Some((v["generation"].as_u64()?, v["policy"].clone()))
+}
+
+/// The VM's state as `vm.info` says it (`Running`, …); None when the VMM
+/// has no VM or cannot be reached.
+pub fn vm_state(api_sock: &Path) -> Option<String> {
+    let (status, body) = match ch_client::request_path(api_sock, "GET", "/api/v1/vm.info", None) {
+        Ok((code, text)) => (code, text.unwrap_or_default()),
+        Err(_) => return None,
+    };
+    if status != 200 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    v["state"].as_str().map(str::to_string)
 }
 
 /// One HTTP/1.1 request with extra headers; (status, response head, body).
@@ -383,7 +451,8 @@ impl Agent {
         vms: &[(&Vm, BTreeMap<&str, &str>)],
     ) -> Agent {
         let mut yaml = format!(
-            "host: {host}\netcd: [\"{etcd}\"]\nprefix: /dax\nlease_ttl: 3\nresync_interval: 2\n{extra}vms:\n"
+            "host: {host}\netcd: [\"{etcd}\"]\nprefix: /dax\nlease_ttl: 3\nresync_interval: 2\n{extra}vms:{}\n",
+            if vms.is_empty() { " []" } else { "" }
         );
         for (vm, labels) in vms {
             let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: {v}")).collect();
