@@ -245,15 +245,21 @@ impl VhostUserBackend for FsBackend {
                 transfer::write_blob(file, &blob)
             }),
             VhostTransferStateDirection::LOAD => self.transfers.start("load", move || {
-                let blob = transfer::read_blob(file)?;
-                server.load_state(&blob).map_err(|e| e.to_string())
+                let mut file = file;
+                let loaded = transfer::read_blob(&mut file)
+                    .and_then(|blob| server.load_state(&blob).map_err(|e| e.to_string()));
+                if let Err(reason) = &loaded {
+                    transfer::write_reason(&mut file, reason);
+                }
+                loaded
             }),
         }?;
         Ok(None)
     }
 
-    /// The transfer's result (the VMM sees only ok or not; the daemon's
-    /// log names what failed).
+    /// The transfer's result (vhost-user's reply says only ok or not; a
+    /// failed LOAD's reason went back on its descriptor, and the daemon's
+    /// log names it too).
     fn check_device_state(&self) -> io::Result<()> {
         self.transfers.check(CHECK_WAIT)
     }

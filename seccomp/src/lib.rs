@@ -323,6 +323,13 @@ pub enum Outcome {
     Setup(i32),
 }
 
+/// Held by [`try_in_child`] from its fork until its child is reaped. A
+/// forked child holds a copy of every fd of the process (a tap's, a
+/// lock's) until it exits: a test that needs such an fd closed everywhere
+/// in the process at some point (a tap another process must be able to
+/// open) holds this for its run, so that no other test's child keeps one.
+pub static FORK_GUARD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// For tests: forks, installs `programs` in the child in order (as the
 /// VMM's threads stack theirs on the main thread's), makes `call` there and
 /// reports whether the filters let it through. `call` returns the call's
@@ -335,6 +342,7 @@ pub fn try_in_child(
     make_programs: impl FnOnce() -> Vec<BpfProgram>,
     call: impl FnOnce() -> i64,
 ) -> Outcome {
+    let _forking = FORK_GUARD.lock().unwrap_or_else(|p| p.into_inner());
     // SAFETY: the child runs only the closures given and ends with _exit;
     // the parent waits for it below.
     let pid = unsafe { libc::fork() };

@@ -57,6 +57,10 @@ pub const MAX_FD_LABEL_PAYLOAD: u64 = 4096;
 /// Cloud Hypervisor's page-fault server refuses pages above 1 GiB
 /// (`MAX_PAGE` in its vmm/src/lib.rs), so no valid response exceeds it.
 pub const MAX_RESPONSE_PAYLOAD: u64 = 1 << 30;
+/// An `Error` response's payload (ours): the receiver's reason, as text.
+/// Cloud Hypervisor sends none and its senders read none (they stop at
+/// the status), so a reason costs a mixed pair nothing.
+pub const MAX_ERROR_REASON: u64 = 1024;
 /// The largest `length` any decoded header may carry.
 pub const MAX_PAYLOAD: u64 = MAX_RESPONSE_PAYLOAD;
 
@@ -86,7 +90,7 @@ pub enum ProtocolError {
         bound: PayloadBound,
     },
     #[error(
-        "a {status:?} response with a {length}-byte payload (at most {max}; only Ok carries one)"
+        "a {status:?} response with a {length}-byte payload (at most {max}; only Ok and Error carry one)"
     )]
     BadResponseLength {
         status: Status,
@@ -354,6 +358,45 @@ impl Response {
         }
     }
 
+    /// Writes an `Error` response carrying `reason` (cut at a character
+    /// boundary to at most [`MAX_ERROR_REASON`] bytes).
+    pub fn write_error_with_reason(
+        writer: &mut impl Write,
+        reason: &str,
+    ) -> Result<(), ProtocolError> {
+        let max = usize::try_from(MAX_ERROR_REASON).unwrap_or(usize::MAX);
+        let mut end = reason.len().min(max);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        let text = reason.as_bytes().get(..end).unwrap_or_default();
+        let header = Response {
+            status: Status::Error,
+            length: u64::try_from(text.len()).unwrap_or(MAX_ERROR_REASON),
+        };
+        let mut message = header.encode().to_vec();
+        message.extend_from_slice(text);
+        writer.write_all(&message).map_err(ProtocolError::Io)
+    }
+
+    /// An `Error` response's reason (read from `reader`, printable
+    /// characters only: it goes into logs and API answers); None for any
+    /// other response or an empty reason.
+    pub fn read_reason(&self, reader: &mut impl Read) -> Result<Option<String>, ProtocolError> {
+        if self.status != Status::Error || self.length == 0 {
+            return Ok(None);
+        }
+        // Bounded by MAX_ERROR_REASON when the header was decoded.
+        let mut bytes = vec![0; usize::try_from(self.length.min(MAX_ERROR_REASON)).unwrap_or(0)];
+        read_exactly(reader, &mut bytes, "error reason")?;
+        let text: String = String::from_utf8_lossy(&bytes)
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        let text = text.trim();
+        Ok((!text.is_empty()).then(|| text.to_string()))
+    }
+
     pub fn status(&self) -> Status {
         self.status
     }
@@ -367,7 +410,8 @@ impl Response {
     }
 
     /// Decodes a header: a known status; a payload only on `Ok`, at most
-    /// [`MAX_RESPONSE_PAYLOAD`].
+    /// [`MAX_RESPONSE_PAYLOAD`], and on `Error`, its reason, at most
+    /// [`MAX_ERROR_REASON`].
     pub fn decode(bytes: &[u8; HEADER_LEN]) -> Result<Response, ProtocolError> {
         let (number, _padding, length) = split_header(bytes);
         let status = match number {
@@ -376,10 +420,10 @@ impl Response {
             2 => Status::Error,
             n => return Err(ProtocolError::UnknownStatus(n)),
         };
-        let max = if status == Status::Ok {
-            MAX_RESPONSE_PAYLOAD
-        } else {
-            0
+        let max = match status {
+            Status::Ok => MAX_RESPONSE_PAYLOAD,
+            Status::Error => MAX_ERROR_REASON,
+            Status::Invalid => 0,
         };
         if length > max {
             return Err(ProtocolError::BadResponseLength {

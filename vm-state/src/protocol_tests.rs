@@ -180,15 +180,26 @@ fn a_length_outside_the_commands_bound_is_refused() {
         );
         assert!(Request::new(command, length).is_err(), "not sent either");
     }
-    // Responses: a payload only on Ok, at most the largest page.
+    // Responses: a payload on Ok, at most the largest page, and a reason
+    // on Error, at most MAX_ERROR_REASON; none on Invalid.
     let mut error_with_payload = Response::error().encode();
-    error_with_payload[8] = 1;
+    error_with_payload[8..].copy_from_slice(&(MAX_ERROR_REASON + 1).to_le_bytes());
     assert!(matches!(
         Response::decode(&error_with_payload).unwrap_err(),
         ProtocolError::BadResponseLength {
             status: Status::Error,
-            length: 1,
-            max: 0
+            max: MAX_ERROR_REASON,
+            ..
+        }
+    ));
+    let mut invalid_with_payload = [0u8; HEADER_LEN];
+    invalid_with_payload[8] = 1;
+    assert!(matches!(
+        Response::decode(&invalid_with_payload).unwrap_err(),
+        ProtocolError::BadResponseLength {
+            status: Status::Invalid,
+            max: 0,
+            ..
         }
     ));
     let mut huge = Response::ok().encode();
@@ -428,4 +439,38 @@ fn a_payload_that_should_pass_an_fd_and_does_not_is_refused() {
         recv_payload_with_fd(&destination, &state).unwrap_err(),
         ProtocolError::NoFdCommand(Command::State)
     ));
+}
+
+/// An Error response carries the receiver's reason, cut to the bound at a
+/// character boundary, control characters blanked on reading; a plain
+/// Error (Cloud Hypervisor's) has none.
+#[test]
+fn an_error_carries_its_reason() {
+    let mut wire = Vec::new();
+    Response::write_error_with_reason(
+        &mut wire,
+        "State: restore: data.bin:\nis not the saved file",
+    )
+    .unwrap();
+    let mut reader = &wire[..];
+    let response = Response::read_from(&mut reader).unwrap();
+    assert_eq!(response.status(), Status::Error);
+    assert_eq!(
+        response.read_reason(&mut reader).unwrap().as_deref(),
+        Some("State: restore: data.bin: is not the saved file")
+    );
+    assert!(reader.is_empty());
+
+    let long = "é".repeat(1000);
+    let mut wire = Vec::new();
+    Response::write_error_with_reason(&mut wire, &long).unwrap();
+    let mut reader = &wire[..];
+    let response = Response::read_from(&mut reader).unwrap();
+    assert!(response.length() <= MAX_ERROR_REASON);
+    let reason = response.read_reason(&mut reader).unwrap().unwrap();
+    assert!(long.starts_with(&reason) && !reason.is_empty());
+
+    let mut reader = &Response::error().encode()[..];
+    let response = Response::read_from(&mut reader).unwrap();
+    assert_eq!(response.read_reason(&mut reader).unwrap(), None);
 }

@@ -83,8 +83,11 @@ pub fn write_blob(mut file: File, blob: &[u8]) -> Result<(), String> {
         .map_err(|e| format!("writing {} bytes of state: {e}", blob.len()))
 }
 
+/// Bytes of a failed LOAD's reason written back on its descriptor at most.
+pub const MAX_REASON_BYTES: usize = 1024;
+
 /// LOAD: reads `file` to EOF, at most [`MAX_STATE_BYTES`].
-pub fn read_blob(file: File) -> Result<Vec<u8>, String> {
+pub fn read_blob(file: &mut File) -> Result<Vec<u8>, String> {
     let mut blob = Vec::new();
     let limit = u64::try_from(MAX_STATE_BYTES).unwrap_or(u64::MAX);
     file.take(limit.saturating_add(1))
@@ -98,8 +101,23 @@ pub fn read_blob(file: File) -> Result<Vec<u8>, String> {
     Ok(blob)
 }
 
+/// A failed LOAD: its reason (which names the file it could not open as
+/// the saved one) written back on the descriptor, at most
+/// [`MAX_REASON_BYTES`], for a front-end that reads it (ours passes a
+/// socket and reads after a failed CHECK_DEVICE_STATE; vhost-user's
+/// CHECK reply carries no text). A front-end that passed a pipe cannot be
+/// written to: that is no further error.
+pub fn write_reason(file: &mut File, reason: &str) {
+    let mut end = reason.len().min(MAX_REASON_BYTES);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    let _ = file.write_all(reason.as_bytes().get(..end).unwrap_or_default());
+}
+
 #[cfg(test)]
 mod tests {
+    use std::os::fd::FromRawFd;
     use std::os::unix::net::UnixStream;
 
     use super::*;
@@ -149,7 +167,7 @@ mod tests {
                 }
             }
         });
-        let err = read_blob(File::from(std::os::fd::OwnedFd::from(ours))).unwrap_err();
+        let err = read_blob(&mut File::from(std::os::fd::OwnedFd::from(ours))).unwrap_err();
         assert!(err.contains("limit"), "{err}");
         writer.join().unwrap();
 
@@ -158,5 +176,33 @@ mod tests {
         let mut got = Vec::new();
         theirs.read_to_end(&mut got).unwrap();
         assert_eq!(got, b"state");
+    }
+
+    /// A failed load's reason goes back on a socket, cut at a character
+    /// boundary within the bound; on a pipe's read end nothing happens.
+    #[test]
+    fn a_failed_loads_reason_goes_back_bounded() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let mut file = File::from(std::os::fd::OwnedFd::from(ours));
+        let reason = format!("restore: {}: No such file or directory", "é".repeat(600));
+        write_reason(&mut file, &reason);
+        drop(file);
+        let mut got = String::new();
+        theirs.read_to_string(&mut got).unwrap();
+        assert!(got.len() <= MAX_REASON_BYTES && got.len() >= MAX_REASON_BYTES - 1);
+        assert!(reason.starts_with(&got));
+
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills two fds, owned below.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh fds nothing else owns.
+        let (read_end, _write_end) = unsafe {
+            (
+                File::from(std::os::fd::OwnedFd::from_raw_fd(fds[0])),
+                File::from(std::os::fd::OwnedFd::from_raw_fd(fds[1])),
+            )
+        };
+        let mut read_end = read_end;
+        write_reason(&mut read_end, "ignored");
     }
 }

@@ -81,6 +81,33 @@ pub enum TransferError {
     TooLarge,
     #[error("the daemon did not answer within {}s", VHOST_USER_TIMEOUT.as_secs())]
     Timeout,
+    /// The daemon refused the state and wrote back why (ours does).
+    #[error("{reason}")]
+    Refused { reason: String },
+}
+
+/// Bytes of a daemon's refusal read back at most.
+const MAX_REFUSAL_BYTES: u64 = 1024;
+
+/// What a daemon that refused a LOAD wrote back on the state socket
+/// before its CHECK_DEVICE_STATE answer: at most [`MAX_REFUSAL_BYTES`],
+/// waiting at most a second, printable characters only (it goes into
+/// logs and API answers). None when it wrote nothing.
+fn refusal_reason(socket: &UnixStream) -> Option<String> {
+    use std::io::Read;
+    socket
+        .set_read_timeout(Some(std::time::Duration::from_secs(1)))
+        .ok()?;
+    let mut bytes = Vec::new();
+    // A read error (the daemon closed without a word, or waited past
+    // the bound) leaves what came before.
+    let _ = socket.take(MAX_REFUSAL_BYTES).read_to_end(&mut bytes);
+    let text: String = String::from_utf8_lossy(&bytes)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let text = text.trim();
+    (!text.is_empty()).then(|| text.to_string())
 }
 
 fn vhost<T>(step: &'static str, r: vhost::Result<T>) -> Result<T, TransferError> {
@@ -401,7 +428,7 @@ impl VhostUserFs {
                     &id,
                     "backend_state",
                     format!(
-                        "the daemon at {} refused the saved state (see its log): {e}",
+                        "the daemon at {} refused the saved state: {e}",
                         self.socket.display()
                     ),
                 )
@@ -463,8 +490,18 @@ impl VhostUserFs {
                 Some(mut file) => io("writing the state", file.write_all(blob))?,
                 None => io("writing the state", ours.write_all(blob))?,
             }
-            drop(ours);
-            vhost("CHECK_DEVICE_STATE", self.frontend.check_device_state())
+            // The end of the blob; the socket stays open for the reason a
+            // daemon that refuses it writes back.
+            io(
+                "closing the state",
+                ours.shutdown(std::net::Shutdown::Write),
+            )?;
+            vhost("CHECK_DEVICE_STATE", self.frontend.check_device_state()).map_err(|e| {
+                match refusal_reason(&ours) {
+                    Some(reason) => TransferError::Refused { reason },
+                    None => e,
+                }
+            })
         })();
         if let Err(e) = stop.write(1) {
             // Never expected of an eventfd; the server then ends on its own

@@ -63,6 +63,9 @@ pub(super) fn expect_ok(channel: &Channel, command: Command) -> Result<(), Migra
     let response = Response::read_from(&mut &*channel)?;
     match response.status() {
         Status::Ok if response.length() == 0 => Ok(()),
-        status => Err(MigrationError::ReceiverError { command, status }),
+        status => match response.read_reason(&mut &*channel)? {
+            Some(reason) => Err(MigrationError::ReceiverRefused { command, reason }),
+            None => Err(MigrationError::ReceiverError { command, status }),
+        },
     }
 }

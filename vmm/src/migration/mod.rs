@@ -104,6 +104,9 @@ pub enum MigrationError {
     MemoryFd(#[from] MemoryFdError),
     #[error("the receiver reported an error at {command:?} (answered {status:?}; see its log)")]
     ReceiverError { command: Command, status: Status },
+    /// A receiver of ours says why.
+    #[error("the receiver refused {command:?}: {reason}")]
+    ReceiverRefused { command: Command, reason: String },
     #[error("{command:?} was not expected {when}")]
     Unexpected {
         command: Command,

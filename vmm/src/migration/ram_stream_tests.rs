@@ -6,7 +6,7 @@
 use std::os::unix::net::UnixStream;
 
 use vm_memory::{Bytes, GuestAddress};
-use vm_state::protocol::{Command, MemoryRange, Request, Response, Status};
+use vm_state::protocol::{Command, MemoryRange, Request, Response};
 
 use super::*;
 use crate::config::MemoryConfig;
@@ -54,7 +54,7 @@ fn serve_within(
                 Response::ok().write_to(&mut &channel).unwrap();
             }
             Err(e) => {
-                Response::error().write_to(&mut &channel).unwrap();
+                Response::write_error_with_reason(&mut &channel, &e.to_string()).unwrap();
                 return Err(e);
             }
         }
@@ -204,16 +204,14 @@ fn a_range_outside_ram_is_refused_before_anything_is_written() {
         err.contains("range 1") && err.contains("not inside guest RAM"),
         "{err}"
     );
-    assert!(
-        matches!(
-            sent,
-            Err(MigrationError::ReceiverError {
-                command: Command::Memory,
-                status: Status::Error
-            })
-        ),
-        "{sent:?}"
-    );
+    // The receiver's reason reaches the sender.
+    match sent {
+        Err(MigrationError::ReceiverRefused {
+            command: Command::Memory,
+            reason,
+        }) => assert!(reason.contains("not inside guest RAM"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
     assert_eq!(dest.read_obj::<u8>(GuestAddress(0x1000)).unwrap(), 0);
 }
 

@@ -110,7 +110,8 @@ pub(crate) fn receive_over(
             }
             Err(e) => {
                 tracing::error!("migration receive: {:?}: {e}", request.command());
-                let _ = Response::error().write_to(&mut &*socket);
+                // The sender's operator hears why too.
+                let _ = Response::write_error_with_reason(&mut &*socket, &e.to_string());
                 return Err(e);
             }
         }

@@ -167,6 +167,10 @@ fn a_switch_frees_the_disk_socket_and_tap_and_a_failed_migration_takes_them_back
     if !have_kvm() {
         return;
     }
+    // No other test's forked child may hold a copy of the tap meanwhile.
+    let _forks = seccomp::FORK_GUARD
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     let dir = Scratch::new("switch");
     let name = format!("daxvs{}", std::process::id() % 100_000);
     let tap = match Tap::open_named(&name) {
