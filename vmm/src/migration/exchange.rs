@@ -64,7 +64,15 @@ pub(super) fn expect_ok(channel: &Channel, command: Command) -> Result<(), Migra
     match response.status() {
         Status::Ok if response.length() == 0 => Ok(()),
         status => match response.read_reason(&mut &*channel)? {
-            Some(reason) => Err(MigrationError::ReceiverRefused { command, reason }),
+            Some(reason) => {
+                // Our receiver's reasons name the step already.
+                let prefix = format!("{command:?}: ");
+                let reason = reason
+                    .strip_prefix(&prefix)
+                    .map(str::to_string)
+                    .unwrap_or(reason);
+                Err(MigrationError::ReceiverRefused { command, reason })
+            }
             None => Err(MigrationError::ReceiverError { command, status }),
         },
     }
