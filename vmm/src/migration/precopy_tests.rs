@@ -282,3 +282,71 @@ fn a_tap_passed_as_fds_is_refused_by_name() {
     config.net[0].fds_from_migration = true;
     super::precopy::check_taps(&config).expect("a tap by name after a local migration");
 }
+
+/// A receiver that takes every request and answers Ok, each `Memory`
+/// request only after `delay` (a slow link); it ends when the sender
+/// hangs up.
+fn slow_receiver(listener: TcpListener, delay: Duration) -> std::thread::JoinHandle<Vec<Command>> {
+    use vm_state::protocol::{decode_ranges, read_payload, Request, Response};
+    std::thread::spawn(move || {
+        let channel = accept(&listener);
+        let mut seen = Vec::new();
+        while let Ok(request) = Request::read_from(&mut &channel) {
+            let payload = read_payload(&mut &channel, &request).unwrap();
+            if request.command() == Command::Memory {
+                let ranges = decode_ranges(Command::Memory, &payload).unwrap();
+                let bytes: u64 = ranges.iter().map(|r| r.length).sum();
+                let mut sink = vec![0u8; usize::try_from(bytes).unwrap()];
+                std::io::Read::read_exact(&mut &channel, &mut sink).unwrap();
+                std::thread::sleep(delay);
+            }
+            seen.push(request.command());
+            Response::ok().write_to(&mut &channel).unwrap();
+        }
+        seen
+    })
+}
+
+/// A guest that writes faster than the link carries never fits a 1 ms
+/// downtime: after the bounded rounds the migration fails naming the
+/// bound and the target, the receiver is told, and the VM runs on; with
+/// `timeout_strategy=ignore` it is paused anyway and moves.
+#[test]
+fn a_precopy_that_cannot_meet_its_downtime_fails_or_pauses_anyway() {
+    if !have_kvm() {
+        return;
+    }
+    let config = config();
+    let mut source = boot_program(&config);
+    counter_passes(&source, 10);
+    let (listener, mut target) = tcp_target();
+    target.limits.downtime = Duration::from_millis(1);
+    let receiver = slow_receiver(listener, Duration::from_millis(20));
+    let e = send_migration(&mut source, &config, &target).expect_err("cannot converge");
+    let seen = receiver.join().unwrap();
+    let text = e.to_string();
+    assert!(
+        text.contains(&format!("after {MAX_ROUNDS} rounds")) && text.contains("downtime_ms=1"),
+        "{text}"
+    );
+    assert_eq!(
+        seen.iter().filter(|c| **c == Command::Memory).count(),
+        usize::try_from(MAX_ROUNDS).unwrap(),
+        "the first pass and the rounds after it, each one request"
+    );
+    assert_eq!(seen.last(), Some(&Command::Abandon), "the receiver is told");
+    assert!(!source.vcpus.paused());
+    assert!(still_counting(&source));
+
+    let (listener, mut target) = tcp_target();
+    target.limits.downtime = Duration::from_millis(1);
+    target.limits.strategy = TimeoutStrategy::Ignore;
+    let receiver = slow_receiver(listener, Duration::from_millis(20));
+    send_migration(&mut source, &config, &target).expect("paused anyway and sent");
+    let seen = receiver.join().unwrap();
+    assert!(source.vcpus.paused());
+    assert_eq!(
+        seen.iter().rev().take(2).collect::<Vec<_>>(),
+        [&Command::Complete, &Command::State]
+    );
+}
