@@ -10,6 +10,9 @@ use super::{MigrationConfig, MigrationError, CONFIG_FORMAT, CONFIG_VERSION};
 use crate::config::json::vm_config_to_json;
 use crate::config::VmConfig;
 use crate::memory::snapshot::MemoryLayoutState;
+use crate::snapshot::{state_error, MEMORY_SECTION};
+use crate::step_times::StepTimes;
+use vm_state::StateDocument;
 
 /// Tells a receiver still listening that this is over; it may be gone
 /// already, which is no further error.
@@ -32,6 +35,30 @@ pub(super) fn send_config(
     let payload =
         serde_json::to_vec(&payload).map_err(|e| MigrationError::Config(e.to_string()))?;
     send_payload(channel, Command::Config, &payload)
+}
+
+/// The switch's last steps, the guest paused: `State` (the document
+/// with the memory section `layout`, encoded compact), then `Complete`
+/// or `CompletePaused`; each step timed into `downtime`. Returns the
+/// State's size.
+pub(super) fn send_state_and_complete(
+    channel: &Channel,
+    mut doc: StateDocument,
+    layout: &MemoryLayoutState,
+    was_paused: bool,
+    downtime: &mut StepTimes,
+) -> Result<usize, MigrationError> {
+    doc.put(MEMORY_SECTION, layout)
+        .map_err(|e| MigrationError::Save(state_error(e)))?;
+    let state = doc
+        .to_compact_json()
+        .map_err(|e| MigrationError::Save(state_error(e)))?;
+    downtime.step("encode");
+    send_payload(channel, Command::State, &state)?;
+    downtime.step("receiver restored");
+    complete(channel, was_paused)?;
+    downtime.step("receiver resumed");
+    Ok(state.len())
 }
 
 /// `Complete` (the receiver resumes the VM) or `CompletePaused`.

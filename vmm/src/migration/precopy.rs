@@ -20,14 +20,13 @@ use std::time::{Duration, Instant};
 use vm_state::protocol::{Command, Request};
 
 use super::channel::Channel;
-use super::exchange::{abandon, complete, expect_ok, send_config, send_payload};
+use super::exchange::{abandon, expect_ok, send_config, send_state_and_complete};
 use super::ram_stream::{data_ranges, dirty_ranges, send_ranges, total, union};
 use super::{MigrationError, SendMigration};
 use crate::config::VmConfig;
 use crate::device_manager::state::SwitchRelease;
 use crate::memory::dirty_log::DirtyLog;
 use crate::memory::snapshot::join_regions;
-use crate::snapshot::{state_error, MEMORY_SECTION};
 use crate::step_times::StepTimes;
 use crate::vm::Vm;
 
@@ -207,7 +206,7 @@ fn precopy_steps(
         vm.pause();
     }
     downtime.step("pause");
-    let mut doc = vm.state_document(config).map_err(MigrationError::Save)?;
+    let doc = vm.state_document(config).map_err(MigrationError::Save)?;
     downtime.step("save");
     // The devices are stopped: nothing writes RAM any more.
     // What the last round left dirty, and what was written since.
@@ -219,16 +218,7 @@ fn precopy_steps(
     // the vsock socket itself.
     *released = Some(vm.release_for_switch().map_err(MigrationError::Save)?);
     downtime.step("release");
-    doc.put(MEMORY_SECTION, &layout)
-        .map_err(|e| MigrationError::Save(state_error(e)))?;
-    let state = doc
-        .to_compact_json()
-        .map_err(|e| MigrationError::Save(state_error(e)))?;
-    downtime.step("encode");
-    send_payload(channel, Command::State, &state)?;
-    downtime.step("receiver restored");
-    complete(channel, was_paused)?;
-    downtime.step("receiver resumed");
+    let state_len = send_state_and_complete(channel, doc, &layout, was_paused, &mut downtime)?;
     // The receiver has the VM: nothing is taken back.
     *released = None;
     tracing::info!(
@@ -236,7 +226,7 @@ fn precopy_steps(
         sent_total >> 10,
         started.elapsed().as_millis(),
         last_bytes >> 10,
-        state.len()
+        state_len
     );
     Ok(())
 }

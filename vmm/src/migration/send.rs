@@ -13,12 +13,11 @@ use std::os::unix::net::UnixStream;
 use vm_state::protocol::{self, Command, FdLabel, Request};
 
 use super::channel::Channel;
-use super::exchange::{abandon, complete, expect_ok, send_config, send_payload};
+use super::exchange::{abandon, expect_ok, send_config, send_state_and_complete};
 use super::{MigrationError, SendMigration};
 use crate::config::VmConfig;
 use crate::memory::migration_fds::send_memory_fds;
 use crate::memory::snapshot::{join_regions, MemoryLayoutState};
-use crate::snapshot::{state_error, MEMORY_SECTION};
 use crate::step_times::StepTimes;
 use crate::vm::Vm;
 
@@ -107,7 +106,7 @@ fn send_steps(
         vm.pause();
     }
     downtime.step("pause");
-    let mut doc = vm.state_document(config).map_err(MigrationError::Save)?;
+    let doc = vm.state_document(config).map_err(MigrationError::Save)?;
     downtime.step("save");
     // As Cloud Hypervisor does once the state is saved: the fs devices let
     // go of their daemons (each serves one VMM), so that a fresh daemon on
@@ -115,19 +114,9 @@ fn send_steps(
     // migration fail after this, the VM runs on here without its shares.
     vm.release_backends();
     downtime.step("release");
-    doc.put(MEMORY_SECTION, layout)
-        .map_err(|e| MigrationError::Save(state_error(e)))?;
-    let state = doc
-        .to_compact_json()
-        .map_err(|e| MigrationError::Save(state_error(e)))?;
-    downtime.step("encode");
-    send_payload(channel, Command::State, &state)?;
-    downtime.step("receiver restored");
-    complete(channel, was_paused)?;
-    downtime.step("receiver resumed");
+    let state_len = send_state_and_complete(channel, doc, layout, was_paused, &mut downtime)?;
     tracing::info!(
-        "migration complete: the VM is the receiving VMM's now; paused here {downtime}, State {} bytes",
-        state.len()
+        "migration complete: the VM is the receiving VMM's now; paused here {downtime}, State {state_len} bytes"
     );
     Ok(())
 }
