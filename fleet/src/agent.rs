@@ -30,7 +30,7 @@ use crate::drain::receive::Receiver;
 use crate::drain::source::{Ctx, Source};
 use crate::drain::{Event, Events};
 use crate::selection::{effective, Parsed};
-use crate::store::{changes, entries, Change, Entry, Store};
+use crate::store::{changes, entries, watched, Change, Entry, Store};
 use crate::vmm;
 
 /// Where a status key stands for a device the VMM could not list.
@@ -212,14 +212,13 @@ impl Agent {
         loop {
             tokio::select! {
                 msg = watch.message() => {
-                    let resp = msg.map_err(|e| format!("etcd watch: {e}"))?
-                        .ok_or("etcd watch: the stream ended")?;
-                    // Not revoking the lease: the next session writes every
-                    // status again under a new one, so none flaps away; this
-                    // one expires, holding nothing, once no longer kept alive.
-                    if resp.canceled() || resp.compact_revision() > 0 {
+                    // Not revoking the lease on a resync: the next session
+                    // writes every status again under a new one, so none
+                    // flaps away; this one expires, holding nothing, once
+                    // no longer kept alive.
+                    let Some(resp) = watched(msg)? else {
                         return Ok(Ended::Resync);
-                    }
+                    };
                     let list = changes(&resp, &prefix);
                     if list.is_empty() {
                         continue;
@@ -237,22 +236,18 @@ impl Agent {
                     self.reconcile(&mut store, lease, false).await?;
                 }
                 msg = drain_watch.message() => {
-                    let resp = msg.map_err(|e| format!("etcd watch: {e}"))?
-                        .ok_or("etcd watch: the stream ended")?;
-                    if resp.canceled() || resp.compact_revision() > 0 {
+                    let Some(resp) = watched(msg)? else {
                         return Ok(Ended::Resync);
-                    }
+                    };
                     for e in entries(&resp, &drain_key) {
                         self.source.set_drain(&self.cfg.host, Some(e));
                     }
                     self.drain_step(&mut store, lease).await?;
                 }
                 msg = incoming_watch.message() => {
-                    let resp = msg.map_err(|e| format!("etcd watch: {e}"))?
-                        .ok_or("etcd watch: the stream ended")?;
-                    if resp.canceled() || resp.compact_revision() > 0 {
+                    let Some(resp) = watched(msg)? else {
                         return Ok(Ended::Resync);
-                    }
+                    };
                     for e in entries(&resp, &incoming_prefix) {
                         self.incoming(&mut store, lease, e).await?;
                     }

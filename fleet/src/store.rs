@@ -195,6 +195,18 @@ impl Store {
     }
 }
 
+/// One message of a watch: the response, or None when etcd cancelled the
+/// watch (it was compacted past our revision), which means: read everything
+/// again. A broken or ended stream is an error (the session starts over).
+pub fn watched(
+    msg: Result<Option<etcd_client::WatchResponse>, etcd_client::Error>,
+) -> Result<Option<etcd_client::WatchResponse>, String> {
+    let resp = msg
+        .map_err(|e| format!("etcd watch: {e}"))?
+        .ok_or("etcd watch: the stream ended")?;
+    Ok((!resp.canceled() && resp.compact_revision() == 0).then_some(resp))
+}
+
 /// The keys one watch response changed, as [`Entry`]s (`prefix` stripped).
 pub fn entries(resp: &etcd_client::WatchResponse, prefix: &str) -> Vec<Entry> {
     resp.events()

@@ -365,11 +365,7 @@ impl Response {
         reason: &str,
     ) -> Result<(), ProtocolError> {
         let max = usize::try_from(MAX_ERROR_REASON).unwrap_or(usize::MAX);
-        let mut end = reason.len().min(max);
-        while !reason.is_char_boundary(end) {
-            end -= 1;
-        }
-        let text = reason.as_bytes().get(..end).unwrap_or_default();
+        let text = cut_at_char_boundary(reason, max).as_bytes();
         let header = Response {
             status: Status::Error,
             length: u64::try_from(text.len()).unwrap_or(MAX_ERROR_REASON),
@@ -389,12 +385,7 @@ impl Response {
         // Bounded by MAX_ERROR_REASON when the header was decoded.
         let mut bytes = vec![0; usize::try_from(self.length.min(MAX_ERROR_REASON)).unwrap_or(0)];
         read_exactly(reader, &mut bytes, "error reason")?;
-        let text: String = String::from_utf8_lossy(&bytes)
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
-        let text = text.trim();
-        Ok((!text.is_empty()).then(|| text.to_string()))
+        Ok(printable_reason(&bytes))
     }
 
     pub fn status(&self) -> Status {
@@ -674,6 +665,28 @@ impl FdLabel {
             )),
         }
     }
+}
+
+/// A peer's reason text as it may go into a log line or an API answer:
+/// invalid UTF-8 replaced, control characters (newlines, escapes) turned
+/// into spaces, trimmed; None when nothing is left.
+pub fn printable_reason(bytes: &[u8]) -> Option<String> {
+    let text: String = String::from_utf8_lossy(bytes)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let text = text.trim();
+    (!text.is_empty()).then(|| text.to_string())
+}
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a
+/// character boundary.
+pub fn cut_at_char_boundary(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -474,3 +474,18 @@ fn an_error_carries_its_reason() {
     let response = Response::read_from(&mut reader).unwrap();
     assert_eq!(response.read_reason(&mut reader).unwrap(), None);
 }
+
+#[test]
+fn a_reason_is_cut_on_a_character_boundary_and_made_printable() {
+    // "é" is two bytes: a cut inside it steps back before it.
+    assert_eq!(cut_at_char_boundary("aé", 2), "a");
+    assert_eq!(cut_at_char_boundary("aé", 3), "aé");
+    assert_eq!(cut_at_char_boundary("abc", 0), "");
+    assert_eq!(cut_at_char_boundary("abc", 99), "abc");
+    assert_eq!(
+        printable_reason(b" no such\nfile\x1b[0m \xff ").as_deref(),
+        Some("no such file [0m \u{fffd}")
+    );
+    assert_eq!(printable_reason(b" \n\t "), None);
+    assert_eq!(printable_reason(b""), None);
+}

@@ -102,12 +102,7 @@ fn refusal_reason(socket: &UnixStream) -> Option<String> {
     // A read error (the daemon closed without a word, or waited past
     // the bound) leaves what came before.
     let _ = socket.take(MAX_REFUSAL_BYTES).read_to_end(&mut bytes);
-    let text: String = String::from_utf8_lossy(&bytes)
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    let text = text.trim();
-    (!text.is_empty()).then(|| text.to_string())
+    vm_state::protocol::printable_reason(&bytes)
 }
 
 fn vhost<T>(step: &'static str, r: vhost::Result<T>) -> Result<T, TransferError> {

@@ -117,6 +117,19 @@ pub(super) fn check_taps(config: &VmConfig) -> Result<(), MigrationError> {
     }
 }
 
+/// The rate a round's copy achieved (`sent` bytes in `elapsed`, in bytes
+/// per second, at least 1) and how long `left` bytes take at that rate.
+/// A round too short to measure counts as one millisecond, so its rate is
+/// a lower bound rather than a division by zero.
+pub(super) fn rate_and_estimate(sent: u64, elapsed: Duration, left: u64) -> (u64, Duration) {
+    let ms = u64::try_from(elapsed.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let rate = (sent.saturating_mul(1000) / ms).max(1);
+    let estimate = Duration::from_millis(left.saturating_mul(1000) / rate);
+    (rate, estimate)
+}
+
 fn precopy_steps(
     vm: &mut Vm,
     config: &VmConfig,
@@ -148,19 +161,7 @@ fn precopy_steps(
         round += 1;
         ranges = dirty_ranges(&log.collect()?, &mem);
         let left = total(&ranges);
-        // Bytes per second this round's copy achieved; a round too short
-        // to measure takes its bytes as a lower bound per millisecond.
-        let rate = sent
-            .saturating_mul(1000)
-            .checked_div(
-                u64::try_from(elapsed.as_millis())
-                    .unwrap_or(u64::MAX)
-                    .max(1),
-            )
-            .unwrap_or(0)
-            .max(1);
-        let estimate =
-            Duration::from_millis(left.saturating_mul(1000).checked_div(rate).unwrap_or(0));
+        let (rate, estimate) = rate_and_estimate(sent, elapsed, left);
         tracing::info!(
             "migration pre-copy round {round}: {} KiB sent in {} ms; {} KiB dirty, {} ms at this rate",
             sent >> 10,

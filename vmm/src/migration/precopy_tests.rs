@@ -350,3 +350,28 @@ fn a_precopy_that_cannot_meet_its_downtime_fails_or_pauses_anyway() {
         [&Command::Complete, &Command::State]
     );
 }
+
+/// The round's rate and the estimate for what is left: bytes per second
+/// from the copy, at least 1, and a round too short to measure taken as
+/// one millisecond rather than dividing by zero.
+#[test]
+fn rate_and_estimate_follow_the_round_and_never_divide_by_zero() {
+    use super::precopy::rate_and_estimate;
+    // 100 MiB in 2 s: 50 MiB/s; 10 MiB left takes 200 ms.
+    let (rate, est) = rate_and_estimate(100 << 20, Duration::from_secs(2), 10 << 20);
+    assert_eq!(rate, 50 << 20);
+    assert_eq!(est, Duration::from_millis(200));
+    // Nothing sent: the rate is 1 B/s, so what is left estimates huge.
+    let (rate, est) = rate_and_estimate(0, Duration::from_secs(1), 4096);
+    assert_eq!(rate, 1);
+    assert_eq!(est, Duration::from_secs(4096));
+    // A round under 1 ms counts as 1 ms.
+    let (rate, _) = rate_and_estimate(4096, Duration::from_micros(10), 0);
+    assert_eq!(rate, 4096 * 1000);
+    // Nothing left: no downtime, whatever the rate.
+    assert_eq!(rate_and_estimate(1, Duration::ZERO, 0).1, Duration::ZERO);
+    // Saturating, not overflowing.
+    let (rate, est) = rate_and_estimate(u64::MAX, Duration::from_millis(1), u64::MAX);
+    assert_eq!(rate, u64::MAX);
+    assert_eq!(est, Duration::from_millis(1));
+}
