@@ -25,7 +25,8 @@
 //! (region id, zero length, overflow, bounds, page alignment, flags, fd type)
 //! before any mmap, and a refused request changes nothing.
 //!
-//! Here: the reservation, the checks and the map path. Giving ranges back
+//! Here: the reservation and the map path; the checks are in
+//! `window/checks.rs`. Giving ranges back
 //! (SHMEM_UNMAP, a reset) and the estimate of the guest's reclaiming are in
 //! `window/reclaim.rs`, pre-faulting new mappings in `window/prefault.rs`,
 //! truncated files in `window/repair.rs`, pages past a file's end in
@@ -37,7 +38,7 @@ use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use dax_abi::{DAX_SHM_REGION_ID, GUEST_RANGE_SIZE, MAX_WINDOW_SIZE};
+use dax_abi::{GUEST_RANGE_SIZE, MAX_WINDOW_SIZE};
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 
 use super::file_watch::{FileKey, FileWatch};
@@ -177,13 +178,6 @@ struct Mappings {
     guarded: guard::Guards,
     /// VMAs taken from [`DaxWindow::budget`].
     charge: usize,
-}
-
-/// What SHMEM_MAP learns of the passed fd.
-struct FdInfo {
-    size: u64,
-    /// (st_dev, st_ino).
-    file: FileKey,
 }
 
 /// Alignment of the window in host-virtual space: 1 GiB for windows of
@@ -466,97 +460,6 @@ impl DaxWindow {
         Ok(resident)
     }
 
-    /// Checks a request's region, length, bounds, alignment and flags;
-    /// returns the end offset in the window.
-    fn check(&self, req: &VhostUserMMap) -> Result<u64, RequestError> {
-        let (shmid, fd_offset, shm_offset, len, flags) =
-            (req.shmid, req.fd_offset, req.shm_offset, req.len, req.flags);
-        let einval = |reason, msg: String| RequestError::new(reason, libc::EINVAL, msg);
-        if shmid != DAX_SHM_REGION_ID {
-            return Err(einval(
-                FailureReason::UnknownRegion,
-                format!("shmid {shmid}: this device has only region {DAX_SHM_REGION_ID}"),
-            ));
-        }
-        if len == 0 {
-            return Err(einval(FailureReason::ZeroLength, "len is 0".into()));
-        }
-        let end = shm_offset
-            .checked_add(len)
-            .filter(|&e| e <= self.size)
-            .ok_or_else(|| {
-                einval(
-                    FailureReason::OutOfBounds,
-                    format!(
-                        "shm_offset {shm_offset:#x} + len {len:#x} exceeds the {:#x}-byte window",
-                        self.size
-                    ),
-                )
-            })?;
-        if fd_offset
-            .checked_add(len)
-            .is_none_or(|e| i64::try_from(e).is_err())
-        {
-            return Err(einval(
-                FailureReason::OutOfBounds,
-                format!("fd_offset {fd_offset:#x} + len {len:#x} overflows off_t"),
-            ));
-        }
-        for (name, v) in [
-            ("fd_offset", fd_offset),
-            ("shm_offset", shm_offset),
-            ("len", len),
-        ] {
-            if v % self.page_size != 0 {
-                return Err(einval(
-                    FailureReason::Misaligned,
-                    format!(
-                        "{name} {v:#x} is not a multiple of the host page size {:#x}",
-                        self.page_size
-                    ),
-                ));
-            }
-        }
-        if VhostUserMMapFlags::from_bits(flags).is_none() {
-            return Err(einval(
-                FailureReason::BadFlags,
-                format!("flags {flags:#x}: only WRITABLE (1) is defined"),
-            ));
-        }
-        Ok(end)
-    }
-
-    /// Checks the fd's type: the daemon maps only regular files of its
-    /// share, so anything else (a block device, a memfd is fine: it is a
-    /// regular file) is refused. Returns the file's identity and size.
-    fn check_fd(fd: RawFd) -> Result<FdInfo, RequestError> {
-        // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `st` is a valid, writable stat; an invalid fd just fails.
-        if unsafe { libc::fstat(fd, &mut st) } != 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(RequestError::new(
-                FailureReason::BadFd,
-                libc::EBADF,
-                format!("fstat on the passed fd: {e}"),
-            ));
-        }
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(RequestError::new(
-                FailureReason::BadFd,
-                libc::EBADF,
-                format!(
-                    "the passed fd is not a regular file (mode {:#o})",
-                    st.st_mode
-                ),
-            ));
-        }
-        Ok(FdInfo {
-            size: u64::try_from(st.st_size).unwrap_or(0),
-            file: (st.st_dev, st.st_ino),
-        })
-    }
-
     /// SHMEM_MAP: maps `req.len` bytes of `fd` from `req.fd_offset` at
     /// `req.shm_offset` in the window, shared, read-only or read-write.
     pub fn map(&self, req: &VhostUserMMap, fd: &dyn AsRawFd) -> Result<(), RequestError> {
@@ -764,6 +667,7 @@ impl Drop for DaxWindow {
     }
 }
 
+mod checks;
 mod guard;
 mod prefault;
 mod reclaim;
