@@ -15,7 +15,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use control_protocol::WindowLocation;
+use control_protocol::{StageTotal, WindowLocation};
 // What the VMM agrees on: the window's region id, and the buckets of its
 // own map histogram, which this one mirrors.
 use dax_abi::{DAX_SHM_REGION_ID as WINDOW_SHMID, MAP_LATENCY_BUCKETS_US as LATENCY_BUCKETS_US};
@@ -59,9 +59,65 @@ pub struct DaxStats {
     /// checks, mmaps and pre-faults, ack received.
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
+    /// Per [`MapStage`]: how many SETUPMAPPINGs reached it, and their µs.
+    stage_counts: [AtomicU64; MapStage::ALL.len()],
+    stage_sums_us: [AtomicU64; MapStage::ALL.len()],
+}
+
+/// Where a SETUPMAPPING's time goes in the daemon, stage by stage; each
+/// is summed and counted (two relaxed atomic adds), so the trace costs a
+/// clock read per stage and nothing else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapStage {
+    /// The checks and the file's open (or a kept descriptor's reuse).
+    Open,
+    /// SHMEM_MAP sent to the VMM until its ack is in.
+    ShmemMap,
+    /// After the ack: the window's record and the adaptive policy told.
+    Record,
+    /// The whole request: popped from the queue until its reply is on the
+    /// used ring and the guest signalled (`backend.rs`).
+    Served,
+}
+
+impl MapStage {
+    pub const ALL: [MapStage; 4] = [
+        MapStage::Open,
+        MapStage::ShmemMap,
+        MapStage::Record,
+        MapStage::Served,
+    ];
+
+    /// The name the daemon's stats give it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MapStage::Open => "open",
+            MapStage::ShmemMap => "shmem_map",
+            MapStage::Record => "record",
+            MapStage::Served => "served",
+        }
+    }
 }
 
 impl DaxStats {
+    pub fn record_stage(&self, stage: MapStage, took: std::time::Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.stage_counts[stage as usize].fetch_add(1, Relaxed);
+        self.stage_sums_us[stage as usize].fetch_add(us, Relaxed);
+    }
+
+    /// Every stage's count and sum, in [`MapStage::ALL`]'s order.
+    pub fn map_stages(&self) -> Vec<StageTotal> {
+        MapStage::ALL
+            .iter()
+            .map(|&s| StageTotal {
+                stage: s.as_str().to_string(),
+                count: self.stage_counts[s as usize].load(Relaxed),
+                sum_us: self.stage_sums_us[s as usize].load(Relaxed),
+            })
+            .collect()
+    }
+
     fn record_map(&self, took: std::time::Duration) {
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         let bucket = LATENCY_BUCKETS_US
@@ -317,6 +373,7 @@ impl DaxMapper {
     }
 
     fn try_setup(&self, fs: &PassthroughFs, nodeid: u64, a: &SetupmappingIn) -> io::Result<()> {
+        let entered = std::time::Instant::now();
         let align = self.map_alignment();
         self.check_range(a.moffset, a.len, align)?;
         if !a.foffset.is_multiple_of(align)
@@ -331,6 +388,8 @@ impl DaxMapper {
         }
         let writable = a.flags & SETUPMAPPING_FLAG_WRITE != 0;
         let (file, key) = fs.open_for_mapping(nodeid, writable)?;
+        let opened = std::time::Instant::now();
+        self.stats.record_stage(MapStage::Open, opened - entered);
         let flags = if writable {
             VhostUserMMapFlags::WRITABLE
         } else {
@@ -344,7 +403,6 @@ impl DaxMapper {
             flags: flags.bits(),
             ..Default::default()
         };
-        let started = std::time::Instant::now();
         self.backend()?.shmem_map(&msg, &file).map_err(|e| {
             crate::warn_limited!(
                 "SHMEM_MAP of {:#x} bytes at window offset {:#x} refused: {e}",
@@ -353,7 +411,9 @@ impl DaxMapper {
             );
             errno_error(libc::EIO)
         })?;
-        self.stats.record_map(started.elapsed());
+        let acked = std::time::Instant::now();
+        self.stats.record_map(acked - opened);
+        self.stats.record_stage(MapStage::ShmemMap, acked - opened);
         self.stats.setupmappings.fetch_add(1, Relaxed);
         let mapped = MappedFile {
             nodeid,
@@ -363,6 +423,7 @@ impl DaxMapper {
         };
         self.window().mapped.insert(a.moffset, a.len, mapped);
         self.window_use.mapped(nodeid, a.moffset, a.len);
+        self.stats.record_stage(MapStage::Record, acked.elapsed());
         Ok(())
     }
 

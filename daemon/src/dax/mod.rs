@@ -10,4 +10,4 @@ pub mod mapper;
 pub mod window_io;
 pub mod window_map;
 
-pub use mapper::{DaxMapper, DaxStats, WindowUse, MAX_REMOVEMAPPING_ENTRIES};
+pub use mapper::{DaxMapper, DaxStats, MapStage, WindowUse, MAX_REMOVEMAPPING_ENTRIES};

@@ -199,3 +199,29 @@ fn repeated_refused_mappings_and_inits_log_a_bounded_count() {
     );
     assert_eq!(rig.server.report().dax_failures, 2 * REPEATS as u64);
 }
+
+/// A SETUPMAPPING's time in the daemon is traced stage by stage (a count
+/// and a sum each): one the VMM refuses counts only the stages it passed;
+/// `served` (queue to used ring) counts SETUPMAPPINGs only.
+#[test]
+fn a_setupmapping_is_traced_stage_by_stage() {
+    let (mut rig, vmm, file, _) = rig_with_vmm(r#"{"cache_size": "32M"}"#);
+    assert_eq!(setupmapping(&mut rig, file, 0, 2 * MIB), 0);
+    vmm.refuse_maps.store(true, SeqCst);
+    assert_eq!(setupmapping(&mut rig, file, 2 * MIB, 2 * MIB), libc::EIO);
+    let now = std::time::Instant::now();
+    rig.server.served(Some(opcode::SETUPMAPPING), now);
+    rig.server.served(Some(opcode::READ), now);
+    rig.server.served(None, now);
+    let stages = rig.server.report().map_stages;
+    let count = |name: &str| stages.iter().find(|s| s.stage == name).unwrap().count;
+    assert_eq!(
+        [
+            count("open"),
+            count("shmem_map"),
+            count("record"),
+            count("served")
+        ],
+        [2, 1, 1, 1]
+    );
+}

@@ -44,7 +44,7 @@ use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 use super::file_watch::{FileKey, FileWatch};
 use super::map_budget::{vmas_for, MapBudget};
 use super::mapped_files::{MappedFiles, MappedPiece, MappedRanges};
-use super::metrics::{DaxMetrics, FailureReason};
+use super::metrics::{DaxMetrics, FailureReason, MapStage, StageClock};
 use super::scratch::Scratch;
 use super::watch_budget::WatchBudget;
 
@@ -486,7 +486,8 @@ impl DaxWindow {
         defer: bool,
     ) -> Result<(), RequestError> {
         let started = Instant::now();
-        let result = self.map_checked(req, fd.as_raw_fd(), defer);
+        let mut clock = StageClock::start(&self.metrics);
+        let result = self.map_checked(req, fd.as_raw_fd(), defer, &mut clock);
         let (offset, len) = (req.shm_offset, req.len);
         match &result {
             // Already in place (a daemon's replay after the VMM mapped the
@@ -510,6 +511,7 @@ impl DaxWindow {
                     writable,
                     took,
                 });
+                clock.lap(MapStage::Notify);
             }
             Err(e) => {
                 self.metrics.record_failure(e.reason);
@@ -530,9 +532,12 @@ impl DaxWindow {
         req: &VhostUserMMap,
         fd: RawFd,
         defer: bool,
+        clock: &mut StageClock,
     ) -> Result<bool, RequestError> {
         let end = self.check(req)?;
+        clock.lap(MapStage::Check);
         let info = Self::check_fd(fd)?;
+        clock.lap(MapStage::Fstat);
         let (shm_offset, len, fd_offset) = (req.shm_offset, req.len, req.fd_offset);
         // Fits: check() refused an fd_offset + len past off_t.
         let file_offset = libc::off_t::try_from(fd_offset).map_err(|_| {
@@ -574,6 +579,7 @@ impl DaxWindow {
                 )
             })?)
         };
+        clock.lap(MapStage::KeepFd);
         // Pages past the file's end are guarded, not left for KVM to fault.
         let tail = guard::tail_past_eof(shm_offset, len, fd_offset, info.size, self.page_size);
         self.check_count(&mut mapped, shm_offset, end, true, tail.is_some())?;
@@ -601,11 +607,13 @@ impl DaxWindow {
                 format!("mmap of {len:#x} bytes at window offset {shm_offset:#x}: {e}"),
             ));
         }
+        clock.lap(MapStage::Mmap);
         super::scratch::dont_dump(addr, len);
         // The scratch under the new mapping is hidden now: free it.
         if let Err(e) = self.scratch.forget(shm_offset, end) {
             tracing::debug!("DAX window: emptying the scratch under a new mapping: {e}");
         }
+        clock.lap(MapStage::Scratch);
         let replaced = mapped.ranges.insert(shm_offset, end);
         mapped.guarded.remove(shm_offset, end);
         mapped.files.insert(
@@ -629,6 +637,7 @@ impl DaxWindow {
         // Outside the lock: it may read the file. A concurrent unmap of the
         // range only leaves the scratch populated instead.
         drop(mapped);
+        clock.lap(MapStage::Record);
         let job = prefault::Deferred {
             addr,
             shm_offset,
@@ -637,6 +646,7 @@ impl DaxWindow {
             file_size: info.size,
         };
         self.prefault_new_mapping(job, info.file, reclaiming, defer);
+        clock.lap(MapStage::QueuePrefault);
         Ok(true)
     }
 }

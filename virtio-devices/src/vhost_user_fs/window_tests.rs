@@ -686,3 +686,36 @@ fn while_the_guest_reclaims_only_sequential_maps_are_prefaulted() {
         .unwrap();
     assert_eq!(calls() - before, 1, "no reclaim: pre-faulted again");
 }
+
+/// Each map's time is traced stage by stage (a count and a sum each): a
+/// refused map counts only the stages it passed, and the worker's turn at
+/// the pre-fault after the ack is a stage of its own.
+#[test]
+fn a_map_is_traced_stage_by_stage() {
+    let f = file_with(4);
+    let (w, _) = prefaulting_window(PAGE, false);
+    w.map_deferring_prefault(&req(0, 0, 0, 2 * PAGE, 0), f.as_file())
+        .unwrap();
+    w.run_deferred_prefault(&|| false);
+    // Refused at the fd's type: past the checks, not past fstat.
+    let dir = std::fs::File::open("/").unwrap();
+    assert!(w.map(&req(0, 0, 4 * PAGE, PAGE, 0), &dir).is_err());
+    let s = w.metrics.snapshot();
+    let count = |name: &str| s.map_stages.iter().find(|t| t.stage == name).unwrap().count;
+    assert_eq!(count("check"), 2);
+    for stage in [
+        "fstat",
+        "keep_fd",
+        "mmap",
+        "scratch",
+        "record",
+        "queue_prefault",
+        "notify",
+        "prefault_after_ack",
+    ] {
+        assert_eq!(count(stage), 1, "{stage}");
+    }
+    // The whole request is the device worker's to time.
+    assert_eq!(count("request"), 0);
+    assert_eq!(s.map_stages.len(), MapStage::ALL.len());
+}

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::{DaxWindow, GuestPrefaulter};
+use crate::vhost_user_fs::metrics::MapStage;
 
 /// `MADV_POPULATE_READ` (Linux 5.14): fault pages in readable, as a read
 /// would, without touching their contents.
@@ -51,15 +52,22 @@ impl DaxWindow {
     /// next), step by step; when `interrupted` says a request is waiting,
     /// what is left goes back to the queue for the worker's next turn.
     pub fn run_deferred_prefault(&self, interrupted: &dyn Fn() -> bool) {
+        let started = std::time::Instant::now();
+        let mut ran = false;
         loop {
             let job = self.deferred().pop();
             let Some(job) = job else {
-                return;
+                break;
             };
+            ran = true;
             if let Some(rest) = self.prefault_steps(job, interrupted) {
                 self.deferred().push(rest);
-                return;
+                break;
             }
+        }
+        if ran {
+            self.metrics
+                .record_stage(MapStage::PrefaultAfterAck, started.elapsed());
         }
     }
 
