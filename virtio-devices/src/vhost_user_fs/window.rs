@@ -644,6 +644,7 @@ impl DaxWindow {
             len,
             fd_offset,
             file_size: info.size,
+            step: prefault::step_for(info.host_page),
         };
         self.prefault_new_mapping(job, info.file, reclaiming, defer);
         clock.lap(MapStage::QueuePrefault);

@@ -719,3 +719,49 @@ fn a_map_is_traced_stage_by_stage() {
     assert_eq!(count("request"), 0);
     assert_eq!(s.map_stages.len(), MapStage::ALL.len());
 }
+
+/// The pre-fault step follows the mapped file's host page size: a 2 MiB
+/// range of 2 MiB host pages (a huge-page tmpfs, hugetlbfs) is one KVM
+/// call, where 128 KiB steps made sixteen; 4 KiB pages, or an `st_blksize`
+/// below 2 MiB (an I/O size), keep 128 KiB steps,
+/// between which a waiting SHMEM_MAP is served.
+#[test]
+fn the_prefault_step_follows_the_files_host_page_size() {
+    use super::prefault::{host_page, step_for, Deferred};
+    const BASE: u64 = 0x40_0000_0000;
+    const MIB: u64 = 1 << 20;
+    assert_eq!(host_page(2 * MIB), 2 * MIB, "a huge-page tmpfs");
+    assert_eq!(host_page(1 << 30), 1 << 30, "hugetlbfs of 1 GiB pages");
+    assert_eq!(host_page(MIB), 0, "a network file system's I/O size");
+    assert_eq!(host_page(PAGE), 0);
+    assert_eq!(host_page(3 * MIB), 0, "not a power of two");
+    assert_eq!(step_for(0), 128 << 10);
+    assert_eq!(step_for(2 * MIB), 2 * MIB);
+    assert_eq!(
+        step_for(1 << 30),
+        2 * MIB,
+        "a waiting map waits for 2 MiB at most"
+    );
+
+    let (w, p) = prefaulting_window_sized(4 * MIB, 2 * MIB, false);
+    let job = |host_page| Deferred {
+        addr: w.host_addr(),
+        shm_offset: 0,
+        len: 2 * MIB,
+        fd_offset: 0,
+        file_size: 4 * MIB,
+        step: step_for(host_page),
+    };
+    // A request waits all the while: the huge page is still one call.
+    assert!(w.prefault_steps(job(2 * MIB), &|| true).is_none());
+    assert_eq!(*p.calls.lock().unwrap(), [(BASE, 2 * MIB)]);
+    p.calls.lock().unwrap().clear();
+    // 4 KiB pages: one 128 KiB step, then the waiting request; the rest
+    // keeps its step.
+    let rest = w.prefault_steps(job(0), &|| true).unwrap();
+    assert_eq!(*p.calls.lock().unwrap(), [(BASE, 128 << 10)]);
+    assert_eq!(
+        (rest.shm_offset, rest.len, rest.step),
+        (128 << 10, 2 * MIB - (128 << 10), 128 << 10)
+    );
+}

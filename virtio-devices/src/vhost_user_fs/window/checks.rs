@@ -14,6 +14,9 @@ pub(super) struct FdInfo {
     pub size: u64,
     /// (st_dev, st_ino).
     pub file: FileKey,
+    /// Its host page size where `st_blksize` names a huge page (a
+    /// huge-page tmpfs, hugetlbfs), else 0 ([`super::prefault::host_page`]).
+    pub host_page: u64,
 }
 
 impl DaxWindow {
@@ -105,6 +108,7 @@ impl DaxWindow {
         Ok(FdInfo {
             size: u64::try_from(st.st_size).unwrap_or(0),
             file: (st.st_dev, st.st_ino),
+            host_page: super::prefault::host_page(u64::try_from(st.st_blksize).unwrap_or(0)),
         })
     }
 }

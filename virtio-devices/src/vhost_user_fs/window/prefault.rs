@@ -22,6 +22,38 @@ const DEFERRED_MAX: usize = 8;
 /// in docs/benchmarks.md, "The SETUPMAPPING round trip").
 const PREFAULT_STEP: u64 = 128 << 10;
 
+/// The largest step: one 2 MiB host page, which KVM maps in one call
+/// however the range is cut (so cutting it only adds calls: a 2 MiB range
+/// in 128 KiB steps made a cold map on 2 MiB host pages slower, measured in
+/// docs/benchmarks.md). Larger pages (1 GiB hugetlbfs) are still stepped by
+/// 2 MiB, so a waiting SHMEM_MAP never waits behind more than one.
+const MAX_PREFAULT_STEP: u64 = 2 << 20;
+
+/// The host page size of a file whose `st_blksize` is `blksize`, where that
+/// names a huge page: tmpfs with huge pages and hugetlbfs report the size
+/// of the pages that hold the file there (2 MiB, or the huge page size).
+/// 0 below 2 MiB: elsewhere `st_blksize` is a preferred I/O size (4 KiB on
+/// local disks, up to 1 MiB on a network file system) and says nothing of
+/// pages. (A file system reporting an I/O size of 2 MiB or more without
+/// huge pages gets 2 MiB steps: a waiting SHMEM_MAP may then wait for one
+/// 2 MiB step, as it did for a whole range before steps; the type of the
+/// file system is not asked, which would take one more system call per
+/// map on the device worker.)
+pub(super) fn host_page(blksize: u64) -> u64 {
+    if blksize >= MAX_PREFAULT_STEP && blksize.is_power_of_two() {
+        blksize
+    } else {
+        0
+    }
+}
+
+/// The pre-fault step of a mapping whose file's host pages are
+/// `host_page` bytes (0: not known, 4 KiB pages as a rule): one page, from
+/// [`PREFAULT_STEP`] to [`MAX_PREFAULT_STEP`].
+pub(super) fn step_for(host_page: u64) -> u64 {
+    host_page.clamp(PREFAULT_STEP, MAX_PREFAULT_STEP)
+}
+
 /// Puts guest bytes `[gpa, gpa + len)` into KVM's page tables; the bytes it
 /// did (KVM may do a range in several calls).
 fn guest_prefault(p: &dyn GuestPrefaulter, gpa: u64, len: u64) -> u64 {
@@ -44,6 +76,8 @@ pub(super) struct Deferred {
     pub len: u64,
     pub fd_offset: u64,
     pub file_size: u64,
+    /// Bytes a step ([`step_for`]).
+    pub step: u64,
 }
 
 impl DaxWindow {
@@ -161,9 +195,14 @@ impl DaxWindow {
         self.prefault_steps(job, &|| false);
     }
 
-    /// [`Self::prefault`] in steps of [`PREFAULT_STEP`]; when `interrupted`
+    /// [`Self::prefault`] in steps of the job's size ([`step_for`]: the
+    /// file's host page, at least [`PREFAULT_STEP`]); when `interrupted`
     /// answers true between two, returns the part not yet done.
-    fn prefault_steps(&self, job: Deferred, interrupted: &dyn Fn() -> bool) -> Option<Deferred> {
+    pub(super) fn prefault_steps(
+        &self,
+        job: Deferred,
+        interrupted: &dyn Fn() -> bool,
+    ) -> Option<Deferred> {
         let len = job.len.min(job.file_size.saturating_sub(job.fd_offset));
         let len = len.div_ceil(self.page_size) * self.page_size;
         let base = self.guest_base.load(std::sync::atomic::Ordering::Relaxed);
@@ -174,7 +213,7 @@ impl DaxWindow {
         let m = &self.metrics;
         let mut done = 0;
         while done < len {
-            let step = PREFAULT_STEP.min(len - done);
+            let step = job.step.min(len - done);
             let faulted = match prefaulter {
                 Some(p) => {
                     let n = guest_prefault(p.as_ref(), base + job.shm_offset + done, step);
@@ -214,6 +253,7 @@ impl DaxWindow {
                     len: len - done,
                     fd_offset: job.fd_offset + done,
                     file_size: job.file_size,
+                    step: job.step,
                 });
             }
         }
