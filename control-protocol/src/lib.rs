@@ -183,6 +183,10 @@ pub struct DaemonStats {
     /// until its reply is on the used ring).
     #[serde(default)]
     pub map_stages: Vec<StageTotal>,
+    /// SETUPMAPPINGs that passed a descriptor kept from an earlier range of
+    /// the same file instead of opening the file again.
+    #[serde(default)]
+    pub map_fds_reused: u64,
 }
 
 /// The adaptive DAX policy's view of the window and what it decided.

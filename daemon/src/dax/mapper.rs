@@ -22,6 +22,7 @@ use dax_abi::{DAX_SHM_REGION_ID as WINDOW_SHMID, MAP_LATENCY_BUCKETS_US as LATEN
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 
+use super::kept_fds::KeptFds;
 use super::window_map::{FilePiece, MappedFile, WindowMap};
 
 use crate::fuse::abi::{
@@ -55,6 +56,9 @@ pub struct DaxStats {
     pub window_buffer_ios: AtomicU64,
     pub window_buffer_bytes: AtomicU64,
     pub window_buffer_refusals: AtomicU64,
+    /// SETUPMAPPINGs that passed a descriptor kept from an earlier range
+    /// of the same file instead of opening it ([`super::kept_fds`]).
+    pub fds_reused: AtomicU64,
     /// SHMEM_MAP round trips as the daemon sees them: request sent, VMM
     /// checks, mmaps and pre-faults, ack received.
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
@@ -159,6 +163,8 @@ struct WindowState {
     /// From the VMM ([`control_protocol::WINDOW_LOCATION`]); None until it says.
     location: Option<WindowLocation>,
     mapped: WindowMap,
+    /// Descriptors of files with a range in `mapped`, for their next range.
+    kept: KeptFds,
     /// log2 of the mapping alignment the guest was told at INIT.
     map_alignment_log2: u16,
 }
@@ -172,6 +178,7 @@ impl DaxMapper {
             window: Mutex::new(WindowState {
                 location: None,
                 mapped: WindowMap::default(),
+                kept: KeptFds::default(),
                 map_alignment_log2: PAGE_SHIFT,
             }),
             window_use,
@@ -216,7 +223,18 @@ impl DaxMapper {
     /// A new FUSE session: the guest maps afresh before it uses the window,
     /// so nothing recorded for the old one may serve a request.
     pub fn forget_mappings(&self) {
-        self.window().mapped.clear();
+        let mut w = self.window();
+        w.mapped.clear();
+        w.kept.clear();
+    }
+
+    /// The guest forgot node `nodeid`: a descriptor kept for it goes now,
+    /// whatever its ranges (a guest evicting an inode unmaps them first).
+    pub fn node_forgotten(&self, nodeid: u64) {
+        let mut w = self.window();
+        if !w.kept.is_empty() {
+            w.kept.forget_node(nodeid);
+        }
     }
 
     /// A new FUSE session whose INIT announced mappings aligned to
@@ -226,6 +244,7 @@ impl DaxMapper {
     pub fn begin_session(&self, map_alignment_log2: u16) {
         let mut w = self.window();
         w.mapped.clear();
+        w.kept.clear();
         w.map_alignment_log2 = map_alignment_log2;
     }
 
@@ -242,6 +261,7 @@ impl DaxMapper {
     pub fn load_window_record(&self, map_alignment_log2: u16, ranges: &[(u64, u64, MappedFile)]) {
         let mut w = self.window();
         w.mapped.clear();
+        w.kept.clear();
         w.map_alignment_log2 = map_alignment_log2;
         for &(start, len, file) in ranges {
             w.mapped.insert(start, len, file);
@@ -387,7 +407,20 @@ impl DaxMapper {
             return Err(errno_error(libc::EINVAL));
         }
         let writable = a.flags & SETUPMAPPING_FLAG_WRITE != 0;
-        let (file, key) = fs.open_for_mapping(nodeid, writable)?;
+        // The node first: one the guest forgot, or that is no regular
+        // file, is refused before any kept descriptor is looked at.
+        let key = fs.mapping_key(nodeid)?;
+        let kept = self.window().kept.get(nodeid, key, writable);
+        let (file, key, opened_now) = match kept {
+            Some(file) => {
+                self.stats.fds_reused.fetch_add(1, Relaxed);
+                (file, key, false)
+            }
+            None => {
+                let (file, key) = fs.open_for_mapping(nodeid, writable)?;
+                (std::sync::Arc::new(file), key, true)
+            }
+        };
         let opened = std::time::Instant::now();
         self.stats.record_stage(MapStage::Open, opened - entered);
         let flags = if writable {
@@ -403,7 +436,7 @@ impl DaxMapper {
             flags: flags.bits(),
             ..Default::default()
         };
-        self.backend()?.shmem_map(&msg, &file).map_err(|e| {
+        self.backend()?.shmem_map(&msg, &*file).map_err(|e| {
             crate::warn_limited!(
                 "SHMEM_MAP of {:#x} bytes at window offset {:#x} refused: {e}",
                 a.len,
@@ -421,7 +454,13 @@ impl DaxMapper {
             foffset: a.foffset,
             writable,
         };
-        self.window().mapped.insert(a.moffset, a.len, mapped);
+        let mut w = self.window();
+        w.mapped.insert(a.moffset, a.len, mapped);
+        if opened_now {
+            let w = &mut *w;
+            w.kept.keep(&w.mapped, nodeid, key, writable, file);
+        }
+        drop(w);
         self.window_use.mapped(nodeid, a.moffset, a.len);
         self.stats.record_stage(MapStage::Record, acked.elapsed());
         Ok(())
@@ -438,8 +477,12 @@ impl DaxMapper {
         for one in ranges {
             let r = self.check_range(one.moffset, one.len, 4096).and_then(|()| {
                 // Forgotten whether or not the VMM unmaps it: after a
-                // refusal the window's state there is not known.
-                self.window().mapped.remove(one.moffset, one.len);
+                // refusal the window's state there is not known. A file
+                // whose last range this was needs no descriptor kept.
+                let mut w = self.window();
+                w.mapped.remove(one.moffset, one.len);
+                let w = &mut *w;
+                w.kept.retain_mapped(&w.mapped);
                 let msg = VhostUserMMap {
                     shmid: WINDOW_SHMID,
                     shm_offset: one.moffset,
@@ -475,6 +518,11 @@ impl DaxMapper {
 
 #[cfg(test)]
 impl DaxMapper {
+    /// Descriptors kept for the next range of a file now.
+    pub(crate) fn kept_fds(&self) -> usize {
+        self.window().kept.len()
+    }
+
     /// Records `[moffset, moffset + len)` as mapping `file`, as an
     /// acknowledged SETUPMAPPING does.
     pub(crate) fn record_mapping(&self, moffset: u64, len: u64, file: MappedFile) {

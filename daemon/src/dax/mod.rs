@@ -6,6 +6,7 @@
 //! so [`window_io`] can serve READ and WRITE whose buffers lie in the window.
 
 pub mod adaptive;
+pub mod kept_fds;
 pub mod mapper;
 pub mod window_io;
 pub mod window_map;

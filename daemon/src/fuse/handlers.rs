@@ -261,6 +261,7 @@ fn lookup(s: &Server, q: &mut Request) -> io::Result<Reply> {
 
 fn forget(s: &Server, q: &mut Request) -> io::Result<Reply> {
     s.fs.forget(q.nodeid, q.body.obj::<abi::ForgetIn>()?.nlookup);
+    s.dax.node_forgotten(q.nodeid);
     Ok(Reply::None)
 }
 
@@ -269,6 +270,7 @@ fn batch_forget(s: &Server, q: &mut Request) -> io::Result<Reply> {
     for _ in 0..count {
         let one = q.body.obj::<abi::ForgetOne>()?;
         s.fs.forget(one.nodeid, one.nlookup);
+        s.dax.node_forgotten(one.nodeid);
     }
     Ok(Reply::None)
 }

@@ -178,6 +178,7 @@ impl Server {
             window_buffer_bytes: d.window_buffer_bytes.load(Relaxed),
             window_buffer_refusals: d.window_buffer_refusals.load(Relaxed),
             map_stages: d.map_stages(),
+            map_fds_reused: d.fds_reused.load(Relaxed),
         }
     }
 
