@@ -354,7 +354,7 @@ pub const FAMILIES: &[Family] = &[
         ..family(
             "daxvmm_dax_map_stage_microseconds_total",
             "counter",
-            "Time the VMM spent on SHMEM_MAPs, by stage: request (the whole backend request, read to ack), its parts check, fstat, keep_fd, mmap, scratch, record, queue_prefault, notify, and prefault_after_ack (the worker's pre-faults after the ack)",
+            "Time the VMM spent on SHMEM_MAPs, by stage: request (the whole backend request, read to ack), its parts read, check, fstat, keep_fd, mmap, scratch, record, queue_prefault, notify, and prefault_after_ack (the worker's pre-faults after the ack)",
             Samples::DeviceLabelled("stage", |d| {
                 counters(d).map(|c| stage_entries(&c.map_stages, |s| s.sum_us))
             }),

@@ -77,8 +77,12 @@ impl FailureReason {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MapStage {
     /// The whole backend request on the device worker: the message (and
-    /// its fd) read, the map served, the ack written.
+    /// its fd) read, the map served, the ack written (and, on a busy host,
+    /// whatever ran before the worker got its CPU back to read the clock).
     Request,
+    /// Its first part: from the worker's wake-up to the map's first check
+    /// (the message and its fd read).
+    Read,
     /// Region, bounds, alignment and flags.
     Check,
     /// `fstat` of the passed fd: its type, identity and size.
@@ -102,8 +106,9 @@ pub enum MapStage {
 }
 
 impl MapStage {
-    pub const ALL: [MapStage; 10] = [
+    pub const ALL: [MapStage; 11] = [
         MapStage::Request,
+        MapStage::Read,
         MapStage::Check,
         MapStage::Fstat,
         MapStage::KeepFd,
@@ -119,6 +124,7 @@ impl MapStage {
     pub fn as_str(self) -> &'static str {
         match self {
             MapStage::Request => "request",
+            MapStage::Read => "read",
             MapStage::Check => "check",
             MapStage::Fstat => "fstat",
             MapStage::KeepFd => "keep_fd",
@@ -179,6 +185,9 @@ pub struct DaxMetrics {
     /// Per [`MapStage`]: how many maps reached it, and their µs.
     stage_counts: [AtomicU64; MapStage::ALL.len()],
     stage_sums_us: [AtomicU64; MapStage::ALL.len()],
+    /// When the device worker started on the backend request being served
+    /// ([`Self::request_started`]), for the map's [`MapStage::Read`].
+    request_start: std::sync::Mutex<Option<Instant>>,
 }
 
 impl DaxMetrics {
@@ -195,6 +204,25 @@ impl DaxMetrics {
             .unwrap_or(MAP_LATENCY_BUCKETS_US.len());
         self.latency_buckets[bucket].fetch_add(1, Relaxed);
         self.latency_sum_us.fetch_add(us, Relaxed);
+    }
+
+    /// The device worker starts on a backend request (`at`), or is done
+    /// with it (None).
+    pub fn request_started(&self, at: Option<Instant>) {
+        *self.request_start.lock().unwrap_or_else(|p| p.into_inner()) = at;
+    }
+
+    /// A map's handling starts at `now`: the time since the worker started
+    /// on its request is its [`MapStage::Read`].
+    pub fn map_started(&self, now: Instant) {
+        let start = self
+            .request_start
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(start) = start {
+            self.record_stage(MapStage::Read, now.saturating_duration_since(start));
+        }
     }
 
     pub fn record_stage(&self, stage: MapStage, took: Duration) {

@@ -486,6 +486,7 @@ impl DaxWindow {
         defer: bool,
     ) -> Result<(), RequestError> {
         let started = Instant::now();
+        self.metrics.map_started(started);
         let mut clock = StageClock::start(&self.metrics);
         let result = self.map_checked(req, fd.as_raw_fd(), defer, &mut clock);
         let (offset, len) = (req.shm_offset, req.len);

@@ -715,8 +715,15 @@ fn a_map_is_traced_stage_by_stage() {
     ] {
         assert_eq!(count(stage), 1, "{stage}");
     }
-    // The whole request is the device worker's to time.
-    assert_eq!(count("request"), 0);
+    // The whole request, and its read, are the device worker's to time.
+    assert_eq!((count("request"), count("read")), (0, 0));
+    let started = Instant::now();
+    w.metrics.request_started(Some(started));
+    w.map(&req(0, 0, 8 * PAGE, PAGE, 0), f.as_file()).unwrap();
+    w.map(&req(0, 0, 9 * PAGE, PAGE, 0), f.as_file()).unwrap();
+    let s = w.metrics.snapshot();
+    let read = s.map_stages.iter().find(|t| t.stage == "read").unwrap();
+    assert_eq!(read.count, 1, "one read per request started");
     assert_eq!(s.map_stages.len(), MapStage::ALL.len());
 }
 

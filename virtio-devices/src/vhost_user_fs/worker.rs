@@ -184,12 +184,16 @@ fn serve_request(ctx: &WorkerContext, loop_: &EventLoop, events: EventSet) -> bo
         .as_ref()
         .map(|w| w.metrics.maps.load(Ordering::Relaxed));
     let started = std::time::Instant::now();
+    if let Some(w) = &ctx.window {
+        w.metrics.request_started(Some(started));
+    }
     let served = serve_one(&ctx.id, &mut requests, events, super::VHOST_USER_TIMEOUT);
     // A map was served (message read, mapped, ack written): its whole time here.
     if let (Some(w), Some(before)) = (&ctx.window, maps_before) {
         if w.metrics.maps.load(Ordering::Relaxed) != before {
             w.metrics.record_stage(MapStage::Request, started.elapsed());
         }
+        w.metrics.request_started(None);
     }
     let fd = requests.as_raw_fd();
     drop(requests);
