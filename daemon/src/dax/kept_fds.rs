@@ -31,7 +31,8 @@ use std::sync::Arc;
 use super::window_map::WindowMap;
 
 /// Descriptors kept at most: the files a guest maps range after range at
-/// the same time (each is one descriptor of this process).
+/// the same time (each is one descriptor of this process, taken from the
+/// ones it keeps beyond the guest's caps, [`crate::limits::RESERVED_FDS`]).
 pub const MAX_KEPT_FDS: usize = 16;
 
 struct Kept {
