@@ -92,7 +92,9 @@ pub enum MapStage {
     KeepFd,
     /// The mapping cap checked and the `mmap` over the scratch.
     Mmap,
-    /// The scratch under the new mapping emptied.
+    /// The new mapping kept out of core dumps (and, for a map not served
+    /// for the daemon, the scratch it hides emptied: a served map's is
+    /// emptied after the ack).
     Scratch,
     /// The bookkeeping: ranges, files (an inotify watch for a new file),
     /// the guard past a file's end, the budget.

@@ -162,6 +162,9 @@ pub struct DaxWindow {
     /// A pre-fault left for after the daemon's ack
     /// ([`Self::map_deferring_prefault`]).
     deferred_prefault: Mutex<Vec<prefault::Deferred>>,
+    /// Scratch ranges a map hid, to empty after the daemon's ack
+    /// ([`Self::run_deferred_prefault`]).
+    deferred_scratch: Mutex<Vec<(u64, u64)>>,
     /// Re-establishing a saved window ([`record`]): a map identical to
     /// one in place is a no-op, one over a different mapping is refused.
     replaying: std::sync::atomic::AtomicBool,
@@ -313,6 +316,7 @@ impl DaxWindow {
             reclaim_pressure: reclaim::ReclaimPressure::default(),
             guest_prefaulter: OnceLock::new(),
             deferred_prefault: Mutex::default(),
+            deferred_scratch: Mutex::default(),
             replaying: std::sync::atomic::AtomicBool::new(false),
         };
         // (On failure, dropping the window gives the reservation back.)
@@ -610,9 +614,13 @@ impl DaxWindow {
         }
         clock.lap(MapStage::Mmap);
         super::scratch::dont_dump(addr, len);
-        // The scratch under the new mapping is hidden now: free it.
-        if let Err(e) = self.scratch.forget(shm_offset, end) {
-            tracing::debug!("DAX window: emptying the scratch under a new mapping: {e}");
+        // The scratch under the new mapping is hidden now: free it, after
+        // the ack where the worker runs one (the guest cannot reach the
+        // hidden pages meanwhile).
+        if defer {
+            self.defer_scratch_forget(shm_offset, end);
+        } else {
+            self.forget_scratch(shm_offset, end);
         }
         clock.lap(MapStage::Scratch);
         let replaced = mapped.ranges.insert(shm_offset, end);

@@ -85,7 +85,15 @@ impl DaxWindow {
     /// first (the range the guest asked for last is the one it touches
     /// next), step by step; when `interrupted` says a request is waiting,
     /// what is left goes back to the queue for the worker's next turn.
+    ///
+    /// First it empties the scratch the last maps hid
+    /// ([`Self::defer_scratch_forget`]): one system call or more per map,
+    /// off the guest's wait.
     pub fn run_deferred_prefault(&self, interrupted: &dyn Fn() -> bool) {
+        let hidden = std::mem::take(&mut *self.hidden_scratch());
+        for (start, end) in hidden {
+            self.forget_scratch(start, end);
+        }
         let started = std::time::Instant::now();
         let mut ran = false;
         loop {
@@ -103,6 +111,44 @@ impl DaxWindow {
             self.metrics
                 .record_stage(MapStage::PrefaultAfterAck, started.elapsed());
         }
+    }
+
+    fn hidden_scratch(&self) -> std::sync::MutexGuard<'_, Vec<(u64, u64)>> {
+        self.deferred_scratch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Empties the scratch at `[start, end)`, which a new mapping hides.
+    pub(super) fn forget_scratch(&self, start: u64, end: u64) {
+        if let Err(e) = self.scratch.forget(start, end) {
+            tracing::debug!("DAX window: emptying the scratch under a new mapping: {e}");
+        }
+    }
+
+    /// Leaves the emptying of the scratch a new mapping hides at
+    /// `[start, end)` for after the daemon's ack. Safe to wait: the guest
+    /// cannot reach hidden pages, and a range that shows the scratch again
+    /// first (an unmap, a reset, a truncation's repair) drops it
+    /// ([`Self::drop_hidden_scratch`]), so stray writes made there since
+    /// are never emptied by it. At most [`DEFERRED_MAX`] wait; past that
+    /// the oldest is emptied now.
+    pub(super) fn defer_scratch_forget(&self, start: u64, end: u64) {
+        let oldest = {
+            let mut hidden = self.hidden_scratch();
+            hidden.push((start, end));
+            (hidden.len() > DEFERRED_MAX).then(|| hidden.remove(0))
+        };
+        if let Some((start, end)) = oldest {
+            self.forget_scratch(start, end);
+        }
+    }
+
+    /// `[start, end)` shows the scratch again (emptied by whoever shows it):
+    /// a deferred emptying of it must not run later.
+    pub(super) fn drop_hidden_scratch(&self, start: u64, end: u64) {
+        self.hidden_scratch()
+            .retain(|&(s, e)| s >= end || e <= start);
     }
 
     fn deferred(&self) -> std::sync::MutexGuard<'_, Vec<Deferred>> {
