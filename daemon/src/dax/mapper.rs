@@ -456,7 +456,10 @@ impl DaxMapper {
         };
         let mut w = self.window();
         w.mapped.insert(a.moffset, a.len, mapped);
-        if opened_now {
+        // Kept only for a node still there: a FORGET that raced this map
+        // either went before this look (nothing kept) or drops it after,
+        // as it takes this lock once the node is gone.
+        if opened_now && fs.mapping_key(nodeid).is_ok_and(|k| k == key) {
             let w = &mut *w;
             w.kept.keep(&w.mapped, nodeid, key, writable, file);
         }
