@@ -173,6 +173,17 @@ fn adaptive(d: &DeviceMetrics) -> Option<&AdaptiveStats> {
     d.daemon.as_ref().map(|s| &s.adaptive)
 }
 
+/// One sample per stage of a map's trace: `value` of each.
+fn stage_entries(
+    stages: &[control_protocol::StageTotal],
+    value: fn(&control_protocol::StageTotal) -> u64,
+) -> Entries<'_> {
+    stages
+        .iter()
+        .map(|s| (s.stage.as_str(), value(s)))
+        .collect()
+}
+
 fn entries(m: &std::collections::BTreeMap<String, u64>) -> Entries<'_> {
     m.iter().map(|(k, n)| (k.as_str(), *n)).collect()
 }
@@ -338,6 +349,28 @@ pub const FAMILIES: &[Family] = &[
             }),
         )
     },
+    Family {
+        shown: Shown::WithSource,
+        ..family(
+            "daxvmm_dax_map_stage_microseconds_total",
+            "counter",
+            "Time the VMM spent on SHMEM_MAPs, by stage: request (the whole backend request, read to ack), its parts read, check, fstat, keep_fd, mmap, scratch, record, queue_prefault, notify, and prefault_after_ack (the worker's pre-faults after the ack)",
+            Samples::DeviceLabelled("stage", |d| {
+                counters(d).map(|c| stage_entries(&c.map_stages, |s| s.sum_us))
+            }),
+        )
+    },
+    Family {
+        shown: Shown::WithSource,
+        ..family(
+            "daxvmm_dax_map_stages_total",
+            "counter",
+            "SHMEM_MAPs that reached each stage of daxvmm_dax_map_stage_microseconds_total",
+            Samples::DeviceLabelled("stage", |d| {
+                counters(d).map(|c| stage_entries(&c.map_stages, |s| s.count))
+            }),
+        )
+    },
     family(
         "daxvmm_fs_file_attrs_dax_total",
         "counter",
@@ -451,6 +484,22 @@ pub const FAMILIES: &[Family] = &[
         "counter",
         "Files given DAX back by the adaptive policy, by reason",
         Samples::DeviceLabelled("reason", |d| adaptive(d).map(|a| entries(&a.granted))),
+    ),
+    family(
+        "daxvmm_fs_map_stage_microseconds_total",
+        "counter",
+        "Time the daemon spent on SETUPMAPPINGs, by stage: open, shmem_map (SHMEM_MAP sent to ack), record, and served (popped from the queue to the reply on the used ring)",
+        Samples::DeviceLabelled("stage", |d| {
+            daemon(d).map(|s| stage_entries(&s.map_stages, |t| t.sum_us))
+        }),
+    ),
+    family(
+        "daxvmm_fs_map_stages_total",
+        "counter",
+        "SETUPMAPPINGs that reached each stage of daxvmm_fs_map_stage_microseconds_total",
+        Samples::DeviceLabelled("stage", |d| {
+            daemon(d).map(|s| stage_entries(&s.map_stages, |t| t.count))
+        }),
     ),
     family(
         "daxvmm_fs_map_roundtrip_seconds",

@@ -27,6 +27,11 @@ fn device(id: &str) -> DeviceMetrics {
                 failures: vec![("misaligned", 1), ("bad_fd", 0)],
                 latency_buckets: vec![(Some(10), 1), (Some(100), 3), (None, 3)],
                 latency_sum_us: 150,
+                map_stages: vec![control_protocol::StageTotal {
+                    stage: "mmap".into(),
+                    count: 3,
+                    sum_us: 90,
+                }],
             },
         }),
         daemon: None,
@@ -102,6 +107,9 @@ fn renders_families_once_with_device_labels() {
     );
     assert!(text.contains("daxvmm_dax_map_latency_seconds_bucket{device=\"fs0\",le=\"+Inf\"} 3\n"));
     assert!(text.contains("daxvmm_dax_map_latency_seconds_sum{device=\"fs0\"} 0.00015\n"));
+    assert!(text
+        .contains("daxvmm_dax_map_stage_microseconds_total{device=\"fs0\",stage=\"mmap\"} 90\n"));
+    assert!(text.contains("daxvmm_dax_map_stages_total{device=\"fs0\",stage=\"mmap\"} 3\n"));
     assert!(text.contains("daxvmm_fs_file_attrs_dax_total{device=\"fs0\"} 5\n"));
     assert!(
         !text.contains("daxvmm_fs_file_attrs_dax_total{device=\"fs\\\"1\"}"),

@@ -85,6 +85,18 @@ pub struct WindowCounters {
     /// +Inf), as [`DaemonStats::map_latency_buckets`] gives the daemon's.
     pub latency_buckets: Vec<(Option<u64>, u64)>,
     pub latency_sum_us: u64,
+    /// Where the VMM's side of a SHMEM_MAP goes, stage by stage.
+    pub map_stages: Vec<StageTotal>,
+}
+
+/// Time spent in one stage of serving a DAX map, summed over the maps that
+/// reached it: the daemon's ([`DaemonStats::map_stages`]) and the VMM's
+/// ([`WindowCounters::map_stages`]) trace of a SETUPMAPPING.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageTotal {
+    pub stage: String,
+    pub count: u64,
+    pub sum_us: u64,
 }
 
 /// The policy in force and its generation (1 at start, +1 per change).
@@ -166,6 +178,15 @@ pub struct DaemonStats {
     pub window_buffer_bytes: u64,
     #[serde(default)]
     pub window_buffer_refusals: u64,
+    /// Where a SETUPMAPPING's time goes in the daemon, stage by stage
+    /// (`open`, `shmem_map`, `record`, and `served`: popped from the queue
+    /// until its reply is on the used ring).
+    #[serde(default)]
+    pub map_stages: Vec<StageTotal>,
+    /// SETUPMAPPINGs that passed a descriptor kept from an earlier range of
+    /// the same file instead of opening the file again.
+    #[serde(default)]
+    pub map_fds_reused: u64,
 }
 
 /// The adaptive DAX policy's view of the window and what it decided.

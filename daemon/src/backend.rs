@@ -146,13 +146,14 @@ impl FsBackend {
 /// Serves one request and puts it on the used ring, interrupting the guest
 /// if it asked to be.
 fn serve(server: &Server, chain: DescriptorChain<MemGuard>, queue: u16, vring: &Vring) {
+    let popped = std::time::Instant::now();
     let head = chain.head_index();
     let mem = chain.memory();
-    let written = match chain::split(mem, chain.clone()) {
-        Ok((r, w)) => server.handle(r, w),
+    let (written, opcode) = match chain::split(mem, chain.clone()) {
+        Ok((r, w)) => server.handle_with_opcode(r, w),
         Err(e) => {
             crate::warn_limited!("malformed descriptor chain {head}: {e}");
-            0
+            (0, None)
         }
     };
     // `handle` never writes more than its reply header's u32 length says.
@@ -171,6 +172,8 @@ fn serve(server: &Server, chain: DescriptorChain<MemGuard>, queue: u16, vring: &
             crate::warn_limited!("queue {queue}: interrupting the guest: {e}");
         }
     }
+    drop(state);
+    server.served(opcode, popped);
 }
 
 impl VhostUserBackend for FsBackend {

@@ -15,13 +15,14 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use control_protocol::WindowLocation;
+use control_protocol::{StageTotal, WindowLocation};
 // What the VMM agrees on: the window's region id, and the buckets of its
 // own map histogram, which this one mirrors.
 use dax_abi::{DAX_SHM_REGION_ID as WINDOW_SHMID, MAP_LATENCY_BUCKETS_US as LATENCY_BUCKETS_US};
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 
+use super::kept_fds::KeptFds;
 use super::window_map::{FilePiece, MappedFile, WindowMap};
 
 use crate::fuse::abi::{
@@ -55,13 +56,72 @@ pub struct DaxStats {
     pub window_buffer_ios: AtomicU64,
     pub window_buffer_bytes: AtomicU64,
     pub window_buffer_refusals: AtomicU64,
+    /// SETUPMAPPINGs that passed a descriptor kept from an earlier range
+    /// of the same file instead of opening it ([`super::kept_fds`]).
+    pub fds_reused: AtomicU64,
     /// SHMEM_MAP round trips as the daemon sees them: request sent, VMM
     /// checks, mmaps and pre-faults, ack received.
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
+    /// Per [`MapStage`]: how many SETUPMAPPINGs reached it, and their µs.
+    stage_counts: [AtomicU64; MapStage::ALL.len()],
+    stage_sums_us: [AtomicU64; MapStage::ALL.len()],
+}
+
+/// Where a SETUPMAPPING's time goes in the daemon, stage by stage; each
+/// is summed and counted (two relaxed atomic adds), so the trace costs a
+/// clock read per stage and nothing else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapStage {
+    /// The checks and the file's open (or a kept descriptor's reuse).
+    Open,
+    /// SHMEM_MAP sent to the VMM until its ack is in.
+    ShmemMap,
+    /// After the ack: the window's record and the adaptive policy told.
+    Record,
+    /// The whole request: popped from the queue until its reply is on the
+    /// used ring and the guest signalled (`backend.rs`).
+    Served,
+}
+
+impl MapStage {
+    pub const ALL: [MapStage; 4] = [
+        MapStage::Open,
+        MapStage::ShmemMap,
+        MapStage::Record,
+        MapStage::Served,
+    ];
+
+    /// The name the daemon's stats give it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MapStage::Open => "open",
+            MapStage::ShmemMap => "shmem_map",
+            MapStage::Record => "record",
+            MapStage::Served => "served",
+        }
+    }
 }
 
 impl DaxStats {
+    pub fn record_stage(&self, stage: MapStage, took: std::time::Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.stage_counts[stage as usize].fetch_add(1, Relaxed);
+        self.stage_sums_us[stage as usize].fetch_add(us, Relaxed);
+    }
+
+    /// Every stage's count and sum, in [`MapStage::ALL`]'s order.
+    pub fn map_stages(&self) -> Vec<StageTotal> {
+        MapStage::ALL
+            .iter()
+            .map(|&s| StageTotal {
+                stage: s.as_str().to_string(),
+                count: self.stage_counts[s as usize].load(Relaxed),
+                sum_us: self.stage_sums_us[s as usize].load(Relaxed),
+            })
+            .collect()
+    }
+
     fn record_map(&self, took: std::time::Duration) {
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         let bucket = LATENCY_BUCKETS_US
@@ -103,6 +163,8 @@ struct WindowState {
     /// From the VMM ([`control_protocol::WINDOW_LOCATION`]); None until it says.
     location: Option<WindowLocation>,
     mapped: WindowMap,
+    /// Descriptors of files with a range in `mapped`, for their next range.
+    kept: KeptFds,
     /// log2 of the mapping alignment the guest was told at INIT.
     map_alignment_log2: u16,
 }
@@ -116,6 +178,7 @@ impl DaxMapper {
             window: Mutex::new(WindowState {
                 location: None,
                 mapped: WindowMap::default(),
+                kept: KeptFds::default(),
                 map_alignment_log2: PAGE_SHIFT,
             }),
             window_use,
@@ -160,7 +223,18 @@ impl DaxMapper {
     /// A new FUSE session: the guest maps afresh before it uses the window,
     /// so nothing recorded for the old one may serve a request.
     pub fn forget_mappings(&self) {
-        self.window().mapped.clear();
+        let mut w = self.window();
+        w.mapped.clear();
+        w.kept.clear();
+    }
+
+    /// The guest forgot node `nodeid`: a descriptor kept for it goes now,
+    /// whatever its ranges (a guest evicting an inode unmaps them first).
+    pub fn node_forgotten(&self, nodeid: u64) {
+        let mut w = self.window();
+        if !w.kept.is_empty() {
+            w.kept.forget_node(nodeid);
+        }
     }
 
     /// A new FUSE session whose INIT announced mappings aligned to
@@ -170,6 +244,7 @@ impl DaxMapper {
     pub fn begin_session(&self, map_alignment_log2: u16) {
         let mut w = self.window();
         w.mapped.clear();
+        w.kept.clear();
         w.map_alignment_log2 = map_alignment_log2;
     }
 
@@ -186,6 +261,7 @@ impl DaxMapper {
     pub fn load_window_record(&self, map_alignment_log2: u16, ranges: &[(u64, u64, MappedFile)]) {
         let mut w = self.window();
         w.mapped.clear();
+        w.kept.clear();
         w.map_alignment_log2 = map_alignment_log2;
         for &(start, len, file) in ranges {
             w.mapped.insert(start, len, file);
@@ -317,6 +393,7 @@ impl DaxMapper {
     }
 
     fn try_setup(&self, fs: &PassthroughFs, nodeid: u64, a: &SetupmappingIn) -> io::Result<()> {
+        let entered = std::time::Instant::now();
         let align = self.map_alignment();
         self.check_range(a.moffset, a.len, align)?;
         if !a.foffset.is_multiple_of(align)
@@ -330,7 +407,22 @@ impl DaxMapper {
             return Err(errno_error(libc::EINVAL));
         }
         let writable = a.flags & SETUPMAPPING_FLAG_WRITE != 0;
-        let (file, key) = fs.open_for_mapping(nodeid, writable)?;
+        // The node first: one the guest forgot, or that is no regular
+        // file, is refused before any kept descriptor is looked at.
+        let key = fs.mapping_key(nodeid)?;
+        let kept = self.window().kept.get(nodeid, key, writable);
+        let (file, key, opened_now) = match kept {
+            Some(file) => {
+                self.stats.fds_reused.fetch_add(1, Relaxed);
+                (file, key, false)
+            }
+            None => {
+                let (file, key) = fs.open_for_mapping(nodeid, writable)?;
+                (std::sync::Arc::new(file), key, true)
+            }
+        };
+        let opened = std::time::Instant::now();
+        self.stats.record_stage(MapStage::Open, opened - entered);
         let flags = if writable {
             VhostUserMMapFlags::WRITABLE
         } else {
@@ -344,8 +436,7 @@ impl DaxMapper {
             flags: flags.bits(),
             ..Default::default()
         };
-        let started = std::time::Instant::now();
-        self.backend()?.shmem_map(&msg, &file).map_err(|e| {
+        self.backend()?.shmem_map(&msg, &*file).map_err(|e| {
             crate::warn_limited!(
                 "SHMEM_MAP of {:#x} bytes at window offset {:#x} refused: {e}",
                 a.len,
@@ -353,7 +444,9 @@ impl DaxMapper {
             );
             errno_error(libc::EIO)
         })?;
-        self.stats.record_map(started.elapsed());
+        let acked = std::time::Instant::now();
+        self.stats.record_map(acked - opened);
+        self.stats.record_stage(MapStage::ShmemMap, acked - opened);
         self.stats.setupmappings.fetch_add(1, Relaxed);
         let mapped = MappedFile {
             nodeid,
@@ -361,8 +454,18 @@ impl DaxMapper {
             foffset: a.foffset,
             writable,
         };
-        self.window().mapped.insert(a.moffset, a.len, mapped);
+        let mut w = self.window();
+        w.mapped.insert(a.moffset, a.len, mapped);
+        // Kept only for a node still there: a FORGET that raced this map
+        // either went before this look (nothing kept) or drops it after,
+        // as it takes this lock once the node is gone.
+        if opened_now && fs.mapping_key(nodeid).is_ok_and(|k| k == key) {
+            let w = &mut *w;
+            w.kept.keep(&w.mapped, nodeid, key, writable, file);
+        }
+        drop(w);
         self.window_use.mapped(nodeid, a.moffset, a.len);
+        self.stats.record_stage(MapStage::Record, acked.elapsed());
         Ok(())
     }
 
@@ -377,8 +480,12 @@ impl DaxMapper {
         for one in ranges {
             let r = self.check_range(one.moffset, one.len, 4096).and_then(|()| {
                 // Forgotten whether or not the VMM unmaps it: after a
-                // refusal the window's state there is not known.
-                self.window().mapped.remove(one.moffset, one.len);
+                // refusal the window's state there is not known. A file
+                // whose last range this was needs no descriptor kept.
+                let mut w = self.window();
+                w.mapped.remove(one.moffset, one.len);
+                let w = &mut *w;
+                w.kept.retain_mapped(&w.mapped);
                 let msg = VhostUserMMap {
                     shmid: WINDOW_SHMID,
                     shm_offset: one.moffset,
@@ -414,6 +521,11 @@ impl DaxMapper {
 
 #[cfg(test)]
 impl DaxMapper {
+    /// Descriptors kept for the next range of a file now.
+    pub(crate) fn kept_fds(&self) -> usize {
+        self.window().kept.len()
+    }
+
     /// Records `[moffset, moffset + len)` as mapping `file`, as an
     /// acknowledged SETUPMAPPING does.
     pub(crate) fn record_mapping(&self, moffset: u64, len: u64, file: MappedFile) {

@@ -6,8 +6,9 @@
 //! so [`window_io`] can serve READ and WRITE whose buffers lie in the window.
 
 pub mod adaptive;
+pub mod kept_fds;
 pub mod mapper;
 pub mod window_io;
 pub mod window_map;
 
-pub use mapper::{DaxMapper, DaxStats, WindowUse, MAX_REMOVEMAPPING_ENTRIES};
+pub use mapper::{DaxMapper, DaxStats, MapStage, WindowUse, MAX_REMOVEMAPPING_ENTRIES};

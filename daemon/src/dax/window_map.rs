@@ -10,7 +10,7 @@
 //! does not know fails that request with EFAULT instead of reaching a file
 //! the guest did not map there.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// What one window range maps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +37,9 @@ pub struct FilePiece {
 #[derive(Debug, Default)]
 pub struct WindowMap {
     ranges: BTreeMap<u64, (u64, MappedFile)>,
+    /// How many of `ranges` each node id has: whether a file still has a
+    /// range mapped is asked at every REMOVEMAPPING ([`Self::maps_node`]).
+    per_node: HashMap<u64, usize>,
 }
 
 impl WindowMap {
@@ -48,6 +51,21 @@ impl WindowMap {
         };
         self.remove(start, len);
         self.ranges.insert(start, (end, file));
+        self.count(file.nodeid, 1, 0);
+    }
+
+    /// Adds `up` and takes `down` from `nodeid`'s count of ranges.
+    fn count(&mut self, nodeid: u64, up: usize, down: usize) {
+        let n = self.per_node.entry(nodeid).or_default();
+        *n = (*n + up).saturating_sub(down);
+        if *n == 0 {
+            self.per_node.remove(&nodeid);
+        }
+    }
+
+    /// Whether some range of node `nodeid` is recorded.
+    pub fn maps_node(&self, nodeid: u64) -> bool {
+        self.per_node.contains_key(&nodeid)
     }
 
     /// Forgets `[start, start + len)`; ranges it cuts keep their other parts.
@@ -71,11 +89,14 @@ impl WindowMap {
                 };
                 self.ranges.insert(end, (e, shifted));
             }
+            let kept = usize::from(s < start) + usize::from(e > end);
+            self.count(f.nodeid, kept, 1);
         }
     }
 
     pub fn clear(&mut self) {
         self.ranges.clear();
+        self.per_node.clear();
     }
 
     /// Every recorded range in window order: (start, len, file).
@@ -203,5 +224,24 @@ mod tests {
         assert_eq!(p[2].foffset, 11 * MIB + 8192);
         m.remove(0, 2 * MIB);
         assert_eq!(m.ranges(), 0);
+    }
+
+    /// Whether a file still has a range is known however its ranges were
+    /// cut, replaced or removed.
+    #[test]
+    fn a_node_maps_while_any_piece_of_its_ranges_is_recorded() {
+        let mut m = WindowMap::default();
+        m.insert(0, 2 * MIB, file(7, 0, false));
+        m.insert(2 * MIB, 2 * MIB, file(7, 2 * MIB, false));
+        m.remove(MIB, 2 * MIB);
+        assert_eq!(m.ranges(), 2);
+        assert!(m.maps_node(7));
+        // Replaced by another file's range: one piece of 7 is left.
+        m.insert(0, MIB, file(8, 0, false));
+        assert!(m.maps_node(7) && m.maps_node(8));
+        m.remove(3 * MIB, MIB);
+        assert!(!m.maps_node(7), "its last piece went");
+        m.clear();
+        assert!(!m.maps_node(8));
     }
 }

@@ -43,12 +43,34 @@ pub(super) type Handler = fn(&Server, &mut Request<'_, '_>) -> io::Result<Reply>
 
 impl Server {
     /// Serves one request; returns the bytes written to the guest's buffers.
-    pub fn handle(&self, mut r: Reader, mut w: Writer) -> usize {
+    pub fn handle(&self, r: Reader, w: Writer) -> usize {
+        self.handle_with_opcode(r, w).0
+    }
+
+    /// [`Self::handle`], and the request's opcode (None without a header),
+    /// for [`Self::served`].
+    pub fn handle_with_opcode(&self, mut r: Reader, w: Writer) -> (usize, Option<u32>) {
         self.stats.requests.fetch_add(1, Relaxed);
         let Ok(hdr) = r.read_obj::<InHeader>() else {
             crate::warn_limited!("request too short for a FUSE header; dropped");
-            return 0;
+            return (0, None);
         };
+        (self.handle_parsed(&hdr, r, w), Some(hdr.opcode))
+    }
+
+    /// A request with opcode `opcode`, popped at `popped`, is on the used
+    /// ring and the guest signalled: a SETUPMAPPING's whole time in the
+    /// daemon is counted ([`crate::dax::MapStage::Served`]).
+    pub fn served(&self, opcode: Option<u32>, popped: std::time::Instant) {
+        if opcode == Some(opcode::SETUPMAPPING) {
+            self.dax
+                .stats
+                .record_stage(crate::dax::MapStage::Served, popped.elapsed());
+        }
+    }
+
+    fn handle_parsed(&self, hdr: &InHeader, mut r: Reader, mut w: Writer) -> usize {
+        let hdr = *hdr;
         let result = dispatch(self, &hdr, &mut r, &mut w);
         let (error, payload) = match result {
             Ok(Reply::None) => return 0,
@@ -239,6 +261,7 @@ fn lookup(s: &Server, q: &mut Request) -> io::Result<Reply> {
 
 fn forget(s: &Server, q: &mut Request) -> io::Result<Reply> {
     s.fs.forget(q.nodeid, q.body.obj::<abi::ForgetIn>()?.nlookup);
+    s.dax.node_forgotten(q.nodeid);
     Ok(Reply::None)
 }
 
@@ -247,6 +270,7 @@ fn batch_forget(s: &Server, q: &mut Request) -> io::Result<Reply> {
     for _ in 0..count {
         let one = q.body.obj::<abi::ForgetOne>()?;
         s.fs.forget(one.nodeid, one.nlookup);
+        s.dax.node_forgotten(one.nodeid);
     }
     Ok(Reply::None)
 }

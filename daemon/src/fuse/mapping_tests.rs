@@ -24,6 +24,8 @@ const MIB: u64 = 1 << 20;
 struct Vmm {
     refuse_maps: AtomicBool,
     refuse_unmaps: AtomicBool,
+    /// Each SHMEM_MAP's descriptor: its access mode and the file's inode.
+    seen: std::sync::Mutex<Vec<(i32, u64)>>,
 }
 
 fn refused() -> std::io::Error {
@@ -31,10 +33,17 @@ fn refused() -> std::io::Error {
 }
 
 impl VhostUserFrontendReqHandler for Vmm {
-    fn shmem_map(&self, _req: &VhostUserMMap, _fd: &dyn AsRawFd) -> HandlerResult<u64> {
+    fn shmem_map(&self, _req: &VhostUserMMap, fd: &dyn AsRawFd) -> HandlerResult<u64> {
         if self.refuse_maps.load(SeqCst) {
             return Err(refused());
         }
+        // SAFETY: F_GETFL on a descriptor the caller holds open.
+        let access = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) } & libc::O_ACCMODE;
+        // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a valid, writable stat.
+        assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+        self.seen.lock().unwrap().push((access, st.st_ino));
         Ok(0)
     }
 
@@ -68,11 +77,15 @@ fn connect(rig: &Rig, vmm: Arc<Vmm>) {
 }
 
 fn setupmapping(rig: &mut Rig, nodeid: u64, moffset: u64, len: u64) -> i32 {
+    setupmapping_with(rig, nodeid, moffset, len, abi::SETUPMAPPING_FLAG_READ)
+}
+
+fn setupmapping_with(rig: &mut Rig, nodeid: u64, moffset: u64, len: u64, flags: u64) -> i32 {
     let map = abi::SetupmappingIn {
         fh: u64::MAX,
         foffset: 0,
         len,
-        flags: abi::SETUPMAPPING_FLAG_READ,
+        flags,
         moffset,
     };
     rig.call(opcode::SETUPMAPPING, nodeid, map.as_slice()).0
@@ -198,4 +211,103 @@ fn repeated_refused_mappings_and_inits_log_a_bounded_count() {
         &logged[..4]
     );
     assert_eq!(rig.server.report().dax_failures, 2 * REPEATS as u64);
+}
+
+/// A SETUPMAPPING's time in the daemon is traced stage by stage (a count
+/// and a sum each): one the VMM refuses counts only the stages it passed;
+/// `served` (queue to used ring) counts SETUPMAPPINGs only.
+#[test]
+fn a_setupmapping_is_traced_stage_by_stage() {
+    let (mut rig, vmm, file, _) = rig_with_vmm(r#"{"cache_size": "32M"}"#);
+    assert_eq!(setupmapping(&mut rig, file, 0, 2 * MIB), 0);
+    vmm.refuse_maps.store(true, SeqCst);
+    assert_eq!(setupmapping(&mut rig, file, 2 * MIB, 2 * MIB), libc::EIO);
+    let now = std::time::Instant::now();
+    rig.server.served(Some(opcode::SETUPMAPPING), now);
+    rig.server.served(Some(opcode::READ), now);
+    rig.server.served(None, now);
+    let stages = rig.server.report().map_stages;
+    let count = |name: &str| stages.iter().find(|s| s.stage == name).unwrap().count;
+    assert_eq!(
+        [
+            count("open"),
+            count("shmem_map"),
+            count("record"),
+            count("served")
+        ],
+        [2, 1, 1, 1]
+    );
+}
+
+/// A file mapped range after range is opened once: the next range passes
+/// the descriptor kept from the first (counted in `map_fds_reused`), of the
+/// same file and access. A writable map of it is opened for writing,
+/// another file gets its own descriptor, and nothing is kept once the
+/// file's last range is unmapped, the guest forgets the node (which can
+/// then map nothing), or a new session starts.
+#[test]
+fn the_next_range_of_a_mapped_file_reuses_its_descriptor_only_while_it_is_mapped() {
+    use std::os::unix::fs::MetadataExt;
+    let (mut rig, vmm, file, _) = rig_with_vmm(r#"{"cache_size": "32M"}"#);
+    let path = |name: &str| rig.dir.as_path().join(name);
+    std::fs::File::create(path("other"))
+        .unwrap()
+        .set_len(4 * MIB)
+        .unwrap();
+    let ino = |name: &str| std::fs::metadata(path(name)).unwrap().ino();
+    let (data_ino, other_ino) = (ino("data"), ino("other"));
+    let other = rig.lookup(ROOT_ID, "other").unwrap().nodeid;
+    let rw = abi::SETUPMAPPING_FLAG_READ | abi::SETUPMAPPING_FLAG_WRITE;
+
+    assert_eq!(setupmapping(&mut rig, file, 0, 2 * MIB), 0);
+    assert_eq!(setupmapping(&mut rig, file, 2 * MIB, 2 * MIB), 0);
+    assert_eq!(rig.server.report().map_fds_reused, 1, "the second range");
+    assert_eq!(setupmapping_with(&mut rig, file, 4 * MIB, 2 * MIB, rw), 0);
+    assert_eq!(setupmapping(&mut rig, other, 6 * MIB, 2 * MIB), 0);
+    assert_eq!(
+        rig.server.report().map_fds_reused,
+        1,
+        "a writable map and another file open their own"
+    );
+    assert_eq!(
+        *vmm.seen.lock().unwrap(),
+        [
+            (libc::O_RDONLY, data_ino),
+            (libc::O_RDONLY, data_ino),
+            (libc::O_RDWR, data_ino),
+            (libc::O_RDONLY, other_ino),
+        ]
+    );
+    assert_eq!(rig.server.dax.kept_fds(), 3);
+
+    // The other file's only range goes: so does its descriptor.
+    assert_eq!(removemapping(&mut rig, 6 * MIB, 2 * MIB), 0);
+    assert_eq!(rig.server.dax.kept_fds(), 2);
+    // The guest forgets the node: its descriptors go, ranges or not, and
+    // the forgotten node maps nothing.
+    let forget = abi::ForgetIn { nlookup: 1 };
+    rig.call(opcode::FORGET, file, forget.as_slice());
+    assert_eq!(rig.server.dax.kept_fds(), 0);
+    assert_ne!(setupmapping(&mut rig, file, 8 * MIB, 2 * MIB), 0);
+    assert_eq!(vmm.seen.lock().unwrap().len(), 4, "nothing reached the VMM");
+    // A new session keeps nothing of the old one.
+    assert_eq!(setupmapping(&mut rig, other, 6 * MIB, 2 * MIB), 0);
+    assert_eq!(rig.server.dax.kept_fds(), 1);
+    rig.init();
+    assert_eq!(rig.server.dax.kept_fds(), 0);
+}
+
+/// At most MAX_KEPT_FDS descriptors are kept, however many files are
+/// mapped; the oldest go first.
+#[test]
+fn kept_descriptors_are_capped() {
+    use crate::dax::kept_fds::MAX_KEPT_FDS;
+    let (mut rig, _vmm, _, _) = rig_with_vmm(r#"{"window_granularity": "4K"}"#);
+    for i in 0..=MAX_KEPT_FDS as u64 {
+        let name = format!("f{i}");
+        std::fs::File::create(rig.dir.as_path().join(&name)).unwrap();
+        let node = rig.lookup(ROOT_ID, &name).unwrap().nodeid;
+        assert_eq!(setupmapping(&mut rig, node, i * 4096, 4096), 0);
+    }
+    assert_eq!(rig.server.dax.kept_fds(), MAX_KEPT_FDS);
 }

@@ -177,6 +177,8 @@ impl Server {
             window_buffer_ios: d.window_buffer_ios.load(Relaxed),
             window_buffer_bytes: d.window_buffer_bytes.load(Relaxed),
             window_buffer_refusals: d.window_buffer_refusals.load(Relaxed),
+            map_stages: d.map_stages(),
+            map_fds_reused: d.fds_reused.load(Relaxed),
         }
     }
 

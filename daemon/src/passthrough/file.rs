@@ -256,6 +256,16 @@ impl PassthroughFs {
 
     /// Opens the file behind `nodeid` for a DAX mapping.
     /// The file to map for a SETUPMAPPING, and its host identity.
+    /// The host identity (st_dev, st_ino) of node `nodeid`, a regular
+    /// file, as a SETUPMAPPING of it needs; EINVAL for anything else.
+    pub fn mapping_key(&self, nodeid: u64) -> io::Result<(u64, u64)> {
+        let inode = self.inode(nodeid)?;
+        if !inode.is_reg() {
+            return Err(errno_error(libc::EINVAL));
+        }
+        Ok(inode.key())
+    }
+
     pub fn open_for_mapping(
         &self,
         nodeid: u64,

@@ -4,13 +4,13 @@
 //! Plain atomics: the request thread writes, readers take a snapshot.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dax_abi::MAP_LATENCY_BUCKETS_US;
 
 /// What [`DaxMetrics::snapshot`] takes: the type the API renders, so the
 /// counters reach it without being copied into another struct.
-pub use control_protocol::WindowCounters;
+pub use control_protocol::{StageTotal, WindowCounters};
 
 /// Why a SHMEM_MAP/SHMEM_UNMAP was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +71,97 @@ impl FailureReason {
     }
 }
 
+/// Where a SHMEM_MAP's time goes in the VMM, stage by stage; each is
+/// summed and counted (two relaxed atomic adds), so the trace costs a
+/// clock read per stage and nothing else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapStage {
+    /// The whole backend request on the device worker: the message (and
+    /// its fd) read, the map served, the ack written (and, on a busy host,
+    /// whatever ran before the worker got its CPU back to read the clock).
+    Request,
+    /// Its first part: from the worker's wake-up to the map's first check
+    /// (the message and its fd read).
+    Read,
+    /// Region, bounds, alignment and flags.
+    Check,
+    /// `fstat` of the passed fd: its type, identity and size.
+    Fstat,
+    /// The window's lock taken and, for a file not mapped yet, the fd
+    /// duplicated to keep.
+    KeepFd,
+    /// The mapping cap checked and the `mmap` over the scratch.
+    Mmap,
+    /// The new mapping kept out of core dumps (and, for a map not served
+    /// for the daemon, the scratch it hides emptied: a served map's is
+    /// emptied after the ack).
+    Scratch,
+    /// The bookkeeping: ranges, files (an inotify watch for a new file),
+    /// the guard past a file's end, the budget.
+    Record,
+    /// The pre-fault queued for after the ack (or run, when not deferred).
+    QueuePrefault,
+    /// Whoever watches the window told (the API's event stream).
+    Notify,
+    /// After the ack: the device worker's turn at the queued pre-faults.
+    PrefaultAfterAck,
+}
+
+impl MapStage {
+    pub const ALL: [MapStage; 11] = [
+        MapStage::Request,
+        MapStage::Read,
+        MapStage::Check,
+        MapStage::Fstat,
+        MapStage::KeepFd,
+        MapStage::Mmap,
+        MapStage::Scratch,
+        MapStage::Record,
+        MapStage::QueuePrefault,
+        MapStage::Notify,
+        MapStage::PrefaultAfterAck,
+    ];
+
+    /// The label metrics publish it under.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MapStage::Request => "request",
+            MapStage::Read => "read",
+            MapStage::Check => "check",
+            MapStage::Fstat => "fstat",
+            MapStage::KeepFd => "keep_fd",
+            MapStage::Mmap => "mmap",
+            MapStage::Scratch => "scratch",
+            MapStage::Record => "record",
+            MapStage::QueuePrefault => "queue_prefault",
+            MapStage::Notify => "notify",
+            MapStage::PrefaultAfterAck => "prefault_after_ack",
+        }
+    }
+}
+
+/// Times consecutive stages of one map: each [`StageClock::lap`] counts the
+/// time since the previous one (or the start) against its stage.
+pub struct StageClock<'m> {
+    metrics: &'m DaxMetrics,
+    last: Instant,
+}
+
+impl<'m> StageClock<'m> {
+    pub fn start(metrics: &'m DaxMetrics) -> Self {
+        StageClock {
+            metrics,
+            last: Instant::now(),
+        }
+    }
+
+    pub fn lap(&mut self, stage: MapStage) {
+        let now = Instant::now();
+        self.metrics.record_stage(stage, now - self.last);
+        self.last = now;
+    }
+}
+
 #[derive(Default)]
 pub struct DaxMetrics {
     pub maps: AtomicU64,
@@ -93,6 +184,12 @@ pub struct DaxMetrics {
     failures: [AtomicU64; FailureReason::ALL.len()],
     latency_buckets: [AtomicU64; MAP_LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
+    /// Per [`MapStage`]: how many maps reached it, and their µs.
+    stage_counts: [AtomicU64; MapStage::ALL.len()],
+    stage_sums_us: [AtomicU64; MapStage::ALL.len()],
+    /// When the device worker started on the backend request being served
+    /// ([`Self::request_started`]), for the map's [`MapStage::Read`].
+    request_start: std::sync::Mutex<Option<Instant>>,
 }
 
 impl DaxMetrics {
@@ -109,6 +206,31 @@ impl DaxMetrics {
             .unwrap_or(MAP_LATENCY_BUCKETS_US.len());
         self.latency_buckets[bucket].fetch_add(1, Relaxed);
         self.latency_sum_us.fetch_add(us, Relaxed);
+    }
+
+    /// The device worker starts on a backend request (`at`), or is done
+    /// with it (None).
+    pub fn request_started(&self, at: Option<Instant>) {
+        *self.request_start.lock().unwrap_or_else(|p| p.into_inner()) = at;
+    }
+
+    /// A map's handling starts at `now`: the time since the worker started
+    /// on its request is its [`MapStage::Read`].
+    pub fn map_started(&self, now: Instant) {
+        let start = self
+            .request_start
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(start) = start {
+            self.record_stage(MapStage::Read, now.saturating_duration_since(start));
+        }
+    }
+
+    pub fn record_stage(&self, stage: MapStage, took: Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.stage_counts[stage as usize].fetch_add(1, Relaxed);
+        self.stage_sums_us[stage as usize].fetch_add(us, Relaxed);
     }
 
     pub fn snapshot(&self) -> WindowCounters {
@@ -138,6 +260,14 @@ impl DaxMetrics {
                 }))
                 .collect(),
             latency_sum_us: self.latency_sum_us.load(Relaxed),
+            map_stages: MapStage::ALL
+                .iter()
+                .map(|&st| StageTotal {
+                    stage: st.as_str().to_string(),
+                    count: self.stage_counts[st as usize].load(Relaxed),
+                    sum_us: self.stage_sums_us[st as usize].load(Relaxed),
+                })
+                .collect(),
         }
     }
 }

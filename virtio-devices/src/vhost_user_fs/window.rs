@@ -25,7 +25,8 @@
 //! (region id, zero length, overflow, bounds, page alignment, flags, fd type)
 //! before any mmap, and a refused request changes nothing.
 //!
-//! Here: the reservation, the checks and the map path. Giving ranges back
+//! Here: the reservation and the map path; the checks are in
+//! `window/checks.rs`. Giving ranges back
 //! (SHMEM_UNMAP, a reset) and the estimate of the guest's reclaiming are in
 //! `window/reclaim.rs`, pre-faulting new mappings in `window/prefault.rs`,
 //! truncated files in `window/repair.rs`, pages past a file's end in
@@ -37,13 +38,13 @@ use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use dax_abi::{DAX_SHM_REGION_ID, GUEST_RANGE_SIZE, MAX_WINDOW_SIZE};
+use dax_abi::{GUEST_RANGE_SIZE, MAX_WINDOW_SIZE};
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 
 use super::file_watch::{FileKey, FileWatch};
 use super::map_budget::{vmas_for, MapBudget};
 use super::mapped_files::{MappedFiles, MappedPiece, MappedRanges};
-use super::metrics::{DaxMetrics, FailureReason};
+use super::metrics::{DaxMetrics, FailureReason, MapStage, StageClock};
 use super::scratch::Scratch;
 use super::watch_budget::WatchBudget;
 
@@ -161,6 +162,9 @@ pub struct DaxWindow {
     /// A pre-fault left for after the daemon's ack
     /// ([`Self::map_deferring_prefault`]).
     deferred_prefault: Mutex<Vec<prefault::Deferred>>,
+    /// Scratch ranges a map hid, to empty after the daemon's ack
+    /// ([`Self::run_deferred_prefault`]).
+    deferred_scratch: Mutex<Vec<(u64, u64)>>,
     /// Re-establishing a saved window ([`record`]): a map identical to
     /// one in place is a no-op, one over a different mapping is refused.
     replaying: std::sync::atomic::AtomicBool,
@@ -177,13 +181,6 @@ struct Mappings {
     guarded: guard::Guards,
     /// VMAs taken from [`DaxWindow::budget`].
     charge: usize,
-}
-
-/// What SHMEM_MAP learns of the passed fd.
-struct FdInfo {
-    size: u64,
-    /// (st_dev, st_ino).
-    file: FileKey,
 }
 
 /// Alignment of the window in host-virtual space: 1 GiB for windows of
@@ -319,6 +316,7 @@ impl DaxWindow {
             reclaim_pressure: reclaim::ReclaimPressure::default(),
             guest_prefaulter: OnceLock::new(),
             deferred_prefault: Mutex::default(),
+            deferred_scratch: Mutex::default(),
             replaying: std::sync::atomic::AtomicBool::new(false),
         };
         // (On failure, dropping the window gives the reservation back.)
@@ -466,97 +464,6 @@ impl DaxWindow {
         Ok(resident)
     }
 
-    /// Checks a request's region, length, bounds, alignment and flags;
-    /// returns the end offset in the window.
-    fn check(&self, req: &VhostUserMMap) -> Result<u64, RequestError> {
-        let (shmid, fd_offset, shm_offset, len, flags) =
-            (req.shmid, req.fd_offset, req.shm_offset, req.len, req.flags);
-        let einval = |reason, msg: String| RequestError::new(reason, libc::EINVAL, msg);
-        if shmid != DAX_SHM_REGION_ID {
-            return Err(einval(
-                FailureReason::UnknownRegion,
-                format!("shmid {shmid}: this device has only region {DAX_SHM_REGION_ID}"),
-            ));
-        }
-        if len == 0 {
-            return Err(einval(FailureReason::ZeroLength, "len is 0".into()));
-        }
-        let end = shm_offset
-            .checked_add(len)
-            .filter(|&e| e <= self.size)
-            .ok_or_else(|| {
-                einval(
-                    FailureReason::OutOfBounds,
-                    format!(
-                        "shm_offset {shm_offset:#x} + len {len:#x} exceeds the {:#x}-byte window",
-                        self.size
-                    ),
-                )
-            })?;
-        if fd_offset
-            .checked_add(len)
-            .is_none_or(|e| i64::try_from(e).is_err())
-        {
-            return Err(einval(
-                FailureReason::OutOfBounds,
-                format!("fd_offset {fd_offset:#x} + len {len:#x} overflows off_t"),
-            ));
-        }
-        for (name, v) in [
-            ("fd_offset", fd_offset),
-            ("shm_offset", shm_offset),
-            ("len", len),
-        ] {
-            if v % self.page_size != 0 {
-                return Err(einval(
-                    FailureReason::Misaligned,
-                    format!(
-                        "{name} {v:#x} is not a multiple of the host page size {:#x}",
-                        self.page_size
-                    ),
-                ));
-            }
-        }
-        if VhostUserMMapFlags::from_bits(flags).is_none() {
-            return Err(einval(
-                FailureReason::BadFlags,
-                format!("flags {flags:#x}: only WRITABLE (1) is defined"),
-            ));
-        }
-        Ok(end)
-    }
-
-    /// Checks the fd's type: the daemon maps only regular files of its
-    /// share, so anything else (a block device, a memfd is fine: it is a
-    /// regular file) is refused. Returns the file's identity and size.
-    fn check_fd(fd: RawFd) -> Result<FdInfo, RequestError> {
-        // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `st` is a valid, writable stat; an invalid fd just fails.
-        if unsafe { libc::fstat(fd, &mut st) } != 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(RequestError::new(
-                FailureReason::BadFd,
-                libc::EBADF,
-                format!("fstat on the passed fd: {e}"),
-            ));
-        }
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(RequestError::new(
-                FailureReason::BadFd,
-                libc::EBADF,
-                format!(
-                    "the passed fd is not a regular file (mode {:#o})",
-                    st.st_mode
-                ),
-            ));
-        }
-        Ok(FdInfo {
-            size: u64::try_from(st.st_size).unwrap_or(0),
-            file: (st.st_dev, st.st_ino),
-        })
-    }
-
     /// SHMEM_MAP: maps `req.len` bytes of `fd` from `req.fd_offset` at
     /// `req.shm_offset` in the window, shared, read-only or read-write.
     pub fn map(&self, req: &VhostUserMMap, fd: &dyn AsRawFd) -> Result<(), RequestError> {
@@ -583,7 +490,9 @@ impl DaxWindow {
         defer: bool,
     ) -> Result<(), RequestError> {
         let started = Instant::now();
-        let result = self.map_checked(req, fd.as_raw_fd(), defer);
+        self.metrics.map_started(started);
+        let mut clock = StageClock::start(&self.metrics);
+        let result = self.map_checked(req, fd.as_raw_fd(), defer, &mut clock);
         let (offset, len) = (req.shm_offset, req.len);
         match &result {
             // Already in place (a daemon's replay after the VMM mapped the
@@ -607,6 +516,7 @@ impl DaxWindow {
                     writable,
                     took,
                 });
+                clock.lap(MapStage::Notify);
             }
             Err(e) => {
                 self.metrics.record_failure(e.reason);
@@ -627,9 +537,12 @@ impl DaxWindow {
         req: &VhostUserMMap,
         fd: RawFd,
         defer: bool,
+        clock: &mut StageClock,
     ) -> Result<bool, RequestError> {
         let end = self.check(req)?;
+        clock.lap(MapStage::Check);
         let info = Self::check_fd(fd)?;
+        clock.lap(MapStage::Fstat);
         let (shm_offset, len, fd_offset) = (req.shm_offset, req.len, req.fd_offset);
         // Fits: check() refused an fd_offset + len past off_t.
         let file_offset = libc::off_t::try_from(fd_offset).map_err(|_| {
@@ -671,6 +584,7 @@ impl DaxWindow {
                 )
             })?)
         };
+        clock.lap(MapStage::KeepFd);
         // Pages past the file's end are guarded, not left for KVM to fault.
         let tail = guard::tail_past_eof(shm_offset, len, fd_offset, info.size, self.page_size);
         self.check_count(&mut mapped, shm_offset, end, true, tail.is_some())?;
@@ -698,11 +612,17 @@ impl DaxWindow {
                 format!("mmap of {len:#x} bytes at window offset {shm_offset:#x}: {e}"),
             ));
         }
+        clock.lap(MapStage::Mmap);
         super::scratch::dont_dump(addr, len);
-        // The scratch under the new mapping is hidden now: free it.
-        if let Err(e) = self.scratch.forget(shm_offset, end) {
-            tracing::debug!("DAX window: emptying the scratch under a new mapping: {e}");
+        // The scratch under the new mapping is hidden now: free it, after
+        // the ack where the worker runs one (the guest cannot reach the
+        // hidden pages meanwhile).
+        if defer {
+            self.defer_scratch_forget(shm_offset, end);
+        } else {
+            self.forget_scratch(shm_offset, end);
         }
+        clock.lap(MapStage::Scratch);
         let replaced = mapped.ranges.insert(shm_offset, end);
         mapped.guarded.remove(shm_offset, end);
         mapped.files.insert(
@@ -726,14 +646,17 @@ impl DaxWindow {
         // Outside the lock: it may read the file. A concurrent unmap of the
         // range only leaves the scratch populated instead.
         drop(mapped);
+        clock.lap(MapStage::Record);
         let job = prefault::Deferred {
             addr,
             shm_offset,
             len,
             fd_offset,
             file_size: info.size,
+            step: prefault::step_for(info.host_page),
         };
         self.prefault_new_mapping(job, info.file, reclaiming, defer);
+        clock.lap(MapStage::QueuePrefault);
         Ok(true)
     }
 }
@@ -764,6 +687,7 @@ impl Drop for DaxWindow {
     }
 }
 
+mod checks;
 mod guard;
 mod prefault;
 mod reclaim;

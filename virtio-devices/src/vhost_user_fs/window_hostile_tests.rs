@@ -284,3 +284,41 @@ fn a_guarded_page_the_file_grew_into_shows_the_file_when_touched() {
     // A fault elsewhere in the window is none of the guards' doing.
     assert_eq!(w.repair_after_fault(Some(base + 40 * PAGE)), 0);
 }
+
+/// A map served for the daemon empties the scratch it hides after the ack
+/// (the device worker's turn at what maps leave), not while the guest waits
+/// for the map; a range that shows the scratch again before that turn
+/// keeps the stray writes made there since. A map not served for the
+/// daemon (a restore's) empties it at once.
+#[test]
+fn the_scratch_a_map_hides_is_emptied_after_the_ack_and_never_after_an_unmap() {
+    let w = DaxWindow::new(64 * PAGE).unwrap();
+    let f = file_of(4, b'f');
+    let poke = |offset: u64, byte: u8| {
+        assert!(offset < w.size());
+        // SAFETY: the window shows a file or the scratch at every offset.
+        unsafe { std::ptr::write_volatile((w.host_addr() + offset) as *mut u8, byte) }
+    };
+    let resident = || w.scratch.resident_bytes().unwrap();
+    poke(0, 9);
+    assert_eq!(resident(), PAGE);
+    w.map_deferring_prefault(&map_req(0, 0, PAGE), f.as_file())
+        .unwrap();
+    assert_eq!(peek(&w, 0), b'f');
+    assert_eq!(resident(), PAGE, "left for after the ack");
+    w.run_deferred_prefault(&|| false);
+    assert_eq!(resident(), 0);
+
+    // Unmapped before the worker's turn: a stray write after the unmap stays.
+    w.map_deferring_prefault(&map_req(0, 8 * PAGE, PAGE), f.as_file())
+        .unwrap();
+    w.unmap(&map_req(0, 8 * PAGE, PAGE)).unwrap();
+    poke(8 * PAGE, 5);
+    w.run_deferred_prefault(&|| false);
+    assert_eq!(peek(&w, 8 * PAGE), 5);
+
+    poke(16 * PAGE, 3);
+    w.map(&map_req(0, 16 * PAGE, PAGE), f.as_file()).unwrap();
+    assert_eq!(resident(), PAGE, "only the stray page at 8 is held");
+    assert_eq!(w.stray_bytes().unwrap(), 3 * PAGE, "all three counted");
+}

@@ -686,3 +686,89 @@ fn while_the_guest_reclaims_only_sequential_maps_are_prefaulted() {
         .unwrap();
     assert_eq!(calls() - before, 1, "no reclaim: pre-faulted again");
 }
+
+/// Each map's time is traced stage by stage (a count and a sum each): a
+/// refused map counts only the stages it passed, and the worker's turn at
+/// the pre-fault after the ack is a stage of its own.
+#[test]
+fn a_map_is_traced_stage_by_stage() {
+    let f = file_with(4);
+    let (w, _) = prefaulting_window(PAGE, false);
+    w.map_deferring_prefault(&req(0, 0, 0, 2 * PAGE, 0), f.as_file())
+        .unwrap();
+    w.run_deferred_prefault(&|| false);
+    // Refused at the fd's type: past the checks, not past fstat.
+    let dir = std::fs::File::open("/").unwrap();
+    assert!(w.map(&req(0, 0, 4 * PAGE, PAGE, 0), &dir).is_err());
+    let s = w.metrics.snapshot();
+    let count = |name: &str| s.map_stages.iter().find(|t| t.stage == name).unwrap().count;
+    assert_eq!(count("check"), 2);
+    for stage in [
+        "fstat",
+        "keep_fd",
+        "mmap",
+        "scratch",
+        "record",
+        "queue_prefault",
+        "notify",
+        "prefault_after_ack",
+    ] {
+        assert_eq!(count(stage), 1, "{stage}");
+    }
+    // The whole request, and its read, are the device worker's to time.
+    assert_eq!((count("request"), count("read")), (0, 0));
+    let started = Instant::now();
+    w.metrics.request_started(Some(started));
+    w.map(&req(0, 0, 8 * PAGE, PAGE, 0), f.as_file()).unwrap();
+    w.map(&req(0, 0, 9 * PAGE, PAGE, 0), f.as_file()).unwrap();
+    let s = w.metrics.snapshot();
+    let read = s.map_stages.iter().find(|t| t.stage == "read").unwrap();
+    assert_eq!(read.count, 1, "one read per request started");
+    assert_eq!(s.map_stages.len(), MapStage::ALL.len());
+}
+
+/// The pre-fault step follows the mapped file's host page size: a 2 MiB
+/// range of 2 MiB host pages (a huge-page tmpfs, hugetlbfs) is one KVM
+/// call, where 128 KiB steps made sixteen; 4 KiB pages, or an `st_blksize`
+/// below 2 MiB (an I/O size), keep 128 KiB steps,
+/// between which a waiting SHMEM_MAP is served.
+#[test]
+fn the_prefault_step_follows_the_files_host_page_size() {
+    use super::prefault::{host_page, step_for, Deferred};
+    const BASE: u64 = 0x40_0000_0000;
+    const MIB: u64 = 1 << 20;
+    assert_eq!(host_page(2 * MIB), 2 * MIB, "a huge-page tmpfs");
+    assert_eq!(host_page(1 << 30), 1 << 30, "hugetlbfs of 1 GiB pages");
+    assert_eq!(host_page(MIB), 0, "a network file system's I/O size");
+    assert_eq!(host_page(PAGE), 0);
+    assert_eq!(host_page(3 * MIB), 0, "not a power of two");
+    assert_eq!(step_for(0), 128 << 10);
+    assert_eq!(step_for(2 * MIB), 2 * MIB);
+    assert_eq!(
+        step_for(1 << 30),
+        2 * MIB,
+        "a waiting map waits for 2 MiB at most"
+    );
+
+    let (w, p) = prefaulting_window_sized(4 * MIB, 2 * MIB, false);
+    let job = |host_page| Deferred {
+        addr: w.host_addr(),
+        shm_offset: 0,
+        len: 2 * MIB,
+        fd_offset: 0,
+        file_size: 4 * MIB,
+        step: step_for(host_page),
+    };
+    // A request waits all the while: the huge page is still one call.
+    assert!(w.prefault_steps(job(2 * MIB), &|| true).is_none());
+    assert_eq!(*p.calls.lock().unwrap(), [(BASE, 2 * MIB)]);
+    p.calls.lock().unwrap().clear();
+    // 4 KiB pages: one 128 KiB step, then the waiting request; the rest
+    // keeps its step.
+    let rest = w.prefault_steps(job(0), &|| true).unwrap();
+    assert_eq!(*p.calls.lock().unwrap(), [(BASE, 128 << 10)]);
+    assert_eq!(
+        (rest.shm_offset, rest.len, rest.step),
+        (128 << 10, 2 * MIB - (128 << 10), 128 << 10)
+    );
+}

@@ -18,6 +18,7 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::backend_req::DaxRequestHandler;
+use super::metrics::MapStage;
 use super::window::DaxWindow;
 use crate::device::{Interrupt, VirtioInterrupt};
 use crate::event_loop::{EventLoop, Flow, WorkerThread};
@@ -178,7 +179,22 @@ fn serve_request(ctx: &WorkerContext, loop_: &EventLoop, events: EventSet) -> bo
         return true;
     };
     let mut requests = requests.lock().unwrap_or_else(|p| p.into_inner());
+    let maps_before = ctx
+        .window
+        .as_ref()
+        .map(|w| w.metrics.maps.load(Ordering::Relaxed));
+    let started = std::time::Instant::now();
+    if let Some(w) = &ctx.window {
+        w.metrics.request_started(Some(started));
+    }
     let served = serve_one(&ctx.id, &mut requests, events, super::VHOST_USER_TIMEOUT);
+    // A map was served (message read, mapped, ack written): its whole time here.
+    if let (Some(w), Some(before)) = (&ctx.window, maps_before) {
+        if w.metrics.maps.load(Ordering::Relaxed) != before {
+            w.metrics.record_stage(MapStage::Request, started.elapsed());
+        }
+        w.metrics.request_started(None);
+    }
     let fd = requests.as_raw_fd();
     drop(requests);
     // The daemon has its ack: now the new range's pre-fault, off the

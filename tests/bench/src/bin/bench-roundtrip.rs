@@ -16,12 +16,16 @@
 //! FUSE READ each). The host then reads where a SETUPMAPPING's time goes:
 //! the daemon's SHMEM_MAP round-trip histogram (daemon → VMM → ack, its
 //! control socket's stats) and the VMM's own map histogram (checks and
-//! mmap, its API's `vm.dax-metrics`). Writes
+//! mmap, its API's `vm.dax-metrics`), and both sides' per-stage trace of a
+//! map (the daemon's `map_stages`, the VMM's `daxvmm_dax_map_stage_*`), from
+//! which it derives what is left to the guest side (the cold touch less
+//! the daemon's whole handling). `DAX_VMM_BIN` and `DAX_BENCH_DAEMON_BIN`
+//! run other builds of the VMM and the daemon (an A/B comparison). Writes
 //! `target/rig-results/roundtrip-bench.md`.
 
 use std::fmt::Write as _;
 
-use control_protocol::DaemonStats;
+use control_protocol::{DaemonStats, StageTotal};
 use test_infra::results::Results;
 use test_infra::rig::{self, Guest, Run};
 
@@ -29,6 +33,8 @@ const FILE_MIB: u32 = 64;
 /// Each pass touches FILE_MIB / 2 ranges and makes as many preads.
 const PASSES: u32 = 16;
 const WINDOW: &str = "128M";
+/// A `dax-virtiofsd` binary to run instead of this workspace's.
+const DAEMON_BIN_ENV: &str = "DAX_BENCH_DAEMON_BIN";
 
 const GUEST_SCRIPT: &str = r#"
 mkdir -p /dax /daxnopf /daxhuge /fuse
@@ -78,10 +84,11 @@ fn main() {
     guest.cpus = 1;
     guest.memory = "512M,shared=on".into();
     guest.guest_tools = vec![tool("guest-tools", "daxprobe")];
-    guest.host_tools = vec![
-        tool("daemon", "dax-virtiofsd"),
-        tool("guest-tools", "daxprobe"),
-    ];
+    // An A/B comparison runs another build of the daemon (and, with
+    // DAX_VMM_BIN, of the VMM) under the same benchmark.
+    let daemon = std::env::var_os(DAEMON_BIN_ENV)
+        .map_or_else(|| tool("daemon", "dax-virtiofsd"), std::path::PathBuf::from);
+    guest.host_tools = vec![daemon, tool("guest-tools", "daxprobe")];
     guest.host_before = HOST_BEFORE
         .replace("FILE_MIB", &FILE_MIB.to_string())
         .replace("WINDOW", WINDOW);
@@ -178,6 +185,106 @@ fn vmm_histogram(text: &str, device: &str) -> (Histogram, f64) {
     (buckets, sum_us)
 }
 
+/// The VMM's per-stage map trace for `device` from its Prometheus text:
+/// (stage, count, sum µs) from `daxvmm_dax_map_stages_total` and
+/// `daxvmm_dax_map_stage_microseconds_total`, in the order the text has them.
+fn vmm_stages(text: &str, device: &str) -> Vec<StageTotal> {
+    let label = format!("device=\"{device}\"");
+    let stage_of = |labels: &str| {
+        labels
+            .split("stage=\"")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .map(str::to_string)
+    };
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mut stages: Vec<StageTotal> = Vec::new();
+    for pair in words.windows(2) {
+        let (name, value) = (pair[0], pair[1]);
+        let (labels, is_sum) =
+            if let Some(l) = name.strip_prefix("daxvmm_dax_map_stage_microseconds_total{") {
+                (l, true)
+            } else if let Some(l) = name.strip_prefix("daxvmm_dax_map_stages_total{") {
+                (l, false)
+            } else {
+                continue;
+            };
+        let (Some(stage), Ok(v)) = (stage_of(labels), value.parse::<u64>()) else {
+            continue;
+        };
+        if !labels.contains(&label) {
+            continue;
+        }
+        let i = match stages.iter().position(|s| s.stage == stage) {
+            Some(i) => i,
+            None => {
+                stages.push(StageTotal {
+                    stage,
+                    ..Default::default()
+                });
+                stages.len() - 1
+            }
+        };
+        if is_sum {
+            stages[i].sum_us = v;
+        } else {
+            stages[i].count = v;
+        }
+    }
+    stages
+}
+
+/// The mean µs of `stage` in `stages`, if any map reached it.
+fn stage_mean(stages: &[StageTotal], stage: &str) -> Option<f64> {
+    stages
+        .iter()
+        .find(|s| s.stage == stage && s.count > 0)
+        .map(|s| s.sum_us as f64 / s.count as f64)
+}
+
+/// The trace of one DAX mount's SETUPMAPPINGs as table rows: every stage's
+/// count and mean, then what is left to the guest side (its cold touch's
+/// mean less the daemon's whole handling) and to the channel between the
+/// daemon and the VMM (the daemon's SHMEM_MAP wait less the VMM's whole
+/// request).
+fn trace_rows(
+    variant: &str,
+    cold_touch_mean: Option<f64>,
+    daemon: &[StageTotal],
+    vmm: &[StageTotal],
+) -> String {
+    let mut rows = String::new();
+    let fmt = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.1}"));
+    for (side, stages) in [("daemon", daemon), ("VMM", vmm)] {
+        for s in stages {
+            let mean = (s.count > 0).then(|| s.sum_us as f64 / s.count as f64);
+            let _ = writeln!(
+                rows,
+                "| {variant} | {side}: {} | {} | {} |",
+                s.stage,
+                s.count,
+                fmt(mean)
+            );
+        }
+    }
+    let served = stage_mean(daemon, "served");
+    let guest_side = cold_touch_mean.zip(served).map(|(c, d)| c - d);
+    let channel = stage_mean(daemon, "shmem_map")
+        .zip(stage_mean(vmm, "request"))
+        .map(|(d, v)| d - v);
+    let _ = writeln!(
+        rows,
+        "| {variant} | guest side: cold touch less the daemon's whole handling | - | {} |",
+        fmt(guest_side)
+    );
+    let _ = writeln!(
+        rows,
+        "| {variant} | channel: the daemon's SHMEM_MAP wait less the VMM's whole request | - | {} |",
+        fmt(channel)
+    );
+    rows
+}
+
 /// The DAX mounts measured: guest marker, VMM device id, row label.
 const VARIANTS: [(&str, &str, &str); 3] = [
     ("rt", "fs0", "pre-fault on (default)"),
@@ -200,6 +307,7 @@ fn report(run: &Run) -> (Results, String, bool) {
          | DAX mount | operation | n | median | p90 | mean |\n|---|---|---|---|---|---|\n"
     );
     let mut ratio_rows = String::new();
+    let mut cold_means: Vec<Option<f64>> = Vec::new();
     for (marker, _, variant) in VARIANTS {
         let rt = run.guest(marker).unwrap_or("");
         let value = |key: &str| -> Option<f64> {
@@ -210,6 +318,7 @@ fn report(run: &Run) -> (Results, String, bool) {
         };
         failed |=
             value("setupmapping_median_us").is_none() || value("fuse_read_median_us").is_none();
+        cold_means.push(value("setupmapping_mean_us"));
         for (key, label) in [
             (
                 "setupmapping",
@@ -269,7 +378,8 @@ fn report(run: &Run) -> (Results, String, bool) {
     );
     tables.push_str("\nWhere a SETUPMAPPING's time goes, host clock (the histograms' buckets holding the median and p90, and the mean):\n\n| DAX mount | stage | count | median in | p90 in | mean |\n|---|---|---|---|---|---|\n");
     let vmm_text = run.host("vmm_metrics").unwrap_or("");
-    for (_, device, variant) in VARIANTS {
+    let mut trace = String::new();
+    for ((_, device, variant), cold_mean) in VARIANTS.into_iter().zip(cold_means) {
         let daemon: Option<DaemonStats> = run
             .host(&format!("daemon_stats_{device}"))
             .and_then(|s| serde_json::from_str(s).ok());
@@ -290,6 +400,19 @@ fn report(run: &Run) -> (Results, String, bool) {
                 failed = true;
                 stages.push(("daemon: stats missing", Vec::new(), 0.0));
             }
+        }
+        let vmm_trace = vmm_stages(vmm_text, device);
+        let daemon_trace = daemon.as_ref().map_or(&[][..], |d| &d.map_stages[..]);
+        trace.push_str(&trace_rows(variant, cold_mean, daemon_trace, &vmm_trace));
+        for s in daemon_trace
+            .iter()
+            .map(|s| ("daemon", s))
+            .chain(vmm_trace.iter().map(|s| ("VMM", s)))
+        {
+            results.record(
+                &format!("{variant}: trace: {}: {}: count / sum µs", s.0, s.1.stage),
+                format!("{} / {}", s.1.count, s.1.sum_us),
+            );
         }
         let (vmm_buckets, vmm_sum_us) = vmm_histogram(vmm_text, device);
         failed |= vmm_buckets.is_empty();
@@ -316,6 +439,15 @@ fn report(run: &Run) -> (Results, String, bool) {
             );
         }
     }
+    let _ = write!(
+        tables,
+        "\nThe trace, host clock, mean µs per SETUPMAPPING that reached each stage (the daemon's \
+         stages: `open` the checks and the file's open, `shmem_map` SHMEM_MAP sent to ack, `record` \
+         after the ack, `served` popped from the queue to the reply on the used ring; the VMM's: \
+         `request` the whole backend request on the device worker, read to ack, and its parts, \
+         `prefault_after_ack` per turn of the worker at queued pre-faults):\n\n\
+         | DAX mount | stage | n | mean µs |\n|---|---|---|---|\n{trace}"
+    );
     tables.push_str(
         "\n(Guest-side: the cold touch includes the FUSE request through the queue, the daemon's \
          work and its SHMEM_MAP round trip, the reply, and the guest's fault; the warm touch is \
@@ -356,5 +488,34 @@ mod tests {
         assert!((sum_us - 150.0).abs() < 1e-6);
         assert_eq!(vmm_histogram(text, "fs2").0, vec![(None, 9)]);
         assert!(vmm_histogram(text, "fs1").0.is_empty());
+    }
+
+    #[test]
+    fn the_vmm_trace_is_read_for_one_device_and_the_remainders_follow() {
+        let text = "daxvmm_dax_map_stage_microseconds_total{device=\"fs0\",stage=\"request\"} 600 \
+            daxvmm_dax_map_stage_microseconds_total{device=\"fs0\",stage=\"mmap\"} 90 \
+            daxvmm_dax_map_stage_microseconds_total{device=\"fs2\",stage=\"mmap\"} 7 \
+            daxvmm_dax_map_stages_total{device=\"fs0\",stage=\"request\"} 3 \
+            daxvmm_dax_map_stages_total{device=\"fs0\",stage=\"mmap\"} 3";
+        let stage = |stage: &str, count, sum_us| StageTotal {
+            stage: stage.into(),
+            count,
+            sum_us,
+        };
+        let vmm = vmm_stages(text, "fs0");
+        assert_eq!(vmm, [stage("request", 3, 600), stage("mmap", 3, 90)]);
+        assert_eq!(vmm_stages(text, "fs2"), [stage("mmap", 0, 7)]);
+        assert_eq!(stage_mean(&vmm, "request"), Some(200.0));
+        assert_eq!(stage_mean(&vmm_stages(text, "fs2"), "mmap"), None);
+        let daemon = [stage("shmem_map", 2, 1000), stage("served", 2, 1400)];
+        let rows = trace_rows("v", Some(1000.0), &daemon, &vmm);
+        assert!(
+            rows.contains("| v | daemon: served | 2 | 700.0 |"),
+            "{rows}"
+        );
+        assert!(rows.contains("| v | VMM: mmap | 3 | 30.0 |"), "{rows}");
+        assert!(rows.contains("handling | - | 300.0 |"), "{rows}");
+        assert!(rows.contains("request | - | 300.0 |"), "{rows}");
+        assert!(trace_rows("v", None, &[], &[]).contains("handling | - | n/a |"));
     }
 }

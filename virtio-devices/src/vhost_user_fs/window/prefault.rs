@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::{DaxWindow, GuestPrefaulter};
+use crate::vhost_user_fs::metrics::MapStage;
 
 /// `MADV_POPULATE_READ` (Linux 5.14): fault pages in readable, as a read
 /// would, without touching their contents.
@@ -20,6 +21,38 @@ const DEFERRED_MAX: usize = 8;
 /// (512 pages at 4 KiB, milliseconds under nested virtualization: measured
 /// in docs/benchmarks.md, "The SETUPMAPPING round trip").
 const PREFAULT_STEP: u64 = 128 << 10;
+
+/// The largest step: one 2 MiB host page, which KVM maps in one call
+/// however the range is cut (so cutting it only adds calls: a 2 MiB range
+/// in 128 KiB steps made a cold map on 2 MiB host pages slower, measured in
+/// docs/benchmarks.md). Larger pages (1 GiB hugetlbfs) are still stepped by
+/// 2 MiB, so a waiting SHMEM_MAP never waits behind more than one.
+const MAX_PREFAULT_STEP: u64 = 2 << 20;
+
+/// The host page size of a file whose `st_blksize` is `blksize`, where that
+/// names a huge page: tmpfs with huge pages and hugetlbfs report the size
+/// of the pages that hold the file there (2 MiB, or the huge page size).
+/// 0 below 2 MiB: elsewhere `st_blksize` is a preferred I/O size (4 KiB on
+/// local disks, up to 1 MiB on a network file system) and says nothing of
+/// pages. (A file system reporting an I/O size of 2 MiB or more without
+/// huge pages gets 2 MiB steps: a waiting SHMEM_MAP may then wait for one
+/// 2 MiB step, as it did for a whole range before steps; the type of the
+/// file system is not asked, which would take one more system call per
+/// map on the device worker.)
+pub(super) fn host_page(blksize: u64) -> u64 {
+    if blksize >= MAX_PREFAULT_STEP && blksize.is_power_of_two() {
+        blksize
+    } else {
+        0
+    }
+}
+
+/// The pre-fault step of a mapping whose file's host pages are
+/// `host_page` bytes (0: not known, 4 KiB pages as a rule): one page, from
+/// [`PREFAULT_STEP`] to [`MAX_PREFAULT_STEP`].
+pub(super) fn step_for(host_page: u64) -> u64 {
+    host_page.clamp(PREFAULT_STEP, MAX_PREFAULT_STEP)
+}
 
 /// Puts guest bytes `[gpa, gpa + len)` into KVM's page tables; the bytes it
 /// did (KVM may do a range in several calls).
@@ -43,6 +76,8 @@ pub(super) struct Deferred {
     pub len: u64,
     pub fd_offset: u64,
     pub file_size: u64,
+    /// Bytes a step ([`step_for`]).
+    pub step: u64,
 }
 
 impl DaxWindow {
@@ -50,17 +85,70 @@ impl DaxWindow {
     /// first (the range the guest asked for last is the one it touches
     /// next), step by step; when `interrupted` says a request is waiting,
     /// what is left goes back to the queue for the worker's next turn.
+    ///
+    /// First it empties the scratch the last maps hid
+    /// ([`Self::defer_scratch_forget`]): one system call or more per map,
+    /// off the guest's wait.
     pub fn run_deferred_prefault(&self, interrupted: &dyn Fn() -> bool) {
+        let hidden = std::mem::take(&mut *self.hidden_scratch());
+        for (start, end) in hidden {
+            self.forget_scratch(start, end);
+        }
+        let started = std::time::Instant::now();
+        let mut ran = false;
         loop {
             let job = self.deferred().pop();
             let Some(job) = job else {
-                return;
+                break;
             };
+            ran = true;
             if let Some(rest) = self.prefault_steps(job, interrupted) {
                 self.deferred().push(rest);
-                return;
+                break;
             }
         }
+        if ran {
+            self.metrics
+                .record_stage(MapStage::PrefaultAfterAck, started.elapsed());
+        }
+    }
+
+    fn hidden_scratch(&self) -> std::sync::MutexGuard<'_, Vec<(u64, u64)>> {
+        self.deferred_scratch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Empties the scratch at `[start, end)`, which a new mapping hides.
+    pub(super) fn forget_scratch(&self, start: u64, end: u64) {
+        if let Err(e) = self.scratch.forget(start, end) {
+            tracing::debug!("DAX window: emptying the scratch under a new mapping: {e}");
+        }
+    }
+
+    /// Leaves the emptying of the scratch a new mapping hides at
+    /// `[start, end)` for after the daemon's ack. Safe to wait: the guest
+    /// cannot reach hidden pages, and a range that shows the scratch again
+    /// first (an unmap, a reset, a truncation's repair) drops it
+    /// ([`Self::drop_hidden_scratch`]), so stray writes made there since
+    /// are never emptied by it. At most [`DEFERRED_MAX`] wait; past that
+    /// the oldest is emptied now.
+    pub(super) fn defer_scratch_forget(&self, start: u64, end: u64) {
+        let oldest = {
+            let mut hidden = self.hidden_scratch();
+            hidden.push((start, end));
+            (hidden.len() > DEFERRED_MAX).then(|| hidden.remove(0))
+        };
+        if let Some((start, end)) = oldest {
+            self.forget_scratch(start, end);
+        }
+    }
+
+    /// `[start, end)` shows the scratch again (emptied by whoever shows it):
+    /// a deferred emptying of it must not run later.
+    pub(super) fn drop_hidden_scratch(&self, start: u64, end: u64) {
+        self.hidden_scratch()
+            .retain(|&(s, e)| s >= end || e <= start);
     }
 
     fn deferred(&self) -> std::sync::MutexGuard<'_, Vec<Deferred>> {
@@ -153,9 +241,14 @@ impl DaxWindow {
         self.prefault_steps(job, &|| false);
     }
 
-    /// [`Self::prefault`] in steps of [`PREFAULT_STEP`]; when `interrupted`
+    /// [`Self::prefault`] in steps of the job's size ([`step_for`]: the
+    /// file's host page, at least [`PREFAULT_STEP`]); when `interrupted`
     /// answers true between two, returns the part not yet done.
-    fn prefault_steps(&self, job: Deferred, interrupted: &dyn Fn() -> bool) -> Option<Deferred> {
+    pub(super) fn prefault_steps(
+        &self,
+        job: Deferred,
+        interrupted: &dyn Fn() -> bool,
+    ) -> Option<Deferred> {
         let len = job.len.min(job.file_size.saturating_sub(job.fd_offset));
         let len = len.div_ceil(self.page_size) * self.page_size;
         let base = self.guest_base.load(std::sync::atomic::Ordering::Relaxed);
@@ -166,7 +259,7 @@ impl DaxWindow {
         let m = &self.metrics;
         let mut done = 0;
         while done < len {
-            let step = PREFAULT_STEP.min(len - done);
+            let step = job.step.min(len - done);
             let faulted = match prefaulter {
                 Some(p) => {
                     let n = guest_prefault(p.as_ref(), base + job.shm_offset + done, step);
@@ -206,6 +299,7 @@ impl DaxWindow {
                     len: len - done,
                     fd_offset: job.fd_offset + done,
                     file_size: job.file_size,
+                    step: job.step,
                 });
             }
         }

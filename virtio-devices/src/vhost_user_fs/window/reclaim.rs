@@ -28,6 +28,7 @@ impl DaxWindow {
     /// Shows the scratch, emptied, over `[start, end)` of the window
     /// (callers check bounds).
     pub(super) fn show_scratch(&self, start: u64, end: u64) -> std::io::Result<()> {
+        self.drop_hidden_scratch(start, end);
         if let Err(e) = self.scratch.forget(start, end) {
             tracing::debug!("DAX window: emptying the scratch at {start:#x}..{end:#x}: {e}");
         }
