@@ -18,6 +18,9 @@
 //! daxprobe counter-handover SRC_PID DST_PID BYTES OFFSET SECONDS  (host) a migration's downtime
 //!                                        from ram-counter's value in the source's and then the
 //!                                        destination's RAM memfd (daxprobe/counter_handover.rs)
+//! daxprobe proc-cost SHARE_DIR PID...  (host) memory (own, guest RAM, share file pages) and
+//!                                        threads of the PIDs and their descendants, summed, one
+//!                                        line (daxprobe/proc_cost.rs, test_infra::proc_cost)
 //! daxprobe ram-counter SECONDS           a heartbeat in the guest's RAM the host reads, and the
 //!                                        guest clocks' gaps (daxprobe/heartbeat.rs)
 //! daxprobe ram-writer MIB PERIOD_MS STATUS SECONDS  rewrites MIB MiB of RAM every PERIOD_MS,
@@ -103,6 +106,8 @@ mod listen_exec;
 mod mmap_busy;
 #[path = "daxprobe/mmap_counter.rs"]
 mod mmap_counter;
+#[path = "daxprobe/proc_cost.rs"]
+mod proc_cost;
 #[path = "daxprobe/ram_writer.rs"]
 mod ram_writer;
 #[path = "daxprobe/truncated_rw.rs"]
@@ -528,6 +533,7 @@ fn main() {
         ["counter-gap", path, secs] => counter_gap::run(path, secs, "0"),
         ["counter-gap", path, secs, offset] => counter_gap::run(path, secs, offset),
         ["counter-handover", src, dst, bytes, offset, secs] => counter_handover::run(src, dst, bytes, offset, secs),
+        ["proc-cost", share_dir, pids @ ..] if !pids.is_empty() => proc_cost::run(share_dir, pids),
         ["ram-counter", secs] => heartbeat::ram_counter(secs),
         ["ram-writer", mib, period_ms, status, secs] => ram_writer::run(mib, period_ms, status, secs),
         ["counter-moves", path, offset, secs] => heartbeat::counter_moves(path, offset, secs),
@@ -554,6 +560,6 @@ fn main() {
         ["unix-serve", path, reply] => vsock::unix_serve(path, reply),
         ["hybrid-connect", socket, port, bytes] => vsock::hybrid_connect(socket, port, bytes),
         ["virtio-hostile", transport, serial, marker] => hostile::run(transport, serial, marker),
-        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-counter | counter-gap | counter-handover | ram-counter | ram-writer | counter-moves | mmap-busy | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | kata-rs-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect | virtio-hostile)".into()),
+        _ => fail("usage: see the source header (statx | mmap-copy | mmap-fill | mmap-scan | mmap-counter | counter-gap | counter-handover | proc-cost | ram-counter | ram-writer | counter-moves | mmap-busy | mmap-truncated | mmap-truncated-rw | window-io | bench | mktree | readtree | http | sse | kata-add-net | kata-replay | kata-rs-replay | listen-exec | power-button | vsock-serve | vsock-connect | unix-serve | hybrid-connect | virtio-hostile)".into()),
     }
 }
