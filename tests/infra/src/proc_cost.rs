@@ -7,9 +7,14 @@
 //! - **guest RAM**: a memfd the VMM created for the guest's memory
 //!   ([`GUEST_RAM_MEMFDS`]: ours, `guest-ram`, and Cloud Hypervisor's,
 //!   `ch_ram`), mapped by the VMM and, through vhost-user, by the daemon;
-//! - **share**: a file under the shared directory: the DAX window's file
-//!   pages (the host's one copy of the share's page cache, mapped into the
-//!   VMM for the guest);
+//! - **share**: a file under the shared directory, or any other file
+//!   mapped shared (`s` in its permissions) that is not a memfd, a device
+//!   or an anonymous inode: the DAX window's file pages (the host's one
+//!   copy of the share's page cache, mapped into the VMM for the guest).
+//!   The second rule is needed because a daemon sandboxed in its own mount
+//!   namespace hands over files whose path, seen from the host, no longer
+//!   starts with the shared directory; neither VMM maps any other regular
+//!   file shared;
 //! - **own**: everything else — heap, thread stacks, the binary's pages,
 //!   other memfds (e.g. the DAX window's scratch page), `[vdso]` and the
 //!   like. This is the process's own cost.
@@ -134,10 +139,10 @@ impl ProcCost {
     }
 }
 
-/// The class of a mapping from the path on its smaps header line (none
-/// for an anonymous mapping). `share_dir` is the shared directory as the
-/// kernel prints it (absolute, no trailing slash).
-pub fn classify(path: Option<&str>, share_dir: &str) -> MappingClass {
+/// The class of a mapping from the permissions and path on its smaps
+/// header line (no path: an anonymous mapping). `share_dir` is the shared
+/// directory as the kernel prints it (absolute).
+pub fn classify(perms: &str, path: Option<&str>, share_dir: &str) -> MappingClass {
     let Some(path) = path else {
         return MappingClass::Own;
     };
@@ -151,15 +156,20 @@ pub fn classify(path: Option<&str>, share_dir: &str) -> MappingClass {
     let share_dir = share_dir.trim_end_matches('/');
     match path.strip_prefix(share_dir) {
         Some(rest) if !share_dir.is_empty() && rest.starts_with('/') => MappingClass::Share,
+        _ if perms.ends_with('s') && path.starts_with('/') && !path.starts_with("/dev/") => {
+            MappingClass::Share
+        }
         _ => MappingClass::Own,
     }
 }
 
 /// A header line of smaps (`START-END PERMS OFFSET DEV INODE [PATH]`): its
-/// path, if any (it may hold spaces); None when the line is not a header.
-fn header_path(line: &str) -> Option<Option<&str>> {
+/// permissions and path, if any (it may hold spaces); None when the line is
+/// not a header.
+fn header(line: &str) -> Option<(&str, Option<&str>)> {
     let mut rest = line;
     let mut fields = 0;
+    let mut perms = "";
     // Five fields, each followed by spaces; the rest is the path.
     while fields < 5 {
         let end = rest.find(' ').unwrap_or(rest.len());
@@ -173,13 +183,16 @@ fn header_path(line: &str) -> Option<Option<&str>> {
                 return None;
             }
         }
+        if fields == 1 {
+            perms = field;
+        }
         fields += 1;
         rest = rest[end..].trim_start_matches(' ');
         if rest.is_empty() {
-            return (fields == 5).then_some(None);
+            return (fields == 5).then_some((perms, None));
         }
     }
-    Some(Some(rest))
+    Some((perms, Some(rest)))
 }
 
 /// Sums one process's smaps by class: (own, guest RAM, share).
@@ -187,8 +200,8 @@ pub fn smaps_cost(smaps: &str, share_dir: &str) -> Result<[MemSums; 3], ProcCost
     let mut sums = [MemSums::default(); 3];
     let mut class: Option<MappingClass> = None;
     for (n, line) in smaps.lines().enumerate() {
-        if let Some(path) = header_path(line) {
-            class = Some(classify(path, share_dir));
+        if let Some((perms, path)) = header(line) {
+            class = Some(classify(perms, path, share_dir));
             continue;
         }
         let Some((key, value)) = line.split_once(':') else {

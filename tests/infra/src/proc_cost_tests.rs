@@ -18,74 +18,88 @@ fn guest_ram_and_share_pages_are_left_out_of_own() {
         entry("7f0000000000-7f0010000000 rw-s 00000000 00:01 77     /memfd:guest-ram (deleted)", 65536, 32768, 0),
         entry("7f1000000000-7f1000200000 r--s 00000000 01:00 12     /work/share/data/f0.bin", 2048, 2048, 0),
         entry("7f1000200000-7f1000400000 r--s 00000000 01:00 13     /work/share/data/f 1.bin", 1024, 512, 0),
+        // A file the daemon opened in its own mount namespace: the host
+        // sees it outside the shared directory, mapped shared all the same.
+        entry("7f1000600000-7f1000800000 rw-s 00000000 01:00 14     /data/f2.bin", 512, 512, 0),
         entry("7f1000400000-7f1000600000 r--s 00000000 00:01 78     /memfd:dax-window-scratch (deleted)", 4, 1, 0),
+        entry("7f3000000000-7f3000001000 rw-s 00000000 00:0e 9      anon_inode:kvm-vcpu:0", 4, 4, 0),
+        entry("7f3000001000-7f3000002000 rw-s 00000000 00:05 3      /dev/kvm", 4, 4, 0),
         entry("7f2000000000-7f2000021000 rw-p 00000000 00:00 0 ", 132, 132, 132),
         entry("7ffc00000000-7ffc00021000 rw-p 00000000 00:00 0      [stack]", 12, 12, 12),
     ]
     .concat();
     let [own, ram, share] = smaps_cost(&smaps, "/work/share").unwrap();
+    let sums = |rss, pss, anon| MemSums { rss, pss, anon };
     assert_eq!(
         own,
-        MemSums {
-            rss: 1800 + 300 + 4 + 132 + 12,
-            pss: 1800 + 300 + 1 + 132 + 12,
-            anon: 300 + 132 + 12
-        },
-        "the scratch memfd is the VMM's own, guest RAM and share files are not"
+        sums(1800 + 300 + 4 + 4 + 4 + 132 + 12, 1800 + 300 + 1 + 4 + 4 + 132 + 12, 300 + 132 + 12),
+        "the scratch memfd, the vCPU's kvm_run and devices are the VMM's own, guest RAM and share files are not"
     );
-    assert_eq!(
-        ram,
-        MemSums {
-            rss: 65536,
-            pss: 32768,
-            anon: 0
-        }
-    );
+    assert_eq!(ram, sums(65536, 32768, 0));
     assert_eq!(
         share,
-        MemSums {
-            rss: 3072,
-            pss: 2560,
-            anon: 0
-        },
+        sums(2048 + 1024 + 512, 2048 + 512 + 512, 0),
         "a path with a space is still under the share"
     );
 }
 
 #[test]
-fn mappings_are_classified_by_path() {
+fn mappings_are_classified_by_permissions_and_path() {
     use MappingClass::*;
-    assert_eq!(classify(None, "/work/share"), Own);
+    let s = "/work/share";
+    assert_eq!(classify("rw-p", None, s), Own);
     assert_eq!(
-        classify(Some("/memfd:ch_ram (deleted)"), "/work/share"),
+        classify("rw-s", None, s),
+        Own,
+        "shared anonymous memory is no file"
+    );
+    assert_eq!(
+        classify("rw-s", Some("/memfd:ch_ram (deleted)"), s),
         GuestRam
     );
-    assert_eq!(classify(Some("/memfd:guest-ram"), "/work/share"), GuestRam);
+    assert_eq!(classify("rw-s", Some("/memfd:guest-ram"), s), GuestRam);
     assert_eq!(
-        classify(Some("/memfd:guest-ram-not (deleted)"), "/work/share"),
+        classify("rw-s", Some("/memfd:guest-ram-not (deleted)"), s),
         Own
     );
+    assert_eq!(classify("rw-s", Some("/memfd:dirty-log (deleted)"), s), Own);
     assert_eq!(
-        classify(Some("/memfd:dirty-log (deleted)"), "/work/share"),
-        Own
+        classify("r--s", Some("/work/share/a"), "/work/share/"),
+        Share
     );
-    assert_eq!(classify(Some("/work/share/a"), "/work/share/"), Share);
     assert_eq!(
-        classify(Some("/work/shared/a"), "/work/share"),
+        classify("r--p", Some("/work/share/a"), s),
+        Share,
+        "under the share, shared or not"
+    );
+    assert_eq!(
+        classify("r--p", Some("/work/shared/a"), s),
         Own,
         "a sibling with the same prefix"
     );
     assert_eq!(
-        classify(Some("/work/share"), "/work/share"),
+        classify("r--s", Some("/data/f.bin"), s),
+        Share,
+        "a file mapped shared elsewhere"
+    );
+    assert_eq!(
+        classify("r-xp", Some("/bin/dax-vmm"), s),
+        Own,
+        "the binary is mapped private"
+    );
+    assert_eq!(
+        classify("r--p", Some("/work/share"), s),
         Own,
         "the directory itself is no file page"
     );
     assert_eq!(
-        classify(Some("/work/share/a"), ""),
+        classify("r--p", Some("/work/share/a"), ""),
         Own,
-        "no share given: nothing is the share's"
+        "no share given: only shared files are"
     );
-    assert_eq!(classify(Some("[heap]"), "/work/share"), Own);
+    assert_eq!(classify("rw-s", Some("/dev/kvm"), s), Own);
+    assert_eq!(classify("rw-s", Some("anon_inode:kvm-vcpu:0"), s), Own);
+    assert_eq!(classify("rw-p", Some("[heap]"), s), Own);
 }
 
 #[test]
@@ -104,9 +118,16 @@ fn malformed_smaps_fails_naming_the_line() {
         Err(ProcCostError::Smaps { line: 1, .. })
     ));
     // A header whose first field is not an address range is not a header.
-    assert!(header_path("VmFlags: rd wr mr mw me").is_none());
-    assert!(header_path("Rss:                   8 kB").is_none());
-    assert_eq!(header_path("7f00-7f01 rw-p 00000000 00:00 0"), Some(None));
+    assert!(header("VmFlags: rd wr mr mw me").is_none());
+    assert!(header("Rss:                   8 kB").is_none());
+    assert_eq!(
+        header("7f00-7f01 rw-p 00000000 00:00 0"),
+        Some(("rw-p", None))
+    );
+    assert_eq!(
+        header("7f00-7f01 r--s 00000000 00:00 0   /a b"),
+        Some(("r--s", Some("/a b")))
+    );
 }
 
 #[test]

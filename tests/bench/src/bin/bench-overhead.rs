@@ -34,7 +34,7 @@ use std::time::Duration;
 use serde_json::json;
 use test_infra::baseline::{baseline_binary, version};
 use test_infra::proc_cost::ProcCost;
-use test_infra::results::Results;
+use test_infra::results::{mean_and_spread, Results};
 use test_infra::rig::{self, Guest, ImageFile, Run};
 use test_infra::shell::SHELL_HELPERS;
 
@@ -234,23 +234,6 @@ fn create_to_init_ms(times: &str) -> Option<u64> {
     init.checked_sub(t0)
 }
 
-/// `mean (a / b / …; spread max−min)` with `digits` decimals.
-fn summary(values: &[f64], digits: usize) -> String {
-    if values.is_empty() {
-        return "n/a".into();
-    }
-    let n = values.len() as f64;
-    let mean = values.iter().sum::<f64>() / n;
-    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let each: Vec<String> = values.iter().map(|v| format!("{v:.digits$}")).collect();
-    format!(
-        "{mean:.digits$} ({}; spread {:.digits$})",
-        each.join(" / "),
-        max - min
-    )
-}
-
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
@@ -342,7 +325,7 @@ fn report(
             continue;
         };
         let col = |f: &dyn Fn(&Boot) -> Option<f64>, digits| {
-            summary(&bs.iter().filter_map(f).collect::<Vec<_>>(), digits)
+            mean_and_spread(&bs.iter().filter_map(f).collect::<Vec<_>>(), digits)
         };
         let cells = [
             col(&|b| b.create_to_init_ms.map(|v| v as f64), 0),
@@ -428,11 +411,5 @@ mod tests {
             .as_str()
             .unwrap()
             .ends_with("mountopts=dax=always"));
-    }
-
-    #[test]
-    fn summary_gives_mean_each_and_spread() {
-        assert_eq!(summary(&[1.0, 3.0], 1), "2.0 (1.0 / 3.0; spread 2.0)");
-        assert_eq!(summary(&[], 0), "n/a");
     }
 }
