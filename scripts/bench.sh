@@ -4,7 +4,7 @@
 # `bench.sh PHASE...` runs only those phases of it.
 #
 # Other benchmarks, one rig run each (docs/benchmarks.md):
-#   bench.sh density     3 guests at once, each with its own daemon on one share,
+#   bench.sh density     10 guests at once, each with its own daemon on one share,
 #                        with and without DAX: host memory the reads cost
 #                        (target/rig-results/density-bench.md)
 #   bench.sh overhead    what a guest costs the host beyond its RAM: the VMM's and

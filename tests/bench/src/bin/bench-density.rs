@@ -220,7 +220,7 @@ fn main() {
         tool("daemon", "dax-virtiofsd"),
         tool("guest-tools", "daxprobe"),
     ];
-    guest.timeout = std::time::Duration::from_secs(2400);
+    guest.timeout = std::time::Duration::from_secs(3600);
     let host = match what.as_str() {
         "density" => {
             let kernel = GuestKernel::fetch().unwrap_or_else(|e| fail(e.to_string()));
