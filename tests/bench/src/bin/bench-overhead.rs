@@ -223,15 +223,17 @@ fn fields(line: &str) -> HashMap<&str, &str> {
         .collect()
 }
 
-/// vm.create to the guest's init, host clock, ms (None if a step failed).
-fn create_to_init_ms(times: &str) -> Option<u64> {
+/// From vm.create sent to the moment `key` of the `times` marker
+/// (`booted_ms`: vm.boot answered; `init_at_ms`: the guest's init seen),
+/// host clock, ms; None if a call failed or a time is missing.
+fn since_create_ms(times: &str, key: &str) -> Option<u64> {
     let f = fields(times);
     if !f.get("create")?.starts_with("status=2") || !f.get("boot")?.starts_with("status=2") {
         return None;
     }
     let t0: u64 = f.get("t0_ms")?.parse().ok()?;
-    let init: u64 = f.get("init_at_ms")?.parse().ok()?;
-    init.checked_sub(t0)
+    let at: u64 = f.get(key)?.parse().ok()?;
+    at.checked_sub(t0)
 }
 
 fn mib(kib: u64) -> f64 {
@@ -241,6 +243,7 @@ fn mib(kib: u64) -> f64 {
 /// One boot's measurements.
 struct Boot {
     create_to_init_ms: Option<u64>,
+    create_to_boot_answered_ms: Option<u64>,
     vmm: Option<ProcCost>,
     daemon: Option<ProcCost>,
 }
@@ -265,7 +268,8 @@ fn report(
         let host = |what: &str| run.host(&format!("{label}_{what}"));
         let cost = |what: &str| host(what).and_then(|l| ProcCost::parse_line(l).ok());
         let boot = Boot {
-            create_to_init_ms: host("times").and_then(create_to_init_ms),
+            create_to_init_ms: host("times").and_then(|t| since_create_ms(t, "init_at_ms")),
+            create_to_boot_answered_ms: host("times").and_then(|t| since_create_ms(t, "booted_ms")),
             vmm: cost("vmm"),
             daemon: cost("daemon"),
         };
@@ -292,13 +296,20 @@ fn report(
         let init = boot
             .create_to_init_ms
             .map_or("missing".into(), |v| v.to_string());
+        let booted = boot
+            .create_to_boot_answered_ms
+            .map_or("missing".into(), |v| v.to_string());
         let _ = writeln!(
             boot_rows,
-            "| {label} | {init} | {} | {} |",
+            "| {label} | {init} | {booted} | {} | {} |",
             cell(&boot.vmm),
             cell(&boot.daemon)
         );
         results.record(&format!("{label}: vm.create to init, ms"), init);
+        results.record(
+            &format!("{label}: vm.create to vm.boot answered, ms"),
+            booted,
+        );
         results.record(
             &format!(
                 "{label}: VMM own Rss / Pss / Anonymous MiB, threads, guest RAM Rss, share Rss"
@@ -313,12 +324,12 @@ fn report(
          the kinds alternating. Per boot: vm.create to the guest's init (host clock, ms), then after a {DATA_MIB} MiB read \
          through the share, each process's own memory (smaps, every mapping except the guest RAM memfd and files under \
          the share): Rss / Pss / Anonymous MiB / threads / (excluded: guest RAM Rss / share file pages Rss, MiB):\n\n\
-         | boot | vm.create to init, ms | VMM | daemon (with its children) |\n|---|---|---|---|\n{boot_rows}"
+         | boot | vm.create to init, ms | vm.create to vm.boot answered, ms | VMM | daemon (with its children) |\n|---|---|---|---|---|\n{boot_rows}"
     );
     tables.push_str(
         "\nPer kind, mean (each boot; spread max - min):\n\n\
-         | kind | vm.create to init, ms | VMM own Rss, MiB | VMM own Pss, MiB | VMM threads | daemon own Rss, MiB | daemon own Pss, MiB | daemon threads | VMM + daemon own Rss, MiB | VMM + daemon threads |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+         | kind | vm.create to init, ms | VMM own Rss, MiB | VMM own Pss, MiB | VMM threads | daemon own Rss, MiB | daemon own Pss, MiB | daemon threads | VMM + daemon own Pss, MiB | VMM + daemon own anonymous, MiB | VMM + daemon threads |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (kind, name) in KINDS {
         let Some(bs) = by_kind.get(kind) else {
@@ -335,7 +346,8 @@ fn report(
             col(&|b| b.daemon.map(|c| mib(c.own.rss)), 1),
             col(&|b| b.daemon.map(|c| mib(c.own.pss)), 1),
             col(&|b| b.daemon.map(|c| f64::from(c.threads)), 0),
-            col(&|b| Some(mib(b.vmm?.own.rss + b.daemon?.own.rss)), 1),
+            col(&|b| Some(mib(b.vmm?.own.pss + b.daemon?.own.pss)), 1),
+            col(&|b| Some(mib(b.vmm?.own.anon + b.daemon?.own.anon)), 1),
             col(&|b| Some(f64::from(b.vmm?.threads + b.daemon?.threads)), 0),
         ];
         let _ = writeln!(tables, "| {name} | {} |", cells.join(" | "));
@@ -347,7 +359,8 @@ fn report(
             "daemon own Rss, MiB",
             "daemon own Pss, MiB",
             "daemon threads",
-            "VMM + daemon own Rss, MiB",
+            "VMM + daemon own Pss, MiB",
+            "VMM + daemon own anonymous, MiB",
             "VMM + daemon threads",
         ]
         .iter()
@@ -374,19 +387,26 @@ mod tests {
     }
 
     #[test]
-    fn create_to_init_needs_both_calls_to_succeed() {
+    fn times_since_create_need_both_calls_to_succeed() {
         let ok = "create=status=204 boot=status=204 t0_ms=1000 created_ms=1100 booted_ms=1200 init_at_ms=7250";
-        assert_eq!(create_to_init_ms(ok), Some(6250));
+        assert_eq!(since_create_ms(ok, "init_at_ms"), Some(6250));
+        assert_eq!(since_create_ms(ok, "booted_ms"), Some(200));
         assert_eq!(
-            create_to_init_ms(&ok.replace("boot=status=204", "boot=status=500")),
+            since_create_ms(
+                &ok.replace("boot=status=204", "boot=status=500"),
+                "init_at_ms"
+            ),
             None
         );
         assert_eq!(
-            create_to_init_ms(&ok.replace("init_at_ms=7250", "init_at_ms=timeout")),
+            since_create_ms(
+                &ok.replace("init_at_ms=7250", "init_at_ms=timeout"),
+                "init_at_ms"
+            ),
             None
         );
         assert_eq!(
-            create_to_init_ms(&ok.replace("t0_ms=1000", "t0_ms=9000")),
+            since_create_ms(&ok.replace("t0_ms=1000", "t0_ms=9000"), "init_at_ms"),
             None
         );
     }
