@@ -4,9 +4,15 @@
 # `bench.sh PHASE...` runs only those phases of it.
 #
 # Other benchmarks, one rig run each (docs/benchmarks.md):
-#   bench.sh density     3 guests at once, each with its own daemon on one share,
+#   bench.sh density     10 guests at once, each with its own daemon on one share,
 #                        with and without DAX: host memory the reads cost
 #                        (target/rig-results/density-bench.md)
+#   bench.sh overhead    what a guest costs the host beyond its RAM: the VMM's and
+#                        the daemon's own memory and threads, and vm.create to the
+#                        guest's init, ours and, with BASELINE_VMM=/path/to/cloud-hypervisor
+#                        and BASELINE_VIRTIOFSD=/path/to/virtiofsd (both static),
+#                        Cloud Hypervisor with virtiofsd, alternating
+#                        (target/rig-results/overhead-bench.md)
 #   bench.sh windowcost  guest memory a DAX window costs at boot, per size
 #                        (target/rig-results/window-cost.md)
 #   bench.sh roundtrip   one SETUPMAPPING against one 4 KiB FUSE READ, in the
@@ -60,6 +66,7 @@ case "${1:-}" in
             $([ "$(id -u)" -eq 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends fio iperf3
         exec cargo run --release --locked -q -p dax-bench --bin bench-devices ;;
     density | windowcost) exec cargo run --release --locked -q -p dax-bench --bin bench-density -- "$1" ;;
+    overhead) exec cargo run --release --locked -q -p dax-bench --bin bench-overhead ;;
     roundtrip) exec cargo run --release --locked -q -p dax-bench --bin bench-roundtrip ;;
     kata-start) exec cargo run --release --locked -q -p dax-bench --bin bench-kata-start ;;
     snapshot) exec cargo run --release --locked -q -p dax-bench --bin bench-snapshot -- "${@:2}" ;;

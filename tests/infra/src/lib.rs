@@ -14,6 +14,7 @@ pub mod images;
 pub mod kata;
 pub mod kernel;
 pub mod monitor;
+pub mod proc_cost;
 pub mod results;
 pub mod rig;
 pub mod shell;

@@ -141,9 +141,37 @@ pub fn nearest_rank(n: usize, q: f64) -> usize {
     rank.clamp(1, n.max(1))
 }
 
+/// One quantity over several runs or processes, `digits` decimals:
+/// `mean (a / b / …; spread max - min)`, or `n/a` without values.
+pub fn mean_and_spread(values: &[f64], digits: usize) -> String {
+    if values.is_empty() {
+        return "n/a".into();
+    }
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let each: Vec<String> = values.iter().map(|v| format!("{v:.digits$}")).collect();
+    format!(
+        "{mean:.digits$} ({}; spread {:.digits$})",
+        each.join(" / "),
+        max - min
+    )
+}
+
 #[cfg(test)]
 mod tests {
-    use super::nearest_rank;
+    use super::{mean_and_spread, nearest_rank};
+
+    #[test]
+    fn mean_and_spread_names_each_value() {
+        assert_eq!(
+            mean_and_spread(&[1.0, 3.0], 1),
+            "2.0 (1.0 / 3.0; spread 2.0)"
+        );
+        assert_eq!(mean_and_spread(&[5.0], 0), "5 (5; spread 0)");
+        assert_eq!(mean_and_spread(&[], 0), "n/a");
+    }
 
     #[test]
     fn nearest_rank_is_the_smallest_rank_covering_the_quantile() {

@@ -1,14 +1,16 @@
 //! Memory benchmarks (not tests), each one rig run; `scripts/bench.sh
 //! density` and `scripts/bench.sh windowcost` run them.
 //!
-//! - **density**: three guests of our VMM at once, each with its own
+//! - **density**: [`GUESTS`] guests of our VMM at once, each with its own
 //!   `dax-virtiofsd` on the same host directory, each reading the same
-//!   64 MiB of files — once with DAX (128 MiB windows, guests mount
-//!   `dax=always`) and once without (`--dax off`, `dax=never`), one set
-//!   after the other in the same emulated host. The emulated host's
+//!   64 MiB of files — with DAX (128 MiB windows, guests mount
+//!   `dax=always`) and without (`--dax off`, `dax=never`), one set after
+//!   the other in the same emulated host. The emulated host's
 //!   /proc/meminfo and each VMM's RSS split are read just before the reads
-//!   and just after, while the guests still run; each guest reports its own
-//!   page cache (`Cached:`) before and after. Writes
+//!   and just after, while the guests still run, and after the reads each
+//!   VMM's and daemon's own memory and threads (`daxprobe proc-cost`: smaps
+//!   without guest RAM and the share's file pages); each guest reports its
+//!   own page cache (`Cached:`) before and after. Writes
 //!   `target/rig-results/density-bench.md`.
 //! - **windowcost**: one guest at a time, with DAX windows of 0 (no window:
 //!   DAX off), 64 MiB, 256 MiB, 1 GiB and 4 GiB, each size booted twice;
@@ -31,17 +33,18 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use test_infra::kernel::GuestKernel;
-use test_infra::results::Results;
+use test_infra::proc_cost::ProcCost;
+use test_infra::results::{mean_and_spread, Results};
 use test_infra::rig::{self, Guest, ImageFile, Run};
 
-/// The guests of the density run.
-const GUESTS: u32 = 3;
+/// The guests of each set of the density run.
+const GUESTS: u32 = 10;
 /// The files every guest reads: count and size of each (MiB).
 const FILES: u32 = 4;
 const FILE_MIB: u32 = 16;
-/// Guest RAM: the guests' page caches and the windows' `struct page`s fit
-/// three times over in the emulated host's 3 GiB.
-const GUEST_MEMORY: &str = "384M";
+/// Guest RAM: small, so that what ten guests touch (boot, and without DAX
+/// their page caches of the files) fits in the emulated host's 3 GiB.
+const GUEST_MEMORY: &str = "256M";
 /// Window of the DAX set: holds all the files, with room to spare so the
 /// guest never reclaims (it starts at 80 % full).
 const DENSITY_WINDOW: &str = "128M";
@@ -103,6 +106,12 @@ snap() {
     n=0; for pid in $VMMS; do n=$((n+1)); echo "@@HOST $1_vmm$n=$(rss $pid)"; done
     echo "@@HOST $1_daemons=$(for p in $(pidof dax-virtiofsd); do cat /proc/$p/status; done | awk '/^(VmRSS|RssAnon|RssFile|RssShmem):/ {s[$1] += $2} END {for (k in s) printf "%s%s ", k, s[k]}')"
 }
+# LABEL: each VMM's and each daemon's (with its children) own memory and
+# threads, beyond guest RAM and the share's file pages.
+costs() {
+    n=0; for pid in $VMMS; do n=$((n+1)); echo "@@HOST $1_vmm${n}_cost $(daxprobe proc-cost $PWD/share $pid)"; done
+    n=0; for pid in $DAEMONS; do n=$((n+1)); echo "@@HOST $1_daemon${n}_cost $(daxprobe proc-cost $PWD/share $pid)"; done
+}
 # SECONDS FILE...: waits until all exist.
 wait_files() {
     t=$1; shift; i=0
@@ -127,16 +136,16 @@ echo "@@HOST share=$(grep ' /work/share ' /proc/mounts) files=$(ls share/data | 
 run_set() {
     mode=$1
     rm -rf share/sync; mkdir -p share/sync; chmod 777 share/sync
-    socks=""
+    socks=""; DAEMONS=""
     for g in $(seq 1 GUESTS); do
         rm -f /tmp/$mode$g.sock
         dax-virtiofsd --socket-path /tmp/$mode$g.sock --shared-dir share $3 --log-level warn &
-        socks="$socks /tmp/$mode$g.sock"
+        DAEMONS="$DAEMONS $!"; socks="$socks /tmp/$mode$g.sock"
     done
     wait_files 60 $socks
     VMMS=""; ready=""; finished=""
     for g in $(seq 1 GUESTS); do
-        # Each guest's console to a file: three guests writing the one
+        # Each guest's console to a file: guests writing the one
         # console byte by byte would interleave their lines.
         "$VMM" --kernel "$KERNEL" --initramfs "$INITRAMFS" --cmdline "BASE_CMDLINE role=density gid=$mode$g mountopts=$2" \
             --cpus boot=1 --memory size=GUEST_MEMORY,shared=on --serial tty \
@@ -154,6 +163,7 @@ run_set() {
     # last ones finish.
     sleep 2
     snap ${mode}_after
+    costs ${mode}_after
     touch share/sync/finish
     for pid in $VMMS; do wait $pid; echo "@@HOST ${mode}_vmm_exit=$?"; done
     wait
@@ -206,8 +216,11 @@ fn main() {
     let mut guest = Guest::new(&format!("bench-{what}"), GUEST_SCRIPT);
     let base_cmdline = guest.cmdline();
     guest.guest_tools = vec![tool("guest-tools", "daxprobe")];
-    guest.host_tools = vec![tool("daemon", "dax-virtiofsd")];
-    guest.timeout = std::time::Duration::from_secs(2400);
+    guest.host_tools = vec![
+        tool("daemon", "dax-virtiofsd"),
+        tool("guest-tools", "daxprobe"),
+    ];
+    guest.timeout = std::time::Duration::from_secs(3600);
     let host = match what.as_str() {
         "density" => {
             let kernel = GuestKernel::fetch().unwrap_or_else(|e| fail(e.to_string()));
@@ -409,6 +422,7 @@ fn density_report(run: &Run) -> (Results, String, bool) {
             cost.daemons.map(mib).join(" | ")
         );
     }
+    own_cost_table(run, &mut results, &mut tables, &mut failed);
     tables.push_str(&format!("\nEach guest's page cache (`Cached:`), after its reads minus before, MiB, and its read time ({total_mib} MiB, guest clock):\n\n| set | guest | Cached after - before | read time | DAX on the files (statx) |\n|---|---|---|---|---|\n"));
     for (set, _, label) in SETS {
         for g in 1..=GUESTS {
@@ -454,9 +468,14 @@ fn density_report(run: &Run) -> (Results, String, bool) {
         mean_cost(true, cost_of),
         mean_cost(false, cost_of),
     ) {
-        (Some(a), Some(b)) if b > 0.0 => {
-            format!("{:.3}x ({:.1} / {:.1} MiB)", a / b, a / 1024.0, b / 1024.0)
-        }
+        (Some(a), Some(b)) if b > 0.0 => format!(
+            "{:.3}x ({:.1} / {:.1} MiB; per guest {:.1} / {:.1} MiB)",
+            a / b,
+            a / 1024.0,
+            b / 1024.0,
+            a / 1024.0 / f64::from(GUESTS),
+            b / 1024.0 / f64::from(GUESTS)
+        ),
         (Some(a), Some(b)) => format!("n/a (DAX {:.1}, no DAX {:.1} MiB)", a / 1024.0, b / 1024.0),
         _ => "n/a (a measurement is missing)".into(),
     };
@@ -505,6 +524,52 @@ fn density_report(run: &Run) -> (Results, String, bool) {
         results.record(&format!("{set}: VMM exit statuses"), exits.join(" "));
     }
     (results, tables, failed)
+}
+
+/// Per set, what each VMM and each daemon costs on its own after the
+/// reads (`daxprobe proc-cost`: smaps without guest RAM and the share's
+/// file pages), over the set's guests: mean (each; spread).
+fn own_cost_table(run: &Run, results: &mut Results, tables: &mut String, failed: &mut bool) {
+    tables.push_str(&format!(
+        "\nEach VMM's and daemon's own memory (smaps, every mapping except guest RAM's memfd and files under the share) \
+         and threads, after the reads, over the {GUESTS} guests of each set: mean (each; spread):\n\n\
+         | set | VMM own Rss, MiB | VMM own Pss, MiB | VMM threads | daemon own Rss, MiB | daemon own Pss, MiB | daemon threads | VMM + daemon own Pss, MiB |\n\
+         |---|---|---|---|---|---|---|---|\n"
+    ));
+    for (set, _, label) in SETS {
+        let of = |who: &str| -> Vec<ProcCost> {
+            (1..=GUESTS)
+                .filter_map(|n| {
+                    ProcCost::parse_line(run.host(&format!("{set}_after_{who}{n}_cost"))?).ok()
+                })
+                .collect()
+        };
+        let (vmms, daemons) = (of("vmm"), of("daemon"));
+        *failed |= vmms.len() != GUESTS as usize || daemons.len() != GUESTS as usize;
+        let col = |cs: &[ProcCost], f: &dyn Fn(&ProcCost) -> f64, digits| {
+            mean_and_spread(&cs.iter().map(f).collect::<Vec<_>>(), digits)
+        };
+        let kib = |v: u64| v as f64 / 1024.0;
+        let both: Vec<f64> = vmms
+            .iter()
+            .zip(&daemons)
+            .map(|(v, d)| kib(v.own.pss + d.own.pss))
+            .collect();
+        let cells = [
+            col(&vmms, &|c| kib(c.own.rss), 1),
+            col(&vmms, &|c| kib(c.own.pss), 1),
+            col(&vmms, &|c| f64::from(c.threads), 0),
+            col(&daemons, &|c| kib(c.own.rss), 1),
+            col(&daemons, &|c| kib(c.own.pss), 1),
+            col(&daemons, &|c| f64::from(c.threads), 0),
+            mean_and_spread(&both, 1),
+        ];
+        let _ = writeln!(tables, "| {label} | {} |", cells.join(" | "));
+        results.record(
+            &format!("{label}: per guest, VMM own Rss / Pss MiB / threads, daemon own Rss / Pss MiB / threads, VMM + daemon own Pss MiB"),
+            cells.join(" ; "),
+        );
+    }
 }
 
 fn windowcost_report(run: &Run) -> (Results, String, bool) {
