@@ -281,10 +281,16 @@ impl VhostUserBackend for FsBackend {
         self.server.connect_vmm_channel(backend);
     }
 
-    /// One thread per queue: requests on different queues are served in
-    /// parallel (the server is shared and internally locked).
+    /// One thread per request queue: requests on different queues are
+    /// served in parallel (the server is shared and internally locked).
+    /// The high-priority queue (FORGET, INTERRUPT: rare and quick) shares
+    /// the first request queue's thread, as virtiofsd serves both of its
+    /// queues on one; the framework starts every thread with the daemon.
     fn queues_per_thread(&self) -> Vec<u64> {
-        (0..self.num_queues).map(|q| 1u64 << q).collect()
+        let first = 0b11 & ((1u64 << self.num_queues.min(2)) - 1);
+        std::iter::once(first)
+            .chain((2..self.num_queues).map(|q| 1u64 << q))
+            .collect()
     }
 
     /// Lets the framework stop each queue thread when the VMM goes away

@@ -648,6 +648,66 @@ fn a_thread_pool_serves_a_batch_of_requests_out_of_order_and_each_reply_lands_in
     );
 }
 
+/// The daemon's queue threads, counted by their name in /proc.
+fn vring_threads(daemon: &Child) -> usize {
+    std::fs::read_dir(format!("/proc/{}/task", daemon.id()))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
+        .filter(|comm| comm.trim() == "vring_worker")
+        .count()
+}
+
+/// One request queue by default, as virtiofsd serves and as Cloud
+/// Hypervisor and Kata ask: every queue the daemon offers is a thread from
+/// its start, used or not. A VMM asking for more is refused with the
+/// option that serves them named; with it, the daemon serves them.
+#[test]
+fn one_request_queue_by_default_and_a_vmm_asking_for_more_is_told_the_option() {
+    let share = TempDir::new().unwrap();
+    let sockdir = TempDir::new().unwrap();
+    let socket = sockdir.as_path().join("fs.sock");
+    let two = FsDeviceConfig {
+        num_request_queues: 2,
+        ..fs_config(&socket)
+    };
+    let mut daemon = start_daemon(share.as_path(), &socket);
+    wait_for_threads(&daemon, 1);
+    assert_eq!(
+        vring_threads(&daemon),
+        1,
+        "hiprio and one request queue, on one thread"
+    );
+    let e = VhostUserFs::connect(&two)
+        .err()
+        .expect("two queues refused");
+    assert!(
+        e.to_string().contains("it serves 2") && e.to_string().contains("--max-request-queues"),
+        "{e}"
+    );
+    assert!(daemon.wait().unwrap().success());
+
+    let mut daemon = start_daemon_with(share.as_path(), &socket, &["--max-request-queues", "2"]);
+    wait_for_threads(&daemon, 2);
+    assert_eq!(
+        vring_threads(&daemon),
+        2,
+        "a thread for each request queue (hiprio on the first one's)"
+    );
+    let fs = VhostUserFs::connect(&two).expect("two queues served");
+    drop(fs);
+    assert!(daemon.wait().unwrap().success());
+}
+
+/// Waits (bounded) until the daemon has started `n` queue threads.
+fn wait_for_threads(daemon: &Child, n: usize) {
+    for _ in 0..200 {
+        if vring_threads(daemon) >= n {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// READ and WRITE whose buffers lie in the DAX window.
 #[path = "frontend/window_buffers.rs"]
 mod window_buffers;

@@ -149,8 +149,11 @@ pub struct Cli {
     /// Window size to declare, overriding the policy's cache_size (K/M/G suffixes).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub cache_size: Option<u64>,
-    /// Request queues served at most (the VMM's num_queues), plus the hiprio queue.
-    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=63))]
+    /// Request queues served at most (the VMM's num_queues), plus the hiprio
+    /// queue. Each is a thread, started with the daemon whether the guest
+    /// uses it or not; 1, as virtiofsd serves and as Cloud Hypervisor and
+    /// Kata ask (`num_queues=1`), so a guest costs no idle threads.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=63))]
     pub max_request_queues: u16,
     /// Open-file limit to set (every inode the guest holds is an fd); 0
     /// leaves it as it is; default: as high as the system allows.

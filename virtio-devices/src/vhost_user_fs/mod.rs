@@ -662,7 +662,7 @@ fn negotiate(
             return Err(FsError::Missing {
                 id: id.into(),
                 what: format!(
-                    "{total_queues} queues (num_queues={} + hiprio); it serves {n}",
+                    "{total_queues} queues (num_queues={} + hiprio); it serves {n} (dax-virtiofsd serves more request queues with --max-request-queues)",
                     cfg.num_request_queues
                 ),
             });
