@@ -20,6 +20,10 @@ use crate::limits::Cap;
 use crate::passthrough::{component, errno_error, CachePolicy, PassthroughFs};
 use crate::policy::DaxPolicy;
 
+/// The guest's page size (x86-64), the only block size its DAX writeback
+/// accepts.
+const GUEST_PAGE_SIZE: u32 = 4096;
+
 /// What the server has done, for logs and metrics.
 #[derive(Default)]
 pub struct ServerStats {
@@ -210,9 +214,23 @@ impl Server {
         self.fs.caps.hit(Cap::WorkerQueue, depth);
     }
 
+    /// `attr` as the guest may be given it where a DAX window is offered:
+    /// a regular file's `blksize` is the guest's page size. FUSE makes
+    /// `blksize` the guest inode's block size, and the guest's DAX
+    /// writeback (`msync`, `fsync` of a file written through a mapping)
+    /// refuses an inode whose block size is not its page size with `EIO`
+    /// and a kernel warning (`dax_writeback_mapping_range`): a file on a
+    /// huge-page tmpfs (2 MiB) could not be synced through the window.
+    fn for_guest(&self, mut attr: abi::Attr) -> abi::Attr {
+        if self.dax.window_size() > 0 && attr.mode & libc::S_IFMT == libc::S_IFREG {
+            attr.blksize = GUEST_PAGE_SIZE;
+        }
+        attr
+    }
+
     pub(super) fn entry(&self, (nodeid, st): (u64, libc::stat64)) -> abi::EntryOut {
         let t = self.fs.cache.timeout();
-        let mut attr = self.fs.attr_of(nodeid, &st);
+        let mut attr = self.for_guest(self.fs.attr_of(nodeid, &st));
         if self.fs.is_submount(nodeid, &st) {
             attr.flags |= abi::ATTR_SUBMOUNT;
         }
@@ -233,7 +251,7 @@ impl Server {
             attr_valid: t.as_secs(),
             attr_valid_nsec: t.subsec_nanos(),
             dummy: 0,
-            attr,
+            attr: self.for_guest(attr),
         }
     }
 

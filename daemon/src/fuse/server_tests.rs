@@ -35,15 +35,17 @@ impl Rig {
     pub fn new(policy: policies::Policy) -> Rig {
         let dir = TempDir::new().unwrap();
         let share = dir.as_path().to_path_buf();
-        Rig::sharing(&share, dir, policy, false)
+        Rig::sharing(&share, dir, policy, false, 32 << 20)
     }
 
-    /// Serves `share` (`dir` is only kept alive).
+    /// Serves `share` (`dir` is only kept alive) with a `window`-byte DAX
+    /// window (0: none, `--dax off`).
     fn sharing(
         share: &std::path::Path,
         dir: TempDir,
         policy: policies::Policy,
         announce_submounts: bool,
+        window: u64,
     ) -> Rig {
         let root = openat(
             libc::AT_FDCWD,
@@ -58,7 +60,7 @@ impl Rig {
         fs.announce_submounts = announce_submounts;
         Rig {
             mem: memory(),
-            server: Server::new(fs, DaxMapper::new(32 << 20, policy.clone()), policy),
+            server: Server::new(fs, DaxMapper::new(window, policy.clone()), policy),
             dir,
             unique: 0,
         }
@@ -221,6 +223,7 @@ fn submounts_are_announced_on_directories_of_other_host_filesystems_when_asked_a
             TempDir::new().unwrap(),
             policies::Policy::default(),
             announce,
+            32 << 20,
         );
         let out = rig.init_offering(init::SUBMOUNTS);
         let out = if guest_offers { out } else { rig.init() };
@@ -246,6 +249,7 @@ fn submounts_are_announced_on_directories_of_other_host_filesystems_when_asked_a
         TempDir::new().unwrap(),
         policies::Policy::default(),
         true,
+        32 << 20,
     );
     rig.init_offering(init::SUBMOUNTS);
     assert_eq!(
@@ -627,4 +631,47 @@ fn readdirplus_killpriv_v2_and_cache_metadata_change_what_is_offered() {
     assert_eq!((f.entry_valid, f.attr_valid), (86_400, 86_400));
     let out: abi::OpenOut = obj(&rig.ok(opcode::OPEN, f.nodeid, open.as_slice()));
     assert_eq!(out.open_flags & abi::FOPEN_DIRECT_IO, abi::FOPEN_DIRECT_IO);
+}
+
+/// FUSE makes `blksize` the guest inode's block size, and the guest's DAX
+/// writeback refuses (EIO, a kernel warning) an inode whose block size is
+/// not its page size: where a window is offered a regular file is given
+/// the page size whatever its host file system says (2 MiB on a huge-page
+/// tmpfs); other files, and every file without a window, keep the host's.
+#[test]
+fn a_regular_files_block_size_is_the_guest_page_size_where_a_window_is_offered() {
+    let huge = |mode| abi::Attr {
+        mode,
+        blksize: 2 << 20,
+        ..Default::default()
+    };
+    let file = libc::S_IFREG | 0o644;
+    let dir = libc::S_IFDIR | 0o755;
+    let rig = Rig::new(policies::Policy::default());
+    assert_eq!(rig.server.for_guest(huge(file)).blksize, 4096);
+    assert_eq!(rig.server.for_guest(huge(dir)).blksize, 2 << 20);
+    let d = TempDir::new().unwrap();
+    let share = d.as_path().to_path_buf();
+    let mut no_window = Rig::sharing(&share, d, policies::Policy::default(), false, 0);
+    assert_eq!(no_window.server.for_guest(huge(file)).blksize, 2 << 20);
+    // Both replies that carry attributes go through it.
+    no_window.init();
+    std::fs::write(share.join("f"), b"x").unwrap();
+    let host = std::fs::metadata(share.join("f")).unwrap();
+    let entry = no_window.lookup(ROOT_ID, "f").unwrap();
+    assert_eq!(
+        u64::from(entry.attr.blksize),
+        std::os::unix::fs::MetadataExt::blksize(&host)
+    );
+    let mut rig = Rig::new(policies::Policy::default());
+    rig.init();
+    std::fs::write(rig.dir.as_path().join("f"), b"x").unwrap();
+    let entry = rig.lookup(ROOT_ID, "f").unwrap();
+    assert_eq!(entry.attr.blksize, 4096);
+    let attr: abi::AttrOut = obj(&rig.ok(
+        opcode::GETATTR,
+        entry.nodeid,
+        abi::GetattrIn::default().as_slice(),
+    ));
+    assert_eq!(attr.attr.blksize, 4096);
 }
