@@ -78,12 +78,22 @@ for s in $servers; do
         *) mount -t virtiofs $s /fio/$s -o dax=never ;;
     esac || echo "@@GUEST r${round}_${s}_mount_failed=1"
     echo "@@GUEST r${round}_${s}_statx=$(daxprobe statx /fio/$s/f0 2>&1)"
-    echo "@@GUEST r${round}_${s}_queues=$(ls -d /sys/bus/virtio/drivers/virtiofs/virtio*/ 2>/dev/null | wc -l) devices"
 done
-# In the multi-queue boot the host notes the daemon's threads when a
-# note file appears on the share, and removes it (bounded wait).
+# Which virtio device serves which tag (sysfs names each virtio-fs tag).
+for d in /sys/fs/virtiofs/*; do
+    [ -e $d/tag ] && echo "@@GUEST r${round}_$(cat $d/tag)_device=$(basename $(readlink -f $d/device))"
+done
+# Each request queue's interrupts (all CPUs), as `virtioN-requests.Q:count`.
+irqs() {
+    grep 'requests' /proc/interrupts | awk -v n=$(grep -c ^processor /proc/cpuinfo) \
+        '{ s = 0; for (i = 2; i <= n + 1; i++) s += $i; printf "%s:%d ", $NF, s }'
+}
+# In the multi-queue boot: the guest notes its request queues'
+# interrupts, and the host the daemon's threads when a note file appears
+# on the share, which it then removes (bounded wait).
 note() {
     [ "$set" = mq ] || return 0
+    echo "@@GUEST irqs_$2=$(irqs)"
     : > /fio/$1/.note-$2
     i=0; while [ -e /fio/$1/.note-$2 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
 }

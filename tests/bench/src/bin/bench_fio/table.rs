@@ -275,6 +275,30 @@ pub(crate) fn busy_threads(begin: &str, end: &str) -> Vec<(String, u64)> {
     busy
 }
 
+/// How many interrupts each request queue of `device` (e.g. `virtio2`)
+/// raised between two notes of the guest's `/proc/interrupts`
+/// (`virtio2-requests.0:812` words), by queue.
+pub(crate) fn queue_interrupts(begin: &str, end: &str, device: &str) -> Vec<(String, u64)> {
+    let prefix = format!("{device}-");
+    let counts = |text: &str| -> BTreeMap<String, u64> {
+        text.split_whitespace()
+            .filter_map(|w| {
+                let (name, n) = w.rsplit_once(':')?;
+                let queue = name.strip_prefix(&prefix)?;
+                Some((queue.to_string(), n.parse().ok()?))
+            })
+            .collect()
+    };
+    let before = counts(begin);
+    counts(end)
+        .into_iter()
+        .map(|(q, n)| {
+            let d = n.saturating_sub(before.get(&q).copied().unwrap_or(0));
+            (q, d)
+        })
+        .collect()
+}
+
 /// Parallel 4 KiB random reads without DAX: one and two jobs per server,
 /// and which daemon threads did the work of the two.
 pub(crate) fn mq_table(
@@ -286,8 +310,8 @@ pub(crate) fn mq_table(
     let jobs = all_jobs();
     let mq: Vec<&Job> = jobs.iter().filter(|j| j.set == Set::MultiQueue).collect();
     let mut t = String::from(
-        "| server (2 vCPUs) | psync randread, 1 job, MiB/s | 2 jobs, MiB/s | 2 jobs ÷ 1 job | daemon threads busy during the 2 jobs (comm/tid: CPU ticks), per round |\n\
-         |---|---|---|---|---|\n",
+        "| server (2 vCPUs) | psync randread, 1 job, MiB/s | 2 jobs, MiB/s | 2 jobs ÷ 1 job | the guest's interrupts per request queue during the 2 jobs, per round | daemon threads busy during the 2 jobs (comm/tid: CPU ticks), per round |\n\
+         |---|---|---|---|---|---|\n",
     );
     let mut missing = false;
     for s in MQ {
@@ -315,6 +339,31 @@ pub(crate) fn mq_table(
             })
             .collect();
         let threads = threads.join("; ");
+        let irqs: Vec<String> = (1..=rounds)
+            .map(|r| {
+                let k = key(r, s.name, &two.name);
+                let device = guest(&format!("r{r}_{}_device", s.name));
+                match (
+                    device,
+                    guest(&format!("irqs_{k}_begin")),
+                    guest(&format!("irqs_{k}_end")),
+                ) {
+                    (Some(d), Some(b), Some(e)) => {
+                        let words: Vec<String> = queue_interrupts(&b, &e, &d)
+                            .iter()
+                            .map(|(q, n)| format!("{q} +{n}"))
+                            .collect();
+                        words.join(", ")
+                    }
+                    _ => "not noted".into(),
+                }
+            })
+            .collect();
+        let irqs = irqs.join("; ");
+        results.record(
+            &format!("multi-queue: {}: queue interrupts", s.name),
+            irqs.clone(),
+        );
         results.record(
             &format!("multi-queue: {}: threads", s.name),
             threads.clone(),
@@ -327,7 +376,7 @@ pub(crate) fn mq_table(
         }
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {threads} |",
+            "| {} | {} | {} | {} | {irqs} | {threads} |",
             s.label,
             cells[0].shown(),
             cells[1].shown(),

@@ -215,6 +215,15 @@ fn the_multi_queue_table_gives_the_scaling_and_the_threads() {
     let k = key(1, "mq2", "mq_randread_psync_2");
     h.insert(format!("threads_{k}_begin"), "7:a:1 8:b:1".to_string());
     h.insert(format!("threads_{k}_end"), "7:a:9 8:b:5".to_string());
+    m.insert("r1_mq2_device".into(), "virtio1".into());
+    m.insert(
+        format!("irqs_{k}_begin"),
+        "virtio0-requests.0:50 virtio1-requests.0:10 virtio1-requests.1:3".into(),
+    );
+    m.insert(
+        format!("irqs_{k}_end"),
+        "virtio0-requests.0:50 virtio1-requests.0:900 virtio1-requests.1:703".into(),
+    );
     let mut results = Results::new("fio-bench-test");
     let (t, missing) = mq_table(&lookup(&m), &lookup(&h), 1, &mut results);
     let row = t
@@ -223,10 +232,10 @@ fn the_multi_queue_table_gives_the_scaling_and_the_threads() {
         .unwrap();
     assert_eq!(
         row,
-        "| ours, cache=never, 2 queues | 10.0 | 18.0 | 1.80x | 2 busy: a/7: 8, b/8: 4 |"
+        "| ours, cache=never, 2 queues | 10.0 | 18.0 | 1.80x | requests.0 +890, requests.1 +700 | 2 busy: a/7: 8, b/8: 4 |"
     );
     assert!(t.contains(
-        "| ours, cache=never, 1 queue | fails (no result) | fails (no result) | n/a | not noted |"
+        "| ours, cache=never, 1 queue | fails (no result) | fails (no result) | n/a | not noted | not noted |"
     ));
     assert!(missing);
 }
@@ -259,4 +268,16 @@ fn targets_say_met_not_met_or_not_measured() {
     assert!(table.contains(
         "| psync randwrite, DAX ÷ cache=never, 4 KiB host pages | 10.00x | ≥ 14x | no |"
     ));
+}
+
+#[test]
+fn queue_interrupts_are_the_devices_own_by_queue() {
+    let begin = "virtio0-requests.0:5 virtio1-requests.0:10 virtio10-requests.0:7";
+    let end =
+        "virtio0-requests.0:9 virtio1-requests.0:15 virtio1-requests.1:4 virtio10-requests.0:70";
+    assert_eq!(
+        queue_interrupts(begin, end, "virtio1"),
+        vec![("requests.0".to_string(), 5), ("requests.1".to_string(), 4)]
+    );
+    assert!(queue_interrupts(begin, end, "virtio3").is_empty());
 }
