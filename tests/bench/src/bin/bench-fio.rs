@@ -19,7 +19,7 @@
 //!
 //! - ours: 4 vCPUs, 1 GiB of shared RAM, four fs devices with four
 //!   request queues each, each served by its own `dax-virtiofsd --cache
-//!   never`: with DAX (a 128 MiB window, mounted `dax=always`) and without
+//!   never`: with DAX (a 512 MiB window, mounted `dax=always`) and without
 //!   (`--dax off`, mounted `dax=never`), each on a host tmpfs with 4 KiB
 //!   pages (`huge=never`) and on one with 2 MiB pages (`huge=always`);
 //!   and the same files in the guest's own tmpfs, the limit;
@@ -32,7 +32,8 @@
 //!   tells how many threads served them.
 //!
 //! Writes `target/rig-results/fio-bench.md`. `bench-fio ours ch mq` runs
-//! only the named boots.
+//! only the named boots; `bench-fio --from-log PATH [boots]` writes the
+//! tables again from a finished run's `serial.log`.
 
 #[path = "bench_fio/jobs.rs"]
 mod jobs;
@@ -40,12 +41,13 @@ mod jobs;
 mod table;
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use test_infra::baseline::{baseline_binary, version};
 use test_infra::packaged::{installed, with_libraries};
 use test_infra::results::Results;
-use test_infra::rig::{self, Guest, ImageFile, Run};
+use test_infra::rig::{self, Guest, ImageFile, Line, Run};
 use test_infra::shell::SHELL_HELPERS;
 
 use jobs::{all_jobs, Server, Set, CH, MQ, OURS};
@@ -57,8 +59,12 @@ const FILE_MIB: u32 = 64;
 /// Each job's run time: long enough for a few thousand 4 KiB requests on
 /// the slowest server in the emulated host, short enough for the run to
 /// fit.
-const JOB_SECS: u32 = 3;
-const WINDOW: &str = "128M";
+const JOB_SECS: u32 = 2;
+/// Larger than the four jobs' files together (4 x 64 MiB), so no job
+/// waits for the guest to reclaim a range: with a 128 MiB window, four
+/// mmap writers on 2 MiB host pages were seen to hang (fio's tasks
+/// blocked for minutes).
+const WINDOW: &str = "512M";
 const GUEST_MEMORY: &str = "1024M";
 /// Request queues of our fs devices in the main boot: one per vCPU.
 const MAIN_CPUS: u32 = 4;
@@ -104,7 +110,8 @@ job() {
         k=r${round}_${s}_$name
         echo 3 > /proc/sys/vm/drop_caches
         note $s ${k}_begin
-        out=$(fio --name=$name --directory=/fio/$s --filename_format='f$jobnum' --size=FILE_MIBM --bs=4k \
+        # Bounded: a job that hangs must not stall the other rows.
+        out=$(timeout -s KILL JOB_LIMIT fio --name=$name --directory=/fio/$s --filename_format='f$jobnum' --size=FILE_MIBM --bs=4k \
             --runtime=JOB_SECS --time_based --minimal --group_reporting "$@" 2>&1)
         note $s ${k}_end
         line=$(echo "$out" | grep '^3;' | tail -1)
@@ -177,12 +184,10 @@ fn fs_arg(s: &Server, queues: u32, ours: bool) -> String {
         "tag={n},socket=/tmp/{n}.sock,num_queues={queues},queue_size={QUEUE_SIZE}",
         n = s.name
     );
-    if ours {
-        a.push_str(if s.name.starts_with("dax") {
-            ",cache_size=128M,transport=pci"
-        } else {
-            ",dax=off,transport=pci"
-        });
+    if ours && s.name.starts_with("dax") {
+        a.push_str(&format!(",transport=pci,cache_size={WINDOW}"));
+    } else if ours {
+        a.push_str(",dax=off,transport=pci");
     }
     a
 }
@@ -271,9 +276,16 @@ fn main() {
             .unwrap_or_else(|| fail(format!("{ROUNDS_ENV}={v}: a number from 1 to 4"))),
         Err(_) => 1,
     };
-    let only: Vec<String> = std::env::args().skip(1).collect();
+    let mut only: Vec<String> = std::env::args().skip(1).collect();
+    let from_log = (only.first().map(String::as_str) == Some("--from-log")).then(|| {
+        only.remove(0);
+        if only.is_empty() {
+            fail("--from-log needs the path of a run's serial.log");
+        }
+        PathBuf::from(only.remove(0))
+    });
     let mut boots: Vec<&str> = vec!["ours", "ch", "mq"];
-    if baseline.is_none() {
+    if baseline.is_none() && from_log.is_none() {
         // The multi-queue boot compares with virtiofsd too.
         boots = vec!["ours"];
     }
@@ -288,6 +300,16 @@ fn main() {
         if boots.is_empty() {
             fail("ch and mq need the baselines (BASELINE_VMM and BASELINE_VIRTIOFSD)");
         }
+    }
+    if let Some(log) = from_log {
+        // The tables again from a finished run's log (e.g. after the
+        // tables changed), without booting anything.
+        let run = run_from_log(&log).unwrap_or_else(|e| fail(e));
+        let (results, tables, failed) = report(&run, rounds, &boots, None);
+        if let Err(e) = results.finish_bench(&tables, failed, &run) {
+            fail(e);
+        }
+        return;
     }
     let fio = installed("fio").unwrap_or_else(|e| fail(e));
     let job_lines: String = all_jobs()
@@ -304,7 +326,8 @@ fn main() {
     let script = GUEST_SCRIPT
         .replace("JOB_LINES", &job_lines)
         .replace("FILE_MIB", &FILE_MIB.to_string())
-        .replace("JOB_SECS", &JOB_SECS.to_string());
+        .replace("JOB_SECS", &JOB_SECS.to_string())
+        .replace("JOB_LIMIT", &(JOB_SECS * 30).to_string());
     let mut guest = Guest::new("bench-fio", &script);
     let base_cmdline = guest.cmdline();
     let daxprobe = rig::tool("guest-tools", "daxprobe").unwrap_or_else(|e| fail(e));
@@ -327,7 +350,7 @@ fn main() {
         .replace("BASE_CMDLINE", &base_cmdline)
         .replace("GUEST_MEMORY", GUEST_MEMORY)
         .replace("FILE_MIB", &FILE_MIB.to_string());
-    guest.timeout = Duration::from_secs(1500 * u64::from(rounds));
+    guest.timeout = Duration::from_secs(1800 * u64::from(rounds));
     let run = rig::run(&guest).unwrap_or_else(|e| fail(e));
     if run.timed_out {
         fail(format!("timed out\n{}", run.tail(80)));
@@ -339,6 +362,30 @@ fn main() {
     if let Err(e) = results.finish_bench(&tables, failed, &run) {
         fail(e);
     }
+}
+
+/// A run as the rig logged it (`[  12.345] text` lines).
+fn run_from_log(path: &Path) -> Result<Run, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let lines = text
+        .lines()
+        .filter_map(|l| {
+            let (at, text) = l.strip_prefix('[')?.split_once("] ")?;
+            Some(Line {
+                at: Duration::from_secs_f64(at.trim().parse().ok()?),
+                text: text.to_string(),
+            })
+        })
+        .collect();
+    Ok(Run {
+        name: "bench-fio".into(),
+        nested: true,
+        lines,
+        vmm_exit: None,
+        timed_out: false,
+        wall: Duration::ZERO,
+        log_path: path.to_path_buf(),
+    })
 }
 
 fn report(

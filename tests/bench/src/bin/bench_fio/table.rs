@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use test_infra::fio::{parse_fio_terse, FioResult};
+use test_infra::fio::{parse_fio_terse, terse_error, FioResult};
 use test_infra::results::Results;
 
 use super::jobs::{
@@ -20,6 +20,10 @@ pub(crate) type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
 pub(crate) fn key(round: u32, server: &str, job: &str) -> String {
     format!("r{round}_{server}_{job}")
 }
+
+/// A cell's failure when the guest printed nothing for it (the boot did
+/// not run, or stopped before it).
+const NO_RESULT: &str = "no result";
 
 /// One job on one server over the rounds: each round's result, or why
 /// the job gave none.
@@ -37,9 +41,14 @@ impl Cell {
             match guest(&key(r, server, &job.name)) {
                 Some(v) => match parse_fio_terse(&v, job.writes()) {
                     Some(res) => runs.push(res),
-                    None => failure = Some(reason(&v)),
+                    None => {
+                        failure = Some(match terse_error(&v) {
+                            Some(e) => format!("fio error {e}"),
+                            None => reason(&v),
+                        })
+                    }
                 },
-                None => failure = Some("no result".into()),
+                None => failure = Some(NO_RESULT.into()),
             }
         }
         Cell { runs, failure }
@@ -162,7 +171,8 @@ pub(crate) fn seed_table(
 
 /// DAX over a server that could not run the job: "only with DAX".
 fn ratio_or_only(dax: Option<f64>, other: &Cell) -> String {
-    if dax.is_some() && other.failure.is_some() {
+    let refused = other.failure.as_deref().is_some_and(|f| f != NO_RESULT);
+    if dax.is_some() && refused {
         "only with DAX".into()
     } else {
         ratio(dax, other.mib())
