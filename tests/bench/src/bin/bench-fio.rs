@@ -117,10 +117,16 @@ job() {
         line=$(echo "$out" | grep '^3;' | tail -1)
         [ -n "$line" ] || line="failed $(echo "$out" | grep -v '^$' | tail -1 | tr -d ';')"
         echo "@@GUEST $k=$line"
+        # A kernel warning (hidden by `quiet`) names the job that raised it.
+        w=$(dmesg | grep -c 'WARNING:')
+        [ "$w" = "$warnings" ] || echo "@@GUEST ${k}_kernel_warning=$(dmesg | grep 'WARNING:' | tail -1)"
+        warnings=$w
     done
 }
+warnings=$(dmesg | grep -c 'WARNING:')
 JOB_LINES
 for s in $servers; do umount /fio/$s; done
+dmesg | grep -A14 'WARNING:' | head -60 | sed "s/^/@@GUEST r${round}_${set}_dmesg /"
 echo "@@GUEST r${round}_${set}_done=1"
 "#;
 
@@ -424,6 +430,15 @@ fn report(
                 results.record(&format!("round {r}: {}: statx of f0", s.name), statx);
             }
         }
+    }
+    // Kernel warnings the guest saw, by the job after which they showed.
+    let mut warned: Vec<(&String, &String)> = guest_map
+        .iter()
+        .filter(|(k, _)| k.ends_with("_kernel_warning"))
+        .collect();
+    warned.sort();
+    for (k, v) in warned {
+        results.record(k, v.clone());
     }
     let mut tables = String::new();
     let has = |b: &str| boots.contains(&b);
