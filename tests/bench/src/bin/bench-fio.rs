@@ -145,7 +145,9 @@ notes() {
         for f in share4k/.note-*; do
             [ -e "$f" ] || continue
             n=${f#share4k/.note-}; p=$(cat $(echo $n | cut -d_ -f2).pid 2>/dev/null)
-            echo "@@HOST threads_$n=$(for t in /proc/$p/task/*; do printf '%s:%s:%s ' ${t##*/} "$(tr -d ' :' < $t/comm)" "$(cut -d')' -f2 $t/stat | awk '{print $12 + $13}')"; done)"
+            # Our daemon serves from a child process in its sandbox.
+            kids=$(grep -l "^PPid:[[:space:]]*$p\$" /proc/[0-9]*/status 2>/dev/null | cut -d/ -f3)
+            echo "@@HOST threads_$n=$(for t in $(for q in $p $kids; do echo /proc/$q/task/*; done); do printf '%s:%s:%s ' ${t##*/} "$(tr -d ' :' < $t/comm)" "$(cut -d')' -f2 $t/stat | awk '{print $12 + $13}')"; done)"
             rm -f "$f"
         done
         sleep 0.1
