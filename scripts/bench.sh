@@ -48,6 +48,17 @@
 #                        and BASELINE_VIRTIOFSD=/path/to/virtiofsd (both static),
 #                        Cloud Hypervisor with virtiofsd without DAX, alternating
 #                        (target/rig-results/migration-tcp-bench.md)
+#   bench.sh fio         the seed's fio table: psync, libaio and mmap × seq and
+#                        random reads and writes, 4 KiB blocks, 1 and 4 jobs, on
+#                        our daemon with and without DAX, the guest's tmpfs and,
+#                        with BASELINE_VMM=/path/to/cloud-hypervisor and
+#                        BASELINE_VIRTIOFSD=/path/to/virtiofsd (both static),
+#                        Cloud Hypervisor + virtiofsd --cache=never, on 4 KiB and
+#                        2 MiB host pages; what fsync/msync cost after a write;
+#                        and parallel reads on 2 request queues against 1 and
+#                        virtiofsd (target/rig-results/fio-bench.md);
+#                        FIO_BENCH_ROUNDS=2 runs every boot twice; `bench.sh fio
+#                        ours|ch|mq...` runs only those boots
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,6 +76,10 @@ case "${1:-}" in
         command -v fio >/dev/null && command -v iperf3 >/dev/null ||
             $([ "$(id -u)" -eq 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends fio iperf3
         exec cargo run --release --locked -q -p dax-bench --bin bench-devices ;;
+    fio)
+        command -v fio >/dev/null ||
+            $([ "$(id -u)" -eq 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends fio
+        exec cargo run --release --locked -q -p dax-bench --bin bench-fio -- "${@:2}" ;;
     density | windowcost) exec cargo run --release --locked -q -p dax-bench --bin bench-density -- "$1" ;;
     overhead) exec cargo run --release --locked -q -p dax-bench --bin bench-overhead ;;
     roundtrip) exec cargo run --release --locked -q -p dax-bench --bin bench-roundtrip ;;

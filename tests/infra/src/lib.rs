@@ -9,11 +9,13 @@
 pub mod baseline;
 pub mod ch_client;
 pub mod cpio;
+pub mod fio;
 pub mod host;
 pub mod images;
 pub mod kata;
 pub mod kernel;
 pub mod monitor;
+pub mod packaged;
 pub mod proc_cost;
 pub mod results;
 pub mod rig;

@@ -32,7 +32,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use test_infra::fio::{parse_fio_terse, FioResult};
 use test_infra::kernel::GuestKernel;
+use test_infra::packaged::{installed, with_libraries};
 use test_infra::results::Results;
 use test_infra::rig::{self, Guest, ImageFile, Run};
 
@@ -156,79 +158,6 @@ fn fail(e: String) -> ! {
     std::process::exit(1)
 }
 
-/// The shared libraries `ldd` names for `bin`, with the program
-/// interpreter, as (path it is loaded from, path of the file to read).
-fn shared_libraries(bin: &Path) -> Result<Vec<(String, PathBuf)>, String> {
-    let out = Command::new("ldd")
-        .arg(bin)
-        .output()
-        .map_err(|e| format!("ldd {}: {e}", bin.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "ldd {}: {}",
-            bin.display(),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(parse_ldd(&String::from_utf8_lossy(&out.stdout)))
-}
-
-/// `ldd` lines: `libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x…)` and
-/// the interpreter's `/lib64/ld-linux-x86-64.so.2 (0x…)`; the vDSO has no
-/// file. Both paths are the one the loader looks up (symlinks are read
-/// through when the file is copied).
-fn parse_ldd(text: &str) -> Vec<(String, PathBuf)> {
-    text.lines()
-        .filter_map(|l| {
-            let l = l.trim();
-            let path = match l.split_once("=>") {
-                Some((_, rest)) => rest.split_whitespace().next()?,
-                None => l.split_whitespace().next()?,
-            };
-            path.starts_with('/')
-                .then(|| (path.trim_start_matches('/').to_string(), path.into()))
-        })
-        .collect()
-}
-
-/// `bins` and their libraries as image files: each binary at
-/// `{bin_dir}/<name>`, each library at `{lib_root}<its path>`.
-fn with_libraries(bins: &[&Path], bin_dir: &str, lib_root: &str) -> Vec<ImageFile> {
-    let mut files = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for bin in bins {
-        let read =
-            |p: &Path| std::fs::read(p).unwrap_or_else(|e| fail(format!("{}: {e}", p.display())));
-        let name = bin.file_name().unwrap_or_default().to_string_lossy();
-        files.push(ImageFile {
-            path: format!("{bin_dir}/{name}"),
-            perm: 0o755,
-            data: read(bin),
-        });
-        for (path, file) in shared_libraries(bin).unwrap_or_else(|e| fail(e)) {
-            if seen.insert(path.clone()) {
-                files.push(ImageFile {
-                    path: format!("{lib_root}{path}"),
-                    perm: 0o755,
-                    data: read(&file),
-                });
-            }
-        }
-    }
-    files
-}
-
-fn installed(tool: &str) -> PathBuf {
-    let path = Path::new("/usr/bin").join(tool);
-    if !path.exists() {
-        fail(format!(
-            "{} is missing: apt-get install {tool}",
-            path.display()
-        ));
-    }
-    path
-}
-
 fn main() {
     let baseline = std::env::var_os(BASELINE_ENV).map(PathBuf::from);
     let boots: Vec<&str> = if baseline.is_some() {
@@ -236,7 +165,8 @@ fn main() {
     } else {
         vec!["ours1", "ours2"]
     };
-    let (fio, iperf3) = (installed("fio"), installed("iperf3"));
+    let tool = |name| installed(name).unwrap_or_else(|e| fail(e.to_string()));
+    let (fio, iperf3) = (tool("fio"), tool("iperf3"));
     let job_lines: String = (1..=REPEATS)
         .flat_map(|r| {
             JOBS.iter()
@@ -259,13 +189,15 @@ fn main() {
     guest.memory = GUEST_MEMORY.into();
     guest.guest_modules = vec!["virtio_blk".into(), "virtio_net".into()];
     guest.host_modules = vec!["tun".into()];
-    guest.guest_files = with_libraries(&[&fio, &iperf3], "bin", "");
+    guest.guest_files =
+        with_libraries(&[&fio, &iperf3], "bin", "").unwrap_or_else(|e| fail(e.to_string()));
     let mut host_bins = vec![iperf3.as_path()];
     if let Some(ch) = &baseline {
         host_bins.push(ch);
     }
     // In $WORK/sysroot, copied onto the emulated host's root before use.
-    guest.host_files = with_libraries(&host_bins, "sysroot/bin", "sysroot/");
+    guest.host_files = with_libraries(&host_bins, "sysroot/bin", "sysroot/")
+        .unwrap_or_else(|e| fail(e.to_string()));
     let kernel = GuestKernel::fetch().unwrap_or_else(|e| fail(e.to_string()));
     for (name, data) in kernel
         .modules_with_deps(&["brd"])
@@ -316,27 +248,6 @@ fn version(bin: &Path) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|e| format!("({}: {e})", bin.display()))
-}
-
-/// What one fio job did: bandwidth (KiB/s) and IOPS of its direction.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct FioResult {
-    kib_per_s: f64,
-    iops: f64,
-}
-
-/// fio's `--minimal` line (terse format 3): the read side's bandwidth and
-/// IOPS are fields 7 and 8, the write side's 48 and 49 (1-based).
-fn parse_fio_terse(line: &str, write: bool) -> Option<FioResult> {
-    let fields: Vec<&str> = line.trim().split(';').collect();
-    if fields.first() != Some(&"3") {
-        return None;
-    }
-    let (bw, iops) = if write { (47, 48) } else { (6, 7) };
-    Some(FioResult {
-        kib_per_s: fields.get(bw)?.parse().ok()?,
-        iops: fields.get(iops)?.parse().ok()?,
-    })
 }
 
 fn mean(v: &[f64]) -> Option<f64> {
@@ -495,58 +406,6 @@ fn report(run: &Run, boots: &[&str], ch_version: &str) -> (Results, String, bool
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ldd_output_gives_libraries_and_the_interpreter_not_the_vdso() {
-        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\
-                    \tlibz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x00007f84)\n\
-                    \tlibceph-common.so.2 => /usr/lib/x86_64-linux-gnu/ceph/libceph-common.so.2 (0x1)\n\
-                    \t/lib64/ld-linux-x86-64.so.2 (0x00007f84e83aa000)\n";
-        assert_eq!(
-            parse_ldd(text),
-            vec![
-                (
-                    "lib/x86_64-linux-gnu/libz.so.1".to_string(),
-                    PathBuf::from("/lib/x86_64-linux-gnu/libz.so.1")
-                ),
-                (
-                    "usr/lib/x86_64-linux-gnu/ceph/libceph-common.so.2".to_string(),
-                    PathBuf::from("/usr/lib/x86_64-linux-gnu/ceph/libceph-common.so.2")
-                ),
-                (
-                    "lib64/ld-linux-x86-64.so.2".to_string(),
-                    PathBuf::from("/lib64/ld-linux-x86-64.so.2")
-                ),
-            ]
-        );
-        assert!(parse_ldd("\tnot a dynamic executable\n").is_empty());
-    }
-
-    /// Lines printed by fio 3.33 `--minimal` for a read and a write job.
-    #[test]
-    fn fio_terse_lines_give_the_side_the_job_ran() {
-        let mut read = vec!["0"; 130];
-        read[0] = "3";
-        read[6] = "58514";
-        read[7] = "14628";
-        let read = read.join(";");
-        assert_eq!(
-            parse_fio_terse(&read, false),
-            Some(FioResult {
-                kib_per_s: 58514.0,
-                iops: 14628.0
-            })
-        );
-        let mut write = vec!["0"; 130];
-        write[0] = "3";
-        write[47] = "1638400";
-        write[48] = "1600";
-        let write = write.join(";");
-        assert_eq!(parse_fio_terse(&write, true).map(|r| r.iops), Some(1600.0));
-        assert_eq!(parse_fio_terse(&write, false).map(|r| r.iops), Some(0.0));
-        assert_eq!(parse_fio_terse("fio: error opening /dev/vda", false), None);
-        assert_eq!(parse_fio_terse("3;fio-3.33;x", false), None);
-    }
 
     #[test]
     fn ratio_is_of_the_means_and_needs_both_sides() {
