@@ -214,10 +214,11 @@ fn boot_lines(round: u32, boots: &[&str]) -> String {
     let servers = |list: &[Server]| list.iter().map(|s| s.name).collect::<Vec<_>>().join(",");
     if boots.contains(&"ours") {
         for s in OURS.iter().filter(|s| s.huge.is_some()) {
+            // The daemon serves as many request queues as the device asks.
             let args = if s.name.starts_with("dax") {
-                format!("--cache-size {WINDOW}")
+                format!("--cache-size {WINDOW} --max-request-queues {MAIN_CPUS}")
             } else {
-                "--dax off".into()
+                format!("--dax off --max-request-queues {MAIN_CPUS}")
             };
             let _ = writeln!(out, "ours {} {} {args}", s.name, share(s));
         }
@@ -248,12 +249,17 @@ fn boot_lines(round: u32, boots: &[&str]) -> String {
     if boots.contains(&"mq") {
         let mut fs = Vec::new();
         for s in &MQ {
+            let queues = if s.name == "mq2" { 2 } else { 1 };
             if s.name.starts_with("vfsd") {
                 let _ = writeln!(out, "virtiofsd {} {}", s.name, share(s));
             } else {
-                let _ = writeln!(out, "ours {} {} --dax off", s.name, share(s));
+                let _ = writeln!(
+                    out,
+                    "ours {} {} --dax off --max-request-queues {queues}",
+                    s.name,
+                    share(s)
+                );
             }
-            let queues = if s.name == "mq2" { 2 } else { 1 };
             fs.push(fs_arg(s, queues, true));
         }
         let _ = writeln!(
