@@ -116,6 +116,9 @@ pub enum Samples {
     Device(fn(&DeviceMetrics) -> Option<u64>),
     /// Per device that has the source, one sample per entry, labelled `key`.
     DeviceLabelled(&'static str, fn(&DeviceMetrics) -> Option<Entries<'_>>),
+    /// As `DeviceLabelled`, the values in µs, written in seconds (the
+    /// base unit Prometheus names take).
+    DeviceLabelledMicros(&'static str, fn(&DeviceMetrics) -> Option<Entries<'_>>),
     /// Per device that has the source, a latency histogram.
     DeviceHistogram(fn(&DeviceMetrics) -> Option<Histogram<'_>>),
 }
@@ -352,10 +355,10 @@ pub const FAMILIES: &[Family] = &[
     Family {
         shown: Shown::WithSource,
         ..family(
-            "daxvmm_dax_map_stage_microseconds_total",
+            "daxvmm_dax_map_stage_seconds_total",
             "counter",
             "Time the VMM spent on SHMEM_MAPs, by stage: request (the whole backend request, read to ack), its parts read, check, fstat, keep_fd, mmap, scratch, record, queue_prefault, notify, and prefault_after_ack (the worker's pre-faults after the ack)",
-            Samples::DeviceLabelled("stage", |d| {
+            Samples::DeviceLabelledMicros("stage", |d| {
                 counters(d).map(|c| stage_entries(&c.map_stages, |s| s.sum_us))
             }),
         )
@@ -365,7 +368,7 @@ pub const FAMILIES: &[Family] = &[
         ..family(
             "daxvmm_dax_map_stages_total",
             "counter",
-            "SHMEM_MAPs that reached each stage of daxvmm_dax_map_stage_microseconds_total",
+            "SHMEM_MAPs that reached each stage of daxvmm_dax_map_stage_seconds_total",
             Samples::DeviceLabelled("stage", |d| {
                 counters(d).map(|c| stage_entries(&c.map_stages, |s| s.count))
             }),
@@ -486,17 +489,17 @@ pub const FAMILIES: &[Family] = &[
         Samples::DeviceLabelled("reason", |d| adaptive(d).map(|a| entries(&a.granted))),
     ),
     family(
-        "daxvmm_fs_map_stage_microseconds_total",
+        "daxvmm_fs_map_stage_seconds_total",
         "counter",
         "Time the daemon spent on SETUPMAPPINGs, by stage: open, shmem_map (SHMEM_MAP sent to ack), record, and served (popped from the queue to the reply on the used ring)",
-        Samples::DeviceLabelled("stage", |d| {
+        Samples::DeviceLabelledMicros("stage", |d| {
             daemon(d).map(|s| stage_entries(&s.map_stages, |t| t.sum_us))
         }),
     ),
     family(
         "daxvmm_fs_map_stages_total",
         "counter",
-        "SETUPMAPPINGs that reached each stage of daxvmm_fs_map_stage_microseconds_total",
+        "SETUPMAPPINGs that reached each stage of daxvmm_fs_map_stage_seconds_total",
         Samples::DeviceLabelled("stage", |d| {
             daemon(d).map(|s| stage_entries(&s.map_stages, |t| t.count))
         }),
@@ -600,12 +603,18 @@ impl Writer {
                     }
                 }
             }
-            Samples::DeviceLabelled(key, get) => {
+            Samples::DeviceLabelled(key, get) | Samples::DeviceLabelledMicros(key, get) => {
+                let micros = matches!(f.samples, Samples::DeviceLabelledMicros(..));
                 for d in &snapshot.devices {
                     let Some(entries) = get(d) else { continue };
                     sourced = true;
                     for (k, v) in entries {
-                        self.sample(f.name, &[("device", &d.id), (key, k)], v);
+                        let labels = [("device", d.id.as_str()), (*key, k)];
+                        if micros {
+                            self.sample(f.name, &labels, seconds(v));
+                        } else {
+                            self.sample(f.name, &labels, v);
+                        }
                     }
                 }
             }

@@ -108,7 +108,7 @@ fn renders_families_once_with_device_labels() {
     assert!(text.contains("daxvmm_dax_map_latency_seconds_bucket{device=\"fs0\",le=\"+Inf\"} 3\n"));
     assert!(text.contains("daxvmm_dax_map_latency_seconds_sum{device=\"fs0\"} 0.00015\n"));
     assert!(text
-        .contains("daxvmm_dax_map_stage_microseconds_total{device=\"fs0\",stage=\"mmap\"} 90\n"));
+        .contains("daxvmm_dax_map_stage_seconds_total{device=\"fs0\",stage=\"mmap\"} 0.00009\n"));
     assert!(text.contains("daxvmm_dax_map_stages_total{device=\"fs0\",stage=\"mmap\"} 3\n"));
     assert!(text.contains("daxvmm_fs_file_attrs_dax_total{device=\"fs0\"} 5\n"));
     assert!(

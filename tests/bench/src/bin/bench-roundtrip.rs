@@ -187,7 +187,8 @@ fn vmm_histogram(text: &str, device: &str) -> (Histogram, f64) {
 
 /// The VMM's per-stage map trace for `device` from its Prometheus text:
 /// (stage, count, sum µs) from `daxvmm_dax_map_stages_total` and
-/// `daxvmm_dax_map_stage_microseconds_total`, in the order the text has them.
+/// `daxvmm_dax_map_stage_seconds_total` (in seconds there), in the order the
+/// text has them.
 fn vmm_stages(text: &str, device: &str) -> Vec<StageTotal> {
     let label = format!("device=\"{device}\"");
     let stage_of = |labels: &str| {
@@ -202,14 +203,14 @@ fn vmm_stages(text: &str, device: &str) -> Vec<StageTotal> {
     for pair in words.windows(2) {
         let (name, value) = (pair[0], pair[1]);
         let (labels, is_sum) =
-            if let Some(l) = name.strip_prefix("daxvmm_dax_map_stage_microseconds_total{") {
+            if let Some(l) = name.strip_prefix("daxvmm_dax_map_stage_seconds_total{") {
                 (l, true)
             } else if let Some(l) = name.strip_prefix("daxvmm_dax_map_stages_total{") {
                 (l, false)
             } else {
                 continue;
             };
-        let (Some(stage), Ok(v)) = (stage_of(labels), value.parse::<u64>()) else {
+        let (Some(stage), Ok(v)) = (stage_of(labels), value.parse::<f64>()) else {
             continue;
         };
         if !labels.contains(&label) {
@@ -226,12 +227,22 @@ fn vmm_stages(text: &str, device: &str) -> Vec<StageTotal> {
             }
         };
         if is_sum {
-            stages[i].sum_us = v;
+            stages[i].sum_us = whole(v * 1e6);
         } else {
-            stages[i].count = v;
+            stages[i].count = whole(v);
         }
     }
     stages
+}
+
+/// A non-negative sample value rounded to a whole number.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "rounded and clamped at 0 first; the counters are far below 2^53"
+)]
+fn whole(v: f64) -> u64 {
+    v.max(0.0).round() as u64
 }
 
 /// The mean µs of `stage` in `stages`, if any map reached it.
@@ -492,9 +503,9 @@ mod tests {
 
     #[test]
     fn the_vmm_trace_is_read_for_one_device_and_the_remainders_follow() {
-        let text = "daxvmm_dax_map_stage_microseconds_total{device=\"fs0\",stage=\"request\"} 600 \
-            daxvmm_dax_map_stage_microseconds_total{device=\"fs0\",stage=\"mmap\"} 90 \
-            daxvmm_dax_map_stage_microseconds_total{device=\"fs2\",stage=\"mmap\"} 7 \
+        let text = "daxvmm_dax_map_stage_seconds_total{device=\"fs0\",stage=\"request\"} 0.0006 \
+            daxvmm_dax_map_stage_seconds_total{device=\"fs0\",stage=\"mmap\"} 0.00009 \
+            daxvmm_dax_map_stage_seconds_total{device=\"fs2\",stage=\"mmap\"} 0.000007 \
             daxvmm_dax_map_stages_total{device=\"fs0\",stage=\"request\"} 3 \
             daxvmm_dax_map_stages_total{device=\"fs0\",stage=\"mmap\"} 3";
         let stage = |stage: &str, count, sum_us| StageTotal {
