@@ -59,6 +59,11 @@ ln -s ../small.txt share/tree/link
 echo "@@HOST big_md5=$(md5sum < share/big.bin | cut -d' ' -f1)"
 echo "@@HOST large_md5=$(md5sum < share/nodax/large.bin | cut -d' ' -f1)"
 SUBMOUNT_CMD
+# A tmpfs with 2 MiB pages inside the share: its files' st_blksize is 2 MiB
+# on the host, which the guest must not take as their block size (its DAX
+# writeback refuses any but the page size).
+mkdir share/huge && mount -t tmpfs -o size=8m,huge=always tmpfs share/huge && head -c 4194304 /dev/zero > share/huge/hp.bin
+echo "@@HOST huge_blksize=$(stat -c %o share/huge/hp.bin)"
 dax-virtiofsd --socket-path /tmp/fs.sock --shared-dir share --cache-size 32M --dax-policy policy.json \
     --control-socket /tmp/fs-control.sock --log-level warn DAEMON_ARGS &
 DAEMON=$!
@@ -151,6 +156,7 @@ kill $DIAG
 wait $DAEMON; echo "@@HOST daemon_exit=$?"
 wait $WATCHER; echo "@@HOST flip=$(cat flip.out)"
 echo "@@HOST target_md5=$(md5sum < share/target.bin | cut -d' ' -f1)"
+echo "@@HOST huge_filled=$(head -c 2097152 share/huge/hp.bin | tr -d M | wc -c)"
 echo "@@HOST written_md5=$(md5sum < share/written.bin | cut -d' ' -f1)"
 diff -r share/tree share/tree-copy >/dev/null && echo "@@HOST tree_copy=same"
 echo "@@HOST copy_link=$(readlink share/tree-copy/link)"
@@ -233,6 +239,9 @@ mount -t virtiofs share /mnt -o dax=always; echo "@@GUEST mount_always_rc=$?"
 echo "@@GUEST statx_always=$(cd /mnt && daxprobe statx big.bin small.txt nodax/large.bin)"
 echo "@@GUEST small=$(cat /mnt/small.txt)"
 echo "@@GUEST large_md5_always=$(md5sum < /mnt/nodax/large.bin | cut -d' ' -f1)"
+echo "@@GUEST huge_blksize=$(stat -c %o /mnt/huge/hp.bin)"
+daxprobe mmap-fill /mnt/huge/hp.bin 0 2097152 77; echo "@@GUEST huge_msync_rc=$?"
+umount /mnt/huge 2>/dev/null
 umount /mnt; echo "@@GUEST umount_always_rc=$?"
 echo "@@GUEST fuse_errors=$(dmesg | grep -i 'fuse\|virtio.fs\|virtiofs' | grep -ci 'error\|fail\|bug\|warn')"
 "#;
@@ -452,6 +461,12 @@ fn virtiofs_test(transport: &str, api: bool) {
         run.host("large_md5"),
         "{tail}"
     );
+    // A file on a host tmpfs with 2 MiB pages: the guest is given the page
+    // size as its block size, so a DAX mapping of it syncs (EIO before).
+    assert_eq!(run.host("huge_blksize"), Some("2097152"), "{tail}");
+    assert_eq!(run.guest("huge_blksize"), Some("4096"), "{tail}");
+    assert_eq!(run.guest("huge_msync_rc"), Some("0"), "{tail}");
+    assert_eq!(run.host("huge_filled"), Some("0"), "{tail}");
     assert_eq!(run.guest("umount_always_rc"), Some("0"), "{tail}");
     assert_eq!(run.guest("fuse_errors"), Some("0"), "{tail}");
     // MSI-X gives each queue's vector an irqfd the daemon writes itself;
