@@ -58,7 +58,8 @@
 #                        and parallel reads on 2 request queues against 1 and
 #                        virtiofsd (target/rig-results/fio-bench.md);
 #                        FIO_BENCH_ROUNDS=2 runs every boot twice; `bench.sh fio
-#                        ours|ch|mq...` runs only those boots
+#                        ours|ch|mq...` runs only those boots;
+#                        FIO_BENCH_WINDOW=MIB sets our DAX window (512)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

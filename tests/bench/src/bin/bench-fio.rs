@@ -60,11 +60,14 @@ const FILE_MIB: u32 = 64;
 /// the slowest server in the emulated host, short enough for the run to
 /// fit.
 const JOB_SECS: u32 = 2;
-/// Larger than the four jobs' files together (4 x 64 MiB), so no job
-/// waits for the guest to reclaim a range: with a 128 MiB window, four
-/// mmap writers on 2 MiB host pages were seen to hang (fio's tasks
-/// blocked for minutes).
-const WINDOW: &str = "512M";
+/// The DAX window: larger than the four jobs' files together (4 x 64
+/// MiB), so no job waits for the guest to reclaim a range.
+/// `FIO_BENCH_WINDOW` sets another (a size in MiB, even, 2 to 4096): one
+/// smaller than the files makes the guest reclaim ranges while it writes
+/// (with 128 MiB, four mmap writers on 2 MiB host pages once hung while
+/// the guest's DAX writeback refused those files' block size).
+const WINDOW_MIB: u32 = 512;
+const WINDOW_ENV: &str = "FIO_BENCH_WINDOW";
 const GUEST_MEMORY: &str = "1024M";
 /// Request queues of our fs devices in the main boot: one per vCPU.
 const MAIN_CPUS: u32 = 4;
@@ -187,13 +190,13 @@ fn fail(e: impl std::fmt::Display) -> ! {
 }
 
 /// One fs device's `--fs` value.
-fn fs_arg(s: &Server, queues: u32, ours: bool) -> String {
+fn fs_arg(s: &Server, queues: u32, ours: bool, window_mib: u32) -> String {
     let mut a = format!(
         "tag={n},socket=/tmp/{n}.sock,num_queues={queues},queue_size={QUEUE_SIZE}",
         n = s.name
     );
     if ours && s.name.starts_with("dax") {
-        a.push_str(&format!(",transport=pci,cache_size={WINDOW}"));
+        a.push_str(&format!(",transport=pci,cache_size={window_mib}M"));
     } else if ours {
         a.push_str(",dax=off,transport=pci");
     }
@@ -209,14 +212,14 @@ fn share(s: &Server) -> &'static str {
 }
 
 /// The host lines of one round's boots.
-fn boot_lines(round: u32, boots: &[&str]) -> String {
+fn boot_lines(round: u32, boots: &[&str], window_mib: u32) -> String {
     let mut out = String::new();
     let servers = |list: &[Server]| list.iter().map(|s| s.name).collect::<Vec<_>>().join(",");
     if boots.contains(&"ours") {
         for s in OURS.iter().filter(|s| s.huge.is_some()) {
             // The daemon serves as many request queues as the device asks.
             let args = if s.name.starts_with("dax") {
-                format!("--cache-size {WINDOW} --max-request-queues {MAIN_CPUS}")
+                format!("--cache-size {window_mib}M --max-request-queues {MAIN_CPUS}")
             } else {
                 format!("--dax off --max-request-queues {MAIN_CPUS}")
             };
@@ -225,7 +228,7 @@ fn boot_lines(round: u32, boots: &[&str]) -> String {
         let fs: Vec<String> = OURS
             .iter()
             .filter(|s| s.huge.is_some())
-            .map(|s| fs_arg(s, MAIN_CPUS, true))
+            .map(|s| fs_arg(s, MAIN_CPUS, true, window_mib))
             .collect();
         let _ = writeln!(
             out,
@@ -238,7 +241,7 @@ fn boot_lines(round: u32, boots: &[&str]) -> String {
         for s in &CH {
             let _ = writeln!(out, "virtiofsd {} {}", s.name, share(s));
         }
-        let fs: Vec<String> = CH.iter().map(|s| fs_arg(s, 1, false)).collect();
+        let fs: Vec<String> = CH.iter().map(|s| fs_arg(s, 1, false, window_mib)).collect();
         let _ = writeln!(
             out,
             "boot ch{round} \"$WORK/baseline/cloud-hypervisor\" {MAIN_CPUS} {} main {round} {}",
@@ -260,7 +263,7 @@ fn boot_lines(round: u32, boots: &[&str]) -> String {
                     share(s)
                 );
             }
-            fs.push(fs_arg(s, queues, true));
+            fs.push(fs_arg(s, queues, true, window_mib));
         }
         let _ = writeln!(
             out,
@@ -289,6 +292,18 @@ fn main() {
             .filter(|r| (1..=4).contains(r))
             .unwrap_or_else(|| fail(format!("{ROUNDS_ENV}={v}: a number from 1 to 4"))),
         Err(_) => 1,
+    };
+    let window_mib: u32 = match std::env::var(WINDOW_ENV) {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|m| (2..=4096).contains(m) && m % 2 == 0)
+            .unwrap_or_else(|| {
+                fail(format!(
+                    "{WINDOW_ENV}={v}: a window size in MiB, even, from 2 to 4096"
+                ))
+            }),
+        Err(_) => WINDOW_MIB,
     };
     let mut only: Vec<String> = std::env::args().skip(1).collect();
     let from_log = (only.first().map(String::as_str) == Some("--from-log")).then(|| {
@@ -358,7 +373,9 @@ fn main() {
             });
         }
     }
-    let lines: String = (1..=rounds).map(|r| boot_lines(r, &boots)).collect();
+    let lines: String = (1..=rounds)
+        .map(|r| boot_lines(r, &boots, window_mib))
+        .collect();
     guest.host_before = format!("{SHELL_HELPERS}{HOST_SCRIPT}")
         .replace("BOOTS", &lines)
         .replace("BASE_CMDLINE", &base_cmdline)
@@ -372,7 +389,8 @@ fn main() {
     let versions = baseline
         .as_ref()
         .map(|(c, v)| format!("{}, {}", version(c), version(v)));
-    let (results, tables, failed) = report(&run, rounds, &boots, versions);
+    let (mut results, tables, failed) = report(&run, rounds, &boots, versions);
+    results.record("DAX window (ours)", format!("{window_mib} MiB"));
     if let Err(e) = results.finish_bench(&tables, failed, &run) {
         fail(e);
     }
