@@ -159,6 +159,14 @@ pub fn mean_and_spread(values: &[f64], digits: usize) -> String {
     )
 }
 
+/// The `k=v` words of a marker's value (the first `=` splits; a word
+/// without one is skipped).
+pub fn marker_fields(line: &str) -> std::collections::HashMap<&str, &str> {
+    line.split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::{mean_and_spread, nearest_rank};
@@ -183,5 +191,14 @@ mod tests {
         assert_eq!(nearest_rank(1, 0.5), 1);
         assert_eq!(nearest_rank(10, 7.0), 10, "q is clamped");
         assert_eq!(nearest_rank(10, -1.0), 1, "q is clamped");
+    }
+
+    #[test]
+    fn marker_fields_split_at_the_first_equals_sign() {
+        let f = super::marker_fields("send=status=204 receive=status=204 max_gap_ms=1530 body= x");
+        assert_eq!(f.get("send"), Some(&"status=204"));
+        assert_eq!(f.get("max_gap_ms"), Some(&"1530"));
+        assert_eq!(f.get("body"), Some(&""));
+        assert_eq!(f.get("x"), None);
     }
 }

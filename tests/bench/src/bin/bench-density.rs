@@ -254,10 +254,7 @@ fn main() {
         "{HOST_HELPERS}{}",
         host.replace("BASE_CMDLINE", &base_cmdline)
     );
-    let run = rig::run(&guest).unwrap_or_else(|e| fail(e.to_string()));
-    if run.timed_out {
-        fail(format!("timed out\n{}", run.tail(60)));
-    }
+    let run = rig::run_to_end(&guest).unwrap_or_else(|e| fail(e));
     let (results, tables, failed) = match what.as_str() {
         "density" => density_report(&run),
         _ => windowcost_report(&run),

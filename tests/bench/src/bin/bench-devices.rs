@@ -230,10 +230,7 @@ fn main() {
         .replace("HOST_IP", HOST_IP)
         .replace("MAC", MAC);
     guest.timeout = std::time::Duration::from_secs(2400);
-    let run = rig::run(&guest).unwrap_or_else(|e| fail(e.to_string()));
-    if run.timed_out {
-        fail(format!("timed out\n{}", run.tail(60)));
-    }
+    let run = rig::run_to_end(&guest).unwrap_or_else(|e| fail(e));
     let ch_version = baseline.as_deref().map(version).unwrap_or_default();
     let (results, tables, failed) = report(&run, &boots, &ch_version);
     if let Err(e) = results.finish_bench(&tables, failed, &run) {

@@ -44,16 +44,14 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use test_infra::baseline::{baseline_binary, version};
+use test_infra::baseline::{host_files, version, vmm_and_virtiofsd};
 use test_infra::packaged::{installed, with_libraries};
 use test_infra::results::Results;
-use test_infra::rig::{self, Guest, ImageFile, Line, Run};
+use test_infra::rig::{self, Guest, Line, Run};
 use test_infra::shell::SHELL_HELPERS;
 
 use jobs::{all_jobs, Server, Set, CH, MQ, OURS};
 
-const BASELINE_VMM_ENV: &str = "BASELINE_VMM";
-const BASELINE_VIRTIOFSD_ENV: &str = "BASELINE_VIRTIOFSD";
 const ROUNDS_ENV: &str = "FIO_BENCH_ROUNDS";
 const FILE_MIB: u32 = 64;
 /// Each job's run time: long enough for a few thousand 4 KiB requests on
@@ -276,15 +274,7 @@ fn boot_lines(round: u32, boots: &[&str], window_mib: u32) -> String {
 }
 
 fn main() {
-    let ch = baseline_binary(BASELINE_VMM_ENV).unwrap_or_else(|e| fail(e));
-    let virtiofsd = baseline_binary(BASELINE_VIRTIOFSD_ENV).unwrap_or_else(|e| fail(e));
-    let baseline = match (ch, virtiofsd) {
-        (Some(c), Some(v)) => Some((c, v)),
-        (None, None) => None,
-        _ => fail(format!(
-            "set both {BASELINE_VMM_ENV} and {BASELINE_VIRTIOFSD_ENV}, or neither"
-        )),
-    };
+    let baseline = vmm_and_virtiofsd().unwrap_or_else(|e| fail(e));
     let rounds: u32 = match std::env::var(ROUNDS_ENV) {
         Ok(v) => v
             .parse()
@@ -363,15 +353,10 @@ fn main() {
     guest.guest_tools = vec![daxprobe];
     guest.guest_files = with_libraries(&[&fio], "bin", "").unwrap_or_else(|e| fail(e));
     guest.host_tools = vec![rig::tool("daemon", "dax-virtiofsd").unwrap_or_else(|e| fail(e))];
-    if let Some((ch, virtiofsd)) = &baseline {
-        for (name, bin) in [("cloud-hypervisor", ch), ("virtiofsd", virtiofsd)] {
-            guest.host_files.push(ImageFile {
-                path: format!("baseline/{name}"),
-                perm: 0o755,
-                data: std::fs::read(bin)
-                    .unwrap_or_else(|e| fail(format!("{}: {e}", bin.display()))),
-            });
-        }
+    if let Some(pair) = &baseline {
+        guest
+            .host_files
+            .extend(host_files(pair).unwrap_or_else(|e| fail(e)));
     }
     let lines: String = (1..=rounds)
         .map(|r| boot_lines(r, &boots, window_mib))
@@ -382,10 +367,7 @@ fn main() {
         .replace("GUEST_MEMORY", GUEST_MEMORY)
         .replace("FILE_MIB", &FILE_MIB.to_string());
     guest.timeout = Duration::from_secs(1800 * u64::from(rounds));
-    let run = rig::run(&guest).unwrap_or_else(|e| fail(e));
-    if run.timed_out {
-        fail(format!("timed out\n{}", run.tail(80)));
-    }
+    let run = rig::run_to_end(&guest).unwrap_or_else(|e| fail(e));
     let versions = baseline
         .as_ref()
         .map(|(c, v)| format!("{}, {}", version(c), version(v)));

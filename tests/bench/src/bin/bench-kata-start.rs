@@ -34,10 +34,13 @@
 //! Writes `target/rig-results/kata-start-bench.md`.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use test_infra::baseline::{baseline_binary, version};
+use test_infra::baseline::{
+    host_files, version, vmm_and_virtiofsd, VIRTIOFSD_ENV as BASELINE_VIRTIOFSD_ENV,
+    VMM_ENV as BASELINE_VMM_ENV,
+};
 use test_infra::host::static_busybox;
 use test_infra::kata::rs::json::Json;
 use test_infra::kata::rs::{self, RsSandbox};
@@ -45,8 +48,6 @@ use test_infra::results::Results;
 use test_infra::rig::{self, Guest, ImageFile, Run};
 
 /// The Cloud Hypervisor and virtiofsd binaries to compare with.
-const BASELINE_VMM_ENV: &str = "BASELINE_VMM";
-const BASELINE_VIRTIOFSD_ENV: &str = "BASELINE_VIRTIOFSD";
 /// Words added to our daemon's command line only, as runtime-rs's
 /// `virtio_fs_extra_args` would add them (e.g. `--cache-size=64M`, to see
 /// what the DAX window's size costs the start).
@@ -283,21 +284,9 @@ fn root_disk(daxprobe: &Path) -> Vec<u8> {
     test_infra::kata::agent_root_disk("kata-start-root", &busybox, &daxprobe, &agent, &applets)
 }
 
-/// A baseline binary from `env`; None when `env` is unset.
-fn baseline(env: &str) -> Option<PathBuf> {
-    baseline_binary(env).unwrap_or_else(|e| fail(e))
-}
-
 fn main() {
-    let ch = baseline(BASELINE_VMM_ENV);
-    let virtiofsd = baseline(BASELINE_VIRTIOFSD_ENV);
-    let compare = match (&ch, &virtiofsd) {
-        (Some(_), Some(_)) => true,
-        (None, None) => false,
-        _ => fail(format!(
-            "set both {BASELINE_VMM_ENV} and {BASELINE_VIRTIOFSD_ENV}, or neither"
-        )),
-    };
+    let baseline = vmm_and_virtiofsd().unwrap_or_else(|e| fail(e));
+    let compare = baseline.is_some();
     let starts = order(compare);
     let extra: Vec<String> = std::env::var(OURS_EXTRA_ARGS_ENV)
         .unwrap_or_default()
@@ -322,21 +311,15 @@ fn main() {
     ];
     guest.host_modules = vec!["tun".into()];
     guest.host_tools = vec![daxprobe.clone(), daemon];
-    let read =
-        |p: &Path| std::fs::read(p).unwrap_or_else(|e| fail(format!("{}: {e}", p.display())));
     guest.host_files = vec![ImageFile {
         path: "root.img".into(),
         perm: 0o644,
         data: root_disk(&daxprobe),
     }];
-    if let (Some(ch), Some(virtiofsd)) = (&ch, &virtiofsd) {
-        for (name, bin) in [("cloud-hypervisor", ch), ("virtiofsd", virtiofsd)] {
-            guest.host_files.push(ImageFile {
-                path: format!("baseline/{name}"),
-                perm: 0o755,
-                data: read(bin),
-            });
-        }
+    if let Some(pair) = &baseline {
+        guest
+            .host_files
+            .extend(host_files(pair).unwrap_or_else(|e| fail(e)));
     }
     let mut lines = String::new();
     for (label, side) in &starts {
@@ -362,14 +345,8 @@ fn main() {
     });
     guest.host_before = HOST_BEFORE.into();
     guest.timeout = Duration::from_secs(3600);
-    let run = rig::run(&guest).unwrap_or_else(|e| fail(e));
-    if run.timed_out {
-        fail(format!("timed out\n{}", run.tail(80)));
-    }
-    let versions = ch
-        .as_deref()
-        .zip(virtiofsd.as_deref())
-        .map(|(c, v)| (version(c), version(v)));
+    let run = rig::run_to_end(&guest).unwrap_or_else(|e| fail(e));
+    let versions = baseline.as_ref().map(|(c, v)| (version(c), version(v)));
     let (mut results, tables, failed) = report(&run, &starts, versions);
     if !extra.is_empty() {
         results.record("our daemon's extra arguments", extra.join(" "));

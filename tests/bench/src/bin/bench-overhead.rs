@@ -32,14 +32,12 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use serde_json::json;
-use test_infra::baseline::{baseline_binary, version};
+use test_infra::baseline::{host_files, version, vmm_and_virtiofsd};
 use test_infra::proc_cost::ProcCost;
-use test_infra::results::{mean_and_spread, Results};
+use test_infra::results::{marker_fields, mean_and_spread, Results};
 use test_infra::rig::{self, Guest, ImageFile, Run};
 use test_infra::shell::SHELL_HELPERS;
 
-const BASELINE_VMM_ENV: &str = "BASELINE_VMM";
-const BASELINE_VIRTIOFSD_ENV: &str = "BASELINE_VIRTIOFSD";
 /// Boots per kind.
 const ROUNDS: usize = 3;
 const GUEST_MIB: u64 = 256;
@@ -162,9 +160,7 @@ fn create_body(kind: &str, base_cmdline: &str) -> String {
 }
 
 fn main() {
-    let ch = baseline_binary(BASELINE_VMM_ENV).unwrap_or_else(|e| fail(e));
-    let virtiofsd = baseline_binary(BASELINE_VIRTIOFSD_ENV).unwrap_or_else(|e| fail(e));
-    let baseline = ch.zip(virtiofsd);
+    let baseline = vmm_and_virtiofsd().unwrap_or_else(|e| fail(e));
     let kinds: Vec<&str> = KINDS
         .iter()
         .map(|k| k.0)
@@ -184,15 +180,10 @@ fn main() {
             data: create_body(kind, &base_cmdline).into_bytes(),
         });
     }
-    if let Some((ch, virtiofsd)) = &baseline {
-        for (name, bin) in [("cloud-hypervisor", ch), ("virtiofsd", virtiofsd)] {
-            guest.host_files.push(ImageFile {
-                path: format!("baseline/{name}"),
-                perm: 0o755,
-                data: std::fs::read(bin)
-                    .unwrap_or_else(|e| fail(format!("{}: {e}", bin.display()))),
-            });
-        }
+    if let Some(pair) = &baseline {
+        guest
+            .host_files
+            .extend(host_files(pair).unwrap_or_else(|e| fail(e)));
     }
     let lines: String = boots
         .iter()
@@ -203,10 +194,7 @@ fn main() {
         .replace("WINDOW_MIB", &WINDOW_MIB.to_string())
         .replace("DATA_MIB", &DATA_MIB.to_string());
     guest.timeout = Duration::from_secs(2400);
-    let run = rig::run(&guest).unwrap_or_else(|e| fail(e));
-    if run.timed_out {
-        fail(format!("timed out\n{}", run.tail(80)));
-    }
+    let run = rig::run_to_end(&guest).unwrap_or_else(|e| fail(e));
     let versions = baseline
         .as_ref()
         .map(|(c, v)| format!("{}, {}", version(c), version(v)));
@@ -216,18 +204,11 @@ fn main() {
     }
 }
 
-/// `k=v` words of a marker's value.
-fn fields(line: &str) -> HashMap<&str, &str> {
-    line.split_whitespace()
-        .filter_map(|w| w.split_once('='))
-        .collect()
-}
-
 /// From vm.create sent to the moment `key` of the `times` marker
 /// (`booted_ms`: vm.boot answered; `init_at_ms`: the guest's init seen),
 /// host clock, ms; None if a call failed or a time is missing.
 fn since_create_ms(times: &str, key: &str) -> Option<u64> {
-    let f = fields(times);
+    let f = marker_fields(times);
     if !f.get("create")?.starts_with("status=2") || !f.get("boot")?.starts_with("status=2") {
         return None;
     }

@@ -106,10 +106,7 @@ fn main() {
         format!("tag=daxhuge,socket=/tmp/daxhuge.sock,cache_size={WINDOW},transport=pci,id=fs3"),
     ];
     guest.timeout = std::time::Duration::from_secs(1200);
-    let run = rig::run(&guest).unwrap_or_else(|e| fail(e.to_string()));
-    if run.timed_out {
-        fail(format!("timed out\n{}", run.tail(60)));
-    }
+    let run = rig::run_to_end(&guest).unwrap_or_else(|e| fail(e));
     let (results, tables, failed) = report(&run);
     if let Err(e) = results.finish_bench(&tables, failed, &run) {
         fail(e);

@@ -287,6 +287,17 @@ pub fn run_retrying_stall(guest: &Guest) -> Result<(Run, Vec<PathBuf>), RigError
     Ok((run(guest)?, vec![kept]))
 }
 
+/// [`run`] for a benchmark, which has no use for a run that did not end:
+/// a rig error, or a run that timed out (with the end of its log), is the
+/// error.
+pub fn run_to_end(guest: &Guest) -> Result<Run, String> {
+    let run = run(guest).map_err(|e| e.to_string())?;
+    if run.timed_out {
+        return Err(format!("timed out\n{}", run.tail(80)));
+    }
+    Ok(run)
+}
+
 /// Boots `guest` and returns its output once the VMM's host has stopped.
 pub fn run(guest: &Guest) -> Result<Run, RigError> {
     let nested = match std::env::var(NESTED_ENV).as_deref() {

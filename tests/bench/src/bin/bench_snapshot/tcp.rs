@@ -32,15 +32,16 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use test_infra::baseline::{baseline_binary, version};
-use test_infra::results::Results;
-use test_infra::rig::{self, Guest, ImageFile, Run};
+use test_infra::baseline::{
+    host_files, version, vmm_and_virtiofsd, VIRTIOFSD_ENV as BASELINE_VIRTIOFSD_ENV,
+    VMM_ENV as BASELINE_VMM_ENV,
+};
+use test_infra::results::{marker_fields, Results};
+use test_infra::rig::{self, Guest, Run};
 use test_infra::shell::SHELL_HELPERS;
 
-use super::{fail, fields, summary, ONLY_ENV};
+use super::{fail, summary, ONLY_ENV};
 
-const BASELINE_VMM_ENV: &str = "BASELINE_VMM";
-const BASELINE_VIRTIOFSD_ENV: &str = "BASELINE_VIRTIOFSD";
 const GUEST_MIB: u64 = 512;
 const WINDOW_MIB: u64 = 128;
 const BUSY_MIB: u64 = 64;
@@ -180,15 +181,7 @@ fn boot_lines(label: &str, ch: bool, mode: &str) -> String {
 }
 
 pub(super) fn main() {
-    let ch = baseline_binary(BASELINE_VMM_ENV).unwrap_or_else(|e| fail(e));
-    let virtiofsd = baseline_binary(BASELINE_VIRTIOFSD_ENV).unwrap_or_else(|e| fail(e));
-    let baseline = match (ch, virtiofsd) {
-        (Some(c), Some(v)) => Some((c, v)),
-        (None, None) => None,
-        _ => fail(format!(
-            "set both {BASELINE_VMM_ENV} and {BASELINE_VIRTIOFSD_ENV}, or neither"
-        )),
-    };
+    let baseline = vmm_and_virtiofsd().unwrap_or_else(|e| fail(e));
     let mut boots = boots(baseline.is_some());
     let only = std::env::var(ONLY_ENV).ok().filter(|o| !o.is_empty());
     if let Some(only) = &only {
@@ -200,15 +193,10 @@ pub(super) fn main() {
     let base_cmdline = guest.cmdline();
     guest.guest_tools = vec![daxprobe.clone()];
     guest.host_tools = vec![daxprobe, daemon];
-    if let Some((ch, virtiofsd)) = &baseline {
-        for (name, bin) in [("cloud-hypervisor", ch), ("virtiofsd", virtiofsd)] {
-            guest.host_files.push(ImageFile {
-                path: format!("baseline/{name}"),
-                perm: 0o755,
-                data: std::fs::read(bin)
-                    .unwrap_or_else(|e| fail(format!("{}: {e}", bin.display()))),
-            });
-        }
+    if let Some(pair) = &baseline {
+        guest
+            .host_files
+            .extend(host_files(pair).unwrap_or_else(|e| fail(e)));
     }
     let lines: String = boots.iter().map(|&(l, c, m)| boot_lines(l, c, m)).collect();
     guest.host_before = format!("{SHELL_HELPERS}{HOST_SCRIPT}")
@@ -220,10 +208,7 @@ pub(super) fn main() {
         .replace("BUSY_MIB", &BUSY_MIB.to_string())
         .replace("PROBE_SECS", &PROBE_SECS.to_string());
     guest.timeout = Duration::from_secs(2400);
-    let run = rig::run(&guest).unwrap_or_else(|e| fail(e));
-    if run.timed_out {
-        fail(format!("timed out\n{}", run.tail(80)));
-    }
+    let run = rig::run_to_end(&guest).unwrap_or_else(|e| fail(e));
     let versions = baseline
         .as_ref()
         .map(|(c, v)| format!("{}, {}", version(c), version(v)));
@@ -241,7 +226,7 @@ pub(super) fn main() {
 /// answer; the downtime `None` when the probe did not see the guest run on
 /// the destination), or `None` when it failed (or never ran).
 fn moved(line: &str) -> Option<(Option<f64>, f64, f64)> {
-    let f = fields(line);
+    let f = marker_fields(line);
     if f.get("receive") != Some(&"status=204") || f.get("state") != Some(&"Running") {
         return None;
     }
