@@ -8,23 +8,8 @@
 use std::io::{Read, Seek, SeekFrom};
 use std::time::{Duration, Instant};
 
+use super::heartbeat::boottime_ms;
 use super::{fail, num};
-
-/// CLOCK_BOOTTIME in milliseconds: what /proc/uptime counts.
-fn boottime_ms() -> u128 {
-    // SAFETY: all-zero is a valid timespec for the call to overwrite.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: ts is a valid, writable timespec.
-    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
-        fail(format!(
-            "clock_gettime: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    let secs = u128::try_from(ts.tv_sec).unwrap_or(0);
-    let nanos = u128::try_from(ts.tv_nsec).unwrap_or(0);
-    secs * 1000 + nanos / 1_000_000
-}
 
 /// Whether `text` is in `seen` once `new` is appended; keeps only the
 /// tail that a later match could start in.
