@@ -287,7 +287,8 @@ impl VhostUserBackend for FsBackend {
     /// the first request queue's thread, as virtiofsd serves both of its
     /// queues on one; the framework starts every thread with the daemon.
     fn queues_per_thread(&self) -> Vec<u64> {
-        let first = 0b11 & ((1u64 << self.num_queues.min(2)) - 1);
+        // Thread 0: hiprio (queue 0) and the first request queue (1).
+        let first = if self.num_queues > 1 { 0b11 } else { 0b1 };
         std::iter::once(first)
             .chain((2..self.num_queues).map(|q| 1u64 << q))
             .collect()
