@@ -59,7 +59,10 @@
 #                        virtiofsd (target/rig-results/fio-bench.md);
 #                        FIO_BENCH_ROUNDS=2 runs every boot twice; `bench.sh fio
 #                        ours|ch|mq...` runs only those boots;
-#                        FIO_BENCH_WINDOW=MIB sets our DAX window (512)
+#                        FIO_BENCH_WINDOW=MIB sets our DAX window (512);
+#                        FIO_BENCH_JOBS=randread_psync_1,... runs only those
+#                        jobs; around each DAX job the VMM's counters are
+#                        noted (maps, pre-faults, KVM page faults)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -39,6 +39,8 @@
 mod jobs;
 #[path = "bench_fio/table.rs"]
 mod table;
+#[path = "bench_fio/trace.rs"]
+mod trace;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -53,6 +55,10 @@ use test_infra::shell::SHELL_HELPERS;
 use jobs::{all_jobs, Server, Set, CH, MQ, OURS};
 
 const ROUNDS_ENV: &str = "FIO_BENCH_ROUNDS";
+/// `FIO_BENCH_JOBS=randread_psync_1,...`: only these jobs (the keys of
+/// the guest's output), e.g. to trace one row; the tables then show the
+/// others as having no result.
+const JOBS_ENV: &str = "FIO_BENCH_JOBS";
 const FILE_MIB: u32 = 64;
 /// Each job's run time: long enough for a few thousand 4 KiB requests on
 /// the slowest server in the emulated host, short enough for the run to
@@ -95,12 +101,12 @@ irqs() {
     grep 'requests' /proc/interrupts | awk -v n=$(grep -c ^processor /proc/cpuinfo) \
         '{ s = 0; for (i = 2; i <= n + 1; i++) s += $i; printf "%s:%d ", $NF, s }'
 }
-# In the multi-queue boot: the guest notes its request queues'
-# interrupts, and the host the daemon's threads when a note file appears
-# on the share, which it then removes (bounded wait).
+# In the multi-queue boot the guest notes its request queues'
+# interrupts, and the host the daemon's threads; around a DAX job the host
+# notes the VMM's counters. The host does so when a note file appears on
+# the share, which it then removes (bounded wait).
 note() {
-    [ "$set" = mq ] || return 0
-    echo "@@GUEST irqs_$2=$(irqs)"
+    case "$set:$1" in mq:*) echo "@@GUEST irqs_$2=$(irqs)" ;; main:dax*) ;; *) return 0 ;; esac
     : > /fio/$1/.note-$2
     i=0; while [ -e /fio/$1/.note-$2 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
 }
@@ -141,11 +147,17 @@ dd if=/dev/urandom of=share4k/f0 bs=1M count=FILE_MIB 2>/dev/null
 for f in 1 2 3; do cp share4k/f0 share4k/f$f; done
 cp share4k/f0 share4k/f1 share4k/f2 share4k/f3 share2m/
 echo "@@HOST shares share2m_huge_kib=$(grep ShmemHugePages /proc/meminfo | tr -s ' ' | cut -d' ' -f2) share4k=$(grep share4k /proc/mounts | cut -d' ' -f4) share2m=$(grep share2m /proc/mounts | cut -d' ' -f4)"
+# The VMM's counters (its metrics text, one line).
+vmm_counters() {
+    daxprobe http /tmp/vmm-api.sock GET /api/v1/vm.dax-metrics | sed 's/^status=[0-9]* body=//'
+}
 notes() {
     while [ ! -e notes.stop ]; do
-        for f in share4k/.note-*; do
+        for f in share4k/.note-* share2m/.note-*; do
             [ -e "$f" ] || continue
-            n=${f#share4k/.note-}; p=$(cat $(echo $n | cut -d_ -f2).pid 2>/dev/null)
+            n=${f#share*/.note-}
+            case $n in *_dax*) echo "@@HOST vmm_$n=$(vmm_counters)"; rm -f "$f"; continue ;; esac
+            p=$(cat $(echo $n | cut -d_ -f2).pid 2>/dev/null)
             # Our daemon serves from a child process in its sandbox.
             kids=$(grep -l "^PPid:[[:space:]]*$p\$" /proc/[0-9]*/status 2>/dev/null | cut -d/ -f3)
             echo "@@HOST threads_$n=$(for t in $(for q in $p $kids; do echo /proc/$q/task/*; done); do printf '%s:%s:%s ' ${t##*/} "$(tr -d ' :' < $t/comm)" "$(cut -d')' -f2 $t/stat | awk '{print $12 + $13}')"; done)"
@@ -170,7 +182,10 @@ boot() {
     label=$1; bin=$2; cpus=$3; servers=$4; set=$5; round=$6; shift 6
     fs=""; for f in "$@"; do fs="$fs --fs $f"; done
     echo "@@HOST ${label}_start"
-    "$bin" --kernel "$KERNEL" --initramfs "$INITRAMFS" \
+    # Our VMM's API: the counters noted around DAX jobs.
+    api=""; rm -f /tmp/vmm-api.sock
+    [ "$bin" = "$VMM" ] && api="--api-socket /tmp/vmm-api.sock"
+    "$bin" $api --kernel "$KERNEL" --initramfs "$INITRAMFS" \
         --cmdline "BASE_CMDLINE fio_round=$round fio_set=$set fio_servers=$servers" \
         --cpus boot=$cpus --memory size=GUEST_MEMORY,shared=on --serial tty --console off $fs </dev/null
     echo "@@HOST ${label}_exit=$?"
@@ -331,7 +346,8 @@ fn main() {
         return;
     }
     let fio = installed("fio").unwrap_or_else(|e| fail(e));
-    let job_lines: String = all_jobs()
+    let job_lines: String = chosen_jobs()
+        .unwrap_or_else(|e| fail(e))
         .iter()
         .map(|j| {
             let set = if j.set == Set::MultiQueue {
@@ -352,7 +368,11 @@ fn main() {
     let daxprobe = rig::tool("guest-tools", "daxprobe").unwrap_or_else(|e| fail(e));
     guest.guest_tools = vec![daxprobe];
     guest.guest_files = with_libraries(&[&fio], "bin", "").unwrap_or_else(|e| fail(e));
-    guest.host_tools = vec![rig::tool("daemon", "dax-virtiofsd").unwrap_or_else(|e| fail(e))];
+    guest.host_tools = vec![
+        rig::tool("daemon", "dax-virtiofsd").unwrap_or_else(|e| fail(e)),
+        // The host's API client for the VMM's counters.
+        rig::tool("guest-tools", "daxprobe").unwrap_or_else(|e| fail(e)),
+    ];
     if let Some(pair) = &baseline {
         guest
             .host_files
@@ -376,6 +396,29 @@ fn main() {
     if let Err(e) = results.finish_bench(&tables, failed, &run) {
         fail(e);
     }
+}
+
+/// The jobs to run: all, or those `FIO_BENCH_JOBS` names.
+fn chosen_jobs() -> Result<Vec<jobs::Job>, String> {
+    let all = all_jobs();
+    let Ok(names) = std::env::var(JOBS_ENV) else {
+        return Ok(all);
+    };
+    let names: Vec<&str> = names.split(',').filter(|n| !n.is_empty()).collect();
+    if let Some(unknown) = names.iter().find(|n| !all.iter().any(|j| j.name == **n)) {
+        let known: Vec<&str> = all.iter().map(|j| j.name.as_str()).collect();
+        return Err(format!(
+            "{JOBS_ENV}: no job {unknown}; the jobs are {}",
+            known.join(", ")
+        ));
+    }
+    if names.is_empty() {
+        return Err(format!("{JOBS_ENV} is empty: name at least one job"));
+    }
+    Ok(all
+        .into_iter()
+        .filter(|j| names.contains(&j.name.as_str()))
+        .collect())
 }
 
 /// A run as the rig logged it (`[  12.345] text` lines).
@@ -471,6 +514,13 @@ fn report(
             );
         }
         let _ = writeln!(tables, "The targets:\n\n{}", table::targets_table(&targets));
+    }
+    let trace = trace::dax_trace_table(&guest, &host, rounds);
+    if !trace.is_empty() {
+        let _ = writeln!(
+            tables,
+            "What our VMM did during each DAX job (counters noted before and after it):\n\n{trace}"
+        );
     }
     if has("mq") {
         let (t, missing) = table::mq_table(&guest, &host, rounds, &mut results);

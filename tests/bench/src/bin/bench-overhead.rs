@@ -49,10 +49,18 @@ const KERNEL: &str = "/guest/vmlinuz";
 const INITRAMFS: &str = "/guest/initramfs.cpio";
 
 /// The kinds of guest, in the first round's order: label, row name.
-const KINDS: [(&str, &str); 3] = [
+/// `daxchroot` is `dax` in the sandbox virtiofsd runs in here
+/// (`--sandbox chroot`): our default namespace sandbox leaves a parent
+/// process waiting for the sandboxed one, as virtiofsd's does, so only
+/// this kind compares like with like.
+const KINDS: [(&str, &str); 4] = [
     ("ours", "ours (dax-vmm + dax-virtiofsd), no DAX"),
-    ("ch", "Cloud Hypervisor + virtiofsd"),
+    ("ch", "Cloud Hypervisor + virtiofsd (--sandbox=chroot)"),
     ("dax", "ours, DAX window"),
+    (
+        "daxchroot",
+        "ours, DAX window, --sandbox chroot (as virtiofsd here)",
+    ),
 ];
 
 const GUEST_SCRIPT: &str = r#"
@@ -79,6 +87,7 @@ boot() {
     case $KIND in
     ours) dax-virtiofsd --socket-path $FSS --shared-dir share --dax off --log-level warn & BIN=$VMM ;;
     dax) dax-virtiofsd --socket-path $FSS --shared-dir share --cache-size WINDOW_MIBM --log-level warn & BIN=$VMM ;;
+    daxchroot) dax-virtiofsd --socket-path $FSS --shared-dir share --cache-size WINDOW_MIBM --sandbox chroot --log-level warn & BIN=$VMM ;;
     ch) $WORK/baseline/virtiofsd --socket-path=$FSS --shared-dir=share --sandbox=chroot --log-level=warn & BIN=$WORK/baseline/cloud-hypervisor ;;
     esac
     DAEMON=$!
@@ -132,16 +141,14 @@ fn boots(kinds: &[&'static str], rounds: usize) -> Vec<(String, &'static str)> {
 /// The `vm.create` body of a kind; `FS_SOCKET` and `LABEL` are filled in
 /// by the host script.
 fn create_body(kind: &str, base_cmdline: &str) -> String {
-    let mountopts = if kind == "dax" {
-        "dax=always"
-    } else {
-        "dax=never"
-    };
+    let dax = kind.starts_with("dax");
+    let mountopts = if dax { "dax=always" } else { "dax=never" };
     let mut fs =
         json!({"tag": "share", "socket": "FS_SOCKET", "num_queues": 1, "queue_size": 1024});
     match kind {
         "ours" => fs["dax"] = json!(false),
-        "dax" => fs["cache_size"] = json!(WINDOW_MIB << 20),
+        "ch" => {}
+        _ if dax => fs["cache_size"] = json!(WINDOW_MIB << 20),
         _ => {}
     }
     json!({
@@ -412,5 +419,10 @@ mod tests {
             .as_str()
             .unwrap()
             .ends_with("mountopts=dax=always"));
+        // The chroot kind differs from dax only in the daemon's sandbox.
+        assert_eq!(
+            create_body("daxchroot", "console=ttyS0"),
+            create_body("dax", "console=ttyS0")
+        );
     }
 }

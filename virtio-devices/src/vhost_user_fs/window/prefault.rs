@@ -12,9 +12,20 @@ use crate::vhost_user_fs::metrics::MapStage;
 const MADV_POPULATE_READ: libc::c_int = 22;
 
 /// Pre-faults waiting for the device worker. A guest that maps faster than
-/// they run loses the oldest: pre-faulting is only work done ahead of the
-/// guest's touch, which KVM serves either way.
-const DEFERRED_MAX: usize = 8;
+/// they run loses the oldest past this: pre-faulting is only work done
+/// ahead of the guest's touch, which KVM serves either way. Each waiting
+/// job is a distinct live range of the window (one mapped anew or unmapped
+/// leaves the queue), so this bounds a few dozen bytes per range, not
+/// work: 512 covers a 1 GiB window of 2 MiB ranges. A random reader maps
+/// its file's ranges in a burst, faster than their pre-faults run on 4 KiB
+/// host pages; with a queue of eight, 13 of a 64 MiB file's 32 ranges went
+/// without and the guest took a nested page fault per 4 KiB page there
+/// (docs/benchmarks.md, "What our VMM did during each DAX job").
+const PREFAULT_QUEUE_MAX: usize = 512;
+
+/// Scratch emptyings left for after the ack. Past this the oldest runs at
+/// once: each holds scratch memory the guest can no longer reach.
+const HIDDEN_SCRATCH_MAX: usize = 8;
 
 /// What one step pre-faults before the worker looks for a waiting backend
 /// request: a SHMEM_MAP waits at most one step, not a whole 2 MiB range
@@ -131,13 +142,13 @@ impl DaxWindow {
     /// cannot reach hidden pages, and a range that shows the scratch again
     /// first (an unmap, a reset, a truncation's repair) drops it
     /// ([`Self::drop_hidden_scratch`]), so stray writes made there since
-    /// are never emptied by it. At most [`DEFERRED_MAX`] wait; past that
+    /// are never emptied by it. At most [`HIDDEN_SCRATCH_MAX`] wait; past that
     /// the oldest is emptied now.
     pub(super) fn defer_scratch_forget(&self, start: u64, end: u64) {
         let oldest = {
             let mut hidden = self.hidden_scratch();
             hidden.push((start, end));
-            (hidden.len() > DEFERRED_MAX).then(|| hidden.remove(0))
+            (hidden.len() > HIDDEN_SCRATCH_MAX).then(|| hidden.remove(0))
         };
         if let Some((start, end)) = oldest {
             self.forget_scratch(start, end);
@@ -161,7 +172,7 @@ impl DaxWindow {
     fn defer_prefault(&self, job: Deferred) {
         let mut queue = self.deferred();
         queue.push(job);
-        if queue.len() > DEFERRED_MAX {
+        if queue.len() > PREFAULT_QUEUE_MAX {
             queue.remove(0);
         }
     }
