@@ -624,9 +624,10 @@ fn deferred_prefaults_run_after_the_map_newest_first_and_give_way_to_a_waiting_r
     w.run_deferred_prefault(&|| false);
     assert_eq!(calls().len(), 3);
     assert_eq!(w.metrics.snapshot().guest_prefaulted_bytes, 66 * PAGE);
-    // At most 512 wait (a 1 GiB window of 2 MiB ranges): a guest mapping
-    // faster loses the oldest, and no fewer wait (a queue of eight left
-    // most of a random reader's ranges without a pre-fault).
+    // In a window this small at most 512 wait (the floor; larger windows
+    // one per 2 MiB range): a guest mapping faster loses the oldest, and
+    // no fewer wait (a queue of eight left most of a random reader's
+    // ranges without a pre-fault).
     const QUEUE_MAX: u64 = 512;
     let (w, p) = prefaulting_window_sized((QUEUE_MAX + 2) * PAGE, 128 * PAGE, false);
     for i in 0..QUEUE_MAX + 2 {

@@ -11,17 +11,26 @@ use crate::vhost_user_fs::metrics::MapStage;
 /// would, without touching their contents.
 const MADV_POPULATE_READ: libc::c_int = 22;
 
-/// Pre-faults waiting for the device worker. A guest that maps faster than
-/// they run loses the oldest past this: pre-faulting is only work done
-/// ahead of the guest's touch, which KVM serves either way. Each waiting
-/// job is a distinct live range of the window (one mapped anew or unmapped
-/// leaves the queue), so this bounds a few dozen bytes per range, not
-/// work: 512 covers a 1 GiB window of 2 MiB ranges. A random reader maps
-/// its file's ranges in a burst, faster than their pre-faults run on 4 KiB
+/// Pre-faults waiting for the device worker: at least this many
+/// ([`queue_max`]). A guest that maps faster than they run loses the
+/// oldest past the bound: pre-faulting is only work done ahead of the
+/// guest's touch, which KVM serves either way. A random reader maps its
+/// file's ranges in a burst, faster than their pre-faults run on 4 KiB
 /// host pages; with a queue of eight, 13 of a 64 MiB file's 32 ranges went
 /// without and the guest took a nested page fault per 4 KiB page there
-/// (docs/benchmarks.md, "What our VMM did during each DAX job").
-const PREFAULT_QUEUE_MAX: usize = 512;
+/// (docs/benchmarks.md, "Run 4: every pre-fault kept").
+const PREFAULT_QUEUE_MIN: usize = 512;
+
+/// How many pre-faults may wait in a window of `size` bytes that holds at
+/// most `max_mappings` ranges: one per 2 MiB range of the window, at least
+/// [`PREFAULT_QUEUE_MIN`]. Each waiting job is a distinct live range (one
+/// mapped anew or unmapped leaves the queue), so there are never more
+/// than `max_mappings`; the bound is a few dozen bytes of bookkeeping per
+/// range, not work.
+pub(crate) fn queue_max(size: u64, max_mappings: usize) -> usize {
+    let ranges = usize::try_from(size / MAX_PREFAULT_STEP).unwrap_or(usize::MAX);
+    ranges.clamp(PREFAULT_QUEUE_MIN, max_mappings.max(PREFAULT_QUEUE_MIN))
+}
 
 /// Scratch emptyings left for after the ack. Past this the oldest runs at
 /// once: each holds scratch memory the guest can no longer reach.
@@ -172,7 +181,7 @@ impl DaxWindow {
     fn defer_prefault(&self, job: Deferred) {
         let mut queue = self.deferred();
         queue.push(job);
-        if queue.len() > PREFAULT_QUEUE_MAX {
+        if queue.len() > queue_max(self.size, self.max_mappings) {
             queue.remove(0);
         }
     }
@@ -324,5 +333,31 @@ impl DaxWindow {
         let follows = *last == Some((file, fd_offset));
         *last = fd_offset.checked_add(len).map(|end| (file, end));
         follows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vhost_user_fs::window::DEFAULT_MAX_MAPPINGS;
+
+    /// One waiting pre-fault per 2 MiB range of the window, at least 512,
+    /// never more than the window's ranges can be.
+    #[test]
+    fn the_prefault_queue_grows_with_the_window_up_to_its_mapping_cap() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(queue_max(2 * MIB, DEFAULT_MAX_MAPPINGS), 512);
+        assert_eq!(queue_max(512 * MIB, DEFAULT_MAX_MAPPINGS), 512);
+        assert_eq!(queue_max(8 << 30, DEFAULT_MAX_MAPPINGS), 4096);
+        assert_eq!(
+            queue_max(64 << 30, DEFAULT_MAX_MAPPINGS),
+            DEFAULT_MAX_MAPPINGS
+        );
+        assert_eq!(
+            queue_max(u64::MAX, DEFAULT_MAX_MAPPINGS),
+            DEFAULT_MAX_MAPPINGS
+        );
+        assert_eq!(queue_max(8 << 30, 1000), 1000);
+        assert_eq!(queue_max(8 << 30, 3), 512, "the floor holds");
     }
 }
