@@ -17,6 +17,7 @@ pub mod kernel;
 pub mod monitor;
 pub mod packaged;
 pub mod proc_cost;
+pub mod prom;
 pub mod results;
 pub mod rig;
 pub mod shell;

@@ -26,6 +26,7 @@
 use std::fmt::Write as _;
 
 use control_protocol::{DaemonStats, StageTotal};
+use test_infra::prom::{label, samples};
 use test_infra::results::Results;
 use test_infra::rig::{self, Guest, Run};
 
@@ -150,33 +151,23 @@ fn quantile_bucket(buckets: &[(Option<u64>, u64)], q: f64) -> String {
 /// Prometheus text (newlines turned to spaces by `daxprobe http`): the
 /// cumulative buckets in µs, and the sum in µs.
 fn vmm_histogram(text: &str, device: &str) -> (Histogram, f64) {
-    let label = format!("device=\"{device}\"");
-    let words: Vec<&str> = text.split_whitespace().collect();
     let mut buckets = Vec::new();
     let mut sum_us = 0.0;
-    for pair in words.windows(2) {
-        let (name, value) = (pair[0], pair[1]);
-        if let Some(labels) = name.strip_prefix("daxvmm_dax_map_latency_seconds_bucket{") {
-            if !labels.contains(&label) {
-                continue;
-            }
-            let le = labels
-                .split("le=\"")
-                .nth(1)
-                .and_then(|s| s.split('"').next())
-                .unwrap_or("");
+    for s in samples(text).filter(|s| label(s.labels, "device") == Some(device)) {
+        if s.family == "daxvmm_dax_map_latency_seconds_bucket" {
             // "+Inf" parses as a float too: keep it the open last bucket.
-            let bound = le
+            let bound = label(s.labels, "le")
+                .unwrap_or("")
                 .parse::<f64>()
                 .ok()
                 .filter(|s| s.is_finite())
                 .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
                 .and_then(|d| u64::try_from(d.as_nanos().div_ceil(1000)).ok());
-            if let Ok(count) = value.parse() {
+            if let Ok(count) = s.value.parse() {
                 buckets.push((bound, count));
             }
-        } else if name.starts_with(&format!("daxvmm_dax_map_latency_seconds_sum{{{label}")) {
-            sum_us = value.parse::<f64>().unwrap_or(0.0) * 1e6;
+        } else if s.family == "daxvmm_dax_map_latency_seconds_sum" {
+            sum_us = s.value.parse::<f64>().unwrap_or(0.0) * 1e6;
         }
     }
     (buckets, sum_us)
@@ -187,37 +178,24 @@ fn vmm_histogram(text: &str, device: &str) -> (Histogram, f64) {
 /// `daxvmm_dax_map_stage_seconds_total` (in seconds there), in the order the
 /// text has them.
 fn vmm_stages(text: &str, device: &str) -> Vec<StageTotal> {
-    let label = format!("device=\"{device}\"");
-    let stage_of = |labels: &str| {
-        labels
-            .split("stage=\"")
-            .nth(1)
-            .and_then(|s| s.split('"').next())
-            .map(str::to_string)
-    };
-    let words: Vec<&str> = text.split_whitespace().collect();
     let mut stages: Vec<StageTotal> = Vec::new();
-    for pair in words.windows(2) {
-        let (name, value) = (pair[0], pair[1]);
-        let (labels, is_sum) =
-            if let Some(l) = name.strip_prefix("daxvmm_dax_map_stage_seconds_total{") {
-                (l, true)
-            } else if let Some(l) = name.strip_prefix("daxvmm_dax_map_stages_total{") {
-                (l, false)
-            } else {
-                continue;
-            };
-        let (Some(stage), Ok(v)) = (stage_of(labels), value.parse::<f64>()) else {
+    for s in samples(text) {
+        let is_sum = match s.family {
+            "daxvmm_dax_map_stage_seconds_total" => true,
+            "daxvmm_dax_map_stages_total" => false,
+            _ => continue,
+        };
+        let (Some(stage), Ok(v)) = (label(s.labels, "stage"), s.value.parse::<f64>()) else {
             continue;
         };
-        if !labels.contains(&label) {
+        if label(s.labels, "device") != Some(device) {
             continue;
         }
-        let i = match stages.iter().position(|s| s.stage == stage) {
+        let i = match stages.iter().position(|t| t.stage == stage) {
             Some(i) => i,
             None => {
                 stages.push(StageTotal {
-                    stage,
+                    stage: stage.to_string(),
                     ..Default::default()
                 });
                 stages.len() - 1

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use test_infra::fio::parse_fio_terse;
+use test_infra::prom::{label, samples};
 
 use super::jobs::{all_jobs, Set, DAX_2M, DAX_4K};
 use super::table::{key, Lookup};
@@ -21,27 +22,17 @@ const STAGE_FAMILY: &str = "daxvmm_dax_map_stage_seconds_total";
 /// followed by a number; the `# HELP` and `# TYPE` words are not.
 pub(crate) fn counters(snapshot: &str) -> BTreeMap<String, f64> {
     let mut sums = BTreeMap::new();
-    let words: Vec<&str> = snapshot.split_whitespace().collect();
-    for pair in words.windows(2) {
-        let (series, value) = (pair[0], pair[1]);
-        if !series.starts_with("daxvmm_") {
-            continue;
-        }
-        let Ok(value) = value.parse::<f64>() else {
+    for s in samples(snapshot).filter(|s| s.family.starts_with("daxvmm_")) {
+        let Ok(value) = s.value.parse::<f64>() else {
             continue;
         };
-        let (family, labels) = series.split_once('{').unwrap_or((series, ""));
-        let name = if family == STAGE_FAMILY {
-            let Some(stage) = labels
-                .split(',')
-                .find_map(|l| l.strip_prefix("stage=\""))
-                .map(|s| s.trim_end_matches(['"', '}']))
-            else {
+        let name = if s.family == STAGE_FAMILY {
+            let Some(stage) = label(s.labels, "stage") else {
                 continue;
             };
-            format!("{family}:{stage}")
+            format!("{}:{stage}", s.family)
         } else {
-            family.to_string()
+            s.family.to_string()
         };
         *sums.entry(name).or_insert(0.0) += value;
     }
