@@ -145,11 +145,10 @@ fn create_body(kind: &str, base_cmdline: &str) -> String {
     let mountopts = if dax { "dax=always" } else { "dax=never" };
     let mut fs =
         json!({"tag": "share", "socket": "FS_SOCKET", "num_queues": 1, "queue_size": 1024});
-    match kind {
-        "ours" => fs["dax"] = json!(false),
-        "ch" => {}
-        _ if dax => fs["cache_size"] = json!(WINDOW_MIB << 20),
-        _ => {}
+    if kind == "ours" {
+        fs["dax"] = json!(false);
+    } else if dax {
+        fs["cache_size"] = json!(WINDOW_MIB << 20);
     }
     json!({
         "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
