@@ -16,7 +16,9 @@
 #   bench.sh windowcost  guest memory a DAX window costs at boot, per size
 #                        (target/rig-results/window-cost.md)
 #   bench.sh roundtrip   one SETUPMAPPING against one 4 KiB FUSE READ, in the
-#                        guest, with the daemon's and the VMM's map latency
+#                        guest, with the daemon's and the VMM's map latency,
+#                        a touch of a mapped range's other page, and each
+#                        thread's CPU time per operation
 #                        (target/rig-results/roundtrip-bench.md)
 #   bench.sh devices     virtio-blk (fio) and virtio-net (iperf3) throughput of
 #                        the same guest under our VMM and, with

@@ -92,6 +92,8 @@ use std::time::Instant;
 mod counter_gap;
 #[path = "daxprobe/counter_handover.rs"]
 mod counter_handover;
+#[path = "daxprobe/cpu_time.rs"]
+mod cpu_time;
 #[path = "daxprobe/heartbeat.rs"]
 mod heartbeat;
 #[path = "daxprobe/hostile.rs"]
@@ -551,6 +553,10 @@ fn main() {
         ["mktree", dir, dirs, files] => mktree(dir, num(dirs), num(files)),
         ["readtree", dir] => readtree(dir),
         ["roundtrip", dax_file, fuse_file, passes] => roundtrip::run(dax_file, fuse_file, num(passes)),
+        ["roundtrip-maps", dax_file] => roundtrip::maps_once(dax_file),
+        ["roundtrip-reads", fuse_file, count] => roundtrip::reads_once(fuse_file, num(count)),
+        ["cpu-marks", dir, marks @ ..] if !marks.is_empty() => cpu_time::marks(dir, marks),
+        ["mark", dir, mark] => cpu_time::mark(dir, mark),
         ["http", socket, method, path] => http(socket, method, path, ""),
         ["http", socket, method, path, body] => http(socket, method, path, body),
         ["sse", socket, path] => sse_counts(socket, path),

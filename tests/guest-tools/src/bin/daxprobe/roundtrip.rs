@@ -7,14 +7,22 @@
 //!   and with it every range it had mapped), the DAX file mapped whole and
 //!   one byte read from each 2 MiB range, each read timed: a fault that
 //!   sends one SETUPMAPPING and waits for it;
+//! - **other page**: in the same mapping, right after, one byte 1 MiB into
+//!   each range: a page of a range already mapped that this process has not
+//!   touched (a guest page fault where the guest maps 4 KiB at a time, and a
+//!   nested page fault where the VMM has not pre-faulted the page yet), no
+//!   round trip: what a cold touch costs beside its SETUPMAPPING;
 //! - **warm touch**: the file mapped again and the same bytes read: the
-//!   ranges are still in the inode's tree, so each is a guest page fault
-//!   without a round trip (what the cold figure has on top of a SETUPMAPPING);
+//!   ranges are still in the inode's tree and their pages in KVM's, so each
+//!   is a guest page fault alone;
 //! - **FUSE read**: as many 4 KiB `O_DIRECT` preads of FUSE_FILE (on a mount
 //!   without DAX) at random 4 KiB-aligned offsets, each one FUSE_READ.
 //!
+//! `roundtrip-maps` and `roundtrip-reads` make one pass of either kind
+//! alone, for the host to read each thread's CPU time around it.
+//!
 //! Prints one line of `name_n=… name_median_us=… name_p90_us=…` for
-//! `setupmapping`, `warm_touch` and `fuse_read`.
+//! `setupmapping`, `other_page`, `warm_touch` and `fuse_read`.
 
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -56,36 +64,54 @@ fn drop_caches() {
         .unwrap_or_else(|e| fail(format!("/proc/sys/vm/drop_caches: {e}")));
 }
 
-/// Maps `len` bytes of `file` read-only and shared, reads one byte at the
-/// start of each 2 MiB range and returns each read's time.
-fn touch_ranges(file: &std::fs::File, len: usize) -> Vec<Duration> {
-    // SAFETY: a fresh shared read-only mapping of an open file; checked below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
+/// A shared read-only mapping of the first `len` bytes of a file.
+struct Mapping {
+    base: *mut u8,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(file: &std::fs::File, len: usize) -> Self {
+        // SAFETY: a fresh shared read-only mapping of an open file; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            fail(format!("mmap: {}", std::io::Error::last_os_error()));
+        }
+        Mapping {
+            base: p.cast(),
             len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        fail(format!("mmap: {}", std::io::Error::last_os_error()));
+        }
     }
-    let base = p.cast::<u8>();
-    let mut times = Vec::with_capacity(len / RANGE);
-    for off in (0..len).step_by(RANGE) {
-        let start = Instant::now();
-        // SAFETY: `off` is inside the `len`-byte mapping made above; a
-        // volatile read so the touch is not optimised away.
-        let byte = unsafe { std::ptr::read_volatile(base.add(off)) };
-        times.push(start.elapsed());
-        std::hint::black_box(byte);
+
+    /// Reads one byte `at` bytes into each 2 MiB range, timing each read.
+    fn touch_ranges(&self, at: usize) -> Vec<Duration> {
+        let mut times = Vec::with_capacity(self.len / RANGE);
+        for off in (at..self.len).step_by(RANGE) {
+            let start = Instant::now();
+            // SAFETY: `off` is inside the mapping; a volatile read so the
+            // touch is not optimised away.
+            let byte = unsafe { std::ptr::read_volatile(self.base.add(off)) };
+            times.push(start.elapsed());
+            std::hint::black_box(byte);
+        }
+        times
     }
-    // SAFETY: the mapping made above, no longer used.
-    unsafe { libc::munmap(p, len) };
-    times
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, no longer used.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
 }
 
 /// `count` 4 KiB `O_DIRECT` preads at random aligned offsets of `path`,
@@ -149,7 +175,8 @@ fn summary(name: &str, times: &mut [Duration]) -> String {
 }
 
 pub fn run(dax_path: &str, fuse_path: &str, passes: u64) {
-    let (mut cold, mut warm, mut reads) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut cold, mut other_page, mut warm, mut reads) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     for _ in 0..passes {
         drop_caches();
@@ -159,16 +186,41 @@ pub fn run(dax_path: &str, fuse_path: &str, passes: u64) {
         if len == 0 {
             fail(format!("{dax_path} is smaller than one 2 MiB range"));
         }
-        cold.extend(touch_ranges(&file, len));
-        warm.extend(touch_ranges(&file, len));
+        let mapping = Mapping::new(&file, len);
+        cold.extend(mapping.touch_ranges(0));
+        other_page.extend(mapping.touch_ranges(RANGE / 2));
+        drop(mapping);
+        warm.extend(Mapping::new(&file, len).touch_ranges(0));
         drop(file);
         reads.extend(direct_reads(fuse_path, len / RANGE, &mut seed));
     }
     println!(
-        "{} {} {}",
+        "{} {} {} {}",
         summary("setupmapping", &mut cold),
+        summary("other_page", &mut other_page),
         summary("warm_touch", &mut warm),
         summary("fuse_read", &mut reads)
+    );
+}
+
+/// `daxprobe roundtrip-maps DAX_FILE`: one cold touch of each 2 MiB range
+/// of DAX_FILE, caches dropped by the caller beforehand (so that the
+/// REMOVEMAPPINGs of the drop fall outside whatever the host measures
+/// around this), timed as in [`run`].
+pub fn maps_once(dax_path: &str) {
+    let file = open(dax_path, 0);
+    let len = size_of(&file, dax_path) / RANGE * RANGE;
+    let mut cold = Mapping::new(&file, len).touch_ranges(0);
+    println!("{}", summary("setupmapping", &mut cold));
+}
+
+/// `daxprobe roundtrip-reads FUSE_FILE COUNT`: COUNT 4 KiB `O_DIRECT`
+/// preads, timed as in [`run`].
+pub fn reads_once(fuse_path: &str, count: usize) {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    println!(
+        "{}",
+        summary("fuse_read", &mut direct_reads(fuse_path, count, &mut seed))
     );
 }
 
