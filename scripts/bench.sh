@@ -19,7 +19,9 @@
 #                        guest, with the daemon's and the VMM's map latency,
 #                        a touch of a mapped range's other page, and each
 #                        thread's CPU time per operation
-#                        (target/rig-results/roundtrip-bench.md)
+#                        (target/rig-results/roundtrip-bench.md);
+#                        DAX_VMM_RIG_HOST_CPUS=2 gives the emulated host two
+#                        CPUs
 #   bench.sh devices     virtio-blk (fio) and virtio-net (iperf3) throughput of
 #                        the same guest under our VMM and, with
 #                        BASELINE_VMM=/path/to/cloud-hypervisor, under Cloud

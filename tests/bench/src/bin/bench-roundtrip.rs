@@ -295,6 +295,9 @@ const VARIANTS: [(&str, &str, &str); 3] = [
 fn report(run: &Run) -> (Results, String, bool) {
     let mut results = Results::new("roundtrip-bench");
     results.record_run("roundtrip run", run);
+    // Checked before the run (the rig refuses a bad value).
+    let cpus = rig::emulated_host_cpus().unwrap_or(1);
+    results.record("emulated host CPUs", cpus.to_string());
     let statx = run.guest("statx").unwrap_or("-").to_string();
     results.record(
         "statx (DAX file, without pre-fault, on 2 MiB pages, FUSE file)",
@@ -474,8 +477,13 @@ fn report(run: &Run) -> (Results, String, bool) {
                 "\nEach thread's CPU time per operation, µs, host clock (`schedstat`), in {} \
                  rounds of one pass of each kind alone ({RANGES} operations), less an empty \
                  pass's in the same round; mean of the rounds (their range). The emulated \
-                 host has one CPU, so the guest waits for all of it:\n\n{t}",
-                cpu::ROUNDS
+                 host has {cpus} CPU(s){}:\n\n{t}",
+                cpu::ROUNDS,
+                if cpus == 1 {
+                    ", so the guest waits for all of it"
+                } else {
+                    ""
+                }
             );
         }
         None => {

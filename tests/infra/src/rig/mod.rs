@@ -356,6 +356,31 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
     Ok(run)
 }
 
+/// Names the emulated host's CPU count for a benchmark: 1 (the default) or 2.
+pub const HOST_CPUS_ENV: &str = "DAX_VMM_RIG_HOST_CPUS";
+
+/// The emulated host's CPUs, from [`HOST_CPUS_ENV`]. One by
+/// default: with two (QEMU's multi-threaded TCG) the emulated host's kernel
+/// was once seen to oops on an int3 left by cross-CPU code patching early
+/// in its boot, and single-threaded TCG with two stalled a 2-vCPU guest.
+/// The guest's vCPUs then share the one CPU, as on an overcommitted host.
+/// Two, multi-threaded, let a benchmark show what changes where the VMM's
+/// and the daemon's threads have a CPU besides the guest's (each takes one
+/// of the machine's cores); the tests keep one.
+pub fn emulated_host_cpus() -> Result<u8, RigError> {
+    host_cpus(std::env::var(HOST_CPUS_ENV).ok().as_deref())
+}
+
+fn host_cpus(value: Option<&str>) -> Result<u8, RigError> {
+    match value.map(str::trim) {
+        None | Some("" | "1") => Ok(1),
+        Some("2") => Ok(2),
+        Some(v) => Err(RigError::Setup(format!(
+            "{HOST_CPUS_ENV}={v}: the emulated host has 1 or 2 CPUs"
+        ))),
+    }
+}
+
 /// Starts QEMU (TCG) with the emulated host: its initramfs holds the VMM,
 /// the guest's kernel and initramfs, the host files and the host script.
 fn start_emulated_host(
@@ -372,21 +397,10 @@ fn start_emulated_host(
     std::fs::write(&image_path, image).map_err(|e| RigError::io(&image_path, e))?;
     let monitor_path = monitor::socket_path(&guest.name);
     let _ = std::fs::remove_file(&monitor_path);
+    let cpus = emulated_host_cpus()?;
     let child = Command::new("qemu-system-x86_64")
-        // One emulated CPU: with two (MTTCG) the emulated host's kernel was
-        // seen to oops on an int3 left by cross-CPU code patching early in
-        // its boot, and single-threaded TCG with two stalled a 2-vCPU
-        // guest. The guest's vCPUs share it, as on an overcommitted host.
-        .args([
-            "-accel",
-            "tcg",
-            "-cpu",
-            "max",
-            "-smp",
-            "1",
-            "-m",
-            EMULATED_HOST_MEMORY,
-        ])
+        .args(["-accel", if cpus == 1 { "tcg" } else { "tcg,thread=multi" }])
+        .args(["-cpu", "max", "-smp", &cpus.to_string(), "-m", EMULATED_HOST_MEMORY])
         .args([
             "-nodefaults",
             "-display",
@@ -467,6 +481,17 @@ fn start_direct(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_emulated_host_has_one_cpu_unless_two_are_asked_for() {
+        assert_eq!(host_cpus(None).unwrap(), 1);
+        assert_eq!(host_cpus(Some("1")).unwrap(), 1);
+        assert_eq!(host_cpus(Some(" 2\n")).unwrap(), 2);
+        for bad in ["0", "3", "two", "-1"] {
+            let e = host_cpus(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains(HOST_CPUS_ENV) && e.contains("1 or 2"), "{e}");
+        }
+    }
 
     fn run_with(lines: &[(u64, &str)]) -> Run {
         Run {
