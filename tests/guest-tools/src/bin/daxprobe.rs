@@ -197,6 +197,23 @@ impl Mapping {
     }
 }
 
+/// Waits until `path` exists, looking every `look`, at most `within`;
+/// false if it never came.
+fn wait_for_file(
+    path: &std::path::Path,
+    within: std::time::Duration,
+    look: std::time::Duration,
+) -> bool {
+    let deadline = Instant::now() + within;
+    while !path.exists() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(look);
+    }
+    true
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: our own mapping.
@@ -216,10 +233,12 @@ fn mmap_truncated(path: &str, ready: &str, go: &str) {
     let m = Mapping::new(&f, len, false);
     let first: u64 = m.bytes().iter().step_by(4096).map(|&b| u64::from(b)).sum();
     File::create(ready).unwrap_or_else(|e| fail(format!("{ready}: {e}")));
-    let deadline = Instant::now() + std::time::Duration::from_secs(60);
-    while !std::path::Path::new(go).exists() && Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    // Goes on after a minute either way.
+    let _ = wait_for_file(
+        std::path::Path::new(go),
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_millis(50),
+    );
     // SAFETY: fork in a single-threaded program; the child only reads the
     // mapping it inherited and exits.
     let pid = unsafe { libc::fork() };

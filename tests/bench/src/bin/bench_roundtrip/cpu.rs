@@ -159,6 +159,14 @@ pub fn table(run: &Run, ops: u32) -> Option<String> {
             .fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
         format!("{mean:.0} ({lo:.0} to {hi:.0})")
     };
+    // One row's cells, a kind of operation each.
+    let cells_of = |kinds: &[Vec<f64>]| {
+        kinds
+            .iter()
+            .map(|c| cell(c))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
     let mut t = String::from("| thread | ");
     t.push_str(&KINDS.map(|k| k.2).join(" | "));
     t.push_str(" |\n|---|");
@@ -173,24 +181,12 @@ pub fn table(run: &Run, ops: u32) -> Option<String> {
         .iter()
         .filter(|(row, _)| row.starts_with("VMM") || row.starts_with("daemon"))
     {
-        let _ = writeln!(
-            t,
-            "| {row} | {} |",
-            cells
-                .iter()
-                .map(|c| cell(c))
-                .collect::<Vec<_>>()
-                .join(" | ")
-        );
+        let _ = writeln!(t, "| {row} | {} |", cells_of(cells));
     }
     let _ = writeln!(
         t,
         "| the guest's own clock, mean per operation | {} |",
-        guest_means
-            .iter()
-            .map(|c| cell(c))
-            .collect::<Vec<_>>()
-            .join(" | ")
+        cells_of(&guest_means)
     );
     Some(t)
 }

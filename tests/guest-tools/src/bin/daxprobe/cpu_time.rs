@@ -15,6 +15,9 @@
 //! `sleep` per look took much of the emulated host's one CPU.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::wait_for_file;
 
 /// What a process is, from its command line (NUL-separated).
 fn group(cmdline: &str) -> String {
@@ -66,19 +69,7 @@ fn snapshot() -> BTreeMap<String, u64> {
 }
 
 /// How often a side looks for the other's file.
-const LOOK: std::time::Duration = std::time::Duration::from_millis(20);
-
-/// Waits for `path` to exist, at most `secs` seconds; false on timeout.
-fn wait_for(path: &std::path::Path, secs: u64) -> bool {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    while !path.exists() {
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(LOOK);
-    }
-    true
-}
+const LOOK: Duration = Duration::from_millis(20);
 
 fn touch(path: &std::path::Path) {
     if let Err(e) = std::fs::write(path, b"") {
@@ -91,7 +82,11 @@ pub fn marks(dir: &str, marks: &[&str]) {
     use std::io::Write as _;
     let dir = std::path::Path::new(dir);
     for m in marks {
-        if !wait_for(&dir.join(format!(".mark-{m}")), 300) {
+        if !wait_for_file(
+            &dir.join(format!(".mark-{m}")),
+            Duration::from_secs(300),
+            LOOK,
+        ) {
             super::fail(format!("no mark {m} from the guest in 300 s"));
         }
         let words: Vec<String> = snapshot()
@@ -108,7 +103,11 @@ pub fn marks(dir: &str, marks: &[&str]) {
 pub fn mark(dir: &str, m: &str) {
     let dir = std::path::Path::new(dir);
     touch(&dir.join(format!(".mark-{m}")));
-    if !wait_for(&dir.join(format!(".mark-{m}-ok")), 60) {
+    if !wait_for_file(
+        &dir.join(format!(".mark-{m}-ok")),
+        Duration::from_secs(60),
+        LOOK,
+    ) {
         super::fail(format!("the host did not answer mark {m} in 60 s"));
     }
 }

@@ -27,6 +27,8 @@
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use super::Mapping;
+
 /// Linux maps DAX files in 2 MiB ranges of the window.
 const RANGE: usize = 2 << 20;
 const READ_BLOCK: usize = 4096;
@@ -64,54 +66,29 @@ fn drop_caches() {
         .unwrap_or_else(|e| fail(format!("/proc/sys/vm/drop_caches: {e}")));
 }
 
-/// A shared read-only mapping of the first `len` bytes of a file.
-struct Mapping {
-    base: *mut u8,
-    len: usize,
+/// Reads one byte `at` bytes into each 2 MiB range of `m`, timing each read.
+fn touch_ranges(m: &Mapping, at: usize) -> Vec<Duration> {
+    let bytes = m.bytes();
+    let mut times = Vec::with_capacity(bytes.len() / RANGE);
+    for off in (at..bytes.len()).step_by(RANGE) {
+        let start = Instant::now();
+        // A volatile read so the touch is not optimised away.
+        // SAFETY: `off` is inside `bytes` (the loop's bound), a valid u8.
+        let byte = unsafe { std::ptr::read_volatile(bytes.as_ptr().add(off)) };
+        times.push(start.elapsed());
+        std::hint::black_box(byte);
+    }
+    times
 }
 
-impl Mapping {
-    fn new(file: &std::fs::File, len: usize) -> Self {
-        // SAFETY: a fresh shared read-only mapping of an open file; checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            fail(format!("mmap: {}", std::io::Error::last_os_error()));
-        }
-        Mapping {
-            base: p.cast(),
-            len,
-        }
+/// `file`'s whole 2 MiB ranges, mapped read-only (a partial last one
+/// would map less).
+fn map_whole_ranges(file: &std::fs::File, path: &str) -> Mapping {
+    let len = size_of(file, path) / RANGE * RANGE;
+    if len == 0 {
+        fail(format!("{path} is smaller than one 2 MiB range"));
     }
-
-    /// Reads one byte `at` bytes into each 2 MiB range, timing each read.
-    fn touch_ranges(&self, at: usize) -> Vec<Duration> {
-        let mut times = Vec::with_capacity(self.len / RANGE);
-        for off in (at..self.len).step_by(RANGE) {
-            let start = Instant::now();
-            // SAFETY: `off` is inside the mapping; a volatile read so the
-            // touch is not optimised away.
-            let byte = unsafe { std::ptr::read_volatile(self.base.add(off)) };
-            times.push(start.elapsed());
-            std::hint::black_box(byte);
-        }
-        times
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, no longer used.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
+    Mapping::new(file, len, false)
 }
 
 /// `count` 4 KiB `O_DIRECT` preads at random aligned offsets of `path`,
@@ -181,18 +158,14 @@ pub fn run(dax_path: &str, fuse_path: &str, passes: u64) {
     for _ in 0..passes {
         drop_caches();
         let file = open(dax_path, 0);
-        // Only whole 2 MiB ranges: a partial last one would map less.
-        let len = size_of(&file, dax_path) / RANGE * RANGE;
-        if len == 0 {
-            fail(format!("{dax_path} is smaller than one 2 MiB range"));
-        }
-        let mapping = Mapping::new(&file, len);
-        cold.extend(mapping.touch_ranges(0));
-        other_page.extend(mapping.touch_ranges(RANGE / 2));
+        let mapping = map_whole_ranges(&file, dax_path);
+        let ranges = mapping.bytes().len() / RANGE;
+        cold.extend(touch_ranges(&mapping, 0));
+        other_page.extend(touch_ranges(&mapping, RANGE / 2));
         drop(mapping);
-        warm.extend(Mapping::new(&file, len).touch_ranges(0));
+        warm.extend(touch_ranges(&map_whole_ranges(&file, dax_path), 0));
         drop(file);
-        reads.extend(direct_reads(fuse_path, len / RANGE, &mut seed));
+        reads.extend(direct_reads(fuse_path, ranges, &mut seed));
     }
     println!(
         "{} {} {} {}",
@@ -209,8 +182,7 @@ pub fn run(dax_path: &str, fuse_path: &str, passes: u64) {
 /// around this), timed as in [`run`].
 pub fn maps_once(dax_path: &str) {
     let file = open(dax_path, 0);
-    let len = size_of(&file, dax_path) / RANGE * RANGE;
-    let mut cold = Mapping::new(&file, len).touch_ranges(0);
+    let mut cold = touch_ranges(&map_whole_ranges(&file, dax_path), 0);
     println!("{}", summary("setupmapping", &mut cold));
 }
 

@@ -27,9 +27,9 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{fail, file_len, num, open, Mapping};
+use super::{fail, file_len, num, open, wait_for_file, Mapping};
 
 /// Child exit codes: what the page read.
 const READ_ZEROS: i32 = 10;
@@ -58,10 +58,12 @@ pub fn run(path: &str, offset: &str, ready: &str, go: &str) {
     println!("touched={}", if first { "zeros" } else { "data" });
     let _ = std::io::stdout().flush();
     File::create(ready).unwrap_or_else(|e| fail(format!("{ready}: {e}")));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !std::path::Path::new(go).exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Goes on after a minute either way.
+    let _ = wait_for_file(
+        std::path::Path::new(go),
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+    );
     for (step, via, write) in [
         ("fork_read", Via::Inherited, false),
         ("new_read", Via::NewMapping, false),
