@@ -21,7 +21,10 @@
 #                        thread's CPU time per operation
 #                        (target/rig-results/roundtrip-bench.md);
 #                        DAX_VMM_RIG_HOST_CPUS=2 gives the emulated host two
-#                        CPUs
+#                        CPUs; `bench.sh roundtrip floor` runs a measurement
+#                        build of the daemon that answers the guest before the
+#                        VMM's ack (unsafe: the least any asynchronous map could
+#                        cost; target/rig-results/roundtrip-floor-bench.md)
 #   bench.sh devices     virtio-blk (fio) and virtio-net (iperf3) throughput of
 #                        the same guest under our VMM and, with
 #                        BASELINE_VMM=/path/to/cloud-hypervisor, under Cloud
@@ -90,7 +93,7 @@ case "${1:-}" in
         exec cargo run --release --locked -q -p dax-bench --bin bench-fio -- "${@:2}" ;;
     density | windowcost) exec cargo run --release --locked -q -p dax-bench --bin bench-density -- "$1" ;;
     overhead) exec cargo run --release --locked -q -p dax-bench --bin bench-overhead ;;
-    roundtrip) exec cargo run --release --locked -q -p dax-bench --bin bench-roundtrip ;;
+    roundtrip) exec cargo run --release --locked -q -p dax-bench --bin bench-roundtrip -- "${@:2}" ;;
     kata-start) exec cargo run --release --locked -q -p dax-bench --bin bench-kata-start ;;
     snapshot) exec cargo run --release --locked -q -p dax-bench --bin bench-snapshot -- "${@:2}" ;;
 esac

@@ -85,6 +85,9 @@ else
 fi
 check_clippy() {
     cargo clippy --workspace --tests --benches --locked -- -D warnings
+    # The daemon's measurement build (`bench.sh roundtrip floor`), so its
+    # code is checked too though no test runs it.
+    cargo clippy -p daemon --features bench-unacked-maps --locked -- -D warnings
     # In the workspace's target directory: the fuzz workspace locks the same
     # versions, so its dependencies' checks are the ones just made.
     CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}" \

@@ -38,6 +38,9 @@ impl Results {
             "host KVM"
         };
         self.record(&format!("{label}: mode"), mode);
+        if let Some(cpus) = run.host_cpus {
+            self.record(&format!("{label}: emulated host CPUs"), cpus.to_string());
+        }
         if run.nested {
             self.record(
                 &format!("{label}: L1 boot (QEMU start to its init)"),

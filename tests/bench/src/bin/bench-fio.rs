@@ -442,6 +442,7 @@ fn run_from_log(path: &Path) -> Result<Run, String> {
         timed_out: false,
         wall: Duration::ZERO,
         log_path: path.to_path_buf(),
+        host_cpus: None,
     })
 }
 

@@ -25,6 +25,12 @@
 //! the daemon's whole handling). `DAX_VMM_BIN` and `DAX_BENCH_DAEMON_BIN`
 //! run other builds of the VMM and the daemon (an A/B comparison). Writes
 //! `target/rig-results/roundtrip-bench.md`.
+//!
+//! `bench-roundtrip floor` runs the daemon built with `bench-unacked-maps`:
+//! it answers the guest without waiting for the VMM's ack, which is unsafe
+//! (the guest may read the window's zeros) and measures the least any
+//! asynchronous map could cost, the VMM's work still beside the guest's.
+//! Writes `target/rig-results/roundtrip-floor-bench.md`.
 
 use std::fmt::Write as _;
 
@@ -87,7 +93,23 @@ fn fail(e: String) -> ! {
     std::process::exit(1)
 }
 
+/// The daemon's measurement build for `floor` (see daemon/Cargo.toml).
+const FLOOR_FEATURE: &str = "bench-unacked-maps";
+
+/// Whether this run is the `floor` one (the only argument there is).
+fn floor_arg(args: &[String]) -> Result<bool, String> {
+    match args {
+        [] => Ok(false),
+        [a] if a == "floor" => Ok(true),
+        other => Err(format!(
+            "unknown arguments {other:?}: none, or `floor` (the daemon answers before the VMM's ack, a measurement build)"
+        )),
+    }
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let floor = floor_arg(&args).unwrap_or_else(|e| fail(e));
     let tool = |pkg, bin| rig::tool(pkg, bin).unwrap_or_else(|e| fail(e.to_string()));
     let mut guest = Guest::new(
         "bench-roundtrip",
@@ -100,8 +122,15 @@ fn main() {
     guest.guest_tools = vec![tool("guest-tools", "daxprobe")];
     // An A/B comparison runs another build of the daemon (and, with
     // DAX_VMM_BIN, of the VMM) under the same benchmark.
-    let daemon = std::env::var_os(DAEMON_BIN_ENV)
-        .map_or_else(|| tool("daemon", "dax-virtiofsd"), std::path::PathBuf::from);
+    let daemon = match (std::env::var_os(DAEMON_BIN_ENV), floor) {
+        (Some(_), true) => fail(format!(
+            "{DAEMON_BIN_ENV} and `floor` both choose the daemon: give one"
+        )),
+        (Some(path), false) => std::path::PathBuf::from(path),
+        (None, true) => rig::static_binary_with("daemon", "dax-virtiofsd", &[FLOOR_FEATURE])
+            .unwrap_or_else(|e| fail(e.to_string())),
+        (None, false) => tool("daemon", "dax-virtiofsd"),
+    };
     guest.host_tools = vec![daemon, tool("guest-tools", "daxprobe")];
     guest.host_before = HOST_BEFORE
         .replace("FILE_MIB", &FILE_MIB.to_string())
@@ -122,7 +151,7 @@ fn main() {
     ];
     guest.timeout = std::time::Duration::from_secs(1200);
     let run = rig::run_to_end(&guest).unwrap_or_else(|e| fail(e));
-    let (results, tables, failed) = report(&run);
+    let (results, tables, failed) = report(&run, floor);
     if let Err(e) = results.finish_bench(&tables, failed, &run) {
         fail(e);
     }
@@ -292,12 +321,23 @@ const VARIANTS: [(&str, &str, &str); 3] = [
     ("rthuge", "fs3", "host tmpfs, 2 MiB pages, pre-fault on"),
 ];
 
-fn report(run: &Run) -> (Results, String, bool) {
-    let mut results = Results::new("roundtrip-bench");
+fn report(run: &Run, floor: bool) -> (Results, String, bool) {
+    let mut results = Results::new(if floor {
+        "roundtrip-floor-bench"
+    } else {
+        "roundtrip-bench"
+    });
     results.record_run("roundtrip run", run);
-    // Checked before the run (the rig refuses a bad value).
-    let cpus = rig::emulated_host_cpus().unwrap_or(1);
-    results.record("emulated host CPUs", cpus.to_string());
+    results.record(
+        "the daemon waits for the VMM's ack before answering the guest",
+        if floor {
+            format!(
+                "no: the floor, a measurement build ({FLOOR_FEATURE}); the guest may read zeros"
+            )
+        } else {
+            "yes".into()
+        },
+    );
     let statx = run.guest("statx").unwrap_or("-").to_string();
     results.record(
         "statx (DAX file, without pre-fault, on 2 MiB pages, FUSE file)",
@@ -470,6 +510,7 @@ fn report(run: &Run) -> (Results, String, bool) {
          `prefault_after_ack` per turn of the worker at queued pre-faults):\n\n\
          | DAX mount | stage | n | mean µs |\n|---|---|---|---|\n{trace}"
     );
+    let cpus = run.host_cpus.unwrap_or(1);
     match cpu::table(run, RANGES) {
         Some(t) => {
             let _ = write!(
@@ -503,6 +544,16 @@ fn report(run: &Run) -> (Results, String, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn floor_is_the_only_argument() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(floor_arg(&args(&[])), Ok(false));
+        assert_eq!(floor_arg(&args(&["floor"])), Ok(true));
+        let e = floor_arg(&args(&["flor"])).unwrap_err();
+        assert!(e.contains("\"flor\"") && e.contains("`floor`"), "{e}");
+        assert!(floor_arg(&args(&["floor", "floor"])).is_err());
+    }
 
     #[test]
     fn quantiles_land_in_their_bucket() {

@@ -59,8 +59,22 @@ const PROFILE_ENV: &str = "DAX_VMM_RIG_PROFILE";
 /// A static optimized build of a workspace binary (in [`build_profile`]),
 /// built once per process so it runs in an initramfs without libraries.
 pub fn static_binary(package: &str, bin: &str) -> Result<PathBuf, RigError> {
+    static_binary_with(package, bin, &[])
+}
+
+/// [`static_binary`] with the package's cargo `features` on, built in a
+/// target directory of its own (`rig/build-<features>`): the binary keeps
+/// its name, and the usual build is neither replaced nor rebuilt.
+pub fn static_binary_with(
+    package: &str,
+    bin: &str,
+    features: &[&str],
+) -> Result<PathBuf, RigError> {
     let target = "x86_64-unknown-linux-gnu";
-    let target_dir = target_dir().join("rig/build");
+    let target_dir = match features {
+        [] => target_dir().join("rig/build"),
+        f => target_dir().join(format!("rig/build-{}", f.join("-"))),
+    };
     let profile = build_profile();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut build = Command::new(cargo);
@@ -85,19 +99,22 @@ pub fn static_binary(package: &str, bin: &str) -> Result<PathBuf, RigError> {
             build.env_remove(name.as_ref());
         }
     }
+    build.args([
+        "build",
+        "--profile",
+        &profile,
+        "--locked",
+        "-p",
+        package,
+        "--bin",
+        bin,
+        "--target",
+        target,
+    ]);
+    if !features.is_empty() {
+        build.args(["--features", &features.join(",")]);
+    }
     let status = build
-        .args([
-            "build",
-            "--profile",
-            &profile,
-            "--locked",
-            "-p",
-            package,
-            "--bin",
-            bin,
-            "--target",
-            target,
-        ])
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
         .env("CARGO_TARGET_DIR", &target_dir)
         .current_dir(workspace_root())

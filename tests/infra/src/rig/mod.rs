@@ -20,7 +20,9 @@ mod binaries;
 mod initramfs;
 mod output;
 
-pub use binaries::{build_profile, static_binary, target_dir, tool, vmm_binary};
+pub use binaries::{
+    build_profile, static_binary, static_binary_with, target_dir, tool, vmm_binary,
+};
 use binaries::{read_tool, scratch_dir, tool_name, write_file};
 use initramfs::{emulated_host_initramfs, guest_initramfs, host_script};
 use output::{collect_output, StallProbe};
@@ -158,6 +160,9 @@ pub struct Run {
     pub timed_out: bool,
     pub wall: Duration,
     pub log_path: PathBuf,
+    /// The emulated host's CPUs ([`HOST_CPUS_ENV`]) as it was booted; None
+    /// on a run without the emulated host or one read back from its log.
+    pub host_cpus: Option<u8>,
 }
 
 impl Run {
@@ -315,8 +320,8 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
     let log_path = work.join("serial.log");
 
     let start = Instant::now();
-    let (mut child, stall_probe) = if nested {
-        let (child, probe) = start_emulated_host(
+    let (mut child, stall_probe, host_cpus) = if nested {
+        let (child, probe, cpus) = start_emulated_host(
             guest,
             &kernel,
             &busybox,
@@ -325,10 +330,10 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
             &host_script,
             &work,
         )?;
-        (child, Some(probe))
+        (child, Some(probe), Some(cpus))
     } else {
         let child = start_direct(guest, &kernel, &vmm, &guest_initramfs, &host_script, &work)?;
-        (child, None)
+        (child, None, None)
     };
 
     let (lines, timed_out) = collect_output(&mut child, start, guest.timeout, stall_probe.as_ref());
@@ -349,6 +354,7 @@ pub fn run(guest: &Guest) -> Result<Run, RigError> {
         timed_out,
         wall,
         log_path,
+        host_cpus,
     };
     run.vmm_exit = run
         .marker("@@RIG", "vmm_exit")
@@ -367,7 +373,7 @@ pub const HOST_CPUS_ENV: &str = "DAX_VMM_RIG_HOST_CPUS";
 /// Two, multi-threaded, let a benchmark show what changes where the VMM's
 /// and the daemon's threads have a CPU besides the guest's (each takes one
 /// of the machine's cores); the tests keep one.
-pub fn emulated_host_cpus() -> Result<u8, RigError> {
+fn emulated_host_cpus() -> Result<u8, RigError> {
     host_cpus(std::env::var(HOST_CPUS_ENV).ok().as_deref())
 }
 
@@ -391,13 +397,13 @@ fn start_emulated_host(
     guest_initramfs: &[u8],
     host_script: &str,
     work: &Path,
-) -> Result<(Child, StallProbe), RigError> {
+) -> Result<(Child, StallProbe, u8), RigError> {
+    let cpus = emulated_host_cpus()?;
     let image = emulated_host_initramfs(guest, kernel, busybox, vmm, guest_initramfs, host_script)?;
     let image_path = work.join("l1-initramfs.cpio");
     std::fs::write(&image_path, image).map_err(|e| RigError::io(&image_path, e))?;
     let monitor_path = monitor::socket_path(&guest.name);
     let _ = std::fs::remove_file(&monitor_path);
-    let cpus = emulated_host_cpus()?;
     let child = Command::new("qemu-system-x86_64")
         .args(["-accel", if cpus == 1 { "tcg" } else { "tcg,thread=multi" }])
         .args(["-cpu", "max", "-smp", &cpus.to_string(), "-m", EMULATED_HOST_MEMORY])
@@ -434,7 +440,7 @@ fn start_emulated_host(
         monitor: monitor_path,
         silence: guest.stall_silence,
     };
-    Ok((child, probe))
+    Ok((child, probe, cpus))
 }
 
 /// Runs the host script on this machine, whose KVM boots the guest.
@@ -508,6 +514,7 @@ mod tests {
             timed_out: false,
             wall: Duration::ZERO,
             log_path: PathBuf::new(),
+            host_cpus: Some(1),
         }
     }
 
