@@ -31,6 +31,9 @@
 //! (the guest may read the window's zeros) and measures the least any
 //! asynchronous map could cost, the VMM's work still beside the guest's.
 //! Writes `target/rig-results/roundtrip-floor-bench.md`.
+//!
+//! Last, the guest kernel's function-graph tracer times one more pass per
+//! mount from inside the guest (`bench_roundtrip/guest_trace.rs`).
 
 use std::fmt::Write as _;
 
@@ -41,6 +44,8 @@ use test_infra::rig::{self, Guest, Run};
 
 #[path = "bench_roundtrip/cpu.rs"]
 mod cpu;
+#[path = "bench_roundtrip/guest_trace.rs"]
+mod guest_trace;
 
 const FILE_MIB: u32 = 64;
 /// The file's 2 MiB ranges: one cold touch each per pass.
@@ -67,6 +72,8 @@ i=0; while [ ! -e /fuse/.host-done ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1))
 # Then each thread's CPU time around single passes (after the histograms:
 # these maps are not theirs).
 CPU_MARKED_PASSES
+# Last, the guest kernel's own trace of a pass per mount.
+GUEST_TRACE_PASSES
 umount /dax /daxnopf /daxhuge /fuse
 "#;
 
@@ -115,6 +122,7 @@ fn main() {
         "bench-roundtrip",
         &GUEST_SCRIPT
             .replace("CPU_MARKED_PASSES\n", &cpu::guest_script(RANGES))
+            .replace("GUEST_TRACE_PASSES\n", &guest_trace::guest_script())
             .replace("PASSES", &PASSES.to_string()),
     );
     guest.cpus = 1;
@@ -530,6 +538,20 @@ fn report(run: &Run, floor: bool) -> (Results, String, bool) {
         None => {
             failed = true;
             tables.push_str("\nEach thread's CPU time per operation: marks missing.\n");
+        }
+    }
+    match guest_trace::table(run) {
+        Some(t) => {
+            let _ = write!(
+                tables,
+                "\nInside the guest: its kernel's function-graph trace of one more pass per mount \
+                 (after all the above; the tracer adds a few µs per traced call), guest clock, \
+                 mean µs per call, entry to return:\n\n{t}"
+            );
+        }
+        None => {
+            failed = true;
+            tables.push_str("\nInside the guest: the trace's lines are missing.\n");
         }
     }
     tables.push_str(
