@@ -87,6 +87,14 @@ fn sums(line: &str) -> BTreeMap<String, (u64, f64)> {
         .collect()
 }
 
+/// Whether the guest's trace buffer dropped events (`lost=` is how many
+/// of its CPUs' buffers overran).
+fn overran(line: &str) -> bool {
+    line.split_whitespace()
+        .filter_map(|w| w.strip_prefix("lost="))
+        .any(|n| n.parse::<u64>().map_or(true, |n| n > 0))
+}
+
 /// The rows: what each is, and its key in [`sums`].
 const ROWS: [(&str, &str); 8] = [
     (
@@ -123,6 +131,12 @@ pub fn table(run: &Run) -> Option<String> {
             continue;
         };
         any = true;
+        if overran(line) {
+            let _ = writeln!(
+                out,
+                "| {label} | (the trace buffer overran: the figures below miss calls) | - | - |"
+            );
+        }
         let sums = sums(line);
         let mean = |key: &str| sums.get(key).map(|&(_, m)| m);
         for (what, key) in ROWS {
@@ -166,6 +180,12 @@ mod tests {
         assert_eq!(s.get("map:__fuse_simple_request"), Some(&(32, 2280.7)));
         assert_eq!(s.get("cold:__fuse_dax_fault"), Some(&(32, 2500.0)));
         assert_eq!(s.len(), 2);
+        assert!(!overran("map:x:1:2.0 lost=0"));
+        assert!(overran("map:x:1:2.0 lost=1"));
+        assert!(
+            overran("map:x:1:2.0 lost="),
+            "an unreadable count is not trusted"
+        );
     }
 
     #[test]
