@@ -62,6 +62,11 @@ fn broken(vring: &Vring, queue: u16, why: &str) {
     }
 }
 
+/// Set from `--bench-unacked-maps` (a measurement build's flag): SHMEM_MAP
+/// and SHMEM_UNMAP go without asking the VMM for an ack.
+#[cfg(feature = "bench-unacked-maps")]
+pub static UNACKED_MAPS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 impl FsBackend {
     /// `num_request_queues` request queues plus the hiprio queue; requests
     /// are served by `pool` if given, else by each queue's thread.
@@ -278,12 +283,12 @@ impl VhostUserBackend for FsBackend {
     }
 
     fn set_backend_req_fd(&self, backend: Backend) {
-        // A measurement build (see the feature in Cargo.toml): the VMM is
-        // not asked for acks, so nothing waits for one.
+        // A measurement build asked for it (see the feature in
+        // Cargo.toml): the VMM is not asked for acks, so nothing waits.
         #[cfg(feature = "bench-unacked-maps")]
-        {
+        if UNACKED_MAPS.load(std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(
-                "built with bench-unacked-maps: the guest is answered before the VMM maps its ranges (a measurement build, never for use)"
+                "--bench-unacked-maps: the guest is answered before the VMM maps its ranges (for measuring only, never for use)"
             );
             backend.set_reply_ack_flag(false);
         }

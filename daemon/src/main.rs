@@ -284,6 +284,9 @@ fn main() -> ExitCode {
         eprintln!("dax-virtiofsd: {e}");
         return ExitCode::from(2);
     }
+    #[cfg(feature = "bench-unacked-maps")]
+    daemon::backend::UNACKED_MAPS
+        .store(cli.bench_unacked_maps, std::sync::atomic::Ordering::Relaxed);
     // Claimed before anything else opens an fd, so a closed --fd is not
     // mistaken for one the daemon opened itself (the syslog socket).
     let inherited = match cli.fd.map(daemon::listen::inherited).transpose() {

@@ -285,3 +285,24 @@ fn capabilities_are_the_vhost_user_json_virtiofsd_prints() {
             .print_capabilities
     );
 }
+
+/// The measurement build's flag (answer before the VMM's ack) does not
+/// exist in a daemon built for use: asking for it is a usage error.
+#[cfg(not(feature = "bench-unacked-maps"))]
+#[test]
+fn a_build_for_use_has_no_unacked_maps_flag() {
+    let e = with_socket(&["--bench-unacked-maps"]).unwrap_err();
+    assert!(e.contains("--bench-unacked-maps"), "{e}");
+}
+
+/// In the measurement build the flag is off unless given.
+#[cfg(feature = "bench-unacked-maps")]
+#[test]
+fn the_unacked_maps_flag_is_off_unless_given() {
+    assert!(!with_socket(&[]).unwrap().bench_unacked_maps);
+    assert!(
+        with_socket(&["--bench-unacked-maps"])
+            .unwrap()
+            .bench_unacked_maps
+    );
+}

@@ -197,6 +197,13 @@ pub struct Cli {
     /// Largest queue size accepted.
     #[arg(long, value_name = "N", default_value_t = 32768)]
     pub max_queue_size: u16,
+    /// Answer the guest before the VMM acknowledges a map: unsafe (the
+    /// guest may read zeros), for measuring only (`bench.sh roundtrip
+    /// floor`). Exists only in a build with the `bench-unacked-maps`
+    /// feature, and does nothing there unless given.
+    #[cfg(feature = "bench-unacked-maps")]
+    #[arg(long, hide = true)]
+    pub bench_unacked_maps: bool,
     #[command(flatten)]
     pub virtiofsd: virtiofsd::VirtiofsdOnly,
 }

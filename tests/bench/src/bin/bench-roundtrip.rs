@@ -26,8 +26,9 @@
 //! run other builds of the VMM and the daemon (an A/B comparison). Writes
 //! `target/rig-results/roundtrip-bench.md`.
 //!
-//! `bench-roundtrip floor` runs the daemon built with `bench-unacked-maps`:
-//! it answers the guest without waiting for the VMM's ack, which is unsafe
+//! `bench-roundtrip floor` runs the daemon built with `bench-unacked-maps`
+//! and started with `--bench-unacked-maps`: it answers the guest without
+//! waiting for the VMM's ack, which is unsafe
 //! (the guest may read the window's zeros) and measures the least any
 //! asynchronous map could cost, the VMM's work still beside the guest's.
 //! Writes `target/rig-results/roundtrip-floor-bench.md`.
@@ -82,9 +83,9 @@ mkdir -p share share-huge && dd if=/dev/urandom of=share/rt.bin bs=1M count=FILE
 mount -t tmpfs -o huge=always,size=256m tmpfs share-huge && cp share/rt.bin share-huge/
 echo "@@HOST share_huge_kib=$(grep ShmemHugePages /proc/meminfo | tr -s ' ' | cut -d' ' -f2)"
 rm -f /tmp/dax.sock /tmp/daxnopf.sock /tmp/daxhuge.sock /tmp/fuse.sock
-dax-virtiofsd --socket-path /tmp/dax.sock --shared-dir share --cache-size WINDOW --control-socket /tmp/ctl.sock --log-level warn &
-dax-virtiofsd --socket-path /tmp/daxnopf.sock --shared-dir share --cache-size WINDOW --control-socket /tmp/ctlnopf.sock --log-level warn &
-dax-virtiofsd --socket-path /tmp/daxhuge.sock --shared-dir share-huge --cache-size WINDOW --control-socket /tmp/ctlhuge.sock --log-level warn &
+dax-virtiofsd --socket-path /tmp/dax.sock --shared-dir share --cache-size WINDOW --control-socket /tmp/ctl.sock --log-level warn FLOOR_ARGS&
+dax-virtiofsd --socket-path /tmp/daxnopf.sock --shared-dir share --cache-size WINDOW --control-socket /tmp/ctlnopf.sock --log-level warn FLOOR_ARGS&
+dax-virtiofsd --socket-path /tmp/daxhuge.sock --shared-dir share-huge --cache-size WINDOW --control-socket /tmp/ctlhuge.sock --log-level warn FLOOR_ARGS&
 dax-virtiofsd --socket-path /tmp/fuse.sock --shared-dir share --dax off --log-level warn &
 i=0; while { [ ! -S /tmp/dax.sock ] || [ ! -S /tmp/daxnopf.sock ] || [ ! -S /tmp/daxhuge.sock ] || [ ! -S /tmp/fuse.sock ]; } && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
 ( i=0; while [ ! -e share/.rt-done ] && [ $i -lt 6000 ]; do sleep 0.2; i=$((i+1)); done
@@ -141,6 +142,10 @@ fn main() {
     };
     guest.host_tools = vec![daemon, tool("guest-tools", "daxprobe")];
     guest.host_before = HOST_BEFORE
+        .replace(
+            "FLOOR_ARGS",
+            if floor { "--bench-unacked-maps " } else { "" },
+        )
         .replace("FILE_MIB", &FILE_MIB.to_string())
         .replace("WINDOW", WINDOW)
         + &cpu::host_script();
