@@ -119,6 +119,26 @@ const ROWS: [(&str, &str); 8] = [
     ("… waiting for the answer", "read:request_wait_answer"),
 ];
 
+/// How a derived row's two means make its cell.
+type Combine = fn(f64, f64) -> String;
+
+/// The rows derived from two others: what each is, the two keys in
+/// [`sums`], and how their means combine.
+const DERIVED: [(&str, &str, &str, Combine); 2] = [
+    (
+        "the cold fault less its request (the guest's DAX work)",
+        "cold:__fuse_dax_fault",
+        "map:__fuse_simple_request",
+        |fault, request| format!("{:.1}", fault - request),
+    ),
+    (
+        "SETUPMAPPING request ÷ READ request",
+        "map:__fuse_simple_request",
+        "read:__fuse_simple_request",
+        |map, read| format!("{:.2}x", map / read),
+    ),
+];
+
 /// The table: per mount, each row's count and mean, and the two
 /// differences the rows leave (the guest's own work in a cold fault
 /// beside its request, and a SETUPMAPPING request beside a READ's).
@@ -145,25 +165,10 @@ pub fn table(run: &Run) -> Option<String> {
             });
             let _ = writeln!(out, "| {label} | {what} | {n} | {m} |");
         }
-        if let (Some(fault), Some(map)) = (
-            mean("cold:__fuse_dax_fault"),
-            mean("map:__fuse_simple_request"),
-        ) {
-            let _ = writeln!(
-                out,
-                "| {label} | the cold fault less its request (the guest's DAX work) | - | {:.1} |",
-                fault - map
-            );
-        }
-        if let (Some(map), Some(read)) = (
-            mean("map:__fuse_simple_request"),
-            mean("read:__fuse_simple_request"),
-        ) {
-            let _ = writeln!(
-                out,
-                "| {label} | SETUPMAPPING request ÷ READ request | - | {:.2}x |",
-                map / read
-            );
+        for (what, a, b, combine) in DERIVED {
+            if let (Some(a), Some(b)) = (mean(a), mean(b)) {
+                let _ = writeln!(out, "| {label} | {what} | - | {} |", combine(a, b));
+            }
         }
     }
     any.then_some(out)
@@ -190,7 +195,8 @@ mod tests {
 
     #[test]
     fn every_row_key_is_a_traced_function() {
-        for (_, key) in ROWS {
+        let derived = DERIVED.iter().flat_map(|&(_, a, b, _)| [a, b]);
+        for key in ROWS.iter().map(|&(_, key)| key).chain(derived) {
             let f = key.split_once(':').unwrap().1;
             assert!(FUNCTIONS.split_whitespace().any(|g| g == f), "{f}");
         }
