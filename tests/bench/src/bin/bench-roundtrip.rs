@@ -523,21 +523,21 @@ fn report(run: &Run, floor: bool) -> (Results, String, bool) {
          `prefault_after_ack` per turn of the worker at queued pre-faults):\n\n\
          | DAX mount | stage | n | mean µs |\n|---|---|---|---|\n{trace}"
     );
-    let cpus = run.host_cpus.unwrap_or(1);
+    // Said only of the emulated host: a run on this machine's own KVM
+    // shares however many CPUs it has.
+    let cpus = match run.host_cpus {
+        Some(1) => " The emulated host has 1 CPU, so the guest waits for all of it.".to_string(),
+        Some(n) => format!(" The emulated host has {n} CPUs."),
+        None => String::new(),
+    };
     match cpu::table(run, RANGES) {
         Some(t) => {
             let _ = write!(
                 tables,
                 "\nEach thread's CPU time per operation, µs, host clock (`schedstat`), in {} \
                  rounds of one pass of each kind alone ({RANGES} operations), less an empty \
-                 pass's in the same round; mean of the rounds (their range). The emulated \
-                 host has {cpus} CPU(s){}:\n\n{t}",
+                 pass's in the same round; mean of the rounds (their range).{cpus}\n\n{t}",
                 cpu::ROUNDS,
-                if cpus == 1 {
-                    ", so the guest waits for all of it"
-                } else {
-                    ""
-                }
             );
         }
         None => {
